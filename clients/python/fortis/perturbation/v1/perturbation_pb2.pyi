@@ -1,0 +1,162 @@
+from fortis.common.v1 import common_pb2 as _common_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.rpc import status_pb2 as _status_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PerturbationKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PERTURBATION_KIND_UNSPECIFIED: _ClassVar[PerturbationKind]
+    PERTURBATION_KIND_CORRUPTION: _ClassVar[PerturbationKind]
+    PERTURBATION_KIND_TRANSFER_ATTACK: _ClassVar[PerturbationKind]
+    PERTURBATION_KIND_SCORE_ATTACK: _ClassVar[PerturbationKind]
+    PERTURBATION_KIND_DECISION_ATTACK: _ClassVar[PerturbationKind]
+PERTURBATION_KIND_UNSPECIFIED: PerturbationKind
+PERTURBATION_KIND_CORRUPTION: PerturbationKind
+PERTURBATION_KIND_TRANSFER_ATTACK: PerturbationKind
+PERTURBATION_KIND_SCORE_ATTACK: PerturbationKind
+PERTURBATION_KIND_DECISION_ATTACK: PerturbationKind
+
+class ParameterSpec(_message.Message):
+    __slots__ = ("name", "type", "default_json", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    default_json: str
+    description: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., default_json: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+
+class PerturbationInfo(_message.Message):
+    __slots__ = ("id", "kind", "family", "ieee_ref", "description", "stochastic", "severities", "parameters", "severity_table_json")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    IEEE_REF_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    STOCHASTIC_FIELD_NUMBER: _ClassVar[int]
+    SEVERITIES_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_TABLE_JSON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: PerturbationKind
+    family: str
+    ieee_ref: str
+    description: str
+    stochastic: bool
+    severities: _containers.RepeatedScalarFieldContainer[int]
+    parameters: _containers.RepeatedCompositeFieldContainer[ParameterSpec]
+    severity_table_json: str
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[PerturbationKind, str]] = ..., family: _Optional[str] = ..., ieee_ref: _Optional[str] = ..., description: _Optional[str] = ..., stochastic: _Optional[bool] = ..., severities: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Iterable[_Union[ParameterSpec, _Mapping]]] = ..., severity_table_json: _Optional[str] = ...) -> None: ...
+
+class ListPerturbationsRequest(_message.Message):
+    __slots__ = ("kind",)
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    kind: PerturbationKind
+    def __init__(self, kind: _Optional[_Union[PerturbationKind, str]] = ...) -> None: ...
+
+class ListPerturbationsResponse(_message.Message):
+    __slots__ = ("perturbations",)
+    PERTURBATIONS_FIELD_NUMBER: _ClassVar[int]
+    perturbations: _containers.RepeatedCompositeFieldContainer[PerturbationInfo]
+    def __init__(self, perturbations: _Optional[_Iterable[_Union[PerturbationInfo, _Mapping]]] = ...) -> None: ...
+
+class ApplyPerturbationRequest(_message.Message):
+    __slots__ = ("perturbation_id", "severity", "seed", "images")
+    PERTURBATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    perturbation_id: str
+    severity: int
+    seed: int
+    images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
+    def __init__(self, perturbation_id: _Optional[str] = ..., severity: _Optional[int] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ...) -> None: ...
+
+class ApplyPerturbationResponse(_message.Message):
+    __slots__ = ("images",)
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
+    def __init__(self, images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ...) -> None: ...
+
+class ApplyPerturbationStreamRequest(_message.Message):
+    __slots__ = ("request_id", "perturbation_id", "severity", "seed", "images")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PERTURBATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    perturbation_id: str
+    severity: int
+    seed: int
+    images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
+    def __init__(self, request_id: _Optional[str] = ..., perturbation_id: _Optional[str] = ..., severity: _Optional[int] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ...) -> None: ...
+
+class ApplyPerturbationStreamResponse(_message.Message):
+    __slots__ = ("request_id", "images", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
+    error: _status_pb2.Status
+    def __init__(self, request_id: _Optional[str] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
+
+class LabeledImage(_message.Message):
+    __slots__ = ("image", "labels")
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    image: _common_pb2.Image
+    labels: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, image: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., labels: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RunAttackRequest(_message.Message):
+    __slots__ = ("attack_id", "params", "seed", "images", "proxy_session_id", "origin", "surrogate")
+    ATTACK_ID_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    PROXY_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    SURROGATE_FIELD_NUMBER: _ClassVar[int]
+    attack_id: str
+    params: _struct_pb2.Struct
+    seed: int
+    images: _containers.RepeatedCompositeFieldContainer[LabeledImage]
+    proxy_session_id: str
+    origin: str
+    surrogate: str
+    def __init__(self, attack_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[LabeledImage, _Mapping]]] = ..., proxy_session_id: _Optional[str] = ..., origin: _Optional[str] = ..., surrogate: _Optional[str] = ...) -> None: ...
+
+class RunAttackResponse(_message.Message):
+    __slots__ = ("image_id", "adversarial", "adversarial_float", "success", "queries", "linf", "l2", "stop_reason", "initially_correct", "error")
+    IMAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADVERSARIAL_FIELD_NUMBER: _ClassVar[int]
+    ADVERSARIAL_FLOAT_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    LINF_FIELD_NUMBER: _ClassVar[int]
+    L2_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    INITIALLY_CORRECT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    image_id: str
+    adversarial: _common_pb2.Image
+    adversarial_float: _common_pb2.Tensor
+    success: bool
+    queries: int
+    linf: float
+    l2: float
+    stop_reason: str
+    initially_correct: bool
+    error: _status_pb2.Status
+    def __init__(self, image_id: _Optional[str] = ..., adversarial: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., adversarial_float: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., success: _Optional[bool] = ..., queries: _Optional[int] = ..., linf: _Optional[float] = ..., l2: _Optional[float] = ..., stop_reason: _Optional[str] = ..., initially_correct: _Optional[bool] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...

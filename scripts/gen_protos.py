@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Generate the Python stubs of Fortis's contracts: the one generation script.
+
+    python scripts/gen_protos.py            # write stubs into clients/python/fortis/<area>/v1/
+    python scripts/gen_protos.py --check    # exit 1 if the checked-in stubs are stale
+
+Sources: protos/fortis/**/*.proto (one copy of each). google/rpc/status.proto is vendored in
+protos/ for buf; at run time its Python module comes from googleapis-common-protos, so it is
+not generated here. Generated with grpcio-tools 1.81.1, whose code imports under protobuf 6
+and 7 (DESIGN.md section 4). Never edit the output by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTOS = ROOT / "protos"
+OUT = ROOT / "clients" / "python"
+GENERATED_HEADER = '"""Generated from protos/ by scripts/gen_protos.py. Do not edit."""\n'
+
+
+def generate(out_root: Path) -> list[Path]:
+    from grpc_tools import protoc  # dev dependency only
+
+    import grpc_tools
+
+    wkt = Path(grpc_tools.__file__).parent / "_proto"
+    sources = sorted(str(p.relative_to(PROTOS)) for p in (PROTOS / "fortis").rglob("*.proto"))
+    args = ["protoc", f"-I{PROTOS}", f"-I{wkt}", f"--python_out={out_root}",
+            f"--pyi_out={out_root}", f"--grpc_python_out={out_root}", *sources]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+    written: list[Path] = []
+    for src in sources:
+        pkg_dir = out_root / Path(src).parent
+        # Make every generated folder a regular package (fortis.<area>.v1).
+        d = pkg_dir
+        while d != out_root / "fortis" and d != out_root:
+            init = d / "__init__.py"
+            if not init.exists():
+                init.write_text(GENERATED_HEADER)
+            written.append(init)
+            d = d.parent
+        stem = Path(src).stem
+        for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"):
+            written.append(pkg_dir / f"{stem}{suffix}")
+    return sorted(set(written))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only compare with checked-in stubs")
+    ns = parser.parse_args()
+    if not ns.check:
+        files = generate(OUT)
+        print(f"wrote {len(files)} files under {OUT.relative_to(ROOT)}/fortis")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_root = Path(tmp)
+        (tmp_root / "fortis").mkdir()
+        files = generate(tmp_root)
+        stale = []
+        for f in files:
+            rel = f.relative_to(tmp_root)
+            mine = OUT / rel
+            if not mine.exists() or not filecmp.cmp(f, mine, shallow=False):
+                stale.append(str(rel))
+        if stale:
+            print("stale generated stubs (run scripts/gen_protos.py):", *stale, sep="\n  ")
+            return 1
+        print(f"{len(files)} generated files up to date")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
