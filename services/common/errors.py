@@ -76,6 +76,10 @@ class BudgetExhausted(FortisError):
             f"{v.subject}: {v.description}" for v in violations))
 
 
+class AlreadyExists(FortisError):
+    """A resource with that id exists with different settings."""
+
+
 class FailedPrecondition(FortisError):
     """The system is not in a state that allows the call (e.g. cancelling a finished run)."""
 

@@ -1,0 +1,48 @@
+"""Built-in models, by name: the targets and surrogates Fortis can serve without a network.
+
+    fmnist-cnn        Fashion-MNIST CNN trained by the project (target)
+    fmnist-surrogate  a second, different Fashion-MNIST CNN (the tester's surrogate)
+    mobilenet-v2      ImageNet MobileNetV2 with torchvision's weights (offline package)
+
+Models load lazily, once per process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from fortis.services.common.errors import InvalidArgument
+
+
+def _fmnist(kind: str) -> Callable[[], Any]:
+    def load() -> Any:
+        from fortis.adapters.torch_models.classifier import fmnist_classifier
+        return fmnist_classifier(kind)
+    return load
+
+
+def _mobilenet() -> Any:
+    from fortis.adapters.torch_models.classifier import mobilenet_classifier
+    return mobilenet_classifier()
+
+
+BUILTIN_MODELS: dict[str, Callable[[], Any]] = {
+    "fmnist-cnn": _fmnist("target"),
+    "fmnist-surrogate": _fmnist("surrogate"),
+    "mobilenet-v2": _mobilenet,
+}
+
+_cache: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def load_model(name: str, field: str = "model") -> Any:
+    """The classifier named ``name`` (loaded once per process)."""
+    if name not in BUILTIN_MODELS:
+        raise InvalidArgument(field, f"unknown built-in model '{name}'; known: {', '.join(BUILTIN_MODELS)}")
+    with _lock:
+        if name not in _cache:
+            _cache[name] = BUILTIN_MODELS[name]()
+        return _cache[name]

@@ -1,0 +1,94 @@
+"""In-process target adapter: serves ``fortis.target.v1.TargetService`` for a PyTorch model.
+
+The output mode lets one model stand in for the different APIs real services expose:
+``full_scores`` (every class with a probability), ``top_k`` (the k best with scores) or
+``label_only`` (top-1 label, no score: decision-based attacks only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from fortis.adapters.torch_models.classifier import TorchClassifier
+from fortis.common.v1 import common_pb2
+from fortis.services.common import errors
+from fortis.services.common.codec import classification_from_proba, decode_images
+from fortis.services.common.status import status_for
+from fortis.target.v1 import target_pb2, target_pb2_grpc
+
+OUTPUT_MODES = {
+    "full_scores": common_pb2.OUTPUT_KIND_FULL_SCORES,
+    "top_k": common_pb2.OUTPUT_KIND_TOP_K_SCORES,
+    "label_only": common_pb2.OUTPUT_KIND_LABEL_ONLY,
+}
+SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
+
+
+class ClassifierTarget:
+    """A classifier answering in one output mode. No gRPC here."""
+
+    def __init__(self, classifier: TorchClassifier, *, output: str = "full_scores",
+                 top_k: int = 5, max_batch: int = 256) -> None:
+        if output not in OUTPUT_MODES:
+            raise errors.InvalidArgument("target.output", f"unknown output mode '{output}'; use one of {sorted(OUTPUT_MODES)}")
+        if output == "top_k" and not 1 <= top_k <= len(classifier.class_names):
+            raise errors.InvalidArgument("target.top_k", f"must be in 1..{len(classifier.class_names)}")
+        self.classifier = classifier
+        self.output = output
+        self.top_k = top_k
+        self.max_batch = max_batch
+
+    def info(self) -> target_pb2.TargetInfo:
+        spec = self.classifier.input_spec
+        return target_pb2.TargetInfo(
+            name=self.classifier.name, task_type=common_pb2.TASK_TYPE_CLASSIFICATION,
+            labels=list(self.classifier.class_names), output_kind=OUTPUT_MODES[self.output],
+            top_k=self.top_k if self.output == "top_k" else 0,
+            input=target_pb2.InputSpec(height=spec.height, width=spec.width,
+                                       channels=spec.channels, max_batch_size=self.max_batch),
+            version=self.classifier.version)
+
+    def predict(self, images: Sequence[common_pb2.Image]) -> list[common_pb2.Prediction]:
+        if not images:
+            raise errors.InvalidArgument("images", "at least one image is required")
+        if len(images) > self.max_batch:
+            raise errors.InvalidArgument("images", f"{len(images)} images exceed max_batch_size {self.max_batch}")
+        arrays = decode_images(images)
+        # Group equal shapes so one forward pass serves each group.
+        proba = np.zeros((len(arrays), len(self.classifier.class_names)), dtype=np.float32)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, a in enumerate(arrays):
+            groups.setdefault(a.shape, []).append(i)
+        for idx in groups.values():
+            proba[idx] = self.classifier.predict_proba(np.stack([arrays[i] for i in idx]))
+        names = self.classifier.class_names
+        return [common_pb2.Prediction(
+            image_id=img.image_id,
+            classification=classification_from_proba(p, output=self.output, top_k=self.top_k,
+                                                      names=names))
+            for img, p in zip(images, proba, strict=True)]
+
+
+class TargetServicer(target_pb2_grpc.TargetServiceServicer):
+    """Transport: decode, call ``ClassifierTarget``, encode."""
+
+    def __init__(self, target: ClassifierTarget) -> None:
+        self.target = target
+
+    def GetTargetInfo(self, request: Any, context: Any) -> target_pb2.GetTargetInfoResponse:
+        return target_pb2.GetTargetInfoResponse(info=self.target.info())
+
+    def Predict(self, request: Any, context: Any) -> target_pb2.PredictResponse:
+        return target_pb2.PredictResponse(predictions=self.target.predict(request.images))
+
+    def PredictStream(self, request_iterator: Any, context: Any
+                      ) -> Iterator[target_pb2.PredictStreamResponse]:
+        for req in request_iterator:
+            try:
+                yield target_pb2.PredictStreamResponse(
+                    request_id=req.request_id, predictions=self.target.predict(req.images))
+            except errors.FortisError as exc:
+                yield target_pb2.PredictStreamResponse(request_id=req.request_id,
+                                                       error=status_for(exc))

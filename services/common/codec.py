@@ -1,0 +1,158 @@
+"""Images and predictions between numpy and the protobuf contracts.
+
+Conversion only (protobuf messages, no gRPC). Decoding failures become
+``InvalidArgument`` naming the field, e.g. ``images[3].encoded``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+from fortis.common.v1 import common_pb2
+from fortis.services.common.errors import InvalidArgument
+
+#: Largest image accepted, pixels (guards against decompression bombs).
+MAX_PIXELS = 40_000_000
+_DTYPES = {"uint8": np.uint8, "float32": np.float32, "int32": np.int32}
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """Lossless PNG of a uint8 HxW / HxWx1 / HxWx3 (RGB) image."""
+    arr = np.ascontiguousarray(image)
+    if arr.ndim == 3 and arr.shape[2] == 3:
+        arr = cv2.cvtColor(arr, cv2.COLOR_RGB2BGR)
+    elif arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    ok, buf = cv2.imencode(".png", arr, [cv2.IMWRITE_PNG_COMPRESSION, 1])
+    if not ok:
+        raise InvalidArgument("image", "PNG encoding failed")
+    return buf.tobytes()
+
+
+def decode_image_bytes(data: bytes, field: str) -> np.ndarray:
+    """Decode PNG/JPEG bytes to uint8 HxWxC RGB (C = 1 for grey images)."""
+    if not data:
+        raise InvalidArgument(field, "empty image bytes")
+    buf = np.frombuffer(data, dtype=np.uint8)
+    arr = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+    if arr is None:
+        raise InvalidArgument(field, f"not a decodable PNG/JPEG image ({len(data)} bytes)")
+    if arr.dtype != np.uint8:
+        arr = (arr / 257).astype(np.uint8) if arr.dtype == np.uint16 else arr.astype(np.uint8)
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    elif arr.shape[2] == 4:
+        arr = cv2.cvtColor(arr, cv2.COLOR_BGRA2RGB)
+    elif arr.shape[2] == 3:
+        arr = cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
+    if arr.shape[0] * arr.shape[1] > MAX_PIXELS:
+        raise InvalidArgument(field, f"image too large: {arr.shape[1]}x{arr.shape[0]} pixels")
+    return np.ascontiguousarray(arr)
+
+
+def tensor_to_array(t: common_pb2.Tensor, field: str) -> np.ndarray:
+    dtype = _DTYPES.get(t.dtype)
+    if dtype is None:
+        raise InvalidArgument(f"{field}.dtype", f"unsupported dtype '{t.dtype}'; use one of {sorted(_DTYPES)}")
+    shape = tuple(int(s) for s in t.shape)
+    if any(s <= 0 for s in shape):
+        raise InvalidArgument(f"{field}.shape", f"dimensions must be positive, got {list(shape)}")
+    n = int(np.prod(shape)) if shape else 0
+    if len(t.data) != n * np.dtype(dtype).itemsize:
+        raise InvalidArgument(f"{field}.data", f"{len(t.data)} bytes do not match shape {list(shape)} of {t.dtype}")
+    return np.frombuffer(t.data, dtype=dtype).reshape(shape)
+
+
+def array_to_tensor(arr: np.ndarray) -> common_pb2.Tensor:
+    a = np.ascontiguousarray(arr)
+    return common_pb2.Tensor(dtype=str(a.dtype), shape=list(a.shape), data=a.tobytes())
+
+
+def decode_image(msg: common_pb2.Image, field: str) -> np.ndarray:
+    """uint8 HxWxC array of an Image message (encoded bytes or raw uint8 tensor)."""
+    kind = msg.WhichOneof("content")
+    if kind == "encoded":
+        return decode_image_bytes(msg.encoded, f"{field}.encoded")
+    if kind == "tensor":
+        arr = tensor_to_array(msg.tensor, f"{field}.tensor")
+        if arr.dtype != np.uint8:
+            raise InvalidArgument(f"{field}.tensor.dtype", "images must be uint8 tensors")
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        if arr.ndim != 3 or arr.shape[2] not in (1, 3):
+            raise InvalidArgument(f"{field}.tensor.shape", f"expected [height, width, 1|3], got {list(arr.shape)}")
+        if arr.shape[0] * arr.shape[1] > MAX_PIXELS:
+            raise InvalidArgument(f"{field}.tensor.shape", "image too large")
+        return arr
+    raise InvalidArgument(field, "image has no content: set 'encoded' or 'tensor'")
+
+
+def decode_images(msgs: Sequence[common_pb2.Image], field: str = "images") -> list[np.ndarray]:
+    return [decode_image(m, f"{field}[{i}]") for i, m in enumerate(msgs)]
+
+
+def image_msg(image_id: str, image: np.ndarray, *, raw: bool = False) -> common_pb2.Image:
+    if raw:
+        return common_pb2.Image(image_id=image_id, tensor=array_to_tensor(image))
+    return common_pb2.Image(image_id=image_id, encoded=encode_png(image))
+
+
+def image_sha256(msg: common_pb2.Image) -> str:
+    kind = msg.WhichOneof("content")
+    data = msg.encoded if kind == "encoded" else (msg.tensor.data if kind == "tensor" else b"")
+    return hashlib.sha256(data).hexdigest()
+
+
+def classification_from_proba(proba: np.ndarray, *, output: str, top_k: int,
+                              names: Sequence[str]) -> common_pb2.Classification:
+    """A classification answer in one of the output modes real services expose.
+
+    ``output``: "full_scores" | "top_k" | "label_only".
+    """
+    order = np.argsort(-proba, kind="stable")
+    if output == "full_scores":
+        keep = order
+    elif output == "top_k":
+        keep = order[:top_k]
+    else:
+        top = int(order[0])
+        return common_pb2.Classification(classes=[common_pb2.ClassScore(label=top, name=names[top])])
+    return common_pb2.Classification(classes=[
+        common_pb2.ClassScore(label=int(c), name=names[int(c)], score=float(proba[c])) for c in keep])
+
+
+def ranked_labels_scores(pred: common_pb2.Prediction) -> tuple[tuple[int, ...], tuple[float, ...] | None]:
+    """Labels best first and their scores (None when the target gave no scores)."""
+    classes = pred.classification.classes
+    labels = tuple(int(c.label) for c in classes)
+    if classes and all(c.HasField("score") for c in classes):
+        return labels, tuple(float(c.score) for c in classes)
+    return labels, None
+
+
+def dense_scores(pred: common_pb2.Prediction, num_classes: int) -> np.ndarray:
+    """Score vector over all classes; classes the target did not return score 0."""
+    out = np.zeros(num_classes, dtype=np.float32)
+    for c in pred.classification.classes:
+        if 0 <= c.label < num_classes and c.HasField("score"):
+            out[c.label] = c.score
+    return out
+
+
+def summarize(pred: common_pb2.Prediction) -> str:
+    """Short ledger summary of an answer."""
+    kind = pred.WhichOneof("result")
+    if kind == "classification":
+        cls = pred.classification.classes
+        if not cls:
+            return "empty"
+        top = cls[0]
+        return f"top1={top.label}" + (f" p={top.score:.4f}" if top.HasField("score") else "")
+    if kind == "detection":
+        return f"boxes={len(pred.detection.boxes)}"
+    if kind == "segmentation":
+        return f"mask={list(pred.segmentation.class_map.shape)}"
+    return "none"

@@ -1,0 +1,247 @@
+"""Shared gRPC server plumbing: the factory every service uses, auth and error mapping.
+
+Transport only. Domain code raises ``fortis.services.common.errors`` exceptions; the
+``ErrorInterceptor`` maps them to status codes with google.rpc rich details (DESIGN.md
+section 1), so a bad request never takes a service down and internals never leak.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import secrets
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import structlog
+from fortis.services.common import errors
+from fortis.services.common.status import status_for
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
+
+log = structlog.get_logger("fortis.server")
+
+#: Metadata key carrying the API key.
+API_KEY_HEADER = "x-api-key"
+#: Metadata key with which an internal service key acts for a tenant.
+TENANT_HEADER = "x-fortis-tenant"
+#: Tenant value of an internal service key (may act for any tenant).
+SERVICE_TENANT = "*"
+#: Default largest message, bytes (a batch of 64 224x224 RGB PNGs is well under this).
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+_EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+current_tenant: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_tenant", default="")
+current_api_key: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_api_key", default="")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """How a service's server is bound and protected."""
+
+    address: str = "127.0.0.1:0"
+    api_keys: Mapping[str, str] = field(default_factory=dict)  # key -> tenant ("*" = internal)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_workers: int = 16
+
+
+def parse_api_keys(text: str) -> dict[str, str]:
+    """Parse ``"key1=tenantA,key2=tenantB"`` (the FORTIS_API_KEYS format)."""
+    keys: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, tenant = part.partition("=")
+        if not sep or not key or not tenant:
+            raise errors.InvalidArgument("api_keys", f"entry '{part}' is not KEY=TENANT")
+        keys[key] = tenant
+    return keys
+
+
+def new_api_key() -> str:
+    return "fk_" + secrets.token_urlsafe(24)
+
+
+def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+    if not isinstance(exc, errors.FortisError):
+        log.error("unhandled error", error=repr(exc), traceback=traceback.format_exc())
+    context.abort_with_status(rpc_status.to_status(status_for(exc)))
+
+
+def _wrap_handler(handler: grpc.RpcMethodHandler,
+                  before: Callable[[grpc.ServicerContext], None]) -> grpc.RpcMethodHandler:
+    """Wrap every behaviour of a handler: run ``before`` then map domain errors."""
+
+    def unary(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                before(context)
+                return fn(request, context)
+            except Exception as exc:  # noqa: BLE001 - mapped to a status
+                if isinstance(exc, grpc.RpcError) or _aborted(context):
+                    raise
+                _abort(context, exc)
+        return call
+
+    def streaming(fn: Callable[..., Iterable[Any]]) -> Callable[..., Iterable[Any]]:
+        def call(request: Any, context: grpc.ServicerContext) -> Iterable[Any]:
+            try:
+                before(context)
+                yield from fn(request, context)
+            except Exception as exc:  # noqa: BLE001 - mapped to a status
+                if isinstance(exc, grpc.RpcError) or _aborted(context):
+                    raise
+                _abort(context, exc)
+        return call
+
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(
+            unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(
+            streaming(handler.unary_stream), handler.request_deserializer,
+            handler.response_serializer)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(
+            unary(handler.stream_unary), handler.request_deserializer,
+            handler.response_serializer)
+    return grpc.stream_stream_rpc_method_handler(
+        streaming(handler.stream_stream), handler.request_deserializer,
+        handler.response_serializer)
+
+
+def _aborted(context: grpc.ServicerContext) -> bool:
+    code = getattr(context, "code", lambda: None)()
+    return code is not None and code != grpc.StatusCode.OK
+
+
+class FortisInterceptor(grpc.ServerInterceptor):
+    """API-key auth (health and reflection exempt), tenant binding, error mapping."""
+
+    def __init__(self, api_keys: Mapping[str, str]) -> None:
+        self._api_keys = dict(api_keys)
+
+    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or method.startswith(_EXEMPT_PREFIXES):
+            return handler
+        md = dict(handler_call_details.invocation_metadata or ())
+        api_key = md.get(API_KEY_HEADER, "")
+        acting_for = md.get(TENANT_HEADER, "")
+        keys = self._api_keys
+
+        def before(context: grpc.ServicerContext) -> None:
+            if not keys:  # auth disabled (single-user local mode)
+                tenant = acting_for or "default"
+            else:
+                if not api_key:
+                    raise errors.Unauthenticated(f"missing API key: send metadata '{API_KEY_HEADER}'")
+                tenant = keys.get(api_key, "")
+                if not tenant:
+                    raise errors.Unauthenticated("unknown API key")
+                if tenant == SERVICE_TENANT:
+                    tenant = acting_for or "default"
+            current_tenant.set(tenant)
+            current_api_key.set(api_key)
+            structlog.contextvars.bind_contextvars(tenant=tenant, method=method)
+
+        return _wrap_handler(handler, before)
+
+
+@dataclass
+class RunningServer:
+    """A started server and the port it is bound to."""
+
+    server: grpc.Server
+    port: int
+    health: health.HealthServicer
+    address: str
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+
+
+def build_server(settings: ServerSettings,
+                 register: Iterable[tuple[Callable[[Any, grpc.Server], None], Any, str]]
+                 ) -> RunningServer:
+    """Create, register, bind and start a server with health and reflection.
+
+    ``register`` yields ``(add_XServicer_to_server, servicer, full_service_name)``.
+    """
+    opts = [("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+            ("grpc.so_reuseport", 0)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers),
+                         interceptors=[FortisInterceptor(settings.api_keys)], options=opts)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [reflection.SERVICE_NAME, health.SERVICE_NAME]
+    for add, servicer, name in register:
+        add(servicer, server)
+        names.append(name)
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(names, server)
+    port = server.add_insecure_port(settings.address)
+    if port == 0:
+        raise errors.Unavailable(f"cannot bind {settings.address}")
+    server.start()
+    host = settings.address.rsplit(":", 1)[0]
+    address = f"{host}:{port}"
+    log.info("server started", address=address, services=names[2:])
+    return RunningServer(server=server, port=port, health=health_servicer, address=address)
+
+
+def channel(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> grpc.Channel:
+    """A client channel with Fortis's message limits."""
+    return grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes)])
+
+
+def call_metadata(api_key: str, tenant: str = "") -> tuple[tuple[str, str], ...]:
+    md: list[tuple[str, str]] = []
+    if api_key:
+        md.append((API_KEY_HEADER, api_key))
+    if tenant:
+        md.append((TENANT_HEADER, tenant))
+    return tuple(md)
+
+
+def error_from_rpc(exc: grpc.RpcError) -> errors.FortisError:
+    """Turn a failed call back into the domain error it carries (client side)."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    message = exc.details() if hasattr(exc, "details") else str(exc)
+    status = rpc_status.from_call(exc) if hasattr(exc, "trailing_metadata") else None
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        violations = []
+        for d in (status.details if status else []):
+            qf = error_details_pb2.QuotaFailure()
+            if d.Unpack(qf):
+                violations += [errors.QuotaViolation(v.subject, v.description)
+                               for v in qf.violations]
+        return errors.BudgetExhausted(violations or [errors.QuotaViolation("?", message or "")])
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        viols = []
+        for d in (status.details if status else []):
+            br = error_details_pb2.BadRequest()
+            if d.Unpack(br):
+                viols += [errors.FieldViolation(v.field, v.description) for v in br.field_violations]
+        if viols:
+            return errors.InvalidArgument.from_violations(viols)
+        return errors.InvalidArgument("request", message or "invalid argument")
+    if code == grpc.StatusCode.NOT_FOUND:
+        return errors.NotFound("resource", message or "")
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return errors.Unavailable(message or "unavailable")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return errors.Unauthenticated(message or "unauthenticated")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return errors.FailedPrecondition(message or "failed precondition")
+    return errors.FortisError(f"{code.name}: {message}")

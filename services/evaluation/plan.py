@@ -1,0 +1,276 @@
+"""Test plans (IEEE-P3): parsing and validation with precise, field-named errors.
+
+A plan is YAML or JSON. Every problem found is reported at once, each naming its field
+(e.g. ``corruptions[2].severities[0]: must be an integer in 1..5, got 0``). Domain code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.perturbation.catalogue import ATTACKS, validate_params
+from fortis.services.perturbation.corruptions import CORRUPTIONS
+
+DATASETS = ("fashion-mnist", "imagenet-photos")
+TASKS = ("classification",)
+CORRECTNESS_MODES = ("top1", "topk", "threshold")
+MAX_PLAN_BYTES = 1_000_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class Role:
+    name: str = ""
+    organisation: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetRef:
+    name: str
+    task: str = "classification"
+    endpoint: str = ""
+    credentials_ref: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetRef:
+    source: str
+    split: str = "test"
+    limit: int = 100
+    offset: int = 0
+    label_map: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorruptionTest:
+    id: str
+    severities: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttackTest:
+    id: str
+    name: str               # distinct label in the report (default: the id)
+    params: Mapping[str, Any]
+    surrogate: str = ""
+    limit: int = 0          # attack only the first N images (0 = all)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    name: str
+    seed: int
+    requester: Role
+    tester: Role
+    provider: Role
+    target: TargetRef
+    dataset: DatasetRef
+    correctness: Mapping[str, Any]
+    corruptions: tuple[CorruptionTest, ...]
+    attacks: tuple[AttackTest, ...]
+    batch_size: int
+    raw: Mapping[str, Any]
+
+
+class _V:
+    """Collects violations while walking the document."""
+
+    def __init__(self) -> None:
+        self.problems: list[FieldViolation] = []
+
+    def bad(self, path: str, msg: str) -> None:
+        self.problems.append(FieldViolation(path, msg))
+
+    def mapping(self, doc: Any, path: str, *, required: bool = True) -> Mapping[str, Any]:
+        if doc is None and not required:
+            return {}
+        if not isinstance(doc, Mapping):
+            self.bad(path, f"must be a mapping, got {type(doc).__name__}")
+            return {}
+        return doc
+
+    def unknown(self, doc: Mapping[str, Any], path: str, allowed: set[str]) -> None:
+        for k in doc:
+            if k not in allowed:
+                where = f"{path}.{k}" if path else str(k)
+                self.bad(where, f"unknown field; allowed: {', '.join(sorted(allowed))}")
+
+    def string(self, doc: Mapping[str, Any], key: str, path: str, *, required: bool = False,
+               default: str = "", choices: tuple[str, ...] | None = None) -> str:
+        p = f"{path}.{key}" if path else key
+        if key not in doc or doc[key] is None:
+            if required:
+                self.bad(p, "required")
+            return default
+        v = doc[key]
+        if not isinstance(v, str) or (required and not v.strip()):
+            self.bad(p, f"must be a non-empty string, got {v!r}")
+            return default
+        if choices and v not in choices:
+            self.bad(p, f"must be one of {', '.join(choices)}, got {v!r}")
+            return default
+        return v
+
+    def integer(self, doc: Mapping[str, Any], key: str, path: str, *, default: int,
+                lo: int, hi: int) -> int:
+        p = f"{path}.{key}" if path else key
+        if key not in doc:
+            return default
+        v = doc[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            self.bad(p, f"must be an integer in {lo}..{hi}, got {v!r}")
+            return default
+        return v
+
+
+def parse_plan_text(text: str, fmt: str = "") -> dict[str, Any]:
+    """YAML or JSON text -> document (``fmt``: "yaml", "json" or "" to detect)."""
+    if not text or not text.strip():
+        raise InvalidArgument("plan", "the plan is empty")
+    if len(text.encode()) > MAX_PLAN_BYTES:
+        raise InvalidArgument("plan", f"the plan is larger than {MAX_PLAN_BYTES} bytes")
+    fmt = fmt or ("json" if text.lstrip().startswith("{") else "yaml")
+    try:
+        doc = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        if isinstance(exc, json.JSONDecodeError):
+            where = f" at line {exc.lineno}, column {exc.colno}"
+        raise InvalidArgument("plan", f"not valid {fmt.upper()}{where}: {getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument("plan", f"the plan must be a mapping at the top level, got {type(doc).__name__}")
+    return doc
+
+
+def validate_plan(doc: Mapping[str, Any]) -> Plan:
+    """Check a plan document; raise one InvalidArgument listing every problem."""
+    v = _V()
+    v.unknown(doc, "", {"name", "seed", "roles", "target", "dataset", "correctness",
+                        "corruptions", "attacks", "execution", "description"})
+    name = v.string(doc, "name", "", required=True)
+    seed = v.integer(doc, "seed", "", default=0, lo=0, hi=2**63 - 1)
+
+    roles = v.mapping(doc.get("roles"), "roles", required=False)
+    v.unknown(roles, "roles", {"requester", "tester", "provider"})
+    role_objs = {}
+    for r in ("requester", "tester", "provider"):
+        rd = v.mapping(roles.get(r), f"roles.{r}", required=False)
+        v.unknown(rd, f"roles.{r}", {"name", "organisation"})
+        role_objs[r] = Role(name=v.string(rd, "name", f"roles.{r}"),
+                            organisation=v.string(rd, "organisation", f"roles.{r}"))
+
+    t = v.mapping(doc.get("target"), "target")
+    v.unknown(t, "target", {"name", "task", "endpoint", "credentials_ref"})
+    target = TargetRef(name=v.string(t, "name", "target", required=True),
+                       task=v.string(t, "task", "target", default="classification", choices=TASKS),
+                       endpoint=v.string(t, "endpoint", "target"),
+                       credentials_ref=v.string(t, "credentials_ref", "target"))
+
+    d = v.mapping(doc.get("dataset"), "dataset")
+    v.unknown(d, "dataset", {"source", "split", "limit", "offset", "label_map"})
+    label_map: dict[int, int] = {}
+    lm = d.get("label_map") or {}
+    if not isinstance(lm, Mapping):
+        v.bad("dataset.label_map", "must be a mapping of dataset label -> service label")
+    else:
+        for k, val in lm.items():
+            try:
+                label_map[int(k)] = int(val)
+            except (TypeError, ValueError):
+                v.bad(f"dataset.label_map.{k}", f"labels must be integers, got {k!r}: {val!r}")
+    dataset = DatasetRef(source=v.string(d, "source", "dataset", required=True, choices=DATASETS),
+                         split=v.string(d, "split", "dataset", default="test", choices=("test", "train")),
+                         limit=v.integer(d, "limit", "dataset", default=100, lo=1, hi=100_000),
+                         offset=v.integer(d, "offset", "dataset", default=0, lo=0, hi=10_000_000),
+                         label_map=label_map)
+
+    c = v.mapping(doc.get("correctness"), "correctness", required=False)
+    v.unknown(c, "correctness", {"mode", "k", "threshold"})
+    correctness = {"mode": v.string(c, "mode", "correctness", default="top1", choices=CORRECTNESS_MODES),
+                   "k": v.integer(c, "k", "correctness", default=5, lo=1, hi=1000),
+                   "threshold": c.get("threshold", 0.5)}
+    th = correctness["threshold"]
+    if isinstance(th, bool) or not isinstance(th, int | float) or not 0 <= th < 1:
+        v.bad("correctness.threshold", f"must be a number in [0, 1), got {th!r}")
+
+    corruptions: list[CorruptionTest] = []
+    cl = doc.get("corruptions") or []
+    if not isinstance(cl, list):
+        v.bad("corruptions", "must be a list")
+        cl = []
+    seen: set[str] = set()
+    for i, item in enumerate(cl):
+        p = f"corruptions[{i}]"
+        if isinstance(item, str):
+            item = {"id": item}
+        it = v.mapping(item, p)
+        v.unknown(it, p, {"id", "severities"})
+        cid = v.string(it, "id", p, required=True)
+        if cid and cid not in CORRUPTIONS:
+            v.bad(f"{p}.id", f"unknown corruption '{cid}'; known: {', '.join(CORRUPTIONS)}")
+        if cid in seen:
+            v.bad(f"{p}.id", f"corruption '{cid}' is listed twice")
+        seen.add(cid)
+        sev = it.get("severities", [1, 2, 3, 4, 5])
+        if not isinstance(sev, list) or not sev:
+            v.bad(f"{p}.severities", "must be a non-empty list of integers in 1..5")
+            sev = []
+        for j, s in enumerate(sev):
+            if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= 5:
+                v.bad(f"{p}.severities[{j}]", f"must be an integer in 1..5, got {s!r}")
+        if len(set(sev)) != len(sev):
+            v.bad(f"{p}.severities", "severities repeat")
+        corruptions.append(CorruptionTest(id=cid, severities=tuple(sorted(
+            s for s in sev if isinstance(s, int) and not isinstance(s, bool)))))
+
+    attacks: list[AttackTest] = []
+    al = doc.get("attacks") or []
+    if not isinstance(al, list):
+        v.bad("attacks", "must be a list")
+        al = []
+    seen = set()
+    for i, item in enumerate(al):
+        p = f"attacks[{i}]"
+        it = v.mapping(item, p)
+        v.unknown(it, p, {"id", "params", "surrogate", "limit", "name"})
+        aid = v.string(it, "id", p, required=True)
+        params = v.mapping(it.get("params", {}), f"{p}.params", required=False)
+        spec = ATTACKS.get(aid)
+        label = v.string(it, "name", p, default=aid)
+        if aid and spec is None:
+            v.bad(f"{p}.id", f"unknown attack '{aid}'; known: {', '.join(ATTACKS)}")
+        elif spec is not None:
+            try:
+                params = validate_params(spec, params, f"{p}.params")
+            except InvalidArgument as exc:
+                v.problems += exc.violations
+            if spec.kind == "transfer" and not it.get("surrogate"):
+                v.bad(f"{p}.surrogate", f"{aid} is a transfer attack: name the surrogate model")
+        if label in seen:
+            v.bad(f"{p}.name", f"attack name '{label}' is used twice; give each a distinct name")
+        seen.add(label)
+        attacks.append(AttackTest(id=aid, name=label, params=dict(params),
+                                  surrogate=v.string(it, "surrogate", p),
+                                  limit=v.integer(it, "limit", p, default=0, lo=0, hi=100_000)))
+
+    e = v.mapping(doc.get("execution"), "execution", required=False)
+    v.unknown(e, "execution", {"batch_size"})
+    batch = v.integer(e, "batch_size", "execution", default=64, lo=1, hi=1024)
+
+    if not corruptions and not attacks:
+        v.bad("corruptions", "the plan tests nothing: list at least one corruption or attack")
+    if v.problems:
+        raise InvalidArgument.from_violations(v.problems)
+    return Plan(name=name, seed=seed, requester=role_objs["requester"], tester=role_objs["tester"],
+                provider=role_objs["provider"], target=target, dataset=dataset,
+                correctness=correctness, corruptions=tuple(corruptions), attacks=tuple(attacks),
+                batch_size=batch, raw=dict(doc))
+
+
+def load_plan(text: str, fmt: str = "") -> Plan:
+    return validate_plan(parse_plan_text(text, fmt))

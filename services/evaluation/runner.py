@@ -1,0 +1,375 @@
+"""Runs one test plan (IEEE-P2): plan -> clean pass -> corruption robustness -> adversarial
+robustness -> scoring -> report. Domain code: reaches the other services through ports.
+
+Resumable (CAN-9): the work is cut into items (a chunk of images under one test); each item
+commits its results to the store when it finishes, and a rerun skips finished items. Every
+random draw is derived from the plan's seed and the item's identity, so a redone item gives
+the same numbers. Query attacks open a fresh proxy session per attempt of an item: queries of
+an attempt cut short by a crash stay in the ledger under their own session (reported as
+aborted) and are never counted in the results.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fortis.services.common.errors import FailedPrecondition, FortisError, InvalidArgument
+from fortis.services.evaluation.plan import Plan
+from fortis.services.evaluation.ports import (
+    PerturbationPort,
+    ProxyPort,
+    ReportPort,
+    ScoringPort,
+    TargetDescription,
+)
+from fortis.services.evaluation.store import EvaluationStore
+from fortis.services.perturbation.catalogue import ATTACKS, CORRUPTIONS
+from fortis.services.scoring.ieee import ClassPrediction
+
+#: Scores kept per recorded prediction (enough for top-k rules; full vectors are not needed).
+KEEP_SCORES = 20
+
+LabeledImage = tuple[str, np.ndarray, tuple[int, ...]]
+DatasetLoader = Callable[[Plan], list[LabeledImage]]
+
+
+class Cancelled(FortisError):
+    """The evaluation was cancelled by a caller."""
+
+
+@dataclass(kw_only=True)
+class RunContext:
+    evaluation_id: str
+    plan: Plan
+    plan_text: str
+    store: EvaluationStore
+    proxy: ProxyPort
+    perturbation: PerturbationPort
+    scoring: ScoringPort
+    report: ReportPort
+    load_dataset: DatasetLoader
+    artifacts_dir: Path
+    cancelled: Callable[[], bool] = lambda: False
+    items_done: int = 0
+    queries: int = 0
+    item_keys: list[str] = field(default_factory=list)
+
+
+def _pred_json(p: ClassPrediction) -> dict[str, Any]:
+    return {"labels": list(p.labels[:KEEP_SCORES]),
+            "scores": None if p.scores is None else [round(float(s), 6) for s in p.scores[:KEEP_SCORES]],
+            "error": p.error}
+
+
+def _chunks(n: int, size: int) -> list[tuple[int, int]]:
+    return [(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+def plan_items(plan: Plan, n_images: int) -> list[str]:
+    """Every work item of a plan, in execution order."""
+    keys = [f"clean/{c:05d}" for c, _ in enumerate(_chunks(n_images, plan.batch_size))]
+    for ct in plan.corruptions:
+        for sev in ct.severities:
+            keys += [f"corr/{ct.id}/{sev}/{c:05d}" for c, _ in enumerate(_chunks(n_images, plan.batch_size))]
+    for at in plan.attacks:
+        n = min(n_images, at.limit) if at.limit else n_images
+        keys += [f"attack/{at.name}/{c:05d}" for c, _ in enumerate(_chunks(n, plan.batch_size))]
+    return keys
+
+
+def check_target(plan: Plan, target: TargetDescription, images: Sequence[LabeledImage]) -> None:
+    if target.task != plan.target.task:
+        raise InvalidArgument("target.task", f"plan says {plan.target.task} but target '{target.name}' is {target.task}")
+    n_labels = len(target.labels)
+    for image_id, _, labels in images:
+        for lab in labels:
+            if not 0 <= lab < n_labels:
+                raise InvalidArgument("dataset.label_map", f"image '{image_id}' has label {lab}, outside the target's {n_labels} labels")
+    if plan.correctness["mode"] == "threshold" and target.output_kind == "label_only":
+        raise InvalidArgument("correctness.mode", "threshold needs a score-returning target; this one returns labels only")
+    for i, at in enumerate(plan.attacks):
+        spec = ATTACKS[at.id]
+        if spec.kind == "score" and target.output_kind == "label_only":
+            raise InvalidArgument(f"attacks[{i}].id", f"{at.id} is score-based but target '{target.name}' returns labels only")
+
+
+class EvaluationRunner:
+    """Executes one evaluation to the end (or until cancelled / failed)."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.plan = ctx.plan
+        self.eid = ctx.evaluation_id
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _progress(self, stage: str, message: str = "") -> None:
+        self.ctx.store.update(self.eid, stage=stage, message=message)
+
+    def _item(self, key: str, work: Callable[[int], tuple[Any, int]]) -> Any:
+        """Run ``work(attempt)`` unless the item is already done; commit its result."""
+        if self.ctx.cancelled():
+            raise Cancelled("cancelled")
+        done, _, result = self.ctx.store.item(self.eid, key)
+        if done:
+            return result
+        attempt = self.ctx.store.start_item(self.eid, key)
+        result, queries = work(attempt)
+        self.ctx.items_done += 1
+        self.ctx.queries += queries
+        self.ctx.store.finish_item(self.eid, key, result, items_done=self.ctx.items_done,
+                                   queries=self.ctx.queries, message=key)
+        return result
+
+    # -- the run ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        plan, store = self.plan, self.ctx.store
+        started = time.time()
+        store.update(self.eid, state="RUNNING", stage="plan", started_at=started)
+        images = self.ctx.load_dataset(plan)
+        if not images:
+            raise FailedPrecondition("the plan's dataset selection is empty")
+        target = self.ctx.proxy.target_info(plan.target.name)
+        check_target(plan, target, images)
+        keys = plan_items(plan, len(images))
+        # Count what earlier runs already finished (resume).
+        finished = {k for k, _, d in store.items(self.eid) if d}
+        self.ctx.items_done = len([k for k in keys if k in finished])
+        row = store.get(self.eid)
+        self.ctx.queries = row.queries if row else 0
+        store.update(self.eid, items_total=len(keys), items_done=self.ctx.items_done)
+        ids = [i for i, _, _ in images]
+        labels = {i: list(lab) for i, _, lab in images}
+        chunks = _chunks(len(images), plan.batch_size)
+
+        # Clean pass (IEEE-M1).
+        self._progress("clean")
+        sess_clean = f"{self.eid}/clean"
+        self.ctx.proxy.open_session(session_id=sess_clean, target=plan.target.name,
+                                    description="clean images")
+        clean: dict[str, Any] = {}
+        for c, (a, b) in enumerate(chunks):
+            part = [(i, im) for i, im, _ in images[a:b]]
+            res = self._item(f"clean/{c:05d}", lambda _att, part=part: (
+                [_pred_json(p) for p in self.ctx.proxy.predict(session_id=sess_clean, origin="clean",
+                                                               images=part)], len(part)))
+            clean.update(zip(ids[a:b], res, strict=True))
+
+        # Corruption robustness (IEEE-M2, M4, M7): one corruption per image (IEEE-P5).
+        self._progress("corruptions")
+        sess_corr = f"{self.eid}/corruptions"
+        self.ctx.proxy.open_session(session_id=sess_corr, target=plan.target.name,
+                                    description="corrupted images")
+        corr: dict[tuple[str, int], dict[str, Any]] = {}
+        for ct in plan.corruptions:
+            for sev in ct.severities:
+                out: dict[str, Any] = {}
+                for c, (a, b) in enumerate(chunks):
+                    def work(_att: int, a: int = a, b: int = b, cid: str = ct.id, sev: int = sev
+                             ) -> tuple[Any, int]:
+                        part = [(i, im) for i, im, _ in images[a:b]]
+                        corrupted = self.ctx.perturbation.corrupt(cid, sev, plan.seed, part)
+                        preds = self.ctx.proxy.predict(
+                            session_id=sess_corr, origin=f"{cid}@{sev}",
+                            images=[(i, im) for (i, _), im in zip(part, corrupted, strict=True)])
+                        return [_pred_json(p) for p in preds], len(part)
+                    res = self._item(f"corr/{ct.id}/{sev}/{c:05d}", work)
+                    out.update(zip(ids[a:b], res, strict=True))
+                corr[(ct.id, sev)] = out
+
+        # Adversarial robustness (IEEE-M3, M5, M6).
+        self._progress("attacks")
+        attack_results: dict[str, dict[str, Any]] = {}
+        for at in plan.attacks:
+            spec = ATTACKS[at.id]
+            n = min(len(images), at.limit) if at.limit else len(images)
+            res_all: dict[str, Any] = {}
+            sess_transfer = f"{self.eid}/attack/{at.name}"
+            if not spec.is_query_attack:
+                self.ctx.proxy.open_session(session_id=sess_transfer, target=plan.target.name,
+                                            description=f"transfer attack {at.name}")
+            for c, (a, b) in enumerate(_chunks(n, plan.batch_size)):
+                key = f"attack/{at.name}/{c:05d}"
+                part = [(i, im, lab) for i, im, lab in images[a:b]]
+                if spec.is_query_attack:
+                    res = self._item(key, lambda att, part=part, c=c, at=at: self._query_attack(at, part, c, att))
+                else:
+                    res = self._item(key, lambda _att, part=part, c=c, at=at, s=sess_transfer: self._transfer_attack(
+                        at, part, c, s))
+                res_all.update(res)
+            attack_results[at.name] = res_all
+
+        # Scoring.
+        self._progress("scoring")
+        tests: list[dict[str, Any]] = [{"kind": "clean", "predictions": clean}]
+        for (cid, sev), preds in corr.items():
+            tests.append({"kind": "corruption", "perturbation_id": cid, "severity": sev,
+                          "predictions": preds})
+        for at in plan.attacks:
+            r = attack_results[at.name]
+            spec = ATTACKS[at.id]
+            t: dict[str, Any] = {"kind": "attack", "perturbation_id": at.name,
+                                 "query_budget": int(at.params.get("max_queries", 0)) if spec.is_query_attack else 0}
+            if spec.is_query_attack:
+                t["success"] = {i: v["success"] for i, v in r.items()}
+                t["queries"] = {i: v["ledger_queries"] for i, v in r.items()}
+            else:
+                t["predictions"] = {i: v["prediction"] for i, v in r.items()}
+            tests.append(t)
+        metrics = self.ctx.scoring.score(rule=plan.correctness, labels=labels, tests=tests)
+        self._add_attack_distances(metrics, attack_results)
+
+        # Report (IEEE-P4).
+        self._progress("report")
+        finished_at = time.time()
+        parts = self._report_parts(target, metrics, attack_results, started, finished_at, len(images))
+        report_json, report_html = self.ctx.report.render(parts)
+        summary = {"accuracy": metrics["accuracy"]["value"],
+                   "average_robustness_corr": _value(metrics.get("average_robustness_corr")),
+                   "average_robustness_adv": _value(metrics.get("average_robustness_adv")),
+                   "m": len(images)}
+        store.update(self.eid, state="SUCCEEDED", stage="done", report_json=report_json,
+                     report_html=report_html, summary_json=json.dumps(summary),
+                     finished_at=finished_at, message="")
+        return metrics
+
+    # -- attacks ----------------------------------------------------------------------------
+    def _save_adversarials(self, name: str, chunk: int, outs: Sequence[Any]) -> str:
+        d = self.ctx.artifacts_dir / self.eid / "adversarial"
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"{name}-{chunk:05d}.npz"
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez_compressed(tmp, image_ids=np.array([o.image_id for o in outs]),
+                            adversarial_uint8=np.stack([o.adversarial for o in outs]),
+                            adversarial_float=np.stack([o.adversarial_float for o in outs]))
+        tmp.replace(path)
+        return str(path)
+
+    def _transfer_attack(self, at: Any, part: Sequence[LabeledImage], chunk: int,
+                         session: str) -> tuple[dict[str, Any], int]:
+        outs = self.ctx.perturbation.attack(at.id, at.params, self.plan.seed, part,
+                                            surrogate=at.surrogate)
+        preds = self.ctx.proxy.predict(session_id=session, origin=at.name,
+                                       images=[(o.image_id, o.adversarial) for o in outs])
+        self._save_adversarials(at.name, chunk, outs)
+        return ({o.image_id: {"prediction": _pred_json(p), "linf": o.linf, "l2": o.l2,
+                              "surrogate_initially_correct": o.initially_correct}
+                 for o, p in zip(outs, preds, strict=True)}, len(outs))
+
+    def _query_attack(self, at: Any, part: Sequence[LabeledImage], chunk: int,
+                      attempt: int) -> tuple[dict[str, Any], int]:
+        budget = int(at.params["max_queries"])
+        session = f"{self.eid}/attack/{at.name}/{chunk:05d}/a{attempt}"
+        self.ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
+                                    per_image_budget=budget, query_budget=budget * len(part),
+                                    description=f"query attack {at.name}, chunk {chunk}, attempt {attempt}")
+        outs = self.ctx.perturbation.attack(at.id, at.params, self.plan.seed, part,
+                                            session_id=session, origin=at.name)
+        total, per_image = self.ctx.proxy.session_queries(session)
+        self._save_adversarials(at.name, chunk, outs)
+        return ({o.image_id: {"success": bool(o.success), "attack_queries": o.queries,
+                              "ledger_queries": per_image.get(o.image_id, 0), "linf": o.linf,
+                              "l2": o.l2, "stop_reason": o.stop_reason, "session": session}
+                 for o in outs}, total)
+
+    def _add_attack_distances(self, metrics: dict[str, Any], results: dict[str, dict[str, Any]]) -> None:
+        for name, r in results.items():
+            m = metrics.get("attacks", {}).get(name)
+            if m is None or not r:
+                continue
+            linf = [v["linf"] for v in r.values()]
+            l2 = [v["l2"] for v in r.values()]
+            m["mean_linf"] = float(np.mean(linf))
+            m["max_linf"] = float(np.max(linf))
+            m["mean_l2"] = float(np.mean(l2))
+
+    # -- report -----------------------------------------------------------------------------
+    def _report_parts(self, target: TargetDescription, metrics: dict[str, Any],
+                      attack_results: dict[str, dict[str, Any]], started: float,
+                      finished: float, m: int) -> dict[str, Any]:
+        plan = self.plan
+        tests: list[dict[str, Any]] = []
+        for ct in plan.corruptions:
+            spec = CORRUPTIONS[ct.id]
+            tests.append({"id": ct.id, "kind": "corruption", "family": spec.family,
+                          "ieee_ref": spec.ieee_ref, "severities": list(ct.severities),
+                          "parameters": {str(s): repr(spec.severity_params[s - 1]) for s in ct.severities},
+                          "steps": f"apply {ct.id} at each severity to every image (one corruption per image, IEEE-P5), seeded per image; send through the proxy; judge with the plan's correctness rule",
+                          "metrics": ["Robustness_Corr (IEEE-M2)", "per severity (IEEE-M7)", "WorstCase_Robustness_Corr (IEEE-M4)"]})
+        for at in plan.attacks:
+            spec = ATTACKS[at.id]
+            steps = ("craft on surrogate '" + at.surrogate + "', send the uint8 adversarial through the proxy, judge the target's answer"
+                     if not spec.is_query_attack else
+                     "query the target through the proxy (session per chunk, per-image budget Q_m enforced by the proxy); stop at first success or at Q_m (IEEE-M6)")
+            tests.append({"id": at.name, "attack": at.id, "kind": f"{spec.kind} attack", "family": spec.family,
+                          "ieee_ref": spec.ieee_ref, "parameters": dict(at.params),
+                          "surrogate": at.surrogate or None, "images_attacked": len(attack_results.get(at.name, {})),
+                          "steps": steps,
+                          "metrics": ["Robustness_Adv (IEEE-M3)", "WorstCase_Robustness_Adv (IEEE-M5)"]
+                          + (["attack success rate and queries (IEEE-M6)"] if spec.is_query_attack else [])})
+        ledger = self._ledger_summary(attack_results)
+        import numpy
+        import torch
+        from fortis import __version__
+        environment = {"python": platform.python_version(), "platform": platform.platform(),
+                       "fortis": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
+                       "seed": plan.seed}
+        return {
+            "plan": dict(plan.raw), "plan_text": self.ctx.plan_text,
+            "target": {"name": target.name, "task": target.task, "endpoint": plan.target.endpoint,
+                       "output_kind": target.output_kind, "top_k": target.top_k,
+                       "labels": len(target.labels), "version": target.version,
+                       "input": f"{target.input_height}x{target.input_width}x{target.input_channels}",
+                       "service_type_parameters": {"correctness": dict(plan.correctness)}},
+            "tester": {"tester": vars(plan.tester), "requester": vars(plan.requester),
+                       "provider": vars(plan.provider)},
+            "environment": environment, "metrics": metrics, "tests": tests, "ledger": ledger,
+            "evaluation": {"id": self.eid, "started": started, "finished": finished,
+                           "duration_s": round(finished - started, 3), "images": m,
+                           "dataset": {"source": plan.dataset.source, "split": plan.dataset.split,
+                                       "offset": plan.dataset.offset, "limit": plan.dataset.limit},
+                           "resumed_count": (self.ctx.store.get(self.eid).resumed_count
+                                             if self.ctx.store.get(self.eid) else 0)},
+        }
+
+    def _ledger_summary(self, attack_results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        sessions: dict[str, int] = {}
+        for name in ("clean", "corruptions"):
+            total, _ = self.ctx.proxy.session_queries(f"{self.eid}/{name}")
+            sessions[f"{self.eid}/{name}"] = total
+        counted_query_sessions: set[str] = set()
+        for at in self.plan.attacks:
+            if ATTACKS[at.id].is_query_attack:
+                for v in attack_results[at.name].values():
+                    counted_query_sessions.add(v["session"])
+            else:
+                s = f"{self.eid}/attack/{at.name}"
+                sessions[s], _ = self.ctx.proxy.session_queries(s)
+        for s in sorted(counted_query_sessions):
+            sessions[s], _ = self.ctx.proxy.session_queries(s)
+        aborted: dict[str, int] = {}
+        for key, attempts, _done in self.ctx.store.items(self.eid):
+            if key.startswith("attack/") and attempts > 1:
+                name, chunk = key.split("/")[1], key.split("/")[2]
+                for a in range(1, attempts):
+                    s = f"{self.eid}/attack/{name}/{chunk}/a{a}"
+                    try:
+                        aborted[s], _ = self.ctx.proxy.session_queries(s)
+                    except FortisError:
+                        aborted[s] = 0
+        return {"sessions": sessions, "total_queries": sum(sessions.values()),
+                "aborted_attempt_sessions": aborted,
+                "aborted_attempt_queries": sum(aborted.values()),
+                "note": "counts read from the target-proxy ledger; queries of attempts cut short by a restart are listed separately and not used in any metric"}
+
+
+def _value(x: Any) -> Any:
+    if isinstance(x, dict):
+        return x.get("value")
+    return x

@@ -1,0 +1,205 @@
+"""Durable state of evaluations (CAN-9): SQLite, one row per evaluation and per work item.
+
+A work item (the clean pass over a chunk of images, one corruption at one severity over a
+chunk, one attack over a chunk) is committed with its results when it finishes; a restarted
+service skips finished items and redoes the rest. Domain code: no gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS evaluations (
+    evaluation_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    state TEXT NOT NULL,
+    plan_text TEXT NOT NULL,
+    plan_name TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    error_code TEXT NOT NULL DEFAULT '',
+    error_message TEXT NOT NULL DEFAULT '',
+    resumed_count INTEGER NOT NULL DEFAULT 0,
+    stage TEXT NOT NULL DEFAULT 'plan',
+    items_done INTEGER NOT NULL DEFAULT 0,
+    items_total INTEGER NOT NULL DEFAULT 0,
+    queries INTEGER NOT NULL DEFAULT 0,
+    message TEXT NOT NULL DEFAULT '',
+    summary_json TEXT NOT NULL DEFAULT '',
+    report_json TEXT NOT NULL DEFAULT '',
+    report_html TEXT NOT NULL DEFAULT '',
+    started_at REAL NOT NULL DEFAULT 0,
+    finished_at REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS items (
+    evaluation_id TEXT NOT NULL,
+    item_key TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    done INTEGER NOT NULL DEFAULT 0,
+    result_json TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (evaluation_id, item_key)
+);
+"""
+
+ACTIVE_STATES = ("PENDING", "RUNNING")
+FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluationRow:
+    evaluation_id: str
+    tenant: str
+    state: str
+    plan_text: str
+    plan_name: str
+    created_at: float
+    updated_at: float
+    error_code: str
+    error_message: str
+    resumed_count: int
+    stage: str
+    items_done: int
+    items_total: int
+    queries: int
+    message: str
+    summary_json: str
+    started_at: float
+    finished_at: float
+
+
+_COLS = ("evaluation_id, tenant, state, plan_text, plan_name, created_at, updated_at, error_code,"
+         " error_message, resumed_count, stage, items_done, items_total, queries, message,"
+         " summary_json, started_at, finished_at")
+
+
+class EvaluationStore:
+    def __init__(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.executescript(SCHEMA)
+        self._lock = threading.RLock()
+        self.changed = threading.Condition(self._lock)
+        self._version = 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def _bump(self) -> None:
+        self._version += 1
+        self.changed.notify_all()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def insert(self, *, evaluation_id: str, tenant: str, plan_text: str, plan_name: str) -> None:
+        now = time.time()
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO evaluations (evaluation_id, tenant, state, plan_text, plan_name,"
+                " created_at, updated_at) VALUES (?,?,?,?,?,?,?)",
+                (evaluation_id, tenant, "PENDING", plan_text, plan_name, now, now))
+            self._bump()
+
+    def get(self, evaluation_id: str) -> EvaluationRow | None:
+        with self._lock:
+            row = self._conn.execute(f"SELECT {_COLS} FROM evaluations WHERE evaluation_id=?",
+                                     (evaluation_id,)).fetchone()
+        return EvaluationRow(*row) if row else None
+
+    def list(self, tenant: str, *, limit: int, before: float | None = None) -> list[EvaluationRow]:
+        with self._lock:
+            if before is None:
+                rows = self._conn.execute(
+                    f"SELECT {_COLS} FROM evaluations WHERE tenant=? ORDER BY created_at DESC,"
+                    " evaluation_id DESC LIMIT ?", (tenant, limit)).fetchall()
+            else:
+                rows = self._conn.execute(
+                    f"SELECT {_COLS} FROM evaluations WHERE tenant=? AND created_at<? ORDER BY"
+                    " created_at DESC, evaluation_id DESC LIMIT ?", (tenant, before, limit)).fetchall()
+        return [EvaluationRow(*r) for r in rows]
+
+    def active(self) -> list[EvaluationRow]:
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT {_COLS} FROM evaluations WHERE state IN ('PENDING','RUNNING')"
+                " ORDER BY created_at").fetchall()
+        return [EvaluationRow(*r) for r in rows]
+
+    def update(self, evaluation_id: str, **fields: Any) -> None:
+        if not fields:
+            return
+        fields["updated_at"] = time.time()
+        sets = ", ".join(f"{k}=?" for k in fields)
+        with self._lock:
+            self._conn.execute(f"UPDATE evaluations SET {sets} WHERE evaluation_id=?",
+                               (*fields.values(), evaluation_id))
+            self._bump()
+
+    def mark_resumed(self, evaluation_id: str) -> None:
+        with self._lock:
+            self._conn.execute("UPDATE evaluations SET resumed_count=resumed_count+1,"
+                               " updated_at=? WHERE evaluation_id=?", (time.time(), evaluation_id))
+            self._bump()
+
+    def report(self, evaluation_id: str) -> tuple[str, str]:
+        with self._lock:
+            row = self._conn.execute("SELECT report_json, report_html FROM evaluations WHERE"
+                                     " evaluation_id=?", (evaluation_id,)).fetchone()
+        return (row[0], row[1]) if row else ("", "")
+
+    # -- items ------------------------------------------------------------------------------
+    def item(self, evaluation_id: str, key: str) -> tuple[bool, int, Any]:
+        """(done, attempts so far, result) of an item."""
+        with self._lock:
+            row = self._conn.execute("SELECT done, attempts, result_json FROM items WHERE"
+                                     " evaluation_id=? AND item_key=?", (evaluation_id, key)).fetchone()
+        if row is None:
+            return False, 0, None
+        return bool(row[0]), int(row[1]), (json.loads(row[2]) if row[2] else None)
+
+    def start_item(self, evaluation_id: str, key: str) -> int:
+        """Record a new attempt at an item; returns its attempt number (1 = first)."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO items (evaluation_id, item_key, attempts) VALUES (?,?,1)"
+                " ON CONFLICT(evaluation_id, item_key) DO UPDATE SET attempts=attempts+1",
+                (evaluation_id, key))
+            row = self._conn.execute("SELECT attempts FROM items WHERE evaluation_id=? AND"
+                                     " item_key=?", (evaluation_id, key)).fetchone()
+        return int(row[0])
+
+    def finish_item(self, evaluation_id: str, key: str, result: Any, *, items_done: int,
+                    queries: int, message: str) -> None:
+        """Commit an item's result and the evaluation's progress in one transaction."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("UPDATE items SET done=1, result_json=? WHERE evaluation_id=?"
+                                   " AND item_key=?", (json.dumps(result), evaluation_id, key))
+                self._conn.execute("UPDATE evaluations SET items_done=?, queries=?, message=?,"
+                                   " updated_at=? WHERE evaluation_id=?",
+                                   (items_done, queries, message, time.time(), evaluation_id))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._bump()
+
+    def items(self, evaluation_id: str) -> Iterator[tuple[str, int, bool]]:
+        with self._lock:
+            rows = self._conn.execute("SELECT item_key, attempts, done FROM items WHERE"
+                                      " evaluation_id=? ORDER BY item_key", (evaluation_id,)).fetchall()
+        for r in rows:
+            yield r[0], int(r[1]), bool(r[2])

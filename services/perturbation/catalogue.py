@@ -1,0 +1,137 @@
+"""One catalogue of every perturbation: corruptions (IEEE-A1..A5) and attacks (IEEE-A7/A8).
+
+Each entry has an id, a kind, a family, the requirement it implements, and its parameter
+schema (attacks) or severity table (corruptions). ``ListPerturbations`` and
+``fortis perturbations`` read this. Domain code: no gRPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.perturbation.corruptions import CORRUPTIONS
+
+
+@dataclass(frozen=True, kw_only=True)
+class Param:
+    name: str
+    type: str              # "float" | "int" | "bool" | "string"
+    default: Any = None    # None = required
+    description: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttackSpec:
+    id: str
+    kind: str              # "transfer" | "score" | "decision"
+    family: str
+    ieee_ref: str
+    description: str
+    params: tuple[Param, ...] = field(default_factory=tuple)
+    stochastic: bool = True
+
+    @property
+    def is_query_attack(self) -> bool:
+        return self.kind in ("score", "decision")
+
+
+_EPS_LINF = Param(name="epsilon", type="float", description="L-inf bound in [0,1] pixel scale (IEEE-A9)",
+                  minimum=0.0, maximum=1.0)
+_BUDGET = Param(name="max_queries", type="int", default=1000,
+                description="query budget Q_m per image (IEEE-M6)", minimum=1, maximum=1_000_000)
+
+ATTACKS: dict[str, AttackSpec] = {a.id: a for a in (
+    AttackSpec(id="fgsm", kind="transfer", family="gradient", ieee_ref="IEEE-A7",
+               description="Fast Gradient Sign Method on the local surrogate, then sent to the target",
+               params=(_EPS_LINF,), stochastic=False),
+    AttackSpec(id="pgd", kind="transfer", family="gradient", ieee_ref="IEEE-A7",
+               description="Projected Gradient Descent (L-inf) on the local surrogate, then sent to the target",
+               params=(_EPS_LINF,
+                       Param(name="steps", type="int", default=10, description="iterations", minimum=1, maximum=1000),
+                       Param(name="step_size", type="float", default=0.0,
+                             description="step in [0,1] scale; 0 = 2.5*epsilon/steps", minimum=0.0, maximum=1.0),
+                       Param(name="random_start", type="bool", default=True, description="start at a random point in the ball"))),
+    AttackSpec(id="square", kind="score", family="score-based", ieee_ref="IEEE-A8",
+               description="Square Attack (L-inf, score-based); every query through the proxy",
+               params=(_EPS_LINF, _BUDGET,
+                       Param(name="p_init", type="float", default=0.05,
+                             description="initial fraction of pixels changed per square", minimum=0.0, maximum=1.0))),
+    AttackSpec(id="hsja", kind="decision", family="decision-based", ieee_ref="IEEE-A8",
+               description="HopSkipJumpAttack (L2, decision-based); success = misclassified within L2 <= epsilon",
+               params=(Param(name="epsilon", type="float", description="L2 bound in [0,1] pixel scale (IEEE-A9)",
+                             minimum=0.0, maximum=1e4), _BUDGET)),
+)}
+
+
+def attack_spec(attack_id: str, field_name: str = "attack_id") -> AttackSpec:
+    spec = ATTACKS.get(attack_id)
+    if spec is None:
+        raise InvalidArgument(field_name, f"unknown attack '{attack_id}'; known: {', '.join(ATTACKS)}")
+    return spec
+
+
+def validate_params(spec: AttackSpec, params: Mapping[str, Any], field_prefix: str = "params"
+                    ) -> dict[str, Any]:
+    """Check and complete attack parameters; all problems reported at once."""
+    out: dict[str, Any] = {}
+    problems: list[FieldViolation] = []
+    known = {p.name for p in spec.params}
+    for key in params:
+        if key not in known:
+            problems.append(FieldViolation(f"{field_prefix}.{key}",
+                                           f"unknown parameter for {spec.id}; known: {', '.join(sorted(known))}"))
+    for p in spec.params:
+        f = f"{field_prefix}.{p.name}"
+        if p.name not in params:
+            if p.default is None:
+                problems.append(FieldViolation(f, "required"))
+            else:
+                out[p.name] = p.default
+            continue
+        v = params[p.name]
+        try:
+            if p.type == "float":
+                if isinstance(v, bool):
+                    raise TypeError
+                v = float(v)
+            elif p.type == "int":
+                if isinstance(v, bool) or float(v) != int(float(v)):
+                    raise TypeError
+                v = int(float(v))
+            elif p.type == "bool":
+                if not isinstance(v, bool):
+                    raise TypeError
+            else:
+                v = str(v)
+        except (TypeError, ValueError):
+            problems.append(FieldViolation(f, f"must be a {p.type}, got {v!r}"))
+            continue
+        if p.minimum is not None and v < p.minimum or p.maximum is not None and v > p.maximum:
+            problems.append(FieldViolation(f, f"must be in [{p.minimum}, {p.maximum}], got {v}"))
+            continue
+        out[p.name] = v
+    if problems:
+        raise InvalidArgument.from_violations(problems)
+    return out
+
+
+def list_catalogue() -> list[dict[str, Any]]:
+    """Every perturbation as plain data (for ListPerturbations and the CLI)."""
+    items: list[dict[str, Any]] = []
+    for c in CORRUPTIONS.values():
+        items.append({"id": c.id, "kind": "corruption", "family": c.family, "ieee_ref": c.ieee_ref,
+                      "description": c.description, "stochastic": c.stochastic,
+                      "severities": [1, 2, 3, 4, 5],
+                      "severity_table": [repr(x) for x in c.severity_params], "parameters": []})
+    for a in ATTACKS.values():
+        items.append({"id": a.id, "kind": f"{a.kind}_attack" if a.kind != "transfer" else "transfer_attack",
+                      "family": a.family, "ieee_ref": a.ieee_ref, "description": a.description,
+                      "stochastic": a.stochastic, "severities": [],
+                      "parameters": [{"name": p.name, "type": p.type, "default": p.default,
+                                      "description": p.description} for p in a.params]})
+    return items

@@ -1,0 +1,431 @@
+"""IEEE Std 3129-2023 metrics for image-classification services (section 4.7).
+
+Pure domain code (no gRPC): prediction correctness (4.7.6, IEEE-C1/C2), Wilson confidence
+intervals for every rate (IEEE-M8) and the metrics tree of an evaluation (IEEE-M1..M7).
+
+Metric tree returned by :func:`compute_classification_metrics` (plain JSON-able dict)::
+
+    m                                   M, the number of clean images
+    accuracy                            {value, ci95, m, correct}                    IEEE-M1
+    corruptions.<name>.<severity>       {robustness, ci95, m, correct}               IEEE-M2, M7
+    corruptions.<name>.mean             {robustness, ci95: null, severities}         mean over severities
+    average_robustness_corr             {value, ci95: null, n, m, definition}        IEEE-M2 eq. (3)
+    average_robustness_corr_by_severity {"<s>": {value, ci95: null, n}}              IEEE-M7
+    worstcase_robustness_corr           {value, ci95, m, correct, n_settings}        IEEE-M4 eq. (6)
+    worstcase_robustness_corr_by_severity {"<s>": {value, ci95, m, correct, n_settings}}
+    attacks.<name>                      {robustness_adv, ci95, m, correct, kind,     IEEE-M3, M6
+                                         success_rate, success_rate_ci95, success_rate_n,
+                                         successes, mean_queries, median_queries,
+                                         mean_queries_successful, query_budget,
+                                         errors, error_images, clean_mismatches}
+    average_robustness_adv              {value, ci95: null, n, m, definition}        IEEE-M3 eq. (5)
+    worstcase_robustness_adv            {value, ci95, m, correct, n_settings}        IEEE-M5 eq. (7)
+
+Severity keys are strings ("1".."5") so that the tree survives a JSON round trip unchanged.
+Where there is nothing to average (no corruptions, no attacks) every ``value`` and ``ci95``
+is ``null``, never 0.
+
+Confidence intervals: every per-image binary rate (accuracy, robustness per setting,
+worst-case robustness, success rate) has a 95 % Wilson score interval (IEEE-M8). The
+*averages* (over severities, corruptions or attacks) are means of correlated proportions
+measured on the same M images, so a Wilson interval on the pooled count would be too narrow;
+their ``ci95`` is left ``null`` on purpose.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fortis.services.common.errors import FieldViolation, InvalidArgument
+
+__all__ = [
+    "CORRECTNESS_MODES",
+    "AttackImageOutcome",
+    "ClassPrediction",
+    "CorrectnessRule",
+    "compute_classification_metrics",
+    "is_correct",
+    "wilson_interval",
+]
+
+#: 4.7.6.2.1: Alternative 1 (top-1, also IEEE-C1 single prediction), 2 (top-K), 3 (> sigma).
+CORRECTNESS_MODES = ("top1", "topk", "threshold")
+
+_Z95 = 1.959963984540054
+_MAX_LISTED = 20  # at most this many missing-image violations in one error
+
+
+# --------------------------------------------------------------------------------------------
+# Correctness (IEEE-C1, IEEE-C2)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorrectnessRule:
+    """How a prediction is judged correct (IEEE 3129 4.7.6.2.1; IEEE-C1/C2), from the plan.
+
+    - ``top1``: the best-ranked label is one of the image's labels (C2 Alternative 1; for a
+      service that returns a single label this is C1).
+    - ``topk``: one of the ``k`` best-ranked labels matches (C2 Alternative 2). A target that
+      returns fewer than ``k`` labels is judged on the labels it returned.
+    - ``threshold``: a label whose confidence is *strictly greater* than ``threshold``
+      (sigma) matches (C2 Alternative 3). Needs a score-returning target.
+    """
+
+    mode: str = "top1"
+    k: int = 5
+    threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        violations = _rule_violations(self.mode, self.k, self.threshold)
+        if violations:
+            raise InvalidArgument.from_violations(violations)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> CorrectnessRule:
+        """Build from the plan's ``correctness`` section; unknown keys and bad values raise
+        :class:`InvalidArgument` naming ``correctness.<key>``."""
+        if d is None:
+            return cls()
+        if not isinstance(d, Mapping):
+            raise InvalidArgument("correctness", "must be a mapping with mode, k, threshold")
+        violations = [FieldViolation(f"correctness.{key}", "unknown key (allowed: mode, k, "
+                                     "threshold)") for key in d if key not in ("mode", "k",
+                                                                               "threshold")]
+        mode = d.get("mode", "top1")
+        k = d.get("k", 5)
+        threshold = d.get("threshold", 0.5)
+        violations += _rule_violations(mode, k, threshold)
+        if violations:
+            raise InvalidArgument.from_violations(violations)
+        return cls(mode=mode, k=int(k), threshold=float(threshold))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "k": self.k, "threshold": self.threshold}
+
+
+def _rule_violations(mode: Any, k: Any, threshold: Any) -> list[FieldViolation]:
+    out: list[FieldViolation] = []
+    if not isinstance(mode, str) or mode not in CORRECTNESS_MODES:
+        out.append(FieldViolation("correctness.mode",
+                                  f"must be one of {', '.join(CORRECTNESS_MODES)}; got {mode!r}"))
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        out.append(FieldViolation("correctness.k", f"must be an integer >= 1; got {k!r}"))
+    if (isinstance(threshold, bool) or not isinstance(threshold, int | float)
+            or not math.isfinite(threshold) or not 0.0 <= threshold <= 1.0):
+        out.append(FieldViolation("correctness.threshold",
+                                  f"must be a confidence in [0, 1]; got {threshold!r}"))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassPrediction:
+    """One answer of a classification target, as the proxy recorded it.
+
+    ``labels`` are ranked best first (a labels-only target gives one); ``scores`` are in the
+    same order, or ``None`` when the target returns no scores. ``error`` is set when the
+    query failed: the prediction then counts as incorrect and the error is reported.
+    """
+
+    labels: tuple[int, ...]
+    scores: tuple[float, ...] | None
+    error: str | None = None
+
+
+def is_correct(pred: ClassPrediction, truth: Sequence[int], rule: CorrectnessRule) -> bool:
+    """Whether ``pred`` is correct for an image whose acceptable labels are ``truth``.
+
+    Any one of ``truth`` matching counts (the image's labels in the service's label set,
+    IEEE-P6). Rules: see :class:`CorrectnessRule` (IEEE-C1, IEEE-C2 Alternatives 1-3).
+    A failed query (``pred.error``) is incorrect.
+    """
+    if pred.error is not None:
+        return False
+    if rule.mode == "threshold" and pred.scores is None:
+        raise InvalidArgument("correctness.mode", "threshold needs a score-returning target")
+    if pred.scores is not None and len(pred.scores) != len(pred.labels):
+        raise InvalidArgument("prediction.scores",
+                              f"{len(pred.scores)} scores for {len(pred.labels)} labels")
+    accepted = {int(t) for t in truth}
+    if not accepted:
+        raise InvalidArgument("truth", "an image needs at least one acceptable label")
+    if rule.mode == "top1":
+        return bool(pred.labels) and int(pred.labels[0]) in accepted
+    if rule.mode == "topk":
+        return any(int(label) in accepted for label in pred.labels[: rule.k])
+    assert pred.scores is not None  # threshold mode, checked above
+    return any(int(label) in accepted and float(score) > rule.threshold
+               for label, score in zip(pred.labels, pred.scores, strict=True))
+
+
+# --------------------------------------------------------------------------------------------
+# Confidence intervals (IEEE-M8)
+# --------------------------------------------------------------------------------------------
+
+
+def wilson_interval(successes: int, n: int, z: float = _Z95) -> tuple[float, float]:
+    """Wilson score interval for ``successes`` out of ``n`` (IEEE-M8; 95 % by default).
+
+    ``n == 0`` gives ``(0.0, 1.0)`` (nothing is known). The bounds are exactly 0.0 / 1.0 when
+    ``successes`` is 0 / ``n``.
+    """
+    if n < 0 or successes < 0 or successes > n:
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    z2 = z * z
+    denom = 1.0 + z2 / n
+    centre = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / denom
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return (lo, hi)
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics (IEEE-M1..M7)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class AttackImageOutcome:
+    """What one adversarial attack did to one image (IEEE-M3, IEEE-M6).
+
+    ``correct`` is Adv_Result(i, j): the target is still right on the adversarial image it
+    actually received. ``success`` is set by query attacks (misled within the budget Q_m);
+    ``None`` for transfer attacks, where success := ``initially_correct and not correct``.
+    ``queries`` comes from the proxy's ledger (``None`` for transfer attacks). An outcome with
+    ``error`` counts as incorrect for Robustness_Adv and is left out of the success rate and
+    query statistics (neither success nor failure is known); it is counted under ``errors``.
+    """
+
+    image_id: str
+    correct: bool
+    initially_correct: bool
+    success: bool | None
+    queries: int | None
+    error: str | None = None
+
+
+def _rate(correct: int, m: int, value_key: str = "value") -> dict[str, Any]:
+    lo, hi = wilson_interval(correct, m)
+    return {value_key: correct / m if m else None, "ci95": [lo, hi], "m": m, "correct": correct}
+
+
+def _null_average(definition: str) -> dict[str, Any]:
+    return {"value": None, "ci95": None, "n": 0, "definition": definition}
+
+
+def _check_bool_map(results: Any, field: str, image_ids: Sequence[str],
+                    known: set[str]) -> tuple[dict[str, bool], list[FieldViolation]]:
+    if not isinstance(results, Mapping):
+        return {}, [FieldViolation(field, "must map image id -> bool")]
+    violations = [FieldViolation(field, f"no result for image '{i}'")
+                  for i in image_ids if i not in results]
+    violations += [FieldViolation(field, f"result for image '{i}' which is not in image_ids")
+                   for i in results if i not in known]
+    return {i: bool(results[i]) for i in image_ids if i in results}, violations
+
+
+AVG_CORR_DEFINITION = ("mean over the N corruptions of Robustness_Corr(j), where "
+                       "Robustness_Corr(j) is the mean over corruption j's severities "
+                       "(IEEE 3129 eq. (3), IEEE-M2/M7)")
+AVG_ADV_DEFINITION = "mean over the K attacks of Robustness_Adv(j) (IEEE 3129 eq. (5), IEEE-M3)"
+
+
+def compute_classification_metrics(
+    *,
+    clean: Mapping[str, bool],
+    corruptions: Mapping[str, Mapping[int, Mapping[str, bool]]],
+    attacks: Mapping[str, Sequence[AttackImageOutcome]],
+    attack_budgets: Mapping[str, int | None],
+    image_ids: Sequence[str],
+) -> dict[str, Any]:
+    """IEEE 3129 section 4.7 metrics for a classification service (see the module docstring
+    for the exact tree).
+
+    ``clean[i]`` is Clean_Result(i) (IEEE-M1), ``corruptions[name][severity][i]`` is
+    Corr_Result(i, (name, severity)) (IEEE-M2, M4, M7), ``attacks[name]`` holds one
+    :class:`AttackImageOutcome` per image (IEEE-M3, M5, M6) and ``attack_budgets[name]`` is
+    Q_m (``None`` for transfer attacks). Every image of ``image_ids`` must appear exactly once
+    in every mapping, and no other image may: otherwise :class:`InvalidArgument` names the
+    field (``clean``, ``corruptions.<name>.<severity>``, ``attacks.<name>``) and the image.
+
+    Worst case (IEEE-M4): an image counts only if it is right under *every* corruption
+    setting (every corruption at every severity); ``worstcase_robustness_corr_by_severity``
+    takes the product over corruptions at one severity. IEEE-M5 likewise over the attacks.
+    """
+    ids = [str(i) for i in image_ids]
+    if not ids:
+        raise InvalidArgument("image_ids", "at least one image is needed (M >= 1)")
+    known = set(ids)
+    if len(known) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        raise InvalidArgument("image_ids", f"duplicate image ids: {', '.join(dup[:10])}")
+    m = len(ids)
+    violations: list[FieldViolation] = []
+
+    clean_res, v = _check_bool_map(clean, "clean", ids, known)
+    violations += v
+
+    corr_res: dict[str, dict[int, dict[str, bool]]] = {}
+    for name, by_sev in corruptions.items():
+        field = f"corruptions.{name}"
+        if not isinstance(by_sev, Mapping) or not by_sev:
+            violations.append(FieldViolation(field, "needs at least one severity"))
+            continue
+        corr_res[name] = {}
+        for sev, results in by_sev.items():
+            try:
+                s = int(sev)
+                if isinstance(sev, bool) or str(s) != str(sev).strip():
+                    raise ValueError
+            except (TypeError, ValueError):
+                violations.append(FieldViolation(f"{field}.{sev}", "severity must be an integer"))
+                continue
+            if s in corr_res[name]:
+                violations.append(FieldViolation(f"{field}.{s}", "severity given twice"))
+                continue
+            corr_res[name][s], v = _check_bool_map(results, f"{field}.{s}", ids, known)
+            violations += v
+
+    att_res: dict[str, dict[str, AttackImageOutcome]] = {}
+    for name, outcomes in attacks.items():
+        field = f"attacks.{name}"
+        by_id: dict[str, AttackImageOutcome] = {}
+        for o in outcomes:
+            if not isinstance(o, AttackImageOutcome):
+                violations.append(FieldViolation(field, "entries must be AttackImageOutcome"))
+                break
+            if o.image_id in by_id:
+                violations.append(FieldViolation(field, f"image '{o.image_id}' given twice"))
+            elif o.image_id not in known:
+                violations.append(FieldViolation(
+                    field, f"result for image '{o.image_id}' which is not in image_ids"))
+            by_id[o.image_id] = o
+        violations += [FieldViolation(field, f"no result for image '{i}'")
+                       for i in ids if i not in by_id]
+        budget = attack_budgets.get(name)
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                                   or budget < 1):
+            violations.append(FieldViolation(f"attack_budgets.{name}",
+                                             f"must be a positive integer or null; got {budget!r}"))
+        att_res[name] = by_id
+
+    if violations:
+        more = len(violations) - _MAX_LISTED
+        listed = violations[:_MAX_LISTED]
+        if more > 0:
+            listed.append(FieldViolation(listed[-1].field, f"... and {more} more"))
+        raise InvalidArgument.from_violations(listed)
+
+    out: dict[str, Any] = {"m": m}
+
+    # IEEE-M1 -----------------------------------------------------------------------------
+    out["accuracy"] = _rate(sum(clean_res[i] for i in ids), m)
+
+    # IEEE-M2, M7 -------------------------------------------------------------------------
+    corr_tree: dict[str, Any] = {}
+    per_corruption_mean: list[float] = []
+    by_severity_values: dict[int, list[float]] = {}
+    for name, by_sev in corr_res.items():
+        node: dict[str, Any] = {}
+        sev_values: list[float] = []
+        for s in sorted(by_sev):
+            node[str(s)] = _rate(sum(by_sev[s][i] for i in ids), m, "robustness")
+            sev_values.append(node[str(s)]["robustness"])
+            by_severity_values.setdefault(s, []).append(node[str(s)]["robustness"])
+        mean = statistics.fmean(sev_values)
+        node["mean"] = {"robustness": mean, "ci95": None, "severities": sorted(by_sev)}
+        per_corruption_mean.append(mean)
+        corr_tree[name] = node
+    out["corruptions"] = corr_tree
+    if per_corruption_mean:
+        out["average_robustness_corr"] = {
+            "value": statistics.fmean(per_corruption_mean), "ci95": None,
+            "n": len(per_corruption_mean), "m": m, "definition": AVG_CORR_DEFINITION}
+    else:
+        out["average_robustness_corr"] = _null_average(AVG_CORR_DEFINITION)
+    out["average_robustness_corr_by_severity"] = {
+        str(s): {"value": statistics.fmean(vals), "ci95": None, "n": len(vals)}
+        for s, vals in sorted(by_severity_values.items())}
+
+    # IEEE-M4 -----------------------------------------------------------------------------
+    settings = [(name, s) for name, by_sev in corr_res.items() for s in sorted(by_sev)]
+    if settings:
+        correct = sum(all(corr_res[n][s][i] for n, s in settings) for i in ids)
+        out["worstcase_robustness_corr"] = {**_rate(correct, m), "n_settings": len(settings)}
+    else:
+        out["worstcase_robustness_corr"] = {"value": None, "ci95": None, "m": m,
+                                            "correct": None, "n_settings": 0}
+    by_sev_worst: dict[str, Any] = {}
+    for s in sorted(by_severity_values):
+        at_s = [n for n, by_sev in corr_res.items() if s in by_sev]
+        correct = sum(all(corr_res[n][s][i] for n in at_s) for i in ids)
+        by_sev_worst[str(s)] = {**_rate(correct, m), "n_settings": len(at_s)}
+    out["worstcase_robustness_corr_by_severity"] = by_sev_worst
+
+    # IEEE-M3, M6 -------------------------------------------------------------------------
+    att_tree: dict[str, Any] = {}
+    for name, by_id in att_res.items():
+        att_tree[name] = _attack_metrics(by_id, ids, clean_res, attack_budgets.get(name))
+    out["attacks"] = att_tree
+    if att_tree:
+        out["average_robustness_adv"] = {
+            "value": statistics.fmean(a["robustness_adv"] for a in att_tree.values()),
+            "ci95": None, "n": len(att_tree), "m": m, "definition": AVG_ADV_DEFINITION}
+    else:
+        out["average_robustness_adv"] = _null_average(AVG_ADV_DEFINITION)
+
+    # IEEE-M5 -----------------------------------------------------------------------------
+    if att_res:
+        correct = sum(all(_adv_result(by_id[i]) for by_id in att_res.values()) for i in ids)
+        out["worstcase_robustness_adv"] = {**_rate(correct, m), "n_settings": len(att_res)}
+    else:
+        out["worstcase_robustness_adv"] = {"value": None, "ci95": None, "m": m,
+                                           "correct": None, "n_settings": 0}
+    return out
+
+
+def _adv_result(o: AttackImageOutcome) -> bool:
+    """Adv_Result(i, j): a failed query counts as incorrect."""
+    return bool(o.correct) and o.error is None
+
+
+def _attack_metrics(by_id: Mapping[str, AttackImageOutcome], ids: Sequence[str],
+                    clean: Mapping[str, bool], budget: int | None) -> dict[str, Any]:
+    outcomes = [by_id[i] for i in ids]
+    is_query = any(o.queries is not None or o.success is not None for o in outcomes)
+    correct = sum(_adv_result(o) for o in outcomes)
+    node = _rate(correct, len(ids), "robustness_adv")
+    node["kind"] = "query" if is_query else "transfer"
+
+    ok = [o for o in outcomes if o.error is None]
+    attacked = [o for o in ok if o.initially_correct]
+    successes = [o for o in attacked
+                 if (o.success if o.success is not None else not o.correct)]
+    n0 = len(attacked)
+    node["success_rate"] = len(successes) / n0 if n0 else None
+    node["success_rate_ci95"] = list(wilson_interval(len(successes), n0)) if n0 else None
+    node["success_rate_n"] = n0
+    node["successes"] = len(successes)
+
+    queries = [o.queries for o in attacked if o.queries is not None]
+    succ_queries = [o.queries for o in successes if o.queries is not None]
+    node["mean_queries"] = statistics.fmean(queries) if queries else None
+    node["median_queries"] = float(statistics.median(queries)) if queries else None
+    node["mean_queries_successful"] = statistics.fmean(succ_queries) if succ_queries else None
+    node["query_budget"] = budget
+    errored = [o.image_id for o in outcomes if o.error is not None]
+    node["errors"] = len(errored)
+    node["error_images"] = errored[:_MAX_LISTED]
+    # The attack's own clean check should agree with Clean_Result(i); count disagreements
+    # (a non-deterministic target or a different encoding would show up here).
+    node["clean_mismatches"] = sum(
+        1 for o in ok if bool(o.initially_correct) != bool(clean[o.image_id]))
+    return node

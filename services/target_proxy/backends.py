@@ -1,0 +1,60 @@
+"""gRPC client of ``fortis.target.v1.TargetService``: how the proxy reaches a target.
+
+Transport: maps UNAVAILABLE / DEADLINE_EXCEEDED to ``errors.Unavailable`` (retried by the
+proxy) and other failures to domain errors recorded in the ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+from fortis.common.v1 import common_pb2
+from fortis.services.common import errors
+from fortis.services.common.server import channel
+from fortis.target.v1 import target_pb2, target_pb2_grpc
+
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+              grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+class GrpcTargetBackend:
+    """A target reached over gRPC at ``address``."""
+
+    def __init__(self, address: str, *, timeout_s: float = 30.0,
+                 metadata: Sequence[tuple[str, str]] = ()) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._metadata = tuple(metadata)
+        self._channel = channel(address)
+        self._stub = target_pb2_grpc.TargetServiceStub(self._channel)
+        self._info: target_pb2.TargetInfo | None = None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _map(self, exc: grpc.RpcError) -> errors.FortisError:
+        code = exc.code()
+        if code in _RETRYABLE:
+            return errors.Unavailable(f"target {self.address}: {code.name}: {exc.details()}")
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            return errors.InvalidArgument("images", f"target rejected the input: {exc.details()}")
+        return errors.FortisError(f"target {self.address}: {code.name}: {exc.details()}")
+
+    def info(self) -> target_pb2.TargetInfo:
+        if self._info is None:
+            try:
+                resp = self._stub.GetTargetInfo(target_pb2.GetTargetInfoRequest(),
+                                                timeout=self.timeout_s, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                raise self._map(exc) from None
+            self._info = resp.info
+        return self._info
+
+    def predict(self, images: Sequence[common_pb2.Image]) -> list[common_pb2.Prediction]:
+        try:
+            resp = self._stub.Predict(target_pb2.PredictRequest(images=list(images)),
+                                      timeout=self.timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise self._map(exc) from None
+        return list(resp.predictions)

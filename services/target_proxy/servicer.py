@@ -1,0 +1,108 @@
+"""gRPC transport of the target-proxy service: decode, call ``TargetProxy``, encode."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from fortis.services.common import errors
+from fortis.services.common.server import current_tenant
+from fortis.services.common.status import status_for
+from fortis.services.target_proxy.ledger import SessionRecord
+from fortis.services.target_proxy.proxy import TargetProxy
+from google.protobuf import timestamp_pb2
+
+SERVICE_NAME = proxy_pb2.DESCRIPTOR.services_by_name["TargetProxyService"].full_name
+
+
+def _ts(t: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(t * 1e9))
+    return ts
+
+
+class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
+    def __init__(self, proxy: TargetProxy) -> None:
+        self.proxy = proxy
+
+    def _session_msg(self, rec: SessionRecord) -> proxy_pb2.Session:
+        return proxy_pb2.Session(
+            session_id=rec.session_id, tenant=rec.tenant, target=rec.target,
+            query_budget=rec.query_budget, per_image_budget=rec.per_image_budget,
+            queries_used=self.proxy.queries_used(rec.tenant, rec.session_id),
+            description=rec.description, create_time=_ts(rec.created_at))
+
+    def ListTargets(self, request: Any, context: Any) -> proxy_pb2.ListTargetsResponse:
+        return proxy_pb2.ListTargetsResponse(targets=[
+            proxy_pb2.TargetSummary(name=t.name, images_per_second=t.limiter.limit)
+            for t in self.proxy.targets.values()])
+
+    def GetTargetInfo(self, request: Any, context: Any) -> proxy_pb2.GetTargetInfoResponse:
+        return proxy_pb2.GetTargetInfoResponse(info=self.proxy.target_info(request.target))
+
+    def CreateSession(self, request: Any, context: Any) -> proxy_pb2.CreateSessionResponse:
+        rec = self.proxy.create_session(
+            tenant=current_tenant.get(), target=request.target, session_id=request.session_id,
+            query_budget=request.query_budget, per_image_budget=request.per_image_budget,
+            description=request.description)
+        return proxy_pb2.CreateSessionResponse(session=self._session_msg(rec))
+
+    def GetSession(self, request: Any, context: Any) -> proxy_pb2.GetSessionResponse:
+        rec = self.proxy.session(current_tenant.get(), request.session_id)
+        return proxy_pb2.GetSessionResponse(session=self._session_msg(rec))
+
+    def Predict(self, request: Any, context: Any) -> proxy_pb2.PredictResponse:
+        res = self.proxy.predict(tenant=current_tenant.get(), session_id=request.session_id,
+                                 origin=request.origin, images=request.images)
+        return proxy_pb2.PredictResponse(predictions=res.predictions,
+                                         queries_left=res.queries_left)
+
+    def PredictStream(self, request_iterator: Any, context: Any
+                      ) -> Iterator[proxy_pb2.PredictStreamResponse]:
+        tenant = current_tenant.get()
+        for req in request_iterator:
+            try:
+                res = self.proxy.predict(tenant=tenant, session_id=req.session_id,
+                                         origin=req.origin, images=req.images)
+                yield proxy_pb2.PredictStreamResponse(
+                    request_id=req.request_id, predictions=res.predictions,
+                    queries_left=res.queries_left)
+            except errors.FortisError as exc:
+                yield proxy_pb2.PredictStreamResponse(request_id=req.request_id,
+                                                      error=status_for(exc))
+
+    def GetSessionStats(self, request: Any, context: Any) -> proxy_pb2.GetSessionStatsResponse:
+        rec = self.proxy.session(current_tenant.get(), request.session_id)
+        st = self.proxy.ledger.stats(rec.session_id)
+        return proxy_pb2.GetSessionStatsResponse(
+            session=self._session_msg(rec), queries_ok=st.queries_ok,
+            queries_failed=st.queries_failed, calls_refused=st.calls_refused,
+            images=[proxy_pb2.ImageQueryCount(image_id=k, queries=v[0], failed=v[1])
+                    for k, v in sorted(st.per_image.items())],
+            origins=[proxy_pb2.OriginQueryCount(origin=k, queries=v[0], failed=v[1])
+                     for k, v in sorted(st.per_origin.items())],
+            latency_p50_ms=st.latency_p50_ms)
+
+    def ListLedgerEntries(self, request: Any, context: Any
+                          ) -> proxy_pb2.ListLedgerEntriesResponse:
+        rec = self.proxy.session(current_tenant.get(), request.session_id)
+        size = request.page_size or 1000
+        if size < 0 or size > 10000:
+            raise errors.InvalidArgument("page_size", "must be in 1..10000")
+        after = 0
+        if request.page_token:
+            try:
+                after = int(request.page_token)
+            except ValueError:
+                raise errors.InvalidArgument("page_token", "not a token from a previous response") from None
+        rows = self.proxy.ledger.entries(rec.session_id, after_id=after, limit=size + 1)
+        more = len(rows) > size
+        rows = rows[:size]
+        return proxy_pb2.ListLedgerEntriesResponse(
+            entries=[proxy_pb2.LedgerEntry(
+                entry_id=r[0], tenant=r[1], session_id=r[2], target=r[3], origin=r[4],
+                image_id=r[5], input_sha256=r[6], output_summary=r[7], latency_ms=r[8],
+                status=r[9], error=r[10], send_time=_ts(r[11]), call_id=r[12], attempts=r[13])
+                for r in rows],
+            next_page_token=str(rows[-1][0]) if more and rows else "")
