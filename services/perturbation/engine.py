@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.seeding import rng_for, torch_generator_for
 from fortis.services.perturbation import attacks

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 import grpc
 import numpy as np
-
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.codec import dense_scores, image_msg
 from fortis.services.common.server import error_from_rpc

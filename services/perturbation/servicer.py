@@ -7,19 +7,22 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from google.protobuf import json_format
-
 from fortis.perturbation.v1 import perturbation_pb2 as pb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors
 from fortis.services.common.codec import array_to_tensor, decode_image, decode_images, image_msg
-from fortis.services.common.server import (call_metadata, current_api_key, current_tenant,
-                                           error_from_rpc)
+from fortis.services.common.server import (
+    call_metadata,
+    current_api_key,
+    current_tenant,
+    error_from_rpc,
+)
 from fortis.services.common.status import status_for
 from fortis.services.perturbation import engine
 from fortis.services.perturbation.catalogue import attack_spec, list_catalogue
 from fortis.services.perturbation.proxy_client import ProxyQueryClient
+from google.protobuf import json_format
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["PerturbationService"].full_name
 _KINDS = {"corruption": pb.PERTURBATION_KIND_CORRUPTION,

@@ -126,6 +126,13 @@ class Ledger:
                              per_image_budget=row[4], description=row[5], created_at=row[6],
                              calls_refused=row[7])
 
+    def sessions_with_prefix(self, prefix: str) -> list[str]:
+        esc = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        with self._lock:
+            rows = self._conn.execute("SELECT session_id FROM sessions WHERE session_id LIKE ?"
+                                      " ESCAPE '\\' ORDER BY session_id", (esc + "%",)).fetchall()
+        return [r[0] for r in rows]
+
     def add_refused(self, session_id: str, n: int = 1) -> None:
         with self._lock:
             self._conn.execute(

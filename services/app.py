@@ -1,0 +1,245 @@
+"""One wiring point for every service (DESIGN.md: ``bootstrap(settings)``; nothing starts at
+import). ``start_stack`` runs all five services in one process on one port (the embedded
+default) or a single service (``only=``), plus the built-in target adapters it is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import structlog
+from fortis.services.common import errors
+from fortis.services.common.server import (
+    SERVICE_TENANT,
+    RunningServer,
+    ServerSettings,
+    build_server,
+    call_metadata,
+    channel,
+    new_api_key,
+)
+
+log = structlog.get_logger("fortis.app")
+
+SERVICES = ("proxy", "perturbation", "scoring", "report", "evaluation")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetConfig:
+    """A target the proxy may query: a built-in model served in-process, or a gRPC address."""
+
+    name: str
+    builtin: str = ""           # built-in model name (fortis.adapters.builtin)
+    address: str = ""           # host:port of a remote TargetService
+    output: str = "full_scores"
+    top_k: int = 5
+    images_per_second: float = 0.0
+
+    @classmethod
+    def parse(cls, spec: str) -> TargetConfig:
+        """``NAME=builtin:MODEL?output=top_k&top_k=5&rate=100`` or ``NAME=grpc://HOST:PORT?rate=50``."""
+        name, sep, rest = spec.partition("=")
+        if not sep or not name or not rest:
+            raise errors.InvalidArgument("target", f"'{spec}' is not NAME=builtin:MODEL or NAME=grpc://HOST:PORT")
+        u = urlparse(rest)
+        q = {k: v[-1] for k, v in parse_qs(u.query).items()}
+        try:
+            rate = float(q.get("rate", 0))
+            top_k = int(q.get("top_k", 5))
+        except ValueError:
+            raise errors.InvalidArgument("target", f"bad rate or top_k in '{spec}'") from None
+        if u.scheme == "builtin":
+            return cls(name=name, builtin=u.path or u.netloc, output=q.get("output", "full_scores"),
+                       top_k=top_k, images_per_second=rate)
+        if u.scheme == "grpc":
+            return cls(name=name, address=u.netloc, images_per_second=rate)
+        raise errors.InvalidArgument("target", f"unknown target scheme '{u.scheme}' in '{spec}'")
+
+
+DEFAULT_TARGETS = (
+    "fmnist-cnn=builtin:fmnist-cnn",
+    "fmnist-cnn-label=builtin:fmnist-cnn?output=label_only",
+    "fmnist-cnn-top3=builtin:fmnist-cnn?output=top_k&top_k=3",
+    "mobilenet-v2=builtin:mobilenet-v2?output=top_k&top_k=5",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackSettings:
+    address: str = "127.0.0.1:0"
+    state_dir: Path = Path(os.environ.get("FORTIS_STATE", ".fortis-state"))
+    api_keys: dict[str, str] = field(default_factory=dict)      # key -> tenant
+    targets: Sequence[TargetConfig] = ()
+    only: str = ""               # run just this service
+    # Addresses of the other services when running one service (split mode).
+    proxy_address: str = ""
+    perturbation_address: str = ""
+    scoring_address: str = ""
+    report_address: str = ""
+    internal_key: str = ""       # key with which the evaluation service calls the others
+    ledger_synchronous: str = "FULL"
+    max_message_bytes: int = 64 * 1024 * 1024
+    resume: bool = True
+
+
+@dataclass
+class Stack:
+    server: RunningServer
+    target_servers: dict[str, RunningServer]
+    settings: StackSettings
+    internal_key: str
+    closers: list[Any] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def stop(self, grace: float = 0.5) -> None:
+        for c in self.closers:
+            try:
+                c()
+            except Exception:  # noqa: BLE001 - best effort on shutdown
+                pass
+        self.server.stop(grace)
+        for s in self.target_servers.values():
+            s.stop(grace)
+
+
+def start_target_server(cfg: TargetConfig, *, max_message_bytes: int = 64 * 1024 * 1024) -> RunningServer:
+    """Serve a built-in model through ``TargetService`` on its own loopback port."""
+    from fortis.adapters.builtin import load_model
+    from fortis.adapters.torch_target import SERVICE_NAME, ClassifierTarget, TargetServicer
+    from fortis.target.v1 import target_pb2_grpc
+
+    target = ClassifierTarget(load_model(cfg.builtin, "target.builtin"), output=cfg.output,
+                              top_k=cfg.top_k)
+    return build_server(ServerSettings(address="127.0.0.1:0", max_message_bytes=max_message_bytes),
+                        [(target_pb2_grpc.add_TargetServiceServicer_to_server,
+                          TargetServicer(target), SERVICE_NAME)])
+
+
+def start_stack(settings: StackSettings) -> Stack:
+    """Start the services (and built-in targets) described by ``settings``."""
+    from fortis.adapters.builtin import load_model
+    from fortis.evaluation.v1 import evaluation_pb2_grpc
+    from fortis.perturbation.v1 import perturbation_pb2_grpc
+    from fortis.proxy.v1 import proxy_pb2_grpc
+    from fortis.report.v1 import report_pb2_grpc
+    from fortis.scoring.v1 import scoring_pb2_grpc
+    from fortis.services.evaluation import servicer as ev_servicer
+    from fortis.services.evaluation.clients import (
+        GrpcPerturbation,
+        GrpcProxy,
+        GrpcReport,
+        GrpcScoring,
+    )
+    from fortis.services.evaluation.datasets import load_plan_images
+    from fortis.services.evaluation.service import EvaluationManager, Ports
+    from fortis.services.evaluation.store import EvaluationStore
+    from fortis.services.perturbation import servicer as pt_servicer
+    from fortis.services.report import servicer as rp_servicer
+    from fortis.services.scoring import servicer as sc_servicer
+    from fortis.services.target_proxy import servicer as px_servicer
+    from fortis.services.target_proxy.backends import GrpcTargetBackend
+    from fortis.services.target_proxy.ledger import Ledger
+    from fortis.services.target_proxy.proxy import TargetEntry, TargetProxy
+    from fortis.services.target_proxy.ratelimit import RateLimiter
+
+    if settings.only and settings.only not in SERVICES:
+        raise errors.InvalidArgument("service", f"unknown service '{settings.only}'; one of {', '.join(SERVICES)}")
+    wanted = {settings.only} if settings.only else set(SERVICES)
+    state = Path(settings.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    internal_key = settings.internal_key or new_api_key()
+    api_keys = dict(settings.api_keys)
+    if api_keys:
+        api_keys[internal_key] = SERVICE_TENANT
+    closers: list[Any] = []
+
+    target_servers: dict[str, RunningServer] = {}
+    register: list[tuple[Any, Any, str]] = []
+    # The server is built last; loopback calls between services in one process go to its
+    # address, which is only known after binding, so the clients connect lazily.
+    addr_box: dict[str, str] = {}
+
+    def addr(name: str, explicit: str) -> str:
+        if explicit:
+            return explicit
+        if name in wanted:
+            return addr_box["self"]
+        raise errors.InvalidArgument(f"{name}_address", f"running only '{settings.only}': give the {name} service's address")
+
+    if "proxy" in wanted:
+        entries = []
+        for t in settings.targets:
+            if t.builtin:
+                srv = start_target_server(t, max_message_bytes=settings.max_message_bytes)
+                target_servers[t.name] = srv
+                backend = GrpcTargetBackend(srv.address)
+            else:
+                backend = GrpcTargetBackend(t.address)
+            closers.append(backend.close)
+            entries.append(TargetEntry(name=t.name, backend=backend,
+                                       limiter=RateLimiter(t.images_per_second)))
+        ledger = Ledger(state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
+        closers.append(ledger.close)
+        register.append((proxy_pb2_grpc.add_TargetProxyServiceServicer_to_server,
+                         px_servicer.TargetProxyServicer(TargetProxy(ledger, entries)),
+                         px_servicer.SERVICE_NAME))
+
+    lazy_channels: dict[str, Any] = {}
+
+    def lazy_channel(address: str) -> Any:
+        if address not in lazy_channels:
+            lazy_channels[address] = channel(address, max_message_bytes=settings.max_message_bytes)
+            closers.append(lazy_channels[address].close)
+        return lazy_channels[address]
+
+    class _LazyProxyStub:
+        """Proxy stub resolved on first use (the server's own address is known after bind)."""
+
+        def __getattr__(self, item: str) -> Any:
+            stub = proxy_pb2_grpc.TargetProxyServiceStub(
+                lazy_channel(addr("proxy", settings.proxy_address)))
+            return getattr(stub, item)
+
+    if "perturbation" in wanted:
+        register.append((perturbation_pb2_grpc.add_PerturbationServiceServicer_to_server,
+                         pt_servicer.PerturbationServicer(proxy_stub=_LazyProxyStub(),  # type: ignore[arg-type]
+                                                          surrogate_loader=load_model),
+                         pt_servicer.SERVICE_NAME))
+    if "scoring" in wanted:
+        register.append((scoring_pb2_grpc.add_ScoringServiceServicer_to_server,
+                         sc_servicer.ScoringServicer(), sc_servicer.SERVICE_NAME))
+    if "report" in wanted:
+        register.append((report_pb2_grpc.add_ReportServiceServicer_to_server,
+                         rp_servicer.ReportServicer(), rp_servicer.SERVICE_NAME))
+    manager = None
+    if "evaluation" in wanted:
+        def ports_for(tenant: str) -> Ports:
+            md = call_metadata(internal_key, tenant)
+            return Ports(
+                proxy=GrpcProxy(lazy_channel(addr("proxy", settings.proxy_address)), md),
+                perturbation=GrpcPerturbation(lazy_channel(addr("perturbation", settings.perturbation_address)), md),
+                scoring=GrpcScoring(lazy_channel(addr("scoring", settings.scoring_address)), md),
+                report=GrpcReport(lazy_channel(addr("report", settings.report_address)), md))
+
+        store = EvaluationStore(state / "evaluations.sqlite")
+        manager = EvaluationManager(store, ports_for=ports_for, load_dataset=load_plan_images,
+                                    artifacts_dir=state / "artifacts")
+        closers.append(manager.close)
+        register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,
+                         ev_servicer.EvaluationServicer(manager), ev_servicer.SERVICE_NAME))
+
+    server = build_server(ServerSettings(address=settings.address, api_keys=api_keys,
+                                         max_message_bytes=settings.max_message_bytes), register)
+    addr_box["self"] = server.address
+    if manager is not None and settings.resume:
+        manager.resume_unfinished()
+    return Stack(server=server, target_servers=target_servers, settings=settings,
+                 internal_key=internal_key, closers=closers)

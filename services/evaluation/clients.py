@@ -1,0 +1,185 @@
+"""The evaluation runner's ports over gRPC: clients of the proxy, perturbation, scoring and
+report services. Transport only."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+from fortis.common.v1 import common_pb2
+from fortis.perturbation.v1 import perturbation_pb2, perturbation_pb2_grpc
+from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from fortis.report.v1 import report_pb2, report_pb2_grpc
+from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
+from fortis.services.common import errors
+from fortis.services.common.codec import (
+    decode_image,
+    image_msg,
+    ranked_labels_scores,
+    tensor_to_array,
+)
+from fortis.services.common.server import error_from_rpc
+from fortis.services.evaluation.ports import AttackOutcome, TargetDescription
+from fortis.services.scoring.ieee import ClassPrediction
+from google.protobuf import json_format, struct_pb2
+
+_OUTPUT = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
+           common_pb2.OUTPUT_KIND_TOP_K_SCORES: "top_k",
+           common_pb2.OUTPUT_KIND_LABEL_ONLY: "label_only",
+           common_pb2.OUTPUT_KIND_BOXES: "boxes", common_pb2.OUTPUT_KIND_MASKS: "masks"}
+_TASK = {common_pb2.TASK_TYPE_CLASSIFICATION: "classification",
+         common_pb2.TASK_TYPE_DETECTION: "detection",
+         common_pb2.TASK_TYPE_SEGMENTATION: "segmentation"}
+#: Keys whose numbers are real-valued; every other integral number is a count or an id.
+_FLOAT_KEYS = {"value", "robustness", "robustness_adv", "success_rate", "ci95", "success_rate_ci95",
+               "mean_queries", "median_queries", "mean_queries_successful", "mean_linf",
+               "max_linf", "mean_l2", "epsilon", "p_init", "step_size", "threshold",
+               "duration_s", "started", "finished", "latency_p50_ms"}
+
+
+def _call(fn: Any, req: Any, md: Sequence[tuple[str, str]], timeout: float | None = None) -> Any:
+    try:
+        return fn(req, metadata=md, timeout=timeout)
+    except grpc.RpcError as exc:
+        raise error_from_rpc(exc) from None
+
+
+def intify(tree: Any) -> Any:
+    """Struct numbers are doubles; give counts, seeds and sizes back their integer type."""
+    if isinstance(tree, dict):
+        return {k: (v if k in _FLOAT_KEYS else intify(v)) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [intify(v) for v in tree]
+    if isinstance(tree, float) and tree.is_integer() and abs(tree) < 2**53:
+        return int(tree)
+    return tree
+
+
+class GrpcProxy:
+    def __init__(self, ch: grpc.Channel, metadata: Sequence[tuple[str, str]],
+                 *, batch_limit: int = 256) -> None:
+        self.stub = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+        self.md = tuple(metadata)
+        self.batch_limit = batch_limit
+
+    def target_info(self, target: str) -> TargetDescription:
+        info = _call(self.stub.GetTargetInfo, proxy_pb2.GetTargetInfoRequest(target=target), self.md).info
+        return TargetDescription(name=info.name, task=_TASK.get(info.task_type, "unspecified"),
+                                 labels=tuple(info.labels), output_kind=_OUTPUT.get(info.output_kind, "unspecified"),
+                                 top_k=info.top_k, input_height=info.input.height,
+                                 input_width=info.input.width, input_channels=info.input.channels,
+                                 version=info.version)
+
+    def open_session(self, *, session_id: str, target: str, query_budget: int = 0,
+                     per_image_budget: int = 0, description: str = "") -> None:
+        _call(self.stub.CreateSession, proxy_pb2.CreateSessionRequest(
+            target=target, session_id=session_id, query_budget=query_budget,
+            per_image_budget=per_image_budget, description=description), self.md)
+
+    def predict(self, *, session_id: str, origin: str,
+                images: Sequence[tuple[str, np.ndarray]]) -> list[ClassPrediction]:
+        out: list[ClassPrediction] = []
+        for s in range(0, len(images), self.batch_limit):
+            part = images[s:s + self.batch_limit]
+            req = proxy_pb2.PredictRequest(session_id=session_id, origin=origin,
+                                           images=[image_msg(i, im) for i, im in part])
+            try:
+                resp = self.stub.Predict(req, metadata=self.md, timeout=300)
+            except grpc.RpcError as exc:
+                err = error_from_rpc(exc)
+                if isinstance(err, errors.Unavailable):
+                    # The target stayed down after the proxy's retries: per-query errors,
+                    # recorded in the ledger, scored as incorrect, shown in the report.
+                    out += [ClassPrediction(labels=(), scores=None, error=str(err)) for _ in part]
+                    continue
+                raise err from None
+            for p in resp.predictions:
+                labels, scores = ranked_labels_scores(p)
+                out.append(ClassPrediction(labels=labels, scores=scores))
+        return out
+
+    def session_queries(self, session_id: str) -> tuple[int, dict[str, int]]:
+        st = _call(self.stub.GetSessionStats, proxy_pb2.GetSessionStatsRequest(session_id=session_id), self.md)
+        return int(st.queries_ok), {i.image_id: int(i.queries) for i in st.images}
+
+
+class GrpcPerturbation:
+    def __init__(self, ch: grpc.Channel, metadata: Sequence[tuple[str, str]]) -> None:
+        self.stub = perturbation_pb2_grpc.PerturbationServiceStub(ch)
+        self.md = tuple(metadata)
+
+    def corrupt(self, corruption_id: str, severity: int, seed: int,
+                images: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+        req = perturbation_pb2.ApplyPerturbationRequest(
+            perturbation_id=corruption_id, severity=severity, seed=seed,
+            images=[image_msg(i, im) for i, im in images])
+        resp = _call(self.stub.ApplyPerturbation, req, self.md, 600)
+        return [decode_image(m, f"images[{k}]") for k, m in enumerate(resp.images)]
+
+    def attack(self, attack_id: str, params: Mapping[str, Any], seed: int,
+               images: Sequence[tuple[str, np.ndarray, Sequence[int]]], *,
+               session_id: str = "", origin: str = "", surrogate: str = "") -> list[AttackOutcome]:
+        s = struct_pb2.Struct()
+        json_format.ParseDict(json.loads(json.dumps(dict(params))), s)
+        req = perturbation_pb2.RunAttackRequest(
+            attack_id=attack_id, params=s, seed=seed, proxy_session_id=session_id,
+            origin=origin, surrogate=surrogate,
+            images=[perturbation_pb2.LabeledImage(image=image_msg(i, im), labels=list(lab))
+                    for i, im, lab in images])
+        outs = []
+        try:
+            for r in self.stub.RunAttack(req, metadata=self.md, timeout=3600):
+                outs.append(AttackOutcome(
+                    image_id=r.image_id, adversarial=decode_image(r.adversarial, "adversarial"),
+                    adversarial_float=tensor_to_array(r.adversarial_float, "adversarial_float"),
+                    success=r.success if r.HasField("success") else None, queries=int(r.queries),
+                    linf=r.linf, l2=r.l2, stop_reason=r.stop_reason,
+                    initially_correct=r.initially_correct if r.HasField("initially_correct") else None))
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return outs
+
+
+class GrpcScoring:
+    def __init__(self, ch: grpc.Channel, metadata: Sequence[tuple[str, str]]) -> None:
+        self.stub = scoring_pb2_grpc.ScoringServiceStub(ch)
+        self.md = tuple(metadata)
+
+    def score(self, *, rule: Mapping[str, Any], labels: Mapping[str, Sequence[int]],
+              tests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        req = scoring_pb2.ScoreClassificationRequest(
+            rule=scoring_pb2.CorrectnessRule(mode=rule["mode"], k=int(rule["k"]),
+                                             threshold=float(rule["threshold"])),
+            labels={k: scoring_pb2.LabelSet(labels=list(v)) for k, v in labels.items()})
+        for t in tests:
+            preds = t.get("predictions", {})
+            to = scoring_pb2.TestOutcomes(kind=t["kind"], perturbation_id=t.get("perturbation_id", ""),
+                                          severity=int(t.get("severity", 0)),
+                                          query_budget=int(t.get("query_budget", 0)))
+            if "success" in t:
+                for image_id, ok in t["success"].items():
+                    to.predictions.add(image_id=image_id)
+                    to.success.append(bool(ok))
+                    to.queries.append(int(t["queries"].get(image_id, 0)))
+            for image_id, p in preds.items():
+                to.predictions.add(image_id=image_id, labels=p["labels"], scores=p["scores"] or [],
+                                   error=p.get("error") or "")
+            req.tests.append(to)
+        resp = _call(self.stub.ScoreClassification, req, self.md, 600)
+        return intify(json_format.MessageToDict(resp.metrics))
+
+
+class GrpcReport:
+    def __init__(self, ch: grpc.Channel, metadata: Sequence[tuple[str, str]]) -> None:
+        self.stub = report_pb2_grpc.ReportServiceStub(ch)
+        self.md = tuple(metadata)
+
+    def render(self, parts: Mapping[str, Any]) -> tuple[str, str]:
+        s = struct_pb2.Struct()
+        json_format.ParseDict(json.loads(json.dumps(parts, default=str)), s)
+        resp = _call(self.stub.RenderReport, report_pb2.RenderReportRequest(parts=s), self.md, 600)
+        report = intify(json.loads(resp.report_json))
+        return json.dumps(report, indent=2, sort_keys=True), resp.report_html
