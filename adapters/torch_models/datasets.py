@@ -109,7 +109,7 @@ def load_fashion_mnist(
     if len(images) != len(labels):
         raise ValueError(f"{split}: {len(images)} images but {len(labels)} labels")
     end = len(images) if limit is None else min(len(images), offset + limit)
-    x = np.ascontiguousarray(images[offset:end, :, :, None])
+    x = images[offset:end, :, :, None].copy()  # writable, detached from the file buffer
     y = labels[offset:end].astype(np.int64)
     return x, y
 

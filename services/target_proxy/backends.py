@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import grpc
 from fortis.common.v1 import common_pb2
 from fortis.services.common import errors
-from fortis.services.common.server import channel
+from fortis.services.common.server import channel, error_from_rpc
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -38,7 +38,8 @@ class GrpcTargetBackend:
         if code in _RETRYABLE:
             return errors.Unavailable(f"target {self.address}: {code.name}: {exc.details()}")
         if code == grpc.StatusCode.INVALID_ARGUMENT:
-            return errors.InvalidArgument("images", f"target rejected the input: {exc.details()}")
+            # Keep the target's own field violations (e.g. images[3].encoded).
+            return error_from_rpc(exc)
         return errors.FortisError(f"target {self.address}: {code.name}: {exc.details()}")
 
     def info(self) -> target_pb2.TargetInfo:

@@ -1,0 +1,111 @@
+"""Transfer attacks crafted white-box on a local surrogate (IEEE-A7): FGSM and PGD, L-inf.
+
+The surrogate takes float32 NCHW images in [0, 1] (normalisation inside the model) and returns
+logits. Nothing here queries the target: the uint8 adversarials are sent to it later, so
+``success`` is ``None`` and ``queries`` is 0. The L-inf bound (IEEE-A9) is enforced on the
+uint8 output: round, then clip to ``[x - e, x + e]`` and ``[0, 255]`` with
+``e = floor(epsilon * 255 + 1e-6)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from fortis.services.common.errors import InvalidArgument
+
+from .common import STOP_ITERATIONS, AttackResult, check_batch, clip_to_linf, linf_levels, make_result
+
+CHUNK = 32  # images per forward/backward pass (bounds memory on large batches)
+
+
+def _to_tensor(images: np.ndarray) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(images)).to(torch.float32) / 255.0
+    return t.permute(0, 3, 1, 2).contiguous()
+
+
+def _quantise(adv: torch.Tensor, x: np.ndarray, e: int) -> np.ndarray:
+    """float NCHW in [0,1] -> uint8 NHWC within ``e`` levels of ``x``."""
+    levels = np.rint(adv.detach().permute(0, 2, 3, 1).cpu().numpy().astype(np.float64) * 255.0)
+    return clip_to_linf(levels, x, e)
+
+
+def _grad(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        loss = F.cross_entropy(model(x), y, reduction="sum")
+        (g,) = torch.autograd.grad(loss, x)
+    return g
+
+
+def _clean_predictions(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        logits = model(x)
+    if logits.ndim != 2:
+        raise InvalidArgument("surrogate", f"model must return N x classes logits, got {tuple(logits.shape)}")
+    if int(y.max()) >= logits.shape[1]:
+        raise InvalidArgument("labels", f"label {int(y.max())} out of range for a "
+                              f"{logits.shape[1]}-class surrogate")
+    return (logits.argmax(dim=1) == y).cpu().numpy()
+
+
+def _run(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, epsilon: float,
+         steps: int, step_size: float, random_start: bool,
+         generator: torch.Generator | None) -> list[AttackResult]:
+    images, labels = check_batch(images, labels)
+    e = linf_levels(epsilon)
+    eps = float(epsilon)
+    was_training = model.training
+    model.eval()
+    results: list[AttackResult] = []
+    try:
+        for start in range(0, images.shape[0], CHUNK):
+            xs = images[start:start + CHUNK]
+            x = _to_tensor(xs)
+            y = torch.from_numpy(labels[start:start + CHUNK])
+            correct = _clean_predictions(model, x, y)
+            if random_start:
+                noise = torch.rand(x.shape, generator=generator, dtype=x.dtype) * (2 * eps) - eps
+                adv = (x + noise).clamp(0.0, 1.0)
+            else:
+                adv = x.clone()
+            for _ in range(steps):
+                g = _grad(model, adv, y)
+                adv = adv.detach() + step_size * g.sign()
+                adv = torch.min(torch.max(adv, x - eps), x + eps).clamp(0.0, 1.0)
+            out = _quantise(adv, xs, e)
+            for k in range(xs.shape[0]):
+                results.append(make_result(start + k, xs[k], out[k], success=None, queries=0,
+                                           initially_correct=bool(correct[k]),
+                                           stop_reason=STOP_ITERATIONS))
+    finally:
+        model.train(was_training)
+    return results
+
+
+def fgsm(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *,
+         epsilon: float) -> list[AttackResult]:
+    """Fast Gradient Sign Method (IEEE-A7, Goodfellow et al. 2015): one signed-gradient step
+    of size ``epsilon`` on the cross-entropy of the surrogate, untargeted, L-inf."""
+    return _run(model, images, labels, epsilon, steps=1, step_size=float(epsilon),
+                random_start=False, generator=None)
+
+
+def pgd(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *, epsilon: float,
+        steps: int = 10, step_size: float | None = None, random_start: bool = True,
+        generator: torch.Generator | None = None) -> list[AttackResult]:
+    """Projected Gradient Descent, L-inf, untargeted (IEEE-A7, Madry et al. 2018).
+
+    ``step_size`` defaults to ``2.5 * epsilon / steps``. The random start draws from
+    ``generator``; when none is given a generator seeded with 0 is used, so the result is
+    deterministic either way. Returns the last iterate, quantised to uint8 within the bound.
+    """
+    if isinstance(steps, bool) or int(steps) != steps or steps < 0:
+        raise InvalidArgument("steps", f"must be an integer >= 0, got {steps!r}")
+    size = 2.5 * float(epsilon) / max(int(steps), 1) if not step_size else float(step_size)
+    if not np.isfinite(size) or size < 0:
+        raise InvalidArgument("step_size", f"must be a finite number >= 0, got {step_size!r}")
+    if random_start and generator is None:
+        generator = torch.Generator().manual_seed(0)
+    return _run(model, images, labels, epsilon, steps=int(steps), step_size=size,
+                random_start=random_start, generator=generator)

@@ -1,0 +1,57 @@
+"""Shared fixtures: real models, real gRPC servers on loopback, real SQLite files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+API_KEY = "test-key-tenant-a"
+OTHER_KEY = "test-key-tenant-b"
+MD = (("x-api-key", API_KEY),)
+OTHER_MD = (("x-api-key", OTHER_KEY),)
+
+
+@pytest.fixture(scope="session")
+def fmnist_target():
+    """The project's Fashion-MNIST CNN (trained on first use, then cached)."""
+    from fortis.adapters.builtin import load_model
+    return load_model("fmnist-cnn")
+
+
+@pytest.fixture(scope="session")
+def fmnist_surrogate():
+    from fortis.adapters.builtin import load_model
+    return load_model("fmnist-surrogate")
+
+
+@pytest.fixture(scope="session")
+def fmnist_test_images():
+    from fortis.adapters.torch_models.datasets import load_fashion_mnist
+    return load_fashion_mnist("test", limit=256)
+
+
+@pytest.fixture()
+def stack(tmp_path: Path, fmnist_target, fmnist_surrogate) -> Iterator:
+    """All five services in one process, with three views of the Fashion-MNIST CNN and one
+    rate-limited target, auth on (two tenants)."""
+    from fortis.services.app import StackSettings, TargetConfig, start_stack
+
+    s = start_stack(StackSettings(
+        state_dir=tmp_path / "state", api_keys={API_KEY: "tenant-a", OTHER_KEY: "tenant-b"},
+        targets=[TargetConfig.parse("fmnist-cnn=builtin:fmnist-cnn"),
+                 TargetConfig.parse("fmnist-cnn-label=builtin:fmnist-cnn?output=label_only"),
+                 TargetConfig.parse("fmnist-cnn-top3=builtin:fmnist-cnn?output=top_k&top_k=3"),
+                 TargetConfig.parse("fmnist-limited=builtin:fmnist-cnn?rate=40")],
+        max_message_bytes=8 * 1024 * 1024))
+    yield s
+    s.stop(0)
+
+
+@pytest.fixture()
+def channel(stack) -> Iterator[grpc.Channel]:
+    ch = grpc.insecure_channel(stack.address)
+    yield ch
+    ch.close()

@@ -1,0 +1,179 @@
+"""End to end: a plan goes in, real corrupted and adversarial images reach the real model
+through the proxy, metrics come out, a report is written (IEEE-P2, P4). And a service
+killed mid-evaluation resumes and finishes with the same numbers (CAN-9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from fortis.client import FortisClient, progress_of
+from fortis.services.common import errors
+
+from tests.conftest import API_KEY
+
+PLAN = """
+name: e2e-small
+seed: 11
+roles:
+  tester: {name: "pytest", organisation: "Fortis CI"}
+target: {name: fmnist-cnn, task: classification}
+dataset: {source: fashion-mnist, split: test, limit: 64}
+correctness: {mode: top1}
+corruptions:
+  - {id: gaussian_noise, severities: [1, 3, 5]}
+  - {id: contrast, severities: [1, 5]}
+attacks:
+  - {id: fgsm, surrogate: fmnist-surrogate, params: {epsilon: 0.15}}
+  - {id: square, params: {epsilon: 0.1, max_queries: 40}, limit: 16}
+execution: {batch_size: 32}
+"""
+
+
+def test_evaluation_end_to_end(stack, tmp_path):
+    with FortisClient(stack.address, api_key=API_KEY) as fc:
+        ev = fc.submit(PLAN)
+        seen = []
+        final = fc.wait(ev.evaluation_id, on_progress=seen.append)
+        assert progress_of(final).state == "SUCCEEDED", final.error.message
+        assert seen and seen[-1].items_done == seen[-1].items_total == 2 + 5 * 2 + 2 + 1
+        assert {p.stage for p in seen} >= {"done"}
+        js, html = fc.write_report(ev.evaluation_id, tmp_path / "out")
+        report = json.loads(js.read_text())
+        # the same id again returns the same evaluation (idempotent create)
+        again = fc.submit(PLAN, evaluation_id=ev.evaluation_id)
+        assert again.evaluation_id == ev.evaluation_id
+        assert [e.evaluation_id for e in fc.list()] == [ev.evaluation_id]
+        stats = fc.session_stats(f"{ev.evaluation_id}/clean")
+        assert stats.queries_ok == 64
+    m = report["metrics"]
+    for key in ("plan", "target", "tester", "environment"):
+        assert key in report
+    assert m["accuracy"]["m"] == 64 and 0.75 <= m["accuracy"]["value"] <= 1.0
+    lo, hi = m["accuracy"]["ci95"]
+    assert lo <= m["accuracy"]["value"] <= hi
+    g = m["corruptions"]["gaussian_noise"]
+    assert set(g) >= {"1", "3", "5"}
+    assert g["5"]["robustness"] <= g["1"]["robustness"]        # IEEE-M7: falls with severity
+    assert m["corruptions"]["contrast"]["5"]["robustness"] < m["corruptions"]["contrast"]["1"]["robustness"]
+    assert m["worstcase_robustness_corr"]["value"] <= min(
+        g[s]["robustness"] for s in ("1", "3", "5"))              # IEEE-M4 <= every setting
+    sq = m["attacks"]["square"]
+    assert sq["query_budget"] == 40 and sq["median_queries"] <= 40
+    assert m["attacks"]["fgsm"]["robustness_adv"] < m["accuracy"]["value"]
+    assert m["average_robustness_adv"]["value"] is not None
+    # queries read from the ledger match the report
+    assert report["ledger"]["sessions"][f"{report['evaluation']['id']}/clean"] == 64
+    assert report["ledger"]["sessions"][f"{report['evaluation']['id']}/corruptions"] == 64 * 5
+    assert "<html" in html.read_text().lower()
+    # adversarial examples kept as float arrays and images (CAN-9)
+    art = stack.settings.state_dir / "artifacts" / report["evaluation"]["id"] / "adversarial"
+    assert sorted(p.name for p in art.iterdir()) == ["fgsm-00000.npz", "fgsm-00001.npz", "square-00000.npz"]
+
+
+def test_cancel_and_errors(stack):
+    with FortisClient(stack.address, api_key=API_KEY) as fc:
+        ev = fc.submit(PLAN.replace("limit: 64", "limit: 2000"))
+        c = fc.cancel(ev.evaluation_id)
+        assert progress_of(c).state == "CANCELLED"
+        with pytest.raises(errors.FailedPrecondition):
+            fc.cancel(ev.evaluation_id)
+        with pytest.raises(errors.FailedPrecondition):
+            fc.report_files(ev.evaluation_id)
+        with pytest.raises(errors.NotFound):
+            fc.get("ev-does-not-exist")
+        # a plan whose attack does not fit the target fails fast with the field named
+        bad = PLAN.replace("name: fmnist-cnn,", "name: fmnist-cnn-label,")
+        ev2 = fc.submit(bad)
+        final = fc.wait(ev2.evaluation_id)
+        assert progress_of(final).state == "FAILED"
+        assert final.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert "attacks[1].id" in final.error.message
+
+
+# -- kill and restart ----------------------------------------------------------------------
+
+RESUME_PLAN = PLAN.replace("limit: 64}", "limit: 96}").replace(
+    "max_queries: 40}, limit: 16", "max_queries: 150}, limit: 64")
+
+
+def _serve(state: Path) -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, FORTIS_API_KEYS=f"{API_KEY}=tenant-a", FORTIS_INTERNAL_KEY="internal-test-key")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fortis.cli", "serve", "--address", "127.0.0.1:0", "--state-dir", str(state),
+         "--target", "fmnist-cnn=builtin:fmnist-cnn", "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        raise AssertionError("fortis serve did not start")
+    return proc, json.loads(line)["address"]
+
+
+def _run_to_end(address: str) -> tuple[str, dict]:
+    with FortisClient(address, api_key=API_KEY) as fc:
+        ev = fc.submit(RESUME_PLAN, evaluation_id="ev-resume")
+        final = fc.wait(ev.evaluation_id)
+        assert progress_of(final).state == "SUCCEEDED", final.error.message
+        return ev.evaluation_id, fc.report(ev.evaluation_id)
+
+
+@pytest.mark.slow
+def test_killed_service_resumes_with_the_same_numbers(tmp_path, fmnist_target, fmnist_surrogate):
+    # Uninterrupted reference run.
+    proc, address = _serve(tmp_path / "ref")
+    try:
+        _, ref = _run_to_end(address)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+    # Interrupted run: kill -9 in the middle of the query attack.
+    state = tmp_path / "killed"
+    proc, address = _serve(state)
+    killed_at = None
+    try:
+        with FortisClient(address, api_key=API_KEY) as fc:
+            ev = fc.submit(RESUME_PLAN, evaluation_id="ev-resume")
+            deadline = time.time() + 300
+            while time.time() < deadline:
+                p = progress_of(fc.get(ev.evaluation_id))
+                # the last transfer-attack chunk is done: a query-attack chunk is running
+                if p.message in ("attack/fgsm/00002", "attack/square/00000"):
+                    killed_at = p
+                    break
+                if p.state != "RUNNING" and p.state != "PENDING":
+                    break
+                time.sleep(0.02)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert killed_at is not None, "the evaluation finished before it could be killed"
+    assert killed_at.items_done < killed_at.items_total
+
+    proc, address = _serve(state)          # restart: resumes by itself
+    try:
+        with FortisClient(address, api_key=API_KEY) as fc:
+            final = fc.wait("ev-resume")
+            assert progress_of(final).state == "SUCCEEDED", final.error.message
+            assert final.resumed_count == 1
+            resumed = fc.report("ev-resume")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+    assert resumed["metrics"] == ref["metrics"]
+    # no finished item was redone: the clean and corruption sessions saw each image once
+    sessions = resumed["ledger"]["sessions"]
+    assert sessions["ev-resume/clean"] == 96
+    assert sessions["ev-resume/corruptions"] == 96 * 5
+    # queries counted in results are the same as the reference run's; any aborted attempt's
+    # queries are listed apart and used in no metric
+    assert resumed["ledger"]["total_queries"] == ref["ledger"]["total_queries"]

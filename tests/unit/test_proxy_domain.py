@@ -1,0 +1,204 @@
+"""Target-proxy domain logic without gRPC: rate limiter, ledger, budgets, retries.
+
+The target is the real Fashion-MNIST CNN served in-process by ``ClassifierTarget`` (it
+implements the proxy's ``TargetBackend`` protocol directly).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from fortis.adapters.torch_target import ClassifierTarget
+from fortis.services.common import errors
+from fortis.services.common.codec import image_msg
+from fortis.services.target_proxy.ledger import Ledger, max_in_window
+from fortis.services.target_proxy.proxy import RetryPolicy, TargetEntry, TargetProxy
+from fortis.services.target_proxy.ratelimit import RateLimiter
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_rate_limiter_never_exceeds_limit_in_any_window():
+    clock = FakeClock()
+    rl = RateLimiter(10, clock=clock, sleep=clock.sleep)
+    grants = []
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 5))
+        t = rl.acquire(n)
+        grants += [t] * n
+        clock.t += float(rng.exponential(0.02))
+    assert max_in_window(grants, 1.0) <= 10
+    # and it sustains close to the limit: 200 calls of ~2.5 images at 10/s
+    span = grants[-1] - grants[0]
+    assert len(grants) / span > 8.0
+
+
+def test_rate_limiter_rejects_oversized_grant_and_bad_limits():
+    rl = RateLimiter(5)
+    with pytest.raises(ValueError):
+        rl.acquire(6)
+    with pytest.raises(ValueError):
+        RateLimiter(-1)
+    assert RateLimiter(0).unlimited
+
+
+def test_max_in_window():
+    assert max_in_window([0.0, 0.5, 0.99, 1.0, 1.5], 1.0) == 3
+    assert max_in_window([], 1.0) == 0
+
+
+def _proxy(tmp_path, fmnist_target, *, backend=None, rate=0.0, sleep=time.sleep):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    target = backend or ClassifierTarget(fmnist_target)
+    proxy = TargetProxy(ledger, [TargetEntry(name="t", backend=target, limiter=RateLimiter(rate))],
+                        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01), sleep=sleep)
+    return proxy, ledger
+
+
+def _imgs(images, ids):
+    return [image_msg(i, images[k]) for k, i in enumerate(ids)]
+
+
+def test_queries_counted_per_image_and_recorded(tmp_path, fmnist_target, fmnist_test_images):
+    images, labels = fmnist_test_images
+    proxy, ledger = _proxy(tmp_path, fmnist_target)
+    s = proxy.create_session(tenant="a", target="t", query_budget=10)
+    res = proxy.predict(tenant="a", session_id=s.session_id, origin="clean",
+                        images=_imgs(images, [f"img{i}" for i in range(4)]))
+    assert len(res.predictions) == 4 and res.queries_left == 6
+    st = ledger.stats(s.session_id)
+    assert st.queries_ok == 4 and set(st.per_image) == {"img0", "img1", "img2", "img3"}
+    rows = ledger.entries(s.session_id)
+    assert len(rows) == 4 and {r[9] for r in rows} == {"OK"}
+    assert all(len(r[6]) == 64 for r in rows)          # sha256 of the input
+    assert rows[0][7].startswith("top1=")              # output summary
+
+
+def test_budget_refuses_whole_call_and_sends_nothing(tmp_path, fmnist_target, fmnist_test_images):
+    images, _ = fmnist_test_images
+    calls = []
+
+    class Counting(ClassifierTarget):
+        def predict(self, imgs):
+            calls.append(len(imgs))
+            return super().predict(imgs)
+
+    proxy, ledger = _proxy(tmp_path, fmnist_target, backend=Counting(fmnist_target))
+    s = proxy.create_session(tenant="a", target="t", query_budget=5, per_image_budget=2)
+    proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a", "b", "c"]))
+    with pytest.raises(errors.BudgetExhausted) as ei:
+        proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a", "b", "c"]))
+    assert "sessions/" in ei.value.violations[0].subject
+    # per-image budget: a third query of image "a" is refused even within the session budget
+    proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a"]))
+    with pytest.raises(errors.BudgetExhausted) as ei:
+        proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a"]))
+    assert ei.value.violations[0].subject.endswith("/images/a")
+    assert calls == [3, 1]                              # refused calls never reached the target
+    st = ledger.stats(s.session_id)
+    assert st.queries_ok == 4 and st.calls_refused == 2
+
+
+def test_budget_survives_restart(tmp_path, fmnist_target, fmnist_test_images):
+    images, _ = fmnist_test_images
+    proxy, ledger = _proxy(tmp_path, fmnist_target)
+    s = proxy.create_session(tenant="a", target="t", per_image_budget=2)
+    proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a", "a"]))
+    ledger.close()
+    proxy2, _ = _proxy(tmp_path, fmnist_target)      # same ledger file, new process state
+    with pytest.raises(errors.BudgetExhausted):
+        proxy2.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a"]))
+
+
+def test_concurrent_calls_never_exceed_budget(tmp_path, fmnist_target, fmnist_test_images):
+    images, _ = fmnist_test_images
+    proxy, ledger = _proxy(tmp_path, fmnist_target)
+    s = proxy.create_session(tenant="a", target="t", query_budget=50)
+    ok = []
+    refused = []
+
+    def worker(k):
+        for j in range(10):
+            try:
+                proxy.predict(tenant="a", session_id=s.session_id, origin="x",
+                              images=_imgs(images, [f"w{k}-{j}", f"w{k}-{j}b"]))
+                ok.append(2)
+            except errors.BudgetExhausted:
+                refused.append(1)
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert sum(ok) == 50 and ledger.stats(s.session_id).queries_ok == 50
+    assert len(refused) == 60 - 25
+
+
+class FlakyTarget(ClassifierTarget):
+    """Fails with UNAVAILABLE for the first ``failures`` calls. A stand-in for a network
+    outage of a remote service, which cannot be produced on demand here."""
+
+    def __init__(self, model, failures):
+        super().__init__(model)
+        self.failures = failures
+        self.calls = 0
+
+    def predict(self, imgs):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise errors.Unavailable("connection refused")
+        return super().predict(imgs)
+
+
+def test_retries_with_backoff_then_success(tmp_path, fmnist_target, fmnist_test_images):
+    images, _ = fmnist_test_images
+    sleeps = []
+    flaky = FlakyTarget(fmnist_target, failures=2)
+    proxy, ledger = _proxy(tmp_path, fmnist_target, backend=flaky, sleep=sleeps.append)
+    s = proxy.create_session(tenant="a", target="t")
+    proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a"]))
+    assert sleeps == [0.01, 0.02]                       # exponential backoff
+    row = ledger.entries(s.session_id)[0]
+    assert row[9] == "OK" and row[13] == 3              # 3 attempts recorded
+
+
+def test_failed_calls_recorded_as_failed_and_not_charged(tmp_path, fmnist_target, fmnist_test_images):
+    images, _ = fmnist_test_images
+    proxy, ledger = _proxy(tmp_path, fmnist_target, backend=FlakyTarget(fmnist_target, failures=99),
+                           sleep=lambda s: None)
+    s = proxy.create_session(tenant="a", target="t", query_budget=2)
+    with pytest.raises(errors.Unavailable):
+        proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a", "b"]))
+    st = ledger.stats(s.session_id)
+    assert st.queries_failed == 2 and st.queries_ok == 0
+    assert {r[9] for r in ledger.entries(s.session_id)} == {"UNAVAILABLE"}
+    assert proxy.queries_used("a", s.session_id) == 0   # failed queries do not use the budget
+
+
+def test_sessions_are_per_tenant_and_idempotent(tmp_path, fmnist_target):
+    proxy, _ = _proxy(tmp_path, fmnist_target)
+    s = proxy.create_session(tenant="a", target="t", session_id="s1", query_budget=3)
+    assert proxy.create_session(tenant="a", target="t", session_id="s1", query_budget=3) == s
+    with pytest.raises(errors.AlreadyExists):
+        proxy.create_session(tenant="a", target="t", session_id="s1", query_budget=4)
+    with pytest.raises(errors.NotFound):
+        proxy.session("b", "s1")
+    with pytest.raises(errors.NotFound):
+        proxy.create_session(tenant="a", target="nope")
+    with pytest.raises(errors.InvalidArgument) as ei:
+        proxy.create_session(tenant="a", target="t", query_budget=-1)
+    assert ei.value.violations[0].field == "query_budget"
