@@ -6,8 +6,8 @@ saves atomically (temp file + rename, under an ``fcntl`` lock so parallel proces
 once) and returns the model. Both models take float32 N x 1 x 28 x 28 in [0, 1] (they
 normalise internally) and return logits over the 10 classes.
 
-Measured on 2 CPU cores (torch 2.13): see ``DEFAULT_EPOCHS`` and the module README in the
-report; the target reaches ~0.91 test accuracy in ~80 s, the surrogate ~0.90 in ~20 s.
+Measured on 2 CPU cores (torch 2.13, full 60k/10k splits): target 3 epochs, 81.7 s,
+test accuracy 0.9131; surrogate 2 epochs, 19.9 s, test accuracy 0.9012.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def train(
                 loss.backward()
                 opt.step()
                 sched.step()
-                total += float(loss) * len(idx)
+                total += loss.detach().item() * len(idx)
             say(f"fmnist-{kind}: epoch {epoch + 1}/{epochs} loss {total / len(x):.4f} "
                 f"({time.perf_counter() - start:.1f} s)")
         train_seconds = time.perf_counter() - start

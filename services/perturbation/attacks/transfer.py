@@ -14,7 +14,14 @@ import torch
 import torch.nn.functional as F
 from fortis.services.common.errors import InvalidArgument
 
-from .common import STOP_ITERATIONS, AttackResult, check_batch, clip_to_linf, linf_levels, make_result
+from .common import (
+    STOP_ITERATIONS,
+    AttackResult,
+    check_batch,
+    clip_to_linf,
+    linf_levels,
+    make_result,
+)
 
 CHUNK = 32  # images per forward/backward pass (bounds memory on large batches)
 

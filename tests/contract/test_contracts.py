@@ -1,0 +1,72 @@
+"""Contracts: Buf STANDARD lint, generated stubs up to date, and the architecture rule that
+domain code never imports gRPC (DESIGN.md section 1)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUF = ROOT / "node_modules" / ".bin" / "buf"
+
+# Transport modules: the only places allowed to import grpc.
+TRANSPORT = {"servicer.py", "backends.py", "proxy_client.py", "clients.py", "server.py", "app.py",
+             "torch_target.py"}
+
+
+def test_buf_lint_standard():
+    assert BUF.exists(), "buf is missing: run `npm install` (scripts/setup.sh does)"
+    r = subprocess.run([str(BUF), "lint"], cwd=ROOT / "protos", capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_buf_build():
+    r = subprocess.run([str(BUF), "build", "-o", "/dev/null"], cwd=ROOT / "protos",
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_generated_stubs_are_current():
+    r = subprocess.run([sys.executable, "scripts/gen_protos.py", "--check"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_domain_code_never_imports_grpc():
+    offenders = []
+    for folder in (ROOT / "services", ROOT / "adapters"):
+        for path in folder.rglob("*.py"):
+            if path.name in TRANSPORT:
+                continue
+            bad = {n for n in _imports(path)
+                   if n == "grpc" or n.startswith("grpc.") or n.startswith("grpc_") or n.endswith("_pb2_grpc")
+                   or n == "fortis.services.common.server"}
+            if bad:
+                offenders.append(f"{path.relative_to(ROOT)}: {sorted(bad)}")
+    assert not offenders, "domain modules importing gRPC:\n" + "\n".join(offenders)
+
+
+def test_every_proto_field_is_commented():
+    """DESIGN.md: every field commented (Buf STANDARD does not check comments)."""
+    missing = []
+    for proto in (ROOT / "protos" / "fortis").rglob("*.proto"):
+        lines = proto.read_text().splitlines()
+        for i, line in enumerate(lines):
+            s = line.strip()
+            if s.endswith(";") and "=" in s and not s.startswith(("option", "syntax", "package", "import", "//")):
+                if not lines[i - 1].strip().startswith("//"):
+                    missing.append(f"{proto.name}:{i + 1}: {s}")
+    assert not missing, "\n".join(missing)
