@@ -48,7 +48,7 @@ from .common import (
     make_result,
 )
 
-INIT_TRIES = 100            # random-noise images tried before giving up (each one query)
+INIT_TRIES = 25             # random-noise images tried before the fallback (each one query)
 MAX_HALVINGS = 30           # geometric step-size search: at most this many halvings
 BINARY_SEARCH_RESERVE = 12  # queries kept back from the gradient estimate for the searches
 MC_CHUNK_ELEMENTS = 1 << 24  # Monte-Carlo probes per query call are bounded by memory
