@@ -307,7 +307,10 @@ class EvaluationRunner:
             steps = ("craft on surrogate '" + at.surrogate + "', send the uint8 adversarial through the proxy, judge the target's answer"
                      if not spec.is_query_attack else
                      "query the target through the proxy (session per chunk, per-image budget Q_m enforced by the proxy); stop at first success or at Q_m (IEEE-M6)")
-            tests.append({"id": at.name, "attack": at.id, "kind": f"{spec.kind} attack", "family": spec.family,
+            tests.append({"id": at.name, "attack": at.id, "kind": "attack", "attack_kind": spec.kind,
+                          "family": spec.family, "epsilon": at.params.get("epsilon"),
+                          "norm": spec.norm,
+                          "query_budget": at.params.get("max_queries") if spec.is_query_attack else None,
                           "ieee_ref": spec.ieee_ref, "parameters": dict(at.params),
                           "surrogate": at.surrogate or None, "images_attacked": len(attack_results.get(at.name, {})),
                           "steps": steps,

@@ -53,7 +53,7 @@ ACTIVE_STATES = ("PENDING", "RUNNING")
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class EvaluationRow:
     evaluation_id: str
     tenant: str

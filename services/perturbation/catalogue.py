@@ -34,6 +34,7 @@ class AttackSpec:
     description: str
     params: tuple[Param, ...] = field(default_factory=tuple)
     stochastic: bool = True
+    norm: str = "linf"      # the norm epsilon bounds (IEEE-A9)
 
     @property
     def is_query_attack(self) -> bool:
@@ -64,7 +65,7 @@ ATTACKS: dict[str, AttackSpec] = {a.id: a for a in (
     AttackSpec(id="hsja", kind="decision", family="decision-based", ieee_ref="IEEE-A8",
                description="HopSkipJumpAttack (L2, decision-based); success = misclassified within L2 <= epsilon",
                params=(Param(name="epsilon", type="float", description="L2 bound in [0,1] pixel scale (IEEE-A9)",
-                             minimum=0.0, maximum=1e4), _BUDGET)),
+                             minimum=0.0, maximum=1e4), _BUDGET), norm="l2"),
 )}
 
 
