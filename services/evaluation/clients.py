@@ -158,7 +158,8 @@ class GrpcScoring:
             preds = t.get("predictions", {})
             to = scoring_pb2.TestOutcomes(kind=t["kind"], perturbation_id=t.get("perturbation_id", ""),
                                           severity=int(t.get("severity", 0)),
-                                          query_budget=int(t.get("query_budget", 0)))
+                                          query_budget=int(t.get("query_budget", 0)),
+                                          image_ids=list(t.get("image_ids", ())))
             if "success" in t:
                 for image_id, ok in t["success"].items():
                     to.predictions.add(image_id=image_id)

@@ -215,7 +215,8 @@ class EvaluationRunner:
             r = attack_results[at.name]
             spec = ATTACKS[at.id]
             t: dict[str, Any] = {"kind": "attack", "perturbation_id": at.name,
-                                 "query_budget": int(at.params.get("max_queries", 0)) if spec.is_query_attack else 0}
+                                 "query_budget": int(at.params.get("max_queries", 0)) if spec.is_query_attack else 0,
+                                 "image_ids": list(r)}
             if spec.is_query_attack:
                 t["success"] = {i: v["success"] for i, v in r.items()}
                 t["queries"] = {i: v["ledger_queries"] for i, v in r.items()}

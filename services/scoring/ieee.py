@@ -245,6 +245,7 @@ def compute_classification_metrics(
     attacks: Mapping[str, Sequence[AttackImageOutcome]],
     attack_budgets: Mapping[str, int | None],
     image_ids: Sequence[str],
+    attack_coverage: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """IEEE 3129 section 4.7 metrics for a classification service (see the module docstring
     for the exact tree).
@@ -255,6 +256,12 @@ def compute_classification_metrics(
     Q_m (``None`` for transfer attacks). Every image of ``image_ids`` must appear exactly once
     in every mapping, and no other image may: otherwise :class:`InvalidArgument` names the
     field (``clean``, ``corruptions.<name>.<severity>``, ``attacks.<name>``) and the image.
+
+    ``attack_coverage[name]``, when given, is the subset of images attack ``name`` was run on
+    (a plan may limit an expensive query attack to its first N images). Robustness_Adv(j),
+    the success rate and the query statistics of that attack are then taken over its subset
+    (M_j = its size, IEEE-M3 with M := M_j), and WorstCase_Robustness_Adv (IEEE-M5) over the
+    images every attack covered. Images outside the subset are never counted as robust.
 
     Worst case (IEEE-M4): an image counts only if it is right under *every* corruption
     setting (every corruption at every severity); ``worstcase_robustness_corr_by_severity``
@@ -295,6 +302,7 @@ def compute_classification_metrics(
             violations += v
 
     att_res: dict[str, dict[str, AttackImageOutcome]] = {}
+    covered: dict[str, list[str]] = {}
     for name, outcomes in attacks.items():
         field = f"attacks.{name}"
         by_id: dict[str, AttackImageOutcome] = {}
@@ -308,8 +316,21 @@ def compute_classification_metrics(
                 violations.append(FieldViolation(
                     field, f"result for image '{o.image_id}' which is not in image_ids"))
             by_id[o.image_id] = o
+        cover = ids
+        if attack_coverage is not None and attack_coverage.get(name) is not None:
+            cover = [str(i) for i in attack_coverage[name]]
+            bad = [i for i in cover if i not in known]
+            if not cover:
+                violations.append(FieldViolation(f"attack_coverage.{name}", "must list at least one image"))
+            elif bad:
+                violations.append(FieldViolation(f"attack_coverage.{name}",
+                                                 f"image '{bad[0]}' is not in image_ids"))
+            cover_set = set(cover)
+            violations += [FieldViolation(field, f"result for image '{i}' which the attack did not cover")
+                           for i in by_id if i not in cover_set and i in known]
         violations += [FieldViolation(field, f"no result for image '{i}'")
-                       for i in ids if i not in by_id]
+                       for i in cover if i not in by_id]
+        covered[name] = cover
         budget = attack_budgets.get(name)
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
                                    or budget < 1):
@@ -373,19 +394,26 @@ def compute_classification_metrics(
     # IEEE-M3, M6 -------------------------------------------------------------------------
     att_tree: dict[str, Any] = {}
     for name, by_id in att_res.items():
-        att_tree[name] = _attack_metrics(by_id, ids, clean_res, attack_budgets.get(name))
+        att_tree[name] = _attack_metrics(by_id, covered[name], clean_res, attack_budgets.get(name))
     out["attacks"] = att_tree
     if att_tree:
+        sizes = {len(c) for c in covered.values()}
         out["average_robustness_adv"] = {
             "value": statistics.fmean(a["robustness_adv"] for a in att_tree.values()),
-            "ci95": None, "n": len(att_tree), "m": m, "definition": AVG_ADV_DEFINITION}
+            "ci95": None, "n": len(att_tree), "m": m if sizes == {m} else None,
+            "m_per_attack": {name: len(c) for name, c in covered.items()},
+            "definition": AVG_ADV_DEFINITION}
     else:
         out["average_robustness_adv"] = _null_average(AVG_ADV_DEFINITION)
 
     # IEEE-M5 -----------------------------------------------------------------------------
     if att_res:
-        correct = sum(all(_adv_result(by_id[i]) for by_id in att_res.values()) for i in ids)
-        out["worstcase_robustness_adv"] = {**_rate(correct, m), "n_settings": len(att_res)}
+        common = [i for i in ids if all(i in by_id for by_id in att_res.values())]
+        correct = sum(all(_adv_result(by_id[i]) for by_id in att_res.values()) for i in common)
+        node = _rate(correct, len(common)) if common else {
+            "value": None, "ci95": None, "m": 0, "correct": None}
+        out["worstcase_robustness_adv"] = {**node, "n_settings": len(att_res),
+                                           "over": "images covered by every attack"}
     else:
         out["worstcase_robustness_adv"] = {"value": None, "ci95": None, "m": m,
                                            "correct": None, "n_settings": 0}

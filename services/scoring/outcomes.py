@@ -3,7 +3,8 @@
 Applies the plan's correctness rule (IEEE-C1/C2) to every recorded answer and hands the
 Clean/Corr/Adv result matrices to ``ieee.compute_classification_metrics``. Query attacks
 (IEEE-A8) are untargeted top-1 attacks: an image stays correct (Adv_Result = 1) when it was
-right on the clean image and the attack did not mislead the target within its budget.
+right on the clean image and the attack did not mislead the target within its budget. An
+attack limited by the plan to a subset of the images is scored over that subset only.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class TestRecord:
     queries: Mapping[str, int] = field(default_factory=dict)       # attacks, from the ledger
     success: Mapping[str, bool] = field(default_factory=dict)      # query attacks
     query_budget: int = 0
+    image_ids: tuple[str, ...] = ()     # attacks: the images covered (plan limit); () = all
 
 
 def score_classification(rule: CorrectnessRule, labels: Mapping[str, Sequence[int]],
@@ -47,6 +49,7 @@ def score_classification(rule: CorrectnessRule, labels: Mapping[str, Sequence[in
     corruptions: dict[str, dict[int, dict[str, bool]]] = {}
     attacks: dict[str, list[AttackImageOutcome]] = {}
     budgets: dict[str, int | None] = {}
+    coverage: dict[str, list[str]] = {}
     for n, t in enumerate(tests):
         if t.kind == "clean":
             continue
@@ -56,15 +59,17 @@ def score_classification(rule: CorrectnessRule, labels: Mapping[str, Sequence[in
             corruptions.setdefault(t.perturbation_id, {})[t.severity] = {
                 i: is_correct(p, labels[i], rule) for i, p in t.predictions.items() if i in labels}
         elif t.kind == "attack":
+            cover = [i for i in t.image_ids] if t.image_ids else image_ids
+            unknown = [i for i in cover if i not in labels]
+            if unknown:
+                raise InvalidArgument(f"tests[{n}].image_ids", f"image '{unknown[0]}' has no label")
+            coverage[t.perturbation_id] = cover
             outs = []
-            for i in image_ids:
-                if t.success:   # query attack: judged by the target's answers during the attack
+            for i in cover:
+                if t.query_budget or t.success:
+                    # query attack: judged by the target's answers during the attack (IEEE-M6)
                     if i not in t.success:
-                        # image not attacked (plan limit): the clean result stands
-                        outs.append(AttackImageOutcome(image_id=i, correct=clean[i],
-                                                       initially_correct=clean[i], success=None,
-                                                       queries=None))
-                        continue
+                        raise InvalidArgument(f"tests[{n}].success", f"no outcome for image '{i}'")
                     ok = clean[i] and not t.success[i]
                     outs.append(AttackImageOutcome(image_id=i, correct=ok, initially_correct=clean[i],
                                                    success=bool(t.success[i]) if clean[i] else None,
@@ -72,10 +77,7 @@ def score_classification(rule: CorrectnessRule, labels: Mapping[str, Sequence[in
                 else:           # transfer attack: judged on the target's answer to the adversarial
                     p = t.predictions.get(i)
                     if p is None:
-                        outs.append(AttackImageOutcome(image_id=i, correct=clean[i],
-                                                       initially_correct=clean[i], success=None,
-                                                       queries=None))
-                        continue
+                        raise InvalidArgument(f"tests[{n}].predictions", f"no prediction for image '{i}'")
                     ok = is_correct(p, labels[i], rule)
                     outs.append(AttackImageOutcome(image_id=i, correct=ok, initially_correct=clean[i],
                                                    success=None, queries=None, error=p.error))
@@ -90,4 +92,5 @@ def score_classification(rule: CorrectnessRule, labels: Mapping[str, Sequence[in
             if lacking:
                 raise InvalidArgument(f"tests[{name}@{sev}].predictions", f"no prediction for image '{lacking[0]}'")
     return compute_classification_metrics(clean=clean, corruptions=corruptions, attacks=attacks,
-                                          attack_budgets=budgets, image_ids=image_ids)
+                                          attack_budgets=budgets, image_ids=image_ids,
+                                          attack_coverage=coverage)

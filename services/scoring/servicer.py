@@ -30,7 +30,8 @@ class ScoringServicer(scoring_pb2_grpc.ScoringServiceServicer):
                 kind=t.kind, perturbation_id=t.perturbation_id, severity=t.severity,
                 predictions={p.image_id: _pred(p) for p in t.predictions},
                 queries=dict(zip(ids, t.queries, strict=False)),
-                success=dict(zip(ids, t.success, strict=False)), query_budget=t.query_budget))
+                success=dict(zip(ids, t.success, strict=False)), query_budget=t.query_budget,
+                image_ids=tuple(t.image_ids)))
         metrics = score_classification(rule, labels, tests)
         s = struct_pb2.Struct()
         json_format.ParseDict(metrics, s)

@@ -67,6 +67,7 @@ def test_evaluation_end_to_end(stack, tmp_path):
         g[s]["robustness"] for s in ("1", "3", "5"))              # IEEE-M4 <= every setting
     sq = m["attacks"]["square"]
     assert sq["query_budget"] == 40 and sq["median_queries"] <= 40
+    assert sq["m"] == 16 and m["attacks"]["fgsm"]["m"] == 64     # limit: scored over its subset
     assert m["attacks"]["fgsm"]["robustness_adv"] < m["accuracy"]["value"]
     assert m["average_robustness_adv"]["value"] is not None
     # queries read from the ledger match the report

@@ -370,3 +370,38 @@ class TestClassificationMetrics:
         with pytest.raises(InvalidArgument) as exc:
             _metrics(corruptions={"fog": {"high": CORR["fog"][1]}})
         assert fields(exc.value) == ["corruptions.fog.high"]
+
+
+class TestAttackLimitedToSubset:
+    """A plan may run an expensive query attack on its first N images only: IEEE-M3/M6 are then
+    taken over those N (M_j = N), never counting the unattacked images as robust; IEEE-M5 is
+    taken over the images every attack covered."""
+
+    def test_limited_attack_scored_over_its_subset(self) -> None:
+        out = _metrics(attacks={"square": _square()[:2], "fgsm": _fgsm()},
+                       attack_coverage={"square": ["a", "b"]})
+        sq = out["attacks"]["square"]
+        # a misled, b held: 1/2 (not 3/4 as it would be if c and d "stood" on their clean result)
+        assert sq["m"] == 2 and sq["robustness_adv"] == 0.5
+        assert sq["success_rate_n"] == 2 and sq["successes"] == 1
+        assert out["attacks"]["fgsm"]["m"] == 4
+        avg = out["average_robustness_adv"]
+        assert avg["value"] == pytest.approx((0.5 + 0.5) / 2)
+        assert avg["m"] is None and avg["m_per_attack"] == {"square": 2, "fgsm": 4}
+        # worst case over {a, b}: a fails square, b holds under both -> 1/2
+        wc = out["worstcase_robustness_adv"]
+        assert wc["m"] == 2 and wc["value"] == 0.5
+
+    def test_coverage_is_checked(self) -> None:
+        with pytest.raises(InvalidArgument) as exc:
+            _metrics(attacks={"square": _square()[:1], "fgsm": _fgsm()},
+                     attack_coverage={"square": ["a", "b"]})
+        assert fields(exc.value) == ["attacks.square"] and "'b'" in exc.value.message
+        with pytest.raises(InvalidArgument) as exc:
+            _metrics(attacks={"square": _square()[:2], "fgsm": _fgsm()},
+                     attack_coverage={"square": ["a", "b", "zz"]})
+        assert "attack_coverage.square" in fields(exc.value)
+        with pytest.raises(InvalidArgument) as exc:
+            _metrics(attacks={"square": _square(), "fgsm": _fgsm()},
+                     attack_coverage={"square": ["a", "b"]})
+        assert set(fields(exc.value)) == {"attacks.square"} and "did not cover" in exc.value.message

@@ -72,18 +72,31 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
 
 
 def _follow(client: Any, evaluation_id: str, quiet: bool) -> Any:
+    """Follow an evaluation: a live bar on a terminal; on a pipe or log file, one plain line
+    per stage and at most one every 10 seconds, so CI logs stay readable."""
+    import time
+
     from tqdm import tqdm
 
-    bar = None if quiet else tqdm(total=1, unit="item", file=sys.stderr, dynamic_ncols=True)
+    tty = sys.stderr.isatty()
+    bar = tqdm(total=1, unit="item", file=sys.stderr, dynamic_ncols=True) if tty and not quiet else None
+    last = {"stage": "", "t": 0.0}
 
     def on_progress(p: Any) -> None:
-        if bar is None:
+        if quiet:
             return
-        bar.total = max(p.items_total, 1)
-        bar.n = p.items_done
-        bar.set_description(f"{p.stage}")
-        bar.set_postfix_str(f"queries={p.queries}")
-        bar.refresh()
+        if bar is not None:
+            bar.total = max(p.items_total, 1)
+            bar.n = p.items_done
+            bar.set_description(f"{p.stage}")
+            bar.set_postfix_str(f"queries={p.queries}")
+            bar.refresh()
+            return
+        now = time.monotonic()
+        if p.stage != last["stage"] or now - last["t"] >= 10.0:
+            last.update(stage=p.stage, t=now)
+            print(f"  [{p.stage}] {p.items_done}/{p.items_total} items, {p.queries} queries",
+                  file=sys.stderr, flush=True)
 
     try:
         return client.wait(evaluation_id, on_progress=on_progress)
@@ -346,7 +359,15 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command != "serve":
         from fortis.logs import configure
         configure("warning")
-    return int(ns.fn(ns))
+    try:
+        return int(ns.fn(ns))
+    except BrokenPipeError:          # `fortis perturbations | head`
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66ortis/scoring/v1/scoring.proto\x12\x11\x66ortis.scoring.v1\x1a\x1cgoogle/protobuf/struct.proto\"=\n\x0f\x43orrectnessRule\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x11\n\tthreshold\x18\x03 \x01(\x01\"U\n\x12RecordedPrediction\x12\x10\n\x08image_id\x18\x01 \x01(\t\x12\x0e\n\x06labels\x18\x02 \x03(\x05\x12\x0e\n\x06scores\x18\x03 \x03(\x02\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xbb\x01\n\x0cTestOutcomes\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x17\n\x0fperturbation_id\x18\x02 \x01(\t\x12\x10\n\x08severity\x18\x03 \x01(\x05\x12:\n\x0bpredictions\x18\x04 \x03(\x0b\x32%.fortis.scoring.v1.RecordedPrediction\x12\x0f\n\x07queries\x18\x05 \x03(\x03\x12\x0f\n\x07success\x18\x06 \x03(\x08\x12\x14\n\x0cquery_budget\x18\x07 \x01(\x03\"\x95\x02\n\x1aScoreClassificationRequest\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".fortis.scoring.v1.CorrectnessRule\x12I\n\x06labels\x18\x02 \x03(\x0b\x32\x39.fortis.scoring.v1.ScoreClassificationRequest.LabelsEntry\x12.\n\x05tests\x18\x03 \x03(\x0b\x32\x1f.fortis.scoring.v1.TestOutcomes\x1aJ\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.fortis.scoring.v1.LabelSet:\x02\x38\x01\"\x1a\n\x08LabelSet\x12\x0e\n\x06labels\x18\x01 \x03(\x05\"G\n\x1bScoreClassificationResponse\x12(\n\x07metrics\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct2\x86\x01\n\x0eScoringService\x12t\n\x13ScoreClassification\x12-.fortis.scoring.v1.ScoreClassificationRequest\x1a..fortis.scoring.v1.ScoreClassificationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66ortis/scoring/v1/scoring.proto\x12\x11\x66ortis.scoring.v1\x1a\x1cgoogle/protobuf/struct.proto\"=\n\x0f\x43orrectnessRule\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x11\n\tthreshold\x18\x03 \x01(\x01\"U\n\x12RecordedPrediction\x12\x10\n\x08image_id\x18\x01 \x01(\t\x12\x0e\n\x06labels\x18\x02 \x03(\x05\x12\x0e\n\x06scores\x18\x03 \x03(\x02\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xce\x01\n\x0cTestOutcomes\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x17\n\x0fperturbation_id\x18\x02 \x01(\t\x12\x10\n\x08severity\x18\x03 \x01(\x05\x12:\n\x0bpredictions\x18\x04 \x03(\x0b\x32%.fortis.scoring.v1.RecordedPrediction\x12\x0f\n\x07queries\x18\x05 \x03(\x03\x12\x0f\n\x07success\x18\x06 \x03(\x08\x12\x14\n\x0cquery_budget\x18\x07 \x01(\x03\x12\x11\n\timage_ids\x18\x08 \x03(\t\"\x95\x02\n\x1aScoreClassificationRequest\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".fortis.scoring.v1.CorrectnessRule\x12I\n\x06labels\x18\x02 \x03(\x0b\x32\x39.fortis.scoring.v1.ScoreClassificationRequest.LabelsEntry\x12.\n\x05tests\x18\x03 \x03(\x0b\x32\x1f.fortis.scoring.v1.TestOutcomes\x1aJ\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.fortis.scoring.v1.LabelSet:\x02\x38\x01\"\x1a\n\x08LabelSet\x12\x0e\n\x06labels\x18\x01 \x03(\x05\"G\n\x1bScoreClassificationResponse\x12(\n\x07metrics\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct2\x86\x01\n\x0eScoringService\x12t\n\x13ScoreClassification\x12-.fortis.scoring.v1.ScoreClassificationRequest\x1a..fortis.scoring.v1.ScoreClassificationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,15 +39,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECORDEDPREDICTION']._serialized_start=147
   _globals['_RECORDEDPREDICTION']._serialized_end=232
   _globals['_TESTOUTCOMES']._serialized_start=235
-  _globals['_TESTOUTCOMES']._serialized_end=422
-  _globals['_SCORECLASSIFICATIONREQUEST']._serialized_start=425
-  _globals['_SCORECLASSIFICATIONREQUEST']._serialized_end=702
-  _globals['_SCORECLASSIFICATIONREQUEST_LABELSENTRY']._serialized_start=628
-  _globals['_SCORECLASSIFICATIONREQUEST_LABELSENTRY']._serialized_end=702
-  _globals['_LABELSET']._serialized_start=704
-  _globals['_LABELSET']._serialized_end=730
-  _globals['_SCORECLASSIFICATIONRESPONSE']._serialized_start=732
-  _globals['_SCORECLASSIFICATIONRESPONSE']._serialized_end=803
-  _globals['_SCORINGSERVICE']._serialized_start=806
-  _globals['_SCORINGSERVICE']._serialized_end=940
+  _globals['_TESTOUTCOMES']._serialized_end=441
+  _globals['_SCORECLASSIFICATIONREQUEST']._serialized_start=444
+  _globals['_SCORECLASSIFICATIONREQUEST']._serialized_end=721
+  _globals['_SCORECLASSIFICATIONREQUEST_LABELSENTRY']._serialized_start=647
+  _globals['_SCORECLASSIFICATIONREQUEST_LABELSENTRY']._serialized_end=721
+  _globals['_LABELSET']._serialized_start=723
+  _globals['_LABELSET']._serialized_end=749
+  _globals['_SCORECLASSIFICATIONRESPONSE']._serialized_start=751
+  _globals['_SCORECLASSIFICATIONRESPONSE']._serialized_end=822
+  _globals['_SCORINGSERVICE']._serialized_start=825
+  _globals['_SCORINGSERVICE']._serialized_end=959
 # @@protoc_insertion_point(module_scope)

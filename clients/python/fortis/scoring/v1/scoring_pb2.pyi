@@ -30,7 +30,7 @@ class RecordedPrediction(_message.Message):
     def __init__(self, image_id: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ..., scores: _Optional[_Iterable[float]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class TestOutcomes(_message.Message):
-    __slots__ = ("kind", "perturbation_id", "severity", "predictions", "queries", "success", "query_budget")
+    __slots__ = ("kind", "perturbation_id", "severity", "predictions", "queries", "success", "query_budget", "image_ids")
     KIND_FIELD_NUMBER: _ClassVar[int]
     PERTURBATION_ID_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class TestOutcomes(_message.Message):
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
     QUERY_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_IDS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     perturbation_id: str
     severity: int
@@ -45,7 +46,8 @@ class TestOutcomes(_message.Message):
     queries: _containers.RepeatedScalarFieldContainer[int]
     success: _containers.RepeatedScalarFieldContainer[bool]
     query_budget: int
-    def __init__(self, kind: _Optional[str] = ..., perturbation_id: _Optional[str] = ..., severity: _Optional[int] = ..., predictions: _Optional[_Iterable[_Union[RecordedPrediction, _Mapping]]] = ..., queries: _Optional[_Iterable[int]] = ..., success: _Optional[_Iterable[bool]] = ..., query_budget: _Optional[int] = ...) -> None: ...
+    image_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[str] = ..., perturbation_id: _Optional[str] = ..., severity: _Optional[int] = ..., predictions: _Optional[_Iterable[_Union[RecordedPrediction, _Mapping]]] = ..., queries: _Optional[_Iterable[int]] = ..., success: _Optional[_Iterable[bool]] = ..., query_budget: _Optional[int] = ..., image_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ScoreClassificationRequest(_message.Message):
     __slots__ = ("rule", "labels", "tests")

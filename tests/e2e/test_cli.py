@@ -1,0 +1,63 @@
+"""The `fortis` command line as a user runs it: a subprocess, real files, an embedded stack
+(README's CLI tour). Exit codes: 0 ok, 2 bad input, 1 failed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+PLAN = """
+name: cli-small
+seed: 5
+target: {name: fmnist-cnn, task: classification}
+dataset: {source: fashion-mnist, split: test, limit: 48}
+corruptions:
+  - {id: gaussian_noise, severities: [1, 5]}
+attacks:
+  - {id: fgsm, surrogate: fmnist-surrogate, params: {epsilon: 0.1}}
+  - {id: square, params: {epsilon: 0.1, max_queries: 30}, limit: 8}
+"""
+
+
+def fortis(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fortis.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_validate_names_every_bad_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(PLAN.replace("limit: 48", "limit: 0").replace("severities: [1, 5]", "severities: [1, 9]")
+                   .replace("epsilon: 0.1, max", "epsilon: 3, max"))
+    r = fortis("validate", str(bad), cwd=tmp_path)
+    assert r.returncode == 2
+    for field in ("dataset.limit", "corruptions[0].severities[1]", "attacks[1].params.epsilon"):
+        assert field in r.stdout
+    good = tmp_path / "good.yaml"
+    good.write_text(PLAN)
+    r = fortis("validate", str(good), cwd=tmp_path)
+    assert r.returncode == 0 and "valid" in r.stdout
+    r = fortis("validate", str(tmp_path / "missing.yaml"), cwd=tmp_path)
+    assert r.returncode == 2 and "cannot read plan" in r.stderr
+
+
+def test_run_embedded_writes_report_and_ledger_agrees(tmp_path, fmnist_target, fmnist_surrogate):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    state = tmp_path / "state"
+    r = fortis("run", str(plan), "--out", str(tmp_path / "out"), "--state-dir", str(state),
+               "--id", "ev-cli", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # not a terminal: plain progress lines, one per stage at least, no carriage-return bars
+    assert "[clean]" in r.stderr and "[done]" in r.stderr and "\r" not in r.stderr
+    assert "clean accuracy" in r.stdout
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["metrics"]["accuracy"]["m"] == 48
+    assert "<html" in (tmp_path / "out" / "report.html").read_text().lower()
+    # the local ledger tells the same number of queries as the report
+    r = fortis("ledger", "--evaluation", "ev-cli", "--json", "--state-dir", str(state), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    sessions = json.loads(r.stdout)
+    assert sessions, "no sessions in the ledger"
+    assert sum(s["queries_ok"] for s in sessions) == sum(report["ledger"]["sessions"].values())
