@@ -23,7 +23,6 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.app import StackSettings, TargetConfig, start_stack
 from fortis.services.common.codec import image_msg

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import filecmp
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -26,9 +25,8 @@ GENERATED_HEADER = '"""Generated from protos/ by scripts/gen_protos.py. Do not e
 
 
 def generate(out_root: Path) -> list[Path]:
-    from grpc_tools import protoc  # dev dependency only
-
     import grpc_tools
+    from grpc_tools import protoc  # dev dependency only
 
     wkt = Path(grpc_tools.__file__).parent / "_proto"
     sources = sorted(str(p.relative_to(PROTOS)) for p in (PROTOS / "fortis").rglob("*.proto"))

@@ -326,9 +326,10 @@ class EvaluationRunner:
                        "seed": plan.seed}
         return {
             "plan": dict(plan.raw), "plan_text": self.ctx.plan_text,
-            "target": {"name": target.name, "task": target.task, "endpoint": plan.target.endpoint,
+            "target": {"name": plan.target.name, "model_name": target.name, "task": target.task,
+                       "endpoint": plan.target.endpoint,
                        "output_kind": target.output_kind, "top_k": target.top_k,
-                       "labels": len(target.labels), "version": target.version,
+                       "labels_count": len(target.labels), "version": target.version,
                        "input": f"{target.input_height}x{target.input_width}x{target.input_channels}",
                        "service_type_parameters": {"correctness": dict(plan.correctness)}},
             "tester": {"tester": vars(plan.tester), "requester": vars(plan.requester),

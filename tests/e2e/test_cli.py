@@ -61,3 +61,24 @@ def test_run_embedded_writes_report_and_ledger_agrees(tmp_path, fmnist_target, f
     sessions = json.loads(r.stdout)
     assert sessions, "no sessions in the ledger"
     assert sum(s["queries_ok"] for s in sessions) == sum(report["ledger"]["sessions"].values())
+
+
+def test_run_mobilenet_on_photos_with_the_shipped_plan(tmp_path):
+    """Target (b) of the issue: torchvision's MobileNetV2 served as a top-5 API, evaluated on the
+    offline natural photos with their ImageNet labels under the top-K rule (IEEE-C2)."""
+    import fortis as fortis_pkg
+    shipped = Path(fortis_pkg.__file__).parent / "plans" / "mobilenet-photos.yaml"
+    text = shipped.read_text().replace("limit: 8", "limit: 4").replace("max_queries: 100", "max_queries: 20")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(text)
+    r = fortis("run", str(plan), "--out", str(tmp_path / "out"), "--state-dir", str(tmp_path / "s"),
+               "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    m = report["metrics"]
+    t = report["target"]
+    assert t["name"] == "mobilenet-v2" and t["output_kind"] == "top_k" and t["labels_count"] == 1000
+    assert m["accuracy"]["m"] == 4 and m["accuracy"]["value"] >= 0.75     # top-5 on real photos
+    assert m["corruptions"]["gaussian_noise"]["5"]["robustness"] <= m["accuracy"]["value"]
+    sq = m["attacks"]["square"]
+    assert sq["query_budget"] == 20 and sq["m"] == 4
