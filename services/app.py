@@ -85,6 +85,8 @@ class StackSettings:
     ledger_synchronous: str = "FULL"
     max_message_bytes: int = 64 * 1024 * 1024
     resume: bool = True
+    metrics_port: int | None = None     # serve Prometheus /metrics of the proxy (0 = any port)
+    metrics_host: str = "0.0.0.0"
 
 
 @dataclass
@@ -94,6 +96,7 @@ class Stack:
     settings: StackSettings
     internal_key: str
     closers: list[Any] = field(default_factory=list)
+    metrics_port: int | None = None
 
     @property
     def address(self) -> str:
@@ -131,6 +134,7 @@ def start_stack(settings: StackSettings) -> Stack:
     from fortis.proxy.v1 import proxy_pb2_grpc
     from fortis.report.v1 import report_pb2_grpc
     from fortis.scoring.v1 import scoring_pb2_grpc
+    from fortis.services.common.metrics import MetricsServer, RpcMetrics
     from fortis.services.evaluation import servicer as ev_servicer
     from fortis.services.evaluation.clients import (
         GrpcPerturbation,
@@ -147,8 +151,10 @@ def start_stack(settings: StackSettings) -> Stack:
     from fortis.services.target_proxy import servicer as px_servicer
     from fortis.services.target_proxy.backends import GrpcTargetBackend
     from fortis.services.target_proxy.ledger import Ledger
+    from fortis.services.target_proxy.metrics import ProxyMetrics
     from fortis.services.target_proxy.proxy import TargetEntry, TargetProxy
     from fortis.services.target_proxy.ratelimit import RateLimiter
+    from prometheus_client import CollectorRegistry
 
     if settings.only and settings.only not in SERVICES:
         raise errors.InvalidArgument("service", f"unknown service '{settings.only}'; one of {', '.join(SERVICES)}")
@@ -160,6 +166,13 @@ def start_stack(settings: StackSettings) -> Stack:
     if api_keys:
         api_keys[internal_key] = SERVICE_TENANT
     closers: list[Any] = []
+    registry = CollectorRegistry()
+    rpc_metrics = RpcMetrics(registry)
+    metrics_port: int | None = None
+    if settings.metrics_port is not None:
+        metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
+        metrics_port = metrics_server.port
+        closers.append(metrics_server.close)
 
     target_servers: dict[str, RunningServer] = {}
     register: list[tuple[Any, Any, str]] = []
@@ -188,8 +201,10 @@ def start_stack(settings: StackSettings) -> Stack:
                                        limiter=RateLimiter(t.images_per_second)))
         ledger = Ledger(state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
         closers.append(ledger.close)
+        proxy_metrics = ProxyMetrics(registry)
         register.append((proxy_pb2_grpc.add_TargetProxyServiceServicer_to_server,
-                         px_servicer.TargetProxyServicer(TargetProxy(ledger, entries)),
+                         px_servicer.TargetProxyServicer(TargetProxy(ledger, entries,
+                                                                     metrics=proxy_metrics)),
                          px_servicer.SERVICE_NAME))
 
     lazy_channels: dict[str, Any] = {}
@@ -237,9 +252,10 @@ def start_stack(settings: StackSettings) -> Stack:
                          ev_servicer.EvaluationServicer(manager), ev_servicer.SERVICE_NAME))
 
     server = build_server(ServerSettings(address=settings.address, api_keys=api_keys,
-                                         max_message_bytes=settings.max_message_bytes), register)
+                                         max_message_bytes=settings.max_message_bytes,
+                                         observe=rpc_metrics.observe), register)
     addr_box["self"] = server.address
     if manager is not None and settings.resume:
         manager.resume_unfinished()
     return Stack(server=server, target_servers=target_servers, settings=settings,
-                 internal_key=internal_key, closers=closers)
+                 internal_key=internal_key, closers=closers, metrics_port=metrics_port)

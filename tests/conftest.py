@@ -45,7 +45,7 @@ def stack(tmp_path: Path, fmnist_target, fmnist_surrogate) -> Iterator:
                  TargetConfig.parse("fmnist-cnn-label=builtin:fmnist-cnn?output=label_only"),
                  TargetConfig.parse("fmnist-cnn-top3=builtin:fmnist-cnn?output=top_k&top_k=3"),
                  TargetConfig.parse("fmnist-limited=builtin:fmnist-cnn?rate=40")],
-        max_message_bytes=8 * 1024 * 1024))
+        max_message_bytes=8 * 1024 * 1024, metrics_port=0, metrics_host="127.0.0.1"))
     yield s
     s.stop(0)
 

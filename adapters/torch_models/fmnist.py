@@ -62,7 +62,8 @@ class _Normalized(nn.Module):
         self.register_buffer("std", torch.tensor(FMNIST_STD), persistent=False)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) / self.std
+        mean, std = self.get_buffer("mean"), self.get_buffer("std")
+        return (x - mean) / std
 
 
 class FashionCNN(_Normalized):
@@ -232,7 +233,7 @@ def model_paths(kind: str, cache_dir: Path | None = None) -> tuple[Path, Path]:
     return root / f"{stem}.pt", root / f"{stem}.json"
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:

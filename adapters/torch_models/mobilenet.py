@@ -95,7 +95,7 @@ class NormalizedModel(nn.Module):
         self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net((x - self.mean) / self.std)
+        return self.net((x - self.get_buffer("mean")) / self.get_buffer("std"))
 
 
 def mobilenet_v2_weights_path() -> Path:

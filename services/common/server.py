@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import secrets
+import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from concurrent import futures
@@ -49,6 +50,7 @@ class ServerSettings:
     api_keys: Mapping[str, str] = field(default_factory=dict)  # key -> tenant ("*" = internal)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_workers: int = 16
+    observe: Observer | None = None     # called after every call: (method, code, seconds)
 
 
 def parse_api_keys(text: str) -> dict[str, str]:
@@ -72,30 +74,60 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     context.abort_with_status(rpc_status.to_status(status_for(exc)))
 
 
+_CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
+
+#: ``observe(method, code_name, seconds)`` after every call (Prometheus, see services/metrics.py).
+Observer = Callable[[str, str, float], None]
+
+
+def _code_of(context: grpc.ServicerContext, exc: BaseException | None) -> str:
+    if exc is not None and not isinstance(exc, grpc.RpcError) and not _aborted(context):
+        return _CODE_NAMES.get(status_for(exc).code, "UNKNOWN")
+    code = getattr(context, "code", lambda: None)()
+    if code is None:
+        return "OK" if exc is None else "UNKNOWN"
+    return code.name if isinstance(code, grpc.StatusCode) else _CODE_NAMES.get(int(code), "UNKNOWN")
+
+
 def _wrap_handler(handler: grpc.RpcMethodHandler,
-                  before: Callable[[grpc.ServicerContext], None]) -> grpc.RpcMethodHandler:
+                  before: Callable[[grpc.ServicerContext], None],
+                  method: str = "", observe: Observer | None = None) -> grpc.RpcMethodHandler:
     """Wrap every behaviour of a handler: run ``before`` then map domain errors."""
+
+    def done(context: grpc.ServicerContext, exc: BaseException | None, t0: float) -> None:
+        if observe is not None:
+            try:
+                observe(method, _code_of(context, exc), time.perf_counter() - t0)
+            except Exception:  # noqa: BLE001 - metrics never break a call
+                log.warning("metrics observer failed", method=method)
 
     def unary(fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(request: Any, context: grpc.ServicerContext) -> Any:
+            t0 = time.perf_counter()
             try:
                 before(context)
-                return fn(request, context)
+                result = fn(request, context)
             except Exception as exc:  # noqa: BLE001 - mapped to a status
+                done(context, exc, t0)
                 if isinstance(exc, grpc.RpcError) or _aborted(context):
                     raise
                 _abort(context, exc)
+            done(context, None, t0)
+            return result
         return call
 
     def streaming(fn: Callable[..., Iterable[Any]]) -> Callable[..., Iterable[Any]]:
         def call(request: Any, context: grpc.ServicerContext) -> Iterable[Any]:
+            t0 = time.perf_counter()
             try:
                 before(context)
                 yield from fn(request, context)
             except Exception as exc:  # noqa: BLE001 - mapped to a status
+                done(context, exc, t0)
                 if isinstance(exc, grpc.RpcError) or _aborted(context):
                     raise
                 _abort(context, exc)
+            done(context, None, t0)
         return call
 
     if handler.unary_unary:
@@ -122,8 +154,9 @@ def _aborted(context: grpc.ServicerContext) -> bool:
 class FortisInterceptor(grpc.ServerInterceptor):
     """API-key auth (health and reflection exempt), tenant binding, error mapping."""
 
-    def __init__(self, api_keys: Mapping[str, str]) -> None:
+    def __init__(self, api_keys: Mapping[str, str], observe: Observer | None = None) -> None:
         self._api_keys = dict(api_keys)
+        self._observe = observe
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
@@ -150,7 +183,7 @@ class FortisInterceptor(grpc.ServerInterceptor):
             current_api_key.set(api_key)
             structlog.contextvars.bind_contextvars(tenant=tenant, method=method)
 
-        return _wrap_handler(handler, before)
+        return _wrap_handler(handler, before, method, self._observe)
 
 
 @dataclass
@@ -178,7 +211,7 @@ def build_server(settings: ServerSettings,
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers),
-                         interceptors=[FortisInterceptor(settings.api_keys)], options=opts)
+                         interceptors=[FortisInterceptor(settings.api_keys, settings.observe)], options=opts)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [reflection.SERVICE_NAME, health.SERVICE_NAME]

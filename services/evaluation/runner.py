@@ -11,6 +11,7 @@ aborted) and are never counted in the results.
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import time
@@ -155,10 +156,11 @@ class EvaluationRunner:
                                     description="clean images")
         clean: dict[str, Any] = {}
         for c, (a, b) in enumerate(chunks):
-            part = [(i, im) for i, im, _ in images[a:b]]
-            res = self._item(f"clean/{c:05d}", lambda _att, part=part: (
-                [_pred_json(p) for p in self.ctx.proxy.predict(session_id=sess_clean, origin="clean",
-                                                               images=part)], len(part)))
+            def clean_work(_att: int, a: int = a, b: int = b) -> tuple[Any, int]:
+                part = [(i, im) for i, im, _ in images[a:b]]
+                preds = self.ctx.proxy.predict(session_id=sess_clean, origin="clean", images=part)
+                return [_pred_json(p) for p in preds], len(part)
+            res = self._item(f"clean/{c:05d}", clean_work)
             clean.update(zip(ids[a:b], res, strict=True))
 
         # Corruption robustness (IEEE-M2, M4, M7): one corruption per image (IEEE-P5).
@@ -196,12 +198,12 @@ class EvaluationRunner:
                                             description=f"transfer attack {at.name}")
             for c, (a, b) in enumerate(_chunks(n, plan.batch_size)):
                 key = f"attack/{at.name}/{c:05d}"
-                part = [(i, im, lab) for i, im, lab in images[a:b]]
+                part = list(images[a:b])
                 if spec.is_query_attack:
-                    res = self._item(key, lambda att, part=part, c=c, at=at: self._query_attack(at, part, c, att))
+                    res = self._item(key, functools.partial(self._query_attack, at, part, c))
                 else:
-                    res = self._item(key, lambda _att, part=part, c=c, at=at, s=sess_transfer: self._transfer_attack(
-                        at, part, c, s))
+                    res = self._item(key, functools.partial(self._transfer_attack_item, at, part, c,
+                                                            sess_transfer))
                 res_all.update(res)
             attack_results[at.name] = res_all
 
@@ -252,8 +254,8 @@ class EvaluationRunner:
         tmp.replace(path)
         return str(path)
 
-    def _transfer_attack(self, at: Any, part: Sequence[LabeledImage], chunk: int,
-                         session: str) -> tuple[dict[str, Any], int]:
+    def _transfer_attack_item(self, at: Any, part: Sequence[LabeledImage], chunk: int,
+                              session: str, _attempt: int) -> tuple[dict[str, Any], int]:
         outs = self.ctx.perturbation.attack(at.id, at.params, self.plan.seed, part,
                                             surrogate=at.surrogate)
         preds = self.ctx.proxy.predict(session_id=session, origin=at.name,

@@ -7,6 +7,7 @@ service skips finished items and redoes the rest. Domain code: no gRPC.
 
 from __future__ import annotations
 
+import builtins
 import json
 import sqlite3
 import threading
@@ -130,7 +131,7 @@ class EvaluationStore:
                     " created_at DESC, evaluation_id DESC LIMIT ?", (tenant, before, limit)).fetchall()
         return [EvaluationRow(*r) for r in rows]
 
-    def active(self) -> list[EvaluationRow]:
+    def active(self) -> builtins.list[EvaluationRow]:
         with self._lock:
             rows = self._conn.execute(
                 f"SELECT {_COLS} FROM evaluations WHERE state IN ('PENDING','RUNNING')"

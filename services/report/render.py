@@ -184,6 +184,7 @@ def _version(dist: str) -> str | None:
 
 
 def _environment(environment: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+    fortis_version: str | None
     try:
         from fortis import __version__ as fortis_version
     except ImportError:  # pragma: no cover - the SDK package is part of the distribution

@@ -22,6 +22,7 @@ from fortis.common.v1 import common_pb2
 from fortis.services.common import errors
 from fortis.services.common.codec import image_sha256, summarize
 from fortis.services.target_proxy.ledger import Ledger, QueryRow, SessionRecord, wall_clock_of
+from fortis.services.target_proxy.metrics import ProxyMetrics
 from fortis.services.target_proxy.ratelimit import RateLimiter
 from fortis.target.v1 import target_pb2
 
@@ -71,8 +72,10 @@ class TargetProxy:
 
     def __init__(self, ledger: Ledger, targets: Sequence[TargetEntry], *,
                  retry: RetryPolicy = RetryPolicy(),
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 metrics: ProxyMetrics | None = None) -> None:
         self.ledger = ledger
+        self.metrics = metrics
         self.targets = {t.name: t for t in targets}
         self.retry = retry
         self._sleep = sleep
@@ -175,6 +178,8 @@ class TargetProxy:
                             f"{used} of {rec.per_image_budget} queries used; {k} more requested"))
             if violations:
                 self.ledger.add_refused(session_id)
+                if self.metrics is not None:
+                    self.metrics.refused_call(rec.target)
                 raise errors.BudgetExhausted(violations)
             budget.used_total += n
             for img in images:
@@ -228,6 +233,8 @@ class TargetProxy:
                          call_id=call_id, attempts=attempts)
                 for i, (img, h) in enumerate(zip(images, hashes, strict=True))]
         self.ledger.record(rows)
+        if self.metrics is not None:
+            self.metrics.call(rec.target, status, len(images), latency / 1000.0, attempts)
         if status != "OK":
             raise failure
         assert preds is not None

@@ -261,3 +261,39 @@ def test_query_attack_queries_equal_ledger_and_stay_in_budget(channel, fmnist_te
                 assert np.abs(adv.astype(int) - images[k].astype(int)).max() <= int(params["epsilon"] * 255 + 1e-6)
             else:
                 assert r.l2 <= params["epsilon"] + 1e-6
+
+
+def _scrape(port: int) -> dict[str, float]:
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def test_prometheus_metrics_follow_the_ledger(channel, stack, fmnist_test_images):
+    """`fortis serve --metrics-port`: the proxy's counters over HTTP agree with its ledger."""
+    images, _ = fmnist_test_images
+    px = proxy_pb2_grpc.TargetProxyServiceStub(channel)
+    sess = px.CreateSession(proxy_pb2.CreateSessionRequest(target="fmnist-cnn", query_budget=5),
+                            metadata=MD).session
+    px.Predict(proxy_pb2.PredictRequest(session_id=sess.session_id,
+                                             images=[image_msg(f"m{k}", images[k]) for k in range(3)]),
+               metadata=MD)
+    with pytest.raises(grpc.RpcError) as exc:
+        px.Predict(proxy_pb2.PredictRequest(session_id=sess.session_id,
+                                                 images=[image_msg(f"m{k}", images[k]) for k in range(3)]),
+                   metadata=MD)
+    assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    m = _scrape(stack.metrics_port)
+    st = px.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id=sess.session_id), metadata=MD)
+    assert st.queries_ok == 3 and st.calls_refused == 1
+    assert m['fortis_proxy_queries_total{status="OK",target="fmnist-cnn"}'] == 3
+    assert m['fortis_proxy_refused_calls_total{target="fmnist-cnn"}'] == 1
+    assert m['fortis_proxy_target_latency_seconds_count{target="fmnist-cnn"}'] >= 1
+    # every service counts its RPCs by method and status code
+    assert m['fortis_rpc_requests_total{code="OK",method="/fortis.proxy.v1.TargetProxyService/Predict"}'] == 1
+    assert m['fortis_rpc_requests_total{code="RESOURCE_EXHAUSTED",method="/fortis.proxy.v1.TargetProxyService/Predict"}'] == 1

@@ -86,7 +86,7 @@ def _follow(client: Any, evaluation_id: str, quiet: bool) -> Any:
 
     tty = sys.stderr.isatty()
     bar = tqdm(total=1, unit="item", file=sys.stderr, dynamic_ncols=True) if tty and not quiet else None
-    last = {"stage": "", "t": 0.0}
+    last_stage, last_t = [""], [0.0]
 
     def on_progress(p: Any) -> None:
         if quiet:
@@ -99,8 +99,8 @@ def _follow(client: Any, evaluation_id: str, quiet: bool) -> Any:
             bar.refresh()
             return
         now = time.monotonic()
-        if p.stage != last["stage"] or now - last["t"] >= 10.0:
-            last.update(stage=p.stage, t=now)
+        if p.stage != last_stage[0] or now - last_t[0] >= 10.0:
+            last_stage[0], last_t[0] = p.stage, now
             print(f"  [{p.stage}] {p.items_done}/{p.items_total} items, {p.queries} queries",
                   file=sys.stderr, flush=True)
 
@@ -215,12 +215,13 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             only=ns.service or "", proxy_address=ns.proxy_address or "",
             perturbation_address=ns.perturbation_address or "",
             scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
-            internal_key=os.environ.get("FORTIS_INTERNAL_KEY", "")))
+            internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=ns.metrics_port))
     except FortisError as exc:
         _err(str(exc))
         return EXIT_BAD_INPUT
     print(json.dumps({"address": stack.address, "services": ns.service or "all",
                       "targets": {n: s.address for n, s in stack.target_servers.items()},
+                      **({"metrics_port": stack.metrics_port} if stack.metrics_port is not None else {}),
                       **({"api_key": generated} if generated else {})}), flush=True)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -344,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-default-targets", action="store_true")
     for s in ("proxy", "perturbation", "scoring", "report"):
         sp.add_argument(f"--{s}-address", help=f"the {s} service (when running one service)")
+    sp.add_argument("--metrics-port", type=int,
+                    help="serve the proxy's Prometheus metrics at http://0.0.0.0:PORT/metrics")
     sp.add_argument("--log-level", default="info")
     sp.set_defaults(fn=cmd_serve)
 

@@ -13,6 +13,7 @@ Errors come back as ``fortis.services.common.errors`` exceptions (``InvalidArgum
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -144,6 +145,6 @@ class FortisClient:
         return self._call(self.proxy.GetSessionStats,
                           proxy_pb2.GetSessionStatsRequest(session_id=session_id))
 
-    def perturbations(self) -> list[perturbation_pb2.PerturbationInfo]:
+    def perturbations(self) -> builtins.list[perturbation_pb2.PerturbationInfo]:
         return list(self._call(self.perturbation.ListPerturbations,
                                perturbation_pb2.ListPerturbationsRequest()).perturbations)
