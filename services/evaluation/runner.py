@@ -11,6 +11,7 @@ aborted) and are never counted in the results.
 
 from __future__ import annotations
 
+import datetime as _dt
 import functools
 import json
 import platform
@@ -67,6 +68,10 @@ def _pred_json(p: ClassPrediction) -> dict[str, Any]:
     return {"labels": list(p.labels[:KEEP_SCORES]),
             "scores": None if p.scores is None else [round(float(s), 6) for s in p.scores[:KEEP_SCORES]],
             "error": p.error}
+
+
+def _iso(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.UTC).isoformat(timespec="seconds")
 
 
 def _chunks(n: int, size: int) -> list[tuple[int, int]]:
@@ -303,13 +308,26 @@ class EvaluationRunner:
             tests.append({"id": ct.id, "kind": "corruption", "family": spec.family,
                           "ieee_ref": spec.ieee_ref, "severities": list(ct.severities),
                           "parameters": {str(s): repr(spec.severity_params[s - 1]) for s in ct.severities},
-                          "steps": f"apply {ct.id} at each severity to every image (one corruption per image, IEEE-P5), seeded per image; send through the proxy; judge with the plan's correctness rule",
+                          "steps": [f"apply {ct.id} alone at each severity to every image (IEEE-P5), "
+                                    "with a generator seeded from the plan seed, the corruption, the "
+                                    "severity and the image id",
+                                    "send each corrupted image to the target through the proxy "
+                                    "(one query per image, recorded in the ledger)",
+                                    "judge each answer with the plan's correctness rule (IEEE-C1/C2)"],
                           "metrics": ["Robustness_Corr (IEEE-M2)", "per severity (IEEE-M7)", "WorstCase_Robustness_Corr (IEEE-M4)"]})
         for at in plan.attacks:
             spec = ATTACKS[at.id]
-            steps = ("craft on surrogate '" + at.surrogate + "', send the uint8 adversarial through the proxy, judge the target's answer"
+            steps = ([f"craft the adversarial on the local surrogate '{at.surrogate}' (white box, "
+                      "seeded from the plan), bounded before the attack (IEEE-A9)",
+                      "quantise to uint8 and send it to the target through the proxy",
+                      "judge the target's answer to the image it received (IEEE-C1/C2)"]
                      if not spec.is_query_attack else
-                     "query the target through the proxy (session per chunk, per-image budget Q_m enforced by the proxy); stop at first success or at Q_m (IEEE-M6)")
+                     ["open a proxy session per chunk of images with the per-image budget Q_m, "
+                      "which the proxy enforces",
+                      "query the target through the proxy only (every query recorded); stop at "
+                      "the first success or at Q_m (IEEE-M6)",
+                      "success is judged on the uint8 image the target received; queries per "
+                      "image are read from the ledger"])
             tests.append({"id": at.name, "attack": at.id, "kind": "attack", "attack_kind": spec.kind,
                           "family": spec.family, "epsilon": at.params.get("epsilon"),
                           "norm": spec.norm,
@@ -319,6 +337,11 @@ class EvaluationRunner:
                           "steps": steps,
                           "metrics": ["Robustness_Adv (IEEE-M3)", "WorstCase_Robustness_Adv (IEEE-M5)"]
                           + (["attack success rate and queries (IEEE-M6)"] if spec.is_query_attack else [])})
+        source = (f"{plan.dataset.source} ({plan.dataset.split}), images {plan.dataset.offset}.."
+                  f"{plan.dataset.offset + m - 1} (M={m})")
+        for t in tests:
+            n_img = t.get("images_attacked") or m
+            t["image_source"] = source if n_img == m else f"{source}; the first {n_img} attacked (plan limit)"
         ledger = self._ledger_summary(attack_results)
         import numpy
         import torch
@@ -334,10 +357,13 @@ class EvaluationRunner:
                        "labels_count": len(target.labels), "version": target.version,
                        "input": f"{target.input_height}x{target.input_width}x{target.input_channels}",
                        "service_type_parameters": {"correctness": dict(plan.correctness)}},
-            "tester": {"tester": vars(plan.tester), "requester": vars(plan.requester),
-                       "provider": vars(plan.provider)},
+            "tester": {"name": plan.tester.name or None,
+                       "organization": plan.tester.organisation or None,
+                       "roles": {"tester": vars(plan.tester), "requester": vars(plan.requester),
+                                 "provider": vars(plan.provider)}},
             "environment": environment, "metrics": metrics, "tests": tests, "ledger": ledger,
             "evaluation": {"id": self.eid, "started": started, "finished": finished,
+                           "started_at": _iso(started), "ended_at": _iso(finished),
                            "duration_s": round(finished - started, 3), "images": m,
                            "dataset": {"source": plan.dataset.source, "split": plan.dataset.split,
                                        "offset": plan.dataset.offset, "limit": plan.dataset.limit},

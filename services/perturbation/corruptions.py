@@ -16,10 +16,12 @@ Requirements implemented (see SPEC.md):
 
 The per-severity constants of the ImageNet-C corruptions are those of the reference package
 ``imagecorruptions`` 1.1.2 (Hendrycks & Dietterich, ICLR 2019; Michaelis et al. 2019), kept as
-visible tables below (index 0 = severity 1). The algorithms are re-implemented with numpy and
-OpenCV only (no Wand/ImageMagick, no scipy, no global RNG): ``affine``, ``occlusion`` and
-``random_impulse_noise`` are Fortis additions with their own documented tables. Frost (IEEE-A3)
-is not implemented yet: it needs the reference frost texture images.
+visible tables below (index 0 = severity 1). The algorithms are re-implemented with numpy,
+OpenCV and (pixelate only) Pillow, with no Wand/ImageMagick, no scipy and no global RNG; given
+the same random draws they reproduce the reference up to rounding, as
+tests/reference/test_corruptions_vs_imagecorruptions.py checks side by side. ``affine``,
+``occlusion`` and ``random_impulse_noise`` are Fortis additions with their own documented
+tables. Frost (IEEE-A3) is not implemented yet: it needs the reference frost texture images.
 
 Images: uint8, HxW, HxWx1 or HxWx3 (RGB), any size >= 1x1. The result has the same dtype and
 shape. Grey images are processed as one channel; where an algorithm needs colour the grey value
@@ -43,16 +45,17 @@ following rules keep every corruption well-defined on small images:
 * motion_blur / snow streaks: taps of the line kernel that would fall outside the image are
   dropped (as the reference does) and the remaining taps are renormalised to sum to 1, so the
   image is not darkened;
-* glass_blur: pixels are swapped only at least ``delta + 1`` px inside the border (as the
+* glass_blur: pixels are moved only at least ``delta + 1`` px inside the border (as the
   reference); an image too small for that gets the two Gaussian blurs only;
 * fog: the plasma map is a square power of two >= max(H, W) (>= 2), cropped to H x W;
 * pixelate: the low-resolution image is at least 1x1; occlusion: the rectangle at least 1x1.
 
-Known differences from the reference (same parameters, output not bit-identical): glass_blur
-does the same local swaps in a different (vectorised) order, statistically equivalent; motion
-blur is one ``cv2.filter2D`` with the reference's tap pattern; zoom uses ``cv2.warpAffine``
-instead of ``scipy.ndimage.zoom``; JPEG goes through OpenCV's libjpeg instead of Pillow; the
-uint8 result is rounded, not truncated.
+Implementation differences from the reference (same parameters, same result up to rounding
+given the same draws): motion blur is one ``cv2.filter2D`` with the reference's tap pattern;
+zoom (zoom_blur, snow) interpolates with numpy on the grid ``scipy.ndimage.zoom`` uses;
+glass blur's sequential pixel moves are resolved vectorised; JPEG goes through OpenCV's libjpeg
+instead of Pillow's (identical output in the side-by-side test); the uint8 result is rounded,
+not truncated (the reference's ``np.uint8`` truncation makes it 0.5 levels darker on average).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 from fortis.services.common.errors import InvalidArgument
+from PIL import Image
 
 # ---------------------------------------------------------------------------------------------
 # Severity tables (index 0 = severity 1). ImageNet-C values from imagecorruptions 1.1.2.
@@ -308,13 +312,33 @@ def _motion(x: np.ndarray, radius: int, sigma: float, angle_deg: float) -> np.nd
     return _hwc(cv2.filter2D(x, -1, kernel, borderType=cv2.BORDER_REPLICATE), c)
 
 
-def _zoom_about_centre(x: np.ndarray, zoom: float) -> np.ndarray:
-    """Zoom an HxWxC float image by ``zoom`` about its centre, keeping H x W (bilinear)."""
-    h, w, c = x.shape
-    cx, cy = (w - 1) / 2.0, (h - 1) / 2.0
-    m = np.array([[zoom, 0.0, (1.0 - zoom) * cx], [0.0, zoom, (1.0 - zoom) * cy]])
-    return _hwc(cv2.warpAffine(x, m, (w, h), flags=cv2.INTER_LINEAR,
-                               borderMode=cv2.BORDER_REPLICATE), c)
+def _clipped_zoom(x: np.ndarray, zoom: float, crop: bool = True) -> np.ndarray:
+    """Zoom an HxWxC float image in by ``zoom`` (>= 1) on the reference's grid.
+
+    The reference (``clipped_zoom``) crops the central ``ch = ceil(H / zoom)`` rows (top row
+    ``(H - ch) // 2``) and up-samples them to ``round(ch * zoom)`` (>= H) rows with
+    ``scipy.ndimage.zoom(order=1)``, whose grid maps the first and last samples onto each other
+    (step ``(ch - 1) / (round(ch * zoom) - 1)``); columns alike. zoom_blur keeps the first H
+    rows and W columns (``crop``); snow crops only after its motion blur (``crop=False``).
+    That grid is up to ~1 px off-centre and its scale up to 0.3% off ``zoom`` at 224 px, and it
+    sets the interpolation phases, which decide how much the snow layer's noise is smoothed
+    before its threshold; so it is reproduced here exactly: separable linear interpolation at
+    those sample positions (all inside the image, so no border rule is needed).
+    """
+    assert zoom >= 1.0
+    out = x
+    for axis, n in ((0, x.shape[0]), (1, x.shape[1])):
+        ch = math.ceil(n / zoom)
+        size = round(ch * zoom)
+        step = (ch - 1) / (size - 1) if size > 1 else 0.0
+        m = n if crop else size
+        pos = (n - ch) // 2 + step * np.arange(m)
+        i0 = np.minimum(np.floor(pos).astype(np.intp), n - 1)
+        i1 = np.minimum(i0 + 1, n - 1)
+        shape = (m, 1, 1) if axis == 0 else (1, m, 1)
+        f = (pos - i0).astype(x.dtype).reshape(shape)
+        out = np.take(out, i0, axis=axis) * (1 - f) + np.take(out, i1, axis=axis) * f
+    return out
 
 
 def _plasma_fractal(mapsize: int, wibbledecay: float, rng: np.random.Generator) -> np.ndarray:
@@ -369,7 +393,9 @@ def _gaussian_noise(x, c, rng):
 
 
 def _shot_noise(x, c, rng):
-    return rng.poisson(x.astype(np.float64) * c) / float(c)
+    # rate from the exact uint8 level k/255 in float64 (as the reference), not from the float32
+    # value: a rate one ulp off can change a Poisson draw and the draws that follow it
+    return rng.poisson(np.rint(x.astype(np.float64) * 255.0) / 255.0 * c) / float(c)
 
 
 def _impulse_noise(x, amount, rng):
@@ -396,40 +422,49 @@ def _gaussian_blur(x, sigma, rng):
 
 
 def _glass_blur(x, params, rng):
-    """IEEE-A2 b): blur, then ``iterations`` passes of random local swaps, then blur.
+    """IEEE-A2 b): blur, then ``iterations`` passes of random local pixel moves, then blur.
 
-    The reference visits every pixel (h, w) with delta < h <= H - delta (same for w), from the
-    bottom-right, and swaps it with (h + dy, w + dx), dy, dx uniform in [-delta, delta).
-    Here the same swaps are done vectorised: positions are split into (2*delta + 1)^2 classes
-    by (h, w) mod (2*delta + 1); within a class no two swaps share a pixel, so each class is
-    one fancy-index swap. Classes are visited in descending order, a pass per iteration.
+    Reference (imagecorruptions 1.1.2, as used to build ImageNet-C): each pass visits every
+    pixel (h, w) with delta < h <= H - delta (same for w), in raster order from the
+    bottom-right, draws ``dx, dy`` uniform in [-delta, delta) and runs
+    ``x[h, w], x[h', w'] = x[h', w'], x[h, w]`` with (h', w') = (h + dy, w + dx). On numpy
+    pixel *views* that statement is not a swap: the second assignment writes back the value
+    just stored, so each visited pixel takes the *current* value of (h', w'), which is already
+    this pass's new value when (h', w') was visited earlier. That is reproduced exactly (same
+    draws, same order -> same result), vectorised: the pixel visited at step k copies from the
+    step-j pixel when j < k, else from the value before the pass; following those links to
+    their end by pointer doubling gives every pixel's source in O(log chain) numpy steps.
     """
     sigma, delta, iterations = params
-    h, w, _ = x.shape
-    # the reference quantises to uint8 (truncation) between the two blurs
-    y = np.floor(np.clip(_gauss(x, sigma), 0.0, 1.0) * 255.0) / 255.0
+    h, w, c = x.shape
+    # The reference quantises to uint8 (truncation) between the two blurs. Blur the exact levels
+    # k/255 in float64, as it does: in flat areas the blurred value is a whole level, and float32
+    # noise would put it on the other side of the truncation.
+    exact = np.rint(x.astype(np.float64) * 255.0) / 255.0
+    y = np.floor(np.clip(_gauss(exact, sigma), 0.0, 1.0) * 255.0) / 255.0
     y = np.ascontiguousarray(y, dtype=np.float32)
     hs = np.arange(h - delta, delta, -1)      # delta < h <= H - delta, descending
     ws = np.arange(w - delta, delta, -1)
     if hs.size and ws.size:
-        stride = 2 * delta + 1
-        hh, ww = np.meshgrid(hs, ws, indexing="ij")
-        hh, ww = hh.ravel(), ww.ravel()
-        cls = (hh % stride) * stride + (ww % stride)
-        order = np.argsort(-cls, kind="stable")            # classes in descending order
-        bounds = np.flatnonzero(np.diff(cls[order])) + 1
-        groups = np.split(order, bounds)
-        flat = y.reshape(h * w, -1)                         # a view: swaps write into y
-        src = hh * w + ww
+        pos = (hs[:, None] * w + ws[None, :]).ravel()     # flat positions in visiting order
+        n = pos.size
+        step = np.arange(n)
+        visited_at = np.full(h * w, n, dtype=np.int64)    # n = not visited in a pass
+        visited_at[pos] = step
+        source = np.arange(h * w)                         # original pixel now at each position
         for _ in range(iterations):
-            offsets = rng.integers(-delta, delta, size=(hs.size * ws.size, 2))
-            # reference: dx, dy = randint(-delta, delta, size=2); (h + dy, w + dx)
-            dst = (hh + offsets[:, 1]) * w + (ww + offsets[:, 0])
-            for g in groups:
-                a, b = src[g], dst[g]
-                tmp = flat[a]
-                flat[a] = flat[b]
-                flat[b] = tmp
+            # reference: dx, dy = randint(-delta, delta, size=2) per pixel, in visiting order
+            offsets = rng.integers(-delta, delta, size=(n, 2))
+            src = pos + offsets[:, 1] * w + offsets[:, 0]
+            j = visited_at[src]
+            link = np.where(j < step, j, step)           # earlier step: copy its new value
+            while True:
+                nxt = link[link]
+                if np.array_equal(nxt, link):
+                    break
+                link = nxt
+            source[pos] = source[src[link]]               # right side is the pre-pass state
+        y = y.reshape(h * w, c)[source].reshape(h, w, c)
     return _gauss(y, sigma)
 
 
@@ -461,7 +496,7 @@ def _zoom_blur(x, zrange, rng):
     zooms = np.arange(*zrange)
     out = np.zeros_like(x)
     for z in zooms:
-        out += _zoom_about_centre(x, float(z))
+        out += _clipped_zoom(x, float(z))
     return (x + out) / (len(zooms) + 1)
 
 
@@ -469,11 +504,11 @@ def _snow(x, params, rng):
     loc, scale, zoom, threshold, radius, sigma, blend = params
     h, w, _ = x.shape
     layer = rng.normal(size=(h, w, 1), loc=loc, scale=scale).astype(np.float32)
-    layer = _zoom_about_centre(layer, zoom)
+    layer = _clipped_zoom(layer, zoom, crop=False)   # may be a row/column larger than H x W
     layer[layer < threshold] = 0
     layer = np.clip(layer, 0.0, 1.0)
     layer = _motion(layer, radius, sigma, rng.uniform(*SNOW_ANGLE_RANGE))
-    layer = np.round(layer * 255.0) / 255.0
+    layer = np.round(layer[:h, :w] * 255.0) / 255.0    # cropped after the blur, as the reference
     x = blend * x + (1 - blend) * np.maximum(x, _rgb_gray(x) * 1.5 + 0.5)
     return x + layer + np.rot90(layer, k=2)
 
@@ -497,7 +532,8 @@ def _brightness(x, c, rng):
 
 
 def _contrast(x, c, rng):
-    means = x.mean(axis=(0, 1), keepdims=True)
+    # accumulate in float64: a float32 sum over H*W values drifts by ~0.1 level at 224 px
+    means = x.mean(axis=(0, 1), keepdims=True, dtype=np.float64).astype(x.dtype)
     return (x - means) * c + means
 
 
@@ -565,10 +601,14 @@ def _occlusion(x, frac, rng):
 # uint8-native corruptions (work on the uint8 HxWxC image directly)
 
 def _pixelate_u8(img, factor, rng):
+    # Pillow's BOX then NEAREST, as the reference. OpenCV is not equivalent: INTER_AREA weights
+    # the pixels a fractional box cuts by area (PIL samples the box at pixel centres), and
+    # INTER_NEAREST maps pixel corners, not centres (a shifted grid); at the non-integer factors
+    # 0.6, 0.4 and 0.3 the two differed from the reference by 4-5 grey levels on average.
     h, w, c = img.shape
-    small = cv2.resize(img, (max(1, int(w * factor)), max(1, int(h * factor))),
-                       interpolation=cv2.INTER_AREA)
-    return _hwc(cv2.resize(small, (w, h), interpolation=cv2.INTER_NEAREST), c)
+    pil = Image.fromarray(img[:, :, 0] if c == 1 else img)
+    small = pil.resize((max(1, int(w * factor)), max(1, int(h * factor))), Image.Resampling.BOX)
+    return _hwc(np.asarray(small.resize((w, h), Image.Resampling.NEAREST)), c)
 
 
 def _jpeg_u8(img, quality, rng):

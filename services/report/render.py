@@ -231,8 +231,8 @@ def _tests(tests: Sequence[Mapping[str, Any]], plan: Mapping[str, Any]) -> list[
             "epsilon": _plain(test.get("epsilon")),
             "norm": _plain(test.get("norm")),
             "query_budget": _plain(test.get("query_budget")),
-            "steps": _plain(test.get("steps") or _DEFAULT_STEPS[kind]),
-            "metrics": _plain(test.get("metrics") or _DEFAULT_METRICS[kind]),
+            "steps": _as_list(test.get("steps") or _DEFAULT_STEPS[kind]),
+            "metrics": _as_list(test.get("metrics") or _DEFAULT_METRICS[kind]),
         }
         for key, value in test.items():
             entry.setdefault(str(key), _plain(value))
@@ -363,6 +363,23 @@ def _ci(ci: Any) -> str:
     return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
 
 
+def _as_list(value: Any) -> list[Any]:
+    """Steps and metrics are lists; a single string is one item (not one item per letter)."""
+    if isinstance(value, str):
+        return [value]
+    return list(_plain(value))
+
+
+def _party(value: Any) -> Any:
+    """A role as 'name (organisation)' when it is a {name, organisation} record."""
+    if isinstance(value, Mapping):
+        name = value.get("name") or ""
+        org = value.get("organisation") or value.get("organization") or ""
+        if name or org:
+            return f"{name} ({org})" if name and org else (name or org)
+    return value
+
+
 def _num(value: Any, digits: int = 1) -> str:
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return "n/a" if value is None else _e(value)
@@ -490,8 +507,8 @@ def render_html(report: Mapping[str, Any]) -> str:
         f"<tr><th>Tester</th><td>{_e(tester.get('name'))}"
         f"{' &mdash; ' + _e(tester.get('organization')) if tester.get('organization') else ''}"
         "</td></tr>"
-        f"<tr><th>Test requester</th><td>{_e(roles.get('requester'))}</td></tr>"
-        f"<tr><th>Service provider</th><td>{_e(roles.get('provider'))}</td></tr>"
+        f"<tr><th>Test requester</th><td>{_e(_party(roles.get('requester')))}</td></tr>"
+        f"<tr><th>Service provider</th><td>{_e(_party(roles.get('provider')))}</td></tr>"
         f"<tr><th>Evaluation</th><td>{_e(evaluation.get('id'))}</td></tr>"
         f"<tr><th>Date</th><td>{_e(date)}</td></tr>"
         f"<tr><th>Images (M)</th><td>{_num(accuracy.get('m', metrics.get('m')))}</td></tr>"

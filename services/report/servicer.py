@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from fortis.report.v1 import report_pb2, report_pb2_grpc
+from fortis.services.common.codec import intify
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.report.render import build_report, render_html
 from google.protobuf import json_format
@@ -17,7 +18,8 @@ PARTS = ("plan", "plan_text", "target", "tester", "environment", "metrics", "tes
 
 class ReportServicer(report_pb2_grpc.ReportServiceServicer):
     def RenderReport(self, request: Any, context: Any) -> report_pb2.RenderReportResponse:
-        parts = json_format.MessageToDict(request.parts) if request.HasField("parts") else {}
+        # Struct numbers are doubles: give counts, seeds and sizes back their integer type.
+        parts = intify(json_format.MessageToDict(request.parts)) if request.HasField("parts") else {}
         missing = [p for p in PARTS if p not in parts]
         if missing:
             raise InvalidArgument(f"parts.{missing[0]}", "required report part is missing")

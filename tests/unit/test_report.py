@@ -266,3 +266,10 @@ def test_bad_tests_rejected(tests: list, field: str) -> None:
     with pytest.raises(InvalidArgument) as exc:
         _report(tests=tests)
     assert exc.value.violations[0].field == field
+
+
+def test_a_single_string_step_is_one_step_not_one_per_letter():
+    from fortis.services.report import render
+    assert render._as_list("send each image") == ["send each image"]
+    assert render._as_list(("a", "b")) == ["a", "b"]
+    assert render._party({"name": "QA", "organisation": "Acme"}) == "QA (Acme)"
