@@ -7,18 +7,29 @@ SQLite WAL with synchronous=FULL). A bare gRPC round trip (a TargetService that 
 once, no model) is measured too, so the proxy's own cost can be told from the model's.
 Prints JSON. Never part of the test run.
 
+Modes: ``processes`` (default, as deployed): the target adapter, the proxy and the bare echo
+server each run in their own process (`fortis serve`), the client in this one, so no two of
+them share a GIL. ``inprocess``: everything in this process (client, proxy and target then
+compete for one GIL, which inflates every number).
+
     python bench/proxy.py [--n 300] [--target fmnist-cnn|mobilenet-v2] [--threads 4]
+                          [--mode processes|inprocess]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -69,76 +80,133 @@ def _p(lat: list[float], q: float) -> float:
     return float(np.percentile(lat, q))
 
 
+_ECHO_SERVER = """
+import sys, threading
+from fortis.services.common.server import ServerSettings, build_server
+from fortis.target.v1 import target_pb2, target_pb2_grpc
+class Echo(target_pb2_grpc.TargetServiceServicer):
+    def Predict(self, request, context):
+        return target_pb2.PredictResponse()
+s = build_server(ServerSettings(), [(target_pb2_grpc.add_TargetServiceServicer_to_server, Echo(),
+                                     "fortis.target.v1.TargetService")])
+print(s.address, flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def _process(args: list[str], env: dict[str, str]) -> Iterator[str]:
+    """Start a server process; yield the first line it prints (its address or JSON)."""
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line:
+            raise RuntimeError(f"server did not start: {args}")
+        yield line.strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def _servers(mode: str, target: str, tmp: Path) -> Iterator[tuple[str, str, str]]:
+    """(direct target address, proxy address, bare echo address); proxy target name "t"."""
+    if mode == "inprocess":
+        stack = start_stack(StackSettings(state_dir=tmp, api_keys={KEY: "bench"},
+                                          targets=[TargetConfig.parse(f"t=builtin:{target}")],
+                                          ledger_synchronous="FULL"))
+        echo = build_server(ServerSettings(), [(target_pb2_grpc.add_TargetServiceServicer_to_server,
+                                                _Echo(), "fortis.target.v1.TargetService")])
+        try:
+            yield stack.target_servers["t"].address, stack.address, echo.address
+        finally:
+            echo.stop(0)
+            stack.stop(0)
+        return
+    fortis = [sys.executable, "-m", "fortis.cli"]
+    env = {**os.environ, "FORTIS_API_KEYS": f"{KEY}=bench"}
+    with contextlib.ExitStack() as es:
+        # The target adapter alone (its process also hosts an unused proxy).
+        t = json.loads(es.enter_context(_process(
+            fortis + ["serve", "--service", "proxy", "--log-level", "warning",
+                      "--state-dir", str(tmp / "target"), "--target", f"t=builtin:{target}"], env)))
+        direct = t["targets"]["t"]
+        # The proxy in its own process, reaching the target over gRPC.
+        p = json.loads(es.enter_context(_process(
+            fortis + ["serve", "--service", "proxy", "--log-level", "warning",
+                      "--state-dir", str(tmp / "proxy"), "--target", f"t=grpc://{direct}"], env)))
+        echo = es.enter_context(_process([sys.executable, "-c", _ECHO_SERVER], env))
+        yield direct, p["address"], echo
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--target", default="fmnist-cnn")
     ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--mode", choices=["processes", "inprocess"], default="processes")
     ns = ap.parse_args()
     img = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        stack = start_stack(StackSettings(state_dir=Path(tmp), api_keys={KEY: "bench"},
-                                          targets=[TargetConfig.parse(f"t=builtin:{ns.target}")],
-                                          ledger_synchronous="FULL"))
-        echo = build_server(ServerSettings(), [(target_pb2_grpc.add_TargetServiceServicer_to_server,
-                                                _Echo(), "fortis.target.v1.TargetService")])
-        try:
-            direct_ch = grpc.insecure_channel(stack.target_servers["t"].address)
-            proxy_ch = grpc.insecure_channel(stack.address)
-            echo_ch = grpc.insecure_channel(echo.address)
-            direct = target_pb2_grpc.TargetServiceStub(direct_ch)
-            bare = target_pb2_grpc.TargetServiceStub(echo_ch)
-            proxy = proxy_pb2_grpc.TargetProxyServiceStub(proxy_ch)
-            md = (("x-api-key", KEY),)
-            sid = proxy.CreateSession(proxy_pb2.CreateSessionRequest(target="t"), metadata=md).session.session_id
-            counter = iter(range(10**9))
-            dreq = target_pb2.PredictRequest(images=[image_msg("x", img, raw=True)])
+    with tempfile.TemporaryDirectory() as tmp, _servers(ns.mode, ns.target, Path(tmp)) as addrs:
+        direct_addr, proxy_addr, echo_addr = addrs
+        direct_ch = grpc.insecure_channel(direct_addr)
+        proxy_ch = grpc.insecure_channel(proxy_addr)
+        echo_ch = grpc.insecure_channel(echo_addr)
+        direct = target_pb2_grpc.TargetServiceStub(direct_ch)
+        bare = target_pb2_grpc.TargetServiceStub(echo_ch)
+        proxy = proxy_pb2_grpc.TargetProxyServiceStub(proxy_ch)
+        md = (("x-api-key", KEY),)
+        sid = proxy.CreateSession(proxy_pb2.CreateSessionRequest(target="t"), metadata=md).session.session_id
+        counter = iter(range(10**9))
+        dreq = target_pb2.PredictRequest(images=[image_msg("x", img, raw=True)])
 
-            def call_direct():
-                direct.Predict(dreq)
+        def call_direct():
+            direct.Predict(dreq)
 
-            def call_bare():
-                bare.Predict(dreq)
+        def call_bare():
+            bare.Predict(dreq)
 
-            def call_proxy():
-                proxy.Predict(proxy_pb2.PredictRequest(
-                    session_id=sid, origin="bench",
-                    images=[image_msg(f"x{next(counter)}", img, raw=True)]), metadata=md)
+        def call_proxy():
+            proxy.Predict(proxy_pb2.PredictRequest(
+                session_id=sid, origin="bench",
+                images=[image_msg(f"x{next(counter)}", img, raw=True)]), metadata=md)
 
-            # Interleave the three so machine noise hits them alike.
-            lat = {"bare": [], "direct": [], "proxy": []}
-            rate = {"bare": [], "direct": [], "proxy": []}
-            rounds = 3
-            for _ in range(rounds):
-                for name, fn in (("bare", call_bare), ("direct", call_direct), ("proxy", call_proxy)):
-                    la, r = _measure(fn, ns.n // rounds)
-                    lat[name] += la
-                    rate[name].append(r)
-            conc = {name: _concurrent(fn, ns.n, ns.threads)
-                    for name, fn in (("direct", call_direct), ("proxy", call_proxy))}
-            st = proxy.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id=sid), metadata=md)
-            out = {
-                "benchmark": "proxy_predict_one_224x224",
-                "target_model": ns.target, "n": ns.n, "ledger": "sqlite WAL, synchronous=FULL",
-                "bare_grpc_p50_ms": round(_p(lat["bare"], 50), 3),
-                "direct_p50_ms": round(_p(lat["direct"], 50), 3),
-                "direct_p90_ms": round(_p(lat["direct"], 90), 3),
-                "proxy_p50_ms": round(_p(lat["proxy"], 50), 3),
-                "proxy_p90_ms": round(_p(lat["proxy"], 90), 3),
-                "proxy_overhead_p50_ms": round(_p(lat["proxy"], 50) - _p(lat["direct"], 50), 3),
-                "proxy_over_direct_p50_ratio": round(_p(lat["proxy"], 50) / _p(lat["direct"], 50), 3),
-                "direct_per_s": round(statistics.median(rate["direct"]), 1),
-                "proxy_per_s": round(statistics.median(rate["proxy"]), 1),
-                f"direct_per_s_{ns.threads}_threads": round(conc["direct"], 1),
-                f"proxy_per_s_{ns.threads}_threads": round(conc["proxy"], 1),
-                "ledger_rows": st.queries_ok,
-                "python": platform.python_version(), "grpcio": grpc.__version__,
-            }
-            print(json.dumps(out, indent=2))
-        finally:
-            echo.stop(0)
-            stack.stop(0)
+        # Interleave the three so machine noise hits them alike.
+        lat = {"bare": [], "direct": [], "proxy": []}
+        rate = {"bare": [], "direct": [], "proxy": []}
+        rounds = 3
+        for _ in range(rounds):
+            for name, fn in (("bare", call_bare), ("direct", call_direct), ("proxy", call_proxy)):
+                la, r = _measure(fn, ns.n // rounds)
+                lat[name] += la
+                rate[name].append(r)
+        conc = {name: _concurrent(fn, ns.n, ns.threads)
+                for name, fn in (("direct", call_direct), ("proxy", call_proxy))}
+        st = proxy.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id=sid), metadata=md)
+        out = {
+            "benchmark": "proxy_predict_one_224x224",
+            "target_model": ns.target, "n": ns.n, "mode": ns.mode,
+            "ledger": "sqlite WAL, synchronous=FULL",
+            "bare_grpc_p50_ms": round(_p(lat["bare"], 50), 3),
+            "direct_p50_ms": round(_p(lat["direct"], 50), 3),
+            "direct_p90_ms": round(_p(lat["direct"], 90), 3),
+            "proxy_p50_ms": round(_p(lat["proxy"], 50), 3),
+            "proxy_p90_ms": round(_p(lat["proxy"], 90), 3),
+            "proxy_overhead_p50_ms": round(_p(lat["proxy"], 50) - _p(lat["direct"], 50), 3),
+            "proxy_over_direct_p50_ratio": round(_p(lat["proxy"], 50) / _p(lat["direct"], 50), 3),
+            "direct_per_s": round(statistics.median(rate["direct"]), 1),
+            "proxy_per_s": round(statistics.median(rate["proxy"]), 1),
+            f"direct_per_s_{ns.threads}_threads": round(conc["direct"], 1),
+            f"proxy_per_s_{ns.threads}_threads": round(conc["proxy"], 1),
+            "ledger_rows": st.queries_ok,
+            "python": platform.python_version(), "grpcio": grpc.__version__,
+        }
+        print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

@@ -96,10 +96,13 @@ class GrpcPerturbation:
         self.md = tuple(metadata)
 
     def corrupt(self, corruption_id: str, severity: int, seed: int,
-                images: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+                images: Sequence[tuple[str, np.ndarray]],
+                params: Mapping[str, Any] | None = None) -> list[np.ndarray]:
         req = perturbation_pb2.ApplyPerturbationRequest(
             perturbation_id=corruption_id, severity=severity, seed=seed,
             images=[image_msg(i, im) for i, im in images])
+        if params:
+            json_format.ParseDict(json.loads(json.dumps(dict(params))), req.params)
         resp = _call(self.stub.ApplyPerturbation, req, self.md, 600)
         return [decode_image(m, f"images[{k}]") for k, m in enumerate(resp.images)]
 

@@ -15,6 +15,8 @@ import yaml
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from fortis.services.perturbation.catalogue import ATTACKS, validate_params
 from fortis.services.perturbation.corruptions import CORRUPTIONS
+from fortis.services.perturbation.registry import PERTURBATIONS
+from fortis.services.perturbation.registry import validate_params as validate_perturbation_params
 
 DATASETS = ("fashion-mnist", "imagenet-photos")
 TASKS = ("classification",)
@@ -47,8 +49,12 @@ class DatasetRef:
 
 @dataclass(frozen=True, kw_only=True)
 class CorruptionTest:
+    """One severity-graded perturbation of the plan: a corruption (IEEE-A1..A5) or a style
+    change (IEEE-A6), at the listed severities, with optional parameters."""
+
     id: str
     severities: tuple[int, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,10 +215,26 @@ def validate_plan(doc: Mapping[str, Any]) -> Plan:
         if isinstance(item, str):
             item = {"id": item}
         it = v.mapping(item, p)
-        v.unknown(it, p, {"id", "severities"})
+        v.unknown(it, p, {"id", "severities", "params"})
         cid = v.string(it, "id", p, required=True)
-        if cid and cid not in CORRUPTIONS:
-            v.bad(f"{p}.id", f"unknown corruption '{cid}'; known: {', '.join(CORRUPTIONS)}")
+        spec = PERTURBATIONS.get(cid) if cid else None
+        if cid and spec is None:
+            v.bad(f"{p}.id", f"unknown corruption '{cid}'; known: {', '.join(CORRUPTIONS)}, "
+                  "or a style (see `fortis perturbations`)")
+        elif spec is not None and (spec.level_kind != "severity" or spec.needs_model):
+            v.bad(f"{p}.id", f"'{cid}' is a {spec.kind} with {spec.level_kind}s, not severities "
+                  "1..5; only corruptions and styles go under corruptions")
+            spec = None
+        cparams = it.get("params") or {}
+        if not isinstance(cparams, dict):
+            v.bad(f"{p}.params", "must be a mapping")
+            cparams = {}
+        elif spec is not None:
+            try:
+                cparams = validate_perturbation_params(spec, cparams, f"{p}.params")
+            except InvalidArgument as exc:
+                for fv in exc.violations:
+                    v.bad(fv.field, fv.description)
         if cid in seen:
             v.bad(f"{p}.id", f"corruption '{cid}' is listed twice")
         seen.add(cid)
@@ -226,7 +248,7 @@ def validate_plan(doc: Mapping[str, Any]) -> Plan:
         if len(set(sev)) != len(sev):
             v.bad(f"{p}.severities", "severities repeat")
         corruptions.append(CorruptionTest(id=cid, severities=tuple(sorted(
-            s for s in sev if isinstance(s, int) and not isinstance(s, bool)))))
+            s for s in sev if isinstance(s, int) and not isinstance(s, bool))), params=cparams))
 
     attacks: list[AttackTest] = []
     al = doc.get("attacks") or []

@@ -58,7 +58,8 @@ class ProxyPort(Protocol):
 
 class PerturbationPort(Protocol):
     def corrupt(self, corruption_id: str, severity: int, seed: int,
-                images: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]: ...
+                images: Sequence[tuple[str, np.ndarray]],
+                params: Mapping[str, Any] | None = None) -> list[np.ndarray]: ...
 
     def attack(self, attack_id: str, params: Mapping[str, Any], seed: int,
                images: Sequence[tuple[str, np.ndarray, Sequence[int]]], *,

@@ -32,7 +32,8 @@ from fortis.services.evaluation.ports import (
     TargetDescription,
 )
 from fortis.services.evaluation.store import EvaluationStore
-from fortis.services.perturbation.catalogue import ATTACKS, CORRUPTIONS
+from fortis.services.perturbation.catalogue import ATTACKS
+from fortis.services.perturbation.registry import PERTURBATIONS
 from fortis.services.scoring.ieee import ClassPrediction
 
 #: Scores kept per recorded prediction (enough for top-k rules; full vectors are not needed).
@@ -178,10 +179,11 @@ class EvaluationRunner:
             for sev in ct.severities:
                 out: dict[str, Any] = {}
                 for c, (a, b) in enumerate(chunks):
-                    def work(_att: int, a: int = a, b: int = b, cid: str = ct.id, sev: int = sev
-                             ) -> tuple[Any, int]:
+                    def work(_att: int, a: int = a, b: int = b, cid: str = ct.id, sev: int = sev,
+                             ct: Any = ct) -> tuple[Any, int]:
                         part = [(i, im) for i, im, _ in images[a:b]]
-                        corrupted = self.ctx.perturbation.corrupt(cid, sev, plan.seed, part)
+                        corrupted = self.ctx.perturbation.corrupt(cid, sev, plan.seed, part,
+                                                                  ct.params or None)
                         preds = self.ctx.proxy.predict(
                             session_id=sess_corr, origin=f"{cid}@{sev}",
                             images=[(i, im) for (i, _), im in zip(part, corrupted, strict=True)])
@@ -304,10 +306,13 @@ class EvaluationRunner:
         plan = self.plan
         tests: list[dict[str, Any]] = []
         for ct in plan.corruptions:
-            spec = CORRUPTIONS[ct.id]
-            tests.append({"id": ct.id, "kind": "corruption", "family": spec.family,
-                          "ieee_ref": spec.ieee_ref, "severities": list(ct.severities),
-                          "parameters": {str(s): repr(spec.severity_params[s - 1]) for s in ct.severities},
+            pspec = PERTURBATIONS[ct.id]
+            tests.append({"id": ct.id, "kind": "corruption", "perturbation_kind": pspec.kind,
+                          "family": pspec.family,
+                          "ieee_ref": ", ".join(pspec.refs), "severities": list(ct.severities),
+                          "parameters": {str(s): repr(pspec.level_table[s - 1]) for s in ct.severities},
+                          "params": dict(ct.params),
+                          "characterisation": pspec.characterisation.as_dict(),
                           "steps": [f"apply {ct.id} alone at each severity to every image (IEEE-P5), "
                                     "with a generator seeded from the plan seed, the corruption, the "
                                     "severity and the image id",

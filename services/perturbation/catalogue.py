@@ -1,8 +1,10 @@
-"""One catalogue of every perturbation: corruptions (IEEE-A1..A5) and attacks (IEEE-A7/A8).
+"""One catalogue of everything Fortis does to an image: the perturbations of ``registry.py``
+(corruptions IEEE-A1..A5, styles IEEE-A6, degradation operators DEG-1, safety properties
+PER-1) and the attacks (IEEE-A7 transfer, IEEE-A8 query) defined here.
 
-Each entry has an id, a kind, a family, the requirement it implements, and its parameter
-schema (attacks) or severity table (corruptions). ``ListPerturbations`` and
-``fortis perturbations`` read this. Domain code: no gRPC.
+Each entry has an id, a kind, a family, the requirements it implements, its parameter schema
+and its level table. ``ListPerturbations`` and ``fortis perturbations`` read this.
+Domain code: no gRPC.
 """
 
 from __future__ import annotations
@@ -13,16 +15,8 @@ from typing import Any
 
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from fortis.services.perturbation.corruptions import CORRUPTIONS
-
-
-@dataclass(frozen=True, kw_only=True)
-class Param:
-    name: str
-    type: str              # "float" | "int" | "bool" | "string"
-    default: Any = None    # None = required
-    description: str = ""
-    minimum: float | None = None
-    maximum: float | None = None
+from fortis.services.perturbation.registry import PERTURBATIONS, describe
+from fortis.services.perturbation.spec import Param
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,17 +116,21 @@ def validate_params(spec: AttackSpec, params: Mapping[str, Any], field_prefix: s
 
 
 def list_catalogue() -> list[dict[str, Any]]:
-    """Every perturbation as plain data (for ListPerturbations and the CLI)."""
-    items: list[dict[str, Any]] = []
-    for c in CORRUPTIONS.values():
-        items.append({"id": c.id, "kind": "corruption", "family": c.family, "ieee_ref": c.ieee_ref,
-                      "description": c.description, "stochastic": c.stochastic,
-                      "severities": [1, 2, 3, 4, 5],
-                      "severity_table": [repr(x) for x in c.severity_params], "parameters": []})
+    """Every perturbation and attack as plain data (for ListPerturbations and the CLI)."""
+    items: list[dict[str, Any]] = [describe(spec) for spec in PERTURBATIONS.values()]
     for a in ATTACKS.values():
         items.append({"id": a.id, "kind": f"{a.kind}_attack" if a.kind != "transfer" else "transfer_attack",
-                      "family": a.family, "ieee_ref": a.ieee_ref, "description": a.description,
-                      "stochastic": a.stochastic, "severities": [],
+                      "family": a.family, "refs": [a.ieee_ref], "ieee_ref": a.ieee_ref,
+                      "description": a.description, "stochastic": a.stochastic,
+                      "characterisation": None, "level_kind": None, "levels": [],
+                      "level_range": None, "severities": [], "level_table": [],
+                      "level_table_doc": "", "needs_model": a.kind == "transfer",
+                      "norm": a.norm,
                       "parameters": [{"name": p.name, "type": p.type, "default": p.default,
-                                      "description": p.description} for p in a.params]})
+                                      "description": p.description, "minimum": p.minimum,
+                                      "maximum": p.maximum} for p in a.params]})
     return items
+
+
+__all__ = ["ATTACKS", "CORRUPTIONS", "PERTURBATIONS", "AttackSpec", "Param", "attack_spec",
+           "list_catalogue", "validate_params"]

@@ -19,6 +19,13 @@ from fortis.services.perturbation import attacks
 from fortis.services.perturbation.attacks.common import AttackResult
 from fortis.services.perturbation.catalogue import attack_spec, validate_params
 from fortis.services.perturbation.corruptions import CORRUPTIONS, apply_corruption
+from fortis.services.perturbation.registry import (
+    apply_perturbation,
+    check_level,
+    make_context,
+    perturbation_spec,
+)
+from fortis.services.perturbation.spec import ApplyContext, PerturbationSpec
 
 
 class QueryClient(Protocol):
@@ -56,6 +63,51 @@ def corrupt(corruption_id: str, severity: int, seed: int,
     return [apply_corruption(corruption_id, img, severity,
                              rng_for(seed, "corruption", corruption_id, severity, image_id))
             for image_id, img in items]
+
+
+def perturbation_rng(seed: int, spec: PerturbationSpec, level: int | float,
+                     image_id: str) -> np.random.Generator:
+    """The generator of one image under one perturbation.
+
+    Corruptions and styles: one generator per (perturbation, severity, image), as ``corrupt``.
+    Incremental operators (DEG-1) and properties (PER-1): the level is *not* part of the key,
+    so level L replays levels 1..L-1 exactly (level L = the operator applied to level L-1) and
+    a larger epsilon scales the same random pattern (what the PertKnob search needs, PER-3).
+    """
+    if spec.kind == "corruption":
+        return rng_for(seed, "corruption", spec.id, int(level), image_id)
+    if spec.level_kind == "severity":
+        return rng_for(seed, spec.kind, spec.id, int(level), image_id)
+    return rng_for(seed, spec.kind, spec.id, image_id)
+
+
+def perturb(perturbation_id: str, level: int | float, seed: int,
+            items: Sequence[tuple[str, np.ndarray]], *, params: Mapping[str, Any] | None = None,
+            surrogate: Any = None, labels: Sequence[int] | None = None) -> list[np.ndarray]:
+    """Apply any catalogue perturbation at one level to each image (IEEE-P5: one per image).
+
+    ``level``: severity 1..5, degradation level 0..30 or epsilon in [0, 1], as the entry's
+    ``level_kind`` says. White-box operators (``needs_model``) take a ``surrogate`` and one
+    true label per image. Every problem raises ``InvalidArgument`` naming its field.
+    """
+    spec = perturbation_spec(perturbation_id)
+    level_field = "epsilon" if spec.level_kind == "epsilon" else "severity"
+    lv = check_level(spec, level, level_field)
+    if spec.needs_model:
+        if labels is None or len(labels) != len(items):
+            raise InvalidArgument("labels", f"{spec.id} needs one true label per image "
+                                  f"({len(items)} images, {0 if labels is None else len(labels)} labels)")
+        if surrogate is not None:
+            shape = items[0][1].shape if items else None
+            if shape is not None and len(shape) == 3:
+                _check_surrogate_input(surrogate, shape)
+    base = make_context(spec, params, model=surrogate)
+    out = []
+    for i, (image_id, img) in enumerate(items):
+        ctx = base if not spec.needs_model else ApplyContext(
+            params=base.params, model=surrogate, label=int(labels[i]))  # type: ignore[index]
+        out.append(apply_perturbation(spec.id, img, lv, perturbation_rng(seed, spec, lv, image_id), ctx))
+    return out
 
 
 def _check_surrogate_input(classifier: Any, shape: tuple[int, ...]) -> None:

@@ -22,13 +22,34 @@ from fortis.services.common.status import status_for
 from fortis.services.perturbation import engine
 from fortis.services.perturbation.catalogue import attack_spec, list_catalogue
 from fortis.services.perturbation.proxy_client import ProxyQueryClient
+from fortis.services.perturbation.registry import perturbation_spec
 from google.protobuf import json_format
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["PerturbationService"].full_name
 _KINDS = {"corruption": pb.PERTURBATION_KIND_CORRUPTION,
+          "style": pb.PERTURBATION_KIND_STYLE,
+          "degradation": pb.PERTURBATION_KIND_DEGRADATION,
+          "property": pb.PERTURBATION_KIND_PROPERTY,
           "transfer_attack": pb.PERTURBATION_KIND_TRANSFER_ATTACK,
           "score_attack": pb.PERTURBATION_KIND_SCORE_ATTACK,
           "decision_attack": pb.PERTURBATION_KIND_DECISION_ATTACK}
+_LEVEL_KINDS = {None: pb.LEVEL_KIND_UNSPECIFIED, "severity": pb.LEVEL_KIND_SEVERITY,
+                "level": pb.LEVEL_KIND_LEVEL, "epsilon": pb.LEVEL_KIND_EPSILON}
+
+
+def _info(item: dict[str, Any]) -> pb.PerturbationInfo:
+    ch = item.get("characterisation")
+    return pb.PerturbationInfo(
+        id=item["id"], kind=_KINDS[item["kind"]], family=item["family"], ieee_ref=item["ieee_ref"],
+        description=item["description"], stochastic=item["stochastic"],
+        severities=item["severities"], refs=item["refs"],
+        level_kind=_LEVEL_KINDS[item["level_kind"]], levels=item["levels"],
+        characterisation=pb.Characterisation(**ch) if ch else None,
+        needs_model=item["needs_model"], level_table_doc=item["level_table_doc"],
+        parameters=[pb.ParameterSpec(name=p["name"], type=p["type"],
+                                     default_json="" if p["default"] is None else json.dumps(p["default"]),
+                                     description=p["description"]) for p in item["parameters"]],
+        severity_table_json=json.dumps(item["level_table"]))
 
 
 class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
@@ -38,41 +59,40 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         self.surrogate_loader = surrogate_loader
 
     def ListPerturbations(self, request: Any, context: Any) -> pb.ListPerturbationsResponse:
-        out = []
-        for item in list_catalogue():
-            kind = _KINDS[item["kind"]]
-            if request.kind and request.kind != kind:
-                continue
-            out.append(pb.PerturbationInfo(
-                id=item["id"], kind=kind, family=item["family"], ieee_ref=item["ieee_ref"],
-                description=item["description"], stochastic=item["stochastic"],
-                severities=item["severities"],
-                parameters=[pb.ParameterSpec(name=p["name"], type=p["type"],
-                                             default_json="" if p["default"] is None else json.dumps(p["default"]),
-                                             description=p["description"]) for p in item["parameters"]],
-                severity_table_json=json.dumps(item.get("severity_table", []))))
-        return pb.ListPerturbationsResponse(perturbations=out)
+        return pb.ListPerturbationsResponse(perturbations=[
+            _info(item) for item in list_catalogue()
+            if not request.kind or _KINDS[item["kind"]] == request.kind])
 
-    def _apply(self, perturbation_id: str, severity: int, seed: int, images: Any) -> list:
+    def _apply(self, req: Any) -> list:
+        spec = perturbation_spec(req.perturbation_id)
+        images = req.images
         arrays = decode_images(images)
         for i, m in enumerate(images):
             if not m.image_id:
                 raise errors.InvalidArgument(f"images[{i}].image_id", "image_id is required")
-        out = engine.corrupt(perturbation_id, severity, seed,
-                             [(m.image_id, a) for m, a in zip(images, arrays, strict=True)])
+        params = json_format.MessageToDict(req.params) if req.HasField("params") else {}
+        level = req.epsilon if spec.level_kind == "epsilon" else req.severity
+        surrogate = None
+        labels = None
+        if spec.needs_model:
+            if not req.surrogate:
+                raise errors.InvalidArgument("surrogate", f"{spec.id} is white-box: name a surrogate model")
+            surrogate = self.surrogate_loader(req.surrogate, "surrogate")
+            labels = list(req.labels)
+        out = engine.perturb(spec.id, level, req.seed,
+                             [(m.image_id, a) for m, a in zip(images, arrays, strict=True)],
+                             params=params, surrogate=surrogate, labels=labels)
         return [image_msg(m.image_id, o) for m, o in zip(images, out, strict=True)]
 
     def ApplyPerturbation(self, request: Any, context: Any) -> pb.ApplyPerturbationResponse:
-        return pb.ApplyPerturbationResponse(images=self._apply(
-            request.perturbation_id, request.severity, request.seed, request.images))
+        return pb.ApplyPerturbationResponse(images=self._apply(request))
 
     def ApplyPerturbationStream(self, request_iterator: Any, context: Any
                                 ) -> Iterator[pb.ApplyPerturbationStreamResponse]:
         for req in request_iterator:
             try:
-                yield pb.ApplyPerturbationStreamResponse(
-                    request_id=req.request_id,
-                    images=self._apply(req.perturbation_id, req.severity, req.seed, req.images))
+                yield pb.ApplyPerturbationStreamResponse(request_id=req.request_id,
+                                                         images=self._apply(req))
             except errors.FortisError as exc:
                 yield pb.ApplyPerturbationStreamResponse(request_id=req.request_id,
                                                          error=status_for(exc))

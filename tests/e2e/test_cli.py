@@ -82,3 +82,50 @@ def test_run_mobilenet_on_photos_with_the_shipped_plan(tmp_path):
     assert m["corruptions"]["gaussian_noise"]["5"]["robustness"] <= m["accuracy"]["value"]
     sq = m["attacks"]["square"]
     assert sq["query_budget"] == 20 and sq["m"] == 4
+
+
+def test_styles_in_a_plan_and_degradation_ids_rejected_there(tmp_path, fmnist_target, fmnist_surrogate):
+    """IEEE-A6 styles run in a plan like corruptions (severities); incremental degradation
+    operators (DEG-1, levels 1..30) and properties (PER-1, epsilon) are refused there, naming
+    the field."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("  - {id: gaussian_noise, severities: [1, 5]}",
+                                 "  - {id: gaussian_noise, severities: [1, 5]}\n"
+                                 "  - {id: oil_painting, severities: [1, 5]}")
+                    .replace("limit: 48", "limit: 16"))
+    r = fortis("run", str(plan), "--out", str(tmp_path / "out"), "--state-dir", str(tmp_path / "s"),
+               "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    oil = report["metrics"]["corruptions"]["oil_painting"]
+    assert set(oil) >= {"1", "5"} and 0 <= oil["5"]["robustness"] <= 1
+    assert any(t.get("id") == "oil_painting" and t.get("perturbation_kind") == "style"
+               for t in report["tests"]), report["tests"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(PLAN.replace("  - {id: gaussian_noise, severities: [1, 5]}",
+                                "  - {id: global_blur, severities: [1]}\n"
+                                "  - {id: per_rotation}\n"
+                                "  - {id: neural_style, severities: [1]}"))
+    r = fortis("validate", str(bad), cwd=tmp_path)
+    assert r.returncode == 2
+    for field in ("corruptions[0].id", "corruptions[1].id", "corruptions[2].params.model_path"):
+        assert field in r.stdout, r.stdout
+
+
+def test_perturbations_listing_and_sheets(tmp_path):
+    r = fortis("perturbations", "--json", cwd=tmp_path)
+    assert r.returncode == 0
+    items = json.loads(r.stdout)
+    kinds = {it["kind"] for it in items}
+    assert {"corruption", "style", "degradation", "property", "transfer_attack"} <= kinds
+    deg = [it for it in items if it["kind"] == "degradation"]
+    assert all(it["characterisation"]["scope"] in ("global", "local") for it in deg)
+    r = fortis("perturbations", "--kind", "property", cwd=tmp_path)
+    assert r.returncode == 0 and "per_rotation" in r.stdout
+    assert not any(line.startswith("gaussian_noise ") for line in r.stdout.splitlines())
+    r = fortis("sheets", "--out", str(tmp_path / "sheets"), "--image", "fashion-mnist",
+               "--kind", "style", "--size", "32", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "sheets" / "style.png").stat().st_size > 1000
+    r = fortis("sheets", "--out", str(tmp_path / "x"), "--image", "no-such-photo", cwd=tmp_path)
+    assert r.returncode == 2 and "image" in r.stderr

@@ -1,74 +1,84 @@
 """Our common corruptions side by side with the reference implementation, the PyPI package
 ``imagecorruptions`` 1.1.2 (Michaelis et al. 2019: the ImageNet-C code of Hendrycks &
-Dietterich, ICLR 2019, packaged; pinned in the dev extra), on natural 224x224 RGB photos.
+Dietterich, ICLR 2019, packaged; installed --no-deps for the tests), on natural 224x224 RGB
+photos. How the reference is imported and made to run on today's stack (shims, all in
+tests/reference/imagecorruptions_ref.py, none of its code copied): see that module.
 
-Covered: every corruption id both have (IEEE-A1 gaussian/shot/impulse/speckle noise; IEEE-A2
-defocus/glass/motion/zoom/gaussian blur; IEEE-A3 snow, fog, brightness; IEEE-A4 contrast,
-saturate, pixelate, jpeg_compression, elastic_transform), severities 1..5. Not covered: the
-reference's frost and spatter (not implemented here), and our affine, occlusion and
-random_impulse_noise (Fortis additions, no reference).
+Covered: all 19 reference corruptions (IEEE-A1 gaussian/shot/impulse/speckle noise; IEEE-A2
+defocus/glass/motion/zoom/gaussian blur; IEEE-A3 snow, frost, fog, brightness, spatter; IEEE-A4
+contrast, saturate, pixelate, jpeg_compression, elastic_transform), severities 1..5. Not
+covered: our rotation, translation, scale, shear, affine, occlusion and random_impulse_noise
+(Fortis additions, no reference).
 
-Three checks:
+Checks:
 
-* Same draws, same pixels (every shared corruption). The reference draws from numpy's global
-  RNG; for the duration of one reference call its module is pointed at a numpy stand-in whose
-  ``random`` draws from a ``numpy.random.Generator`` seeded like ours. Both implementations
-  then make the same draws in the same order, so stochastic corruptions can be compared pixel
-  by pixel like the deterministic ones. The reference's float output (before its ``np.uint8``
-  truncation) is compared with our rounded uint8 output, so rounding alone gives
-  ``|d| <= 0.5`` per value. Tolerance: ``|d| <= 0.51`` levels (0.01 of slack for our float32
-  vs its float64 arithmetic) for all but 0.01% of the values, and no value more than 5 levels
-  off. Only elastic_transform has a looser rule: ``cv2.remap`` rounds its sampling positions
-  to 1/32 px, which puts ~5.4% of the values beyond rounding (0.4% more than one level, at most
-  3.5 levels; mean |d| 0.243 vs 0.25 expected from rounding alone; measured), so up to 10% of
-  values and a mean |d| of at most 0.30 levels are allowed there. A wrong table row, formula
-  or grid moves far more values than that.
-* Independent draws, same statistics (stochastic corruptions). Ours and the reference with
-  different seeds: the statistic that pins the severity parameter (std of ``corrupted - clean``
-  for additive noise, fraction of values set to 0/255 for salt-and-pepper) and the strength
-  (mean absolute difference from the clean photo, PSNR) must agree within
-  ``max(1% of the reference's value, 4 standard errors of the difference)``.
+* Same draws, same pixels (every shared corruption but frost and impulse_noise). The
+  reference draws from numpy's global RNG; for the duration of one reference call its module
+  is pointed at a numpy stand-in whose ``random`` draws from a ``numpy.random.Generator``
+  seeded like ours. Both implementations then make the same draws in the same order, so
+  stochastic corruptions can be compared pixel by pixel like the deterministic ones. Our two
+  fast samplers make different draws than numpy's (``_standard_normal``: a quantile table
+  indexed by 16 random bits, used by gaussian_noise, speckle_noise and snow;
+  ``_truncated_poisson``: Walker's alias method, used by shot_noise), so for this check only
+  they are swapped for numpy's own ``standard_normal`` / ``poisson`` (what the reference
+  calls): the check then pins everything around the draws; the samplers themselves are
+  pinned by the independent-draws check below and by the unit tests. The reference's float
+  output (before its ``np.uint8`` truncation) is compared with our rounded uint8 output, so
+  rounding alone gives ``|d| <= 0.5`` per value. Tolerance: ``|d| <= 0.51`` levels (0.01 of
+  slack for our float32 vs its float64 arithmetic) for all but 0.01% of the values, and no
+  value more than 5 levels off. Looser where OpenCV resamples on a 1/32-px grid:
+  elastic_transform (``cv2.remap``) and zoom_blur (``cv2.warpAffine`` on the uint8 image, for
+  speed): up to 10% of values beyond rounding and a mean |d| of at most 0.30 levels (0.25
+  from rounding alone; measured: elastic 0.243, zoom 0.255-0.258, none more than 3.5 levels
+  off). A wrong table row, formula or grid moves far more values than that.
+  impulse_noise draws one uniform per value (salt below amount/2, pepper below amount)
+  instead of scikit-image's two Bernoulli draws, for speed: same distribution, different
+  draws, so it is checked by statistics only (below). Frost's texture is procedural (no image
+  files are shipped), so it has its own statistics check (below).
+* Independent draws, same statistics (stochastic corruptions but frost). Ours and the
+  reference with different seeds: the statistic that pins the severity parameter (std of
+  ``corrupted - clean`` for additive noise, fraction of values set to 0/255 for
+  salt-and-pepper) and the strength (mean absolute difference from the clean photo, PSNR)
+  must agree within ``max(1% of the reference's value, 4 standard errors of the difference)``.
+* Frost (IEEE-A3): the mean and the standard deviation of ``corrupted - clean`` agree with the
+  reference's on the same photos within 5%, at every severity (the reference picks one of
+  five photographs, ours one of five matching texture styles: both are sampled stratified,
+  every style equally often, which is the distribution both draw from); and the texture table
+  (FROST_TEXTURES) is what the reference's files give, re-measured here.
 * Severity ordering: wherever the reference's strength (mean absolute difference from the
   clean photo) differs by more than 5% between two severities, ours orders them the same way
   (ImageNet-C's scales are not monotonic everywhere: fog 3/4, saturate 2/3), and severity 5
   is stronger than severity 1 in both. Stochastic corruptions: the independent-draw samples,
   with the same seeds at every severity (common random numbers) so that sampling noise
   barely moves the severity-to-severity differences.
-
-Shims, all in this file and undone after each reference call (none of the reference's code is
-copied): (1) ``pkg_resources`` (not in this venv) is stubbed while ``imagecorruptions`` is
-imported: it is only used for frost's texture files; (2) numpy 2 removed ``np.float_``
-(fog's plasma map): the numpy stand-in above provides it as ``float64``; (3) scikit-image
-0.19+ removed ``multichannel=`` from ``skimage.filters.gaussian``: the reference module's
-``gaussian`` is wrapped, ``multichannel=True`` -> ``channel_axis=-1``; (4)
-``skimage.util.random_noise`` (impulse_noise) seeds its own Generator: it is given ours.
-``imagecorruptions`` is installed with ``--no-deps``: it requires ``opencv-python``, which
-would clash with our ``opencv-python-headless``; it needs Pillow, scikit-image and scipy, all
-present. Motion blur in 1.1.2 is numpy-only (no Wand/ImageMagick), so it is covered too.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.resources
 import itertools
 import math
-import sys
-import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import cv2
 import numpy as np
 import pytest
-import skimage.filters
-import skimage.util
 from fortis.adapters.torch_models.datasets import load_imagenet_photos
-from fortis.services.perturbation.corruptions import CORRUPTIONS, apply_corruption
-from PIL import Image
+from fortis.services.perturbation import corruptions
+from fortis.services.perturbation.corruptions import CORRUPTIONS, FROST_TEXTURES, apply_corruption
+
+try:
+    from tests.reference.imagecorruptions_ref import (
+        FROST_FILES,
+        frost_crop_statistics,
+        imagecorruptions,
+        reference_float,
+    )
+except ImportError as exc:  # pragma: no cover - installed for the tests (reference-no-deps)
+    pytest.skip(f"imagecorruptions (reference-no-deps) not installed: {exc}",
+                allow_module_level=True)
 
 SEVERITIES = (1, 2, 3, 4, 5)
 SIZE = 224
@@ -79,115 +89,65 @@ N_PHOTOS = 3
 
 # same draws: |ours - reference| <= ROUNDING (the uint8 rounding of the reference's float, plus
 # float32 slack) for all but OUTLIER_FRAC of the values, never more than MAX_DIFF levels, and
-# (elastic_transform, whose sampling positions cv2.remap rounds to 1/32 px) a mean |d| of at
-# most ELASTIC_MEAN levels (rounding alone: 0.25)
+# (OpenCV 1/32-px resampling) a mean |d| of at most RESAMPLED_MEAN levels (rounding alone: 0.25)
 ROUNDING = 0.51
-OUTLIER_FRAC = {"elastic_transform": 0.10}
+RESAMPLED = ("elastic_transform", "zoom_blur")
+OUTLIER_FRAC = {name: 0.10 for name in RESAMPLED}
 OUTLIER_FRAC_DEFAULT = 1e-4
 MAX_DIFF = 5.0
-ELASTIC_MEAN = 0.30
+RESAMPLED_MEAN = 0.30
 # independent draws
 STAT_REL_FLOOR = 0.01
 STAT_N_SE = 4.0
+# frost: mean and std of the change within this fraction of the reference's
+FROST_REL = 0.05
+FROST_SEEDS = 4           # per photo and texture style
 # severity ordering: reference strengths closer than this (relative) are not ordered
 ORDER_MARGIN = 0.05
 
 
-# ------------------------------------------------------------------------- the reference ----
-
-
-def _import_reference() -> types.ModuleType:
-    try:
-        import pkg_resources  # noqa: F401
-        return importlib.import_module("imagecorruptions")
-    except ImportError:
-        pass
-    # shim (1): frost's resource_filename only; removed again once the module is imported
-    stub = types.ModuleType("pkg_resources")
-    stub.resource_filename = lambda package, name: str(  # type: ignore[attr-defined]
-        importlib.resources.files(package).joinpath(name))
-    sys.modules["pkg_resources"] = stub
-    try:
-        return importlib.import_module("imagecorruptions")
-    finally:
-        if sys.modules.get("pkg_resources") is stub:
-            del sys.modules["pkg_resources"]
-
-
-try:
-    imagecorruptions = _import_reference()
-except ImportError as exc:  # pragma: no cover - the dev extra pins it
-    pytest.skip(f"imagecorruptions (dev extra) not installed: {exc}", allow_module_level=True)
-_REF: Any = sys.modules["imagecorruptions.corruptions"]   # patched per call, see below
-
 SHARED = [name for name in imagecorruptions.get_corruption_names("all") if name in CORRUPTIONS]
-STOCHASTIC = [name for name in SHARED if CORRUPTIONS[name].stochastic]
+#: different draws by design (see the module docstring): statistics only
+NOT_SAME_DRAWS = ("frost", "impulse_noise")
+SAME_DRAWS = [name for name in SHARED if name not in NOT_SAME_DRAWS]
+STOCHASTIC = [name for name in SHARED if CORRUPTIONS[name].stochastic and name != "frost"]
 
 
-class _GeneratorRandom:
-    """The part of ``numpy.random`` the reference uses, drawing from one Generator. Same
-    methods, same argument order, so the same values as ours in the same order."""
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self._rng = rng
-
-    def normal(self, loc=0.0, scale=1.0, size=None):
-        return self._rng.normal(loc, scale, size)
-
-    def uniform(self, low=0.0, high=1.0, size=None):
-        return self._rng.uniform(low, high, size)
-
-    def poisson(self, lam=1.0, size=None):
-        return self._rng.poisson(lam, size)
-
-    def randint(self, low, high=None, size=None):
-        return self._rng.integers(low, high, size)
+# ------------------------------------------------------------------------- the two sides ----
 
 
-class _NumpyStandIn:
-    """``numpy`` for the reference module: everything forwarded, except ``random`` (a seeded
-    Generator) and ``float_`` (shim (2): removed in numpy 2)."""
-
-    float_ = np.float64
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.random = _GeneratorRandom(rng)
-
-    def __getattr__(self, name: str):
-        return getattr(np, name)
-
-
-_skimage_gaussian = skimage.filters.gaussian
-
-
-def _gaussian_compat(image, sigma=1, *args, multichannel=None, **kwargs):
-    """Shim (3): ``multichannel=True`` (scikit-image < 0.19) is ``channel_axis=-1`` now."""
-    if multichannel:
-        kwargs["channel_axis"] = -1
-    return _skimage_gaussian(image, sigma, *args, **kwargs)
-
-
-@contextmanager
-def _reference_draws_from(rng: np.random.Generator) -> Iterator[None]:
-    saved = _REF.np, _REF.gaussian, skimage.util.random_noise
-    _REF.np = _NumpyStandIn(rng)
-    _REF.gaussian = _gaussian_compat
-    skimage.util.random_noise = functools.partial(saved[2], rng=rng)   # shim (4)
-    try:
-        yield
-    finally:
-        _REF.np, _REF.gaussian, skimage.util.random_noise = saved
-
-
-def reference(name: str, image: np.ndarray, severity: int, seed: int) -> np.ndarray:
+def reference(name: str, image: np.ndarray, severity: int, seed: int,
+              first_randint: int | None = None) -> np.ndarray:
     """The reference's output as float64 in [0, 255], before its ``np.uint8`` truncation."""
-    with _reference_draws_from(np.random.default_rng(seed)):
-        out = imagecorruptions.corruption_dict[name](Image.fromarray(image), severity)
-    return np.clip(np.asarray(out, dtype=np.float64), 0.0, 255.0)
+    return reference_float(name, image, severity, np.random.default_rng(seed), first_randint)
 
 
 def ours(name: str, image: np.ndarray, severity: int, seed: int) -> np.ndarray:
     return apply_corruption(name, image, severity, np.random.default_rng(seed)).astype(np.float64)
+
+
+@contextmanager
+def numpy_samplers() -> Iterator[None]:
+    """Our fast samplers swapped for the numpy calls the reference makes (same draws)."""
+    saved = corruptions._standard_normal, corruptions._truncated_poisson
+
+    def standard_normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        return rng.standard_normal(shape)     # Generator.normal(loc, s) = loc + s * this
+
+    def truncated_poisson(rng: np.random.Generator, img: np.ndarray, photons: int) -> np.ndarray:
+        return np.minimum(rng.poisson(img / 255.0 * photons), photons).astype(np.uint8)
+
+    corruptions._standard_normal = standard_normal            # type: ignore[assignment]
+    corruptions._truncated_poisson = truncated_poisson        # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        corruptions._standard_normal, corruptions._truncated_poisson = saved
+
+
+def ours_same_draws(name: str, image: np.ndarray, severity: int, seed: int) -> np.ndarray:
+    with numpy_samplers():
+        return ours(name, image, severity, seed)
 
 
 # ----------------------------------------------------------------------------- the photos ----
@@ -224,6 +184,8 @@ class Sample:
     mad: float        # mean |corrupted - clean|, levels
     mse: float        # mean (corrupted - clean)^2
     signature: float  # the statistic that pins the severity parameter (see _signature)
+    mean: float       # mean (corrupted - clean)
+    std: float        # std of (corrupted - clean)
 
 
 def _signature(name: str, out: np.ndarray, clean: np.ndarray) -> float:
@@ -237,7 +199,8 @@ def _signature(name: str, out: np.ndarray, clean: np.ndarray) -> float:
 
 def _summary(name: str, out: np.ndarray, clean: np.ndarray) -> Sample:
     d = out - clean
-    return Sample(float(np.abs(d).mean()), float((d * d).mean()), _signature(name, out, clean))
+    return Sample(float(np.abs(d).mean()), float((d * d).mean()), _signature(name, out, clean),
+                  float(d.mean()), float(d.std()))
 
 
 _SAMPLES: dict[tuple[str, str, int, int, int], Sample] = {}
@@ -269,7 +232,7 @@ def _independent_plan(name: str) -> tuple[range, tuple[int, ...], tuple[int, ...
     seed, so those runs are reused; ours never use a reference seed."""
     if name == "glass_blur":      # the reference is slow: its shared-draw run only; ours: many
         return range(1), (0,), tuple(range(1, 13))
-    if name in ("fog", "snow"):   # one plasma map / flake field per image: more seeds
+    if name in ("fog", "snow", "spatter"):   # one random field per image: more seeds
         return range(len(photos())), tuple(range(6)), tuple(range(1, 9))
     return range(len(photos())), tuple(range(3)), tuple(range(1, 7))
 
@@ -279,6 +242,8 @@ def _ref_seed(photo: int, k: int) -> int:
 
 
 def independent_samples(name: str, severity: int) -> tuple[list[Sample], list[Sample]]:
+    if name == "frost":
+        return frost_samples(severity)
     photo_range, ref_ks, our_ks = _independent_plan(name)
     mine = [sample("ours", name, severity, p, 70_000 + 100 * p + k)
             for p in photo_range for k in our_ks]
@@ -309,31 +274,55 @@ def _psnr(mse: float) -> float:
     return 10.0 * math.log10(255.0 ** 2 / mse)
 
 
+# --------------------------------------------------------------------------------- frost ----
+
+
+@functools.cache
+def frost_samples(severity: int) -> tuple[list[Sample], list[Sample]]:
+    """Stratified: for each of the five textures (the reference's photograph index, forced;
+    ours: the matching style), each photo, FROST_SEEDS seeds. Same seeds at every severity."""
+    params = CORRUPTIONS["frost"].severity_params[severity - 1]
+    mine, ref = [], []
+    for style, p, k in itertools.product(range(len(FROST_TEXTURES)), range(len(photos())),
+                                         range(FROST_SEEDS)):
+        clean = photos()[p]
+        rng = np.random.default_rng(90_000 + 1000 * style + 100 * p + k)
+        out = corruptions._frost_blend(clean, params, FROST_TEXTURES[style], rng)
+        mine.append(_summary("frost", out.astype(np.float64), clean.astype(np.float64)))
+        r = reference("frost", clean, severity, 80_000 + 1000 * style + 100 * p + k,
+                      first_randint=style)
+        ref.append(_summary("frost", r, clean.astype(np.float64)))
+    return mine, ref
+
+
 # ---------------------------------------------------------------------------------- tests ----
 
 
-def test_shared_corruptions_are_the_imagenet_c_set():
-    """IEEE-A1..A4: every reference corruption except frost (needs its texture files) and
-    spatter (not implemented) is here, with the reference's severity tables."""
-    assert set(imagecorruptions.get_corruption_names("all")) - set(SHARED) == {"frost", "spatter"}
-    assert len(SHARED) == 17
+def test_every_reference_corruption_is_here():
+    """IEEE-A1..A4: all 19 corruptions of imagecorruptions 1.1.2 (the 15 ImageNet-C ones and
+    the 4 extra) are in our catalogue, with the reference's severity tables."""
+    assert set(imagecorruptions.get_corruption_names("all")) == set(SHARED)
+    assert len(SHARED) == 19
 
 
 @pytest.mark.parametrize("severity", SEVERITIES, ids=lambda s: f"s{s}")
-@pytest.mark.parametrize("name", SHARED)
+@pytest.mark.parametrize("name", SAME_DRAWS)
 def test_same_draws_give_the_reference_pixels(name, severity):
-    """IEEE-A1..A4: with the same random draws (none for the deterministic corruptions) our
-    output is the reference's up to rounding: |d| <= 0.51 levels for all but 0.01% of the values,
-    none more than 5 levels off (elastic_transform: 10% of values, mean |d| <= 0.30). Photos
-    224x224, as ImageNet-C."""
+    """IEEE-A1..A4: with the same random draws (none for the deterministic corruptions; our
+    fast normal/Poisson samplers swapped for numpy's) our output is the reference's up to
+    rounding: |d| <= 0.51 levels for all but 0.01% of the values, none more than 5 levels off
+    (elastic_transform, zoom_blur: 10% of values, mean |d| <= 0.30). Photos 224x224, as
+    ImageNet-C."""
     diffs = []
     for p in _shared_photos(name):
         clean = photos()[p]
         seed = shared_seed(p)
-        mine = ours(name, clean, severity, seed)
+        mine = ours_same_draws(name, clean, severity, seed)
         ref = reference(name, clean, severity, seed)
-        # kept for the ordering test (ours: only the deterministic ones are looked up again)
-        _SAMPLES[("ours", name, severity, p, seed)] = _summary(name, mine, clean.astype(float))
+        # the reference's run is kept for the statistics tests; ours only where our draws are
+        # numpy's anyway (deterministic corruptions), the rest is sampled with our samplers
+        if not CORRUPTIONS[name].stochastic:
+            _SAMPLES[("ours", name, severity, p, seed)] = _summary(name, mine, clean.astype(float))
         _SAMPLES[("ref", name, severity, p, seed)] = _summary(name, ref, clean.astype(float))
         diffs.append(np.abs(mine - ref).ravel())
     d = np.concatenate(diffs)
@@ -341,17 +330,19 @@ def test_same_draws_give_the_reference_pixels(name, severity):
     detail = f"mean |d| {d.mean():.3f}, {outliers:.3%} of values beyond rounding, max {worst:.2f}"
     assert outliers <= OUTLIER_FRAC.get(name, OUTLIER_FRAC_DEFAULT), (name, severity, detail)
     assert worst <= MAX_DIFF, (name, severity, detail)
-    if name == "elastic_transform":
-        assert d.mean() <= ELASTIC_MEAN, (name, severity, detail)
+    if name in RESAMPLED:
+        assert d.mean() <= RESAMPLED_MEAN, (name, severity, detail)
 
 
 @pytest.mark.parametrize("severity", SEVERITIES, ids=lambda s: f"s{s}")
 @pytest.mark.parametrize("name", STOCHASTIC)
 def test_independent_draws_give_the_reference_statistics(name, severity):
-    """IEEE-A1..A4 (stochastic corruptions): with independent seeds, the severity-pinning
-    statistic (noise std / salt-and-pepper fraction / spread of the change), the mean absolute
-    change and the PSNR against the clean photo agree with the reference's within
-    max(1%, 4 standard errors)."""
+    """IEEE-A1..A4 (stochastic corruptions): with independent seeds (and our own samplers),
+    the severity-pinning statistic (noise std / salt-and-pepper fraction / spread of the
+    change), the mean absolute change and the PSNR against the clean photo agree with the
+    reference's within max(1%, 4 standard errors). This is the check for impulse_noise and for
+    the draws of our fast samplers (gaussian/speckle noise, snow: normal table; shot noise:
+    alias method)."""
     mine, ref = independent_samples(name, severity)
     n_photos = len(_independent_plan(name)[0])
     failures = []
@@ -366,6 +357,39 @@ def test_independent_draws_give_the_reference_statistics(name, severity):
         amount = CORRUPTIONS[name].severity_params[severity - 1]
         a = float(np.mean([s.signature for s in mine]))
         assert a == pytest.approx(amount, abs=0.005), (severity, a, amount)
+
+
+@pytest.mark.parametrize("severity", SEVERITIES, ids=lambda s: f"s{s}")
+def test_frost_changes_the_photos_as_the_reference_does(severity):
+    """IEEE-A3 frost: our procedural texture in place of the reference's photographs gives a
+    change (corrupted - clean) whose mean and standard deviation are within 5% of the
+    reference's, on the same photos, every texture style as often as the reference's
+    photographs (stratified; the per-style figures are in the message)."""
+    mine, ref = frost_samples(severity)
+    n = len(photos()) * FROST_SEEDS
+    detail = []
+    for style in range(len(FROST_TEXTURES)):
+        a, b = mine[style * n:(style + 1) * n], ref[style * n:(style + 1) * n]
+        detail.append(f"{FROST_TEXTURES[style].source}: mean {np.mean([s.mean for s in a]):.1f}"
+                      f"/{np.mean([s.mean for s in b]):.1f}, std "
+                      f"{np.mean([s.std for s in a]):.1f}/{np.mean([s.std for s in b]):.1f}")
+    for stat in ("mean", "std"):
+        a = float(np.mean([getattr(s, stat) for s in mine]))
+        b = float(np.mean([getattr(s, stat) for s in ref]))
+        assert abs(a - b) <= FROST_REL * abs(b), (severity, stat, a, b, detail)
+
+
+@pytest.mark.parametrize("index", range(len(FROST_FILES)), ids=lambda i: FROST_FILES[i])
+def test_frost_texture_table_matches_the_reference_files(index):
+    """IEEE-A3 frost: FROST_TEXTURES holds the statistics of the reference's photographs as
+    they are blended into a 224x224 image (re-measured here from the installed package's
+    files: exact over every crop the reference can draw), rounded to 0.1 level / 0.01."""
+    texture = FROST_TEXTURES[index]
+    assert texture.source == FROST_FILES[index]
+    measured = frost_crop_statistics(texture.source, SIZE)
+    for key in ("mean", "std", "mean_sd"):
+        np.testing.assert_allclose(getattr(texture, key), measured[key], atol=0.06, err_msg=key)
+    assert texture.skew == pytest.approx(measured["skew"][0], abs=0.006)
 
 
 def _strengths(name: str) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,8 @@
     fortis run PLAN.yaml --out DIR        run a plan (embedded, or --address of a running Fortis)
     fortis serve [--service NAME]         serve all services in one process, or one of them
     fortis ledger --session ID [--json]   query counts from the proxy's ledger
-    fortis perturbations [--json]         the catalogue of corruptions and attacks
+    fortis perturbations [--json]         the catalogue of perturbations and attacks
+    fortis sheets --out DIR               example sheets (PNG) of every perturbation
     fortis validate PLAN.yaml             check a plan and list every problem
     fortis train                          train the Fashion-MNIST models now (else on first use)
 """
@@ -286,12 +287,38 @@ def cmd_ledger(ns: argparse.Namespace) -> int:
 def cmd_perturbations(ns: argparse.Namespace) -> int:
     from fortis.services.perturbation.catalogue import list_catalogue
 
-    items = list_catalogue()
+    items = [it for it in list_catalogue() if not ns.kind or it["kind"].startswith(ns.kind)]
     if ns.json:
         print(json.dumps(items, indent=2, default=str))
         return 0
+    levels = {"severity": "sev 1-5", "level": "lvl 1-30", "epsilon": "eps 0-1", None: "-"}
+    print(f"{'id':<28} {'kind':<16} {'family':<12} {'refs':<14} {'levels':<9} {'character':<9} description")
     for it in items:
-        print(f"{it['id']:<20} {it['kind']:<16} {it['family']:<15} {it['ieee_ref']:<8} {it['description']}")
+        ch = it.get("characterisation")
+        code = "-" if not ch else (ch["scope"][0] + ch["randomness"][0] + ch["domain"][0]).upper()
+        print(f"{it['id']:<28} {it['kind']:<16} {it['family']:<12} {','.join(it['refs']):<14} "
+              f"{levels[it['level_kind']]:<9} {code:<9} {it['description']}")
+    if not ns.kind:
+        print(f"\n{len(items)} entries. character: Global/Local, Deterministic/Stochastic, "
+              "Colour/Pixel (DEG-5). Add --json for parameters and level tables.")
+    return 0
+
+
+def cmd_sheets(ns: argparse.Namespace) -> int:
+    from fortis.services.common.errors import FortisError
+    from fortis.services.perturbation.sheets import write_sheets
+
+    if ns.size < 16:
+        _err("--size must be at least 16")
+        return EXIT_BAD_INPUT
+    try:
+        written = write_sheets(Path(ns.out), image=ns.image, kinds=ns.kind or None, seed=ns.seed,
+                               size=ns.size)
+    except FortisError as exc:
+        _err(str(exc))
+        return EXIT_BAD_INPUT
+    for path in written:
+        print(path)
     return 0
 
 
@@ -357,9 +384,26 @@ def build_parser() -> argparse.ArgumentParser:
     client_opts(sp)
     sp.set_defaults(fn=cmd_ledger)
 
-    sp = sub.add_parser("perturbations", help="list corruptions and attacks")
-    sp.add_argument("--json", action="store_true")
+    sp = sub.add_parser("perturbations", help="the catalogue: corruptions, styles, degradation "
+                        "operators, safety properties and attacks")
+    sp.add_argument("--json", action="store_true", help="everything, with parameters and level tables")
+    sp.add_argument("--kind", choices=["corruption", "style", "degradation", "property",
+                                       "transfer_attack", "score_attack", "decision_attack"],
+                    help="only this kind")
     sp.set_defaults(fn=cmd_perturbations)
+
+    sp = sub.add_parser("sheets", help="example sheets: one image under every perturbation at a "
+                        "few levels, as PNG grids")
+    sp.add_argument("--out", required=True, help="folder for the PNG sheets")
+    sp.add_argument("--image", default="astronaut",
+                    help="a PNG/JPEG path, or a built-in photo: astronaut, chelsea, coffee, "
+                         "eagle, dog, fashion-mnist (default: astronaut)")
+    sp.add_argument("--kind", action="append",
+                    choices=["corruption", "style", "degradation", "property"],
+                    help="only these kinds (repeatable; default: all)")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--size", type=int, default=160, help="tile size in pixels (default: 160)")
+    sp.set_defaults(fn=cmd_sheets)
 
     sp = sub.add_parser("train", help="train the Fashion-MNIST target and surrogate now")
     sp.set_defaults(fn=cmd_train)

@@ -17,11 +17,38 @@ class PerturbationKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PERTURBATION_KIND_TRANSFER_ATTACK: _ClassVar[PerturbationKind]
     PERTURBATION_KIND_SCORE_ATTACK: _ClassVar[PerturbationKind]
     PERTURBATION_KIND_DECISION_ATTACK: _ClassVar[PerturbationKind]
+    PERTURBATION_KIND_STYLE: _ClassVar[PerturbationKind]
+    PERTURBATION_KIND_DEGRADATION: _ClassVar[PerturbationKind]
+    PERTURBATION_KIND_PROPERTY: _ClassVar[PerturbationKind]
+
+class LevelKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LEVEL_KIND_UNSPECIFIED: _ClassVar[LevelKind]
+    LEVEL_KIND_SEVERITY: _ClassVar[LevelKind]
+    LEVEL_KIND_LEVEL: _ClassVar[LevelKind]
+    LEVEL_KIND_EPSILON: _ClassVar[LevelKind]
 PERTURBATION_KIND_UNSPECIFIED: PerturbationKind
 PERTURBATION_KIND_CORRUPTION: PerturbationKind
 PERTURBATION_KIND_TRANSFER_ATTACK: PerturbationKind
 PERTURBATION_KIND_SCORE_ATTACK: PerturbationKind
 PERTURBATION_KIND_DECISION_ATTACK: PerturbationKind
+PERTURBATION_KIND_STYLE: PerturbationKind
+PERTURBATION_KIND_DEGRADATION: PerturbationKind
+PERTURBATION_KIND_PROPERTY: PerturbationKind
+LEVEL_KIND_UNSPECIFIED: LevelKind
+LEVEL_KIND_SEVERITY: LevelKind
+LEVEL_KIND_LEVEL: LevelKind
+LEVEL_KIND_EPSILON: LevelKind
+
+class Characterisation(_message.Message):
+    __slots__ = ("scope", "randomness", "domain")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    RANDOMNESS_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    randomness: str
+    domain: str
+    def __init__(self, scope: _Optional[str] = ..., randomness: _Optional[str] = ..., domain: _Optional[str] = ...) -> None: ...
 
 class ParameterSpec(_message.Message):
     __slots__ = ("name", "type", "default_json", "description")
@@ -36,7 +63,7 @@ class ParameterSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., default_json: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
 
 class PerturbationInfo(_message.Message):
-    __slots__ = ("id", "kind", "family", "ieee_ref", "description", "stochastic", "severities", "parameters", "severity_table_json")
+    __slots__ = ("id", "kind", "family", "ieee_ref", "description", "stochastic", "severities", "parameters", "severity_table_json", "refs", "level_kind", "levels", "characterisation", "needs_model", "level_table_doc")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +73,12 @@ class PerturbationInfo(_message.Message):
     SEVERITIES_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_TABLE_JSON_FIELD_NUMBER: _ClassVar[int]
+    REFS_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_KIND_FIELD_NUMBER: _ClassVar[int]
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
+    CHARACTERISATION_FIELD_NUMBER: _ClassVar[int]
+    NEEDS_MODEL_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_TABLE_DOC_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: PerturbationKind
     family: str
@@ -55,7 +88,13 @@ class PerturbationInfo(_message.Message):
     severities: _containers.RepeatedScalarFieldContainer[int]
     parameters: _containers.RepeatedCompositeFieldContainer[ParameterSpec]
     severity_table_json: str
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[PerturbationKind, str]] = ..., family: _Optional[str] = ..., ieee_ref: _Optional[str] = ..., description: _Optional[str] = ..., stochastic: _Optional[bool] = ..., severities: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Iterable[_Union[ParameterSpec, _Mapping]]] = ..., severity_table_json: _Optional[str] = ...) -> None: ...
+    refs: _containers.RepeatedScalarFieldContainer[str]
+    level_kind: LevelKind
+    levels: _containers.RepeatedScalarFieldContainer[int]
+    characterisation: Characterisation
+    needs_model: bool
+    level_table_doc: str
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[PerturbationKind, str]] = ..., family: _Optional[str] = ..., ieee_ref: _Optional[str] = ..., description: _Optional[str] = ..., stochastic: _Optional[bool] = ..., severities: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Iterable[_Union[ParameterSpec, _Mapping]]] = ..., severity_table_json: _Optional[str] = ..., refs: _Optional[_Iterable[str]] = ..., level_kind: _Optional[_Union[LevelKind, str]] = ..., levels: _Optional[_Iterable[int]] = ..., characterisation: _Optional[_Union[Characterisation, _Mapping]] = ..., needs_model: _Optional[bool] = ..., level_table_doc: _Optional[str] = ...) -> None: ...
 
 class ListPerturbationsRequest(_message.Message):
     __slots__ = ("kind",)
@@ -70,16 +109,24 @@ class ListPerturbationsResponse(_message.Message):
     def __init__(self, perturbations: _Optional[_Iterable[_Union[PerturbationInfo, _Mapping]]] = ...) -> None: ...
 
 class ApplyPerturbationRequest(_message.Message):
-    __slots__ = ("perturbation_id", "severity", "seed", "images")
+    __slots__ = ("perturbation_id", "severity", "seed", "images", "epsilon", "params", "surrogate", "labels")
     PERTURBATION_ID_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    SURROGATE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     perturbation_id: str
     severity: int
     seed: int
     images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
-    def __init__(self, perturbation_id: _Optional[str] = ..., severity: _Optional[int] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ...) -> None: ...
+    epsilon: float
+    params: _struct_pb2.Struct
+    surrogate: str
+    labels: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, perturbation_id: _Optional[str] = ..., severity: _Optional[int] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., epsilon: _Optional[float] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., surrogate: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ApplyPerturbationResponse(_message.Message):
     __slots__ = ("images",)
@@ -88,18 +135,26 @@ class ApplyPerturbationResponse(_message.Message):
     def __init__(self, images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ...) -> None: ...
 
 class ApplyPerturbationStreamRequest(_message.Message):
-    __slots__ = ("request_id", "perturbation_id", "severity", "seed", "images")
+    __slots__ = ("request_id", "perturbation_id", "severity", "seed", "images", "epsilon", "params", "surrogate", "labels")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PERTURBATION_ID_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    SURROGATE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     perturbation_id: str
     severity: int
     seed: int
     images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
-    def __init__(self, request_id: _Optional[str] = ..., perturbation_id: _Optional[str] = ..., severity: _Optional[int] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ...) -> None: ...
+    epsilon: float
+    params: _struct_pb2.Struct
+    surrogate: str
+    labels: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., perturbation_id: _Optional[str] = ..., severity: _Optional[int] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., epsilon: _Optional[float] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., surrogate: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ApplyPerturbationStreamResponse(_message.Message):
     __slots__ = ("request_id", "images", "error")

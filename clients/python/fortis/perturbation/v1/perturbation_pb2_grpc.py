@@ -69,8 +69,8 @@ class PerturbationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ApplyPerturbation(self, request, context):
-        """Applies one corruption at one severity to a batch of images (one corruption per image,
-        IEEE-P5).
+        """Applies one perturbation at one level (severity, degradation level or epsilon) to a batch
+        of images (one perturbation per image, IEEE-P5).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,206 @@
+"""The one registry of every image perturbation Fortis applies (attacks are in ``catalogue.py``).
+
+Assembled from the modules that define perturbations, each exporting ``SPECS``:
+
+    corruptions.py   IEEE-A1..A5  common corruptions and geometric/mask, severities 1..5
+    styles.py        IEEE-A6      style changes, severities 1..5 (+ a user-supplied neural slot)
+    degradation.py   DEG-1, DEG-5 incremental degradation operators, levels 1..30
+    properties.py    PER-1        real-world safety properties, epsilon in [0, 1]
+
+Every id is registered once (a duplicate is an import-time error). ``apply_perturbation`` is
+the single entry point: it validates the id, the level for that kind, the parameters and the
+image, and returns a new uint8 image of the same shape. Domain code: no gRPC.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.perturbation import corruptions, degradation, properties, styles
+from fortis.services.perturbation.spec import ApplyContext, Param, PerturbationSpec
+
+_MODULES = (corruptions, styles, degradation, properties)
+
+
+def _build() -> dict[str, PerturbationSpec]:
+    out: dict[str, PerturbationSpec] = {}
+    for mod in _MODULES:
+        for spec in mod.SPECS:
+            if spec.id in out:
+                raise RuntimeError(f"perturbation id '{spec.id}' registered twice")
+            out[spec.id] = spec
+    return out
+
+
+#: id -> spec, in registry order (corruptions, styles, degradation operators, properties).
+PERTURBATIONS: Mapping[str, PerturbationSpec] = MappingProxyType(_build())
+
+#: Level ranges per level kind, for validation and listing.
+LEVEL_RANGE = {"severity": (1, 5), "level": (0, 30), "epsilon": (0.0, 1.0)}
+
+
+def perturbation_spec(perturbation_id: str, field_name: str = "perturbation_id") -> PerturbationSpec:
+    spec = PERTURBATIONS.get(perturbation_id) if isinstance(perturbation_id, str) else None
+    if spec is None:
+        raise InvalidArgument(field_name, f"unknown perturbation '{perturbation_id}'; "
+                              "see ListPerturbations or `fortis perturbations`")
+    return spec
+
+
+def check_level(spec: PerturbationSpec, level: Any, field_name: str | None = None) -> int | float:
+    """The level as the spec's kind needs it: severity 1..5, level 0..30, epsilon in [0, 1]."""
+    f = field_name or spec.level_kind
+    lo, hi = LEVEL_RANGE[spec.level_kind]
+    if spec.level_kind == "epsilon":
+        if isinstance(level, bool) or not isinstance(level, int | float | np.integer | np.floating) \
+                or not math.isfinite(float(level)) or not lo <= float(level) <= hi:
+            raise InvalidArgument(f, f"{spec.id} takes epsilon in [0, 1], got {level!r}")
+        return float(level)
+    if isinstance(level, bool) or not isinstance(level, int | np.integer | float | np.floating) \
+            or float(level) != int(level) or not lo <= int(level) <= hi:
+        raise InvalidArgument(f, f"{spec.id} takes an integer {spec.level_kind} in {lo}..{hi}, "
+                              f"got {level!r}")
+    return int(level)
+
+
+def validate_params(spec: PerturbationSpec | Any, params: Mapping[str, Any] | None,
+                    field_prefix: str = "params") -> dict[str, Any]:
+    """Check and complete parameters against ``spec.params``; all problems reported at once."""
+    params = dict(params or {})
+    schema: Sequence[Param] = spec.params
+    out: dict[str, Any] = {}
+    problems: list[FieldViolation] = []
+    known = {p.name for p in schema}
+    for key in params:
+        if key not in known:
+            hint = f"known: {', '.join(sorted(known))}" if known else "it takes no parameters"
+            problems.append(FieldViolation(f"{field_prefix}.{key}", f"unknown parameter for {spec.id}; {hint}"))
+    for p in schema:
+        f = f"{field_prefix}.{p.name}"
+        if p.name not in params:
+            if p.default is None:
+                problems.append(FieldViolation(f, "required"))
+            else:
+                out[p.name] = p.default
+            continue
+        v = params[p.name]
+        try:
+            if p.type == "float":
+                if isinstance(v, bool):
+                    raise TypeError
+                v = float(v)
+                if not math.isfinite(v):
+                    raise ValueError
+            elif p.type == "int":
+                if isinstance(v, bool) or float(v) != int(float(v)):
+                    raise TypeError
+                v = int(float(v))
+            elif p.type == "bool":
+                if not isinstance(v, bool):
+                    raise TypeError
+            elif not isinstance(v, str):
+                raise TypeError
+        except (TypeError, ValueError):
+            problems.append(FieldViolation(f, f"must be a {p.type}, got {v!r}"))
+            continue
+        if p.minimum is not None and v < p.minimum or p.maximum is not None and v > p.maximum:
+            problems.append(FieldViolation(f, f"must be in [{p.minimum}, {p.maximum}], got {v}"))
+            continue
+        out[p.name] = v
+    if problems:
+        raise InvalidArgument.from_violations(problems)
+    return out
+
+
+def check_image(image: object, field_name: str = "image") -> np.ndarray:
+    if not isinstance(image, np.ndarray):
+        raise InvalidArgument(field_name, f"must be a numpy array, got {type(image).__name__}")
+    if image.dtype != np.uint8:
+        raise InvalidArgument(field_name, f"must be uint8, got {image.dtype}")
+    if not (image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 3))):
+        raise InvalidArgument(field_name, f"must be HxW, HxWx1 or HxWx3, got shape {image.shape}")
+    if image.shape[0] < 1 or image.shape[1] < 1:
+        raise InvalidArgument(field_name, f"must be at least 1x1, got shape {image.shape}")
+    return image
+
+
+def make_context(spec: PerturbationSpec, params: Mapping[str, Any] | None = None, *,
+                 model: Any = None, label: int | None = None) -> ApplyContext:
+    """Validated context; white-box operators need a model and the image's label."""
+    p = validate_params(spec, params)
+    if spec.needs_model:
+        if model is None:
+            raise InvalidArgument("surrogate", f"{spec.id} is white-box: name a surrogate model")
+    return ApplyContext(params=MappingProxyType(p), model=model, label=label)
+
+
+def apply_perturbation(perturbation_id: str, image: np.ndarray, level: Any,
+                       rng: np.random.Generator, ctx: ApplyContext | None = None) -> np.ndarray:
+    """Apply one perturbation at one level to one image (IEEE-P5: one perturbation per image).
+
+    ``level``: severity 1..5 (corruptions, styles), level 0..30 (degradation operators;
+    0 = the original) or epsilon in [0, 1] (properties). Returns a new uint8 array of the
+    image's shape. Raises ``InvalidArgument`` naming the field at fault.
+    """
+    spec = perturbation_spec(perturbation_id)
+    lv = check_level(spec, level)
+    check_image(image)
+    if ctx is None:
+        ctx = make_context(spec)
+    if spec.needs_model and ctx.label is None:
+        raise InvalidArgument("labels", f"{spec.id} needs each image's true label")
+    if spec.level_kind == "level" and lv == 0:
+        return image.copy()
+    out = spec.apply(image, lv, rng, ctx)
+    if out.shape != image.shape or out.dtype != np.uint8:
+        raise AssertionError(f"{spec.id} returned {out.dtype} {out.shape} for {image.shape}")
+    return out
+
+
+def iterate_levels(perturbation_id: str, image: np.ndarray, max_level: int,
+                   rng: np.random.Generator, ctx: ApplyContext | None = None) -> Iterator[np.ndarray]:
+    """Levels 1..max_level of an incremental operator in one pass (DEG-1)."""
+    spec = perturbation_spec(perturbation_id)
+    if spec.level_kind != "level" or spec.iterate is None:
+        raise InvalidArgument("perturbation_id", f"{spec.id} is not an incremental operator")
+    check_level(spec, max_level, "max_level")
+    check_image(image)
+    if ctx is None:
+        ctx = make_context(spec)
+    if spec.needs_model and ctx.label is None:
+        raise InvalidArgument("labels", f"{spec.id} needs each image's true label")
+    return spec.iterate(image, int(max_level), rng, ctx)
+
+
+def describe(spec: PerturbationSpec) -> dict[str, Any]:
+    """A catalogue entry as plain JSON-able data (ListPerturbations, `fortis perturbations`)."""
+    lo, hi = LEVEL_RANGE[spec.level_kind]
+    return {
+        "id": spec.id, "kind": spec.kind, "family": spec.family, "refs": list(spec.refs),
+        "ieee_ref": ", ".join(spec.refs), "description": spec.description,
+        "stochastic": spec.stochastic, "characterisation": spec.characterisation.as_dict(),
+        "level_kind": spec.level_kind, "levels": list(spec.levels), "level_range": [lo, hi],
+        "severities": list(spec.levels) if spec.level_kind == "severity" else [],
+        "level_table": [_jsonable(x) for x in spec.level_table],
+        "level_table_doc": spec.level_table_doc, "needs_model": spec.needs_model,
+        "parameters": [{"name": p.name, "type": p.type, "default": p.default,
+                        "description": p.description, "minimum": p.minimum,
+                        "maximum": p.maximum} for p in spec.params],
+    }
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, tuple | list):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, int | float | str | bool) or x is None:
+        return x
+    return repr(x)

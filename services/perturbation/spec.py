@@ -1,0 +1,105 @@
+"""The shape every perturbation in Fortis's catalogue shares (one registry, ``registry.py``).
+
+A perturbation is a pure function of (image, level, generator, context): corruptions
+(IEEE-A1..A5, severities 1..5), style changes (IEEE-A6, severities 1..5), incremental
+degradation operators (DEG-1, levels 0..30, level L = the operator applied L times) and
+real-world safety properties (PER-1, one knob epsilon in [0, 1]). Each module that defines
+perturbations exports ``SPECS: tuple[PerturbationSpec, ...]``; ``registry.py`` assembles them.
+
+Domain code: no gRPC. Images are uint8 HxW, HxWx1 or HxWx3 (RGB), any size; every
+perturbation returns a new uint8 array of the same shape and never modifies its input.
+All randomness comes from the ``numpy.random.Generator`` passed in (DESIGN.md section 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+import numpy as np
+
+#: What ``level`` means for a perturbation.
+#:   "severity": an integer 1..5 (IEEE-M7)
+#:   "level":    an integer 0..30, applied incrementally (DEG-1; 0 = the original image)
+#:   "epsilon":  a float in [0, 1] (PER-1; 0 = the original image)
+LevelKind = Literal["severity", "level", "epsilon"]
+
+#: Kinds of perturbation in the catalogue (attacks are listed beside them by ``catalogue.py``).
+PerturbationKind = Literal["corruption", "style", "degradation", "property"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Param:
+    """One parameter of a perturbation or attack, as listed by ``ListPerturbations``."""
+
+    name: str
+    type: str              # "float" | "int" | "bool" | "string"
+    default: Any = None    # None = required
+    description: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Characterisation:
+    """DEG-5, after Swingler (seed 001, section 3): every pixel altered (global) or only some
+    (local); same effect on repeated application (deterministic) or drawn at random
+    (stochastic); the colour palette altered (colour) or individual pixels/positions (pixel)."""
+
+    scope: Literal["global", "local"]
+    randomness: Literal["deterministic", "stochastic"]
+    domain: Literal["colour", "pixel"]
+
+    def as_dict(self) -> dict[str, str]:
+        return {"scope": self.scope, "randomness": self.randomness, "domain": self.domain}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApplyContext:
+    """What a perturbation may need beyond the image.
+
+    ``params``: validated parameter values (the spec's ``params`` with defaults filled in).
+    ``model``: a white-box surrogate (``TorchClassifier``-like: ``.model`` a torch module taking
+    the classifier's input, ``.to_model_input(uint8 NHWC) -> torch.Tensor``, ``.input_spec``),
+    only for perturbations with ``needs_model`` (DEG-1's model gradient descent).
+    ``label``: the image's true label, for the same.
+    """
+
+    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    model: Any = None
+    label: int | None = None
+
+
+#: ``apply(image, level, rng, ctx) -> image``; level as described by ``LevelKind``.
+ApplyFn = Callable[[np.ndarray, Any, np.random.Generator, ApplyContext], np.ndarray]
+#: ``iterate(image, max_level, rng, ctx)`` yields the images of levels 1..max_level in order,
+#: for incremental operators (cheaper than ``apply`` at each level: O(L) instead of O(L^2)).
+IterateFn = Callable[[np.ndarray, int, np.random.Generator, ApplyContext], Iterator[np.ndarray]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerturbationSpec:
+    """One entry of the catalogue."""
+
+    id: str                           # unique across the catalogue, snake_case
+    kind: PerturbationKind
+    family: str                       # e.g. "noise", "blur", "weather", "digital", "geometric",
+                                      # "mask", "style", "degradation", "luminance", "spatial", ...
+    refs: tuple[str, ...]             # SPEC requirement ids, e.g. ("IEEE-A1",) or ("DEG-1", "DEG-5")
+    description: str
+    level_kind: LevelKind
+    levels: tuple[int, ...]           # the discrete levels ((1..5), (1..30)); () for epsilon
+    level_table: tuple[Any, ...]      # visible per-level parameters (index 0 = first level);
+                                      # for epsilon: the parameter at epsilon = 1 (or a mapping)
+    characterisation: Characterisation
+    apply: ApplyFn
+    params: tuple[Param, ...] = ()
+    needs_model: bool = False
+    iterate: IterateFn | None = None
+    level_table_doc: str = ""         # what the entries of level_table mean
+
+    @property
+    def stochastic(self) -> bool:
+        return self.characterisation.randomness == "stochastic"
