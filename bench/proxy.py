@@ -89,7 +89,7 @@ class Echo(target_pb2_grpc.TargetServiceServicer):
         return target_pb2.PredictResponse()
 s = build_server(ServerSettings(), [(target_pb2_grpc.add_TargetServiceServicer_to_server, Echo(),
                                      "fortis.target.v1.TargetService")])
-print(s.address, flush=True)
+print("ADDRESS", s.address, flush=True)
 sys.stdin.read()
 """
 
@@ -100,10 +100,12 @@ def _process(args: list[str], env: dict[str, str]) -> Iterator[str]:
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, env=env)
     try:
-        line = proc.stdout.readline() if proc.stdout else ""
+        line = "x"
+        while line and not line.startswith(("{", "ADDRESS ")):   # skip log lines
+            line = proc.stdout.readline() if proc.stdout else ""
         if not line:
             raise RuntimeError(f"server did not start: {args}")
-        yield line.strip()
+        yield line.removeprefix("ADDRESS ").strip()
     finally:
         proc.terminate()
         try:
@@ -132,12 +134,12 @@ def _servers(mode: str, target: str, tmp: Path) -> Iterator[tuple[str, str, str]
     with contextlib.ExitStack() as es:
         # The target adapter alone (its process also hosts an unused proxy).
         t = json.loads(es.enter_context(_process(
-            fortis + ["serve", "--service", "proxy", "--log-level", "warning",
+            fortis + ["serve", "--service", "proxy", "--log-level", "warning", "--address", "127.0.0.1:0",
                       "--state-dir", str(tmp / "target"), "--target", f"t=builtin:{target}"], env)))
         direct = t["targets"]["t"]
         # The proxy in its own process, reaching the target over gRPC.
         p = json.loads(es.enter_context(_process(
-            fortis + ["serve", "--service", "proxy", "--log-level", "warning",
+            fortis + ["serve", "--service", "proxy", "--log-level", "warning", "--address", "127.0.0.1:0",
                       "--state-dir", str(tmp / "proxy"), "--target", f"t=grpc://{direct}"], env)))
         echo = es.enter_context(_process([sys.executable, "-c", _ECHO_SERVER], env))
         yield direct, p["address"], echo

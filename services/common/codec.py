@@ -17,7 +17,8 @@ from fortis.services.common.errors import InvalidArgument
 
 #: Largest image accepted, pixels (guards against decompression bombs).
 MAX_PIXELS = 40_000_000
-_DTYPES = {"uint8": np.uint8, "float32": np.float32, "int32": np.int32}
+_DTYPES = {"uint8": np.uint8, "float32": np.float32, "int32": np.int32, "float64": np.float64,
+           "int64": np.int64, "bool": np.bool_}
 
 
 def encode_png(image: np.ndarray) -> bytes:

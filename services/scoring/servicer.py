@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
+from fortis.services.common.codec import tensor_to_array
+from fortis.services.scoring.catalogue import compute, list_metrics
 from fortis.services.scoring.ieee import ClassPrediction, CorrectnessRule
 from fortis.services.scoring.outcomes import TestRecord, score_classification
 from google.protobuf import json_format, struct_pb2
@@ -15,6 +17,18 @@ SERVICE_NAME = scoring_pb2.DESCRIPTOR.services_by_name["ScoringService"].full_na
 def _pred(p: Any) -> ClassPrediction:
     return ClassPrediction(labels=tuple(p.labels), scores=tuple(p.scores) if p.scores else None,
                            error=p.error or None)
+
+
+def _ints(x: Any) -> Any:
+    """google.protobuf.Struct carries every number as a double: give integral ones back as
+    int, as a JSON parser would (k = 3, not 3.0)."""
+    if isinstance(x, dict):
+        return {k: _ints(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_ints(v) for v in x]
+    if isinstance(x, float) and x.is_integer() and abs(x) < 2**53:
+        return int(x)
+    return x
 
 
 class ScoringServicer(scoring_pb2_grpc.ScoringServiceServicer):
@@ -36,3 +50,17 @@ class ScoringServicer(scoring_pb2_grpc.ScoringServiceServicer):
         s = struct_pb2.Struct()
         json_format.ParseDict(metrics, s)
         return scoring_pb2.ScoreClassificationResponse(metrics=s)
+
+    def ListMetrics(self, request: Any, context: Any) -> scoring_pb2.ListMetricsResponse:
+        return scoring_pb2.ListMetricsResponse(metrics=[
+            scoring_pb2.MetricInfo(id=m["id"], refs=m["refs"], description=m["description"],
+                                   inputs=[scoring_pb2.MetricInput(**i) for i in m["inputs"]])
+            for m in list_metrics()])
+
+    def Compute(self, request: Any, context: Any) -> scoring_pb2.ComputeResponse:
+        arrays = {name: tensor_to_array(t, f"arrays.{name}") for name, t in request.arrays.items()}
+        params = json_format.MessageToDict(request.params) if request.HasField("params") else {}
+        result = compute(request.metric, arrays, _ints(params))
+        s = struct_pb2.Struct()
+        json_format.ParseDict(result, s)
+        return scoring_pb2.ComputeResponse(result=s)

@@ -6,6 +6,7 @@
     fortis ledger --session ID [--json]   query counts from the proxy's ledger
     fortis perturbations [--json]         the catalogue of perturbations and attacks
     fortis sheets --out DIR               example sheets (PNG) of every perturbation
+    fortis score FILE.json | --list       compute a metric from recorded predictions
     fortis validate PLAN.yaml             check a plan and list every problem
     fortis train                          train the Fashion-MNIST models now (else on first use)
 """
@@ -322,6 +323,61 @@ def cmd_sheets(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _load_score_file(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A scoring file (docs: README "Scoring recorded predictions"): JSON with ``metric``,
+    ``params`` and ``arrays``; an array is inline (nested lists) or "FILE.npz:KEY" / "FILE.npy"
+    relative to the JSON file."""
+    import numpy as np
+
+    doc = json.loads(path.read_text())
+    if not isinstance(doc, dict) or not isinstance(doc.get("metric"), str):
+        raise ValueError("the file must be a JSON object with a string 'metric'")
+    arrays: dict[str, Any] = {}
+    for name, value in (doc.get("arrays") or {}).items():
+        if isinstance(value, str):
+            fname, _, key = value.partition(":")
+            src = (path.parent / fname)
+            data = np.load(src, allow_pickle=False)
+            arrays[name] = data[key] if key else data
+        else:
+            arrays[name] = np.asarray(value)
+    return doc["metric"], doc.get("params") or {}, arrays
+
+
+def cmd_score(ns: argparse.Namespace) -> int:
+    from fortis.services.common.errors import FortisError
+    from fortis.services.scoring.catalogue import compute, list_metrics
+
+    if ns.list or not ns.file:
+        items = list_metrics()
+        if ns.json:
+            print(json.dumps(items, indent=2))
+        else:
+            for m in items:
+                print(f"{m['id']:<28} {','.join(m['refs']):<20} {m['description']}")
+                for i in m["inputs"]:
+                    req = "" if i["required"] else " (optional)"
+                    print(f"    {i['kind']:<5} {i['name']:<24} {i['description']}{req}")
+        return 0 if ns.list or ns.json else EXIT_BAD_INPUT
+    try:
+        metric, params, arrays = _load_score_file(Path(ns.file))
+    except (OSError, ValueError, KeyError) as exc:
+        _err(f"cannot read scoring file: {exc}")
+        return EXIT_BAD_INPUT
+    try:
+        result = compute(metric, arrays, params)
+    except FortisError as exc:
+        _err(str(exc))
+        return EXIT_BAD_INPUT
+    text = json.dumps({"metric": metric, "result": result}, indent=2)
+    if ns.out:
+        Path(ns.out).write_text(text + "\n")
+        print(ns.out)
+    else:
+        print(text)
+    return 0
+
+
 def cmd_train(ns: argparse.Namespace) -> int:
     from fortis.adapters.torch_models.fmnist import load_fmnist_model
 
@@ -404,6 +460,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--size", type=int, default=160, help="tile size in pixels (default: 160)")
     sp.set_defaults(fn=cmd_sheets)
+
+    sp = sub.add_parser("score", help="compute a catalogue metric from recorded predictions (a JSON file)")
+    sp.add_argument("file", nargs="?", help="scoring file: {metric, params, arrays}")
+    sp.add_argument("--out", help="write the result here (default: stdout)")
+    sp.add_argument("--list", action="store_true", help="list the metric catalogue")
+    sp.add_argument("--json", action="store_true", help="with --list: as JSON")
+    sp.set_defaults(fn=cmd_score)
 
     sp = sub.add_parser("train", help="train the Fashion-MNIST target and surrogate now")
     sp.set_defaults(fn=cmd_train)

@@ -22,32 +22,49 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from fortis.common.v1 import common_pb2 as fortis_dot_common_dot_v1_dot_common__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66ortis/scoring/v1/scoring.proto\x12\x11\x66ortis.scoring.v1\x1a\x1cgoogle/protobuf/struct.proto\"=\n\x0f\x43orrectnessRule\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x11\n\tthreshold\x18\x03 \x01(\x01\"U\n\x12RecordedPrediction\x12\x10\n\x08image_id\x18\x01 \x01(\t\x12\x0e\n\x06labels\x18\x02 \x03(\x05\x12\x0e\n\x06scores\x18\x03 \x03(\x02\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xce\x01\n\x0cTestOutcomes\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x17\n\x0fperturbation_id\x18\x02 \x01(\t\x12\x10\n\x08severity\x18\x03 \x01(\x05\x12:\n\x0bpredictions\x18\x04 \x03(\x0b\x32%.fortis.scoring.v1.RecordedPrediction\x12\x0f\n\x07queries\x18\x05 \x03(\x03\x12\x0f\n\x07success\x18\x06 \x03(\x08\x12\x14\n\x0cquery_budget\x18\x07 \x01(\x03\x12\x11\n\timage_ids\x18\x08 \x03(\t\"\x95\x02\n\x1aScoreClassificationRequest\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".fortis.scoring.v1.CorrectnessRule\x12I\n\x06labels\x18\x02 \x03(\x0b\x32\x39.fortis.scoring.v1.ScoreClassificationRequest.LabelsEntry\x12.\n\x05tests\x18\x03 \x03(\x0b\x32\x1f.fortis.scoring.v1.TestOutcomes\x1aJ\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.fortis.scoring.v1.LabelSet:\x02\x38\x01\"\x1a\n\x08LabelSet\x12\x0e\n\x06labels\x18\x01 \x03(\x05\"G\n\x1bScoreClassificationResponse\x12(\n\x07metrics\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct2\x86\x01\n\x0eScoringService\x12t\n\x13ScoreClassification\x12-.fortis.scoring.v1.ScoreClassificationRequest\x1a..fortis.scoring.v1.ScoreClassificationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66ortis/scoring/v1/scoring.proto\x12\x11\x66ortis.scoring.v1\x1a\x1d\x66ortis/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\"P\n\x0bMetricInput\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x10\n\x08required\x18\x04 \x01(\x08\"k\n\nMetricInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04refs\x18\x02 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12.\n\x06inputs\x18\x04 \x03(\x0b\x32\x1e.fortis.scoring.v1.MetricInput\"\x14\n\x12ListMetricsRequest\"E\n\x13ListMetricsResponse\x12.\n\x07metrics\x18\x01 \x03(\x0b\x32\x1d.fortis.scoring.v1.MetricInfo\"\xd1\x01\n\x0e\x43omputeRequest\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12=\n\x06\x61rrays\x18\x02 \x03(\x0b\x32-.fortis.scoring.v1.ComputeRequest.ArraysEntry\x12\'\n\x06params\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x1aG\n\x0b\x41rraysEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.fortis.common.v1.Tensor:\x02\x38\x01\":\n\x0f\x43omputeResponse\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\"=\n\x0f\x43orrectnessRule\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x11\n\tthreshold\x18\x03 \x01(\x01\"U\n\x12RecordedPrediction\x12\x10\n\x08image_id\x18\x01 \x01(\t\x12\x0e\n\x06labels\x18\x02 \x03(\x05\x12\x0e\n\x06scores\x18\x03 \x03(\x02\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xce\x01\n\x0cTestOutcomes\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x17\n\x0fperturbation_id\x18\x02 \x01(\t\x12\x10\n\x08severity\x18\x03 \x01(\x05\x12:\n\x0bpredictions\x18\x04 \x03(\x0b\x32%.fortis.scoring.v1.RecordedPrediction\x12\x0f\n\x07queries\x18\x05 \x03(\x03\x12\x0f\n\x07success\x18\x06 \x03(\x08\x12\x14\n\x0cquery_budget\x18\x07 \x01(\x03\x12\x11\n\timage_ids\x18\x08 \x03(\t\"\x95\x02\n\x1aScoreClassificationRequest\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".fortis.scoring.v1.CorrectnessRule\x12I\n\x06labels\x18\x02 \x03(\x0b\x32\x39.fortis.scoring.v1.ScoreClassificationRequest.LabelsEntry\x12.\n\x05tests\x18\x03 \x03(\x0b\x32\x1f.fortis.scoring.v1.TestOutcomes\x1aJ\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.fortis.scoring.v1.LabelSet:\x02\x38\x01\"\x1a\n\x08LabelSet\x12\x0e\n\x06labels\x18\x01 \x03(\x05\"G\n\x1bScoreClassificationResponse\x12(\n\x07metrics\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct2\xb6\x02\n\x0eScoringService\x12t\n\x13ScoreClassification\x12-.fortis.scoring.v1.ScoreClassificationRequest\x1a..fortis.scoring.v1.ScoreClassificationResponse\x12\\\n\x0bListMetrics\x12%.fortis.scoring.v1.ListMetricsRequest\x1a&.fortis.scoring.v1.ListMetricsResponse\x12P\n\x07\x43ompute\x12!.fortis.scoring.v1.ComputeRequest\x1a\".fortis.scoring.v1.ComputeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fortis.scoring.v1.scoring_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_COMPUTEREQUEST_ARRAYSENTRY']._loaded_options = None
+  _globals['_COMPUTEREQUEST_ARRAYSENTRY']._serialized_options = b'8\001'
   _globals['_SCORECLASSIFICATIONREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_SCORECLASSIFICATIONREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_CORRECTNESSRULE']._serialized_start=84
-  _globals['_CORRECTNESSRULE']._serialized_end=145
-  _globals['_RECORDEDPREDICTION']._serialized_start=147
-  _globals['_RECORDEDPREDICTION']._serialized_end=232
-  _globals['_TESTOUTCOMES']._serialized_start=235
-  _globals['_TESTOUTCOMES']._serialized_end=441
-  _globals['_SCORECLASSIFICATIONREQUEST']._serialized_start=444
-  _globals['_SCORECLASSIFICATIONREQUEST']._serialized_end=721
-  _globals['_SCORECLASSIFICATIONREQUEST_LABELSENTRY']._serialized_start=647
-  _globals['_SCORECLASSIFICATIONREQUEST_LABELSENTRY']._serialized_end=721
-  _globals['_LABELSET']._serialized_start=723
-  _globals['_LABELSET']._serialized_end=749
-  _globals['_SCORECLASSIFICATIONRESPONSE']._serialized_start=751
-  _globals['_SCORECLASSIFICATIONRESPONSE']._serialized_end=822
-  _globals['_SCORINGSERVICE']._serialized_start=825
-  _globals['_SCORINGSERVICE']._serialized_end=959
+  _globals['_METRICINPUT']._serialized_start=115
+  _globals['_METRICINPUT']._serialized_end=195
+  _globals['_METRICINFO']._serialized_start=197
+  _globals['_METRICINFO']._serialized_end=304
+  _globals['_LISTMETRICSREQUEST']._serialized_start=306
+  _globals['_LISTMETRICSREQUEST']._serialized_end=326
+  _globals['_LISTMETRICSRESPONSE']._serialized_start=328
+  _globals['_LISTMETRICSRESPONSE']._serialized_end=397
+  _globals['_COMPUTEREQUEST']._serialized_start=400
+  _globals['_COMPUTEREQUEST']._serialized_end=609
+  _globals['_COMPUTEREQUEST_ARRAYSENTRY']._serialized_start=538
+  _globals['_COMPUTEREQUEST_ARRAYSENTRY']._serialized_end=609
+  _globals['_COMPUTERESPONSE']._serialized_start=611
+  _globals['_COMPUTERESPONSE']._serialized_end=669
+  _globals['_CORRECTNESSRULE']._serialized_start=671
+  _globals['_CORRECTNESSRULE']._serialized_end=732
+  _globals['_RECORDEDPREDICTION']._serialized_start=734
+  _globals['_RECORDEDPREDICTION']._serialized_end=819
+  _globals['_TESTOUTCOMES']._serialized_start=822
+  _globals['_TESTOUTCOMES']._serialized_end=1028
+  _globals['_SCORECLASSIFICATIONREQUEST']._serialized_start=1031
+  _globals['_SCORECLASSIFICATIONREQUEST']._serialized_end=1308
+  _globals['_SCORECLASSIFICATIONREQUEST_LABELSENTRY']._serialized_start=1234
+  _globals['_SCORECLASSIFICATIONREQUEST_LABELSENTRY']._serialized_end=1308
+  _globals['_LABELSET']._serialized_start=1310
+  _globals['_LABELSET']._serialized_end=1336
+  _globals['_SCORECLASSIFICATIONRESPONSE']._serialized_start=1338
+  _globals['_SCORECLASSIFICATIONRESPONSE']._serialized_end=1409
+  _globals['_SCORINGSERVICE']._serialized_start=1412
+  _globals['_SCORINGSERVICE']._serialized_end=1722
 # @@protoc_insertion_point(module_scope)

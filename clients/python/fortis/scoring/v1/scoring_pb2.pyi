@@ -1,3 +1,4 @@
+from fortis.common.v1 import common_pb2 as _common_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -6,6 +7,63 @@ from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class MetricInput(_message.Message):
+    __slots__ = ("name", "kind", "description", "required")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    description: str
+    required: bool
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., description: _Optional[str] = ..., required: _Optional[bool] = ...) -> None: ...
+
+class MetricInfo(_message.Message):
+    __slots__ = ("id", "refs", "description", "inputs")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REFS_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    refs: _containers.RepeatedScalarFieldContainer[str]
+    description: str
+    inputs: _containers.RepeatedCompositeFieldContainer[MetricInput]
+    def __init__(self, id: _Optional[str] = ..., refs: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[MetricInput, _Mapping]]] = ...) -> None: ...
+
+class ListMetricsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListMetricsResponse(_message.Message):
+    __slots__ = ("metrics",)
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    metrics: _containers.RepeatedCompositeFieldContainer[MetricInfo]
+    def __init__(self, metrics: _Optional[_Iterable[_Union[MetricInfo, _Mapping]]] = ...) -> None: ...
+
+class ComputeRequest(_message.Message):
+    __slots__ = ("metric", "arrays", "params")
+    class ArraysEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _common_pb2.Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    ARRAYS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    arrays: _containers.MessageMap[str, _common_pb2.Tensor]
+    params: _struct_pb2.Struct
+    def __init__(self, metric: _Optional[str] = ..., arrays: _Optional[_Mapping[str, _common_pb2.Tensor]] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class ComputeResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: _struct_pb2.Struct
+    def __init__(self, result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class CorrectnessRule(_message.Message):
     __slots__ = ("mode", "k", "threshold")

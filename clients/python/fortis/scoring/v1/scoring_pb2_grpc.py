@@ -40,6 +40,16 @@ class ScoringServiceStub:
                 request_serializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreClassificationRequest.SerializeToString,
                 response_deserializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreClassificationResponse.FromString,
                 _registered_method=True)
+        self.ListMetrics = channel.unary_unary(
+                '/fortis.scoring.v1.ScoringService/ListMetrics',
+                request_serializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ListMetricsRequest.SerializeToString,
+                response_deserializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ListMetricsResponse.FromString,
+                _registered_method=True)
+        self.Compute = channel.unary_unary(
+                '/fortis.scoring.v1.ScoringService/Compute',
+                request_serializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ComputeRequest.SerializeToString,
+                response_deserializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ComputeResponse.FromString,
+                _registered_method=True)
 
 
 class ScoringServiceServicer:
@@ -53,6 +63,20 @@ class ScoringServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListMetrics(self, request, context):
+        """Lists the metric catalogue with each entry's inputs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Compute(self, request, context):
+        """Computes one catalogue metric from numeric arrays and JSON parameters.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ScoringServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +84,16 @@ def add_ScoringServiceServicer_to_server(servicer, server):
                     servicer.ScoreClassification,
                     request_deserializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreClassificationRequest.FromString,
                     response_serializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreClassificationResponse.SerializeToString,
+            ),
+            'ListMetrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMetrics,
+                    request_deserializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ListMetricsRequest.FromString,
+                    response_serializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ListMetricsResponse.SerializeToString,
+            ),
+            'Compute': grpc.unary_unary_rpc_method_handler(
+                    servicer.Compute,
+                    request_deserializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ComputeRequest.FromString,
+                    response_serializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ComputeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +124,60 @@ class ScoringService:
             '/fortis.scoring.v1.ScoringService/ScoreClassification',
             fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreClassificationRequest.SerializeToString,
             fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreClassificationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fortis.scoring.v1.ScoringService/ListMetrics',
+            fortis_dot_scoring_dot_v1_dot_scoring__pb2.ListMetricsRequest.SerializeToString,
+            fortis_dot_scoring_dot_v1_dot_scoring__pb2.ListMetricsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Compute(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fortis.scoring.v1.ScoringService/Compute',
+            fortis_dot_scoring_dot_v1_dot_scoring__pb2.ComputeRequest.SerializeToString,
+            fortis_dot_scoring_dot_v1_dot_scoring__pb2.ComputeResponse.FromString,
             options,
             channel_credentials,
             insecure,

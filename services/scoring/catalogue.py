@@ -1,0 +1,398 @@
+"""The scoring service's metric catalogue: every metric family callable by name.
+
+``ListMetrics`` and ``fortis score --list`` read it; ``Compute`` and ``fortis score FILE`` run
+one entry on *arrays* (numeric inputs: probability matrices, labels, images -- tensors on the
+wire, numpy here) and *params* (JSON: thresholds, options, structured inputs). Adding a metric
+needs no change to the contract, as for perturbation ids. Pure computation, no gRPC.
+
+Conventions shared by every entry: probability matrices are M x C float (NaN = a class the
+target did not return), label vectors M int, images N x H x W x C uint8 or float in [0, 1];
+results are JSON-able trees in which "not applicable"/"not available" is an explicit
+``None`` with a reason, never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from fortis.services.common.errors import FieldViolation, InvalidArgument
+
+Arrays = Mapping[str, np.ndarray]
+Params = Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Input:
+    name: str
+    kind: str                  # "array" | "param"
+    description: str
+    required: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricSpec:
+    id: str
+    refs: tuple[str, ...]
+    description: str
+    inputs: tuple[Input, ...]
+    run: Callable[[Arrays, Params], dict[str, Any]]
+    params: tuple[str, ...] = field(default_factory=tuple)   # optional params passed through
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "refs": list(self.refs), "description": self.description,
+                "inputs": [{"name": i.name, "kind": i.kind, "description": i.description,
+                            "required": i.required} for i in self.inputs]}
+
+
+def _a(name: str, description: str, required: bool = True) -> Input:
+    return Input(name=name, kind="array", description=description, required=required)
+
+
+def _p(name: str, description: str, required: bool = False) -> Input:
+    return Input(name=name, kind="param", description=description, required=required)
+
+
+def _opt(arrays: Arrays, name: str) -> np.ndarray | None:
+    return arrays.get(name)
+
+
+# -- adapters ---------------------------------------------------------------------------------
+
+def _ndcg(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.ranking import ndcg_batch
+    return ndcg_batch(arrays["perturbed_probs"], benign_logits=_opt(arrays, "benign_logits"),
+                      benign_probs=_opt(arrays, "benign_probs"),
+                      **{k: params[k] for k in ("gamma_b", "gamma_a", "positions", "max_k1", "max_k2")
+                         if k in params})
+
+
+def _drr(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.ranking import drr_batch
+    return drr_batch(arrays["perturbed_probs"], arrays["benign_class"],
+                     **{k: params[k] for k in ("k",) if k in params})
+
+
+def _levels(arrays: Arrays, prefix: str) -> dict[int, np.ndarray] | None:
+    out: dict[int, np.ndarray] = {}
+    for name, arr in arrays.items():
+        if name.startswith(prefix + "@"):
+            lv = name[len(prefix) + 1:]
+            if not lv.isdigit():
+                raise InvalidArgument(f"arrays.{name}", f"level after '@' must be an integer, got '{lv}'")
+            out[int(lv)] = arr
+    return out or None
+
+
+def _profile(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.profiles import FAILURE_THRESHOLDS, degradation_profile
+    true = arrays["true_labels"]
+    ids = params.get("image_ids") or [f"img-{i}" for i in range(len(true))]
+    changes = params.get("changes")
+    if isinstance(changes, Mapping):
+        changes = {int(k): v for k, v in changes.items()}
+    return degradation_profile(image_ids=list(ids), true_labels=true,
+                               labels=_levels(arrays, "labels"), probs=_levels(arrays, "probs"),
+                               changes=changes,
+                               thresholds=tuple(params.get("thresholds", FAILURE_THRESHOLDS)),
+                               num_classes=params.get("num_classes"))
+
+
+def _capability(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.canary import model_capability
+    return model_capability(arrays["labels"], arrays["clean"])
+
+
+def _attack_effect(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.canary import attack_effect
+    transfer = None
+    others = sorted({n.split("@", 1)[1] for n in arrays if n.startswith(("other_clean@", "other_adversarial@"))})
+    if others:
+        transfer = {}
+        for name in others:
+            for part in ("clean", "adversarial"):
+                if f"other_{part}@{name}" not in arrays:
+                    raise InvalidArgument(f"arrays.other_{part}@{name}", "give both other_clean@NAME and other_adversarial@NAME")
+            transfer[name] = {"clean": arrays[f"other_clean@{name}"],
+                              "adversarial": arrays[f"other_adversarial@{name}"]}
+    return attack_effect(arrays["labels"], arrays["clean"], arrays["adversarial"],
+                         target_labels=_opt(arrays, "target_labels"), transfer=transfer)
+
+
+def _attack_cost(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.canary import attack_cost
+    if "kind" not in params:
+        raise InvalidArgument("params.kind", "required: white-box, transfer, score, decision or black-box")
+    return attack_cost(kind=params["kind"], seconds=_opt(arrays, "seconds"),
+                       qnc_forward=_opt(arrays, "qnc_forward"), qnc_backward=_opt(arrays, "qnc_backward"),
+                       include=_opt(arrays, "include"), ctc_peers=params.get("ctc_peers"))
+
+
+def _perturbation_cost(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.canary import perturbation_cost
+    return perturbation_cost(arrays["clean"], arrays["adversarial"], include=_opt(arrays, "include"),
+                             **{k: params[k] for k in ("change_tolerance", "l0_denominator") if k in params})
+
+
+def _defence(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.canary import defence_effect
+    return defence_effect(arrays["labels"], baseline_clean=arrays["baseline_clean"],
+                          defended_clean=arrays["defended_clean"],
+                          baseline_adv=_opt(arrays, "baseline_adv"), defended_adv=_opt(arrays, "defended_adv"),
+                          baseline_attack=params.get("baseline_attack"),
+                          defended_attack=params.get("defended_attack"))
+
+
+def _matrix(arrays: Arrays, params: Params) -> Any:
+    from fortis.services.scoring.twoway import DataMatrix
+    for key in ("attacks", "models"):
+        if not isinstance(params.get(key), list):
+            raise InvalidArgument(f"params.{key}", "required: a list of names")
+    return DataMatrix(attacks=params["attacks"], models=params["models"], values=arrays["values"],
+                      metric=str(params.get("metric", "MR")),
+                      higher_is_more_effective=bool(params.get("higher_is_more_effective", True)))
+
+
+def _twoway(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.twoway import transfer_heatmap, transfer_summary, two_way
+    data = _matrix(arrays, params)
+    out = {"two_way": two_way(data).to_dict(), "transfer": transfer_summary(data).to_dict()}
+    if params.get("heatmaps", True):
+        out["heatmaps"] = {a: transfer_heatmap(data, a, render_svg=bool(params.get("svg", False))).to_dict()
+                           for a in data.attacks}
+    return out
+
+
+def _fast_rank(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.twoway import fast_rank_attack, fast_rank_model
+    data = _matrix(arrays, params)
+    name, kind = params.get("new_name"), params.get("new_kind")
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument("params.new_name", "required: the new model's or attack's name")
+    if kind == "model":
+        if "white_box" not in arrays:
+            raise InvalidArgument("arrays.white_box", "required for a new model: K values of each attack crafted and evaluated on it")
+        return fast_rank_model(data, name, white_box=arrays["white_box"],
+                               crafted_on_new=_opt(arrays, "crafted_on_new"),
+                               evaluated_on_new=_opt(arrays, "evaluated_on_new")).to_dict()
+    if kind == "attack":
+        if "new_values" not in arrays:
+            raise InvalidArgument("arrays.new_values", "required for a new attack: its M x M matrix")
+        return fast_rank_attack(data, name, values=arrays["new_values"]).to_dict()
+    raise InvalidArgument("params.new_kind", f"must be 'model' or 'attack', got {kind!r}")
+
+
+def _irt(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.common.seeding import rng_for
+    from fortis.services.scoring.irt import IRTConfig, Metric, two_layer_irt
+    subjects = params.get("subjects")
+    if not isinstance(subjects, list) or not subjects:
+        raise InvalidArgument("params.subjects", "required: the names of the models (or attacks) scored")
+    items = params.get("metrics")
+    if not isinstance(items, list) or not items:
+        raise InvalidArgument("params.metrics", "required: [{name, category, values, higher_is_better}]")
+    metrics = []
+    for i, m in enumerate(items):
+        if not isinstance(m, Mapping) or not {"name", "category", "values", "higher_is_better"} <= set(m):
+            raise InvalidArgument(f"params.metrics[{i}]", "needs name, category, values, higher_is_better")
+        metrics.append(Metric(name=str(m["name"]), category=str(m["category"]),
+                              values=[float("nan") if v is None else float(v) for v in m["values"]],
+                              higher_is_better=bool(m["higher_is_better"])))
+    cfg = IRTConfig(**{k: params[k] for k in ("chain_length", "burn_in") if k in params})
+    rng = rng_for(int(params.get("seed", 0)), "irt")
+    return two_layer_irt([str(x) for x in subjects], metrics, rng, cfg).to_dict()
+
+
+def _pertknob_stats(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.pertknob import KnobResult, property_robustness
+    rows = params.get("results")
+    if not isinstance(rows, list):
+        raise InvalidArgument("params.results", "required: [{status, l2, epsilon, queries}] per image")
+    results = []
+    for i, r in enumerate(rows):
+        if not isinstance(r, Mapping) or r.get("status") not in ("found", "never_fooled", "already_met", "budget_exhausted"):
+            raise InvalidArgument(f"params.results[{i}].status", "one of found, never_fooled, already_met, budget_exhausted")
+        results.append(KnobResult(status=r["status"], epsilon=r.get("epsilon"), l2=r.get("l2"),
+                                  linf=r.get("linf"), queries=int(r.get("queries", 0)),
+                                  lower=float(r.get("lower", 0.0)), upper=r.get("upper"),
+                                  mode=str(r.get("mode", "")), cells=int(r.get("cells", 0)),
+                                  criterion=str(r.get("criterion", ""))))
+    return property_robustness(results, threshold=params.get("threshold")).to_dict()
+
+
+_PROBS = "M x C probabilities (NaN = class not returned), or M labels for a labels-only target"
+
+METRICS: dict[str, MetricSpec] = {m.id: m for m in (
+    MetricSpec(id="ndcg", refs=("RANK-1", "RANK-3"),
+               description="NDCG per rank position and NDCG@1 of perturbed vs benign outputs (Brama et al.)",
+               inputs=(_a("perturbed_probs", "M x C post-softmax probabilities on the perturbed images"),
+                       _a("benign_logits", "M x C pre-softmax outputs on the benign images", False),
+                       _a("benign_probs", "M x C probabilities on the benign images (if no logits)", False),
+                       _p("gamma_b", "benign probability floor (default 0.01)"),
+                       _p("gamma_a", "perturbed probability floor (default 0.001)"),
+                       _p("positions", "rank positions reported (default 10)")),
+               run=_ndcg),
+    MetricSpec(id="drr", refs=("RANK-2", "RANK-3"),
+               description="defence reciprocal rank DRR@k of the benign class in the perturbed output",
+               inputs=(_a("perturbed_probs", "M x C probabilities on the perturbed images"),
+                       _a("benign_class", "M benign (clean-predicted) classes"),
+                       _p("k", "cut-off (default 5)")),
+               run=_drr),
+    MetricSpec(id="degradation_profile", refs=("DEG-2", "DEG-3", "DEG-4"),
+               description="accuracy, mean true-label rank and probability per level on the images "
+                           "correct at level 0, with failure points at 90/50/10%",
+               inputs=(_a("true_labels", "M true labels"),
+                       _a("labels@L", "M x K ranked labels at level L (L = 0, 1, ...; -1 padded)", False),
+                       _a("probs@L", "M x C probabilities at level L", False),
+                       _p("image_ids", "M image ids (default img-0 ..)"),
+                       _p("changes", "{level: change made at that level} (e.g. fraction of pixels changed)"),
+                       _p("thresholds", "failure thresholds (default [0.9, 0.5, 0.1])")),
+               run=_profile),
+    MetricSpec(id="canary.model_capability", refs=("CAN-1",),
+               description="CA, CF (macro F1), CC (mean true-class confidence)",
+               inputs=(_a("labels", "N true labels"), _a("clean", _PROBS)),
+               run=_capability),
+    MetricSpec(id="canary.attack_effect", refs=("CAN-2",),
+               description="MR, TAS, AIAC, ARTC, OTR on the images the model got right "
+                           "(ACAMC needs a white-box model: in-process only)",
+               inputs=(_a("labels", "N true labels"), _a("clean", _PROBS),
+                       _a("adversarial", "the model's answers on the adversarial examples"),
+                       _a("target_labels", "N targets of a targeted attack", False),
+                       _a("other_clean@NAME", "another model's answers on the clean images (OTR)", False),
+                       _a("other_adversarial@NAME", "that model's answers on the adversarial examples", False)),
+               run=_attack_effect),
+    MetricSpec(id="canary.attack_cost", refs=("CAN-3",),
+               description="CTC (seconds and grade among peers), QNC-F, QNC-B from the ledger",
+               inputs=(_p("kind", "white-box, transfer, score, decision or black-box", True),
+                       _a("seconds", "N seconds per example", False),
+                       _a("qnc_forward", "N forward queries per example (ledger)", False),
+                       _a("qnc_backward", "N backward queries per example", False),
+                       _a("include", "N booleans: the examples averaged over", False),
+                       _p("ctc_peers", "{attack: mean seconds} of other attacks, for the grade")),
+               run=_attack_cost),
+    MetricSpec(id="canary.perturbation_cost", refs=("CAN-4",),
+               description="AMD, AED, APCR, AED-FD low/high (Haar DWT), ALMS (MS-GMSD); ADMS "
+                           "(DISTS) not available without user-supplied weights",
+               inputs=(_a("clean", "N x H x W x C clean images"), _a("adversarial", "N x H x W x C adversarial images"),
+                       _a("include", "N booleans: the examples averaged over", False),
+                       _p("change_tolerance", "a value counts as changed above this (default 0)"),
+                       _p("l0_denominator", "'size' (default) or 'nonzero'")),
+               run=_perturbation_cost),
+    MetricSpec(id="canary.defence_effect", refs=("CAN-5",),
+               description="AV/FV/CV, RR/SR, ACV, ARAC/AITC between a baseline and a defended model",
+               inputs=(_a("labels", "N true labels"), _a("baseline_clean", _PROBS), _a("defended_clean", _PROBS),
+                       _a("baseline_adv", "baseline's answers on its adversarial examples", False),
+                       _a("defended_adv", "defended model's answers on its adversarial examples", False),
+                       _p("baseline_attack", "baseline attack metrics (MR, AMD, ...)"),
+                       _p("defended_attack", "defended attack metrics")),
+               run=_defence),
+    MetricSpec(id="twoway", refs=("CAN-7",),
+               description="two-way evaluation of a K attacks x M models x M models matrix: models "
+                           "ranked by robustness, attacks by effectiveness, transfer heat maps",
+               inputs=(_a("values", "K x M x M metric values (crafted on model i, evaluated on j; NaN = not run)"),
+                       _p("attacks", "K attack names", True), _p("models", "M model names", True),
+                       _p("metric", "the metric's name (default MR)"),
+                       _p("higher_is_more_effective", "default true"),
+                       _p("heatmaps", "include heat maps (default true)"),
+                       _p("svg", "render each heat map as SVG (default false)")),
+               run=_twoway),
+    MetricSpec(id="twoway.fast_rank", refs=("CAN-10",),
+               description="rank a new model or attack against a stored baseline matrix without re-running it",
+               inputs=(_a("values", "baseline K x M x M matrix"),
+                       _p("attacks", "K attack names", True), _p("models", "M model names", True),
+                       _p("metric", "the metric's name"), _p("higher_is_more_effective", "default true"),
+                       _p("new_name", "the new entry's name", True), _p("new_kind", "'model' or 'attack'", True),
+                       _a("white_box", "new model: K values (crafted and evaluated on it)", False),
+                       _a("crafted_on_new", "new model: K x M (crafted on it, evaluated on each baseline model)", False),
+                       _a("evaluated_on_new", "new model: K x M (crafted on each baseline model, evaluated on it)", False),
+                       _a("new_values", "new attack: M x M", False)),
+               run=_fast_rank),
+    MetricSpec(id="irt", refs=("CAN-8",),
+               description="two-layer IRT 3PL scores (Metropolis-Hastings within Gibbs, seeded) of "
+                           "models or attacks from their metrics, min-max normalised",
+               inputs=(_p("subjects", "names of the models or attacks scored", True),
+                       _p("metrics", "[{name, category, values (one per subject, null = missing), higher_is_better}]", True),
+                       _p("seed", "sampler seed (default 0)"),
+                       _p("chain_length", "MH chain length L (default 7000)"),
+                       _p("burn_in", "discarded steps (default 3000)")),
+               run=_irt),
+    MetricSpec(id="pertknob.robustness", refs=("PER-4",),
+               description="per-property robustness from PertKnob results: mean and median minimal "
+                           "L2, share never fooled, fooling rate at threshold T",
+               inputs=(_p("results", "[{status, epsilon, l2, queries}] per image (PER-3 search results)", True),
+                       _p("threshold", "T for the fooling rate (default: the mean minimal L2)")),
+               run=_pertknob_stats),
+)}
+
+
+def register(spec: MetricSpec) -> None:
+    """Add an entry (used by the modules that define further metric families)."""
+    if spec.id in METRICS:
+        raise RuntimeError(f"metric '{spec.id}' registered twice")
+    METRICS[spec.id] = spec
+
+
+def metric_spec(metric_id: str) -> MetricSpec:
+    spec = METRICS.get(metric_id)
+    if spec is None:
+        raise InvalidArgument("metric", f"unknown metric '{metric_id}'; known: {', '.join(sorted(METRICS))}")
+    return spec
+
+
+def _check_inputs(spec: MetricSpec, arrays: Arrays, params: Params) -> None:
+    problems: list[FieldViolation] = []
+    array_names = {i.name for i in spec.inputs if i.kind == "array"}
+    param_names = {i.name for i in spec.inputs if i.kind == "param"}
+    patterns = {n.split("@")[0] for n in array_names if "@" in n}
+    for name in arrays:
+        if name not in array_names and name.split("@")[0] not in patterns:
+            problems.append(FieldViolation(f"arrays.{name}", f"not an input of {spec.id}; inputs: "
+                                           f"{', '.join(sorted(array_names))}"))
+    for name in params:
+        if name not in param_names:
+            problems.append(FieldViolation(f"params.{name}", f"not a parameter of {spec.id}; "
+                                           f"parameters: {', '.join(sorted(param_names)) or 'none'}"))
+    for i in spec.inputs:
+        if i.required and "@" not in i.name:
+            if (i.kind == "array" and i.name not in arrays) or (i.kind == "param" and i.name not in params):
+                problems.append(FieldViolation(f"{i.kind}s.{i.name}", "required"))
+    if problems:
+        raise InvalidArgument.from_violations(problems)
+
+
+def compute(metric_id: str, arrays: Arrays, params: Params | None = None) -> dict[str, Any]:
+    """Run one catalogue entry; returns a JSON-able tree (NaN/inf become None)."""
+    spec = metric_spec(metric_id)
+    params = dict(params or {})
+    _check_inputs(spec, arrays, params)
+    try:
+        result = spec.run(arrays, params)
+    except (TypeError, KeyError) as exc:
+        raise InvalidArgument("params", f"{spec.id}: bad inputs ({exc})") from None
+    return jsonable(result)
+
+
+def jsonable(x: Any) -> Any:
+    """Plain JSON types; non-finite floats -> None."""
+    if isinstance(x, Mapping):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    if isinstance(x, np.generic):
+        return jsonable(x.item())
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if x is None or isinstance(x, bool | int | str):
+        return x
+    if hasattr(x, "as_dict"):
+        return jsonable(x.as_dict())
+    return repr(x)
+
+
+def list_metrics() -> list[dict[str, Any]]:
+    return [m.as_dict() for m in METRICS.values()]
