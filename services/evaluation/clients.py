@@ -16,6 +16,7 @@ from fortis.report.v1 import report_pb2, report_pb2_grpc
 from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
 from fortis.services.common import errors
 from fortis.services.common.codec import (
+    array_to_tensor,
     decode_image,
     image_msg,
     intify,
@@ -158,6 +159,16 @@ class GrpcScoring:
             req.tests.append(to)
         resp = _call(self.stub.ScoreClassification, req, self.md, 600)
         return intify(json_format.MessageToDict(resp.metrics))
+
+    def compute(self, metric: str, arrays: Mapping[str, np.ndarray],
+                params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        req = scoring_pb2.ComputeRequest(metric=metric)
+        for name, arr in arrays.items():
+            req.arrays[name].CopyFrom(array_to_tensor(np.asarray(arr)))
+        if params:
+            json_format.ParseDict(json.loads(json.dumps(dict(params))), req.params)
+        resp = _call(self.stub.Compute, req, self.md, 600)
+        return json_format.MessageToDict(resp.result)
 
 
 class GrpcReport:

@@ -70,6 +70,11 @@ class ScoringPort(Protocol):
     def score(self, *, rule: Mapping[str, Any], labels: Mapping[str, Sequence[int]],
               tests: Sequence[Mapping[str, Any]]) -> dict[str, Any]: ...
 
+    def compute(self, metric: str, arrays: Mapping[str, np.ndarray],
+                params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One entry of the scoring service's metric catalogue (ListMetrics)."""
+        ...
+
 
 class ReportPort(Protocol):
     def render(self, parts: Mapping[str, Any]) -> tuple[str, str]: ...

@@ -16,7 +16,7 @@ import functools
 import json
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,6 +234,7 @@ class EvaluationRunner:
             tests.append(t)
         metrics = self.ctx.scoring.score(rule=plan.correctness, labels=labels, tests=tests)
         self._add_attack_distances(metrics, attack_results)
+        metrics["ranking"] = self._ranking(target, clean, tests)
 
         # Report (IEEE-P4).
         self._progress("report")
@@ -248,6 +249,51 @@ class EvaluationRunner:
                      report_html=report_html, summary_json=json.dumps(summary),
                      finished_at=finished_at, message="")
         return metrics
+
+    def _ranking(self, target: TargetDescription, clean: Mapping[str, Any],
+                 tests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """NDCG@1 and DRR@5 of each setting's answers against the clean answers (RANK-1,
+        RANK-2), computed by the scoring service from the recorded scores (top KEEP_SCORES
+        per answer; classes not returned are NaN). A labels-only target: not applicable
+        (RANK-3), never 0."""
+        if target.output_kind == "label_only":
+            return {"applicable": False, "reason": "the target returns labels only; NDCG and "
+                    "DRR need scores (RANK-3)", "settings": {}}
+        n_classes = len(target.labels)
+        ids = [i for i in clean if not clean[i].get("error") and clean[i].get("scores")]
+        if not ids:
+            return {"applicable": False, "reason": "no scored clean answers", "settings": {}}
+
+        def dense(preds: Mapping[str, Any], keep: Sequence[str]) -> np.ndarray:
+            out = np.full((len(keep), n_classes), np.nan)
+            for r, i in enumerate(keep):
+                p = preds[i]
+                if p.get("scores"):
+                    out[r, p["labels"]] = p["scores"]
+            return out
+
+        settings: dict[str, Any] = {}
+        for t in tests:
+            if t["kind"] == "clean" or not t.get("predictions"):
+                continue
+            preds = t["predictions"]
+            keep = [i for i in ids if i in preds and not preds[i].get("error") and preds[i].get("scores")]
+            if not keep:
+                continue
+            benign = dense(clean, keep)
+            pert = dense(preds, keep)
+            name = (f"{t['perturbation_id']}@{t['severity']}" if t["kind"] == "corruption"
+                    else t["perturbation_id"])
+            nd = self.ctx.scoring.compute("ndcg", {"perturbed_probs": pert, "benign_probs": benign})
+            dr = self.ctx.scoring.compute("drr", {"perturbed_probs": pert,
+                                                  "benign_class": np.nanargmax(benign, axis=1)})
+            settings[name] = {"kind": t["kind"], "m": len(keep),
+                              "ndcg_1": nd.get("mean", {}).get("ndcg_1"),
+                              "ndcg_at": nd.get("mean", {}).get("ndcg_at"),
+                              "drr_5": (dr.get("mean") or {}).get("drr"), "drr_n": dr.get("m_applicable"),
+                              "applicable": bool(nd.get("applicable", True))}
+        return {"applicable": True, "gamma_b": 0.01, "gamma_a": 0.001, "drr_k": 5,
+                "scores_kept": KEEP_SCORES, "settings": settings}
 
     # -- attacks ----------------------------------------------------------------------------
     def _save_adversarials(self, name: str, chunk: int, outs: Sequence[Any]) -> str:

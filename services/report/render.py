@@ -633,6 +633,29 @@ def render_html(report: Mapping[str, Any]) -> str:
         f"<table>{_METRIC_HEAD}{''.join(rows)}</table><p class='muted'>Averages are means "
         "of rates measured on the same images; no confidence interval is given for them.</p>"))
 
+    # ranking metrics (RANK-1..RANK-3) --------------------------------------------------
+    ranking = metrics.get("ranking")
+    if isinstance(ranking, Mapping):
+        if ranking.get("applicable") and ranking.get("settings"):
+            head = ("<tr><th>setting</th><th>NDCG@1</th><th>NDCG@5</th><th>DRR@5</th>"
+                    "<th>images</th></tr>")
+            rows = []
+            for name, r in ranking["settings"].items():
+                if not isinstance(r, Mapping):
+                    continue
+                at = r.get("ndcg_at") or []
+                n5 = at[4] if len(at) > 4 else None
+                rows.append(f"<tr><th>{_e(name)}</th><td class='num'>{_num(r.get('ndcg_1'), 3)}</td>"
+                            f"<td class='num'>{_num(n5, 3)}</td><td class='num'>{_num(r.get('drr_5'), 3)}</td>"
+                            f"<td class='num'>{_num(r.get('m'), 0)}</td></tr>")
+            body = (f"<table>{head}{''.join(rows)}</table><p class='muted'>Each setting's answers "
+                    "against the clean answers (Brama et al.): 1 = the same ranking of classes; "
+                    f"gamma_b = {_e(ranking.get('gamma_b'))}, gamma_a = {_e(ranking.get('gamma_a'))}, "
+                    "from the top scores the target returned.</p>")
+        else:
+            body = f"<p class='muted'>Not applicable: {_e(ranking.get('reason'))}</p>"
+        sections.append(_section("ranking", "Ranking metrics: NDCG and DRR (RANK-1..RANK-3)", body))
+
     sections.append(_section("ledger", "Query ledger", _kv(report.get("ledger") or {})))
     sections.append(_section("evaluation", "Evaluation run", _kv(evaluation)))
     sections.append(_section("environment", "Environment", _kv(report.get("environment") or {})))
@@ -648,7 +671,8 @@ def render_html(report: Mapping[str, Any]) -> str:
 
     nav = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in [
         ("summary", "Summary"), ("tests", "Tests"), ("corruptions", "Corruptions"),
-        ("attacks", "Attacks"), ("worst-case", "Worst case"), ("ledger", "Ledger"),
+        ("attacks", "Attacks"), ("worst-case", "Worst case"), ("ranking", "Ranking"),
+        ("ledger", "Ledger"),
         ("environment", "Environment"), ("plan", "Plan"), ("repeat", "Repeat")])
     title = f"Fortis robustness report: {target.get('name') or 'target'}"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -223,9 +223,142 @@ def _pertknob_stats(arrays: Arrays, params: Params) -> dict[str, Any]:
     return property_robustness(results, threshold=params.get("threshold")).to_dict()
 
 
+def _test_records(params: Params, pred: Callable[[Any, str], Any]) -> list[Any]:
+    from fortis.services.scoring.outcomes import TestRecord
+    tests = params.get("tests")
+    if not isinstance(tests, list) or not tests:
+        raise InvalidArgument("params.tests", "required: [{kind, perturbation_id, severity, predictions}]")
+    out = []
+    for n, t in enumerate(tests):
+        f = f"params.tests[{n}]"
+        if not isinstance(t, Mapping) or t.get("kind") not in ("clean", "corruption", "attack"):
+            raise InvalidArgument(f"{f}.kind", "must be clean, corruption or attack")
+        preds = t.get("predictions") or {}
+        if not isinstance(preds, Mapping):
+            raise InvalidArgument(f"{f}.predictions", "must map image id -> prediction")
+        out.append(TestRecord(
+            kind=t["kind"], perturbation_id=str(t.get("perturbation_id", "")),
+            severity=int(t.get("severity", 0)),
+            predictions={str(i): pred(p, f"{f}.predictions.{i}") for i, p in preds.items()},
+            queries={str(k): int(v) for k, v in (t.get("queries") or {}).items()},
+            success={str(k): bool(v) for k, v in (t.get("success") or {}).items()},
+            query_budget=int(t.get("query_budget", 0)),
+            image_ids=tuple(str(x) for x in t.get("image_ids") or ())))
+    return out
+
+
+def _mapping(params: Params) -> Any:
+    from fortis.services.scoring.correctness import LabelMapping
+    lm = params.get("label_map")
+    return LabelMapping.from_dict(lm, field="params.label_map") if lm else None
+
+
+def _class_pred(p: Any, f: str) -> Any:
+    from fortis.services.scoring.ieee import ClassPrediction
+
+    def one(x: Any) -> ClassPrediction:
+        if not isinstance(x, Mapping):
+            raise InvalidArgument(f, "a prediction is {labels, scores, error}")
+        sc = x.get("scores")
+        return ClassPrediction(labels=tuple(int(v) for v in x.get("labels") or ()),
+                               scores=tuple(float(v) for v in sc) if sc else None,
+                               error=x.get("error") or None)
+    return [one(x) for x in p] if isinstance(p, list) else one(p)
+
+
+def _ieee_classification(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.correctness import AggregationRule
+    from fortis.services.scoring.ieee import CorrectnessRule
+    from fortis.services.scoring.outcomes import score_classification
+    rule_d = dict(params.get("rule") or {})
+    agg = AggregationRule.from_dict(rule_d, prefix="params.rule")
+    rule = CorrectnessRule.from_dict({k: v for k, v in rule_d.items() if k in ("mode", "k", "threshold")})
+    labels = params.get("labels")
+    if not isinstance(labels, Mapping) or not labels:
+        raise InvalidArgument("params.labels", "required: image id -> label(s)")
+    return score_classification(rule, {str(k): v for k, v in labels.items()},
+                                _test_records(params, _class_pred), aggregate=agg,
+                                label_mapping=_mapping(params))
+
+
+def _detections(x: Any, f: str) -> Any:
+    from fortis.services.scoring.correctness import Detections
+    if not isinstance(x, Mapping):
+        raise InvalidArgument(f, "detections are {boxes, labels, scores, box_format, label_base, image_size}")
+    size = x.get("image_size")
+    return Detections(boxes=np.asarray(x.get("boxes") or np.zeros((0, 4)), dtype=np.float64).reshape(-1, 4),
+                      labels=np.asarray(x.get("labels") or [], dtype=np.int64),
+                      scores=None if x.get("scores") is None else np.asarray(x["scores"], dtype=np.float64),
+                      box_format=str(x.get("box_format", "xyxy")), label_base=int(x.get("label_base", 0)),
+                      image_size=tuple(size) if size else None, error=x.get("error") or None)
+
+
+def _ieee_detection(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.correctness import DetectionCriterion
+    from fortis.services.scoring.outcomes import score_detection
+    crit = DetectionCriterion.from_dict(params.get("criterion"), prefix="params.criterion")
+    truths = params.get("truths")
+    if not isinstance(truths, Mapping) or not truths:
+        raise InvalidArgument("params.truths", "required: image id -> ground-truth detections")
+    return score_detection(crit, {str(k): _detections(v, f"params.truths.{k}") for k, v in truths.items()},
+                           _test_records(params, _detections), label_mapping=_mapping(params))
+
+
+def _ieee_segmentation(arrays: Arrays, params: Params) -> dict[str, Any]:
+    from fortis.services.scoring.correctness import SegmentationCriterion, SegmentationPrediction
+    from fortis.services.scoring.outcomes import TestRecord, score_segmentation
+    crit = SegmentationCriterion.from_dict(params.get("criterion") or {}, prefix="params.criterion")
+    truth = arrays["truth"]
+    if truth.ndim != 3:
+        raise InvalidArgument("arrays.truth", f"must be N x H x W label maps, got shape {list(truth.shape)}")
+    ids = [str(i) for i in params.get("image_ids") or [f"img-{n}" for n in range(truth.shape[0])]]
+    if len(ids) != truth.shape[0]:
+        raise InvalidArgument("params.image_ids", f"{len(ids)} ids for {truth.shape[0]} truth maps")
+    tests = params.get("tests")
+    if not isinstance(tests, list) or not tests:
+        raise InvalidArgument("params.tests", "required: [{kind, perturbation_id, severity}], masks in arrays masks@<index>")
+    records = []
+    for n, t in enumerate(tests):
+        masks = arrays.get(f"masks@{n}")
+        if masks is None or masks.shape != truth.shape:
+            raise InvalidArgument(f"arrays.masks@{n}", f"required: N x H x W predicted label maps like arrays.truth {list(truth.shape)}")
+        records.append(TestRecord(kind=str(t.get("kind")), perturbation_id=str(t.get("perturbation_id", "")),
+                                  severity=int(t.get("severity", 0)),
+                                  predictions={i: SegmentationPrediction(mask=masks[k]) for k, i in enumerate(ids)}))
+    return score_segmentation(crit, {i: truth[k] for k, i in enumerate(ids)}, records,
+                              label_mapping=_mapping(params))
+
+
 _PROBS = "M x C probabilities (NaN = class not returned), or M labels for a labels-only target"
 
 METRICS: dict[str, MetricSpec] = {m.id: m for m in (
+    MetricSpec(id="ieee.classification", refs=("IEEE-M1", "IEEE-M7", "IEEE-C1", "IEEE-C2", "IEEE-C3", "IEEE-P6"),
+               description="IEEE accuracy, robustness per setting, averages and worst case with 95% CIs, "
+                           "re-scored from recorded classification answers",
+               inputs=(_p("rule", "{mode: top1|topk|threshold, k, threshold, aggregate: all|at_least, q}"),
+                       _p("labels", "image id -> label, [acceptable labels] or [[label set], ...]", True),
+                       _p("tests", "[{kind: clean|corruption|attack, perturbation_id, severity, predictions: "
+                                   "{image id: {labels, scores, error}}, success, queries, query_budget}]", True),
+                       _p("label_map", "dataset label -> service label(s) (IEEE-P6)")),
+               run=_ieee_classification),
+    MetricSpec(id="ieee.detection", refs=("IEEE-M1", "IEEE-M7", "IEEE-C4"),
+               description="IEEE metrics for an object detector: ground-truth boxes matched by IoU with "
+                           "class agreement, then Q-of-s over the objects",
+               inputs=(_p("criterion", "{mode: threshold|top1|topk, k, iou_threshold, confidence_threshold, aggregate, q}"),
+                       _p("truths", "image id -> {boxes, labels, box_format, label_base, image_size}", True),
+                       _p("tests", "[{kind, perturbation_id, severity, predictions: {image id: {boxes, labels, "
+                                   "scores, box_format, label_base, image_size, error}}}]", True),
+                       _p("label_map", "dataset label -> service label(s)")),
+               run=_ieee_detection),
+    MetricSpec(id="ieee.segmentation", refs=("IEEE-M1", "IEEE-M7", "IEEE-C5"),
+               description="IEEE metrics for a segmenter: an image is correct iff the mIoU over the "
+                           "classes of interest exceeds the threshold",
+               inputs=(_a("truth", "N x H x W ground-truth label maps"),
+                       _a("masks@I", "N x H x W predicted label maps of test I"),
+                       _p("criterion", "{classes, miou_threshold, ignore_label, all_absent}", True),
+                       _p("tests", "[{kind, perturbation_id, severity}] in the order of masks@0, masks@1, ...", True),
+                       _p("image_ids", "N image ids"), _p("label_map", "dataset label -> service label")),
+               run=_ieee_segmentation),
     MetricSpec(id="ndcg", refs=("RANK-1", "RANK-3"),
                description="NDCG per rank position and NDCG@1 of perturbed vs benign outputs (Brama et al.)",
                inputs=(_a("perturbed_probs", "M x C post-softmax probabilities on the perturbed images"),

@@ -1,9 +1,14 @@
-"""IEEE Std 3129-2023 metrics for image-classification services (section 4.7).
+"""IEEE Std 3129-2023 metrics for image-recognition services (section 4.7).
 
-Pure domain code (no gRPC): prediction correctness (4.7.6, IEEE-C1/C2), Wilson confidence
-intervals for every rate (IEEE-M8) and the metrics tree of an evaluation (IEEE-M1..M7).
+Pure domain code (no gRPC): classification prediction correctness (4.7.6, IEEE-C1/C2), Wilson
+confidence intervals for every rate (IEEE-M8) and the metrics tree of an evaluation
+(IEEE-M1..M7). The tree is built from per-image booleans only (Clean_Result(i),
+Corr_Result(i, j), Adv_Result(i, j)), so it is the same for every service type; how those
+booleans are decided for multi-label-set classification, object detection and semantic
+segmentation (IEEE-C3..C5, IEEE-P6) lives in ``fortis.services.scoring.correctness``.
 
-Metric tree returned by :func:`compute_classification_metrics` (plain JSON-able dict)::
+Metric tree returned by :func:`compute_ieee_metrics` (alias :func:`compute_classification_metrics`;
+a plain JSON-able dict)::
 
     m                                   M, the number of clean images
     accuracy                            {value, ci95, m, correct}                    IEEE-M1
@@ -36,10 +41,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
+import numpy as np
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 
 __all__ = [
@@ -47,7 +54,9 @@ __all__ = [
     "AttackImageOutcome",
     "ClassPrediction",
     "CorrectnessRule",
+    "ResultVector",
     "compute_classification_metrics",
+    "compute_ieee_metrics",
     "is_correct",
     "wilson_interval",
 ]
@@ -221,15 +230,35 @@ def _null_average(definition: str) -> dict[str, Any]:
     return {"value": None, "ci95": None, "n": 0, "definition": definition}
 
 
-def _check_bool_map(results: Any, field: str, image_ids: Sequence[str],
-                    known: set[str]) -> tuple[dict[str, bool], list[FieldViolation]]:
+#: Per-image results of one setting: a mapping image id -> bool, or a numpy array of M booleans
+#: (or 0/1 integers) in the order of ``image_ids``.
+ResultVector: TypeAlias = Mapping[str, bool] | np.ndarray
+
+
+def _result_vector(results: Any, field: str, image_ids: Sequence[str],
+                   known: set[str]) -> tuple[np.ndarray, list[FieldViolation]]:
+    """One column of a result matrix (Clean_Result, Corr_Result(., j)) as an (M,) bool array."""
+    m = len(image_ids)
+    if isinstance(results, np.ndarray):
+        if results.shape != (m,):
+            return np.zeros(m, bool), [FieldViolation(
+                field, f"an array of M = {m} results in the order of image_ids is needed, got "
+                       f"shape {results.shape}")]
+        if results.dtype != np.bool_:
+            if not np.issubdtype(results.dtype, np.integer) or not np.isin(results, (0, 1)).all():
+                return np.zeros(m, bool), [FieldViolation(
+                    field, f"results must be booleans (or 0/1), got dtype {results.dtype}")]
+            results = results.astype(bool)
+        return results, []
     if not isinstance(results, Mapping):
-        return {}, [FieldViolation(field, "must map image id -> bool")]
+        return np.zeros(m, bool), [FieldViolation(field, "must map image id -> bool")]
     violations = [FieldViolation(field, f"no result for image '{i}'")
                   for i in image_ids if i not in results]
     violations += [FieldViolation(field, f"result for image '{i}' which is not in image_ids")
                    for i in results if i not in known]
-    return {i: bool(results[i]) for i in image_ids if i in results}, violations
+    if violations:
+        return np.zeros(m, bool), violations
+    return np.fromiter((bool(results[i]) for i in image_ids), dtype=bool, count=m), []
 
 
 AVG_CORR_DEFINITION = ("mean over the N corruptions of Robustness_Corr(j), where "
@@ -238,24 +267,30 @@ AVG_CORR_DEFINITION = ("mean over the N corruptions of Robustness_Corr(j), where
 AVG_ADV_DEFINITION = "mean over the K attacks of Robustness_Adv(j) (IEEE 3129 eq. (5), IEEE-M3)"
 
 
-def compute_classification_metrics(
+def compute_ieee_metrics(
     *,
-    clean: Mapping[str, bool],
-    corruptions: Mapping[str, Mapping[int, Mapping[str, bool]]],
+    clean: ResultVector,
+    corruptions: Mapping[str, Mapping[int, ResultVector]],
     attacks: Mapping[str, Sequence[AttackImageOutcome]],
     attack_budgets: Mapping[str, int | None],
     image_ids: Sequence[str],
     attack_coverage: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """IEEE 3129 section 4.7 metrics for a classification service (see the module docstring
-    for the exact tree).
+    """IEEE 3129 section 4.7 metrics (IEEE-M1..M7, with IEEE-M8 intervals) from per-image
+    booleans, whatever the service type (see the module docstring for the exact tree).
 
-    ``clean[i]`` is Clean_Result(i) (IEEE-M1), ``corruptions[name][severity][i]`` is
-    Corr_Result(i, (name, severity)) (IEEE-M2, M4, M7), ``attacks[name]`` holds one
-    :class:`AttackImageOutcome` per image (IEEE-M3, M5, M6) and ``attack_budgets[name]`` is
-    Q_m (``None`` for transfer attacks). Every image of ``image_ids`` must appear exactly once
-    in every mapping, and no other image may: otherwise :class:`InvalidArgument` names the
-    field (``clean``, ``corruptions.<name>.<severity>``, ``attacks.<name>``) and the image.
+    The tree depends only on the result matrices, so a classification, detection or
+    segmentation service gives the same tree: the service type only changes how each boolean
+    was decided (IEEE-C1..C5, ``fortis.services.scoring.correctness``).
+
+    ``clean`` is Clean_Result(i) (IEEE-M1), ``corruptions[name][severity]`` is
+    Corr_Result(i, (name, severity)) (IEEE-M2, M4, M7); each is either a mapping image id ->
+    bool or a numpy array of M booleans in the order of ``image_ids`` (the fast path for large
+    M). ``attacks[name]`` holds one :class:`AttackImageOutcome` per image (IEEE-M3, M5, M6) and
+    ``attack_budgets[name]`` is Q_m (``None`` for transfer attacks). Every image of
+    ``image_ids`` must appear exactly once in every mapping, and no other image may: otherwise
+    :class:`InvalidArgument` names the field (``clean``, ``corruptions.<name>.<severity>``,
+    ``attacks.<name>``) and the image.
 
     ``attack_coverage[name]``, when given, is the subset of images attack ``name`` was run on
     (a plan may limit an expensive query attack to its first N images). Robustness_Adv(j),
@@ -266,21 +301,23 @@ def compute_classification_metrics(
     Worst case (IEEE-M4): an image counts only if it is right under *every* corruption
     setting (every corruption at every severity); ``worstcase_robustness_corr_by_severity``
     takes the product over corruptions at one severity. IEEE-M5 likewise over the attacks.
+    The products are computed on a (settings x M) boolean matrix, so M = 10,000 images under
+    75 settings takes milliseconds.
     """
     ids = [str(i) for i in image_ids]
     if not ids:
         raise InvalidArgument("image_ids", "at least one image is needed (M >= 1)")
     known = set(ids)
     if len(known) != len(ids):
-        dup = sorted({i for i in ids if ids.count(i) > 1})
+        dup = sorted(i for i, c in Counter(ids).items() if c > 1)
         raise InvalidArgument("image_ids", f"duplicate image ids: {', '.join(dup[:10])}")
     m = len(ids)
     violations: list[FieldViolation] = []
 
-    clean_res, v = _check_bool_map(clean, "clean", ids, known)
+    clean_vec, v = _result_vector(clean, "clean", ids, known)
     violations += v
 
-    corr_res: dict[str, dict[int, dict[str, bool]]] = {}
+    corr_res: dict[str, dict[int, np.ndarray]] = {}
     for name, by_sev in corruptions.items():
         field = f"corruptions.{name}"
         if not isinstance(by_sev, Mapping) or not by_sev:
@@ -298,7 +335,7 @@ def compute_classification_metrics(
             if s in corr_res[name]:
                 violations.append(FieldViolation(f"{field}.{s}", "severity given twice"))
                 continue
-            corr_res[name][s], v = _check_bool_map(results, f"{field}.{s}", ids, known)
+            corr_res[name][s], v = _result_vector(results, f"{field}.{s}", ids, known)
             violations += v
 
     att_res: dict[str, dict[str, AttackImageOutcome]] = {}
@@ -348,7 +385,7 @@ def compute_classification_metrics(
     out: dict[str, Any] = {"m": m}
 
     # IEEE-M1 -----------------------------------------------------------------------------
-    out["accuracy"] = _rate(sum(clean_res[i] for i in ids), m)
+    out["accuracy"] = _rate(int(np.count_nonzero(clean_vec)), m)
 
     # IEEE-M2, M7 -------------------------------------------------------------------------
     corr_tree: dict[str, Any] = {}
@@ -358,7 +395,7 @@ def compute_classification_metrics(
         node: dict[str, Any] = {}
         sev_values: list[float] = []
         for s in sorted(by_sev):
-            node[str(s)] = _rate(sum(by_sev[s][i] for i in ids), m, "robustness")
+            node[str(s)] = _rate(int(np.count_nonzero(by_sev[s])), m, "robustness")
             sev_values.append(node[str(s)]["robustness"])
             by_severity_values.setdefault(s, []).append(node[str(s)]["robustness"])
         mean = statistics.fmean(sev_values)
@@ -376,25 +413,29 @@ def compute_classification_metrics(
         str(s): {"value": statistics.fmean(vals), "ci95": None, "n": len(vals)}
         for s, vals in sorted(by_severity_values.items())}
 
-    # IEEE-M4 -----------------------------------------------------------------------------
+    # IEEE-M4: prod_j Corr_Result(i, j) over a (settings x M) matrix ----------------------
     settings = [(name, s) for name, by_sev in corr_res.items() for s in sorted(by_sev)]
     if settings:
-        correct = sum(all(corr_res[n][s][i] for n, s in settings) for i in ids)
-        out["worstcase_robustness_corr"] = {**_rate(correct, m), "n_settings": len(settings)}
+        every = np.logical_and.reduce(np.stack([corr_res[n][s] for n, s in settings]), axis=0)
+        out["worstcase_robustness_corr"] = {**_rate(int(np.count_nonzero(every)), m),
+                                            "n_settings": len(settings)}
     else:
         out["worstcase_robustness_corr"] = {"value": None, "ci95": None, "m": m,
                                             "correct": None, "n_settings": 0}
     by_sev_worst: dict[str, Any] = {}
     for s in sorted(by_severity_values):
         at_s = [n for n, by_sev in corr_res.items() if s in by_sev]
-        correct = sum(all(corr_res[n][s][i] for n in at_s) for i in ids)
-        by_sev_worst[str(s)] = {**_rate(correct, m), "n_settings": len(at_s)}
+        every = np.logical_and.reduce(np.stack([corr_res[n][s] for n in at_s]), axis=0)
+        by_sev_worst[str(s)] = {**_rate(int(np.count_nonzero(every)), m),
+                                "n_settings": len(at_s)}
     out["worstcase_robustness_corr_by_severity"] = by_sev_worst
 
     # IEEE-M3, M6 -------------------------------------------------------------------------
     att_tree: dict[str, Any] = {}
+    clean_by_id = dict(zip(ids, clean_vec.tolist(), strict=True)) if att_res else {}
     for name, by_id in att_res.items():
-        att_tree[name] = _attack_metrics(by_id, covered[name], clean_res, attack_budgets.get(name))
+        att_tree[name] = _attack_metrics(by_id, covered[name], clean_by_id,
+                                         attack_budgets.get(name))
     out["attacks"] = att_tree
     if att_tree:
         sizes = {len(c) for c in covered.values()}
@@ -418,6 +459,22 @@ def compute_classification_metrics(
         out["worstcase_robustness_adv"] = {"value": None, "ci95": None, "m": m,
                                            "correct": None, "n_settings": 0}
     return out
+
+
+def compute_classification_metrics(
+    *,
+    clean: ResultVector,
+    corruptions: Mapping[str, Mapping[int, ResultVector]],
+    attacks: Mapping[str, Sequence[AttackImageOutcome]],
+    attack_budgets: Mapping[str, int | None],
+    image_ids: Sequence[str],
+    attack_coverage: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, Any]:
+    """IEEE 3129 section 4.7 metrics for a classification service: the task-independent
+    :func:`compute_ieee_metrics` under its original name (same arguments, same tree)."""
+    return compute_ieee_metrics(clean=clean, corruptions=corruptions, attacks=attacks,
+                                attack_budgets=attack_budgets, image_ids=image_ids,
+                                attack_coverage=attack_coverage)
 
 
 def _adv_result(o: AttackImageOutcome) -> bool:

@@ -74,6 +74,13 @@ def test_evaluation_end_to_end(stack, tmp_path):
     assert report["ledger"]["sessions"][f"{report['evaluation']['id']}/clean"] == 64
     assert report["ledger"]["sessions"][f"{report['evaluation']['id']}/corruptions"] == 64 * 5
     assert "<html" in html.read_text().lower()
+    # RANK-1/RANK-2 against the clean answers, computed by the scoring service
+    rk = m["ranking"]
+    assert rk["applicable"] is True
+    g1, g5 = rk["settings"]["gaussian_noise@1"], rk["settings"]["gaussian_noise@5"]
+    assert 0.0 <= g5["ndcg_1"] <= g1["ndcg_1"] <= 1.0       # stronger noise, ranking drifts more
+    assert 0.0 <= g5["drr_5"] <= 1.0 and g1["m"] == 64
+    assert "NDCG" in html.read_text()
     # adversarial examples kept as float arrays and images (CAN-9)
     art = stack.settings.state_dir / "artifacts" / report["evaluation"]["id"] / "adversarial"
     assert sorted(p.name for p in art.iterdir()) == ["fgsm-00000.npz", "fgsm-00001.npz", "square-00000.npz"]
@@ -178,3 +185,22 @@ def test_killed_service_resumes_with_the_same_numbers(tmp_path, fmnist_target, f
     # queries counted in results are the same as the reference run's; any aborted attempt's
     # queries are listed apart and used in no metric
     assert resumed["ledger"]["total_queries"] == ref["ledger"]["total_queries"]
+
+
+def test_ranking_metrics_not_applicable_for_a_labels_only_target(stack):
+    """RANK-3: a target that returns labels only gets 'not applicable', never 0."""
+    plan = """
+name: labels-only
+seed: 3
+target: {name: fmnist-cnn-label, task: classification}
+dataset: {source: fashion-mnist, split: test, limit: 16}
+corruptions:
+  - {id: gaussian_noise, severities: [3]}
+"""
+    with FortisClient(stack.address, api_key=API_KEY) as fc:
+        ev = fc.submit(plan)
+        final = fc.wait(ev.evaluation_id)
+        assert progress_of(final).state == "SUCCEEDED", final.error.message
+        report = json.loads(fc.report_files(ev.evaluation_id)[0])
+    rk = report["metrics"]["ranking"]
+    assert rk["applicable"] is False and "labels only" in rk["reason"] and rk["settings"] == {}

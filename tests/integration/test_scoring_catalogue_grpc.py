@@ -134,3 +134,42 @@ def test_fortis_score_reads_the_documented_file_format(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fortis.cli", "score", str(tmp_path / "bad.json")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "arrays.perturbed_probs" in r.stderr
+
+
+def test_ieee_scoring_of_all_three_task_types_from_recorded_answers(sc):
+    """IEEE-C2/C4/C5 and IEEE-M1/M2/M4 re-scored by name from recorded answers (the `fortis
+    score` file format), for classification, detection (normalised boxes, 1-indexed labels)
+    and segmentation (mIoU over the classes of interest), over gRPC."""
+    cls = {"rule": {"mode": "topk", "k": 2},
+           "labels": {"a": [3], "b": [1]},
+           "tests": [{"kind": "clean", "predictions": {"a": {"labels": [0, 3], "scores": [0.6, 0.3]},
+                                                       "b": {"labels": [1, 2], "scores": [0.9, 0.1]}}},
+                     {"kind": "corruption", "perturbation_id": "fog", "severity": 2,
+                      "predictions": {"a": {"labels": [0, 2]}, "b": {"labels": [2, 1]}}}]}
+    r = json_format.MessageToDict(sc.Compute(_request("ieee.classification", {}, cls), metadata=MD).result)
+    assert r["accuracy"]["value"] == 1.0                        # top-2 holds for both
+    assert r["corruptions"]["fog"]["2"]["robustness"] == 0.5    # a lost its label, b kept it
+    assert r["worstcase_robustness_corr"]["value"] == 0.5
+    det = {"criterion": {"mode": "threshold", "iou_threshold": 0.5},
+           "truths": {"x": {"boxes": [[10, 10, 50, 50]], "labels": [2], "box_format": "xyxy"}},
+           "tests": [{"kind": "clean", "predictions": {"x": {
+                          "boxes": [[0.1, 0.1, 0.4, 0.4]], "labels": [3], "scores": [0.9],
+                          "box_format": "xywhn", "label_base": 1, "image_size": [100, 100]}}},
+                     {"kind": "corruption", "perturbation_id": "snow", "severity": 5, "predictions": {
+                         "x": {"boxes": [[60, 60, 90, 90]], "labels": [2], "scores": [0.9]}}}]}
+    r = json_format.MessageToDict(sc.Compute(_request("ieee.detection", {}, det), metadata=MD).result)
+    assert r["accuracy"]["value"] == 1.0            # normalised xywh, label 3 (1-based) = 2
+    assert r["corruptions"]["snow"]["5"]["robustness"] == 0.0
+    truth = np.zeros((2, 8, 8), np.int64)
+    truth[:, 2:6, 2:6] = 1
+    good = truth.copy()
+    bad = np.zeros_like(truth)
+    seg = {"criterion": {"classes": [1], "miou_threshold": 0.5},
+           "tests": [{"kind": "clean"}, {"kind": "corruption", "perturbation_id": "blur", "severity": 1}]}
+    r = json_format.MessageToDict(sc.Compute(_request("ieee.segmentation",
+                                                      {"truth": truth, "masks@0": good, "masks@1": bad}, seg),
+                                             metadata=MD).result)
+    assert r["accuracy"]["value"] == 1.0 and r["corruptions"]["blur"]["1"]["robustness"] == 0.0
+    with pytest.raises(grpc.RpcError) as ei:
+        sc.Compute(_request("ieee.segmentation", {"truth": truth, "masks@0": good}, seg), metadata=MD)
+    assert "arrays.masks@1" in _fields(ei.value)
