@@ -98,10 +98,12 @@ class GrpcPerturbation:
 
     def corrupt(self, corruption_id: str, severity: int, seed: int,
                 images: Sequence[tuple[str, np.ndarray]],
-                params: Mapping[str, Any] | None = None) -> list[np.ndarray]:
+                params: Mapping[str, Any] | None = None, *, surrogate: str = "",
+                labels: Sequence[int] | None = None) -> list[np.ndarray]:
         req = perturbation_pb2.ApplyPerturbationRequest(
             perturbation_id=corruption_id, severity=severity, seed=seed,
-            images=[image_msg(i, im) for i, im in images])
+            images=[image_msg(i, im) for i, im in images], surrogate=surrogate,
+            labels=[int(x) for x in labels or ()])
         if params:
             json_format.ParseDict(json.loads(json.dumps(dict(params))), req.params)
         resp = _call(self.stub.ApplyPerturbation, req, self.md, 600)

@@ -58,6 +58,17 @@ class CorruptionTest:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DegradationTest:
+    """An incremental degradation operator (DEG-1) at the listed levels (1..30), scored as
+    degradation profiles with failure points (DEG-2..DEG-4). White-box operators (model
+    gradient descent) name the surrogate whose gradient they follow."""
+
+    id: str
+    levels: tuple[int, ...]
+    surrogate: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class AttackTest:
     id: str
     name: str               # distinct label in the report (default: the id)
@@ -79,6 +90,7 @@ class Plan:
     corruptions: tuple[CorruptionTest, ...]
     attacks: tuple[AttackTest, ...]
     batch_size: int
+    degradation: tuple[DegradationTest, ...] = ()
     raw: Mapping[str, Any]
 
 
@@ -157,7 +169,7 @@ def validate_plan(doc: Mapping[str, Any]) -> Plan:
     """Check a plan document; raise one InvalidArgument listing every problem."""
     v = _V()
     v.unknown(doc, "", {"name", "seed", "roles", "target", "dataset", "correctness",
-                        "corruptions", "attacks", "execution", "description"})
+                        "corruptions", "attacks", "execution", "description", "degradation"})
     name = v.string(doc, "name", "", required=True)
     seed = v.integer(doc, "seed", "", default=0, lo=0, hi=2**63 - 1)
 
@@ -280,18 +292,57 @@ def validate_plan(doc: Mapping[str, Any]) -> Plan:
                                   surrogate=v.string(it, "surrogate", p),
                                   limit=v.integer(it, "limit", p, default=0, lo=0, hi=100_000)))
 
+    degradation: list[DegradationTest] = []
+    dl = doc.get("degradation") or []
+    if not isinstance(dl, list):
+        v.bad("degradation", "must be a list")
+        dl = []
+    seen = set()
+    for i, item in enumerate(dl):
+        p = f"degradation[{i}]"
+        if isinstance(item, str):
+            item = {"id": item}
+        it = v.mapping(item, p)
+        v.unknown(it, p, {"id", "levels", "surrogate"})
+        did = v.string(it, "id", p, required=True)
+        dspec = PERTURBATIONS.get(did) if did else None
+        if did and (dspec is None or dspec.kind != "degradation"):
+            v.bad(f"{p}.id", f"'{did}' is not an incremental degradation operator (DEG-1); "
+                  "see `fortis perturbations --kind degradation`")
+            dspec = None
+        if did in seen:
+            v.bad(f"{p}.id", f"operator '{did}' is listed twice")
+        seen.add(did)
+        lv = it.get("levels", list(range(1, 31)))
+        if not isinstance(lv, list) or not lv:
+            v.bad(f"{p}.levels", "must be a non-empty list of integers in 1..30")
+            lv = []
+        for j, x in enumerate(lv):
+            if isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= 30:
+                v.bad(f"{p}.levels[{j}]", f"must be an integer in 1..30, got {x!r}")
+        if len(set(map(str, lv))) != len(lv):
+            v.bad(f"{p}.levels", "levels repeat")
+        sur = v.string(it, "surrogate", p)
+        if dspec is not None and dspec.needs_model and not sur:
+            v.bad(f"{p}.surrogate", f"{did} is white-box: name the surrogate model whose gradient it follows")
+        if dspec is not None and not dspec.needs_model and sur:
+            v.bad(f"{p}.surrogate", f"{did} uses no model")
+        degradation.append(DegradationTest(id=did, surrogate=sur, levels=tuple(sorted(
+            x for x in lv if isinstance(x, int) and not isinstance(x, bool)))))
+
     e = v.mapping(doc.get("execution"), "execution", required=False)
     v.unknown(e, "execution", {"batch_size"})
     batch = v.integer(e, "batch_size", "execution", default=64, lo=1, hi=1024)
 
-    if not corruptions and not attacks:
-        v.bad("corruptions", "the plan tests nothing: list at least one corruption or attack")
+    if not corruptions and not attacks and not degradation:
+        v.bad("corruptions", "the plan tests nothing: list at least one corruption, attack or "
+              "degradation operator")
     if v.problems:
         raise InvalidArgument.from_violations(v.problems)
     return Plan(name=name, seed=seed, requester=role_objs["requester"], tester=role_objs["tester"],
                 provider=role_objs["provider"], target=target, dataset=dataset,
                 correctness=correctness, corruptions=tuple(corruptions), attacks=tuple(attacks),
-                batch_size=batch, raw=dict(doc))
+                batch_size=batch, raw=dict(doc), degradation=tuple(degradation))
 
 
 def load_plan(text: str, fmt: str = "") -> Plan:

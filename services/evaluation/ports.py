@@ -59,7 +59,11 @@ class ProxyPort(Protocol):
 class PerturbationPort(Protocol):
     def corrupt(self, corruption_id: str, severity: int, seed: int,
                 images: Sequence[tuple[str, np.ndarray]],
-                params: Mapping[str, Any] | None = None) -> list[np.ndarray]: ...
+                params: Mapping[str, Any] | None = None, *, surrogate: str = "",
+                labels: Sequence[int] | None = None) -> list[np.ndarray]:
+        """Any severity/level perturbation of the catalogue; white-box degradation operators
+        take a surrogate name and the images' true labels."""
+        ...
 
     def attack(self, attack_id: str, params: Mapping[str, Any], seed: int,
                images: Sequence[tuple[str, np.ndarray, Sequence[int]]], *,

@@ -85,6 +85,9 @@ def plan_items(plan: Plan, n_images: int) -> list[str]:
     for ct in plan.corruptions:
         for sev in ct.severities:
             keys += [f"corr/{ct.id}/{sev}/{c:05d}" for c, _ in enumerate(_chunks(n_images, plan.batch_size))]
+    for dt in plan.degradation:
+        for lv in dt.levels:
+            keys += [f"deg/{dt.id}/{lv}/{c:05d}" for c, _ in enumerate(_chunks(n_images, plan.batch_size))]
     for at in plan.attacks:
         n = min(n_images, at.limit) if at.limit else n_images
         keys += [f"attack/{at.name}/{c:05d}" for c, _ in enumerate(_chunks(n, plan.batch_size))]
@@ -192,6 +195,38 @@ class EvaluationRunner:
                     out.update(zip(ids[a:b], res, strict=True))
                 corr[(ct.id, sev)] = out
 
+        # Incremental degradation (DEG-1): each operator at each listed level; level L is
+        # the operator applied L times (the perturbation service replays levels 1..L-1 from
+        # the same per-image generator), one query per image and level.
+        deg: dict[str, dict[int, dict[str, Any]]] = {}
+        if plan.degradation:
+            self._progress("degradation")
+            sess_deg = f"{self.eid}/degradation"
+            self.ctx.proxy.open_session(session_id=sess_deg, target=plan.target.name,
+                                        description="degraded images")
+            for dt in plan.degradation:
+                deg[dt.id] = {}
+                for lv in dt.levels:
+                    dout: dict[str, Any] = {}
+                    for c, (a, b) in enumerate(chunks):
+                        def dwork(_att: int, a: int = a, b: int = b, dt: Any = dt, lv: int = lv
+                                  ) -> tuple[Any, int]:
+                            part = [(i, im) for i, im, _ in images[a:b]]
+                            degraded = self.ctx.perturbation.corrupt(
+                                dt.id, lv, plan.seed, part, surrogate=dt.surrogate,
+                                labels=[lab[0] for _, _, lab in images[a:b]] if dt.surrogate else None)
+                            preds = self.ctx.proxy.predict(
+                                session_id=sess_deg, origin=f"{dt.id}@{lv}",
+                                images=[(i, im) for (i, _), im in zip(part, degraded, strict=True)])
+                            changed = [float(np.any(d != im, axis=-1).mean()) if d.ndim == 3
+                                       else float((d != im).mean())
+                                       for (_, im), d in zip(part, degraded, strict=True)]
+                            return [{**_pred_json(p), "changed": ch}
+                                    for p, ch in zip(preds, changed, strict=True)], len(part)
+                        res = self._item(f"deg/{dt.id}/{lv}/{c:05d}", dwork)
+                        dout.update(zip(ids[a:b], res, strict=True))
+                    deg[dt.id][lv] = dout
+
         # Adversarial robustness (IEEE-M3, M5, M6).
         self._progress("attacks")
         attack_results: dict[str, dict[str, Any]] = {}
@@ -235,6 +270,8 @@ class EvaluationRunner:
         metrics = self.ctx.scoring.score(rule=plan.correctness, labels=labels, tests=tests)
         self._add_attack_distances(metrics, attack_results)
         metrics["ranking"] = self._ranking(target, clean, tests)
+        if deg:
+            metrics["degradation"] = self._degradation(target, ids, labels, clean, deg)
 
         # Report (IEEE-P4).
         self._progress("report")
@@ -249,6 +286,51 @@ class EvaluationRunner:
                      report_html=report_html, summary_json=json.dumps(summary),
                      finished_at=finished_at, message="")
         return metrics
+
+    def _degradation(self, target: TargetDescription, ids: Sequence[str],
+                     labels: Mapping[str, Sequence[int]], clean: Mapping[str, Any],
+                     deg: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, Any]:
+        """Degradation profiles and failure points per operator (DEG-2..DEG-4), computed by
+        the scoring service on the images the target got right at level 0 (DEG-3). The change
+        at a level (DEG-4) is the mean fraction of pixels that differ from the original."""
+        n_classes = len(target.labels)
+        scored = target.output_kind != "label_only"
+
+        def ranked(preds: Mapping[str, Any]) -> np.ndarray:
+            out = np.full((len(ids), KEEP_SCORES), -1, dtype=np.int64)
+            for r, i in enumerate(ids):
+                p = preds[i]
+                if not p.get("error"):
+                    lab = p["labels"][:KEEP_SCORES]
+                    out[r, :len(lab)] = lab
+            return out
+
+        def dense(preds: Mapping[str, Any]) -> np.ndarray:
+            out = np.full((len(ids), n_classes), np.nan)
+            for r, i in enumerate(ids):
+                p = preds[i]
+                if p.get("scores") and not p.get("error"):
+                    out[r, p["labels"]] = p["scores"]
+            return out
+
+        result: dict[str, Any] = {}
+        for op, levels in deg.items():
+            arrays: dict[str, np.ndarray] = {
+                "true_labels": np.array([labels[i][0] for i in ids], dtype=np.int64),
+                "labels@0": ranked(clean)}
+            if scored:
+                arrays["probs@0"] = dense(clean)
+            changes: dict[str, Any] = {}
+            for lv, preds in sorted(levels.items()):
+                arrays[f"labels@{lv}"] = ranked(preds)
+                if scored:
+                    arrays[f"probs@{lv}"] = dense(preds)
+                changes[str(lv)] = {"fraction_of_pixels_changed": round(float(np.mean(
+                    [preds[i]["changed"] for i in ids])), 6)}
+            result[op] = self.ctx.scoring.compute(
+                "degradation_profile", arrays,
+                {"image_ids": list(ids), "changes": changes, "num_classes": n_classes})
+        return result
 
     def _ranking(self, target: TargetDescription, clean: Mapping[str, Any],
                  tests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -366,6 +448,13 @@ class EvaluationRunner:
                                     "(one query per image, recorded in the ledger)",
                                     "judge each answer with the plan's correctness rule (IEEE-C1/C2)"],
                           "metrics": ["Robustness_Corr (IEEE-M2)", "per severity (IEEE-M7)", "WorstCase_Robustness_Corr (IEEE-M4)"]})
+        for dt in plan.degradation:
+            dspec = PERTURBATIONS[dt.id]
+            tests.append({"id": dt.id, "kind": "degradation", "family": dspec.family,
+                          "ieee_ref": ", ".join(dspec.refs), "levels": list(dt.levels),
+                          "parameters": {str(lv): repr(dspec.level_table[lv - 1]) for lv in dt.levels},
+                          "characterisation": dspec.characterisation.as_dict(),
+                          **({"surrogate": dt.surrogate} if dt.surrogate else {})})
         for at in plan.attacks:
             spec = ATTACKS[at.id]
             steps = ([f"craft the adversarial on the local surrogate '{at.surrogate}' (white box, "

@@ -63,11 +63,14 @@ _TARGET_ALIASES = {
 _DEFAULT_REF = {
     "corruption": "IEEE 3129 4.7.2, 4.7.4, 5.2/5.3, Annex A.1 (IEEE-A1..A6, IEEE-M2/M4/M7)",
     "attack": "IEEE 3129 4.7.3, 4.7.5, 5.4, Annex A.2 (IEEE-A7/A8, IEEE-M3/M5/M6)",
+    "degradation": "Swingler 2022, incremental degradation operators (DEG-1..DEG-5)",
 }
 _DEFAULT_METRICS = {
     "corruption": ["Robustness_Corr", "Average_Robustness_Corr", "WorstCase_Robustness_Corr"],
     "attack": ["Robustness_Adv", "Average_Robustness_Adv", "WorstCase_Robustness_Adv",
                "attack success rate", "mean queries", "median queries"],
+    "degradation": ["accuracy per level", "mean true-label rank per level",
+                    "mean true-label probability per level", "failure points at 90/50/10%"],
 }
 _DEFAULT_STEPS = {
     "corruption": ["Apply the corruption alone (IEEE-P5) at each listed severity to each of the "
@@ -80,6 +83,12 @@ _DEFAULT_STEPS = {
                "Query attacks stop at the first success or at the budget Q_m; every query "
                "goes through the proxy, which counts it",
                "Judge the adversarial image the target received; Adv_Result(i, j)"],
+    "degradation": ["Apply the operator incrementally (level L = the operator applied L times) "
+                    "to each clean image at its model input size, seeded from the plan",
+                    "Send each degraded image to the target through the proxy (one query per "
+                    "image and level)",
+                    "Profile accuracy, true-label rank and probability against level on the "
+                    "images correct at level 0; failure points at 90/50/10%"],
 }
 
 METRICS_USED = [
@@ -218,9 +227,9 @@ def _tests(tests: Sequence[Mapping[str, Any]], plan: Mapping[str, Any]) -> list[
         if not isinstance(test_id, str) or not test_id:
             raise InvalidArgument(f"tests[{n}].id", "each test needs a non-empty id")
         kind = test.get("kind")
-        if kind not in ("corruption", "attack"):
+        if kind not in ("corruption", "attack", "degradation"):
             raise InvalidArgument(f"tests[{n}].kind",
-                                  f"must be 'corruption' or 'attack'; got {kind!r}")
+                                  f"must be 'corruption', 'attack' or 'degradation'; got {kind!r}")
         entry: dict[str, Any] = {
             "id": test_id,
             "kind": kind,
@@ -633,6 +642,41 @@ def render_html(report: Mapping[str, Any]) -> str:
         f"<table>{_METRIC_HEAD}{''.join(rows)}</table><p class='muted'>Averages are means "
         "of rates measured on the same images; no confidence interval is given for them.</p>"))
 
+    # degradation profiles (DEG-2..DEG-4) -----------------------------------------------
+    degradation = metrics.get("degradation")
+    if isinstance(degradation, Mapping) and degradation:
+        parts: list[str] = []
+        for op, prof in degradation.items():
+            if not isinstance(prof, Mapping):
+                continue
+            acc = {str(r.get("level")): r for r in prof.get("accuracy") or [] if isinstance(r, Mapping)}
+            rank = {str(r.get("level")): r for r in prof.get("rank") or [] if isinstance(r, Mapping)}
+            prob = {str(r.get("level")): r for r in prof.get("probability") or [] if isinstance(r, Mapping)}
+            chg = {str(r.get("level")): r.get("change") for r in prof.get("changes") or []
+                   if isinstance(r, Mapping)}
+            head = ("<tr><th>level</th><th>accuracy</th><th>95% CI</th><th>mean rank</th>"
+                    "<th>mean p(true)</th><th>pixels changed</th></tr>")
+            rows = []
+            for lv, a in acc.items():
+                c = chg.get(lv)
+                frac = c.get("fraction_of_pixels_changed") if isinstance(c, Mapping) else None
+                rk = rank.get(lv, {})
+                rows.append(f"<tr><th>{_e(lv)}</th><td class='num'>{_pct(a.get('value'))}</td>"
+                            f"<td class='num'>{_ci(a.get('ci95'))}</td>"
+                            f"<td class='num'>{_num(rk.get('value'), 2)}</td>"
+                            f"<td class='num'>{_num(prob.get(lv, {}).get('value'), 3)}</td>"
+                            f"<td class='num'>{_pct(frac)}</td></tr>")
+            fps = []
+            for t, fp in (prof.get("failure_points") or {}).items():
+                where = (f"level {_e(fp.get('level'))} (example {_e(fp.get('example_image'))})"
+                         if isinstance(fp, Mapping) else "never")
+                fps.append(f"below {_pct(float(t))}: {where}")
+            parts.append(f"<h3>{_e(op)}</h3><p>{_e(prof.get('m_used'))} of {_e(prof.get('m'))} images "
+                         f"correct at level 0. Failure points: {'; '.join(fps) or 'n/a'}.</p>"
+                         f"<table>{head}{''.join(rows)}</table>")
+        sections.append(_section("degradation", "Degradation profiles (DEG-2..DEG-4)",
+                                 "".join(parts)))
+
     # ranking metrics (RANK-1..RANK-3) --------------------------------------------------
     ranking = metrics.get("ranking")
     if isinstance(ranking, Mapping):
@@ -671,7 +715,8 @@ def render_html(report: Mapping[str, Any]) -> str:
 
     nav = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in [
         ("summary", "Summary"), ("tests", "Tests"), ("corruptions", "Corruptions"),
-        ("attacks", "Attacks"), ("worst-case", "Worst case"), ("ranking", "Ranking"),
+        ("attacks", "Attacks"), ("worst-case", "Worst case"), ("degradation", "Degradation"),
+        ("ranking", "Ranking"),
         ("ledger", "Ledger"),
         ("environment", "Environment"), ("plan", "Plan"), ("repeat", "Repeat")])
     title = f"Fortis robustness report: {target.get('name') or 'target'}"

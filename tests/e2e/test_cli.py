@@ -129,3 +129,17 @@ def test_perturbations_listing_and_sheets(tmp_path):
     assert (tmp_path / "sheets" / "style.png").stat().st_size > 1000
     r = fortis("sheets", "--out", str(tmp_path / "x"), "--image", "no-such-photo", cwd=tmp_path)
     assert r.returncode == 2 and "image" in r.stderr
+
+
+def test_degradation_section_validated_with_field_names(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(PLAN + """degradation:
+  - {id: gaussian_noise}
+  - {id: global_blur, levels: [0, 31]}
+  - {id: model_gradient_descent}
+""")
+    r = fortis("validate", str(bad), cwd=tmp_path)
+    assert r.returncode == 2
+    for field in ("degradation[0].id", "degradation[1].levels[0]", "degradation[1].levels[1]",
+                  "degradation[2].surrogate"):
+        assert field in r.stdout, r.stdout

@@ -204,3 +204,40 @@ corruptions:
         report = json.loads(fc.report_files(ev.evaluation_id)[0])
     rk = report["metrics"]["ranking"]
     assert rk["applicable"] is False and "labels only" in rk["reason"] and rk["settings"] == {}
+
+
+def test_degradation_profiles_in_a_plan(stack, tmp_path):
+    """DEG-1..DEG-4 end to end: incremental operators (incl. white-box model gradient descent
+    on the surrogate) through the proxy, profiled on the images right at level 0, with
+    failure points and the change made at each level, in report.json and report.html."""
+    plan = """
+name: degradation
+seed: 4
+target: {name: fmnist-cnn, task: classification}
+dataset: {source: fashion-mnist, split: test, limit: 32}
+degradation:
+  - {id: global_blur, levels: [1, 3, 10, 30]}
+  - {id: model_gradient_descent, surrogate: fmnist-surrogate, levels: [5, 30]}
+"""
+    with FortisClient(stack.address, api_key=API_KEY) as fc:
+        ev = fc.submit(plan)
+        final = fc.wait(ev.evaluation_id)
+        assert progress_of(final).state == "SUCCEEDED", final.error.message
+        js, html = fc.write_report(ev.evaluation_id, tmp_path / "out")
+        stats = fc.session_stats(f"{ev.evaluation_id}/degradation")
+    report = json.loads(js.read_text())
+    deg = report["metrics"]["degradation"]
+    blur = deg["global_blur"]
+    m_used = blur["m_used"]
+    assert 20 <= m_used <= 32 and blur["m"] == 32                 # DEG-3: right at level 0
+    acc = {r["level"]: r["value"] for r in blur["accuracy"]}
+    assert acc[0] == 1.0 and acc[30] < acc[1]                      # DEG-2: falls with level
+    ch = {r["level"]: r["change"]["fraction_of_pixels_changed"] for r in blur["changes"]}
+    assert 0 < ch[1] <= ch[30] <= 1
+    fp = blur["failure_points"]["0.9"]
+    assert fp is None or fp["level"] in (1, 3, 10, 30)              # DEG-4
+    mgd = {r["level"]: r["value"] for r in deg["model_gradient_descent"]["accuracy"]}
+    assert mgd[30] < mgd[0]                                        # transfers from the surrogate
+    assert stats.queries_ok == 32 * (4 + 2)                        # one query per image and level
+    assert any(t["kind"] == "degradation" and t["id"] == "global_blur" for t in report["tests"])
+    assert "Degradation profiles" in html.read_text()
