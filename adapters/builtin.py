@@ -34,6 +34,17 @@ BUILTIN_MODELS: dict[str, Callable[[], Any]] = {
     "mobilenet-v2": _mobilenet,
 }
 
+#: Built-in targets that are not classifiers (detectors, segmenters): name -> factory of an
+#: object with ``info() -> TargetInfo`` and ``predict(images) -> [Prediction]``, served
+#: through ``TargetService`` by ``fortis.adapters.torch_target.TargetServicer``. Filled by
+#: ``fortis.adapters.vision_targets`` (imported below when present).
+BUILTIN_TARGETS: dict[str, Callable[[], Any]] = {}
+try:
+    from fortis.adapters.vision_targets import TARGETS as _VISION_TARGETS
+    BUILTIN_TARGETS.update(_VISION_TARGETS)
+except ImportError:  # pragma: no cover - the module is part of the distribution
+    pass
+
 _cache: dict[str, Any] = {}
 _lock = threading.Lock()
 

@@ -74,7 +74,7 @@ class ClassifierTarget:
 class TargetServicer(target_pb2_grpc.TargetServiceServicer):
     """Transport: decode, call ``ClassifierTarget``, encode."""
 
-    def __init__(self, target: ClassifierTarget) -> None:
+    def __init__(self, target: Any) -> None:  # ClassifierTarget or any info()/predict() target
         self.target = target
 
     def GetTargetInfo(self, request: Any, context: Any) -> target_pb2.GetTargetInfoResponse:

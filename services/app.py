@@ -36,6 +36,7 @@ class TargetConfig:
     name: str
     builtin: str = ""           # built-in model name (fortis.adapters.builtin)
     address: str = ""           # host:port of a remote TargetService
+    url: str = ""               # any other back end (fortis.adapters.registry), e.g. kserve+grpc://
     output: str = "full_scores"
     top_k: int = 5
     images_per_second: float = 0.0
@@ -58,7 +59,11 @@ class TargetConfig:
                        top_k=top_k, images_per_second=rate)
         if u.scheme == "grpc":
             return cls(name=name, address=u.netloc, images_per_second=rate)
-        raise errors.InvalidArgument("target", f"unknown target scheme '{u.scheme}' in '{spec}'")
+        from fortis.adapters.registry import SCHEMES
+        if u.scheme in SCHEMES:
+            return cls(name=name, url=rest, images_per_second=rate)
+        raise errors.InvalidArgument("target", f"unknown target scheme '{u.scheme}' in '{spec}'; "
+                                     f"known: builtin, grpc, {', '.join(sorted(SCHEMES))}")
 
 
 DEFAULT_TARGETS = (
@@ -115,12 +120,15 @@ class Stack:
 
 def start_target_server(cfg: TargetConfig, *, max_message_bytes: int = 64 * 1024 * 1024) -> RunningServer:
     """Serve a built-in model through ``TargetService`` on its own loopback port."""
-    from fortis.adapters.builtin import load_model
+    from fortis.adapters.builtin import BUILTIN_TARGETS, load_model
     from fortis.adapters.torch_target import SERVICE_NAME, ClassifierTarget, TargetServicer
     from fortis.target.v1 import target_pb2_grpc
-
-    target = ClassifierTarget(load_model(cfg.builtin, "target.builtin"), output=cfg.output,
-                              top_k=cfg.top_k)
+    target: Any
+    if cfg.builtin in BUILTIN_TARGETS:      # detection / segmentation models (their own adapters)
+        target = BUILTIN_TARGETS[cfg.builtin]()
+    else:
+        target = ClassifierTarget(load_model(cfg.builtin, "target.builtin"), output=cfg.output,
+                                  top_k=cfg.top_k)
     return build_server(ServerSettings(address="127.0.0.1:0", max_message_bytes=max_message_bytes),
                         [(target_pb2_grpc.add_TargetServiceServicer_to_server,
                           TargetServicer(target), SERVICE_NAME)])
@@ -190,13 +198,18 @@ def start_stack(settings: StackSettings) -> Stack:
     if "proxy" in wanted:
         entries = []
         for t in settings.targets:
+            backend: Any
             if t.builtin:
                 srv = start_target_server(t, max_message_bytes=settings.max_message_bytes)
                 target_servers[t.name] = srv
                 backend = GrpcTargetBackend(srv.address)
+            elif t.url:
+                from fortis.adapters.registry import backend_for
+                backend = backend_for(t.url)
             else:
                 backend = GrpcTargetBackend(t.address)
-            closers.append(backend.close)
+            if hasattr(backend, "close"):
+                closers.append(backend.close)
             entries.append(TargetEntry(name=t.name, backend=backend,
                                        limiter=RateLimiter(t.images_per_second)))
         ledger = Ledger(state / "ledger.sqlite", synchronous=settings.ledger_synchronous)

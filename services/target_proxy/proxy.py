@@ -33,7 +33,10 @@ class TargetBackend(Protocol):
     def info(self) -> target_pb2.TargetInfo: ...
 
     def predict(self, images: Sequence[common_pb2.Image]) -> list[common_pb2.Prediction]:
-        """Raise ``errors.Unavailable`` when the target cannot be reached (retried)."""
+        """Raise ``errors.Unavailable`` when the target cannot be reached or is overloaded
+        (retried with backoff; set ``exc.retry_after_s`` to ask for a given wait, e.g. from an
+        HTTP Retry-After header). Other ``FortisError``s fail the call at once; both are
+        recorded in the ledger for each image."""
         ...
 
 
@@ -43,6 +46,7 @@ class RetryPolicy:
     initial_backoff_s: float = 0.05
     multiplier: float = 2.0
     max_backoff_s: float = 1.0
+    max_retry_after_s: float = 30.0     # longest Retry-After honoured
 
 
 @dataclass(kw_only=True)
@@ -252,6 +256,10 @@ class TargetProxy:
                 if attempt == self.retry.max_attempts:
                     exc.attempts = attempt  # type: ignore[attr-defined]
                     raise
-                self._sleep(delay)
+                # A target that says when to come back (HTTP 429/503 Retry-After) is honoured,
+                # up to the policy's cap.
+                hint = getattr(exc, "retry_after_s", None)
+                wait = delay if not hint else min(max(delay, float(hint)), self.retry.max_retry_after_s)
+                self._sleep(wait)
                 delay = min(delay * self.retry.multiplier, self.retry.max_backoff_s)
         raise AssertionError("unreachable")

@@ -1,0 +1,45 @@
+"""Target back ends by URL scheme: how the proxy reaches a target that is not a built-in model.
+
+    grpc://HOST:PORT                      any fortis.target.v1.TargetService (any language)
+    kserve+grpc://HOST:PORT/MODEL         Open Inference Protocol (KServe v2) over gRPC
+    kserve+http://HOST:PORT/MODEL         Open Inference Protocol over REST (KServe, Triton,
+                                          Seldon MLServer, OpenVINO Model Server)
+    http-json:/path/to/profile.yaml       an HTTP/JSON vision API described by a profile
+                                          (AWS Rekognition, Google Cloud Vision, Azure, ...)
+
+Each scheme's module exposes ``backend_from_url(url) -> TargetBackend`` (see
+``fortis.services.target_proxy.proxy.TargetBackend``); modules load only when their scheme is
+used, so a missing optional dependency only matters to the targets that need it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from fortis.services.common.errors import InvalidArgument
+
+SCHEMES: dict[str, str] = {
+    "kserve+grpc": "fortis.adapters.kserve_v2",
+    "kserve+http": "fortis.adapters.kserve_v2",
+    "kserve+https": "fortis.adapters.kserve_v2",
+    "http-json": "fortis.adapters.http_json",
+}
+
+
+def scheme_of(url: str) -> str:
+    return url.split(":", 1)[0] if ":" in url else ""
+
+
+def backend_for(url: str) -> Any:
+    """The proxy back end for ``url``; ``InvalidArgument`` on ``target`` for unknown schemes."""
+    scheme = scheme_of(url)
+    module = SCHEMES.get(scheme)
+    if module is None:
+        raise InvalidArgument("target", f"unknown target scheme '{scheme}' in '{url}'; known: "
+                              f"builtin, grpc, {', '.join(sorted(SCHEMES))}")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise InvalidArgument("target", f"the '{scheme}' adapter is not available: {exc}") from None
+    return mod.backend_from_url(url)
