@@ -3,10 +3,12 @@ report services. Transport only."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import cv2
 import grpc
 import numpy as np
 from fortis.common.v1 import common_pb2
@@ -41,6 +43,23 @@ def _call(fn: Any, req: Any, md: Sequence[tuple[str, str]], timeout: float | Non
         return fn(req, metadata=md, timeout=timeout)
     except grpc.RpcError as exc:
         raise error_from_rpc(exc) from None
+
+
+def answer_json(p: common_pb2.Prediction) -> dict[str, Any]:
+    """A detection or segmentation answer as stored with the evaluation's items."""
+    kind = p.WhichOneof("result")
+    if kind == "detection":
+        bs = p.detection.boxes
+        return {"boxes": [[b.x_min, b.y_min, b.x_max, b.y_max] for b in bs],
+                "labels": [int(b.label) for b in bs], "scores": [float(b.score) for b in bs]}
+    if kind == "segmentation":
+        m = tensor_to_array(p.segmentation.class_map, "segmentation.class_map")
+        if m.ndim != 2:
+            return {"error": f"class_map must be [height, width], got {list(m.shape)}"}
+        m16 = m.astype(np.uint16) if m.max(initial=0) > 255 else m.astype(np.uint8)
+        ok, buf = cv2.imencode(".png", m16)
+        return {"mask_png": base64.b64encode(buf.tobytes()).decode()} if ok else {"error": "mask encoding failed"}
+    return {"error": f"expected a detection or segmentation answer, got {kind or 'nothing'}"}
 
 
 class GrpcProxy:
@@ -84,6 +103,26 @@ class GrpcProxy:
             for p in resp.predictions:
                 labels, scores = ranked_labels_scores(p)
                 out.append(ClassPrediction(labels=labels, scores=scores))
+        return out
+
+    def predict_answers(self, *, session_id: str, origin: str,
+                        images: Sequence[tuple[str, np.ndarray]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for s in range(0, len(images), self.batch_limit):
+            part = images[s:s + self.batch_limit]
+            req = proxy_pb2.PredictRequest(session_id=session_id, origin=origin,
+                                           images=[image_msg(i, im) for i, im in part])
+            try:
+                resp = self.stub.Predict(req, metadata=self.md, timeout=300)
+            except grpc.RpcError as exc:
+                err = error_from_rpc(exc)
+                if isinstance(err, errors.Unavailable | errors.InvalidArgument):
+                    # per-query errors (recorded in the ledger), scored as incorrect
+                    out += [{"error": str(err)} for _ in part]
+                    continue
+                raise err from None
+            for p in resp.predictions:
+                out.append(answer_json(p))
         return out
 
     def session_queries(self, session_id: str) -> tuple[int, dict[str, int]]:

@@ -18,8 +18,8 @@ from fortis.services.perturbation.corruptions import CORRUPTIONS
 from fortis.services.perturbation.registry import PERTURBATIONS
 from fortis.services.perturbation.registry import validate_params as validate_perturbation_params
 
-DATASETS = ("fashion-mnist", "imagenet-photos")
-TASKS = ("classification",)
+DATASETS = ("fashion-mnist", "imagenet-photos", "manifest")
+TASKS = ("classification", "detection", "segmentation")
 CORRECTNESS_MODES = ("top1", "topk", "threshold")
 MAX_PLAN_BYTES = 1_000_000
 
@@ -45,6 +45,7 @@ class DatasetRef:
     limit: int = 100
     offset: int = 0
     label_map: Mapping[int, int] = field(default_factory=dict)
+    path: str = ""          # source "manifest": a JSON-lines file on the evaluation service's disk
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +92,10 @@ class Plan:
     attacks: tuple[AttackTest, ...]
     batch_size: int
     degradation: tuple[DegradationTest, ...] = ()
+    #: IEEE-C4 / IEEE-C5 service-type parameters (IEEE-P3), as plain mappings validated by
+    #: fortis.services.scoring.correctness (DetectionCriterion / SegmentationCriterion).
+    detection: Mapping[str, Any] = field(default_factory=dict)
+    segmentation: Mapping[str, Any] = field(default_factory=dict)
     raw: Mapping[str, Any]
 
 
@@ -169,7 +174,8 @@ def validate_plan(doc: Mapping[str, Any]) -> Plan:
     """Check a plan document; raise one InvalidArgument listing every problem."""
     v = _V()
     v.unknown(doc, "", {"name", "seed", "roles", "target", "dataset", "correctness",
-                        "corruptions", "attacks", "execution", "description", "degradation"})
+                        "corruptions", "attacks", "execution", "description", "degradation",
+                        "detection", "segmentation"})
     name = v.string(doc, "name", "", required=True)
     seed = v.integer(doc, "seed", "", default=0, lo=0, hi=2**63 - 1)
 
@@ -190,7 +196,7 @@ def validate_plan(doc: Mapping[str, Any]) -> Plan:
                        credentials_ref=v.string(t, "credentials_ref", "target"))
 
     d = v.mapping(doc.get("dataset"), "dataset")
-    v.unknown(d, "dataset", {"source", "split", "limit", "offset", "label_map"})
+    v.unknown(d, "dataset", {"source", "split", "limit", "offset", "label_map", "path"})
     label_map: dict[int, int] = {}
     lm = d.get("label_map") or {}
     if not isinstance(lm, Mapping):
@@ -205,7 +211,33 @@ def validate_plan(doc: Mapping[str, Any]) -> Plan:
                          split=v.string(d, "split", "dataset", default="test", choices=("test", "train")),
                          limit=v.integer(d, "limit", "dataset", default=100, lo=1, hi=100_000),
                          offset=v.integer(d, "offset", "dataset", default=0, lo=0, hi=10_000_000),
-                         label_map=label_map)
+                         label_map=label_map, path=v.string(d, "path", "dataset"))
+    if dataset.source == "manifest" and not dataset.path:
+        v.bad("dataset.path", "source 'manifest' needs the path of a JSON-lines manifest")
+    task = target.task
+    det_d: dict[str, Any] = {}
+    seg_d: dict[str, Any] = {}
+    if task == "detection":
+        det_d = dict(v.mapping(doc.get("detection"), "detection", required=False))
+        try:
+            from fortis.services.scoring.correctness import DetectionCriterion
+            DetectionCriterion.from_dict(det_d)
+        except InvalidArgument as exc:
+            v.problems += exc.violations
+    elif "detection" in doc:
+        v.bad("detection", f"only for detection targets; this plan's target.task is {task}")
+    if task == "segmentation":
+        seg_d = dict(v.mapping(doc.get("segmentation"), "segmentation"))
+        try:
+            from fortis.services.scoring.correctness import SegmentationCriterion
+            SegmentationCriterion.from_dict(seg_d)
+        except InvalidArgument as exc:
+            v.problems += exc.violations
+    elif "segmentation" in doc:
+        v.bad("segmentation", f"only for segmentation targets; this plan's target.task is {task}")
+    if task != "classification" and dataset.source != "manifest":
+        v.bad("dataset.source", f"a {task} plan needs ground truth: use source 'manifest' "
+              "(boxes or masks per image)")
 
     c = v.mapping(doc.get("correctness"), "correctness", required=False)
     v.unknown(c, "correctness", {"mode", "k", "threshold"})
@@ -334,6 +366,18 @@ def validate_plan(doc: Mapping[str, Any]) -> Plan:
     v.unknown(e, "execution", {"batch_size"})
     batch = v.integer(e, "batch_size", "execution", default=64, lo=1, hi=1024)
 
+    if task != "classification":
+        for i in range(len(attacks)):
+            v.bad(f"attacks[{i}].id", f"attacks judge class labels; not available for a {task} "
+                  "target yet")
+        for i in range(len(degradation)):
+            v.bad(f"degradation[{i}].id", f"degradation profiles follow class labels; not "
+                  f"available for a {task} target")
+        for i, ct in enumerate(corruptions):
+            cs = PERTURBATIONS.get(ct.id)
+            if cs is not None and cs.family == "geometric":
+                v.bad(f"corruptions[{i}].id", f"{ct.id} moves the objects but not the ground "
+                      f"truth; geometric corruptions are for classification plans only")
     if not corruptions and not attacks and not degradation:
         v.bad("corruptions", "the plan tests nothing: list at least one corruption, attack or "
               "degradation operator")
@@ -342,7 +386,8 @@ def validate_plan(doc: Mapping[str, Any]) -> Plan:
     return Plan(name=name, seed=seed, requester=role_objs["requester"], tester=role_objs["tester"],
                 provider=role_objs["provider"], target=target, dataset=dataset,
                 correctness=correctness, corruptions=tuple(corruptions), attacks=tuple(attacks),
-                batch_size=batch, raw=dict(doc), degradation=tuple(degradation))
+                batch_size=batch, raw=dict(doc), degradation=tuple(degradation),
+                detection=det_d, segmentation=seg_d)
 
 
 def load_plan(text: str, fmt: str = "") -> Plan:

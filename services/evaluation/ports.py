@@ -51,6 +51,13 @@ class ProxyPort(Protocol):
         """One prediction per image; a failed call gives predictions with ``error`` set."""
         ...
 
+    def predict_answers(self, *, session_id: str, origin: str,
+                        images: Sequence[tuple[str, np.ndarray]]) -> list[dict[str, Any]]:
+        """Detection/segmentation answers as JSON-able dicts, one per image:
+        ``{"boxes": [[x1, y1, x2, y2], ...], "labels": [...], "scores": [...]}`` or
+        ``{"mask_png": BASE64}``; a failed query gives ``{"error": MESSAGE}``."""
+        ...
+
     def session_queries(self, session_id: str) -> tuple[int, dict[str, int]]:
         """(answered queries, answered queries per image id) read from the ledger."""
         ...

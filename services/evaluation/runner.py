@@ -11,6 +11,7 @@ aborted) and are never counted in the results.
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
 import functools
 import json
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 from fortis.services.common.errors import FailedPrecondition, FortisError, InvalidArgument
 from fortis.services.evaluation.plan import Plan
@@ -167,8 +169,7 @@ class EvaluationRunner:
         for c, (a, b) in enumerate(chunks):
             def clean_work(_att: int, a: int = a, b: int = b) -> tuple[Any, int]:
                 part = [(i, im) for i, im, _ in images[a:b]]
-                preds = self.ctx.proxy.predict(session_id=sess_clean, origin="clean", images=part)
-                return [_pred_json(p) for p in preds], len(part)
+                return self._answers(sess_clean, "clean", part), len(part)
             res = self._item(f"clean/{c:05d}", clean_work)
             clean.update(zip(ids[a:b], res, strict=True))
 
@@ -187,10 +188,8 @@ class EvaluationRunner:
                         part = [(i, im) for i, im, _ in images[a:b]]
                         corrupted = self.ctx.perturbation.corrupt(cid, sev, plan.seed, part,
                                                                   ct.params or None)
-                        preds = self.ctx.proxy.predict(
-                            session_id=sess_corr, origin=f"{cid}@{sev}",
-                            images=[(i, im) for (i, _), im in zip(part, corrupted, strict=True)])
-                        return [_pred_json(p) for p in preds], len(part)
+                        return self._answers(sess_corr, f"{cid}@{sev}", [
+                            (i, im) for (i, _), im in zip(part, corrupted, strict=True)]), len(part)
                     res = self._item(f"corr/{ct.id}/{sev}/{c:05d}", work)
                     out.update(zip(ids[a:b], res, strict=True))
                 corr[(ct.id, sev)] = out
@@ -267,9 +266,14 @@ class EvaluationRunner:
             else:
                 t["predictions"] = {i: v["prediction"] for i, v in r.items()}
             tests.append(t)
-        metrics = self.ctx.scoring.score(rule=plan.correctness, labels=labels, tests=tests)
-        self._add_attack_distances(metrics, attack_results)
-        metrics["ranking"] = self._ranking(target, clean, tests)
+        if plan.target.task == "classification":
+            metrics = self.ctx.scoring.score(rule=plan.correctness, labels=labels, tests=tests)
+            self._add_attack_distances(metrics, attack_results)
+            metrics["ranking"] = self._ranking(target, clean, tests)
+        else:
+            metrics = self._score_task(ids, tests)
+            metrics["ranking"] = {"applicable": False, "settings": {},
+                                  "reason": f"NDCG and DRR rank classes; not defined for {plan.target.task}"}
         if deg:
             metrics["degradation"] = self._degradation(target, ids, labels, clean, deg)
 
@@ -286,6 +290,49 @@ class EvaluationRunner:
                      report_html=report_html, summary_json=json.dumps(summary),
                      finished_at=finished_at, message="")
         return metrics
+
+    def _answers(self, session: str, origin: str,
+                 part: Sequence[tuple[str, np.ndarray]]) -> list[dict[str, Any]]:
+        """The target's answers through the proxy, as stored with the items (JSON)."""
+        if self.plan.target.task == "classification":
+            preds = self.ctx.proxy.predict(session_id=session, origin=origin, images=part)
+            return [_pred_json(p) for p in preds]
+        return self.ctx.proxy.predict_answers(session_id=session, origin=origin, images=part)
+
+    def _score_task(self, ids: Sequence[str], tests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """IEEE-M1..M7 of a detection (IEEE-C4) or segmentation (IEEE-C5) plan, computed by the
+        scoring service from the recorded answers and the manifest's ground truth."""
+        from fortis.services.evaluation.datasets import load_plan_truths
+
+        truths = load_plan_truths(self.plan)
+        plain = [{k: v for k, v in t.items() if k != "predictions"} for t in tests]
+        if self.plan.target.task == "detection":
+            dtests = [{**meta, "predictions": {i: ({"error": p["error"]} if p.get("error") else
+                                                   {"boxes": p["boxes"], "labels": p["labels"],
+                                                    "scores": p["scores"]})
+                                               for i, p in t["predictions"].items()}}
+                      for meta, t in zip(plain, tests, strict=True)]
+            return self.ctx.scoring.compute("ieee.detection", {}, {
+                "criterion": dict(self.plan.detection), "truths": {i: truths[i] for i in ids},
+                "tests": dtests})
+        truth = [truths[i] for i in ids]
+        shapes = {t.shape for t in truth}
+        if len(shapes) != 1:
+            raise InvalidArgument("dataset.path", "segmentation images must share one size, got "
+                                  f"{sorted(shapes)}")
+        arrays: dict[str, np.ndarray] = {"truth": np.stack(truth)}
+        for n, t in enumerate(tests):
+            masks = []
+            for i, tr in zip(ids, truth, strict=True):
+                p = t["predictions"][i]
+                m = None if p.get("error") else cv2.imdecode(
+                    np.frombuffer(base64.b64decode(p["mask_png"]), np.uint8), cv2.IMREAD_UNCHANGED)
+                if m is None or m.shape != tr.shape:
+                    m = np.full(tr.shape, -1, dtype=np.int64)     # a failed answer: no pixel right
+                masks.append(m.astype(np.int64))
+            arrays[f"masks@{n}"] = np.stack(masks)
+        return self.ctx.scoring.compute("ieee.segmentation", arrays, {
+            "criterion": dict(self.plan.segmentation), "image_ids": list(ids), "tests": plain})
 
     def _degradation(self, target: TargetDescription, ids: Sequence[str],
                      labels: Mapping[str, Sequence[int]], clean: Mapping[str, Any],
