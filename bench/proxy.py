@@ -115,12 +115,12 @@ def _process(args: list[str], env: dict[str, str]) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _servers(mode: str, target: str, tmp: Path) -> Iterator[tuple[str, str, str]]:
+def _servers(mode: str, target: str, tmp: Path, sync: str = "FULL") -> Iterator[tuple[str, str, str]]:
     """(direct target address, proxy address, bare echo address); proxy target name "t"."""
     if mode == "inprocess":
         stack = start_stack(StackSettings(state_dir=tmp, api_keys={KEY: "bench"},
                                           targets=[TargetConfig.parse(f"t=builtin:{target}")],
-                                          ledger_synchronous="FULL"))
+                                          ledger_synchronous=sync))
         echo = build_server(ServerSettings(), [(target_pb2_grpc.add_TargetServiceServicer_to_server,
                                                 _Echo(), "fortis.target.v1.TargetService")])
         try:
@@ -140,7 +140,8 @@ def _servers(mode: str, target: str, tmp: Path) -> Iterator[tuple[str, str, str]
         # The proxy in its own process, reaching the target over gRPC.
         p = json.loads(es.enter_context(_process(
             fortis + ["serve", "--service", "proxy", "--log-level", "warning", "--address", "127.0.0.1:0",
-                      "--state-dir", str(tmp / "proxy"), "--target", f"t=grpc://{direct}"], env)))
+                      "--ledger-sync", sync, "--state-dir", str(tmp / "proxy"),
+                      "--target", f"t=grpc://{direct}"], env)))
         echo = es.enter_context(_process([sys.executable, "-c", _ECHO_SERVER], env))
         yield direct, p["address"], echo
 
@@ -151,10 +152,12 @@ def main() -> None:
     ap.add_argument("--target", default="fmnist-cnn")
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--mode", choices=["processes", "inprocess"], default="processes")
+    ap.add_argument("--ledger-sync", choices=["FULL", "NORMAL"], default="FULL",
+                    help="the proxy's ledger durability (FULL: fsync before every answer)")
     ns = ap.parse_args()
     img = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
 
-    with tempfile.TemporaryDirectory() as tmp, _servers(ns.mode, ns.target, Path(tmp)) as addrs:
+    with tempfile.TemporaryDirectory() as tmp, _servers(ns.mode, ns.target, Path(tmp), ns.ledger_sync) as addrs:
         direct_addr, proxy_addr, echo_addr = addrs
         direct_ch = grpc.insecure_channel(direct_addr)
         proxy_ch = grpc.insecure_channel(proxy_addr)
@@ -193,7 +196,7 @@ def main() -> None:
         out = {
             "benchmark": "proxy_predict_one_224x224",
             "target_model": ns.target, "n": ns.n, "mode": ns.mode,
-            "ledger": "sqlite WAL, synchronous=FULL",
+            "ledger": f"sqlite WAL, synchronous={ns.ledger_sync}",
             "bare_grpc_p50_ms": round(_p(lat["bare"], 50), 3),
             "direct_p50_ms": round(_p(lat["direct"], 50), 3),
             "direct_p90_ms": round(_p(lat["direct"], 90), 3),

@@ -217,7 +217,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             only=ns.service or "", proxy_address=ns.proxy_address or "",
             perturbation_address=ns.perturbation_address or "",
             scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
-            internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=ns.metrics_port))
+            internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=ns.metrics_port,
+            ledger_synchronous=ns.ledger_sync))
     except FortisError as exc:
         _err(str(exc))
         return EXIT_BAD_INPUT
@@ -428,6 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-default-targets", action="store_true")
     for s in ("proxy", "perturbation", "scoring", "report"):
         sp.add_argument(f"--{s}-address", help=f"the {s} service (when running one service)")
+    sp.add_argument("--ledger-sync", choices=["FULL", "NORMAL"], default="FULL",
+                    help="FULL (default): every ledger row is on disk (fsync) before the answer "
+                         "is returned; NORMAL: survives a crash of Fortis but not of the machine, "
+                         "about 1 ms less per query on this class of disk")
     sp.add_argument("--metrics-port", type=int,
                     help="serve the proxy's Prometheus metrics at http://0.0.0.0:PORT/metrics")
     sp.add_argument("--log-level", default="info")
