@@ -4,6 +4,15 @@
     fmnist-surrogate  a second, different Fashion-MNIST CNN (the tester's surrogate)
     mobilenet-v2      ImageNet MobileNetV2 with torchvision's weights (offline package)
 
+Built-in targets that are not classifiers (fortis.adapters.vision_targets; installed on
+first use by scripts/setup_vision.sh):
+
+    haar-face         OpenCV Haar frontal-face cascade (detection)
+    mtcnn             facenet-pytorch MTCNN with its bundled weights (detection)
+    blazeface         MediaPipe BlazeFace, full range, in .venv-mediapipe (detection)
+    selfie-seg        MediaPipe selfie segmentation, person vs background (segmentation)
+    u2netp            U2-Net-p salient-object segmentation on onnxruntime (segmentation)
+
 Models load lazily, once per process.
 """
 
