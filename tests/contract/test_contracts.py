@@ -45,6 +45,14 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+def test_kserve_v2_stubs_are_current():
+    """The Open Inference Protocol stubs (adapters/kserve_v2_protos) come from their proto by
+    scripts/gen_kserve_protos.py, never edited by hand."""
+    r = subprocess.run([sys.executable, "scripts/gen_kserve_protos.py", "--check"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_domain_code_never_imports_grpc():
     offenders = []
     for folder in (ROOT / "services", ROOT / "adapters"):

@@ -165,7 +165,24 @@ def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace) -> int:
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    return _run_plan(_demo_plan_text(), Path(ns.out), ns)
+    if ns.task == "classification":
+        return _run_plan(_demo_plan_text(), Path(ns.out), ns)
+    import subprocess
+
+    from fortis.adapters.vision_demo import demo_plan, write_demo_manifest
+
+    # The detection/segmentation models install on first use (about 30 s).
+    setup = Path(__file__).resolve().parents[3] / "scripts" / "setup_vision.sh"
+    if setup.exists():
+        if not ns.quiet:
+            print("Checking the vision models (scripts/setup_vision.sh) ...", file=sys.stderr)
+        r = subprocess.run(["bash", str(setup)], env=dict(os.environ, FORTIS_VENV_PYTHON=sys.executable),
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            _err(f"installing the vision models failed:\n{r.stderr[-2000:]}")
+            return EXIT_FAILED
+    manifest = write_demo_manifest(ns.task, Path(ns.out) / "data")
+    return _run_plan(demo_plan(ns.task, manifest), Path(ns.out), ns)
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -401,6 +418,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("demo", help="evaluate the Fashion-MNIST demo plan, everything embedded")
     sp.add_argument("--out", required=True, help="folder for report.json and report.html")
+    sp.add_argument("--task", choices=["classification", "detection", "segmentation"],
+                    default="classification",
+                    help="classification: the Fashion-MNIST CNN (default); detection: OpenCV Haar "
+                         "faces on offline photos; segmentation: U2-Net-p salient objects")
     sp.add_argument("--id", help="evaluation id (default: generated)")
     sp.add_argument("--quiet", action="store_true")
     client_opts(sp)
