@@ -45,6 +45,16 @@ def _call(fn: Any, req: Any, md: Sequence[tuple[str, str]], timeout: float | Non
         raise error_from_rpc(exc) from None
 
 
+def _per_query(err: errors.FortisError) -> bool:
+    """A failed Predict that concerns these images (the target down after the proxy's
+    retries, the target refusing the images, an unusable answer), not the evaluation itself
+    (unknown session, spent budget, bad credentials)."""
+    if isinstance(err, errors.BudgetExhausted | errors.NotFound | errors.Unauthenticated
+                  | errors.FailedPrecondition | errors.AlreadyExists):
+        return False
+    return True
+
+
 def answer_json(p: common_pb2.Prediction) -> dict[str, Any]:
     """A detection or segmentation answer as stored with the evaluation's items."""
     kind = p.WhichOneof("result")
@@ -94,9 +104,10 @@ class GrpcProxy:
                 resp = self.stub.Predict(req, metadata=self.md, timeout=300)
             except grpc.RpcError as exc:
                 err = error_from_rpc(exc)
-                if isinstance(err, errors.Unavailable):
-                    # The target stayed down after the proxy's retries: per-query errors,
-                    # recorded in the ledger, scored as incorrect, shown in the report.
+                if _per_query(err):
+                    # The target stayed down after the proxy's retries, refused the images or
+                    # answered something unusable: per-query errors, recorded in the ledger,
+                    # scored as incorrect, shown in the report.
                     out += [ClassPrediction(labels=(), scores=None, error=str(err)) for _ in part]
                     continue
                 raise err from None
@@ -116,7 +127,7 @@ class GrpcProxy:
                 resp = self.stub.Predict(req, metadata=self.md, timeout=300)
             except grpc.RpcError as exc:
                 err = error_from_rpc(exc)
-                if isinstance(err, errors.Unavailable | errors.InvalidArgument):
+                if _per_query(err):
                     # per-query errors (recorded in the ledger), scored as incorrect
                     out += [{"error": str(err)} for _ in part]
                     continue

@@ -81,6 +81,30 @@ def _chunks(n: int, size: int) -> list[tuple[int, int]]:
     return [(s, min(s + size, n)) for s in range(0, n, size)]
 
 
+def _query_errors(tests: Sequence[Mapping[str, Any]],
+                  deg: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, Any]:
+    """Per setting, the queries the target failed (down after retries, refused the image,
+    answered something unusable): each is scored as incorrect and listed here (at most 20
+    examples per setting), so a misbehaving target shows in the report, never as a crash."""
+    settings: dict[str, Any] = {}
+
+    def add(name: str, preds: Mapping[str, Any]) -> None:
+        bad = [(i, p["error"]) for i, p in preds.items() if isinstance(p, Mapping) and p.get("error")]
+        if bad:
+            settings[name] = {"errors": len(bad), "of": len(preds),
+                              "examples": [{"image_id": i, "error": str(e)[:300]} for i, e in bad[:20]]}
+    for t in tests:
+        if not t.get("predictions"):
+            continue
+        name = ("clean" if t["kind"] == "clean" else f"{t['perturbation_id']}@{t['severity']}"
+                if t["kind"] == "corruption" else str(t["perturbation_id"]))
+        add(name, t["predictions"])
+    for op, levels in deg.items():
+        for lv, preds in levels.items():
+            add(f"{op}@level{lv}", preds)
+    return {"total": sum(s["errors"] for s in settings.values()), "settings": settings}
+
+
 def plan_items(plan: Plan, n_images: int) -> list[str]:
     """Every work item of a plan, in execution order."""
     keys = [f"clean/{c:05d}" for c, _ in enumerate(_chunks(n_images, plan.batch_size))]
@@ -276,6 +300,7 @@ class EvaluationRunner:
                                   "reason": f"NDCG and DRR rank classes; not defined for {plan.target.task}"}
         if deg:
             metrics["degradation"] = self._degradation(target, ids, labels, clean, deg)
+        metrics["query_errors"] = _query_errors(tests, deg)
 
         # Report (IEEE-P4).
         self._progress("report")

@@ -677,6 +677,23 @@ def render_html(report: Mapping[str, Any]) -> str:
         sections.append(_section("degradation", "Degradation profiles (DEG-2..DEG-4)",
                                  "".join(parts)))
 
+    # failed queries -------------------------------------------------------------------
+    qe = metrics.get("query_errors")
+    if isinstance(qe, Mapping) and qe.get("total"):
+        rows = []
+        for name, node in (qe.get("settings") or {}).items():
+            if not isinstance(node, Mapping):
+                continue
+            ex = "; ".join(f"{_e(x.get('image_id'))}: {_e(x.get('error'))}"
+                           for x in (node.get("examples") or [])[:3] if isinstance(x, Mapping))
+            rows.append(f"<tr><th>{_e(name)}</th><td class='num'>{_num(node.get('errors'), 0)} of "
+                        f"{_num(node.get('of'), 0)}</td><td>{ex}</td></tr>")
+        sections.append(_section(
+            "query-errors", "Failed queries",
+            "<p>Queries the target failed (unreachable after the proxy's retries, refused, or "
+            "answered unusably). Each counts as an incorrect answer; every one is in the ledger."
+            f"</p><table><tr><th>setting</th><th>failed</th><th>examples</th></tr>{''.join(rows)}</table>"))
+
     # ranking metrics (RANK-1..RANK-3) --------------------------------------------------
     ranking = metrics.get("ranking")
     if isinstance(ranking, Mapping):

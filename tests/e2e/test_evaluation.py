@@ -241,3 +241,91 @@ degradation:
     assert stats.queries_ok == 32 * (4 + 2)                        # one query per image and level
     assert any(t["kind"] == "degradation" and t["id"] == "global_blur" for t in report["tests"])
     assert "Degradation profiles" in html.read_text()
+
+
+def test_a_misbehaving_target_gives_per_query_errors_not_a_crashed_evaluation(tmp_path):
+    """Issue 5: HTTP 500s, malformed JSON and timeouts from a target become per-query errors in
+    the ledger and the report, and the evaluation still finishes. The target is an HTTP/JSON
+    API reached through the real proxy and the http-json adapter; the service itself is a
+    stand-in of the test's own (a local stdlib HTTP server), since no real API can misbehave
+    on demand here."""
+    import base64
+    import http.server
+    import threading
+
+    import cv2
+    import numpy as np
+    from fortis.services.app import StackSettings, TargetConfig, start_stack
+
+    calls = {"n": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):  # noqa: ANN002 - quiet
+            pass
+
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            img = cv2.imdecode(np.frombuffer(base64.b64decode(body["image"]), np.uint8), cv2.IMREAD_UNCHANGED)
+            calls["n"] += 1
+            mean = float(img.mean())
+            if mean < 40:                       # dark images: the service fails
+                self.send_response(500)
+                self.end_headers()
+                return
+            if mean < 60:                       # some answers are not JSON
+                out = b"{not json"
+            else:
+                out = json.dumps({"predictions": [{"className": str(int(mean) % 10),
+                                                   "probability": 0.9}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(out)
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    profile = tmp_path / "flaky.yaml"
+    profile.write_text(f"""
+name: flaky
+task: classification
+output: top_k
+top_k: 1
+labels: ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]
+request:
+  url: http://127.0.0.1:{srv.server_address[1]}/classify
+  image: base64
+  body: {{image: "${{image_base64}}"}}
+  timeout_s: 5
+response:
+  items: predictions
+  label: className
+  score: probability
+""")
+    stack = start_stack(StackSettings(state_dir=tmp_path / "state", api_keys={API_KEY: "tenant-a"},
+                                      targets=[TargetConfig.parse(f"flaky=http-json:{profile}")]))
+    try:
+        plan = """
+name: flaky-target
+seed: 2
+target: {name: flaky, task: classification}
+dataset: {source: fashion-mnist, split: test, limit: 24}
+corruptions:
+  - {id: brightness, severities: [5]}
+"""
+        with FortisClient(stack.address, api_key=API_KEY) as fc:
+            ev = fc.submit(plan)
+            final = fc.wait(ev.evaluation_id)
+            assert progress_of(final).state == "SUCCEEDED", final.error.message
+            js, html = fc.write_report(ev.evaluation_id, tmp_path / "out")
+            stats = fc.session_stats(f"{ev.evaluation_id}/clean")
+        report = json.loads(js.read_text())
+        qe = report["metrics"]["query_errors"]
+        assert qe["total"] > 0 and qe["settings"]["clean"]["errors"] == stats.queries_failed > 0
+        errs = " ".join(x["error"] for x in qe["settings"]["clean"]["examples"])
+        assert "UNAVAILABLE" in errs or "500" in errs or "not valid JSON" in errs
+        assert stats.queries_ok + stats.queries_failed == 24
+        assert report["metrics"]["accuracy"]["m"] == 24            # failures scored as incorrect
+        assert "Failed queries" in html.read_text()
+    finally:
+        stack.stop(0)
+        srv.shutdown()
