@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.common.errors import InvalidArgument
 from fortis.services.perturbation.corruptions import CORRUPTIONS
 from fortis.services.perturbation.registry import PERTURBATIONS, describe
+from fortis.services.perturbation.registry import validate_params as validate_perturbation_params
 from fortis.services.perturbation.spec import Param
 
 
@@ -72,47 +73,9 @@ def attack_spec(attack_id: str, field_name: str = "attack_id") -> AttackSpec:
 
 def validate_params(spec: AttackSpec, params: Mapping[str, Any], field_prefix: str = "params"
                     ) -> dict[str, Any]:
-    """Check and complete attack parameters; all problems reported at once."""
-    out: dict[str, Any] = {}
-    problems: list[FieldViolation] = []
-    known = {p.name for p in spec.params}
-    for key in params:
-        if key not in known:
-            problems.append(FieldViolation(f"{field_prefix}.{key}",
-                                           f"unknown parameter for {spec.id}; known: {', '.join(sorted(known))}"))
-    for p in spec.params:
-        f = f"{field_prefix}.{p.name}"
-        if p.name not in params:
-            if p.default is None:
-                problems.append(FieldViolation(f, "required"))
-            else:
-                out[p.name] = p.default
-            continue
-        v = params[p.name]
-        try:
-            if p.type == "float":
-                if isinstance(v, bool):
-                    raise TypeError
-                v = float(v)
-            elif p.type == "int":
-                if isinstance(v, bool) or float(v) != int(float(v)):
-                    raise TypeError
-                v = int(float(v))
-            elif p.type == "bool":
-                if not isinstance(v, bool):
-                    raise TypeError
-            else:
-                v = str(v)
-        except (TypeError, ValueError):
-            problems.append(FieldViolation(f, f"must be a {p.type}, got {v!r}"))
-            continue
-        if p.minimum is not None and v < p.minimum or p.maximum is not None and v > p.maximum:
-            problems.append(FieldViolation(f, f"must be in [{p.minimum}, {p.maximum}], got {v}"))
-            continue
-        out[p.name] = v
-    if problems:
-        raise InvalidArgument.from_violations(problems)
-    return out
+    """Check and complete attack parameters; all problems reported at once (the same rules as
+    every perturbation's parameters, ``registry.validate_params``)."""
+    return validate_perturbation_params(spec, params, field_prefix)
 
 
 def list_catalogue() -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from fortis.services.perturbation import corruptions, degradation, properties, styles
-from fortis.services.perturbation.spec import ApplyContext, Param, PerturbationSpec
+from fortis.services.perturbation.spec import ApplyContext, Param, PerturbationSpec, check_image
 
 _MODULES = (corruptions, styles, degradation, properties)
 
@@ -115,18 +115,6 @@ def validate_params(spec: PerturbationSpec | Any, params: Mapping[str, Any] | No
     if problems:
         raise InvalidArgument.from_violations(problems)
     return out
-
-
-def check_image(image: object, field_name: str = "image") -> np.ndarray:
-    if not isinstance(image, np.ndarray):
-        raise InvalidArgument(field_name, f"must be a numpy array, got {type(image).__name__}")
-    if image.dtype != np.uint8:
-        raise InvalidArgument(field_name, f"must be uint8, got {image.dtype}")
-    if not (image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 3))):
-        raise InvalidArgument(field_name, f"must be HxW, HxWx1 or HxWx3, got shape {image.shape}")
-    if image.shape[0] < 1 or image.shape[1] < 1:
-        raise InvalidArgument(field_name, f"must be at least 1x1, got shape {image.shape}")
-    return image
 
 
 def make_context(spec: PerturbationSpec, params: Mapping[str, Any] | None = None, *,

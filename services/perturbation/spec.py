@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import numpy as np
+from fortis.services.common.errors import InvalidArgument
 
 #: What ``level`` means for a perturbation.
 #:   "severity": an integer 1..5 (IEEE-M7)
@@ -103,3 +104,16 @@ class PerturbationSpec:
     @property
     def stochastic(self) -> bool:
         return self.characterisation.randomness == "stochastic"
+
+
+def check_image(image: object, field_name: str = "image") -> np.ndarray:
+    """A perturbation's input: uint8 HxW, HxWx1 or HxWx3, at least 1x1 (else InvalidArgument)."""
+    if not isinstance(image, np.ndarray):
+        raise InvalidArgument(field_name, f"must be a numpy array, got {type(image).__name__}")
+    if image.dtype != np.uint8:
+        raise InvalidArgument(field_name, f"must be uint8, got {image.dtype}")
+    if not (image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 3))):
+        raise InvalidArgument(field_name, f"must be HxW, HxWx1 or HxWx3, got shape {image.shape}")
+    if image.shape[0] < 1 or image.shape[1] < 1:
+        raise InvalidArgument(field_name, f"must be at least 1x1, got shape {image.shape}")
+    return image

@@ -50,6 +50,7 @@ from fortis.services.perturbation.spec import (
     Characterisation,
     Param,
     PerturbationSpec,
+    check_image,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -136,15 +137,7 @@ Params = Mapping[str, Any]
 
 
 def _check_image(image: object) -> np.ndarray:
-    if not isinstance(image, np.ndarray):
-        raise InvalidArgument("image", f"must be a numpy array, got {type(image).__name__}")
-    if image.dtype != np.uint8:
-        raise InvalidArgument("image", f"must be uint8, got {image.dtype}")
-    if not (image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 3))):
-        raise InvalidArgument("image", f"must be HxW, HxWx1 or HxWx3, got shape {image.shape}")
-    if image.shape[0] < 1 or image.shape[1] < 1:
-        raise InvalidArgument("image", f"must be at least 1x1, got shape {image.shape}")
-    return image
+    return check_image(image)
 
 
 def check_severity(level: object) -> int:
