@@ -315,6 +315,11 @@ def validate_plan(doc: Mapping[str, Any]) -> Plan:
                 params = validate_params(spec, params, f"{p}.params")
             except InvalidArgument as exc:
                 v.problems += exc.violations
+            prop = params.get("property") if isinstance(params, Mapping) else None
+            if aid == "pertknob" and isinstance(prop, str) and (
+                    prop not in PERTURBATIONS or PERTURBATIONS[prop].kind != "property"):
+                v.bad(f"{p}.params.property", f"'{prop}' is not a PER-1 safety property; see "
+                      "`fortis perturbations --kind property`")
             if spec.kind == "transfer" and not it.get("surrogate"):
                 v.bad(f"{p}.surrogate", f"{aid} is a transfer attack: name the surrogate model")
         if label in seen:

@@ -498,6 +498,10 @@ class EvaluationRunner:
             m["mean_linf"] = float(np.mean(linf))
             m["max_linf"] = float(np.max(linf))
             m["mean_l2"] = float(np.mean(l2))
+            ok = [v["l2"] for v in r.values() if v.get("success")]
+            # PER-4 (and any query attack): the smallest perturbations that misled the target
+            m["mean_l2_successful"] = float(np.mean(ok)) if ok else None
+            m["median_l2_successful"] = float(np.median(ok)) if ok else None
 
     # -- report -----------------------------------------------------------------------------
     def _report_parts(self, target: TargetDescription, metrics: dict[str, Any],

@@ -61,6 +61,20 @@ ATTACKS: dict[str, AttackSpec] = {a.id: a for a in (
                description="HopSkipJumpAttack (L2, decision-based); success = misclassified within L2 <= epsilon",
                params=(Param(name="epsilon", type="float", description="L2 bound in [0,1] pixel scale (IEEE-A9)",
                              minimum=0.0, maximum=1e4), _BUDGET), norm="l2"),
+    AttackSpec(id="pertknob", kind="decision", family="minimal-perturbation", ieee_ref="PER-3",
+               description="PertKnob (Zhong et al.): the smallest epsilon of a real-world safety "
+                           "property (PER-1) that misleads the target, searched over [0,1] in k "
+                           "cells by bisection or linear scan within Q_m queries; reports the "
+                           "minimal L2 (PER-4); every query through the proxy",
+               params=(Param(name="property", type="string", description="a PER-1 property id, e.g. per_brightness"),
+                       Param(name="mode", type="string", default="bisection",
+                             description="bisection (assumes the criterion is monotone in epsilon) or linear"),
+                       Param(name="cells", type="int", default=1000, description="k: epsilon grid cells",
+                             minimum=1, maximum=1_000_000),
+                       Param(name="max_queries", type="int", default=64,
+                             description="query budget Q_m per image, clean query included",
+                             minimum=2, maximum=1_000_000)),
+               norm="l2"),
 )}
 
 

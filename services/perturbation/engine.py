@@ -16,10 +16,17 @@ import numpy as np
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.seeding import rng_for, torch_generator_for
 from fortis.services.perturbation import attacks
-from fortis.services.perturbation.attacks.common import AttackResult
+from fortis.services.perturbation.attacks.common import (
+    STOP_ALREADY_MISCLASSIFIED,
+    STOP_BUDGET,
+    STOP_ITERATIONS,
+    STOP_SUCCESS,
+    AttackResult,
+)
 from fortis.services.perturbation.catalogue import attack_spec, validate_params
 from fortis.services.perturbation.corruptions import CORRUPTIONS, apply_corruption
 from fortis.services.perturbation.registry import (
+    PERTURBATIONS,
     apply_perturbation,
     check_level,
     make_context,
@@ -110,6 +117,46 @@ def perturb(perturbation_id: str, level: int | float, seed: int,
     return out
 
 
+def _pertknob(p: Mapping[str, Any], seed: int, items: Sequence[AttackItem],
+              query: QueryClient) -> list[AttackResult]:
+    """PER-3 through the proxy, one image at a time (each query is charged to its image id):
+    the smallest epsilon of property ``p["property"]`` at which the target's top-1 leaves the
+    image's true label (Misclassification, PER-2), within ``max_queries`` per image."""
+    from fortis.services.scoring.ieee import ClassPrediction
+    from fortis.services.scoring.pertknob import (
+        KnobConfig,
+        Misclassification,
+        Reference,
+        pertknob,
+        property_perturbation,
+    )
+
+    spec = PERTURBATIONS.get(p["property"])
+    if spec is None or spec.kind != "property":
+        raise InvalidArgument("params.property", f"'{p['property']}' is not a PER-1 property; "
+                              "see `fortis perturbations --kind property`")
+    if p["mode"] not in ("bisection", "linear"):
+        raise InvalidArgument("params.mode", f"must be bisection or linear, got {p['mode']!r}")
+    cfg = KnobConfig(mode=p["mode"], cells=int(p["cells"]), budget=int(p["max_queries"]))
+    perturb = property_perturbation(spec.id)
+    out: list[AttackResult] = []
+    for n, it in enumerate(items):
+        def ask(imgs: Sequence[np.ndarray], image_id: str = it.image_id) -> list[ClassPrediction]:
+            labels = query.labels(np.stack(imgs), [image_id] * len(imgs))
+            return [ClassPrediction(labels=(int(x),), scores=None) for x in labels]
+        r = pertknob(it.image, perturb, Misclassification(), ask,
+                     rng=rng_for(seed, "pertknob", spec.id, it.image_id),
+                     reference=Reference(label=it.labels[0]), config=cfg, keep_images=True)
+        adv = r.perturbed if r.perturbed is not None else it.image
+        stop = {"found": STOP_SUCCESS, "already_met": STOP_ALREADY_MISCLASSIFIED,
+                "budget_exhausted": STOP_BUDGET}.get(r.status, STOP_ITERATIONS)
+        out.append(AttackResult(index=n, adversarial=adv, adversarial_float=adv.astype(np.float32) / 255.0,
+                                success=r.status == "found", queries=r.queries,
+                                initially_correct=r.status != "already_met",
+                                linf=float(r.linf or 0.0), l2=float(r.l2 or 0.0), stop_reason=stop))
+    return out
+
+
 def _check_surrogate_input(classifier: Any, shape: tuple[int, ...]) -> None:
     spec = classifier.input_spec
     if (shape[0], shape[1], shape[2]) != (spec.height, spec.width, spec.channels):
@@ -164,4 +211,6 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
     if attack_id == "hsja":
         return attacks.hop_skip_jump(label_query, images, labels, epsilon=p["epsilon"],
                                      max_queries=p["max_queries"], rng=rng)
+    if attack_id == "pertknob":
+        return _pertknob(p, seed, items, query)
     raise InvalidArgument("attack_id", f"attack '{attack_id}' has no runner")

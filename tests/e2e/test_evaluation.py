@@ -329,3 +329,32 @@ corruptions:
     finally:
         stack.stop(0)
         srv.shutdown()
+
+
+def test_pertknob_minimal_perturbation_search_through_the_proxy(stack):
+    """PER-3/PER-4 in a plan: PertKnob (bisection over epsilon) on a real-world property,
+    every query through the proxy and within Q_m; the report gives the success rate (share
+    fooled), queries, and mean/median minimal L2 of the images fooled."""
+    plan = """
+name: pertknob
+seed: 8
+target: {name: fmnist-cnn-label, task: classification}
+dataset: {source: fashion-mnist, split: test, limit: 12}
+attacks:
+  - {id: pertknob, name: knob-contrast, params: {property: per_contrast_reduction, cells: 256, max_queries: 12}}
+"""
+    with FortisClient(stack.address, api_key=API_KEY) as fc:
+        ev = fc.submit(plan)
+        final = fc.wait(ev.evaluation_id)
+        assert progress_of(final).state == "SUCCEEDED", final.error.message
+        report = fc.report(ev.evaluation_id)
+    a = report["metrics"]["attacks"]["knob-contrast"]
+    assert a["query_budget"] == 12 and a["m"] == 12
+    assert 0 < a["success_rate"] <= 1 and a["mean_queries"] <= 12
+    assert a["median_l2_successful"] > 0 and a["mean_l2_successful"] > 0
+    sessions = {k: v for k, v in report["ledger"]["sessions"].items() if "/attack/knob-contrast/" in k}
+    assert sessions and sum(sessions.values()) <= 12 * 12          # never above Q_m per image
+    with FortisClient(stack.address, api_key=API_KEY) as fc, \
+            pytest.raises(errors.InvalidArgument) as ei:
+        fc.submit(plan.replace("per_contrast_reduction", "gaussian_noise"))
+    assert "attacks[0].params.property" in str(ei.value)
