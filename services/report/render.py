@@ -275,6 +275,26 @@ def _evaluation(evaluation: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _extra_metrics_used(metrics: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The metric families beyond IEEE 3129 that this evaluation computed."""
+    out: list[dict[str, str]] = []
+    rk = metrics.get("ranking") if isinstance(metrics, Mapping) else None
+    if isinstance(rk, Mapping) and rk.get("applicable"):
+        out.append({"name": "NDCG@k and NDCG@1 of each setting's answers against the clean answers",
+                    "ref": "Brama, Dery, Grinshpoun (RANK-1)"})
+        out.append({"name": "Defense reciprocal rank DRR@5", "ref": "Brama, Dery, Grinshpoun (RANK-2)"})
+    if isinstance(metrics, Mapping) and metrics.get("degradation"):
+        out.append({"name": "Degradation profiles (accuracy, true-label rank and probability per "
+                            "level) and failure points at 90/50/10%",
+                    "ref": "Swingler 2022 (DEG-2..DEG-4)"})
+    attacks = metrics.get("attacks") if isinstance(metrics, Mapping) else None
+    if isinstance(attacks, Mapping) and any(
+            isinstance(a, Mapping) and a.get("median_l2_successful") is not None for a in attacks.values()):
+        out.append({"name": "Minimal perturbation L2 of the images misled (mean, median)",
+                    "ref": "Zhong, Hu, Chen 2020 (PER-3, PER-4)"})
+    return out
+
+
 def build_report(*, plan: Mapping[str, Any], plan_text: str, target: Mapping[str, Any],
                  tester: Mapping[str, Any], environment: Mapping[str, Any],
                  metrics: Mapping[str, Any], tests: Sequence[Mapping[str, Any]],
@@ -303,7 +323,7 @@ def build_report(*, plan: Mapping[str, Any], plan_text: str, target: Mapping[str
         "tester": _tester(tester, plan),
         "environment": env,
         "service_parameters": service_parameters,
-        "metrics_used": [dict(m) for m in METRICS_USED],
+        "metrics_used": [dict(m) for m in METRICS_USED] + _extra_metrics_used(metrics),
         "metrics": _plain(metrics),
         "tests": _tests(tests, plan),
         "ledger": _plain(dict(ledger)),
