@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import cv2
 import grpc
@@ -37,6 +37,8 @@ _OUTPUT = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
 _TASK = {common_pb2.TASK_TYPE_CLASSIFICATION: "classification",
          common_pb2.TASK_TYPE_DETECTION: "detection",
          common_pb2.TASK_TYPE_SEGMENTATION: "segmentation"}
+T = TypeVar("T")
+
 
 def _call(fn: Any, req: Any, md: Sequence[tuple[str, str]], timeout: float | None = None) -> Any:
     try:
@@ -93,9 +95,13 @@ class GrpcProxy:
             target=target, session_id=session_id, query_budget=query_budget,
             per_image_budget=per_image_budget, description=description), self.md)
 
-    def predict(self, *, session_id: str, origin: str,
-                images: Sequence[tuple[str, np.ndarray]]) -> list[ClassPrediction]:
-        out: list[ClassPrediction] = []
+    def _predict(self, session_id: str, origin: str, images: Sequence[tuple[str, np.ndarray]],
+                 answer: Callable[[common_pb2.Prediction], T], failed: Callable[[str], T]) -> list[T]:
+        """Predict through the proxy in batches. A failed call that concerns its images (the
+        target down after the proxy's retries, refusing the images, or answering something
+        unusable) gives per-query errors -- recorded in the ledger, scored as incorrect,
+        shown in the report; any other failure ends the evaluation."""
+        out: list[T] = []
         for s in range(0, len(images), self.batch_limit):
             part = images[s:s + self.batch_limit]
             req = proxy_pb2.PredictRequest(session_id=session_id, origin=origin,
@@ -105,36 +111,23 @@ class GrpcProxy:
             except grpc.RpcError as exc:
                 err = error_from_rpc(exc)
                 if _per_query(err):
-                    # The target stayed down after the proxy's retries, refused the images or
-                    # answered something unusable: per-query errors, recorded in the ledger,
-                    # scored as incorrect, shown in the report.
-                    out += [ClassPrediction(labels=(), scores=None, error=str(err)) for _ in part]
+                    out += [failed(str(err)) for _ in part]
                     continue
                 raise err from None
-            for p in resp.predictions:
-                labels, scores = ranked_labels_scores(p)
-                out.append(ClassPrediction(labels=labels, scores=scores))
+            out += [answer(p) for p in resp.predictions]
         return out
+
+    def predict(self, *, session_id: str, origin: str,
+                images: Sequence[tuple[str, np.ndarray]]) -> list[ClassPrediction]:
+        def answer(p: common_pb2.Prediction) -> ClassPrediction:
+            labels, scores = ranked_labels_scores(p)
+            return ClassPrediction(labels=labels, scores=scores)
+        return self._predict(session_id, origin, images, answer,
+                             lambda e: ClassPrediction(labels=(), scores=None, error=e))
 
     def predict_answers(self, *, session_id: str, origin: str,
                         images: Sequence[tuple[str, np.ndarray]]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for s in range(0, len(images), self.batch_limit):
-            part = images[s:s + self.batch_limit]
-            req = proxy_pb2.PredictRequest(session_id=session_id, origin=origin,
-                                           images=[image_msg(i, im) for i, im in part])
-            try:
-                resp = self.stub.Predict(req, metadata=self.md, timeout=300)
-            except grpc.RpcError as exc:
-                err = error_from_rpc(exc)
-                if _per_query(err):
-                    # per-query errors (recorded in the ledger), scored as incorrect
-                    out += [{"error": str(err)} for _ in part]
-                    continue
-                raise err from None
-            for p in resp.predictions:
-                out.append(answer_json(p))
-        return out
+        return self._predict(session_id, origin, images, answer_json, lambda e: {"error": e})
 
     def session_queries(self, session_id: str) -> tuple[int, dict[str, int]]:
         st = _call(self.stub.GetSessionStats, proxy_pb2.GetSessionStatsRequest(session_id=session_id), self.md)
