@@ -81,6 +81,16 @@ def _chunks(n: int, size: int) -> list[tuple[int, int]]:
     return [(s, min(s + size, n)) for s in range(0, n, size)]
 
 
+def _dense_scores(preds: Mapping[str, Any], ids: Sequence[str], n_classes: int) -> np.ndarray:
+    """M x C scores of recorded answers; NaN for classes not returned and for failed queries."""
+    out = np.full((len(ids), n_classes), np.nan)
+    for r, i in enumerate(ids):
+        p = preds[i]
+        if p.get("scores") and not p.get("error"):
+            out[r, p["labels"]] = p["scores"]
+    return out
+
+
 def _query_errors(tests: Sequence[Mapping[str, Any]],
                   deg: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, Any]:
     """Per setting, the queries the target failed (down after retries, refused the image,
@@ -377,26 +387,18 @@ class EvaluationRunner:
                     out[r, :len(lab)] = lab
             return out
 
-        def dense(preds: Mapping[str, Any]) -> np.ndarray:
-            out = np.full((len(ids), n_classes), np.nan)
-            for r, i in enumerate(ids):
-                p = preds[i]
-                if p.get("scores") and not p.get("error"):
-                    out[r, p["labels"]] = p["scores"]
-            return out
-
         result: dict[str, Any] = {}
         for op, levels in deg.items():
             arrays: dict[str, np.ndarray] = {
                 "true_labels": np.array([labels[i][0] for i in ids], dtype=np.int64),
                 "labels@0": ranked(clean)}
             if scored:
-                arrays["probs@0"] = dense(clean)
+                arrays["probs@0"] = _dense_scores(clean, ids, n_classes)
             changes: dict[str, Any] = {}
             for lv, preds in sorted(levels.items()):
                 arrays[f"labels@{lv}"] = ranked(preds)
                 if scored:
-                    arrays[f"probs@{lv}"] = dense(preds)
+                    arrays[f"probs@{lv}"] = _dense_scores(preds, ids, n_classes)
                 changes[str(lv)] = {"fraction_of_pixels_changed": round(float(np.mean(
                     [preds[i]["changed"] for i in ids])), 6)}
             result[op] = self.ctx.scoring.compute(
@@ -418,14 +420,6 @@ class EvaluationRunner:
         if not ids:
             return {"applicable": False, "reason": "no scored clean answers", "settings": {}}
 
-        def dense(preds: Mapping[str, Any], keep: Sequence[str]) -> np.ndarray:
-            out = np.full((len(keep), n_classes), np.nan)
-            for r, i in enumerate(keep):
-                p = preds[i]
-                if p.get("scores"):
-                    out[r, p["labels"]] = p["scores"]
-            return out
-
         settings: dict[str, Any] = {}
         for t in tests:
             if t["kind"] == "clean" or not t.get("predictions"):
@@ -434,8 +428,8 @@ class EvaluationRunner:
             keep = [i for i in ids if i in preds and not preds[i].get("error") and preds[i].get("scores")]
             if not keep:
                 continue
-            benign = dense(clean, keep)
-            pert = dense(preds, keep)
+            benign = _dense_scores(clean, keep, n_classes)
+            pert = _dense_scores(preds, keep, n_classes)
             name = (f"{t['perturbation_id']}@{t['severity']}" if t["kind"] == "corruption"
                     else t["perturbation_id"])
             nd = self.ctx.scoring.compute("ndcg", {"perturbed_probs": pert, "benign_probs": benign})

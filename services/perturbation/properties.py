@@ -535,10 +535,6 @@ def _frost(x: np.ndarray, eps: float, rng: np.random.Generator, p: Params) -> np
 # Validation and entry point
 # ---------------------------------------------------------------------------------------------
 
-def _check_image(image: object) -> np.ndarray:
-    return check_image(image)
-
-
 def check_epsilon(level: object) -> float:
     """PER-1: epsilon is a finite number in [0, 1] (not a bool); raises InvalidArgument on
     field ``epsilon``."""
@@ -554,7 +550,7 @@ PropertyFn = Callable[[np.ndarray, float, np.random.Generator, Params], np.ndarr
 def _make_apply(fn: PropertyFn) -> ApplyFn:
     def apply(image: np.ndarray, level: Any, rng: np.random.Generator,
               ctx: ApplyContext) -> np.ndarray:
-        _check_image(image)
+        check_image(image)
         eps = check_epsilon(level)
         if not isinstance(rng, np.random.Generator):
             raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")

@@ -136,10 +136,6 @@ NEURAL_BLEND = (0.2, 0.4, 0.6, 0.8, 1.0)
 Params = Mapping[str, Any]
 
 
-def _check_image(image: object) -> np.ndarray:
-    return check_image(image)
-
-
 def check_severity(level: object) -> int:
     """IEEE-M7: an integer severity 1..5 (not a bool); raises InvalidArgument on ``severity``."""
     if isinstance(level, bool) or not isinstance(level, int | np.integer | float | np.floating) \
@@ -486,7 +482,7 @@ StyleFn = Callable[[np.ndarray, tuple[float, ...], np.random.Generator, Params],
 def _make_apply(fn: StyleFn, table: tuple[Any, ...]) -> ApplyFn:
     def apply(image: np.ndarray, level: Any, rng: np.random.Generator,
               ctx: ApplyContext) -> np.ndarray:
-        _check_image(image)
+        check_image(image)
         severity = check_severity(level)
         if not isinstance(rng, np.random.Generator):
             raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
