@@ -15,14 +15,15 @@ image, and returns a new uint8 image of the same shape. Domain code: no gRPC.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.params import validate_params
 from fortis.services.perturbation import corruptions, degradation, properties, styles
-from fortis.services.perturbation.spec import ApplyContext, Param, PerturbationSpec, check_image
+from fortis.services.perturbation.spec import ApplyContext, PerturbationSpec, check_image
 
 _MODULES = (corruptions, styles, degradation, properties)
 
@@ -66,55 +67,6 @@ def check_level(spec: PerturbationSpec, level: Any, field_name: str | None = Non
         raise InvalidArgument(f, f"{spec.id} takes an integer {spec.level_kind} in {lo}..{hi}, "
                               f"got {level!r}")
     return int(level)
-
-
-def validate_params(spec: PerturbationSpec | Any, params: Mapping[str, Any] | None,
-                    field_prefix: str = "params") -> dict[str, Any]:
-    """Check and complete parameters against ``spec.params``; all problems reported at once."""
-    params = dict(params or {})
-    schema: Sequence[Param] = spec.params
-    out: dict[str, Any] = {}
-    problems: list[FieldViolation] = []
-    known = {p.name for p in schema}
-    for key in params:
-        if key not in known:
-            hint = f"known: {', '.join(sorted(known))}" if known else "it takes no parameters"
-            problems.append(FieldViolation(f"{field_prefix}.{key}", f"unknown parameter for {spec.id}; {hint}"))
-    for p in schema:
-        f = f"{field_prefix}.{p.name}"
-        if p.name not in params:
-            if p.default is None:
-                problems.append(FieldViolation(f, "required"))
-            else:
-                out[p.name] = p.default
-            continue
-        v = params[p.name]
-        try:
-            if p.type == "float":
-                if isinstance(v, bool):
-                    raise TypeError
-                v = float(v)
-                if not math.isfinite(v):
-                    raise ValueError
-            elif p.type == "int":
-                if isinstance(v, bool) or float(v) != int(float(v)):
-                    raise TypeError
-                v = int(float(v))
-            elif p.type == "bool":
-                if not isinstance(v, bool):
-                    raise TypeError
-            elif not isinstance(v, str):
-                raise TypeError
-        except (TypeError, ValueError):
-            problems.append(FieldViolation(f, f"must be a {p.type}, got {v!r}"))
-            continue
-        if p.minimum is not None and v < p.minimum or p.maximum is not None and v > p.maximum:
-            problems.append(FieldViolation(f, f"must be in [{p.minimum}, {p.maximum}], got {v}"))
-            continue
-        out[p.name] = v
-    if problems:
-        raise InvalidArgument.from_violations(problems)
-    return out
 
 
 def make_context(spec: PerturbationSpec, params: Mapping[str, Any] | None = None, *,

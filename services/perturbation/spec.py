@@ -20,6 +20,10 @@ from typing import Any, Literal
 
 import numpy as np
 from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.params import Param
+
+__all__ = ["ApplyContext", "ApplyFn", "Characterisation", "IterateFn", "LevelKind", "Param",
+           "PerturbationKind", "PerturbationSpec", "check_image"]
 
 #: What ``level`` means for a perturbation.
 #:   "severity": an integer 1..5 (IEEE-M7)
@@ -29,18 +33,6 @@ LevelKind = Literal["severity", "level", "epsilon"]
 
 #: Kinds of perturbation in the catalogue (attacks are listed beside them by ``catalogue.py``).
 PerturbationKind = Literal["corruption", "style", "degradation", "property"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Param:
-    """One parameter of a perturbation or attack, as listed by ``ListPerturbations``."""
-
-    name: str
-    type: str              # "float" | "int" | "bool" | "string"
-    default: Any = None    # None = required
-    description: str = ""
-    minimum: float | None = None
-    maximum: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
