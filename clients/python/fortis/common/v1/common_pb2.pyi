@@ -22,6 +22,17 @@ class OutputKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OUTPUT_KIND_LABEL_ONLY: _ClassVar[OutputKind]
     OUTPUT_KIND_BOXES: _ClassVar[OutputKind]
     OUTPUT_KIND_MASKS: _ClassVar[OutputKind]
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    D_TYPE_UNSPECIFIED: _ClassVar[DType]
+    D_TYPE_UINT8: _ClassVar[DType]
+    D_TYPE_INT32: _ClassVar[DType]
+    D_TYPE_INT64: _ClassVar[DType]
+    D_TYPE_FLOAT16: _ClassVar[DType]
+    D_TYPE_FLOAT32: _ClassVar[DType]
+    D_TYPE_FLOAT64: _ClassVar[DType]
+    D_TYPE_BOOL: _ClassVar[DType]
 TASK_TYPE_UNSPECIFIED: TaskType
 TASK_TYPE_CLASSIFICATION: TaskType
 TASK_TYPE_DETECTION: TaskType
@@ -32,16 +43,24 @@ OUTPUT_KIND_TOP_K_SCORES: OutputKind
 OUTPUT_KIND_LABEL_ONLY: OutputKind
 OUTPUT_KIND_BOXES: OutputKind
 OUTPUT_KIND_MASKS: OutputKind
+D_TYPE_UNSPECIFIED: DType
+D_TYPE_UINT8: DType
+D_TYPE_INT32: DType
+D_TYPE_INT64: DType
+D_TYPE_FLOAT16: DType
+D_TYPE_FLOAT32: DType
+D_TYPE_FLOAT64: DType
+D_TYPE_BOOL: DType
 
 class Tensor(_message.Message):
     __slots__ = ("dtype", "shape", "data")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
-    dtype: str
+    dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
-    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Image(_message.Message):
     __slots__ = ("image_id", "encoded", "tensor")

@@ -26,45 +26,53 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%fortis/evaluation/v1/evaluation.proto\x12\x14\x66ortis.evaluation.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"d\n\x08Progress\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x12\n\nitems_done\x18\x02 \x01(\x03\x12\x13\n\x0bitems_total\x18\x03 \x01(\x03\x12\x0f\n\x07queries\x18\x04 \x01(\x03\x12\x0f\n\x07message\x18\x05 \x01(\t\"\xf3\x02\n\nEvaluation\x12\x15\n\revaluation_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x34\n\x05state\x18\x03 \x01(\x0e\x32%.fortis.evaluation.v1.EvaluationState\x12\x30\n\x08progress\x18\x04 \x01(\x0b\x32\x1e.fortis.evaluation.v1.Progress\x12\x11\n\tplan_text\x18\x05 \x01(\t\x12\x11\n\tplan_name\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12!\n\x05\x65rror\x18\t \x01(\x0b\x32\x12.google.rpc.Status\x12\x15\n\rresumed_count\x18\n \x01(\x05\x12\x14\n\x0csummary_json\x18\x0b \x01(\t\"p\n\x17\x43reateEvaluationRequest\x12\x0c\n\x04plan\x18\x01 \x01(\t\x12\x30\n\x06\x66ormat\x18\x02 \x01(\x0e\x32 .fortis.evaluation.v1.PlanFormat\x12\x15\n\revaluation_id\x18\x03 \x01(\t\"P\n\x18\x43reateEvaluationResponse\x12\x34\n\nevaluation\x18\x01 \x01(\x0b\x32 .fortis.evaluation.v1.Evaluation\"-\n\x14GetEvaluationRequest\x12\x15\n\revaluation_id\x18\x01 \x01(\t\"M\n\x15GetEvaluationResponse\x12\x34\n\nevaluation\x18\x01 \x01(\x0b\x32 .fortis.evaluation.v1.Evaluation\"?\n\x16ListEvaluationsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"i\n\x17ListEvaluationsResponse\x12\x35\n\x0b\x65valuations\x18\x01 \x03(\x0b\x32 .fortis.evaluation.v1.Evaluation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"0\n\x17\x43\x61ncelEvaluationRequest\x12\x15\n\revaluation_id\x18\x01 \x01(\t\"P\n\x18\x43\x61ncelEvaluationResponse\x12\x34\n\nevaluation\x18\x01 \x01(\x0b\x32 .fortis.evaluation.v1.Evaluation\"/\n\x16WatchEvaluationRequest\x12\x15\n\revaluation_id\x18\x01 \x01(\t\"O\n\x17WatchEvaluationResponse\x12\x34\n\nevaluation\x18\x01 \x01(\x0b\x32 .fortis.evaluation.v1.Evaluation\"3\n\x1aGetEvaluationReportRequest\x12\x15\n\revaluation_id\x18\x01 \x01(\t\"G\n\x1bGetEvaluationReportResponse\x12\x13\n\x0breport_json\x18\x01 \x01(\t\x12\x13\n\x0breport_html\x18\x02 \x01(\t*\xcc\x01\n\x0f\x45valuationState\x12 \n\x1c\x45VALUATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45VALUATION_STATE_PENDING\x10\x01\x12\x1c\n\x18\x45VALUATION_STATE_RUNNING\x10\x02\x12\x1e\n\x1a\x45VALUATION_STATE_SUCCEEDED\x10\x03\x12\x1b\n\x17\x45VALUATION_STATE_FAILED\x10\x04\x12\x1e\n\x1a\x45VALUATION_STATE_CANCELLED\x10\x05*U\n\nPlanFormat\x12\x1b\n\x17PLAN_FORMAT_UNSPECIFIED\x10\x00\x12\x14\n\x10PLAN_FORMAT_YAML\x10\x01\x12\x14\n\x10PLAN_FORMAT_JSON\x10\x02\x32\xc1\x05\n\x11\x45valuationService\x12q\n\x10\x43reateEvaluation\x12-.fortis.evaluation.v1.CreateEvaluationRequest\x1a..fortis.evaluation.v1.CreateEvaluationResponse\x12h\n\rGetEvaluation\x12*.fortis.evaluation.v1.GetEvaluationRequest\x1a+.fortis.evaluation.v1.GetEvaluationResponse\x12n\n\x0fListEvaluations\x12,.fortis.evaluation.v1.ListEvaluationsRequest\x1a-.fortis.evaluation.v1.ListEvaluationsResponse\x12q\n\x10\x43\x61ncelEvaluation\x12-.fortis.evaluation.v1.CancelEvaluationRequest\x1a..fortis.evaluation.v1.CancelEvaluationResponse\x12p\n\x0fWatchEvaluation\x12,.fortis.evaluation.v1.WatchEvaluationRequest\x1a-.fortis.evaluation.v1.WatchEvaluationResponse0\x01\x12z\n\x13GetEvaluationReport\x12\x30.fortis.evaluation.v1.GetEvaluationReportRequest\x1a\x31.fortis.evaluation.v1.GetEvaluationReportResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%fortis/evaluation/v1/evaluation.proto\x12\x14\x66ortis.evaluation.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\xac\x01\n\x08Progress\x12*\n\x05stage\x18\x01 \x01(\x0e\x32\x1b.fortis.evaluation.v1.Stage\x12\x12\n\nitems_done\x18\x02 \x01(\x03\x12\x13\n\x0bitems_total\x18\x03 \x01(\x03\x12\x0f\n\x07queries\x18\x04 \x01(\x03\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x13\n\x0bimages_done\x18\x06 \x01(\x03\x12\x14\n\x0cimages_total\x18\x07 \x01(\x03\"\xc4\x01\n\x11\x45valuationSummary\x12\x15\n\x08\x61\x63\x63uracy\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12$\n\x17\x61verage_robustness_corr\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12#\n\x16\x61verage_robustness_adv\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\t\n\x01m\x18\x04 \x01(\x03\x42\x0b\n\t_accuracyB\x1a\n\x18_average_robustness_corrB\x19\n\x17_average_robustness_adv\"\xab\x03\n\nEvaluation\x12\x15\n\revaluation_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x34\n\x05state\x18\x03 \x01(\x0e\x32%.fortis.evaluation.v1.EvaluationState\x12\x30\n\x08progress\x18\x04 \x01(\x0b\x32\x1e.fortis.evaluation.v1.Progress\x12\x11\n\tplan_text\x18\x05 \x01(\t\x12\x11\n\tplan_name\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12!\n\x05\x65rror\x18\t \x01(\x0b\x32\x12.google.rpc.Status\x12\x15\n\rresumed_count\x18\n \x01(\x05\x12\x38\n\x07summary\x18\x0c \x01(\x0b\x32\'.fortis.evaluation.v1.EvaluationSummaryJ\x04\x08\x0b\x10\x0cR\x0csummary_json\"p\n\x17\x43reateEvaluationRequest\x12\x0c\n\x04plan\x18\x01 \x01(\t\x12\x30\n\x06\x66ormat\x18\x02 \x01(\x0e\x32 .fortis.evaluation.v1.PlanFormat\x12\x15\n\revaluation_id\x18\x03 \x01(\t\"P\n\x18\x43reateEvaluationResponse\x12\x34\n\nevaluation\x18\x01 \x01(\x0b\x32 .fortis.evaluation.v1.Evaluation\"-\n\x14GetEvaluationRequest\x12\x15\n\revaluation_id\x18\x01 \x01(\t\"M\n\x15GetEvaluationResponse\x12\x34\n\nevaluation\x18\x01 \x01(\x0b\x32 .fortis.evaluation.v1.Evaluation\"?\n\x16ListEvaluationsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"i\n\x17ListEvaluationsResponse\x12\x35\n\x0b\x65valuations\x18\x01 \x03(\x0b\x32 .fortis.evaluation.v1.Evaluation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"0\n\x17\x43\x61ncelEvaluationRequest\x12\x15\n\revaluation_id\x18\x01 \x01(\t\"P\n\x18\x43\x61ncelEvaluationResponse\x12\x34\n\nevaluation\x18\x01 \x01(\x0b\x32 .fortis.evaluation.v1.Evaluation\"/\n\x16WatchEvaluationRequest\x12\x15\n\revaluation_id\x18\x01 \x01(\t\"b\n\x17WatchEvaluationResponse\x12\x34\n\nevaluation\x18\x01 \x01(\x0b\x32 .fortis.evaluation.v1.Evaluation\x12\x11\n\theartbeat\x18\x02 \x01(\x08\"U\n\x13ValidatePlanRequest\x12\x0c\n\x04plan\x18\x01 \x01(\t\x12\x30\n\x06\x66ormat\x18\x02 \x01(\x0e\x32 .fortis.evaluation.v1.PlanFormat\"n\n\x14ValidatePlanResponse\x12\x11\n\tplan_name\x18\x01 \x01(\t\x12\x13\n\x0b\x63orruptions\x18\x02 \x01(\x05\x12\x0f\n\x07\x61ttacks\x18\x03 \x01(\x05\x12\x1d\n\x15\x64\x65gradation_operators\x18\x04 \x01(\x05\"3\n\x1aGetEvaluationReportRequest\x12\x15\n\revaluation_id\x18\x01 \x01(\t\"G\n\x1bGetEvaluationReportResponse\x12\x13\n\x0breport_json\x18\x01 \x01(\t\x12\x13\n\x0breport_html\x18\x02 \x01(\t*\xcc\x01\n\x0f\x45valuationState\x12 \n\x1c\x45VALUATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45VALUATION_STATE_PENDING\x10\x01\x12\x1c\n\x18\x45VALUATION_STATE_RUNNING\x10\x02\x12\x1e\n\x1a\x45VALUATION_STATE_SUCCEEDED\x10\x03\x12\x1b\n\x17\x45VALUATION_STATE_FAILED\x10\x04\x12\x1e\n\x1a\x45VALUATION_STATE_CANCELLED\x10\x05*U\n\nPlanFormat\x12\x1b\n\x17PLAN_FORMAT_UNSPECIFIED\x10\x00\x12\x14\n\x10PLAN_FORMAT_YAML\x10\x01\x12\x14\n\x10PLAN_FORMAT_JSON\x10\x02*\xd7\x01\n\x05Stage\x12\x15\n\x11STAGE_UNSPECIFIED\x10\x00\x12\x0e\n\nSTAGE_PLAN\x10\x01\x12\x0f\n\x0bSTAGE_CLEAN\x10\x02\x12\x15\n\x11STAGE_CORRUPTIONS\x10\x03\x12\x15\n\x11STAGE_DEGRADATION\x10\x04\x12\x1a\n\x16STAGE_TRANSFER_ATTACKS\x10\x05\x12\x17\n\x13STAGE_QUERY_ATTACKS\x10\x06\x12\x11\n\rSTAGE_SCORING\x10\x07\x12\x10\n\x0cSTAGE_REPORT\x10\x08\x12\x0e\n\nSTAGE_DONE\x10\t2\xa8\x06\n\x11\x45valuationService\x12\x65\n\x0cValidatePlan\x12).fortis.evaluation.v1.ValidatePlanRequest\x1a*.fortis.evaluation.v1.ValidatePlanResponse\x12q\n\x10\x43reateEvaluation\x12-.fortis.evaluation.v1.CreateEvaluationRequest\x1a..fortis.evaluation.v1.CreateEvaluationResponse\x12h\n\rGetEvaluation\x12*.fortis.evaluation.v1.GetEvaluationRequest\x1a+.fortis.evaluation.v1.GetEvaluationResponse\x12n\n\x0fListEvaluations\x12,.fortis.evaluation.v1.ListEvaluationsRequest\x1a-.fortis.evaluation.v1.ListEvaluationsResponse\x12q\n\x10\x43\x61ncelEvaluation\x12-.fortis.evaluation.v1.CancelEvaluationRequest\x1a..fortis.evaluation.v1.CancelEvaluationResponse\x12p\n\x0fWatchEvaluation\x12,.fortis.evaluation.v1.WatchEvaluationRequest\x1a-.fortis.evaluation.v1.WatchEvaluationResponse0\x01\x12z\n\x13GetEvaluationReport\x12\x30.fortis.evaluation.v1.GetEvaluationReportRequest\x1a\x31.fortis.evaluation.v1.GetEvaluationReportResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fortis.evaluation.v1.evaluation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EVALUATIONSTATE']._serialized_start=1480
-  _globals['_EVALUATIONSTATE']._serialized_end=1684
-  _globals['_PLANFORMAT']._serialized_start=1686
-  _globals['_PLANFORMAT']._serialized_end=1771
-  _globals['_PROGRESS']._serialized_start=121
-  _globals['_PROGRESS']._serialized_end=221
-  _globals['_EVALUATION']._serialized_start=224
-  _globals['_EVALUATION']._serialized_end=595
-  _globals['_CREATEEVALUATIONREQUEST']._serialized_start=597
-  _globals['_CREATEEVALUATIONREQUEST']._serialized_end=709
-  _globals['_CREATEEVALUATIONRESPONSE']._serialized_start=711
-  _globals['_CREATEEVALUATIONRESPONSE']._serialized_end=791
-  _globals['_GETEVALUATIONREQUEST']._serialized_start=793
-  _globals['_GETEVALUATIONREQUEST']._serialized_end=838
-  _globals['_GETEVALUATIONRESPONSE']._serialized_start=840
-  _globals['_GETEVALUATIONRESPONSE']._serialized_end=917
-  _globals['_LISTEVALUATIONSREQUEST']._serialized_start=919
-  _globals['_LISTEVALUATIONSREQUEST']._serialized_end=982
-  _globals['_LISTEVALUATIONSRESPONSE']._serialized_start=984
-  _globals['_LISTEVALUATIONSRESPONSE']._serialized_end=1089
-  _globals['_CANCELEVALUATIONREQUEST']._serialized_start=1091
-  _globals['_CANCELEVALUATIONREQUEST']._serialized_end=1139
-  _globals['_CANCELEVALUATIONRESPONSE']._serialized_start=1141
-  _globals['_CANCELEVALUATIONRESPONSE']._serialized_end=1221
-  _globals['_WATCHEVALUATIONREQUEST']._serialized_start=1223
-  _globals['_WATCHEVALUATIONREQUEST']._serialized_end=1270
-  _globals['_WATCHEVALUATIONRESPONSE']._serialized_start=1272
-  _globals['_WATCHEVALUATIONRESPONSE']._serialized_end=1351
-  _globals['_GETEVALUATIONREPORTREQUEST']._serialized_start=1353
-  _globals['_GETEVALUATIONREPORTREQUEST']._serialized_end=1404
-  _globals['_GETEVALUATIONREPORTRESPONSE']._serialized_start=1406
-  _globals['_GETEVALUATIONREPORTRESPONSE']._serialized_end=1477
-  _globals['_EVALUATIONSERVICE']._serialized_start=1774
-  _globals['_EVALUATIONSERVICE']._serialized_end=2479
+  _globals['_EVALUATIONSTATE']._serialized_start=2026
+  _globals['_EVALUATIONSTATE']._serialized_end=2230
+  _globals['_PLANFORMAT']._serialized_start=2232
+  _globals['_PLANFORMAT']._serialized_end=2317
+  _globals['_STAGE']._serialized_start=2320
+  _globals['_STAGE']._serialized_end=2535
+  _globals['_PROGRESS']._serialized_start=122
+  _globals['_PROGRESS']._serialized_end=294
+  _globals['_EVALUATIONSUMMARY']._serialized_start=297
+  _globals['_EVALUATIONSUMMARY']._serialized_end=493
+  _globals['_EVALUATION']._serialized_start=496
+  _globals['_EVALUATION']._serialized_end=923
+  _globals['_CREATEEVALUATIONREQUEST']._serialized_start=925
+  _globals['_CREATEEVALUATIONREQUEST']._serialized_end=1037
+  _globals['_CREATEEVALUATIONRESPONSE']._serialized_start=1039
+  _globals['_CREATEEVALUATIONRESPONSE']._serialized_end=1119
+  _globals['_GETEVALUATIONREQUEST']._serialized_start=1121
+  _globals['_GETEVALUATIONREQUEST']._serialized_end=1166
+  _globals['_GETEVALUATIONRESPONSE']._serialized_start=1168
+  _globals['_GETEVALUATIONRESPONSE']._serialized_end=1245
+  _globals['_LISTEVALUATIONSREQUEST']._serialized_start=1247
+  _globals['_LISTEVALUATIONSREQUEST']._serialized_end=1310
+  _globals['_LISTEVALUATIONSRESPONSE']._serialized_start=1312
+  _globals['_LISTEVALUATIONSRESPONSE']._serialized_end=1417
+  _globals['_CANCELEVALUATIONREQUEST']._serialized_start=1419
+  _globals['_CANCELEVALUATIONREQUEST']._serialized_end=1467
+  _globals['_CANCELEVALUATIONRESPONSE']._serialized_start=1469
+  _globals['_CANCELEVALUATIONRESPONSE']._serialized_end=1549
+  _globals['_WATCHEVALUATIONREQUEST']._serialized_start=1551
+  _globals['_WATCHEVALUATIONREQUEST']._serialized_end=1598
+  _globals['_WATCHEVALUATIONRESPONSE']._serialized_start=1600
+  _globals['_WATCHEVALUATIONRESPONSE']._serialized_end=1698
+  _globals['_VALIDATEPLANREQUEST']._serialized_start=1700
+  _globals['_VALIDATEPLANREQUEST']._serialized_end=1785
+  _globals['_VALIDATEPLANRESPONSE']._serialized_start=1787
+  _globals['_VALIDATEPLANRESPONSE']._serialized_end=1897
+  _globals['_GETEVALUATIONREPORTREQUEST']._serialized_start=1899
+  _globals['_GETEVALUATIONREPORTREQUEST']._serialized_end=1950
+  _globals['_GETEVALUATIONREPORTRESPONSE']._serialized_start=1952
+  _globals['_GETEVALUATIONREPORTRESPONSE']._serialized_end=2023
+  _globals['_EVALUATIONSERVICE']._serialized_start=2538
+  _globals['_EVALUATIONSERVICE']._serialized_end=3346
 # @@protoc_insertion_point(module_scope)

@@ -25,6 +25,19 @@ class PlanFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLAN_FORMAT_UNSPECIFIED: _ClassVar[PlanFormat]
     PLAN_FORMAT_YAML: _ClassVar[PlanFormat]
     PLAN_FORMAT_JSON: _ClassVar[PlanFormat]
+
+class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STAGE_UNSPECIFIED: _ClassVar[Stage]
+    STAGE_PLAN: _ClassVar[Stage]
+    STAGE_CLEAN: _ClassVar[Stage]
+    STAGE_CORRUPTIONS: _ClassVar[Stage]
+    STAGE_DEGRADATION: _ClassVar[Stage]
+    STAGE_TRANSFER_ATTACKS: _ClassVar[Stage]
+    STAGE_QUERY_ATTACKS: _ClassVar[Stage]
+    STAGE_SCORING: _ClassVar[Stage]
+    STAGE_REPORT: _ClassVar[Stage]
+    STAGE_DONE: _ClassVar[Stage]
 EVALUATION_STATE_UNSPECIFIED: EvaluationState
 EVALUATION_STATE_PENDING: EvaluationState
 EVALUATION_STATE_RUNNING: EvaluationState
@@ -34,23 +47,49 @@ EVALUATION_STATE_CANCELLED: EvaluationState
 PLAN_FORMAT_UNSPECIFIED: PlanFormat
 PLAN_FORMAT_YAML: PlanFormat
 PLAN_FORMAT_JSON: PlanFormat
+STAGE_UNSPECIFIED: Stage
+STAGE_PLAN: Stage
+STAGE_CLEAN: Stage
+STAGE_CORRUPTIONS: Stage
+STAGE_DEGRADATION: Stage
+STAGE_TRANSFER_ATTACKS: Stage
+STAGE_QUERY_ATTACKS: Stage
+STAGE_SCORING: Stage
+STAGE_REPORT: Stage
+STAGE_DONE: Stage
 
 class Progress(_message.Message):
-    __slots__ = ("stage", "items_done", "items_total", "queries", "message")
+    __slots__ = ("stage", "items_done", "items_total", "queries", "message", "images_done", "images_total")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     ITEMS_DONE_FIELD_NUMBER: _ClassVar[int]
     ITEMS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    stage: str
+    IMAGES_DONE_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    stage: Stage
     items_done: int
     items_total: int
     queries: int
     message: str
-    def __init__(self, stage: _Optional[str] = ..., items_done: _Optional[int] = ..., items_total: _Optional[int] = ..., queries: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    images_done: int
+    images_total: int
+    def __init__(self, stage: _Optional[_Union[Stage, str]] = ..., items_done: _Optional[int] = ..., items_total: _Optional[int] = ..., queries: _Optional[int] = ..., message: _Optional[str] = ..., images_done: _Optional[int] = ..., images_total: _Optional[int] = ...) -> None: ...
+
+class EvaluationSummary(_message.Message):
+    __slots__ = ("accuracy", "average_robustness_corr", "average_robustness_adv", "m")
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    AVERAGE_ROBUSTNESS_CORR_FIELD_NUMBER: _ClassVar[int]
+    AVERAGE_ROBUSTNESS_ADV_FIELD_NUMBER: _ClassVar[int]
+    M_FIELD_NUMBER: _ClassVar[int]
+    accuracy: float
+    average_robustness_corr: float
+    average_robustness_adv: float
+    m: int
+    def __init__(self, accuracy: _Optional[float] = ..., average_robustness_corr: _Optional[float] = ..., average_robustness_adv: _Optional[float] = ..., m: _Optional[int] = ...) -> None: ...
 
 class Evaluation(_message.Message):
-    __slots__ = ("evaluation_id", "tenant", "state", "progress", "plan_text", "plan_name", "create_time", "update_time", "error", "resumed_count", "summary_json")
+    __slots__ = ("evaluation_id", "tenant", "state", "progress", "plan_text", "plan_name", "create_time", "update_time", "error", "resumed_count", "summary")
     EVALUATION_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -61,7 +100,7 @@ class Evaluation(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     RESUMED_COUNT_FIELD_NUMBER: _ClassVar[int]
-    SUMMARY_JSON_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
     evaluation_id: str
     tenant: str
     state: EvaluationState
@@ -72,8 +111,8 @@ class Evaluation(_message.Message):
     update_time: _timestamp_pb2.Timestamp
     error: _status_pb2.Status
     resumed_count: int
-    summary_json: str
-    def __init__(self, evaluation_id: _Optional[str] = ..., tenant: _Optional[str] = ..., state: _Optional[_Union[EvaluationState, str]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., plan_text: _Optional[str] = ..., plan_name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., resumed_count: _Optional[int] = ..., summary_json: _Optional[str] = ...) -> None: ...
+    summary: EvaluationSummary
+    def __init__(self, evaluation_id: _Optional[str] = ..., tenant: _Optional[str] = ..., state: _Optional[_Union[EvaluationState, str]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., plan_text: _Optional[str] = ..., plan_name: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., resumed_count: _Optional[int] = ..., summary: _Optional[_Union[EvaluationSummary, _Mapping]] = ...) -> None: ...
 
 class CreateEvaluationRequest(_message.Message):
     __slots__ = ("plan", "format", "evaluation_id")
@@ -138,10 +177,32 @@ class WatchEvaluationRequest(_message.Message):
     def __init__(self, evaluation_id: _Optional[str] = ...) -> None: ...
 
 class WatchEvaluationResponse(_message.Message):
-    __slots__ = ("evaluation",)
+    __slots__ = ("evaluation", "heartbeat")
     EVALUATION_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     evaluation: Evaluation
-    def __init__(self, evaluation: _Optional[_Union[Evaluation, _Mapping]] = ...) -> None: ...
+    heartbeat: bool
+    def __init__(self, evaluation: _Optional[_Union[Evaluation, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+
+class ValidatePlanRequest(_message.Message):
+    __slots__ = ("plan", "format")
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    plan: str
+    format: PlanFormat
+    def __init__(self, plan: _Optional[str] = ..., format: _Optional[_Union[PlanFormat, str]] = ...) -> None: ...
+
+class ValidatePlanResponse(_message.Message):
+    __slots__ = ("plan_name", "corruptions", "attacks", "degradation_operators")
+    PLAN_NAME_FIELD_NUMBER: _ClassVar[int]
+    CORRUPTIONS_FIELD_NUMBER: _ClassVar[int]
+    ATTACKS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADATION_OPERATORS_FIELD_NUMBER: _ClassVar[int]
+    plan_name: str
+    corruptions: int
+    attacks: int
+    degradation_operators: int
+    def __init__(self, plan_name: _Optional[str] = ..., corruptions: _Optional[int] = ..., attacks: _Optional[int] = ..., degradation_operators: _Optional[int] = ...) -> None: ...
 
 class GetEvaluationReportRequest(_message.Message):
     __slots__ = ("evaluation_id",)

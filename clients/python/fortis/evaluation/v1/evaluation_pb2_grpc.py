@@ -27,6 +27,10 @@ if _version_not_supported:
 
 class EvaluationServiceStub:
     """Runs test plans.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    Evaluations belong to the tenant that created them: another tenant's evaluation id
+    behaves exactly as an unknown one (NOT_FOUND).
     """
 
     def __init__(self, channel):
@@ -35,6 +39,11 @@ class EvaluationServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.ValidatePlan = channel.unary_unary(
+                '/fortis.evaluation.v1.EvaluationService/ValidatePlan',
+                request_serializer=fortis_dot_evaluation_dot_v1_dot_evaluation__pb2.ValidatePlanRequest.SerializeToString,
+                response_deserializer=fortis_dot_evaluation_dot_v1_dot_evaluation__pb2.ValidatePlanResponse.FromString,
+                _registered_method=True)
         self.CreateEvaluation = channel.unary_unary(
                 '/fortis.evaluation.v1.EvaluationService/CreateEvaluation',
                 request_serializer=fortis_dot_evaluation_dot_v1_dot_evaluation__pb2.CreateEvaluationRequest.SerializeToString,
@@ -69,7 +78,18 @@ class EvaluationServiceStub:
 
 class EvaluationServiceServicer:
     """Runs test plans.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    Evaluations belong to the tenant that created them: another tenant's evaluation id
+    behaves exactly as an unknown one (NOT_FOUND).
     """
+
+    def ValidatePlan(self, request, context):
+        """Checks a plan without running it: every problem, each naming its field (BadRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def CreateEvaluation(self, request, context):
         """Validates a plan and starts evaluating it.
@@ -100,7 +120,8 @@ class EvaluationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchEvaluation(self, request, context):
-        """Streams the evaluation's state on every change until it ends.
+        """Streams the evaluation's state on every change until it ends, and at least every
+        heartbeat interval while it runs (WatchEvaluationResponse.heartbeat).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -116,6 +137,11 @@ class EvaluationServiceServicer:
 
 def add_EvaluationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'ValidatePlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidatePlan,
+                    request_deserializer=fortis_dot_evaluation_dot_v1_dot_evaluation__pb2.ValidatePlanRequest.FromString,
+                    response_serializer=fortis_dot_evaluation_dot_v1_dot_evaluation__pb2.ValidatePlanResponse.SerializeToString,
+            ),
             'CreateEvaluation': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateEvaluation,
                     request_deserializer=fortis_dot_evaluation_dot_v1_dot_evaluation__pb2.CreateEvaluationRequest.FromString,
@@ -156,7 +182,38 @@ def add_EvaluationServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class EvaluationService:
     """Runs test plans.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    Evaluations belong to the tenant that created them: another tenant's evaluation id
+    behaves exactly as an unknown one (NOT_FOUND).
     """
+
+    @staticmethod
+    def ValidatePlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fortis.evaluation.v1.EvaluationService/ValidatePlan',
+            fortis_dot_evaluation_dot_v1_dot_evaluation__pb2.ValidatePlanRequest.SerializeToString,
+            fortis_dot_evaluation_dot_v1_dot_evaluation__pb2.ValidatePlanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def CreateEvaluation(request,

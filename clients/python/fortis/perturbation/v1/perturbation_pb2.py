@@ -27,41 +27,47 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)fortis/perturbation/v1/perturbation.proto\x12\x16\x66ortis.perturbation.v1\x1a\x1d\x66ortis/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17google/rpc/status.proto\"E\n\x10\x43haracterisation\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x12\n\nrandomness\x18\x02 \x01(\t\x12\x0e\n\x06\x64omain\x18\x03 \x01(\t\"V\n\rParameterSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x14\n\x0c\x64\x65\x66\x61ult_json\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"\xd4\x03\n\x10PerturbationInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x36\n\x04kind\x18\x02 \x01(\x0e\x32(.fortis.perturbation.v1.PerturbationKind\x12\x0e\n\x06\x66\x61mily\x18\x03 \x01(\t\x12\x10\n\x08ieee_ref\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\x12\x12\n\nstochastic\x18\x06 \x01(\x08\x12\x12\n\nseverities\x18\x07 \x03(\x05\x12\x39\n\nparameters\x18\x08 \x03(\x0b\x32%.fortis.perturbation.v1.ParameterSpec\x12\x1b\n\x13severity_table_json\x18\t \x01(\t\x12\x0c\n\x04refs\x18\n \x03(\t\x12\x35\n\nlevel_kind\x18\x0b \x01(\x0e\x32!.fortis.perturbation.v1.LevelKind\x12\x0e\n\x06levels\x18\x0c \x03(\x05\x12\x42\n\x10\x63haracterisation\x18\r \x01(\x0b\x32(.fortis.perturbation.v1.Characterisation\x12\x13\n\x0bneeds_model\x18\x0e \x01(\x08\x12\x17\n\x0flevel_table_doc\x18\x0f \x01(\t\"R\n\x18ListPerturbationsRequest\x12\x36\n\x04kind\x18\x01 \x01(\x0e\x32(.fortis.perturbation.v1.PerturbationKind\"\\\n\x19ListPerturbationsResponse\x12?\n\rperturbations\x18\x01 \x03(\x0b\x32(.fortis.perturbation.v1.PerturbationInfo\"\xd9\x01\n\x18\x41pplyPerturbationRequest\x12\x17\n\x0fperturbation_id\x18\x01 \x01(\t\x12\x10\n\x08severity\x18\x02 \x01(\x05\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\'\n\x06images\x18\x04 \x03(\x0b\x32\x17.fortis.common.v1.Image\x12\x0f\n\x07\x65psilon\x18\x05 \x01(\x01\x12\'\n\x06params\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tsurrogate\x18\x07 \x01(\t\x12\x0e\n\x06labels\x18\x08 \x03(\x05\"D\n\x19\x41pplyPerturbationResponse\x12\'\n\x06images\x18\x01 \x03(\x0b\x32\x17.fortis.common.v1.Image\"\xf3\x01\n\x1e\x41pplyPerturbationStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0fperturbation_id\x18\x02 \x01(\t\x12\x10\n\x08severity\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\'\n\x06images\x18\x05 \x03(\x0b\x32\x17.fortis.common.v1.Image\x12\x0f\n\x07\x65psilon\x18\x06 \x01(\x01\x12\'\n\x06params\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tsurrogate\x18\x08 \x01(\t\x12\x0e\n\x06labels\x18\t \x03(\x05\"\x81\x01\n\x1f\x41pplyPerturbationStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x06images\x18\x02 \x03(\x0b\x32\x17.fortis.common.v1.Image\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status\"F\n\x0cLabeledImage\x12&\n\x05image\x18\x01 \x01(\x0b\x32\x17.fortis.common.v1.Image\x12\x0e\n\x06labels\x18\x02 \x03(\x05\"\xcf\x01\n\x10RunAttackRequest\x12\x11\n\tattack_id\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x34\n\x06images\x18\x04 \x03(\x0b\x32$.fortis.perturbation.v1.LabeledImage\x12\x18\n\x10proxy_session_id\x18\x05 \x01(\t\x12\x0e\n\x06origin\x18\x06 \x01(\t\x12\x11\n\tsurrogate\x18\x07 \x01(\t\"\xc3\x02\n\x11RunAttackResponse\x12\x10\n\x08image_id\x18\x01 \x01(\t\x12,\n\x0b\x61\x64versarial\x18\x02 \x01(\x0b\x32\x17.fortis.common.v1.Image\x12\x33\n\x11\x61\x64versarial_float\x18\x03 \x01(\x0b\x32\x18.fortis.common.v1.Tensor\x12\x14\n\x07success\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x0f\n\x07queries\x18\x05 \x01(\x03\x12\x0c\n\x04linf\x18\x06 \x01(\x01\x12\n\n\x02l2\x18\x07 \x01(\x01\x12\x13\n\x0bstop_reason\x18\x08 \x01(\t\x12\x1e\n\x11initially_correct\x18\t \x01(\x08H\x01\x88\x01\x01\x12!\n\x05\x65rror\x18\n \x01(\x0b\x32\x12.google.rpc.StatusB\n\n\x08_successB\x14\n\x12_initially_correct*\xa9\x02\n\x10PerturbationKind\x12!\n\x1dPERTURBATION_KIND_UNSPECIFIED\x10\x00\x12 \n\x1cPERTURBATION_KIND_CORRUPTION\x10\x01\x12%\n!PERTURBATION_KIND_TRANSFER_ATTACK\x10\x02\x12\"\n\x1ePERTURBATION_KIND_SCORE_ATTACK\x10\x03\x12%\n!PERTURBATION_KIND_DECISION_ATTACK\x10\x04\x12\x1b\n\x17PERTURBATION_KIND_STYLE\x10\x05\x12!\n\x1dPERTURBATION_KIND_DEGRADATION\x10\x06\x12\x1e\n\x1aPERTURBATION_KIND_PROPERTY\x10\x07*n\n\tLevelKind\x12\x1a\n\x16LEVEL_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13LEVEL_KIND_SEVERITY\x10\x01\x12\x14\n\x10LEVEL_KIND_LEVEL\x10\x02\x12\x16\n\x12LEVEL_KIND_EPSILON\x10\x03\x32\xfe\x03\n\x13PerturbationService\x12x\n\x11ListPerturbations\x12\x30.fortis.perturbation.v1.ListPerturbationsRequest\x1a\x31.fortis.perturbation.v1.ListPerturbationsResponse\x12x\n\x11\x41pplyPerturbation\x12\x30.fortis.perturbation.v1.ApplyPerturbationRequest\x1a\x31.fortis.perturbation.v1.ApplyPerturbationResponse\x12\x8e\x01\n\x17\x41pplyPerturbationStream\x12\x36.fortis.perturbation.v1.ApplyPerturbationStreamRequest\x1a\x37.fortis.perturbation.v1.ApplyPerturbationStreamResponse(\x01\x30\x01\x12\x62\n\tRunAttack\x12(.fortis.perturbation.v1.RunAttackRequest\x1a).fortis.perturbation.v1.RunAttackResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)fortis/perturbation/v1/perturbation.proto\x12\x16\x66ortis.perturbation.v1\x1a\x1d\x66ortis/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17google/rpc/status.proto\"E\n\x10\x43haracterisation\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x12\n\nrandomness\x18\x02 \x01(\t\x12\x0e\n\x06\x64omain\x18\x03 \x01(\t\"\x1c\n\nNumberList\x12\x0e\n\x06values\x18\x01 \x03(\x01\"|\n\nNamedValue\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x06number\x18\x02 \x01(\x01H\x00\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x35\n\x07numbers\x18\x04 \x01(\x0b\x32\".fortis.perturbation.v1.NumberListH\x00\x42\x07\n\x05value\"T\n\x0fLevelParameters\x12\r\n\x05level\x18\x01 \x01(\x05\x12\x32\n\x06values\x18\x02 \x03(\x0b\x32\".fortis.perturbation.v1.NamedValue\"V\n\rParameterSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x14\n\x0c\x64\x65\x66\x61ult_json\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"\xd4\x03\n\x10PerturbationInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x36\n\x04kind\x18\x02 \x01(\x0e\x32(.fortis.perturbation.v1.PerturbationKind\x12\x0e\n\x06\x66\x61mily\x18\x03 \x01(\t\x12\x10\n\x08ieee_ref\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\x12\x12\n\nstochastic\x18\x06 \x01(\x08\x12\x12\n\nseverities\x18\x07 \x03(\x05\x12\x39\n\nparameters\x18\x08 \x03(\x0b\x32%.fortis.perturbation.v1.ParameterSpec\x12\x1b\n\x13severity_table_json\x18\t \x01(\t\x12\x0c\n\x04refs\x18\n \x03(\t\x12\x35\n\nlevel_kind\x18\x0b \x01(\x0e\x32!.fortis.perturbation.v1.LevelKind\x12\x0e\n\x06levels\x18\x0c \x03(\x05\x12\x42\n\x10\x63haracterisation\x18\r \x01(\x0b\x32(.fortis.perturbation.v1.Characterisation\x12\x13\n\x0bneeds_model\x18\x0e \x01(\x08\x12\x17\n\x0flevel_table_doc\x18\x0f \x01(\t\"R\n\x18ListPerturbationsRequest\x12\x36\n\x04kind\x18\x01 \x01(\x0e\x32(.fortis.perturbation.v1.PerturbationKind\"\\\n\x19ListPerturbationsResponse\x12?\n\rperturbations\x18\x01 \x03(\x0b\x32(.fortis.perturbation.v1.PerturbationInfo\"\xd9\x01\n\x18\x41pplyPerturbationRequest\x12\x17\n\x0fperturbation_id\x18\x01 \x01(\t\x12\x10\n\x08severity\x18\x02 \x01(\x05\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\'\n\x06images\x18\x04 \x03(\x0b\x32\x17.fortis.common.v1.Image\x12\x0f\n\x07\x65psilon\x18\x05 \x01(\x01\x12\'\n\x06params\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tsurrogate\x18\x07 \x01(\t\x12\x0e\n\x06labels\x18\x08 \x03(\x05\"D\n\x19\x41pplyPerturbationResponse\x12\'\n\x06images\x18\x01 \x03(\x0b\x32\x17.fortis.common.v1.Image\"\xf3\x01\n\x1e\x41pplyPerturbationStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0fperturbation_id\x18\x02 \x01(\t\x12\x10\n\x08severity\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\'\n\x06images\x18\x05 \x03(\x0b\x32\x17.fortis.common.v1.Image\x12\x0f\n\x07\x65psilon\x18\x06 \x01(\x01\x12\'\n\x06params\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x11\n\tsurrogate\x18\x08 \x01(\t\x12\x0e\n\x06labels\x18\t \x03(\x05\"\x81\x01\n\x1f\x41pplyPerturbationStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x06images\x18\x02 \x03(\x0b\x32\x17.fortis.common.v1.Image\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status\"F\n\x0cLabeledImage\x12&\n\x05image\x18\x01 \x01(\x0b\x32\x17.fortis.common.v1.Image\x12\x0e\n\x06labels\x18\x02 \x03(\x05\"\xcf\x01\n\x10RunAttackRequest\x12\x11\n\tattack_id\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x34\n\x06images\x18\x04 \x03(\x0b\x32$.fortis.perturbation.v1.LabeledImage\x12\x18\n\x10proxy_session_id\x18\x05 \x01(\t\x12\x0e\n\x06origin\x18\x06 \x01(\t\x12\x11\n\tsurrogate\x18\x07 \x01(\t\"\xc3\x02\n\x11RunAttackResponse\x12\x10\n\x08image_id\x18\x01 \x01(\t\x12,\n\x0b\x61\x64versarial\x18\x02 \x01(\x0b\x32\x17.fortis.common.v1.Image\x12\x33\n\x11\x61\x64versarial_float\x18\x03 \x01(\x0b\x32\x18.fortis.common.v1.Tensor\x12\x14\n\x07success\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x0f\n\x07queries\x18\x05 \x01(\x03\x12\x0c\n\x04linf\x18\x06 \x01(\x01\x12\n\n\x02l2\x18\x07 \x01(\x01\x12\x13\n\x0bstop_reason\x18\x08 \x01(\t\x12\x1e\n\x11initially_correct\x18\t \x01(\x08H\x01\x88\x01\x01\x12!\n\x05\x65rror\x18\n \x01(\x0b\x32\x12.google.rpc.StatusB\n\n\x08_successB\x14\n\x12_initially_correct*\xa9\x02\n\x10PerturbationKind\x12!\n\x1dPERTURBATION_KIND_UNSPECIFIED\x10\x00\x12 \n\x1cPERTURBATION_KIND_CORRUPTION\x10\x01\x12%\n!PERTURBATION_KIND_TRANSFER_ATTACK\x10\x02\x12\"\n\x1ePERTURBATION_KIND_SCORE_ATTACK\x10\x03\x12%\n!PERTURBATION_KIND_DECISION_ATTACK\x10\x04\x12\x1b\n\x17PERTURBATION_KIND_STYLE\x10\x05\x12!\n\x1dPERTURBATION_KIND_DEGRADATION\x10\x06\x12\x1e\n\x1aPERTURBATION_KIND_PROPERTY\x10\x07*n\n\tLevelKind\x12\x1a\n\x16LEVEL_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13LEVEL_KIND_SEVERITY\x10\x01\x12\x14\n\x10LEVEL_KIND_LEVEL\x10\x02\x12\x16\n\x12LEVEL_KIND_EPSILON\x10\x03\x32\xfe\x03\n\x13PerturbationService\x12x\n\x11ListPerturbations\x12\x30.fortis.perturbation.v1.ListPerturbationsRequest\x1a\x31.fortis.perturbation.v1.ListPerturbationsResponse\x12x\n\x11\x41pplyPerturbation\x12\x30.fortis.perturbation.v1.ApplyPerturbationRequest\x1a\x31.fortis.perturbation.v1.ApplyPerturbationResponse\x12\x8e\x01\n\x17\x41pplyPerturbationStream\x12\x36.fortis.perturbation.v1.ApplyPerturbationStreamRequest\x1a\x37.fortis.perturbation.v1.ApplyPerturbationStreamResponse(\x01\x30\x01\x12\x62\n\tRunAttack\x12(.fortis.perturbation.v1.RunAttackRequest\x1a).fortis.perturbation.v1.RunAttackResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fortis.perturbation.v1.perturbation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PERTURBATIONKIND']._serialized_start=2240
-  _globals['_PERTURBATIONKIND']._serialized_end=2537
-  _globals['_LEVELKIND']._serialized_start=2539
-  _globals['_LEVELKIND']._serialized_end=2649
+  _globals['_PERTURBATIONKIND']._serialized_start=2482
+  _globals['_PERTURBATIONKIND']._serialized_end=2779
+  _globals['_LEVELKIND']._serialized_start=2781
+  _globals['_LEVELKIND']._serialized_end=2891
   _globals['_CHARACTERISATION']._serialized_start=155
   _globals['_CHARACTERISATION']._serialized_end=224
-  _globals['_PARAMETERSPEC']._serialized_start=226
-  _globals['_PARAMETERSPEC']._serialized_end=312
-  _globals['_PERTURBATIONINFO']._serialized_start=315
-  _globals['_PERTURBATIONINFO']._serialized_end=783
-  _globals['_LISTPERTURBATIONSREQUEST']._serialized_start=785
-  _globals['_LISTPERTURBATIONSREQUEST']._serialized_end=867
-  _globals['_LISTPERTURBATIONSRESPONSE']._serialized_start=869
-  _globals['_LISTPERTURBATIONSRESPONSE']._serialized_end=961
-  _globals['_APPLYPERTURBATIONREQUEST']._serialized_start=964
-  _globals['_APPLYPERTURBATIONREQUEST']._serialized_end=1181
-  _globals['_APPLYPERTURBATIONRESPONSE']._serialized_start=1183
-  _globals['_APPLYPERTURBATIONRESPONSE']._serialized_end=1251
-  _globals['_APPLYPERTURBATIONSTREAMREQUEST']._serialized_start=1254
-  _globals['_APPLYPERTURBATIONSTREAMREQUEST']._serialized_end=1497
-  _globals['_APPLYPERTURBATIONSTREAMRESPONSE']._serialized_start=1500
-  _globals['_APPLYPERTURBATIONSTREAMRESPONSE']._serialized_end=1629
-  _globals['_LABELEDIMAGE']._serialized_start=1631
-  _globals['_LABELEDIMAGE']._serialized_end=1701
-  _globals['_RUNATTACKREQUEST']._serialized_start=1704
-  _globals['_RUNATTACKREQUEST']._serialized_end=1911
-  _globals['_RUNATTACKRESPONSE']._serialized_start=1914
-  _globals['_RUNATTACKRESPONSE']._serialized_end=2237
-  _globals['_PERTURBATIONSERVICE']._serialized_start=2652
-  _globals['_PERTURBATIONSERVICE']._serialized_end=3162
+  _globals['_NUMBERLIST']._serialized_start=226
+  _globals['_NUMBERLIST']._serialized_end=254
+  _globals['_NAMEDVALUE']._serialized_start=256
+  _globals['_NAMEDVALUE']._serialized_end=380
+  _globals['_LEVELPARAMETERS']._serialized_start=382
+  _globals['_LEVELPARAMETERS']._serialized_end=466
+  _globals['_PARAMETERSPEC']._serialized_start=468
+  _globals['_PARAMETERSPEC']._serialized_end=554
+  _globals['_PERTURBATIONINFO']._serialized_start=557
+  _globals['_PERTURBATIONINFO']._serialized_end=1025
+  _globals['_LISTPERTURBATIONSREQUEST']._serialized_start=1027
+  _globals['_LISTPERTURBATIONSREQUEST']._serialized_end=1109
+  _globals['_LISTPERTURBATIONSRESPONSE']._serialized_start=1111
+  _globals['_LISTPERTURBATIONSRESPONSE']._serialized_end=1203
+  _globals['_APPLYPERTURBATIONREQUEST']._serialized_start=1206
+  _globals['_APPLYPERTURBATIONREQUEST']._serialized_end=1423
+  _globals['_APPLYPERTURBATIONRESPONSE']._serialized_start=1425
+  _globals['_APPLYPERTURBATIONRESPONSE']._serialized_end=1493
+  _globals['_APPLYPERTURBATIONSTREAMREQUEST']._serialized_start=1496
+  _globals['_APPLYPERTURBATIONSTREAMREQUEST']._serialized_end=1739
+  _globals['_APPLYPERTURBATIONSTREAMRESPONSE']._serialized_start=1742
+  _globals['_APPLYPERTURBATIONSTREAMRESPONSE']._serialized_end=1871
+  _globals['_LABELEDIMAGE']._serialized_start=1873
+  _globals['_LABELEDIMAGE']._serialized_end=1943
+  _globals['_RUNATTACKREQUEST']._serialized_start=1946
+  _globals['_RUNATTACKREQUEST']._serialized_end=2153
+  _globals['_RUNATTACKRESPONSE']._serialized_start=2156
+  _globals['_RUNATTACKRESPONSE']._serialized_end=2479
+  _globals['_PERTURBATIONSERVICE']._serialized_start=2894
+  _globals['_PERTURBATIONSERVICE']._serialized_end=3404
 # @@protoc_insertion_point(module_scope)

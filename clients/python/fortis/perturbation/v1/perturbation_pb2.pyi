@@ -50,6 +50,32 @@ class Characterisation(_message.Message):
     domain: str
     def __init__(self, scope: _Optional[str] = ..., randomness: _Optional[str] = ..., domain: _Optional[str] = ...) -> None: ...
 
+class NumberList(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class NamedValue(_message.Message):
+    __slots__ = ("name", "number", "text", "numbers")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    NUMBERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    number: float
+    text: str
+    numbers: NumberList
+    def __init__(self, name: _Optional[str] = ..., number: _Optional[float] = ..., text: _Optional[str] = ..., numbers: _Optional[_Union[NumberList, _Mapping]] = ...) -> None: ...
+
+class LevelParameters(_message.Message):
+    __slots__ = ("level", "values")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    values: _containers.RepeatedCompositeFieldContainer[NamedValue]
+    def __init__(self, level: _Optional[int] = ..., values: _Optional[_Iterable[_Union[NamedValue, _Mapping]]] = ...) -> None: ...
+
 class ParameterSpec(_message.Message):
     __slots__ = ("name", "type", "default_json", "description")
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -25,58 +25,59 @@ _sym_db = _symbol_database.Default()
 from fortis.common.v1 import common_pb2 as fortis_dot_common_dot_v1_dot_common__pb2
 from fortis.target.v1 import target_pb2 as fortis_dot_target_dot_v1_dot_target__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from google.rpc import code_pb2 as google_dot_rpc_dot_code__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66ortis/proxy/v1/proxy.proto\x12\x0f\x66ortis.proxy.v1\x1a\x1d\x66ortis/common/v1/common.proto\x1a\x1d\x66ortis/target/v1/target.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"8\n\rTargetSummary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11images_per_second\x18\x02 \x01(\x01\"\x14\n\x12ListTargetsRequest\"F\n\x13ListTargetsResponse\x12/\n\x07targets\x18\x01 \x03(\x0b\x32\x1e.fortis.proxy.v1.TargetSummary\"&\n\x14GetTargetInfoRequest\x12\x0e\n\x06target\x18\x01 \x01(\t\"C\n\x15GetTargetInfoResponse\x12*\n\x04info\x18\x01 \x01(\x0b\x32\x1c.fortis.target.v1.TargetInfo\"\xc9\x01\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x14\n\x0cquery_budget\x18\x04 \x01(\x03\x12\x18\n\x10per_image_budget\x18\x05 \x01(\x03\x12\x14\n\x0cqueries_used\x18\x06 \x01(\x03\x12\x13\n\x0b\x64\x65scription\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x7f\n\x14\x43reateSessionRequest\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x14\n\x0cquery_budget\x18\x03 \x01(\x03\x12\x18\n\x10per_image_budget\x18\x04 \x01(\x03\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\"B\n\x15\x43reateSessionResponse\x12)\n\x07session\x18\x01 \x01(\x0b\x32\x18.fortis.proxy.v1.Session\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"?\n\x12GetSessionResponse\x12)\n\x07session\x18\x01 \x01(\x0b\x32\x18.fortis.proxy.v1.Session\"]\n\x0ePredictRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\'\n\x06images\x18\x03 \x03(\x0b\x32\x17.fortis.common.v1.Image\"Z\n\x0fPredictResponse\x12\x31\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x1c.fortis.common.v1.Prediction\x12\x14\n\x0cqueries_left\x18\x02 \x01(\x03\"w\n\x14PredictStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\'\n\x06images\x18\x04 \x03(\x0b\x32\x17.fortis.common.v1.Image\"\x97\x01\n\x15PredictStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x0bpredictions\x18\x02 \x03(\x0b\x32\x1c.fortis.common.v1.Prediction\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status\x12\x14\n\x0cqueries_left\x18\x04 \x01(\x03\",\n\x16GetSessionStatsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"D\n\x0fImageQueryCount\x12\x10\n\x08image_id\x18\x01 \x01(\t\x12\x0f\n\x07queries\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x03\"C\n\x10OriginQueryCount\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x0f\n\x07queries\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x03\"\x85\x02\n\x17GetSessionStatsResponse\x12)\n\x07session\x18\x01 \x01(\x0b\x32\x18.fortis.proxy.v1.Session\x12\x12\n\nqueries_ok\x18\x02 \x01(\x03\x12\x16\n\x0equeries_failed\x18\x03 \x01(\x03\x12\x15\n\rcalls_refused\x18\x04 \x01(\x03\x12\x30\n\x06images\x18\x05 \x03(\x0b\x32 .fortis.proxy.v1.ImageQueryCount\x12\x32\n\x07origins\x18\x06 \x03(\x0b\x32!.fortis.proxy.v1.OriginQueryCount\x12\x16\n\x0elatency_p50_ms\x18\x07 \x01(\x01\"U\n\x18ListLedgerEntriesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\xa8\x02\n\x0bLedgerEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\x0e\n\x06origin\x18\x05 \x01(\t\x12\x10\n\x08image_id\x18\x06 \x01(\t\x12\x14\n\x0cinput_sha256\x18\x07 \x01(\t\x12\x16\n\x0eoutput_summary\x18\x08 \x01(\t\x12\x12\n\nlatency_ms\x18\t \x01(\x01\x12\x0e\n\x06status\x18\n \x01(\t\x12\r\n\x05\x65rror\x18\x0b \x01(\t\x12-\n\tsend_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63\x61ll_id\x18\r \x01(\t\x12\x10\n\x08\x61ttempts\x18\x0e \x01(\x05\"c\n\x19ListLedgerEntriesResponse\x12-\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1c.fortis.proxy.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\x89\x06\n\x12TargetProxyService\x12X\n\x0bListTargets\x12#.fortis.proxy.v1.ListTargetsRequest\x1a$.fortis.proxy.v1.ListTargetsResponse\x12^\n\rGetTargetInfo\x12%.fortis.proxy.v1.GetTargetInfoRequest\x1a&.fortis.proxy.v1.GetTargetInfoResponse\x12^\n\rCreateSession\x12%.fortis.proxy.v1.CreateSessionRequest\x1a&.fortis.proxy.v1.CreateSessionResponse\x12U\n\nGetSession\x12\".fortis.proxy.v1.GetSessionRequest\x1a#.fortis.proxy.v1.GetSessionResponse\x12L\n\x07Predict\x12\x1f.fortis.proxy.v1.PredictRequest\x1a .fortis.proxy.v1.PredictResponse\x12\x62\n\rPredictStream\x12%.fortis.proxy.v1.PredictStreamRequest\x1a&.fortis.proxy.v1.PredictStreamResponse(\x01\x30\x01\x12\x64\n\x0fGetSessionStats\x12\'.fortis.proxy.v1.GetSessionStatsRequest\x1a(.fortis.proxy.v1.GetSessionStatsResponse\x12j\n\x11ListLedgerEntries\x12).fortis.proxy.v1.ListLedgerEntriesRequest\x1a*.fortis.proxy.v1.ListLedgerEntriesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66ortis/proxy/v1/proxy.proto\x12\x0f\x66ortis.proxy.v1\x1a\x1d\x66ortis/common/v1/common.proto\x1a\x1d\x66ortis/target/v1/target.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15google/rpc/code.proto\x1a\x17google/rpc/status.proto\"8\n\rTargetSummary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11images_per_second\x18\x02 \x01(\x01\";\n\x12ListTargetsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"_\n\x13ListTargetsResponse\x12/\n\x07targets\x18\x01 \x03(\x0b\x32\x1e.fortis.proxy.v1.TargetSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"&\n\x14GetTargetInfoRequest\x12\x0e\n\x06target\x18\x01 \x01(\t\"C\n\x15GetTargetInfoResponse\x12*\n\x04info\x18\x01 \x01(\x0b\x32\x1c.fortis.target.v1.TargetInfo\"\xc9\x01\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x14\n\x0cquery_budget\x18\x04 \x01(\x03\x12\x18\n\x10per_image_budget\x18\x05 \x01(\x03\x12\x14\n\x0cqueries_used\x18\x06 \x01(\x03\x12\x13\n\x0b\x64\x65scription\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x7f\n\x14\x43reateSessionRequest\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x14\n\x0cquery_budget\x18\x03 \x01(\x03\x12\x18\n\x10per_image_budget\x18\x04 \x01(\x03\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\"B\n\x15\x43reateSessionResponse\x12)\n\x07session\x18\x01 \x01(\x0b\x32\x18.fortis.proxy.v1.Session\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"?\n\x12GetSessionResponse\x12)\n\x07session\x18\x01 \x01(\x0b\x32\x18.fortis.proxy.v1.Session\"]\n\x0ePredictRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\'\n\x06images\x18\x03 \x03(\x0b\x32\x17.fortis.common.v1.Image\"Z\n\x0fPredictResponse\x12\x31\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x1c.fortis.common.v1.Prediction\x12\x14\n\x0cqueries_left\x18\x02 \x01(\x03\"w\n\x14PredictStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\'\n\x06images\x18\x04 \x03(\x0b\x32\x17.fortis.common.v1.Image\"\x97\x01\n\x15PredictStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x0bpredictions\x18\x02 \x03(\x0b\x32\x1c.fortis.common.v1.Prediction\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status\x12\x14\n\x0cqueries_left\x18\x04 \x01(\x03\",\n\x16GetSessionStatsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"D\n\x0fImageQueryCount\x12\x10\n\x08image_id\x18\x01 \x01(\t\x12\x0f\n\x07queries\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x03\"C\n\x10OriginQueryCount\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x0f\n\x07queries\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x03\"\x85\x02\n\x17GetSessionStatsResponse\x12)\n\x07session\x18\x01 \x01(\x0b\x32\x18.fortis.proxy.v1.Session\x12\x12\n\nqueries_ok\x18\x02 \x01(\x03\x12\x16\n\x0equeries_failed\x18\x03 \x01(\x03\x12\x15\n\rcalls_refused\x18\x04 \x01(\x03\x12\x30\n\x06images\x18\x05 \x03(\x0b\x32 .fortis.proxy.v1.ImageQueryCount\x12\x32\n\x07origins\x18\x06 \x03(\x0b\x32!.fortis.proxy.v1.OriginQueryCount\x12\x16\n\x0elatency_p50_ms\x18\x07 \x01(\x01\"U\n\x18ListLedgerEntriesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\xba\x02\n\x0bLedgerEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\x0e\n\x06origin\x18\x05 \x01(\t\x12\x10\n\x08image_id\x18\x06 \x01(\t\x12\x14\n\x0cinput_sha256\x18\x07 \x01(\t\x12\x16\n\x0eoutput_summary\x18\x08 \x01(\t\x12\x12\n\nlatency_ms\x18\t \x01(\x01\x12 \n\x06status\x18\n \x01(\x0e\x32\x10.google.rpc.Code\x12\r\n\x05\x65rror\x18\x0b \x01(\t\x12-\n\tsend_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63\x61ll_id\x18\r \x01(\t\x12\x10\n\x08\x61ttempts\x18\x0e \x01(\x05\"c\n\x19ListLedgerEntriesResponse\x12-\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1c.fortis.proxy.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\x89\x06\n\x12TargetProxyService\x12X\n\x0bListTargets\x12#.fortis.proxy.v1.ListTargetsRequest\x1a$.fortis.proxy.v1.ListTargetsResponse\x12^\n\rGetTargetInfo\x12%.fortis.proxy.v1.GetTargetInfoRequest\x1a&.fortis.proxy.v1.GetTargetInfoResponse\x12^\n\rCreateSession\x12%.fortis.proxy.v1.CreateSessionRequest\x1a&.fortis.proxy.v1.CreateSessionResponse\x12U\n\nGetSession\x12\".fortis.proxy.v1.GetSessionRequest\x1a#.fortis.proxy.v1.GetSessionResponse\x12L\n\x07Predict\x12\x1f.fortis.proxy.v1.PredictRequest\x1a .fortis.proxy.v1.PredictResponse\x12\x62\n\rPredictStream\x12%.fortis.proxy.v1.PredictStreamRequest\x1a&.fortis.proxy.v1.PredictStreamResponse(\x01\x30\x01\x12\x64\n\x0fGetSessionStats\x12\'.fortis.proxy.v1.GetSessionStatsRequest\x1a(.fortis.proxy.v1.GetSessionStatsResponse\x12j\n\x11ListLedgerEntries\x12).fortis.proxy.v1.ListLedgerEntriesRequest\x1a*.fortis.proxy.v1.ListLedgerEntriesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fortis.proxy.v1.proxy_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TARGETSUMMARY']._serialized_start=168
-  _globals['_TARGETSUMMARY']._serialized_end=224
-  _globals['_LISTTARGETSREQUEST']._serialized_start=226
-  _globals['_LISTTARGETSREQUEST']._serialized_end=246
-  _globals['_LISTTARGETSRESPONSE']._serialized_start=248
-  _globals['_LISTTARGETSRESPONSE']._serialized_end=318
-  _globals['_GETTARGETINFOREQUEST']._serialized_start=320
-  _globals['_GETTARGETINFOREQUEST']._serialized_end=358
-  _globals['_GETTARGETINFORESPONSE']._serialized_start=360
-  _globals['_GETTARGETINFORESPONSE']._serialized_end=427
-  _globals['_SESSION']._serialized_start=430
-  _globals['_SESSION']._serialized_end=631
-  _globals['_CREATESESSIONREQUEST']._serialized_start=633
-  _globals['_CREATESESSIONREQUEST']._serialized_end=760
-  _globals['_CREATESESSIONRESPONSE']._serialized_start=762
-  _globals['_CREATESESSIONRESPONSE']._serialized_end=828
-  _globals['_GETSESSIONREQUEST']._serialized_start=830
-  _globals['_GETSESSIONREQUEST']._serialized_end=869
-  _globals['_GETSESSIONRESPONSE']._serialized_start=871
-  _globals['_GETSESSIONRESPONSE']._serialized_end=934
-  _globals['_PREDICTREQUEST']._serialized_start=936
-  _globals['_PREDICTREQUEST']._serialized_end=1029
-  _globals['_PREDICTRESPONSE']._serialized_start=1031
-  _globals['_PREDICTRESPONSE']._serialized_end=1121
-  _globals['_PREDICTSTREAMREQUEST']._serialized_start=1123
-  _globals['_PREDICTSTREAMREQUEST']._serialized_end=1242
-  _globals['_PREDICTSTREAMRESPONSE']._serialized_start=1245
-  _globals['_PREDICTSTREAMRESPONSE']._serialized_end=1396
-  _globals['_GETSESSIONSTATSREQUEST']._serialized_start=1398
-  _globals['_GETSESSIONSTATSREQUEST']._serialized_end=1442
-  _globals['_IMAGEQUERYCOUNT']._serialized_start=1444
-  _globals['_IMAGEQUERYCOUNT']._serialized_end=1512
-  _globals['_ORIGINQUERYCOUNT']._serialized_start=1514
-  _globals['_ORIGINQUERYCOUNT']._serialized_end=1581
-  _globals['_GETSESSIONSTATSRESPONSE']._serialized_start=1584
-  _globals['_GETSESSIONSTATSRESPONSE']._serialized_end=1845
-  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_start=1847
-  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_end=1932
-  _globals['_LEDGERENTRY']._serialized_start=1935
-  _globals['_LEDGERENTRY']._serialized_end=2231
-  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_start=2233
-  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_end=2332
-  _globals['_TARGETPROXYSERVICE']._serialized_start=2335
-  _globals['_TARGETPROXYSERVICE']._serialized_end=3112
+  _globals['_TARGETSUMMARY']._serialized_start=191
+  _globals['_TARGETSUMMARY']._serialized_end=247
+  _globals['_LISTTARGETSREQUEST']._serialized_start=249
+  _globals['_LISTTARGETSREQUEST']._serialized_end=308
+  _globals['_LISTTARGETSRESPONSE']._serialized_start=310
+  _globals['_LISTTARGETSRESPONSE']._serialized_end=405
+  _globals['_GETTARGETINFOREQUEST']._serialized_start=407
+  _globals['_GETTARGETINFOREQUEST']._serialized_end=445
+  _globals['_GETTARGETINFORESPONSE']._serialized_start=447
+  _globals['_GETTARGETINFORESPONSE']._serialized_end=514
+  _globals['_SESSION']._serialized_start=517
+  _globals['_SESSION']._serialized_end=718
+  _globals['_CREATESESSIONREQUEST']._serialized_start=720
+  _globals['_CREATESESSIONREQUEST']._serialized_end=847
+  _globals['_CREATESESSIONRESPONSE']._serialized_start=849
+  _globals['_CREATESESSIONRESPONSE']._serialized_end=915
+  _globals['_GETSESSIONREQUEST']._serialized_start=917
+  _globals['_GETSESSIONREQUEST']._serialized_end=956
+  _globals['_GETSESSIONRESPONSE']._serialized_start=958
+  _globals['_GETSESSIONRESPONSE']._serialized_end=1021
+  _globals['_PREDICTREQUEST']._serialized_start=1023
+  _globals['_PREDICTREQUEST']._serialized_end=1116
+  _globals['_PREDICTRESPONSE']._serialized_start=1118
+  _globals['_PREDICTRESPONSE']._serialized_end=1208
+  _globals['_PREDICTSTREAMREQUEST']._serialized_start=1210
+  _globals['_PREDICTSTREAMREQUEST']._serialized_end=1329
+  _globals['_PREDICTSTREAMRESPONSE']._serialized_start=1332
+  _globals['_PREDICTSTREAMRESPONSE']._serialized_end=1483
+  _globals['_GETSESSIONSTATSREQUEST']._serialized_start=1485
+  _globals['_GETSESSIONSTATSREQUEST']._serialized_end=1529
+  _globals['_IMAGEQUERYCOUNT']._serialized_start=1531
+  _globals['_IMAGEQUERYCOUNT']._serialized_end=1599
+  _globals['_ORIGINQUERYCOUNT']._serialized_start=1601
+  _globals['_ORIGINQUERYCOUNT']._serialized_end=1668
+  _globals['_GETSESSIONSTATSRESPONSE']._serialized_start=1671
+  _globals['_GETSESSIONSTATSRESPONSE']._serialized_end=1932
+  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_start=1934
+  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_end=2019
+  _globals['_LEDGERENTRY']._serialized_start=2022
+  _globals['_LEDGERENTRY']._serialized_end=2336
+  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_start=2338
+  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_end=2437
+  _globals['_TARGETPROXYSERVICE']._serialized_start=2440
+  _globals['_TARGETPROXYSERVICE']._serialized_end=3217
 # @@protoc_insertion_point(module_scope)

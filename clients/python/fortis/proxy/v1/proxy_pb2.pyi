@@ -3,6 +3,7 @@ import datetime
 from fortis.common.v1 import common_pb2 as _common_pb2
 from fortis.target.v1 import target_pb2 as _target_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.rpc import code_pb2 as _code_pb2
 from google.rpc import status_pb2 as _status_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -21,14 +22,20 @@ class TargetSummary(_message.Message):
     def __init__(self, name: _Optional[str] = ..., images_per_second: _Optional[float] = ...) -> None: ...
 
 class ListTargetsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListTargetsResponse(_message.Message):
-    __slots__ = ("targets",)
+    __slots__ = ("targets", "next_page_token")
     TARGETS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     targets: _containers.RepeatedCompositeFieldContainer[TargetSummary]
-    def __init__(self, targets: _Optional[_Iterable[_Union[TargetSummary, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, targets: _Optional[_Iterable[_Union[TargetSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetTargetInfoRequest(_message.Message):
     __slots__ = ("target",)
@@ -215,12 +222,12 @@ class LedgerEntry(_message.Message):
     input_sha256: str
     output_summary: str
     latency_ms: float
-    status: str
+    status: _code_pb2.Code
     error: str
     send_time: _timestamp_pb2.Timestamp
     call_id: str
     attempts: int
-    def __init__(self, entry_id: _Optional[int] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., target: _Optional[str] = ..., origin: _Optional[str] = ..., image_id: _Optional[str] = ..., input_sha256: _Optional[str] = ..., output_summary: _Optional[str] = ..., latency_ms: _Optional[float] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., send_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., call_id: _Optional[str] = ..., attempts: _Optional[int] = ...) -> None: ...
+    def __init__(self, entry_id: _Optional[int] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., target: _Optional[str] = ..., origin: _Optional[str] = ..., image_id: _Optional[str] = ..., input_sha256: _Optional[str] = ..., output_summary: _Optional[str] = ..., latency_ms: _Optional[float] = ..., status: _Optional[_Union[_code_pb2.Code, str]] = ..., error: _Optional[str] = ..., send_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., call_id: _Optional[str] = ..., attempts: _Optional[int] = ...) -> None: ...
 
 class ListLedgerEntriesResponse(_message.Message):
     __slots__ = ("entries", "next_page_token")

@@ -26,8 +26,11 @@ if _version_not_supported:
 
 
 class TargetProxyServiceStub:
-    """Proxy in front of the targets. Calls need an API key in the "x-api-key" metadata; the
-    key decides the tenant.
+    """Proxy in front of the targets.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    Sessions and ledger entries belong to the tenant that created them: another tenant's id
+    behaves as an unknown one (NOT_FOUND).
     """
 
     def __init__(self, channel):
@@ -79,8 +82,11 @@ class TargetProxyServiceStub:
 
 
 class TargetProxyServiceServicer:
-    """Proxy in front of the targets. Calls need an API key in the "x-api-key" metadata; the
-    key decides the tenant.
+    """Proxy in front of the targets.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    Sessions and ledger entries belong to the tenant that created them: another tenant's id
+    behaves as an unknown one (NOT_FOUND).
     """
 
     def ListTargets(self, request, context):
@@ -193,8 +199,11 @@ def add_TargetProxyServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TargetProxyService:
-    """Proxy in front of the targets. Calls need an API key in the "x-api-key" metadata; the
-    key decides the tenant.
+    """Proxy in front of the targets.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    Sessions and ledger entries belong to the tenant that created them: another tenant's id
+    behaves as an unknown one (NOT_FOUND).
     """
 
     @staticmethod

@@ -35,10 +35,10 @@ class ScoringServiceStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.ScoreClassification = channel.unary_unary(
-                '/fortis.scoring.v1.ScoringService/ScoreClassification',
-                request_serializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreClassificationRequest.SerializeToString,
-                response_deserializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreClassificationResponse.FromString,
+        self.ScoreEvaluation = channel.stream_unary(
+                '/fortis.scoring.v1.ScoringService/ScoreEvaluation',
+                request_serializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreEvaluationRequest.SerializeToString,
+                response_deserializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreEvaluationResponse.FromString,
                 _registered_method=True)
         self.ListMetrics = channel.unary_unary(
                 '/fortis.scoring.v1.ScoringService/ListMetrics',
@@ -56,15 +56,17 @@ class ScoringServiceServicer:
     """Computes metrics.
     """
 
-    def ScoreClassification(self, request, context):
-        """Computes the IEEE classification metrics of an evaluation's outcomes.
+    def ScoreEvaluation(self, request_iterator, context):
+        """Scores one evaluation's recorded answers. Client streaming: the first message carries
+        the setup (image ids, ground truth, correctness criterion, options), then one message
+        per test setting, so 10,000 images x 75 settings never make one huge message.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListMetrics(self, request, context):
-        """Lists the metric catalogue with each entry's inputs.
+        """Lists the metric catalogue with each entry's inputs, paginated.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -80,10 +82,10 @@ class ScoringServiceServicer:
 
 def add_ScoringServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'ScoreClassification': grpc.unary_unary_rpc_method_handler(
-                    servicer.ScoreClassification,
-                    request_deserializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreClassificationRequest.FromString,
-                    response_serializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreClassificationResponse.SerializeToString,
+            'ScoreEvaluation': grpc.stream_unary_rpc_method_handler(
+                    servicer.ScoreEvaluation,
+                    request_deserializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreEvaluationRequest.FromString,
+                    response_serializer=fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreEvaluationResponse.SerializeToString,
             ),
             'ListMetrics': grpc.unary_unary_rpc_method_handler(
                     servicer.ListMetrics,
@@ -108,7 +110,7 @@ class ScoringService:
     """
 
     @staticmethod
-    def ScoreClassification(request,
+    def ScoreEvaluation(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -118,12 +120,12 @@ class ScoringService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_unary(
+            request_iterator,
             target,
-            '/fortis.scoring.v1.ScoringService/ScoreClassification',
-            fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreClassificationRequest.SerializeToString,
-            fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreClassificationResponse.FromString,
+            '/fortis.scoring.v1.ScoringService/ScoreEvaluation',
+            fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreEvaluationRequest.SerializeToString,
+            fortis_dot_scoring_dot_v1_dot_scoring__pb2.ScoreEvaluationResponse.FromString,
             options,
             channel_credentials,
             insecure,
