@@ -17,8 +17,15 @@ from fortis.services.common.errors import InvalidArgument
 
 #: Largest image accepted, pixels (guards against decompression bombs).
 MAX_PIXELS = 40_000_000
-_DTYPES = {"uint8": np.uint8, "float32": np.float32, "int32": np.int32, "float64": np.float64,
-           "int64": np.int64, "bool": np.bool_}
+#: DType enum value <-> numpy dtype (little-endian on the wire).
+_DTYPES: dict[int, Any] = {
+    common_pb2.D_TYPE_UINT8: np.uint8, common_pb2.D_TYPE_INT32: np.int32,
+    common_pb2.D_TYPE_INT64: np.int64, common_pb2.D_TYPE_FLOAT16: np.float16,
+    common_pb2.D_TYPE_FLOAT32: np.float32, common_pb2.D_TYPE_FLOAT64: np.float64,
+    common_pb2.D_TYPE_BOOL: np.bool_}
+_ENUM_OF = {np.dtype(v).str.lstrip("<|="): k for k, v in _DTYPES.items()}
+#: Most elements a tensor may declare (a shape whose product overflows is refused first).
+MAX_ELEMENTS = 1 << 31
 
 
 def encode_png(image: np.ndarray) -> bytes:
@@ -56,21 +63,39 @@ def decode_image_bytes(data: bytes, field: str) -> np.ndarray:
 
 
 def tensor_to_array(t: common_pb2.Tensor, field: str) -> np.ndarray:
+    """The numpy array of a Tensor message (read-only view of its bytes), validated: a known
+    dtype, a shape of at least one positive dimension whose element count stays bounded, and
+    exactly as many bytes as the shape needs."""
     dtype = _DTYPES.get(t.dtype)
     if dtype is None:
-        raise InvalidArgument(f"{field}.dtype", f"unsupported dtype '{t.dtype}'; use one of {sorted(_DTYPES)}")
+        names = ", ".join(common_pb2.DType.Name(k) for k in _DTYPES)
+        raise InvalidArgument(f"{field}.dtype", f"unsupported dtype {t.dtype}; use one of {names}")
     shape = tuple(int(s) for s in t.shape)
+    if not shape:
+        raise InvalidArgument(f"{field}.shape", "at least one dimension is needed")
     if any(s <= 0 for s in shape):
-        raise InvalidArgument(f"{field}.shape", f"dimensions must be positive, got {list(shape)}")
-    n = int(np.prod(shape)) if shape else 0
-    if len(t.data) != n * np.dtype(dtype).itemsize:
-        raise InvalidArgument(f"{field}.data", f"{len(t.data)} bytes do not match shape {list(shape)} of {t.dtype}")
-    return np.frombuffer(t.data, dtype=dtype).reshape(shape)
+        raise InvalidArgument(f"{field}.shape", f"dimensions must be positive, got {list(shape)[:8]}")
+    n = 1
+    for s in shape:
+        n *= s
+        if n > MAX_ELEMENTS:
+            raise InvalidArgument(f"{field}.shape", f"more than {MAX_ELEMENTS} elements")
+    item = np.dtype(dtype).itemsize
+    if len(t.data) != n * item:
+        raise InvalidArgument(f"{field}.data", f"{len(t.data)} bytes do not match shape "
+                              f"{list(shape)} of {common_pb2.DType.Name(t.dtype)}")
+    return np.frombuffer(t.data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
 
 
 def array_to_tensor(arr: np.ndarray) -> common_pb2.Tensor:
+    """A Tensor message of a numpy array (little-endian, row-major)."""
     a = np.ascontiguousarray(arr)
-    return common_pb2.Tensor(dtype=str(a.dtype), shape=list(a.shape), data=a.tobytes())
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    enum = _ENUM_OF.get(a.dtype.str.lstrip("<|="))
+    if enum is None:
+        raise InvalidArgument("tensor.dtype", f"dtype {a.dtype} has no wire form")
+    return common_pb2.Tensor(dtype=enum, shape=list(a.shape), data=a.tobytes())
 
 
 def decode_image(msg: common_pb2.Image, field: str) -> np.ndarray:
