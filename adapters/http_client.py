@@ -1,0 +1,224 @@
+"""The one HTTP client of every HTTP target adapter (HTTP/JSON profiles, Open Inference Protocol
+REST), so that they pool connections, honour proxies, time out and report failures alike.
+
+* A pool of keep-alive HTTP/1.1 connections per (scheme, host, port), shared by all threads:
+  a request borrows an idle connection or opens one, and gives it back when the answer has
+  been read. A reused connection the server has meanwhile closed is retried once on a fresh
+  one (the request never reached the server).
+* ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` are honoured (HTTPS through a CONNECT tunnel,
+  HTTP with absolute request URLs); loopback hosts never go through a proxy, which could not
+  reach them. HTTPS uses the given ``ssl.SSLContext`` (default: system trust store).
+* Failures of the transport -- refused or lost connections, timeouts, DNS errors -- raise
+  ``TargetUnavailable`` (retried by the proxy); an answer larger than ``max_response_bytes``
+  raises ``TargetResponseError``. Any HTTP status is returned as an ``HttpResponse``: the
+  adapter decides what a 4xx means, while ``HttpResponse.retryable`` and
+  ``HttpResponse.unavailable`` say the same for every adapter which statuses are worth
+  retrying (408, 425, 429, 5xx) and how long the server asked to wait (``Retry-After``).
+
+No gRPC and nothing adapter-specific here; ``parse_retry_after`` is a pure function.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import math
+import re
+import ssl
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC
+from urllib.parse import urlsplit
+
+from fortis.adapters.target_errors import TargetResponseError, TargetUnavailable
+
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "RETRYABLE_STATUS",
+    "HttpClient",
+    "HttpResponse",
+    "parse_retry_after",
+]
+
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+#: Statuses that say "not now" rather than "never": with any 5xx, retried by the proxy.
+RETRYABLE_STATUS = frozenset({408, 425, 429})
+#: Idle keep-alive connections kept per (scheme, host, port); more are closed when returned.
+MAX_IDLE_PER_HOST = 16
+_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+#: delta-seconds (RFC 9110 says digits; a fraction is accepted, a sign or exponent is not).
+_DELTA_SECONDS = re.compile(r"\d+(?:\.\d+)?")
+#: Errors of a reused keep-alive connection that the server closed while it sat idle.
+_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError,
+          ConnectionAbortedError)
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delta-seconds or an HTTP date (a date in
+    the past means 0). None when absent or unusable -- not a number or date, negative,
+    infinite or NaN -- so that a broken header never makes the proxy wait forever or not at
+    all by accident; the proxy then falls back on its own backoff."""
+    if not value:
+        return None
+    v = value.strip()
+    if _DELTA_SECONDS.fullmatch(v):
+        seconds = float(v)
+        return seconds if math.isfinite(seconds) else None
+    try:
+        when = email.utils.parsedate_to_datetime(v)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:             # "-0000": UTC by RFC 5322, naive by email.utils
+        when = when.replace(tzinfo=UTC)
+    wait = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, wait) if math.isfinite(wait) else None
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    """An answer as read: status, headers with lower-cased names, and the body."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the status says "try again later" (408, 425, 429, any 5xx)."""
+        return self.status in RETRYABLE_STATUS or self.status >= 500
+
+    @property
+    def retry_after_s(self) -> float | None:
+        return parse_retry_after(self.headers.get("retry-after"))
+
+    def unavailable(self, message: str) -> TargetUnavailable:
+        """The error to raise for a retryable status, carrying the server's Retry-After."""
+        return TargetUnavailable(message, self.retry_after_s)
+
+
+@dataclass
+class _Pooled:
+    conn: http.client.HTTPConnection
+    plain_proxy: bool       # through a plain HTTP proxy: the request line carries the full URL
+
+
+class HttpClient:
+    """Pooled, thread-safe keep-alive HTTP/1.1 client (see the module docstring).
+
+    ``label`` starts every error message (e.g. ``http-json target 'aws'``); a request may
+    name its own (e.g. the endpoint and path it called)."""
+
+    def __init__(self, *, timeout_s: float, label: str,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+                 ssl_context: ssl.SSLContext | None = None,
+                 max_idle_per_host: int = MAX_IDLE_PER_HOST) -> None:
+        self.timeout_s = timeout_s
+        self.label = label
+        self.max_response_bytes = max_response_bytes
+        self.max_idle_per_host = max_idle_per_host
+        self._ssl = ssl_context
+        self._idle: dict[tuple[str, str, int], list[_Pooled]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def close(self) -> None:
+        """Close the idle connections; connections in use close when their answer is read."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, {}
+        for pooled in (p for conns in idle.values() for p in conns):
+            _quiet_close(pooled.conn)
+
+    def request(self, method: str, url: str, headers: Mapping[str, str] | None = None,
+                body: bytes | None = None, *, label: str | None = None) -> HttpResponse:
+        """Send one request and read its answer (any status). ``TargetUnavailable`` when the
+        transport fails, ``TargetResponseError`` when the answer exceeds the size limit."""
+        where = label or self.label
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in ("http", "https"):
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        host = parts.hostname or ""
+        port = parts.port or (443 if scheme == "https" else 80)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        key = (scheme, host, port)
+        fresh = False
+        while True:
+            pooled, reused = self._acquire(key, fresh)
+            conn = pooled.conn
+            try:
+                conn.request(method, url if pooled.plain_proxy else target, body=body,
+                             headers=dict(headers or {}))
+                resp = conn.getresponse()
+                data = resp.read(self.max_response_bytes + 1)
+            except _STALE as exc:
+                _quiet_close(conn)
+                if reused and not fresh:    # a stale keep-alive connection: once more, anew
+                    fresh = True
+                    continue
+                raise TargetUnavailable(f"{where}: connection lost ({type(exc).__name__})"
+                                        ) from None
+            except TimeoutError:
+                _quiet_close(conn)
+                raise TargetUnavailable(f"{where}: no answer within {self.timeout_s:g} s") from None
+            except (OSError, http.client.HTTPException) as exc:
+                _quiet_close(conn)
+                raise TargetUnavailable(f"{where}: {type(exc).__name__}: "
+                                        f"{getattr(exc, 'strerror', None) or exc}") from None
+            if len(data) > self.max_response_bytes:
+                _quiet_close(conn)
+                raise TargetResponseError(f"{where}: answer larger than "
+                                          f"{self.max_response_bytes} bytes")
+            if resp.will_close:
+                _quiet_close(conn)
+            else:
+                self._release(key, pooled)
+            return HttpResponse(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
+
+    # -- pool -------------------------------------------------------------------------------
+    def _acquire(self, key: tuple[str, str, int], fresh: bool) -> tuple[_Pooled, bool]:
+        """(connection, reused?): an idle one unless ``fresh``, else a new one."""
+        if not fresh:
+            with self._lock:
+                idle = self._idle.get(key)
+                if idle:
+                    return idle.pop(), True
+        return self._open(*key), False
+
+    def _release(self, key: tuple[str, str, int], pooled: _Pooled) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            if not self._closed and len(idle) < self.max_idle_per_host:
+                idle.append(pooled)
+                return
+        _quiet_close(pooled.conn)
+
+    def _open(self, scheme: str, host: str, port: int) -> _Pooled:
+        proxy = None if host in _LOOPBACK else urllib.request.getproxies().get(scheme)
+        if proxy and urllib.request.proxy_bypass(host):
+            proxy = None
+        if not proxy:
+            if scheme == "https":
+                return _Pooled(http.client.HTTPSConnection(
+                    host, port, timeout=self.timeout_s, context=self._ssl), False)
+            return _Pooled(http.client.HTTPConnection(host, port, timeout=self.timeout_s), False)
+        pu = urlsplit(proxy if "://" in proxy else "http://" + proxy)
+        phost, pport = pu.hostname or "", pu.port or 8080
+        if scheme == "https":           # TLS to the target through a CONNECT tunnel
+            conn = http.client.HTTPSConnection(phost, pport, timeout=self.timeout_s,
+                                               context=self._ssl)
+            conn.set_tunnel(host, port)
+            return _Pooled(conn, False)
+        return _Pooled(http.client.HTTPConnection(phost, pport, timeout=self.timeout_s), True)
+
+
+def _quiet_close(conn: http.client.HTTPConnection) -> None:
+    try:
+        conn.close()
+    except OSError:
+        pass

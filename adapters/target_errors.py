@@ -1,0 +1,29 @@
+"""The errors every remote-target adapter raises, in one place.
+
+The proxy (``fortis.services.target_proxy.proxy``) records a failed call under the class name
+of its error and retries only ``errors.Unavailable``; so the HTTP/JSON and Open Inference
+Protocol adapters, over REST or gRPC, share these two classes instead of each defining look-
+alikes that would drift apart.
+"""
+
+from __future__ import annotations
+
+from fortis.services.common import errors
+
+__all__ = ["TargetResponseError", "TargetUnavailable"]
+
+
+class TargetResponseError(errors.FortisError):
+    """The target answered, but not with something the adapter can use (a bad status, a
+    malformed body, an answer that does not fit the profile, a missing output, a wrong shape or
+    datatype). Fails the call without retry; the proxy records it for each image (ledger
+    status ``TargetResponseError``)."""
+
+
+class TargetUnavailable(errors.Unavailable):
+    """The target could not answer now (overloaded, down, timed out, connection refused); the
+    proxy retries, waiting ``retry_after_s`` when the target said how long (Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
