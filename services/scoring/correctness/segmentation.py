@@ -1,0 +1,346 @@
+"""Semantic-segmentation correctness (IEEE Std 3129-2023 IEEE-C5, IEEE-P3, IEEE-P6). Domain
+code: no gRPC.
+
+Per pixel top-1 (IEEE-C2 Alternative 1): an ``(H, W)`` integer label map, or per-class score
+maps reduced by argmax (ties go to the lower class index). For each class of interest c:
+IoU_c = |pred == c and truth == c| / |pred == c or truth == c| over the pixels whose ground
+truth is not the ``ignore_label`` (e.g. 255; the prediction at those pixels is ignored too). A
+class absent from both prediction and ground truth (union 0) is left out of the mean; a class
+present in only one of them has IoU 0 and counts. The image is correct iff the mean IoU over
+the remaining classes *exceeds* (>) ``miou_threshold``. If every class of interest is absent
+from both, the mIoU is undefined (NaN) and the image is judged by ``all_absent``:
+``"correct"`` (default: the service rightly found none of the classes of interest, and M stays
+the same for every setting, which IEEE-M4/M5 need) or ``"incorrect"``. A failed query makes
+the image incorrect.
+
+Vectorised: same-size images go through as one stack, in chunks of bounded size; per-class
+IoUs come from bincounts over (image, truth slot, prediction slot), with no loop over classes
+or images.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+from fortis.services.common.arrays import chunk_slices
+from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.scoring.correctness.common import (
+    LabelMapping,
+    image_name,
+    is_int,
+    is_number,
+    raise_violations,
+    rows_per_chunk,
+)
+
+__all__ = [
+    "ALL_ABSENT_POLICIES",
+    "SCORE_LAYOUTS",
+    "SegmentationCriterion",
+    "SegmentationPrediction",
+    "masks_from_scores",
+    "segmentation_correct",
+    "segmentation_iou",
+    "segmentation_miou",
+]
+
+#: IEEE-C5: how an image is judged when no class of interest is in prediction or truth.
+ALL_ABSENT_POLICIES: Final = ("correct", "incorrect")
+#: Score-map layouts of a segmentation service (per image; a batch adds a leading N).
+SCORE_LAYOUTS: Final = ("chw", "hwc")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentationCriterion:
+    """IEEE-C5 correctness of a segmentation answer, from the plan (IEEE-P3).
+
+    ``classes``: the Y classes of interest (service label ids); ``miou_threshold``: the image
+    is correct iff their mIoU exceeds it (strictly); ``ignore_label``: ground-truth pixels
+    with this value are left out (``None``: none); ``all_absent``: the verdict when no class
+    of interest is in the prediction or the ground truth (see the module docstring).
+    """
+
+    classes: tuple[int, ...]
+    miou_threshold: float = 0.5
+    ignore_label: int | None = 255
+    all_absent: str = "correct"
+
+    def __post_init__(self) -> None:
+        raise_violations(_segmentation_violations(self.classes, self.miou_threshold, self.ignore_label,
+                                        self.all_absent, "segmentation"))
+        object.__setattr__(self, "classes", tuple(int(c) for c in self.classes))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *,
+                  prefix: str = "segmentation") -> SegmentationCriterion:
+        if not isinstance(d, Mapping):
+            raise InvalidArgument(prefix, "must be a mapping with classes and miou_threshold")
+        allowed = ("classes", "miou_threshold", "ignore_label", "all_absent")
+        violations = [FieldViolation(f"{prefix}.{key}", f"unknown key (allowed: "
+                                                        f"{', '.join(allowed)})")
+                      for key in d if key not in allowed]
+        if "classes" not in d:
+            violations.append(FieldViolation(f"{prefix}.classes", "is required (the Y classes "
+                                                                  "of interest)"))
+        classes = d.get("classes", [0])
+        th, ign = d.get("miou_threshold", 0.5), d.get("ignore_label", 255)
+        absent = d.get("all_absent", "correct")
+        violations += _segmentation_violations(classes, th, ign, absent, prefix)
+        raise_violations(violations)
+        return cls(classes=tuple(classes), miou_threshold=float(th), ignore_label=ign,
+                   all_absent=absent)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"classes": list(self.classes), "miou_threshold": self.miou_threshold,
+                "ignore_label": self.ignore_label, "all_absent": self.all_absent}
+
+
+def _segmentation_violations(classes: Any, th: Any, ign: Any, absent: Any,
+                             prefix: str) -> list[FieldViolation]:
+    out: list[FieldViolation] = []
+    if isinstance(classes, str | bytes) or not isinstance(classes, Sequence) or not classes \
+            or not all(is_int(c) and c >= 0 for c in classes):
+        out.append(FieldViolation(f"{prefix}.classes", f"must be a non-empty list of class ids "
+                                                       f">= 0; got {classes!r}"))
+    elif len(set(classes)) != len(classes):
+        out.append(FieldViolation(f"{prefix}.classes", "lists a class twice"))
+    elif ign is not None and is_int(ign) and ign in classes:
+        out.append(FieldViolation(f"{prefix}.ignore_label", f"{ign} is also a class of interest"))
+    if not is_number(th) or not 0.0 <= th < 1.0:
+        out.append(FieldViolation(f"{prefix}.miou_threshold", f"must be a number in [0, 1); "
+                                                              f"got {th!r}"))
+    if ign is not None and not is_int(ign):
+        out.append(FieldViolation(f"{prefix}.ignore_label", f"must be an integer or null; "
+                                                            f"got {ign!r}"))
+    if absent not in ALL_ABSENT_POLICIES:
+        out.append(FieldViolation(f"{prefix}.all_absent", f"must be one of "
+                                                          f"{', '.join(ALL_ABSENT_POLICIES)}; "
+                                                          f"got {absent!r}"))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SegmentationPrediction:
+    """One answer of a segmentation service: an ``(H, W)`` integer label ``mask``, or per-class
+    ``scores`` in ``layout`` ``"chw"`` (C, H, W) or ``"hwc"`` (H, W, C) reduced by argmax
+    (IEEE-C5: per-pixel top-1). ``error``: the query failed (the image is incorrect)."""
+
+    mask: npt.ArrayLike | None = None
+    scores: npt.ArrayLike | None = None
+    layout: str = "chw"
+    error: str | None = None
+
+    def label_map(self, *, field: str = "prediction") -> np.ndarray:
+        if (self.mask is None) == (self.scores is None):
+            raise InvalidArgument(field, "give exactly one of mask and scores")
+        if self.mask is not None:
+            return np.asarray(self.mask)
+        return masks_from_scores(np.asarray(self.scores)[None], layout="n" + self.layout,
+                                 field=f"{field}.scores")[0]
+
+
+def masks_from_scores(scores: npt.ArrayLike, *, layout: str = "nchw",
+                      field: str = "scores") -> np.ndarray:
+    """Per-class score maps ``(N, C, H, W)`` (``nchw``) or ``(N, H, W, C)`` (``nhwc``) ->
+    ``(N, H, W)`` int64 label maps by per-pixel argmax (ties: lower class index)."""
+    sc = np.asarray(scores)
+    if layout not in ("nchw", "nhwc"):
+        raise InvalidArgument(f"{field}.layout", f"must be nchw or nhwc; got {layout!r}")
+    if sc.ndim != 4 or sc.size == 0:
+        raise InvalidArgument(field, f"must be 4-D {layout}, got shape {sc.shape}")
+    if np.issubdtype(sc.dtype, np.floating) and np.isnan(sc).any():
+        raise InvalidArgument(field, "scores contain NaN")
+    return np.asarray(sc.argmax(axis=1 if layout == "nchw" else 3)).astype(np.int64)
+
+
+def _mask_list(masks: npt.ArrayLike | Sequence[npt.ArrayLike], field: str) -> list[np.ndarray]:
+    if isinstance(masks, np.ndarray):
+        if masks.ndim == 2:
+            return [masks]
+        if masks.ndim == 3:
+            return list(masks)
+        raise InvalidArgument(field, f"must be (H, W) or (N, H, W) label maps, got shape "
+                                     f"{masks.shape}")
+    if not isinstance(masks, Sequence):
+        raise InvalidArgument(field, "must be an array of label maps or a list of them")
+    return [np.asarray(m) for m in masks]
+
+
+def _stacked(masks: npt.ArrayLike | Sequence[npt.ArrayLike]) -> np.ndarray | None:
+    if isinstance(masks, np.ndarray) and masks.ndim == 3:
+        return masks
+    return None
+
+
+def _class_index(x: np.ndarray, classes_sorted: np.ndarray) -> np.ndarray:
+    """Label map -> slot of each pixel's class among the classes of interest (Y: any other).
+    A lookup table when the labels are small non-negative integers (one gather per pixel),
+    else a binary search."""
+    y = len(classes_sorted)
+    dtype = np.uint8 if y < 250 else np.int64       # slots 0..Y+1 (see _seg_iou_block)
+    if x.size == 0:
+        return np.zeros(x.shape, dtype)
+    lo, hi = int(x.min()), int(x.max())
+    if lo >= 0 and hi < (1 << 16):
+        lut = np.full(hi + 1, y, dtype=dtype)
+        inside = classes_sorted[classes_sorted <= hi]
+        lut[inside] = np.searchsorted(classes_sorted, inside)
+        return np.asarray(lut[x])
+    pos = np.minimum(np.searchsorted(classes_sorted, x), y - 1)
+    return np.where(classes_sorted[pos] == x, pos, y).astype(dtype)
+
+
+def segmentation_iou(
+    predictions: npt.ArrayLike | Sequence[npt.ArrayLike],
+    truths: npt.ArrayLike | Sequence[npt.ArrayLike],
+    criterion: SegmentationCriterion,
+    *,
+    label_mapping: LabelMapping | None = None,
+    image_ids: Sequence[str] | None = None,
+    field: str = "predictions",
+) -> np.ndarray:
+    """Per-image, per-class IoU ``(N, Y)`` (columns in ``criterion.classes`` order; NaN where
+    the class is absent from both prediction and ground truth). ``predictions`` and
+    ``truths``: ``(N, H, W)`` integer label maps, one ``(H, W)`` map, or sequences of
+    ``(H, W)`` maps (sizes may differ between images, never between an image's prediction and
+    truth). ``label_mapping`` (IEEE-P6, one-to-one only) maps ground-truth labels to service
+    labels; ``ignore_label`` pixels are left out. Three bincounts per chunk: no per-class loop."""
+    classes = np.array(criterion.classes, dtype=np.int64)
+    order = np.argsort(classes)
+    cs = classes[order]
+    y = len(cs)
+    if label_mapping is not None and not label_mapping.one_to_one:
+        raise InvalidArgument(label_mapping.field, "a segmentation label mapping must map each "
+                                                   "dataset label to exactly one service label")
+    ps, ts = _stacked(predictions), _stacked(truths)
+    if ps is not None and ts is not None and ps.shape == ts.shape:
+        _check_int(ps, field, image_ids, None)
+        _check_int(ts, "truths", image_ids, None)
+        out = np.empty((len(ps), y))
+        for ch in chunk_slices(len(ps), rows_per_chunk(ps.shape[1] * ps.shape[2] + y + 2)):
+            out[ch] = _seg_iou_block(ps[ch], _mapped(ts[ch], label_mapping, criterion), cs,
+                                     criterion.ignore_label)
+    else:
+        pl, tl = _mask_list(predictions, field), _mask_list(truths, "truths")
+        if len(pl) != len(tl):
+            raise InvalidArgument(field, f"{len(pl)} predictions for {len(tl)} truths")
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for n, (pm, tm) in enumerate(zip(pl, tl, strict=True)):
+            _check_int(pm, field, image_ids, n)
+            _check_int(tm, "truths", image_ids, n)
+            if pm.shape != tm.shape or pm.ndim != 2:
+                raise InvalidArgument(f"{field}[{image_name(image_ids, n)}]",
+                                      f"label map of shape {pm.shape} for a ground truth of "
+                                      f"shape {tm.shape} (both must be the same (H, W))")
+            groups.setdefault(pm.shape, []).append(n)
+        out = np.empty((len(pl), y))
+        for shape, members in groups.items():       # same-size images go through as one stack
+            for ch in chunk_slices(len(members), rows_per_chunk(int(np.prod(shape)) + y + 2)):
+                rows = members[ch]
+                out[rows] = _seg_iou_block(
+                    np.stack([pl[r] for r in rows]),
+                    _mapped(np.stack([tl[r] for r in rows]), label_mapping, criterion), cs,
+                    criterion.ignore_label)
+    inverse = np.empty(y, dtype=np.int64)
+    inverse[order] = np.arange(y)
+    return np.asarray(out[:, inverse])
+
+
+def _check_int(m: np.ndarray, field: str, image_ids: Sequence[str] | None, n: int | None) -> None:
+    if m.dtype.kind not in "iu":
+        where = field if n is None else f"{field}[{image_name(image_ids, n)}]"
+        raise InvalidArgument(where, f"label maps must be integers, got dtype {m.dtype} (give "
+                                     "per-class scores as SegmentationPrediction.scores)")
+
+
+def _mapped(truth: np.ndarray, mapping: LabelMapping | None,
+            crit: SegmentationCriterion) -> np.ndarray:
+    if mapping is None:
+        return truth
+    return mapping.map_array(truth, where="truths", ignore=crit.ignore_label)[..., 0]
+
+
+def _seg_iou_block(pred: np.ndarray, truth: np.ndarray, cs: np.ndarray,
+                   ignore: int | None) -> np.ndarray:
+    """(n, H, W) label maps -> (n, Y) IoU per class of interest (NaN: absent from both).
+
+    Each pixel gets a slot: its class's index among the Y classes, Y for "any other label",
+    Y + 1 for "ignored". Few classes: one bincount of (image, truth slot, prediction slot)
+    gives per-image confusion matrices. Many classes: three bincounts (truth count,
+    prediction count, intersection), O(pixels + n * Y). No loop over classes or images."""
+    n = len(pred)
+    y = len(cs)
+    w = y + 2
+    t = truth.reshape(n, -1)
+    gi = _class_index(t, cs)
+    pi = _class_index(pred.reshape(n, -1), cs)
+    if ignore is not None and t.size and int(t.min()) <= ignore <= int(t.max()):
+        skip = t == ignore
+        gi[skip] = y + 1
+        pi[skip] = y + 1
+    if w * w <= 256:
+        code = gi.astype(np.uint16)
+        code *= w
+        code += pi
+        flat = np.add(code, (np.arange(n, dtype=np.int64) * (w * w))[:, None], dtype=np.int64)
+        conf = np.bincount(flat.ravel(), minlength=n * w * w).reshape(n, w, w)
+        inter = np.diagonal(conf, axis1=1, axis2=2)[:, :y].astype(np.float64)
+        gt_count = conf[:, :y, :].sum(axis=2)
+        pred_count = conf[:, :, :y].sum(axis=1)
+    else:
+        base = (np.arange(n, dtype=np.int64) * w)[:, None]
+        code_g = np.add(gi, base, dtype=np.int64).ravel()
+        code_p = np.add(pi, base, dtype=np.int64).ravel()
+        size = n * w
+        gt_count = np.bincount(code_g, minlength=size).reshape(n, w)[:, :y]
+        pred_count = np.bincount(code_p, minlength=size).reshape(n, w)[:, :y]
+        same = (gi == pi).ravel()
+        inter = np.bincount(code_g[same], minlength=size).reshape(n, w)[:, :y].astype(np.float64)
+    union = gt_count + pred_count - inter
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(union > 0, inter / np.maximum(union, 1), np.nan)
+
+
+def segmentation_miou(
+    predictions: npt.ArrayLike | Sequence[npt.ArrayLike],
+    truths: npt.ArrayLike | Sequence[npt.ArrayLike],
+    criterion: SegmentationCriterion,
+    *,
+    label_mapping: LabelMapping | None = None,
+    image_ids: Sequence[str] | None = None,
+    field: str = "predictions",
+) -> np.ndarray:
+    """Per-image mIoU over the classes of interest present in prediction or truth (N,);
+    NaN when none is (IEEE-C5)."""
+    iou = segmentation_iou(predictions, truths, criterion, label_mapping=label_mapping,
+                           image_ids=image_ids, field=field)
+    present = ~np.isnan(iou)
+    count = present.sum(axis=1)
+    total = np.where(present, iou, 0.0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(np.where(count > 0, total / np.maximum(count, 1), np.nan))
+
+
+def segmentation_correct(
+    predictions: npt.ArrayLike | Sequence[npt.ArrayLike],
+    truths: npt.ArrayLike | Sequence[npt.ArrayLike],
+    criterion: SegmentationCriterion,
+    *,
+    label_mapping: LabelMapping | None = None,
+    failed: npt.ArrayLike | None = None,
+    image_ids: Sequence[str] | None = None,
+    field: str = "predictions",
+) -> np.ndarray:
+    """IEEE-C5 for N images -> (N,) bool: mIoU over the classes of interest > threshold;
+    all classes absent -> ``criterion.all_absent``; ``failed`` images are incorrect."""
+    miou = segmentation_miou(predictions, truths, criterion, label_mapping=label_mapping,
+                             image_ids=image_ids, field=field)
+    absent_ok = criterion.all_absent == "correct"
+    ok = np.where(np.isnan(miou), absent_ok, miou > criterion.miou_threshold)
+    if failed is not None:
+        ok &= ~np.asarray(failed, dtype=bool).reshape(len(ok))
+    return np.asarray(ok, dtype=bool)
