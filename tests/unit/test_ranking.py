@@ -248,7 +248,7 @@ def test_blocks_and_position_strategies_do_not_change_results(
     counting comparisons, sort + binary search or a stable argsort depending on how many
     classes are relevant: same results, ties and top-k (NaN) rows included (probabilities are
     quantised so that many are equal)."""
-    from fortis.services.scoring import ranking
+    from fortis.services.scoring.ranking import ranks
     rng = np.random.default_rng(2)
     logits = np.round(rng.normal(0, 2, size=(40, 20)), 1)
     pb = np.round(softmax(logits), 2)
@@ -266,9 +266,9 @@ def test_blocks_and_position_strategies_do_not_change_results(
     for block, compare_max, search_max in ((7 * 20, 4096, 32), (10**9, 0, 10**9),
                                            (3 * 20, 0, 10**9), (10**9, 10**9, 0),
                                            (3 * 20, 0, 0)):
-        monkeypatch.setattr(ranking, "_BLOCK_ELEMENTS", block)
-        monkeypatch.setattr(ranking, "_COMPARE_MAX_WORK", compare_max)
-        monkeypatch.setattr(ranking, "_SEARCH_MAX_K", search_max)
+        monkeypatch.setattr(ranks, "_BLOCK_ELEMENTS", block)
+        monkeypatch.setattr(ranks, "_COMPARE_MAX_WORK", compare_max)
+        monkeypatch.setattr(ranks, "_SEARCH_MAX_K", search_max)
         n, d, r = run()
         _same(n, whole_n)
         _same(d, whole_d)
