@@ -1,27 +1,31 @@
-"""Package layout: one distribution, import namespace ``fortis``.
+"""Package layout of the server distribution ``fortis``; import namespace ``fortis``.
 
 The top-level folders are fixed by the product's design card (DESIGN.md section 2), so the
 import packages are mapped onto them here:
 
-    fortis            -> clients/python/fortis   (SDK, CLI, generated protobuf stubs)
-    fortis.services   -> services/               (the five gRPC services and their domain code)
-    fortis.adapters   -> adapters/               (target adapters)
+    fortis.services   -> services/        (the five gRPC services and their domain code)
+    fortis.adapters   -> adapters/        (target adapters)
+    fortis.cli        -> services/cli/    (the `fortis` command line and its demo plans)
+
+``fortis`` itself is a namespace package (PEP 420): the client and the generated contract
+stubs (``fortis.client``, ``fortis.<area>.v1``) come from the slim ``fortis-client``
+distribution in clients/python/, which this one depends on.
 """
 
 from setuptools import find_packages, setup
 
 ROOTS = {
-    "fortis": "clients/python/fortis",
-    "fortis.services": "services",
-    "fortis.adapters": "adapters",
+    "fortis.services": ("services", ["cli", "cli.*"]),
+    "fortis.adapters": ("adapters", []),
+    "fortis.cli": ("services/cli", []),
 }
 
 packages: list[str] = []
 package_dir: dict[str, str] = {}
-for name, folder in ROOTS.items():
+for name, (folder, exclude) in ROOTS.items():
     package_dir[name] = folder
     packages.append(name)
-    packages += [f"{name}.{sub}" for sub in find_packages(folder)]
+    packages += [f"{name}.{sub}" for sub in find_packages(folder, exclude=exclude)]
 
 setup(
     packages=sorted(set(packages)),

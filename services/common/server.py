@@ -18,9 +18,9 @@ from typing import Any
 
 import grpc
 import structlog
+from fortis.client.errors import from_rpc_error
 from fortis.services.common import errors
 from fortis.services.common.status import status_for
-from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
@@ -248,33 +248,6 @@ def call_metadata(api_key: str, tenant: str = "") -> tuple[tuple[str, str], ...]
 
 
 def error_from_rpc(exc: grpc.RpcError) -> errors.FortisError:
-    """Turn a failed call back into the domain error it carries (client side)."""
-    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-    message = exc.details() if hasattr(exc, "details") else str(exc)
-    status = rpc_status.from_call(exc) if hasattr(exc, "trailing_metadata") else None
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        violations = []
-        for d in (status.details if status else []):
-            qf = error_details_pb2.QuotaFailure()
-            if d.Unpack(qf):
-                violations += [errors.QuotaViolation(v.subject, v.description)
-                               for v in qf.violations]
-        return errors.BudgetExhausted(violations or [errors.QuotaViolation("?", message or "")])
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        viols = []
-        for d in (status.details if status else []):
-            br = error_details_pb2.BadRequest()
-            if d.Unpack(br):
-                viols += [errors.FieldViolation(v.field, v.description) for v in br.field_violations]
-        if viols:
-            return errors.InvalidArgument.from_violations(viols)
-        return errors.InvalidArgument("request", message or "invalid argument")
-    if code == grpc.StatusCode.NOT_FOUND:
-        return errors.NotFound("resource", message or "")
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return errors.Unavailable(message or "unavailable")
-    if code == grpc.StatusCode.UNAUTHENTICATED:
-        return errors.Unauthenticated(message or "unauthenticated")
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return errors.FailedPrecondition(message or "failed precondition")
-    return errors.FortisError(f"{code.name}: {message}")
+    """Turn a failed call back into the domain error it carries (client side): the same
+    class, with the same details, via the one error model (``fortis.client.errors``)."""
+    return from_rpc_error(exc)

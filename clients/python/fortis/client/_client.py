@@ -1,0 +1,215 @@
+"""FortisClient: the typed, deadline-bounded Python client of a running Fortis."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from fortis.client._pagination import iter_pages
+from fortis.client.errors import (
+    DeadlineExceeded,
+    FortisError,
+    Unavailable,
+    from_rpc_error,
+)
+from fortis.client.types import (
+    Evaluation,
+    LedgerEntry,
+    Page,
+    Perturbation,
+    Progress,
+    SessionStats,
+    Target,
+)
+from fortis.evaluation.v1 import evaluation_pb2 as ev_pb
+from fortis.evaluation.v1 import evaluation_pb2_grpc
+from fortis.perturbation.v1 import perturbation_pb2, perturbation_pb2_grpc
+from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+
+#: Metadata key carrying the API key (the server's auth interceptor reads it).
+API_KEY_HEADER = "x-api-key"
+#: Largest message sent or received: a report with inline plots is a few MB.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Longest a single Watch stream runs before it is reopened. Bounds every call, so a silently
+#: dead connection is noticed within this time even when the caller waits without a timeout.
+WATCH_SEGMENT_S = 300.0
+#: Reconnection attempts in a row after a dropped Watch stream before giving up.
+WATCH_RECONNECTS = 5
+
+
+class FortisClient:
+    """Client of a running Fortis (``fortis serve``). Use it as a context manager.
+
+    Every call has a deadline (``timeout_s``; ``watch``/``wait`` take their own) and raises the
+    :mod:`fortis.client.errors` class the server raised, with its details.
+    """
+
+    def __init__(self, address: str, *, api_key: str = "", timeout_s: float = 60.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._md: tuple[tuple[str, str], ...] = ((API_KEY_HEADER, api_key),) if api_key else ()
+        self._ch = grpc.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        self._evaluations = evaluation_pb2_grpc.EvaluationServiceStub(self._ch)
+        self._proxy = proxy_pb2_grpc.TargetProxyServiceStub(self._ch)
+        self._perturbation = perturbation_pb2_grpc.PerturbationServiceStub(self._ch)
+
+    def close(self) -> None:
+        self._ch.close()
+
+    def __enter__(self) -> FortisClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: Any, request: Any, timeout_s: float | None = None) -> Any:
+        try:
+            return method(request, metadata=self._md, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    # -- evaluations ------------------------------------------------------------------------
+    def submit(self, plan_text: str, evaluation_id: str = "") -> Evaluation:
+        """Validate and start a plan (YAML or JSON). Submitting the same ``evaluation_id``
+        again returns the existing evaluation (idempotent)."""
+        resp = self._call(self._evaluations.CreateEvaluation, ev_pb.CreateEvaluationRequest(
+            plan=plan_text, evaluation_id=evaluation_id))
+        return Evaluation.from_proto(resp.evaluation)
+
+    def get(self, evaluation_id: str) -> Evaluation:
+        resp = self._call(self._evaluations.GetEvaluation,
+                          ev_pb.GetEvaluationRequest(evaluation_id=evaluation_id))
+        return Evaluation.from_proto(resp.evaluation)
+
+    def cancel(self, evaluation_id: str) -> Evaluation:
+        resp = self._call(self._evaluations.CancelEvaluation,
+                          ev_pb.CancelEvaluationRequest(evaluation_id=evaluation_id))
+        return Evaluation.from_proto(resp.evaluation)
+
+    def list_evaluations(self, page_size: int = 50, page_token: str = "") -> Page[Evaluation]:
+        """One page of evaluations, newest first."""
+        resp = self._call(self._evaluations.ListEvaluations, ev_pb.ListEvaluationsRequest(
+            page_size=page_size, page_token=page_token))
+        return Page([Evaluation.from_proto(e) for e in resp.evaluations], resp.next_page_token)
+
+    def iter_evaluations(self, page_size: int = 50) -> Iterator[Evaluation]:
+        """Every evaluation of the tenant, newest first, fetching pages as needed."""
+        return iter_pages(lambda token: self.list_evaluations(page_size, token))
+
+    def list(self, page_size: int = 50) -> builtins.list[Evaluation]:
+        """Every evaluation (all pages), newest first."""
+        return builtins.list(self.iter_evaluations(page_size))
+
+    def watch(self, evaluation_id: str, *, timeout_s: float | None = None
+              ) -> Iterator[Evaluation]:
+        """The evaluation on every change, ending with its final state.
+
+        A dropped stream is reopened (the state in between is read with ``get``, so no final
+        state is missed). Raises :class:`DeadlineExceeded` if it has not ended within
+        ``timeout_s`` seconds (None: wait as long as it runs).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        failures = 0
+        while True:
+            segment = WATCH_SEGMENT_S
+            if deadline is not None:
+                segment = min(segment, deadline - time.monotonic())
+                if segment <= 0:
+                    raise DeadlineExceeded(
+                        f"evaluation '{evaluation_id}' has not ended after {timeout_s} s")
+            try:
+                stream = self._evaluations.WatchEvaluation(
+                    ev_pb.WatchEvaluationRequest(evaluation_id=evaluation_id),
+                    metadata=self._md, timeout=segment)
+                for resp in stream:
+                    failures = 0
+                    ev = Evaluation.from_proto(resp.evaluation)
+                    yield ev
+                    if ev.finished:
+                        return
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if isinstance(err, Unavailable):
+                    failures += 1
+                    if failures > WATCH_RECONNECTS:
+                        raise err from None
+                    time.sleep(min(0.25 * 2 ** failures, 5.0))
+                elif not isinstance(err, DeadlineExceeded):     # a segment ended: reopen
+                    raise err from None
+            # The stream ended or dropped without a final state: read it, then reopen.
+            try:
+                ev = self.get(evaluation_id)
+            except Unavailable:
+                continue
+            if ev.finished:
+                yield ev
+                return
+
+    def wait(self, evaluation_id: str, *, timeout_s: float | None = None,
+             on_progress: Callable[[Progress], None] | None = None) -> Evaluation:
+        """Follow the evaluation until it ends and return its final state; ``on_progress`` is
+        called on every change. Raises :class:`DeadlineExceeded` after ``timeout_s``."""
+        last: Evaluation | None = None
+        for ev in self.watch(evaluation_id, timeout_s=timeout_s):
+            last = ev
+            if on_progress is not None:
+                on_progress(ev.progress)
+        if last is None:    # cannot happen: watch ends only after a final state
+            raise FortisError(f"evaluation '{evaluation_id}': no state received")
+        return last
+
+    def report_files(self, evaluation_id: str) -> tuple[str, str]:
+        """(report.json, report.html) of a finished evaluation, as text."""
+        r = self._call(self._evaluations.GetEvaluationReport,
+                       ev_pb.GetEvaluationReportRequest(evaluation_id=evaluation_id))
+        return r.report_json, r.report_html
+
+    def report(self, evaluation_id: str) -> dict[str, Any]:
+        """report.json of a finished evaluation, parsed."""
+        value: dict[str, Any] = json.loads(self.report_files(evaluation_id)[0])
+        return value
+
+    def write_report(self, evaluation_id: str, out_dir: str | Path) -> tuple[Path, Path]:
+        """Write report.json and report.html into ``out_dir`` (created); returns both paths."""
+        js, html = self.report_files(evaluation_id)
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(js, encoding="utf-8")
+        (out / "report.html").write_text(html, encoding="utf-8")
+        return out / "report.json", out / "report.html"
+
+    # -- proxy and catalogue ----------------------------------------------------------------
+    def session_stats(self, session_id: str) -> SessionStats:
+        """Query counts of one proxy session (e.g. "EV_ID/clean"), from the ledger."""
+        return SessionStats.from_proto(self._call(
+            self._proxy.GetSessionStats, proxy_pb2.GetSessionStatsRequest(session_id=session_id)))
+
+    def list_ledger_entries(self, session_id: str, page_size: int = 500,
+                            page_token: str = "") -> Page[LedgerEntry]:
+        """One page of a session's ledger, oldest first."""
+        resp = self._call(self._proxy.ListLedgerEntries, proxy_pb2.ListLedgerEntriesRequest(
+            session_id=session_id, page_size=page_size, page_token=page_token))
+        return Page([LedgerEntry.from_proto(e) for e in resp.entries], resp.next_page_token)
+
+    def iter_ledger_entries(self, session_id: str, page_size: int = 500
+                            ) -> Iterator[LedgerEntry]:
+        """Every ledger entry of a session, oldest first, fetching pages as needed."""
+        return iter_pages(lambda token: self.list_ledger_entries(session_id, page_size, token))
+
+    def perturbations(self) -> builtins.list[Perturbation]:
+        """The catalogue: corruptions, styles, degradation operators, properties, attacks."""
+        resp = self._call(self._perturbation.ListPerturbations,
+                          perturbation_pb2.ListPerturbationsRequest())
+        return [Perturbation.from_proto(p) for p in resp.perturbations]
+
+    def targets(self) -> builtins.list[Target]:
+        """The targets the proxy serves."""
+        resp = self._call(self._proxy.ListTargets, proxy_pb2.ListTargetsRequest())
+        return [Target.from_proto(t) for t in resp.targets]

@@ -1,0 +1,42 @@
+"""Local catalogue listings: ``fortis perturbations`` and ``fortis attacks`` read the
+registries in-process (no server). With ``--address`` the same commands go through
+``fortis.client`` instead (``fortis.cli.remote``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def cmd_perturbations(ns: argparse.Namespace) -> int:
+    from fortis.services.perturbation.catalogue import list_catalogue
+
+    items = [it for it in list_catalogue() if not ns.kind or it["kind"].startswith(ns.kind)]
+    if ns.json:
+        print(json.dumps(items, indent=2, default=str))
+        return 0
+    levels = {"severity": "sev 1-5", "level": "lvl 1-30", "epsilon": "eps 0-1", None: "-"}
+    print(f"{'id':<28} {'kind':<16} {'family':<12} {'refs':<14} {'levels':<9} {'character':<9} description")
+    for it in items:
+        ch = it.get("characterisation")
+        code = "-" if not ch else (ch["scope"][0] + ch["randomness"][0] + ch["domain"][0]).upper()
+        print(f"{it['id']:<28} {it['kind']:<16} {it['family']:<12} {','.join(it['refs']):<14} "
+              f"{levels[it['level_kind']]:<9} {code:<9} {it['description']}")
+    if not ns.kind:
+        print(f"\n{len(items)} entries. character: Global/Local, Deterministic/Stochastic, "
+              "Colour/Pixel (DEG-5). Add --json for parameters and level tables.")
+    return 0
+
+
+def cmd_attacks(ns: argparse.Namespace) -> int:
+    """Placeholder until the attack registry lands: the attack entries of the catalogue."""
+    from fortis.services.perturbation.catalogue import list_catalogue
+
+    items = [it for it in list_catalogue() if it["kind"].endswith("_attack")]
+    if ns.json:
+        print(json.dumps(items, indent=2, default=str))
+        return 0
+    for it in items:
+        print(f"{it['id']:<28} {it['kind']:<16} {it['family']:<12} {it['description']}")
+    return 0

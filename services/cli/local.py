@@ -1,0 +1,349 @@
+"""The CLI's local commands: they run Fortis's engine in this process (``fortis serve``, an
+embedded ``fortis run``/``demo``, ``validate``, ``sheets``, ``score``, ``train``, the local
+ledger). Server modules are imported inside each command, so ``fortis --help`` and the
+remote commands start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fortis.cli import remote
+from fortis.cli.output import EXIT_BAD_INPUT, EXIT_FAILED, err, print_violations
+
+
+def demo_plan_text() -> str:
+    """The shipped demo plan (package data of ``fortis.cli``)."""
+    return resources.files("fortis.cli").joinpath("plans/demo.yaml").read_text()
+
+
+def _state_dir(ns: argparse.Namespace) -> Path:
+    return Path(ns.state_dir or os.environ.get("FORTIS_STATE") or ".fortis-state")
+
+
+def _targets_for_plan(plan: Any) -> list[Any]:
+    from fortis.services.app import DEFAULT_TARGETS, TargetConfig
+
+    if plan.target.endpoint:
+        return [TargetConfig.parse(f"{plan.target.name}={plan.target.endpoint}")]
+    for spec in DEFAULT_TARGETS:
+        cfg = TargetConfig.parse(spec)
+        if cfg.name == plan.target.name:
+            return [cfg]
+    from fortis.services.common.errors import InvalidArgument
+    raise InvalidArgument("target.endpoint", f"target '{plan.target.name}' is not built in; give target.endpoint "
+                          "(builtin:MODEL or grpc://HOST:PORT) or run against a Fortis that serves it (--address)")
+
+
+def _load_plan(text: str) -> Any:
+    """Parse and validate a plan in-process (raises InvalidArgument naming every bad field).
+    The one place the CLI validates locally: ``validate`` and an embedded ``run``."""
+    from fortis.services.evaluation.plan import load_plan
+
+    return load_plan(text)
+
+
+def _needs_training(plan_text: str) -> bool:
+    from fortis.adapters.torch_models.fmnist import KINDS, model_paths
+
+    return "fmnist" in plan_text and not all(model_paths(k)[0].exists() for k in KINDS)
+
+
+def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace) -> int:
+    """Run a plan: against ``--address`` through the client only, else on an embedded stack
+    started here (after checking the plan locally, so a bad plan starts nothing)."""
+    if ns.address:
+        return remote.guarded(lambda _: remote.submit_and_follow(
+            ns.address, remote.api_key_of(ns), plan_text, out, ns))(ns)
+    from fortis.services.app import StackSettings, start_stack
+    from fortis.services.common.errors import FortisError, InvalidArgument
+    from fortis.services.common.server import new_api_key
+
+    try:
+        plan = _load_plan(plan_text)
+        targets = _targets_for_plan(plan)
+    except InvalidArgument as exc:
+        err("the plan is invalid:")
+        print_violations(exc)
+        return EXIT_BAD_INPUT
+    api_key = new_api_key()
+    if not ns.quiet:
+        print(f"Starting Fortis embedded (state in {_state_dir(ns)}); target {targets[0].name}",
+              file=sys.stderr)
+        if _needs_training(plan_text):
+            print("First run: training the Fashion-MNIST target and surrogate (about 2 minutes"
+                  " on 2 cores; cached afterwards)", file=sys.stderr)
+    try:
+        stack = start_stack(StackSettings(state_dir=_state_dir(ns), api_keys={api_key: "local"},
+                                          targets=targets, resume=False))
+    except FortisError as exc:
+        err(str(exc))
+        return EXIT_FAILED
+    try:
+        return remote.guarded(lambda _: remote.submit_and_follow(
+            stack.address, api_key, plan_text, out, ns))(ns)
+    finally:
+        stack.stop()
+
+
+def cmd_demo(ns: argparse.Namespace) -> int:
+    if ns.task == "classification":
+        return _run_plan(demo_plan_text(), Path(ns.out), ns)
+    import subprocess
+
+    from fortis.adapters.vision_demo import demo_plan, write_demo_manifest
+
+    # The detection/segmentation models install on first use (about 30 s).
+    setup = Path(__file__).resolve().parents[2] / "scripts" / "setup_vision.sh"
+    if setup.exists():
+        if not ns.quiet:
+            print("Checking the vision models (scripts/setup_vision.sh) ...", file=sys.stderr)
+        r = subprocess.run(["bash", str(setup)], env=dict(os.environ, FORTIS_VENV_PYTHON=sys.executable),
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            err(f"installing the vision models failed:\n{r.stderr[-2000:]}")
+            return EXIT_FAILED
+    manifest = write_demo_manifest(ns.task, Path(ns.out) / "data")
+    return _run_plan(demo_plan(ns.task, manifest), Path(ns.out), ns)
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    try:
+        text = Path(ns.plan).read_text()
+    except OSError as exc:
+        err(f"cannot read plan: {exc}")
+        return EXIT_BAD_INPUT
+    return _run_plan(text, Path(ns.out), ns)
+
+
+def cmd_validate(ns: argparse.Namespace) -> int:
+    from fortis.services.common.errors import InvalidArgument
+
+    try:
+        plan = _load_plan(Path(ns.plan).read_text())
+    except OSError as exc:
+        err(f"cannot read plan: {exc}")
+        return EXIT_BAD_INPUT
+    except InvalidArgument as exc:
+        for v in exc.violations:
+            print(f"{v.field}: {v.description}")
+        return EXIT_BAD_INPUT
+    print(f"plan '{plan.name}' is valid: {len(plan.corruptions)} corruptions, {len(plan.attacks)} attacks")
+    return 0
+
+
+def _address_in_use(address: str) -> bool:
+    """True if ``host:port`` is already taken by a listening socket (port 0 never is).
+
+    Checked before starting anything so a busy port is one clear line, not gRPC's bind
+    error and a traceback. SO_REUSEADDR as gRPC sets it: a port in TIME_WAIT is not "busy".
+    """
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return False
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+    except OSError:
+        return False              # unresolvable: let the server report it
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+    return False
+
+
+def _cannot_listen(address: str) -> int:
+    err(f"cannot listen on {address}: address in use")
+    return EXIT_BAD_INPUT
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    from fortis.cli.logs import configure
+    from fortis.services.app import DEFAULT_TARGETS, StackSettings, TargetConfig, start_stack
+    from fortis.services.common.errors import FortisError
+    from fortis.services.common.server import new_api_key, parse_api_keys
+
+    configure(ns.log_level)
+    if _address_in_use(ns.address):
+        return _cannot_listen(ns.address)
+    try:
+        keys = parse_api_keys(os.environ.get("FORTIS_API_KEYS", ""))
+        for k in ns.api_key or []:
+            keys.update(parse_api_keys(k))
+        generated = ""
+        if not keys and not ns.no_auth:
+            generated = new_api_key()
+            keys = {generated: "default"}
+        targets = [TargetConfig.parse(t) for t in (ns.target or [])]
+        # The built-in targets, unless told otherwise, wherever a proxy runs: all services
+        # (no --service; argparse leaves it None) or the proxy alone.
+        if not targets and ns.service in (None, "", "proxy") and not ns.no_default_targets:
+            targets = [TargetConfig.parse(t) for t in DEFAULT_TARGETS]
+        stack = start_stack(StackSettings(
+            address=ns.address, state_dir=_state_dir(ns), api_keys=keys, targets=targets,
+            only=ns.service or "", proxy_address=ns.proxy_address or "",
+            perturbation_address=ns.perturbation_address or "",
+            scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
+            internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=ns.metrics_port,
+            ledger_synchronous=ns.ledger_sync))
+    except FortisError as exc:
+        err(str(exc))
+        return EXIT_BAD_INPUT
+    except RuntimeError as exc:   # gRPC's bind error, if the port was taken after the check
+        if "bind" not in str(exc).lower():
+            raise
+        return _cannot_listen(ns.address)
+    except OSError as exc:        # the metrics port
+        err(f"cannot listen on metrics port {ns.metrics_port}: {exc.strerror or exc}")
+        return EXIT_BAD_INPUT
+    print(json.dumps({"address": stack.address, "services": ns.service or "all",
+                      "targets": {n: s.address for n, s in stack.target_servers.items()},
+                      **({"metrics_port": stack.metrics_port}
+                         if stack.metrics_port is not None else {}),
+                      **({"api_key": generated} if generated else {})}), flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    stack.stop(grace=2.0)
+    return 0
+
+
+def cmd_ledger(ns: argparse.Namespace) -> int:
+    """Query counts from the local ledger (``--state-dir``); ``--address`` goes remote."""
+    if ns.address:
+        return remote.cmd_ledger(ns)
+    from fortis.services.common.errors import FortisError
+    from fortis.services.target_proxy.ledger import Ledger
+
+    if not ns.session and not ns.evaluation:
+        err("give --session ID or --evaluation ID")
+        return EXIT_BAD_INPUT
+    path = _state_dir(ns) / "ledger.sqlite"
+    if not path.exists():
+        err(f"no ledger at {path} (use --state-dir, or --address of a running Fortis)")
+        return EXIT_BAD_INPUT
+    results = []
+    try:
+        led = Ledger(path, synchronous="NORMAL")
+        try:
+            ids = [ns.session] if ns.session else led.sessions_with_prefix(ns.evaluation + "/")
+            for sid in ids:
+                rec = led.get_session(sid)
+                if rec is None:
+                    err(f"session '{sid}' not found in {path}")
+                    return EXIT_BAD_INPUT
+                st = led.stats(sid)
+                results.append({
+                    "session_id": sid, "target": rec.target, "queries_ok": st.queries_ok,
+                    "queries_failed": st.queries_failed, "calls_refused": st.calls_refused,
+                    "query_budget": rec.query_budget, "per_image_budget": rec.per_image_budget,
+                    "per_image": {k: v[0] for k, v in sorted(st.per_image.items())},
+                    "per_origin": {k: v[0] for k, v in sorted(st.per_origin.items())}})
+        finally:
+            led.close()
+    except FortisError as exc:
+        err(str(exc))
+        return EXIT_FAILED
+    remote.print_ledger(results, ns)
+    return 0
+
+
+def cmd_sheets(ns: argparse.Namespace) -> int:
+    from fortis.services.common.errors import FortisError
+    from fortis.services.perturbation.sheets import write_sheets
+
+    if ns.size < 16:
+        err("--size must be at least 16")
+        return EXIT_BAD_INPUT
+    try:
+        written = write_sheets(Path(ns.out), image=ns.image, kinds=ns.kind or None, seed=ns.seed,
+                               size=ns.size)
+    except FortisError as exc:
+        err(str(exc))
+        return EXIT_BAD_INPUT
+    for path in written:
+        print(path)
+    return 0
+
+
+def _load_score_file(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A scoring file (docs: README "Scoring recorded predictions"): JSON with ``metric``,
+    ``params`` and ``arrays``; an array is inline (nested lists) or "FILE.npz:KEY" / "FILE.npy"
+    relative to the JSON file."""
+    import numpy as np
+
+    doc = json.loads(path.read_text())
+    if not isinstance(doc, dict) or not isinstance(doc.get("metric"), str):
+        raise ValueError("the file must be a JSON object with a string 'metric'")
+    arrays: dict[str, Any] = {}
+    for name, value in (doc.get("arrays") or {}).items():
+        if isinstance(value, str):
+            fname, _, key = value.partition(":")
+            src = (path.parent / fname)
+            data = np.load(src, allow_pickle=False)
+            arrays[name] = data[key] if key else data
+        else:
+            arrays[name] = np.asarray(value)
+    return doc["metric"], doc.get("params") or {}, arrays
+
+
+def cmd_score(ns: argparse.Namespace) -> int:
+    from fortis.services.common.errors import FortisError
+    from fortis.services.scoring.catalogue import compute, list_metrics
+
+    if ns.list or not ns.file:
+        items = list_metrics()
+        if ns.json:
+            print(json.dumps(items, indent=2))
+        else:
+            for m in items:
+                print(f"{m['id']:<28} {','.join(m['refs']):<20} {m['description']}")
+                for i in m["inputs"]:
+                    req = "" if i["required"] else " (optional)"
+                    print(f"    {i['kind']:<5} {i['name']:<24} {i['description']}{req}")
+        return 0 if ns.list or ns.json else EXIT_BAD_INPUT
+    try:
+        metric, params, arrays = _load_score_file(Path(ns.file))
+    except (OSError, ValueError, KeyError) as exc:
+        err(f"cannot read scoring file: {exc}")
+        return EXIT_BAD_INPUT
+    try:
+        result = compute(metric, arrays, params)
+    except FortisError as exc:
+        err(str(exc))
+        return EXIT_BAD_INPUT
+    text = json.dumps({"metric": metric, "result": result}, indent=2)
+    if ns.out:
+        Path(ns.out).write_text(text + "\n")
+        print(ns.out)
+    else:
+        print(text)
+    return 0
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from fortis.adapters.torch_models.fmnist import load_fmnist_model
+
+    for kind in ("target", "surrogate"):
+        t0 = time.time()
+        _, meta = load_fmnist_model(kind, log=lambda s: print(s, file=sys.stderr))
+        print(f"fmnist {kind}: test accuracy {meta['test_accuracy']:.4f} ({time.time() - t0:.1f} s)")
+    return 0
+
+

@@ -1,0 +1,180 @@
+"""The CLI's remote commands: everything they do goes through ``fortis.client`` (the slim
+client distribution), never through server code, so they behave exactly as any other client
+of a running Fortis would.
+
+    fortis run PLAN --address A --out DIR    submit, follow, write the report
+    fortis watch ID --address A              follow until it ends (exit 0 only if it succeeded)
+    fortis report ID --address A --out DIR   write report.json/html of a finished evaluation
+    fortis list --address A                  every evaluation (all pages)
+    fortis cancel ID --address A
+    fortis ledger --session ID --address A   query counts of one proxy session
+    fortis perturbations|attacks --address A the server's catalogue
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from fortis.cli.output import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    err,
+    follow,
+    print_summary,
+    print_violations,
+)
+from fortis.client import FortisClient, FortisError, InvalidArgument, Perturbation, State
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def api_key_of(ns: argparse.Namespace) -> str:
+    return getattr(ns, "api_key", None) or os.environ.get("FORTIS_API_KEY", "")
+
+
+def guarded(fn: Command) -> Command:
+    """Run a command; a FortisError becomes one clear line (and each bad field) and an exit
+    code: 2 for invalid input, 1 for anything else."""
+
+    @functools.wraps(fn)
+    def run(ns: argparse.Namespace) -> int:
+        try:
+            return fn(ns)
+        except InvalidArgument as exc:
+            err("invalid request:")
+            print_violations(exc)
+            return EXIT_BAD_INPUT
+        except FortisError as exc:
+            err(f"{type(exc).__name__}: {exc}")
+            return EXIT_FAILED
+    return run
+
+
+def _client(ns: argparse.Namespace) -> FortisClient:
+    return FortisClient(ns.address, api_key=api_key_of(ns))
+
+
+def submit_and_follow(address: str, api_key: str, plan_text: str, out: Path,
+                      ns: argparse.Namespace) -> int:
+    """Submit a plan to ``address``, follow it, write and summarise its report."""
+    with FortisClient(address, api_key=api_key) as client:
+        try:
+            ev = client.submit(plan_text, evaluation_id=ns.id or "")
+        except InvalidArgument as exc:
+            err("the plan is invalid:")
+            print_violations(exc)
+            return EXIT_BAD_INPUT
+        if not ns.quiet:
+            print(f"Evaluation {ev.evaluation_id} submitted", file=sys.stderr, flush=True)
+        final = follow(client, ev.evaluation_id, ns.quiet, getattr(ns, "timeout", None))
+        if final.state != State.SUCCEEDED:
+            why = final.error.message if final.error else "no error recorded"
+            err(f"evaluation {ev.evaluation_id} ended {final.state.value}: {why}")
+            return EXIT_FAILED
+        client.write_report(ev.evaluation_id, out)
+        report = client.report(ev.evaluation_id)
+    print_summary(report, out)
+    return 0
+
+
+@guarded
+def cmd_watch(ns: argparse.Namespace) -> int:
+    with _client(ns) as client:
+        final = follow(client, ns.evaluation_id, ns.quiet, ns.timeout)
+    why = f": {final.error.message}" if final.error else ""
+    print(f"{final.evaluation_id} {final.state.value}{why}")
+    return 0 if final.state == State.SUCCEEDED else EXIT_FAILED
+
+
+@guarded
+def cmd_report(ns: argparse.Namespace) -> int:
+    out = Path(ns.out)
+    with _client(ns) as client:
+        client.write_report(ns.evaluation_id, out)
+        report = client.report(ns.evaluation_id)
+    print_summary(report, out)
+    return 0
+
+
+@guarded
+def cmd_list(ns: argparse.Namespace) -> int:
+    with _client(ns) as client:
+        evs = list(client.iter_evaluations(page_size=ns.page_size))
+    if ns.json:
+        print(json.dumps([{
+            "evaluation_id": e.evaluation_id, "state": e.state.value, "plan_name": e.plan_name,
+            "stage": e.progress.stage, "items_done": e.progress.items_done,
+            "items_total": e.progress.items_total, "queries": e.progress.queries,
+            "create_time": e.create_time.isoformat() if e.create_time else None,
+            "summary": e.summary} for e in evs], indent=2))
+        return 0
+    for e in evs:
+        created = e.create_time.strftime("%Y-%m-%d %H:%M") if e.create_time else "-"
+        print(f"{e.evaluation_id:<32} {e.state.value:<10} {created:<16} "
+              f"{e.progress.items_done}/{e.progress.items_total:<8} {e.plan_name}")
+    return 0
+
+
+@guarded
+def cmd_cancel(ns: argparse.Namespace) -> int:
+    with _client(ns) as client:
+        ev = client.cancel(ns.evaluation_id)
+    print(f"{ev.evaluation_id} {ev.state.value}")
+    return 0
+
+
+@guarded
+def cmd_ledger(ns: argparse.Namespace) -> int:
+    if not ns.session:
+        err("with --address give --session ID (listing an evaluation's sessions needs the "
+            "local ledger: --state-dir)")
+        return EXIT_BAD_INPUT
+    with _client(ns) as client:
+        st = client.session_stats(ns.session)
+    result = {"session_id": ns.session, "target": st.target, "queries_ok": st.queries_ok,
+              "queries_failed": st.queries_failed, "calls_refused": st.calls_refused,
+              "query_budget": st.query_budget, "per_image_budget": st.per_image_budget,
+              "per_image": st.per_image, "per_origin": st.per_origin}
+    print_ledger([result], ns)
+    return 0
+
+
+def print_ledger(results: list[dict[str, Any]], ns: argparse.Namespace) -> None:
+    """Ledger counts as JSON (one object for --session, a list for --evaluation) or lines."""
+    if ns.json:
+        print(json.dumps(results[0] if ns.session else results, indent=2))
+        return
+    for r in results:
+        print(f"{r['session_id']}  target={r['target']}  ok={r['queries_ok']}  "
+              f"failed={r['queries_failed']}  refused={r['calls_refused']}  "
+              f"images={len(r['per_image'])}")
+
+
+def _catalogue(ns: argparse.Namespace, keep: Callable[[Perturbation], bool]) -> int:
+    with _client(ns) as client:
+        items = [p for p in client.perturbations() if keep(p)]
+    if ns.json:
+        print(json.dumps([{f.name: getattr(p, f.name) for f in fields(p) if f.name != "raw"}
+                          for p in items], indent=2))
+        return 0
+    for p in items:
+        print(f"{p.id:<28} {p.kind:<16} {p.family:<12} {','.join(p.refs):<14} {p.description}")
+    return 0
+
+
+@guarded
+def cmd_perturbations(ns: argparse.Namespace) -> int:
+    return _catalogue(ns, lambda p: not ns.kind or p.kind.startswith(ns.kind))
+
+
+@guarded
+def cmd_attacks(ns: argparse.Namespace) -> int:
+    return _catalogue(ns, lambda p: p.kind.endswith("_attack"))
