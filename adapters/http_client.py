@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import ipaddress
 import math
 import re
 import ssl
@@ -48,7 +49,6 @@ DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 RETRYABLE_STATUS = frozenset({408, 425, 429})
 #: Idle keep-alive connections kept per (scheme, host, port); more are closed when returned.
 MAX_IDLE_PER_HOST = 16
-_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 #: delta-seconds (RFC 9110 says digits; a fraction is accepted, a sign or exponent is not).
 _DELTA_SECONDS = re.compile(r"\d+(?:\.\d+)?")
 #: Errors of a reused keep-alive connection that the server closed while it sat idle.
@@ -199,7 +199,7 @@ class HttpClient:
         _quiet_close(pooled.conn)
 
     def _open(self, scheme: str, host: str, port: int) -> _Pooled:
-        proxy = None if host in _LOOPBACK else urllib.request.getproxies().get(scheme)
+        proxy = None if _is_loopback(host) else urllib.request.getproxies().get(scheme)
         if proxy and urllib.request.proxy_bypass(host):
             proxy = None
         if not proxy:
@@ -215,6 +215,15 @@ class HttpClient:
             conn.set_tunnel(host, port)
             return _Pooled(conn, False)
         return _Pooled(http.client.HTTPConnection(phost, pport, timeout=self.timeout_s), True)
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _quiet_close(conn: http.client.HTTPConnection) -> None:
