@@ -13,6 +13,7 @@ All randomness comes from the ``numpy.random.Generator`` passed in (DESIGN.md se
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -23,7 +24,7 @@ from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
 __all__ = ["ApplyContext", "ApplyFn", "Characterisation", "IterateFn", "LevelKind", "Param",
-           "PerturbationKind", "PerturbationSpec", "check_image"]
+           "PerturbationKind", "PerturbationSpec", "characterisation", "check_image", "hwc"]
 
 #: What ``level`` means for a perturbation.
 #:   "severity": an integer 1..5 (IEEE-M7)
@@ -47,6 +48,14 @@ class Characterisation:
 
     def as_dict(self) -> dict[str, str]:
         return {"scope": self.scope, "randomness": self.randomness, "domain": self.domain}
+
+
+def characterisation(scope: Literal["global", "local"],
+                     randomness: Literal["deterministic", "stochastic"],
+                     domain: Literal["colour", "pixel"]) -> Characterisation:
+    """DEG-5 characterisation, positionally: the catalogue tables list dozens of them, and
+    ``characterisation("global", "stochastic", "pixel")`` keeps each entry on one line."""
+    return Characterisation(scope=scope, randomness=randomness, domain=domain)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,11 +100,41 @@ class PerturbationSpec:
     params: tuple[Param, ...] = ()
     needs_model: bool = False
     iterate: IterateFn | None = None
-    level_table_doc: str = ""         # what the entries of level_table mean
+    level_table_doc: str = ""         # what the entries of level_table mean (prose)
+    level_fields: tuple[str, ...] = ()  # a snake_case name per component of a scalar or tuple
+                                      # level_table entry, e.g. ("disk_radius_px",
+                                      # "alias_sigma_px"); () when the entries are mappings
+                                      # (their keys are the names)
+
+    def __post_init__(self) -> None:
+        """A level table whose entries cannot be named is a catalogue bug: fail at import, as a
+        duplicate id does, rather than list unnamed tuples in reports (registry
+        ``named_level_table``)."""
+        for index, entry in enumerate(self.level_table):
+            names = tuple(entry) if isinstance(entry, Mapping) else self.level_fields
+            width = None if isinstance(entry, Mapping) else \
+                len(entry) if isinstance(entry, tuple | list) else 1
+            if isinstance(entry, Mapping) and self.level_fields:
+                raise ValueError(f"{self.id}: level_fields given for a table of mappings")
+            if width is not None and width != len(names):
+                raise ValueError(f"{self.id}: level {index + 1} has {width} component(s), "
+                                 f"level_fields names {len(names)}")
+            bad = [n for n in names if not isinstance(n, str) or not _SNAKE.fullmatch(n)]
+            if bad or len(set(names)) != len(names):
+                raise ValueError(f"{self.id}: level names must be unique snake_case, got {names}")
 
     @property
     def stochastic(self) -> bool:
         return self.characterisation.randomness == "stochastic"
+
+
+#: A level-table field name: lower-case snake_case, starting with a letter.
+_SNAKE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
+
+
+def hwc(x: np.ndarray, channels: int) -> np.ndarray:
+    """OpenCV drops a trailing 1-channel axis: put it back (HxW -> HxWx1; HxWxC unchanged)."""
+    return x.reshape(x.shape[0], x.shape[1], channels)
 
 
 def check_image(image: object, field_name: str = "image") -> np.ndarray:

@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 import cv2
 import numpy as np
@@ -50,6 +50,7 @@ from fortis.services.perturbation.spec import (
     Characterisation,
     Param,
     PerturbationSpec,
+    characterisation,
     check_image,
 )
 
@@ -154,7 +155,9 @@ def _px(frac: float, m: int, minimum: float = 1.0) -> float:
     return max(minimum, frac * m)
 
 
-def _gauss(x: np.ndarray, sigma: float) -> np.ndarray:
+def _blur_reflect(x: np.ndarray, sigma: float) -> np.ndarray:
+    """Gaussian blur with a reflected border and OpenCV's own kernel size (the styles' soft
+    look; not the corruptions' skimage-compatible ``pixels.gauss``)."""
     out = cv2.GaussianBlur(x, (0, 0), sigmaX=sigma, sigmaY=sigma, borderType=cv2.BORDER_REFLECT)
     return out.reshape(x.shape)
 
@@ -180,11 +183,11 @@ def _sketch(x: np.ndarray, prm: tuple[float, ...], rng: np.random.Generator,
     m = min(h, w)
     grain = rng.standard_normal((h, w), dtype=np.float32)
     g = _luma(x)
-    blur = _gauss(g, _px(sigma_f, m, 0.5))
+    blur = _blur_reflect(g, _px(sigma_f, m, 0.5))
     lines = np.clip((g + SKETCH_PAPER) / (blur + SKETCH_PAPER), 0.0, 1.0) ** gamma
     hatch = _streak(grain, _px(SKETCH_HATCH_LENGTH, m, 3.0), SKETCH_HATCH_ANGLE_DEG)
     hatch = np.clip(0.5 + hatch / (4.0 * float(hatch.std()) + 1e-6), 0.0, 1.0)
-    tone = _gauss(g, _px(3 * sigma_f, m, 1.0))
+    tone = _blur_reflect(g, _px(3 * sigma_f, m, 1.0))
     sketch = np.clip(lines * (1.0 - shading * (1.0 - tone) * (0.4 + 0.6 * hatch)), 0.0, 1.0)
     return keep * x + (1.0 - keep) * sketch[:, :, None]
 
@@ -228,7 +231,7 @@ def _oil_painting(x: np.ndarray, prm: tuple[float, ...], rng: np.random.Generato
     h, w, _ = x.shape
     paint = _kuwahara(x, int(round(_px(radius_f, min(h, w)))))
     if min(h, w) >= 3:
-        lum = _gauss(_luma(paint), 0.8)
+        lum = _blur_reflect(_luma(paint), 0.8)
         gx = cv2.Sobel(lum, cv2.CV_32F, 1, 0, ksize=3)
         gy = cv2.Sobel(lum, cv2.CV_32F, 0, 1, ksize=3)
         paint = paint * (1.0 + relief * np.clip(-(gx + gy), -0.3, 0.3))[:, :, None]
@@ -257,7 +260,7 @@ def _cubist(x: np.ndarray, prm: tuple[float, ...], rng: np.random.Generator,
     g = _luma(x)
     grad = np.abs(cv2.Sobel(g, cv2.CV_32F, 1, 0, ksize=3)) + np.abs(cv2.Sobel(g, cv2.CV_32F, 0, 1,
                                                                             ksize=3))
-    grad = _gauss(grad, _px(0.02, m))
+    grad = _blur_reflect(grad, _px(0.02, m))
     weight = (grad + grad.mean() + 1e-6).ravel().astype(np.float64)
     flat = rng.choice(h * w, size=n_seeds, p=weight / weight.sum())
     labels = _voronoi_labels(h, w, flat // w, flat % w).astype(np.int64)
@@ -501,41 +504,47 @@ def _make_apply(fn: StyleFn, table: tuple[Any, ...]) -> ApplyFn:
     return apply
 
 
-def _char(scope: Literal["global", "local"], randomness: Literal["deterministic", "stochastic"],
-          domain: Literal["colour", "pixel"]) -> Characterisation:
-    return Characterisation(scope=scope, randomness=randomness, domain=domain)
+#: DEG-5 characterisation, short for the table below
+_char = characterisation
 
 
-def _spec(sid: str, fn: StyleFn, table: tuple[Any, ...], doc: str, char: Characterisation,
-          description: str, params: tuple[Param, ...] = ()) -> PerturbationSpec:
+def _spec(sid: str, fn: StyleFn, table: tuple[Any, ...], doc: str, fields: tuple[str, ...],
+          char: Characterisation, description: str,
+          params: tuple[Param, ...] = ()) -> PerturbationSpec:
     return PerturbationSpec(
         id=sid, kind="style", family="style", refs=("IEEE-A6",), description=description,
         level_kind="severity", levels=(1, 2, 3, 4, 5), level_table=table, level_table_doc=doc,
-        characterisation=char, apply=_make_apply(fn, table), params=params)
+        level_fields=fields, characterisation=char, apply=_make_apply(fn, table), params=params)
 
 
 SPECS: tuple[PerturbationSpec, ...] = (
     _spec("sketch", _sketch, SKETCH_PARAMS,
           "(dodge blur sigma / shorter side, line gamma, pencil shading, colour kept)",
+          ("dodge_sigma_frac_of_min_side", "line_gamma", "pencil_shading", "colour_kept"),
           _char("global", "stochastic", "colour"),
           "pencil sketch: colour-dodge lines and 45-degree hatching; severity 5 is pure grey"),
     _spec("oil_painting", _oil_painting, OIL_PARAMS,
           "(brush radius / shorter side, impasto relief, saturation boost)",
+          ("brush_radius_frac_of_min_side", "impasto_relief", "saturation_boost"),
           _char("global", "deterministic", "colour"),
           "oil paint: Kuwahara brush strokes with impasto relief and richer colour"),
     _spec("cubist", _cubist, CUBIST_PARAMS,
           "(facets, straight cuts, texture kept, max shift / shorter side, outline / shorter "
           "side, shading, earth-palette share)",
+          ("facets", "straight_cuts", "texture_kept", "max_shift_frac_of_min_side",
+           "outline_frac_of_min_side", "shading", "earth_palette_share"),
           _char("global", "stochastic", "pixel"),
           "'Picasso': facets (Voronoi cells cut by lines) displaced, flattened, shaded, "
           "outlined"),
     _spec("mondrian", _mondrian, MONDRIAN_PARAMS,
           "(rectangles, black line thickness / shorter side, palette purity)",
+          ("rectangles", "line_thickness_frac_of_min_side", "palette_purity"),
           _char("global", "stochastic", "colour"),
           "'Mondrian': content-guided rectangles in primary colours, white, grey and black "
           "between thick black lines"),
     _spec("neural_style", _neural_style, NEURAL_BLEND,
           "blend weight of the model's stylised image (the rest is the original)",
+          ("stylised_blend",),
           _char("global", "deterministic", "colour"),
           "a user-supplied TorchScript style-transfer model (N x 3 x H x W in [0, 1]), "
           "blended with the original by severity",

@@ -66,8 +66,13 @@ import cv2
 import numpy as np
 import pytest
 from fortis.adapters.torch_models.datasets import load_imagenet_photos
-from fortis.services.perturbation import corruptions
-from fortis.services.perturbation.corruptions import CORRUPTIONS, FROST_TEXTURES, apply_corruption
+from fortis.services.perturbation.corruptions import (
+    CORRUPTIONS,
+    FROST_TEXTURES,
+    apply_corruption,
+    frost,
+    sampling,
+)
 
 try:
     from tests.reference.imagecorruptions_ref import (
@@ -129,7 +134,7 @@ def ours(name: str, image: np.ndarray, severity: int, seed: int) -> np.ndarray:
 @contextmanager
 def numpy_samplers() -> Iterator[None]:
     """Our fast samplers swapped for the numpy calls the reference makes (same draws)."""
-    saved = corruptions._standard_normal, corruptions._truncated_poisson
+    saved = sampling.standard_normal, sampling.truncated_poisson
 
     def standard_normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
         return rng.standard_normal(shape)     # Generator.normal(loc, s) = loc + s * this
@@ -137,12 +142,12 @@ def numpy_samplers() -> Iterator[None]:
     def truncated_poisson(rng: np.random.Generator, img: np.ndarray, photons: int) -> np.ndarray:
         return np.minimum(rng.poisson(img / 255.0 * photons), photons).astype(np.uint8)
 
-    corruptions._standard_normal = standard_normal            # type: ignore[assignment]
-    corruptions._truncated_poisson = truncated_poisson        # type: ignore[assignment]
+    sampling.standard_normal = standard_normal                # type: ignore[assignment]
+    sampling.truncated_poisson = truncated_poisson            # type: ignore[assignment]
     try:
         yield
     finally:
-        corruptions._standard_normal, corruptions._truncated_poisson = saved
+        sampling.standard_normal, sampling.truncated_poisson = saved
 
 
 def ours_same_draws(name: str, image: np.ndarray, severity: int, seed: int) -> np.ndarray:
@@ -287,7 +292,7 @@ def frost_samples(severity: int) -> tuple[list[Sample], list[Sample]]:
                                          range(FROST_SEEDS)):
         clean = photos()[p]
         rng = np.random.default_rng(90_000 + 1000 * style + 100 * p + k)
-        out = corruptions._frost_blend(clean, params, FROST_TEXTURES[style], rng)
+        out = frost.frost_blend(clean, params, FROST_TEXTURES[style], rng)
         mine.append(_summary("frost", out.astype(np.float64), clean.astype(np.float64)))
         r = reference("frost", clean, severity, 80_000 + 1000 * style + 100 * p + k,
                       first_randint=style)
