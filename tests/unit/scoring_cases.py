@@ -3,6 +3,7 @@ segmentation, the IEEE-M tree, CANARY): one definition each, imported by the tes
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,11 @@ from fortis.services.scoring.correctness import (
 def fields(err: InvalidArgument) -> list[str]:
     """The field paths an :class:`InvalidArgument` names, in order."""
     return [v.field for v in err.violations]
+
+
+def json_roundtrip(d: dict) -> dict:
+    """``d`` through strict JSON (no NaN): what a report would carry."""
+    return json.loads(json.dumps(d, allow_nan=False))
 
 
 def gt(boxes: Sequence[Sequence[float]], labels: list[int], **kw: Any) -> Detections:
@@ -56,3 +62,7 @@ SEG_PRED = np.array([[1, 1, 1, 0],
 #          2 (row 2) + 2 (row 3, cols 2-3) = 4 px, both 2 -> IoU 2 / 5 = 0.4
 # mIoU = 0.5
 SEG_CRIT = SegmentationCriterion(classes=(1, 2), miou_threshold=0.45)
+
+# CANARY CAN-4: one 2 x 2 grey image and its adversarial example.
+X_TINY = np.array([[[0.2], [0.4]], [[0.6], [0.8]]])[None]    # 1 x 2 x 2 x 1
+XA_TINY = np.array([[[0.3], [0.4]], [[0.6], [0.5]]])[None]   # delta = [[0.1, 0], [0, -0.3]]
