@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from fortis.services.common.arrays import chunk_slices
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring.ranking.ranks import (
     NO_SCORES,
@@ -210,8 +211,8 @@ def _ndcg_arrays(perturbed_probs: Any, benign_logits: Any, benign_probs: Any, *,
     params["positions"] = npos
     parts: list[dict[str, np.ndarray]] = []
     step = block_rows(c)
-    for s in range(0, m, step):
-        e = min(m, s + step)
+    for sl in chunk_slices(m, step):
+        s, e = sl.start, sl.stop
         parts.append(_ndcg_block(None if lb is None else lb[s:e], None if pb is None else pb[s:e],
                                  pa[s:e], gamma_b=gb, gamma_a=ga, positions=npos,
                                  max_k1=mk1, max_k2=mk2))

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from fortis.services.common.arrays import chunk_slices
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring.ieee import ClassPrediction
 
@@ -154,16 +155,16 @@ def positions_in_rows(values: np.ndarray, classes: np.ndarray) -> np.ndarray:
     n_ret = (~np.isnan(values)).sum(axis=1)
     if k * c <= _COMPARE_MAX_WORK:
         step = max(1, _BLOCK_ELEMENTS // (c * k))
-        for s in range(0, m, step):
-            e = min(m, s + step)
+        for sl in chunk_slices(m, step):
+            s, e = sl.start, sl.stop
             blk, cb, v = values[s:e][:, None, :], classes[s:e], q_all[s:e][:, :, None]
             greater = (blk > v).sum(axis=2)
             ties_before = ((blk == v) & (cols[None, None, :] < cb[:, :, None])).sum(axis=2)
             out[s:e] = greater + ties_before
     elif k > _SEARCH_MAX_K:
         step = block_rows(c)
-        for s in range(0, m, step):
-            e = min(m, s + step)
+        for sl in chunk_slices(m, step):
+            s, e = sl.start, sl.stop
             order = np.argsort(-values[s:e], axis=1, kind="stable")  # NaN last
             inv = np.empty_like(order)
             np.put_along_axis(inv, order, np.broadcast_to(cols, order.shape), axis=1)
@@ -171,8 +172,8 @@ def positions_in_rows(values: np.ndarray, classes: np.ndarray) -> np.ndarray:
     else:
         tied = np.zeros((m, k), dtype=bool)
         step = block_rows(c)
-        for s in range(0, m, step):
-            e = min(m, s + step)
+        for sl in chunk_slices(m, step):
+            s, e = sl.start, sl.stop
             srt = np.sort(values[s:e], axis=1)  # ascending, NaN last
             for i in range(e - s):
                 right = np.searchsorted(srt[i], q_all[s + i], side="right")
@@ -180,8 +181,8 @@ def positions_in_rows(values: np.ndarray, classes: np.ndarray) -> np.ndarray:
                 out[s + i] = n_ret[s + i] - right
                 tied[s + i] = right - left > 1
         r_idx, k_idx = np.nonzero(tied & ~np.isnan(q_all))
-        for s in range(0, r_idx.size, step):
-            ri, ki = r_idx[s:s + step], k_idx[s:s + step]
+        for sl in chunk_slices(r_idx.size, step):
+            ri, ki = r_idx[sl], k_idx[sl]
             same = values[ri] == q_all[ri, ki][:, None]
             out[ri, ki] += (same & (cols[None, :] < classes[ri, ki][:, None])).sum(axis=1)
     return np.where(np.isnan(q_all), n_ret[:, None], out)
