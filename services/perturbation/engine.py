@@ -10,23 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 from fortis.services.common.errors import InvalidArgument
-from fortis.services.common.seeding import rng_for, torch_generator_for
-from fortis.services.perturbation import attacks
-from fortis.services.perturbation.attacks.common import (
-    STOP_ALREADY_MISCLASSIFIED,
-    STOP_BUDGET,
-    STOP_ITERATIONS,
-    STOP_SUCCESS,
+from fortis.services.common.params import validate_params
+from fortis.services.common.seeding import rng_for
+from fortis.services.perturbation.attacks.base import (
+    AttackContext,
     AttackResult,
+    QueryClient,
+    check_surrogate_input,
 )
-from fortis.services.perturbation.catalogue import attack_spec, validate_params
+from fortis.services.perturbation.attacks.registry import attack_spec
 from fortis.services.perturbation.corruptions import CORRUPTIONS, apply_corruption
+from fortis.services.perturbation.criteria import Misclassification
 from fortis.services.perturbation.registry import (
-    PERTURBATIONS,
     apply_perturbation,
     check_level,
     make_context,
@@ -34,19 +34,8 @@ from fortis.services.perturbation.registry import (
 )
 from fortis.services.perturbation.spec import ApplyContext, PerturbationSpec
 
-
-class QueryClient(Protocol):
-    """Sends images to the target (through the proxy). One image = one query."""
-
-    num_classes: int
-
-    def scores(self, images: np.ndarray, image_ids: Sequence[str]) -> np.ndarray:
-        """Dense score matrix n x num_classes (classes not returned score 0)."""
-        ...
-
-    def labels(self, images: np.ndarray, image_ids: Sequence[str]) -> np.ndarray:
-        """Top-1 labels, n."""
-        ...
+__all__ = ["AttackItem", "AttackResult", "QueryClient", "SurrogateLoader", "corrupt",
+           "perturb", "perturbation_rng", "run_attack"]
 
 
 SurrogateLoader = Callable[[str], Any]   # name -> TorchClassifier-like (model, to_model_input)
@@ -107,7 +96,7 @@ def perturb(perturbation_id: str, level: int | float, seed: int,
         if surrogate is not None:
             shape = items[0][1].shape if items else None
             if shape is not None and len(shape) == 3:
-                _check_surrogate_input(surrogate, shape)
+                check_surrogate_input(surrogate, shape)
     base = make_context(spec, params, model=surrogate)
     out = []
     for i, (image_id, img) in enumerate(items):
@@ -117,58 +106,15 @@ def perturb(perturbation_id: str, level: int | float, seed: int,
     return out
 
 
-def _pertknob(p: Mapping[str, Any], seed: int, items: Sequence[AttackItem],
-              query: QueryClient) -> list[AttackResult]:
-    """PER-3 through the proxy, one image at a time (each query is charged to its image id):
-    the smallest epsilon of property ``p["property"]`` at which the target's top-1 leaves the
-    image's true label (Misclassification, PER-2), within ``max_queries`` per image."""
-    from fortis.services.scoring.ieee import ClassPrediction
-    from fortis.services.scoring.pertknob import (
-        KnobConfig,
-        Misclassification,
-        Reference,
-        pertknob,
-        property_perturbation,
-    )
-
-    spec = PERTURBATIONS.get(p["property"])
-    if spec is None or spec.kind != "property":
-        raise InvalidArgument("params.property", f"'{p['property']}' is not a PER-1 property; "
-                              "see `fortis perturbations --kind property`")
-    if p["mode"] not in ("bisection", "linear"):
-        raise InvalidArgument("params.mode", f"must be bisection or linear, got {p['mode']!r}")
-    cfg = KnobConfig(mode=p["mode"], cells=int(p["cells"]), budget=int(p["max_queries"]))
-    perturb = property_perturbation(spec.id)
-    out: list[AttackResult] = []
-    for n, it in enumerate(items):
-        def ask(imgs: Sequence[np.ndarray], image_id: str = it.image_id) -> list[ClassPrediction]:
-            labels = query.labels(np.stack(imgs), [image_id] * len(imgs))
-            return [ClassPrediction(labels=(int(x),), scores=None) for x in labels]
-        r = pertknob(it.image, perturb, Misclassification(), ask,
-                     rng=rng_for(seed, "pertknob", spec.id, it.image_id),
-                     reference=Reference(label=it.labels[0]), config=cfg, keep_images=True)
-        adv = r.perturbed if r.perturbed is not None else it.image
-        stop = {"found": STOP_SUCCESS, "already_met": STOP_ALREADY_MISCLASSIFIED,
-                "budget_exhausted": STOP_BUDGET}.get(r.status, STOP_ITERATIONS)
-        out.append(AttackResult(index=n, adversarial=adv, adversarial_float=adv.astype(np.float32) / 255.0,
-                                success=r.status == "found", queries=r.queries,
-                                initially_correct=r.status != "already_met",
-                                linf=float(r.linf or 0.0), l2=float(r.l2 or 0.0), stop_reason=stop))
-    return out
-
-
-def _check_surrogate_input(classifier: Any, shape: tuple[int, ...]) -> None:
-    spec = classifier.input_spec
-    if (shape[0], shape[1], shape[2]) != (spec.height, spec.width, spec.channels):
-        raise InvalidArgument(
-            "images", f"surrogate '{classifier.name}' takes {spec.height}x{spec.width}x"
-            f"{spec.channels} images, got {shape[0]}x{shape[1]}x{shape[2]}; resize the plan's "
-            "images to the surrogate's input size")
-
-
 def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequence[AttackItem], *,
                query: QueryClient | None = None, surrogate: Any = None) -> list[AttackResult]:
-    """Run one attack on a batch of images; one result per image, in order."""
+    """Run one attack on a batch of images; one result per image, in order.
+
+    Dispatches through the attack registry (``attacks/registry.py``): the id is looked up, the
+    parameters validated against the entry's schema (``common.params``), and the entry's
+    ``run`` called with an :class:`AttackContext`. Success is untargeted misclassification
+    (IEEE-A7/A8); a transfer attack needs a surrogate, a query attack a query client (the
+    proxy, IEEE-M6)."""
     spec = attack_spec(attack_id)
     p = validate_params(spec, params)
     if not items:
@@ -179,38 +125,16 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
     for i, it in enumerate(items):
         if not it.labels:
             raise InvalidArgument(f"images[{i}].labels", "at least one true label is required")
-    images = np.stack([it.image for it in items])
-    labels = np.array([it.labels[0] for it in items], dtype=np.int64)
-    ids = [it.image_id for it in items]
-    # One generator per call, derived from the seed and the image ids, so a rerun of the
-    # same chunk (e.g. after a restart) is identical.
-    key = (attack_id, *ids)
-    if spec.kind == "transfer":
-        if surrogate is None:
-            raise InvalidArgument("surrogate", f"{attack_id} is a transfer attack: name a surrogate model")
-        _check_surrogate_input(surrogate, images.shape[1:])
-        model = surrogate.model
-        if attack_id == "fgsm":
-            return attacks.fgsm(model, images, labels, epsilon=p["epsilon"])
-        return attacks.pgd(model, images, labels, epsilon=p["epsilon"], steps=p["steps"],
-                           step_size=p["step_size"] or None, random_start=p["random_start"],
-                           generator=torch_generator_for(seed, *key))
-    if query is None:
+    if spec.needs_surrogate and surrogate is None:
+        raise InvalidArgument("surrogate", f"{attack_id} is a transfer attack: name a surrogate model")
+    if spec.is_query_attack and query is None:
         raise InvalidArgument("proxy_session_id", f"{attack_id} is a query attack: a proxy session is required")
-
-    def score_query(batch: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        return query.scores(batch, [ids[i] for i in idx])
-
-    def label_query(batch: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        return query.labels(batch, [ids[i] for i in idx])
-
-    rng = rng_for(seed, *key)
-    if attack_id == "square":
-        return attacks.square_attack(score_query, images, labels, epsilon=p["epsilon"],
-                                     max_queries=p["max_queries"], rng=rng, p_init=p["p_init"])
-    if attack_id == "hsja":
-        return attacks.hop_skip_jump(label_query, images, labels, epsilon=p["epsilon"],
-                                     max_queries=p["max_queries"], rng=rng)
-    if attack_id == "pertknob":
-        return _pertknob(p, seed, items, query)
-    raise InvalidArgument("attack_id", f"attack '{attack_id}' has no runner")
+    ctx = AttackContext(
+        spec=spec, images=np.stack([it.image for it in items]),
+        labels=np.array([it.labels[0] for it in items], dtype=np.int64),
+        image_ids=tuple(it.image_id for it in items),
+        label_sets=tuple(tuple(int(v) for v in it.labels) for it in items),
+        params=MappingProxyType(p), seed=seed, criterion=Misclassification(),
+        query=query if spec.is_query_attack else None,
+        surrogate=surrogate if spec.needs_surrogate else None)
+    return spec.run(ctx)

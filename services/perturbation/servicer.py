@@ -1,9 +1,17 @@
-"""gRPC transport of the perturbation service: decode, call the engine, encode."""
+"""gRPC transport of the perturbation service: decode, call the engine or a registry, encode.
+
+The contract is typed (``fortis.perturbation.v1``): parameter schemas with typed defaults and
+bounds, DEG-5 characterisation and stop reasons as enums, level tables as named values, and
+images out as raw uint8 tensors (DESIGN.md section 3: encoded once, where a remote target
+needs it; a caller may ask ApplyPerturbation for PNG). Nothing here decides anything the
+domain code does not.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,6 +20,8 @@ from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors
 from fortis.services.common.codec import array_to_tensor, decode_image, decode_images, image_msg
+from fortis.services.common.pagination import page_of, page_size
+from fortis.services.common.params import Param
 from fortis.services.common.server import (
     call_metadata,
     current_api_key,
@@ -19,37 +29,132 @@ from fortis.services.common.server import (
     error_from_rpc,
 )
 from fortis.services.common.status import status_for
-from fortis.services.perturbation import engine
-from fortis.services.perturbation.catalogue import attack_spec, list_catalogue
+from fortis.services.perturbation import engine, registry
+from fortis.services.perturbation.attacks.base import AttackSpec
+from fortis.services.perturbation.attacks.registry import ATTACKS, attack_spec
 from fortis.services.perturbation.proxy_client import ProxyQueryClient
-from fortis.services.perturbation.registry import perturbation_spec
+from fortis.services.perturbation.registry import PERTURBATIONS, perturbation_spec
+from fortis.services.perturbation.spec import PerturbationSpec
 from google.protobuf import json_format
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["PerturbationService"].full_name
-_KINDS = {"corruption": pb.PERTURBATION_KIND_CORRUPTION,
-          "style": pb.PERTURBATION_KIND_STYLE,
+_KINDS = {"corruption": pb.PERTURBATION_KIND_CORRUPTION, "style": pb.PERTURBATION_KIND_STYLE,
           "degradation": pb.PERTURBATION_KIND_DEGRADATION,
-          "property": pb.PERTURBATION_KIND_PROPERTY,
-          "transfer_attack": pb.PERTURBATION_KIND_TRANSFER_ATTACK,
-          "score_attack": pb.PERTURBATION_KIND_SCORE_ATTACK,
-          "decision_attack": pb.PERTURBATION_KIND_DECISION_ATTACK}
-_LEVEL_KINDS = {None: pb.LEVEL_KIND_UNSPECIFIED, "severity": pb.LEVEL_KIND_SEVERITY,
-                "level": pb.LEVEL_KIND_LEVEL, "epsilon": pb.LEVEL_KIND_EPSILON}
+          "property": pb.PERTURBATION_KIND_PROPERTY}
+_LEVEL_KINDS = {"severity": pb.LEVEL_KIND_SEVERITY, "level": pb.LEVEL_KIND_LEVEL,
+                "epsilon": pb.LEVEL_KIND_EPSILON}
+_SCOPES = {"global": pb.SCOPE_GLOBAL, "local": pb.SCOPE_LOCAL}
+_RANDOMNESS = {"deterministic": pb.RANDOMNESS_DETERMINISTIC,
+               "stochastic": pb.RANDOMNESS_STOCHASTIC}
+_DOMAINS = {"colour": pb.DOMAIN_COLOUR, "pixel": pb.DOMAIN_PIXEL}
+_PARAM_TYPES = {"float": pb.PARAMETER_TYPE_FLOAT, "int": pb.PARAMETER_TYPE_INT,
+                "bool": pb.PARAMETER_TYPE_BOOL, "string": pb.PARAMETER_TYPE_STRING}
+_ATTACK_KINDS = {"transfer": pb.ATTACK_KIND_TRANSFER, "score": pb.ATTACK_KIND_SCORE,
+                 "decision": pb.ATTACK_KIND_DECISION}
+_NORMS = {"l0": pb.NORM_L0, "l2": pb.NORM_L2, "linf": pb.NORM_LINF}
+_STOP_REASONS = {"success": pb.STOP_REASON_SUCCESS, "budget": pb.STOP_REASON_BUDGET,
+                 "already_misclassified": pb.STOP_REASON_ALREADY_MISCLASSIFIED,
+                 "budget_exhausted_by_proxy": pb.STOP_REASON_BUDGET_EXHAUSTED_BY_PROXY,
+                 "iterations": pb.STOP_REASON_ITERATIONS}
+_PAGE_DEFAULT, _PAGE_MAX = 100, 1000
 
 
-def _info(item: dict[str, Any]) -> pb.PerturbationInfo:
-    ch = item.get("characterisation")
+# --------------------------------------------------------------------------------------------
+# Catalogue entries -> messages
+# --------------------------------------------------------------------------------------------
+
+
+def parameter_spec(p: Param) -> pb.ParameterSpec:
+    """A schema entry as its typed message (the default in the case of its type)."""
+    msg = pb.ParameterSpec(name=p.name, type=_PARAM_TYPES[p.type], description=p.description,
+                           choices=list(p.choices), required=p.required, minimum=p.minimum,
+                           maximum=p.maximum)
+    if p.default is not None:
+        v = msg.default_value
+        if p.type == "float":
+            v.number = float(p.default)
+        elif p.type == "int":
+            v.integer = int(p.default)
+        elif p.type == "bool":
+            v.flag = bool(p.default)
+        else:
+            v.text = str(p.default)
+    return msg
+
+
+def _named_value(name: str, value: Any) -> pb.NamedValue:
+    """A number, a list of numbers, or text (anything else as JSON)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return pb.NamedValue(name=name, number=float(value))
+    if isinstance(value, str):
+        return pb.NamedValue(name=name, text=value)
+    if isinstance(value, tuple | list) and all(
+            isinstance(x, int | float | np.number) and not isinstance(x, bool) for x in value):
+        return pb.NamedValue(name=name, numbers=pb.NumberList(values=[float(x) for x in value]))
+    return pb.NamedValue(name=name, text=json.dumps(
+        value, default=lambda o: o.item() if isinstance(o, np.generic) else repr(o)))
+
+
+def _level_rows(spec: PerturbationSpec) -> list[tuple[int, Mapping[str, Any]]]:
+    """(level, name -> value) per level-table entry: the registry's ``named_level_table`` when
+    it has one, else the entry's mapping keys, ``level_fields``, or "value" / "value_1".."""
+    named = getattr(registry, "named_level_table", None)
+    levels = [spec.levels[i] if i < len(spec.levels) else i + 1
+              for i in range(len(spec.level_table))]
+    if named is not None:
+        table = named(spec)
+        if isinstance(table, Mapping):
+            return [(int(lv), vals) for lv, vals in table.items()]
+        return list(zip(levels, table, strict=True))
+    rows: list[tuple[int, Mapping[str, Any]]] = []
+    fields = tuple(getattr(spec, "level_fields", ()) or ())
+    for lv, entry in zip(levels, spec.level_table, strict=True):
+        if isinstance(entry, Mapping):
+            rows.append((lv, {str(k): v for k, v in entry.items()}))
+            continue
+        parts = list(entry) if isinstance(entry, tuple | list) else [entry]
+        names = fields if len(fields) == len(parts) else (
+            ("value",) if len(parts) == 1 else tuple(f"value_{i + 1}" for i in range(len(parts))))
+        rows.append((lv, dict(zip(names, parts, strict=True))))
+    return rows
+
+
+def perturbation_info(spec: PerturbationSpec) -> pb.PerturbationInfo:
+    ch = spec.characterisation
     return pb.PerturbationInfo(
-        id=item["id"], kind=_KINDS[item["kind"]], family=item["family"], ieee_ref=item["ieee_ref"],
-        description=item["description"], stochastic=item["stochastic"],
-        severities=item["severities"], refs=item["refs"],
-        level_kind=_LEVEL_KINDS[item["level_kind"]], levels=item["levels"],
-        characterisation=pb.Characterisation(**ch) if ch else None,
-        needs_model=item["needs_model"], level_table_doc=item["level_table_doc"],
-        parameters=[pb.ParameterSpec(name=p["name"], type=p["type"],
-                                     default_json="" if p["default"] is None else json.dumps(p["default"]),
-                                     description=p["description"]) for p in item["parameters"]],
-        severity_table_json=json.dumps(item["level_table"]))
+        id=spec.id, kind=_KINDS[spec.kind], family=spec.family, ieee_ref=", ".join(spec.refs),
+        description=spec.description, stochastic=spec.stochastic,
+        severities=list(spec.levels) if spec.level_kind == "severity" else [],
+        refs=list(spec.refs), level_kind=_LEVEL_KINDS[spec.level_kind], levels=list(spec.levels),
+        characterisation=pb.Characterisation(scope=_SCOPES[ch.scope],
+                                             randomness=_RANDOMNESS[ch.randomness],
+                                             domain=_DOMAINS[ch.domain]),
+        needs_model=spec.needs_model, level_table_doc=spec.level_table_doc,
+        parameters=[parameter_spec(p) for p in spec.params],
+        level_table=[pb.LevelParameters(level=lv, values=[_named_value(k, v)
+                                                          for k, v in vals.items()])
+                     for lv, vals in _level_rows(spec)])
+
+
+def attack_info(spec: AttackSpec) -> pb.AttackInfo:
+    return pb.AttackInfo(
+        id=spec.id, kind=_ATTACK_KINDS[spec.kind], family=spec.family,
+        norms=[_NORMS[n] for n in spec.norms], targeted=spec.targeted,
+        untargeted=spec.untargeted, parameters=[parameter_spec(p) for p in spec.params],
+        refs=list(spec.refs), description=spec.description,
+        needs_surrogate=spec.needs_surrogate, stochastic=spec.stochastic)
+
+
+def _page(items: Sequence[Any], kind: str, request: Any) -> tuple[list[Any], str]:
+    size = page_size(request.page_size, default=_PAGE_DEFAULT, maximum=_PAGE_MAX)
+    return page_of(items, kind, size, request.page_token)
+
+
+# --------------------------------------------------------------------------------------------
+# The service
+# --------------------------------------------------------------------------------------------
 
 
 class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
@@ -59,9 +164,18 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         self.surrogate_loader = surrogate_loader
 
     def ListPerturbations(self, request: Any, context: Any) -> pb.ListPerturbationsResponse:
-        return pb.ListPerturbationsResponse(perturbations=[
-            _info(item) for item in list_catalogue()
-            if not request.kind or _KINDS[item["kind"]] == request.kind])
+        specs = [s for s in PERTURBATIONS.values()
+                 if not request.kind or _KINDS[s.kind] == request.kind]
+        page, token = _page(specs, f"perturbations/{request.kind}", request)
+        return pb.ListPerturbationsResponse(perturbations=[perturbation_info(s) for s in page],
+                                            next_page_token=token)
+
+    def ListAttacks(self, request: Any, context: Any) -> pb.ListAttacksResponse:
+        specs = [s for s in ATTACKS.values()
+                 if not request.kind or _ATTACK_KINDS[s.kind] == request.kind]
+        page, token = _page(specs, f"attacks/{request.kind}", request)
+        return pb.ListAttacksResponse(attacks=[attack_info(s) for s in page],
+                                      next_page_token=token)
 
     def _apply(self, req: Any) -> list:
         spec = perturbation_spec(req.perturbation_id)
@@ -70,6 +184,9 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         for i, m in enumerate(images):
             if not m.image_id:
                 raise errors.InvalidArgument(f"images[{i}].image_id", "image_id is required")
+        if req.response_encoding not in (pb.IMAGE_ENCODING_UNSPECIFIED, pb.IMAGE_ENCODING_PNG):
+            raise errors.InvalidArgument("response_encoding",
+                                         f"unknown encoding {req.response_encoding}")
         params = json_format.MessageToDict(req.params) if req.HasField("params") else {}
         level = req.epsilon if spec.level_kind == "epsilon" else req.severity
         surrogate = None
@@ -82,7 +199,8 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         out = engine.perturb(spec.id, level, req.seed,
                              [(m.image_id, a) for m, a in zip(images, arrays, strict=True)],
                              params=params, surrogate=surrogate, labels=labels)
-        return [image_msg(m.image_id, o) for m, o in zip(images, out, strict=True)]
+        raw = req.response_encoding != pb.IMAGE_ENCODING_PNG
+        return [image_msg(m.image_id, o, raw=raw) for m, o in zip(images, out, strict=True)]
 
     def ApplyPerturbation(self, request: Any, context: Any) -> pb.ApplyPerturbationResponse:
         return pb.ApplyPerturbationResponse(images=self._apply(request))
@@ -116,10 +234,10 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
                                     surrogate=surrogate)
         for it, r in zip(items, results, strict=True):
             resp = pb.RunAttackResponse(
-                image_id=it.image_id, adversarial=image_msg(it.image_id, r.adversarial),
+                image_id=it.image_id, adversarial=image_msg(it.image_id, r.adversarial, raw=True),
                 adversarial_float=array_to_tensor(np.asarray(r.adversarial_float, dtype=np.float32)),
                 queries=int(r.queries), linf=float(r.linf), l2=float(r.l2),
-                stop_reason=r.stop_reason)
+                stop_reason=_STOP_REASONS[r.stop_reason])
             if r.success is not None:
                 resp.success = bool(r.success)
             if r.initially_correct is not None:

@@ -207,19 +207,18 @@ def _irt(arrays: Arrays, params: Params) -> dict[str, Any]:
 
 
 def _pertknob_stats(arrays: Arrays, params: Params) -> dict[str, Any]:
-    from fortis.services.scoring.pertknob import KnobResult, property_robustness
+    """PER-4 statistics over recorded PertKnob results (the search runs in the perturbation
+    service as the ``pertknob`` attack; this entry only reads its results)."""
+    from fortis.services.scoring.pertknob import STATUSES, SearchRecord, property_robustness
     rows = params.get("results")
     if not isinstance(rows, list):
         raise InvalidArgument("params.results", "required: [{status, l2, epsilon, queries}] per image")
     results = []
     for i, r in enumerate(rows):
-        if not isinstance(r, Mapping) or r.get("status") not in ("found", "never_fooled", "already_met", "budget_exhausted"):
-            raise InvalidArgument(f"params.results[{i}].status", "one of found, never_fooled, already_met, budget_exhausted")
-        results.append(KnobResult(status=r["status"], epsilon=r.get("epsilon"), l2=r.get("l2"),
-                                  linf=r.get("linf"), queries=int(r.get("queries", 0)),
-                                  lower=float(r.get("lower", 0.0)), upper=r.get("upper"),
-                                  mode=str(r.get("mode", "")), cells=int(r.get("cells", 0)),
-                                  criterion=str(r.get("criterion", ""))))
+        if not isinstance(r, Mapping) or r.get("status") not in STATUSES:
+            raise InvalidArgument(f"params.results[{i}].status", f"one of {', '.join(STATUSES)}")
+        results.append(SearchRecord(status=r["status"], epsilon=r.get("epsilon"), l2=r.get("l2"),
+                                    queries=int(r.get("queries", 0))))
     return property_robustness(results, threshold=params.get("threshold")).to_dict()
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+from fortis.services.common.arrays import l2_distance
 from fortis.services.common.errors import BudgetExhausted, InvalidArgument, QuotaViolation
 from fortis.services.perturbation.attacks import (
     STOP_REASONS,
@@ -21,8 +22,9 @@ from fortis.services.perturbation.attacks import (
     pgd,
     square_attack,
 )
-from fortis.services.perturbation.attacks.common import l2_distance, linf_levels
-from fortis.services.perturbation.attacks.square import margins, p_selection
+from fortis.services.perturbation.attacks.base import linf_levels
+from fortis.services.perturbation.attacks.square import p_selection
+from fortis.services.perturbation.criteria import margins
 from torch import nn
 
 NUM_CLASSES = 3

@@ -6,7 +6,8 @@ Monte-Carlo gradient-direction estimation at the boundary, geometric step-size s
 binary search back to the boundary. Differences, all on purpose (DESIGN.md section 5):
 
 * Every candidate is rounded to uint8 before it is asked, and success is judged on that uint8
-  image: success = top-1 label != true label with ``||(adv - x)/255||_2 <= epsilon``. The
+  image: success = the criterion holds for its top-1 label (``criteria.py``; untargeted by
+  default: top-1 label != true label) with ``||(adv - x)/255||_2 <= epsilon``. The
   returned adversarial is the smallest-L2 uint8 image the target answered "adversarial" for;
   if there is none, the original is returned with ``success = False``.
 * The clean image is the first query and is counted; an image already misclassified stops
@@ -25,6 +26,9 @@ binary search back to the boundary. Differences, all on purpose (DESIGN.md secti
   image); the binary search stops at a resolution of a quarter uint8 level; the Monte-Carlo
   probe radius is at least ``0.5 * sqrt(d) / 255`` so probes survive rounding, and the probe
   directions are taken from the rounded probes actually sent.
+
+Query accounting is ``base.QueryBudget``; distances are ``common.arrays.l2_distance`` on the
+uint8 images. Registry entry: :data:`SPEC`.
 """
 
 from __future__ import annotations
@@ -32,19 +36,25 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-from fortis.services.common.errors import BudgetExhausted, InvalidArgument
+from fortis.services.common.arrays import l2_distance
+from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.params import Param
+from fortis.services.perturbation.criteria import Criterion, Misclassification
 
-from .common import (
+from .base import (
+    MAX_QUERIES,
     STOP_ALREADY_MISCLASSIFIED,
     STOP_BUDGET,
     STOP_ITERATIONS,
     STOP_PROXY_BUDGET,
     STOP_SUCCESS,
+    AttackContext,
     AttackResult,
+    AttackSpec,
     LabelQuery,
+    QueryBudget,
     check_batch,
     check_l2_epsilon,
-    check_max_queries,
     make_result,
 )
 
@@ -62,10 +72,11 @@ class _Stop(Exception):
 
 
 class _Oracle:
-    """The target's decision for one image, counted, capped, remembered, best-tracking."""
+    """The target's decision for one image (judged by the criterion), counted and capped by
+    the batch's :class:`QueryBudget`, remembered, best-tracking."""
 
     def __init__(self, query: LabelQuery, index: int, x: np.ndarray, label: int,
-                 epsilon: float, budget: int, queries: int) -> None:
+                 epsilon: float, budget: QueryBudget, criterion: Criterion) -> None:
         self.query = query
         self.index = index
         self.x = x
@@ -73,7 +84,7 @@ class _Oracle:
         self.label = label
         self.epsilon = epsilon
         self.budget = budget
-        self.queries = queries
+        self.criterion = criterion
         self.best: np.ndarray | None = None
         self.best_l2 = np.inf
         self.known: dict[bytes, bool] = {self._key(x): False}
@@ -83,8 +94,16 @@ class _Oracle:
         return hashlib.blake2b(img.tobytes(), digest_size=16).digest()
 
     @property
+    def queries(self) -> int:
+        return int(self.budget.used[self.index])
+
+    @property
     def remaining(self) -> int:
-        return self.budget - self.queries
+        return self.budget.remaining(self.index)
+
+    def distance(self, point: np.ndarray) -> float:
+        """L2 ([0, 1] scale) of a point (uint8 values / 255) to the original."""
+        return l2_distance(self.x, np.rint(point * 255.0))
 
     def decide(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Adversarial or not, for float points in [0,1] (m x H x W x C), judged on their
@@ -99,20 +118,18 @@ class _Oracle:
             if len(todo) > self.remaining:
                 raise _Stop(STOP_BUDGET)
             rows = np.fromiter(todo.values(), dtype=np.int64, count=len(todo))
-            try:
-                answer = np.asarray(self.query(imgs[rows], np.full(len(rows), self.index)))
-            except BudgetExhausted:
-                raise _Stop(STOP_PROXY_BUDGET) from None
-            self.queries += len(rows)
-            answer = answer.reshape(-1)
+            got = self.budget.ask(self.query, imgs[rows], np.full(len(rows), self.index))
+            if got is None:
+                raise _Stop(STOP_PROXY_BUDGET)
+            answer = got.reshape(-1)
             if answer.shape[0] != len(rows):
                 raise InvalidArgument("labels", f"query returned {answer.shape[0]} labels for "
                                       f"{len(rows)} images")
-            for k, j, lab in zip(todo, rows, answer, strict=True):
-                adv = int(lab) != self.label
-                self.known[k] = adv
+            advs = self.criterion.adversarial_labels(answer, np.full(len(rows), self.label))
+            for k, j, adv in zip(todo, rows, advs, strict=True):
+                self.known[k] = bool(adv)
                 if adv:
-                    d = float(np.sqrt(np.sum((imgs[j] / 255.0 - self.xf) ** 2)))
+                    d = l2_distance(self.x, imgs[j])
                     if d < self.best_l2:
                         self.best, self.best_l2 = imgs[j].copy(), d
             if self.best_l2 <= self.epsilon:
@@ -120,10 +137,6 @@ class _Oracle:
             if self.remaining <= 0:
                 raise _Stop(STOP_BUDGET)
         return np.array([self.known[k] for k in keys], dtype=bool), imgs
-
-
-def _l2(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.sqrt(np.sum((a - b) ** 2)))
 
 
 def _binary_search(oracle: _Oracle, p: np.ndarray, theta: float) -> np.ndarray:
@@ -193,10 +206,10 @@ def _attack_one(oracle: _Oracle, rng: np.random.Generator, init_evals: int,
     else:
         if not starts:
             raise _Stop(STOP_ITERATIONS)
-        start = min(starts, key=lambda s: _l2(s / 255.0, xf))
+        start = min(starts, key=lambda s: l2_distance(oracle.x, s))
         oracle.known[oracle._key(start)] = True
     perturbed = _binary_search(oracle, start / 255.0, theta)
-    dist = _l2(perturbed, xf)
+    dist = oracle.distance(perturbed)
     stalls = 0
     j = 0
     while True:
@@ -216,7 +229,7 @@ def _attack_one(oracle: _Oracle, rng: np.random.Generator, init_evals: int,
                 break
             step /= 2.0
         perturbed = _binary_search(oracle, stepped, theta)
-        dist = _l2(perturbed, xf)
+        dist = oracle.distance(perturbed)
         stalls = stalls + 1 if oracle.queries == before else 0
         if stalls >= MAX_STALLS:
             raise _Stop(STOP_ITERATIONS)
@@ -224,40 +237,44 @@ def _attack_one(oracle: _Oracle, rng: np.random.Generator, init_evals: int,
 
 def hop_skip_jump(query: LabelQuery, images: np.ndarray, labels: np.ndarray, *, epsilon: float,
                   max_queries: int, rng: np.random.Generator, init_evals: int = 100,
-                  max_num_evals: int = 10_000, gamma: float = 1.0) -> list[AttackResult]:
+                  max_num_evals: int = 10_000, gamma: float = 1.0,
+                  criterion: Criterion | None = None) -> list[AttackResult]:
     """Run HopSkipJumpAttack (L2) on a batch, one image at a time after one batched query of
-    the clean images; one :class:`AttackResult` per image, in order (IEEE-A8, IEEE-M6)."""
+    the clean images; one :class:`AttackResult` per image, in order (IEEE-A8, IEEE-M6).
+    ``criterion`` (default :class:`Misclassification`) judges each top-1 answer."""
     images, labels = check_batch(images, labels)
     eps = check_l2_epsilon(epsilon)
-    budget = check_max_queries(max_queries)
+    qb = QueryBudget(images.shape[0], max_queries)
     if int(init_evals) < 1 or int(max_num_evals) < 1:
         raise InvalidArgument("init_evals", "init_evals and max_num_evals must be >= 1")
     if not np.isfinite(gamma) or gamma <= 0:
         raise InvalidArgument("gamma", f"must be > 0, got {gamma!r}")
+    crit = criterion if criterion is not None else Misclassification()
     n = images.shape[0]
     if n == 0:
         return []
     # the clean images, one batched query (counted, IEEE-M6)
-    try:
-        clean = np.asarray(query(images.copy(), np.arange(n))).reshape(-1)
-    except BudgetExhausted:
+    got = qb.ask(query, images.copy(), np.arange(n))
+    if got is None:
         return [make_result(i, images[i], images[i], success=False, queries=0,
                             initially_correct=None, stop_reason=STOP_PROXY_BUDGET)
                 for i in range(n)]
+    clean = got.reshape(-1)
     if clean.shape[0] != n:
         raise InvalidArgument("labels", f"query returned {clean.shape[0]} labels for {n} images")
     results: list[AttackResult] = []
     for i in range(n):
         x, label = images[i], int(labels[i])
-        if int(clean[i]) != label:
+        clean_adv = crit.adversarial_labels(clean, np.full(n, label))
+        if clean_adv[i]:
             results.append(make_result(i, x, x, success=True, queries=1, initially_correct=False,
                                        stop_reason=STOP_ALREADY_MISCLASSIFIED))
             continue
-        oracle = _Oracle(query, i, x, label, eps, budget, queries=1)
+        oracle = _Oracle(query, i, x, label, eps, qb, crit)
         reason = STOP_BUDGET
         if oracle.remaining > 0:
             try:
-                starts = [images[j] for j in range(n) if int(clean[j]) != label
+                starts = [images[j] for j in range(n) if clean_adv[j]
                           and not np.array_equal(images[j], x)]
                 _attack_one(oracle, rng, int(init_evals), int(max_num_evals), float(gamma),
                             starts)
@@ -268,3 +285,19 @@ def hop_skip_jump(query: LabelQuery, images: np.ndarray, labels: np.ndarray, *, 
                                    queries=oracle.queries, initially_correct=True,
                                    stop_reason=reason))
     return results
+
+
+def run(ctx: AttackContext) -> list[AttackResult]:
+    p = ctx.params
+    return hop_skip_jump(ctx.label_query(), ctx.images, ctx.labels, epsilon=p["epsilon"],
+                         max_queries=p["max_queries"], rng=ctx.rng(), criterion=ctx.criterion)
+
+
+SPEC = AttackSpec(
+    id="hsja", kind="decision", family="decision-based", norms=("l2",),
+    refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"),
+    description="HopSkipJumpAttack (L2, decision-based); success = misclassified within "
+                "L2 <= epsilon",
+    params=(Param(name="epsilon", type="float", minimum=0.0, maximum=1e4,
+                  description="L2 bound in [0,1] pixel scale (IEEE-A9)"), MAX_QUERIES),
+    run=run)

@@ -10,7 +10,10 @@ scores, vertical-stripe initialisation, then random square updates of side
 * The clean image is the first query and is counted (IEEE-M6); an image already misclassified
   stops there (``already_misclassified``, 1 query), even when every image of the batch is.
 * Each image stops at its first success or when its queries reach ``max_queries``; never more
-  (IEEE-M6). One query call per iteration holds only the images still running.
+  (IEEE-M6, accounted by ``base.QueryBudget``). One query call per iteration holds only the
+  images still running.
+* Success is the criterion's margin < 0 (``criteria.py``; untargeted misclassification by
+  default, a targeted criterion makes it the targeted variant). Registry entry: :data:`SPEC`.
 * Non-square images: the square side is capped by ``min(H, W) - 1`` and its position is drawn
   over the full height and width. The reference's "resample until the window changes" loop is
   bounded.
@@ -19,18 +22,22 @@ scores, vertical-stripe initialisation, then random square updates of side
 from __future__ import annotations
 
 import numpy as np
-from fortis.services.common.errors import BudgetExhausted, InvalidArgument
+from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.params import Param
+from fortis.services.perturbation.criteria import Criterion, Misclassification
 
-from .common import (
+from .base import (
+    EPSILON_LINF,
+    MAX_QUERIES,
     STOP_ALREADY_MISCLASSIFIED,
-    STOP_BUDGET,
     STOP_ITERATIONS,
-    STOP_PROXY_BUDGET,
     STOP_SUCCESS,
+    AttackContext,
     AttackResult,
+    AttackSpec,
+    QueryBudget,
     ScoreQuery,
     check_batch,
-    check_max_queries,
     linf_levels,
     make_result,
 )
@@ -52,65 +59,45 @@ def p_selection(p_init: float, it: int, n_iters: int) -> float:
     return p_init  # the reference falls back to p_init past 10,000
 
 
-def margins(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Untargeted margin: true-class score minus the best other score (< 0 = misclassified).
-
-    Works with probabilities, logits and top-k scores where missing classes are 0.
-    """
-    scores = np.asarray(scores, dtype=np.float64)
-    rows = np.arange(scores.shape[0])
-    true = scores[rows, labels]
-    if scores.shape[1] < 2:
-        return np.full(scores.shape[0], np.inf)
-    other = scores.copy()
-    other[rows, labels] = -np.inf
-    return true - other.max(axis=1)
-
-
 def square_attack(query: ScoreQuery, images: np.ndarray, labels: np.ndarray, *, epsilon: float,
                   max_queries: int, rng: np.random.Generator,
-                  p_init: float = 0.05) -> list[AttackResult]:
+                  p_init: float = 0.05,
+                  criterion: Criterion | None = None) -> list[AttackResult]:
     """Run the L-inf Square Attack on a batch; one :class:`AttackResult` per image, in order.
 
-    ``success`` means the target's scores for the returned uint8 adversarial put another class
-    strictly above the true one (margin < 0). ``queries`` is the number of images this attack
-    passed to ``query`` for that index, the clean image included, and is <= ``max_queries``.
+    ``success`` means the ``criterion`` (default :class:`Misclassification`: the target's
+    scores for the returned uint8 adversarial put another class strictly above the true one)
+    has a margin < 0. ``queries`` is the number of images this attack passed to ``query`` for
+    that index, the clean image included, and is <= ``max_queries``.
     """
     images, labels = check_batch(images, labels)
     e = linf_levels(epsilon)
-    budget = check_max_queries(max_queries)
+    crit = criterion if criterion is not None else Misclassification()
+    qb = QueryBudget(images.shape[0], max_queries)
+    budget = qb.limit
     if not np.isfinite(p_init) or not 0.0 < p_init <= 1.0:
         raise InvalidArgument("p_init", f"must be in (0, 1], got {p_init!r}")
     n, h, w, c = images.shape
     x = images.astype(np.int16)
     x_best = x.copy()
     margin_best = np.full(n, np.inf)
-    queries = np.zeros(n, dtype=np.int64)
-    stop: list[str | None] = [None] * n
+    stop = qb.stop
     initially_correct: list[bool | None] = [None] * n
 
     def ask(idx: np.ndarray, batch: np.ndarray) -> np.ndarray | None:
         """Query the target for images ``idx``; margins, or None if the proxy refused."""
-        try:
-            scores = np.asarray(query(batch.astype(np.uint8), idx.copy()))
-        except BudgetExhausted:
-            for i in idx:
-                stop[i] = STOP_PROXY_BUDGET
+        scores = qb.ask(query, batch.astype(np.uint8), idx)
+        if scores is None:
             return None
-        queries[idx] += 1
         if scores.ndim != 2 or scores.shape[0] != len(idx):
             raise InvalidArgument("scores", f"query returned shape {scores.shape} for "
                                   f"{len(idx)} images")
         if int(labels[idx].max()) >= scores.shape[1]:
             raise InvalidArgument("labels", f"label {int(labels[idx].max())} out of range for "
                                   f"{scores.shape[1]} scores")
-        return margins(scores, labels[idx])
+        return crit.margins(scores, labels[idx])
 
-    def running() -> np.ndarray:
-        for i in range(n):
-            if stop[i] is None and queries[i] >= budget:
-                stop[i] = STOP_BUDGET
-        return np.array([i for i in range(n) if stop[i] is None], dtype=np.int64)
+    running = qb.running
 
     def record(idx: np.ndarray, cand: np.ndarray, m: np.ndarray, *, always: bool) -> None:
         better = np.ones(len(idx), dtype=bool) if always else m < margin_best[idx]
@@ -169,6 +156,24 @@ def square_attack(query: ScoreQuery, images: np.ndarray, labels: np.ndarray, *, 
         it += 1
 
     return [make_result(i, images[i], x_best[i].astype(np.uint8),
-                        success=bool(margin_best[i] < 0), queries=int(queries[i]),
+                        success=bool(margin_best[i] < 0), queries=int(qb.used[i]),
                         initially_correct=initially_correct[i], stop_reason=str(stop[i]))
             for i in range(n)]
+
+
+def run(ctx: AttackContext) -> list[AttackResult]:
+    p = ctx.params
+    return square_attack(ctx.score_query(), ctx.images, ctx.labels, epsilon=p["epsilon"],
+                         max_queries=p["max_queries"], rng=ctx.rng(), p_init=p["p_init"],
+                         criterion=ctx.criterion)
+
+
+SPEC = AttackSpec(
+    id="square", kind="score", family="score-based", norms=("linf",),
+    refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"),
+    description="Square Attack (L-inf, score-based); every query through the proxy",
+    params=(EPSILON_LINF, MAX_QUERIES,
+            Param(name="p_init", type="float", default=0.05,
+                  description="initial fraction of pixels changed per square",
+                  minimum=0.0, maximum=1.0)),
+    run=run)

@@ -14,9 +14,6 @@ class PerturbationKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PERTURBATION_KIND_UNSPECIFIED: _ClassVar[PerturbationKind]
     PERTURBATION_KIND_CORRUPTION: _ClassVar[PerturbationKind]
-    PERTURBATION_KIND_TRANSFER_ATTACK: _ClassVar[PerturbationKind]
-    PERTURBATION_KIND_SCORE_ATTACK: _ClassVar[PerturbationKind]
-    PERTURBATION_KIND_DECISION_ATTACK: _ClassVar[PerturbationKind]
     PERTURBATION_KIND_STYLE: _ClassVar[PerturbationKind]
     PERTURBATION_KIND_DEGRADATION: _ClassVar[PerturbationKind]
     PERTURBATION_KIND_PROPERTY: _ClassVar[PerturbationKind]
@@ -27,11 +24,62 @@ class LevelKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LEVEL_KIND_SEVERITY: _ClassVar[LevelKind]
     LEVEL_KIND_LEVEL: _ClassVar[LevelKind]
     LEVEL_KIND_EPSILON: _ClassVar[LevelKind]
+
+class Scope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCOPE_UNSPECIFIED: _ClassVar[Scope]
+    SCOPE_GLOBAL: _ClassVar[Scope]
+    SCOPE_LOCAL: _ClassVar[Scope]
+
+class Randomness(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RANDOMNESS_UNSPECIFIED: _ClassVar[Randomness]
+    RANDOMNESS_DETERMINISTIC: _ClassVar[Randomness]
+    RANDOMNESS_STOCHASTIC: _ClassVar[Randomness]
+
+class Domain(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DOMAIN_UNSPECIFIED: _ClassVar[Domain]
+    DOMAIN_COLOUR: _ClassVar[Domain]
+    DOMAIN_PIXEL: _ClassVar[Domain]
+
+class ParameterType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PARAMETER_TYPE_UNSPECIFIED: _ClassVar[ParameterType]
+    PARAMETER_TYPE_FLOAT: _ClassVar[ParameterType]
+    PARAMETER_TYPE_INT: _ClassVar[ParameterType]
+    PARAMETER_TYPE_BOOL: _ClassVar[ParameterType]
+    PARAMETER_TYPE_STRING: _ClassVar[ParameterType]
+
+class AttackKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ATTACK_KIND_UNSPECIFIED: _ClassVar[AttackKind]
+    ATTACK_KIND_TRANSFER: _ClassVar[AttackKind]
+    ATTACK_KIND_SCORE: _ClassVar[AttackKind]
+    ATTACK_KIND_DECISION: _ClassVar[AttackKind]
+
+class Norm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NORM_UNSPECIFIED: _ClassVar[Norm]
+    NORM_L0: _ClassVar[Norm]
+    NORM_L2: _ClassVar[Norm]
+    NORM_LINF: _ClassVar[Norm]
+
+class ImageEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IMAGE_ENCODING_UNSPECIFIED: _ClassVar[ImageEncoding]
+    IMAGE_ENCODING_PNG: _ClassVar[ImageEncoding]
+
+class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STOP_REASON_UNSPECIFIED: _ClassVar[StopReason]
+    STOP_REASON_SUCCESS: _ClassVar[StopReason]
+    STOP_REASON_BUDGET: _ClassVar[StopReason]
+    STOP_REASON_ALREADY_MISCLASSIFIED: _ClassVar[StopReason]
+    STOP_REASON_BUDGET_EXHAUSTED_BY_PROXY: _ClassVar[StopReason]
+    STOP_REASON_ITERATIONS: _ClassVar[StopReason]
 PERTURBATION_KIND_UNSPECIFIED: PerturbationKind
 PERTURBATION_KIND_CORRUPTION: PerturbationKind
-PERTURBATION_KIND_TRANSFER_ATTACK: PerturbationKind
-PERTURBATION_KIND_SCORE_ATTACK: PerturbationKind
-PERTURBATION_KIND_DECISION_ATTACK: PerturbationKind
 PERTURBATION_KIND_STYLE: PerturbationKind
 PERTURBATION_KIND_DEGRADATION: PerturbationKind
 PERTURBATION_KIND_PROPERTY: PerturbationKind
@@ -39,16 +87,78 @@ LEVEL_KIND_UNSPECIFIED: LevelKind
 LEVEL_KIND_SEVERITY: LevelKind
 LEVEL_KIND_LEVEL: LevelKind
 LEVEL_KIND_EPSILON: LevelKind
+SCOPE_UNSPECIFIED: Scope
+SCOPE_GLOBAL: Scope
+SCOPE_LOCAL: Scope
+RANDOMNESS_UNSPECIFIED: Randomness
+RANDOMNESS_DETERMINISTIC: Randomness
+RANDOMNESS_STOCHASTIC: Randomness
+DOMAIN_UNSPECIFIED: Domain
+DOMAIN_COLOUR: Domain
+DOMAIN_PIXEL: Domain
+PARAMETER_TYPE_UNSPECIFIED: ParameterType
+PARAMETER_TYPE_FLOAT: ParameterType
+PARAMETER_TYPE_INT: ParameterType
+PARAMETER_TYPE_BOOL: ParameterType
+PARAMETER_TYPE_STRING: ParameterType
+ATTACK_KIND_UNSPECIFIED: AttackKind
+ATTACK_KIND_TRANSFER: AttackKind
+ATTACK_KIND_SCORE: AttackKind
+ATTACK_KIND_DECISION: AttackKind
+NORM_UNSPECIFIED: Norm
+NORM_L0: Norm
+NORM_L2: Norm
+NORM_LINF: Norm
+IMAGE_ENCODING_UNSPECIFIED: ImageEncoding
+IMAGE_ENCODING_PNG: ImageEncoding
+STOP_REASON_UNSPECIFIED: StopReason
+STOP_REASON_SUCCESS: StopReason
+STOP_REASON_BUDGET: StopReason
+STOP_REASON_ALREADY_MISCLASSIFIED: StopReason
+STOP_REASON_BUDGET_EXHAUSTED_BY_PROXY: StopReason
+STOP_REASON_ITERATIONS: StopReason
 
 class Characterisation(_message.Message):
     __slots__ = ("scope", "randomness", "domain")
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     RANDOMNESS_FIELD_NUMBER: _ClassVar[int]
     DOMAIN_FIELD_NUMBER: _ClassVar[int]
-    scope: str
-    randomness: str
-    domain: str
-    def __init__(self, scope: _Optional[str] = ..., randomness: _Optional[str] = ..., domain: _Optional[str] = ...) -> None: ...
+    scope: Scope
+    randomness: Randomness
+    domain: Domain
+    def __init__(self, scope: _Optional[_Union[Scope, str]] = ..., randomness: _Optional[_Union[Randomness, str]] = ..., domain: _Optional[_Union[Domain, str]] = ...) -> None: ...
+
+class ParameterValue(_message.Message):
+    __slots__ = ("number", "integer", "flag", "text")
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    INTEGER_FIELD_NUMBER: _ClassVar[int]
+    FLAG_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    number: float
+    integer: int
+    flag: bool
+    text: str
+    def __init__(self, number: _Optional[float] = ..., integer: _Optional[int] = ..., flag: _Optional[bool] = ..., text: _Optional[str] = ...) -> None: ...
+
+class ParameterSpec(_message.Message):
+    __slots__ = ("name", "description", "type", "default_value", "minimum", "maximum", "choices", "required")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    MINIMUM_FIELD_NUMBER: _ClassVar[int]
+    MAXIMUM_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    type: ParameterType
+    default_value: ParameterValue
+    minimum: float
+    maximum: float
+    choices: _containers.RepeatedScalarFieldContainer[str]
+    required: bool
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., type: _Optional[_Union[ParameterType, str]] = ..., default_value: _Optional[_Union[ParameterValue, _Mapping]] = ..., minimum: _Optional[float] = ..., maximum: _Optional[float] = ..., choices: _Optional[_Iterable[str]] = ..., required: _Optional[bool] = ...) -> None: ...
 
 class NumberList(_message.Message):
     __slots__ = ("values",)
@@ -76,20 +186,8 @@ class LevelParameters(_message.Message):
     values: _containers.RepeatedCompositeFieldContainer[NamedValue]
     def __init__(self, level: _Optional[int] = ..., values: _Optional[_Iterable[_Union[NamedValue, _Mapping]]] = ...) -> None: ...
 
-class ParameterSpec(_message.Message):
-    __slots__ = ("name", "type", "default_json", "description")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    TYPE_FIELD_NUMBER: _ClassVar[int]
-    DEFAULT_JSON_FIELD_NUMBER: _ClassVar[int]
-    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    type: str
-    default_json: str
-    description: str
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., default_json: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
-
 class PerturbationInfo(_message.Message):
-    __slots__ = ("id", "kind", "family", "ieee_ref", "description", "stochastic", "severities", "parameters", "severity_table_json", "refs", "level_kind", "levels", "characterisation", "needs_model", "level_table_doc")
+    __slots__ = ("id", "kind", "family", "ieee_ref", "description", "stochastic", "severities", "parameters", "refs", "level_kind", "levels", "characterisation", "needs_model", "level_table_doc", "level_table")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
@@ -98,13 +196,13 @@ class PerturbationInfo(_message.Message):
     STOCHASTIC_FIELD_NUMBER: _ClassVar[int]
     SEVERITIES_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
-    SEVERITY_TABLE_JSON_FIELD_NUMBER: _ClassVar[int]
     REFS_FIELD_NUMBER: _ClassVar[int]
     LEVEL_KIND_FIELD_NUMBER: _ClassVar[int]
     LEVELS_FIELD_NUMBER: _ClassVar[int]
     CHARACTERISATION_FIELD_NUMBER: _ClassVar[int]
     NEEDS_MODEL_FIELD_NUMBER: _ClassVar[int]
     LEVEL_TABLE_DOC_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_TABLE_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: PerturbationKind
     family: str
@@ -113,29 +211,79 @@ class PerturbationInfo(_message.Message):
     stochastic: bool
     severities: _containers.RepeatedScalarFieldContainer[int]
     parameters: _containers.RepeatedCompositeFieldContainer[ParameterSpec]
-    severity_table_json: str
     refs: _containers.RepeatedScalarFieldContainer[str]
     level_kind: LevelKind
     levels: _containers.RepeatedScalarFieldContainer[int]
     characterisation: Characterisation
     needs_model: bool
     level_table_doc: str
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[PerturbationKind, str]] = ..., family: _Optional[str] = ..., ieee_ref: _Optional[str] = ..., description: _Optional[str] = ..., stochastic: _Optional[bool] = ..., severities: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Iterable[_Union[ParameterSpec, _Mapping]]] = ..., severity_table_json: _Optional[str] = ..., refs: _Optional[_Iterable[str]] = ..., level_kind: _Optional[_Union[LevelKind, str]] = ..., levels: _Optional[_Iterable[int]] = ..., characterisation: _Optional[_Union[Characterisation, _Mapping]] = ..., needs_model: _Optional[bool] = ..., level_table_doc: _Optional[str] = ...) -> None: ...
+    level_table: _containers.RepeatedCompositeFieldContainer[LevelParameters]
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[PerturbationKind, str]] = ..., family: _Optional[str] = ..., ieee_ref: _Optional[str] = ..., description: _Optional[str] = ..., stochastic: _Optional[bool] = ..., severities: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Iterable[_Union[ParameterSpec, _Mapping]]] = ..., refs: _Optional[_Iterable[str]] = ..., level_kind: _Optional[_Union[LevelKind, str]] = ..., levels: _Optional[_Iterable[int]] = ..., characterisation: _Optional[_Union[Characterisation, _Mapping]] = ..., needs_model: _Optional[bool] = ..., level_table_doc: _Optional[str] = ..., level_table: _Optional[_Iterable[_Union[LevelParameters, _Mapping]]] = ...) -> None: ...
 
 class ListPerturbationsRequest(_message.Message):
-    __slots__ = ("kind",)
+    __slots__ = ("kind", "page_size", "page_token")
     KIND_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     kind: PerturbationKind
-    def __init__(self, kind: _Optional[_Union[PerturbationKind, str]] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, kind: _Optional[_Union[PerturbationKind, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListPerturbationsResponse(_message.Message):
-    __slots__ = ("perturbations",)
+    __slots__ = ("perturbations", "next_page_token")
     PERTURBATIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     perturbations: _containers.RepeatedCompositeFieldContainer[PerturbationInfo]
-    def __init__(self, perturbations: _Optional[_Iterable[_Union[PerturbationInfo, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, perturbations: _Optional[_Iterable[_Union[PerturbationInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class AttackInfo(_message.Message):
+    __slots__ = ("id", "kind", "family", "norms", "targeted", "untargeted", "parameters", "refs", "description", "needs_surrogate", "stochastic")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    NORMS_FIELD_NUMBER: _ClassVar[int]
+    TARGETED_FIELD_NUMBER: _ClassVar[int]
+    UNTARGETED_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    REFS_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    NEEDS_SURROGATE_FIELD_NUMBER: _ClassVar[int]
+    STOCHASTIC_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: AttackKind
+    family: str
+    norms: _containers.RepeatedScalarFieldContainer[Norm]
+    targeted: bool
+    untargeted: bool
+    parameters: _containers.RepeatedCompositeFieldContainer[ParameterSpec]
+    refs: _containers.RepeatedScalarFieldContainer[str]
+    description: str
+    needs_surrogate: bool
+    stochastic: bool
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[AttackKind, str]] = ..., family: _Optional[str] = ..., norms: _Optional[_Iterable[_Union[Norm, str]]] = ..., targeted: _Optional[bool] = ..., untargeted: _Optional[bool] = ..., parameters: _Optional[_Iterable[_Union[ParameterSpec, _Mapping]]] = ..., refs: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ..., needs_surrogate: _Optional[bool] = ..., stochastic: _Optional[bool] = ...) -> None: ...
+
+class ListAttacksRequest(_message.Message):
+    __slots__ = ("kind", "page_size", "page_token")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    kind: AttackKind
+    page_size: int
+    page_token: str
+    def __init__(self, kind: _Optional[_Union[AttackKind, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListAttacksResponse(_message.Message):
+    __slots__ = ("attacks", "next_page_token")
+    ATTACKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    attacks: _containers.RepeatedCompositeFieldContainer[AttackInfo]
+    next_page_token: str
+    def __init__(self, attacks: _Optional[_Iterable[_Union[AttackInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ApplyPerturbationRequest(_message.Message):
-    __slots__ = ("perturbation_id", "severity", "seed", "images", "epsilon", "params", "surrogate", "labels")
+    __slots__ = ("perturbation_id", "severity", "seed", "images", "epsilon", "params", "surrogate", "labels", "response_encoding")
     PERTURBATION_ID_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +292,7 @@ class ApplyPerturbationRequest(_message.Message):
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     SURROGATE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_ENCODING_FIELD_NUMBER: _ClassVar[int]
     perturbation_id: str
     severity: int
     seed: int
@@ -152,7 +301,8 @@ class ApplyPerturbationRequest(_message.Message):
     params: _struct_pb2.Struct
     surrogate: str
     labels: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, perturbation_id: _Optional[str] = ..., severity: _Optional[int] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., epsilon: _Optional[float] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., surrogate: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ...) -> None: ...
+    response_encoding: ImageEncoding
+    def __init__(self, perturbation_id: _Optional[str] = ..., severity: _Optional[int] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., epsilon: _Optional[float] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., surrogate: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ..., response_encoding: _Optional[_Union[ImageEncoding, str]] = ...) -> None: ...
 
 class ApplyPerturbationResponse(_message.Message):
     __slots__ = ("images",)
@@ -161,7 +311,7 @@ class ApplyPerturbationResponse(_message.Message):
     def __init__(self, images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ...) -> None: ...
 
 class ApplyPerturbationStreamRequest(_message.Message):
-    __slots__ = ("request_id", "perturbation_id", "severity", "seed", "images", "epsilon", "params", "surrogate", "labels")
+    __slots__ = ("request_id", "perturbation_id", "severity", "seed", "images", "epsilon", "params", "surrogate", "labels", "response_encoding")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PERTURBATION_ID_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +321,7 @@ class ApplyPerturbationStreamRequest(_message.Message):
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     SURROGATE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_ENCODING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     perturbation_id: str
     severity: int
@@ -180,7 +331,8 @@ class ApplyPerturbationStreamRequest(_message.Message):
     params: _struct_pb2.Struct
     surrogate: str
     labels: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., perturbation_id: _Optional[str] = ..., severity: _Optional[int] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., epsilon: _Optional[float] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., surrogate: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ...) -> None: ...
+    response_encoding: ImageEncoding
+    def __init__(self, request_id: _Optional[str] = ..., perturbation_id: _Optional[str] = ..., severity: _Optional[int] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., epsilon: _Optional[float] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., surrogate: _Optional[str] = ..., labels: _Optional[_Iterable[int]] = ..., response_encoding: _Optional[_Union[ImageEncoding, str]] = ...) -> None: ...
 
 class ApplyPerturbationStreamResponse(_message.Message):
     __slots__ = ("request_id", "images", "error")
@@ -219,7 +371,7 @@ class RunAttackRequest(_message.Message):
     def __init__(self, attack_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[LabeledImage, _Mapping]]] = ..., proxy_session_id: _Optional[str] = ..., origin: _Optional[str] = ..., surrogate: _Optional[str] = ...) -> None: ...
 
 class RunAttackResponse(_message.Message):
-    __slots__ = ("image_id", "adversarial", "adversarial_float", "success", "queries", "linf", "l2", "stop_reason", "initially_correct", "error")
+    __slots__ = ("image_id", "adversarial", "adversarial_float", "success", "queries", "linf", "l2", "initially_correct", "stop_reason")
     IMAGE_ID_FIELD_NUMBER: _ClassVar[int]
     ADVERSARIAL_FIELD_NUMBER: _ClassVar[int]
     ADVERSARIAL_FLOAT_FIELD_NUMBER: _ClassVar[int]
@@ -227,9 +379,8 @@ class RunAttackResponse(_message.Message):
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     LINF_FIELD_NUMBER: _ClassVar[int]
     L2_FIELD_NUMBER: _ClassVar[int]
-    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     INITIALLY_CORRECT_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     image_id: str
     adversarial: _common_pb2.Image
     adversarial_float: _common_pb2.Tensor
@@ -237,7 +388,6 @@ class RunAttackResponse(_message.Message):
     queries: int
     linf: float
     l2: float
-    stop_reason: str
     initially_correct: bool
-    error: _status_pb2.Status
-    def __init__(self, image_id: _Optional[str] = ..., adversarial: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., adversarial_float: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., success: _Optional[bool] = ..., queries: _Optional[int] = ..., linf: _Optional[float] = ..., l2: _Optional[float] = ..., stop_reason: _Optional[str] = ..., initially_correct: _Optional[bool] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
+    stop_reason: StopReason
+    def __init__(self, image_id: _Optional[str] = ..., adversarial: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., adversarial_float: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., success: _Optional[bool] = ..., queries: _Optional[int] = ..., linf: _Optional[float] = ..., l2: _Optional[float] = ..., initially_correct: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ...) -> None: ...

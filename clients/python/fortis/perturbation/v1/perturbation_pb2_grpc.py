@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class PerturbationServiceStub:
-    """Applies corruptions and runs attacks.
+    """Applies perturbations and runs attacks.
     """
 
     def __init__(self, channel):
@@ -39,6 +39,11 @@ class PerturbationServiceStub:
                 '/fortis.perturbation.v1.PerturbationService/ListPerturbations',
                 request_serializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ListPerturbationsRequest.SerializeToString,
                 response_deserializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ListPerturbationsResponse.FromString,
+                _registered_method=True)
+        self.ListAttacks = channel.unary_unary(
+                '/fortis.perturbation.v1.PerturbationService/ListAttacks',
+                request_serializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ListAttacksRequest.SerializeToString,
+                response_deserializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ListAttacksResponse.FromString,
                 _registered_method=True)
         self.ApplyPerturbation = channel.unary_unary(
                 '/fortis.perturbation.v1.PerturbationService/ApplyPerturbation',
@@ -58,11 +63,20 @@ class PerturbationServiceStub:
 
 
 class PerturbationServiceServicer:
-    """Applies corruptions and runs attacks.
+    """Applies perturbations and runs attacks.
     """
 
     def ListPerturbations(self, request, context):
-        """Lists every perturbation with its family, parameters and severities.
+        """Lists the image perturbations (not the attacks: see ListAttacks) with their family,
+        parameters, levels and level tables.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAttacks(self, request, context):
+        """Lists the adversarial attacks of the attack registry with their kind, norms, targeted /
+        untargeted support and parameter schemas.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -101,6 +115,11 @@ def add_PerturbationServiceServicer_to_server(servicer, server):
                     request_deserializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ListPerturbationsRequest.FromString,
                     response_serializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ListPerturbationsResponse.SerializeToString,
             ),
+            'ListAttacks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAttacks,
+                    request_deserializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ListAttacksRequest.FromString,
+                    response_serializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ListAttacksResponse.SerializeToString,
+            ),
             'ApplyPerturbation': grpc.unary_unary_rpc_method_handler(
                     servicer.ApplyPerturbation,
                     request_deserializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ApplyPerturbationRequest.FromString,
@@ -125,7 +144,7 @@ def add_PerturbationServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class PerturbationService:
-    """Applies corruptions and runs attacks.
+    """Applies perturbations and runs attacks.
     """
 
     @staticmethod
@@ -145,6 +164,33 @@ class PerturbationService:
             '/fortis.perturbation.v1.PerturbationService/ListPerturbations',
             fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ListPerturbationsRequest.SerializeToString,
             fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ListPerturbationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAttacks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fortis.perturbation.v1.PerturbationService/ListAttacks',
+            fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ListAttacksRequest.SerializeToString,
+            fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ListAttacksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,10 +1,11 @@
-"""Transfer attacks crafted white-box on a local surrogate (IEEE-A7): FGSM and PGD, L-inf.
+"""The white-box sign-gradient loop shared by the transfer attacks (IEEE-A7) on a local
+surrogate: FGSM is one step of it (``fgsm.py``), PGD several with a random start (``pgd.py``).
 
 The surrogate takes float32 NCHW images in [0, 1] (normalisation inside the model) and returns
 logits. Nothing here queries the target: the uint8 adversarials are sent to it later, so
 ``success`` is ``None`` and ``queries`` is 0. The L-inf bound (IEEE-A9) is enforced on the
-uint8 output: round, then clip to ``[x - e, x + e]`` and ``[0, 255]`` with
-``e = floor(epsilon * 255 + 1e-6)``.
+uint8 output: round, then project with ``base.clip_to_linf`` (``[x - e, x + e]`` and
+``[0, 255]``, ``e = floor(epsilon * 255 + 1e-6)``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import torch
 import torch.nn.functional as F
 from fortis.services.common.errors import InvalidArgument
 
-from .common import (
+from .base import (
     STOP_ITERATIONS,
+    AttackContext,
     AttackResult,
     check_batch,
+    check_surrogate_input,
     clip_to_linf,
     linf_levels,
     make_result,
@@ -56,7 +59,7 @@ def _clean_predictions(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor)
     return (logits.argmax(dim=1) == y).cpu().numpy()
 
 
-def _run(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, epsilon: float,
+def sign_gradient_linf(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, epsilon: float,
          steps: int, step_size: float, random_start: bool,
          generator: torch.Generator | None) -> list[AttackResult]:
     images, labels = check_batch(images, labels)
@@ -90,29 +93,12 @@ def _run(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, epsilon
     return results
 
 
-def fgsm(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *,
-         epsilon: float) -> list[AttackResult]:
-    """Fast Gradient Sign Method (IEEE-A7, Goodfellow et al. 2015): one signed-gradient step
-    of size ``epsilon`` on the cross-entropy of the surrogate, untargeted, L-inf."""
-    return _run(model, images, labels, epsilon, steps=1, step_size=float(epsilon),
-                random_start=False, generator=None)
 
-
-def pgd(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *, epsilon: float,
-        steps: int = 10, step_size: float | None = None, random_start: bool = True,
-        generator: torch.Generator | None = None) -> list[AttackResult]:
-    """Projected Gradient Descent, L-inf, untargeted (IEEE-A7, Madry et al. 2018).
-
-    ``step_size`` defaults to ``2.5 * epsilon / steps``. The random start draws from
-    ``generator``; when none is given a generator seeded with 0 is used, so the result is
-    deterministic either way. Returns the last iterate, quantised to uint8 within the bound.
-    """
-    if isinstance(steps, bool) or int(steps) != steps or steps < 0:
-        raise InvalidArgument("steps", f"must be an integer >= 0, got {steps!r}")
-    size = 2.5 * float(epsilon) / max(int(steps), 1) if not step_size else float(step_size)
-    if not np.isfinite(size) or size < 0:
-        raise InvalidArgument("step_size", f"must be a finite number >= 0, got {step_size!r}")
-    if random_start and generator is None:
-        generator = torch.Generator().manual_seed(0)
-    return _run(model, images, labels, epsilon, steps=int(steps), step_size=size,
-                random_start=random_start, generator=generator)
+def surrogate_model(ctx: AttackContext) -> torch.nn.Module:
+    """The surrogate's torch module, after checking it takes the batch's image size."""
+    if ctx.surrogate is None:
+        raise InvalidArgument("surrogate",
+                              f"{ctx.spec.id} is a transfer attack: name a surrogate model")
+    check_surrogate_input(ctx.surrogate, ctx.images.shape[1:])
+    model: torch.nn.Module = ctx.surrogate.model
+    return model

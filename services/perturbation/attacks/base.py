@@ -1,0 +1,356 @@
+"""What every adversarial attack shares (IEEE-A7, IEEE-A8, IEEE-A9, IEEE-M6), in the spirit of
+Foolbox 3's ``Attack`` base: the attack only says how it searches; the base owns the image the
+target receives, the bound, the query budget and the success criterion, so ~30 attacks can be
+added later without each re-deciding those rules.
+
+* **The image the target receives.** Images are uint8 arrays ``N x H x W x C`` (any H, W;
+  C = 1 or 3). What the target receives is uint8, so every attack returns uint8 adversarials
+  and judges success on exactly those images (DESIGN.md section 3: success is judged on what
+  the target received). :func:`make_result` measures the distances on them
+  (``common.arrays``).
+* **The bound (IEEE-A9)**, fixed before the attack, in [0, 1] pixel scale. L-inf: in uint8
+  space ``e = floor(epsilon * 255 + 1e-6)`` levels (:func:`linf_levels`) and every returned
+  adversarial satisfies ``|adv - x| <= e`` pixel-wise (:func:`clip_to_linf`). L2: measured on
+  images scaled to [0, 1], ``||(adv - x) / 255||_2`` (:func:`project_l2` keeps it after
+  rounding).
+* **The query budget Q_m (IEEE-M6)**, per image (:class:`QueryBudget`): one query per image per
+  call to the query function, the clean image included; an image stops at its first success
+  or when it has spent Q_m, never later. A call that raises
+  :class:`~fortis.services.common.errors.BudgetExhausted` (the proxy refused: nothing was sent)
+  is not counted and stops the images of that call with ``budget_exhausted_by_proxy``.
+* **The success criterion** (``criteria.py``): :class:`Misclassification` (untargeted) today;
+  :class:`TargetedMisclassification` for targeted variants. Query attacks ask the criterion
+  (``adversarial_labels`` / ``margins``) instead of comparing labels themselves.
+* **The registry entry** (:class:`AttackSpec`) and the **run signature**
+  ``run(ctx: AttackContext) -> list[AttackResult]``: the context carries the batch, validated
+  parameters, seed-derived generators, the query client (through the proxy) or the surrogate,
+  and the criterion.
+
+Domain code: no gRPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final, Literal, Protocol
+
+import numpy as np
+import torch
+from fortis.services.common.arrays import l2_distance, linf_distance
+from fortis.services.common.errors import BudgetExhausted, InvalidArgument
+from fortis.services.common.params import Param
+from fortis.services.common.seeding import rng_for, torch_generator_for
+from fortis.services.perturbation.criteria import (
+    Criterion,
+    Misclassification,
+    TargetedMisclassification,
+)
+
+__all__ = [
+    "ATTACK_KINDS", "EPSILON_LINF", "MAX_QUERIES", "NORMS", "STOP_ALREADY_MISCLASSIFIED",
+    "STOP_BUDGET", "STOP_ITERATIONS", "STOP_PROXY_BUDGET", "STOP_REASONS", "STOP_SUCCESS",
+    "AttackContext", "AttackKind", "AttackResult", "AttackSpec", "Criterion", "LabelQuery",
+    "Misclassification", "Norm", "QueryBudget", "QueryClient", "RunFn", "ScoreQuery",
+    "TargetedMisclassification", "check_batch", "check_l2_epsilon", "check_max_queries", "check_surrogate_input",
+    "clip_to_linf", "linf_levels", "make_result", "project_l2",
+]
+
+STOP_SUCCESS: Final = "success"
+STOP_BUDGET: Final = "budget"
+STOP_ALREADY_MISCLASSIFIED: Final = "already_misclassified"
+STOP_PROXY_BUDGET: Final = "budget_exhausted_by_proxy"
+STOP_ITERATIONS: Final = "iterations"
+STOP_REASONS: Final = (STOP_SUCCESS, STOP_BUDGET, STOP_ALREADY_MISCLASSIFIED, STOP_PROXY_BUDGET,
+                       STOP_ITERATIONS)
+
+AttackKind = Literal["transfer", "score", "decision"]
+Norm = Literal["linf", "l2", "l0"]
+ATTACK_KINDS: Final = ("transfer", "score", "decision")
+NORMS: Final = ("linf", "l2", "l0")
+
+#: Parameters most attacks share (one definition each).
+EPSILON_LINF = Param(name="epsilon", type="float", minimum=0.0, maximum=1.0,
+                     description="L-inf bound in [0,1] pixel scale (IEEE-A9)")
+MAX_QUERIES = Param(name="max_queries", type="int", default=1000, minimum=1, maximum=1_000_000,
+                    description="query budget Q_m per image (IEEE-M6)")
+
+
+@dataclass(kw_only=True)
+class AttackResult:
+    """Outcome of one attack on one image of the batch."""
+
+    index: int                     # position in the input batch
+    adversarial: np.ndarray        # uint8 HxWxC: best adversarial found (or original/last iterate)
+    adversarial_float: np.ndarray  # float32 in [0,1] version of the same (CAN-9 keeps floats)
+    success: bool | None           # judged on the uint8 image by the target's answer; None: transfer
+    queries: int                   # queries this attack sent for this image (0 for transfer)
+    initially_correct: bool | None
+    linf: float                    # ||adv - x||_inf in [0,1] scale
+    l2: float                      # ||adv - x||_2 in [0,1] scale
+    stop_reason: str               # one of STOP_REASONS
+
+
+ScoreQuery = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""(images uint8 n x H x W x C, batch indices int n) -> scores float n x num_classes.
+
+Probabilities or scores; classes the target did not return score 0. May raise
+``BudgetExhausted``."""
+
+LabelQuery = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""(images uint8 n x H x W x C, batch indices int n) -> top-1 labels int n. May raise
+``BudgetExhausted``."""
+
+
+class QueryClient(Protocol):
+    """Sends images to the target (through the proxy). One image = one query, charged to the
+    image id given with it."""
+
+    num_classes: int
+
+    def scores(self, images: np.ndarray, image_ids: Sequence[str]) -> np.ndarray:
+        """Dense score matrix n x num_classes (classes not returned score 0)."""
+        ...
+
+    def labels(self, images: np.ndarray, image_ids: Sequence[str]) -> np.ndarray:
+        """Top-1 labels, n."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# Bounds (IEEE-A9) and checks
+# --------------------------------------------------------------------------------------------
+
+
+def linf_levels(epsilon: float) -> int:
+    """The L-inf bound in uint8 levels: ``floor(epsilon * 255 + 1e-6)`` (IEEE-A9)."""
+    eps = float(epsilon)
+    if not np.isfinite(eps) or eps < 0.0:
+        raise InvalidArgument("epsilon", f"must be a finite number >= 0, got {epsilon!r}")
+    return min(int(np.floor(eps * 255.0 + 1e-6)), 255)
+
+
+def check_l2_epsilon(epsilon: float) -> float:
+    eps = float(epsilon)
+    if not np.isfinite(eps) or eps < 0.0:
+        raise InvalidArgument("epsilon", f"must be a finite number >= 0, got {epsilon!r}")
+    return eps
+
+
+def check_max_queries(max_queries: int) -> int:
+    if isinstance(max_queries, bool) or int(max_queries) != max_queries or max_queries < 1:
+        raise InvalidArgument("max_queries", f"must be an integer >= 1, got {max_queries!r}")
+    return int(max_queries)
+
+
+def check_batch(images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Validate an ``N x H x W x C`` uint8 batch and its ``N`` integer labels."""
+    images = np.asarray(images)
+    if images.dtype != np.uint8:
+        raise InvalidArgument("images", f"must be uint8, got {images.dtype}")
+    if images.ndim != 4 or min(images.shape[1:]) < 1:
+        raise InvalidArgument("images", f"must be N x H x W x C, got shape {images.shape}")
+    labels = np.asarray(labels)
+    if labels.shape != (images.shape[0],):
+        raise InvalidArgument("labels", f"need one label per image: {images.shape[0]}, "
+                              f"got shape {labels.shape}")
+    if labels.size and (not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0):
+        raise InvalidArgument("labels", "must be non-negative integers")
+    return images, labels.astype(np.int64)
+
+
+def clip_to_linf(adv_levels: np.ndarray, x: np.ndarray, e: int) -> np.ndarray:
+    """Project integer-valued ``adv_levels`` onto the uint8 L-inf ball: ``[x-e, x+e] & [0, 255]``."""
+    xi = x.astype(np.int16)
+    out = np.clip(adv_levels, xi - e, xi + e)
+    return np.clip(out, 0, 255).astype(np.uint8)
+
+
+def project_l2(adv: np.ndarray, x: np.ndarray, epsilon: float) -> np.ndarray:
+    """Project a float candidate (uint8 scale, any shape of ``x``) onto the L2 ball of radius
+    ``epsilon`` ([0, 1] scale) around uint8 ``x`` and round it to uint8 *towards x*, so the
+    image the target receives is still within the bound (rounding to nearest could leave it).
+    """
+    eps = check_l2_epsilon(epsilon)
+    xf = x.astype(np.float64)
+    delta = np.asarray(adv, dtype=np.float64) - xf
+    norm = float(np.sqrt(np.sum((delta / 255.0) ** 2)))
+    if norm > eps:
+        delta *= eps / norm
+    return np.clip(xf + np.trunc(delta), 0, 255).astype(np.uint8)
+
+
+def check_surrogate_input(classifier: Any, shape: tuple[int, ...]) -> None:
+    """A surrogate (``.input_spec``: height, width, channels) must take the images as they are:
+    resizing would attack a different image than the one the target receives."""
+    spec = classifier.input_spec
+    if (shape[0], shape[1], shape[2]) != (spec.height, spec.width, spec.channels):
+        raise InvalidArgument(
+            "images", f"surrogate '{classifier.name}' takes {spec.height}x{spec.width}x"
+            f"{spec.channels} images, got {shape[0]}x{shape[1]}x{shape[2]}; resize the plan's "
+            "images to the surrogate's input size")
+
+
+def make_result(index: int, x: np.ndarray, adv: np.ndarray, *, success: bool | None,
+                queries: int, initially_correct: bool | None, stop_reason: str) -> AttackResult:
+    """Build an :class:`AttackResult` with distances measured on the uint8 images."""
+    if stop_reason not in STOP_REASONS:
+        raise ValueError(f"unknown stop reason {stop_reason!r}")
+    adv = np.ascontiguousarray(adv, dtype=np.uint8)
+    return AttackResult(
+        index=int(index), adversarial=adv,
+        adversarial_float=(adv.astype(np.float32) / np.float32(255.0)),
+        success=None if success is None else bool(success), queries=int(queries),
+        initially_correct=None if initially_correct is None else bool(initially_correct),
+        linf=linf_distance(x, adv), l2=l2_distance(x, adv), stop_reason=stop_reason)
+
+
+# --------------------------------------------------------------------------------------------
+# The query budget Q_m (IEEE-M6)
+# --------------------------------------------------------------------------------------------
+
+
+class QueryBudget:
+    """Per-image query accounting for one batch: ``used[i]`` queries spent by image ``i``, its
+    ``stop`` reason once it stopped. :meth:`ask` is the only way an attack queries the target,
+    so no image can exceed ``limit`` (Q_m) and a proxy refusal stops exactly the images of
+    the refused call."""
+
+    def __init__(self, n: int, max_queries: int) -> None:
+        self.limit = check_max_queries(max_queries)
+        self.used = np.zeros(n, dtype=np.int64)
+        self.stop: list[str | None] = [None] * n
+
+    def remaining(self, i: int) -> int:
+        return self.limit - int(self.used[i])
+
+    def ask(self, query: Callable[[np.ndarray, np.ndarray], np.ndarray], images: np.ndarray,
+            idx: np.ndarray) -> np.ndarray | None:
+        """Send ``images`` (row k charged to image ``idx[k]``); the answer, or None when the
+        proxy refused (those images stop with ``budget_exhausted_by_proxy``)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        need = np.bincount(idx, minlength=self.used.shape[0])
+        if np.any(self.used + need > self.limit):
+            raise RuntimeError("an attack tried to exceed its per-image query budget Q_m")
+        try:
+            answer = np.asarray(query(images, idx.copy()))
+        except BudgetExhausted:
+            for i in idx:
+                self.stop[int(i)] = STOP_PROXY_BUDGET
+            return None
+        self.used += need
+        return answer
+
+    def running(self) -> np.ndarray:
+        """Indices still running; an image that spent Q_m stops here with ``budget``."""
+        for i in range(self.used.shape[0]):
+            if self.stop[i] is None and self.used[i] >= self.limit:
+                self.stop[i] = STOP_BUDGET
+        return np.array([i for i, s in enumerate(self.stop) if s is None], dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# The registry entry and the run context
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttackContext:
+    """Everything one run of an attack may use. ``images`` N x H x W x C uint8 of one shape;
+    ``labels`` the first true label of each (``label_sets`` all acceptable ones); ``params``
+    validated against the spec's schema, defaults filled in; ``criterion`` the success
+    criterion; ``query`` (query attacks: reaches the target through the proxy) or
+    ``surrogate`` (transfer attacks: ``.model``, ``.input_spec``)."""
+
+    spec: AttackSpec
+    images: np.ndarray
+    labels: np.ndarray
+    image_ids: tuple[str, ...]
+    label_sets: tuple[tuple[int, ...], ...]
+    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    seed: int = 0
+    criterion: Criterion = field(default_factory=Misclassification)
+    query: QueryClient | None = None
+    surrogate: Any = None
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """(attack id, image ids): one generator per call, so a rerun of the same chunk (e.g.
+        after a restart) is identical."""
+        return (self.spec.id, *self.image_ids)
+
+    def rng(self) -> np.random.Generator:
+        """The numpy generator of this call (seed, attack id, image ids)."""
+        return rng_for(self.seed, *self.key)
+
+    def torch_generator(self) -> torch.Generator:
+        """The torch generator of this call (seed, attack id, image ids)."""
+        return torch_generator_for(self.seed, *self.key)
+
+    def derive_rng(self, *keys: object) -> np.random.Generator:
+        """A generator for other keys of the same seed (e.g. one per image)."""
+        return rng_for(self.seed, *keys)
+
+    def query_client(self) -> QueryClient:
+        """The query client (query attacks), or InvalidArgument naming the missing session."""
+        if self.query is None:
+            raise InvalidArgument("proxy_session_id",
+                                  f"{self.spec.id} is a query attack: a proxy session is required")
+        return self.query
+
+    def score_query(self) -> ScoreQuery:
+        """Scores through the proxy, each row charged to its image id."""
+        client, ids = self.query_client(), self.image_ids
+        return lambda batch, idx: client.scores(batch, [ids[i] for i in idx])
+
+    def label_query(self) -> LabelQuery:
+        """Top-1 labels through the proxy, each row charged to its image id."""
+        client, ids = self.query_client(), self.image_ids
+        return lambda batch, idx: client.labels(batch, [ids[i] for i in idx])
+
+
+#: ``run(ctx) -> one AttackResult per image, in order``.
+RunFn = Callable[[AttackContext], list[AttackResult]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttackSpec:
+    """One entry of the attack registry (``registry.py``), listed by ``ListAttacks``."""
+
+    id: str                        # unique, snake_case
+    kind: AttackKind               # transfer (IEEE-A7) | score | decision (IEEE-A8)
+    family: str
+    norms: tuple[Norm, ...]        # the norm(s) its bound is in (IEEE-A9)
+    refs: tuple[str, ...]          # SPEC requirement ids; refs[0] is the primary one
+    description: str
+    run: RunFn
+    params: tuple[Param, ...] = ()
+    targeted: bool = False         # accepts a TargetedMisclassification criterion
+    untargeted: bool = True
+    needs_surrogate: bool = False  # crafted white-box on a local surrogate (transfer)
+    stochastic: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ATTACK_KINDS:
+            raise ValueError(f"{self.id}: kind must be one of {ATTACK_KINDS}")
+        if not self.norms or not set(self.norms) <= set(NORMS):
+            raise ValueError(f"{self.id}: norms must be a non-empty subset of {NORMS}")
+        if not self.refs or not (self.targeted or self.untargeted):
+            raise ValueError(f"{self.id}: needs refs and targeted and/or untargeted")
+        if self.needs_surrogate != (self.kind == "transfer"):
+            raise ValueError(f"{self.id}: transfer attacks (only) need a surrogate")
+
+    @property
+    def is_query_attack(self) -> bool:
+        return self.kind in ("score", "decision")
+
+    @property
+    def norm(self) -> str:
+        """The norm epsilon bounds (the first of ``norms``)."""
+        return self.norms[0]
+
+    @property
+    def ieee_ref(self) -> str:
+        """The primary requirement (``refs[0]``), as reports print it."""
+        return self.refs[0]

@@ -1,0 +1,31 @@
+"""FGSM, the Fast Gradient Sign Method (IEEE-A7 transfer, L-inf; Goodfellow et al. 2015):
+one signed-gradient step of size epsilon on the surrogate's cross-entropy, untargeted,
+crafted on a local surrogate and sent to the target afterwards (so the target's answer, not
+this module, decides success). Registry entry: :data:`SPEC`."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import EPSILON_LINF, AttackContext, AttackResult, AttackSpec
+from .gradient import sign_gradient_linf, surrogate_model
+
+
+def fgsm(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *,
+         epsilon: float) -> list[AttackResult]:
+    """Fast Gradient Sign Method (IEEE-A7, Goodfellow et al. 2015): one signed-gradient step
+    of size ``epsilon`` on the cross-entropy of the surrogate, untargeted, L-inf."""
+    return sign_gradient_linf(model, images, labels, epsilon, steps=1, step_size=float(epsilon),
+                              random_start=False, generator=None)
+
+
+def run(ctx: AttackContext) -> list[AttackResult]:
+    return fgsm(surrogate_model(ctx), ctx.images, ctx.labels, epsilon=ctx.params["epsilon"])
+
+
+SPEC = AttackSpec(
+    id="fgsm", kind="transfer", family="gradient", norms=("linf",),
+    refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, stochastic=False,
+    description="Fast Gradient Sign Method on the local surrogate, then sent to the target",
+    params=(EPSILON_LINF,), run=run)

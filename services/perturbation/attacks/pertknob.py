@@ -1,0 +1,95 @@
+"""PertKnob as an attack (PER-3, seed 004; Zhong et al., DSN 2020): the smallest epsilon of a
+real-world safety property (PER-1) at which the target's answer meets the success criterion
+(PER-2; untargeted misclassification by default), searched over [0, 1] in k cells by
+bisection or linear scan within Q_m queries per image (IEEE-M6), every query through the
+proxy and charged to its image. Reports the minimal L2 (PER-4 statistics are the scoring
+service's, over these results). The search itself is ``pertknob_search.py``.
+Registry entry: :data:`SPEC`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from fortis.services.common.errors import BudgetExhausted, InvalidArgument
+from fortis.services.common.params import Param
+from fortis.services.perturbation.criteria import RankedPrediction, Reference
+from fortis.services.perturbation.pertknob_search import (
+    KnobConfig,
+    pertknob,
+    property_perturbation,
+)
+from fortis.services.perturbation.registry import PERTURBATIONS
+
+from .base import (
+    STOP_ALREADY_MISCLASSIFIED,
+    STOP_BUDGET,
+    STOP_ITERATIONS,
+    STOP_PROXY_BUDGET,
+    STOP_SUCCESS,
+    AttackContext,
+    AttackResult,
+    AttackSpec,
+    make_result,
+)
+
+#: KnobResult.status -> the attack's stop reason.
+_STOP = {"found": STOP_SUCCESS, "already_met": STOP_ALREADY_MISCLASSIFIED,
+         "budget_exhausted": STOP_BUDGET}
+
+
+def run(ctx: AttackContext) -> list[AttackResult]:
+    """One image at a time, so each query is charged to its own image id; a proxy refusal
+    stops that image (``budget_exhausted_by_proxy``) and the batch goes on."""
+    p = ctx.params
+    spec = PERTURBATIONS.get(p["property"])
+    if spec is None or spec.kind != "property":
+        raise InvalidArgument("params.property", f"'{p['property']}' is not a PER-1 property; "
+                              "see `fortis perturbations --kind property`")
+    cfg = KnobConfig(mode=p["mode"], cells=int(p["cells"]), budget=int(p["max_queries"]))
+    perturb = property_perturbation(spec.id)
+    client = ctx.query_client()
+    out: list[AttackResult] = []
+    for n, image_id in enumerate(ctx.image_ids):
+        x = ctx.images[n]
+        sent = [0]
+
+        def ask(imgs: Sequence[np.ndarray], image_id: str = image_id,
+                sent: list[int] = sent) -> list[RankedPrediction]:
+            labels = client.labels(np.stack(imgs), [image_id] * len(imgs))
+            sent[0] += len(imgs)
+            return [RankedPrediction(labels=(int(v),)) for v in labels]
+
+        try:
+            r = pertknob(x, perturb, ctx.criterion, ask,
+                         rng=ctx.derive_rng("pertknob", spec.id, image_id),
+                         reference=Reference(label=int(ctx.labels[n])), config=cfg,
+                         keep_images=True)
+        except BudgetExhausted:
+            out.append(make_result(n, x, x, success=False, queries=sent[0],
+                                   initially_correct=None, stop_reason=STOP_PROXY_BUDGET))
+            continue
+        adv = r.perturbed if r.perturbed is not None else x
+        out.append(make_result(n, x, adv, success=r.status == "found", queries=r.queries,
+                               initially_correct=r.status != "already_met",
+                               stop_reason=_STOP.get(r.status, STOP_ITERATIONS)))
+    return out
+
+
+SPEC = AttackSpec(
+    id="pertknob", kind="decision", family="minimal-perturbation", norms=("l2",),
+    refs=("PER-3", "PER-2", "PER-4", "IEEE-M6"),
+    description="PertKnob (Zhong et al.): the smallest epsilon of a real-world safety "
+                "property (PER-1) that misleads the target, searched over [0,1] in k "
+                "cells by bisection or linear scan within Q_m queries; reports the "
+                "minimal L2 (PER-4); every query through the proxy",
+    params=(Param(name="property", type="string",
+                  description="a PER-1 property id, e.g. per_brightness"),
+            Param(name="mode", type="string", default="bisection", choices=("bisection", "linear"),
+                  description="bisection (assumes the criterion is monotone in epsilon) or linear"),
+            Param(name="cells", type="int", default=1000, description="k: epsilon grid cells",
+                  minimum=1, maximum=1_000_000),
+            Param(name="max_queries", type="int", default=64,
+                  description="query budget Q_m per image, clean query included",
+                  minimum=2, maximum=1_000_000)),
+    run=run)

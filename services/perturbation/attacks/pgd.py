@@ -1,0 +1,56 @@
+"""PGD, Projected Gradient Descent (IEEE-A7 transfer, L-inf, untargeted; Madry et al. 2018):
+sign-gradient steps on the surrogate's cross-entropy from a random start in the ball, each
+projected back onto it, crafted on a local surrogate and sent to the target afterwards.
+Registry entry: :data:`SPEC`."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.params import Param
+
+from .base import EPSILON_LINF, AttackContext, AttackResult, AttackSpec
+from .gradient import sign_gradient_linf, surrogate_model
+
+
+def pgd(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *, epsilon: float,
+        steps: int = 10, step_size: float | None = None, random_start: bool = True,
+        generator: torch.Generator | None = None) -> list[AttackResult]:
+    """Projected Gradient Descent, L-inf, untargeted (IEEE-A7, Madry et al. 2018).
+
+    ``step_size`` defaults to ``2.5 * epsilon / steps``. The random start draws from
+    ``generator``; when none is given a generator seeded with 0 is used, so the result is
+    deterministic either way. Returns the last iterate, quantised to uint8 within the bound.
+    """
+    if isinstance(steps, bool) or int(steps) != steps or steps < 0:
+        raise InvalidArgument("steps", f"must be an integer >= 0, got {steps!r}")
+    size = 2.5 * float(epsilon) / max(int(steps), 1) if not step_size else float(step_size)
+    if not np.isfinite(size) or size < 0:
+        raise InvalidArgument("step_size", f"must be a finite number >= 0, got {step_size!r}")
+    if random_start and generator is None:
+        generator = torch.Generator().manual_seed(0)
+    return sign_gradient_linf(model, images, labels, epsilon, steps=int(steps), step_size=size,
+                              random_start=random_start, generator=generator)
+
+
+def run(ctx: AttackContext) -> list[AttackResult]:
+    p = ctx.params
+    return pgd(surrogate_model(ctx), ctx.images, ctx.labels, epsilon=p["epsilon"],
+               steps=p["steps"], step_size=p["step_size"] or None,
+               random_start=p["random_start"], generator=ctx.torch_generator())
+
+
+SPEC = AttackSpec(
+    id="pgd", kind="transfer", family="gradient", norms=("linf",),
+    refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True,
+    description="Projected Gradient Descent (L-inf) on the local surrogate, then sent to the target",
+    params=(EPSILON_LINF,
+            Param(name="steps", type="int", default=10, description="iterations",
+                  minimum=1, maximum=1000),
+            Param(name="step_size", type="float", default=0.0,
+                  description="step in [0,1] scale; 0 = 2.5*epsilon/steps",
+                  minimum=0.0, maximum=1.0),
+            Param(name="random_start", type="bool", default=True,
+                  description="start at a random point in the ball")),
+    run=run)

@@ -1,0 +1,69 @@
+"""The one registry of Fortis's adversarial attacks (IEEE-A7 transfer, IEEE-A8 query, PER-3).
+
+One module per attack under ``attacks/``, each exporting ``SPEC`` (an ``AttackSpec``: id,
+kind, family, norms, targeted/untargeted, parameter schema with bounds, SPEC refs,
+description, needs_surrogate, stochastic and its ``run(ctx)``). **Adding an attack is one new
+module plus one import of its ``SPEC`` and one entry in the tuple below**
+(the package re-exports attack *functions* under the modules' names, so import ``SPEC``s,
+not modules); ``ListAttacks``, ``fortis attacks [--json]``, the
+engine's dispatch and the plan validation all read this mapping. Domain code: no gRPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from fortis.services.common.errors import InvalidArgument
+
+from .base import AttackSpec
+from .fgsm import SPEC as FGSM
+from .hsja import SPEC as HSJA
+from .pertknob import SPEC as PERTKNOB
+from .pgd import SPEC as PGD
+from .square import SPEC as SQUARE
+
+__all__ = ["ATTACKS", "attack_spec", "build", "describe_attack", "list_attacks"]
+
+
+def build(specs: tuple[AttackSpec, ...]) -> dict[str, AttackSpec]:
+    """id -> spec in the given order; a duplicate id is an import-time error."""
+    out: dict[str, AttackSpec] = {}
+    for s in specs:
+        if s.id in out:
+            raise RuntimeError(f"attack id '{s.id}' registered twice")
+        out[s.id] = s
+    return out
+
+
+#: id -> spec, in listing order.
+ATTACKS: Mapping[str, AttackSpec] = MappingProxyType(build(
+    (FGSM, PGD, SQUARE, HSJA, PERTKNOB)))
+
+
+def attack_spec(attack_id: str, field_name: str = "attack_id") -> AttackSpec:
+    """The entry of ``attack_id``, or InvalidArgument naming ``field_name`` and the known ids."""
+    spec = ATTACKS.get(attack_id) if isinstance(attack_id, str) else None
+    if spec is None:
+        raise InvalidArgument(field_name, f"unknown attack '{attack_id}'; known: {', '.join(ATTACKS)}")
+    return spec
+
+
+def describe_attack(spec: AttackSpec) -> dict[str, Any]:
+    """An entry as plain JSON-able data (``ListAttacks``, ``fortis attacks --json``)."""
+    return {
+        "id": spec.id, "kind": spec.kind, "family": spec.family, "norms": list(spec.norms),
+        "targeted": spec.targeted, "untargeted": spec.untargeted, "refs": list(spec.refs),
+        "description": spec.description, "needs_surrogate": spec.needs_surrogate,
+        "stochastic": spec.stochastic,
+        "parameters": [{"name": p.name, "type": p.type, "default": p.default,
+                        "description": p.description, "minimum": p.minimum,
+                        "maximum": p.maximum, "choices": list(p.choices),
+                        "required": p.required} for p in spec.params],
+    }
+
+
+def list_attacks(kind: str | None = None) -> list[dict[str, Any]]:
+    """Every attack (or those of one kind: transfer, score, decision) as plain data."""
+    return [describe_attack(s) for s in ATTACKS.values() if not kind or s.kind == kind]
