@@ -137,6 +137,7 @@ def start_target_server(cfg: TargetConfig, *, max_message_bytes: int = 64 * 1024
 def start_stack(settings: StackSettings) -> Stack:
     """Start the services (and built-in targets) described by ``settings``."""
     from fortis.adapters.builtin import load_model
+    from fortis.adapters.plan_sources import BUILTIN_SOURCES
     from fortis.evaluation.v1 import evaluation_pb2_grpc
     from fortis.perturbation.v1 import perturbation_pb2_grpc
     from fortis.proxy.v1 import proxy_pb2_grpc
@@ -150,7 +151,7 @@ def start_stack(settings: StackSettings) -> Stack:
         GrpcReport,
         GrpcScoring,
     )
-    from fortis.services.evaluation.datasets import load_plan_images
+    from fortis.services.evaluation.datasets import PlanDatasets
     from fortis.services.evaluation.service import EvaluationManager, Ports
     from fortis.services.evaluation.store import EvaluationStore
     from fortis.services.perturbation import servicer as pt_servicer
@@ -258,7 +259,8 @@ def start_stack(settings: StackSettings) -> Stack:
                 report=GrpcReport(lazy_channel(addr("report", settings.report_address)), md))
 
         store = EvaluationStore(state / "evaluations.sqlite")
-        manager = EvaluationManager(store, ports_for=ports_for, load_dataset=load_plan_images,
+        manager = EvaluationManager(store, ports_for=ports_for,
+                                    datasets=PlanDatasets(BUILTIN_SOURCES),
                                     artifacts_dir=state / "artifacts")
         closers.append(manager.close)
         register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,

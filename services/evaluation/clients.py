@@ -1,34 +1,49 @@
 """The evaluation runner's ports over gRPC: clients of the proxy, perturbation, scoring and
-report services. Transport only."""
+report services. Transport, and the one place converting between the runner's domain
+objects (``ports.py``, ``answers.py``) and the other services' messages.
+
+Images travel as raw uint8 tensors (never PNG) between services; answers come back as arrays.
+"""
 
 from __future__ import annotations
 
-import base64
-import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
-import cv2
 import grpc
 import numpy as np
 from fortis.common.v1 import common_pb2
-from fortis.perturbation.v1 import perturbation_pb2, perturbation_pb2_grpc
+from fortis.perturbation.v1 import perturbation_pb2 as ppb
+from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.report.v1 import report_pb2, report_pb2_grpc
-from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
+from fortis.scoring.v1 import scoring_pb2 as spb
+from fortis.scoring.v1 import scoring_pb2_grpc
 from fortis.services.common import errors
-from fortis.services.common.codec import (
-    array_to_tensor,
-    decode_image,
-    image_msg,
-    intify,
-    ranked_labels_scores,
-    tensor_to_array,
-)
+from fortis.services.common.codec import array_to_tensor, decode_image, image_msg, tensor_to_array
+from fortis.services.common.params import Param
 from fortis.services.common.server import error_from_rpc
-from fortis.services.evaluation.ports import AttackOutcome, TargetDescription
-from fortis.services.scoring.ieee import ClassPrediction
-from google.protobuf import json_format, struct_pb2
+from fortis.services.evaluation import convert
+from fortis.services.evaluation.answers import (
+    Answers,
+    ClassAnswers,
+    DetectionAnswers,
+    SegmentationAnswers,
+)
+from fortis.services.evaluation.ports import (
+    AttackEntry,
+    AttackOutcome,
+    Catalogue,
+    PerturbationEntry,
+    ReportInput,
+    Scored,
+    ScoringSetup,
+    Setting,
+    TargetDescription,
+)
+from google.protobuf import json_format
+
+__all__ = ["GrpcPerturbation", "GrpcProxy", "GrpcReport", "GrpcScoring"]
 
 _OUTPUT = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
            common_pb2.OUTPUT_KIND_TOP_K_SCORES: "top_k",
@@ -37,7 +52,6 @@ _OUTPUT = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
 _TASK = {common_pb2.TASK_TYPE_CLASSIFICATION: "classification",
          common_pb2.TASK_TYPE_DETECTION: "detection",
          common_pb2.TASK_TYPE_SEGMENTATION: "segmentation"}
-T = TypeVar("T")
 
 
 def _call(fn: Any, req: Any, md: Sequence[tuple[str, str]], timeout: float | None = None) -> Any:
@@ -51,27 +65,72 @@ def _per_query(err: errors.FortisError) -> bool:
     """A failed Predict that concerns these images (the target down after the proxy's
     retries, the target refusing the images, an unusable answer), not the evaluation itself
     (unknown session, spent budget, bad credentials)."""
-    if isinstance(err, errors.BudgetExhausted | errors.NotFound | errors.Unauthenticated
-                  | errors.FailedPrecondition | errors.AlreadyExists):
-        return False
-    return True
+    return not isinstance(err, errors.BudgetExhausted | errors.NotFound | errors.Unauthenticated
+                          | errors.FailedPrecondition | errors.AlreadyExists)
 
 
-def answer_json(p: common_pb2.Prediction) -> dict[str, Any]:
-    """A detection or segmentation answer as stored with the evaluation's items."""
-    kind = p.WhichOneof("result")
-    if kind == "detection":
+def _class_answers(preds: Sequence[common_pb2.Prediction]) -> ClassAnswers:
+    labels, scores, errs = [], [], []
+    for p in preds:
+        cls = p.classification.classes
+        labels.append([int(c.label) for c in cls])
+        has = bool(cls) and all(c.HasField("score") for c in cls)
+        scores.append([float(c.score) for c in cls] if has else None)
+        errs.append("" if p.WhichOneof("result") == "classification" else
+                    f"expected a classification answer, got {p.WhichOneof('result') or 'nothing'}")
+    return ClassAnswers.from_rows(labels, scores, errs)
+
+
+def _detection_answers(preds: Sequence[common_pb2.Prediction]) -> DetectionAnswers:
+    boxes, labels, scores, counts, errs = [], [], [], [], []
+    for p in preds:
+        if p.WhichOneof("result") != "detection":
+            counts.append(0)
+            errs.append(f"expected a detection answer, got {p.WhichOneof('result') or 'nothing'}")
+            continue
         bs = p.detection.boxes
-        return {"boxes": [[b.x_min, b.y_min, b.x_max, b.y_max] for b in bs],
-                "labels": [int(b.label) for b in bs], "scores": [float(b.score) for b in bs]}
-    if kind == "segmentation":
-        m = tensor_to_array(p.segmentation.class_map, "segmentation.class_map")
-        if m.ndim != 2:
-            return {"error": f"class_map must be [height, width], got {list(m.shape)}"}
-        m16 = m.astype(np.uint16) if m.max(initial=0) > 255 else m.astype(np.uint8)
-        ok, buf = cv2.imencode(".png", m16)
-        return {"mask_png": base64.b64encode(buf.tobytes()).decode()} if ok else {"error": "mask encoding failed"}
-    return {"error": f"expected a detection or segmentation answer, got {kind or 'nothing'}"}
+        boxes += [[b.x_min, b.y_min, b.x_max, b.y_max] for b in bs]
+        labels += [int(b.label) for b in bs]
+        scores += [float(b.score) for b in bs]
+        counts.append(len(bs))
+        errs.append("")
+    return DetectionAnswers(boxes=np.asarray(boxes, np.float32).reshape(-1, 4),
+                            labels=np.asarray(labels, np.int64), scores=np.asarray(scores, np.float32),
+                            counts=np.asarray(counts, np.int64), errors=tuple(errs))
+
+
+def _segmentation_answers(preds: Sequence[common_pb2.Prediction]) -> SegmentationAnswers:
+    maps, shapes, errs = [], [], []
+    for k, p in enumerate(preds):
+        m = None
+        err = ""
+        if p.WhichOneof("result") != "segmentation":
+            err = f"expected a segmentation answer, got {p.WhichOneof('result') or 'nothing'}"
+        else:
+            try:
+                m = tensor_to_array(p.segmentation.class_map, f"predictions[{k}].segmentation.class_map")
+                if m.ndim != 2:
+                    err, m = f"class_map must be [height, width], got {list(m.shape)}", None
+            except errors.InvalidArgument as exc:
+                err = str(exc)
+        maps.append(None if m is None else m.astype(np.int64))
+        shapes.append((0, 0) if m is None else (int(m.shape[0]), int(m.shape[1])))
+        errs.append(err)
+    sizes = {s for s in shapes if s != (0, 0)}
+    stacked = None
+    if len(sizes) == 1:
+        h, w = sizes.pop()
+        stacked = np.stack([m if m is not None and m.shape == (h, w) else np.full((h, w), -1, np.int64)
+                            for m in maps])
+    return SegmentationAnswers(class_maps=stacked, errors=tuple(errs), shapes=tuple(shapes))
+
+
+_ANSWERS: dict[str, Callable[[Sequence[common_pb2.Prediction]], Answers]] = {
+    "classification": _class_answers, "detection": _detection_answers,
+    "segmentation": _segmentation_answers}
+_FAILED: dict[str, Callable[[int, str], Answers]] = {
+    "classification": ClassAnswers.failed, "detection": DetectionAnswers.failed,
+    "segmentation": SegmentationAnswers.failed}
 
 
 class GrpcProxy:
@@ -82,56 +141,75 @@ class GrpcProxy:
         self.batch_limit = batch_limit
 
     def target_info(self, target: str) -> TargetDescription:
-        info = _call(self.stub.GetTargetInfo, proxy_pb2.GetTargetInfoRequest(target=target), self.md).info
+        info = _call(self.stub.GetTargetInfo, proxy_pb2.GetTargetInfoRequest(target=target), self.md, 60).info
         return TargetDescription(name=info.name, task=_TASK.get(info.task_type, "unspecified"),
                                  labels=tuple(info.labels), output_kind=_OUTPUT.get(info.output_kind, "unspecified"),
                                  top_k=info.top_k, input_height=info.input.height,
                                  input_width=info.input.width, input_channels=info.input.channels,
                                  version=info.version)
 
+    def target_names(self) -> list[str]:
+        names: list[str] = []
+        token = ""
+        while True:
+            resp = _call(self.stub.ListTargets, proxy_pb2.ListTargetsRequest(
+                page_size=1000, page_token=token), self.md, 60)
+            names += [t.name for t in resp.targets]
+            token = resp.next_page_token
+            if not token:
+                return names
+
     def open_session(self, *, session_id: str, target: str, query_budget: int = 0,
                      per_image_budget: int = 0, description: str = "") -> None:
         _call(self.stub.CreateSession, proxy_pb2.CreateSessionRequest(
             target=target, session_id=session_id, query_budget=query_budget,
-            per_image_budget=per_image_budget, description=description), self.md)
+            per_image_budget=per_image_budget, description=description), self.md, 60)
 
-    def _predict(self, session_id: str, origin: str, images: Sequence[tuple[str, np.ndarray]],
-                 answer: Callable[[common_pb2.Prediction], T], failed: Callable[[str], T]) -> list[T]:
-        """Predict through the proxy in batches. A failed call that concerns its images (the
-        target down after the proxy's retries, refusing the images, or answering something
-        unusable) gives per-query errors -- recorded in the ledger, scored as incorrect,
-        shown in the report; any other failure ends the evaluation."""
-        out: list[T] = []
+    def predict(self, *, session_id: str, origin: str, task: str,
+                images: Sequence[tuple[str, np.ndarray]]) -> Answers:
+        """Predict through the proxy in batches of raw tensors. A failed call that concerns
+        its images gives per-image errors (recorded in the ledger, scored as incorrect,
+        shown in the report); any other failure ends the evaluation."""
+        parts: list[Answers] = []
         for s in range(0, len(images), self.batch_limit):
             part = images[s:s + self.batch_limit]
             req = proxy_pb2.PredictRequest(session_id=session_id, origin=origin,
-                                           images=[image_msg(i, im) for i, im in part])
+                                           images=[image_msg(i, im, raw=True) for i, im in part])
             try:
                 resp = self.stub.Predict(req, metadata=self.md, timeout=300)
             except grpc.RpcError as exc:
                 err = error_from_rpc(exc)
-                if _per_query(err):
-                    out += [failed(str(err)) for _ in part]
-                    continue
-                raise err from None
-            out += [answer(p) for p in resp.predictions]
-        return out
-
-    def predict(self, *, session_id: str, origin: str,
-                images: Sequence[tuple[str, np.ndarray]]) -> list[ClassPrediction]:
-        def answer(p: common_pb2.Prediction) -> ClassPrediction:
-            labels, scores = ranked_labels_scores(p)
-            return ClassPrediction(labels=labels, scores=scores)
-        return self._predict(session_id, origin, images, answer,
-                             lambda e: ClassPrediction(labels=(), scores=None, error=e))
-
-    def predict_answers(self, *, session_id: str, origin: str,
-                        images: Sequence[tuple[str, np.ndarray]]) -> list[dict[str, Any]]:
-        return self._predict(session_id, origin, images, answer_json, lambda e: {"error": e})
+                if not _per_query(err):
+                    raise err from None
+                parts.append(_FAILED[task](len(part), str(err)))
+                continue
+            parts.append(_ANSWERS[task](resp.predictions))
+        from fortis.services.evaluation.answers import concat
+        return concat(parts) if parts else _FAILED[task](0, "")
 
     def session_queries(self, session_id: str) -> tuple[int, dict[str, int]]:
-        st = _call(self.stub.GetSessionStats, proxy_pb2.GetSessionStatsRequest(session_id=session_id), self.md)
+        st = _call(self.stub.GetSessionStats, proxy_pb2.GetSessionStatsRequest(session_id=session_id), self.md, 60)
         return int(st.queries_ok), {i.image_id: int(i.queries) for i in st.images}
+
+
+def _enum_name(enum: Any, value: int, prefix: str) -> str:
+    try:
+        return str(enum.Name(value)).removeprefix(prefix).lower()
+    except ValueError:
+        return ""
+
+
+def _param(p: Any) -> Param:
+    """A ParameterSpec message as the shared schema."""
+    typ = _enum_name(ppb.ParameterType, p.type, "PARAMETER_TYPE_")
+    default: Any = None
+    if not p.required and p.HasField("default_value"):
+        which = p.default_value.WhichOneof("value")
+        default = getattr(p.default_value, which) if which else None
+    return Param(name=p.name, type=typ, default=default, description=p.description,
+                 minimum=p.minimum if p.HasField("minimum") else None,
+                 maximum=p.maximum if p.HasField("maximum") else None,
+                 choices=tuple(p.choices))
 
 
 class GrpcPerturbation:
@@ -139,38 +217,81 @@ class GrpcPerturbation:
         self.stub = perturbation_pb2_grpc.PerturbationServiceStub(ch)
         self.md = tuple(metadata)
 
-    def corrupt(self, corruption_id: str, severity: int, seed: int,
+    def catalogue(self) -> Catalogue:
+        perts: dict[str, PerturbationEntry] = {}
+        token = ""
+        while True:
+            resp = _call(self.stub.ListPerturbations,
+                         ppb.ListPerturbationsRequest(page_size=1000, page_token=token), self.md, 60)
+            for it in resp.perturbations:
+                perts[it.id] = PerturbationEntry(
+                    id=it.id, kind=_enum_name(ppb.PerturbationKind, it.kind, "PERTURBATION_KIND_"),
+                    family=it.family, refs=tuple(it.refs),
+                    level_kind=_enum_name(ppb.LevelKind, it.level_kind, "LEVEL_KIND_"),
+                    levels=tuple(it.levels), needs_model=it.needs_model,
+                    params=tuple(_param(p) for p in it.parameters), info=it)
+            token = resp.next_page_token
+            if not token:
+                break
+        attacks: dict[str, AttackEntry] = {}
+        token = ""
+        while True:
+            aresp = _call(self.stub.ListAttacks,
+                          ppb.ListAttacksRequest(page_size=1000, page_token=token), self.md, 60)
+            for a in aresp.attacks:
+                attacks[a.id] = AttackEntry(
+                    id=a.id, kind=_enum_name(ppb.AttackKind, a.kind, "ATTACK_KIND_"),
+                    family=a.family, refs=tuple(a.refs),
+                    norms=tuple(_enum_name(ppb.Norm, n, "NORM_") for n in a.norms),
+                    needs_surrogate=a.needs_surrogate,
+                    params=tuple(_param(p) for p in a.parameters))
+            token = aresp.next_page_token
+            if not token:
+                break
+        return Catalogue(perturbations=perts, attacks=attacks)
+
+    def perturb(self, perturbation_id: str, level: int, seed: int,
                 images: Sequence[tuple[str, np.ndarray]],
                 params: Mapping[str, Any] | None = None, *, surrogate: str = "",
                 labels: Sequence[int] | None = None) -> list[np.ndarray]:
-        req = perturbation_pb2.ApplyPerturbationRequest(
-            perturbation_id=corruption_id, severity=severity, seed=seed,
-            images=[image_msg(i, im) for i, im in images], surrogate=surrogate,
+        req = ppb.ApplyPerturbationRequest(
+            perturbation_id=perturbation_id, severity=level, seed=seed,
+            images=[image_msg(i, im, raw=True) for i, im in images], surrogate=surrogate,
             labels=[int(x) for x in labels or ()])
         if params:
-            json_format.ParseDict(json.loads(json.dumps(dict(params))), req.params)
+            json_format.ParseDict(dict(params), req.params)
         resp = _call(self.stub.ApplyPerturbation, req, self.md, 600)
         return [decode_image(m, f"images[{k}]") for k, m in enumerate(resp.images)]
 
     def attack(self, attack_id: str, params: Mapping[str, Any], seed: int,
                images: Sequence[tuple[str, np.ndarray, Sequence[int]]], *,
-               session_id: str = "", origin: str = "", surrogate: str = "") -> list[AttackOutcome]:
-        s = struct_pb2.Struct()
-        json_format.ParseDict(json.loads(json.dumps(dict(params))), s)
-        req = perturbation_pb2.RunAttackRequest(
-            attack_id=attack_id, params=s, seed=seed, proxy_session_id=session_id,
+               session_id: str = "", origin: str = "", surrogate: str = "",
+               on_result: Callable[[AttackOutcome], None] | None = None,
+               cancelled: Callable[[], bool] | None = None) -> list[AttackOutcome]:
+        req = ppb.RunAttackRequest(
+            attack_id=attack_id, seed=seed, proxy_session_id=session_id,
             origin=origin, surrogate=surrogate,
-            images=[perturbation_pb2.LabeledImage(image=image_msg(i, im), labels=list(lab))
+            images=[ppb.LabeledImage(image=image_msg(i, im, raw=True), labels=list(lab))
                     for i, im, lab in images])
+        json_format.ParseDict(dict(params), req.params)
         outs = []
+        call = self.stub.RunAttack(req, metadata=self.md, timeout=3600)
         try:
-            for r in self.stub.RunAttack(req, metadata=self.md, timeout=3600):
-                outs.append(AttackOutcome(
+            for r in call:
+                o = AttackOutcome(
                     image_id=r.image_id, adversarial=decode_image(r.adversarial, "adversarial"),
                     adversarial_float=tensor_to_array(r.adversarial_float, "adversarial_float"),
                     success=r.success if r.HasField("success") else None, queries=int(r.queries),
-                    linf=r.linf, l2=r.l2, stop_reason=r.stop_reason,
-                    initially_correct=r.initially_correct if r.HasField("initially_correct") else None))
+                    linf=r.linf, l2=r.l2,
+                    stop_reason=_enum_name(ppb.StopReason, r.stop_reason, "STOP_REASON_"),
+                    initially_correct=r.initially_correct if r.HasField("initially_correct") else None)
+                outs.append(o)
+                if on_result is not None:
+                    on_result(o)
+                if cancelled is not None and cancelled():
+                    call.cancel()
+                    from fortis.services.evaluation.stages import Cancelled
+                    raise Cancelled("cancelled by a caller")
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         return outs
@@ -181,37 +302,22 @@ class GrpcScoring:
         self.stub = scoring_pb2_grpc.ScoringServiceStub(ch)
         self.md = tuple(metadata)
 
-    def score(self, *, rule: Mapping[str, Any], labels: Mapping[str, Sequence[int]],
-              tests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        req = scoring_pb2.ScoreClassificationRequest(
-            rule=scoring_pb2.CorrectnessRule(mode=rule["mode"], k=int(rule["k"]),
-                                             threshold=float(rule["threshold"])),
-            labels={k: scoring_pb2.LabelSet(labels=list(v)) for k, v in labels.items()})
-        for t in tests:
-            preds = t.get("predictions", {})
-            to = scoring_pb2.TestOutcomes(kind=t["kind"], perturbation_id=t.get("perturbation_id", ""),
-                                          severity=int(t.get("severity", 0)),
-                                          query_budget=int(t.get("query_budget", 0)),
-                                          image_ids=list(t.get("image_ids", ())))
-            if "success" in t:
-                for image_id, ok in t["success"].items():
-                    to.predictions.add(image_id=image_id)
-                    to.success.append(bool(ok))
-                    to.queries.append(int(t["queries"].get(image_id, 0)))
-            for image_id, p in preds.items():
-                to.predictions.add(image_id=image_id, labels=p["labels"], scores=p["scores"] or [],
-                                   error=p.get("error") or "")
-            req.tests.append(to)
-        resp = _call(self.stub.ScoreClassification, req, self.md, 600)
-        return intify(json_format.MessageToDict(resp.metrics))
+    def score(self, setup: ScoringSetup, settings: Iterable[Setting]) -> Scored:
+        def stream() -> Iterator[spb.ScoreEvaluationRequest]:
+            yield spb.ScoreEvaluationRequest(setup=convert.scoring_setup(setup))
+            for s in settings:
+                yield spb.ScoreEvaluationRequest(setting=convert.setting(s))
+        resp = _call(self.stub.ScoreEvaluation, stream(), self.md, 900)
+        return Scored(summary=convert.summary(resp), metrics=resp)
 
     def compute(self, metric: str, arrays: Mapping[str, np.ndarray],
                 params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        req = scoring_pb2.ComputeRequest(metric=metric)
+        """One entry of the open metric catalogue (Struct result: numbers are doubles)."""
+        req = spb.ComputeRequest(metric=metric)
         for name, arr in arrays.items():
             req.arrays[name].CopyFrom(array_to_tensor(np.asarray(arr)))
         if params:
-            json_format.ParseDict(json.loads(json.dumps(dict(params))), req.params)
+            json_format.ParseDict(dict(params), req.params)
         resp = _call(self.stub.Compute, req, self.md, 600)
         return json_format.MessageToDict(resp.result)
 
@@ -221,9 +327,7 @@ class GrpcReport:
         self.stub = report_pb2_grpc.ReportServiceStub(ch)
         self.md = tuple(metadata)
 
-    def render(self, parts: Mapping[str, Any]) -> tuple[str, str]:
-        s = struct_pb2.Struct()
-        json_format.ParseDict(json.loads(json.dumps(parts, default=str)), s)
-        resp = _call(self.stub.RenderReport, report_pb2.RenderReportRequest(parts=s), self.md, 600)
-        report = intify(json.loads(resp.report_json))
-        return json.dumps(report, indent=2, sort_keys=True), resp.report_html
+    def render(self, parts: ReportInput) -> tuple[str, str]:
+        resp = _call(self.stub.RenderReport,
+                     report_pb2.RenderReportRequest(parts=convert.report_parts(parts)), self.md, 600)
+        return resp.report_json, resp.report_html

@@ -17,14 +17,21 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument
-from fortis.services.evaluation.plan import Plan
-from fortis.services.evaluation.runner import LabeledImage
+from fortis.services.evaluation.plan import DatasetRef, Plan
+from fortis.services.evaluation.runner import DatasetPort
+from fortis.services.evaluation.stages.base import LabeledImage
+
+#: A built-in image source: (split, offset, limit) of a dataset -> images with their dataset
+#: labels. Wired in by the composition root (services/app.py) from the adapters' data sets,
+#: so this service imports no model or data code.
+BuiltinSource = Callable[[DatasetRef], list[LabeledImage]]
 
 
 def _read_image(path: Path, field: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
@@ -95,33 +102,35 @@ def load_plan_truths(plan: Plan) -> dict[str, Any]:
     return out
 
 
-def load_plan_images(plan: Plan) -> list[LabeledImage]:
-    ds = plan.dataset
-    lm = ds.label_map
-    out: list[LabeledImage] = []
-    if ds.source == "fashion-mnist":
-        from fortis.adapters.torch_models.datasets import load_fashion_mnist
+class PlanDatasets(DatasetPort):
+    """The plan's images: a built-in source (by name) or a manifest."""
+
+    def __init__(self, builtin: Mapping[str, BuiltinSource]) -> None:
+        self.builtin = dict(builtin)
+
+    def truths(self, plan: Plan) -> dict[str, Any]:
+        return load_plan_truths(plan)
+
+    def images(self, plan: Plan) -> list[LabeledImage]:
+        ds = plan.dataset
+        lm = ds.label_map
+        if ds.source == "manifest":
+            out: list[LabeledImage] = []
+            for row in read_manifest(plan):
+                truth_labels: tuple[int, ...] = ()
+                if plan.target.task == "classification":
+                    lab = row.get("labels")
+                    lab = [lab] if isinstance(lab, int) else lab
+                    if not isinstance(lab, list) or not lab:
+                        raise InvalidArgument(f"{row['_where']}.labels", "a classification manifest needs labels per image")
+                    truth_labels = tuple(lm.get(int(x), int(x)) for x in lab)
+                out.append((str(row["id"]), row["_image"], truth_labels))
+            return out
+        source = self.builtin.get(ds.source)
+        if source is None:
+            raise FailedPrecondition(f"dataset source '{ds.source}' is not available on this server")
         try:
-            images, labels = load_fashion_mnist(ds.split, limit=ds.limit, offset=ds.offset)
+            rows = source(ds)
         except FileNotFoundError as exc:
             raise FailedPrecondition(str(exc)) from None
-        for k, (im, lab) in enumerate(zip(images, labels, strict=True)):
-            out.append((f"fmnist-{ds.split}-{ds.offset + k:05d}", im, (lm.get(int(lab), int(lab)),)))
-    elif ds.source == "imagenet-photos":
-        from fortis.adapters.torch_models.datasets import load_imagenet_photos
-        from fortis.adapters.torch_models.mobilenet import preprocess_photo
-        photos = load_imagenet_photos()[ds.offset:ds.offset + ds.limit]
-        for p in photos:
-            out.append((p.image_id, preprocess_photo(p.image),
-                        tuple(lm.get(lab, lab) for lab in p.labels)))
-    elif ds.source == "manifest":
-        for row in read_manifest(plan):
-            truth_labels: tuple[int, ...] = ()
-            if plan.target.task == "classification":
-                lab = row.get("labels")
-                lab = [lab] if isinstance(lab, int) else lab
-                if not isinstance(lab, list) or not lab:
-                    raise InvalidArgument(f"{row['_where']}.labels", "a classification manifest needs labels per image")
-                truth_labels = tuple(lm.get(int(x), int(x)) for x in lab)
-            out.append((str(row["id"]), row["_image"], truth_labels))
-    return out
+        return [(i, im, tuple(lm.get(lab, lab) for lab in labels)) for i, im, labels in rows]

@@ -1,27 +1,39 @@
 """Test plans (IEEE-P3): parsing and validation with precise, field-named errors.
 
 A plan is YAML or JSON. Every problem found is reported at once, each naming its field
-(e.g. ``corruptions[2].severities[0]: must be an integer in 1..5, got 0``). Domain code.
+(e.g. ``corruptions[2].severities[0]: must be an integer in 1..5, got 0``). What the plan may
+name -- perturbations, attacks and their parameter schemas -- comes from a :class:`Catalogue`
+the evaluation service learned from the perturbation service's List RPCs, and the correctness
+criteria from the shared contract data in ``services/common/criteria.py``; this module imports
+no other service. Each section has its own validator; :func:`validate_plan` runs them all.
+Domain code.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from fortis.services.common.criteria import (
+    CORRECTNESS_MODES,
+    CorrectnessRule,
+    DetectionCriterion,
+    SegmentationCriterion,
+)
 from fortis.services.common.errors import FieldViolation, InvalidArgument
-from fortis.services.perturbation.catalogue import ATTACKS, validate_params
-from fortis.services.perturbation.corruptions import CORRUPTIONS
-from fortis.services.perturbation.registry import PERTURBATIONS
-from fortis.services.perturbation.registry import validate_params as validate_perturbation_params
+from fortis.services.common.params import validate_params
+from fortis.services.evaluation.ports import Catalogue
 
 DATASETS = ("fashion-mnist", "imagenet-photos", "manifest")
 TASKS = ("classification", "detection", "segmentation")
-CORRECTNESS_MODES = ("top1", "topk", "threshold")
 MAX_PLAN_BYTES = 1_000_000
+MAX_DEPTH = 32
+__all__ = ["CORRECTNESS_MODES", "DATASETS", "MAX_PLAN_BYTES", "TASKS", "AttackTest",
+           "CorruptionTest", "DatasetRef", "DegradationTest", "Plan", "Role", "TargetRef",
+           "load_plan", "parse_plan_text", "validate_plan"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,8 +104,8 @@ class Plan:
     attacks: tuple[AttackTest, ...]
     batch_size: int
     degradation: tuple[DegradationTest, ...] = ()
-    #: IEEE-C4 / IEEE-C5 service-type parameters (IEEE-P3), as plain mappings validated by
-    #: fortis.services.scoring.correctness (DetectionCriterion / SegmentationCriterion).
+    #: IEEE-C4 / IEEE-C5 service-type parameters (IEEE-P3), validated by
+    #: services/common/criteria (DetectionCriterion / SegmentationCriterion).
     detection: Mapping[str, Any] = field(default_factory=dict)
     segmentation: Mapping[str, Any] = field(default_factory=dict)
     raw: Mapping[str, Any]
@@ -120,7 +132,7 @@ class _V:
         for k in doc:
             if k not in allowed:
                 where = f"{path}.{k}" if path else str(k)
-                self.bad(where, f"unknown field; allowed: {', '.join(sorted(allowed))}")
+                self.bad(where[:200], f"unknown field; allowed: {', '.join(sorted(allowed))}")
 
     def string(self, doc: Mapping[str, Any], key: str, path: str, *, required: bool = False,
                default: str = "", choices: tuple[str, ...] | None = None) -> str:
@@ -131,10 +143,10 @@ class _V:
             return default
         v = doc[key]
         if not isinstance(v, str) or (required and not v.strip()):
-            self.bad(p, f"must be a non-empty string, got {v!r}")
+            self.bad(p, f"must be a non-empty string, got {_short(v)}")
             return default
         if choices and v not in choices:
-            self.bad(p, f"must be one of {', '.join(choices)}, got {v!r}")
+            self.bad(p, f"must be one of {', '.join(choices)}, got {_short(v)}")
             return default
         return v
 
@@ -145,9 +157,54 @@ class _V:
             return default
         v = doc[key]
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            self.bad(p, f"must be an integer in {lo}..{hi}, got {v!r}")
+            self.bad(p, f"must be an integer in {lo}..{hi}, got {_short(v)}")
             return default
         return v
+
+    def levels(self, doc: Mapping[str, Any], key: str, path: str, *, lo: int, hi: int,
+               default: list[int]) -> tuple[int, ...]:
+        """A non-empty list of distinct integers in lo..hi, sorted."""
+        raw = doc.get(key, default)
+        if not isinstance(raw, list) or not raw:
+            self.bad(f"{path}.{key}", f"must be a non-empty list of integers in {lo}..{hi}")
+            return ()
+        ok = []
+        for j, x in enumerate(raw):
+            if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
+                self.bad(f"{path}.{key}[{j}]", f"must be an integer in {lo}..{hi}, got {_short(x)}")
+            else:
+                ok.append(x)
+        if len(set(ok)) != len(ok):
+            self.bad(f"{path}.{key}", f"{key} repeat")
+        return tuple(sorted(set(ok)))
+
+    def items(self, doc: Mapping[str, Any], key: str) -> list[Any]:
+        raw = doc.get(key) or []
+        if not isinstance(raw, list):
+            self.bad(key, "must be a list")
+            return []
+        return raw
+
+
+def _short(v: Any, limit: int = 80) -> str:
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "..."
+
+
+def _depth(doc: Any, limit: int) -> int:
+    """Nesting depth of a parsed document, stopping once past ``limit``."""
+    stack = [(doc, 1)]
+    worst = 0
+    while stack:
+        node, d = stack.pop()
+        worst = max(worst, d)
+        if worst > limit:
+            return worst
+        if isinstance(node, Mapping):
+            stack += [(v, d + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, d + 1) for v in node]
+    return worst
 
 
 def parse_plan_text(text: str, fmt: str = "") -> dict[str, Any]:
@@ -159,42 +216,46 @@ def parse_plan_text(text: str, fmt: str = "") -> dict[str, Any]:
     fmt = fmt or ("json" if text.lstrip().startswith("{") else "yaml")
     try:
         doc = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    except RecursionError:
+        raise InvalidArgument("plan", f"nested more than {MAX_DEPTH} levels deep") from None
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         if isinstance(exc, json.JSONDecodeError):
             where = f" at line {exc.lineno}, column {exc.colno}"
-        raise InvalidArgument("plan", f"not valid {fmt.upper()}{where}: {getattr(exc, 'problem', None) or exc}") from None
+        problem = str(getattr(exc, "problem", None) or exc)[:200]
+        raise InvalidArgument("plan", f"not valid {fmt.upper()}{where}: {problem}") from None
     if not isinstance(doc, dict):
         raise InvalidArgument("plan", f"the plan must be a mapping at the top level, got {type(doc).__name__}")
+    if _depth(doc, MAX_DEPTH) > MAX_DEPTH:
+        raise InvalidArgument("plan", f"nested more than {MAX_DEPTH} levels deep")
     return doc
 
 
-def validate_plan(doc: Mapping[str, Any]) -> Plan:
-    """Check a plan document; raise one InvalidArgument listing every problem."""
-    v = _V()
-    v.unknown(doc, "", {"name", "seed", "roles", "target", "dataset", "correctness",
-                        "corruptions", "attacks", "execution", "description", "degradation",
-                        "detection", "segmentation"})
-    name = v.string(doc, "name", "", required=True)
-    seed = v.integer(doc, "seed", "", default=0, lo=0, hi=2**63 - 1)
+# -- sections ----------------------------------------------------------------------------------
 
+def _roles(v: _V, doc: Mapping[str, Any]) -> dict[str, Role]:
     roles = v.mapping(doc.get("roles"), "roles", required=False)
     v.unknown(roles, "roles", {"requester", "tester", "provider"})
-    role_objs = {}
+    out = {}
     for r in ("requester", "tester", "provider"):
         rd = v.mapping(roles.get(r), f"roles.{r}", required=False)
         v.unknown(rd, f"roles.{r}", {"name", "organisation"})
-        role_objs[r] = Role(name=v.string(rd, "name", f"roles.{r}"),
-                            organisation=v.string(rd, "organisation", f"roles.{r}"))
+        out[r] = Role(name=v.string(rd, "name", f"roles.{r}"),
+                      organisation=v.string(rd, "organisation", f"roles.{r}"))
+    return out
 
+
+def _target(v: _V, doc: Mapping[str, Any]) -> TargetRef:
     t = v.mapping(doc.get("target"), "target")
     v.unknown(t, "target", {"name", "task", "endpoint", "credentials_ref"})
-    target = TargetRef(name=v.string(t, "name", "target", required=True),
-                       task=v.string(t, "task", "target", default="classification", choices=TASKS),
-                       endpoint=v.string(t, "endpoint", "target"),
-                       credentials_ref=v.string(t, "credentials_ref", "target"))
+    return TargetRef(name=v.string(t, "name", "target", required=True),
+                     task=v.string(t, "task", "target", default="classification", choices=TASKS),
+                     endpoint=v.string(t, "endpoint", "target"),
+                     credentials_ref=v.string(t, "credentials_ref", "target"))
 
+
+def _dataset(v: _V, doc: Mapping[str, Any], task: str) -> DatasetRef:
     d = v.mapping(doc.get("dataset"), "dataset")
     v.unknown(d, "dataset", {"source", "split", "limit", "offset", "label_map", "path"})
     label_map: dict[int, int] = {}
@@ -205,8 +266,8 @@ def validate_plan(doc: Mapping[str, Any]) -> Plan:
         for k, val in lm.items():
             try:
                 label_map[int(k)] = int(val)
-            except (TypeError, ValueError):
-                v.bad(f"dataset.label_map.{k}", f"labels must be integers, got {k!r}: {val!r}")
+            except (TypeError, ValueError, OverflowError):
+                v.bad(f"dataset.label_map.{str(k)[:40]}", f"labels must be integers, got {_short(k)}: {_short(val)}")
     dataset = DatasetRef(source=v.string(d, "source", "dataset", required=True, choices=DATASETS),
                          split=v.string(d, "split", "dataset", default="test", choices=("test", "train")),
                          limit=v.integer(d, "limit", "dataset", default=100, lo=1, hi=100_000),
@@ -214,186 +275,184 @@ def validate_plan(doc: Mapping[str, Any]) -> Plan:
                          label_map=label_map, path=v.string(d, "path", "dataset"))
     if dataset.source == "manifest" and not dataset.path:
         v.bad("dataset.path", "source 'manifest' needs the path of a JSON-lines manifest")
-    task = target.task
-    det_d: dict[str, Any] = {}
-    seg_d: dict[str, Any] = {}
-    if task == "detection":
-        det_d = dict(v.mapping(doc.get("detection"), "detection", required=False))
-        try:
-            from fortis.services.scoring.correctness import DetectionCriterion
-            DetectionCriterion.from_dict(det_d)
-        except InvalidArgument as exc:
-            v.problems += exc.violations
-    elif "detection" in doc:
-        v.bad("detection", f"only for detection targets; this plan's target.task is {task}")
-    if task == "segmentation":
-        seg_d = dict(v.mapping(doc.get("segmentation"), "segmentation"))
-        try:
-            from fortis.services.scoring.correctness import SegmentationCriterion
-            SegmentationCriterion.from_dict(seg_d)
-        except InvalidArgument as exc:
-            v.problems += exc.violations
-    elif "segmentation" in doc:
-        v.bad("segmentation", f"only for segmentation targets; this plan's target.task is {task}")
     if task != "classification" and dataset.source != "manifest":
         v.bad("dataset.source", f"a {task} plan needs ground truth: use source 'manifest' "
               "(boxes or masks per image)")
+    return dataset
 
-    c = v.mapping(doc.get("correctness"), "correctness", required=False)
-    v.unknown(c, "correctness", {"mode", "k", "threshold"})
-    correctness = {"mode": v.string(c, "mode", "correctness", default="top1", choices=CORRECTNESS_MODES),
-                   "k": v.integer(c, "k", "correctness", default=5, lo=1, hi=1000),
+
+def _criteria(v: _V, doc: Mapping[str, Any], task: str
+              ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(correctness, detection, segmentation) sections, each checked by the shared criteria
+    (IEEE-C1/C2, C4, C5)."""
+    def check(build: Callable[[], Any]) -> None:
+        try:
+            build()
+        except InvalidArgument as exc:
+            v.problems.extend(exc.violations)
+
+    det: dict[str, Any] = {}
+    seg: dict[str, Any] = {}
+    if task == "detection":
+        det = dict(v.mapping(doc.get("detection"), "detection", required=False))
+        check(lambda: DetectionCriterion.from_dict(det))
+    elif "detection" in doc:
+        v.bad("detection", f"only for detection targets; this plan's target.task is {task}")
+    if task == "segmentation":
+        seg = dict(v.mapping(doc.get("segmentation"), "segmentation"))
+        check(lambda: SegmentationCriterion.from_dict(seg))
+    elif "segmentation" in doc:
+        v.bad("segmentation", f"only for segmentation targets; this plan's target.task is {task}")
+    c = dict(v.mapping(doc.get("correctness"), "correctness", required=False))
+    check(lambda: CorrectnessRule.from_dict(c))
+    correctness = {"mode": c.get("mode", "top1"), "k": c.get("k", 5),
                    "threshold": c.get("threshold", 0.5)}
-    th = correctness["threshold"]
-    if isinstance(th, bool) or not isinstance(th, int | float) or not 0 <= th < 1:
-        v.bad("correctness.threshold", f"must be a number in [0, 1), got {th!r}")
+    return correctness, det, seg
 
-    corruptions: list[CorruptionTest] = []
-    cl = doc.get("corruptions") or []
-    if not isinstance(cl, list):
-        v.bad("corruptions", "must be a list")
-        cl = []
+
+def _corruptions(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[CorruptionTest]:
+    out: list[CorruptionTest] = []
     seen: set[str] = set()
-    for i, item in enumerate(cl):
+    for i, item in enumerate(v.items(doc, "corruptions")):
         p = f"corruptions[{i}]"
-        if isinstance(item, str):
-            item = {"id": item}
-        it = v.mapping(item, p)
+        it = v.mapping({"id": item} if isinstance(item, str) else item, p)
         v.unknown(it, p, {"id", "severities", "params"})
         cid = v.string(it, "id", p, required=True)
-        spec = PERTURBATIONS.get(cid) if cid else None
+        spec = cat.perturbations.get(cid) if cid else None
         if cid and spec is None:
-            v.bad(f"{p}.id", f"unknown corruption '{cid}'; known: {', '.join(CORRUPTIONS)}, "
-                  "or a style (see `fortis perturbations`)")
+            known = ", ".join(k for k, e in cat.perturbations.items() if e.kind == "corruption")
+            v.bad(f"{p}.id", f"unknown corruption {_short(cid)}; known: {known}, or a style "
+                  "(see `fortis perturbations`)")
         elif spec is not None and (spec.level_kind != "severity" or spec.needs_model):
             v.bad(f"{p}.id", f"'{cid}' is a {spec.kind} with {spec.level_kind}s, not severities "
                   "1..5; only corruptions and styles go under corruptions")
             spec = None
-        cparams = it.get("params") or {}
-        if not isinstance(cparams, dict):
+        params = it.get("params") or {}
+        if not isinstance(params, dict):
             v.bad(f"{p}.params", "must be a mapping")
-            cparams = {}
-        elif spec is not None:
-            try:
-                cparams = validate_perturbation_params(spec, cparams, f"{p}.params")
-            except InvalidArgument as exc:
-                for fv in exc.violations:
-                    v.bad(fv.field, fv.description)
-        if cid in seen:
-            v.bad(f"{p}.id", f"corruption '{cid}' is listed twice")
-        seen.add(cid)
-        sev = it.get("severities", [1, 2, 3, 4, 5])
-        if not isinstance(sev, list) or not sev:
-            v.bad(f"{p}.severities", "must be a non-empty list of integers in 1..5")
-            sev = []
-        for j, s in enumerate(sev):
-            if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= 5:
-                v.bad(f"{p}.severities[{j}]", f"must be an integer in 1..5, got {s!r}")
-        if len(set(sev)) != len(sev):
-            v.bad(f"{p}.severities", "severities repeat")
-        corruptions.append(CorruptionTest(id=cid, severities=tuple(sorted(
-            s for s in sev if isinstance(s, int) and not isinstance(s, bool))), params=cparams))
-
-    attacks: list[AttackTest] = []
-    al = doc.get("attacks") or []
-    if not isinstance(al, list):
-        v.bad("attacks", "must be a list")
-        al = []
-    seen = set()
-    for i, item in enumerate(al):
-        p = f"attacks[{i}]"
-        it = v.mapping(item, p)
-        v.unknown(it, p, {"id", "params", "surrogate", "limit", "name"})
-        aid = v.string(it, "id", p, required=True)
-        params = v.mapping(it.get("params", {}), f"{p}.params", required=False)
-        spec = ATTACKS.get(aid)
-        label = v.string(it, "name", p, default=aid)
-        if aid and spec is None:
-            v.bad(f"{p}.id", f"unknown attack '{aid}'; known: {', '.join(ATTACKS)}")
+            params = {}
         elif spec is not None:
             try:
                 params = validate_params(spec, params, f"{p}.params")
             except InvalidArgument as exc:
-                v.problems += exc.violations
+                v.problems.extend(exc.violations)
+        if cid in seen:
+            v.bad(f"{p}.id", f"corruption '{cid}' is listed twice")
+        seen.add(cid)
+        out.append(CorruptionTest(id=cid, params=params,
+                                  severities=v.levels(it, "severities", p, lo=1, hi=5,
+                                                      default=[1, 2, 3, 4, 5])))
+    return out
+
+
+def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[AttackTest]:
+    out: list[AttackTest] = []
+    seen: set[str] = set()
+    for i, item in enumerate(v.items(doc, "attacks")):
+        p = f"attacks[{i}]"
+        it = v.mapping(item, p)
+        v.unknown(it, p, {"id", "params", "surrogate", "limit", "name"})
+        aid = v.string(it, "id", p, required=True)
+        params: Mapping[str, Any] = v.mapping(it.get("params", {}), f"{p}.params", required=False)
+        spec = cat.attacks.get(aid)
+        label = v.string(it, "name", p, default=aid)
+        if aid and spec is None:
+            v.bad(f"{p}.id", f"unknown attack {_short(aid)}; known: {', '.join(cat.attacks)}")
+        elif spec is not None:
+            try:
+                params = validate_params(spec, params, f"{p}.params")
+            except InvalidArgument as exc:
+                v.problems.extend(exc.violations)
             prop = params.get("property") if isinstance(params, Mapping) else None
             if aid == "pertknob" and isinstance(prop, str) and (
-                    prop not in PERTURBATIONS or PERTURBATIONS[prop].kind != "property"):
-                v.bad(f"{p}.params.property", f"'{prop}' is not a PER-1 safety property; see "
-                      "`fortis perturbations --kind property`")
-            if spec.kind == "transfer" and not it.get("surrogate"):
+                    prop not in cat.perturbations or cat.perturbations[prop].kind != "property"):
+                v.bad(f"{p}.params.property", f"{_short(prop)} is not a PER-1 safety property; "
+                      "see `fortis perturbations --kind property`")
+            if spec.needs_surrogate and not it.get("surrogate"):
                 v.bad(f"{p}.surrogate", f"{aid} is a transfer attack: name the surrogate model")
         if label in seen:
-            v.bad(f"{p}.name", f"attack name '{label}' is used twice; give each a distinct name")
+            v.bad(f"{p}.name", f"attack name {_short(label)} is used twice; give each a distinct name")
         seen.add(label)
-        attacks.append(AttackTest(id=aid, name=label, params=dict(params),
-                                  surrogate=v.string(it, "surrogate", p),
-                                  limit=v.integer(it, "limit", p, default=0, lo=0, hi=100_000)))
+        out.append(AttackTest(id=aid, name=label, params=dict(params),
+                              surrogate=v.string(it, "surrogate", p),
+                              limit=v.integer(it, "limit", p, default=0, lo=0, hi=100_000)))
+    return out
 
-    degradation: list[DegradationTest] = []
-    dl = doc.get("degradation") or []
-    if not isinstance(dl, list):
-        v.bad("degradation", "must be a list")
-        dl = []
-    seen = set()
-    for i, item in enumerate(dl):
+
+def _degradation(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[DegradationTest]:
+    out: list[DegradationTest] = []
+    seen: set[str] = set()
+    for i, item in enumerate(v.items(doc, "degradation")):
         p = f"degradation[{i}]"
-        if isinstance(item, str):
-            item = {"id": item}
-        it = v.mapping(item, p)
+        it = v.mapping({"id": item} if isinstance(item, str) else item, p)
         v.unknown(it, p, {"id", "levels", "surrogate"})
         did = v.string(it, "id", p, required=True)
-        dspec = PERTURBATIONS.get(did) if did else None
-        if did and (dspec is None or dspec.kind != "degradation"):
-            v.bad(f"{p}.id", f"'{did}' is not an incremental degradation operator (DEG-1); "
+        spec = cat.perturbations.get(did) if did else None
+        if did and (spec is None or spec.kind != "degradation"):
+            v.bad(f"{p}.id", f"{_short(did)} is not an incremental degradation operator (DEG-1); "
                   "see `fortis perturbations --kind degradation`")
-            dspec = None
+            spec = None
         if did in seen:
             v.bad(f"{p}.id", f"operator '{did}' is listed twice")
         seen.add(did)
-        lv = it.get("levels", list(range(1, 31)))
-        if not isinstance(lv, list) or not lv:
-            v.bad(f"{p}.levels", "must be a non-empty list of integers in 1..30")
-            lv = []
-        for j, x in enumerate(lv):
-            if isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= 30:
-                v.bad(f"{p}.levels[{j}]", f"must be an integer in 1..30, got {x!r}")
-        if len(set(map(str, lv))) != len(lv):
-            v.bad(f"{p}.levels", "levels repeat")
+        levels = v.levels(it, "levels", p, lo=1, hi=30, default=list(range(1, 31)))
         sur = v.string(it, "surrogate", p)
-        if dspec is not None and dspec.needs_model and not sur:
+        if spec is not None and spec.needs_model and not sur:
             v.bad(f"{p}.surrogate", f"{did} is white-box: name the surrogate model whose gradient it follows")
-        if dspec is not None and not dspec.needs_model and sur:
+        if spec is not None and not spec.needs_model and sur:
             v.bad(f"{p}.surrogate", f"{did} uses no model")
-        degradation.append(DegradationTest(id=did, surrogate=sur, levels=tuple(sorted(
-            x for x in lv if isinstance(x, int) and not isinstance(x, bool)))))
+        out.append(DegradationTest(id=did, surrogate=sur, levels=levels))
+    return out
 
+
+def _task_limits(v: _V, task: str, corruptions: list[CorruptionTest], attacks: list[AttackTest],
+                 degradation: list[DegradationTest], cat: Catalogue) -> None:
+    """What detection and segmentation plans cannot do yet (their attacks judge labels)."""
+    if task == "classification":
+        return
+    for i in range(len(attacks)):
+        v.bad(f"attacks[{i}].id", f"attacks judge class labels; not available for a {task} target yet")
+    for i in range(len(degradation)):
+        v.bad(f"degradation[{i}].id", f"degradation profiles follow class labels; not "
+              f"available for a {task} target")
+    for i, ct in enumerate(corruptions):
+        cs = cat.perturbations.get(ct.id)
+        if cs is not None and cs.family == "geometric":
+            v.bad(f"corruptions[{i}].id", f"{ct.id} moves the objects but not the ground "
+                  "truth; geometric corruptions are for classification plans only")
+
+
+def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
+    """Check a plan document against the catalogue; raise one InvalidArgument listing every
+    problem."""
+    v = _V()
+    v.unknown(doc, "", {"name", "seed", "roles", "target", "dataset", "correctness",
+                        "corruptions", "attacks", "execution", "description", "degradation",
+                        "detection", "segmentation"})
+    name = v.string(doc, "name", "", required=True)
+    seed = v.integer(doc, "seed", "", default=0, lo=0, hi=2**63 - 1)
+    roles = _roles(v, doc)
+    target = _target(v, doc)
+    dataset = _dataset(v, doc, target.task)
+    correctness, det, seg = _criteria(v, doc, target.task)
+    corruptions = _corruptions(v, doc, catalogue)
+    attacks = _attacks(v, doc, catalogue)
+    degradation = _degradation(v, doc, catalogue)
     e = v.mapping(doc.get("execution"), "execution", required=False)
     v.unknown(e, "execution", {"batch_size"})
     batch = v.integer(e, "batch_size", "execution", default=64, lo=1, hi=1024)
-
-    if task != "classification":
-        for i in range(len(attacks)):
-            v.bad(f"attacks[{i}].id", f"attacks judge class labels; not available for a {task} "
-                  "target yet")
-        for i in range(len(degradation)):
-            v.bad(f"degradation[{i}].id", f"degradation profiles follow class labels; not "
-                  f"available for a {task} target")
-        for i, ct in enumerate(corruptions):
-            cs = PERTURBATIONS.get(ct.id)
-            if cs is not None and cs.family == "geometric":
-                v.bad(f"corruptions[{i}].id", f"{ct.id} moves the objects but not the ground "
-                      f"truth; geometric corruptions are for classification plans only")
+    _task_limits(v, target.task, corruptions, attacks, degradation, catalogue)
     if not corruptions and not attacks and not degradation:
         v.bad("corruptions", "the plan tests nothing: list at least one corruption, attack or "
               "degradation operator")
     if v.problems:
-        raise InvalidArgument.from_violations(v.problems)
-    return Plan(name=name, seed=seed, requester=role_objs["requester"], tester=role_objs["tester"],
-                provider=role_objs["provider"], target=target, dataset=dataset,
+        raise InvalidArgument.from_violations(v.problems[:100])
+    return Plan(name=name, seed=seed, requester=roles["requester"], tester=roles["tester"],
+                provider=roles["provider"], target=target, dataset=dataset,
                 correctness=correctness, corruptions=tuple(corruptions), attacks=tuple(attacks),
                 batch_size=batch, raw=dict(doc), degradation=tuple(degradation),
-                detection=det_d, segmentation=seg_d)
+                detection=det, segmentation=seg)
 
 
-def load_plan(text: str, fmt: str = "") -> Plan:
-    return validate_plan(parse_plan_text(text, fmt))
+def load_plan(text: str, catalogue: Catalogue, fmt: str = "") -> Plan:
+    return validate_plan(parse_plan_text(text, fmt), catalogue)

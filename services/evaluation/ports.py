@@ -1,30 +1,86 @@
 """What the evaluation runner needs from the other services, in domain terms.
 
-The runner (domain) depends only on these protocols; ``clients.py`` implements them over
-gRPC, and tests can run the runner against the real services through those clients.
+The runner (domain) depends only on these protocols and dataclasses; ``clients.py`` is the one
+place that implements them over gRPC and converts between these objects and the contracts'
+messages. What the evaluation service knows about perturbations, attacks and targets it
+learns here, from the other services' List RPCs (never by importing their code).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from fortis.services.scoring.ieee import ClassPrediction
+from fortis.services.common.params import Param
+from fortis.services.evaluation.answers import Answers
+
+__all__ = ["AttackEntry", "AttackOutcome", "Catalogue", "CataloguePort", "LedgerSummary",
+           "PerturbationEntry", "PerturbationPort", "ProxyPort", "ReportInput", "ReportPort",
+           "Scored", "ScoringPort", "ScoringSetup", "Setting", "Summary", "TargetDescription",
+           "TestDefinition"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class TargetDescription:
     name: str
-    task: str
+    task: str               # "classification" | "detection" | "segmentation"
     labels: tuple[str, ...]
-    output_kind: str        # "full_scores" | "top_k" | "label_only" | ...
+    output_kind: str        # "full_scores" | "top_k" | "label_only" | "boxes" | "masks"
     top_k: int
     input_height: int
     input_width: int
     input_channels: int
     version: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerturbationEntry:
+    """A catalogue perturbation as ListPerturbations describes it."""
+
+    id: str
+    kind: str                        # "corruption" | "style" | "degradation" | "property"
+    family: str
+    refs: tuple[str, ...]
+    level_kind: str                  # "severity" | "level" | "epsilon"
+    levels: tuple[int, ...]
+    needs_model: bool
+    params: tuple[Param, ...]
+    info: Any = None                 # the catalogue message (passed on to the report as is)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttackEntry:
+    """A catalogue attack as ListAttacks describes it."""
+
+    id: str
+    kind: str                        # "transfer" | "score" | "decision"
+    family: str
+    refs: tuple[str, ...]
+    norms: tuple[str, ...]           # "linf" | "l2" | "l0"
+    needs_surrogate: bool
+    params: tuple[Param, ...]
+
+    @property
+    def is_query_attack(self) -> bool:
+        return self.kind in ("score", "decision")
+
+    @property
+    def norm(self) -> str:
+        return self.norms[0] if self.norms else ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Catalogue:
+    """Everything the plan may name, learned from the perturbation and proxy services."""
+
+    perturbations: Mapping[str, PerturbationEntry]
+    attacks: Mapping[str, AttackEntry]
+
+
+class CataloguePort(Protocol):
+    def catalogue(self) -> Catalogue: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,19 +99,14 @@ class AttackOutcome:
 class ProxyPort(Protocol):
     def target_info(self, target: str) -> TargetDescription: ...
 
+    def target_names(self) -> list[str]: ...
+
     def open_session(self, *, session_id: str, target: str, query_budget: int = 0,
                      per_image_budget: int = 0, description: str = "") -> None: ...
 
-    def predict(self, *, session_id: str, origin: str,
-                images: Sequence[tuple[str, np.ndarray]]) -> list[ClassPrediction]:
-        """One prediction per image; a failed call gives predictions with ``error`` set."""
-        ...
-
-    def predict_answers(self, *, session_id: str, origin: str,
-                        images: Sequence[tuple[str, np.ndarray]]) -> list[dict[str, Any]]:
-        """Detection/segmentation answers as JSON-able dicts, one per image:
-        ``{"boxes": [[x1, y1, x2, y2], ...], "labels": [...], "scores": [...]}`` or
-        ``{"mask_png": BASE64}``; a failed query gives ``{"error": MESSAGE}``."""
+    def predict(self, *, session_id: str, origin: str, task: str,
+                images: Sequence[tuple[str, np.ndarray]]) -> Answers:
+        """The target's answers, as arrays; a failed call gives per-image errors."""
         ...
 
     def session_queries(self, session_id: str) -> tuple[int, dict[str, int]]:
@@ -63,8 +114,8 @@ class ProxyPort(Protocol):
         ...
 
 
-class PerturbationPort(Protocol):
-    def corrupt(self, corruption_id: str, severity: int, seed: int,
+class PerturbationPort(CataloguePort, Protocol):
+    def perturb(self, perturbation_id: str, level: int, seed: int,
                 images: Sequence[tuple[str, np.ndarray]],
                 params: Mapping[str, Any] | None = None, *, surrogate: str = "",
                 labels: Sequence[int] | None = None) -> list[np.ndarray]:
@@ -74,18 +125,100 @@ class PerturbationPort(Protocol):
 
     def attack(self, attack_id: str, params: Mapping[str, Any], seed: int,
                images: Sequence[tuple[str, np.ndarray, Sequence[int]]], *,
-               session_id: str = "", origin: str = "", surrogate: str = "") -> list[AttackOutcome]: ...
+               session_id: str = "", origin: str = "", surrogate: str = "",
+               on_result: Callable[[AttackOutcome], None] | None = None,
+               cancelled: Callable[[], bool] | None = None) -> list[AttackOutcome]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoringSetup:
+    image_ids: tuple[str, ...]
+    task: str
+    truth: Any                       # labels per image | detection truths | [M,H,W] maps
+    criterion: Mapping[str, Any]     # the plan's correctness / detection / segmentation section
+    ranking: bool = False
+    ranking_reason: str = ""
+    num_classes: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setting:
+    """One test setting's recorded answers, for the scoring service."""
+
+    kind: str                        # clean | corruption | transfer_attack | query_attack | degradation
+    name: str = ""
+    level: int = 0
+    image_index: tuple[int, ...] = ()
+    answers: Answers | None = None
+    errors: tuple[str, ...] = ()
+    success: tuple[bool, ...] = ()
+    queries: tuple[int, ...] = ()
+    query_budget: int = 0
+    linf: tuple[float, ...] = ()
+    l2: tuple[float, ...] = ()
+    fraction_changed: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    accuracy: float | None
+    average_robustness_corr: float | None
+    average_robustness_adv: float | None
+    m: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scored:
+    summary: Summary
+    metrics: Any                     # the scoring service's typed answer, passed to the report
 
 
 class ScoringPort(Protocol):
-    def score(self, *, rule: Mapping[str, Any], labels: Mapping[str, Sequence[int]],
-              tests: Sequence[Mapping[str, Any]]) -> dict[str, Any]: ...
+    def score(self, setup: ScoringSetup, settings: Iterable[Setting]) -> Scored: ...
 
-    def compute(self, metric: str, arrays: Mapping[str, np.ndarray],
-                params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """One entry of the scoring service's metric catalogue (ListMetrics)."""
-        ...
+
+@dataclass(frozen=True, kw_only=True)
+class TestDefinition:
+    """One test of the plan, as the report lists it."""
+
+    __test__ = False
+
+    name: str
+    kind: str                        # corruption | degradation | transfer_attack | score_attack | decision_attack
+    perturbation_id: str
+    family: str
+    refs: tuple[str, ...]
+    levels: tuple[int, ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+    catalogue_info: Any = None       # the perturbation's catalogue message (levels, DEG-5)
+    surrogate: str = ""
+    epsilon: float | None = None
+    norm: str = ""
+    query_budget: int | None = None
+    images: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerSummary:
+    sessions: Mapping[str, int]
+    aborted: Mapping[str, int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportInput:
+    plan: Any                        # the validated Plan
+    plan_text: str
+    target: TargetDescription
+    environment: Mapping[str, str]
+    metrics: Any                     # Scored.metrics
+    tests: Sequence[TestDefinition]
+    ledger: LedgerSummary
+    evaluation_id: str
+    started: float
+    finished: float
+    images: int
+    resumed_count: int
 
 
 class ReportPort(Protocol):
-    def render(self, parts: Mapping[str, Any]) -> tuple[str, str]: ...
+    def render(self, parts: ReportInput) -> tuple[str, str]: ...

@@ -14,9 +14,17 @@ from pathlib import Path
 
 import structlog
 from fortis.services.common import errors
-from fortis.services.evaluation.plan import load_plan
-from fortis.services.evaluation.ports import PerturbationPort, ProxyPort, ReportPort, ScoringPort
-from fortis.services.evaluation.runner import Cancelled, DatasetLoader, EvaluationRunner, RunContext
+from fortis.services.common.status import status_for
+from fortis.services.evaluation.plan import Plan, load_plan
+from fortis.services.evaluation.ports import (
+    Catalogue,
+    PerturbationPort,
+    ProxyPort,
+    ReportPort,
+    ScoringPort,
+)
+from fortis.services.evaluation.runner import DatasetPort, EvaluationRunner
+from fortis.services.evaluation.stages import Cancelled
 from fortis.services.evaluation.store import FINAL_STATES, EvaluationRow, EvaluationStore
 
 log = structlog.get_logger("fortis.evaluation")
@@ -34,10 +42,13 @@ class EvaluationManager:
     """Owns the store and the worker threads."""
 
     def __init__(self, store: EvaluationStore, *, ports_for: Callable[[str], Ports],
-                 load_dataset: DatasetLoader, artifacts_dir: Path, workers: int = 2) -> None:
+                 datasets: DatasetPort, artifacts_dir: Path, workers: int = 2,
+                 catalogue_ttl_s: float = 60.0) -> None:
         self.store = store
         self.ports_for = ports_for
-        self.load_dataset = load_dataset
+        self.datasets = datasets
+        self._catalogue: tuple[float, Catalogue] | None = None
+        self._catalogue_ttl = catalogue_ttl_s
         self.artifacts_dir = artifacts_dir
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="evaluation")
         self._cancel: dict[str, threading.Event] = {}
@@ -55,8 +66,31 @@ class EvaluationManager:
             log.info("resumed evaluations", evaluations=resumed)
         return resumed
 
+    def catalogue(self, tenant: str) -> Catalogue:
+        """What plans may name, learned from the perturbation service (cached briefly)."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._catalogue
+        if cached is not None and now - cached[0] < self._catalogue_ttl:
+            return cached[1]
+        cat = self.ports_for(tenant).perturbation.catalogue()
+        with self._lock:
+            self._catalogue = (now, cat)
+        return cat
+
+    def validate(self, *, tenant: str, plan_text: str, fmt: str = "") -> Plan:
+        """A plan checked against the catalogue and the targets this tenant may query:
+        InvalidArgument listing every problem, each naming its field."""
+        plan = load_plan(plan_text, self.catalogue(tenant), fmt)
+        targets = self.ports_for(tenant).proxy.target_names()
+        if plan.target.name not in targets:
+            shown = ", ".join(sorted(targets)[:20]) or "none"
+            raise errors.InvalidArgument("target.name", f"no target '{plan.target.name[:100]}' "
+                                         f"on this server; available: {shown}")
+        return plan
+
     def create(self, *, tenant: str, plan_text: str, fmt: str = "", evaluation_id: str = "") -> EvaluationRow:
-        plan = load_plan(plan_text, fmt)   # InvalidArgument with field paths on a bad plan
+        plan = self.validate(tenant=tenant, plan_text=plan_text, fmt=fmt)
         if evaluation_id:
             if len(evaluation_id) > 100 or not all(c.isalnum() or c in "-_." for c in evaluation_id):
                 raise errors.InvalidArgument("evaluation_id", "use at most 100 letters, digits, '-', '_' or '.'")
@@ -89,8 +123,8 @@ class EvaluationManager:
         with self._lock:
             ev = self._cancel.setdefault(evaluation_id, threading.Event())
         ev.set()
-        self.store.update(evaluation_id, state="CANCELLED", message="cancelled by a caller",
-                          finished_at=time.time())
+        self.store.update_running(evaluation_id, state="CANCELLED", stage="done",
+                                  message="cancelled by a caller", finished_at=time.time())
         return self.get(tenant, evaluation_id)
 
     def close(self) -> None:
@@ -111,24 +145,28 @@ class EvaluationManager:
             return
         structlog.contextvars.bind_contextvars(evaluation_id=evaluation_id, tenant=row.tenant)
         try:
-            plan = load_plan(row.plan_text)
             ports = self.ports_for(row.tenant)
-            ctx = RunContext(evaluation_id=evaluation_id, plan=plan, plan_text=row.plan_text,
-                             store=self.store, proxy=ports.proxy, perturbation=ports.perturbation,
-                             scoring=ports.scoring, report=ports.report,
-                             load_dataset=self.load_dataset, artifacts_dir=self.artifacts_dir,
-                             cancelled=cancel.is_set)
-            EvaluationRunner(ctx).run()
+            catalogue = self.catalogue(row.tenant)
+            plan = load_plan(row.plan_text, catalogue)
+            EvaluationRunner(evaluation_id=evaluation_id, plan=plan, plan_text=row.plan_text,
+                             store=self.store, proxy=ports.proxy,
+                             perturbation=ports.perturbation, scoring=ports.scoring,
+                             report=ports.report, datasets=self.datasets, catalogue=catalogue,
+                             artifacts_dir=self.artifacts_dir, cancelled=cancel.is_set).run()
             log.info("evaluation finished", evaluation_id=evaluation_id)
         except Cancelled:
             log.info("evaluation cancelled", evaluation_id=evaluation_id)
         except Exception as exc:  # noqa: BLE001 - any failure ends the evaluation as FAILED
             if self._closed:
                 return  # shutting down: leave it RUNNING so the next start resumes it
-            code = type(exc).__name__ if isinstance(exc, errors.FortisError) else "INTERNAL"
-            msg = str(exc) if isinstance(exc, errors.FortisError) else f"internal error: {exc!r}"
-            log.error("evaluation failed", evaluation_id=evaluation_id, error=msg)
-            self.store.update(evaluation_id, state="FAILED", error_code=code, error_message=msg,
-                              finished_at=time.time())
+            if cancel.is_set():
+                return  # cancelled while a call was in flight: CANCELLED stays
+            status = status_for(exc)
+            log.error("evaluation failed", evaluation_id=evaluation_id, error=status.message,
+                      **({"exception": repr(exc)[:500]} if not isinstance(exc, errors.FortisError) else {}))
+            self.store.update_running(evaluation_id, state="FAILED", stage="done",
+                                      error_code=str(status.code), error_message=status.message,
+                                      error_status=status.SerializeToString(),
+                                      finished_at=time.time())
         finally:
             structlog.contextvars.unbind_contextvars("evaluation_id")

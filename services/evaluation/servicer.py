@@ -1,13 +1,18 @@
-"""gRPC transport of the evaluation service: decode, call ``EvaluationManager``, encode."""
+"""gRPC transport of the evaluation service: decode, call ``EvaluationManager``, encode.
+
+The one place converting evaluation rows to ``fortis.evaluation.v1`` messages."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from fortis.evaluation.v1 import evaluation_pb2 as pb
 from fortis.evaluation.v1 import evaluation_pb2_grpc
 from fortis.services.common import errors
+from fortis.services.common.pagination import decode_token, encode_token, page_size
 from fortis.services.common.server import current_tenant
 from fortis.services.evaluation.service import EvaluationManager
 from fortis.services.evaluation.store import FINAL_STATES, EvaluationRow
@@ -18,10 +23,14 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EvaluationService"].full_name
 _STATES = {"PENDING": pb.EVALUATION_STATE_PENDING, "RUNNING": pb.EVALUATION_STATE_RUNNING,
            "SUCCEEDED": pb.EVALUATION_STATE_SUCCEEDED, "FAILED": pb.EVALUATION_STATE_FAILED,
            "CANCELLED": pb.EVALUATION_STATE_CANCELLED}
+_STAGES = {"plan": pb.STAGE_PLAN, "clean": pb.STAGE_CLEAN, "corruptions": pb.STAGE_CORRUPTIONS,
+           "degradation": pb.STAGE_DEGRADATION, "transfer_attacks": pb.STAGE_TRANSFER_ATTACKS,
+           "query_attacks": pb.STAGE_QUERY_ATTACKS, "scoring": pb.STAGE_SCORING,
+           "report": pb.STAGE_REPORT, "done": pb.STAGE_DONE}
 _FORMATS = {pb.PLAN_FORMAT_UNSPECIFIED: "", pb.PLAN_FORMAT_YAML: "yaml", pb.PLAN_FORMAT_JSON: "json"}
-_ERROR_CODES = {"InvalidArgument": code_pb2.INVALID_ARGUMENT, "NotFound": code_pb2.NOT_FOUND,
-                "FailedPrecondition": code_pb2.FAILED_PRECONDITION,
-                "Unavailable": code_pb2.UNAVAILABLE, "BudgetExhausted": code_pb2.RESOURCE_EXHAUSTED}
+_PAGE = "evaluations"
+#: A watcher hears from a running evaluation at least this often (a heartbeat).
+HEARTBEAT_S = 5.0
 
 
 def _ts(t: float) -> timestamp_pb2.Timestamp:
@@ -30,24 +39,50 @@ def _ts(t: float) -> timestamp_pb2.Timestamp:
     return ts
 
 
+def _summary(row: EvaluationRow) -> pb.EvaluationSummary | None:
+    if not row.summary_json:
+        return None
+    d = json.loads(row.summary_json)
+    s = pb.EvaluationSummary(m=int(d.get("m") or 0))
+    for key in ("accuracy", "average_robustness_corr", "average_robustness_adv"):
+        if d.get(key) is not None:
+            setattr(s, key, float(d[key]))
+    return s
+
+
 def to_proto(row: EvaluationRow) -> pb.Evaluation:
     ev = pb.Evaluation(
         evaluation_id=row.evaluation_id, tenant=row.tenant, state=_STATES[row.state],
-        progress=pb.Progress(stage=row.stage, items_done=row.items_done,
-                             items_total=row.items_total, queries=row.queries, message=row.message),
+        progress=pb.Progress(stage=_STAGES.get(row.stage, pb.STAGE_UNSPECIFIED),
+                             items_done=row.items_done, items_total=row.items_total,
+                             queries=row.queries, message=row.message,
+                             images_done=row.images_done, images_total=row.images_total),
         plan_text=row.plan_text, plan_name=row.plan_name, create_time=_ts(row.created_at),
-        update_time=_ts(row.updated_at), resumed_count=row.resumed_count,
-        summary_json=row.summary_json)
+        update_time=_ts(row.updated_at), resumed_count=row.resumed_count)
+    summary = _summary(row)
+    if summary is not None:
+        ev.summary.CopyFrom(summary)
     if row.state == "FAILED":
-        ev.error.CopyFrom(status_pb2.Status(code=_ERROR_CODES.get(row.error_code, code_pb2.INTERNAL),
-                                            message=row.error_message))
+        if row.error_status:
+            ev.error.ParseFromString(row.error_status)
+        else:
+            ev.error.CopyFrom(status_pb2.Status(code=code_pb2.INTERNAL, message=row.error_message))
     return ev
 
 
 class EvaluationServicer(evaluation_pb2_grpc.EvaluationServiceServicer):
-    def __init__(self, manager: EvaluationManager, *, watch_poll_s: float = 1.0) -> None:
+    def __init__(self, manager: EvaluationManager, *, watch_poll_s: float = 1.0,
+                 heartbeat_s: float = HEARTBEAT_S) -> None:
         self.manager = manager
         self.watch_poll_s = watch_poll_s
+        self.heartbeat_s = heartbeat_s
+
+    def ValidatePlan(self, request: Any, context: Any) -> pb.ValidatePlanResponse:
+        plan = self.manager.validate(tenant=current_tenant.get(), plan_text=request.plan,
+                                     fmt=_FORMATS.get(request.format, ""))
+        return pb.ValidatePlanResponse(plan_name=plan.name, corruptions=len(plan.corruptions),
+                                       attacks=len(plan.attacks),
+                                       degradation_operators=len(plan.degradation))
 
     def CreateEvaluation(self, request: Any, context: Any) -> pb.CreateEvaluationResponse:
         row = self.manager.create(tenant=current_tenant.get(), plan_text=request.plan,
@@ -60,21 +95,18 @@ class EvaluationServicer(evaluation_pb2_grpc.EvaluationServiceServicer):
             self.manager.get(current_tenant.get(), request.evaluation_id)))
 
     def ListEvaluations(self, request: Any, context: Any) -> pb.ListEvaluationsResponse:
-        size = request.page_size or 50
-        if not 1 <= size <= 1000:
-            raise errors.InvalidArgument("page_size", "must be in 1..1000")
-        before = None
+        size = page_size(request.page_size, default=50, maximum=1000)
+        after = None
         if request.page_token:
-            try:
-                before = float(request.page_token)
-            except ValueError:
-                raise errors.InvalidArgument("page_token", "not a token from a previous response") from None
-        rows = self.manager.store.list(current_tenant.get(), limit=size + 1, before=before)
+            pos = decode_token(request.page_token, _PAGE, {"t": float, "id": str})
+            after = (pos["t"], pos["id"])
+        rows = self.manager.store.list(current_tenant.get(), limit=size + 1, after=after)
         more = len(rows) > size
         rows = rows[:size]
-        return pb.ListEvaluationsResponse(
-            evaluations=[to_proto(r) for r in rows],
-            next_page_token=repr(rows[-1].created_at) if more and rows else "")
+        token = encode_token(_PAGE, t=rows[-1].created_at, id=rows[-1].evaluation_id) \
+            if more and rows else ""
+        return pb.ListEvaluationsResponse(evaluations=[to_proto(r) for r in rows],
+                                          next_page_token=token)
 
     def CancelEvaluation(self, request: Any, context: Any) -> pb.CancelEvaluationResponse:
         return pb.CancelEvaluationResponse(evaluation=to_proto(
@@ -86,16 +118,19 @@ class EvaluationServicer(evaluation_pb2_grpc.EvaluationServiceServicer):
         version = store.version
         row = self.manager.get(tenant, request.evaluation_id)
         last = None
+        sent_at = 0.0
         while context.is_active():
-            key = (row.state, row.stage, row.items_done, row.items_total, row.queries, row.message)
-            if key != last:
-                yield pb.WatchEvaluationResponse(evaluation=to_proto(row))
-                last = key
+            key = (row.state, row.stage, row.items_done, row.items_total, row.images_done,
+                   row.queries, row.message)
+            now = time.monotonic()
+            if key != last or now - sent_at >= self.heartbeat_s:
+                yield pb.WatchEvaluationResponse(evaluation=to_proto(row), heartbeat=key == last)
+                last, sent_at = key, now
             if row.state in FINAL_STATES:
                 return
             with store.changed:
                 store.changed.wait_for(lambda v=version: store.version != v,
-                                       timeout=self.watch_poll_s)
+                                       timeout=min(self.watch_poll_s, self.heartbeat_s))
                 version = store.version
             row = self.manager.get(tenant, request.evaluation_id)
 

@@ -35,6 +35,9 @@ CREATE TABLE IF NOT EXISTS evaluations (
     queries INTEGER NOT NULL DEFAULT 0,
     message TEXT NOT NULL DEFAULT '',
     summary_json TEXT NOT NULL DEFAULT '',
+    images_done INTEGER NOT NULL DEFAULT 0,
+    images_total INTEGER NOT NULL DEFAULT 0,
+    error_status BLOB,
     report_json TEXT NOT NULL DEFAULT '',
     report_html TEXT NOT NULL DEFAULT '',
     started_at REAL NOT NULL DEFAULT 0,
@@ -45,7 +48,7 @@ CREATE TABLE IF NOT EXISTS items (
     item_key TEXT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0,
     done INTEGER NOT NULL DEFAULT 0,
-    result_json TEXT NOT NULL DEFAULT '',
+    result BLOB,
     PRIMARY KEY (evaluation_id, item_key)
 );
 """
@@ -74,11 +77,14 @@ class EvaluationRow:
     summary_json: str
     started_at: float
     finished_at: float
+    images_done: int
+    images_total: int
+    error_status: bytes | None
 
 
 _COLS = ("evaluation_id, tenant, state, plan_text, plan_name, created_at, updated_at, error_code,"
          " error_message, resumed_count, stage, items_done, items_total, queries, message,"
-         " summary_json, started_at, finished_at")
+         " summary_json, started_at, finished_at, images_done, images_total, error_status")
 
 
 class EvaluationStore:
@@ -119,16 +125,21 @@ class EvaluationStore:
                                      (evaluation_id,)).fetchone()
         return EvaluationRow(*row) if row else None
 
-    def list(self, tenant: str, *, limit: int, before: float | None = None) -> list[EvaluationRow]:
+    def list(self, tenant: str, *, limit: int,
+             after: tuple[float, str] | None = None) -> list[EvaluationRow]:
+        """A tenant's evaluations, newest first, starting after the (created_at,
+        evaluation_id) cursor of the previous page's last row."""
         with self._lock:
-            if before is None:
+            if after is None:
                 rows = self._conn.execute(
                     f"SELECT {_COLS} FROM evaluations WHERE tenant=? ORDER BY created_at DESC,"
                     " evaluation_id DESC LIMIT ?", (tenant, limit)).fetchall()
             else:
                 rows = self._conn.execute(
-                    f"SELECT {_COLS} FROM evaluations WHERE tenant=? AND created_at<? ORDER BY"
-                    " created_at DESC, evaluation_id DESC LIMIT ?", (tenant, before, limit)).fetchall()
+                    f"SELECT {_COLS} FROM evaluations WHERE tenant=? AND (created_at<? OR"
+                    " (created_at=? AND evaluation_id<?)) ORDER BY created_at DESC,"
+                    " evaluation_id DESC LIMIT ?",
+                    (tenant, after[0], after[0], after[1], limit)).fetchall()
         return [EvaluationRow(*r) for r in rows]
 
     def active(self) -> builtins.list[EvaluationRow]:
@@ -148,6 +159,32 @@ class EvaluationStore:
                                (*fields.values(), evaluation_id))
             self._bump()
 
+    def update_running(self, evaluation_id: str, **fields: Any) -> bool:
+        """Update an evaluation only while it is pending or running: once a caller cancelled
+        it (or it ended), a late update from its worker never overwrites the final state.
+        Returns whether the row was updated."""
+        if not fields:
+            return False
+        fields["updated_at"] = time.time()
+        sets = ", ".join(f"{k}=?" for k in fields)
+        with self._lock:
+            cur = self._conn.execute(
+                f"UPDATE evaluations SET {sets} WHERE evaluation_id=? AND state IN"
+                " ('PENDING','RUNNING')", (*fields.values(), evaluation_id))
+            self._bump()
+            return cur.rowcount > 0
+
+    def finish(self, evaluation_id: str, *, report_json: str, report_html: str, summary: Any,
+               finished_at: float) -> bool:
+        """Mark a running evaluation SUCCEEDED with its report and summary."""
+        return self.update_running(
+            evaluation_id, state="SUCCEEDED", stage="done", report_json=report_json,
+            report_html=report_html, finished_at=finished_at, message="",
+            summary_json=json.dumps({"accuracy": summary.accuracy,
+                                     "average_robustness_corr": summary.average_robustness_corr,
+                                     "average_robustness_adv": summary.average_robustness_adv,
+                                     "m": summary.m}))
+
     def mark_resumed(self, evaluation_id: str) -> None:
         with self._lock:
             self._conn.execute("UPDATE evaluations SET resumed_count=resumed_count+1,"
@@ -161,14 +198,14 @@ class EvaluationStore:
         return (row[0], row[1]) if row else ("", "")
 
     # -- items ------------------------------------------------------------------------------
-    def item(self, evaluation_id: str, key: str) -> tuple[bool, int, Any]:
-        """(done, attempts so far, result) of an item."""
+    def item(self, evaluation_id: str, key: str) -> tuple[bool, int, bytes | None]:
+        """(done, attempts so far, result blob) of an item."""
         with self._lock:
-            row = self._conn.execute("SELECT done, attempts, result_json FROM items WHERE"
+            row = self._conn.execute("SELECT done, attempts, result FROM items WHERE"
                                      " evaluation_id=? AND item_key=?", (evaluation_id, key)).fetchone()
         if row is None:
             return False, 0, None
-        return bool(row[0]), int(row[1]), (json.loads(row[2]) if row[2] else None)
+        return bool(row[0]), int(row[1]), (bytes(row[2]) if row[2] is not None else None)
 
     def start_item(self, evaluation_id: str, key: str) -> int:
         """Record a new attempt at an item; returns its attempt number (1 = first)."""
@@ -181,17 +218,21 @@ class EvaluationStore:
                                      " item_key=?", (evaluation_id, key)).fetchone()
         return int(row[0])
 
-    def finish_item(self, evaluation_id: str, key: str, result: Any, *, items_done: int,
-                    queries: int, message: str) -> None:
-        """Commit an item's result and the evaluation's progress in one transaction."""
+    def finish_item(self, evaluation_id: str, key: str, result: bytes, *, items_done: int,
+                    images_done: int, queries: int, message: str) -> None:
+        """Commit an item's result and the evaluation's progress in one transaction (the
+        progress only while the evaluation is still running: a cancelled one keeps its
+        "cancelled by a caller" message)."""
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.execute("UPDATE items SET done=1, result_json=? WHERE evaluation_id=?"
-                                   " AND item_key=?", (json.dumps(result), evaluation_id, key))
-                self._conn.execute("UPDATE evaluations SET items_done=?, queries=?, message=?,"
-                                   " updated_at=? WHERE evaluation_id=?",
-                                   (items_done, queries, message, time.time(), evaluation_id))
+                self._conn.execute("UPDATE items SET done=1, result=? WHERE evaluation_id=?"
+                                   " AND item_key=?", (result, evaluation_id, key))
+                self._conn.execute("UPDATE evaluations SET items_done=?, images_done=?,"
+                                   " queries=?, message=?, updated_at=? WHERE evaluation_id=?"
+                                   " AND state IN ('PENDING','RUNNING')",
+                                   (items_done, images_done, queries, message, time.time(),
+                                    evaluation_id))
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")

@@ -1,0 +1,45 @@
+"""The built-in image sources a plan may name (``dataset.source``): a registry the
+composition root (services/app.py) hands to the evaluation service, so that service never
+imports data or model code.
+
+Each source takes the plan's dataset selection (split, offset, limit) and returns
+``(image id, uint8 HxWxC image, dataset labels)`` rows; label mapping (IEEE-P6) is applied by
+the evaluation service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BUILTIN_SOURCES", "fashion_mnist", "imagenet_photos"]
+
+Row = tuple[str, np.ndarray, tuple[int, ...]]
+
+
+def fashion_mnist(ds: Any) -> list[Row]:
+    """Fashion-MNIST (Debian dataset-fashion-mnist), 28x28 grey, ids fmnist-<split>-NNNNN."""
+    from fortis.adapters.torch_models.datasets import load_fashion_mnist
+
+    images, labels = load_fashion_mnist(ds.split, limit=ds.limit, offset=ds.offset)
+    return [(f"fmnist-{ds.split}-{ds.offset + k:05d}", im, (int(lab),))
+            for k, (im, lab) in enumerate(zip(images, labels, strict=True))]
+
+
+def imagenet_photos(ds: Any) -> list[Row]:
+    """Natural photos available offline with their ImageNet labels, resized (shorter side
+    256) and centre-cropped to 224x224, ids photo-<name>."""
+    from fortis.adapters.torch_models.datasets import load_imagenet_photos
+    from fortis.adapters.torch_models.mobilenet import preprocess_photo
+
+    photos = load_imagenet_photos()[ds.offset:ds.offset + ds.limit]
+    return [(p.image_id, preprocess_photo(p.image), tuple(int(x) for x in p.labels))
+            for p in photos]
+
+
+BUILTIN_SOURCES: dict[str, Callable[[Any], list[Row]]] = {
+    "fashion-mnist": fashion_mnist,
+    "imagenet-photos": imagenet_photos,
+}

@@ -1,0 +1,205 @@
+"""Recorded answers as arrays: what the target said, kept compactly per work item and handed
+to the scoring service whole (scoring on arrays, not per record). Domain code, no gRPC.
+
+- :class:`ClassAnswers`: ranked labels ``[n, k]`` (int64, -1 padded) and their scores
+  ``[n, k]`` (float32, NaN padded; ``None`` for label-only targets). Every label and score
+  the target returned is kept (no truncation), so NDCG/DRR and degradation rank profiles
+  work on full score vectors (RANK-1..3, DEG-2).
+- :class:`DetectionAnswers`: boxes of all images stacked ``[R, 4]`` (pixel xyxy), labels,
+  scores and the count per image (IEEE-C4).
+- :class:`SegmentationAnswers`: class maps ``[n, H, W]`` (int64; a failed answer is -1).
+
+Each carries ``errors``: per image, why its query failed ("" = answered); a failed query is
+scored as incorrect and listed in the report. :func:`pack` / :func:`unpack` store a work
+item's result as one ``.npz`` blob (no pickle).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Answers", "ClassAnswers", "DetectionAnswers", "SegmentationAnswers", "concat",
+           "pack", "unpack"]
+
+
+def _pad_stack(rows: Sequence[np.ndarray], k: int, fill: Any, dtype: Any) -> np.ndarray:
+    out = np.full((len(rows), k), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class ClassAnswers:
+    """Classification answers of n images."""
+
+    labels: np.ndarray                 # [n, k] int64, best first, -1 padded
+    scores: np.ndarray | None          # [n, k] float32, NaN padded; None: labels only
+    errors: tuple[str, ...]            # per image, "" = answered
+
+    @property
+    def n(self) -> int:
+        return len(self.errors)
+
+    @classmethod
+    def from_rows(cls, labels: Sequence[Sequence[int]], scores: Sequence[Sequence[float] | None],
+                  errors: Sequence[str]) -> ClassAnswers:
+        """From per-image ranked labels and scores (None = that answer has no scores)."""
+        k = max([len(x) for x in labels] + [1])
+        lab = _pad_stack([np.asarray(x, dtype=np.int64) for x in labels], k, -1, np.int64)
+        has_scores = any(s is not None and len(s) for s in scores)
+        sc = None
+        if has_scores:
+            sc = _pad_stack([np.asarray(s if s is not None else [], dtype=np.float32)
+                             for s in scores], k, np.nan, np.float32)
+        return cls(labels=lab, scores=sc, errors=tuple(errors))
+
+    @classmethod
+    def failed(cls, n: int, message: str) -> ClassAnswers:
+        return cls(labels=np.full((n, 1), -1, dtype=np.int64), scores=None,
+                   errors=(message,) * n)
+
+    def top1(self) -> np.ndarray:
+        return self.labels[:, 0]
+
+
+@dataclass(frozen=True, eq=False)
+class DetectionAnswers:
+    """Detection answers of n images, boxes stacked."""
+
+    boxes: np.ndarray        # [R, 4] float32 pixel xyxy
+    labels: np.ndarray       # [R] int64
+    scores: np.ndarray       # [R] float32
+    counts: np.ndarray       # [n] int64
+    errors: tuple[str, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.errors)
+
+    @classmethod
+    def failed(cls, n: int, message: str) -> DetectionAnswers:
+        return cls(boxes=np.zeros((0, 4), np.float32), labels=np.zeros(0, np.int64),
+                   scores=np.zeros(0, np.float32), counts=np.zeros(n, np.int64),
+                   errors=(message,) * n)
+
+
+@dataclass(frozen=True, eq=False)
+class SegmentationAnswers:
+    """Segmentation answers of n images (one size)."""
+
+    class_maps: np.ndarray | None    # [n, H, W] int64, -1 = failed; None until a size is known
+    errors: tuple[str, ...]
+    shapes: tuple[tuple[int, int], ...] = field(default=())   # answered sizes, per image
+
+    @property
+    def n(self) -> int:
+        return len(self.errors)
+
+    @classmethod
+    def failed(cls, n: int, message: str) -> SegmentationAnswers:
+        return cls(class_maps=None, errors=(message,) * n, shapes=((0, 0),) * n)
+
+
+Answers = ClassAnswers | DetectionAnswers | SegmentationAnswers
+
+
+def concat(parts: Sequence[Answers]) -> Answers:
+    """Answers of consecutive chunks as one (same kind)."""
+    first = parts[0]
+    if isinstance(first, ClassAnswers):
+        cl = [p for p in parts if isinstance(p, ClassAnswers)]
+        k = max(p.labels.shape[1] for p in cl)
+        labels = np.concatenate([np.pad(p.labels, ((0, 0), (0, k - p.labels.shape[1])),
+                                        constant_values=-1) for p in cl])
+        scores = None
+        if any(p.scores is not None for p in cl):
+            scores = np.concatenate([
+                np.pad(p.scores, ((0, 0), (0, k - p.scores.shape[1])), constant_values=np.nan)
+                if p.scores is not None else np.full((p.n, k), np.nan, np.float32) for p in cl])
+        return ClassAnswers(labels=labels, scores=scores,
+                            errors=tuple(e for p in cl for e in p.errors))
+    if isinstance(first, DetectionAnswers):
+        dl = [p for p in parts if isinstance(p, DetectionAnswers)]
+        return DetectionAnswers(boxes=np.concatenate([p.boxes for p in dl]).reshape(-1, 4),
+                                labels=np.concatenate([p.labels for p in dl]),
+                                scores=np.concatenate([p.scores for p in dl]),
+                                counts=np.concatenate([p.counts for p in dl]),
+                                errors=tuple(e for p in dl for e in p.errors))
+    sl = [p for p in parts if isinstance(p, SegmentationAnswers)]
+    maps = [p.class_maps for p in sl if p.class_maps is not None]
+    return SegmentationAnswers(class_maps=np.concatenate(maps) if len(maps) == len(sl) else None,
+                               errors=tuple(e for p in sl for e in p.errors),
+                               shapes=tuple(s for p in sl for s in p.shapes))
+
+
+# -- storage -----------------------------------------------------------------------------------
+
+def pack(result: Mapping[str, Any]) -> bytes:
+    """One work item's result (answers and per-image arrays/strings) as an .npz blob."""
+    arrays: dict[str, np.ndarray] = {}
+    for key, value in result.items():
+        if isinstance(value, ClassAnswers):
+            arrays[f"{key}.class.labels"] = value.labels
+            if value.scores is not None:
+                arrays[f"{key}.class.scores"] = value.scores
+            arrays[f"{key}.class.errors"] = _strings(value.errors)
+        elif isinstance(value, DetectionAnswers):
+            for name in ("boxes", "labels", "scores", "counts"):
+                arrays[f"{key}.det.{name}"] = getattr(value, name)
+            arrays[f"{key}.det.errors"] = _strings(value.errors)
+        elif isinstance(value, SegmentationAnswers):
+            if value.class_maps is not None:
+                arrays[f"{key}.seg.class_maps"] = value.class_maps
+            arrays[f"{key}.seg.shapes"] = np.asarray(value.shapes, dtype=np.int64).reshape(-1, 2)
+            arrays[f"{key}.seg.errors"] = _strings(value.errors)
+        elif isinstance(value, str):
+            arrays[f"{key}.str"] = np.asarray(value)
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+            arrays[f"{key}.strs"] = _strings(value)
+        else:
+            arrays[f"{key}.arr"] = np.asarray(value)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def unpack(blob: bytes) -> dict[str, Any]:
+    """The result :func:`pack` stored."""
+    data = np.load(io.BytesIO(blob), allow_pickle=False)
+    keys = list(data.files)
+    out: dict[str, Any] = {}
+    groups: dict[str, dict[str, np.ndarray]] = {}
+    for name in keys:
+        key, _, rest = name.partition(".")
+        if rest == "str":
+            out[key] = str(data[name])
+        elif rest == "strs":
+            out[key] = tuple(str(x) for x in data[name])
+        elif rest == "arr":
+            out[key] = data[name]
+        else:
+            groups.setdefault(key, {})[rest] = data[name]
+    for key, g in groups.items():
+        if "class.labels" in g:
+            out[key] = ClassAnswers(labels=g["class.labels"], scores=g.get("class.scores"),
+                                    errors=tuple(str(e) for e in g["class.errors"]))
+        elif "det.boxes" in g:
+            out[key] = DetectionAnswers(boxes=g["det.boxes"], labels=g["det.labels"],
+                                        scores=g["det.scores"], counts=g["det.counts"],
+                                        errors=tuple(str(e) for e in g["det.errors"]))
+        else:
+            out[key] = SegmentationAnswers(
+                class_maps=g.get("seg.class_maps"),
+                errors=tuple(str(e) for e in g["seg.errors"]),
+                shapes=tuple((int(a), int(b)) for a, b in g["seg.shapes"]))
+    return out
+
+
+def _strings(values: Sequence[str]) -> np.ndarray:
+    return np.asarray(list(values), dtype=str) if values else np.zeros(0, dtype="<U1")

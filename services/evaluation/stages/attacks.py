@@ -1,0 +1,174 @@
+"""The adversarial stages (IEEE-M3, M5, M6; IEEE-A7..A9).
+
+- :class:`TransferAttackStage`: adversarials crafted white-box on the plan's surrogate
+  (IEEE-A7), bounded before the attack (IEEE-A9), quantised to uint8 and sent to the target
+  through the proxy; judged on the target's answer to the image it received.
+- :class:`QueryAttackStage`: score- and decision-based attacks (IEEE-A8) that query the
+  target only through the proxy, in a fresh proxy session per attempt at a chunk, with the
+  per-image budget Q_m enforced by the proxy; queries per image are read from the ledger.
+  A crashed attempt's session stays in the ledger (reported as aborted) and is never counted.
+
+Domain code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+from fortis.services.evaluation.answers import ClassAnswers, concat, unpack
+from fortis.services.evaluation.keys import SessionId, StageName, WorkItemKey
+from fortis.services.evaluation.plan import AttackTest, Plan
+from fortis.services.evaluation.ports import AttackOutcome, Catalogue, Setting, TestDefinition
+from fortis.services.evaluation.stages.base import RunContext, chunks
+
+__all__ = ["QueryAttackStage", "TransferAttackStage", "attack_tests"]
+
+
+def _n(plan: Plan, at: AttackTest, n_images: int) -> int:
+    return min(n_images, at.limit) if at.limit else n_images
+
+
+def attack_tests(plan: Plan, n_images: int, catalogue: Catalogue) -> list[TestDefinition]:
+    """The plan's attacks as the report lists them, in plan order."""
+    out = []
+    for at in plan.attacks:
+        e = catalogue.attacks[at.id]
+        eps = at.params.get("epsilon")
+        out.append(TestDefinition(
+            name=at.name, kind=f"{e.kind}_attack", perturbation_id=at.id, family=e.family,
+            refs=e.refs, params=dict(at.params), surrogate=at.surrogate,
+            epsilon=float(eps) if isinstance(eps, int | float) else None, norm=e.norm,
+            query_budget=int(at.params["max_queries"]) if e.is_query_attack else None,
+            images=_n(plan, at, n_images)))
+    return out
+
+
+@dataclass
+class TransferAttackStage:
+    plan: Plan
+    n_images: int
+    catalogue: Catalogue
+    progress_stage: str = "transfer_attacks"
+
+    def _attacks(self) -> list[AttackTest]:
+        return [a for a in self.plan.attacks if not self.catalogue.attacks[a.id].is_query_attack]
+
+    def keys(self) -> list[WorkItemKey]:
+        return [WorkItemKey(StageName.ATTACKS, at.name, chunk=c) for at in self._attacks()
+                for c, _ in enumerate(chunks(_n(self.plan, at, self.n_images), self.plan.batch_size))]
+
+    def images_total(self) -> int:
+        return sum(_n(self.plan, at, self.n_images) for at in self._attacks())
+
+    def tests(self) -> list[TestDefinition]:
+        return []      # listed with every attack, in plan order (attack_tests)
+
+    def run(self, ctx: RunContext) -> list[Setting]:
+        settings = []
+        for at in self._attacks():
+            session = SessionId.transfer(ctx.evaluation_id, at.name).format()
+            ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
+                                   description=f"transfer attack {at.name}")
+            n = _n(self.plan, at, self.n_images)
+            parts, linf, l2 = [], [], []
+            for c, (a, b) in enumerate(chunks(n, self.plan.batch_size)):
+                res = ctx.item(WorkItemKey(StageName.ATTACKS, at.name, chunk=c), b - a,
+                               partial(self._item, ctx, session, list(ctx.images[a:b]), at, c))
+                parts.append(res["answers"])
+                linf += [float(x) for x in res["linf"]]
+                l2 += [float(x) for x in res["l2"]]
+            answers = concat(parts) if parts else ClassAnswers.from_rows([], [], [])
+            settings.append(Setting(kind="transfer_attack", name=at.name,
+                                    image_index=tuple(range(n)), answers=answers,
+                                    linf=tuple(linf), l2=tuple(l2)))
+        return settings
+
+    def _item(self, ctx: RunContext, session: str, rows: list[Any], at: AttackTest, c: int,
+              _attempt: int) -> tuple[dict[str, Any], int]:
+        outs = ctx.perturbation.attack(at.id, at.params, self.plan.seed, rows,
+                                       surrogate=at.surrogate)
+        answers = ctx.answers(session, at.name, [(o.image_id, o.adversarial) for o in outs])
+        ctx.save_adversarials(at.name, c, [o.image_id for o in outs],
+                              [o.adversarial for o in outs], [o.adversarial_float for o in outs])
+        return ({"answers": answers, "linf": np.array([o.linf for o in outs]),
+                 "l2": np.array([o.l2 for o in outs]),
+                 "initially_correct": np.array([bool(o.initially_correct) for o in outs])},
+                len(outs))
+
+
+@dataclass
+class QueryAttackStage:
+    plan: Plan
+    n_images: int
+    catalogue: Catalogue
+    progress_stage: str = "query_attacks"
+
+    def _attacks(self) -> list[AttackTest]:
+        return [a for a in self.plan.attacks if self.catalogue.attacks[a.id].is_query_attack]
+
+    def keys(self) -> list[WorkItemKey]:
+        return [WorkItemKey(StageName.ATTACKS, at.name, chunk=c) for at in self._attacks()
+                for c, _ in enumerate(chunks(_n(self.plan, at, self.n_images), self.plan.batch_size))]
+
+    def images_total(self) -> int:
+        return sum(_n(self.plan, at, self.n_images) for at in self._attacks())
+
+    def tests(self) -> list[TestDefinition]:
+        return []
+
+    def sessions(self, ctx: RunContext) -> list[str]:
+        """The session of the attempt that finished each chunk (counted in the results)."""
+        out = []
+        for key in self.keys():
+            done, _, blob = ctx.store.item(ctx.evaluation_id, key.format())
+            if done and blob is not None:
+                out.append(str(unpack(blob)["session"]))
+        return out
+
+    def run(self, ctx: RunContext) -> list[Setting]:
+        settings = []
+        for at in self._attacks():
+            budget = int(at.params["max_queries"])
+            n = _n(self.plan, at, self.n_images)
+            success: list[bool] = []
+            queries: list[int] = []
+            linf: list[float] = []
+            l2: list[float] = []
+            for c, (a, b) in enumerate(chunks(n, self.plan.batch_size)):
+                res = ctx.item(WorkItemKey(StageName.ATTACKS, at.name, chunk=c), b - a,
+                               partial(self._item, ctx, list(ctx.images[a:b]), at, c, budget))
+                success += [bool(x) for x in res["success"]]
+                queries += [int(x) for x in res["ledger_queries"]]
+                linf += [float(x) for x in res["linf"]]
+                l2 += [float(x) for x in res["l2"]]
+            settings.append(Setting(kind="query_attack", name=at.name,
+                                    image_index=tuple(range(n)), success=tuple(success),
+                                    queries=tuple(queries), query_budget=budget,
+                                    linf=tuple(linf), l2=tuple(l2)))
+        return settings
+
+    def _item(self, ctx: RunContext, rows: list[Any], at: AttackTest, c: int, budget: int,
+              attempt: int) -> tuple[dict[str, Any], int]:
+        session = SessionId.query(ctx.evaluation_id, at.name, c, attempt).format()
+        ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
+                               per_image_budget=budget, query_budget=budget * len(rows),
+                               description=f"query attack {at.name}, chunk {c}, attempt {attempt}")
+
+        def on_result(o: AttackOutcome) -> None:
+            ctx.progress.images(1, f"{at.name}: image {o.image_id} done")
+
+        outs = ctx.perturbation.attack(at.id, at.params, self.plan.seed, rows, session_id=session,
+                                       origin=at.name, on_result=on_result,
+                                       cancelled=ctx.cancelled)
+        total, per_image = ctx.proxy.session_queries(session)
+        ctx.save_adversarials(at.name, c, [o.image_id for o in outs],
+                              [o.adversarial for o in outs], [o.adversarial_float for o in outs])
+        return ({"success": np.array([bool(o.success) for o in outs]),
+                 "attack_queries": np.array([o.queries for o in outs], dtype=np.int64),
+                 "ledger_queries": np.array([per_image.get(o.image_id, 0) for o in outs],
+                                            dtype=np.int64),
+                 "linf": np.array([o.linf for o in outs]), "l2": np.array([o.l2 for o in outs]),
+                 "stop_reason": [o.stop_reason for o in outs] or [""], "session": session}, total)

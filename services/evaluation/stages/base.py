@@ -1,0 +1,174 @@
+"""What every stage of an evaluation shares: the run context, resumable work items and
+progress. Domain code, no gRPC.
+
+A work item (a chunk of images under one test setting) commits its result to the store when
+it finishes; a rerun skips finished items (CAN-9). Every random draw is derived from the
+plan's seed and the item's identity, so a redone item gives the same numbers. Progress moves
+per item and, inside long items (query attacks), per image, so a watcher never sees a stalled
+bar while work is being done.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from fortis.services.common.errors import FortisError
+from fortis.services.evaluation.answers import Answers, pack, unpack
+from fortis.services.evaluation.keys import WorkItemKey
+from fortis.services.evaluation.plan import Plan
+from fortis.services.evaluation.ports import (
+    PerturbationPort,
+    ProxyPort,
+    ReportPort,
+    ScoringPort,
+    Setting,
+    TargetDescription,
+    TestDefinition,
+)
+from fortis.services.evaluation.store import EvaluationStore
+
+__all__ = ["Cancelled", "LabeledImage", "Progress", "RunContext", "Stage", "chunks"]
+
+#: (image id, uint8 HxWxC image, acceptable labels)
+LabeledImage = tuple[str, np.ndarray, tuple[int, ...]]
+
+
+class Cancelled(FortisError):
+    """The evaluation was cancelled by a caller."""
+
+
+def chunks(n: int, size: int) -> list[tuple[int, int]]:
+    """[start, end) ranges of consecutive chunks of at most ``size`` images."""
+    return [(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+class Progress:
+    """Counts finished work and writes it to the store, at most a few times a second for
+    image-level updates (every finished item is written at once, with its result)."""
+
+    def __init__(self, store: EvaluationStore, evaluation_id: str, *,
+                 min_interval_s: float = 0.5) -> None:
+        self.store = store
+        self.eid = evaluation_id
+        self.items_done = 0
+        self.images_done = 0
+        self.queries = 0
+        self._partial = 0
+        self._last = 0.0
+        self._min = min_interval_s
+        self._lock = threading.Lock()
+
+    def stage(self, stage: str, message: str = "") -> None:
+        self.store.update_running(self.eid, stage=stage, message=message)
+
+    def images(self, n: int, message: str = "") -> None:
+        """``n`` more images of the current item are done (not yet committed)."""
+        with self._lock:
+            self._partial += n
+            now = time.monotonic()
+            if now - self._last < self._min:
+                return
+            self._last = now
+            done = self.images_done + self._partial
+        self.store.update_running(self.eid, images_done=done, message=message)
+
+    def item_finished(self, images: int, queries: int) -> tuple[int, int, int]:
+        with self._lock:
+            self.items_done += 1
+            self.images_done += images
+            self.queries += queries
+            self._partial = 0
+            return self.items_done, self.images_done, self.queries
+
+
+@dataclass(kw_only=True)
+class RunContext:
+    """Everything a stage needs, and the one place items are run and committed."""
+
+    evaluation_id: str
+    plan: Plan
+    plan_text: str
+    store: EvaluationStore
+    proxy: ProxyPort
+    perturbation: PerturbationPort
+    scoring: ScoringPort
+    report: ReportPort
+    images: Sequence[LabeledImage]
+    target: TargetDescription
+    artifacts_dir: Path
+    progress: Progress
+    cancelled: Callable[[], bool] = lambda: False
+    chunk_ranges: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[str]:
+        return [i for i, _, _ in self.images]
+
+    def check_cancelled(self) -> None:
+        if self.cancelled():
+            raise Cancelled("cancelled by a caller")
+
+    def item(self, key: WorkItemKey, images: int,
+             work: Callable[[int], tuple[dict[str, Any], int]]) -> dict[str, Any]:
+        """Run ``work(attempt) -> (result, queries)`` unless the item is already done; commit
+        its result. Returns the result (as stored)."""
+        self.check_cancelled()
+        name = key.format()
+        done, _, blob = self.store.item(self.evaluation_id, name)
+        if done and blob is not None:
+            return unpack(blob)
+        attempt = self.store.start_item(self.evaluation_id, name)
+        result, queries = work(attempt)
+        self.check_cancelled()
+        items_done, images_done, total_queries = self.progress.item_finished(images, queries)
+        self.store.finish_item(self.evaluation_id, name, pack(result), items_done=items_done,
+                               images_done=images_done, queries=total_queries, message=name)
+        return result
+
+    def answers(self, session: str, origin: str,
+                part: Sequence[tuple[str, np.ndarray]]) -> Answers:
+        return self.proxy.predict(session_id=session, origin=origin,
+                                  task=self.plan.target.task, images=part)
+
+    def save_adversarials(self, name: str, chunk: int, ids: Sequence[str],
+                          adversarial: Sequence[np.ndarray],
+                          adversarial_float: Sequence[np.ndarray]) -> Path:
+        """Keep an attack chunk's adversarials (uint8 as sent, and float; CAN-9)."""
+        d = self.artifacts_dir / self.evaluation_id / "adversarial"
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"{name}-{chunk:05d}.npz"
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez_compressed(tmp, image_ids=np.array(list(ids)),
+                            adversarial_uint8=np.stack(list(adversarial)),
+                            adversarial_float=np.stack(list(adversarial_float)))
+        tmp.replace(path)
+        return path
+
+
+class Stage(Protocol):
+    """One stage of the run: its work items, its run, and what it gives scoring and the
+    report."""
+
+    progress_stage: str
+
+    def keys(self) -> list[WorkItemKey]:
+        """Every work item of the stage, in execution order."""
+        ...
+
+    def images_total(self) -> int:
+        """Image-level work of the stage (images x settings)."""
+        ...
+
+    def run(self, ctx: RunContext) -> list[Setting]:
+        """Run (or resume) the stage; the settings it measured, for scoring."""
+        ...
+
+    def tests(self) -> list[TestDefinition]:
+        """Its tests, as the report lists them."""
+        ...
