@@ -21,10 +21,12 @@ from typing import Protocol
 from fortis.common.v1 import common_pb2
 from fortis.services.common import errors
 from fortis.services.common.codec import image_sha256, summarize
+from fortis.services.common.errors import code_for
 from fortis.services.target_proxy.ledger import Ledger, QueryRow, SessionRecord, wall_clock_of
 from fortis.services.target_proxy.metrics import ProxyMetrics
 from fortis.services.target_proxy.ratelimit import RateLimiter
 from fortis.target.v1 import target_pb2
+from google.rpc import code_pb2
 
 
 class TargetBackend(Protocol):
@@ -223,9 +225,7 @@ class TargetProxy:
                 raise errors.FortisError(
                     f"target answered {len(preds)} predictions for {len(images)} images")
         except errors.FortisError as exc:
-            status = type(exc).__name__ if not isinstance(exc, errors.Unavailable) else "UNAVAILABLE"
-            if isinstance(exc, errors.InvalidArgument):
-                status = "INVALID_ARGUMENT"
+            status = code_pb2.Code.Name(code_for(exc))   # the one error mapping
             error = str(exc)
             attempts = getattr(exc, "attempts", attempts) or 1
             failure: errors.FortisError = exc

@@ -7,13 +7,24 @@ from typing import Any
 
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors
+from fortis.services.common.pagination import decode_token, encode_token, page_of, page_size
 from fortis.services.common.server import current_tenant
 from fortis.services.common.status import status_for
 from fortis.services.target_proxy.ledger import SessionRecord
 from fortis.services.target_proxy.proxy import TargetProxy
 from google.protobuf import timestamp_pb2
+from google.rpc import code_pb2
 
 SERVICE_NAME = proxy_pb2.DESCRIPTOR.services_by_name["TargetProxyService"].full_name
+
+
+def _code(name: str) -> int:
+    """A ledger row's status name as the google.rpc.Code enum (UNKNOWN for names written by
+    older versions that are not code names)."""
+    try:
+        return int(code_pb2.Code.Value(name))
+    except ValueError:
+        return code_pb2.UNKNOWN
 
 
 def _ts(t: float) -> timestamp_pb2.Timestamp:
@@ -34,9 +45,12 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
             description=rec.description, create_time=_ts(rec.created_at))
 
     def ListTargets(self, request: Any, context: Any) -> proxy_pb2.ListTargetsResponse:
+        size = page_size(request.page_size, default=100, maximum=1000)
+        targets = sorted(self.proxy.targets.values(), key=lambda t: t.name)
+        page, token = page_of(targets, "targets", size, request.page_token)
         return proxy_pb2.ListTargetsResponse(targets=[
             proxy_pb2.TargetSummary(name=t.name, images_per_second=t.limiter.limit)
-            for t in self.proxy.targets.values()])
+            for t in page], next_page_token=token)
 
     def GetTargetInfo(self, request: Any, context: Any) -> proxy_pb2.GetTargetInfoResponse:
         return proxy_pb2.GetTargetInfoResponse(info=self.proxy.target_info(request.target))
@@ -87,15 +101,10 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
     def ListLedgerEntries(self, request: Any, context: Any
                           ) -> proxy_pb2.ListLedgerEntriesResponse:
         rec = self.proxy.session(current_tenant.get(), request.session_id)
-        size = request.page_size or 1000
-        if size < 0 or size > 10000:
-            raise errors.InvalidArgument("page_size", "must be in 1..10000")
+        size = page_size(request.page_size, default=1000, maximum=10000)
         after = 0
         if request.page_token:
-            try:
-                after = int(request.page_token)
-            except ValueError:
-                raise errors.InvalidArgument("page_token", "not a token from a previous response") from None
+            after = decode_token(request.page_token, "ledger", {"s": str, "e": int})["e"]
         rows = self.proxy.ledger.entries(rec.session_id, after_id=after, limit=size + 1)
         more = len(rows) > size
         rows = rows[:size]
@@ -103,6 +112,8 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
             entries=[proxy_pb2.LedgerEntry(
                 entry_id=r[0], tenant=r[1], session_id=r[2], target=r[3], origin=r[4],
                 image_id=r[5], input_sha256=r[6], output_summary=r[7], latency_ms=r[8],
-                status=r[9], error=r[10], send_time=_ts(r[11]), call_id=r[12], attempts=r[13])
+                status=_code(r[9]), error=r[10], send_time=_ts(r[11]), call_id=r[12],
+                attempts=r[13])
                 for r in rows],
-            next_page_token=str(rows[-1][0]) if more and rows else "")
+            next_page_token=encode_token("ledger", s=rec.session_id[:256], e=rows[-1][0])
+            if more and rows else "")
