@@ -2,7 +2,9 @@
 with its characterisation (DEG-5) and level kind, applied to batches unary and streaming, for
 every kind -- corruptions (IEEE-A1..A5), styles (IEEE-A6), incremental degradation operators
 (DEG-1, incl. the white-box one on the real surrogate) and safety properties (PER-1) -- and bad
-input answered with a status naming the field while the service keeps serving."""
+input answered with a status naming the field while the service keeps serving. The attacks
+are listed apart (ListAttacks, from the attack registry) with typed parameter schemas, and
+images come back as raw uint8 tensors unless PNG is asked for."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import pytest
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.services.common.codec import decode_image, image_msg
+from fortis.services.perturbation.attacks.registry import ATTACKS
 from fortis.services.perturbation.registry import PERTURBATIONS
+from google.protobuf.struct_pb2 import Struct
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
@@ -42,23 +46,107 @@ def test_list_perturbations_has_every_entry_once_with_characterisation(pt):
     items = pt.ListPerturbations(ppb.ListPerturbationsRequest(), metadata=MD).perturbations
     ids = [p.id for p in items]
     assert len(ids) == len(set(ids))
-    assert set(PERTURBATIONS) <= set(ids)
+    assert set(PERTURBATIONS) == set(ids)                      # image perturbations only
+    assert not set(ATTACKS) & set(ids)
     kinds = {p.kind for p in items}
-    assert {ppb.PERTURBATION_KIND_CORRUPTION, ppb.PERTURBATION_KIND_STYLE,
-            ppb.PERTURBATION_KIND_DEGRADATION, ppb.PERTURBATION_KIND_PROPERTY,
-            ppb.PERTURBATION_KIND_TRANSFER_ATTACK, ppb.PERTURBATION_KIND_SCORE_ATTACK,
-            ppb.PERTURBATION_KIND_DECISION_ATTACK} <= kinds
+    assert kinds == {ppb.PERTURBATION_KIND_CORRUPTION, ppb.PERTURBATION_KIND_STYLE,
+                     ppb.PERTURBATION_KIND_DEGRADATION, ppb.PERTURBATION_KIND_PROPERTY}
     for p in items:
-        if p.kind in (ppb.PERTURBATION_KIND_CORRUPTION, ppb.PERTURBATION_KIND_STYLE,
-                      ppb.PERTURBATION_KIND_DEGRADATION, ppb.PERTURBATION_KIND_PROPERTY):
-            assert p.characterisation.scope in ("global", "local"), p.id
-            assert p.characterisation.randomness in ("deterministic", "stochastic"), p.id
-            assert p.characterisation.domain in ("colour", "pixel"), p.id
-            assert p.refs and p.level_kind != ppb.LEVEL_KIND_UNSPECIFIED, p.id
+        assert p.characterisation.scope in (ppb.SCOPE_GLOBAL, ppb.SCOPE_LOCAL), p.id
+        assert p.characterisation.randomness in (ppb.RANDOMNESS_DETERMINISTIC,
+                                                 ppb.RANDOMNESS_STOCHASTIC), p.id
+        assert p.characterisation.domain in (ppb.DOMAIN_COLOUR, ppb.DOMAIN_PIXEL), p.id
+        assert p.refs and p.level_kind != ppb.LEVEL_KIND_UNSPECIFIED, p.id
+        spec = PERTURBATIONS[p.id]
+        assert len(p.level_table) == len(spec.level_table), p.id
+        if spec.levels:
+            assert [row.level for row in p.level_table] == list(spec.levels), p.id
+        for row in p.level_table:
+            assert row.values and all(v.name and v.WhichOneof("value") for v in row.values), p.id
     deg = pt.ListPerturbations(ppb.ListPerturbationsRequest(kind=ppb.PERTURBATION_KIND_DEGRADATION),
                                metadata=MD).perturbations
     assert deg and all(list(p.levels) == list(range(1, 31)) for p in deg)
     assert all("DEG-1" in p.refs for p in deg)
+    # typed parameter schemas: type, default in the case of its type, bounds
+    prop = next(p for p in items if p.id == "per_brightness")
+    direction = next(q for q in prop.parameters if q.name == "direction")
+    assert direction.type == ppb.PARAMETER_TYPE_INT and not direction.required
+    assert direction.default_value.WhichOneof("value") == "integer"
+    assert direction.default_value.integer == 1
+    assert direction.HasField("minimum") and direction.minimum == -1 and direction.maximum == 1
+    # pages: the same entries, in order, through next_page_token
+    paged, token = [], ""
+    while True:
+        page = pt.ListPerturbations(ppb.ListPerturbationsRequest(page_size=7, page_token=token),
+                                    metadata=MD)
+        assert len(page.perturbations) <= 7
+        paged += [p.id for p in page.perturbations]
+        token = page.next_page_token
+        if not token:
+            break
+    assert paged == ids
+
+
+def test_list_attacks_reads_the_registry_with_typed_schemas(pt, channel):
+    items = pt.ListAttacks(ppb.ListAttacksRequest(), metadata=MD).attacks
+    assert [a.id for a in items] == list(ATTACKS)
+    by_id = {a.id: a for a in items}
+    pgd, hsja, pk = by_id["pgd"], by_id["hsja"], by_id["pertknob"]
+    assert pgd.kind == ppb.ATTACK_KIND_TRANSFER and pgd.needs_surrogate
+    assert list(pgd.norms) == [ppb.NORM_LINF] and pgd.untargeted and not pgd.targeted
+    assert list(hsja.norms) == [ppb.NORM_L2] and hsja.kind == ppb.ATTACK_KIND_DECISION
+    assert by_id["square"].kind == ppb.ATTACK_KIND_SCORE
+    assert pgd.refs[0] == "IEEE-A7" and pk.refs[0] == "PER-3" and "IEEE-M6" in hsja.refs
+    eps = next(p for p in pgd.parameters if p.name == "epsilon")
+    assert eps.type == ppb.PARAMETER_TYPE_FLOAT and eps.required
+    assert not eps.HasField("default_value") and (eps.minimum, eps.maximum) == (0.0, 1.0)
+    steps = next(p for p in pgd.parameters if p.name == "steps")
+    assert steps.type == ppb.PARAMETER_TYPE_INT and steps.default_value.integer == 10
+    start = next(p for p in pgd.parameters if p.name == "random_start")
+    assert start.type == ppb.PARAMETER_TYPE_BOOL and start.default_value.flag is True
+    mode = next(p for p in pk.parameters if p.name == "mode")
+    assert mode.type == ppb.PARAMETER_TYPE_STRING and mode.default_value.text == "bisection"
+    assert list(mode.choices) == ["bisection", "linear"] and not mode.HasField("minimum")
+    transfer = pt.ListAttacks(ppb.ListAttacksRequest(kind=ppb.ATTACK_KIND_TRANSFER),
+                              metadata=MD).attacks
+    assert [a.id for a in transfer] == ["fgsm", "pgd"]
+    with pytest.raises(grpc.RpcError) as ei:
+        pt.ListAttacks(ppb.ListAttacksRequest(page_token="not-a-token"), metadata=MD)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_images_come_back_as_raw_tensors_unless_png_is_asked(pt, fmnist_test_images,
+                                                              fmnist_surrogate):
+    """No PNG round trip between services; PNG on request; RunAttack returns the uint8 tensor
+    the target receives and a typed stop reason."""
+    images, labels = fmnist_test_images
+    batch = _batch(images, 3)
+    raw = pt.ApplyPerturbation(ppb.ApplyPerturbationRequest(
+        perturbation_id="gaussian_noise", severity=2, seed=4, images=batch), metadata=MD).images
+    png = pt.ApplyPerturbation(ppb.ApplyPerturbationRequest(
+        perturbation_id="gaussian_noise", severity=2, seed=4, images=batch,
+        response_encoding=ppb.IMAGE_ENCODING_PNG), metadata=MD).images
+    assert all(m.WhichOneof("content") == "tensor" for m in raw)
+    assert all(m.WhichOneof("content") == "encoded" for m in png)
+    for a, b in zip(raw, png, strict=True):
+        assert np.array_equal(decode_image(a, "raw"), decode_image(b, "png"))
+    out = list(pt.RunAttack(ppb.RunAttackRequest(
+        attack_id="fgsm", seed=1, surrogate="fmnist-surrogate",
+        images=[ppb.LabeledImage(image=m, labels=[int(labels[i])]) for i, m in enumerate(batch)],
+        params=_struct({"epsilon": 0.1})), metadata=MD))
+    assert [r.image_id for r in out] == [m.image_id for m in batch]
+    for i, r in enumerate(out):
+        assert r.adversarial.WhichOneof("content") == "tensor"
+        adv = decode_image(r.adversarial, "adv")
+        assert adv.dtype == np.uint8 and adv.shape == images[i].shape
+        assert np.abs(adv.astype(int) - images[i].astype(int)).max() <= 25
+        assert r.stop_reason == ppb.STOP_REASON_ITERATIONS and not r.HasField("success")
+
+
+def _struct(d: dict) -> Struct:
+    s = Struct()
+    s.update(d)
+    return s
 
 
 def test_every_kind_applies_over_unary_and_stream(pt, fmnist_test_images):
@@ -98,7 +186,7 @@ def test_every_kind_applies_over_unary_and_stream(pt, fmnist_test_images):
     # deterministic for a seed: the same request twice gives the same pixels
     again = pt.ApplyPerturbation(ppb.ApplyPerturbationRequest(
         perturbation_id=deg.id, severity=10, seed=5, images=batch), metadata=MD).images
-    assert [m.encoded for m in again] == [m.encoded for m in got["deg"].images]
+    assert [m.tensor.data for m in again] == [m.tensor.data for m in got["deg"].images]
 
 
 def test_white_box_degradation_uses_the_surrogate(pt, fmnist_test_images, fmnist_surrogate):
