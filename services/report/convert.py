@@ -1,0 +1,333 @@
+"""The ONE place where the typed report parts become the report document (``report.json``).
+
+:func:`build_report` takes a ``fortis.report.v1.ReportParts`` message and returns one plain,
+JSON-able dict whose shape is the report's public schema (``schema_version``
+``fortis.report/v1``, unchanged since the parts travelled as an untyped Struct). Integers come
+out as ``int`` and rates as ``float`` because they are read from typed fields; nothing is
+guessed back from doubles. Unset optional fields are ``None`` (``null``), never 0, so "not
+applicable" stays distinguishable from "zero". Sentences come from
+:mod:`fortis.services.report.prose`; the metrics tree from :mod:`.metrics_tree`.
+
+``report.json`` top-level keys:
+
+    schema_version      "fortis.report/v1"
+    plan                the plan document parsed from plan_text                IEEE-P3
+    plan_text           the plan exactly as submitted                          IEEE-P4 (repeat)
+    target              name, model_name, task_type, endpoint (user:password and secret query
+                        values redacted), output_kind, top_k, labels_count, version, input,
+                        service_type_parameters
+    tester              name, organization, roles {requester, tester, provider}   IEEE-P1
+    environment         python, platform, fortis, torch, numpy, seed, seeds
+    service_parameters  service-type parameters and the correctness rule       IEEE-P3, C1/C2
+    metrics_used        the metric names and where they are defined            IEEE-P4
+    metrics             the metric tree (see metrics_tree)                     IEEE-M1..M8
+    tests               one entry per test: id, kind, ieee_ref, image_source, parameters,
+                        severities, epsilon, norm, query_budget, steps, metrics, ...
+    ledger              query totals per session, as the proxy's ledger recorded them
+    evaluation          id, started, finished, started_at, ended_at, duration_s, images, ...
+    repeat              command, plan_file, seeds, instructions                IEEE-P4
+
+Pure domain code: protobuf messages in, dicts out; no gRPC. Bad or missing parts raise
+``InvalidArgument`` naming the field (``parts.metrics.ieee``), which the server maps to
+INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import yaml
+from fortis.common.v1 import common_pb2
+from fortis.report.v1 import report_pb2
+from fortis.services.common.errors import InvalidArgument
+from fortis.services.report import prose
+from fortis.services.report.metrics_tree import metrics_tree
+from fortis.services.report.values import enum_text, message_dict, optional
+from google.protobuf.message import Message
+
+__all__ = ["MAX_PLAN_BYTES", "SCHEMA_VERSION", "build_report", "plan_document"]
+
+SCHEMA_VERSION: Final = "fortis.report/v1"
+
+#: The plan text is bounded: the evaluation service validated it already, and a report is no
+#: place for a document larger than any real plan.
+MAX_PLAN_BYTES: Final = 1 << 20
+#: A YAML plan with anchors can name the same subtree many times; copying it into the report
+#: expands every reference, so the number of values copied is bounded too.
+_MAX_PLAN_VALUES: Final = 200_000
+
+#: Query parameters of an endpoint whose values are credentials.
+_SECRET_KEY: Final = re.compile(r"(password|passwd|secret|token|api[_-]?key|credential|^auth|"
+                                r"^key$|signature)", re.IGNORECASE)
+
+_TEST_KINDS: Final = {
+    report_pb2.TEST_KIND_CORRUPTION: ("corruption", None),
+    report_pb2.TEST_KIND_DEGRADATION: ("degradation", None),
+    report_pb2.TEST_KIND_TRANSFER_ATTACK: ("attack", "transfer"),
+    report_pb2.TEST_KIND_SCORE_ATTACK: ("attack", "score"),
+    report_pb2.TEST_KIND_DECISION_ATTACK: ("attack", "decision"),
+}
+#: The report's names of output kinds are those the target record always used.
+_OUTPUT_KINDS: Final = {common_pb2.OUTPUT_KIND_TOP_K_SCORES: "top_k"}
+
+_PLAN_FILE: Final = "plan.yaml"
+_REPEAT_COMMAND: Final = f"fortis run {_PLAN_FILE}"
+
+
+# --------------------------------------------------------------------------------------------
+# plan
+# --------------------------------------------------------------------------------------------
+
+
+def _plain(value: Any, budget: list[int]) -> Any:
+    """A JSON-able copy of a YAML value (str keys, lists, ISO dates, NaN -> None), counting
+    every value against ``budget`` so an alias-expanded plan cannot blow up the report."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise InvalidArgument("parts.plan_text",
+                              f"the plan expands to more than {_MAX_PLAN_VALUES} values")
+    if value is None or isinstance(value, bool | str | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, budget) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v, budget) for v in value]
+    if isinstance(value, _dt.datetime | _dt.date):
+        return value.isoformat()
+    return str(value)
+
+
+def plan_document(plan_text: str) -> dict[str, Any]:
+    """The plan as a JSON-able mapping, parsed with ``yaml.safe_load`` (JSON plans are YAML
+    too). Bounded in bytes and in values; anything but a mapping is refused."""
+    if not plan_text.strip():
+        raise InvalidArgument("parts.plan_text", "the plan's text is required")
+    size = len(plan_text.encode("utf-8"))
+    if size > MAX_PLAN_BYTES:
+        raise InvalidArgument("parts.plan_text",
+                              f"the plan is {size} bytes; at most {MAX_PLAN_BYTES} are accepted")
+    try:
+        doc = yaml.safe_load(plan_text)
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise InvalidArgument("parts.plan_text", f"not a YAML or JSON document: {exc}") from None
+    if not isinstance(doc, Mapping):
+        raise InvalidArgument("parts.plan_text",
+                              f"the plan must be a mapping; got {type(doc).__name__}")
+    try:
+        return dict(_plain(doc, [_MAX_PLAN_VALUES]))
+    except RecursionError:
+        raise InvalidArgument("parts.plan_text", "the plan is nested too deeply") from None
+
+
+# --------------------------------------------------------------------------------------------
+# parts
+# --------------------------------------------------------------------------------------------
+
+
+def _require(parent: Message, name: str, path: str) -> Any:
+    """A required sub-message of ``parent``; its absence names the field."""
+    if not parent.HasField(name):
+        raise InvalidArgument(f"{path}.{name}", "required report part is missing")
+    return getattr(parent, name)
+
+
+def _text(value: str) -> str | None:
+    return value or None
+
+
+def _party(p: report_pb2.Party) -> dict[str, Any]:
+    return {"name": _text(p.name), "organisation": _text(p.organisation)}
+
+
+def redact_endpoint(endpoint: str) -> str:
+    """The endpoint without ``user:password@`` and without the values of query parameters that
+    carry credentials (``?api_key=...``): a report is shared, credentials are not."""
+    if "://" not in endpoint:
+        return endpoint
+    parts = urlsplit(endpoint)
+    netloc = parts.netloc
+    if parts.username is not None or parts.password is not None:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_SECRET_KEY.search(k) for k, _ in pairs):
+            query = urlencode([(k, "***" if _SECRET_KEY.search(k) else v) for k, v in pairs],
+                              safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _criterion(target: report_pb2.TargetReport) -> dict[str, Any]:
+    """The service-type parameters (IEEE-P3): the correctness criterion, by task type."""
+    which = target.WhichOneof("service_parameters")
+    if which is None:
+        return {}
+    msg = getattr(target, which)
+    out = message_dict(msg)
+    if which == "detection":
+        out["aggregate"] = {"mode": out.pop("aggregate"), "q": out.pop("q")}
+    return {which: out}
+
+
+def _target(t: report_pb2.TargetReport) -> dict[str, Any]:
+    if not t.name:
+        raise InvalidArgument("parts.target.name", "the target's name is required")
+    return {
+        "name": t.name, "model_name": _text(t.model_name),
+        "task_type": enum_text(t, "task"),
+        "endpoint": redact_endpoint(t.endpoint) if t.endpoint else None,
+        "output_kind": _OUTPUT_KINDS.get(t.output_kind, enum_text(t, "output_kind")),
+        "top_k": t.top_k, "labels_count": t.labels_count, "version": _text(t.version),
+        "input": f"{t.input_height}x{t.input_width}x{t.input_channels}",
+        "service_type_parameters": _criterion(t),
+    }
+
+
+def _tester(roles: report_pb2.Roles) -> dict[str, Any]:
+    return {"name": _text(roles.tester.name), "organization": _text(roles.tester.organisation),
+            "roles": {"tester": _party(roles.tester), "requester": _party(roles.requester),
+                      "provider": _party(roles.provider)}}
+
+
+def _environment(env: report_pb2.Environment, plan: Mapping[str, Any]) -> dict[str, Any]:
+    seeds = plan.get("seeds")
+    return {"python": _text(env.python), "platform": _text(env.platform),
+            "fortis": _text(env.fortis), "torch": _text(env.torch), "numpy": _text(env.numpy),
+            "seed": env.seed,
+            "seeds": dict(seeds) if isinstance(seeds, Mapping) else {"seed": env.seed}}
+
+
+def _timestamp(parent: Message, name: str) -> _dt.datetime:
+    ts = _require(parent, name, "parts.evaluation")
+    try:
+        return ts.ToDatetime(tzinfo=_dt.UTC)  # type: ignore[no-any-return]
+    except (ValueError, OverflowError, OSError) as exc:
+        raise InvalidArgument(f"parts.evaluation.{name}", f"not a valid time: {exc}") from None
+
+
+def _evaluation(ev: report_pb2.EvaluationInfo, m: int) -> dict[str, Any]:
+    if not ev.evaluation_id:
+        raise InvalidArgument("parts.evaluation.evaluation_id", "the evaluation id is required")
+    start, end = _timestamp(ev, "start_time"), _timestamp(ev, "end_time")
+    if end < start:
+        raise InvalidArgument("parts.evaluation.end_time", "must not be before start_time")
+    ds = ev.dataset
+    return {"id": ev.evaluation_id, "started": start.timestamp(), "finished": end.timestamp(),
+            "started_at": start.isoformat(timespec="seconds"),
+            "ended_at": end.isoformat(timespec="seconds"),
+            "duration_s": round((end - start).total_seconds(), 3), "images": m,
+            "dataset": {"source": ds.source, "split": ds.split, "offset": ds.offset,
+                        "limit": ds.limit},
+            "resumed_count": ev.resumed_count}
+
+
+def _ledger(ledger: report_pb2.LedgerSummary) -> dict[str, Any]:
+    return {"sessions": dict(ledger.sessions), "total_queries": ledger.total_queries,
+            "aborted_attempt_sessions": dict(ledger.aborted_attempt_sessions),
+            "aborted_attempt_queries": ledger.aborted_attempt_queries, "note": prose.LEDGER_NOTE}
+
+
+def _named_value(v: Any) -> Any:
+    which = v.WhichOneof("value")
+    if which == "numbers":
+        return list(v.numbers.values)
+    return getattr(v, which) if which else None
+
+
+def _level_parameters(t: report_pb2.TestDefinition) -> dict[str, dict[str, Any]]:
+    return {str(row.level): {v.name: _named_value(v) for v in row.values}
+            for row in t.level_parameters}
+
+
+def _test(t: report_pb2.TestDefinition, n: int, ev: report_pb2.EvaluationInfo,
+          m: int) -> dict[str, Any]:
+    path = f"parts.tests[{n}]"
+    if not t.name:
+        raise InvalidArgument(f"{path}.name", "each test needs a non-empty name")
+    if t.kind not in _TEST_KINDS:
+        raise InvalidArgument(f"{path}.kind", f"must be a known TestKind; got {t.kind}")
+    kind, attack_kind = _TEST_KINDS[t.kind]
+    params = message_dict(t.params) if t.HasField("params") else {}
+    entry: dict[str, Any] = {
+        "id": t.name, "kind": kind, "family": _text(t.family),
+        "ieee_ref": ", ".join(t.refs) or prose.DEFAULT_REF[kind],
+        "image_source": prose.image_source(source=ev.dataset.source, split=ev.dataset.split,
+                                           offset=ev.dataset.offset, m=m, covered=t.images),
+        "severities": list(t.levels) if kind == "corruption" else None,
+        "epsilon": optional(t, "epsilon"), "norm": _text(t.norm),
+        "query_budget": optional(t, "query_budget"),
+        "steps": prose.test_steps(kind, t.name, attack_kind=attack_kind,
+                                  surrogate=_text(t.surrogate)),
+        "metrics": prose.test_metrics(kind, attack_kind=attack_kind),
+    }
+    if t.HasField("characterisation"):
+        entry["characterisation"] = message_dict(t.characterisation)
+    if kind == "attack":
+        entry.update({"attack": _text(t.perturbation_id), "attack_kind": attack_kind,
+                      "parameters": params, "surrogate": _text(t.surrogate),
+                      "images_attacked": t.images})
+        return entry
+    entry["parameters"] = _level_parameters(t)
+    if kind == "corruption":
+        entry["params"] = params
+    else:
+        entry["levels"] = list(t.levels)
+        if t.surrogate:
+            entry["surrogate"] = t.surrogate
+    return entry
+
+
+def _service_parameters(plan: Mapping[str, Any], typed: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan's own service-type parameters as written (IEEE-P3); what it leaves out is
+    filled from the resolved criterion the evaluation service used."""
+    given = plan.get("service_parameters") or plan.get("service_type_parameters") or {}
+    out = dict(given) if isinstance(given, Mapping) else {}
+    for key in ("correctness", "detection", "segmentation"):
+        if key not in out and isinstance(plan.get(key), Mapping):
+            out[key] = plan[key]
+    for key, value in typed.items():
+        out.setdefault(key, value)
+    return out
+
+
+def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
+    """The IEEE 3129 4.6 report document (IEEE-P1, P3, P4; metrics IEEE-M1..M8) of ``parts``.
+
+    Raises ``InvalidArgument`` naming the first missing or invalid part."""
+    plan = plan_document(parts.plan_text)
+    for name in ("target", "roles", "environment", "metrics", "ledger", "evaluation"):
+        _require(parts, name, "parts")
+    metrics = metrics_tree(parts.metrics)
+    m = parts.evaluation.images or parts.metrics.ieee.m
+    target = _target(parts.target)
+    env = _environment(parts.environment, plan)
+    attacks = metrics["attacks"].values()
+    used = [dict(u) for u in prose.METRICS_USED] + prose.extra_metrics_used(
+        ranking=bool(metrics["ranking"].get("applicable")),
+        degradation=bool(metrics.get("degradation")),
+        perturbation_size=any(a.get("median_l2_successful") is not None for a in attacks))
+    report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "plan": plan,
+        "plan_text": parts.plan_text,
+        "target": target,
+        "tester": _tester(parts.roles),
+        "environment": env,
+        "service_parameters": _service_parameters(plan, target["service_type_parameters"]),
+        "metrics_used": used,
+        "metrics": metrics,
+        "tests": [_test(t, n, parts.evaluation, m) for n, t in enumerate(parts.tests)],
+        "ledger": _ledger(parts.ledger),
+        "evaluation": _evaluation(parts.evaluation, m),
+        "repeat": {"command": _REPEAT_COMMAND, "plan_file": _PLAN_FILE, "seeds": env["seeds"],
+                   "seeds_in_plan": True,
+                   "instructions": prose.repeat_instructions(_PLAN_FILE, _REPEAT_COMMAND)},
+    }
+    return report
