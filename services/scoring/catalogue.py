@@ -14,6 +14,7 @@ results are JSON-able trees in which "not applicable"/"not available" is an expl
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,10 +61,36 @@ def _opt(arrays: Arrays, name: str) -> np.ndarray | None:
     return arrays.get(name)
 
 
+def _integer(value: Any, field: str) -> int:
+    """A count, label or size read from params. Params are JSON, and over gRPC a
+    google.protobuf.Struct whose numbers are all doubles, so an integer may arrive as 3.0;
+    an integral number becomes an int, anything else is refused naming the field."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise InvalidArgument(field, f"must be an integer, got {value!r}")
+
+
+def _integers(params: Params, keys: tuple[str, ...], prefix: str = "params") -> dict[str, Any]:
+    """``params`` with the listed keys (where present and not null) read by :func:`_integer`."""
+    return {k: (_integer(v, f"{prefix}.{k}") if k in keys and v is not None else v)
+            for k, v in params.items()}
+
+
+def _label_tree(value: Any, field: str) -> Any:
+    """A label, a list of acceptable labels or a list of label sets, with integral labels
+    as ints (other shapes are left to the correctness code to refuse)."""
+    if isinstance(value, list):
+        return [_label_tree(v, f"{field}[{n}]") for n, v in enumerate(value)]
+    return _integer(value, field) if isinstance(value, numbers.Real) else value
+
+
 # -- adapters ---------------------------------------------------------------------------------
 
 def _ndcg(arrays: Arrays, params: Params) -> dict[str, Any]:
     from fortis.services.scoring.ranking import ndcg_batch
+    params = _integers(params, ("positions", "max_k1", "max_k2"))
     return ndcg_batch(arrays["perturbed_probs"], benign_logits=_opt(arrays, "benign_logits"),
                       benign_probs=_opt(arrays, "benign_probs"),
                       **{k: params[k] for k in ("gamma_b", "gamma_a", "positions", "max_k1", "max_k2")
@@ -72,6 +99,7 @@ def _ndcg(arrays: Arrays, params: Params) -> dict[str, Any]:
 
 def _drr(arrays: Arrays, params: Params) -> dict[str, Any]:
     from fortis.services.scoring.ranking import drr_batch
+    params = _integers(params, ("k",))
     return drr_batch(arrays["perturbed_probs"], arrays["benign_class"],
                      **{k: params[k] for k in ("k",) if k in params})
 
@@ -90,6 +118,7 @@ def _levels(arrays: Arrays, prefix: str) -> dict[int, np.ndarray] | None:
 def _profile(arrays: Arrays, params: Params) -> dict[str, Any]:
     from fortis.services.scoring.profiles import FAILURE_THRESHOLDS, degradation_profile
     true = arrays["true_labels"]
+    params = _integers(params, ("num_classes",))
     ids = params.get("image_ids") or [f"img-{i}" for i in range(len(true))]
     changes = params.get("changes")
     if isinstance(changes, Mapping):
@@ -201,8 +230,9 @@ def _irt(arrays: Arrays, params: Params) -> dict[str, Any]:
         metrics.append(Metric(name=str(m["name"]), category=str(m["category"]),
                               values=[float("nan") if v is None else float(v) for v in m["values"]],
                               higher_is_better=bool(m["higher_is_better"])))
+    params = _integers(params, ("chain_length", "burn_in", "seed"))
     cfg = IRTConfig(**{k: params[k] for k in ("chain_length", "burn_in") if k in params})
-    rng = rng_for(int(params.get("seed", 0)), "irt")
+    rng = rng_for(params.get("seed", 0), "irt")
     return two_layer_irt([str(x) for x in subjects], metrics, rng, cfg).to_dict()
 
 
@@ -237,11 +267,12 @@ def _test_records(params: Params, pred: Callable[[Any, str], Any]) -> list[Any]:
             raise InvalidArgument(f"{f}.predictions", "must map image id -> prediction")
         out.append(TestRecord(
             kind=t["kind"], perturbation_id=str(t.get("perturbation_id", "")),
-            severity=int(t.get("severity", 0)),
+            severity=_integer(t.get("severity", 0), f"{f}.severity"),
             predictions={str(i): pred(p, f"{f}.predictions.{i}") for i, p in preds.items()},
-            queries={str(k): int(v) for k, v in (t.get("queries") or {}).items()},
+            queries={str(k): _integer(v, f"{f}.queries.{k}")
+                     for k, v in (t.get("queries") or {}).items()},
             success={str(k): bool(v) for k, v in (t.get("success") or {}).items()},
-            query_budget=int(t.get("query_budget", 0)),
+            query_budget=_integer(t.get("query_budget", 0), f"{f}.query_budget"),
             image_ids=tuple(str(x) for x in t.get("image_ids") or ())))
     return out
 
@@ -249,6 +280,8 @@ def _test_records(params: Params, pred: Callable[[Any, str], Any]) -> list[Any]:
 def _mapping(params: Params) -> Any:
     from fortis.services.scoring.correctness import LabelMapping
     lm = params.get("label_map")
+    if isinstance(lm, Mapping):
+        lm = {k: _label_tree(v, f"params.label_map.{k}") for k, v in lm.items()}
     return LabelMapping.from_dict(lm, field="params.label_map") if lm else None
 
 
@@ -259,7 +292,8 @@ def _class_pred(p: Any, f: str) -> Any:
         if not isinstance(x, Mapping):
             raise InvalidArgument(f, "a prediction is {labels, scores, error}")
         sc = x.get("scores")
-        return ClassPrediction(labels=tuple(int(v) for v in x.get("labels") or ()),
+        return ClassPrediction(labels=tuple(_integer(v, f"{f}.labels")
+                                            for v in x.get("labels") or ()),
                                scores=tuple(float(v) for v in sc) if sc else None,
                                error=x.get("error") or None)
     return [one(x) for x in p] if isinstance(p, list) else one(p)
@@ -269,13 +303,17 @@ def _ieee_classification(arrays: Arrays, params: Params) -> dict[str, Any]:
     from fortis.services.scoring.correctness import AggregationRule
     from fortis.services.scoring.ieee import CorrectnessRule
     from fortis.services.scoring.outcomes import score_classification
-    rule_d = dict(params.get("rule") or {})
+    rule = params.get("rule") or {}
+    if not isinstance(rule, Mapping):
+        raise InvalidArgument("params.rule", "must be a mapping {mode, k, threshold, aggregate, q}")
+    rule_d = _integers(rule, ("k", "q"), "params.rule")
     agg = AggregationRule.from_dict(rule_d, prefix="params.rule")
     rule = CorrectnessRule.from_dict({k: v for k, v in rule_d.items() if k in ("mode", "k", "threshold")})
     labels = params.get("labels")
     if not isinstance(labels, Mapping) or not labels:
         raise InvalidArgument("params.labels", "required: image id -> label(s)")
-    return score_classification(rule, {str(k): v for k, v in labels.items()},
+    return score_classification(rule, {str(k): _label_tree(v, f"params.labels.{k}")
+                                       for k, v in labels.items()},
                                 _test_records(params, _class_pred), aggregate=agg,
                                 label_mapping=_mapping(params))
 
@@ -286,16 +324,21 @@ def _detections(x: Any, f: str) -> Any:
         raise InvalidArgument(f, "detections are {boxes, labels, scores, box_format, label_base, image_size}")
     size = x.get("image_size")
     return Detections(boxes=np.asarray(x.get("boxes") or np.zeros((0, 4)), dtype=np.float64).reshape(-1, 4),
-                      labels=np.asarray(x.get("labels") or [], dtype=np.int64),
+                      labels=np.asarray(_label_tree(list(x.get("labels") or []), f"{f}.labels"),
+                                        dtype=np.int64),
                       scores=None if x.get("scores") is None else np.asarray(x["scores"], dtype=np.float64),
-                      box_format=str(x.get("box_format", "xyxy")), label_base=int(x.get("label_base", 0)),
+                      box_format=str(x.get("box_format", "xyxy")),
+                      label_base=_integer(x.get("label_base", 0), f"{f}.label_base"),
                       image_size=tuple(size) if size else None, error=x.get("error") or None)
 
 
 def _ieee_detection(arrays: Arrays, params: Params) -> dict[str, Any]:
     from fortis.services.scoring.correctness import DetectionCriterion
     from fortis.services.scoring.outcomes import score_detection
-    crit = DetectionCriterion.from_dict(params.get("criterion"), prefix="params.criterion")
+    crit_d = params.get("criterion")
+    if isinstance(crit_d, Mapping):
+        crit_d = _integers(crit_d, ("k", "q"), "params.criterion")
+    crit = DetectionCriterion.from_dict(crit_d, prefix="params.criterion")
     truths = params.get("truths")
     if not isinstance(truths, Mapping) or not truths:
         raise InvalidArgument("params.truths", "required: image id -> ground-truth detections")
@@ -306,7 +349,12 @@ def _ieee_detection(arrays: Arrays, params: Params) -> dict[str, Any]:
 def _ieee_segmentation(arrays: Arrays, params: Params) -> dict[str, Any]:
     from fortis.services.scoring.correctness import SegmentationCriterion, SegmentationPrediction
     from fortis.services.scoring.outcomes import TestRecord, score_segmentation
-    crit = SegmentationCriterion.from_dict(params.get("criterion") or {}, prefix="params.criterion")
+    crit_d = params.get("criterion") or {}
+    if isinstance(crit_d, Mapping):
+        crit_d = {**_integers(crit_d, ("ignore_label",), "params.criterion"),
+                  **({"classes": _label_tree(crit_d["classes"], "params.criterion.classes")}
+                     if isinstance(crit_d.get("classes"), list) else {})}
+    crit = SegmentationCriterion.from_dict(crit_d, prefix="params.criterion")
     truth = arrays["truth"]
     if truth.ndim != 3:
         raise InvalidArgument("arrays.truth", f"must be N x H x W label maps, got shape {list(truth.shape)}")
@@ -322,7 +370,7 @@ def _ieee_segmentation(arrays: Arrays, params: Params) -> dict[str, Any]:
         if masks is None or masks.shape != truth.shape:
             raise InvalidArgument(f"arrays.masks@{n}", f"required: N x H x W predicted label maps like arrays.truth {list(truth.shape)}")
         records.append(TestRecord(kind=str(t.get("kind")), perturbation_id=str(t.get("perturbation_id", "")),
-                                  severity=int(t.get("severity", 0)),
+                                  severity=_integer(t.get("severity", 0), f"params.tests[{n}].severity"),
                                   predictions={i: SegmentationPrediction(mask=masks[k]) for k, i in enumerate(ids)}))
     return score_segmentation(crit, {i: truth[k] for k, i in enumerate(ids)}, records,
                               label_mapping=_mapping(params))

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import numpy as np
+from fortis.services.common.criteria import CORRECTNESS_MODES, CorrectnessRule
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 
 __all__ = [
@@ -61,74 +62,14 @@ __all__ = [
     "wilson_interval",
 ]
 
-#: 4.7.6.2.1: Alternative 1 (top-1, also IEEE-C1 single prediction), 2 (top-K), 3 (> sigma).
-CORRECTNESS_MODES = ("top1", "topk", "threshold")
-
 _Z95 = 1.959963984540054
 _MAX_LISTED = 20  # at most this many missing-image violations in one error
 
 
 # --------------------------------------------------------------------------------------------
-# Correctness (IEEE-C1, IEEE-C2)
+# Correctness (IEEE-C1, IEEE-C2). The rule itself is plan data shared with the evaluation
+# service (fortis.services.common.criteria); it is re-exported here for the scoring code.
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class CorrectnessRule:
-    """How a prediction is judged correct (IEEE 3129 4.7.6.2.1; IEEE-C1/C2), from the plan.
-
-    - ``top1``: the best-ranked label is one of the image's labels (C2 Alternative 1; for a
-      service that returns a single label this is C1).
-    - ``topk``: one of the ``k`` best-ranked labels matches (C2 Alternative 2). A target that
-      returns fewer than ``k`` labels is judged on the labels it returned.
-    - ``threshold``: a label whose confidence is *strictly greater* than ``threshold``
-      (sigma) matches (C2 Alternative 3). Needs a score-returning target.
-    """
-
-    mode: str = "top1"
-    k: int = 5
-    threshold: float = 0.5
-
-    def __post_init__(self) -> None:
-        violations = _rule_violations(self.mode, self.k, self.threshold)
-        if violations:
-            raise InvalidArgument.from_violations(violations)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> CorrectnessRule:
-        """Build from the plan's ``correctness`` section; unknown keys and bad values raise
-        :class:`InvalidArgument` naming ``correctness.<key>``."""
-        if d is None:
-            return cls()
-        if not isinstance(d, Mapping):
-            raise InvalidArgument("correctness", "must be a mapping with mode, k, threshold")
-        violations = [FieldViolation(f"correctness.{key}", "unknown key (allowed: mode, k, "
-                                     "threshold)") for key in d if key not in ("mode", "k",
-                                                                               "threshold")]
-        mode = d.get("mode", "top1")
-        k = d.get("k", 5)
-        threshold = d.get("threshold", 0.5)
-        violations += _rule_violations(mode, k, threshold)
-        if violations:
-            raise InvalidArgument.from_violations(violations)
-        return cls(mode=mode, k=int(k), threshold=float(threshold))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "k": self.k, "threshold": self.threshold}
-
-
-def _rule_violations(mode: Any, k: Any, threshold: Any) -> list[FieldViolation]:
-    out: list[FieldViolation] = []
-    if not isinstance(mode, str) or mode not in CORRECTNESS_MODES:
-        out.append(FieldViolation("correctness.mode",
-                                  f"must be one of {', '.join(CORRECTNESS_MODES)}; got {mode!r}"))
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        out.append(FieldViolation("correctness.k", f"must be an integer >= 1; got {k!r}"))
-    if (isinstance(threshold, bool) or not isinstance(threshold, int | float)
-            or not math.isfinite(threshold) or not 0.0 <= threshold <= 1.0):
-        out.append(FieldViolation("correctness.threshold",
-                                  f"must be a confidence in [0, 1]; got {threshold!r}"))
-    return out
 
 
 @dataclass(frozen=True, kw_only=True)

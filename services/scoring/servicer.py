@@ -1,66 +1,81 @@
-"""gRPC transport of the scoring service: decode, call ``score_classification``, encode."""
+"""gRPC transport of the scoring service: decode, call the domain, encode.
+
+ScoreEvaluation reads the client stream through ``convert.read_evaluation`` (the one place
+that knows the messages), scores it with ``evaluation_scoring.score_evaluation`` and answers
+with the typed response. ListMetrics pages through the catalogue with an opaque token;
+Compute runs one catalogue entry (its params arrive as JSON, numbers as doubles: each entry
+reads the integers it needs itself). Domain errors become statuses in the shared interceptor.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import base64
+import binascii
+from collections.abc import Iterable
+from typing import Any, Final
 
 from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
 from fortis.services.common.codec import tensor_to_array
+from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring.catalogue import compute, list_metrics
-from fortis.services.scoring.ieee import ClassPrediction, CorrectnessRule
-from fortis.services.scoring.outcomes import TestRecord, score_classification
+from fortis.services.scoring.convert import read_evaluation, response_from_scores
+from fortis.services.scoring.evaluation_scoring import score_evaluation
 from google.protobuf import json_format, struct_pb2
 
 SERVICE_NAME = scoring_pb2.DESCRIPTOR.services_by_name["ScoringService"].full_name
 
+#: ListMetrics page sizes (the contract's default and most).
+DEFAULT_PAGE_SIZE: Final = 100
+MAX_PAGE_SIZE: Final = 1000
+_TOKEN_PREFIX: Final = "metrics-offset:"
 
-def _pred(p: Any) -> ClassPrediction:
-    return ClassPrediction(labels=tuple(p.labels), scores=tuple(p.scores) if p.scores else None,
-                           error=p.error or None)
+
+def page_token(offset: int) -> str:
+    """The opaque token of a page starting at ``offset`` (base64url, no padding)."""
+    return base64.urlsafe_b64encode(f"{_TOKEN_PREFIX}{offset}".encode()).decode().rstrip("=")
 
 
-def _ints(x: Any) -> Any:
-    """google.protobuf.Struct carries every number as a double: give integral ones back as
-    int, as a JSON parser would (k = 3, not 3.0)."""
-    if isinstance(x, dict):
-        return {k: _ints(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_ints(v) for v in x]
-    if isinstance(x, float) and x.is_integer() and abs(x) < 2**53:
-        return int(x)
-    return x
+def page_offset(token: str, total: int) -> int:
+    """The offset a token stands for; anything that is not one of ours is refused."""
+    if not token:
+        return 0
+    try:
+        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        text = ""
+    digits = text.removeprefix(_TOKEN_PREFIX)
+    if not text.startswith(_TOKEN_PREFIX) or not digits.isdigit() or int(digits) > total:
+        raise InvalidArgument("page_token", "not a token returned by ListMetrics")
+    return int(digits)
 
 
 class ScoringServicer(scoring_pb2_grpc.ScoringServiceServicer):
-    def ScoreClassification(self, request: Any, context: Any) -> scoring_pb2.ScoreClassificationResponse:
-        rule = CorrectnessRule.from_dict({"mode": request.rule.mode or "top1",
-                                          "k": request.rule.k or 5,
-                                          "threshold": request.rule.threshold or 0.5})
-        labels = {k: list(v.labels) for k, v in request.labels.items()}
-        tests = []
-        for t in request.tests:
-            ids = [p.image_id for p in t.predictions]
-            tests.append(TestRecord(
-                kind=t.kind, perturbation_id=t.perturbation_id, severity=t.severity,
-                predictions={p.image_id: _pred(p) for p in t.predictions},
-                queries=dict(zip(ids, t.queries, strict=False)),
-                success=dict(zip(ids, t.success, strict=False)), query_budget=t.query_budget,
-                image_ids=tuple(t.image_ids)))
-        metrics = score_classification(rule, labels, tests)
-        s = struct_pb2.Struct()
-        json_format.ParseDict(metrics, s)
-        return scoring_pb2.ScoreClassificationResponse(metrics=s)
+    def ScoreEvaluation(self, request_iterator: Iterable[scoring_pb2.ScoreEvaluationRequest],
+                        context: Any) -> scoring_pb2.ScoreEvaluationResponse:
+        setup, settings = read_evaluation(request_iterator)
+        return response_from_scores(score_evaluation(setup, settings))
 
     def ListMetrics(self, request: Any, context: Any) -> scoring_pb2.ListMetricsResponse:
-        return scoring_pb2.ListMetricsResponse(metrics=[
-            scoring_pb2.MetricInfo(id=m["id"], refs=m["refs"], description=m["description"],
-                                   inputs=[scoring_pb2.MetricInput(**i) for i in m["inputs"]])
-            for m in list_metrics()])
+        if request.page_size < 0:
+            raise InvalidArgument("page_size", "must be >= 0")
+        size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        entries = list_metrics()
+        start = page_offset(request.page_token, len(entries))
+        end = min(start + size, len(entries))
+        return scoring_pb2.ListMetricsResponse(
+            metrics=[scoring_pb2.MetricInfo(
+                id=m["id"], refs=m["refs"], description=m["description"],
+                inputs=[scoring_pb2.MetricInput(
+                    name=i["name"], description=i["description"], required=i["required"],
+                    kind=scoring_pb2.INPUT_KIND_ARRAY if i["kind"] == "array"
+                    else scoring_pb2.INPUT_KIND_PARAM) for i in m["inputs"]])
+                for m in entries[start:end]],
+            next_page_token=page_token(end) if end < len(entries) else "")
 
     def Compute(self, request: Any, context: Any) -> scoring_pb2.ComputeResponse:
         arrays = {name: tensor_to_array(t, f"arrays.{name}") for name, t in request.arrays.items()}
         params = json_format.MessageToDict(request.params) if request.HasField("params") else {}
-        result = compute(request.metric, arrays, _ints(params))
+        result = compute(request.metric, arrays, params)
         s = struct_pb2.Struct()
         json_format.ParseDict(result, s)
         return scoring_pb2.ComputeResponse(result=s)

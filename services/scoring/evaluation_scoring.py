@@ -1,0 +1,306 @@
+"""Scores one whole evaluation from answers held as arrays: the domain side of ScoreEvaluation.
+Domain code: no gRPC.
+
+Each test setting is judged in one vectorised call over all its images: classification
+top-1 / top-k / threshold straight from the (n, k) label and score matrices (IEEE-C1..C3,
+``correctness.classification_correct``), detection through ``DetectionBatch`` (IEEE-C4),
+segmentation through the mIoU (IEEE-C5). The per-image booleans then make the IEEE-M1..M8
+tree of ``ieee.compute_ieee_metrics``, the very tree ``outcomes.score_classification`` /
+``score_detection`` / ``score_segmentation`` give on per-record answers, so an evaluation's
+report does not change with the transport. On top of it, as the evaluation runner used to
+compute them through ``Compute``:
+
+- attack perturbation sizes (IEEE-A9, PER-4): mean/max L-inf, mean L2, and mean/median L2 of
+  the adversarials that misled the target (query attacks, which report success);
+- NDCG@1..10 and DRR@5 of every corruption and transfer-attack setting against the clean
+  answers (RANK-1..3), via the ``ndcg`` / ``drr`` catalogue entries
+  (:mod:`~fortis.services.scoring.evaluation_extras`);
+- degradation profiles and failure points per operator (DEG-2..4), via
+  ``degradation_profile``;
+- the failed queries per setting, each scored as incorrect.
+
+A failed query (a non-empty ``errors`` entry) is incorrect in every task. Bad input raises
+:class:`InvalidArgument` naming the request field (``setting[3].classification.labels``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from fortis.services.common.errors import InvalidArgument
+from fortis.services.scoring.correctness import (
+    DetectionBatch,
+    classification_correct,
+    detection_correct,
+    segmentation_correct,
+)
+from fortis.services.scoring.evaluation_data import (
+    ATTACK_KINDS,
+    ClassificationAnswers,
+    ClassificationTruth,
+    DetectionAnswers,
+    DetectionTruth,
+    EvaluationSetup,
+    SegmentationAnswers,
+    SegmentationTruth,
+    SettingData,
+)
+from fortis.services.scoring.evaluation_extras import (
+    check_class_answers,
+    degradation,
+    query_errors,
+    ranking,
+)
+from fortis.services.scoring.ieee import AttackImageOutcome, CorrectnessRule, compute_ieee_metrics
+
+__all__ = ["check_class_answers", "judge_setting", "score_evaluation"]
+
+#: Corruption severities (IEEE-M7) and degradation levels (DEG-1) accepted.
+SEVERITIES = range(1, 6)
+MAX_LEVEL = 1000
+
+
+def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData]) -> dict[str, Any]:
+    """The metrics of one evaluation: ``{"ieee": IEEE-M1..M8 tree with attack distances,
+    "ranking": RANK-1..3, "degradation": {operator: DEG-2..4 profile}, "query_errors": ...}``.
+
+    ``settings`` holds exactly one clean setting; corruption severities are 1..5 and each
+    (name, severity) appears once; attack names are unique; degradation (classification only)
+    levels are >= 1, each (operator, level) once.
+    """
+    ids = list(setup.image_ids)
+    m = len(ids)
+    if m == 0:
+        raise InvalidArgument(f"{setup.field}.image_ids", "at least one image is needed (M >= 1)")
+    if len(set(ids)) != m:
+        raise InvalidArgument(f"{setup.field}.image_ids", "image ids must be unique")
+    _check_settings(setup, settings)
+    judge = _Judge(setup)
+    clean_setting = next(s for s in settings if s.kind == "clean")
+    clean = judge(clean_setting)
+    corruptions: dict[str, dict[int, np.ndarray]] = {}
+    attacks: dict[str, list[AttackImageOutcome]] = {}
+    budgets: dict[str, int | None] = {}
+    coverage: dict[str, list[str]] = {}
+    for s in settings:
+        if s.kind == "corruption":
+            corruptions.setdefault(s.name, {})[s.level] = judge(s)
+        elif s.kind in ATTACK_KINDS:
+            idx = s.covered(m)
+            coverage[s.name] = [ids[i] for i in idx.tolist()]
+            attacks[s.name] = _attack_outcomes(s, idx, ids, clean, judge)
+            budgets[s.name] = (s.query.budget or None) if s.query is not None else None
+    tree = compute_ieee_metrics(clean=clean, corruptions=corruptions, attacks=attacks,
+                                attack_budgets=budgets, image_ids=ids, attack_coverage=coverage)
+    for s in settings:
+        if s.kind in ATTACK_KINDS:
+            _add_attack_distances(tree["attacks"][s.name], s)
+    return {"ieee": tree, "ranking": ranking(setup, settings),
+            "degradation": degradation(setup, settings), "query_errors": query_errors(setup, settings)}
+
+
+def judge_setting(setup: EvaluationSetup, s: SettingData) -> np.ndarray:
+    """(n,) bool: whether each covered image's answer is correct under the setup's criterion
+    (one vectorised call for the whole setting)."""
+    return _Judge(setup)(s)
+
+
+def _check_settings(setup: EvaluationSetup, settings: Sequence[SettingData]) -> None:
+    """Structure shared by every task: one clean setting, unique names, sane levels, the
+    coverage, errors and outcomes each as long as the covered images."""
+    m = len(setup.image_ids)
+    cleans = [s for s in settings if s.kind == "clean"]
+    if not cleans:
+        raise InvalidArgument("setting", "exactly one setting of kind CLEAN is needed, got none")
+    if len(cleans) > 1:
+        raise InvalidArgument(f"{cleans[1].field}.kind", "a second CLEAN setting (exactly one "
+                                                         "is needed)")
+    seen: dict[tuple[str, str, int], str] = {}
+    for s in settings:
+        if s.kind != "clean" and not s.name:
+            raise InvalidArgument(f"{s.field}.name", "required for every setting but CLEAN")
+        if s.kind == "corruption" and s.level not in SEVERITIES:
+            raise InvalidArgument(f"{s.field}.level", f"a corruption severity must be in 1..5, "
+                                                      f"got {s.level}")
+        if s.kind == "degradation":
+            if setup.task != "classification":
+                raise InvalidArgument(f"{s.field}.kind", "degradation profiles (DEG-2..4) need "
+                                                         f"a classification target, not "
+                                                         f"{setup.task}")
+            if not 1 <= s.level <= MAX_LEVEL:
+                raise InvalidArgument(f"{s.field}.level", f"a degradation level must be in "
+                                                          f"1..{MAX_LEVEL}, got {s.level}")
+        group = "attack" if s.kind in ATTACK_KINDS else s.kind
+        key = (group, s.name, s.level if group != "attack" else 0)
+        if key in seen:
+            raise InvalidArgument(f"{s.field}.name", f"'{s.label}' was already given by "
+                                                     f"{seen[key]}")
+        seen[key] = s.field
+        idx = s.image_index
+        if idx is not None:
+            if s.kind not in ATTACK_KINDS and not np.array_equal(idx, np.arange(m)):
+                raise InvalidArgument(f"{s.field}.image_index", "only an attack may cover a "
+                                                                "subset of the images")
+            if idx.size == 0 or idx.min() < 0 or idx.max() >= m:
+                raise InvalidArgument(f"{s.field}.image_index", f"indices must lie in "
+                                                                f"[0, {m - 1}]")
+            if np.unique(idx).size != idx.size:
+                raise InvalidArgument(f"{s.field}.image_index", "an image is listed twice")
+        n = m if idx is None else int(idx.size)
+        if s.errors and len(s.errors) != n:
+            raise InvalidArgument(f"{s.field}.errors", f"{len(s.errors)} entries for {n} "
+                                                       "covered images (or none)")
+        _check_payload(s, n)
+
+
+def _check_payload(s: SettingData, n: int) -> None:
+    if s.kind == "query_attack":
+        if s.answers is not None:
+            raise InvalidArgument(f"{s.field}.answers", "a query attack carries its outcomes "
+                                                        "(query_attack), not answers")
+        q = s.query
+        if q is None:
+            raise InvalidArgument(f"{s.field}.query_attack", "required for a query attack")
+        if q.success.shape != (n,):
+            raise InvalidArgument(f"{s.field}.query_attack.success",
+                                  f"{q.success.size} outcomes for {n} covered images")
+        if q.queries is not None and (q.queries.shape != (n,) or (q.queries < 0).any()):
+            raise InvalidArgument(f"{s.field}.query_attack.queries",
+                                  f"one count >= 0 per covered image ({n}), or none")
+        if q.budget < 0:
+            raise InvalidArgument(f"{s.field}.query_attack.query_budget", "must be >= 0")
+    else:
+        if s.answers is None:
+            raise InvalidArgument(f"{s.field}.answers", "required: the target's answers")
+        if s.query is not None:
+            raise InvalidArgument(f"{s.field}.query_attack", "only a query attack carries "
+                                                             "outcomes")
+    if (s.linf is None) != (s.l2 is None):
+        raise InvalidArgument(f"{s.field}.sizes", "give both linf and l2, or neither")
+    for what, arr in (("linf", s.linf), ("l2", s.l2)):
+        if arr is None:
+            continue
+        if s.kind not in ATTACK_KINDS:
+            raise InvalidArgument(f"{s.field}.sizes", "only attacks have perturbation sizes")
+        if arr.shape != (n,):
+            raise InvalidArgument(f"{s.field}.sizes.{what}", f"{arr.size} values for {n} "
+                                                             "covered images")
+        if not (np.isfinite(arr).all() and (arr >= 0).all()):
+            raise InvalidArgument(f"{s.field}.sizes.{what}", "must be finite and >= 0")
+    if s.fraction_changed is not None:
+        if s.kind != "degradation":
+            raise InvalidArgument(f"{s.field}.fraction_of_pixels_changed",
+                                  "only a degradation setting has it")
+        if not 0.0 <= s.fraction_changed <= 1.0:          # NaN fails both comparisons
+            raise InvalidArgument(f"{s.field}.fraction_of_pixels_changed",
+                                  f"must be in [0, 1], got {s.fraction_changed}")
+
+
+class _Judge:
+    """The setup's criterion applied to one setting's answers (vectorised per setting)."""
+
+    def __init__(self, setup: EvaluationSetup) -> None:
+        self.setup = setup
+        self.m = len(setup.image_ids)
+        self._truth_batch: DetectionBatch | None = None
+
+    def __call__(self, s: SettingData) -> np.ndarray:
+        idx = s.covered(self.m)
+        failed = s.failed(int(idx.size))
+        truth = self.setup.truth
+        if isinstance(truth, ClassificationTruth):
+            return self._classification(s, idx, failed, truth)
+        if isinstance(truth, DetectionTruth):
+            return self._detection(s, idx, failed, truth)
+        return self._segmentation(s, idx, failed, truth)
+
+    def _ids(self, idx: np.ndarray) -> list[str]:
+        return [self.setup.image_ids[i] for i in idx.tolist()]
+
+    def _classification(self, s: SettingData, idx: np.ndarray, failed: np.ndarray,
+                        truth: ClassificationTruth) -> np.ndarray:
+        a = s.answers
+        f = f"{s.field}.classification"
+        if not isinstance(a, ClassificationAnswers):
+            raise InvalidArgument(f"{s.field}.answers", "classification answers are needed")
+        labels, scores = check_class_answers(a, int(idx.size), f)
+        rule = self.setup.criterion
+        assert isinstance(rule, CorrectnessRule)
+        if rule.mode == "threshold" and scores is None:
+            raise InvalidArgument(f"{f}.scores", "the threshold rule (IEEE-C2 Alternative 3) "
+                                                 "needs scores; this setting has labels only")
+        tr = truth.labels if idx.size == self.m and s.image_index is None else truth.labels[idx]
+        return classification_correct(labels, tr[:, None, :], rule, ranked_scores=scores,
+                                      failed=failed)
+
+    def _detection(self, s: SettingData, idx: np.ndarray, failed: np.ndarray,
+                   truth: DetectionTruth) -> np.ndarray:
+        a = s.answers
+        f = f"{s.field}.detection"
+        if not isinstance(a, DetectionAnswers):
+            raise InvalidArgument(f"{s.field}.answers", "detection answers are needed")
+        if a.counts.shape != (idx.size,):
+            raise InvalidArgument(f"{f}.counts", f"{a.counts.size} counts for {idx.size} "
+                                                 "covered images")
+        if self._truth_batch is None:
+            self._truth_batch = DetectionBatch.from_images(
+                list(truth.images), field=f"{self.setup.field}.detection.images",
+                image_ids=list(self.setup.image_ids))
+        ids = self._ids(idx)
+        pred = DetectionBatch.from_arrays(boxes=a.boxes, labels=a.labels, counts=a.counts,
+                                          scores=a.scores, failed=failed, image_ids=ids, field=f)
+        t = self._truth_batch if s.image_index is None else self._truth_batch.take(idx)
+        return detection_correct(t, pred, self.setup.criterion)  # type: ignore[arg-type]
+
+    def _segmentation(self, s: SettingData, idx: np.ndarray, failed: np.ndarray,
+                      truth: SegmentationTruth) -> np.ndarray:
+        a = s.answers
+        f = f"{s.field}.segmentation.class_maps"
+        if not isinstance(a, SegmentationAnswers):
+            raise InvalidArgument(f"{s.field}.answers", "segmentation answers are needed")
+        maps = a.class_maps
+        tm = truth.class_maps if s.image_index is None else truth.class_maps[idx]
+        if maps.shape != tm.shape:
+            raise InvalidArgument(f, f"shape {list(maps.shape)} does not match the covered "
+                                     f"ground truth {list(tm.shape)}")
+        if not np.issubdtype(maps.dtype, np.integer):
+            raise InvalidArgument(f, f"class maps must be integers, got {maps.dtype}")
+        return segmentation_correct(maps, tm, self.setup.criterion,  # type: ignore[arg-type]
+                                    failed=failed, image_ids=self._ids(idx), field=f)
+
+
+def _attack_outcomes(s: SettingData, idx: np.ndarray, ids: list[str], clean: np.ndarray,
+                     judge: _Judge) -> list[AttackImageOutcome]:
+    """IEEE-M3/M6 outcome per covered image. Transfer: judged on the target's answer to the
+    adversarial. Query: right on the clean image and not misled within the budget."""
+    n = int(idx.size)
+    errors = s.errors or ("",) * n
+    init = clean[idx].tolist()
+    names = [ids[i] for i in idx.tolist()]
+    if s.kind == "transfer_attack":
+        ok = judge(s).tolist()
+        return [AttackImageOutcome(image_id=i, correct=c, initially_correct=c0, success=None,
+                                   queries=None, error=e or None)
+                for i, c, c0, e in zip(names, ok, init, errors, strict=True)]
+    assert s.query is not None
+    succ = s.query.success.tolist()
+    queries = s.query.queries.tolist() if s.query.queries is not None else [None] * n
+    return [AttackImageOutcome(image_id=i, correct=c0 and not w, initially_correct=c0,
+                               success=bool(w) if c0 else None, queries=q, error=e or None)
+            for i, c0, w, q, e in zip(names, init, succ, queries, errors, strict=True)]
+
+
+def _add_attack_distances(node: dict[str, Any], s: SettingData) -> None:
+    """IEEE-A9 / PER-4 sizes of an attack's adversarials, as the evaluation report has always
+    shown them: over every covered image, and the L2 of those a query attack reports as
+    successful (transfer attacks report no success flag: null)."""
+    if s.linf is None or s.l2 is None:
+        return
+    node["mean_linf"] = float(np.mean(s.linf))
+    node["max_linf"] = float(np.max(s.linf))
+    node["mean_l2"] = float(np.mean(s.l2))
+    ok = s.l2[s.query.success] if s.query is not None else s.l2[:0]
+    node["mean_l2_successful"] = float(np.mean(ok)) if ok.size else None
+    node["median_l2_successful"] = float(np.median(ok)) if ok.size else None
