@@ -1,0 +1,91 @@
+"""RenderReport over real gRPC on loopback (the full stack of tests/conftest.py): typed
+ReportParts in, report.json with real ints and an escaped, self-contained report.html out;
+malformed requests get INVALID_ARGUMENT naming the field (never INTERNAL) and the service
+keeps serving."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from fortis.report.v1 import report_pb2, report_pb2_grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from tests.conftest import MD
+from tests.unit.report_parts import QUERY, make_parts
+
+
+def _fields(exc: grpc.RpcError) -> list[str]:
+    st = rpc_status.from_call(exc)  # type: ignore[arg-type]
+    assert st is not None
+    for d in st.details:
+        br = error_details_pb2.BadRequest()
+        if d.Unpack(br):
+            return [v.field for v in br.field_violations]
+    raise AssertionError("no BadRequest detail")
+
+
+@pytest.fixture()
+def rp(channel: grpc.Channel) -> report_pb2_grpc.ReportServiceStub:
+    return report_pb2_grpc.ReportServiceStub(channel)
+
+
+def test_render_report_over_grpc(rp: report_pb2_grpc.ReportServiceStub) -> None:
+    resp = rp.RenderReport(report_pb2.RenderReportRequest(parts=make_parts(transfer="<script>")),
+                           metadata=MD)
+    report = json.loads(resp.report_json)
+    assert report["schema_version"] == "fortis.report/v1"
+    m = report["metrics"]
+    assert m["accuracy"]["m"] == 6 and type(m["accuracy"]["m"]) is int
+    assert type(m["attacks"][QUERY]["query_budget"]) is int
+    assert type(report["ledger"]["total_queries"]) is int
+    assert type(report["environment"]["seed"]) is int
+    assert isinstance(m["accuracy"]["value"], float)
+    assert set(m["attacks"]) == {"<script>", QUERY}
+    assert report["evaluation"]["started_at"] == "2025-01-02T10:00:00+00:00"
+    page = resp.report_html
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<script" not in page.lower() and "&lt;script&gt;" in page
+    assert "default-src 'none'" in page
+
+
+@pytest.mark.parametrize(("request_", "field"), [
+    (report_pb2.RenderReportRequest(), "parts"),
+    (report_pb2.RenderReportRequest(parts=report_pb2.ReportParts(plan_text="seed: 1\n")),
+     "parts.target"),
+])
+def test_malformed_request_is_invalid_argument_naming_the_field(
+        rp: report_pb2_grpc.ReportServiceStub, request_: report_pb2.RenderReportRequest,
+        field: str) -> None:
+    with pytest.raises(grpc.RpcError) as ei:
+        rp.RenderReport(request_, metadata=MD)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _fields(ei.value) == [field]
+
+
+def test_bad_parts_deep_in_the_tree_and_the_service_keeps_serving(
+        rp: report_pb2_grpc.ReportServiceStub) -> None:
+    for mutate, field in [
+        (lambda p: p.metrics.ClearField("ieee"), "parts.metrics.ieee"),
+        (lambda p: p.tests[4].ClearField("kind"), "parts.tests[4].kind"),
+        (lambda p: setattr(p, "plan_text", "[1, 2]"), "parts.plan_text"),
+        (lambda p: p.metrics.ieee.accuracy.ClearField("ci95_low"),
+         "parts.metrics.ieee.accuracy.ci95_low"),
+    ]:
+        parts = make_parts()
+        mutate(parts)
+        with pytest.raises(grpc.RpcError) as ei:
+            rp.RenderReport(report_pb2.RenderReportRequest(parts=parts), metadata=MD)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
+        assert _fields(ei.value) == [field]
+        assert field in (ei.value.details() or "")
+    ok = rp.RenderReport(report_pb2.RenderReportRequest(parts=make_parts()), metadata=MD)
+    assert json.loads(ok.report_json)["evaluation"]["id"] == "ev-42"
+
+
+def test_render_report_needs_an_api_key(rp: report_pb2_grpc.ReportServiceStub) -> None:
+    with pytest.raises(grpc.RpcError) as ei:
+        rp.RenderReport(report_pb2.RenderReportRequest(parts=make_parts()))
+    assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
