@@ -23,6 +23,7 @@ from fortis.common.v1 import common_pb2
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors
 from fortis.services.common.codec import image_msg, tensor_to_array
+from google.rpc import code_pb2
 from structlog.testing import capture_logs
 
 from tests.conftest import API_KEY, MD
@@ -168,7 +169,7 @@ def test_aws_rekognition_labels_through_proxy(px):
     st = stats(px, sid)
     assert st.queries_ok == 5 and st.queries_failed == 0
     rows = ledger(px, sid)
-    assert {r.status for r in rows} == {"OK"} and all(r.attempts == 1 for r in rows)
+    assert {r.status for r in rows} == {code_pb2.OK} and all(r.attempts == 1 for r in rows)
     assert rows[0].output_summary.startswith(f"top1={CAT} p=")
 
 
@@ -296,7 +297,7 @@ def test_429_with_retry_after_then_success(px, cloud):
     assert time.monotonic() - t0 >= 0.9                   # Retry-After: 1 was honoured
     assert classes(p)[0][:2] == (CAT, "cat")
     (row,) = ledger(px, sid)
-    assert row.status == "OK" and row.attempts == 2
+    assert row.status == code_pb2.OK and row.attempts == 2
     assert stats(px, sid).queries_ok == 1
 
 
@@ -308,7 +309,7 @@ def test_500_always_fails_rows_and_proxy_keeps_serving(px):
     assert "HTTP 500" in ei.value.details()
     rows = ledger(px, sid)
     assert len(rows) == 2
-    assert {r.status for r in rows} == {"UNAVAILABLE"} and {r.attempts for r in rows} == {4}
+    assert {r.status for r in rows} == {code_pb2.UNAVAILABLE} and {r.attempts for r in rows} == {4}
     st = stats(px, sid)
     assert st.queries_failed == 2 and st.queries_ok == 0 and st.session.queries_used == 0
     # the proxy keeps serving, the same target name too
@@ -325,7 +326,7 @@ def test_timeout_is_unavailable(px):
     assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "no answer within 0.3 s" in ei.value.details()
     (row,) = ledger(px, sid)
-    assert row.status == "UNAVAILABLE" and row.attempts == 4
+    assert row.status == code_pb2.UNAVAILABLE and row.attempts == 4
 
 
 @pytest.mark.parametrize("target,needle", [
@@ -340,7 +341,9 @@ def test_answers_that_do_not_fit_the_profile_are_failed_rows(px, target, needle)
     assert needle in ei.value.details()
     assert "'x'" in ei.value.details()                    # names the image
     (row,) = ledger(px, sid)
-    assert row.status == "TargetResponseError" and needle in row.error and row.attempts == 1
+    # a TargetResponseError: INTERNAL to the caller and in the ledger, not retried
+    assert ei.value.code() == grpc.StatusCode.INTERNAL
+    assert row.status == code_pb2.INTERNAL and needle in row.error and row.attempts == 1
     assert stats(px, sid).queries_failed == 1
     # ... and the proxy serves the next call
     assert predict(px, session(px, "aws"), {"d": DARK})[0].classification.classes
@@ -352,7 +355,9 @@ def test_rejected_credentials_are_a_failed_row(px):
         predict(px, sid, {"x": DARK})
     assert "HTTP 403" in ei.value.details() and "security token" in ei.value.details()
     (row,) = ledger(px, sid)
-    assert row.status == "HttpTargetError" and row.attempts == 1
+    # an HttpTargetError: INTERNAL to the caller and in the ledger, not retried
+    assert ei.value.code() == grpc.StatusCode.INTERNAL
+    assert row.status == code_pb2.INTERNAL and row.attempts == 1
 
 
 def test_secret_sent_but_never_logged_or_recorded(cloud, tmp_path, capfd, caplog):

@@ -25,6 +25,7 @@ from fortis.adapters import kserve_v2 as k
 from fortis.common.v1 import common_pb2
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.codec import encode_png, image_msg
+from google.rpc import code_pb2
 
 from tests.conftest import MD
 from tests.integration._kserve_support import (
@@ -200,7 +201,7 @@ def test_mlserver_mobilenet_through_the_proxy(mlserver_stack, photos, builtin_an
         assert (st.queries_ok, st.queries_failed, st.session.queries_used) == (len(photos), 0, len(photos))
         assert {i.image_id for i in st.images} == {p.image_id for p in photos}
         rows = ledger(px, sid)
-        assert len(rows) == len(photos) and {r.status for r in rows} == {"OK"}
+        assert len(rows) == len(photos) and {r.status for r in rows} == {code_pb2.OK}
 
 
 @pytest.mark.slow
@@ -236,7 +237,7 @@ def test_mlserver_raw_answers_and_server_errors(mlserver, mlserver_stack, photos
                 image_msg(p.image_id, p.image) for p in photos[:2]]), metadata=MD)
         assert ei.value.code() == grpc.StatusCode.INTERNAL
         assert "HTTP 400" in ei.value.details() and "UINT8 input must be [N, H, W, 3]" in ei.value.details()
-        assert {r.status for r in ledger(px, sid)} == {"TargetResponseError"}
+        assert {r.status for r in ledger(px, sid)} == {code_pb2.INTERNAL}
         # an unknown model: GetTargetInfo and Predict both say so
         with pytest.raises(grpc.RpcError) as ei:
             px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target="mlserver-no-model"), metadata=MD)

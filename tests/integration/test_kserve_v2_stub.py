@@ -20,6 +20,7 @@ import pytest
 from fortis.common.v1 import common_pb2
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.codec import image_msg
+from google.rpc import code_pb2
 
 from tests.conftest import MD
 from tests.integration._kserve_support import (
@@ -183,17 +184,17 @@ def test_stub_target_through_the_proxy(stub_stack, stub):
 
 
 @pytest.mark.parametrize("target, code, status, attempts, words", [
-    ("stub-broken", grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE", 4, "HTTP 500: model crashed"),
-    ("stub-slow", grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE", 4, "no answer within 0.25 s"),
-    ("stub-closed", grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE", 4, "ConnectionRefusedError"),
-    ("grpc-closed", grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE", 4, "ModelMetadata: UNAVAILABLE"),
-    ("stub-garbled", grpc.StatusCode.INTERNAL, "TargetResponseError", 1, "malformed JSON"),
-    ("stub-badshape", grpc.StatusCode.INTERNAL, "TargetResponseError", 1,
+    ("stub-broken", grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, 4, "HTTP 500: model crashed"),
+    ("stub-slow", grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, 4, "no answer within 0.25 s"),
+    ("stub-closed", grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, 4, "ConnectionRefusedError"),
+    ("grpc-closed", grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, 4, "ModelMetadata: UNAVAILABLE"),
+    ("stub-garbled", grpc.StatusCode.INTERNAL, code_pb2.INTERNAL, 1, "malformed JSON"),
+    ("stub-badshape", grpc.StatusCode.INTERNAL, code_pb2.INTERNAL, 1,
      "output 'scores' has shape [3, 4] for 2 image(s)"),
-    ("stub-nooutput", grpc.StatusCode.INTERNAL, "TargetResponseError", 1,
+    ("stub-nooutput", grpc.StatusCode.INTERNAL, code_pb2.INTERNAL, 1,
      "no output 'scores' in the answer (outputs: ['other'])"),
-    ("stub-bytesout", grpc.StatusCode.INTERNAL, "TargetResponseError", 1, "datatype BYTES"),
-    ("stub-logits", grpc.StatusCode.INTERNAL, "TargetResponseError", 1, "add output=logits"),
+    ("stub-bytesout", grpc.StatusCode.INTERNAL, code_pb2.INTERNAL, 1, "datatype BYTES"),
+    ("stub-logits", grpc.StatusCode.INTERNAL, code_pb2.INTERNAL, 1, "add output=logits"),
 ])
 def test_target_failures_become_ledger_rows(stub_stack, target, code, status, attempts, words):
     with grpc.insecure_channel(stub_stack.address) as ch:
@@ -206,6 +207,7 @@ def test_target_failures_become_ledger_rows(stub_stack, target, code, status, at
         rows = ledger(px, sid)
         assert [r.image_id for r in rows] == ["img-0", "img-1"]
         assert {(r.status, r.attempts) for r in rows} == {(status, attempts)}
+        assert status == code.value[0]           # the ledger and the caller see one code
         assert words in rows[0].error
         st = px.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id=sid), metadata=MD)
         assert (st.queries_ok, st.queries_failed, st.session.queries_used) == (0, 2, 0)
@@ -224,7 +226,7 @@ def test_retry_after_is_honoured(stub_stack):
                           metadata=MD)
         assert len(resp.predictions) == 2 and time.monotonic() - t0 >= 0.9   # waited Retry-After: 1
         rows = ledger(px, sid)
-        assert {(r.status, r.attempts) for r in rows} == {("OK", 2)}
+        assert {(r.status, r.attempts) for r in rows} == {(code_pb2.OK, 2)}
 
 
 def test_bad_image_is_refused_per_image(stub_stack):
@@ -237,4 +239,4 @@ def test_bad_image_is_refused_per_image(stub_stack):
                 metadata=MD)
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "images[1].encoded" in ei.value.details()
-        assert {r.status for r in ledger(px, sid)} == {"INVALID_ARGUMENT"}
+        assert {r.status for r in ledger(px, sid)} == {code_pb2.INVALID_ARGUMENT}

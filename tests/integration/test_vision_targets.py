@@ -41,6 +41,7 @@ from fortis.services.scoring.correctness import (
     SegmentationPrediction,
 )
 from fortis.services.scoring.outcomes import TestRecord, score_detection, score_segmentation
+from google.rpc import code_pb2
 
 from tests.conftest import API_KEY, MD
 
@@ -408,7 +409,7 @@ def test_worker_killed_under_the_proxy_is_retried(px: Any, photos: dict[str, np.
     entries = px.ListLedgerEntries(proxy_pb2.ListLedgerEntriesRequest(session_id=sid),
                                    metadata=MD).entries
     last = [e for e in entries if e.origin == "after-kill"]
-    assert len(last) == 1 and last[0].status == "OK" and last[0].attempts == 2
+    assert len(last) == 1 and last[0].status == code_pb2.OK and last[0].attempts == 2
     new = _worker_pids("face")
     assert len(new) == 1 and new[0] != pids[0]
     _check_ledger(px, sid, {"warm": 1, "after-kill": 1})
