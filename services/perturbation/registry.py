@@ -2,14 +2,15 @@
 
 Assembled from the modules that define perturbations, each exporting ``SPECS``:
 
-    corruptions.py   IEEE-A1..A5  common corruptions and geometric/mask, severities 1..5
+    corruptions/     IEEE-A1..A5  common corruptions and geometric/mask, severities 1..5
     styles.py        IEEE-A6      style changes, severities 1..5 (+ a user-supplied neural slot)
-    degradation.py   DEG-1, DEG-5 incremental degradation operators, levels 1..30
-    properties.py    PER-1        real-world safety properties, epsilon in [0, 1]
+    degradation/     DEG-1, DEG-5 incremental degradation operators, levels 1..30
+    properties/      PER-1        real-world safety properties, epsilon in [0, 1]
 
 Every id is registered once (a duplicate is an import-time error). ``apply_perturbation`` is
 the single entry point: it validates the id, the level for that kind, the parameters and the
-image, and returns a new uint8 image of the same shape. Domain code: no gRPC.
+image, and returns a new uint8 image of the same shape. ``describe`` lists an entry as JSON-able
+data, its level table with every component named (``named_level_table``). Domain code: no gRPC.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def describe(spec: PerturbationSpec) -> dict[str, Any]:
         "stochastic": spec.stochastic, "characterisation": spec.characterisation.as_dict(),
         "level_kind": spec.level_kind, "levels": list(spec.levels), "level_range": [lo, hi],
         "severities": list(spec.levels) if spec.level_kind == "severity" else [],
-        "level_table": [_jsonable(x) for x in spec.level_table],
+        "level_table": named_level_table(spec),
         "level_table_doc": spec.level_table_doc, "needs_model": spec.needs_model,
         "parameters": [{"name": p.name, "type": p.type, "default": p.default,
                         "description": p.description, "minimum": p.minimum,
@@ -134,13 +135,36 @@ def describe(spec: PerturbationSpec) -> dict[str, Any]:
     }
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, tuple | list):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+def named_level_table(spec: PerturbationSpec) -> list[dict[str, Any]]:
+    """The spec's level table with every component named, one dict per level (index 0 = the
+    first level): scalar and tuple entries get the spec's ``level_fields`` as keys (e.g.
+    affine at severity 1: ``{"rotation_deg": 5.0, "scale_change": 0.05, "shear_deg": 3.0,
+    "translation_fraction": 0.02}``), mapping entries keep their keys. Values are JSON-able:
+    int, float, str or bool, or a list of those (a range such as ``side_px``), so reports and
+    ``ListPerturbations`` show what each number means instead of an unnamed tuple (IEEE-P4:
+    the report lets anyone repeat the evaluation)."""
+    out: list[dict[str, Any]] = []
+    for index, entry in enumerate(spec.level_table):
+        if isinstance(entry, Mapping):
+            pairs = [(str(k), v) for k, v in entry.items()]
+        else:
+            values = list(entry) if isinstance(entry, tuple | list) else [entry]
+            if len(values) != len(spec.level_fields):
+                raise ValueError(f"{spec.id}: level {index + 1} has {len(values)} component(s), "
+                                 f"level_fields names {len(spec.level_fields)}")
+            pairs = list(zip(spec.level_fields, values, strict=True))
+        out.append({name: _json_value(spec.id, name, v) for name, v in pairs})
+    return out
+
+
+def _json_value(spec_id: str, name: str, x: Any) -> Any:
+    """A level-table value as JSON data: numpy scalars unwrapped, tuples as lists."""
     if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, int | float | str | bool) or x is None:
+        x = x.item()
+    if isinstance(x, bool | int | float | str):
         return x
-    return repr(x)
+    if isinstance(x, tuple | list) and all(
+            isinstance(v, bool | int | float | np.generic) for v in x):
+        return [v.item() if isinstance(v, np.generic) else v for v in x]
+    raise TypeError(f"{spec_id}: level-table value {name}={x!r} is not a number, string, bool "
+                    "or list of numbers")

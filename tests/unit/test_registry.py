@@ -2,9 +2,15 @@
 epsilons it keeps shape, dtype and value range, is reproducible for a seed, and the
 incremental operators (DEG-1) move further from the original as the level rises. Also the
 registry's own rules: ids unique, characterisation (DEG-5) set, level tables sized to the
-levels, precise errors for bad levels and parameters, and the example sheets render."""
+levels with every component named (``named_level_table``, listed by ``describe``), precise
+errors for bad levels and parameters, and the example sheets render."""
 
 from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,8 +22,10 @@ from fortis.services.perturbation.registry import (
     PERTURBATIONS,
     apply_perturbation,
     check_level,
+    describe,
     iterate_levels,
     make_context,
+    named_level_table,
     perturbation_spec,
 )
 from fortis.services.perturbation.spec import ApplyContext
@@ -58,6 +66,58 @@ def test_registry_shape():
     for name in ("gaussian_noise", "frost", "spatter", "glass_blur", "rotation", "translation",
                  "scale", "shear", "affine", "occlusion"):
         assert name in PERTURBATIONS, name
+
+
+@pytest.mark.parametrize("spec", list(PERTURBATIONS.values()), ids=lambda s: s.id)
+def test_every_level_table_is_named(spec):
+    """Registry-wide: at every level, one snake_case name per component of the entry (a
+    scalar: one; a tuple: one each; a mapping: its keys), unique within the level, every value
+    a JSON number, string or bool or a list of numbers (never a tuple), and ``describe`` lists
+    exactly that table."""
+    named = named_level_table(spec)
+    assert len(named) == len(spec.level_table), spec.id
+    for level, (entry, row) in enumerate(zip(spec.level_table, named, strict=True), start=1):
+        if isinstance(entry, Mapping):
+            expected = len(entry)
+            assert list(row) == [str(k) for k in entry], (spec.id, level)
+        else:
+            expected = len(entry) if isinstance(entry, tuple | list) else 1
+            assert tuple(row) == spec.level_fields, (spec.id, level)
+        assert len(row) == expected, (spec.id, level, row)
+        for name, value in row.items():
+            assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", name), (spec.id, name)
+            assert not isinstance(value, tuple), (spec.id, name)
+            assert isinstance(value, bool | int | float | str) or (
+                isinstance(value, list) and all(isinstance(v, int | float) for v in value)), \
+                (spec.id, name, value)
+    assert describe(spec)["level_table"] == named
+    assert json.loads(json.dumps(describe(spec)["level_table"])) == named
+
+
+def test_named_level_table_examples():
+    """The names come from each table's documentation; tuples are split, ranges are lists."""
+    affine = named_level_table(PERTURBATIONS["affine"])
+    assert affine[0] == {"rotation_deg": 5.0, "scale_change": 0.05, "shear_deg": 3.0,
+                         "translation_fraction": 0.02}
+    assert named_level_table(PERTURBATIONS["defocus_blur"])[4] == {"disk_radius_px": 10,
+                                                                   "alias_sigma_px": 0.5}
+    assert named_level_table(PERTURBATIONS["jpeg_compression"])[0] == {"jpeg_quality": 25}
+    assert named_level_table(PERTURBATIONS["random_boxes"])[0]["side_px"] == [2, 5]
+    assert named_level_table(PERTURBATIONS["per_fog"])[0]["strength"] == 3.5
+
+
+def test_unnamed_or_misnamed_level_tables_are_refused():
+    """A level table whose components cannot all be named is a catalogue bug, refused when the
+    spec is built (as a duplicate id is), not listed as an unnamed tuple."""
+    affine = PERTURBATIONS["affine"]
+    with pytest.raises(ValueError, match="component"):
+        replace(affine, level_fields=affine.level_fields[:3])
+    with pytest.raises(ValueError, match="snake_case"):
+        replace(affine, level_fields=("Rotation", "scale_change", "shear_deg", "shift"))
+    with pytest.raises(ValueError, match="snake_case"):
+        replace(affine, level_fields=("a", "a", "b", "c"))
+    with pytest.raises(ValueError, match="mappings"):
+        replace(PERTURBATIONS["posterise"], level_fields=("bins",))
 
 
 @pytest.mark.parametrize("spec", PLAIN, ids=lambda s: s.id)

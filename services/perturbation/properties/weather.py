@@ -118,7 +118,7 @@ def _dendrite_segments(h: int, w: int, rng: np.random.Generator) -> tuple[np.nda
     pos = 0.5 + 0.5 * np.sign(v) * np.abs(v) ** 0.6
     x0, y0 = pos[:, 0] * w, pos[:, 1] * h
     ang = rng.uniform(0.0, 2.0 * math.pi, n)
-    ln = rng.uniform(*FROST_NEEDLE, n) * max(h, w)
+    ln = rng.uniform(FROST_NEEDLE[0], FROST_NEEDLE[1], n) * max(h, w)
     segs, levels = [], []
     for depth in range(FROST_DEPTH + 1):
         x1, y1 = x0 + ln * np.cos(ang), y0 + ln * np.sin(ang)
