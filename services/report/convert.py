@@ -204,25 +204,28 @@ def _environment(env: report_pb2.Environment, plan: Mapping[str, Any]) -> dict[s
             "seeds": dict(seeds) if isinstance(seeds, Mapping) else {"seed": env.seed}}
 
 
-def _timestamp(parent: Message, name: str) -> _dt.datetime:
+def _timestamp(parent: Message, name: str) -> tuple[_dt.datetime, float]:
+    """A required Timestamp as an aware UTC datetime and as epoch seconds (nanoseconds kept:
+    a datetime holds only microseconds)."""
     ts = _require(parent, name, "parts.evaluation")
     try:
-        return ts.ToDatetime(tzinfo=_dt.UTC)  # type: ignore[no-any-return]
+        when = ts.ToDatetime(tzinfo=_dt.UTC)
     except (ValueError, OverflowError, OSError) as exc:
         raise InvalidArgument(f"parts.evaluation.{name}", f"not a valid time: {exc}") from None
+    return when, ts.seconds + ts.nanos / 1e9
 
 
 def _evaluation(ev: report_pb2.EvaluationInfo, m: int) -> dict[str, Any]:
     if not ev.evaluation_id:
         raise InvalidArgument("parts.evaluation.evaluation_id", "the evaluation id is required")
-    start, end = _timestamp(ev, "start_time"), _timestamp(ev, "end_time")
-    if end < start:
+    (start, started), (end, finished) = _timestamp(ev, "start_time"), _timestamp(ev, "end_time")
+    if finished < started:
         raise InvalidArgument("parts.evaluation.end_time", "must not be before start_time")
     ds = ev.dataset
-    return {"id": ev.evaluation_id, "started": start.timestamp(), "finished": end.timestamp(),
+    return {"id": ev.evaluation_id, "started": started, "finished": finished,
             "started_at": start.isoformat(timespec="seconds"),
             "ended_at": end.isoformat(timespec="seconds"),
-            "duration_s": round((end - start).total_seconds(), 3), "images": m,
+            "duration_s": round(finished - started, 3), "images": m,
             "dataset": {"source": ds.source, "split": ds.split, "offset": ds.offset,
                         "limit": ds.limit},
             "resumed_count": ev.resumed_count}
