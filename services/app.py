@@ -118,6 +118,19 @@ class Stack:
             s.stop(grace)
 
 
+def local_catalogue() -> Any:
+    """The catalogue as the evaluation service sees it, built in-process from the perturbation
+    service's own List answers (for `fortis validate` without a server)."""
+    from fortis.perturbation.v1 import perturbation_pb2 as ppb
+    from fortis.services.evaluation.clients import catalogue_from_messages
+    from fortis.services.perturbation.servicer import PerturbationServicer
+
+    sv = PerturbationServicer(proxy_stub=None, surrogate_loader=lambda *a: None)
+    perts = sv.ListPerturbations(ppb.ListPerturbationsRequest(page_size=1000), None).perturbations
+    attacks = sv.ListAttacks(ppb.ListAttacksRequest(page_size=1000), None).attacks
+    return catalogue_from_messages(perts, attacks)
+
+
 def start_target_server(cfg: TargetConfig, *, max_message_bytes: int = 64 * 1024 * 1024) -> RunningServer:
     """Serve a built-in model through ``TargetService`` on its own loopback port."""
     from fortis.adapters.builtin import BUILTIN_TARGETS, load_model

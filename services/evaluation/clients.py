@@ -29,6 +29,7 @@ from fortis.services.evaluation.answers import (
     ClassAnswers,
     DetectionAnswers,
     SegmentationAnswers,
+    concat,
 )
 from fortis.services.evaluation.ports import (
     AttackEntry,
@@ -184,7 +185,6 @@ class GrpcProxy:
                 parts.append(_FAILED[task](len(part), str(err)))
                 continue
             parts.append(_ANSWERS[task](resp.predictions))
-        from fortis.services.evaluation.answers import concat
         return concat(parts) if parts else _FAILED[task](0, "")
 
     def session_queries(self, session_id: str) -> tuple[int, dict[str, int]]:
@@ -212,43 +212,46 @@ def _param(p: Any) -> Param:
                  choices=tuple(p.choices))
 
 
+def catalogue_from_messages(perturbations: Iterable[Any], attacks: Iterable[Any]) -> Catalogue:
+    """The evaluation's view of the catalogue from ListPerturbations / ListAttacks entries."""
+    perts = {it.id: PerturbationEntry(
+        id=it.id, kind=_enum_name(ppb.PerturbationKind, it.kind, "PERTURBATION_KIND_"),
+        family=it.family, refs=tuple(it.refs),
+        level_kind=_enum_name(ppb.LevelKind, it.level_kind, "LEVEL_KIND_"),
+        levels=tuple(it.levels), needs_model=it.needs_model,
+        params=tuple(_param(p) for p in it.parameters), info=it) for it in perturbations}
+    atts = {a.id: AttackEntry(
+        id=a.id, kind=_enum_name(ppb.AttackKind, a.kind, "ATTACK_KIND_"), family=a.family,
+        refs=tuple(a.refs), norms=tuple(_enum_name(ppb.Norm, n, "NORM_") for n in a.norms),
+        needs_surrogate=a.needs_surrogate, params=tuple(_param(p) for p in a.parameters))
+        for a in attacks}
+    return Catalogue(perturbations=perts, attacks=atts)
+
+
 class GrpcPerturbation:
     def __init__(self, ch: grpc.Channel, metadata: Sequence[tuple[str, str]]) -> None:
         self.stub = perturbation_pb2_grpc.PerturbationServiceStub(ch)
         self.md = tuple(metadata)
 
     def catalogue(self) -> Catalogue:
-        perts: dict[str, PerturbationEntry] = {}
+        perts: list[Any] = []
         token = ""
         while True:
             resp = _call(self.stub.ListPerturbations,
                          ppb.ListPerturbationsRequest(page_size=1000, page_token=token), self.md, 60)
-            for it in resp.perturbations:
-                perts[it.id] = PerturbationEntry(
-                    id=it.id, kind=_enum_name(ppb.PerturbationKind, it.kind, "PERTURBATION_KIND_"),
-                    family=it.family, refs=tuple(it.refs),
-                    level_kind=_enum_name(ppb.LevelKind, it.level_kind, "LEVEL_KIND_"),
-                    levels=tuple(it.levels), needs_model=it.needs_model,
-                    params=tuple(_param(p) for p in it.parameters), info=it)
+            perts += resp.perturbations
             token = resp.next_page_token
             if not token:
                 break
-        attacks: dict[str, AttackEntry] = {}
-        token = ""
+        attacks: list[Any] = []
         while True:
             aresp = _call(self.stub.ListAttacks,
                           ppb.ListAttacksRequest(page_size=1000, page_token=token), self.md, 60)
-            for a in aresp.attacks:
-                attacks[a.id] = AttackEntry(
-                    id=a.id, kind=_enum_name(ppb.AttackKind, a.kind, "ATTACK_KIND_"),
-                    family=a.family, refs=tuple(a.refs),
-                    norms=tuple(_enum_name(ppb.Norm, n, "NORM_") for n in a.norms),
-                    needs_surrogate=a.needs_surrogate,
-                    params=tuple(_param(p) for p in a.parameters))
+            attacks += aresp.attacks
             token = aresp.next_page_token
             if not token:
                 break
-        return Catalogue(perturbations=perts, attacks=attacks)
+        return catalogue_from_messages(perts, attacks)
 
     def perturb(self, perturbation_id: str, level: int, seed: int,
                 images: Sequence[tuple[str, np.ndarray]],
