@@ -23,9 +23,6 @@ __all__ = [
     "test_steps",
 ]
 
-#: The kinds of test a report describes; an attack's ``attack_kind`` is one of ATTACK_KINDS.
-ATTACK_KINDS: Final = ("transfer", "score", "decision")
-
 #: Where the standard (or the paper) defines a kind of test, when the catalogue gives no refs.
 DEFAULT_REF: Final = {
     "corruption": "IEEE 3129 4.7.2, 4.7.4, 5.2/5.3, Annex A.1 (IEEE-A1..A6, IEEE-M2/M4/M7)",
