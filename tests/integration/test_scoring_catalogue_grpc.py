@@ -1,4 +1,6 @@
-"""The scoring service's metric catalogue over real gRPC on loopback (issue 4, item 7):
+"""The scoring service over real gRPC on loopback: ScoreEvaluation streams a whole evaluation
+as arrays and answers typed metrics (IEEE-M1..M8, RANK-1..3, DEG-2..4) equal to the in-process
+domain, malformed streams get INVALID_ARGUMENT naming the field; the metric catalogue (issue 4):
 ListMetrics lists every family with its inputs; Compute runs one by name on tensors and JSON
 params and gives the same numbers as the domain code in-process; bad input gets a precise
 INVALID_ARGUMENT naming the field and the service keeps serving. Also `fortis score` on a
@@ -173,3 +175,118 @@ def test_ieee_scoring_of_all_three_task_types_from_recorded_answers(sc):
     with pytest.raises(grpc.RpcError) as ei:
         sc.Compute(_request("ieee.segmentation", {"truth": truth, "masks@0": good}, seg), metadata=MD)
     assert "arrays.masks@1" in _fields(ei.value)
+
+
+def test_list_metrics_pages_with_opaque_tokens(sc):
+    whole = [m.id for m in sc.ListMetrics(scoring_pb2.ListMetricsRequest(), metadata=MD).metrics]
+    got, token = [], ""
+    while True:
+        page = sc.ListMetrics(scoring_pb2.ListMetricsRequest(page_size=4, page_token=token),
+                              metadata=MD)
+        assert len(page.metrics) <= 4
+        got += [m.id for m in page.metrics]
+        token = page.next_page_token
+        if not token:
+            break
+    assert got == whole and len(whole) > 4
+    assert all(i.kind in (scoring_pb2.INPUT_KIND_ARRAY, scoring_pb2.INPUT_KIND_PARAM)
+               for m in page.metrics for i in m.inputs)
+    for bad in ("garbage!", "bWV0cmljcy1vZmZzZXQ6OTk5OQ", "AAAA"):
+        with pytest.raises(grpc.RpcError) as ei:
+            sc.ListMetrics(scoring_pb2.ListMetricsRequest(page_token=bad), metadata=MD)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert _fields(ei.value) == ["page_token"]
+    with pytest.raises(grpc.RpcError) as ei:
+        sc.ListMetrics(scoring_pb2.ListMetricsRequest(page_size=-1), metadata=MD)
+    assert _fields(ei.value) == ["page_size"]
+
+
+def test_compute_reads_integer_params_from_struct_doubles(sc):
+    """Struct numbers are doubles: an entry takes 3.0 as the integer 3 and names a param that
+    is not integral (no generic repair of the whole tree)."""
+    benign, pert = _probs(30, 6, 5), _probs(30, 6, 6)
+    got = json_format.MessageToDict(sc.Compute(_request(
+        "ndcg", {"perturbed_probs": pert, "benign_probs": benign}, {"positions": 3}),
+        metadata=MD).result)
+    assert len(got["mean"]["ndcg_at"]) == 3
+    with pytest.raises(grpc.RpcError) as ei:
+        sc.Compute(_request("drr", {"perturbed_probs": pert,
+                                    "benign_class": benign.argmax(1).astype(np.int64)},
+                            {"k": 2.5}), metadata=MD)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and _fields(ei.value) == ["params.k"]
+
+
+def test_score_evaluation_over_grpc_equals_in_process(sc):
+    """A whole evaluation streamed as arrays (clean, corruptions, a transfer attack on a
+    subset, a query attack, degradation levels; failed queries) gives the typed response the
+    domain computes in-process, and the per-record IEEE numbers (IEEE-M1..M8)."""
+    from fortis.services.scoring.convert import read_evaluation, response_from_scores
+    from fortis.services.scoring.evaluation_scoring import score_evaluation
+    from fortis.services.scoring.ieee import CorrectnessRule
+
+    from tests.unit.scoring_arrays_cases import random_case, requests
+
+    case = random_case(11, rule=CorrectnessRule(mode="topk", k=3))
+    reqs = requests(case)
+    resp = sc.ScoreEvaluation(iter(reqs), metadata=MD)
+    local = response_from_scores(score_evaluation(*read_evaluation(reqs)))
+    assert resp == local
+    assert resp.ieee.m == 60 and resp.ieee.accuracy.HasField("ci95_low")
+    assert {a.name: a.kind for a in resp.ieee.attacks} == {
+        "fgsm": scoring_pb2.ATTACK_SCORING_TRANSFER, "square": scoring_pb2.ATTACK_SCORING_QUERY}
+    assert resp.ieee.m_per_attack["fgsm"] == 30 and resp.ieee.m_per_attack["square"] == 20
+    assert resp.ranking.applicable and {s.name for s in resp.ranking.settings} == {
+        "fog@1", "fog@3", "noise@1", "noise@3", "fgsm"}
+    assert resp.degradation[0].name == "blur" and resp.query_errors.total > 0
+
+
+def _setup_msg(**kw):
+    base = dict(image_ids=["a", "b"],
+                classification=scoring_pb2.ClassificationTruth(labels=[
+                    scoring_pb2.LabelSet(labels=[1]), scoring_pb2.LabelSet(labels=[2])]),
+                correctness=scoring_pb2.CorrectnessRule(mode=scoring_pb2.CORRECTNESS_MODE_TOP1))
+    base.update(kw)
+    return scoring_pb2.ScoreEvaluationRequest(setup=scoring_pb2.ScoringSetup(**base))
+
+
+def _clean_msg(labels=None, **kw):
+    s = scoring_pb2.SettingAnswers(kind=scoring_pb2.SETTING_KIND_CLEAN, **kw)
+    s.classification.labels.CopyFrom(array_to_tensor(
+        np.array([[1], [0]], np.int64) if labels is None else labels))
+    return scoring_pb2.ScoreEvaluationRequest(setting=s)
+
+
+def test_malformed_streams_are_invalid_argument_naming_the_field(sc):
+    ok = [_setup_msg(), _clean_msg()]
+    broken_tensor = _clean_msg()
+    broken_tensor.setting.classification.labels.shape[:] = [3, 1]
+    nan_rule = _setup_msg(correctness=scoring_pb2.CorrectnessRule(
+        mode=scoring_pb2.CORRECTNESS_MODE_THRESHOLD, threshold=float("nan")))
+    cases = [
+        ([], "setup"),
+        (ok[1:], "setup"),
+        (ok + ok[:1], "setup"),
+        ([ok[0], scoring_pb2.ScoreEvaluationRequest()], "setting[0]"),
+        ([ok[0], scoring_pb2.ScoreEvaluationRequest(setting=scoring_pb2.SettingAnswers())],
+         "setting[0].kind"),
+        ([ok[0], broken_tensor], "setting[0].classification.labels.data"),
+        ([ok[0], _clean_msg(np.array([[1], [0], [2]], np.int64))],
+         "setting[0].classification.labels"),
+        ([_setup_msg(image_ids=["a", "b", "c"]), ok[1]], "setup.classification.labels"),
+        ([nan_rule, ok[1]], "setup.correctness.threshold"),
+        ([_setup_msg(correctness=scoring_pb2.CorrectnessRule(mode=9)), ok[1]],
+         "setup.correctness.mode"),
+        ([_setup_msg(correctness=None, detection_criterion=scoring_pb2.DetectionCriterion()),
+          ok[1]], "setup.correctness"),
+        ([ok[0]], "setting"),
+        ([ok[0], _clean_msg(errors=["x"])], "setting[0].errors"),
+        ([ok[0], ok[1], _clean_msg()], "setting[1].kind"),
+    ]
+    for stream, field in cases:
+        with pytest.raises(grpc.RpcError) as ei:
+            sc.ScoreEvaluation(iter(stream), metadata=MD)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (field, ei.value.details())
+        assert _fields(ei.value)[0] == field, ei.value.details()
+    resp = sc.ScoreEvaluation(iter(ok), metadata=MD)                  # still serving
+    assert resp.ieee.accuracy.value == 0.5 and resp.ieee.accuracy.correct == 1
+    assert not resp.ranking.applicable
