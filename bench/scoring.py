@@ -81,7 +81,7 @@ def main() -> None:
         rule = CorrectnessRule(mode=mode, k=3, threshold=0.3)
         setup = EvaluationSetup(image_ids=ids, truth=ClassificationTruth(labels=truth[:, None]),
                                 criterion=rule)
-        res, arr_s = _timed(lambda setup=setup: score_evaluation(setup, settings))
+        res, arr_s = _timed(lambda: score_evaluation(setup, settings))  # noqa: B023 - runs now
 
         def loop(rule: CorrectnessRule = rule) -> dict[str, Any]:
             verdicts = [np.array([is_correct(p, t, rule) for p, t in zip(recs, label_sets,
