@@ -32,6 +32,8 @@ import numpy as np
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring.correctness import (
     DetectionBatch,
+    DetectionCriterion,
+    SegmentationCriterion,
     classification_correct,
     detection_correct,
     segmentation_correct,
@@ -252,7 +254,9 @@ class _Judge:
         pred = DetectionBatch.from_arrays(boxes=a.boxes, labels=a.labels, counts=a.counts,
                                           scores=a.scores, failed=failed, image_ids=ids, field=f)
         t = self._truth_batch if s.image_index is None else self._truth_batch.take(idx)
-        return detection_correct(t, pred, self.setup.criterion)  # type: ignore[arg-type]
+        crit = self.setup.criterion
+        assert isinstance(crit, DetectionCriterion)
+        return detection_correct(t, pred, crit)
 
     def _segmentation(self, s: SettingData, idx: np.ndarray, failed: np.ndarray,
                       truth: SegmentationTruth) -> np.ndarray:
@@ -267,8 +271,10 @@ class _Judge:
                                      f"ground truth {list(tm.shape)}")
         if not np.issubdtype(maps.dtype, np.integer):
             raise InvalidArgument(f, f"class maps must be integers, got {maps.dtype}")
-        return segmentation_correct(maps, tm, self.setup.criterion,  # type: ignore[arg-type]
-                                    failed=failed, image_ids=self._ids(idx), field=f)
+        crit = self.setup.criterion
+        assert isinstance(crit, SegmentationCriterion)
+        return segmentation_correct(maps, tm, crit, failed=failed, image_ids=self._ids(idx),
+                                    field=f)
 
 
 def _attack_outcomes(s: SettingData, idx: np.ndarray, ids: list[str], clean: np.ndarray,
