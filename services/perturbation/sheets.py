@@ -32,37 +32,6 @@ _LABEL_H = 18
 _NAME_W = 190
 
 
-def builtin_image(name: str) -> np.ndarray:
-    """A photo available offline: darknet's (Debian package), scikit-image's, or Fashion-MNIST."""
-    from fortis.adapters.torch_models import datasets
-
-    if name == "fashion-mnist":
-        images, _ = datasets.load_fashion_mnist("test", limit=1)
-        return np.ascontiguousarray(images[0])
-    path = Path(name)
-    if path.suffix.lower() in (".png", ".jpg", ".jpeg") or path.exists():
-        if not path.exists():
-            raise InvalidArgument("image", f"no such file: {name}")
-        data = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        if data is None:
-            raise InvalidArgument("image", f"not a readable PNG/JPEG: {name}")
-        return np.ascontiguousarray(cv2.cvtColor(data, cv2.COLOR_BGR2RGB))
-    darknet = datasets.DARKNET_DIR / f"{name}.jpg"
-    if darknet.exists():
-        return builtin_image(str(darknet))
-    try:
-        from skimage import data as skdata  # optional (dev extra)
-        img = getattr(skdata, name)()
-    except (ImportError, AttributeError):
-        raise InvalidArgument("image", f"unknown built-in image '{name}': use a file path, a "
-                              "darknet photo (dog, eagle, giraffe, kite, person, horses), "
-                              "fashion-mnist, or a scikit-image photo (astronaut, chelsea, coffee)") from None
-    img = np.asarray(img)
-    if img.ndim == 3 and img.shape[2] == 4:
-        img = img[:, :, :3]
-    return np.ascontiguousarray(img.astype(np.uint8))
-
-
 def _fit(image: np.ndarray, size: int) -> np.ndarray:
     """Centre-crop to a square and resize to ``size`` (RGB uint8)."""
     h, w = image.shape[:2]
@@ -136,11 +105,11 @@ def render_sheet(kind: str, image: np.ndarray, *, seed: int = 0, size: int = 160
     return np.vstack([title] + rows)
 
 
-def write_sheets(out_dir: Path, *, image: str | np.ndarray = "astronaut",
+def write_sheets(out_dir: Path, *, image: np.ndarray,
                  kinds: Sequence[str] | None = None, seed: int = 0, size: int = 160,
                  model: Any = None, label: int | None = None) -> list[Path]:
     """Write ``<kind>.png`` for each kind into ``out_dir``; returns the paths."""
-    img = builtin_image(image) if isinstance(image, str) else image
+    img = image
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for kind in kinds or KINDS:
