@@ -165,7 +165,7 @@ def pack(result: Mapping[str, Any]) -> bytes:
         else:
             arrays[f"{key}.arr"] = np.asarray(value)
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy stubs take **kwds as allow_pickle
     return buf.getvalue()
 
 

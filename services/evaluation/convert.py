@@ -84,10 +84,12 @@ def scoring_setup(s: ScoringSetup) -> spb.ScoringSetup:
     elif s.task == "detection":
         for t in s.truth:
             w, h = (t.get("image_size") or [0, 0])[:2]
-            msg.detection.images.add(
-                boxes=array_to_tensor(np.asarray(t["boxes"], dtype=np.float64).reshape(-1, 4)),
+            img = msg.detection.images.add(
                 labels=[int(x) for x in t["labels"]], box_format=_BOX[t.get("box_format", "xyxy")],
                 label_base=int(t.get("label_base", 0)), width=int(w), height=int(h))
+            boxes = np.asarray(t["boxes"], dtype=np.float64).reshape(-1, 4)
+            if len(boxes):            # no objects: boxes stay unset (a tensor has no empty shape)
+                img.boxes.CopyFrom(array_to_tensor(boxes))
         msg.detection_criterion.CopyFrom(detection_criterion(s.criterion))
     else:
         msg.segmentation.class_maps.CopyFrom(
@@ -108,9 +110,10 @@ def setting(s: Setting) -> spb.SettingAnswers:
     elif isinstance(a, DetectionAnswers):
         msg.errors.extend(a.errors)
         d = msg.detection
-        d.boxes.CopyFrom(array_to_tensor(a.boxes.astype(np.float32).reshape(-1, 4)))
-        d.labels.CopyFrom(array_to_tensor(a.labels.astype(np.int64)))
-        d.scores.CopyFrom(array_to_tensor(a.scores.astype(np.float32)))
+        if len(a.boxes):              # no boxes at all: boxes/labels/scores stay unset
+            d.boxes.CopyFrom(array_to_tensor(a.boxes.astype(np.float32).reshape(-1, 4)))
+            d.labels.CopyFrom(array_to_tensor(a.labels.astype(np.int64)))
+            d.scores.CopyFrom(array_to_tensor(a.scores.astype(np.float32)))
         d.counts.CopyFrom(array_to_tensor(a.counts.astype(np.int64)))
     elif isinstance(a, SegmentationAnswers):
         msg.errors.extend(a.errors)

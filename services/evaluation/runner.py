@@ -13,12 +13,14 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from fortis.services.common.errors import FailedPrecondition, FortisError, InvalidArgument
+from fortis.services.evaluation.answers import SegmentationAnswers
 from fortis.services.evaluation.keys import SessionId, StageName, WorkItemKey
 from fortis.services.evaluation.plan import Plan
 from fortis.services.evaluation.ports import (
@@ -89,6 +91,22 @@ def check_target(plan: Plan, target: TargetDescription, images: Sequence[Labeled
             raise InvalidArgument(f"attacks[{i}].id", f"{at.id} is score-based but target '{target.name}' returns labels only")
 
 
+def _fit_masks(setting: Setting, truths: Sequence[Any]) -> Setting:
+    """Segmentation answers on the ground truth's grid: an answer of another size, or a
+    failed one, becomes all -1 (no pixel right), as IEEE-C5 scores a failed query."""
+    a = setting.answers
+    if not isinstance(a, SegmentationAnswers):
+        return setting
+    index = setting.image_index or tuple(range(len(truths)))
+    h, w = np.asarray(truths[0]).shape
+    maps = np.full((len(index), h, w), -1, dtype=np.int64)
+    for row, _ in enumerate(index):
+        if a.class_maps is not None and not a.errors[row] and a.shapes[row] == (h, w):
+            maps[row] = a.class_maps[row]
+    return replace(setting, answers=SegmentationAnswers(class_maps=maps, errors=a.errors,
+                                                        shapes=((h, w),) * len(index)))
+
+
 def _version(dist: str) -> str:
     try:
         return metadata.version(dist)
@@ -144,7 +162,10 @@ class EvaluationRunner:
             settings += stage.run(ctx)
 
         progress.stage("scoring")
-        scored = self.scoring.score(self._scoring_setup(target, images), settings)
+        setup = self._scoring_setup(target, images)
+        if plan.target.task == "segmentation":
+            settings = [_fit_masks(s, setup.truth) for s in settings]
+        scored = self.scoring.score(setup, settings)
 
         progress.stage("report")
         finished_at = time.time()

@@ -21,11 +21,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from fortis.services.common.arrays import iou_xyxy
+from fortis.services.common.criteria import BOX_FORMATS
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from fortis.services.scoring.correctness.common import (
     MAX_LISTED,
@@ -42,8 +43,6 @@ __all__ = [
     "to_xyxy",
 ]
 
-#: IEEE-C4 box formats; a trailing ``n`` means normalised to [0, 1] by the image size.
-BOX_FORMATS: Final = ("xyxy", "xywh", "cxcywh", "xyxyn", "xywhn", "cxcywhn")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

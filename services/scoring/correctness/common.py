@@ -14,7 +14,6 @@ These names are internal to the package (the public ones are re-exported by
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -22,6 +21,15 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+from fortis.services.common.criteria import (
+    AGGREGATE_MODES,
+    MAX_LISTED,
+    AggregationRule,
+    aggregation_violations,
+    is_int,
+    is_number,
+    raise_violations,
+)
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 
 __all__ = [
@@ -38,39 +46,14 @@ __all__ = [
 ]
 
 #: IEEE-C3 (4.7.6.2.2): Alternative 2 "all" label sets / objects, Alternative 1 "at_least" Q.
-AGGREGATE_MODES: Final = ("all", "at_least")
-
 #: Elements per vectorised chunk (bounds memory on large batches).
 CHUNK_ELEMENTS: Final = 1 << 22
 #: At most this many field violations are listed in one error (the rest are counted).
-MAX_LISTED: Final = 10
-
-
-def is_int(v: Any) -> bool:
-    """An integer that is not a bool (plans are JSON/YAML: ``true`` is no class id)."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def is_number(v: Any) -> bool:
-    """A real number that is not a bool."""
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
 
 def rows_per_chunk(per_row: int) -> int:
     """How many rows of ``per_row`` elements fit one vectorised chunk (at least 1): the step
     handed to :func:`~fortis.services.common.arrays.chunk_slices`."""
     return max(1, CHUNK_ELEMENTS // max(1, per_row))
-
-
-def raise_violations(violations: list[FieldViolation]) -> None:
-    """Raise one :class:`InvalidArgument` listing the first ``MAX_LISTED`` violations (and
-    how many more there were); no-op when there is none."""
-    if violations:
-        more = len(violations) - MAX_LISTED
-        listed = violations[:MAX_LISTED]
-        if more > 0:
-            listed.append(FieldViolation(listed[-1].field, f"... and {more} more"))
-        raise InvalidArgument.from_violations(listed)
 
 
 def image_name(image_ids: Sequence[str] | None, n: int) -> str:
@@ -80,65 +63,6 @@ def image_name(image_ids: Sequence[str] | None, n: int) -> str:
 
 # --------------------------------------------------------------------------------------------
 # IEEE-C3: from label sets / objects to the image
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class AggregationRule:
-    """How the s per-label-set (or per-object) verdicts make the image's (IEEE-C3, 4.7.6.2.2).
-
-    - ``all`` (Alternative 2): every label set / object must be correct.
-    - ``at_least`` (Alternative 1): at least ``q`` of the s must be correct (1 <= Q <= s).
-    """
-
-    mode: str = "all"
-    q: int = 1
-
-    def __post_init__(self) -> None:
-        raise_violations(aggregation_violations(self.mode, self.q, "aggregate", "q"))
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None, *,
-                  prefix: str = "correctness") -> AggregationRule:
-        """Read the ``aggregate`` and ``q`` keys of a plan section (other keys are the
-        caller's); errors name ``<prefix>.aggregate`` / ``<prefix>.q``."""
-        if d is None:
-            return cls()
-        mode = d.get("aggregate", "all")
-        q = d.get("q", 1)
-        raise_violations(aggregation_violations(mode, q, f"{prefix}.aggregate", f"{prefix}.q"))
-        return cls(mode=mode, q=int(q))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"aggregate": self.mode, "q": self.q}
-
-    def combine(self, correct: npt.ArrayLike, *, field: str = "correctness.q") -> np.ndarray:
-        """(N, S) per-set verdicts -> (N,) image verdicts. ``q > S`` is an error naming
-        ``field`` (IEEE-C3 needs 1 <= Q <= s)."""
-        c = np.asarray(correct, dtype=bool)
-        if c.ndim != 2:
-            raise InvalidArgument(field, f"per-set verdicts must be (N, S), got shape {c.shape}")
-        if self.mode == "all":
-            return np.asarray(c.all(axis=1))
-        if self.q > c.shape[1]:
-            raise InvalidArgument(field, f"Q = {self.q} exceeds the s = {c.shape[1]} label sets "
-                                         "(IEEE-C3 needs 1 <= Q <= s)")
-        return np.asarray(c.sum(axis=1) >= self.q)
-
-
-def aggregation_violations(mode: Any, q: Any, mode_field: str,
-                            q_field: str) -> list[FieldViolation]:
-    out: list[FieldViolation] = []
-    if not isinstance(mode, str) or mode not in AGGREGATE_MODES:
-        out.append(FieldViolation(mode_field, f"must be one of {', '.join(AGGREGATE_MODES)}; "
-                                              f"got {mode!r}"))
-    if not is_int(q) or q < 1:
-        out.append(FieldViolation(q_field, f"must be an integer >= 1; got {q!r}"))
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# IEEE-P6: dataset labels -> service labels
 # --------------------------------------------------------------------------------------------
 
 

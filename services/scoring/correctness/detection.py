@@ -41,25 +41,17 @@ every image advancing together), so N images cost a handful of numpy calls, not 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from dataclasses import field as dc_field
-from typing import Any
 
 import numpy as np
 from fortis.services.common.arrays import iou_xyxy
-from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.common.criteria import DetectionCriterion
+from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring.correctness.boxes import DetectionBatch, Detections
 from fortis.services.scoring.correctness.common import (
-    AggregationRule,
     LabelMapping,
-    aggregation_violations,
-    is_int,
-    is_number,
-    raise_violations,
 )
-from fortis.services.scoring.ieee import CORRECTNESS_MODES
 
 __all__ = [
     "DetectionCriterion",
@@ -70,79 +62,6 @@ __all__ = [
 
 #: (object, prediction) pairs per matching chunk (bounds memory on large batches).
 _PAIR_CHUNK = 1 << 21
-
-
-@dataclass(frozen=True, kw_only=True)
-class DetectionCriterion:
-    """IEEE-C4 correctness of a detection answer, from the plan (service-type parameters,
-    IEEE-P3). See the module docstring for the matching rule.
-
-    ``mode``: ``top1`` / ``topk`` / ``threshold`` (C2's alternatives with IoU in place of
-    confidence); ``k`` for ``topk``; ``iou_threshold``: a prediction is a candidate for an
-    object only when IoU > it (in [0, 1)); ``confidence_threshold``: predictions with a
-    score below it are dropped first (``None``: keep all); ``aggregate``: IEEE-C3 over the
-    image's objects.
-    """
-
-    mode: str = "threshold"
-    k: int = 5
-    iou_threshold: float = 0.5
-    confidence_threshold: float | None = None
-    aggregate: AggregationRule = dc_field(default_factory=AggregationRule)
-
-    def __post_init__(self) -> None:
-        raise_violations(_detection_violations(self.mode, self.k, self.iou_threshold,
-                                     self.confidence_threshold, "detection"))
-        if not isinstance(self.aggregate, AggregationRule):
-            raise InvalidArgument("detection.aggregate", "must be an AggregationRule")
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None, *,
-                  prefix: str = "detection") -> DetectionCriterion:
-        """Plan section -> criterion; unknown keys and bad values name ``<prefix>.<key>``."""
-        if d is None:
-            return cls()
-        if not isinstance(d, Mapping):
-            raise InvalidArgument(prefix, "must be a mapping")
-        allowed = ("mode", "k", "iou_threshold", "confidence_threshold", "aggregate", "q")
-        violations = [FieldViolation(f"{prefix}.{key}", f"unknown key (allowed: "
-                                                        f"{', '.join(allowed)})")
-                      for key in d if key not in allowed]
-        mode, k = d.get("mode", "threshold"), d.get("k", 5)
-        iou, conf = d.get("iou_threshold", 0.5), d.get("confidence_threshold")
-        violations += _detection_violations(mode, k, iou, conf, prefix)
-        violations += aggregation_violations(d.get("aggregate", "all"), d.get("q", 1),
-                                              f"{prefix}.aggregate", f"{prefix}.q")
-        raise_violations(violations)
-        return cls(mode=mode, k=int(k), iou_threshold=float(iou),
-                   confidence_threshold=None if conf is None else float(conf),
-                   aggregate=AggregationRule.from_dict(d, prefix=prefix))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "k": self.k, "iou_threshold": self.iou_threshold,
-                "confidence_threshold": self.confidence_threshold, **self.aggregate.to_dict()}
-
-    @property
-    def rank_limit(self) -> int | None:
-        """How many of an object's ranked candidates may match it (None: unlimited)."""
-        return {"top1": 1, "topk": self.k}.get(self.mode)
-
-
-def _detection_violations(mode: Any, k: Any, iou: Any, conf: Any,
-                          prefix: str) -> list[FieldViolation]:
-    out: list[FieldViolation] = []
-    if not isinstance(mode, str) or mode not in CORRECTNESS_MODES:
-        out.append(FieldViolation(f"{prefix}.mode", f"must be one of "
-                                                    f"{', '.join(CORRECTNESS_MODES)}; got {mode!r}"))
-    if not is_int(k) or k < 1:
-        out.append(FieldViolation(f"{prefix}.k", f"must be an integer >= 1; got {k!r}"))
-    if not is_number(iou) or not 0.0 <= iou < 1.0:
-        out.append(FieldViolation(f"{prefix}.iou_threshold", f"must be a number in [0, 1); "
-                                                             f"got {iou!r}"))
-    if conf is not None and (not is_number(conf) or not math.isfinite(conf)):
-        out.append(FieldViolation(f"{prefix}.confidence_threshold",
-                                  f"must be a finite number or null; got {conf!r}"))
-    return out
 
 
 @dataclass(frozen=True, eq=False)

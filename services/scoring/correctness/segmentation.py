@@ -20,20 +20,18 @@ or images.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 from fortis.services.common.arrays import chunk_slices
-from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.common.criteria import ALL_ABSENT_POLICIES, SegmentationCriterion
+from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring.correctness.common import (
     LabelMapping,
     image_name,
-    is_int,
-    is_number,
-    raise_violations,
     rows_per_chunk,
 )
 
@@ -48,79 +46,8 @@ __all__ = [
     "segmentation_miou",
 ]
 
-#: IEEE-C5: how an image is judged when no class of interest is in prediction or truth.
-ALL_ABSENT_POLICIES: Final = ("correct", "incorrect")
 #: Score-map layouts of a segmentation service (per image; a batch adds a leading N).
 SCORE_LAYOUTS: Final = ("chw", "hwc")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SegmentationCriterion:
-    """IEEE-C5 correctness of a segmentation answer, from the plan (IEEE-P3).
-
-    ``classes``: the Y classes of interest (service label ids); ``miou_threshold``: the image
-    is correct iff their mIoU exceeds it (strictly); ``ignore_label``: ground-truth pixels
-    with this value are left out (``None``: none); ``all_absent``: the verdict when no class
-    of interest is in the prediction or the ground truth (see the module docstring).
-    """
-
-    classes: tuple[int, ...]
-    miou_threshold: float = 0.5
-    ignore_label: int | None = 255
-    all_absent: str = "correct"
-
-    def __post_init__(self) -> None:
-        raise_violations(_segmentation_violations(self.classes, self.miou_threshold, self.ignore_label,
-                                        self.all_absent, "segmentation"))
-        object.__setattr__(self, "classes", tuple(int(c) for c in self.classes))
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *,
-                  prefix: str = "segmentation") -> SegmentationCriterion:
-        if not isinstance(d, Mapping):
-            raise InvalidArgument(prefix, "must be a mapping with classes and miou_threshold")
-        allowed = ("classes", "miou_threshold", "ignore_label", "all_absent")
-        violations = [FieldViolation(f"{prefix}.{key}", f"unknown key (allowed: "
-                                                        f"{', '.join(allowed)})")
-                      for key in d if key not in allowed]
-        if "classes" not in d:
-            violations.append(FieldViolation(f"{prefix}.classes", "is required (the Y classes "
-                                                                  "of interest)"))
-        classes = d.get("classes", [0])
-        th, ign = d.get("miou_threshold", 0.5), d.get("ignore_label", 255)
-        absent = d.get("all_absent", "correct")
-        violations += _segmentation_violations(classes, th, ign, absent, prefix)
-        raise_violations(violations)
-        return cls(classes=tuple(classes), miou_threshold=float(th), ignore_label=ign,
-                   all_absent=absent)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"classes": list(self.classes), "miou_threshold": self.miou_threshold,
-                "ignore_label": self.ignore_label, "all_absent": self.all_absent}
-
-
-def _segmentation_violations(classes: Any, th: Any, ign: Any, absent: Any,
-                             prefix: str) -> list[FieldViolation]:
-    out: list[FieldViolation] = []
-    if isinstance(classes, str | bytes) or not isinstance(classes, Sequence) or not classes \
-            or not all(is_int(c) and c >= 0 for c in classes):
-        out.append(FieldViolation(f"{prefix}.classes", f"must be a non-empty list of class ids "
-                                                       f">= 0; got {classes!r}"))
-    elif len(set(classes)) != len(classes):
-        out.append(FieldViolation(f"{prefix}.classes", "lists a class twice"))
-    elif ign is not None and is_int(ign) and ign in classes:
-        out.append(FieldViolation(f"{prefix}.ignore_label", f"{ign} is also a class of interest"))
-    if not is_number(th) or not 0.0 <= th < 1.0:
-        out.append(FieldViolation(f"{prefix}.miou_threshold", f"must be a number in [0, 1); "
-                                                              f"got {th!r}"))
-    if ign is not None and not is_int(ign):
-        out.append(FieldViolation(f"{prefix}.ignore_label", f"must be an integer or null; "
-                                                            f"got {ign!r}"))
-    if absent not in ALL_ABSENT_POLICIES:
-        out.append(FieldViolation(f"{prefix}.all_absent", f"must be one of "
-                                                          f"{', '.join(ALL_ABSENT_POLICIES)}; "
-                                                          f"got {absent!r}"))
-    return out
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
