@@ -1,4 +1,5 @@
 from fortis.common.v1 import common_pb2 as _common_pb2
+from google.api import field_behavior_pb2 as _field_behavior_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.rpc import status_pb2 as _status_pb2
 from google.protobuf.internal import containers as _containers

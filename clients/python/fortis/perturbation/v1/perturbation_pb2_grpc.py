@@ -27,6 +27,10 @@ if _version_not_supported:
 
 class PerturbationServiceStub:
     """Applies perturbations and runs attacks.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    The service keeps nothing between calls; a query attack charges the target-proxy session
+    named in the request, which must belong to the same tenant (else NOT_FOUND).
     """
 
     def __init__(self, channel):
@@ -64,6 +68,10 @@ class PerturbationServiceStub:
 
 class PerturbationServiceServicer:
     """Applies perturbations and runs attacks.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    The service keeps nothing between calls; a query attack charges the target-proxy session
+    named in the request, which must belong to the same tenant (else NOT_FOUND).
     """
 
     def ListPerturbations(self, request, context):
@@ -145,6 +153,10 @@ def add_PerturbationServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class PerturbationService:
     """Applies perturbations and runs attacks.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    The service keeps nothing between calls; a query attack charges the target-proxy session
+    named in the request, which must belong to the same tenant (else NOT_FOUND).
     """
 
     @staticmethod

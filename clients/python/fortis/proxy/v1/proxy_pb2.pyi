@@ -2,6 +2,7 @@ import datetime
 
 from fortis.common.v1 import common_pb2 as _common_pb2
 from fortis.target.v1 import target_pb2 as _target_pb2
+from google.api import field_behavior_pb2 as _field_behavior_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.rpc import code_pb2 as _code_pb2
 from google.rpc import status_pb2 as _status_pb2

@@ -3,6 +3,7 @@ import datetime
 from fortis.common.v1 import common_pb2 as _common_pb2
 from fortis.perturbation.v1 import perturbation_pb2 as _perturbation_pb2
 from fortis.scoring.v1 import scoring_pb2 as _scoring_pb2
+from google.api import field_behavior_pb2 as _field_behavior_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers

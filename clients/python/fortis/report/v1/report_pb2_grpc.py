@@ -27,6 +27,9 @@ if _version_not_supported:
 
 class ReportServiceStub:
     """Renders reports.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    The service keeps nothing: a call renders what it sends.
     """
 
     def __init__(self, channel):
@@ -44,6 +47,9 @@ class ReportServiceStub:
 
 class ReportServiceServicer:
     """Renders reports.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    The service keeps nothing: a call renders what it sends.
     """
 
     def RenderReport(self, request, context):
@@ -71,6 +77,9 @@ def add_ReportServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class ReportService:
     """Renders reports.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    The service keeps nothing: a call renders what it sends.
     """
 
     @staticmethod

@@ -27,6 +27,9 @@ if _version_not_supported:
 
 class ScoringServiceStub:
     """Computes metrics.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    Scoring holds no tenant data: a call sees only what it sends.
     """
 
     def __init__(self, channel):
@@ -54,6 +57,9 @@ class ScoringServiceStub:
 
 class ScoringServiceServicer:
     """Computes metrics.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    Scoring holds no tenant data: a call sees only what it sends.
     """
 
     def ScoreEvaluation(self, request_iterator, context):
@@ -107,6 +113,9 @@ def add_ScoringServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class ScoringService:
     """Computes metrics.
+
+    Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
+    Scoring holds no tenant data: a call sees only what it sends.
     """
 
     @staticmethod

@@ -23,32 +23,40 @@ _sym_db = _symbol_database.Default()
 
 
 from fortis.common.v1 import common_pb2 as fortis_dot_common_dot_v1_dot_common__pb2
+from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66ortis/target/v1/target.proto\x12\x10\x66ortis.target.v1\x1a\x1d\x66ortis/common/v1/common.proto\x1a\x17google/rpc/status.proto\"T\n\tInputSpec\x12\x0e\n\x06height\x18\x01 \x01(\x05\x12\r\n\x05width\x18\x02 \x01(\x05\x12\x10\n\x08\x63hannels\x18\x03 \x01(\x05\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\x05\"\xd8\x01\n\nTargetInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12-\n\ttask_type\x18\x02 \x01(\x0e\x32\x1a.fortis.common.v1.TaskType\x12\x0e\n\x06labels\x18\x03 \x03(\t\x12\x31\n\x0boutput_kind\x18\x04 \x01(\x0e\x32\x1c.fortis.common.v1.OutputKind\x12\r\n\x05top_k\x18\x05 \x01(\x05\x12*\n\x05input\x18\x06 \x01(\x0b\x32\x1b.fortis.target.v1.InputSpec\x12\x0f\n\x07version\x18\x07 \x01(\t\"\x16\n\x14GetTargetInfoRequest\"C\n\x15GetTargetInfoResponse\x12*\n\x04info\x18\x01 \x01(\x0b\x32\x1c.fortis.target.v1.TargetInfo\"9\n\x0ePredictRequest\x12\'\n\x06images\x18\x01 \x03(\x0b\x32\x17.fortis.common.v1.Image\"D\n\x0fPredictResponse\x12\x31\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x1c.fortis.common.v1.Prediction\"S\n\x14PredictStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x06images\x18\x02 \x03(\x0b\x32\x17.fortis.common.v1.Image\"\x81\x01\n\x15PredictStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x0bpredictions\x18\x02 \x03(\x0b\x32\x1c.fortis.common.v1.Prediction\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status2\xa7\x02\n\rTargetService\x12`\n\rGetTargetInfo\x12&.fortis.target.v1.GetTargetInfoRequest\x1a\'.fortis.target.v1.GetTargetInfoResponse\x12N\n\x07Predict\x12 .fortis.target.v1.PredictRequest\x1a!.fortis.target.v1.PredictResponse\x12\x64\n\rPredictStream\x12&.fortis.target.v1.PredictStreamRequest\x1a\'.fortis.target.v1.PredictStreamResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66ortis/target/v1/target.proto\x12\x10\x66ortis.target.v1\x1a\x1d\x66ortis/common/v1/common.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x17google/rpc/status.proto\"T\n\tInputSpec\x12\x0e\n\x06height\x18\x01 \x01(\x05\x12\r\n\x05width\x18\x02 \x01(\x05\x12\x10\n\x08\x63hannels\x18\x03 \x01(\x05\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\x05\"\xd8\x01\n\nTargetInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12-\n\ttask_type\x18\x02 \x01(\x0e\x32\x1a.fortis.common.v1.TaskType\x12\x0e\n\x06labels\x18\x03 \x03(\t\x12\x31\n\x0boutput_kind\x18\x04 \x01(\x0e\x32\x1c.fortis.common.v1.OutputKind\x12\r\n\x05top_k\x18\x05 \x01(\x05\x12*\n\x05input\x18\x06 \x01(\x0b\x32\x1b.fortis.target.v1.InputSpec\x12\x0f\n\x07version\x18\x07 \x01(\t\"\x16\n\x14GetTargetInfoRequest\"C\n\x15GetTargetInfoResponse\x12*\n\x04info\x18\x01 \x01(\x0b\x32\x1c.fortis.target.v1.TargetInfo\"?\n\x0ePredictRequest\x12-\n\x06images\x18\x01 \x03(\x0b\x32\x17.fortis.common.v1.ImageB\x04\xe2\x41\x01\x02\"D\n\x0fPredictResponse\x12\x31\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x1c.fortis.common.v1.Prediction\"_\n\x14PredictStreamRequest\x12\x18\n\nrequest_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01\x12-\n\x06images\x18\x02 \x03(\x0b\x32\x17.fortis.common.v1.ImageB\x04\xe2\x41\x01\x02\"\x81\x01\n\x15PredictStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x0bpredictions\x18\x02 \x03(\x0b\x32\x1c.fortis.common.v1.Prediction\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status2\xa7\x02\n\rTargetService\x12`\n\rGetTargetInfo\x12&.fortis.target.v1.GetTargetInfoRequest\x1a\'.fortis.target.v1.GetTargetInfoResponse\x12N\n\x07Predict\x12 .fortis.target.v1.PredictRequest\x1a!.fortis.target.v1.PredictResponse\x12\x64\n\rPredictStream\x12&.fortis.target.v1.PredictStreamRequest\x1a\'.fortis.target.v1.PredictStreamResponse(\x01\x30\x01\x42\xab\x01\n\x13\x61i.fortis.target.v1B\x0bTargetProtoP\x01ZDgithub.com/fortis-robustness/fortis/gen/go/fortis/target/v1;targetv1\xa2\x02\x03\x46TG\xaa\x02\x10\x46ortis.Target.V1\xca\x02\x10\x46ortis\\Target\\V1\xea\x02\x12\x46ortis::Target::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fortis.target.v1.target_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
-  _globals['_INPUTSPEC']._serialized_start=107
-  _globals['_INPUTSPEC']._serialized_end=191
-  _globals['_TARGETINFO']._serialized_start=194
-  _globals['_TARGETINFO']._serialized_end=410
-  _globals['_GETTARGETINFOREQUEST']._serialized_start=412
-  _globals['_GETTARGETINFOREQUEST']._serialized_end=434
-  _globals['_GETTARGETINFORESPONSE']._serialized_start=436
-  _globals['_GETTARGETINFORESPONSE']._serialized_end=503
-  _globals['_PREDICTREQUEST']._serialized_start=505
-  _globals['_PREDICTREQUEST']._serialized_end=562
-  _globals['_PREDICTRESPONSE']._serialized_start=564
-  _globals['_PREDICTRESPONSE']._serialized_end=632
-  _globals['_PREDICTSTREAMREQUEST']._serialized_start=634
-  _globals['_PREDICTSTREAMREQUEST']._serialized_end=717
-  _globals['_PREDICTSTREAMRESPONSE']._serialized_start=720
-  _globals['_PREDICTSTREAMRESPONSE']._serialized_end=849
-  _globals['_TARGETSERVICE']._serialized_start=852
-  _globals['_TARGETSERVICE']._serialized_end=1147
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\023ai.fortis.target.v1B\013TargetProtoP\001ZDgithub.com/fortis-robustness/fortis/gen/go/fortis/target/v1;targetv1\242\002\003FTG\252\002\020Fortis.Target.V1\312\002\020Fortis\\Target\\V1\352\002\022Fortis::Target::V1'
+  _globals['_PREDICTREQUEST'].fields_by_name['images']._loaded_options = None
+  _globals['_PREDICTREQUEST'].fields_by_name['images']._serialized_options = b'\342A\001\002'
+  _globals['_PREDICTSTREAMREQUEST'].fields_by_name['request_id']._loaded_options = None
+  _globals['_PREDICTSTREAMREQUEST'].fields_by_name['request_id']._serialized_options = b'\342A\001\001'
+  _globals['_PREDICTSTREAMREQUEST'].fields_by_name['images']._loaded_options = None
+  _globals['_PREDICTSTREAMREQUEST'].fields_by_name['images']._serialized_options = b'\342A\001\002'
+  _globals['_INPUTSPEC']._serialized_start=140
+  _globals['_INPUTSPEC']._serialized_end=224
+  _globals['_TARGETINFO']._serialized_start=227
+  _globals['_TARGETINFO']._serialized_end=443
+  _globals['_GETTARGETINFOREQUEST']._serialized_start=445
+  _globals['_GETTARGETINFOREQUEST']._serialized_end=467
+  _globals['_GETTARGETINFORESPONSE']._serialized_start=469
+  _globals['_GETTARGETINFORESPONSE']._serialized_end=536
+  _globals['_PREDICTREQUEST']._serialized_start=538
+  _globals['_PREDICTREQUEST']._serialized_end=601
+  _globals['_PREDICTRESPONSE']._serialized_start=603
+  _globals['_PREDICTRESPONSE']._serialized_end=671
+  _globals['_PREDICTSTREAMREQUEST']._serialized_start=673
+  _globals['_PREDICTSTREAMREQUEST']._serialized_end=768
+  _globals['_PREDICTSTREAMRESPONSE']._serialized_start=771
+  _globals['_PREDICTSTREAMRESPONSE']._serialized_end=900
+  _globals['_TARGETSERVICE']._serialized_start=903
+  _globals['_TARGETSERVICE']._serialized_end=1198
 # @@protoc_insertion_point(module_scope)

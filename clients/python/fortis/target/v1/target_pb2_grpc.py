@@ -27,6 +27,11 @@ if _version_not_supported:
 
 class TargetServiceStub:
     """An image-recognition service under test.
+
+    Auth: chosen by the implementation. The target-proxy calls a target with the metadata
+    configured for it (none by default); the built-in targets of `fortis serve` need an API
+    key in the "x-api-key" metadata like every Fortis service. Callers other than the proxy
+    should not reach a target directly: the proxy counts and records every query.
     """
 
     def __init__(self, channel):
@@ -54,6 +59,11 @@ class TargetServiceStub:
 
 class TargetServiceServicer:
     """An image-recognition service under test.
+
+    Auth: chosen by the implementation. The target-proxy calls a target with the metadata
+    configured for it (none by default); the built-in targets of `fortis serve` need an API
+    key in the "x-api-key" metadata like every Fortis service. Callers other than the proxy
+    should not reach a target directly: the proxy counts and records every query.
     """
 
     def GetTargetInfo(self, request, context):
@@ -105,6 +115,11 @@ def add_TargetServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class TargetService:
     """An image-recognition service under test.
+
+    Auth: chosen by the implementation. The target-proxy calls a target with the metadata
+    configured for it (none by default); the built-in targets of `fortis serve` need an API
+    key in the "x-api-key" metadata like every Fortis service. Callers other than the proxy
+    should not reach a target directly: the proxy counts and records every query.
     """
 
     @staticmethod
