@@ -25,7 +25,8 @@ class SecretRef:
         if kind == "env":
             value = os.environ.get(where)
             if not value:
-                raise errors.FailedPrecondition(f"secret {self.ref}: environment variable is not set")
+                raise errors.FailedPrecondition(
+                    f"secret {self.ref}: environment variable is not set")
         else:
             try:
                 value = Path(where).read_text(encoding="utf-8").strip()

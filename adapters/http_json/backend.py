@@ -69,7 +69,8 @@ class HttpJsonBackend:
         parts = urlsplit(p.url)
         log.info("http-json target ready", profile=p.name, source=p.source, task=p.task,
                  endpoint=f"{parts.scheme}://{parts.netloc}{parts.path}", image=p.image,
-                 auth_header=p.auth.header if p.auth else "", auth_secret=p.auth.secret.ref if p.auth else "",
+                 auth_header=p.auth.header if p.auth else "",
+                 auth_secret=p.auth.secret.ref if p.auth else "",
                  max_concurrency=p.max_concurrency, images_per_request=p.images_per_request)
 
     # -- TargetBackend ----------------------------------------------------------------------
@@ -164,7 +165,8 @@ class HttpJsonBackend:
             urls.append(spec.public_url.replace("${name}", name))
         return urls, names
 
-    def _raise_for_status(self, resp: HttpResponse, group: Sequence[PreparedImage], *, what: str) -> None:
+    def _raise_for_status(self, resp: HttpResponse, group: Sequence[PreparedImage], *,
+                          what: str) -> None:
         ids = ", ".join(f"'{g.image_id}'" for g in group)
         snippet = self._redact(resp.body[:300].decode("utf-8", "replace")).strip()
         msg = f"{self._label}: {what} for image {ids} got HTTP {resp.status}" + (
@@ -207,10 +209,12 @@ class HttpJsonBackend:
         ids = ", ".join(f"'{g.image_id}'" for g in group)
         msg = self._redact(f"{self._label}: answer for image {ids} does not fit profile "
                            f"'{self.profile.name}': {problem}")
-        log.warning("http-json answer rejected", profile=self.profile.name, problem=self._redact(problem))
+        log.warning("http-json answer rejected", profile=self.profile.name,
+                    problem=self._redact(problem))
         return TargetResponseError(msg)
 
-    def _parse(self, resp: HttpResponse, group: Sequence[PreparedImage]) -> list[common_pb2.Prediction]:
+    def _parse(self, resp: HttpResponse, group: Sequence[PreparedImage]
+               ) -> list[common_pb2.Prediction]:
         p = self.profile
         try:
             doc = json.loads(resp.body)
@@ -221,11 +225,11 @@ class HttpJsonBackend:
             parts = p.results.search(doc)
             if not isinstance(parts, list):
                 keys = f"; the answer has keys {sorted(doc)[:12]}" if isinstance(doc, dict) else ""
-                raise self._fail(group, f"results path '{p.results_text}' "
-                                        f"{'not found' if parts is None else 'is not a list'}{keys}")
+                found = "not found" if parts is None else "is not a list"
+                raise self._fail(group, f"results path '{p.results_text}' {found}{keys}")
             if len(parts) != len(group):
-                raise self._fail(group, f"results path '{p.results_text}' gave {len(parts)} answers "
-                                        f"for {len(group)} images")
+                raise self._fail(group, f"results path '{p.results_text}' gave {len(parts)} "
+                                        f"answers for {len(group)} images")
         else:
             parts = [doc]
         out = []

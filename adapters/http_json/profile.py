@@ -206,11 +206,14 @@ class _Reader:
         v = self.get(key)
         if v is None:
             return default
-        if isinstance(v, bool) or not isinstance(v, int | float) or (integer and not float(v).is_integer()):
+        if (isinstance(v, bool) or not isinstance(v, int | float)
+                or (integer and not float(v).is_integer())):
             self.bad(key, f"must be {'an integer' if integer else 'a number'}, got {v!r}")
             return default
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            self.bad(key, f"{v} is outside {lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}")
+            low = lo if lo is not None else "-inf"
+            high = hi if hi is not None else "inf"
+            self.bad(key, f"{v} is outside {low}..{high}")
             return default
         return float(v)
 
@@ -319,7 +322,8 @@ def parse_profile(data: Any, *, source: str = "<profile>", base_dir: Path | None
     if labels_raw is not None and labels_file:
         top.bad("labels", "give labels or labels_file, not both")
     elif labels_raw is not None:
-        if not isinstance(labels_raw, list) or not all(isinstance(x, str | int) for x in labels_raw):
+        if (not isinstance(labels_raw, list)
+                or not all(isinstance(x, str | int) for x in labels_raw)):
             top.bad("labels", "must be a list of class names")
         else:
             labels = [str(x) for x in labels_raw]
@@ -334,7 +338,8 @@ def parse_profile(data: Any, *, source: str = "<profile>", base_dir: Path | None
         except ValueError as exc:
             top.bad("labels_file", f"'{lf}': {exc}")
     label_map = top.mapping("label_map")
-    label_match = top.string("label_match", "case_insensitive", choices=("exact", "case_insensitive"))
+    label_match = top.string("label_match", "case_insensitive",
+                             choices=("exact", "case_insensitive"))
     unknown_labels = top.string("unknown_labels", "keep", choices=("keep", "drop"))
     version = top.string("version")
     description = top.string("description")
@@ -479,7 +484,8 @@ def parse_profile(data: Any, *, source: str = "<profile>", base_dir: Path | None
     top.finish()
     if problems:
         raise errors.InvalidArgument.from_violations(
-            [errors.FieldViolation(v.field, f"{v.description} [profile {source}]") for v in problems])
+            [errors.FieldViolation(v.field, f"{v.description} [profile {source}]")
+             for v in problems])
     if label_match == "case_insensitive":     # looked up by the folded service name
         label_map = {k.casefold(): v for k, v in label_map.items()}
     label_index: dict[str, int] = {}

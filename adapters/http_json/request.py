@@ -83,7 +83,8 @@ def multipart(fields: Mapping[str, str], file_field: str, files: Sequence[tuple[
 
 def image_values(p: Profile, img: PreparedImage, url: str) -> dict[str, Any]:
     """The placeholder values of one image."""
-    return {"image_base64": base64.b64encode(img.data).decode("ascii") if p.image == "base64" else "",
+    b64 = base64.b64encode(img.data).decode("ascii") if p.image == "base64" else ""
+    return {"image_base64": b64,
             "image_url": url, "image_mime": img.mime, "image_width": img.width,
             "image_height": img.height}
 

@@ -203,8 +203,9 @@ def _box_of(spec: BoxSpec, item: Any, width: int, height: int, missing_zero: boo
             for i, v in enumerate(raw):
                 if not isinstance(v, dict):
                     raise ValueError(f"vertex {i} is {v!r}, expected an object with {kx}/{ky}")
-                points.append((number(v.get(kx), what=f"vertex {i} '{kx}'", missing_zero=missing_zero),
-                               number(v.get(ky), what=f"vertex {i} '{ky}'", missing_zero=missing_zero)))
+                points.append((
+                    number(v.get(kx), what=f"vertex {i} '{kx}'", missing_zero=missing_zero),
+                    number(v.get(ky), what=f"vertex {i} '{ky}'", missing_zero=missing_zero)))
         elif all(isinstance(v, list) and len(v) == 2 for v in raw):
             points = [(number(v[0], what="vertex x"), number(v[1], what="vertex y")) for v in raw]
         elif len(raw) % 2 == 0 and all(isinstance(v, int | float) for v in raw):
@@ -300,7 +301,8 @@ def prediction_from_answer(p: Profile, doc: Any, width: int, height: int
     if p.task == "segmentation" and p.mask is not None and p.mask.kind == "class_map":
         m = _mask_of(p.mask, doc)
         if m.shape != (height, width):
-            raise ValueError(f"class map is {m.shape[1]}x{m.shape[0]}, the image is {width}x{height}")
+            raise ValueError(f"class map is {m.shape[1]}x{m.shape[0]}, the image is "
+                             f"{width}x{height}")
         return common_pb2.Prediction(segmentation=common_pb2.Segmentation(
             class_map=array_to_tensor(m.astype(np.int32))))
     items = _items_of(p, doc)
@@ -343,7 +345,8 @@ def prediction_from_answer(p: Profile, doc: Any, width: int, height: int
                 raw_box = _box_of(p.box, item, width, height, missing_zero)
                 x0, y0, x1, y1 = check_box(raw_box, width, height, tolerance_px=p.box.tolerance_px)
             except ValueError as exc:
-                raise ValueError(f"item {i} ({lab[1]}): {exc} (box format {p.box.format})") from None
+                raise ValueError(f"item {i} ({lab[1]}): {exc} (box format {p.box.format})"
+                                 ) from None
             boxes.append(common_pb2.BoundingBox(x_min=x0, y_min=y0, x_max=x1, y_max=y1,
                                                 label=lab[0], name=lab[1],
                                                 score=1.0 if s is None else s))
@@ -364,4 +367,5 @@ def prediction_from_answer(p: Profile, doc: Any, width: int, height: int
                              f"is {width}x{height}")
         masks.append((lab[0], m > 0, 1.0 if s is None else s))
     cmap = compose_class_map(masks, height, width, p.background)
-    return common_pb2.Prediction(segmentation=common_pb2.Segmentation(class_map=array_to_tensor(cmap)))
+    return common_pb2.Prediction(
+        segmentation=common_pb2.Segmentation(class_map=array_to_tensor(cmap)))

@@ -97,7 +97,8 @@ class KServeV2Backend:
         spec = resolve_input(self.opts, meta)
         labels: Sequence[str] = self._labels or (meta.labels(self.opts.output_name) if meta else ())
         if not labels and meta and meta.outputs:
-            out = next((t for t in meta.outputs if t.name == self.opts.output_name), meta.outputs[0])
+            out = next((t for t in meta.outputs if t.name == self.opts.output_name),
+                       meta.outputs[0])
             if len(out.shape) >= 2 and out.shape[-1] > 0:
                 labels = [str(i) for i in range(out.shape[-1])]
         version = self.opts.version or (",".join(meta.versions) if meta else "")
@@ -167,7 +168,8 @@ class KServeV2Backend:
             half = len(items) // 2
             with self._lock:
                 self._batch_limit = min(self._batch_limit or half, half)
-            return np.concatenate([self._infer(spec, items[:half]), self._infer(spec, items[half:])])
+            return np.concatenate([self._infer(spec, items[:half]),
+                                   self._infer(spec, items[half:])])
         out = pick_output(outputs, self.opts.output_name, self._default_output())
         return to_probabilities(scores_of(out, len(items)), self.opts.output, out.name)
 

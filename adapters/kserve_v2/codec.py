@@ -208,7 +208,8 @@ def outputs_from_json(body: bytes, header_length: int | None = None) -> list[Out
             try:
                 data = np.asarray(o["data"], dtype=np.float64).ravel()
             except (ValueError, TypeError):
-                raise TargetResponseError(f"output '{name}': 'data' is not a list of numbers") from None
+                raise TargetResponseError(f"output '{name}': 'data' is not a list of numbers"
+                                          ) from None
             if data.size != math.prod(shape):
                 raise TargetResponseError(f"output '{name}': {data.size} values do not match "
                                           f"shape {list(shape)}")

@@ -83,8 +83,10 @@ def meta_from_json(body: bytes) -> ModelMeta:
     return ModelMeta(
         name=doc["name"], versions=tuple(str(v) for v in doc.get("versions") or ()),
         platform=str(doc.get("platform") or ""),
-        inputs=tuple(_tensor_meta_json(t, f"inputs[{i}]") for i, t in enumerate(doc.get("inputs") or ())),
-        outputs=tuple(_tensor_meta_json(t, f"outputs[{i}]") for i, t in enumerate(doc.get("outputs") or ())),
+        inputs=tuple(_tensor_meta_json(t, f"inputs[{i}]")
+                     for i, t in enumerate(doc.get("inputs") or ())),
+        outputs=tuple(_tensor_meta_json(t, f"outputs[{i}]")
+                      for i, t in enumerate(doc.get("outputs") or ())),
         parameters=params if isinstance(params, dict) else {})
 
 
@@ -148,7 +150,8 @@ def resolve_input(opts: KServeOptions, meta: ModelMeta | None) -> ResolvedInput:
         else:
             layout = "nchw"
     if shape:
-        dims = (shape[1], shape[2], shape[3]) if layout == "nchw" else (shape[3], shape[1], shape[2])
+        nchw = layout == "nchw"
+        dims = (shape[1], shape[2], shape[3]) if nchw else (shape[3], shape[1], shape[2])
     else:
         dims = (-1, -1, -1)
     channels = opts.channels or (dims[0] if dims[0] in (1, 3) else 3)

@@ -107,7 +107,8 @@ def parse_url(url: str) -> KServeOptions:
         raise errors.InvalidArgument("target", f"no host in '{url}'")
     if port is None:
         if transport == "grpc":
-            raise errors.InvalidArgument("target", f"no port in '{url}' (kserve+grpc://HOST:PORT/MODEL)")
+            raise errors.InvalidArgument("target",
+                                         f"no port in '{url}' (kserve+grpc://HOST:PORT/MODEL)")
         port = 443 if transport == "https" else 80
     model = parts.path.strip("/")
     if not model or "/" in model:
@@ -157,7 +158,7 @@ def parse_url(url: str) -> KServeOptions:
     if "output" in q:
         if q["output"] not in ("probabilities", "logits"):
             raise bad_option("output", f"'{q['output']}' is not probabilities or logits "
-                                 "(the output tensor's name is output_name)")
+                                       "(the output tensor's name is output_name)")
         kw["output"] = q["output"]
     kw["labels_path"] = q.get("labels", "")
     kw["raw"] = _flag("raw", q.get("raw", "0"))
@@ -173,11 +174,11 @@ def parse_url(url: str) -> KServeOptions:
     opts = KServeOptions(**kw)
     if opts.input_kind == "bytes" and (opts.dtype or opts.layout or opts.mean or opts.std
                                        or opts.scale is not None or opts.channels):
-        raise bad_option("input", "input=bytes sends the image file; layout, dtype, channels, scale, "
-                            "mean and std apply to input=tensor only")
+        raise bad_option("input", "input=bytes sends the image file; layout, dtype, channels, "
+                                  "scale, mean and std apply to input=tensor only")
     if opts.dtype == "UINT8" and (opts.mean or opts.std or opts.scale not in (None, 1.0)):
-        raise bad_option("dtype", "UINT8 input carries the pixels as they are; mean, std and scale "
-                            "need FP32 or FP16")
+        raise bad_option("dtype", "UINT8 input carries the pixels as they are; mean, std and "
+                                  "scale need FP32 or FP16")
     return opts
 
 

@@ -148,7 +148,8 @@ class MediaPipeWorker:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=env, close_fds=True)
         except OSError as exc:
-            raise errors.Unavailable(f"cannot start MediaPipe worker ({self.role}): {exc}") from None
+            raise errors.Unavailable(f"cannot start MediaPipe worker ({self.role}): {exc}"
+                                     ) from None
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self._stderr.clear()
         threading.Thread(target=self._drain, args=(proc.stderr, self._stderr),
