@@ -120,7 +120,7 @@ def _servers(mode: str, target: str, tmp: Path, sync: str = "FULL") -> Iterator[
     if mode == "inprocess":
         stack = start_stack(StackSettings(state_dir=tmp, api_keys={KEY: "bench"},
                                           targets=[TargetConfig.parse(f"t=builtin:{target}")],
-                                          ledger_synchronous=sync))
+                                          ledger_synchronous=sync, expose_builtin_targets=True))
         echo = build_server(ServerSettings(), [(target_pb2_grpc.add_TargetServiceServicer_to_server,
                                                 _Echo(), "fortis.target.v1.TargetService")])
         try:

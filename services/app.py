@@ -92,6 +92,9 @@ class StackSettings:
     resume: bool = True
     metrics_port: int | None = None     # serve Prometheus /metrics of the proxy (0 = any port)
     metrics_host: str = "0.0.0.0"
+    #: Also serve each built-in target on its own loopback port (benchmarks comparing a direct
+    #: call with the proxy). Off by default: built-in targets are reachable through the proxy only.
+    expose_builtin_targets: bool = False
 
 
 @dataclass
@@ -131,20 +134,28 @@ def local_catalogue() -> Any:
     return catalogue_from_messages(perts, attacks)
 
 
-def start_target_server(cfg: TargetConfig, *, max_message_bytes: int = 64 * 1024 * 1024) -> RunningServer:
-    """Serve a built-in model through ``TargetService`` on its own loopback port."""
+def builtin_target(cfg: TargetConfig) -> Any:
+    """A built-in model as a target object (``info()``/``predict(images)``, the proxy's
+    TargetBackend protocol)."""
     from fortis.adapters.builtin import BUILTIN_TARGETS, load_model
-    from fortis.adapters.torch_target import SERVICE_NAME, ClassifierTarget, TargetServicer
-    from fortis.target.v1 import target_pb2_grpc
-    target: Any
+    from fortis.adapters.torch_target import ClassifierTarget
     if cfg.builtin in BUILTIN_TARGETS:      # detection / segmentation models (their own adapters)
-        target = BUILTIN_TARGETS[cfg.builtin]()
-    else:
-        target = ClassifierTarget(load_model(cfg.builtin, "target.builtin"), output=cfg.output,
-                                  top_k=cfg.top_k)
+        return BUILTIN_TARGETS[cfg.builtin]()
+    return ClassifierTarget(load_model(cfg.builtin, "target.builtin"), output=cfg.output,
+                            top_k=cfg.top_k)
+
+
+def start_target_server(cfg: TargetConfig, *, max_message_bytes: int = 64 * 1024 * 1024,
+                        target: Any = None) -> RunningServer:
+    """Serve a built-in model through ``TargetService`` on its own loopback port (only when
+    asked: by default the proxy calls built-in targets in process, so they are reachable
+    through the proxy alone, with its budget, rate limit and ledger)."""
+    from fortis.adapters.torch_target import SERVICE_NAME, TargetServicer
+    from fortis.target.v1 import target_pb2_grpc
     return build_server(ServerSettings(address="127.0.0.1:0", max_message_bytes=max_message_bytes),
                         [(target_pb2_grpc.add_TargetServiceServicer_to_server,
-                          TargetServicer(target), SERVICE_NAME)])
+                          TargetServicer(target if target is not None else builtin_target(cfg)),
+                          SERVICE_NAME)])
 
 
 def start_stack(settings: StackSettings) -> Stack:
@@ -214,9 +225,10 @@ def start_stack(settings: StackSettings) -> Stack:
         for t in settings.targets:
             backend: Any
             if t.builtin:
-                srv = start_target_server(t, max_message_bytes=settings.max_message_bytes)
-                target_servers[t.name] = srv
-                backend = GrpcTargetBackend(srv.address)
+                backend = builtin_target(t)        # called in process: no port to bypass
+                if settings.expose_builtin_targets:
+                    target_servers[t.name] = start_target_server(
+                        t, max_message_bytes=settings.max_message_bytes, target=backend)
             elif t.url:
                 from fortis.adapters.registry import backend_for
                 backend = backend_for(t.url)
