@@ -95,6 +95,8 @@ class StackSettings:
     #: Also serve each built-in target on its own loopback port (benchmarks comparing a direct
     #: call with the proxy). Off by default: built-in targets are reachable through the proxy only.
     expose_builtin_targets: bool = False
+    #: WatchEvaluation sends the current state at least this often while an evaluation runs.
+    watch_heartbeat_s: float = 5.0
 
 
 @dataclass
@@ -289,7 +291,7 @@ def start_stack(settings: StackSettings) -> Stack:
                                     artifacts_dir=state / "artifacts")
         closers.append(manager.close)
         register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,
-                         ev_servicer.EvaluationServicer(manager), ev_servicer.SERVICE_NAME))
+                         ev_servicer.EvaluationServicer(manager, heartbeat_s=settings.watch_heartbeat_s), ev_servicer.SERVICE_NAME))
 
     server = build_server(ServerSettings(address=settings.address, api_keys=api_keys,
                                          max_message_bytes=settings.max_message_bytes,
