@@ -194,10 +194,10 @@ def test_node_target_through_the_proxy(node_target, node_stack, tmp_path):
     assert sessions == {f"{eid}/clean": N_IMAGES, f"{eid}/corruptions": N_IMAGES * N_SETTINGS}
     assert report["ledger"]["total_queries"] == N_IMAGES * (1 + N_SETTINGS)
     assert clean.queries_ok == N_IMAGES and clean.queries_failed == 0 and clean.calls_refused == 0
-    assert len(clean.images) == N_IMAGES and all(i.queries == 1 for i in clean.images)
+    assert len(clean.per_image) == N_IMAGES and all(q == 1 for q in clean.per_image.values())
     assert corr.queries_ok == N_IMAGES * N_SETTINGS and corr.queries_failed == 0
-    assert sum(i.queries for i in corr.images) == N_IMAGES * N_SETTINGS
-    assert {o.origin: o.queries for o in corr.origins} == {
+    assert sum(corr.per_image.values()) == N_IMAGES * N_SETTINGS
+    assert corr.per_origin == {
         "gaussian_noise@1": N_IMAGES, "gaussian_noise@3": N_IMAGES,
         "contrast@2": N_IMAGES, "brightness@4": N_IMAGES}
     assert node_target.images_received() - received0 == N_IMAGES * (1 + N_SETTINGS)

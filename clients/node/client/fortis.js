@@ -73,7 +73,9 @@ function progressPrinter(quiet) {
   let last = '';
   return (ev) => {
     const p = ev.progress || {};
-    const line = `[${p.stage || stateName(ev.state).toLowerCase()}] ${p.items_done}/${p.items_total} items, `
+    const stage = p.stage && p.stage !== 'STAGE_UNSPECIFIED'
+      ? p.stage.replace(/^STAGE_/, '').toLowerCase() : stateName(ev.state).toLowerCase();
+    const line = `[${stage}] ${p.items_done}/${p.items_total} items, `
       + `${p.queries} queries${p.message ? ` (${p.message})` : ''}`;
     if (!quiet && line !== last) say(line);
     last = line;
@@ -106,10 +108,12 @@ async function cmdRun(fc, o) {
     return EXIT_FAILED;
   }
   const files = await fc.writeReport(ev.evaluation_id, o.out);
-  let summary = {};
-  try {
-    summary = JSON.parse(final.summary_json || '{}');
-  } catch { /* not JSON: leave it out */ }
+  // EvaluationSummary: unset optional values stay out; int64 m arrives as a string.
+  const s = final.summary || {};
+  const summary = { m: Number(s.m || 0) };
+  for (const k of ['accuracy', 'average_robustness_corr', 'average_robustness_adv']) {
+    if (s[k] !== undefined && s[k] !== null) summary[k] = s[k];
+  }
   if (!o.quiet) say(`Report: ${files.json}, ${files.html}`);
   process.stdout.write(`${JSON.stringify({
     evaluation_id: ev.evaluation_id, state, report_json: files.json, report_html: files.html,

@@ -54,7 +54,7 @@ function decodePng(buf, field) {
 
 /** Pixels of a raw fortis.common.v1.Tensor (uint8, [H, W] or [H, W, 1|3]). */
 function decodeTensor(t, field) {
-  if (t.dtype !== 'uint8') {
+  if (t.dtype !== 'D_TYPE_UINT8') {
     throw new InvalidArgument(`${field}.dtype`, `images must be uint8 tensors, got '${t.dtype}'`);
   }
   const shape = (t.shape || []).map(Number);
