@@ -161,3 +161,14 @@ def test_buf_curl_through_reflection_gets_bad_request_details(stack, reflect_pro
         decoded = _decode_with_reflection(stack.address, "google.rpc.BadRequest", raw)
     fields = {v["field"] for v in decoded["fieldViolations"]}
     assert {"target", "dataset"} <= fields, decoded
+
+
+@pytest.mark.parametrize("reflect_protocol", ["grpc-v1", "grpc-v1alpha"])
+def test_buf_curl_lists_methods_by_reflection(server, reflect_protocol):
+    r = subprocess.run([str(BUF), "curl", "--protocol", "grpc", "--http2-prior-knowledge",
+                        "--reflect-protocol", reflect_protocol, "--list-methods",
+                        f"http://{server.address}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    methods = r.stdout.split()
+    assert "fortis.evaluation.v1.EvaluationService/ValidatePlan" in methods
+    assert "fortis.scoring.v1.ScoringService/ScoreEvaluation" in methods
