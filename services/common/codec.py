@@ -183,23 +183,3 @@ def summarize(pred: common_pb2.Prediction) -> str:
     if kind == "segmentation":
         return f"mask={list(pred.segmentation.class_map.shape)}"
     return "none"
-
-
-#: Keys whose numbers are real-valued; every other integral number is a count or an id.
-_FLOAT_KEYS = {"value", "robustness", "robustness_adv", "success_rate", "ci95", "success_rate_ci95",
-               "mean_queries", "median_queries", "mean_queries_successful", "mean_linf",
-               "max_linf", "mean_l2", "epsilon", "p_init", "step_size", "threshold",
-               "duration_s", "started", "finished", "latency_p50_ms", "l2", "linf"}
-
-
-def intify(tree: Any) -> Any:
-    """Struct numbers are doubles; give counts, seeds and sizes back their integer type.
-
-    Values under a key of ``_FLOAT_KEYS`` (rates, distances, times) stay floats."""
-    if isinstance(tree, dict):
-        return {k: (v if k in _FLOAT_KEYS else intify(v)) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [intify(v) for v in tree]
-    if isinstance(tree, float) and tree.is_integer() and abs(tree) < 2**53:
-        return int(tree)
-    return tree

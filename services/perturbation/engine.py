@@ -24,7 +24,6 @@ from fortis.services.perturbation.attacks.base import (
     check_surrogate_input,
 )
 from fortis.services.perturbation.attacks.registry import attack_spec
-from fortis.services.perturbation.corruptions import CORRUPTIONS, apply_corruption
 from fortis.services.perturbation.criteria import Misclassification
 from fortis.services.perturbation.registry import (
     apply_perturbation,
@@ -34,7 +33,7 @@ from fortis.services.perturbation.registry import (
 )
 from fortis.services.perturbation.spec import ApplyContext, PerturbationSpec
 
-__all__ = ["AttackItem", "AttackResult", "QueryClient", "SurrogateLoader", "corrupt",
+__all__ = ["AttackItem", "AttackResult", "QueryClient", "SurrogateLoader",
            "perturb", "perturbation_rng", "run_attack"]
 
 
@@ -46,19 +45,6 @@ class AttackItem:
     image_id: str
     image: np.ndarray        # uint8 HxWxC
     labels: tuple[int, ...]  # acceptable labels; the first is the attack's true label
-
-
-def corrupt(corruption_id: str, severity: int, seed: int,
-            items: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
-    """Apply one corruption at one severity to each image (IEEE-P5: one per image)."""
-    if corruption_id not in CORRUPTIONS:
-        raise InvalidArgument("perturbation_id",
-                              f"unknown corruption '{corruption_id}'; known: {', '.join(CORRUPTIONS)}")
-    if isinstance(severity, bool) or not isinstance(severity, int) or not 1 <= severity <= 5:
-        raise InvalidArgument("severity", f"must be an integer in 1..5, got {severity!r}")
-    return [apply_corruption(corruption_id, img, severity,
-                             rng_for(seed, "corruption", corruption_id, severity, image_id))
-            for image_id, img in items]
 
 
 def perturbation_rng(seed: int, spec: PerturbationSpec, level: int | float,
