@@ -4,9 +4,16 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
+
+import grpc
+import pytest
+from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 
 PLAN = """
 name: cli-small
@@ -66,8 +73,7 @@ def test_run_embedded_writes_report_and_ledger_agrees(tmp_path, fmnist_target, f
 def test_run_mobilenet_on_photos_with_the_shipped_plan(tmp_path):
     """Target (b) of the issue: torchvision's MobileNetV2 served as a top-5 API, evaluated on the
     offline natural photos with their ImageNet labels under the top-K rule (IEEE-C2)."""
-    import fortis as fortis_pkg
-    shipped = Path(fortis_pkg.__file__).parent / "plans" / "mobilenet-photos.yaml"
+    shipped = resources.files("fortis.cli").joinpath("plans/mobilenet-photos.yaml")
     text = shipped.read_text().replace("limit: 8", "limit: 4").replace("max_queries: 100", "max_queries: 20")
     plan = tmp_path / "plan.yaml"
     plan.write_text(text)
@@ -161,3 +167,84 @@ def test_detection_and_segmentation_demos_run_end_to_end(tmp_path):
         assert mt["worstcase_robustness_corr"]["value"] < 1.0          # something breaks it
         assert mt["ranking"]["applicable"] is False
         assert report["ledger"]["sessions"][f"{report['evaluation']['id']}/clean"] == m
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture()
+def served(tmp_path: Path, fmnist_target, fmnist_surrogate) -> Iterator[tuple[str, str]]:
+    """`fortis serve` with no --target and no --service, as the README shows it: (address,
+    the API key it printed)."""
+    proc = subprocess.Popen([sys.executable, "-m", "fortis.cli", "serve", "--address",
+                             f"127.0.0.1:{_free_port()}", "--state-dir", str(tmp_path / "state"),
+                             "--log-level", "warning"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()[-3000:]
+        info = json.loads(line)
+        yield info["address"], info["api_key"]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_serve_without_target_serves_the_builtins(served):
+    address, key = served
+    with grpc.insecure_channel(address) as ch:
+        resp = proxy_pb2_grpc.TargetProxyServiceStub(ch).ListTargets(
+            proxy_pb2.ListTargetsRequest(), metadata=(("x-api-key", key),), timeout=30)
+    assert {t.name for t in resp.targets} == {"fmnist-cnn", "fmnist-cnn-label", "fmnist-cnn-top3",
+                                              "mobilenet-v2"}
+
+
+def test_serve_on_a_busy_port_is_one_clear_line(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = fortis("serve", "--address", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "s"),
+                   cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"fortis: cannot listen on 127.0.0.1:{port}: address in use"
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_remote_commands_through_the_client(tmp_path, served):
+    """run/watch/report/list/cancel/ledger/perturbations with --address: fortis.client only."""
+    address, key = served
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("limit: 48", "limit: 16").split("attacks:")[0])
+    remote = ("--address", address, "--api-key", key)
+    r = fortis("run", str(plan), "--out", str(tmp_path / "out"), "--id", "ev-remote", "--quiet",
+               *remote, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["metrics"]["accuracy"]["m"] == 16
+    r = fortis("watch", "ev-remote", "--timeout", "60", "--quiet", *remote, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "ev-remote SUCCEEDED", r.stderr
+    r = fortis("report", "ev-remote", "--out", str(tmp_path / "again"), *remote, cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "again" / "report.html").exists(), r.stderr
+    r = fortis("list", "--json", "--page-size", "1", *remote, cwd=tmp_path)
+    assert r.returncode == 0 and [e["evaluation_id"] for e in json.loads(r.stdout)] == ["ev-remote"]
+    r = fortis("cancel", "ev-remote", *remote, cwd=tmp_path)
+    assert r.returncode == 1 and "FailedPrecondition" in r.stderr and "Traceback" not in r.stderr
+    r = fortis("watch", "ev-nope", *remote, cwd=tmp_path)
+    assert r.returncode == 1 and "ev-nope" in r.stderr
+    assert r.stderr.count("not found") == 1, r.stderr        # no "'... not found' not found"
+    r = fortis("ledger", "--session", "ev-remote/clean", "--json", *remote, cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["queries_ok"] == 16, r.stderr
+    r = fortis("perturbations", "--json", "--kind", "corruption", *remote, cwd=tmp_path)
+    assert r.returncode == 0
+    assert "gaussian_noise" in {p["id"] for p in json.loads(r.stdout)}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(PLAN.replace("severities: [1, 5]", "severities: [1, 9]"))
+    r = fortis("run", str(bad), "--out", str(tmp_path / "x"), *remote, cwd=tmp_path)
+    assert r.returncode == 2 and "corruptions[0].severities[1]" in r.stderr

@@ -13,7 +13,7 @@ import enum
 import json
 import os
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
 from fortis.client.errors import FortisError, from_status
@@ -66,7 +66,7 @@ def enum_name(message: Any, field_name: str) -> str:
 def _time(message: Any, field_name: str) -> datetime | None:
     if not message.HasField(field_name):
         return None
-    return getattr(message, field_name).ToDatetime(tzinfo=UTC)   # type: ignore[no-any-return]
+    return getattr(message, field_name).ToDatetime(tzinfo=timezone.utc)  # type: ignore[no-any-return]  # noqa: UP017 - 3.10
 
 
 @dataclass(frozen=True)
