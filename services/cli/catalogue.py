@@ -12,31 +12,35 @@ import json
 def cmd_perturbations(ns: argparse.Namespace) -> int:
     from fortis.services.perturbation.catalogue import list_catalogue
 
-    items = [it for it in list_catalogue() if not ns.kind or it["kind"].startswith(ns.kind)]
+    items = list_catalogue(ns.kind)
     if ns.json:
         print(json.dumps(items, indent=2, default=str))
         return 0
-    levels = {"severity": "sev 1-5", "level": "lvl 1-30", "epsilon": "eps 0-1", None: "-"}
-    print(f"{'id':<28} {'kind':<16} {'family':<12} {'refs':<14} {'levels':<9} {'character':<9} description")
+    levels = {"severity": "sev 1-5", "level": "lvl 1-30", "epsilon": "eps 0-1"}
+    print(f"{'id':<28} {'kind':<12} {'family':<12} {'refs':<14} {'levels':<9} {'character':<9} description")
     for it in items:
-        ch = it.get("characterisation")
-        code = "-" if not ch else (ch["scope"][0] + ch["randomness"][0] + ch["domain"][0]).upper()
-        print(f"{it['id']:<28} {it['kind']:<16} {it['family']:<12} {','.join(it['refs']):<14} "
+        ch = it["characterisation"]
+        code = (ch["scope"][0] + ch["randomness"][0] + ch["domain"][0]).upper()
+        print(f"{it['id']:<28} {it['kind']:<12} {it['family']:<12} {','.join(it['refs']):<14} "
               f"{levels[it['level_kind']]:<9} {code:<9} {it['description']}")
     if not ns.kind:
         print(f"\n{len(items)} entries. character: Global/Local, Deterministic/Stochastic, "
-              "Colour/Pixel (DEG-5). Add --json for parameters and level tables.")
+              "Colour/Pixel (DEG-5). Add --json for parameters and level tables; attacks: "
+              "`fortis attacks`.")
     return 0
 
 
 def cmd_attacks(ns: argparse.Namespace) -> int:
-    """Placeholder until the attack registry lands: the attack entries of the catalogue."""
-    from fortis.services.perturbation.catalogue import list_catalogue
+    from fortis.services.perturbation.catalogue import list_attacks
 
-    items = [it for it in list_catalogue() if it["kind"].endswith("_attack")]
+    items = list_attacks(ns.kind)
     if ns.json:
-        print(json.dumps(items, indent=2, default=str))
+        print(json.dumps(items, indent=2))
         return 0
+    print(f"{'id':<12} {'kind':<9} {'norms':<8} {'targeted':<9} {'refs':<28} description")
     for it in items:
-        print(f"{it['id']:<28} {it['kind']:<16} {it['family']:<12} {it['description']}")
+        print(f"{it['id']:<12} {it['kind']:<9} {','.join(it['norms']):<8} "
+              f"{'yes' if it['targeted'] else 'no':<9} {','.join(it['refs']):<28} {it['description']}")
+    if not ns.kind:
+        print(f"\n{len(items)} attacks. Add --json for parameter schemas (type, default, bounds).")
     return 0

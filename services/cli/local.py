@@ -49,9 +49,10 @@ def _targets_for_plan(plan: Any) -> list[Any]:
 def _load_plan(text: str) -> Any:
     """Parse and validate a plan in-process (raises InvalidArgument naming every bad field).
     The one place the CLI validates locally: ``validate`` and an embedded ``run``."""
+    from fortis.services.app import local_catalogue
     from fortis.services.evaluation.plan import load_plan
 
-    return load_plan(text)
+    return load_plan(text, local_catalogue())
 
 
 def _needs_training(plan_text: str) -> bool:
@@ -67,8 +68,8 @@ def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace) -> int:
         return remote.guarded(lambda _: remote.submit_and_follow(
             ns.address, remote.api_key_of(ns), plan_text, out, ns))(ns)
     from fortis.services.app import StackSettings, start_stack
+    from fortis.services.common.api_keys import new_api_key
     from fortis.services.common.errors import FortisError, InvalidArgument
-    from fortis.services.common.server import new_api_key
 
     try:
         plan = _load_plan(plan_text)
@@ -175,8 +176,8 @@ def _cannot_listen(address: str) -> int:
 def cmd_serve(ns: argparse.Namespace) -> int:
     from fortis.cli.logs import configure
     from fortis.services.app import DEFAULT_TARGETS, StackSettings, TargetConfig, start_stack
+    from fortis.services.common.api_keys import new_api_key, parse_api_keys
     from fortis.services.common.errors import FortisError
-    from fortis.services.common.server import new_api_key, parse_api_keys
 
     configure(ns.log_level)
     if _address_in_use(ns.address):
@@ -272,8 +273,9 @@ def cmd_sheets(ns: argparse.Namespace) -> int:
         err("--size must be at least 16")
         return EXIT_BAD_INPUT
     try:
-        written = write_sheets(Path(ns.out), image=ns.image, kinds=ns.kind or None, seed=ns.seed,
-                               size=ns.size)
+        from fortis.adapters.plan_sources import named_image
+        written = write_sheets(Path(ns.out), image=named_image(ns.image), kinds=ns.kind or None,
+                               seed=ns.seed, size=ns.size)
     except FortisError as exc:
         err(str(exc))
         return EXIT_BAD_INPUT

@@ -96,16 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=local.cmd_ledger)
 
     sp = sub.add_parser("perturbations", help="the catalogue: corruptions, styles, degradation "
-                        "operators, safety properties and attacks")
+                        "operators and safety properties (attacks: `fortis attacks`)")
     sp.add_argument("--json", action="store_true", help="everything, with parameters and level tables")
-    sp.add_argument("--kind", choices=["corruption", "style", "degradation", "property",
-                                       "transfer_attack", "score_attack", "decision_attack"],
+    sp.add_argument("--kind", choices=["corruption", "style", "degradation", "property"],
                     help="only this kind")
     _remote_opts(sp)
     sp.set_defaults(fn=_either(catalogue.cmd_perturbations, remote.cmd_perturbations))
 
-    sp = sub.add_parser("attacks", help="the attacks of the catalogue")
-    sp.add_argument("--json", action="store_true", help="everything, with parameters")
+    sp = sub.add_parser("attacks", help="the attack registry: transfer, score- and "
+                        "decision-based attacks with their norms and parameter schemas")
+    sp.add_argument("--json", action="store_true", help="everything, with parameter schemas")
+    sp.add_argument("--kind", choices=["transfer", "score", "decision"], help="only this kind")
     _remote_opts(sp)
     sp.set_defaults(fn=_either(catalogue.cmd_attacks, remote.cmd_attacks))
 

@@ -177,4 +177,13 @@ def cmd_perturbations(ns: argparse.Namespace) -> int:
 
 @guarded
 def cmd_attacks(ns: argparse.Namespace) -> int:
-    return _catalogue(ns, lambda p: p.kind.endswith("_attack"))
+    with _client(ns) as fc:
+        items = [a for a in fc.attacks() if not ns.kind or a.kind == ns.kind]
+    if ns.json:
+        print(json.dumps([{f.name: getattr(a, f.name) for f in fields(a) if f.name != "raw"}
+                          for a in items], indent=2))
+        return 0
+    for a in items:
+        print(f"{a.id:<12} {a.kind:<9} {','.join(a.norms):<8} {'yes' if a.targeted else 'no':<9} "
+              f"{','.join(a.refs):<28} {a.description}")
+    return 0

@@ -8,7 +8,6 @@ section 1), so a bad request never takes a service down and internals never leak
 from __future__ import annotations
 
 import contextvars
-import secrets
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -53,21 +52,6 @@ class ServerSettings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_workers: int = 16
     observe: Observer | None = None     # called after every call: (method, code, seconds)
-
-
-def parse_api_keys(text: str) -> dict[str, str]:
-    """Parse ``"key1=tenantA,key2=tenantB"`` (the FORTIS_API_KEYS format)."""
-    keys: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, tenant = part.partition("=")
-        if not sep or not key or not tenant:
-            raise errors.InvalidArgument("api_keys", f"entry '{part}' is not KEY=TENANT")
-        keys[key] = tenant
-    return keys
-
-
-def new_api_key() -> str:
-    return "fk_" + secrets.token_urlsafe(24)
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:

@@ -41,7 +41,8 @@ _OUTPUTS = {"full_scores": common_pb2.OUTPUT_KIND_FULL_SCORES,
             "top_k": common_pb2.OUTPUT_KIND_TOP_K_SCORES,
             "label_only": common_pb2.OUTPUT_KIND_LABEL_ONLY,
             "boxes": common_pb2.OUTPUT_KIND_BOXES, "masks": common_pb2.OUTPUT_KIND_MASKS}
-_TEST_KINDS = {"corruption": rpb.TEST_KIND_CORRUPTION, "degradation": rpb.TEST_KIND_DEGRADATION,
+_TEST_KINDS = {"corruption": rpb.TEST_KIND_CORRUPTION, "style": rpb.TEST_KIND_STYLE,
+               "degradation": rpb.TEST_KIND_DEGRADATION,
                "transfer_attack": rpb.TEST_KIND_TRANSFER_ATTACK,
                "score_attack": rpb.TEST_KIND_SCORE_ATTACK,
                "decision_attack": rpb.TEST_KIND_DECISION_ATTACK}

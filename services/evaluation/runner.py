@@ -169,7 +169,7 @@ class EvaluationRunner:
 
         progress.stage("report")
         finished_at = time.time()
-        tests = [t for s in stages for t in s.tests() if t.kind == "corruption"]
+        tests = [t for s in stages for t in s.tests() if t.kind in ("corruption", "style")]
         tests += [t for s in stages for t in s.tests() if t.kind == "degradation"]
         tests += attack_tests(plan, len(images), self.catalogue)
         current = store.get(eid)

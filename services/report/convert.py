@@ -67,6 +67,7 @@ _SECRET_KEY: Final = re.compile(r"(password|passwd|secret|token|api[_-]?key|cred
 
 _TEST_KINDS: Final = {
     report_pb2.TEST_KIND_CORRUPTION: ("corruption", None),
+    report_pb2.TEST_KIND_STYLE: ("corruption", None),
     report_pb2.TEST_KIND_DEGRADATION: ("degradation", None),
     report_pb2.TEST_KIND_TRANSFER_ATTACK: ("attack", "transfer"),
     report_pb2.TEST_KIND_SCORE_ATTACK: ("attack", "score"),
@@ -280,6 +281,7 @@ def _test(t: report_pb2.TestDefinition, n: int, ev: report_pb2.EvaluationInfo,
     entry["parameters"] = _level_parameters(t)
     if kind == "corruption":
         entry["params"] = params
+        entry["perturbation_kind"] = "style" if t.kind == report_pb2.TEST_KIND_STYLE else "corruption"
     else:
         entry["levels"] = list(t.levels)
         if t.surrogate:

@@ -123,12 +123,23 @@ def test_perturbations_listing_and_sheets(tmp_path):
     assert r.returncode == 0
     items = json.loads(r.stdout)
     kinds = {it["kind"] for it in items}
-    assert {"corruption", "style", "degradation", "property", "transfer_attack"} <= kinds
+    assert kinds == {"corruption", "style", "degradation", "property"}     # attacks: their own list
     deg = [it for it in items if it["kind"] == "degradation"]
     assert all(it["characterisation"]["scope"] in ("global", "local") for it in deg)
     r = fortis("perturbations", "--kind", "property", cwd=tmp_path)
     assert r.returncode == 0 and "per_rotation" in r.stdout
     assert not any(line.startswith("gaussian_noise ") for line in r.stdout.splitlines())
+    r = fortis("attacks", "--json", cwd=tmp_path)
+    assert r.returncode == 0
+    attacks = json.loads(r.stdout)
+    assert [a["id"] for a in attacks] == ["fgsm", "pgd", "square", "hsja", "pertknob"]
+    assert all(a["parameters"] and a["norms"] for a in attacks)
+    eps = next(p for p in attacks[0]["parameters"] if p["name"] == "epsilon")
+    assert (eps["minimum"], eps["maximum"]) == (0.0, 1.0)
+    r = fortis("attacks", "--kind", "transfer", cwd=tmp_path)
+    assert r.returncode == 0
+    listed = [line.split()[0] for line in r.stdout.splitlines()[1:] if line.strip()]
+    assert listed[:2] == ["fgsm", "pgd"] and "square" not in listed
     r = fortis("sheets", "--out", str(tmp_path / "sheets"), "--image", "fashion-mnist",
                "--kind", "style", "--size", "32", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

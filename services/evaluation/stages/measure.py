@@ -78,7 +78,8 @@ class CorruptionStage:
         out = []
         for ct in self.plan.corruptions:
             e = self.catalogue.perturbations[ct.id]
-            out.append(TestDefinition(name=ct.id, kind="corruption", perturbation_id=ct.id,
+            out.append(TestDefinition(name=ct.id, kind="style" if e.kind == "style" else "corruption",
+                                      perturbation_id=ct.id,
                                       family=e.family, refs=e.refs, levels=ct.severities,
                                       params=dict(ct.params), catalogue_info=e.info,
                                       images=self.n_images))

@@ -14,7 +14,8 @@ classes (``InvalidArgument`` with ``.violations`` naming each bad field of the p
 ``NotFound``, ``DeadlineExceeded``, ...), the same classes the server raised.
 """
 
-from fortis.client._client import FortisClient
+from typing import TYPE_CHECKING, Any
+
 from fortis.client.errors import (
     AlreadyExists,
     BudgetExhausted,
@@ -32,6 +33,7 @@ from fortis.client.errors import (
     Unavailable,
 )
 from fortis.client.types import (
+    Attack,
     Evaluation,
     LedgerEntry,
     Page,
@@ -44,9 +46,21 @@ from fortis.client.types import (
 )
 
 __all__ = [
-    "AlreadyExists", "BudgetExhausted", "Cancelled", "DeadlineExceeded", "Evaluation",
+    "AlreadyExists", "Attack", "BudgetExhausted", "Cancelled", "DeadlineExceeded", "Evaluation",
     "FailedPrecondition", "FieldViolation", "FortisClient", "FortisError", "Internal",
     "InvalidArgument", "LedgerEntry", "NotFound", "Page", "PermissionDenied", "Perturbation",
     "Progress", "QuotaViolation", "SessionStats", "State", "Target", "Unauthenticated",
     "Unavailable", "progress_of",
 ]
+
+if TYPE_CHECKING:
+    from fortis.client._client import FortisClient
+
+
+def __getattr__(name: str) -> Any:
+    """``FortisClient`` is imported on first use: the error model and the result types load
+    without grpc, so the server's domain code can share them (it never imports gRPC)."""
+    if name == "FortisClient":
+        from fortis.client._client import FortisClient
+        return FortisClient
+    raise AttributeError(f"module 'fortis.client' has no attribute {name!r}")

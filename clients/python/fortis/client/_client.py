@@ -18,6 +18,7 @@ from fortis.client.errors import (
     from_rpc_error,
 )
 from fortis.client.types import (
+    Attack,
     Evaluation,
     LedgerEntry,
     Page,
@@ -203,13 +204,28 @@ class FortisClient:
         """Every ledger entry of a session, oldest first, fetching pages as needed."""
         return iter_pages(lambda token: self.list_ledger_entries(session_id, page_size, token))
 
+    def _all_pages(self, call: Any, request_type: Any, field: str) -> builtins.list[Any]:
+        items: builtins.list[Any] = []
+        token = ""
+        while True:
+            resp = self._call(call, request_type(page_size=1000, page_token=token))
+            items += list(getattr(resp, field))
+            token = resp.next_page_token
+            if not token:
+                return items
+
     def perturbations(self) -> builtins.list[Perturbation]:
-        """The catalogue: corruptions, styles, degradation operators, properties, attacks."""
-        resp = self._call(self._perturbation.ListPerturbations,
-                          perturbation_pb2.ListPerturbationsRequest())
-        return [Perturbation.from_proto(p) for p in resp.perturbations]
+        """The perturbation catalogue: corruptions, styles, degradation operators, properties."""
+        return [Perturbation.from_proto(p) for p in self._all_pages(
+            self._perturbation.ListPerturbations, perturbation_pb2.ListPerturbationsRequest,
+            "perturbations")]
+
+    def attacks(self) -> builtins.list[Attack]:
+        """The attack registry (transfer, score- and decision-based)."""
+        return [Attack.from_proto(a) for a in self._all_pages(
+            self._perturbation.ListAttacks, perturbation_pb2.ListAttacksRequest, "attacks")]
 
     def targets(self) -> builtins.list[Target]:
         """The targets the proxy serves."""
-        resp = self._call(self._proxy.ListTargets, proxy_pb2.ListTargetsRequest())
-        return [Target.from_proto(t) for t in resp.targets]
+        return [Target.from_proto(t) for t in self._all_pages(
+            self._proxy.ListTargets, proxy_pb2.ListTargetsRequest, "targets")]

@@ -93,9 +93,14 @@ class Progress:
     items_total: int
     queries: int
     message: str
+    images_done: int = 0       # image-level work: moves inside long items (query attacks)
+    images_total: int = 0
 
     @property
     def fraction(self) -> float:
+        """Work done, by images when the server counts them, else by items."""
+        if self.images_total:
+            return self.images_done / self.images_total
         return self.items_done / self.items_total if self.items_total else 0.0
 
 
@@ -128,7 +133,9 @@ class Evaluation:
             state = State.UNSPECIFIED
         p = ev.progress
         progress = Progress(state=state, stage=enum_name(p, "stage"), items_done=p.items_done,
-                            items_total=p.items_total, queries=p.queries, message=p.message)
+                            items_total=p.items_total, queries=p.queries, message=p.message,
+                            images_done=getattr(p, "images_done", 0),
+                            images_total=getattr(p, "images_total", 0))
         error = from_status(ev.error) if ev.HasField("error") and ev.error.code else None
         return cls(evaluation_id=ev.evaluation_id, tenant=ev.tenant, state=state,
                    progress=progress, plan_name=ev.plan_name, plan_text=ev.plan_text,
@@ -233,6 +240,34 @@ class Perturbation:
                    level_kind=enum_name(p, "level_kind"),
                    levels=list(p.levels) or list(p.severities), stochastic=p.stochastic,
                    needs_model=p.needs_model, parameters=params, raw=p)
+
+
+@dataclass(frozen=True)
+class Attack:
+    """One attack of the attack registry (``ListAttacks``). ``kind`` is "transfer", "score"
+    or "decision"; ``norms`` e.g. ["linf"]."""
+
+    id: str
+    kind: str
+    family: str
+    description: str
+    refs: list[str]
+    norms: list[str]
+    targeted: bool
+    untargeted: bool
+    needs_surrogate: bool
+    parameters: list[dict[str, Any]]
+    raw: Any = field(repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, a: Any) -> Attack:
+        norms = [a.DESCRIPTOR.fields_by_name["norms"].enum_type.values_by_number[n].name
+                 .removeprefix("NORM_").lower() for n in a.norms]
+        params = [MessageToDict(s, preserving_proto_field_name=True) for s in a.parameters]
+        return cls(id=a.id, kind=enum_name(a, "kind"), family=a.family,
+                   description=a.description, refs=list(a.refs), norms=norms,
+                   targeted=a.targeted, untargeted=a.untargeted,
+                   needs_surrogate=a.needs_surrogate, parameters=params, raw=a)
 
 
 @dataclass(frozen=True)

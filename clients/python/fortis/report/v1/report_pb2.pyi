@@ -23,12 +23,14 @@ class TestKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TEST_KIND_TRANSFER_ATTACK: _ClassVar[TestKind]
     TEST_KIND_SCORE_ATTACK: _ClassVar[TestKind]
     TEST_KIND_DECISION_ATTACK: _ClassVar[TestKind]
+    TEST_KIND_STYLE: _ClassVar[TestKind]
 TEST_KIND_UNSPECIFIED: TestKind
 TEST_KIND_CORRUPTION: TestKind
 TEST_KIND_DEGRADATION: TestKind
 TEST_KIND_TRANSFER_ATTACK: TestKind
 TEST_KIND_SCORE_ATTACK: TestKind
 TEST_KIND_DECISION_ATTACK: TestKind
+TEST_KIND_STYLE: TestKind
 
 class Party(_message.Message):
     __slots__ = ("name", "organisation")
