@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, urlparse
 
 import structlog
 from fortis.services.common import errors
+from fortis.services.common.api_keys import new_api_key
 from fortis.services.common.server import (
     SERVICE_TENANT,
     RunningServer,
@@ -21,7 +22,6 @@ from fortis.services.common.server import (
     build_server,
     call_metadata,
     channel,
-    new_api_key,
 )
 
 log = structlog.get_logger("fortis.app")
