@@ -30,6 +30,7 @@ for name, (folder, exclude) in ROOTS.items():
 setup(
     packages=sorted(set(packages)),
     package_dir=package_dir,
-    package_data={"": ["*.json", "*.yaml", "*.html", "*.css", "*.js", "*.png", "*.jpg"]},
+    package_data={"": ["*.json", "*.yaml", "*.html", "*.css", "*.js", "*.png", "*.jpg", "*.binpb"],
+                  "fortis.services.report": ["templates/*.j2"]},
     include_package_data=True,
 )

@@ -202,13 +202,9 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
             internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=ns.metrics_port,
             ledger_synchronous=ns.ledger_sync))
-    except FortisError as exc:
+    except FortisError as exc:     # a bad setting, or the port taken after the check
         err(str(exc))
         return EXIT_BAD_INPUT
-    except RuntimeError as exc:   # gRPC's bind error, if the port was taken after the check
-        if "bind" not in str(exc).lower():
-            raise
-        return _cannot_listen(ns.address)
     except OSError as exc:        # the metrics port
         err(f"cannot listen on metrics port {ns.metrics_port}: {exc.strerror or exc}")
         return EXIT_BAD_INPUT

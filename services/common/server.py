@@ -353,9 +353,14 @@ def build_server(settings: ServerSettings,
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     add_reflection(server, names)
-    port = server.add_insecure_port(settings.address)
+    try:
+        port = server.add_insecure_port(settings.address)
+    except RuntimeError:            # grpcio raises on a port in use (newer versions)
+        port = 0
     if port == 0:
-        raise errors.Unavailable(f"cannot bind {settings.address}")
+        server.stop(None)
+        raise errors.Unavailable(f"cannot listen on {settings.address}: address in use "
+                                 "or not available")
     server.start()
     host = settings.address.rsplit(":", 1)[0]
     address = f"{host}:{port}"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from fortis.services.common.errors import FortisError
+from fortis.services.common import errors
 from fortis.services.evaluation.answers import Answers, pack, unpack
 from fortis.services.evaluation.keys import WorkItemKey
 from fortis.services.evaluation.plan import Plan
@@ -39,8 +39,8 @@ __all__ = ["Cancelled", "LabeledImage", "Progress", "RunContext", "Stage", "chun
 LabeledImage = tuple[str, np.ndarray, tuple[int, ...]]
 
 
-class Cancelled(FortisError):
-    """The evaluation was cancelled by a caller."""
+class Cancelled(errors.Cancelled):
+    """The evaluation was cancelled by a caller (CANCELLED, from the one error mapping)."""
 
 
 def chunks(n: int, size: int) -> list[tuple[int, int]]:
