@@ -64,9 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     client_opts(sp)
     sp.set_defaults(fn=local.cmd_run)
 
-    sp = sub.add_parser("validate", help="check a plan")
+    sp = sub.add_parser("validate", help="check a plan (locally, or by a running Fortis with "
+                        "--address: its catalogue and targets)")
     sp.add_argument("plan")
-    sp.set_defaults(fn=local.cmd_validate)
+    _remote_opts(sp)
+    sp.set_defaults(fn=_either(local.cmd_validate, remote.cmd_validate))
 
     sp = sub.add_parser("serve", help="serve all services in one process, or one with --service")
     sp.add_argument("--address", default="127.0.0.1:50051")

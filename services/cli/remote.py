@@ -187,3 +187,18 @@ def cmd_attacks(ns: argparse.Namespace) -> int:
         print(f"{a.id:<12} {a.kind:<9} {','.join(a.norms):<8} {'yes' if a.targeted else 'no':<9} "
               f"{','.join(a.refs):<28} {a.description}")
     return 0
+
+
+@guarded
+def cmd_validate(ns: argparse.Namespace) -> int:
+    """The plan checked by a running server (its catalogue and its targets)."""
+    try:
+        text = Path(ns.plan).read_text()
+    except OSError as exc:
+        err(f"cannot read plan: {exc}")
+        return EXIT_BAD_INPUT
+    with _client(ns) as fc:
+        r = fc.validate(text)
+    print(f"plan '{r['plan_name']}' is valid on {ns.address}: {r['corruptions']} corruptions, "
+          f"{r['attacks']} attacks, {r['degradation_operators']} degradation operators")
+    return 0

@@ -259,3 +259,11 @@ def test_remote_commands_through_the_client(tmp_path, served):
     bad.write_text(PLAN.replace("severities: [1, 5]", "severities: [1, 9]"))
     r = fortis("run", str(bad), "--out", str(tmp_path / "x"), *remote, cwd=tmp_path)
     assert r.returncode == 2 and "corruptions[0].severities[1]" in r.stderr
+    # validate by the server: its catalogue, and its targets (a missing one is named)
+    r = fortis("validate", str(plan), *remote, cwd=tmp_path)
+    assert r.returncode == 0 and "is valid on" in r.stdout, r.stderr
+    bad.write_text(PLAN.replace("name: fmnist-cnn", "name: not-served"))
+    r = fortis("validate", str(bad), *remote, cwd=tmp_path)
+    assert r.returncode == 2 and "target.name" in r.stdout + r.stderr, r.stdout + r.stderr
+    r = fortis("attacks", "--json", "--kind", "score", *remote, cwd=tmp_path)
+    assert r.returncode == 0 and [a["id"] for a in json.loads(r.stdout)] == ["square"], r.stderr

@@ -77,6 +77,13 @@ class FortisClient:
             raise from_rpc_error(exc) from None
 
     # -- evaluations ------------------------------------------------------------------------
+    def validate(self, plan_text: str) -> dict[str, Any]:
+        """Check a plan on the server without running it (ValidatePlan): its name and test
+        counts; an invalid plan raises :class:`InvalidArgument` naming every bad field."""
+        resp = self._call(self._evaluations.ValidatePlan, ev_pb.ValidatePlanRequest(plan=plan_text))
+        return {"plan_name": resp.plan_name, "corruptions": resp.corruptions,
+                "attacks": resp.attacks, "degradation_operators": resp.degradation_operators}
+
     def submit(self, plan_text: str, evaluation_id: str = "") -> Evaluation:
         """Validate and start a plan (YAML or JSON). Submitting the same ``evaluation_id``
         again returns the existing evaluation (idempotent)."""
