@@ -13,12 +13,13 @@ from typing import Any
 
 import numpy as np
 from fortis.common.v1 import common_pb2
+from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.report.v1 import report_pb2 as rpb
 from fortis.scoring.v1 import scoring_pb2 as spb
 from fortis.services.common.codec import array_to_tensor
 from fortis.services.evaluation.answers import ClassAnswers, DetectionAnswers, SegmentationAnswers
 from fortis.services.evaluation.ports import ReportInput, ScoringSetup, Setting, Summary
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import timestamp_pb2
 
 __all__ = ["correctness_rule", "detection_criterion", "report_parts", "scoring_setup",
            "segmentation_criterion", "setting", "summary"]
@@ -148,6 +149,20 @@ def _ts(t: float) -> timestamp_pb2.Timestamp:
     return ts
 
 
+def named_value(name: str, value: Any) -> ppb.NamedValue:
+    """A validated plan parameter as a typed NamedValue (bool, int, float, text, numbers)."""
+    if isinstance(value, bool):
+        return ppb.NamedValue(name=name, flag=value)
+    if isinstance(value, int):
+        return ppb.NamedValue(name=name, integer=value)
+    if isinstance(value, float):
+        return ppb.NamedValue(name=name, number=value)
+    if isinstance(value, list | tuple) and all(isinstance(x, int | float) and not isinstance(x, bool)
+                                              for x in value):
+        return ppb.NamedValue(name=name, numbers=ppb.NumberList(values=[float(x) for x in value]))
+    return ppb.NamedValue(name=name, text=value if isinstance(value, str) else repr(value))
+
+
 def _level_rows(info: Any, levels: Sequence[int]) -> list[Any]:
     """The catalogue's level-table rows of the levels run (as the perturbation service
     described them)."""
@@ -194,7 +209,7 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
         msg.level_parameters.extend(_level_rows(test.catalogue_info, test.levels))
         if test.catalogue_info is not None and test.catalogue_info.HasField("characterisation"):
             msg.characterisation.CopyFrom(test.catalogue_info.characterisation)
-        json_format.ParseDict(dict(test.params), msg.params)
+        msg.params.extend(named_value(k, v) for k, v in test.params.items())
         if test.epsilon is not None:
             msg.epsilon = test.epsilon
         if test.query_budget is not None:

@@ -258,7 +258,7 @@ def _test(t: report_pb2.TestDefinition, n: int, ev: report_pb2.EvaluationInfo,
     if t.kind not in _TEST_KINDS:
         raise InvalidArgument(f"{path}.kind", f"must be a known TestKind; got {t.kind}")
     kind, attack_kind = _TEST_KINDS[t.kind]
-    params = message_dict(t.params) if t.HasField("params") else {}
+    params = {v.name: _named_value(v) for v in t.params}
     entry: dict[str, Any] = {
         "id": t.name, "kind": kind, "family": _text(t.family),
         "ieee_ref": ", ".join(t.refs) or prose.DEFAULT_REF[kind],

@@ -132,12 +132,13 @@ def _tests(attack_names: tuple[str, str]) -> list[report_pb2.TestDefinition]:
         name=attack_names[0], kind=report_pb2.TEST_KIND_TRANSFER_ATTACK, perturbation_id="fgsm",
         family="gradient", refs=["IEEE-A7"], surrogate="fmnist-surrogate", epsilon=0.03,
         norm="linf", images=M)
-    transfer.params.update({"epsilon": 0.03})
+    transfer.params.add(name="epsilon", number=0.03)
     query = report_pb2.TestDefinition(
         name=attack_names[1], kind=report_pb2.TEST_KIND_SCORE_ATTACK, perturbation_id="square",
         family="score-based", refs=["IEEE-A8"], epsilon=0.03, norm="linf", query_budget=500,
         images=4)
-    query.params.update({"epsilon": 0.03, "max_queries": 500})
+    query.params.add(name="epsilon", number=0.03)
+    query.params.add(name="max_queries", integer=500)
     return [*tests, transfer, query]
 
 

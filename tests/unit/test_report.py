@@ -111,6 +111,9 @@ def test_tests_entries_carry_ieee_p4_items() -> None:
     sq = tests[QUERY]
     assert sq["kind"] == "attack" and sq["attack_kind"] == "score" and sq["attack"] == "square"
     assert sq["query_budget"] == 500 and isinstance(sq["query_budget"], int)
+    # the plan's parameters keep their types (an int budget stays an int, no Struct doubles)
+    assert sq["parameters"] == {"epsilon": 0.03, "max_queries": 500}
+    assert isinstance(sq["parameters"]["max_queries"], int)
     assert sq["ieee_ref"] == "IEEE-A8" and sq["images_attacked"] == 4
     assert sq["image_source"].endswith("; the first 4 attacked (plan limit)")
     assert "attack success rate and queries (IEEE-M6)" in sq["metrics"]

@@ -47,14 +47,18 @@ def attack_tests(plan: Plan, n_images: int, catalogue: Catalogue) -> list[TestDe
 
 
 @dataclass
-class TransferAttackStage:
+class _AttackStage:
+    """What both attack stages share: the plan's attacks of one family, one work item per
+    chunk of the images each attack covers (its ``limit``)."""
+
     plan: Plan
     n_images: int
     catalogue: Catalogue
-    progress_stage: str = "transfer_attacks"
+    query: bool = False
 
     def _attacks(self) -> list[AttackTest]:
-        return [a for a in self.plan.attacks if not self.catalogue.attacks[a.id].is_query_attack]
+        return [a for a in self.plan.attacks
+                if self.catalogue.attacks[a.id].is_query_attack == self.query]
 
     def keys(self) -> list[WorkItemKey]:
         return [WorkItemKey(StageName.ATTACKS, at.name, chunk=c) for at in self._attacks()
@@ -64,7 +68,12 @@ class TransferAttackStage:
         return sum(_n(self.plan, at, self.n_images) for at in self._attacks())
 
     def tests(self) -> list[TestDefinition]:
-        return []      # listed with every attack, in plan order (attack_tests)
+        return []      # every attack is listed in plan order by attack_tests()
+
+
+@dataclass
+class TransferAttackStage(_AttackStage):
+    progress_stage: str = "transfer_attacks"
 
     def run(self, ctx: RunContext) -> list[Setting]:
         settings = []
@@ -100,24 +109,9 @@ class TransferAttackStage:
 
 
 @dataclass
-class QueryAttackStage:
-    plan: Plan
-    n_images: int
-    catalogue: Catalogue
+class QueryAttackStage(_AttackStage):
+    query: bool = True
     progress_stage: str = "query_attacks"
-
-    def _attacks(self) -> list[AttackTest]:
-        return [a for a in self.plan.attacks if self.catalogue.attacks[a.id].is_query_attack]
-
-    def keys(self) -> list[WorkItemKey]:
-        return [WorkItemKey(StageName.ATTACKS, at.name, chunk=c) for at in self._attacks()
-                for c, _ in enumerate(chunks(_n(self.plan, at, self.n_images), self.plan.batch_size))]
-
-    def images_total(self) -> int:
-        return sum(_n(self.plan, at, self.n_images) for at in self._attacks())
-
-    def tests(self) -> list[TestDefinition]:
-        return []
 
     def sessions(self, ctx: RunContext) -> list[str]:
         """The session of the attempt that finished each chunk (counted in the results)."""

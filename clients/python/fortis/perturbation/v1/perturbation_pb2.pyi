@@ -168,16 +168,20 @@ class NumberList(_message.Message):
     def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class NamedValue(_message.Message):
-    __slots__ = ("name", "number", "text", "numbers")
+    __slots__ = ("name", "number", "text", "numbers", "integer", "flag")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     NUMBERS_FIELD_NUMBER: _ClassVar[int]
+    INTEGER_FIELD_NUMBER: _ClassVar[int]
+    FLAG_FIELD_NUMBER: _ClassVar[int]
     name: str
     number: float
     text: str
     numbers: NumberList
-    def __init__(self, name: _Optional[str] = ..., number: _Optional[float] = ..., text: _Optional[str] = ..., numbers: _Optional[_Union[NumberList, _Mapping]] = ...) -> None: ...
+    integer: int
+    flag: bool
+    def __init__(self, name: _Optional[str] = ..., number: _Optional[float] = ..., text: _Optional[str] = ..., numbers: _Optional[_Union[NumberList, _Mapping]] = ..., integer: _Optional[int] = ..., flag: _Optional[bool] = ...) -> None: ...
 
 class LevelParameters(_message.Message):
     __slots__ = ("level", "values")

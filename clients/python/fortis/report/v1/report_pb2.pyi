@@ -4,7 +4,6 @@ from fortis.common.v1 import common_pb2 as _common_pb2
 from fortis.perturbation.v1 import perturbation_pb2 as _perturbation_pb2
 from fortis.scoring.v1 import scoring_pb2 as _scoring_pb2
 from google.api import field_behavior_pb2 as _field_behavior_pb2
-from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -121,14 +120,14 @@ class TestDefinition(_message.Message):
     refs: _containers.RepeatedScalarFieldContainer[str]
     levels: _containers.RepeatedScalarFieldContainer[int]
     level_parameters: _containers.RepeatedCompositeFieldContainer[_perturbation_pb2.LevelParameters]
-    params: _struct_pb2.Struct
+    params: _containers.RepeatedCompositeFieldContainer[_perturbation_pb2.NamedValue]
     characterisation: _perturbation_pb2.Characterisation
     surrogate: str
     epsilon: float
     norm: str
     query_budget: int
     images: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TestKind, str]] = ..., perturbation_id: _Optional[str] = ..., family: _Optional[str] = ..., refs: _Optional[_Iterable[str]] = ..., levels: _Optional[_Iterable[int]] = ..., level_parameters: _Optional[_Iterable[_Union[_perturbation_pb2.LevelParameters, _Mapping]]] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., characterisation: _Optional[_Union[_perturbation_pb2.Characterisation, _Mapping]] = ..., surrogate: _Optional[str] = ..., epsilon: _Optional[float] = ..., norm: _Optional[str] = ..., query_budget: _Optional[int] = ..., images: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TestKind, str]] = ..., perturbation_id: _Optional[str] = ..., family: _Optional[str] = ..., refs: _Optional[_Iterable[str]] = ..., levels: _Optional[_Iterable[int]] = ..., level_parameters: _Optional[_Iterable[_Union[_perturbation_pb2.LevelParameters, _Mapping]]] = ..., params: _Optional[_Iterable[_Union[_perturbation_pb2.NamedValue, _Mapping]]] = ..., characterisation: _Optional[_Union[_perturbation_pb2.Characterisation, _Mapping]] = ..., surrogate: _Optional[str] = ..., epsilon: _Optional[float] = ..., norm: _Optional[str] = ..., query_budget: _Optional[int] = ..., images: _Optional[int] = ...) -> None: ...
 
 class LedgerSummary(_message.Message):
     __slots__ = ("sessions", "total_queries", "aborted_attempt_sessions", "aborted_attempt_queries")
