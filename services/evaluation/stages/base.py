@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -105,6 +106,9 @@ class RunContext:
     progress: Progress
     cancelled: Callable[[], bool] = lambda: False
     chunk_ranges: list[tuple[int, int]] = field(default_factory=list)
+    #: Work items of a measuring stage in flight at once (see ``items``).
+    parallel: int = 2
+    _commit: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def ids(self) -> list[str]:
@@ -126,10 +130,30 @@ class RunContext:
         attempt = self.store.start_item(self.evaluation_id, name)
         result, queries = work(attempt)
         self.check_cancelled()
-        items_done, images_done, total_queries = self.progress.item_finished(images, queries)
-        self.store.finish_item(self.evaluation_id, name, pack(result), items_done=items_done,
-                               images_done=images_done, queries=total_queries, message=name)
+        blob = pack(result)
+        with self._commit:      # counts and their commit in one order, whatever the thread
+            items_done, images_done, total_queries = self.progress.item_finished(images, queries)
+            self.store.finish_item(self.evaluation_id, name, blob, items_done=items_done,
+                                   images_done=images_done, queries=total_queries, message=name)
         return result
+
+    def items(self, jobs: Sequence[tuple[WorkItemKey, int, Callable[[int], tuple[dict[str, Any], int]]]]
+              ) -> list[dict[str, Any]]:
+        """Run independent work items, ``parallel`` at a time, results in ``jobs`` order.
+
+        Items of the measuring stages only depend on their own images, so two in flight keep
+        both cores busy: one chunk is perturbed while another is with the target. The first
+        failure stops the rest (items already committed stay committed; a rerun resumes)."""
+        if self.parallel <= 1 or len(jobs) <= 1:
+            return [self.item(key, n, work) for key, n, work in jobs]
+        with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="item") as pool:
+            futures = [pool.submit(self.item, key, n, work) for key, n, work in jobs]
+            try:
+                return [f.result() for f in futures]
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
 
     def answers(self, session: str, origin: str,
                 part: Sequence[tuple[str, np.ndarray]]) -> Answers:

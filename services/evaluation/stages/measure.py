@@ -43,13 +43,11 @@ class CleanStage:
         session = SessionId.clean(ctx.evaluation_id).format()
         ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
                                description="clean images")
-        parts = []
-        for c, (a, b) in enumerate(ctx.chunk_ranges):
-            part = [(i, im) for i, im, _ in ctx.images[a:b]]
-            res = ctx.item(WorkItemKey(StageName.CLEAN, chunk=c), b - a,
-                           partial(self._item, ctx, session, part))
-            parts.append(res["answers"])
-        return [Setting(kind="clean", answers=concat(parts))]
+        results = ctx.items([
+            (WorkItemKey(StageName.CLEAN, chunk=c), b - a,
+             partial(self._item, ctx, session, [(i, im) for i, im, _ in ctx.images[a:b]]))
+            for c, (a, b) in enumerate(ctx.chunk_ranges)])
+        return [Setting(kind="clean", answers=concat([r["answers"] for r in results]))]
 
     @staticmethod
     def _item(ctx: RunContext, session: str, part: list[tuple[str, Any]],
@@ -94,15 +92,13 @@ class CorruptionStage:
         settings = []
         for ct in self.plan.corruptions:
             for sev in ct.severities:
-                parts = []
-                for c, (a, b) in enumerate(ctx.chunk_ranges):
-                    part = [(i, im) for i, im, _ in ctx.images[a:b]]
-                    res = ctx.item(WorkItemKey(StageName.CORRUPTIONS, ct.id, sev, c), b - a,
-                                   partial(self._item, ctx, session, part, ct.id, sev,
-                                           dict(ct.params)))
-                    parts.append(res["answers"])
+                results = ctx.items([
+                    (WorkItemKey(StageName.CORRUPTIONS, ct.id, sev, c), b - a,
+                     partial(self._item, ctx, session, [(i, im) for i, im, _ in ctx.images[a:b]],
+                             ct.id, sev, dict(ct.params)))
+                    for c, (a, b) in enumerate(ctx.chunk_ranges)])
                 settings.append(Setting(kind="corruption", name=ct.id, level=sev,
-                                        answers=concat(parts)))
+                                        answers=concat([r["answers"] for r in results])))
         return settings
 
     def _item(self, ctx: RunContext, session: str, part: list[tuple[str, Any]], cid: str,
@@ -156,13 +152,13 @@ class DegradationStage:
         settings = []
         for dt in self.plan.degradation:
             for lv in dt.levels:
-                parts, changed = [], []
-                for c, (a, b) in enumerate(ctx.chunk_ranges):
-                    res = ctx.item(WorkItemKey(StageName.DEGRADATION, dt.id, lv, c), b - a,
-                                   partial(self._item, ctx, session, list(ctx.images[a:b]),
-                                           dt.id, lv, dt.surrogate))
-                    parts.append(res["answers"])
-                    changed.append(np.asarray(res["changed"], dtype=np.float64))
+                results = ctx.items([
+                    (WorkItemKey(StageName.DEGRADATION, dt.id, lv, c), b - a,
+                     partial(self._item, ctx, session, list(ctx.images[a:b]), dt.id, lv,
+                             dt.surrogate))
+                    for c, (a, b) in enumerate(ctx.chunk_ranges)])
+                parts = [r["answers"] for r in results]
+                changed = [np.asarray(r["changed"], dtype=np.float64) for r in results]
                 settings.append(Setting(kind="degradation", name=dt.id, level=lv,
                                         answers=concat(parts),
                                         fraction_changed=round(float(np.mean(np.concatenate(changed))), 6)))
