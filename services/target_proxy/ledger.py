@@ -1,10 +1,22 @@
-"""The query ledger: every query (one image of one call) recorded in SQLite (WAL).
+"""The query ledger: every query (one image of one attempt) recorded in SQLite (WAL).
 
-Rows are committed before the proxy returns the answer, so counts read from the ledger
-(QNC, success within Q_m, rate) are facts, not an attack's own bookkeeping (DESIGN.md
-section 1). ``synchronous=FULL`` by default: a committed row survives a power cut.
-Concurrent writers are grouped into one transaction (group commit) so durability costs one
-fsync per group, not per call. Domain code: no gRPC.
+Write-ahead (issue 9, finding 5: "40 images sent, 0 ledger rows"): the proxy *reserves* a
+row per image, status ``IN_FLIGHT``, before the image is handed to the target, and
+*completes* it after (the ``google.rpc.Code`` name of the outcome, latency, output summary).
+A crash between the two leaves a visible in-flight row, never a silent gap; every retry
+attempt is its own set of rows (``attempts`` = the attempt number, 1 = first), so the ledger
+is what the target saw. Rows are committed before the proxy returns the answer, so counts
+read from the ledger (QNC, success within Q_m, rate) are facts, not an attack's own
+bookkeeping (DESIGN.md section 1). ``synchronous=FULL`` by default: a committed row survives
+a power cut. Concurrent writers (reservations and completions alike) are grouped into one
+transaction (group commit) so durability costs one fsync per group, not per call.
+
+Tenancy (issue 9, finding 4): sessions live in their tenant's namespace, keyed by
+(tenant, session_id); two tenants may each own a session "X" and see only their own rows.
+Every read the proxy makes names the tenant; ``tenant=None`` on a read is the operator's
+view over all tenants (``fortis ledger --state-dir``). Schema: ledger files are created
+fresh (tests, a new state dir); a ledger written before tenant-scoped keys is not migrated.
+Domain code: no gRPC.
 """
 
 from __future__ import annotations
@@ -12,21 +24,30 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+#: Status of a reserved row whose answer is not recorded yet (deliberately not a
+#: ``google.rpc.Code`` name: the gRPC ``LedgerEntry`` shows it as UNKNOWN, with ``error``
+#: saying "in flight").
+IN_FLIGHT = "IN_FLIGHT"
+IN_FLIGHT_NOTE = "in flight: sent to the target, no outcome recorded (yet)"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
-    session_id TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
+    session_id TEXT NOT NULL,
     target TEXT NOT NULL,
     query_budget INTEGER NOT NULL,
     per_image_budget INTEGER NOT NULL,
     description TEXT NOT NULL,
     created_at REAL NOT NULL,
-    calls_refused INTEGER NOT NULL DEFAULT 0
+    calls_refused INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, session_id)
 );
+CREATE INDEX IF NOT EXISTS sessions_id ON sessions(session_id);
 CREATE TABLE IF NOT EXISTS queries (
     entry_id INTEGER PRIMARY KEY AUTOINCREMENT,
     tenant TEXT NOT NULL,
@@ -43,8 +64,10 @@ CREATE TABLE IF NOT EXISTS queries (
     call_id TEXT NOT NULL,
     attempts INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS queries_session ON queries(session_id, image_id);
+CREATE INDEX IF NOT EXISTS queries_session ON queries(session_id, tenant, image_id);
 """
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +96,17 @@ class QueryRow:
     error: str
     sent_at: float
     call_id: str
-    attempts: int
+    attempts: int     # the attempt number of this row (1 = first; a retry is new rows)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """How a reserved row ends."""
+
+    status: str            # a google.rpc.Code name ("OK", "UNAVAILABLE", ...)
+    error: str = ""
+    output_summary: str = ""
+    latency_ms: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,10 +117,28 @@ class SessionStats:
     per_image: dict[str, tuple[int, int]]   # image_id -> (ok, failed)
     per_origin: dict[str, tuple[int, int]]
     latency_p50_ms: float
+    #: Every row: what the target received (retries included, in-flight rows included);
+    #: the quantity the hard budgets count.
+    attempts: int = 0
+    in_flight: int = 0
+    per_image_attempts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Op(Generic[_T]):
+    run: Callable[[sqlite3.Connection], _T]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+
+def _scope(tenant: str | None) -> tuple[str, tuple[str, ...]]:
+    """SQL condition and arguments for an optional tenant (None = every tenant)."""
+    return ("", ()) if tenant is None else (" AND tenant=?", (tenant,))
 
 
 class Ledger:
-    """SQLite ledger with group commit. Thread-safe."""
+    """SQLite ledger with write-ahead rows and group commit. Thread-safe."""
 
     def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
         self.path = str(path)
@@ -99,7 +150,7 @@ class Ledger:
         self._conn.execute("PRAGMA busy_timeout=10000")
         self._conn.executescript(SCHEMA)
         self._lock = threading.Lock()            # guards the connection
-        self._pending: list[tuple[list[QueryRow], threading.Event]] = []
+        self._pending: list[_Op[Any]] = []
         self._pending_lock = threading.Lock()
 
     def close(self) -> None:
@@ -110,89 +161,151 @@ class Ledger:
     def insert_session(self, s: SessionRecord) -> None:
         with self._lock:
             self._conn.execute(
-                "INSERT INTO sessions VALUES (?,?,?,?,?,?,?,?)",
-                (s.session_id, s.tenant, s.target, s.query_budget, s.per_image_budget,
+                "INSERT INTO sessions (tenant, session_id, target, query_budget,"
+                " per_image_budget, description, created_at, calls_refused)"
+                " VALUES (?,?,?,?,?,?,?,?)",
+                (s.tenant, s.session_id, s.target, s.query_budget, s.per_image_budget,
                  s.description, s.created_at, s.calls_refused))
 
-    def get_session(self, session_id: str) -> SessionRecord | None:
+    def get_session(self, session_id: str, tenant: str | None = None) -> SessionRecord | None:
+        """The tenant's session ``session_id`` (``tenant=None``: the operator's view, the
+        first tenant's session of that id)."""
+        cond, args = _scope(tenant)
         with self._lock:
             row = self._conn.execute(
                 "SELECT session_id, tenant, target, query_budget, per_image_budget, description,"
-                " created_at, calls_refused FROM sessions WHERE session_id=?",
-                (session_id,)).fetchone()
+                " created_at, calls_refused FROM sessions WHERE session_id=?" + cond
+                + " ORDER BY tenant LIMIT 1", (session_id, *args)).fetchone()
         if row is None:
             return None
         return SessionRecord(session_id=row[0], tenant=row[1], target=row[2], query_budget=row[3],
                              per_image_budget=row[4], description=row[5], created_at=row[6],
                              calls_refused=row[7])
 
-    def sessions_with_prefix(self, prefix: str) -> list[str]:
+    def sessions_with_prefix(self, prefix: str, tenant: str | None = None) -> list[str]:
         esc = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        with self._lock:
-            rows = self._conn.execute("SELECT session_id FROM sessions WHERE session_id LIKE ?"
-                                      " ESCAPE '\\' ORDER BY session_id", (esc + "%",)).fetchall()
-        return [r[0] for r in rows]
-
-    def add_refused(self, session_id: str, n: int = 1) -> None:
-        with self._lock:
-            self._conn.execute(
-                "UPDATE sessions SET calls_refused = calls_refused + ? WHERE session_id=?",
-                (n, session_id))
-
-    def ok_counts(self, session_id: str) -> dict[str, int]:
-        """Answered queries per image id (to rebuild budgets after a restart)."""
+        cond, args = _scope(tenant)
         with self._lock:
             rows = self._conn.execute(
-                "SELECT image_id, COUNT(*) FROM queries WHERE session_id=? AND status='OK'"
-                " GROUP BY image_id", (session_id,)).fetchall()
+                "SELECT DISTINCT session_id FROM sessions WHERE session_id LIKE ? ESCAPE '\\'"
+                + cond + " ORDER BY session_id", (esc + "%", *args)).fetchall()
+        return [r[0] for r in rows]
+
+    def add_refused(self, session_id: str, n: int = 1, *, tenant: str) -> None:
+        with self._lock:
+            self._conn.execute(
+                "UPDATE sessions SET calls_refused = calls_refused + ? WHERE session_id=?"
+                " AND tenant=?", (n, session_id, tenant))
+
+    def ok_counts(self, session_id: str, tenant: str | None = None) -> dict[str, int]:
+        """Answered queries per image id (IEEE-M6 counts answered queries)."""
+        cond, args = _scope(tenant)
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT image_id, COUNT(*) FROM queries WHERE session_id=?" + cond
+                + " AND status='OK' GROUP BY image_id", (session_id, *args)).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
+    def attempt_counts(self, session_id: str, tenant: str | None = None) -> dict[str, int]:
+        """Rows per image id, whatever their status: what the target received (retries and
+        in-flight rows included), to rebuild the hard budgets after a restart."""
+        cond, args = _scope(tenant)
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT image_id, COUNT(*) FROM queries WHERE session_id=?" + cond
+                + " GROUP BY image_id", (session_id, *args)).fetchall()
         return {r[0]: int(r[1]) for r in rows}
 
     # -- queries ----------------------------------------------------------------------------
-    def record(self, rows: Sequence[QueryRow]) -> None:
-        """Commit ``rows`` durably; returns once they are on disk.
-
-        Callers arriving while a commit is in flight are grouped into the next transaction.
-        """
-        done = threading.Event()
+    def _group(self, run: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``run`` in a durable transaction shared with the writers waiting meanwhile
+        (group commit); returns once it is on disk. A failed group fails each of its
+        writers (none waits forever)."""
+        op: _Op[_T] = _Op(run)
         with self._pending_lock:
-            self._pending.append((list(rows), done))
+            self._pending.append(op)
         with self._lock:
-            if not done.is_set():
+            if not op.done.is_set():
                 with self._pending_lock:
                     batch, self._pending = self._pending, []
-                values: list[tuple[object, ...]] = []
-                for group, _ in batch:
-                    values += [(r.tenant, r.session_id, r.target, r.origin, r.image_id,
-                                r.input_sha256, r.output_summary, r.latency_ms, r.status, r.error,
-                                r.sent_at, r.call_id, r.attempts) for r in group]
-                self._conn.execute("BEGIN IMMEDIATE")
                 try:
-                    self._conn.executemany(
-                        "INSERT INTO queries (tenant, session_id, target, origin, image_id,"
-                        " input_sha256, output_summary, latency_ms, status, error, sent_at,"
-                        " call_id, attempts) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", values)
-                    self._conn.execute("COMMIT")
-                except BaseException:
-                    self._conn.execute("ROLLBACK")
-                    raise
-                for _, ev in batch:
-                    ev.set()
-        done.wait()
+                    self._conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        results = [o.run(self._conn) for o in batch]
+                        self._conn.execute("COMMIT")
+                    except BaseException:
+                        self._conn.execute("ROLLBACK")
+                        raise
+                except BaseException as exc:  # noqa: BLE001 - handed to every writer
+                    for o in batch:
+                        o.error = exc
+                        o.done.set()
+                else:
+                    for o, r in zip(batch, results, strict=True):
+                        o.result = r
+                        o.done.set()
+        op.done.wait()
+        if op.error is not None:
+            raise op.error
+        return op.result  # type: ignore[no-any-return]
 
-    def stats(self, session_id: str) -> SessionStats:
+    def reserve(self, rows: Sequence[QueryRow]) -> list[int]:
+        """Commit ``rows`` (normally status ``IN_FLIGHT``) before their images are sent;
+        returns their entry ids, for :meth:`complete`."""
+        values = [(r.tenant, r.session_id, r.target, r.origin, r.image_id, r.input_sha256,
+                   r.output_summary, r.latency_ms, r.status, r.error, r.sent_at, r.call_id,
+                   r.attempts) for r in rows]
+
+        def run(conn: sqlite3.Connection) -> list[int]:
+            ids = []
+            for v in values:
+                cur = conn.execute(
+                    "INSERT INTO queries (tenant, session_id, target, origin, image_id,"
+                    " input_sha256, output_summary, latency_ms, status, error, sent_at,"
+                    " call_id, attempts) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", v)
+                ids.append(int(cur.lastrowid or 0))
+            return ids
+
+        return self._group(run)
+
+    def complete(self, done: Sequence[tuple[int, Outcome]]) -> None:
+        """Record the outcome of reserved rows (durably, before the answer is returned)."""
+        values = [(o.status, o.error, o.output_summary, o.latency_ms, entry_id)
+                  for entry_id, o in done]
+
+        def run(conn: sqlite3.Connection) -> None:
+            conn.executemany("UPDATE queries SET status=?, error=?, output_summary=?,"
+                             " latency_ms=? WHERE entry_id=?", values)
+
+        self._group(run)
+
+    def record(self, rows: Sequence[QueryRow]) -> None:
+        """Commit finished ``rows`` at once (reservation and outcome in one)."""
+        self.reserve(rows)
+
+    def stats(self, session_id: str, tenant: str | None = None) -> SessionStats:
+        cond, args = _scope(tenant)
         with self._lock:
             rows = self._conn.execute(
                 "SELECT image_id, origin, status, COUNT(*) FROM queries WHERE session_id=?"
-                " GROUP BY image_id, origin, status", (session_id,)).fetchall()
+                + cond + " GROUP BY image_id, origin, status", (session_id, *args)).fetchall()
             lat = [r[0] for r in self._conn.execute(
-                "SELECT latency_ms FROM queries WHERE session_id=? AND status='OK'"
-                " GROUP BY call_id", (session_id,)).fetchall()]
+                "SELECT latency_ms FROM queries WHERE session_id=?" + cond
+                + " AND status='OK' GROUP BY call_id, attempts", (session_id, *args)).fetchall()]
             refused = self._conn.execute(
-                "SELECT calls_refused FROM sessions WHERE session_id=?", (session_id,)).fetchone()
+                "SELECT SUM(calls_refused) FROM sessions WHERE session_id=?" + cond,
+                (session_id, *args)).fetchone()
         per_image: dict[str, list[int]] = {}
         per_origin: dict[str, list[int]] = {}
-        ok = failed = 0
+        per_image_attempts: dict[str, int] = {}
+        ok = failed = in_flight = 0
         for image_id, origin, status, n in rows:
+            per_image_attempts[image_id] = per_image_attempts.get(image_id, 0) + n
+            if status == IN_FLIGHT:
+                in_flight += n
+                per_image.setdefault(image_id, [0, 0])
+                per_origin.setdefault(origin, [0, 0])
+                continue
             idx = 0 if status == "OK" else 1
             per_image.setdefault(image_id, [0, 0])[idx] += n
             per_origin.setdefault(origin, [0, 0])[idx] += n
@@ -203,20 +316,26 @@ class Ledger:
         lat.sort()
         p50 = float(lat[len(lat) // 2]) if lat else 0.0
         return SessionStats(
-            queries_ok=ok, queries_failed=failed, calls_refused=int(refused[0]) if refused else 0,
+            queries_ok=ok, queries_failed=failed,
+            calls_refused=int(refused[0] or 0) if refused else 0,
             per_image={k: (v[0], v[1]) for k, v in per_image.items()},
-            per_origin={k: (v[0], v[1]) for k, v in per_origin.items()}, latency_p50_ms=p50)
+            per_origin={k: (v[0], v[1]) for k, v in per_origin.items()}, latency_p50_ms=p50,
+            attempts=ok + failed + in_flight, in_flight=in_flight,
+            per_image_attempts=per_image_attempts)
 
-    def entries(self, session_id: str, *, after_id: int = 0, limit: int = 1000) -> list[tuple]:
+    def entries(self, session_id: str, *, tenant: str | None = None, after_id: int = 0,
+                limit: int = 1000) -> list[tuple[Any, ...]]:
+        cond, args = _scope(tenant)
         with self._lock:
             return self._conn.execute(
                 "SELECT entry_id, tenant, session_id, target, origin, image_id, input_sha256,"
                 " output_summary, latency_ms, status, error, sent_at, call_id, attempts"
-                " FROM queries WHERE session_id=? AND entry_id>? ORDER BY entry_id LIMIT ?",
-                (session_id, after_id, limit)).fetchall()
+                " FROM queries WHERE session_id=?" + cond + " AND entry_id>? ORDER BY entry_id"
+                " LIMIT ?", (session_id, *args, after_id, limit)).fetchall()
 
     def send_times(self, target: str | None = None) -> list[float]:
-        """Send time of every answered query (to check the rate limit from the ledger)."""
+        """Send time of every query the target received (to check the rate limit from the
+        ledger; retries are sends too)."""
         with self._lock:
             if target:
                 rows = self._conn.execute(

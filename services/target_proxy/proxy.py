@@ -2,15 +2,27 @@
 
 Every query to a target passes here. Queries are counted per image; a session's budget
 (total and per image id, the Q_m of IEEE-M6) is checked before anything is sent, and a call
-that would exceed it is refused whole (``BudgetExhausted``) with nothing sent. Every image
-of every call is recorded in the ledger before the answer is returned. When the target is
-unavailable the call is retried with exponential backoff; a call that still fails is
-recorded as failed for each of its images. Domain code: the target is reached through the
+that would exceed it is refused whole (``BudgetExhausted``) with nothing sent.
+
+The ledger is what the target saw (issue 9, finding 5): before images are handed to the
+back end their rows are *reserved* (status ``IN_FLIGHT``) and committed; after, they are
+*completed* with the outcome. When the target is unavailable the call is retried with
+exponential backoff; each retry is sent again, so it is its own set of rows (attempt
+number), passes the rate limiter again, and counts against the session's hard budgets
+(``query_budget`` and per-image Q_m count every attempt the target received; a retry the
+budget cannot pay is not sent). Answered queries (``queries_used``, the ledger's OK rows) are
+what IEEE-M6 counts. A back end answering the wrong number of predictions, or failing in an
+unexpected way, completes its rows as failed (INTERNAL, bounded message), never missing.
+
+Sessions live in their tenant's namespace (issue 9, finding 4): keys are (tenant, id), and
+another tenant's id behaves exactly like a free one. Session ids are restricted to a safe
+charset (``check_session_id``). Domain code: the target is reached through the
 ``TargetBackend`` protocol, implemented over gRPC in ``backends.py``.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -22,11 +34,38 @@ from fortis.common.v1 import common_pb2
 from fortis.services.common import errors
 from fortis.services.common.codec import image_sha256, summarize
 from fortis.services.common.errors import code_for
-from fortis.services.target_proxy.ledger import Ledger, QueryRow, SessionRecord, wall_clock_of
+from fortis.services.target_proxy.ledger import (
+    IN_FLIGHT,
+    IN_FLIGHT_NOTE,
+    Ledger,
+    Outcome,
+    QueryRow,
+    SessionRecord,
+    wall_clock_of,
+)
 from fortis.services.target_proxy.metrics import ProxyMetrics
 from fortis.services.target_proxy.ratelimit import RateLimiter
 from fortis.target.v1 import target_pb2
 from google.rpc import code_pb2
+
+#: Session ids: letters, digits, '-', '_', '.', '/'; not starting with '.'; at most 200;
+#: no empty, '.' or '..' segment (evaluation sessions are "<evaluation id>/<stage>/...").
+SESSION_ID_MAX = 200
+_SESSION_ID = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)*")
+#: Longest error text kept in a ledger row.
+ERROR_MAX = 500
+
+
+def check_session_id(session_id: str) -> None:
+    """InvalidArgument (field ``session_id``, never echoing the id) unless ``session_id`` is
+    a safe id."""
+    if not session_id:
+        raise errors.InvalidArgument("session_id", "session_id is required")
+    if (len(session_id) > SESSION_ID_MAX or not _SESSION_ID.fullmatch(session_id)
+            or any(seg in (".", "..") for seg in session_id.split("/"))):
+        raise errors.InvalidArgument(
+            "session_id", f"use at most {SESSION_ID_MAX} letters, digits, '-', '_', '.' or '/',"
+            " not starting with '.', without empty, '.' or '..' segments")
 
 
 class TargetBackend(Protocol):
@@ -61,10 +100,41 @@ class TargetEntry:
 
 @dataclass
 class _Budget:
+    """A session's counts: ``used_*`` every attempt the target received (the hard budgets),
+    ``answered`` the queries it answered (IEEE-M6)."""
+
     record: SessionRecord
     used_total: int
     used_per_image: dict[str, int]
+    answered: int
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def violations(self, images: Sequence[common_pb2.Image]) -> list[errors.QuotaViolation]:
+        rec, n = self.record, len(images)
+        out = []
+        if rec.query_budget and self.used_total + n > rec.query_budget:
+            out.append(errors.QuotaViolation(
+                f"sessions/{rec.session_id}",
+                f"{self.used_total} of {rec.query_budget} queries used; {n} more requested"))
+        if rec.per_image_budget:
+            counts: dict[str, int] = {}
+            for img in images:
+                counts[img.image_id] = counts.get(img.image_id, 0) + 1
+            for image_id, k in counts.items():
+                used = self.used_per_image.get(image_id, 0)
+                if used + k > rec.per_image_budget:
+                    out.append(errors.QuotaViolation(
+                        f"sessions/{rec.session_id}/images/{image_id[:200]}",
+                        f"{used} of {rec.per_image_budget} queries used; {k} more requested"))
+                    if len(out) >= 20:
+                        break
+        return out
+
+    def charge(self, images: Sequence[common_pb2.Image], sign: int = 1) -> None:
+        """Count (or, ``sign=-1``, release) ``images``; the caller holds ``lock``."""
+        self.used_total += sign * len(images)
+        for img in images:
+            self.used_per_image[img.image_id] = self.used_per_image.get(img.image_id, 0) + sign
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +155,7 @@ class TargetProxy:
         self.targets = {t.name: t for t in targets}
         self.retry = retry
         self._sleep = sleep
-        self._budgets: dict[str, _Budget] = {}
+        self._budgets: dict[tuple[str, str], _Budget] = {}
         self._lock = threading.Lock()
 
     # -- targets ----------------------------------------------------------------------------
@@ -94,7 +164,7 @@ class TargetProxy:
             raise errors.InvalidArgument("target", "target name is required")
         entry = self.targets.get(name)
         if entry is None:
-            raise errors.NotFound("target", name)
+            raise errors.NotFound("target", name[:200])
         return entry
 
     def target_info(self, name: str) -> target_pb2.TargetInfo:
@@ -104,19 +174,22 @@ class TargetProxy:
     def create_session(self, *, tenant: str, target: str, session_id: str = "",
                        query_budget: int = 0, per_image_budget: int = 0,
                        description: str = "") -> SessionRecord:
+        """Create (or, same settings, return) the tenant's session ``session_id``. Another
+        tenant's session of that id is invisible: it neither conflicts nor is returned."""
         self.target(target)
         if query_budget < 0:
             raise errors.InvalidArgument("query_budget", "must be >= 0 (0 = unlimited)")
         if per_image_budget < 0:
             raise errors.InvalidArgument("per_image_budget", "must be >= 0 (0 = unlimited)")
-        if session_id and (len(session_id) > 200 or not session_id.isprintable()):
-            raise errors.InvalidArgument("session_id", "at most 200 printable characters")
+        if session_id:
+            check_session_id(session_id)
+        if len(description) > 1000:
+            raise errors.InvalidArgument("description", "at most 1000 characters")
         sid = session_id or f"ses-{uuid.uuid4().hex[:16]}"
         with self._lock:
-            existing = self.ledger.get_session(sid)
+            existing = self.ledger.get_session(sid, tenant)
             if existing is not None:
-                same = (existing.tenant == tenant and existing.target == target
-                        and existing.query_budget == query_budget
+                same = (existing.target == target and existing.query_budget == query_budget
                         and existing.per_image_budget == per_image_budget)
                 if not same:
                     raise errors.AlreadyExists(f"session '{sid}' exists with other settings")
@@ -128,27 +201,31 @@ class TargetProxy:
             return rec
 
     def session(self, tenant: str, session_id: str) -> SessionRecord:
-        if not session_id:
-            raise errors.InvalidArgument("session_id", "session_id is required")
-        rec = self.ledger.get_session(session_id)
-        if rec is None or rec.tenant != tenant:
+        check_session_id(session_id)
+        rec = self.ledger.get_session(session_id, tenant)
+        if rec is None:
             raise errors.NotFound("session", session_id)
         return rec
 
     def _budget(self, tenant: str, session_id: str) -> _Budget:
         with self._lock:
-            b = self._budgets.get(session_id)
+            b = self._budgets.get((tenant, session_id))
             if b is None:
                 rec = self.session(tenant, session_id)
-                per_image = self.ledger.ok_counts(session_id)
+                per_image = self.ledger.attempt_counts(session_id, tenant)
+                answered = sum(self.ledger.ok_counts(session_id, tenant).values())
                 b = _Budget(record=rec, used_total=sum(per_image.values()),
-                            used_per_image=per_image)
-                self._budgets[session_id] = b
-            elif b.record.tenant != tenant:
-                raise errors.NotFound("session", session_id)
+                            used_per_image=per_image, answered=answered)
+                self._budgets[(tenant, session_id)] = b
             return b
 
     def queries_used(self, tenant: str, session_id: str) -> int:
+        """Queries the target answered in this session (IEEE-M6 counts these)."""
+        return self._budget(tenant, session_id).answered
+
+    def queries_attempted(self, tenant: str, session_id: str) -> int:
+        """Queries the target received in this session, retries included (the hard budgets
+        count these)."""
         return self._budget(tenant, session_id).used_total
 
     # -- predict ----------------------------------------------------------------------------
@@ -167,86 +244,111 @@ class TargetProxy:
         n = len(images)
         # Reserve the queries atomically, or refuse the whole call.
         with budget.lock:
-            violations = []
-            if rec.query_budget and budget.used_total + n > rec.query_budget:
-                violations.append(errors.QuotaViolation(
-                    f"sessions/{session_id}",
-                    f"{budget.used_total} of {rec.query_budget} queries used; {n} more requested"))
-            if rec.per_image_budget:
-                counts: dict[str, int] = {}
-                for img in images:
-                    counts[img.image_id] = counts.get(img.image_id, 0) + 1
-                for image_id, k in counts.items():
-                    used = budget.used_per_image.get(image_id, 0)
-                    if used + k > rec.per_image_budget:
-                        violations.append(errors.QuotaViolation(
-                            f"sessions/{session_id}/images/{image_id}",
-                            f"{used} of {rec.per_image_budget} queries used; {k} more requested"))
+            violations = budget.violations(images)
             if violations:
-                self.ledger.add_refused(session_id)
+                self.ledger.add_refused(session_id, tenant=tenant)
                 if self.metrics is not None:
                     self.metrics.refused_call(rec.target)
                 raise errors.BudgetExhausted(violations)
-            budget.used_total += n
-            for img in images:
-                budget.used_per_image[img.image_id] = budget.used_per_image.get(img.image_id, 0) + 1
+            budget.charge(images)
         predictions: list[common_pb2.Prediction] = []
         chunk = max(1, min(entry.max_batch, entry.limiter.max_chunk()))
         sent = 0
+
+        def sent_up_to(k: int) -> Callable[[], None]:
+            def mark() -> None:
+                nonlocal sent
+                sent = k
+            return mark
+
         try:
             for start in range(0, n, chunk):
                 part = images[start:start + chunk]
-                predictions += self._send(entry, rec, origin, part)
-                sent = start + len(part)
+                predictions += self._send(entry, budget, origin, part,
+                                          sent_up_to(start + len(part)))
         finally:
-            if sent < n or len(predictions) < n:
-                # Release what was reserved but not answered.
-                failed = images[len(predictions):]
+            if sent < n:
+                # Release what was reserved but never sent to the target.
                 with budget.lock:
-                    budget.used_total -= len(failed)
-                    for img in failed:
-                        budget.used_per_image[img.image_id] -= 1
+                    budget.charge(images[sent:], -1)
         left = -1
         if rec.query_budget:
-            left = rec.query_budget - budget.used_total
+            left = max(0, rec.query_budget - budget.used_total)
         return PredictResult(predictions=predictions, queries_left=left)
 
-    def _send(self, entry: TargetEntry, rec: SessionRecord, origin: str,
-              images: Sequence[common_pb2.Image]) -> list[common_pb2.Prediction]:
-        granted = entry.limiter.acquire(len(images))
-        sent_at = wall_clock_of(granted)
+    def _send(self, entry: TargetEntry, budget: _Budget, origin: str,
+              images: Sequence[common_pb2.Image],
+              on_sent: Callable[[], None]) -> list[common_pb2.Prediction]:
+        """Send one chunk (its first attempt already charged), retrying on UNAVAILABLE while
+        the policy and the session's budget allow; every attempt is write-ahead rows."""
+        rec = budget.record
+        n = len(images)
         call_id = uuid.uuid4().hex[:16]
         hashes = [image_sha256(img) for img in images]
-        t0 = time.perf_counter()
-        status, error, preds, attempts = "OK", "", None, 0
+        delay = self.retry.initial_backoff_s
+        attempt = 0
+        while True:
+            attempt += 1
+            granted = entry.limiter.acquire(n)
+            rows = [QueryRow(tenant=rec.tenant, session_id=rec.session_id, target=rec.target,
+                             origin=origin, image_id=img.image_id, input_sha256=h,
+                             output_summary="", latency_ms=0.0, status=IN_FLIGHT,
+                             error=IN_FLIGHT_NOTE, sent_at=wall_clock_of(granted),
+                             call_id=call_id, attempts=attempt)
+                    for img, h in zip(images, hashes, strict=True)]
+            entry_ids = self.ledger.reserve(rows)
+            if attempt == 1:
+                on_sent()
+            t0 = time.perf_counter()
+            preds, failure = self._attempt(entry, images)
+            latency = (time.perf_counter() - t0) * 1000.0
+            status = "OK" if failure is None else code_pb2.Code.Name(code_for(failure))
+            error = "" if failure is None else _bounded(failure)
+            self.ledger.complete([
+                (eid, Outcome(status=status, error=error, latency_ms=latency,
+                              output_summary=summarize(preds[i]) if failure is None else ""))
+                for i, eid in enumerate(entry_ids)])
+            if self.metrics is not None:
+                self.metrics.call(rec.target, status, n, latency / 1000.0, 2 if attempt > 1 else 1)
+            if failure is None:
+                with budget.lock:
+                    budget.answered += n
+                for img, p in zip(images, preds, strict=True):
+                    p.image_id = img.image_id
+                return preds
+            if not isinstance(failure, errors.Unavailable) or attempt >= self.retry.max_attempts:
+                raise failure
+            # A retry is sent again: it must fit the hard budgets, or it is not sent.
+            with budget.lock:
+                if budget.violations(images):
+                    raise failure
+                budget.charge(images)
+            # A target that says when to come back (HTTP 429/503 Retry-After) is honoured,
+            # up to the policy's cap.
+            hint = getattr(failure, "retry_after_s", None)
+            wait = delay if not hint else min(max(delay, float(hint)), self.retry.max_retry_after_s)
+            self._sleep(wait)
+            delay = min(delay * self.retry.multiplier, self.retry.max_backoff_s)
+
+    @staticmethod
+    def _attempt(entry: TargetEntry, images: Sequence[common_pb2.Image]
+                 ) -> tuple[list[common_pb2.Prediction], errors.FortisError | None]:
+        """One call to the back end: its predictions, or the failure to record. Anything
+        the back end raises, or a wrong number of predictions, is a failure (INTERNAL for
+        the unexpected), so the reserved rows are always completed."""
         try:
-            preds, attempts = self._with_retries(lambda: entry.backend.predict(images), entry)
-            if len(preds) != len(images):
-                raise errors.FortisError(
-                    f"target answered {len(preds)} predictions for {len(images)} images")
+            preds = list(entry.backend.predict(images))
         except errors.FortisError as exc:
-            status = code_pb2.Code.Name(code_for(exc))   # the one error mapping
-            error = str(exc)
-            attempts = getattr(exc, "attempts", attempts) or 1
-            failure: errors.FortisError = exc
-        latency = (time.perf_counter() - t0) * 1000.0
-        rows = [QueryRow(tenant=rec.tenant, session_id=rec.session_id, target=rec.target,
-                         origin=origin, image_id=img.image_id, input_sha256=h,
-                         output_summary=summarize(preds[i]) if preds else "",
-                         latency_ms=latency, status=status, error=error, sent_at=sent_at,
-                         call_id=call_id, attempts=attempts)
-                for i, (img, h) in enumerate(zip(images, hashes, strict=True))]
-        self.ledger.record(rows)
-        if self.metrics is not None:
-            self.metrics.call(rec.target, status, len(images), latency / 1000.0, attempts)
-        if status != "OK":
-            raise failure
-        assert preds is not None
-        for img, p in zip(images, preds, strict=True):
-            p.image_id = img.image_id
-        return preds
+            return [], exc
+        except Exception as exc:  # noqa: BLE001 - recorded, then INTERNAL to the caller
+            return [], errors.Internal(f"target back end failed ({type(exc).__name__})")
+        if len(preds) != len(images):
+            return [], errors.Internal(
+                f"target answered {len(preds)} predictions for {len(images)} images")
+        return preds, None
 
     def _with_retries(self, fn, entry: TargetEntry | None = None):  # type: ignore[no-untyped-def]
+        """``fn()`` retried on UNAVAILABLE (target descriptions; queries retry in ``_send``)."""
         delay = self.retry.initial_backoff_s
         for attempt in range(1, self.retry.max_attempts + 1):
             try:
@@ -256,10 +358,13 @@ class TargetProxy:
                 if attempt == self.retry.max_attempts:
                     exc.attempts = attempt  # type: ignore[attr-defined]
                     raise
-                # A target that says when to come back (HTTP 429/503 Retry-After) is honoured,
-                # up to the policy's cap.
                 hint = getattr(exc, "retry_after_s", None)
                 wait = delay if not hint else min(max(delay, float(hint)), self.retry.max_retry_after_s)
                 self._sleep(wait)
                 delay = min(delay * self.retry.multiplier, self.retry.max_backoff_s)
         raise AssertionError("unreachable")
+
+
+def _bounded(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= ERROR_MAX else text[:ERROR_MAX - 1] + "\u2026"

@@ -1,4 +1,8 @@
-"""gRPC transport of the target-proxy service: decode, call ``TargetProxy``, encode."""
+"""gRPC transport of the target-proxy service: decode, call ``TargetProxy``, encode.
+
+Every ledger read names the caller's tenant (issue 9, finding 4): sessions, stats and
+entries of another tenant are never seen, whatever the id.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +23,9 @@ SERVICE_NAME = proxy_pb2.DESCRIPTOR.services_by_name["TargetProxyService"].full_
 
 
 def _code(name: str) -> int:
-    """A ledger row's status name as the google.rpc.Code enum (UNKNOWN for names written by
-    older versions that are not code names)."""
+    """A ledger row's status name as the google.rpc.Code enum: UNKNOWN for a row still
+    ``IN_FLIGHT`` (reserved, no outcome recorded; its ``error`` says so) and for names that
+    are not code names."""
     try:
         return int(code_pb2.Code.Value(name))
     except ValueError:
@@ -88,7 +93,7 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
 
     def GetSessionStats(self, request: Any, context: Any) -> proxy_pb2.GetSessionStatsResponse:
         rec = self.proxy.session(current_tenant.get(), request.session_id)
-        st = self.proxy.ledger.stats(rec.session_id)
+        st = self.proxy.ledger.stats(rec.session_id, rec.tenant)
         return proxy_pb2.GetSessionStatsResponse(
             session=self._session_msg(rec), queries_ok=st.queries_ok,
             queries_failed=st.queries_failed, calls_refused=st.calls_refused,
@@ -105,7 +110,8 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         after = 0
         if request.page_token:
             after = decode_token(request.page_token, "ledger", {"s": str, "e": int})["e"]
-        rows = self.proxy.ledger.entries(rec.session_id, after_id=after, limit=size + 1)
+        rows = self.proxy.ledger.entries(rec.session_id, tenant=rec.tenant, after_id=after,
+                                         limit=size + 1)
         more = len(rows) > size
         rows = rows[:size]
         return proxy_pb2.ListLedgerEntriesResponse(

@@ -172,21 +172,37 @@ def test_retries_with_backoff_then_success(tmp_path, fmnist_target, fmnist_test_
     s = proxy.create_session(tenant="a", target="t")
     proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a"]))
     assert sleeps == [0.01, 0.02]                       # exponential backoff
-    row = ledger.entries(s.session_id)[0]
-    assert row[9] == "OK" and row[13] == 3              # 3 attempts recorded
+    rows = ledger.entries(s.session_id)
+    # write-ahead: every attempt the target received is its own row (issue 9, finding 5)
+    assert [(r[9], r[13]) for r in rows] == [("UNAVAILABLE", 1), ("UNAVAILABLE", 2), ("OK", 3)]
+    assert len({r[12] for r in rows}) == 1               # one call id
+    assert proxy.queries_used("a", s.session_id) == 1    # answered (IEEE-M6)
+    assert proxy.queries_attempted("a", s.session_id) == 3
 
 
-def test_failed_calls_recorded_as_failed_and_not_charged(tmp_path, fmnist_target, fmnist_test_images):
+def test_failed_attempts_recorded_and_charged(tmp_path, fmnist_target, fmnist_test_images):
+    """Every attempt the target received counts against the hard budget; a retry the budget
+    cannot pay is not sent (issue 9, finding 5)."""
     images, _ = fmnist_test_images
-    proxy, ledger = _proxy(tmp_path, fmnist_target, backend=FlakyTarget(fmnist_target, failures=99),
-                           sleep=lambda s: None)
+    flaky = FlakyTarget(fmnist_target, failures=99)
+    proxy, ledger = _proxy(tmp_path, fmnist_target, backend=flaky, sleep=lambda s: None)
     s = proxy.create_session(tenant="a", target="t", query_budget=2)
     with pytest.raises(errors.Unavailable):
         proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a", "b"]))
+    assert flaky.calls == 1                              # no budget left for a retry
     st = ledger.stats(s.session_id)
-    assert st.queries_failed == 2 and st.queries_ok == 0
+    assert st.queries_failed == 2 and st.queries_ok == 0 and st.attempts == 2
     assert {r[9] for r in ledger.entries(s.session_id)} == {"UNAVAILABLE"}
-    assert proxy.queries_used("a", s.session_id) == 0   # failed queries do not use the budget
+    assert proxy.queries_used("a", s.session_id) == 0    # nothing answered
+    assert proxy.queries_attempted("a", s.session_id) == 2
+    with pytest.raises(errors.BudgetExhausted):
+        proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["c"]))
+    # unlimited session: all three attempts are sent and recorded
+    u = proxy.create_session(tenant="a", target="t", per_image_budget=5)
+    with pytest.raises(errors.Unavailable):
+        proxy.predict(tenant="a", session_id=u.session_id, origin="x", images=_imgs(images, ["a"]))
+    assert [r[13] for r in ledger.entries(u.session_id)] == [1, 2, 3]
+    assert ledger.stats(u.session_id).per_image_attempts == {"a": 3}
 
 
 def test_sessions_are_per_tenant_and_idempotent(tmp_path, fmnist_target):

@@ -1,0 +1,158 @@
+"""The ledger is what the target saw (issue 9, finding 5) and sessions are per tenant
+(finding 4), at the proxy's domain level: no gRPC.
+
+Findings reproduced: "A target answering one prediction too few: 40 images sent, 0 ledger
+rows, INTERNAL to the client"; "a crash leaves ... never a silent gap"; "Ids are global".
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from fortis.adapters.torch_target import ClassifierTarget
+from fortis.services.common import errors
+from fortis.services.common.codec import image_msg
+from fortis.services.target_proxy.ledger import IN_FLIGHT, Ledger
+from fortis.services.target_proxy.proxy import RetryPolicy, TargetEntry, TargetProxy
+from fortis.services.target_proxy.ratelimit import RateLimiter
+
+
+def _proxy(tmp_path, backend):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    proxy = TargetProxy(ledger, [TargetEntry(name="t", backend=backend, limiter=RateLimiter(0))],
+                        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.0),
+                        sleep=lambda s: None)
+    return proxy, ledger
+
+
+def _imgs(images, ids):
+    return [image_msg(i, images[k % len(images)]) for k, i in enumerate(ids)]
+
+
+class OneShort(ClassifierTarget):
+    """Answers one prediction too few."""
+
+    def predict(self, imgs):
+        return super().predict(imgs)[:-1]
+
+
+class Broken(ClassifierTarget):
+    def predict(self, imgs):
+        raise RuntimeError("x" * 10_000)
+
+
+def test_one_prediction_too_few_is_recorded_as_failed(tmp_path, fmnist_target, fmnist_test_images):
+    images, _ = fmnist_test_images
+    proxy, ledger = _proxy(tmp_path, OneShort(fmnist_target))
+    s = proxy.create_session(tenant="a", target="t", query_budget=100)
+    with pytest.raises(errors.Internal):
+        proxy.predict(tenant="a", session_id=s.session_id, origin="x",
+                      images=_imgs(images, [f"i{k}" for k in range(40)]))
+    rows = ledger.entries(s.session_id)
+    assert len(rows) == 40                                   # never a silent gap
+    assert {r[9] for r in rows} == {"INTERNAL"}
+    assert all("39 predictions for 40 images" in r[10] for r in rows)
+    assert proxy.queries_attempted("a", s.session_id) == 40  # the target received them
+    assert proxy.queries_used("a", s.session_id) == 0
+
+
+def test_unexpected_backend_failure_is_recorded_bounded(tmp_path, fmnist_target, fmnist_test_images):
+    images, _ = fmnist_test_images
+    proxy, ledger = _proxy(tmp_path, Broken(fmnist_target))
+    s = proxy.create_session(tenant="a", target="t")
+    with pytest.raises(errors.Internal) as ei:
+        proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a"]))
+    assert "xxx" not in str(ei.value)                         # nothing internal leaks
+    (row,) = ledger.entries(s.session_id)
+    assert row[9] == "INTERNAL" and len(row[10]) <= 500
+
+
+def test_rows_are_reserved_before_the_target_is_called(tmp_path, fmnist_target, fmnist_test_images):
+    """While the target works, its rows are visible as in flight; a crash there leaves them."""
+    images, _ = fmnist_test_images
+    seen = []
+
+    class Peeking(ClassifierTarget):
+        def predict(self, imgs):
+            seen.extend(r[9] for r in ledger.entries(s.session_id))
+            return super().predict(imgs)
+
+    proxy, ledger = _proxy(tmp_path, Peeking(fmnist_target))
+    s = proxy.create_session(tenant="a", target="t")
+    proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a", "b"]))
+    assert seen == [IN_FLIGHT, IN_FLIGHT]
+    assert {r[9] for r in ledger.entries(s.session_id)} == {"OK"}
+
+
+def test_in_flight_rows_count_after_a_crash(tmp_path, fmnist_target, fmnist_test_images):
+    images, _ = fmnist_test_images
+
+    class Crash(BaseException):
+        pass
+
+    class Dying(ClassifierTarget):
+        def predict(self, imgs):
+            raise Crash()      # the process "dies" while the target has the images
+
+    proxy, ledger = _proxy(tmp_path, Dying(fmnist_target))
+    s = proxy.create_session(tenant="a", target="t", per_image_budget=2)
+    with pytest.raises(Crash):
+        proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a"]))
+    st = ledger.stats(s.session_id)
+    assert st.in_flight == 1 and st.attempts == 1 and st.queries_ok == 0
+    ledger.close()
+    proxy2, ledger2 = _proxy(tmp_path, ClassifierTarget(fmnist_target))
+    proxy2.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a"]))
+    with pytest.raises(errors.BudgetExhausted):       # the in-flight attempt still counts
+        proxy2.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a"]))
+
+
+def test_concurrent_reservations_group_commit(tmp_path, fmnist_target, fmnist_test_images):
+    images, _ = fmnist_test_images
+    proxy, ledger = _proxy(tmp_path, ClassifierTarget(fmnist_target))
+    s = proxy.create_session(tenant="a", target="t")
+    ts = [threading.Thread(target=lambda k=k: [proxy.predict(
+        tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, [f"{k}-{j}"]))
+        for j in range(10)]) for k in range(6)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    st = ledger.stats(s.session_id)
+    assert st.queries_ok == 60 and st.in_flight == 0
+
+
+def test_same_session_id_in_two_tenants(tmp_path, fmnist_target, fmnist_test_images):
+    images, _ = fmnist_test_images
+    proxy, ledger = _proxy(tmp_path, ClassifierTarget(fmnist_target))
+    a = proxy.create_session(tenant="a", target="t", session_id="ev/clean", query_budget=1)
+    b = proxy.create_session(tenant="b", target="t", session_id="ev/clean", query_budget=5)
+    assert (a.tenant, b.tenant) == ("a", "b") and b.query_budget == 5
+    proxy.predict(tenant="b", session_id="ev/clean", origin="x", images=_imgs(images, ["p", "q"]))
+    proxy.predict(tenant="a", session_id="ev/clean", origin="x", images=_imgs(images, ["p"]))
+    assert proxy.queries_used("a", "ev/clean") == 1 and proxy.queries_used("b", "ev/clean") == 2
+    assert ledger.stats("ev/clean", "a").queries_ok == 1
+    assert {r[1] for r in ledger.entries("ev/clean", tenant="b")} == {"b"}
+    with pytest.raises(errors.NotFound) as ei:
+        proxy.session("c", "ev/clean")
+    with pytest.raises(errors.NotFound) as free:
+        proxy.session("c", "ev/other")
+    assert str(ei.value).replace("ev/clean", "ID") == str(free.value).replace("ev/other", "ID")
+
+
+@pytest.mark.parametrize("bad", ["..", "../x", "a/../b", ".hidden", "a//b", "a/", "a b",
+                                 "a\nb", "x" * 201, "é"])
+def test_session_ids_are_restricted(tmp_path, fmnist_target, bad):
+    proxy, _ = _proxy(tmp_path, ClassifierTarget(fmnist_target))
+    with pytest.raises(errors.InvalidArgument) as ei:
+        proxy.create_session(tenant="a", target="t", session_id=bad)
+    assert ei.value.violations[0].field == "session_id" and (len(bad) < 3 or bad not in str(ei.value))
+    with pytest.raises(errors.InvalidArgument):
+        proxy.session("a", bad)
+
+
+def test_good_session_ids(tmp_path, fmnist_target):
+    proxy, _ = _proxy(tmp_path, ClassifierTarget(fmnist_target))
+    for sid in ["ev-1/clean", "ev_1.2/query/square/00001/a2", "x" * 200, "a.b"]:
+        assert proxy.create_session(tenant="a", target="t", session_id=sid).session_id == sid
