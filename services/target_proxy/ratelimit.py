@@ -18,14 +18,16 @@ second at ``rate=20``.
   than L images**, whatever the batch sizes, the number of threads or the idle spells;
 * **the pacing** -- GCRA (virtual scheduling) with emission interval
   ``T = (window_s + jitter_s) / L`` per image: a grant of ``n`` images books ``n * T`` of
-  the schedule, and the next grant may start at most ``tolerance`` intervals ahead of it.
-  Sends are spread evenly instead of being released in bursts, so the log above rarely has
-  to hold anything back and the target sees a smooth flow (at most one grant plus
-  ``tolerance`` images at once after an idle spell).
+  the schedule, and the next grant may start at most ``tolerance_s`` (one interval, i.e.
+  one image's worth) ahead of it. Sends are spread evenly instead
+  of being released in bursts, so the log above rarely has to hold anything back and the
+  target sees a smooth flow.
 
 The price of the margin is throughput: sustained, ``L * window_s / (window_s + jitter_s)``
 images per second (about 95% of L with the default 50 ms). A grant carries at most ``L``
-images (``max_chunk()``); callers split larger batches.
+images (``max_chunk()``); callers split larger batches. Batches of ``n`` images that do not
+divide ``L`` go slower: at most ``floor(L / n)`` of them fit in any window, so the sustained
+rate is ``n * floor(L / n) / (window_s + jitter_s)`` -- the most an exact limit allows.
 
 ``CompositeLimiter`` grants only when several limiters (a target's and a tenant's) all
 agree, taking from none of them when one refuses; ``TenantLimits`` holds the per-tenant
@@ -76,13 +78,14 @@ class RateLimiter:
     """At most ``images_per_second`` images at the target in any window of ``window_s``.
 
     ``jitter_s`` is how much the grant-to-arrival delay may vary while the guarantee still
-    holds (see the module docstring); ``tolerance`` is how many images' worth of schedule a
-    grant may run ahead of the pacing (a little slack so a thread that wakes late does not
-    lose its turn for good).
+    holds (see the module docstring); ``tolerance_s`` is how far a grant may run ahead of
+    the pacing schedule (default one interval): slack so that a grant delayed by a late
+    wake-up or by the log does not push the whole schedule back (less slack is smoother,
+    more sustains mixed batch sizes better; the guarantee holds either way).
     """
 
     def __init__(self, images_per_second: float, *, window_s: float = 1.0,
-                 jitter_s: float = DEFAULT_JITTER_S, tolerance: float = 1.0,
+                 jitter_s: float = DEFAULT_JITTER_S, tolerance_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self._limit = _check_rate(images_per_second)
@@ -90,8 +93,8 @@ class RateLimiter:
             raise ValueError("window_s must be > 0")
         if jitter_s < 0:
             raise ValueError("jitter_s must be >= 0")
-        if tolerance < 0:
-            raise ValueError("tolerance must be >= 0")
+        if tolerance_s is not None and tolerance_s < 0:
+            raise ValueError("tolerance_s must be >= 0")
         self.window = window_s
         self.jitter = jitter_s
         #: the closed window, at grant time, that must never hold more than ``limit``
@@ -99,7 +102,7 @@ class RateLimiter:
         #: GCRA emission interval, seconds per image
         self.interval = self.span / self._limit if self._limit else 0.0
         #: how far (s) a grant may start ahead of the GCRA schedule
-        self.tau = tolerance * self.interval
+        self.tau = self.interval if tolerance_s is None else tolerance_s
         self._clock = clock
         self._sleep = sleep
         self._grants: deque[tuple[float, int]] = deque()
