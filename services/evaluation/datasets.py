@@ -4,12 +4,23 @@
     imagenet-photos   natural photos available offline with their ImageNet labels, resized
                       (shorter side 256) and centre-cropped to 224x224, ids photo-<name>
     manifest          your own images with ground truth: a JSON-lines file (``dataset.path``,
-                      on the evaluation service's disk), one image per line:
+                      relative to the server's data root), one image per line:
                         {"id": "img-1", "image": "photos/1.jpg", "labels": [3]}            classification
                         {"id": "img-2", "image": "2.png", "boxes": [[x1, y1, x2, y2]],
                          "labels": [0], "box_format": "xyxy", "label_base": 0}              detection (IEEE-C4)
                         {"id": "img-3", "image": "3.png", "mask": "3-mask.png"}            segmentation (IEEE-C5)
-                      paths relative to the manifest; masks are PNGs of class indices
+                      image and mask paths relative to the manifest's folder; masks are PNGs
+                      of class indices
+
+Confinement (issue 9 finding 1: any tenant could read any server file, and its bytes came back
+in the error). Manifests exist only under an operator-configured ``data_root``: with none,
+manifests are refused. ``dataset.path`` and every image/mask path must be relative, free of
+``..``, and resolve (symlinks followed) inside the root; a missing file and one outside the
+root give the same "not found under the data root" (so nothing reveals which server files
+exist), and no message names a resolved server path or quotes file content.
+
+Sizes (issue 9 finding 3): the manifest is read line by line with bounded lines and total, and
+an image's width x height is checked from its PNG/JPEG header before it is decoded.
 
 ``dataset.label_map`` (IEEE-P6) maps dataset labels to the service's labels.
 """
@@ -17,12 +28,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from pathlib import Path
+import os
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import cv2
 import numpy as np
+from fortis.services.common.codec import check_image_header
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument
 from fortis.services.evaluation.plan import DatasetRef, Plan
 from fortis.services.evaluation.runner import DatasetPort
@@ -33,40 +46,161 @@ from fortis.services.evaluation.stages.base import LabeledImage
 #: so this service imports no model or data code.
 BuiltinSource = Callable[[DatasetRef], list[LabeledImage]]
 
+#: Largest manifest read, bytes.
+MAX_MANIFEST_BYTES = 50 * 1024 * 1024
+#: Longest manifest line, bytes (without its line break).
+MAX_LINE_BYTES = 64 * 1024
+#: Largest image or mask file read, bytes (its pixel count is bounded by the header check).
+MAX_IMAGE_BYTES = 64 * 1024 * 1024
+#: Longest path accepted in a plan or manifest, characters.
+MAX_PATH_CHARS = 1024
+#: Longest image id, characters.
+MAX_ID_CHARS = 256
+
+_NOT_FOUND = "not found under the data root"
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    """A bounded excerpt of a value for a message (never the whole of a line)."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "..."
+
+
+def confined_file(root: Path, base: PurePosixPath, raw: object, field: str) -> Path:
+    """The regular file ``raw`` names, relative to ``base`` (itself relative) under ``root``.
+
+    Refused (InvalidArgument on ``field``): a non-string, an absolute path, a ``..`` part;
+    "not found under the data root" alike for a missing file, a non-regular one, and one whose
+    resolved path (symlinks followed) leaves the root -- one message, so no caller learns
+    which server files exist (issue 9 finding 1). No message names the server's paths.
+    """
+    if not isinstance(raw, str) or not raw.strip():
+        raise InvalidArgument(field, "a path relative to the data root is needed")
+    if len(raw) > MAX_PATH_CHARS:
+        raise InvalidArgument(field, f"a path of at most {MAX_PATH_CHARS} characters is needed")
+    rel = PurePosixPath(raw)
+    if rel.is_absolute() or raw.startswith("\\"):
+        raise InvalidArgument(field, "must be a path relative to the data root, not absolute")
+    if ".." in rel.parts:
+        raise InvalidArgument(field, "must not contain '..': paths stay under the data root")
+    if "\x00" in raw:
+        raise InvalidArgument(field, _NOT_FOUND)
+    try:
+        top = root.resolve(strict=True)
+        found = (top / base / rel).resolve(strict=True)
+        ok = found.is_relative_to(top) and found.is_file()
+    except (OSError, RuntimeError, ValueError):   # missing, loop, unreadable: all "not found"
+        ok = False
+    if not ok:
+        raise InvalidArgument(field, _NOT_FOUND)
+    return found
+
+
+def _read_bounded(path: Path, limit: int, field: str, what: str) -> bytes:
+    try:
+        with path.open("rb") as f:
+            if os.fstat(f.fileno()).st_size > limit:
+                raise InvalidArgument(field, f"the {what} is larger than {limit} bytes")
+            data = f.read(limit + 1)
+    except OSError:
+        raise InvalidArgument(field, _NOT_FOUND) from None
+    if len(data) > limit:
+        raise InvalidArgument(field, f"the {what} is larger than {limit} bytes")
+    return data
+
 
 def _read_image(path: Path, field: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
-    if not path.is_file():
-        raise InvalidArgument(field, f"no such file: {path}")
-    img = cv2.imread(str(path), flags)
+    """Decode one confined image file: its size bounded, its header's pixel count checked
+    before decoding (issue 9 finding 3)."""
+    data = _read_bounded(path, MAX_IMAGE_BYTES, field, "image file")
+    check_image_header(data, field)
+    img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
     if img is None:
-        raise InvalidArgument(field, f"not a readable PNG/JPEG: {path}")
+        raise InvalidArgument(field, f"not a readable PNG/JPEG image ({len(data)} bytes)")
     if flags == cv2.IMREAD_COLOR:
         img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
     return np.ascontiguousarray(img)
 
 
-def read_manifest(plan: Plan) -> list[dict[str, Any]]:
+def _int(v: Any, field: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise InvalidArgument(field, f"must be an integer, got {_short(v)}")
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidArgument(field, f"must be an integer, got {_short(v)}") from None
+
+
+def _manifest_lines(path: Path, first: int, count: int) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the non-blank lines ``first`` .. ``first + count - 1`` (0-based
+    entries), each line and the whole read bounded; undecodable text named by line only."""
+    total = entry = 0
+    try:
+        f = path.open("rb")
+    except OSError:
+        raise InvalidArgument("dataset.path", _NOT_FOUND) from None
+    with f:
+        if os.fstat(f.fileno()).st_size > MAX_MANIFEST_BYTES:
+            raise InvalidArgument("dataset.path", f"the manifest is larger than "
+                                  f"{MAX_MANIFEST_BYTES} bytes")
+        lineno = 0
+        while entry < first + count:
+            raw = f.readline(MAX_LINE_BYTES + 2)
+            if not raw:
+                return
+            lineno += 1
+            total += len(raw)
+            if total > MAX_MANIFEST_BYTES:
+                raise InvalidArgument("dataset.path", f"the manifest is larger than "
+                                      f"{MAX_MANIFEST_BYTES} bytes")
+            content = raw.rstrip(b"\r\n")
+            if len(content) > MAX_LINE_BYTES:
+                raise InvalidArgument(f"dataset.path:{lineno}",
+                                      f"line longer than {MAX_LINE_BYTES} bytes")
+            if not content.strip():
+                continue
+            entry += 1
+            if entry <= first:
+                continue
+            try:
+                text = content.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidArgument(f"dataset.path:{lineno}", "not UTF-8 text: a manifest is "
+                                      "JSON lines") from None
+            yield lineno, text
+
+
+def read_manifest(plan: Plan, data_root: Path | None) -> list[dict[str, Any]]:
     """The manifest's entries (selected by offset/limit), with images loaded and every problem
-    named by line: ``dataset.path:LINE.field``."""
-    path = Path(plan.dataset.path)
-    if not path.is_file():
-        raise InvalidArgument("dataset.path", f"no such manifest on the evaluation service: {path}")
+    named by line: ``dataset.path:LINE.field``. Everything is confined to ``data_root``
+    (issue 9 finding 1); with no root configured, manifests are refused."""
+    if data_root is None:
+        raise FailedPrecondition("dataset.path: manifests are not available on this server: "
+                                 "the operator has not configured a data root (fortis serve "
+                                 "--data-root DIR)")
+    ds = plan.dataset
+    rel = PurePosixPath(ds.path)
+    path = confined_file(data_root, PurePosixPath(), ds.path, "dataset.path")
     rows = []
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    for n, line in enumerate(lines[plan.dataset.offset:plan.dataset.offset + plan.dataset.limit],
-                             start=plan.dataset.offset + 1):
+    for n, line in _manifest_lines(path, ds.offset, ds.limit):
         where = f"dataset.path:{n}"
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise InvalidArgument(where, f"not JSON: {exc.msg}") from None
+            raise InvalidArgument(where, f"not JSON at column {exc.colno}: {exc.msg}") from None
+        except (RecursionError, ValueError) as exc:
+            raise InvalidArgument(where, f"not readable JSON ({type(exc).__name__}: nested "
+                                  "too deeply or a number too long)") from None
         if not isinstance(row, dict) or not isinstance(row.get("image"), str):
             raise InvalidArgument(f"{where}.image", "each line needs an 'image' path")
-        img_path = (path.parent / row["image"])
+        img_path = confined_file(data_root, rel.parent, row["image"], f"{where}.image")
         row["_image"] = _read_image(img_path, f"{where}.image")
-        row.setdefault("id", img_path.stem)
+        iid = row.setdefault("id", PurePosixPath(row["image"]).stem)
+        if isinstance(iid, bool) or not isinstance(iid, str | int) or len(str(iid)) > MAX_ID_CHARS:
+            raise InvalidArgument(f"{where}.id", f"a string of at most {MAX_ID_CHARS} "
+                                  f"characters is needed, got {_short(iid)}")
         row["_where"] = where
-        row["_dir"] = path.parent
+        row["_dir"] = rel.parent
         rows.append(row)
     ids = [str(r["id"]) for r in rows]
     if len(set(ids)) != len(ids):
@@ -74,11 +208,11 @@ def read_manifest(plan: Plan) -> list[dict[str, Any]]:
     return rows
 
 
-def load_plan_truths(plan: Plan) -> dict[str, Any]:
+def load_plan_truths(plan: Plan, data_root: Path | None) -> dict[str, Any]:
     """Ground truth of a detection or segmentation plan, per image id: detection
     ``{boxes, labels, box_format, label_base, image_size}``; segmentation an HxW int array."""
     out: dict[str, Any] = {}
-    for row in read_manifest(plan):
+    for row in read_manifest(plan, data_root):
         iid, where = str(row["id"]), row["_where"]
         h, w = row["_image"].shape[:2]
         if plan.target.task == "detection":
@@ -88,12 +222,19 @@ def load_plan_truths(plan: Plan) -> dict[str, Any]:
             labels = row.get("labels", [0] * len(boxes))
             if not isinstance(labels, list) or len(labels) != len(boxes):
                 raise InvalidArgument(f"{where}.labels", "one label per box")
-            out[iid] = {"boxes": boxes, "labels": labels, "box_format": row.get("box_format", "xyxy"),
-                        "label_base": int(row.get("label_base", 0)), "image_size": [w, h]}
+            box_format = row.get("box_format", "xyxy")
+            if not isinstance(box_format, str) or len(box_format) > 16:
+                raise InvalidArgument(f"{where}.box_format", f"a short name is needed, got "
+                                      f"{_short(box_format)}")
+            out[iid] = {"boxes": boxes, "labels": labels, "box_format": box_format,
+                        "label_base": _int(row.get("label_base", 0), f"{where}.label_base"),
+                        "image_size": [w, h]}
         elif plan.target.task == "segmentation":
             if not isinstance(row.get("mask"), str):
                 raise InvalidArgument(f"{where}.mask", "a segmentation manifest needs a mask PNG per image")
-            mask = _read_image(row["_dir"] / row["mask"], f"{where}.mask", cv2.IMREAD_UNCHANGED)
+            assert data_root is not None   # read_manifest refused a missing root
+            mask_path = confined_file(data_root, row["_dir"], row["mask"], f"{where}.mask")
+            mask = _read_image(mask_path, f"{where}.mask", cv2.IMREAD_UNCHANGED)
             if mask.ndim == 3:
                 mask = mask[:, :, 0]
             if mask.shape != (h, w):
@@ -103,27 +244,30 @@ def load_plan_truths(plan: Plan) -> dict[str, Any]:
 
 
 class PlanDatasets(DatasetPort):
-    """The plan's images: a built-in source (by name) or a manifest."""
+    """The plan's images: a built-in source (by name) or a manifest under ``data_root`` (the
+    operator's folder of server-side datasets; None = manifests refused, issue 9 finding 1)."""
 
-    def __init__(self, builtin: Mapping[str, BuiltinSource]) -> None:
+    def __init__(self, builtin: Mapping[str, BuiltinSource], data_root: Path | None = None) -> None:
         self.builtin = dict(builtin)
+        self.data_root = Path(data_root) if data_root is not None else None
 
     def truths(self, plan: Plan) -> dict[str, Any]:
-        return load_plan_truths(plan)
+        return load_plan_truths(plan, self.data_root)
 
     def images(self, plan: Plan) -> list[LabeledImage]:
         ds = plan.dataset
         lm = ds.label_map
         if ds.source == "manifest":
             out: list[LabeledImage] = []
-            for row in read_manifest(plan):
+            for row in read_manifest(plan, self.data_root):
                 truth_labels: tuple[int, ...] = ()
                 if plan.target.task == "classification":
                     lab = row.get("labels")
                     lab = [lab] if isinstance(lab, int) else lab
                     if not isinstance(lab, list) or not lab:
                         raise InvalidArgument(f"{row['_where']}.labels", "a classification manifest needs labels per image")
-                    truth_labels = tuple(lm.get(int(x), int(x)) for x in lab)
+                    ints = [_int(x, f"{row['_where']}.labels[{i}]") for i, x in enumerate(lab)]
+                    truth_labels = tuple(lm.get(x, x) for x in ints)
                 out.append((str(row["id"]), row["_image"], truth_labels))
             return out
         source = self.builtin.get(ds.source)

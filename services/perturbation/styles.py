@@ -19,7 +19,9 @@ coarse but every style stays well-defined (and any size >= 1x1 works).
 ``neural_style`` needs a model the user supplies (weights cannot be downloaded here): a
 TorchScript file (``torch.jit.save``) whose forward takes a float tensor N x 3 x H x W in
 [0, 1] and returns one of the same layout in [0, 1] (a different spatial size is resized back
-bilinearly; values are clipped). Its path is the ``model_path`` parameter. The severity is the
+bilinearly; values are clipped). Its path is the ``model_path`` parameter, relative to the
+operator's model root (``set_model_root`` or ``FORTIS_MODEL_ROOT``; no root, an absolute path,
+``..`` or a symlink out of the root are refused: issue 9 finding 1). The severity is the
 blend weight between the original and the stylised image (``NEURAL_BLEND``). A missing,
 unreadable or unloadable file, or a model whose output is not N x 3 x h x w, raises
 ``InvalidArgument`` on field ``params.model_path``.
@@ -35,9 +37,10 @@ from __future__ import annotations
 
 import heapq
 import math
+import os
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
@@ -410,26 +413,65 @@ _MODEL_CACHE: dict[tuple[str, int, int], Any] = {}
 _MODEL_CACHE_SIZE = 4
 
 
+#: The operator's folder of style models: ``model_path`` is relative to it and never leaves it
+#: (issue 9 finding 1: any tenant could make the server open any file). Set by the composition
+#: root (:func:`set_model_root`), else ``$FORTIS_MODEL_ROOT``; with neither, refused.
+MODEL_ROOT_ENV = "FORTIS_MODEL_ROOT"
+_model_root: Path | None = None
+_MODEL_NOT_FOUND = "not found under the model root"
+
+
+def set_model_root(root: Path | str | None) -> None:
+    """Configure the folder ``neural_style`` models are read from (None: the environment)."""
+    global _model_root
+    _model_root = Path(root) if root is not None else None
+
+
+def model_root() -> Path | None:
+    env = os.environ.get(MODEL_ROOT_ENV, "").strip()
+    return _model_root if _model_root is not None else (Path(env) if env else None)
+
+
 def _model_path(params: Params) -> Path:
-    raw = params.get("model_path")
+    """``params.model_path`` confined to :func:`model_root`: relative, no ``..``, resolved
+    (symlinks followed) inside the root; missing and outside give one message naming no server
+    path (so nothing tells which files exist)."""
+    raw, bad = params.get("model_path"), "params.model_path"
     if not isinstance(raw, str) or not raw.strip():
-        raise InvalidArgument("params.model_path", "required: the path of a TorchScript "
-                              "style-transfer model (N x 3 x H x W in [0, 1] -> same)")
-    path = Path(raw).expanduser()
-    if not path.is_file():
-        raise InvalidArgument("params.model_path", f"no such file: {raw}")
+        raise InvalidArgument(bad, "required: the path, relative to the server's model root, of "
+                              "a TorchScript style-transfer model (N x 3 x H x W in [0, 1] -> same)")
+    root = model_root()
+    if root is None:
+        raise InvalidArgument(bad, "neural_style is not available: the operator has not "
+                              f"configured a model root ({MODEL_ROOT_ENV})")
+    rel = PurePosixPath(raw[:1025])
+    if len(raw) > 1024 or rel.is_absolute() or raw.startswith("\\") or ".." in rel.parts:
+        raise InvalidArgument(bad, "must be a relative path of at most 1024 characters without "
+                              "'..', under the model root")
+    try:
+        top = root.resolve(strict=True)
+        path = (top / rel).resolve(strict=True)
+        ok = "\x00" not in raw and path.is_relative_to(top) and path.is_file()
+    except (OSError, RuntimeError, ValueError):   # missing, loop, unreadable: all "not found"
+        ok = False
+    if not ok:
+        raise InvalidArgument(bad, _MODEL_NOT_FOUND)
     return path
 
 
 def load_style_model(params: Params) -> Any:
-    """The TorchScript module named by ``params['model_path']``, loaded on the CPU and cached
-    (keyed by path, size and modification time). Raises InvalidArgument on
-    ``params.model_path`` when it is missing, not a file or not loadable."""
+    """The TorchScript module named by ``params['model_path']`` (relative to the model root),
+    loaded on the CPU and cached (keyed by path, size and modification time). Raises
+    InvalidArgument on ``params.model_path`` when it is missing, outside the root, not a file
+    or not loadable."""
     import torch  # lazy: only this slot needs torch
 
     path = _model_path(params)
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    try:
+        st = path.stat()
+    except OSError:
+        raise InvalidArgument("params.model_path", _MODEL_NOT_FOUND) from None
+    key = (str(path), st.st_size, st.st_mtime_ns)
     with _MODEL_LOCK:
         model = _MODEL_CACHE.get(key)
         if model is not None:
@@ -439,7 +481,7 @@ def load_style_model(params: Params) -> Any:
         except Exception as exc:   # any load failure: the caller's file is not a usable model
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise InvalidArgument("params.model_path",
-                                  f"not a loadable TorchScript model: {path} "
+                                  f"not a loadable TorchScript model "
                                   f"({type(exc).__name__}: {first[:200]})") from None
         model.eval()
         if len(_MODEL_CACHE) >= _MODEL_CACHE_SIZE:
@@ -549,8 +591,9 @@ SPECS: tuple[PerturbationSpec, ...] = (
           "a user-supplied TorchScript style-transfer model (N x 3 x H x W in [0, 1]), "
           "blended with the original by severity",
           (Param(name="model_path", type="string", default=None,
-                 description="path of a TorchScript file (torch.jit.save) mapping N x 3 x H x "
-                             "W float in [0, 1] to the same; required"),)),
+                 description="path, relative to the server's model root, of a TorchScript "
+                             "file (torch.jit.save) mapping N x 3 x H x W float in [0, 1] to "
+                             "the same; required"),)),
 )
 
 #: id -> spec, in IEEE-A6 order.

@@ -264,8 +264,18 @@ class _Fails(torch.nn.Module):
 
 
 def _save(module: torch.nn.Module, path: Path) -> str:
+    """Save under the model root (the test's tmp_path, see ``model_root``); the relative path
+    a plan gives as ``model_path``."""
     torch.jit.save(torch.jit.script(module), str(path))
-    return str(path)
+    return path.name
+
+
+@pytest.fixture(autouse=True)
+def model_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The operator's model folder (issue 9 finding 1): model paths are relative to it."""
+    monkeypatch.delenv(styles.MODEL_ROOT_ENV, raising=False)
+    monkeypatch.setattr(styles, "_model_root", tmp_path)
+    return tmp_path
 
 
 def test_neural_style_blends_the_model_output_by_severity(tmp_path):
@@ -292,11 +302,21 @@ def test_neural_style_resizes_other_output_sizes(tmp_path):
 def test_neural_style_model_is_cached_and_reloaded_when_changed(tmp_path):
     p = tmp_path / "m.pt"
     _save(_Invert(), p)
-    a = load_style_model({"model_path": str(p)})
-    assert load_style_model({"model_path": str(p)}) is a
+    a = load_style_model({"model_path": "m.pt"})
+    assert load_style_model({"model_path": "m.pt"}) is a
     _save(_HalfSize(), p)
     os.utime(p, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns + 10_000_000))
-    assert load_style_model({"model_path": str(p)}) is not a
+    assert load_style_model({"model_path": "m.pt"}) is not a
+
+
+def test_model_root_from_the_environment(tmp_path, monkeypatch):
+    sub = tmp_path / "models"
+    sub.mkdir()
+    _save(_Invert(), sub / "inv.pt")
+    monkeypatch.setattr(styles, "_model_root", None)
+    monkeypatch.setenv(styles.MODEL_ROOT_ENV, str(sub))
+    assert styles.model_root() == sub
+    assert load_style_model({"model_path": "inv.pt"}) is not None
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "no_file", "directory", "not_torchscript",
@@ -308,15 +328,16 @@ def test_neural_style_errors_name_the_model_path(case, tmp_path):
     elif case == "empty":
         params = {"model_path": "  "}
     elif case == "no_file":
-        params = {"model_path": str(tmp_path / "nope.pt")}
+        params = {"model_path": "nope.pt"}
     elif case == "directory":
-        params = {"model_path": str(tmp_path)}
+        (tmp_path / "sub").mkdir()
+        params = {"model_path": "sub"}
     elif case == "not_torchscript":
         (tmp_path / "junk.pt").write_bytes(b"not a model")
-        params = {"model_path": str(tmp_path / "junk.pt")}
+        params = {"model_path": "junk.pt"}
     elif case == "state_dict":
         torch.save(torch.nn.Conv2d(3, 3, 1).state_dict(), tmp_path / "sd.pt")
-        params = {"model_path": str(tmp_path / "sd.pt")}
+        params = {"model_path": "sd.pt"}
     elif case == "wrong_channels":
         params = {"model_path": _save(_OneChannel(), tmp_path / "one.pt")}
     else:
