@@ -1,9 +1,17 @@
 """The evaluation service's application layer: accepts plans, runs them in worker threads,
 resumes unfinished evaluations after a restart (CAN-9), cancels on request. No gRPC here:
-the runner's ports are injected."""
+the runner's ports are injected.
+
+Tenancy (issue 9, finding 4): evaluations live in their tenant's namespace (the store's
+``for_tenant`` view): tenant B can neither see nor block tenant A's evaluation ids, and a
+foreign id is NOT_FOUND with the same message as an unknown one. Evaluation ids are
+restricted (``check_evaluation_id``) and artifacts go under ``artifacts/<tenant>/`` (the
+tenant name made safe by ``tenant_dir_name``), never outside the artifacts folder."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import threading
 import time
 import uuid
@@ -29,6 +37,29 @@ from fortis.services.evaluation.store import FINAL_STATES, EvaluationRow, Evalua
 
 log = structlog.get_logger("fortis.evaluation")
 
+#: Evaluation ids: letters, digits, '-', '_', '.', not starting with '.', at most 100 (they
+#: name proxy sessions "<id>/clean" and artifact folders).
+EVALUATION_ID_MAX = 100
+_EVALUATION_ID = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,63}")
+
+
+def check_evaluation_id(evaluation_id: str) -> None:
+    """InvalidArgument (field ``evaluation_id``, never echoing the id) unless safe."""
+    if len(evaluation_id) > EVALUATION_ID_MAX or not _EVALUATION_ID.fullmatch(evaluation_id):
+        raise errors.InvalidArgument(
+            "evaluation_id", f"use at most {EVALUATION_ID_MAX} letters, digits, '-', '_' or '.',"
+            " not starting with '.'")
+
+
+def tenant_dir_name(tenant: str) -> str:
+    """A folder name for ``tenant``: the name itself when it is safe, else its safe
+    characters plus a digest (two different tenants never share a folder)."""
+    if _SAFE_NAME.fullmatch(tenant):
+        return tenant
+    kept = re.sub(r"[^A-Za-z0-9_\-]", "_", tenant)[:40] or "tenant"
+    return f"{kept}-{hashlib.sha256(tenant.encode('utf-8', 'replace')).hexdigest()[:16]}"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Ports:
@@ -51,7 +82,7 @@ class EvaluationManager:
         self._catalogue_ttl = catalogue_ttl_s
         self.artifacts_dir = artifacts_dir
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="evaluation")
-        self._cancel: dict[str, threading.Event] = {}
+        self._cancel: dict[tuple[str, str], threading.Event] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -59,8 +90,8 @@ class EvaluationManager:
         """Restart every evaluation a previous process left pending or running."""
         resumed = []
         for row in self.store.active():
-            self.store.mark_resumed(row.evaluation_id)
-            self._submit(row.evaluation_id)
+            self.store.for_tenant(row.tenant).mark_resumed(row.evaluation_id)
+            self._submit(row.tenant, row.evaluation_id)
             resumed.append(row.evaluation_id)
         if resumed:
             log.info("resumed evaluations", evaluations=resumed)
@@ -91,28 +122,27 @@ class EvaluationManager:
 
     def create(self, *, tenant: str, plan_text: str, fmt: str = "", evaluation_id: str = "") -> EvaluationRow:
         plan = self.validate(tenant=tenant, plan_text=plan_text, fmt=fmt)
+        store = self.store.for_tenant(tenant)
         if evaluation_id:
-            if len(evaluation_id) > 100 or not all(c.isalnum() or c in "-_." for c in evaluation_id):
-                raise errors.InvalidArgument("evaluation_id", "use at most 100 letters, digits, '-', '_' or '.'")
-            existing = self.store.get(evaluation_id)
+            check_evaluation_id(evaluation_id)
+            existing = store.get(evaluation_id)
             if existing is not None:
-                if existing.tenant != tenant:
-                    raise errors.AlreadyExists(f"evaluation '{evaluation_id}' exists")
                 if existing.plan_text != plan_text:
                     raise errors.AlreadyExists(f"evaluation '{evaluation_id}' exists with another plan")
                 return existing
         eid = evaluation_id or f"ev-{time.strftime('%Y%m%d')}-{uuid.uuid4().hex[:8]}"
-        self.store.insert(evaluation_id=eid, tenant=tenant, plan_text=plan_text, plan_name=plan.name)
-        self._submit(eid)
-        row = self.store.get(eid)
+        store.insert(evaluation_id=eid, tenant=tenant, plan_text=plan_text, plan_name=plan.name)
+        self._submit(tenant, eid)
+        row = store.get(eid)
         assert row is not None
         return row
 
     def get(self, tenant: str, evaluation_id: str) -> EvaluationRow:
         if not evaluation_id:
             raise errors.InvalidArgument("evaluation_id", "required")
-        row = self.store.get(evaluation_id)
-        if row is None or row.tenant != tenant:
+        check_evaluation_id(evaluation_id)
+        row = self.store.for_tenant(tenant).get(evaluation_id)
+        if row is None:
             raise errors.NotFound("evaluation", evaluation_id)
         return row
 
@@ -121,9 +151,9 @@ class EvaluationManager:
         if row.state in FINAL_STATES:
             raise errors.FailedPrecondition(f"evaluation '{evaluation_id}' already ended ({row.state})")
         with self._lock:
-            ev = self._cancel.setdefault(evaluation_id, threading.Event())
+            ev = self._cancel.setdefault((tenant, evaluation_id), threading.Event())
         ev.set()
-        self.store.update_running(evaluation_id, state="CANCELLED", stage="done",
+        self.store.for_tenant(tenant).update_running(evaluation_id, state="CANCELLED", stage="done",
                                   message="cancelled by a caller", finished_at=time.time())
         return self.get(tenant, evaluation_id)
 
@@ -134,13 +164,22 @@ class EvaluationManager:
                 ev.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _submit(self, evaluation_id: str) -> None:
+    def _submit(self, tenant: str, evaluation_id: str) -> None:
         with self._lock:
-            ev = self._cancel.setdefault(evaluation_id, threading.Event())
-        self._pool.submit(self._run, evaluation_id, ev)
+            ev = self._cancel.setdefault((tenant, evaluation_id), threading.Event())
+        self._pool.submit(self._run, tenant, evaluation_id, ev)
 
-    def _run(self, evaluation_id: str, cancel: threading.Event) -> None:
-        row = self.store.get(evaluation_id)
+    def artifacts_of(self, tenant: str) -> Path:
+        """The tenant's artifacts folder, checked to lie inside the artifacts folder."""
+        root = self.artifacts_dir.resolve()
+        d = (root / tenant_dir_name(tenant)).resolve()
+        if d.parent != root:
+            raise errors.Internal("artifacts folder outside the artifacts root")
+        return d
+
+    def _run(self, tenant: str, evaluation_id: str, cancel: threading.Event) -> None:
+        store = self.store.for_tenant(tenant)
+        row = store.get(evaluation_id)
         if row is None or row.state in FINAL_STATES:
             return
         structlog.contextvars.bind_contextvars(evaluation_id=evaluation_id, tenant=row.tenant)
@@ -149,10 +188,11 @@ class EvaluationManager:
             catalogue = self.catalogue(row.tenant)
             plan = load_plan(row.plan_text, catalogue)
             EvaluationRunner(evaluation_id=evaluation_id, plan=plan, plan_text=row.plan_text,
-                             store=self.store, proxy=ports.proxy,
+                             store=store, proxy=ports.proxy,
                              perturbation=ports.perturbation, scoring=ports.scoring,
                              report=ports.report, datasets=self.datasets, catalogue=catalogue,
-                             artifacts_dir=self.artifacts_dir, cancelled=cancel.is_set).run()
+                             artifacts_dir=self.artifacts_of(row.tenant),
+                             cancelled=cancel.is_set).run()
             log.info("evaluation finished", evaluation_id=evaluation_id)
         except Cancelled:
             log.info("evaluation cancelled", evaluation_id=evaluation_id)
@@ -164,7 +204,7 @@ class EvaluationManager:
             status = status_for(exc)
             log.error("evaluation failed", evaluation_id=evaluation_id, error=status.message,
                       **({"exception": repr(exc)[:500]} if not isinstance(exc, errors.FortisError) else {}))
-            self.store.update_running(evaluation_id, state="FAILED", stage="done",
+            store.update_running(evaluation_id, state="FAILED", stage="done",
                                       error_code=str(status.code), error_message=status.message,
                                       error_status=status.SerializeToString(),
                                       finished_at=time.time())

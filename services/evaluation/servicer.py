@@ -1,6 +1,7 @@
 """gRPC transport of the evaluation service: decode, call ``EvaluationManager``, encode.
 
-The one place converting evaluation rows to ``fortis.evaluation.v1`` messages."""
+The one place converting evaluation rows to ``fortis.evaluation.v1`` messages. Every
+evaluation is read in the caller's tenant namespace (issue 9, finding 4)."""
 
 from __future__ import annotations
 
@@ -138,5 +139,5 @@ class EvaluationServicer(evaluation_pb2_grpc.EvaluationServiceServicer):
         row = self.manager.get(current_tenant.get(), request.evaluation_id)
         if row.state != "SUCCEEDED":
             raise errors.FailedPrecondition(f"evaluation '{row.evaluation_id}' has no report yet (state {row.state})")
-        js, html = self.manager.store.report(row.evaluation_id)
+        js, html = self.manager.store.for_tenant(row.tenant).report(row.evaluation_id)
         return pb.GetEvaluationReportResponse(report_json=js, report_html=html)

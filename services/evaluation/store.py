@@ -19,7 +19,7 @@ from typing import Any
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (
-    evaluation_id TEXT PRIMARY KEY,
+    evaluation_id TEXT NOT NULL,
     tenant TEXT NOT NULL,
     state TEXT NOT NULL,
     plan_text TEXT NOT NULL,
@@ -41,15 +41,17 @@ CREATE TABLE IF NOT EXISTS evaluations (
     report_json TEXT NOT NULL DEFAULT '',
     report_html TEXT NOT NULL DEFAULT '',
     started_at REAL NOT NULL DEFAULT 0,
-    finished_at REAL NOT NULL DEFAULT 0
+    finished_at REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, evaluation_id)
 );
 CREATE TABLE IF NOT EXISTS items (
+    tenant TEXT NOT NULL,
     evaluation_id TEXT NOT NULL,
     item_key TEXT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0,
     done INTEGER NOT NULL DEFAULT 0,
     result BLOB,
-    PRIMARY KEY (evaluation_id, item_key)
+    PRIMARY KEY (tenant, evaluation_id, item_key)
 );
 """
 
@@ -87,30 +89,57 @@ _COLS = ("evaluation_id, tenant, state, plan_text, plan_name, created_at, update
          " summary_json, started_at, finished_at, images_done, images_total, error_status")
 
 
-class EvaluationStore:
+class _Db:
+    """What the views of one store share: the connection, its lock, the change signal."""
+
     def __init__(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.executescript(SCHEMA)
-        self._lock = threading.RLock()
-        self.changed = threading.Condition(self._lock)
-        self._version = 0
+        self.conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.executescript(SCHEMA)
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.version = 0
+
+
+class EvaluationStore:
+    def __init__(self, path: str | Path) -> None:
+        self._db = _Db(path)
+        self._conn = self._db.conn
+        self._lock = self._db.lock
+        self.tenant: str | None = None
+
+    def for_tenant(self, tenant: str) -> EvaluationStore:
+        """The view of this store in ``tenant``'s namespace (same connection and signal)."""
+        view = object.__new__(EvaluationStore)
+        view._db, view._conn, view._lock, view.tenant = self._db, self._conn, self._lock, tenant
+        return view
+
+    def _t(self) -> str:
+        if self.tenant is None:
+            raise RuntimeError("per-evaluation access needs a tenant's view (for_tenant)")
+        return self.tenant
+
+    @property
+    def changed(self) -> threading.Condition:
+        return self._db.changed
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
 
     def _bump(self) -> None:
-        self._version += 1
-        self.changed.notify_all()
+        self._db.version += 1
+        self._db.changed.notify_all()
 
     @property
     def version(self) -> int:
-        return self._version
+        return self._db.version
 
     def insert(self, *, evaluation_id: str, tenant: str, plan_text: str, plan_name: str) -> None:
+        if self.tenant is not None and tenant != self.tenant:
+            raise RuntimeError("a tenant's view inserts only into its own namespace")
         now = time.time()
         with self._lock:
             self._conn.execute(
@@ -121,8 +150,8 @@ class EvaluationStore:
 
     def get(self, evaluation_id: str) -> EvaluationRow | None:
         with self._lock:
-            row = self._conn.execute(f"SELECT {_COLS} FROM evaluations WHERE evaluation_id=?",
-                                     (evaluation_id,)).fetchone()
+            row = self._conn.execute(f"SELECT {_COLS} FROM evaluations WHERE tenant=? AND"
+                                     " evaluation_id=?", (self._t(), evaluation_id)).fetchone()
         return EvaluationRow(*row) if row else None
 
     def list(self, tenant: str, *, limit: int,
@@ -155,8 +184,8 @@ class EvaluationStore:
         fields["updated_at"] = time.time()
         sets = ", ".join(f"{k}=?" for k in fields)
         with self._lock:
-            self._conn.execute(f"UPDATE evaluations SET {sets} WHERE evaluation_id=?",
-                               (*fields.values(), evaluation_id))
+            self._conn.execute(f"UPDATE evaluations SET {sets} WHERE tenant=? AND"
+                               " evaluation_id=?", (*fields.values(), self._t(), evaluation_id))
             self._bump()
 
     def update_running(self, evaluation_id: str, **fields: Any) -> bool:
@@ -169,8 +198,8 @@ class EvaluationStore:
         sets = ", ".join(f"{k}=?" for k in fields)
         with self._lock:
             cur = self._conn.execute(
-                f"UPDATE evaluations SET {sets} WHERE evaluation_id=? AND state IN"
-                " ('PENDING','RUNNING')", (*fields.values(), evaluation_id))
+                f"UPDATE evaluations SET {sets} WHERE tenant=? AND evaluation_id=? AND state IN"
+                " ('PENDING','RUNNING')", (*fields.values(), self._t(), evaluation_id))
             self._bump()
             return cur.rowcount > 0
 
@@ -188,21 +217,24 @@ class EvaluationStore:
     def mark_resumed(self, evaluation_id: str) -> None:
         with self._lock:
             self._conn.execute("UPDATE evaluations SET resumed_count=resumed_count+1,"
-                               " updated_at=? WHERE evaluation_id=?", (time.time(), evaluation_id))
+                               " updated_at=? WHERE tenant=? AND evaluation_id=?",
+                               (time.time(), self._t(), evaluation_id))
             self._bump()
 
     def report(self, evaluation_id: str) -> tuple[str, str]:
         with self._lock:
             row = self._conn.execute("SELECT report_json, report_html FROM evaluations WHERE"
-                                     " evaluation_id=?", (evaluation_id,)).fetchone()
+                                     " tenant=? AND evaluation_id=?",
+                                     (self._t(), evaluation_id)).fetchone()
         return (row[0], row[1]) if row else ("", "")
 
     # -- items ------------------------------------------------------------------------------
     def item(self, evaluation_id: str, key: str) -> tuple[bool, int, bytes | None]:
         """(done, attempts so far, result blob) of an item."""
         with self._lock:
-            row = self._conn.execute("SELECT done, attempts, result FROM items WHERE"
-                                     " evaluation_id=? AND item_key=?", (evaluation_id, key)).fetchone()
+            row = self._conn.execute("SELECT done, attempts, result FROM items WHERE tenant=?"
+                                     " AND evaluation_id=? AND item_key=?",
+                                     (self._t(), evaluation_id, key)).fetchone()
         if row is None:
             return False, 0, None
         return bool(row[0]), int(row[1]), (bytes(row[2]) if row[2] is not None else None)
@@ -210,12 +242,14 @@ class EvaluationStore:
     def start_item(self, evaluation_id: str, key: str) -> int:
         """Record a new attempt at an item; returns its attempt number (1 = first)."""
         with self._lock:
+            tenant = self._t()
             self._conn.execute(
-                "INSERT INTO items (evaluation_id, item_key, attempts) VALUES (?,?,1)"
-                " ON CONFLICT(evaluation_id, item_key) DO UPDATE SET attempts=attempts+1",
-                (evaluation_id, key))
-            row = self._conn.execute("SELECT attempts FROM items WHERE evaluation_id=? AND"
-                                     " item_key=?", (evaluation_id, key)).fetchone()
+                "INSERT INTO items (tenant, evaluation_id, item_key, attempts) VALUES (?,?,?,1)"
+                " ON CONFLICT(tenant, evaluation_id, item_key) DO UPDATE SET"
+                " attempts=attempts+1", (tenant, evaluation_id, key))
+            row = self._conn.execute("SELECT attempts FROM items WHERE tenant=? AND"
+                                     " evaluation_id=? AND item_key=?",
+                                     (tenant, evaluation_id, key)).fetchone()
         return int(row[0])
 
     def finish_item(self, evaluation_id: str, key: str, result: bytes, *, items_done: int,
@@ -223,16 +257,18 @@ class EvaluationStore:
         """Commit an item's result and the evaluation's progress in one transaction (the
         progress only while the evaluation is still running: a cancelled one keeps its
         "cancelled by a caller" message)."""
+        tenant = self._t()
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.execute("UPDATE items SET done=1, result=? WHERE evaluation_id=?"
-                                   " AND item_key=?", (result, evaluation_id, key))
+                self._conn.execute("UPDATE items SET done=1, result=? WHERE tenant=? AND"
+                                   " evaluation_id=? AND item_key=?",
+                                   (result, tenant, evaluation_id, key))
                 self._conn.execute("UPDATE evaluations SET items_done=?, images_done=?,"
-                                   " queries=?, message=?, updated_at=? WHERE evaluation_id=?"
-                                   " AND state IN ('PENDING','RUNNING')",
+                                   " queries=?, message=?, updated_at=? WHERE tenant=? AND"
+                                   " evaluation_id=? AND state IN ('PENDING','RUNNING')",
                                    (items_done, images_done, queries, message, time.time(),
-                                    evaluation_id))
+                                    tenant, evaluation_id))
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -242,6 +278,7 @@ class EvaluationStore:
     def items(self, evaluation_id: str) -> Iterator[tuple[str, int, bool]]:
         with self._lock:
             rows = self._conn.execute("SELECT item_key, attempts, done FROM items WHERE"
-                                      " evaluation_id=? ORDER BY item_key", (evaluation_id,)).fetchall()
+                                      " tenant=? AND evaluation_id=? ORDER BY item_key",
+                                      (self._t(), evaluation_id)).fetchall()
         for r in rows:
             yield r[0], int(r[1]), bool(r[2])

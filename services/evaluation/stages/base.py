@@ -163,10 +163,21 @@ class RunContext:
     def save_adversarials(self, name: str, chunk: int, ids: Sequence[str],
                           adversarial: Sequence[np.ndarray],
                           adversarial_float: Sequence[np.ndarray]) -> Path:
-        """Keep an attack chunk's adversarials (uint8 as sent, and float; CAN-9)."""
-        d = self.artifacts_dir / self.evaluation_id / "adversarial"
+        """Keep an attack chunk's adversarials (uint8 as sent, and float; CAN-9).
+
+        ``artifacts_dir`` is the tenant's folder (``artifacts/<tenant>``, chosen by the
+        evaluation manager); the file's path is resolved and must stay inside it, whatever the
+        evaluation id or attack name (issue 9, finding 4: "an evaluation id `..` writes
+        artifacts outside the artifacts folder")."""
+        root = self.artifacts_dir.resolve()
+        safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_"
+                       for c in name)[:100].lstrip(".") or "attack"
+        d = (root / self.evaluation_id / "adversarial").resolve()
+        path = (d / f"{safe}-{chunk:05d}.npz").resolve()
+        if not path.is_relative_to(root) or path.parent != d:
+            raise errors.InvalidArgument("evaluation_id", "does not name a folder inside the"
+                                         " artifacts folder")
         d.mkdir(parents=True, exist_ok=True)
-        path = d / f"{name}-{chunk:05d}.npz"
         tmp = path.with_suffix(".tmp.npz")
         np.savez_compressed(tmp, image_ids=np.array(list(ids)),
                             adversarial_uint8=np.stack(list(adversarial)),
