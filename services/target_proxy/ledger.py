@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar
 #: ``google.rpc.Code`` name: the gRPC ``LedgerEntry`` shows it as UNKNOWN, with ``error``
 #: saying "in flight").
 IN_FLIGHT = "IN_FLIGHT"
-IN_FLIGHT_NOTE = "in flight: sent to the target, no outcome recorded (yet)"
+IN_FLIGHT_NOTE = "in flight: reserved for the target, no outcome recorded (yet)"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -107,6 +107,7 @@ class Outcome:
     error: str = ""
     output_summary: str = ""
     latency_ms: float = 0.0
+    sent_at: float | None = None     # when the images went (the rate limiter's grant)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,12 +271,13 @@ class Ledger:
 
     def complete(self, done: Sequence[tuple[int, Outcome]]) -> None:
         """Record the outcome of reserved rows (durably, before the answer is returned)."""
-        values = [(o.status, o.error, o.output_summary, o.latency_ms, entry_id)
+        values = [(o.status, o.error, o.output_summary, o.latency_ms, o.sent_at, entry_id)
                   for entry_id, o in done]
 
         def run(conn: sqlite3.Connection) -> None:
             conn.executemany("UPDATE queries SET status=?, error=?, output_summary=?,"
-                             " latency_ms=? WHERE entry_id=?", values)
+                             " latency_ms=?, sent_at=COALESCE(?, sent_at) WHERE entry_id=?",
+                             values)
 
         self._group(run)
 

@@ -289,14 +289,23 @@ class TargetProxy:
         attempt = 0
         while True:
             attempt += 1
-            granted = entry.limiter.acquire(n)
+            # Reserve first (a durable commit), then take the rate limiter's grant and send
+            # at once: no disk wait between the grant and the target (the limit holds at the
+            # target); the row's send time is the grant's, written with the outcome.
             rows = [QueryRow(tenant=rec.tenant, session_id=rec.session_id, target=rec.target,
                              origin=origin, image_id=img.image_id, input_sha256=h,
                              output_summary="", latency_ms=0.0, status=IN_FLIGHT,
-                             error=IN_FLIGHT_NOTE, sent_at=wall_clock_of(granted),
+                             error=IN_FLIGHT_NOTE, sent_at=time.time(),
                              call_id=call_id, attempts=attempt)
                     for img, h in zip(images, hashes, strict=True)]
             entry_ids = self.ledger.reserve(rows)
+            try:
+                granted = entry.limiter.acquire(n)
+            except BaseException as exc:
+                self.ledger.complete([(eid, Outcome(status=code_pb2.Code.Name(code_for(exc)),
+                                                    error="not sent: " + _bounded(exc)))
+                                      for eid in entry_ids])
+                raise
             if attempt == 1:
                 on_sent()
             t0 = time.perf_counter()
@@ -306,6 +315,7 @@ class TargetProxy:
             error = "" if failure is None else _bounded(failure)
             self.ledger.complete([
                 (eid, Outcome(status=status, error=error, latency_ms=latency,
+                              sent_at=wall_clock_of(granted),
                               output_summary=summarize(preds[i]) if failure is None else ""))
                 for i, eid in enumerate(entry_ids)])
             if self.metrics is not None:
