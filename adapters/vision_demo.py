@@ -122,4 +122,4 @@ corruptions:
 
 def demo_plan(task: str, manifest: Path) -> str:
     template = DETECTION_PLAN if task == "detection" else SEGMENTATION_PLAN
-    return template.format(manifest=str(manifest.resolve()))
+    return template.format(manifest=manifest.as_posix())

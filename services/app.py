@@ -97,6 +97,9 @@ class StackSettings:
     expose_builtin_targets: bool = False
     #: WatchEvaluation sends the current state at least this often while an evaluation runs.
     watch_heartbeat_s: float = 5.0
+    #: The operator's folder of server-side datasets: manifest plans read only under it
+    #: (issue 9 finding 1). None: manifest plans are refused.
+    data_root: Path | None = None
 
 
 @dataclass
@@ -287,7 +290,7 @@ def start_stack(settings: StackSettings) -> Stack:
 
         store = EvaluationStore(state / "evaluations.sqlite")
         manager = EvaluationManager(store, ports_for=ports_for,
-                                    datasets=PlanDatasets(BUILTIN_SOURCES),
+                                    datasets=PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root),
                                     artifacts_dir=state / "artifacts")
         closers.append(manager.close)
         register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,

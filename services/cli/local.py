@@ -61,7 +61,8 @@ def _needs_training(plan_text: str) -> bool:
     return "fmnist" in plan_text and not all(model_paths(k)[0].exists() for k in KINDS)
 
 
-def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace) -> int:
+def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace,
+              data_root: Path | None = None) -> int:
     """Run a plan: against ``--address`` through the client only, else on an embedded stack
     started here (after checking the plan locally, so a bad plan starts nothing)."""
     if ns.address:
@@ -87,7 +88,8 @@ def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace) -> int:
                   " on 2 cores; cached afterwards)", file=sys.stderr)
     try:
         stack = start_stack(StackSettings(state_dir=_state_dir(ns), api_keys={api_key: "local"},
-                                          targets=targets, resume=False))
+                                          targets=targets, resume=False,
+                                          data_root=data_root))
     except FortisError as exc:
         err(str(exc))
         return EXIT_FAILED
@@ -116,7 +118,9 @@ def cmd_demo(ns: argparse.Namespace) -> int:
             err(f"installing the vision models failed:\n{r.stderr[-2000:]}")
             return EXIT_FAILED
     manifest = write_demo_manifest(ns.task, Path(ns.out) / "data")
-    return _run_plan(demo_plan(ns.task, manifest), Path(ns.out), ns)
+    # the demo's data folder is the embedded server's data root; the plan names the manifest in it
+    return _run_plan(demo_plan(ns.task, Path(manifest.name)), Path(ns.out), ns,
+                     data_root=manifest.parent)
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -125,7 +129,26 @@ def cmd_run(ns: argparse.Namespace) -> int:
     except OSError as exc:
         err(f"cannot read plan: {exc}")
         return EXIT_BAD_INPUT
-    return _run_plan(text, Path(ns.out), ns)
+    text, root = _embedded_manifest_root(text)
+    return _run_plan(text, Path(ns.out), ns, data_root=root)
+
+
+def _embedded_manifest_root(text: str) -> tuple[str, Path | None]:
+    """For an embedded run of a manifest plan: the manifest's folder is the data root and the
+    plan names the manifest in it (issue 9 finding 1: the server reads only under a root)."""
+    from fortis.services.common.errors import InvalidArgument
+    from fortis.services.evaluation.plan import parse_plan_text
+
+    try:
+        doc = parse_plan_text(text)
+    except InvalidArgument:
+        return text, None            # reported by _run_plan's validation
+    ds = doc.get("dataset")
+    if not isinstance(ds, dict) or ds.get("source") != "manifest" or not isinstance(ds.get("path"), str):
+        return text, None
+    manifest = Path(ds["path"]).expanduser().resolve()
+    doc["dataset"] = {**ds, "path": manifest.name}
+    return json.dumps(doc), manifest.parent
 
 
 def cmd_validate(ns: argparse.Namespace) -> int:
@@ -201,7 +224,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             perturbation_address=ns.perturbation_address or "",
             scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
             internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=ns.metrics_port,
-            ledger_synchronous=ns.ledger_sync))
+            ledger_synchronous=ns.ledger_sync,
+            data_root=Path(ns.data_root) if ns.data_root else None))
     except FortisError as exc:     # a bad setting, or the port taken after the check
         err(str(exc))
         return EXIT_BAD_INPUT

@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="FULL (default): every ledger row is on disk (fsync) before the answer "
                          "is returned; NORMAL: survives a crash of Fortis but not of the machine, "
                          "about 1 ms less per query on this class of disk")
+    sp.add_argument("--data-root", help="folder of server-side datasets: manifest plans name "
+                    "paths relative to it (default: none, manifest plans are refused)")
     sp.add_argument("--metrics-port", type=int,
                     help="serve the proxy's Prometheus metrics at http://0.0.0.0:PORT/metrics")
     sp.add_argument("--log-level", default="info")

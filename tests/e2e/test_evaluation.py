@@ -82,7 +82,8 @@ def test_evaluation_end_to_end(stack, tmp_path):
     assert 0.0 <= g5["drr_5"] <= 1.0 and g1["m"] == 64
     assert "NDCG" in html.read_text()
     # adversarial examples kept as float arrays and images (CAN-9)
-    art = stack.settings.state_dir / "artifacts" / report["evaluation"]["id"] / "adversarial"
+    art = (stack.settings.state_dir / "artifacts" / "tenant-a" / report["evaluation"]["id"]
+           / "adversarial")                                  # per tenant (issue 9)
     assert sorted(p.name for p in art.iterdir()) == ["fgsm-00000.npz", "fgsm-00001.npz", "square-00000.npz"]
 
 

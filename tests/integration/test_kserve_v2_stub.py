@@ -205,12 +205,13 @@ def test_target_failures_become_ledger_rows(stub_stack, target, code, status, at
                        metadata=MD)
         assert ei.value.code() == code and words in ei.value.details()
         rows = ledger(px, sid)
-        assert [r.image_id for r in rows] == ["img-0", "img-1"]
-        assert {(r.status, r.attempts) for r in rows} == {(status, attempts)}
+        # write-ahead ledger (issue 9): each attempt the target received is its own rows
+        assert [r.image_id for r in rows] == ["img-0", "img-1"] * attempts
+        assert {(r.status, r.attempts) for r in rows} == {(status, a) for a in range(1, attempts + 1)}
         assert status == code.value[0]           # the ledger and the caller see one code
-        assert words in rows[0].error
+        assert words in rows[-1].error
         st = px.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id=sid), metadata=MD)
-        assert (st.queries_ok, st.queries_failed, st.session.queries_used) == (0, 2, 0)
+        assert (st.queries_ok, st.queries_failed, st.session.queries_used) == (0, 2 * attempts, 0)
         # ... and the proxy keeps serving
         ok = session(px, "stub-ok")
         assert len(px.Predict(proxy_pb2.PredictRequest(session_id=ok, origin="x", images=images(1)),
@@ -226,7 +227,7 @@ def test_retry_after_is_honoured(stub_stack):
                           metadata=MD)
         assert len(resp.predictions) == 2 and time.monotonic() - t0 >= 0.9   # waited Retry-After: 1
         rows = ledger(px, sid)
-        assert {(r.status, r.attempts) for r in rows} == {(code_pb2.OK, 2)}
+        assert {(r.status, r.attempts) for r in rows} == {(code_pb2.UNAVAILABLE, 1), (code_pb2.OK, 2)}
 
 
 def test_bad_image_is_refused_per_image(stub_stack):
