@@ -12,6 +12,7 @@ Domain code.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,8 @@ DATASETS = ("fashion-mnist", "imagenet-photos", "manifest")
 TASKS = ("classification", "detection", "segmentation")
 MAX_PLAN_BYTES = 1_000_000
 MAX_DEPTH = 32
+#: An attack's name in the plan: it becomes part of proxy session ids and artifact file names.
+_SETTING_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,59}$")
 __all__ = ["CORRECTNESS_MODES", "DATASETS", "MAX_PLAN_BYTES", "TASKS", "AttackTest",
            "CorruptionTest", "DatasetRef", "DegradationTest", "Plan", "Role", "TargetRef",
            "load_plan", "parse_plan_text", "validate_plan"]
@@ -405,6 +408,9 @@ def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[AttackTest]:
         params: Mapping[str, Any] = v.mapping(it.get("params", {}), f"{p}.params", required=False)
         spec = cat.attacks.get(aid)
         label = v.string(it, "name", p, default=aid)
+        if label and not _SETTING_NAME.match(label):
+            v.bad(f"{p}.name", "use at most 60 letters, digits, '-', '_' or '.' (it names the "
+                  "attack's proxy sessions and files)")
         if aid and spec is None:
             v.bad(f"{p}.id", f"unknown attack {_short(aid)}; known: {', '.join(cat.attacks)}")
         elif spec is not None:
