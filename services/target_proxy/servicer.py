@@ -97,11 +97,13 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         return proxy_pb2.GetSessionStatsResponse(
             session=self._session_msg(rec), queries_ok=st.queries_ok,
             queries_failed=st.queries_failed, calls_refused=st.calls_refused,
-            images=[proxy_pb2.ImageQueryCount(image_id=k, queries=v[0], failed=v[1])
+            images=[proxy_pb2.ImageQueryCount(image_id=k, queries=v[0], failed=v[1],
+                                              attempts=st.per_image_attempts.get(k, 0))
                     for k, v in sorted(st.per_image.items())],
             origins=[proxy_pb2.OriginQueryCount(origin=k, queries=v[0], failed=v[1])
                      for k, v in sorted(st.per_origin.items())],
-            latency_p50_ms=st.latency_p50_ms)
+            latency_p50_ms=st.latency_p50_ms, queries_attempted=st.attempts,
+            queries_in_flight=st.in_flight)
 
     def ListLedgerEntries(self, request: Any, context: Any
                           ) -> proxy_pb2.ListLedgerEntriesResponse:

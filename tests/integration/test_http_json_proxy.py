@@ -315,6 +315,8 @@ def test_500_always_fails_rows_and_proxy_keeps_serving(px):
     assert sorted(r.attempts for r in rows) == [1, 1, 2, 2, 3, 3, 4, 4]
     st = stats(px, sid)
     assert st.queries_failed == 8 and st.queries_ok == 0 and st.session.queries_used == 0
+    assert (st.queries_attempted, st.queries_in_flight) == (8, 0)      # what the budget counts
+    assert sorted(i.attempts for i in st.images) == [4, 4]
     # the proxy keeps serving, the same target name too
     assert classes(predict(px, session(px, "aws"), {"d": DARK})[0])[0][:2] == (CAT, "cat")
     with pytest.raises(grpc.RpcError):

@@ -151,14 +151,16 @@ class GetSessionStatsRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class ImageQueryCount(_message.Message):
-    __slots__ = ("image_id", "queries", "failed")
+    __slots__ = ("image_id", "queries", "failed", "attempts")
     IMAGE_ID_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     image_id: str
     queries: int
     failed: int
-    def __init__(self, image_id: _Optional[str] = ..., queries: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
+    attempts: int
+    def __init__(self, image_id: _Optional[str] = ..., queries: _Optional[int] = ..., failed: _Optional[int] = ..., attempts: _Optional[int] = ...) -> None: ...
 
 class OriginQueryCount(_message.Message):
     __slots__ = ("origin", "queries", "failed")
@@ -171,7 +173,7 @@ class OriginQueryCount(_message.Message):
     def __init__(self, origin: _Optional[str] = ..., queries: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
 
 class GetSessionStatsResponse(_message.Message):
-    __slots__ = ("session", "queries_ok", "queries_failed", "calls_refused", "images", "origins", "latency_p50_ms")
+    __slots__ = ("session", "queries_ok", "queries_failed", "calls_refused", "images", "origins", "latency_p50_ms", "queries_attempted", "queries_in_flight")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     QUERIES_OK_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FAILED_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +181,8 @@ class GetSessionStatsResponse(_message.Message):
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     ORIGINS_FIELD_NUMBER: _ClassVar[int]
     LATENCY_P50_MS_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_ATTEMPTED_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     session: Session
     queries_ok: int
     queries_failed: int
@@ -186,7 +190,9 @@ class GetSessionStatsResponse(_message.Message):
     images: _containers.RepeatedCompositeFieldContainer[ImageQueryCount]
     origins: _containers.RepeatedCompositeFieldContainer[OriginQueryCount]
     latency_p50_ms: float
-    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., queries_ok: _Optional[int] = ..., queries_failed: _Optional[int] = ..., calls_refused: _Optional[int] = ..., images: _Optional[_Iterable[_Union[ImageQueryCount, _Mapping]]] = ..., origins: _Optional[_Iterable[_Union[OriginQueryCount, _Mapping]]] = ..., latency_p50_ms: _Optional[float] = ...) -> None: ...
+    queries_attempted: int
+    queries_in_flight: int
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., queries_ok: _Optional[int] = ..., queries_failed: _Optional[int] = ..., calls_refused: _Optional[int] = ..., images: _Optional[_Iterable[_Union[ImageQueryCount, _Mapping]]] = ..., origins: _Optional[_Iterable[_Union[OriginQueryCount, _Mapping]]] = ..., latency_p50_ms: _Optional[float] = ..., queries_attempted: _Optional[int] = ..., queries_in_flight: _Optional[int] = ...) -> None: ...
 
 class ListLedgerEntriesRequest(_message.Message):
     __slots__ = ("session_id", "page_size", "page_token")
