@@ -6,7 +6,7 @@ default) or a single service (``only=``), plus the built-in target adapters it i
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,8 @@ class StackSettings:
     #: The operator's folder of server-side datasets: manifest plans read only under it
     #: (issue 9 finding 1). None: manifest plans are refused.
     data_root: Path | None = None
+    #: Per-tenant images/s across every target (``fortis serve --tenant-rate TENANT=N``).
+    tenant_rates: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -191,7 +193,7 @@ def start_stack(settings: StackSettings) -> Stack:
     from fortis.services.target_proxy.ledger import Ledger
     from fortis.services.target_proxy.metrics import ProxyMetrics
     from fortis.services.target_proxy.proxy import TargetEntry, TargetProxy
-    from fortis.services.target_proxy.ratelimit import RateLimiter
+    from fortis.services.target_proxy.ratelimit import RateLimiter, TenantLimits
     from prometheus_client import CollectorRegistry
 
     if settings.only and settings.only not in SERVICES:
@@ -247,8 +249,9 @@ def start_stack(settings: StackSettings) -> Stack:
         closers.append(ledger.close)
         proxy_metrics = ProxyMetrics(registry)
         register.append((proxy_pb2_grpc.add_TargetProxyServiceServicer_to_server,
-                         px_servicer.TargetProxyServicer(TargetProxy(ledger, entries,
-                                                                     metrics=proxy_metrics)),
+                         px_servicer.TargetProxyServicer(TargetProxy(
+                             ledger, entries, metrics=proxy_metrics,
+                             tenant_limits=TenantLimits(settings.tenant_rates))),
                          px_servicer.SERVICE_NAME))
 
     lazy_channels: dict[str, Any] = {}

@@ -196,6 +196,16 @@ def _cannot_listen(address: str) -> int:
     return EXIT_BAD_INPUT
 
 
+def _tenant_rates(pairs: list[str]) -> dict[str, float]:
+    from fortis.services.common.errors import InvalidArgument
+    from fortis.services.target_proxy.ratelimit import parse_tenant_rates
+
+    try:
+        return parse_tenant_rates(pairs)
+    except ValueError as exc:
+        raise InvalidArgument("tenant_rate", str(exc)[:200]) from None
+
+
 def cmd_serve(ns: argparse.Namespace) -> int:
     from fortis.cli.logs import configure
     from fortis.services.app import DEFAULT_TARGETS, StackSettings, TargetConfig, start_stack
@@ -225,7 +235,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
             internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=ns.metrics_port,
             ledger_synchronous=ns.ledger_sync,
-            data_root=Path(ns.data_root) if ns.data_root else None))
+            data_root=Path(ns.data_root) if ns.data_root else None,
+            tenant_rates=_tenant_rates(ns.tenant_rate or [])))
     except FortisError as exc:     # a bad setting, or the port taken after the check
         err(str(exc))
         return EXIT_BAD_INPUT

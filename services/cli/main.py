@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="FULL (default): every ledger row is on disk (fsync) before the answer "
                          "is returned; NORMAL: survives a crash of Fortis but not of the machine, "
                          "about 1 ms less per query on this class of disk")
+    sp.add_argument("--tenant-rate", action="append", metavar="TENANT=N",
+                    help="images/s for one tenant across all targets (repeatable; exact: no "
+                         "1-second window at a target holds more)")
     sp.add_argument("--data-root", help="folder of server-side datasets: manifest plans name "
                     "paths relative to it (default: none, manifest plans are refused)")
     sp.add_argument("--metrics-port", type=int,

@@ -44,7 +44,12 @@ from fortis.services.target_proxy.ledger import (
     wall_clock_of,
 )
 from fortis.services.target_proxy.metrics import ProxyMetrics
-from fortis.services.target_proxy.ratelimit import RateLimiter
+from fortis.services.target_proxy.ratelimit import (
+    CompositeLimiter,
+    Limiter,
+    RateLimiter,
+    TenantLimits,
+)
 from fortis.target.v1 import target_pb2
 from google.rpc import code_pb2
 
@@ -149,9 +154,13 @@ class TargetProxy:
     def __init__(self, ledger: Ledger, targets: Sequence[TargetEntry], *,
                  retry: RetryPolicy = RetryPolicy(),
                  sleep: Callable[[float], None] = time.sleep,
-                 metrics: ProxyMetrics | None = None) -> None:
+                 metrics: ProxyMetrics | None = None,
+                 tenant_limits: TenantLimits | None = None) -> None:
         self.ledger = ledger
         self.metrics = metrics
+        #: Per-tenant images/s across every target (issue 9: one tenant cannot take another's
+        #: share of a target); tenants without a limit add nothing.
+        self.tenant_limits = tenant_limits or TenantLimits()
         self.targets = {t.name: t for t in targets}
         self.retry = retry
         self._sleep = sleep
@@ -252,7 +261,10 @@ class TargetProxy:
                 raise errors.BudgetExhausted(violations)
             budget.charge(images)
         predictions: list[common_pb2.Prediction] = []
-        chunk = max(1, min(entry.max_batch, entry.limiter.max_chunk()))
+        tenant_limiter = self.tenant_limits.limiter_for(rec.tenant)
+        limiter: Limiter = entry.limiter if tenant_limiter.unlimited else \
+            CompositeLimiter(entry.limiter, tenant_limiter)
+        chunk = max(1, min(entry.max_batch, limiter.max_chunk()))
         sent = 0
 
         def sent_up_to(k: int) -> Callable[[], None]:
@@ -265,7 +277,7 @@ class TargetProxy:
             for start in range(0, n, chunk):
                 part = images[start:start + chunk]
                 predictions += self._send(entry, budget, origin, part,
-                                          sent_up_to(start + len(part)))
+                                          sent_up_to(start + len(part)), limiter)
         finally:
             if sent < n:
                 # Release what was reserved but never sent to the target.
@@ -277,8 +289,8 @@ class TargetProxy:
         return PredictResult(predictions=predictions, queries_left=left)
 
     def _send(self, entry: TargetEntry, budget: _Budget, origin: str,
-              images: Sequence[common_pb2.Image],
-              on_sent: Callable[[], None]) -> list[common_pb2.Prediction]:
+              images: Sequence[common_pb2.Image], on_sent: Callable[[], None],
+              limiter: Limiter) -> list[common_pb2.Prediction]:
         """Send one chunk (its first attempt already charged), retrying on UNAVAILABLE while
         the policy and the session's budget allow; every attempt is write-ahead rows."""
         rec = budget.record
@@ -300,7 +312,7 @@ class TargetProxy:
                     for img, h in zip(images, hashes, strict=True)]
             entry_ids = self.ledger.reserve(rows)
             try:
-                granted = entry.limiter.acquire(n)
+                granted = limiter.acquire(n)        # the target's and the tenant's limits
             except BaseException as exc:
                 self.ledger.complete([(eid, Outcome(status=code_pb2.Code.Name(code_for(exc)),
                                                     error="not sent: " + _bounded(exc)))

@@ -46,7 +46,7 @@ from contextlib import ExitStack
 from typing import Protocol
 
 #: Default allowance for the spread of the grant-to-arrival delay (seconds).
-DEFAULT_JITTER_S = 0.05
+DEFAULT_JITTER_S = 0.1
 #: A grant waits until strictly after an old grant leaves the window (float safety).
 _EPS = 1e-6
 

@@ -197,3 +197,24 @@ def test_per_tenant_limit_holds_across_targets_while_another_tenant_hammers(
     on_t1 = servicer.times("a1-") + servicer.times("b-")
     assert max_in_window(on_t1, 1.0) <= 20, why                # and target 1's limit
     assert max_in_window(servicer.times(), 1.0) <= 40, why     # both targets together
+
+
+def test_the_proxy_applies_tenant_limits_it_is_given(tmp_path, target):
+    """The production path: ``TargetProxy(tenant_limits=...)`` (``fortis serve --tenant-rate``)
+    combines each target's limiter with the calling tenant's on every send."""
+    servicer, server = target
+    backend = GrpcTargetBackend(server.address)
+    entries = [TargetEntry(name=name, backend=backend, limiter=RateLimiter(20))
+               for name in ("t1", "t2")]
+    proxy = TargetProxy(Ledger(tmp_path / "ledger.sqlite"), entries,
+                        tenant_limits=TenantLimits.parse(["alice=8"]))
+    try:
+        hammer(proxy, [("alice", "t1", "a1-", 1, 12), ("alice", "t2", "a2-", 1, 12),
+                       ("bob", "t1", "b-", 1, 0)])
+    finally:
+        backend.close()
+    alice = servicer.times("a")
+    assert len(alice) == 24
+    assert max_in_window(alice, 1.0) <= 8                      # alice's share, across targets
+    assert max_in_window(servicer.times("a1-") + servicer.times("b-"), 1.0) <= 20
+    assert len(servicer.times("b-")) > 12                      # bob was never held to alice's rate
