@@ -37,6 +37,7 @@ import cv2
 import numpy as np
 from fortis.services.common.codec import check_image_header
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument
+from fortis.services.common.paths import confined_file as _confined
 from fortis.services.evaluation.plan import DatasetRef, Plan
 from fortis.services.evaluation.runner import DatasetPort
 from fortis.services.evaluation.stages.base import LabeledImage
@@ -67,33 +68,9 @@ def _short(v: Any, limit: int = 60) -> str:
 
 
 def confined_file(root: Path, base: PurePosixPath, raw: object, field: str) -> Path:
-    """The regular file ``raw`` names, relative to ``base`` (itself relative) under ``root``.
-
-    Refused (InvalidArgument on ``field``): a non-string, an absolute path, a ``..`` part;
-    "not found under the data root" alike for a missing file, a non-regular one, and one whose
-    resolved path (symlinks followed) leaves the root -- one message, so no caller learns
-    which server files exist (issue 9 finding 1). No message names the server's paths.
-    """
-    if not isinstance(raw, str) or not raw.strip():
-        raise InvalidArgument(field, "a path relative to the data root is needed")
-    if len(raw) > MAX_PATH_CHARS:
-        raise InvalidArgument(field, f"a path of at most {MAX_PATH_CHARS} characters is needed")
-    rel = PurePosixPath(raw)
-    if rel.is_absolute() or raw.startswith("\\"):
-        raise InvalidArgument(field, "must be a path relative to the data root, not absolute")
-    if ".." in rel.parts:
-        raise InvalidArgument(field, "must not contain '..': paths stay under the data root")
-    if "\x00" in raw:
-        raise InvalidArgument(field, _NOT_FOUND)
-    try:
-        top = root.resolve(strict=True)
-        found = (top / base / rel).resolve(strict=True)
-        ok = found.is_relative_to(top) and found.is_file()
-    except (OSError, RuntimeError, ValueError):   # missing, loop, unreadable: all "not found"
-        ok = False
-    if not ok:
-        raise InvalidArgument(field, _NOT_FOUND)
-    return found
+    """The regular file ``raw`` names, relative to ``base`` under the data root (the shared
+    rule of services/common/paths.py)."""
+    return _confined(root, raw, field, base=base, root_name="data root")
 
 
 def _read_bounded(path: Path, limit: int, field: str, what: str) -> bytes:

@@ -40,13 +40,14 @@ import math
 import os
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import cv2
 import numpy as np
 from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.paths import confined_file
 from fortis.services.perturbation.spec import (
     ApplyContext,
     ApplyFn,
@@ -444,19 +445,7 @@ def _model_path(params: Params) -> Path:
     if root is None:
         raise InvalidArgument(bad, "neural_style is not available: the operator has not "
                               f"configured a model root ({MODEL_ROOT_ENV})")
-    rel = PurePosixPath(raw[:1025])
-    if len(raw) > 1024 or rel.is_absolute() or raw.startswith("\\") or ".." in rel.parts:
-        raise InvalidArgument(bad, "must be a relative path of at most 1024 characters without "
-                              "'..', under the model root")
-    try:
-        top = root.resolve(strict=True)
-        path = (top / rel).resolve(strict=True)
-        ok = "\x00" not in raw and path.is_relative_to(top) and path.is_file()
-    except (OSError, RuntimeError, ValueError):   # missing, loop, unreadable: all "not found"
-        ok = False
-    if not ok:
-        raise InvalidArgument(bad, _MODEL_NOT_FOUND)
-    return path
+    return confined_file(root, raw, bad, root_name="model root")
 
 
 def load_style_model(params: Params) -> Any:
