@@ -112,20 +112,36 @@ class Stack:
     internal_key: str
     closers: list[Any] = field(default_factory=list)
     metrics_port: int | None = None
+    #: The evaluation manager, when this stack runs the evaluation service.
+    manager: Any = None
 
     @property
     def address(self) -> str:
         return self.server.address
 
-    def stop(self, grace: float = 0.5) -> None:
+    def stop(self, grace: float = 0.5, *, worker_wait: float = 2.0) -> list[str]:
+        """Drain and stop, in an order that keeps in-flight work consistent (issue 9: SIGTERM
+        must end the process in bounded time): health NOT_SERVING first (load balancers stop
+        sending), the evaluation manager next (running evaluations stay RUNNING, resumed by
+        the next start), then the server with ``grace`` for in-flight calls (streams are
+        cancelled when it ends), and only then the ledger, channels and back ends the calls
+        used. Returns the evaluations whose worker was still busy after ``worker_wait``
+        seconds: the caller decides whether to cut them short (``fortis serve`` does)."""
+        self.server.health.enter_graceful_shutdown()
+        if self.manager is not None:
+            self.manager.close()
+        self.server.stop(grace)
+        for s in self.target_servers.values():
+            s.stop(grace)
+        busy: list[str] = []
+        if self.manager is not None:
+            busy = self.manager.wait_idle(worker_wait)
         for c in self.closers:
             try:
                 c()
             except Exception:  # noqa: BLE001 - best effort on shutdown
-                pass
-        self.server.stop(grace)
-        for s in self.target_servers.values():
-            s.stop(grace)
+                log.warning("shutdown: a closer failed", closer=getattr(c, "__qualname__", "?"))
+        return busy
 
 
 def local_catalogue() -> Any:
@@ -295,7 +311,6 @@ def start_stack(settings: StackSettings) -> Stack:
         manager = EvaluationManager(store, ports_for=ports_for,
                                     datasets=PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root),
                                     artifacts_dir=state / "artifacts")
-        closers.append(manager.close)
         register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,
                          ev_servicer.EvaluationServicer(manager, heartbeat_s=settings.watch_heartbeat_s), ev_servicer.SERVICE_NAME))
 
@@ -306,4 +321,5 @@ def start_stack(settings: StackSettings) -> Stack:
     if manager is not None and settings.resume:
         manager.resume_unfinished()
     return Stack(server=server, target_servers=target_servers, settings=settings,
-                 internal_key=internal_key, closers=closers, metrics_port=metrics_port)
+                 internal_key=internal_key, closers=closers, metrics_port=metrics_port,
+                 manager=manager)

@@ -252,7 +252,32 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
-    stack.stop(grace=2.0)
+    return _shutdown(stack, float(ns.shutdown_grace))
+
+
+def _shutdown(stack: Any, grace: float) -> int:
+    """Drain ``stack`` and end the process within about ``grace`` + 3 seconds (issue 9:
+    Kubernetes sends SIGTERM, then SIGKILL after its own grace period).
+
+    In-flight calls get ``grace`` seconds; evaluations stop at their next item and stay
+    RUNNING, so the next start resumes them. A worker busy inside a long item, or a handler
+    thread still computing, is not waited for: those threads are not daemons and would keep
+    the interpreter alive, so the process ends with ``os._exit`` after saying what it cut."""
+    import structlog
+
+    log = structlog.get_logger("fortis.serve")
+    log.info("shutdown_started", grace_s=grace)
+    t0 = time.monotonic()
+    busy = stack.stop(grace=grace, worker_wait=min(3.0, max(0.5, grace)))
+    alive = [t.name for t in threading.enumerate()
+             if t is not threading.main_thread() and t.is_alive() and not t.daemon]
+    log.info("shutdown_finished", seconds=round(time.monotonic() - t0, 3),
+             **({"cut_short_evaluations": busy} if busy else {}),
+             **({"cut_short_threads": alive[:20]} if alive else {}))
+    if busy or alive:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--metrics-port", type=int,
                     help="serve the proxy's Prometheus metrics at http://0.0.0.0:PORT/metrics")
     sp.add_argument("--log-level", default="info")
+    sp.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
+                    help="on SIGTERM/SIGINT: seconds in-flight calls get before they are cut; "
+                    "the process ends within about this plus 3 s, running evaluations resume "
+                    "on the next start (default 10)")
     sp.set_defaults(fn=local.cmd_serve)
 
     sp = sub.add_parser("ledger", help="query counts from the proxy's ledger")

@@ -8,8 +8,10 @@ section 1), so a bad request never takes a service down and internals never leak
 from __future__ import annotations
 
 import contextvars
+import re
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -38,6 +40,19 @@ SERVICE_TENANT = "*"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 _EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+#: Metadata key of a per-call request id: taken from the caller when safe, else generated,
+#: returned in the trailing metadata and bound to every log line of the call (issue 9 audit).
+REQUEST_ID_HEADER = "x-request-id"
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
+
+
+def request_id_from(metadata: Mapping[str, str]) -> str:
+    """The caller's request id when it is short and plain (it goes into log lines, so no
+    control characters or unbounded text), else a fresh one."""
+    given = metadata.get(REQUEST_ID_HEADER, "")
+    if isinstance(given, str) and _SAFE_REQUEST_ID.fullmatch(given):
+        return given
+    return uuid.uuid4().hex
 
 current_tenant: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_tenant", default="")
 current_api_key: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_api_key", default="")
@@ -54,10 +69,23 @@ class ServerSettings:
     observe: Observer | None = None     # called after every call: (method, code, seconds)
 
 
-def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+def _abort(context: grpc.ServicerContext, exc: BaseException, request_id: str = "") -> None:
     if not isinstance(exc, errors.FortisError):
         log.error("unhandled error", error=repr(exc), traceback=traceback.format_exc())
-    context.abort_with_status(rpc_status.to_status(status_for(exc)))
+    status = rpc_status.to_status(status_for(exc))
+    if request_id:      # an aborted call returns its request id too (abort replaces trailers)
+        status = _Status(status.code, status.details,
+                         (*status.trailing_metadata, (REQUEST_ID_HEADER, request_id)))
+    context.abort_with_status(status)
+
+
+@dataclass(frozen=True)
+class _Status(grpc.Status):
+    """A ``grpc.Status`` with extra trailing metadata (the request id)."""
+
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, str | bytes], ...]
 
 
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
@@ -77,7 +105,8 @@ def _code_of(context: grpc.ServicerContext, exc: BaseException | None) -> str:
 
 def _wrap_handler(handler: grpc.RpcMethodHandler,
                   before: Callable[[grpc.ServicerContext], None],
-                  method: str = "", observe: Observer | None = None) -> grpc.RpcMethodHandler:
+                  method: str = "", observe: Observer | None = None,
+                  request_id: str = "") -> grpc.RpcMethodHandler:
     """Wrap every behaviour of a handler: run ``before`` then map domain errors."""
 
     def done(context: grpc.ServicerContext, exc: BaseException | None, t0: float) -> None:
@@ -97,7 +126,7 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
                 done(context, exc, t0)
                 if isinstance(exc, grpc.RpcError) or _aborted(context):
                     raise
-                _abort(context, exc)
+                _abort(context, exc, request_id)
             done(context, None, t0)
             return result
         return call
@@ -112,7 +141,7 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
                 done(context, exc, t0)
                 if isinstance(exc, grpc.RpcError) or _aborted(context):
                     raise
-                _abort(context, exc)
+                _abort(context, exc, request_id)
             done(context, None, t0)
         return call
 
@@ -153,23 +182,46 @@ class FortisInterceptor(grpc.ServerInterceptor):
         api_key = md.get(API_KEY_HEADER, "")
         acting_for = md.get(TENANT_HEADER, "")
         keys = self._api_keys
+        request_id = request_id_from(md)
 
         def before(context: grpc.ServicerContext) -> None:
+            # A handler thread serves many calls: start each from a clean log context.
+            structlog.contextvars.clear_contextvars()
+            structlog.contextvars.bind_contextvars(request_id=request_id, method=method)
+            try:
+                context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
+            except Exception:  # noqa: BLE001 - test doubles of the context may lack it
+                pass
             if not keys:  # auth disabled (single-user local mode)
                 tenant = acting_for or "default"
             else:
+                reason = ""
+                tenant = keys.get(api_key, "") if api_key else ""
                 if not api_key:
-                    raise errors.Unauthenticated(f"missing API key: send metadata '{API_KEY_HEADER}'")
-                tenant = keys.get(api_key, "")
-                if not tenant:
-                    raise errors.Unauthenticated("unknown API key")
+                    reason = "missing_key"
+                elif not tenant:
+                    reason = "unknown_key"
+                if reason:
+                    # Audit (issue 9): never the key itself, not even a prefix of it.
+                    log.warning("auth_failed", method=method, reason=reason,
+                                peer=_peer(context))
+                    raise errors.Unauthenticated(
+                        f"missing API key: send metadata '{API_KEY_HEADER}'"
+                        if reason == "missing_key" else "unknown API key")
                 if tenant == SERVICE_TENANT:
                     tenant = acting_for or "default"
             current_tenant.set(tenant)
             current_api_key.set(api_key)
-            structlog.contextvars.bind_contextvars(tenant=tenant, method=method)
+            structlog.contextvars.bind_contextvars(tenant=tenant)
 
-        return _wrap_handler(handler, before, method, self._observe)
+        return _wrap_handler(handler, before, method, self._observe, request_id)
+
+
+def _peer(context: grpc.ServicerContext) -> str:
+    try:
+        return str(context.peer())[:100]
+    except Exception:  # noqa: BLE001 - test doubles of the context may lack it
+        return ""
 
 
 # -- Reflection: v1 and v1alpha, from the contracts' descriptor set (comments included) --------

@@ -85,6 +85,9 @@ class EvaluationManager:
         self._cancel: dict[tuple[str, str], threading.Event] = {}
         self._lock = threading.Lock()
         self._closed = False
+        #: Evaluations a worker thread is running now (what a shutdown may cut short).
+        self._running: set[tuple[str, str]] = set()
+        self._idle = threading.Condition(self._lock)
 
     def resume_unfinished(self) -> list[str]:
         """Restart every evaluation a previous process left pending or running."""
@@ -132,6 +135,10 @@ class EvaluationManager:
                 return existing
         eid = evaluation_id or f"ev-{time.strftime('%Y%m%d')}-{uuid.uuid4().hex[:8]}"
         store.insert(evaluation_id=eid, tenant=tenant, plan_text=plan_text, plan_name=plan.name)
+        # Audit (issue 9): who created what against which target; the request id comes from
+        # the call's bound context (the server interceptor).
+        log.info("evaluation_created", tenant=tenant, evaluation_id=eid, target=plan.target.name,
+                 plan=plan.name)
         self._submit(tenant, eid)
         row = store.get(eid)
         assert row is not None
@@ -158,16 +165,33 @@ class EvaluationManager:
         return self.get(tenant, evaluation_id)
 
     def close(self) -> None:
+        """Stop for a shutdown: running evaluations stop at their next item boundary and stay
+        RUNNING in the store, so the next start resumes them (CAN-9); queued ones never
+        start. Does not wait: ``wait_idle`` bounds the wait, since one item may be long."""
         self._closed = True
         with self._lock:
             for ev in self._cancel.values():
                 ev.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def wait_idle(self, timeout: float) -> list[str]:
+        """Wait at most ``timeout`` seconds for the worker threads to finish; return the ids
+        of the evaluations still running (a shutdown cuts them short, to be resumed)."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._idle.wait(left)
+            return sorted(f"{t}/{e}" for t, e in self._running)
+
     def _submit(self, tenant: str, evaluation_id: str) -> None:
         with self._lock:
             ev = self._cancel.setdefault((tenant, evaluation_id), threading.Event())
-        self._pool.submit(self._run, tenant, evaluation_id, ev)
+        # The creating call's request id follows the evaluation into its worker thread.
+        request_id = str(structlog.contextvars.get_contextvars().get("request_id", ""))
+        self._pool.submit(self._run, tenant, evaluation_id, ev, request_id)
 
     def artifacts_of(self, tenant: str) -> Path:
         """The tenant's artifacts folder, checked to lie inside the artifacts folder."""
@@ -177,36 +201,71 @@ class EvaluationManager:
             raise errors.Internal("artifacts folder outside the artifacts root")
         return d
 
-    def _run(self, tenant: str, evaluation_id: str, cancel: threading.Event) -> None:
+    def _run(self, tenant: str, evaluation_id: str, cancel: threading.Event,
+             request_id: str = "") -> None:
+        if self._closed:
+            return
+        key = (tenant, evaluation_id)
+        with self._lock:
+            self._running.add(key)
+        try:
+            self._run_one(tenant, evaluation_id, cancel, request_id)
+        finally:
+            with self._idle:
+                self._running.discard(key)
+                self._idle.notify_all()
+
+    def _run_one(self, tenant: str, evaluation_id: str, cancel: threading.Event,
+                 request_id: str) -> None:
         store = self.store.for_tenant(tenant)
         row = store.get(evaluation_id)
         if row is None or row.state in FINAL_STATES:
             return
-        structlog.contextvars.bind_contextvars(evaluation_id=evaluation_id, tenant=row.tenant)
+        structlog.contextvars.bind_contextvars(evaluation_id=evaluation_id, tenant=row.tenant,
+                                               request_id=request_id)
+        t0 = time.monotonic()
+        target = ""
         try:
             ports = self.ports_for(row.tenant)
             catalogue = self.catalogue(row.tenant)
             plan = load_plan(row.plan_text, catalogue)
+            target = plan.target.name
+            log.info("evaluation_started", target=target, resumed=row.resumed_count > 0)
             EvaluationRunner(evaluation_id=evaluation_id, plan=plan, plan_text=row.plan_text,
                              store=store, proxy=ports.proxy,
                              perturbation=ports.perturbation, scoring=ports.scoring,
                              report=ports.report, datasets=self.datasets, catalogue=catalogue,
                              artifacts_dir=self.artifacts_of(row.tenant),
                              cancelled=cancel.is_set).run()
-            log.info("evaluation finished", evaluation_id=evaluation_id)
+            final = store.get(evaluation_id)
+            log.info("evaluation_finished", target=target,
+                     state=final.state if final is not None else "UNKNOWN",
+                     duration_s=round(time.monotonic() - t0, 3))
         except Cancelled:
-            log.info("evaluation cancelled", evaluation_id=evaluation_id)
+            if self._closed:
+                log.info("evaluation_interrupted", target=target, reason="shutdown",
+                         duration_s=round(time.monotonic() - t0, 3))
+            else:
+                log.info("evaluation_finished", target=target, state="CANCELLED",
+                         duration_s=round(time.monotonic() - t0, 3))
         except Exception as exc:  # noqa: BLE001 - any failure ends the evaluation as FAILED
             if self._closed:
-                return  # shutting down: leave it RUNNING so the next start resumes it
+                # shutting down: leave it RUNNING so the next start resumes it
+                log.info("evaluation_interrupted", target=target, reason="shutdown",
+                         duration_s=round(time.monotonic() - t0, 3))
+                return
             if cancel.is_set():
+                log.info("evaluation_finished", target=target, state="CANCELLED",
+                         duration_s=round(time.monotonic() - t0, 3))
                 return  # cancelled while a call was in flight: CANCELLED stays
             status = status_for(exc)
-            log.error("evaluation failed", evaluation_id=evaluation_id, error=status.message,
+            log.error("evaluation failed", error=status.message,
                       **({"exception": repr(exc)[:500]} if not isinstance(exc, errors.FortisError) else {}))
             store.update_running(evaluation_id, state="FAILED", stage="done",
                                       error_code=str(status.code), error_message=status.message,
                                       error_status=status.SerializeToString(),
                                       finished_at=time.time())
+            log.info("evaluation_finished", target=target, state="FAILED",
+                     duration_s=round(time.monotonic() - t0, 3), error_code=status.code)
         finally:
-            structlog.contextvars.unbind_contextvars("evaluation_id")
+            structlog.contextvars.unbind_contextvars("evaluation_id", "request_id")

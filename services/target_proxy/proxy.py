@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import structlog
 from fortis.common.v1 import common_pb2
 from fortis.services.common import errors
 from fortis.services.common.codec import image_sha256, summarize
@@ -52,6 +53,8 @@ from fortis.services.target_proxy.ratelimit import (
 )
 from fortis.target.v1 import target_pb2
 from google.rpc import code_pb2
+
+log = structlog.get_logger("fortis.proxy")
 
 #: Session ids: letters, digits, '-', '_', '.', '/'; not starting with '.'; at most 200;
 #: no empty, '.' or '..' segment (evaluation sessions are "<evaluation id>/<stage>/...").
@@ -258,6 +261,8 @@ class TargetProxy:
                 self.ledger.add_refused(session_id, tenant=tenant)
                 if self.metrics is not None:
                     self.metrics.refused_call(rec.target)
+                _log_refused("budget", tenant=tenant, session_id=session_id,
+                             target=rec.target, images=n)
                 raise errors.BudgetExhausted(violations)
             budget.charge(images)
         predictions: list[common_pb2.Prediction] = []
@@ -314,6 +319,9 @@ class TargetProxy:
             try:
                 granted = limiter.acquire(n)        # the target's and the tenant's limits
             except BaseException as exc:
+                if isinstance(exc, errors.FortisError):
+                    _log_refused("rate", tenant=rec.tenant, session_id=rec.session_id,
+                                 target=rec.target, images=n, error=str(exc)[:200])
                 self.ledger.complete([(eid, Outcome(status=code_pb2.Code.Name(code_for(exc)),
                                                     error="not sent: " + _bounded(exc)))
                                       for eid in entry_ids])
@@ -390,3 +398,12 @@ class TargetProxy:
 def _bounded(exc: BaseException) -> str:
     text = str(exc)
     return text if len(text) <= ERROR_MAX else text[:ERROR_MAX - 1] + "\u2026"
+
+
+def _log_refused(reason: str, *, tenant: str, session_id: str, target: str,
+                 **extra: object) -> None:
+    """Audit line of a refused query (issue 9): who, which session and target, and why. The
+    runner names sessions ``<evaluation>/<part>``, so the evaluation is the prefix."""
+    evaluation_id = session_id.partition("/")[0] if "/" in session_id else ""
+    log.warning("query_refused", reason=reason, tenant=tenant, session=session_id,
+                evaluation_id=evaluation_id, target=target, **extra)
