@@ -8,7 +8,9 @@ needs no change to the contract, as for perturbation ids. Pure computation, no g
 Conventions shared by every entry: probability matrices are M x C float (NaN = a class the
 target did not return), label vectors M int, images N x H x W x C uint8 or float in [0, 1];
 results are JSON-able trees in which "not applicable"/"not available" is an explicit
-``None`` with a reason, never 0.
+``None`` with a reason, never 0. Every numeric parameter has a documented bound
+(``limits.PARAM_BOUNDS``, shown by ListMetrics) checked before any work, the arrays of one call
+are bounded together, and long entries stop when ``should_stop`` says so (issue 9, finding 2).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 
 import numpy as np
 from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.scoring.limits import check_array_elements, check_params, describe
+from fortis.services.scoring.stopping import StopCheck, never
 
 Arrays = Mapping[str, np.ndarray]
 Params = Mapping[str, Any]
@@ -40,12 +44,16 @@ class MetricSpec:
     refs: tuple[str, ...]
     description: str
     inputs: tuple[Input, ...]
-    run: Callable[[Arrays, Params], dict[str, Any]]
+    run: Callable[..., dict[str, Any]]      # (arrays, params[, should_stop=] if stoppable)
     params: tuple[str, ...] = field(default_factory=tuple)   # optional params passed through
+    stoppable: bool = False                 # run takes should_stop= (issue 9, finding 2)
 
     def as_dict(self) -> dict[str, Any]:
+        def text(i: Input) -> str:
+            bound = describe(self.id, i.name) if i.kind == "param" else ""
+            return f"{i.description} ({bound})" if bound else i.description
         return {"id": self.id, "refs": list(self.refs), "description": self.description,
-                "inputs": [{"name": i.name, "kind": i.kind, "description": i.description,
+                "inputs": [{"name": i.name, "kind": i.kind, "description": text(i),
                             "required": i.required} for i in self.inputs]}
 
 
@@ -214,7 +222,7 @@ def _fast_rank(arrays: Arrays, params: Params) -> dict[str, Any]:
     raise InvalidArgument("params.new_kind", f"must be 'model' or 'attack', got {kind!r}")
 
 
-def _irt(arrays: Arrays, params: Params) -> dict[str, Any]:
+def _irt(arrays: Arrays, params: Params, should_stop: StopCheck = never) -> dict[str, Any]:
     from fortis.services.common.seeding import rng_for
     from fortis.services.scoring.irt import IRTConfig, Metric, two_layer_irt
     subjects = params.get("subjects")
@@ -231,9 +239,12 @@ def _irt(arrays: Arrays, params: Params) -> dict[str, Any]:
                               values=[float("nan") if v is None else float(v) for v in m["values"]],
                               higher_is_better=bool(m["higher_is_better"])))
     params = _integers(params, ("chain_length", "burn_in", "seed"))
-    cfg = IRTConfig(**{k: params[k] for k in ("chain_length", "burn_in") if k in params})
+    steps = ("step_theta", "step_a", "step_b", "step_c")
+    cfg = IRTConfig(**{k: params[k] for k in ("chain_length", "burn_in") if k in params},
+                    **{k: float(params[k]) for k in steps if params.get(k) is not None})
     rng = rng_for(params.get("seed", 0), "irt")
-    return two_layer_irt([str(x) for x in subjects], metrics, rng, cfg).to_dict()
+    return two_layer_irt([str(x) for x in subjects], metrics, rng, cfg,
+                         should_stop=should_stop).to_dict()
 
 
 def _pertknob_stats(arrays: Arrays, params: Params) -> dict[str, Any]:
@@ -498,8 +509,11 @@ METRICS: dict[str, MetricSpec] = {m.id: m for m in (
                        _p("metrics", "[{name, category, values (one per subject, null = missing), higher_is_better}]", True),
                        _p("seed", "sampler seed (default 0)"),
                        _p("chain_length", "MH chain length L (default 7000)"),
-                       _p("burn_in", "discarded steps (default 3000)")),
-               run=_irt),
+                       _p("burn_in", "discarded steps (default 3000)"),
+                       _p("step_theta", "proposal scale C_theta (default 1)"),
+                       _p("step_a", "C_a (default 0.3)"), _p("step_b", "C_b (default 0.3)"),
+                       _p("step_c", "C_c (default 0.03)")),
+               run=_irt, stoppable=True),
     MetricSpec(id="pertknob.robustness", refs=("PER-4",),
                description="per-property robustness from PertKnob results: mean and median minimal "
                            "L2, share never fooled, fooling rate at threshold T",
@@ -544,13 +558,19 @@ def _check_inputs(spec: MetricSpec, arrays: Arrays, params: Params) -> None:
         raise InvalidArgument.from_violations(problems)
 
 
-def compute(metric_id: str, arrays: Arrays, params: Params | None = None) -> dict[str, Any]:
-    """Run one catalogue entry; returns a JSON-able tree (NaN/inf become None)."""
+def compute(metric_id: str, arrays: Arrays, params: Params | None = None, *,
+            should_stop: StopCheck | None = None) -> dict[str, Any]:
+    """Run one catalogue entry; returns a JSON-able tree (NaN/inf become None). Parameters
+    and array sizes are checked against ``limits`` before any work; ``should_stop`` (default:
+    never) is handed to the entries that can run long (issue 9, finding 2)."""
     spec = metric_spec(metric_id)
     params = dict(params or {})
     _check_inputs(spec, arrays, params)
+    check_params(spec.id, params)
+    check_array_elements((name, a.shape) for name, a in arrays.items())
+    stop = {"should_stop": should_stop} if spec.stoppable and should_stop is not None else {}
     try:
-        result = spec.run(arrays, params)
+        result = spec.run(arrays, params, **stop)
     except (TypeError, KeyError) as exc:
         raise InvalidArgument("params", f"{spec.id}: bad inputs ({exc})") from None
     return jsonable(result)

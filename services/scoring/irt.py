@@ -47,6 +47,11 @@ normalised over the subjects and used as the items of a second fit, whose abilit
 overall score. The first layer keeps a category with many metrics from outweighing one with
 few. :func:`two_layer_irt` returns both layers; ``score`` is the overall ability min-max
 normalised to [0, 1] over the subjects (the scale of the paper's Table 9).
+
+Bounded work (issue 9, finding 2): :func:`fit_3pl` and :func:`two_layer_irt` take
+``should_stop`` (default: never) and check it every few steps of the chain and between fits,
+so a caller that has gone (deadline passed, call cancelled) stops the sampler within a few
+steps; the check raises DeadlineExceeded or Cancelled (``stopping.raise_if_stopped``).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from typing import Any
 
 import numpy as np
 from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.scoring.stopping import StopCheck, never, raise_if_stopped
 
 __all__ = [
     "D_SCALE",
@@ -78,6 +84,10 @@ D_SCALE = 1.702
 #: Prior of the guessing parameter c: Beta(alpha, beta) (seed 003).
 C_PRIOR = (5.0, 17.0)
 _P_EPS = 1e-10   # P is kept in [eps, 1 - eps] inside logarithms
+#: The stop check runs at least every this many steps of the chain, and more often when one
+#: step is costly (subjects x items large): about every _STOP_CELLS likelihood cells.
+_STOP_EVERY = 32
+_STOP_CELLS = 200_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,10 +274,11 @@ def _log_prior_items(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def fit_3pl(responses: np.ndarray, rng: np.random.Generator,
-            config: IRTConfig | None = None) -> IRTFit:
+            config: IRTConfig | None = None, *, should_stop: StopCheck = never) -> IRTFit:
     """Fit the 3PL model to a subjects x items matrix of responses in [0, 1] (NaN = missing)
     with the MH-within-Gibbs sampler of seed 003's Algorithm 1 (CAN-8). See the module
-    docstring for the likelihood, the priors and the proposals."""
+    docstring for the likelihood, the priors and the proposals. ``should_stop`` is checked
+    every few steps (issue 9, finding 2: the chain stops when its caller has gone)."""
     cfg = config or IRTConfig()
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
@@ -296,7 +307,10 @@ def fit_3pl(responses: np.ndarray, rng: np.random.Generator,
     sq = np.zeros(n + 3 * m)
     acc_theta = 0
     acc_items = 0
+    every = max(1, min(_STOP_EVERY, _STOP_CELLS // (n * m)))
     for k in range(cfg.chain_length):
+        if k % every == 0:
+            raise_if_stopped(should_stop, "the IRT sampler")
         # -- subjects: N independent MH steps in one block (Algorithm 1 lines 2-7)
         prop = theta + cfg.step_theta * rng.standard_normal(n)
         ll_prop = _loglik(x, w, prop, a, b, c, d)
@@ -395,11 +409,13 @@ class TwoLayerResult:
 
 
 def two_layer_irt(subjects: Sequence[str], metrics: Sequence[Metric],
-                  rng: np.random.Generator, config: IRTConfig | None = None) -> TwoLayerResult:
+                  rng: np.random.Generator, config: IRTConfig | None = None, *,
+                  should_stop: StopCheck = never) -> TwoLayerResult:
     """Two-layer IRT scores (CAN-8; seed 003 section 3.3): per category, a 3PL fit over the
     category's min-max normalised metrics; then a 3PL fit over the categories' abilities, min-
     max normalised. The fits run in the order the categories first appear in ``metrics``, all
-    drawing from ``rng``, so the same inputs and seed give the same scores."""
+    drawing from ``rng``, so the same inputs and seed give the same scores. ``should_stop``
+    is passed to every fit (issue 9, finding 2)."""
     names = [str(s) for s in subjects]
     n = len(names)
     v: list[FieldViolation] = []
@@ -437,7 +453,7 @@ def two_layer_irt(subjects: Sequence[str], metrics: Sequence[Metric],
         if not informative.any():
             dropped.append(cat)
             continue
-        layer1[cat] = fit_3pl(norm[:, informative], rng, config)
+        layer1[cat] = fit_3pl(norm[:, informative], rng, config, should_stop=should_stop)
         layer1_items[cat] = tuple(mt.name for mt, ok in zip(ms, informative, strict=True) if ok)
 
     overall: IRTFit | None = None
@@ -452,7 +468,7 @@ def two_layer_irt(subjects: Sequence[str], metrics: Sequence[Metric],
         if not informative2.any():
             theta = np.zeros(n)
         else:
-            overall = fit_3pl(norm2[:, informative2], rng, config)
+            overall = fit_3pl(norm2[:, informative2], rng, config, should_stop=should_stop)
             theta = overall.theta.copy()
             layer2_items = tuple(c for c, ok in zip(layer1, informative2, strict=True) if ok)
     return TwoLayerResult(subjects=tuple(names), layer1=layer1, layer1_items=layer1_items,

@@ -5,6 +5,11 @@ that knows the messages), scores it with ``evaluation_scoring.score_evaluation``
 with the typed response. ListMetrics pages through the catalogue with an opaque token;
 Compute runs one catalogue entry (its params arrive as JSON, numbers as doubles: each entry
 reads the integers it needs itself). Domain errors become statuses in the shared interceptor.
+
+Bounded work (issue 9, finding 2): Compute refuses arrays over ``limits.MAX_ARRAY_ELEMENTS``
+from their shapes before decoding them, and hands the catalogue a stop check built from the
+call (``stopping.caller_stop``), so a long entry ends with DEADLINE_EXCEEDED or CANCELLED as
+soon as its caller's deadline passes or the call is cancelled, instead of working on.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring.catalogue import compute, list_metrics
 from fortis.services.scoring.convert import read_evaluation, response_from_scores
 from fortis.services.scoring.evaluation_scoring import score_evaluation
+from fortis.services.scoring.limits import check_array_elements
+from fortis.services.scoring.stopping import caller_stop
 from google.protobuf import json_format, struct_pb2
 
 SERVICE_NAME = scoring_pb2.DESCRIPTOR.services_by_name["ScoringService"].full_name
@@ -73,9 +80,11 @@ class ScoringServicer(scoring_pb2_grpc.ScoringServiceServicer):
             next_page_token=page_token(end) if end < len(entries) else "")
 
     def Compute(self, request: Any, context: Any) -> scoring_pb2.ComputeResponse:
+        check_array_elements((name, tuple(t.shape)) for name, t in request.arrays.items())
         arrays = {name: tensor_to_array(t, f"arrays.{name}") for name, t in request.arrays.items()}
         params = json_format.MessageToDict(request.params) if request.HasField("params") else {}
-        result = compute(request.metric, arrays, params)
+        result = compute(request.metric, arrays, params,
+                         should_stop=caller_stop(context.is_active, context.time_remaining))
         s = struct_pb2.Struct()
         json_format.ParseDict(result, s)
         return scoring_pb2.ComputeResponse(result=s)

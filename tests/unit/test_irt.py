@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 import scipy.stats
-from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.errors import Cancelled, DeadlineExceeded, InvalidArgument
 from fortis.services.scoring.irt import (
     D_SCALE,
     IRTConfig,
@@ -154,6 +154,47 @@ def test_bad_input_names_the_field() -> None:
 
 
 # --------------------------------------------------- CAN-8: normalisation and two layers ----
+
+
+def test_sampler_stops_within_a_few_steps_of_should_stop() -> None:
+    """Issue 9, finding 2: the chain checks ``should_stop`` every few steps and stops."""
+    g, theta, a, b, c = simulated_items(3)
+    x = simulate_3pl(theta, a, b, c, g, continuous=True)
+    calls = 0
+
+    def stop_after_5() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls > 5
+
+    with pytest.raises(Cancelled):
+        fit_3pl(x, np.random.default_rng(0), IRTConfig(chain_length=100_000, burn_in=0),
+                should_stop=stop_after_5)
+    assert calls == 6           # checked every <= 32 steps: stopped within ~200 of 100000
+
+    steps = 0
+
+    def deadline() -> bool:     # a check may raise the error that fits its cause itself
+        nonlocal steps
+        steps += 1
+        if steps > 2:
+            raise DeadlineExceeded("deadline passed")
+        return False
+
+    metrics = [Metric(name=f"m{j}", category=f"c{j % 2}", values=list(x[:, j]),
+                      higher_is_better=True) for j in range(x.shape[1])]
+    with pytest.raises(DeadlineExceeded):
+        two_layer_irt([f"s{i}" for i in range(x.shape[0])], metrics, np.random.default_rng(0),
+                      IRTConfig(chain_length=100_000, burn_in=0), should_stop=deadline)
+
+
+def test_should_stop_never_true_changes_nothing() -> None:
+    g, theta, a, b, c = simulated_items(4)
+    x = simulate_3pl(theta, a, b, c, g, continuous=True)
+    cfg = IRTConfig(chain_length=200, burn_in=50)
+    plain = fit_3pl(x, np.random.default_rng(1), cfg)
+    checked = fit_3pl(x, np.random.default_rng(1), cfg, should_stop=lambda: False)
+    assert np.array_equal(plain.theta, checked.theta)
 
 
 def test_minmax_normalise_orients_and_drops_constant_metrics() -> None:
