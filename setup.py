@@ -5,7 +5,7 @@ import packages are mapped onto them here:
 
     fortis.services   -> services/        (the five gRPC services and their domain code)
     fortis.adapters   -> adapters/        (target adapters)
-    fortis.cli        -> services/cli/    (the `fortis` command line and its demo plans)
+    fortis.cli        -> clients/cli/     (the `fortis` command line and its demo plans)
 
 ``fortis`` itself is a namespace package (PEP 420): the client and the generated contract
 stubs (``fortis.client``, ``fortis.<area>.v1``) come from the slim ``fortis-client``
@@ -15,9 +15,9 @@ distribution in clients/python/, which this one depends on.
 from setuptools import find_packages, setup
 
 ROOTS = {
-    "fortis.services": ("services", ["cli", "cli.*"]),
+    "fortis.services": ("services", []),
     "fortis.adapters": ("adapters", []),
-    "fortis.cli": ("services/cli", []),
+    "fortis.cli": ("clients/cli", []),
 }
 
 packages: list[str] = []
