@@ -1,6 +1,6 @@
 """The evaluation runner's ports over gRPC: clients of the proxy, perturbation, scoring and
-report services. Transport, and the one place converting between the runner's domain
-objects (``ports.py``, ``answers.py``) and the other services' messages.
+report services. Transport: the target's answers are decoded here into arrays
+(``answers.py``); the runner's other domain objects become messages in ``convert.py``.
 
 Images travel as raw uint8 tensors (never PNG) between services; answers come back as arrays.
 """

@@ -165,4 +165,4 @@ class QueryAttackStage(_AttackStage):
                  "ledger_queries": np.array([per_image.get(o.image_id, 0) for o in outs],
                                             dtype=np.int64),
                  "linf": np.array([o.linf for o in outs]), "l2": np.array([o.l2 for o in outs]),
-                 "stop_reason": [o.stop_reason for o in outs] or [""], "session": session}, total)
+                 "stop_reason": [o.stop_reason for o in outs], "session": session}, total)
