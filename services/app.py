@@ -6,6 +6,7 @@ default) or a single service (``only=``), plus the built-in target adapters it i
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +30,39 @@ log = structlog.get_logger("fortis.app")
 SERVICES = ("proxy", "perturbation", "scoring", "report", "evaluation")
 
 
+#: A tenant name in a target's allow-list (``?tenants=a,b``): the charset of API-key tenants.
+_TENANT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def _parse_tenants(value: str, spec: str) -> frozenset[str]:
+    """The allow-list of ``?tenants=a,b`` (issue 9: targets declared with the tenants allowed
+    to use them); InvalidArgument on ``target`` for an empty list or a name outside the
+    tenant charset."""
+    names = [t.strip() for t in value.split(",")]
+    if not names or any(not _TENANT_NAME.fullmatch(t) for t in names):
+        raise errors.InvalidArgument("target", f"bad tenants= in '{spec[:200]}': a comma-separated "
+                                     "list of tenant names (letters, digits, '-', '_', '.')")
+    return frozenset(names)
+
+
+def _without_param(url: str, key: str) -> str:
+    """``url`` with every ``key=...`` query item removed (text otherwise untouched, so the
+    back end's own parameters keep their encoding)."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url
+    kept = [item for item in query.split("&") if item.partition("=")[0] != key]
+    return base + ("?" + "&".join(kept) if kept else "")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TargetConfig:
-    """A target the proxy may query: a built-in model served in-process, or a gRPC address."""
+    """A target the proxy may query: a built-in model served in-process, or a gRPC address.
+
+    ``tenants``: the tenants allowed to use it (``?tenants=a,b`` on any scheme, issue 9);
+    empty = every tenant. For any other tenant the target does not exist (NOT_FOUND, as an
+    unknown name; not listed by ListTargets).
+    """
 
     name: str
     builtin: str = ""           # built-in model name (fortis.adapters.builtin)
@@ -40,28 +71,32 @@ class TargetConfig:
     output: str = "full_scores"
     top_k: int = 5
     images_per_second: float = 0.0
+    tenants: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, spec: str) -> TargetConfig:
-        """``NAME=builtin:MODEL?output=top_k&top_k=5&rate=100`` or ``NAME=grpc://HOST:PORT?rate=50``."""
+        """``NAME=builtin:MODEL?output=top_k&top_k=5&rate=100`` or ``NAME=grpc://HOST:PORT?rate=50``;
+        any scheme also takes ``tenants=a,b`` (no ``tenants``: every tenant may use it)."""
         name, sep, rest = spec.partition("=")
         if not sep or not name or not rest:
             raise errors.InvalidArgument("target", f"'{spec}' is not NAME=builtin:MODEL or NAME=grpc://HOST:PORT")
         u = urlparse(rest)
-        q = {k: v[-1] for k, v in parse_qs(u.query).items()}
+        q = {k: v[-1] for k, v in parse_qs(u.query, keep_blank_values=True).items()}
         try:
             rate = float(q.get("rate", 0))
             top_k = int(q.get("top_k", 5))
         except ValueError:
             raise errors.InvalidArgument("target", f"bad rate or top_k in '{spec}'") from None
+        tenants = _parse_tenants(q["tenants"], spec) if "tenants" in q else frozenset()
         if u.scheme == "builtin":
             return cls(name=name, builtin=u.path or u.netloc, output=q.get("output", "full_scores"),
-                       top_k=top_k, images_per_second=rate)
+                       top_k=top_k, images_per_second=rate, tenants=tenants)
         if u.scheme == "grpc":
-            return cls(name=name, address=u.netloc, images_per_second=rate)
+            return cls(name=name, address=u.netloc, images_per_second=rate, tenants=tenants)
         from fortis.adapters.registry import SCHEMES
         if u.scheme in SCHEMES:
-            return cls(name=name, url=rest, images_per_second=rate)
+            return cls(name=name, url=_without_param(rest, "tenants"), images_per_second=rate,
+                       tenants=tenants)
         raise errors.InvalidArgument("target", f"unknown target scheme '{u.scheme}' in '{spec}'; "
                                      f"known: builtin, grpc, {', '.join(sorted(SCHEMES))}")
 
@@ -91,7 +126,9 @@ class StackSettings:
     max_message_bytes: int = 64 * 1024 * 1024
     resume: bool = True
     metrics_port: int | None = None     # serve Prometheus /metrics of the proxy (0 = any port)
-    metrics_host: str = "0.0.0.0"
+    #: Where /metrics listens (``fortis serve --metrics-address HOST:PORT``): loopback unless
+    #: the operator names another address (issue 9: metrics bound to a configurable address).
+    metrics_host: str = "127.0.0.1"
     #: Also serve each built-in target on its own loopback port (benchmarks comparing a direct
     #: call with the proxy). Off by default: built-in targets are reachable through the proxy only.
     expose_builtin_targets: bool = False
@@ -190,7 +227,7 @@ def start_stack(settings: StackSettings) -> Stack:
     from fortis.proxy.v1 import proxy_pb2_grpc
     from fortis.report.v1 import report_pb2_grpc
     from fortis.scoring.v1 import scoring_pb2_grpc
-    from fortis.services.common.metrics import MetricsServer, RpcMetrics
+    from fortis.services.common.metrics import MetricsServer, RpcMetrics, TenantLabels
     from fortis.services.evaluation import servicer as ev_servicer
     from fortis.services.evaluation.clients import (
         GrpcPerturbation,
@@ -223,7 +260,10 @@ def start_stack(settings: StackSettings) -> Stack:
         api_keys[internal_key] = SERVICE_TENANT
     closers: list[Any] = []
     registry = CollectorRegistry()
-    rpc_metrics = RpcMetrics(registry)
+    # Tenant labels come from the key table only (bounded cardinality; issue 9).
+    tenant_label = TenantLabels({t for t in api_keys.values() if t != SERVICE_TENANT}
+                                if api_keys else {"default"})
+    rpc_metrics = RpcMetrics(registry, tenant_label)
     metrics_port: int | None = None
     if settings.metrics_port is not None:
         metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
@@ -260,10 +300,11 @@ def start_stack(settings: StackSettings) -> Stack:
             if hasattr(backend, "close"):
                 closers.append(backend.close)
             entries.append(TargetEntry(name=t.name, backend=backend,
-                                       limiter=RateLimiter(t.images_per_second)))
+                                       limiter=RateLimiter(t.images_per_second),
+                                       tenants=t.tenants))
         ledger = Ledger(state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
         closers.append(ledger.close)
-        proxy_metrics = ProxyMetrics(registry)
+        proxy_metrics = ProxyMetrics(registry, tenant_label)
         register.append((proxy_pb2_grpc.add_TargetProxyServiceServicer_to_server,
                          px_servicer.TargetProxyServicer(TargetProxy(
                              ledger, entries, metrics=proxy_metrics,

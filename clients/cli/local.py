@@ -206,6 +206,24 @@ def _tenant_rates(pairs: list[str]) -> dict[str, float]:
         raise InvalidArgument("tenant_rate", str(exc)[:200]) from None
 
 
+def _metrics_address(ns: argparse.Namespace) -> tuple[str, int | None]:
+    """Where /metrics listens: ``--metrics-address HOST:PORT``, else ``--metrics-port`` on
+    127.0.0.1 (issue 9: loopback unless the operator says otherwise), else nowhere."""
+    from fortis.services.common.errors import InvalidArgument
+    from fortis.services.common.metrics import parse_metrics_address
+
+    if getattr(ns, "metrics_address", None):
+        if ns.metrics_port is not None:
+            raise InvalidArgument("metrics_address", "give --metrics-address or --metrics-port, "
+                                  "not both")
+        try:
+            host, port = parse_metrics_address(ns.metrics_address)
+        except ValueError as exc:
+            raise InvalidArgument("metrics_address", str(exc)) from None
+        return host, port
+    return "127.0.0.1", ns.metrics_port
+
+
 def cmd_serve(ns: argparse.Namespace) -> int:
     from fortis.cli.logs import configure
     from fortis.services.app import DEFAULT_TARGETS, StackSettings, TargetConfig, start_stack
@@ -223,6 +241,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         if not keys and not ns.no_auth:
             generated = new_api_key()
             keys = {generated: "default"}
+        metrics_host, metrics_port = _metrics_address(ns)
         targets = [TargetConfig.parse(t) for t in (ns.target or [])]
         # The built-in targets, unless told otherwise, wherever a proxy runs: all services
         # (no --service; argparse leaves it None) or the proxy alone.
@@ -233,7 +252,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             only=ns.service or "", proxy_address=ns.proxy_address or "",
             perturbation_address=ns.perturbation_address or "",
             scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
-            internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=ns.metrics_port,
+            internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=metrics_port,
+            metrics_host=metrics_host,
             ledger_synchronous=ns.ledger_sync,
             data_root=Path(ns.data_root) if ns.data_root else None,
             tenant_rates=_tenant_rates(ns.tenant_rate or [])))
@@ -241,11 +261,13 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         err(str(exc))
         return EXIT_BAD_INPUT
     except OSError as exc:        # the metrics port
-        err(f"cannot listen on metrics port {ns.metrics_port}: {exc.strerror or exc}")
+        err(f"cannot listen on metrics address {metrics_host}:{metrics_port}: "
+            f"{exc.strerror or exc}")
         return EXIT_BAD_INPUT
     print(json.dumps({"address": stack.address, "services": ns.service or "all",
                       "targets": {n: s.address for n, s in stack.target_servers.items()},
-                      **({"metrics_port": stack.metrics_port}
+                      **({"metrics_port": stack.metrics_port,
+                          "metrics_address": f"{metrics_host}:{stack.metrics_port}"}
                          if stack.metrics_port is not None else {}),
                       **({"api_key": generated} if generated else {})}), flush=True)
     done = threading.Event()

@@ -90,8 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "1-second window at a target holds more)")
     sp.add_argument("--data-root", help="folder of server-side datasets: manifest plans name "
                     "paths relative to it (default: none, manifest plans are refused)")
+    sp.add_argument("--metrics-address", metavar="HOST:PORT",
+                    help="serve Prometheus metrics (RPCs and proxy queries, labelled by tenant) "
+                    "at http://HOST:PORT/metrics; bind 0.0.0.0 only on purpose")
     sp.add_argument("--metrics-port", type=int,
-                    help="serve the proxy's Prometheus metrics at http://0.0.0.0:PORT/metrics")
+                    help="the same as --metrics-address 127.0.0.1:PORT")
     sp.add_argument("--log-level", default="info")
     sp.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
                     help="on SIGTERM/SIGINT: seconds in-flight calls get before they are cut; "

@@ -66,7 +66,7 @@ class ServerSettings:
     api_keys: Mapping[str, str] = field(default_factory=dict)  # key -> tenant ("*" = internal)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_workers: int = 16
-    observe: Observer | None = None     # called after every call: (method, code, seconds)
+    observe: Observer | None = None     # after every call: (method, code, seconds, tenant)
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException, request_id: str = "") -> None:
@@ -90,8 +90,9 @@ class _Status(grpc.Status):
 
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 
-#: ``observe(method, code_name, seconds)`` after every call (Prometheus, see services/metrics.py).
-Observer = Callable[[str, str, float], None]
+#: ``observe(method, code_name, seconds, tenant)`` after every call (Prometheus, see
+#: services/common/metrics.py); tenant "" when the call was refused before auth (issue 9).
+Observer = Callable[[str, str, float, str], None]
 
 
 def _code_of(context: grpc.ServicerContext, exc: BaseException | None) -> str:
@@ -112,13 +113,15 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
     def done(context: grpc.ServicerContext, exc: BaseException | None, t0: float) -> None:
         if observe is not None:
             try:
-                observe(method, _code_of(context, exc), time.perf_counter() - t0)
+                observe(method, _code_of(context, exc), time.perf_counter() - t0,
+                        current_tenant.get())
             except Exception:  # noqa: BLE001 - metrics never break a call
                 log.warning("metrics observer failed", method=method)
 
     def unary(fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             t0 = time.perf_counter()
+            current_tenant.set("")      # a worker thread's last caller is not this one's
             try:
                 before(context)
                 result = fn(request, context)
@@ -134,6 +137,7 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
     def streaming(fn: Callable[..., Iterable[Any]]) -> Callable[..., Iterable[Any]]:
         def call(request: Any, context: grpc.ServicerContext) -> Iterable[Any]:
             t0 = time.perf_counter()
+            current_tenant.set("")      # a worker thread's last caller is not this one's
             try:
                 before(context)
                 yield from fn(request, context)

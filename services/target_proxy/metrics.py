@@ -1,38 +1,49 @@
 """Prometheus metrics of the target proxy (for Kubernetes platform teams). Domain code: no gRPC.
 
 Registered on the stack's registry (:mod:`fortis.services.common.metrics`);
-``fortis serve --metrics-port N`` exposes it over HTTP at ``/metrics``. The ledger stays the source of truth for counts (IEEE-M6); these are for
+``fortis serve --metrics-address HOST:PORT`` exposes it over HTTP at ``/metrics``. The ledger stays the source of truth for counts (IEEE-M6); these are for
 dashboards and alerts.
 """
 
 from __future__ import annotations
 
-from fortis.services.common.metrics import LATENCY_BUCKETS
+from collections.abc import Callable
+
+from fortis.services.common.metrics import LATENCY_BUCKETS, TenantLabels
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 
 class ProxyMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    """The proxy's counters, labelled by target and tenant (issue 9: metrics by tenant). Tenant
+    label values go through ``tenant_label`` (the stack passes a
+    :class:`~fortis.services.common.metrics.TenantLabels` of its key table), so their number
+    stays bounded whatever a caller sends."""
+
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 tenant_label: Callable[[str], str] = TenantLabels(())) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.tenant_label = tenant_label
         self.queries = Counter("fortis_proxy_queries", "Images sent to a target (one query per image)",
-                               ["target", "status"], registry=self.registry)
+                               ["target", "tenant", "status"], registry=self.registry)
         self.calls = Counter("fortis_proxy_target_calls", "Calls made to a target (a call carries a batch)",
-                             ["target", "status"], registry=self.registry)
+                             ["target", "tenant", "status"], registry=self.registry)
         self.refused = Counter("fortis_proxy_refused_calls", "Calls refused for an exhausted budget",
-                               ["target"], registry=self.registry)
+                               ["target", "tenant"], registry=self.registry)
         self.retries = Counter("fortis_proxy_retries", "Retries after the target was UNAVAILABLE",
-                               ["target"], registry=self.registry)
+                               ["target", "tenant"], registry=self.registry)
         self.latency = Histogram("fortis_proxy_target_latency_seconds",
-                                 "Latency of one call to a target, retries included", ["target"],
-                                 buckets=LATENCY_BUCKETS,
+                                 "Latency of one call to a target, retries included",
+                                 ["target", "tenant"], buckets=LATENCY_BUCKETS,
                                  registry=self.registry)
 
-    def call(self, target: str, status: str, images: int, latency_s: float, attempts: int) -> None:
-        self.queries.labels(target, status).inc(images)
-        self.calls.labels(target, status).inc()
-        self.latency.labels(target).observe(latency_s)
+    def call(self, target: str, status: str, images: int, latency_s: float, attempts: int,
+             tenant: str = "") -> None:
+        t = self.tenant_label(tenant)
+        self.queries.labels(target, t, status).inc(images)
+        self.calls.labels(target, t, status).inc()
+        self.latency.labels(target, t).observe(latency_s)
         if attempts > 1:
-            self.retries.labels(target).inc(attempts - 1)
+            self.retries.labels(target, t).inc(attempts - 1)
 
-    def refused_call(self, target: str) -> None:
-        self.refused.labels(target).inc()
+    def refused_call(self, target: str, tenant: str = "") -> None:
+        self.refused.labels(target, self.tenant_label(tenant)).inc()

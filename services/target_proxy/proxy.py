@@ -104,6 +104,11 @@ class TargetEntry:
     backend: TargetBackend
     limiter: RateLimiter
     max_batch: int = 64
+    #: Tenants allowed to use this target (issue 9); empty = every tenant.
+    tenants: frozenset[str] = frozenset()
+
+    def allows(self, tenant: str) -> bool:
+        return not self.tenants or tenant in self.tenants
 
 
 @dataclass
@@ -171,16 +176,24 @@ class TargetProxy:
         self._lock = threading.Lock()
 
     # -- targets ----------------------------------------------------------------------------
-    def target(self, name: str) -> TargetEntry:
+    def target(self, name: str, tenant: str | None = None) -> TargetEntry:
+        """The target ``name`` as ``tenant`` sees it: a target outside the tenant's allow-list
+        is NOT_FOUND exactly like an unknown name (issue 9: targets declared with the tenants
+        allowed to use them). ``tenant=None``: the operator's view (no allow-list)."""
         if not name:
             raise errors.InvalidArgument("target", "target name is required")
         entry = self.targets.get(name)
-        if entry is None:
+        if entry is None or (tenant is not None and not entry.allows(tenant)):
             raise errors.NotFound("target", name[:200])
         return entry
 
-    def target_info(self, name: str) -> target_pb2.TargetInfo:
-        return self._with_retries(lambda: self.target(name).backend.info())[0]
+    def visible_targets(self, tenant: str) -> list[TargetEntry]:
+        """The targets ``tenant`` may use, by name (what ListTargets shows it)."""
+        return sorted((t for t in self.targets.values() if t.allows(tenant)), key=lambda t: t.name)
+
+    def target_info(self, name: str, tenant: str | None = None) -> target_pb2.TargetInfo:
+        entry = self.target(name, tenant)
+        return self._with_retries(lambda: entry.backend.info())[0]
 
     # -- sessions ---------------------------------------------------------------------------
     def create_session(self, *, tenant: str, target: str, session_id: str = "",
@@ -188,7 +201,7 @@ class TargetProxy:
                        description: str = "") -> SessionRecord:
         """Create (or, same settings, return) the tenant's session ``session_id``. Another
         tenant's session of that id is invisible: it neither conflicts nor is returned."""
-        self.target(target)
+        self.target(target, tenant)
         if query_budget < 0:
             raise errors.InvalidArgument("query_budget", "must be >= 0 (0 = unlimited)")
         if per_image_budget < 0:
@@ -252,7 +265,7 @@ class TargetProxy:
                 raise errors.InvalidArgument(f"images[{i}]", "image has no content")
         budget = self._budget(tenant, session_id)
         rec = budget.record
-        entry = self.target(rec.target)
+        entry = self.target(rec.target, tenant)
         n = len(images)
         # Reserve the queries atomically, or refuse the whole call.
         with budget.lock:
@@ -260,7 +273,7 @@ class TargetProxy:
             if violations:
                 self.ledger.add_refused(session_id, tenant=tenant)
                 if self.metrics is not None:
-                    self.metrics.refused_call(rec.target)
+                    self.metrics.refused_call(rec.target, tenant)
                 _log_refused("budget", tenant=tenant, session_id=session_id,
                              target=rec.target, images=n)
                 raise errors.BudgetExhausted(violations)
@@ -339,7 +352,8 @@ class TargetProxy:
                               output_summary=summarize(preds[i]) if failure is None else ""))
                 for i, eid in enumerate(entry_ids)])
             if self.metrics is not None:
-                self.metrics.call(rec.target, status, n, latency / 1000.0, 2 if attempt > 1 else 1)
+                self.metrics.call(rec.target, status, n, latency / 1000.0,
+                                  2 if attempt > 1 else 1, rec.tenant)
             if failure is None:
                 with budget.lock:
                     budget.answered += n

@@ -51,14 +51,16 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
 
     def ListTargets(self, request: Any, context: Any) -> proxy_pb2.ListTargetsResponse:
         size = page_size(request.page_size, default=100, maximum=1000)
-        targets = sorted(self.proxy.targets.values(), key=lambda t: t.name)
+        # Only the targets the caller may use (issue 9); the others do not exist for it.
+        targets = self.proxy.visible_targets(current_tenant.get())
         page, token = page_of(targets, "targets", size, request.page_token)
         return proxy_pb2.ListTargetsResponse(targets=[
             proxy_pb2.TargetSummary(name=t.name, images_per_second=t.limiter.limit)
             for t in page], next_page_token=token)
 
     def GetTargetInfo(self, request: Any, context: Any) -> proxy_pb2.GetTargetInfoResponse:
-        return proxy_pb2.GetTargetInfoResponse(info=self.proxy.target_info(request.target))
+        return proxy_pb2.GetTargetInfoResponse(
+            info=self.proxy.target_info(request.target, current_tenant.get()))
 
     def CreateSession(self, request: Any, context: Any) -> proxy_pb2.CreateSessionResponse:
         rec = self.proxy.create_session(

@@ -293,9 +293,9 @@ def test_prometheus_metrics_follow_the_ledger(channel, stack, fmnist_test_images
     m = _scrape(stack.metrics_port)
     st = px.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id=sess.session_id), metadata=MD)
     assert st.queries_ok == 3 and st.calls_refused == 1
-    assert m['fortis_proxy_queries_total{status="OK",target="fmnist-cnn"}'] == 3
-    assert m['fortis_proxy_refused_calls_total{target="fmnist-cnn"}'] == 1
-    assert m['fortis_proxy_target_latency_seconds_count{target="fmnist-cnn"}'] >= 1
-    # every service counts its RPCs by method and status code
-    assert m['fortis_rpc_requests_total{code="OK",method="/fortis.proxy.v1.TargetProxyService/Predict"}'] == 1
-    assert m['fortis_rpc_requests_total{code="RESOURCE_EXHAUSTED",method="/fortis.proxy.v1.TargetProxyService/Predict"}'] == 1
+    assert m['fortis_proxy_queries_total{status="OK",target="fmnist-cnn",tenant="tenant-a"}'] == 3
+    assert m['fortis_proxy_refused_calls_total{target="fmnist-cnn",tenant="tenant-a"}'] == 1
+    assert m['fortis_proxy_target_latency_seconds_count{target="fmnist-cnn",tenant="tenant-a"}'] >= 1
+    # every service counts its RPCs by method, tenant and status code
+    assert m['fortis_rpc_requests_total{code="OK",method="/fortis.proxy.v1.TargetProxyService/Predict",tenant="tenant-a"}'] == 1
+    assert m['fortis_rpc_requests_total{code="RESOURCE_EXHAUSTED",method="/fortis.proxy.v1.TargetProxyService/Predict",tenant="tenant-a"}'] == 1
