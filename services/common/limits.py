@@ -1,0 +1,618 @@
+"""The documented maximum of every field of every request message (issue 9, "Bounded work":
+"every numeric parameter of every RPC has a documented maximum; plans, strings and nesting
+depth have limits").
+
+One source of truth per limit:
+
+* the named constants below, imported by the validators that apply them (plans, pagination,
+  the proxy, scoring) or checked equal to theirs by ``tests/contract/test_limits_documented.py``;
+* :data:`FIELD_LIMITS`, the bound of each request field by its full protobuf name, and
+  :data:`ECHO_MESSAGES`, the messages a caller only hands back to be printed in a report
+  (their numbers are values, not parameters: no work depends on them, so only their strings
+  and lists are bounded);
+* :func:`check_message`, which the server's interceptor runs on every request message of every
+  service before the servicer sees it: INVALID_ARGUMENT naming the field (``images[3].image_id``,
+  ``severity``), never echoing the value past :data:`MAX_ECHO_CHARS`.
+
+What a walk over one message cannot see has its own table beside the code that reads it: the
+parameters of each perturbation and attack (their registry schemas, ``ListPerturbations`` /
+``ListAttacks``), the parameters of each ``Compute`` metric (``services/scoring/limits.py``,
+``ListMetrics``) and the plan's fields (``services/evaluation/plan.py``, with the constants
+here). ``docs/limits.md`` is generated from all of them by ``scripts/gen_limits_doc.py``.
+
+Pure code: protobuf messages, no gRPC.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from fortis.services.common.errors import FieldViolation, InvalidArgument
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+# -- transport -------------------------------------------------------------------------------
+#: Largest request message, bytes (``--max-message-bytes``; the server's default).
+MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+#: Most characters of a value quoted back in an error message.
+MAX_ECHO_CHARS: Final = 80
+#: Most field violations listed in one error.
+MAX_VIOLATIONS: Final = 20
+
+# -- identifiers and text --------------------------------------------------------------------
+#: Image ids, request ids, query origins.
+MAX_ID_CHARS: Final = 256
+#: Catalogue ids and names: perturbation, attack, metric, target, surrogate, setting names.
+MAX_NAME_CHARS: Final = 128
+#: Evaluation ids (``services/evaluation/service.py`` EVALUATION_ID_MAX).
+MAX_EVALUATION_ID_CHARS: Final = 100
+#: Proxy session ids (``services/target_proxy/proxy.py`` SESSION_ID_MAX).
+MAX_SESSION_ID_CHARS: Final = 200
+#: A proxy session's description.
+MAX_DESCRIPTION_CHARS: Final = 1000
+#: Free text a caller hands over to be printed (reasons, report texts, error strings).
+MAX_TEXT_CHARS: Final = 4096
+#: Page tokens (``services/common/pagination.py`` MAX_TOKEN_CHARS).
+MAX_PAGE_TOKEN_CHARS: Final = 512
+
+# -- pages -----------------------------------------------------------------------------------
+#: page_size of every List RPC but the ledger's (0 = the RPC's default).
+MAX_PAGE_SIZE: Final = 1000
+#: page_size of ListLedgerEntries.
+MAX_LEDGER_PAGE_SIZE: Final = 10_000
+
+# -- images and tensors ----------------------------------------------------------------------
+#: Images in one request (ApplyPerturbation, RunAttack, Predict): the plan's largest batch.
+MAX_IMAGES_PER_REQUEST: Final = 1024
+#: Pixels of one image, checked from the header before decoding (``codec.MAX_PIXELS``).
+MAX_PIXELS: Final = 40_000_000
+#: Bytes of one encoded image.
+MAX_IMAGE_BYTES: Final = 64 * 1024 * 1024
+#: Dimensions of a tensor's shape.
+MAX_TENSOR_DIMS: Final = 8
+#: Largest single dimension of a tensor (``codec.MAX_ELEMENTS`` bounds their product).
+MAX_TENSOR_DIM: Final = 1 << 31
+#: Width or height of an image, pixels.
+MAX_IMAGE_SIDE: Final = 100_000
+
+# -- labels and evaluations ------------------------------------------------------------------
+#: Largest class label (and number of classes) of a target.
+MAX_CLASS_LABEL: Final = 1_000_000
+#: Acceptable labels of one image (IEEE-C2/C3 label sets).
+MAX_LABELS_PER_IMAGE: Final = 1000
+#: Ground-truth boxes of one image (IEEE-C4).
+MAX_BOXES_PER_IMAGE: Final = 10_000
+#: Classes of interest of a segmentation criterion (IEEE-C5).
+MAX_CLASSES_OF_INTEREST: Final = 10_000
+#: Images M of one ScoreEvaluation call (IEEE-M8 recommends 10,000).
+MAX_EVALUATION_IMAGES: Final = 1_000_000
+#: Images of one plan's dataset (``dataset.limit``).
+MAX_DATASET_IMAGES: Final = 100_000
+#: ``dataset.offset`` of a plan.
+MAX_DATASET_OFFSET: Final = 10_000_000
+#: Settings (clean + corruptions x severities + attacks + degradation levels) of one scoring call.
+MAX_SETTINGS: Final = 10_000
+#: A severity (1..5) or incremental degradation level (0..30, DEG-1) of ApplyPerturbation.
+MAX_LEVEL: Final = 30
+#: A setting's level in ScoreEvaluation (``evaluation_scoring.MAX_LEVEL``).
+MAX_SCORING_LEVEL: Final = 1000
+#: A rank cut-off k, top-k or quorum q of a correctness rule.
+MAX_RANK: Final = 10_000
+#: A quorum q of label sets / objects (IEEE-C3).
+MAX_QUORUM: Final = 1_000_000
+#: An L-inf or L2 distance ([0, 1] pixel scale) handed to scoring.
+MAX_DISTANCE: Final = 1e6
+#: Largest seed (the plan's ``seed`` and every request's).
+MAX_SEED: Final = 2**63 - 1
+
+# -- budgets ---------------------------------------------------------------------------------
+#: Q_m, queries per image (IEEE-M6): the attacks' ``max_queries`` and a session's per-image budget.
+MAX_QUERIES_PER_IMAGE: Final = 1_000_000
+#: A proxy session's total budget (covers MAX_DATASET_IMAGES x MAX_QUERIES_PER_IMAGE).
+MAX_SESSION_BUDGET: Final = 10**12
+
+# -- plans -----------------------------------------------------------------------------------
+#: Bytes of a plan's text (``plan.MAX_PLAN_BYTES``).
+MAX_PLAN_BYTES: Final = 1_000_000
+#: Nesting depth of a plan document.
+MAX_PLAN_DEPTH: Final = 32
+#: Attacks of one plan (corruptions and operators cannot repeat, so the catalogue bounds them).
+MAX_PLAN_ATTACKS: Final = 100
+#: Characters of any string in a plan (names, roles, endpoint, paths).
+MAX_PLAN_STRING_CHARS: Final = 1024
+#: Entries of a plan's ``dataset.label_map``.
+MAX_LABEL_MAP: Final = 100_000
+#: ``execution.batch_size`` of a plan.
+MAX_BATCH_SIZE: Final = MAX_IMAGES_PER_REQUEST
+#: A report's plan text (``report.convert.MAX_PLAN_BYTES``).
+MAX_REPORT_PLAN_BYTES: Final = 1 << 20
+#: Entries of any list of a report's parts.
+MAX_REPORT_ENTRIES: Final = 100_000
+
+# -- Struct parameters -----------------------------------------------------------------------
+#: Nesting depth of a ``google.protobuf.Struct`` of parameters (Struct = 1).
+MAX_STRUCT_DEPTH: Final = 16
+#: Values (numbers, strings, lists, structs) of one Struct, all levels together.
+MAX_STRUCT_VALUES: Final = 2_000_000
+#: Entries of the ``arrays`` map of one Compute call.
+MAX_COMPUTE_ARRAYS: Final = 64
+
+_INT32: Final = (-(2**31), 2**31 - 1)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The bound of one field.
+
+    ``kind``: "integer" / "number" (inclusive ``lo``..``hi``; a number must be finite),
+    "text" (``length`` characters), "bytes" (``length`` bytes), "list" (a repeated message or
+    a map), "struct" (a Struct of parameters: ``MAX_STRUCT_DEPTH``, ``MAX_STRUCT_VALUES``,
+    text and key lengths), "message" (its own fields are bounded), "free" (no bound makes
+    sense: ``note`` says why). ``entries``: the most entries of a repeated field (each entry
+    then bounded as ``kind`` says). ``note`` says what else checks it or what 0 means."""
+
+    kind: str
+    lo: float | None = None
+    hi: float | None = None
+    length: int | None = None
+    entries: int | None = None
+    note: str = ""
+
+    def text(self) -> str:
+        """The bound as docs/limits.md prints it."""
+        if self.kind in ("integer", "number"):
+            each = f"{self.kind} in [{_fmt(self.lo)}, {_fmt(self.hi)}]"
+            if self.kind == "number":
+                each += ", finite"
+        elif self.kind == "text":
+            each = f"at most {self.length:,} characters"
+        elif self.kind == "bytes":
+            each = f"at most {self.length:,} bytes"
+        elif self.kind == "struct":
+            each = (f"nesting depth <= {MAX_STRUCT_DEPTH}, <= {MAX_STRUCT_VALUES:,} values, "
+                    f"strings <= {MAX_TEXT_CHARS:,} characters, keys <= {MAX_NAME_CHARS}, "
+                    "numbers finite")
+        elif self.kind == "message":
+            each = "its fields are bounded"
+        elif self.kind == "list":
+            each = ""
+        else:
+            each = "no bound"
+        if self.entries is not None:
+            each = f"at most {self.entries:,} entries" + (f", each {each}" if each else "")
+        return f"{each}; {self.note}" if self.note else each
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "?"
+    if not float(x).is_integer():
+        return repr(float(x))
+    v = int(x)
+    if v > 0 and (v + 1) & v == 0 and v >= 2**31:
+        return f"2^{v.bit_length()}-1"
+    if v >= 10**12 and str(v).strip("0") == "1":
+        return f"10^{len(str(v)) - 1}"
+    return f"{v:,}"
+
+
+def _int(lo: float, hi: float, entries: int | None = None, note: str = "") -> Limit:
+    return Limit("integer", lo, hi, entries=entries, note=note)
+
+
+def _num(lo: float, hi: float, entries: int | None = None, note: str = "") -> Limit:
+    return Limit("number", lo, hi, entries=entries, note=note)
+
+
+def _text(n: int, note: str = "") -> Limit:
+    return Limit("text", length=n, note=note)
+
+
+def _list(n: int, note: str = "") -> Limit:
+    return Limit("list", entries=n, note=note)
+
+
+_MSG = Limit("message")
+_STRUCT = Limit("struct", note="each parameter also against its entry's schema")
+_PAGE = _int(0, MAX_PAGE_SIZE, note="0 = the RPC's default")
+_TOKEN = _text(MAX_PAGE_TOKEN_CHARS, note="opaque; decoded and range-checked by pagination")
+_NAME = _text(MAX_NAME_CHARS)
+_ID = _text(MAX_ID_CHARS)
+_EVAL_ID = _text(MAX_EVALUATION_ID_CHARS, note="safe charset (letters, digits, - _ .)")
+_SESSION = _text(MAX_SESSION_ID_CHARS, note="safe charset (letters, digits, - _ . /)")
+_SEED = _int(0, MAX_SEED)
+_IMAGES = _list(MAX_IMAGES_PER_REQUEST)
+_LABELS = _int(0, MAX_CLASS_LABEL, MAX_LABELS_PER_IMAGE)
+_UNIT = _num(0.0, 1.0)
+_PLAN = _text(MAX_PLAN_BYTES, note=f"UTF-8 bytes; nesting depth <= {MAX_PLAN_DEPTH}, YAML "
+              "anchors/aliases refused; each field as in 'Plans' below")
+_PERT = "fortis.perturbation.v1."
+_SC = "fortis.scoring.v1."
+_EV = "fortis.evaluation.v1."
+_PX = "fortis.proxy.v1."
+
+#: Full protobuf field name -> its bound. Every field of every request message of every
+#: service (recursively) is here or in a message of :data:`ECHO_MESSAGES`; enums and bools
+#: are listed as "free" (the servicers refuse unknown enum values naming the field).
+FIELD_LIMITS: Final[dict[str, Limit]] = {
+    # common
+    "fortis.common.v1.Image.image_id": _ID,
+    "fortis.common.v1.Image.encoded": Limit(
+        "bytes", length=MAX_IMAGE_BYTES,
+        note=f"PNG/JPEG; at most {MAX_PIXELS:,} pixels, read from the header before decoding"),
+    "fortis.common.v1.Image.tensor": _MSG,
+    "fortis.common.v1.Tensor.dtype": Limit("free", note="enum; an unknown dtype is refused"),
+    "fortis.common.v1.Tensor.shape": _int(0, MAX_TENSOR_DIM, MAX_TENSOR_DIMS,
+                                          note="the product must match data"),
+    "fortis.common.v1.Tensor.data": Limit("bytes", length=MAX_MESSAGE_BYTES,
+                                          note="the message bound"),
+    # evaluation
+    _EV + "ValidatePlanRequest.plan": _PLAN,
+    _EV + "ValidatePlanRequest.format": Limit("free", note="enum"),
+    _EV + "CreateEvaluationRequest.plan": _PLAN,
+    _EV + "CreateEvaluationRequest.format": Limit("free", note="enum"),
+    _EV + "CreateEvaluationRequest.evaluation_id": _EVAL_ID,
+    _EV + "GetEvaluationRequest.evaluation_id": _EVAL_ID,
+    _EV + "ListEvaluationsRequest.page_size": _PAGE,
+    _EV + "ListEvaluationsRequest.page_token": _TOKEN,
+    _EV + "CancelEvaluationRequest.evaluation_id": _EVAL_ID,
+    _EV + "WatchEvaluationRequest.evaluation_id": _EVAL_ID,
+    _EV + "GetEvaluationReportRequest.evaluation_id": _EVAL_ID,
+    # perturbation
+    _PERT + "ListPerturbationsRequest.kind": Limit("free", note="enum"),
+    _PERT + "ListPerturbationsRequest.page_size": _PAGE,
+    _PERT + "ListPerturbationsRequest.page_token": _TOKEN,
+    _PERT + "ListAttacksRequest.kind": Limit("free", note="enum"),
+    _PERT + "ListAttacksRequest.page_size": _PAGE,
+    _PERT + "ListAttacksRequest.page_token": _TOKEN,
+    **{_PERT + f"{m}.{f}": lim for m in ("ApplyPerturbationRequest",
+                                          "ApplyPerturbationStreamRequest")
+       for f, lim in {
+           "perturbation_id": _NAME,
+           "severity": _int(0, MAX_LEVEL, note="severity 1..5 or level 0..30, as the "
+                                               "entry's level kind says"),
+           "seed": _SEED,
+           "images": _IMAGES,
+           "epsilon": _num(0.0, 1.0, note="PER-1 properties"),
+           "params": _STRUCT,
+           "surrogate": _NAME,
+           "labels": _int(0, MAX_CLASS_LABEL, MAX_IMAGES_PER_REQUEST,
+                          note="one per image, white-box operators"),
+           "response_encoding": Limit("free", note="enum"),
+           "request_id": _ID}.items()
+       if not (m == "ApplyPerturbationRequest" and f == "request_id")},
+    _PERT + "RunAttackRequest.attack_id": _NAME,
+    _PERT + "RunAttackRequest.params": _STRUCT,
+    _PERT + "RunAttackRequest.seed": _SEED,
+    _PERT + "RunAttackRequest.images": _IMAGES,
+    _PERT + "RunAttackRequest.proxy_session_id": _SESSION,
+    _PERT + "RunAttackRequest.origin": _ID,
+    _PERT + "RunAttackRequest.surrogate": _NAME,
+    _PERT + "LabeledImage.image": _MSG,
+    _PERT + "LabeledImage.labels": _LABELS,
+    # proxy
+    _PX + "ListTargetsRequest.page_size": _PAGE,
+    _PX + "ListTargetsRequest.page_token": _TOKEN,
+    _PX + "GetTargetInfoRequest.target": _NAME,
+    _PX + "CreateSessionRequest.target": _NAME,
+    _PX + "CreateSessionRequest.session_id": _SESSION,
+    _PX + "CreateSessionRequest.query_budget": _int(0, MAX_SESSION_BUDGET, note="0 = unlimited"),
+    _PX + "CreateSessionRequest.per_image_budget": _int(0, MAX_QUERIES_PER_IMAGE,
+                                                        note="0 = unlimited"),
+    _PX + "CreateSessionRequest.description": _text(MAX_DESCRIPTION_CHARS),
+    _PX + "GetSessionRequest.session_id": _SESSION,
+    _PX + "PredictRequest.session_id": _SESSION,
+    _PX + "PredictRequest.origin": _ID,
+    _PX + "PredictRequest.images": _IMAGES,
+    _PX + "PredictStreamRequest.request_id": _ID,
+    _PX + "PredictStreamRequest.session_id": _SESSION,
+    _PX + "PredictStreamRequest.origin": _ID,
+    _PX + "PredictStreamRequest.images": _IMAGES,
+    _PX + "GetSessionStatsRequest.session_id": _SESSION,
+    _PX + "ListLedgerEntriesRequest.session_id": _SESSION,
+    _PX + "ListLedgerEntriesRequest.page_size": _int(0, MAX_LEDGER_PAGE_SIZE,
+                                                     note="0 = the RPC's default"),
+    _PX + "ListLedgerEntriesRequest.page_token": _TOKEN,
+    # target (any TargetService behind the proxy)
+    "fortis.target.v1.PredictRequest.images": _IMAGES,
+    "fortis.target.v1.PredictStreamRequest.request_id": _ID,
+    "fortis.target.v1.PredictStreamRequest.images": _IMAGES,
+    # report
+    "fortis.report.v1.RenderReportRequest.parts": _MSG,
+    "fortis.report.v1.ReportParts.plan_text": _text(
+        MAX_REPORT_PLAN_BYTES, note="UTF-8 bytes; at most 200,000 values once parsed"),
+    # scoring: ScoreEvaluation
+    _SC + "ScoreEvaluationRequest.setup": _MSG,
+    _SC + "ScoreEvaluationRequest.setting": _MSG,
+    _SC + "ScoringSetup.image_ids": Limit("text", length=MAX_ID_CHARS,
+                                          entries=MAX_EVALUATION_IMAGES),
+    _SC + "ScoringSetup.classification": _MSG,
+    _SC + "ScoringSetup.detection": _MSG,
+    _SC + "ScoringSetup.segmentation": _MSG,
+    _SC + "ScoringSetup.correctness": _MSG,
+    _SC + "ScoringSetup.detection_criterion": _MSG,
+    _SC + "ScoringSetup.segmentation_criterion": _MSG,
+    _SC + "ScoringSetup.ranking": _MSG,
+    _SC + "ClassificationTruth.labels": _list(MAX_EVALUATION_IMAGES),
+    _SC + "LabelSet.labels": _LABELS,
+    _SC + "DetectionTruth.images": _list(MAX_EVALUATION_IMAGES),
+    _SC + "ImageBoxes.boxes": _MSG,
+    _SC + "ImageBoxes.labels": _int(0, MAX_CLASS_LABEL, MAX_BOXES_PER_IMAGE),
+    _SC + "ImageBoxes.box_format": Limit("free", note="enum"),
+    _SC + "ImageBoxes.label_base": _int(0, 1),
+    _SC + "ImageBoxes.width": _int(0, MAX_IMAGE_SIDE),
+    _SC + "ImageBoxes.height": _int(0, MAX_IMAGE_SIDE),
+    _SC + "SegmentationTruth.class_maps": _MSG,
+    _SC + "CorrectnessRule.mode": Limit("free", note="enum"),
+    _SC + "CorrectnessRule.k": _int(0, MAX_RANK, note="0 = the mode's default"),
+    _SC + "CorrectnessRule.threshold": _UNIT,
+    _SC + "DetectionCriterion.mode": Limit("free", note="enum"),
+    _SC + "DetectionCriterion.k": _int(0, MAX_RANK, note="0 = the mode's default"),
+    _SC + "DetectionCriterion.iou_threshold": _UNIT,
+    _SC + "DetectionCriterion.confidence_threshold": _UNIT,
+    _SC + "DetectionCriterion.aggregate": Limit("free", note="enum"),
+    _SC + "DetectionCriterion.q": _int(0, MAX_QUORUM),
+    _SC + "SegmentationCriterion.classes": _int(0, MAX_CLASS_LABEL, MAX_CLASSES_OF_INTEREST),
+    _SC + "SegmentationCriterion.miou_threshold": _UNIT,
+    _SC + "SegmentationCriterion.ignore_label": _int(-1, MAX_CLASS_LABEL),
+    _SC + "SegmentationCriterion.all_absent": Limit("free", note="enum"),
+    _SC + "RankingOptions.enabled": Limit("free", note="bool"),
+    _SC + "RankingOptions.reason": _text(MAX_TEXT_CHARS),
+    _SC + "RankingOptions.num_classes": _int(0, MAX_CLASS_LABEL),
+    _SC + "SettingAnswers.kind": Limit("free", note="enum"),
+    _SC + "SettingAnswers.name": _NAME,
+    _SC + "SettingAnswers.level": _int(0, MAX_SCORING_LEVEL,
+                                       note="severity 1..5, degradation level 1..1000"),
+    _SC + "SettingAnswers.image_index": _int(0, MAX_EVALUATION_IMAGES - 1, MAX_EVALUATION_IMAGES),
+    _SC + "SettingAnswers.errors": Limit("text", length=MAX_TEXT_CHARS,
+                                         entries=MAX_EVALUATION_IMAGES),
+    _SC + "SettingAnswers.classification": _MSG,
+    _SC + "SettingAnswers.detection": _MSG,
+    _SC + "SettingAnswers.segmentation": _MSG,
+    _SC + "SettingAnswers.query_attack": _MSG,
+    _SC + "SettingAnswers.sizes": _MSG,
+    _SC + "SettingAnswers.fraction_of_pixels_changed": _UNIT,
+    _SC + "ClassificationAnswers.labels": _MSG,
+    _SC + "ClassificationAnswers.scores": _MSG,
+    _SC + "DetectionAnswers.boxes": _MSG,
+    _SC + "DetectionAnswers.labels": _MSG,
+    _SC + "DetectionAnswers.scores": _MSG,
+    _SC + "DetectionAnswers.counts": _MSG,
+    _SC + "SegmentationAnswers.class_maps": _MSG,
+    _SC + "QueryAttackOutcomes.success": _list(MAX_EVALUATION_IMAGES),
+    _SC + "QueryAttackOutcomes.queries": _int(0, MAX_QUERIES_PER_IMAGE, MAX_EVALUATION_IMAGES),
+    _SC + "QueryAttackOutcomes.query_budget": _int(0, MAX_QUERIES_PER_IMAGE),
+    _SC + "PerturbationSizes.linf": _num(0.0, MAX_DISTANCE, MAX_EVALUATION_IMAGES),
+    _SC + "PerturbationSizes.l2": _num(0.0, MAX_DISTANCE, MAX_EVALUATION_IMAGES),
+    # scoring: ListMetrics, Compute
+    _SC + "ListMetricsRequest.page_size": _PAGE,
+    _SC + "ListMetricsRequest.page_token": _TOKEN,
+    _SC + "ComputeRequest.metric": _NAME,
+    _SC + "ComputeRequest.arrays": _list(MAX_COMPUTE_ARRAYS, note="elements of all arrays "
+                                         "together: see Compute below"),
+    _SC + "ComputeRequest.ArraysEntry.key": _NAME,
+    _SC + "ComputeRequest.ArraysEntry.value": _MSG,
+    _SC + "ComputeRequest.params": Limit("struct", note="each parameter also as in "
+                                         "'Compute parameters' below"),
+}
+
+#: Messages a caller hands back only to be printed in a report (RenderReport's parts: the
+#: scoring results, the test definitions, the ledger summary...). Their numbers are values,
+#: not parameters -- no work depends on them (NaN prints as "n/a") -- so their numbers are
+#: free; their strings and lists are bounded (:data:`ECHO_TEXT`, :data:`ECHO_LIST`).
+ECHO_MESSAGES: Final = frozenset({
+    "fortis.report.v1.ReportParts", "fortis.report.v1.TargetReport", "fortis.report.v1.Roles",
+    "fortis.report.v1.Party", "fortis.report.v1.Environment",
+    "fortis.report.v1.TestDefinition", "fortis.report.v1.LedgerSummary",
+    "fortis.report.v1.LedgerSummary.SessionsEntry",
+    "fortis.report.v1.LedgerSummary.AbortedAttemptSessionsEntry",
+    "fortis.report.v1.EvaluationInfo", "fortis.report.v1.DatasetInfo",
+    _SC + "ScoreEvaluationResponse", _SC + "IeeeMetrics", _SC + "Rate",
+    _SC + "CorruptionMetrics", _SC + "SeverityRobustness", _SC + "Average",
+    _SC + "WorstCase", _SC + "SeveritySummary", _SC + "AttackMetrics",
+    _SC + "IeeeMetrics.MPerAttackEntry", _SC + "Ranking", _SC + "SettingRanking",
+    _SC + "DegradationProfile", _SC + "ProfilePoint", _SC + "FailurePoint",
+    _SC + "DegradationProfile.FractionOfPixelsChangedEntry", _SC + "QueryErrors",
+    _SC + "SettingErrors", _PERT + "LevelParameters", _PERT + "NamedValue",
+    _PERT + "NumberList", _PERT + "Characterisation",
+})
+ECHO_TEXT: Final = _text(MAX_TEXT_CHARS, note="printed in the report")
+ECHO_LIST: Final = _list(MAX_REPORT_ENTRIES, note="printed in the report")
+ECHO_TEXTS: Final = Limit("text", length=MAX_TEXT_CHARS, entries=MAX_REPORT_ENTRIES,
+                          note="printed in the report")
+ECHO_VALUE: Final = Limit("free", note="a value printed in the report, not a parameter: no "
+                                       "work depends on it (NaN prints as n/a)")
+#: Message types whose content is not walked (their own parsers bound them).
+OPAQUE_MESSAGES: Final = frozenset({"google.protobuf.Timestamp", "google.protobuf.Duration"})
+
+
+def limit_for(fd: FieldDescriptor) -> Limit | None:
+    """The documented bound of field ``fd`` (None: undocumented, which the contract test
+    forbids)."""
+    lim = FIELD_LIMITS.get(fd.full_name)
+    if lim is not None:
+        return lim
+    if fd.containing_type is not None and fd.containing_type.full_name in ECHO_MESSAGES:
+        if fd.message_type is not None and not _is_map(fd):
+            return ECHO_LIST if _repeated(fd) else _MSG
+        if fd.type == FieldDescriptor.TYPE_STRING:
+            return ECHO_TEXTS if _repeated(fd) else ECHO_TEXT
+        return ECHO_LIST if _repeated(fd) else ECHO_VALUE
+    return None
+
+
+def _repeated(fd: FieldDescriptor) -> bool:
+    return bool(fd.is_repeated)
+
+
+def _is_map(fd: FieldDescriptor) -> bool:
+    return bool(fd.message_type is not None and fd.message_type.GetOptions().map_entry)
+
+
+_INTEGER_TYPES: Final = frozenset({
+    FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
+    FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED32,
+    FieldDescriptor.TYPE_SFIXED64})
+_FLOAT_TYPES: Final = frozenset({FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT})
+
+
+def request_fields(root: Descriptor) -> Iterator[tuple[str, FieldDescriptor]]:
+    """Every field reachable from request type ``root`` once, as (path, field); a path names
+    the field as a caller writes it (``images[].image_id``). Struct and Timestamp are leaves."""
+    seen: set[str] = set()
+    stack: list[tuple[str, Descriptor]] = [("", root)]
+    while stack:
+        prefix, md = stack.pop()
+        for fd in md.fields:
+            if fd.full_name in seen:
+                continue
+            seen.add(fd.full_name)
+            path = f"{prefix}{fd.name}"
+            yield path, fd
+            sub = fd.message_type
+            if sub is None or sub.full_name.startswith("google.protobuf."):
+                continue
+            if _is_map(fd):
+                stack.append((f"{path}[].", sub))
+            else:
+                stack.append((f"{path}{'[]' if _repeated(fd) else ''}.", sub))
+
+
+# --------------------------------------------------------------------------------------------
+# The check
+# --------------------------------------------------------------------------------------------
+
+
+def _short(value: Any) -> str:
+    r = repr(value)
+    return r if len(r) <= MAX_ECHO_CHARS else r[:MAX_ECHO_CHARS] + "..."
+
+
+def _number_problem(lim: Limit, x: Any, is_float: bool) -> str:
+    if is_float and not math.isfinite(x):
+        return f"must be a finite number, got {x!r}"
+    if lim.lo is not None and lim.hi is not None and not lim.lo <= x <= lim.hi:
+        return f"{_short(x)} out of bounds: {lim.kind} in [{_fmt(lim.lo)}, {_fmt(lim.hi)}]"
+    return ""
+
+
+class _Walk:
+    def __init__(self) -> None:
+        self.problems: list[FieldViolation] = []
+
+    def bad(self, field: str, message: str) -> None:
+        if len(self.problems) < MAX_VIOLATIONS:
+            self.problems.append(FieldViolation(field, message))
+
+    def message(self, msg: Message, prefix: str) -> None:
+        for fd, value in msg.ListFields():
+            if len(self.problems) >= MAX_VIOLATIONS:
+                return
+            self.field(fd, value, f"{prefix}.{fd.name}" if prefix else fd.name)
+
+    def field(self, fd: FieldDescriptor, value: Any, name: str) -> None:
+        lim = limit_for(fd)
+        if lim is None or lim.kind == "free":
+            if fd.message_type is not None and not _repeated(fd):
+                self.sub(fd, value, name)
+            return
+        if _repeated(fd):
+            n = len(value)
+            if lim.entries is not None and n > lim.entries:
+                self.bad(name, f"{n:,} entries; at most {lim.entries:,}")
+                return
+            if _is_map(fd):
+                vfd = fd.message_type.fields_by_name["value"]
+                for key in value:
+                    if vfd.message_type is not None:
+                        self.sub(vfd, value[key], f"{name}[{_short(key)}]")
+                return
+            if fd.message_type is not None:
+                for i, item in enumerate(value):
+                    self.sub(fd, item, f"{name}[{i}]")
+                    if len(self.problems) >= MAX_VIOLATIONS:
+                        return
+                return
+            for i, item in enumerate(value):
+                if self.scalar(fd, lim, item, f"{name}[{i}]"):
+                    return
+            return
+        if fd.message_type is not None:
+            self.sub(fd, value, name)
+        else:
+            self.scalar(fd, lim, value, name)
+
+    def sub(self, fd: FieldDescriptor, value: Message, name: str) -> None:
+        full = fd.message_type.full_name
+        if full == "google.protobuf.Struct":
+            self.struct(value, name)
+        elif full not in OPAQUE_MESSAGES and not full.startswith("google.protobuf."):
+            self.message(value, name)
+
+    def scalar(self, fd: FieldDescriptor, lim: Limit, value: Any, name: str) -> bool:
+        """Check one scalar; True when it was refused."""
+        problem = ""
+        if lim.kind in ("text", "bytes"):
+            if lim.length is not None and len(value) > lim.length:
+                unit = "characters" if lim.kind == "text" else "bytes"
+                problem = f"{len(value):,} {unit}; at most {lim.length:,}"
+        elif lim.kind in ("integer", "number") and (fd.type in _INTEGER_TYPES
+                                                    or fd.type in _FLOAT_TYPES):
+            problem = _number_problem(lim, value, fd.type in _FLOAT_TYPES)
+        if problem:
+            self.bad(name, problem)
+        return bool(problem)
+
+    def struct(self, root: Message, name: str) -> None:
+        """Depth, size and string bounds of a Struct, iteratively (a Struct 10,000 deep must
+        not exhaust the stack)."""
+        count = 0
+        stack: list[tuple[Message, str, int]] = [(root, name, 1)]
+        while stack:
+            node, path, depth = stack.pop()
+            if depth > MAX_STRUCT_DEPTH:
+                self.bad(name, f"nested more than {MAX_STRUCT_DEPTH} levels deep")
+                return
+            kind = node.DESCRIPTOR.full_name
+            if kind == "google.protobuf.Struct":
+                children = []
+                for key, val in node.fields.items():
+                    if len(key) > MAX_NAME_CHARS:
+                        self.bad(path, f"a key of {len(key):,} characters; at most "
+                                       f"{MAX_NAME_CHARS}")
+                        return
+                    children.append((val, f"{path}.{key}"))
+            else:   # ListValue
+                children = [(val, f"{path}[{i}]") for i, val in enumerate(node.values)]
+            count += len(children)
+            if count > MAX_STRUCT_VALUES:
+                self.bad(name, f"more than {MAX_STRUCT_VALUES:,} values")
+                return
+            for val, p in children:
+                which = val.WhichOneof("kind")
+                if which == "struct_value":
+                    stack.append((val.struct_value, p, depth + 1))
+                elif which == "list_value":
+                    stack.append((val.list_value, p, depth + 1))
+                elif which == "string_value" and len(val.string_value) > MAX_TEXT_CHARS:
+                    self.bad(p, f"{len(val.string_value):,} characters; at most "
+                                f"{MAX_TEXT_CHARS:,}")
+                    return
+                elif which == "number_value" and not math.isfinite(val.number_value):
+                    self.bad(p, f"must be a finite number, got {val.number_value!r}")
+                    return
+
+
+def check_message(msg: Message, prefix: str = "") -> None:
+    """Refuse a request message any of whose fields is past its documented bound
+    (:func:`limit_for`): one :class:`InvalidArgument` listing up to :data:`MAX_VIOLATIONS`
+    violations, each naming the field as the caller wrote it. Unset fields are not checked
+    (proto3: 0 and "" mean "the default")."""
+    walk = _Walk()
+    walk.message(msg, prefix)
+    if walk.problems:
+        raise InvalidArgument.from_violations(walk.problems)
