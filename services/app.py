@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlparse
 
 import structlog
 from fortis.services.common import errors
-from fortis.services.common.api_keys import new_api_key
+from fortis.services.common.api_keys import KeyEntry, KeyFileWatcher, KeyTable, new_api_key
 from fortis.services.common.server import (
     SERVICE_TENANT,
     RunningServer,
@@ -24,6 +24,7 @@ from fortis.services.common.server import (
     call_metadata,
     channel,
 )
+from fortis.services.common.tls import TlsSettings
 
 log = structlog.get_logger("fortis.app")
 
@@ -113,7 +114,16 @@ DEFAULT_TARGETS = (
 class StackSettings:
     address: str = "127.0.0.1:0"
     state_dir: Path = Path(os.environ.get("FORTIS_STATE", ".fortis-state"))
-    api_keys: dict[str, str] = field(default_factory=dict)      # key -> tenant
+    api_keys: dict[str, str] = field(default_factory=dict)      # key -> tenant (hashed at start)
+    #: Keys already hashed (``fortis serve --api-key``/``$FORTIS_API_KEYS``: the CLI hashes
+    #: them as it parses them, so the server never holds them in plain text; issue 9).
+    key_entries: Sequence[KeyEntry] = ()
+    #: A key file (``TENANT sha256:<hex>`` per line, e.g. a Kubernetes secret mount), re-read
+    #: every ``api_keys_reload_s`` seconds when it changed (rotation without restart).
+    api_keys_file: Path | None = None
+    api_keys_reload_s: float = 2.0
+    #: TLS for the server and mTLS for the internal channels (issue 9); None: plain text.
+    tls: TlsSettings | None = None
     targets: Sequence[TargetConfig] = ()
     only: str = ""               # run just this service
     # Addresses of the other services when running one service (split mode).
@@ -151,6 +161,9 @@ class Stack:
     metrics_port: int | None = None
     #: The evaluation manager, when this stack runs the evaluation service.
     manager: Any = None
+    #: The hashed API keys in force (KeyTable), and the key file's watcher (if any).
+    key_table: Any = None
+    key_watcher: Any = None
 
     @property
     def address(self) -> str:
@@ -218,6 +231,42 @@ def start_target_server(cfg: TargetConfig, *, max_message_bytes: int = 64 * 1024
                           SERVICE_NAME)])
 
 
+def _key_table(settings: StackSettings, internal_key: str
+               ) -> tuple[KeyTable, KeyFileWatcher | None]:
+    """The hashed key table of a stack (issue 9): plain keys of ``settings.api_keys`` hashed
+    now, ``key_entries`` as given, the key file loaded and watched, and the internal service
+    key (in memory only) when auth is on. No key anywhere: auth off (local mode)."""
+    table = KeyTable()
+    if settings.api_keys or settings.key_entries:
+        plain = KeyTable.from_plain(settings.api_keys).entries()
+        table.set_source("static", (*plain, *settings.key_entries))
+    watcher = None
+    if settings.api_keys_file is not None:
+        watcher = KeyFileWatcher(settings.api_keys_file, table,
+                                 interval_s=settings.api_keys_reload_s).start()
+    if table.enabled:
+        table.add_key("internal", internal_key, SERVICE_TENANT)
+    return table, watcher
+
+
+def _check_loopback_tls(server: RunningServer, ch: Any, tls: TlsSettings) -> None:
+    """Embedded mode over TLS: the services call each other at the server's own address, so
+    its certificate must verify for that name (or ``tls.server_name``). Checked once at start
+    with a health call, so a mismatch is a clear start error, not failed evaluations later."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    try:
+        health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    except Exception:  # noqa: BLE001 - any failure here is the same start error
+        server.stop(None)
+        host = server.address.rsplit(":", 1)[0]
+        name = tls.server_name or host
+        raise errors.InvalidArgument(
+            "tls_server_name", f"the services call each other at {host[:100]} over TLS and the "
+            f"handshake failed verifying the name '{name[:100]}' against --tls-ca: give "
+            "--tls-server-name with a name the certificate holds (and a client certificate "
+            "the CA signed when --tls-client-auth require)") from None
+
+
 def start_stack(settings: StackSettings) -> Stack:
     """Start the services (and built-in targets) described by ``settings``."""
     from fortis.adapters.builtin import load_model
@@ -255,14 +304,14 @@ def start_stack(settings: StackSettings) -> Stack:
     state = Path(settings.state_dir)
     state.mkdir(parents=True, exist_ok=True)
     internal_key = settings.internal_key or new_api_key()
-    api_keys = dict(settings.api_keys)
-    if api_keys:
-        api_keys[internal_key] = SERVICE_TENANT
     closers: list[Any] = []
+    key_table, key_watcher = _key_table(settings, internal_key)
+    if key_watcher is not None:
+        closers.append(key_watcher.close)
     registry = CollectorRegistry()
-    # Tenant labels come from the key table only (bounded cardinality; issue 9).
-    tenant_label = TenantLabels({t for t in api_keys.values() if t != SERVICE_TENANT}
-                                if api_keys else {"default"})
+    # Tenant labels come from the key table only (bounded cardinality; issue 9); the key
+    # file's tenants change with it.
+    tenant_label = TenantLabels(key_table.tenants if key_table.enabled else {"default"})
     rpc_metrics = RpcMetrics(registry, tenant_label)
     metrics_port: int | None = None
     if settings.metrics_port is not None:
@@ -315,7 +364,8 @@ def start_stack(settings: StackSettings) -> Stack:
 
     def lazy_channel(address: str) -> Any:
         if address not in lazy_channels:
-            lazy_channels[address] = channel(address, max_message_bytes=settings.max_message_bytes)
+            lazy_channels[address] = channel(address, max_message_bytes=settings.max_message_bytes,
+                                             tls=settings.tls)
             closers.append(lazy_channels[address].close)
         return lazy_channels[address]
 
@@ -355,12 +405,16 @@ def start_stack(settings: StackSettings) -> Stack:
         register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,
                          ev_servicer.EvaluationServicer(manager, heartbeat_s=settings.watch_heartbeat_s), ev_servicer.SERVICE_NAME))
 
-    server = build_server(ServerSettings(address=settings.address, api_keys=api_keys,
+    server = build_server(ServerSettings(address=settings.address, api_keys=key_table,
+                                         tls=settings.tls,
                                          max_message_bytes=settings.max_message_bytes,
                                          observe=rpc_metrics.observe), register)
     addr_box["self"] = server.address
+    if settings.tls is not None and not settings.only:
+        _check_loopback_tls(server, lazy_channel(server.address), settings.tls)
     if manager is not None and settings.resume:
         manager.resume_unfinished()
     return Stack(server=server, target_servers=target_servers, settings=settings,
                  internal_key=internal_key, closers=closers, metrics_port=metrics_port,
+                 key_table=key_table, key_watcher=key_watcher,
                  manager=manager)

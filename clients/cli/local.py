@@ -67,7 +67,7 @@ def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace,
     started here (after checking the plan locally, so a bad plan starts nothing)."""
     if ns.address:
         return remote.guarded(lambda _: remote.submit_and_follow(
-            ns.address, remote.api_key_of(ns), plan_text, out, ns))(ns)
+            ns.address, remote.api_key_of(ns), plan_text, out, ns, remote.tls_of(ns)))(ns)
     from fortis.services.app import StackSettings, start_stack
     from fortis.services.common.api_keys import new_api_key
     from fortis.services.common.errors import FortisError, InvalidArgument
@@ -224,6 +224,25 @@ def _metrics_address(ns: argparse.Namespace) -> tuple[str, int | None]:
     return "127.0.0.1", ns.metrics_port
 
 
+def _tls_settings(ns: argparse.Namespace) -> Any:
+    """``fortis serve``'s TLS options as TlsSettings (None: plain text); InvalidArgument
+    when they do not go together."""
+    from fortis.services.common.errors import InvalidArgument
+    from fortis.services.common.tls import TlsSettings
+
+    if not ns.tls_cert and not ns.tls_key:
+        if ns.tls_ca or ns.tls_client_auth != "none" or ns.tls_server_name:
+            raise InvalidArgument("tls_cert", "--tls-ca, --tls-client-auth and "
+                                  "--tls-server-name need --tls-cert and --tls-key")
+        return None
+    if not ns.tls_cert or not ns.tls_key:
+        raise InvalidArgument("tls_cert" if not ns.tls_cert else "tls_key",
+                              "--tls-cert and --tls-key go together")
+    return TlsSettings(cert_file=Path(ns.tls_cert), key_file=Path(ns.tls_key),
+                       ca_file=Path(ns.tls_ca) if ns.tls_ca else None,
+                       client_auth=ns.tls_client_auth, server_name=ns.tls_server_name or "")
+
+
 def cmd_serve(ns: argparse.Namespace) -> int:
     from fortis.cli.logs import configure
     from fortis.services.app import DEFAULT_TARGETS, StackSettings, TargetConfig, start_stack
@@ -234,13 +253,15 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     if _address_in_use(ns.address):
         return _cannot_listen(ns.address)
     try:
-        keys = parse_api_keys(os.environ.get("FORTIS_API_KEYS", ""))
+        # Keys are hashed as they are parsed: the server never holds them in plain text.
+        keys = parse_api_keys(os.environ.get("FORTIS_API_KEYS", ""), "FORTIS_API_KEYS")
         for k in ns.api_key or []:
-            keys.update(parse_api_keys(k))
+            keys += parse_api_keys(k, "api_key")
         generated = ""
-        if not keys and not ns.no_auth:
+        if not keys and not ns.api_keys_file and not ns.no_auth:
             generated = new_api_key()
-            keys = {generated: "default"}
+            keys = parse_api_keys(f"{generated}=default")
+        tls = _tls_settings(ns)
         metrics_host, metrics_port = _metrics_address(ns)
         targets = [TargetConfig.parse(t) for t in (ns.target or [])]
         # The built-in targets, unless told otherwise, wherever a proxy runs: all services
@@ -248,7 +269,9 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         if not targets and ns.service in (None, "", "proxy") and not ns.no_default_targets:
             targets = [TargetConfig.parse(t) for t in DEFAULT_TARGETS]
         stack = start_stack(StackSettings(
-            address=ns.address, state_dir=_state_dir(ns), api_keys=keys, targets=targets,
+            address=ns.address, state_dir=_state_dir(ns), key_entries=keys, targets=targets,
+            api_keys_file=Path(ns.api_keys_file) if ns.api_keys_file else None,
+            api_keys_reload_s=max(0.0, float(ns.api_keys_reload)), tls=tls,
             only=ns.service or "", proxy_address=ns.proxy_address or "",
             perturbation_address=ns.perturbation_address or "",
             scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
@@ -273,6 +296,10 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    if stack.key_watcher is not None:     # SIGHUP: re-read the key file now
+        watcher = stack.key_watcher
+        signal.signal(signal.SIGHUP, lambda *_: threading.Thread(
+            target=watcher.reload, name="api-keys-sighup", daemon=True).start())
     done.wait()
     return _shutdown(stack, float(ns.shutdown_grace))
 

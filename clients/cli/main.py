@@ -12,7 +12,7 @@ import os
 import sys
 from importlib import metadata
 
-from fortis.cli import catalogue, local, remote
+from fortis.cli import catalogue, keys, local, remote
 
 
 def _version() -> str:
@@ -33,6 +33,19 @@ def _remote_opts(sp: argparse.ArgumentParser, *, required: bool = False) -> None
     sp.add_argument("--address", required=required,
                     help="a running Fortis (fortis serve), e.g. 127.0.0.1:50051")
     sp.add_argument("--api-key", help="API key (default: $FORTIS_API_KEY)")
+    _tls_client_opts(sp)
+
+
+def _tls_client_opts(sp: argparse.ArgumentParser) -> None:
+    """TLS to a server started with --tls-cert (issue 9)."""
+    sp.add_argument("--tls-ca", metavar="FILE",
+                    help="connect with TLS, trusting this CA (default: $FORTIS_TLS_CA)")
+    sp.add_argument("--tls-cert", metavar="FILE", help="client certificate, when the server "
+                    "requires one (mTLS; default: $FORTIS_TLS_CERT)")
+    sp.add_argument("--tls-key", metavar="FILE", help="the client certificate's key "
+                    "(default: $FORTIS_TLS_KEY)")
+    sp.add_argument("--tls-server-name", metavar="NAME",
+                    help="the name to verify in the server's certificate (default: the host)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--address", help="a running Fortis (fortis serve); default: start one embedded")
         sp.add_argument("--api-key", help="API key (default: $FORTIS_API_KEY)")
         sp.add_argument("--state-dir", help="where embedded runs keep state (default: $FORTIS_STATE or .fortis-state)")
+        _tls_client_opts(sp)
 
     sp = sub.add_parser("demo", help="evaluate the Fashion-MNIST demo plan, everything embedded")
     sp.add_argument("--out", required=True, help="folder for report.json and report.html")
@@ -76,6 +90,22 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--state-dir")
     sp.add_argument("--api-key", action="append", help="KEY=TENANT (repeatable; also $FORTIS_API_KEYS)")
     sp.add_argument("--no-auth", action="store_true", help="accept calls without an API key (local use only)")
+    sp.add_argument("--api-keys-file", metavar="FILE",
+                    help="API keys as 'TENANT sha256:<hex>' lines (fortis keys new), e.g. a "
+                         "Kubernetes secret mount; re-read when it changes and on SIGHUP")
+    sp.add_argument("--api-keys-reload", type=float, default=2.0, metavar="SECONDS",
+                    help="how often the key file is checked for changes (default 2; 0: "
+                         "only on SIGHUP)")
+    sp.add_argument("--tls-cert", metavar="FILE", help="serve TLS only, with this certificate "
+                    "(PEM; re-read when it changes)")
+    sp.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    sp.add_argument("--tls-ca", metavar="FILE", help="CA of client certificates (with "
+                    "--tls-client-auth require) and of the other services' certificates "
+                    "(the internal channels use mTLS with this service's certificate)")
+    sp.add_argument("--tls-client-auth", choices=["none", "require"], default="none",
+                    help="require: every client presents a certificate signed by --tls-ca")
+    sp.add_argument("--tls-server-name", metavar="NAME", help="the name internal channels "
+                    "verify in the services' certificates (default: the host they dial)")
     sp.add_argument("--target", action="append",
                     help="NAME=builtin:MODEL[?output=full_scores|top_k|label_only&top_k=K&rate=N] or NAME=grpc://HOST:PORT[?rate=N]")
     sp.add_argument("--no-default-targets", action="store_true")
@@ -167,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--list", action="store_true", help="list the metric catalogue")
     sp.add_argument("--json", action="store_true", help="with --list: as JSON")
     sp.set_defaults(fn=local.cmd_score)
+
+    keys.add_parser(sub)
 
     sp = sub.add_parser("train", help="train the Fashion-MNIST target and surrogate now")
     sp.set_defaults(fn=local.cmd_train)

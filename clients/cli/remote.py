@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from fortis.cli.output import (
     EXIT_BAD_INPUT,
@@ -38,6 +38,27 @@ Command = Callable[[argparse.Namespace], int]
 
 def api_key_of(ns: argparse.Namespace) -> str:
     return getattr(ns, "api_key", None) or os.environ.get("FORTIS_API_KEY", "")
+
+
+class TlsArgs(TypedDict, total=False):
+    """FortisClient's TLS keyword arguments."""
+
+    tls_ca: str
+    tls_cert: str
+    tls_key: str
+    tls_server_name: str
+
+
+def tls_of(ns: argparse.Namespace) -> TlsArgs:
+    """FortisClient's TLS arguments from ``--tls-ca/--tls-cert/--tls-key/--tls-server-name``
+    (or $FORTIS_TLS_CA/_CERT/_KEY/_SERVER_NAME); empty: plain text (issue 9)."""
+    env = os.environ.get
+    args = TlsArgs(tls_ca=getattr(ns, "tls_ca", None) or env("FORTIS_TLS_CA", ""),
+                   tls_cert=getattr(ns, "tls_cert", None) or env("FORTIS_TLS_CERT", ""),
+                   tls_key=getattr(ns, "tls_key", None) or env("FORTIS_TLS_KEY", ""),
+                   tls_server_name=(getattr(ns, "tls_server_name", None)
+                                    or env("FORTIS_TLS_SERVER_NAME", "")))
+    return TlsArgs(**{k: v for k, v in args.items() if v})  # type: ignore[typeddict-item]
 
 
 def guarded(fn: Command) -> Command:
@@ -59,13 +80,14 @@ def guarded(fn: Command) -> Command:
 
 
 def _client(ns: argparse.Namespace) -> FortisClient:
-    return FortisClient(ns.address, api_key=api_key_of(ns))
+    return FortisClient(ns.address, api_key=api_key_of(ns), **tls_of(ns))
 
 
 def submit_and_follow(address: str, api_key: str, plan_text: str, out: Path,
-                      ns: argparse.Namespace) -> int:
-    """Submit a plan to ``address``, follow it, write and summarise its report."""
-    with FortisClient(address, api_key=api_key) as client:
+                      ns: argparse.Namespace, tls: TlsArgs | None = None) -> int:
+    """Submit a plan to ``address``, follow it, write and summarise its report (``tls``:
+    FortisClient's TLS arguments, :func:`tls_of`)."""
+    with FortisClient(address, api_key=api_key, **(tls or TlsArgs())) as client:
         try:
             ev = client.submit(plan_text, evaluation_id=ns.id or "")
         except InvalidArgument as exc:

@@ -22,7 +22,14 @@ import grpc
 import structlog
 from fortis.client.errors import from_rpc_error
 from fortis.services.common import errors
+from fortis.services.common.api_keys import KeyTable
 from fortis.services.common.status import status_for
+from fortis.services.common.tls import (
+    TlsSettings,
+    channel_credentials,
+    channel_options,
+    server_credentials,
+)
 from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
@@ -63,7 +70,11 @@ class ServerSettings:
     """How a service's server is bound and protected."""
 
     address: str = "127.0.0.1:0"
-    api_keys: Mapping[str, str] = field(default_factory=dict)  # key -> tenant ("*" = internal)
+    #: Who may call: a KeyTable (hashed keys, reloadable), or ``{key: tenant}`` hashed at
+    #: once ("*" = internal). Empty: auth off (single-user local mode).
+    api_keys: Mapping[str, str] | KeyTable = field(default_factory=dict)
+    #: Listen with TLS only (issue 9); None: plain text.
+    tls: TlsSettings | None = None
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_workers: int = 16
     observe: Observer | None = None     # after every call: (method, code, seconds, tenant)
@@ -173,8 +184,10 @@ def _aborted(context: grpc.ServicerContext) -> bool:
 class FortisInterceptor(grpc.ServerInterceptor):
     """API-key auth (health and reflection exempt), tenant binding, error mapping."""
 
-    def __init__(self, api_keys: Mapping[str, str], observe: Observer | None = None) -> None:
-        self._api_keys = dict(api_keys)
+    def __init__(self, api_keys: Mapping[str, str] | KeyTable,
+                 observe: Observer | None = None) -> None:
+        # Hashed keys only (issue 9): a plain mapping is hashed here and not kept.
+        self._keys = api_keys if isinstance(api_keys, KeyTable) else KeyTable.from_plain(api_keys)
         self._observe = observe
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
@@ -185,7 +198,7 @@ class FortisInterceptor(grpc.ServerInterceptor):
         md = dict(handler_call_details.invocation_metadata or ())
         api_key = md.get(API_KEY_HEADER, "")
         acting_for = md.get(TENANT_HEADER, "")
-        keys = self._api_keys
+        keys = self._keys
         request_id = request_id_from(md)
 
         def before(context: grpc.ServicerContext) -> None:
@@ -196,11 +209,11 @@ class FortisInterceptor(grpc.ServerInterceptor):
                 context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
             except Exception:  # noqa: BLE001 - test doubles of the context may lack it
                 pass
-            if not keys:  # auth disabled (single-user local mode)
+            if not keys.enabled:  # auth disabled (single-user local mode)
                 tenant = acting_for or "default"
             else:
                 reason = ""
-                tenant = keys.get(api_key, "") if api_key else ""
+                tenant = keys.tenant_of(api_key) if api_key else ""
                 if not api_key:
                     reason = "missing_key"
                 elif not tenant:
@@ -393,8 +406,11 @@ def build_server(settings: ServerSettings,
                  ) -> RunningServer:
     """Create, register, bind and start a server with health and reflection.
 
-    ``register`` yields ``(add_XServicer_to_server, servicer, full_service_name)``.
+    ``register`` yields ``(add_XServicer_to_server, servicer, full_service_name)``. With
+    ``settings.tls`` the server listens with TLS only (its files reloaded on change).
     """
+    # Bad TLS files are the operator's InvalidArgument before anything starts.
+    creds = server_credentials(settings.tls)[0] if settings.tls is not None else None
     opts = [("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0)]
@@ -410,7 +426,8 @@ def build_server(settings: ServerSettings,
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     add_reflection(server, names)
     try:
-        port = server.add_insecure_port(settings.address)
+        port = (server.add_secure_port(settings.address, creds) if creds is not None
+                else server.add_insecure_port(settings.address))
     except RuntimeError:            # grpcio raises on a port in use (newer versions)
         port = 0
     if port == 0:
@@ -420,15 +437,21 @@ def build_server(settings: ServerSettings,
     server.start()
     host = settings.address.rsplit(":", 1)[0]
     address = f"{host}:{port}"
-    log.info("server started", address=address, services=names[len(REFLECTION_SERVICES) + 1:])
+    log.info("server started", address=address, services=names[len(REFLECTION_SERVICES) + 1:],
+             tls="off" if settings.tls is None else f"client_auth={settings.tls.client_auth}")
     return RunningServer(server=server, port=port, health=health_servicer, address=address)
 
 
-def channel(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> grpc.Channel:
-    """A client channel with Fortis's message limits."""
-    return grpc.insecure_channel(address, options=[
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes)])
+def channel(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+            tls: TlsSettings | None = None) -> grpc.Channel:
+    """A client channel with Fortis's message limits; with ``tls``, an internal channel over
+    TLS that trusts ``tls.ca_file`` and presents the service's own certificate (mTLS)."""
+    opts: list[tuple[str, Any]] = [("grpc.max_receive_message_length", max_message_bytes),
+                                   ("grpc.max_send_message_length", max_message_bytes)]
+    if tls is None:
+        return grpc.insecure_channel(address, options=opts)
+    return grpc.secure_channel(address, channel_credentials(tls),
+                               options=opts + channel_options(tls))
 
 
 def call_metadata(api_key: str, tenant: str = "") -> tuple[tuple[str, str], ...]:

@@ -14,6 +14,7 @@ from fortis.client._pagination import iter_pages
 from fortis.client.errors import (
     DeadlineExceeded,
     FortisError,
+    InvalidArgument,
     Unavailable,
     from_rpc_error,
 )
@@ -43,20 +44,56 @@ WATCH_SEGMENT_S = 300.0
 WATCH_RECONNECTS = 5
 
 
+def _read_pem(path: str | Path | None, field: str) -> bytes | None:
+    if path is None or path == "":
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidArgument(field, f"cannot read '{str(path)[:200]}': "
+                              f"{exc.strerror or type(exc).__name__}") from None
+
+
+def _channel_credentials(ca: str | Path | None, cert: str | Path | None,
+                         key: str | Path | None) -> grpc.ChannelCredentials:
+    """TLS credentials: the CA to trust (None: the system's roots) and, for mTLS, this
+    client's certificate and key (both or neither)."""
+    if bool(cert) != bool(key):
+        raise InvalidArgument("tls_cert" if key else "tls_key",
+                              "a client certificate needs its key, and a key its certificate")
+    return grpc.ssl_channel_credentials(root_certificates=_read_pem(ca, "tls_ca"),
+                                        private_key=_read_pem(key, "tls_key"),
+                                        certificate_chain=_read_pem(cert, "tls_cert"))
+
+
 class FortisClient:
     """Client of a running Fortis (``fortis serve``). Use it as a context manager.
 
     Every call has a deadline (``timeout_s``; ``watch``/``wait`` take their own) and raises the
     :mod:`fortis.client.errors` class the server raised, with its details.
+
+    TLS (a server started with ``--tls-cert``): ``tls_ca`` is the CA file that signed the
+    server's certificate (``tls=True`` alone trusts the system's roots); ``tls_cert`` and
+    ``tls_key`` are this client's certificate and key when the server requires one (mTLS);
+    ``tls_server_name`` is the name to verify when it is not the host of ``address``.
     """
 
-    def __init__(self, address: str, *, api_key: str = "", timeout_s: float = 60.0) -> None:
+    def __init__(self, address: str, *, api_key: str = "", timeout_s: float = 60.0,
+                 tls: bool = False, tls_ca: str | Path | None = None,
+                 tls_cert: str | Path | None = None, tls_key: str | Path | None = None,
+                 tls_server_name: str = "") -> None:
         self.address = address
         self.timeout_s = timeout_s
         self._md: tuple[tuple[str, str], ...] = ((API_KEY_HEADER, api_key),) if api_key else ()
-        self._ch = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                          ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        if tls or tls_ca or tls_cert or tls_key or tls_server_name:
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            self._ch = grpc.secure_channel(
+                address, _channel_credentials(tls_ca, tls_cert, tls_key), options=options)
+        else:
+            self._ch = grpc.insecure_channel(address, options=options)
         self._evaluations = evaluation_pb2_grpc.EvaluationServiceStub(self._ch)
         self._proxy = proxy_pb2_grpc.TargetProxyServiceStub(self._ch)
         self._perturbation = perturbation_pb2_grpc.PerturbationServiceStub(self._ch)
