@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -616,3 +616,12 @@ def check_message(msg: Message, prefix: str = "") -> None:
     walk.message(msg, prefix)
     if walk.problems:
         raise InvalidArgument.from_violations(walk.problems)
+
+
+M = TypeVar("M", bound=Message)
+
+
+def checked(msg: M) -> M:
+    """``msg`` after :func:`check_message` (for streams of requests)."""
+    check_message(msg)
+    return msg

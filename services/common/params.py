@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.common.limits import MAX_TEXT_CHARS
 
 #: The parameter types a catalogue entry may declare.
 ParamType = Literal["float", "int", "bool", "string"]
@@ -98,6 +99,9 @@ def validate_params(spec: Any, params: Mapping[str, Any] | None,
             v = _coerce(p, v)
         except (TypeError, ValueError, OverflowError):
             problems.append(FieldViolation(f, f"must be a {p.type}, got {_short(v)}"))
+            continue
+        if p.type == "string" and len(v) > MAX_TEXT_CHARS:
+            problems.append(FieldViolation(f, f"{len(v):,} characters; at most {MAX_TEXT_CHARS:,}"))
             continue
         if (p.minimum is not None and v < p.minimum) or (p.maximum is not None and v > p.maximum):
             problems.append(FieldViolation(f, f"must be in [{p.minimum}, {p.maximum}], got {v}"))

@@ -25,13 +25,25 @@ from fortis.services.common.criteria import (
     SegmentationCriterion,
 )
 from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.common.limits import (
+    MAX_BATCH_SIZE,
+    MAX_DATASET_IMAGES,
+    MAX_DATASET_OFFSET,
+    MAX_LABEL_MAP,
+    MAX_PLAN_ATTACKS,
+    MAX_PLAN_DEPTH,
+    MAX_PLAN_STRING_CHARS,
+    MAX_SEED,
+)
 from fortis.services.common.params import validate_params
 from fortis.services.evaluation.ports import Catalogue
 
 DATASETS = ("fashion-mnist", "imagenet-photos", "manifest")
 TASKS = ("classification", "detection", "segmentation")
-MAX_PLAN_BYTES = 1_000_000
-MAX_DEPTH = 32
+from fortis.services.common.limits import MAX_PLAN_BYTES  # noqa: E402 - re-exported
+
+#: Nesting depth of a plan document (docs/limits.md, issue 9).
+MAX_DEPTH = MAX_PLAN_DEPTH
 #: An attack's name in the plan: it becomes part of proxy session ids and artifact file names.
 _SETTING_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,59}$")
 __all__ = ["CORRECTNESS_MODES", "DATASETS", "MAX_PLAN_BYTES", "TASKS", "AttackTest",
@@ -147,6 +159,9 @@ class _V:
         v = doc[key]
         if not isinstance(v, str) or (required and not v.strip()):
             self.bad(p, f"must be a non-empty string, got {_short(v)}")
+            return default
+        if len(v) > MAX_PLAN_STRING_CHARS:
+            self.bad(p, f"{len(v):,} characters; at most {MAX_PLAN_STRING_CHARS:,}")
             return default
         if choices and v not in choices:
             self.bad(p, f"must be one of {', '.join(choices)}, got {_short(v)}")
@@ -314,6 +329,8 @@ def _dataset(v: _V, doc: Mapping[str, Any], task: str) -> DatasetRef:
     lm = d.get("label_map") or {}
     if not isinstance(lm, Mapping):
         v.bad("dataset.label_map", "must be a mapping of dataset label -> service label")
+    elif len(lm) > MAX_LABEL_MAP:
+        v.bad("dataset.label_map", f"{len(lm):,} entries; at most {MAX_LABEL_MAP:,}")
     else:
         for k, val in lm.items():
             try:
@@ -322,8 +339,10 @@ def _dataset(v: _V, doc: Mapping[str, Any], task: str) -> DatasetRef:
                 v.bad(f"dataset.label_map.{str(k)[:40]}", f"labels must be integers, got {_short(k)}: {_short(val)}")
     dataset = DatasetRef(source=v.string(d, "source", "dataset", required=True, choices=DATASETS),
                          split=v.string(d, "split", "dataset", default="test", choices=("test", "train")),
-                         limit=v.integer(d, "limit", "dataset", default=100, lo=1, hi=100_000),
-                         offset=v.integer(d, "offset", "dataset", default=0, lo=0, hi=10_000_000),
+                         limit=v.integer(d, "limit", "dataset", default=100, lo=1,
+                                                 hi=MAX_DATASET_IMAGES),
+                         offset=v.integer(d, "offset", "dataset", default=0, lo=0,
+                                                   hi=MAX_DATASET_OFFSET),
                          label_map=label_map, path=v.string(d, "path", "dataset"))
     if dataset.source == "manifest" and not dataset.path:
         v.bad("dataset.path", "source 'manifest' needs the path of a JSON-lines manifest")
@@ -400,7 +419,11 @@ def _corruptions(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[Corrupti
 def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[AttackTest]:
     out: list[AttackTest] = []
     seen: set[str] = set()
-    for i, item in enumerate(v.items(doc, "attacks")):
+    items = v.items(doc, "attacks")
+    if len(items) > MAX_PLAN_ATTACKS:
+        v.bad("attacks", f"{len(items):,} attacks; at most {MAX_PLAN_ATTACKS} in one plan")
+        items = items[:MAX_PLAN_ATTACKS]
+    for i, item in enumerate(items):
         p = f"attacks[{i}]"
         it = v.mapping(item, p)
         v.unknown(it, p, {"id", "params", "surrogate", "limit", "name"})
@@ -430,7 +453,8 @@ def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[AttackTest]:
         seen.add(label)
         out.append(AttackTest(id=aid, name=label, params=dict(params),
                               surrogate=v.string(it, "surrogate", p),
-                              limit=v.integer(it, "limit", p, default=0, lo=0, hi=100_000)))
+                              limit=v.integer(it, "limit", p, default=0, lo=0,
+                                                    hi=MAX_DATASET_IMAGES)))
     return out
 
 
@@ -485,7 +509,7 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
                         "corruptions", "attacks", "execution", "description", "degradation",
                         "detection", "segmentation"})
     name = v.string(doc, "name", "", required=True)
-    seed = v.integer(doc, "seed", "", default=0, lo=0, hi=2**63 - 1)
+    seed = v.integer(doc, "seed", "", default=0, lo=0, hi=MAX_SEED)
     roles = _roles(v, doc)
     target = _target(v, doc)
     dataset = _dataset(v, doc, target.task)
@@ -495,7 +519,7 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
     degradation = _degradation(v, doc, catalogue)
     e = v.mapping(doc.get("execution"), "execution", required=False)
     v.unknown(e, "execution", {"batch_size"})
-    batch = v.integer(e, "batch_size", "execution", default=64, lo=1, hi=1024)
+    batch = v.integer(e, "batch_size", "execution", default=64, lo=1, hi=MAX_BATCH_SIZE)
     _task_limits(v, target.task, corruptions, attacks, degradation, catalogue)
     if not corruptions and not attacks and not degradation:
         v.bad("corruptions", "the plan tests nothing: list at least one corruption, attack or "

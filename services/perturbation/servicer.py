@@ -18,7 +18,7 @@ import numpy as np
 from fortis.perturbation.v1 import perturbation_pb2 as pb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from fortis.services.common import errors
+from fortis.services.common import errors, limits
 from fortis.services.common.codec import array_to_tensor, decode_image, decode_images, image_msg
 from fortis.services.common.pagination import page_of, page_size
 from fortis.services.common.params import Param
@@ -209,10 +209,11 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
                                 ) -> Iterator[pb.ApplyPerturbationStreamResponse]:
         for req in request_iterator:
             try:
-                yield pb.ApplyPerturbationStreamResponse(request_id=req.request_id,
+                limits.check_message(req)   # in band: the stream goes on (issue 9)
+                yield pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256],
                                                          images=self._apply(req))
             except errors.FortisError as exc:
-                yield pb.ApplyPerturbationStreamResponse(request_id=req.request_id,
+                yield pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256],
                                                          error=status_for(exc))
 
     def RunAttack(self, request: Any, context: Any) -> Iterator[pb.RunAttackResponse]:

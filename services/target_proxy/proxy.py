@@ -12,7 +12,9 @@ number), passes the rate limiter again, and counts against the session's hard bu
 (``query_budget`` and per-image Q_m count every attempt the target received; a retry the
 budget cannot pay is not sent). Answered queries (``queries_used``, the ledger's OK rows) are
 what IEEE-M6 counts. A back end answering the wrong number of predictions, or failing in an
-unexpected way, completes its rows as failed (INTERNAL, bounded message), never missing.
+unexpected way, completes its rows as failed (bounded message), never missing: a target's own
+error or malformed answer is ``TargetFailed`` (FAILED_PRECONDITION naming the target, not
+retried), a bug in an in-process back end INTERNAL.
 
 Sessions live in their tenant's namespace (issue 9, finding 4): keys are (tenant, id), and
 another tenant's id behaves exactly like a free one. Session ids are restricted to a safe
@@ -74,6 +76,24 @@ def check_session_id(session_id: str) -> None:
         raise errors.InvalidArgument(
             "session_id", f"use at most {SESSION_ID_MAX} letters, digits, '-', '_', '.' or '/',"
             " not starting with '.', without empty, '.' or '..' segments")
+
+
+class TargetFailed(errors.FailedPrecondition):
+    """A permanent failure of the target (issue 9, "One error mapping"): it answered, but with
+    an error of its own (INTERNAL, UNKNOWN, UNIMPLEMENTED, an error message too large to
+    receive) or a malformed answer (a prediction too few, a body the adapter cannot use).
+    Not retried; FAILED_PRECONDITION to the caller, naming the target, message bounded.
+    Transient failures are ``errors.Unavailable`` (retried, then UNAVAILABLE)."""
+
+
+def target_failure(target: str, exc: errors.FortisError) -> errors.FortisError:
+    """What the caller gets for a back end's error: ``Unavailable`` stays (retried), errors
+    with a precise code of their own (the target's INVALID_ARGUMENT naming the image) are
+    kept, and everything else the target did wrong (INTERNAL-coded: ``TargetResponseError``,
+    the target's own INTERNAL/UNKNOWN) is ``TargetFailed`` naming the target."""
+    if code_for(exc) != code_pb2.INTERNAL:
+        return exc
+    return TargetFailed(f"target '{target}' failed (not retried): {_bounded(exc)}")
 
 
 class TargetBackend(Protocol):
@@ -383,12 +403,13 @@ class TargetProxy:
         try:
             preds = list(entry.backend.predict(images))
         except errors.FortisError as exc:
-            return [], exc
+            return [], target_failure(entry.name, exc)
         except Exception as exc:  # noqa: BLE001 - recorded, then INTERNAL to the caller
             return [], errors.Internal(f"target back end failed ({type(exc).__name__})")
         if len(preds) != len(images):
-            return [], errors.Internal(
-                f"target answered {len(preds)} predictions for {len(images)} images")
+            return [], TargetFailed(
+                f"target '{entry.name}' answered {len(preds)} predictions for {len(images)} "
+                "images (a malformed answer; not retried)")
         return preds, None
 
     def _with_retries(self, fn, entry: TargetEntry | None = None):  # type: ignore[no-untyped-def]
