@@ -14,6 +14,8 @@ from fortis.services.common import errors
 from fortis.services.common.server import channel, error_from_rpc
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
+#: What gRPC says when it, not the target, refused an answer for its size.
+_TOO_LARGE = ("Stream removed", "metadata size exceeds", "larger than max")
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
               grpc.StatusCode.RESOURCE_EXHAUSTED}
 
@@ -35,6 +37,11 @@ class GrpcTargetBackend:
 
     def _map(self, exc: grpc.RpcError) -> errors.FortisError:
         code = exc.code()
+        text = (exc.details() or "")[:300]
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and any(m in text for m in _TOO_LARGE):
+            # gRPC's own limit, not the target's quota: an answer or error trailers too large
+            # to receive is a malformed answer, the same on every retry (issue 9 finding 8).
+            return errors.FortisError(f"target {self.address}: answer too large ({text})")
         if code in _RETRYABLE:
             return errors.Unavailable(f"target {self.address}: {code.name}: {exc.details()}")
         if code == grpc.StatusCode.INVALID_ARGUMENT:

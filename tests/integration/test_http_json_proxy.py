@@ -347,9 +347,12 @@ def test_answers_that_do_not_fit_the_profile_are_failed_rows(px, target, needle)
     assert needle in ei.value.details()
     assert "'x'" in ei.value.details()                    # names the image
     (row,) = ledger(px, sid)
-    # a TargetResponseError: INTERNAL to the caller and in the ledger, not retried
-    assert ei.value.code() == grpc.StatusCode.INTERNAL
-    assert row.status == code_pb2.INTERNAL and needle in row.error and row.attempts == 1
+    # a TargetResponseError: the target's permanent failure (issue 9, "One error mapping"):
+    # FAILED_PRECONDITION naming the target, to the caller and in the ledger, not retried
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"target '{target}'" in ei.value.details()
+    assert row.status == code_pb2.FAILED_PRECONDITION and needle in row.error
+    assert row.attempts == 1
     assert stats(px, sid).queries_failed == 1
     # ... and the proxy serves the next call
     assert predict(px, session(px, "aws"), {"d": DARK})[0].classification.classes
@@ -361,9 +364,10 @@ def test_rejected_credentials_are_a_failed_row(px):
         predict(px, sid, {"x": DARK})
     assert "HTTP 403" in ei.value.details() and "security token" in ei.value.details()
     (row,) = ledger(px, sid)
-    # an HttpTargetError: INTERNAL to the caller and in the ledger, not retried
-    assert ei.value.code() == grpc.StatusCode.INTERNAL
-    assert row.status == code_pb2.INTERNAL and row.attempts == 1
+    # an HttpTargetError: the target's permanent failure, FAILED_PRECONDITION to the caller
+    # and in the ledger, not retried (issue 9, "One error mapping")
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert row.status == code_pb2.FAILED_PRECONDITION and row.attempts == 1
 
 
 def test_secret_sent_but_never_logged_or_recorded(cloud, tmp_path, capfd, caplog):

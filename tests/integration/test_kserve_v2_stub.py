@@ -188,13 +188,18 @@ def test_stub_target_through_the_proxy(stub_stack, stub):
     ("stub-slow", grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, 4, "no answer within 0.25 s"),
     ("stub-closed", grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, 4, "ConnectionRefusedError"),
     ("grpc-closed", grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, 4, "ModelMetadata: UNAVAILABLE"),
-    ("stub-garbled", grpc.StatusCode.INTERNAL, code_pb2.INTERNAL, 1, "malformed JSON"),
-    ("stub-badshape", grpc.StatusCode.INTERNAL, code_pb2.INTERNAL, 1,
+    # malformed answers: the target's permanent failure, FAILED_PRECONDITION, not retried
+    # (issue 9, "One error mapping"; INTERNAL is for Fortis's own bugs)
+    ("stub-garbled", grpc.StatusCode.FAILED_PRECONDITION, code_pb2.FAILED_PRECONDITION, 1,
+     "malformed JSON"),
+    ("stub-badshape", grpc.StatusCode.FAILED_PRECONDITION, code_pb2.FAILED_PRECONDITION, 1,
      "output 'scores' has shape [3, 4] for 2 image(s)"),
-    ("stub-nooutput", grpc.StatusCode.INTERNAL, code_pb2.INTERNAL, 1,
+    ("stub-nooutput", grpc.StatusCode.FAILED_PRECONDITION, code_pb2.FAILED_PRECONDITION, 1,
      "no output 'scores' in the answer (outputs: ['other'])"),
-    ("stub-bytesout", grpc.StatusCode.INTERNAL, code_pb2.INTERNAL, 1, "datatype BYTES"),
-    ("stub-logits", grpc.StatusCode.INTERNAL, code_pb2.INTERNAL, 1, "add output=logits"),
+    ("stub-bytesout", grpc.StatusCode.FAILED_PRECONDITION, code_pb2.FAILED_PRECONDITION, 1,
+     "datatype BYTES"),
+    ("stub-logits", grpc.StatusCode.FAILED_PRECONDITION, code_pb2.FAILED_PRECONDITION, 1,
+     "add output=logits"),
 ])
 def test_target_failures_become_ledger_rows(stub_stack, target, code, status, attempts, words):
     with grpc.insecure_channel(stub_stack.address) as ch:

@@ -46,12 +46,14 @@ def test_one_prediction_too_few_is_recorded_as_failed(tmp_path, fmnist_target, f
     images, _ = fmnist_test_images
     proxy, ledger = _proxy(tmp_path, OneShort(fmnist_target))
     s = proxy.create_session(tenant="a", target="t", query_budget=100)
-    with pytest.raises(errors.Internal):
+    # a malformed answer is the target's permanent failure (issue 9, "One error mapping"):
+    # FAILED_PRECONDITION naming the target, not INTERNAL
+    with pytest.raises(errors.FailedPrecondition, match="target 't' answered 39"):
         proxy.predict(tenant="a", session_id=s.session_id, origin="x",
                       images=_imgs(images, [f"i{k}" for k in range(40)]))
     rows = ledger.entries(s.session_id)
     assert len(rows) == 40                                   # never a silent gap
-    assert {r[9] for r in rows} == {"INTERNAL"}
+    assert {r[9] for r in rows} == {"FAILED_PRECONDITION"}
     assert all("39 predictions for 40 images" in r[10] for r in rows)
     assert proxy.queries_attempted("a", s.session_id) == 40  # the target received them
     assert proxy.queries_used("a", s.session_id) == 0

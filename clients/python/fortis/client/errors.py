@@ -43,8 +43,15 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 DOMAIN = "fortis"
 #: Longest message a status carries, in UTF-8 bytes.
 MAX_MESSAGE_BYTES = 1024
+#: Largest serialized google.rpc.Status (message and details): it travels base64-encoded in
+#: the grpc-status-details-bin trailer beside the percent-encoded grpc-message, and gRPC
+#: clients refuse trailers over 8 KiB at random and over 16 KiB always (RESOURCE_EXHAUSTED
+#: "Stream removed"); fewer violations are sent until it fits.
+MAX_STATUS_BYTES = 3072
 #: Longest single string inside a detail (field path, description, resource name).
 MAX_DETAIL_CHARS = 256
+#: Longest piece of a caller's id or name an error repeats (a 1 MB id is never echoed).
+MAX_NAME_CHARS = 100
 #: Most violations a BadRequest / QuotaFailure carries (the message says how many were cut).
 MAX_VIOLATIONS = 32
 
@@ -58,12 +65,27 @@ __all__ = [
 _E = TypeVar("_E", bound="FortisError")
 
 
+#: A quoted value ('...') longer than MAX_NAME_CHARS: by convention Fortis quotes what the
+#: caller sent ("unknown perturbation '<id>'"), so a 1 MB id is cut here whatever raised it.
+_LONG_QUOTED = re.compile("'([^'\n]{" + str(MAX_NAME_CHARS - 1) + "})[^'\n]+('|$)")
+#: Characters of a text looked at before bounding (a message is at most 1 KB in the end).
+_SCAN_CHARS = 65536
+
+
+def _unquote_long(text: str) -> str:
+    return _LONG_QUOTED.sub(lambda m: "'" + m.group(1) + "\u2026" + m.group(2),
+                            text[:_SCAN_CHARS])
+
+
 def _clip(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, marked so a reader knows it was cut."""
+    """``text`` cut to ``limit`` characters (long quoted values to MAX_NAME_CHARS), marked so
+    a reader knows it was cut."""
+    text = _unquote_long(text)
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _clip_bytes(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    text = _unquote_long(text)
     raw = text.encode("utf-8")
     if len(raw) <= limit:
         return text
@@ -140,11 +162,13 @@ class NotFound(FortisError):
     def __init__(self, resource_type: str, name: str) -> None:
         self.resource_type = resource_type
         self.name = name
-        super().__init__(f"{resource_type} '{name}' not found")
+        super().__init__(f"{_clip(resource_type, MAX_NAME_CHARS)} "
+                         f"'{_clip(name, MAX_NAME_CHARS)}' not found")
 
     def details(self) -> list[Message]:
-        return [error_details_pb2.ResourceInfo(resource_type=_clip(self.resource_type),
-                                               resource_name=_clip(self.name))]
+        return [error_details_pb2.ResourceInfo(
+            resource_type=_clip(self.resource_type, MAX_NAME_CHARS),
+            resource_name=_clip(self.name, MAX_NAME_CHARS))]
 
     @classmethod
     def rebuild(cls, message: str, details: Sequence[Message]) -> NotFound:
@@ -293,12 +317,34 @@ def to_status(exc: BaseException) -> status_pb2.Status:
         return status_pb2.Status(code=code_pb2.INTERNAL, message="internal error")
     base = next(c for c in type(exc).__mro__ if c in CODES)
     info = error_details_pb2.ErrorInfo(reason=_reason(base), domain=DOMAIN)  # type: ignore[arg-type]
-    packed = []
-    for detail in [*exc.details(), info]:
-        a = any_pb2.Any()
-        a.Pack(detail)
-        packed.append(a)
-    return status_pb2.Status(code=code_for(exc), message=_clip_bytes(str(exc)), details=packed)
+    details = exc.details()
+    message = _clip_bytes(str(exc))
+    while True:
+        status = status_pb2.Status(code=code_for(exc), message=message,
+                                   details=[_packed(d) for d in [*details, info]])
+        if status.ByteSize() <= MAX_STATUS_BYTES or not details:
+            return status
+        details = _shorter(details)
+
+
+def _packed(detail: Message) -> any_pb2.Any:
+    a = any_pb2.Any()
+    a.Pack(detail)
+    return a
+
+
+def _shorter(details: list[Message]) -> list[Message]:
+    """``details`` with the last violation of its longest BadRequest/QuotaFailure dropped, or
+    (none left to drop) without its last detail."""
+    lists = [(d, d.field_violations if isinstance(d, error_details_pb2.BadRequest)
+              else d.violations) for d in details
+             if isinstance(d, error_details_pb2.BadRequest | error_details_pb2.QuotaFailure)]
+    lists = [(d, v) for d, v in lists if len(v) > 1]
+    if not lists:
+        return details[:-1]
+    _, longest = max(lists, key=lambda dv: len(dv[1]))
+    del longest[-1]
+    return details
 
 
 _DETAIL_TYPES: tuple[type[Message], ...] = (
