@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -33,13 +33,18 @@ class TenantLabels:
     (unauthenticated calls) and ``other`` for any other name, so a caller cannot create
     label values (e.g. with ``x-fortis-tenant`` when auth is off)."""
 
-    def __init__(self, tenants: Iterable[str]) -> None:
-        self.known = frozenset(tenants)
+    def __init__(self, tenants: Iterable[str] | Callable[[], Container[str]]) -> None:
+        #: The configured tenants, or a function giving them now (keys rotated at run time).
+        if callable(tenants):
+            self._known = tenants
+        else:
+            fixed = frozenset(tenants)
+            self._known = lambda: fixed
 
     def __call__(self, tenant: str) -> str:
         if not tenant:
             return NO_TENANT
-        return tenant if tenant in self.known else OTHER_TENANT
+        return tenant if tenant in self._known() else OTHER_TENANT
 
 
 class RpcMetrics:

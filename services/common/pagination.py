@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -18,11 +19,19 @@ from typing import Any, TypeVar
 
 from fortis.services.common.errors import InvalidArgument
 
-__all__ = ["MAX_TOKEN_CHARS", "decode_token", "encode_token", "page_of", "page_size"]
+__all__ = ["MAX_TOKEN_CHARS", "decode_token", "encode_token", "page_of", "page_size",
+           "tenant_list"]
 
 MAX_TOKEN_CHARS = 512
 _MAX_INT = 2**53
 T = TypeVar("T")
+
+
+def tenant_list(kind: str, tenant: str) -> str:
+    """The list name of ``kind`` as ``tenant`` sees it, for lists whose content depends on the
+    caller (issue 9: a page token minted for one tenant is INVALID_ARGUMENT for another, never
+    a position in its list). A digest of the tenant, so the token does not spell its name."""
+    return f"{kind}@{hashlib.sha256(tenant.encode()).hexdigest()[:16]}"
 
 
 def encode_token(kind: str, **position: Any) -> str:

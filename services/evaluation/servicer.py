@@ -13,7 +13,7 @@ from typing import Any
 from fortis.evaluation.v1 import evaluation_pb2 as pb
 from fortis.evaluation.v1 import evaluation_pb2_grpc
 from fortis.services.common import errors
-from fortis.services.common.pagination import decode_token, encode_token, page_size
+from fortis.services.common.pagination import decode_token, encode_token, page_size, tenant_list
 from fortis.services.common.server import current_tenant
 from fortis.services.evaluation.service import EvaluationManager
 from fortis.services.evaluation.store import FINAL_STATES, EvaluationRow
@@ -97,14 +97,16 @@ class EvaluationServicer(evaluation_pb2_grpc.EvaluationServiceServicer):
 
     def ListEvaluations(self, request: Any, context: Any) -> pb.ListEvaluationsResponse:
         size = page_size(request.page_size, default=50, maximum=1000)
+        tenant = current_tenant.get()
+        kind = tenant_list(_PAGE, tenant)       # one tenant's token is not another's (issue 9)
         after = None
         if request.page_token:
-            pos = decode_token(request.page_token, _PAGE, {"t": float, "id": str})
+            pos = decode_token(request.page_token, kind, {"t": float, "id": str})
             after = (pos["t"], pos["id"])
-        rows = self.manager.store.list(current_tenant.get(), limit=size + 1, after=after)
+        rows = self.manager.store.list(tenant, limit=size + 1, after=after)
         more = len(rows) > size
         rows = rows[:size]
-        token = encode_token(_PAGE, t=rows[-1].created_at, id=rows[-1].evaluation_id) \
+        token = encode_token(kind, t=rows[-1].created_at, id=rows[-1].evaluation_id) \
             if more and rows else ""
         return pb.ListEvaluationsResponse(evaluations=[to_proto(r) for r in rows],
                                           next_page_token=token)

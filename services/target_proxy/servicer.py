@@ -11,7 +11,13 @@ from typing import Any
 
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors
-from fortis.services.common.pagination import decode_token, encode_token, page_of, page_size
+from fortis.services.common.pagination import (
+    decode_token,
+    encode_token,
+    page_of,
+    page_size,
+    tenant_list,
+)
 from fortis.services.common.server import current_tenant
 from fortis.services.common.status import status_for
 from fortis.services.target_proxy.ledger import SessionRecord
@@ -52,8 +58,9 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
     def ListTargets(self, request: Any, context: Any) -> proxy_pb2.ListTargetsResponse:
         size = page_size(request.page_size, default=100, maximum=1000)
         # Only the targets the caller may use (issue 9); the others do not exist for it.
-        targets = self.proxy.visible_targets(current_tenant.get())
-        page, token = page_of(targets, "targets", size, request.page_token)
+        tenant = current_tenant.get()
+        targets = self.proxy.visible_targets(tenant)
+        page, token = page_of(targets, tenant_list("targets", tenant), size, request.page_token)
         return proxy_pb2.ListTargetsResponse(targets=[
             proxy_pb2.TargetSummary(name=t.name, images_per_second=t.limiter.limit)
             for t in page], next_page_token=token)
@@ -112,8 +119,13 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         rec = self.proxy.session(current_tenant.get(), request.session_id)
         size = page_size(request.page_size, default=1000, maximum=10000)
         after = 0
+        kind = tenant_list("ledger", rec.tenant)     # A's token is not B's (issue 9)
         if request.page_token:
-            after = decode_token(request.page_token, "ledger", {"s": str, "e": int})["e"]
+            pos = decode_token(request.page_token, kind, {"s": str, "e": int})
+            if pos["s"] != rec.session_id[:256]:
+                raise errors.InvalidArgument(
+                    "page_token", "not a page token from a previous response of this list")
+            after = pos["e"]
         rows = self.proxy.ledger.entries(rec.session_id, tenant=rec.tenant, after_id=after,
                                          limit=size + 1)
         more = len(rows) > size
@@ -125,5 +137,5 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
                 status=_code(r[9]), error=r[10], send_time=_ts(r[11]), call_id=r[12],
                 attempts=r[13])
                 for r in rows],
-            next_page_token=encode_token("ledger", s=rec.session_id[:256], e=rows[-1][0])
+            next_page_token=encode_token(kind, s=rec.session_id[:256], e=rows[-1][0])
             if more and rows else "")
