@@ -77,6 +77,13 @@ def test_tenant_labels_are_bounded():
     labels = TenantLabels({"tenant-a", "tenant-b"})
     assert [labels(t) for t in ("tenant-a", "tenant-b", "", "x" * 10_000, "tenant-c")] == \
         ["tenant-a", "tenant-b", "-", "other", "other"]
+    # from a live key table: a tenant given a key at run time (rotation) gets its own label
+    from fortis.services.common.api_keys import KeyTable
+    table = KeyTable.from_plain({"k-a": "tenant-a"})
+    live = TenantLabels(table.tenants)
+    assert (live("tenant-a"), live("tenant-c")) == ("tenant-a", "other")
+    table.add_key("later", "k-c", "tenant-c")
+    assert live("tenant-c") == "tenant-c"
 
 
 @pytest.mark.parametrize(("text", "want"), [("127.0.0.1:9464", ("127.0.0.1", 9464)),
