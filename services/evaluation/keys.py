@@ -5,10 +5,11 @@ parses them, so no other code splits a key apart. Domain code, no gRPC.
 
     WorkItemKey   "<stage>/<setting>/<level>/<chunk>"   e.g. "corr/gaussian_noise/3/00002"
     SessionId     "<evaluation>/<stage>[/<setting>[/<chunk>/a<attempt>]]"
-                  e.g. "ev-1/clean", "ev-1/attack/square/00000/a2"
+                  e.g. "ev-1/clean", "ev-1/attack/square/00000/a1"
 
-A query attack opens one proxy session per attempt at a chunk (CAN-9: queries of an attempt
-cut short by a crash stay under their own session and are never counted in the results).
+A query attack's chunk has one proxy session, opened by its first attempt (``a1``) and
+continued by every resumed one, so the per-image budget Q_m holds across attempts (issue 9;
+CAN-9: the proxy replays a killed attempt's answered queries to the resumed one).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fortis.services.common.errors import FailedPrecondition, FortisError, InvalidArgument
+from fortis.services.common.errors import FailedPrecondition, InvalidArgument
 from fortis.services.evaluation.answers import SegmentationAnswers
-from fortis.services.evaluation.keys import SessionId, StageName, WorkItemKey
+from fortis.services.evaluation.keys import SessionId
 from fortis.services.evaluation.plan import Plan
 from fortis.services.evaluation.ports import (
     Catalogue,
@@ -206,8 +206,9 @@ class EvaluationRunner:
                             num_classes=len(target.labels))
 
     def _ledger(self, stages: Sequence[Stage], ctx: RunContext) -> LedgerSummary:
-        """Answered queries per session, read from the proxy's ledger; sessions of attempts
-        cut short by a restart listed apart (never used in a metric)."""
+        """Answered queries per session, read from the proxy's ledger. Every attempt at a
+        query-attack chunk shares one session (Q_m across resumed attempts, issue 9), so no
+        session is left aborted; rows a crash interrupted stay in the ledger, unanswered."""
         eid, plan = self.evaluation_id, self.plan
         names = [SessionId.clean(eid)]
         if plan.corruptions:
@@ -221,15 +222,4 @@ class EvaluationRunner:
             if isinstance(stage, QueryAttackStage):
                 for s in sorted(set(stage.sessions(ctx))):
                     sessions[s] = self.proxy.session_queries(s)[0]
-        aborted: dict[str, int] = {}
-        for key, attempts, _done in self.store.items(eid):
-            k = WorkItemKey.parse(key)
-            if k.stage is not StageName.ATTACKS or attempts <= 1:
-                continue
-            for a in range(1, attempts):
-                s = SessionId.query(eid, k.setting, k.chunk, a).format()
-                try:
-                    aborted[s] = self.proxy.session_queries(s)[0]
-                except FortisError:
-                    aborted[s] = 0
-        return LedgerSummary(sessions=sessions, aborted=aborted)
+        return LedgerSummary(sessions=sessions, aborted={})

@@ -2,6 +2,9 @@
 
 Transport. Every query is a proxy ``Predict``: counted per image, rate-limited, budgeted and
 recorded in the ledger. A RESOURCE_EXHAUSTED answer becomes ``BudgetExhausted``.
+``lost`` reads the session's per-image counts (GetSessionStats) so an attack resumed after a
+crash starts from the queries a killed attempt left charged without an answer (issue 9:
+resumed attempts never push an image past Q_m, IEEE-M6).
 """
 
 from __future__ import annotations
@@ -34,6 +37,18 @@ class ProxyQueryClient:
             return list(self.stub.Predict(req, timeout=self.timeout_s, metadata=self.metadata).predictions)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
+
+    def lost(self, image_ids: Sequence[str]) -> list[int]:
+        """Per image id, rows of this session charged against its per-image budget without
+        an answer the attack could use: interrupted by a crash, or failed. The proxy replays
+        a resumed attempt's answered queries; these it cannot."""
+        req = proxy_pb2.GetSessionStatsRequest(session_id=self.session_id)
+        try:
+            st = self.stub.GetSessionStats(req, timeout=self.timeout_s, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        counts = {c.image_id: max(0, int(c.attempts) - int(c.queries)) for c in st.images}
+        return [counts.get(i, 0) for i in image_ids]
 
     def scores(self, images: np.ndarray, image_ids: Sequence[str]) -> np.ndarray:
         preds = self._predict(images, image_ids)

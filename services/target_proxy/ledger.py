@@ -11,6 +11,14 @@ bookkeeping (DESIGN.md section 1). ``synchronous=FULL`` by default: a committed 
 a power cut. Concurrent writers (reservations and completions alike) are grouped into one
 transaction (group commit) so durability costs one fsync per group, not per call.
 
+Crashes (issue 9, "Done when": the SIGKILL crash test, ``tests/e2e/test_crash_resume.py``):
+when a proxy starts, rows a dead process left ``IN_FLIGHT`` become ``INTERRUPTED``
+(:meth:`Ledger.mark_interrupted`): still rows, still charged to the budgets (the target may
+have received them), shown as in flight by the stats and as UNKNOWN with a note by
+``ListLedgerEntries``. For sessions with a per-image budget (query attacks, IEEE-M6) the
+answer of each answered row is kept (``replies``), so a resumed attempt's repeated queries
+are answered from the ledger instead of reaching the target again (CAN-9 resume, Q_m kept).
+
 Tenancy (issue 9, finding 4): sessions live in their tenant's namespace, keyed by
 (tenant, session_id); two tenants may each own a session "X" and see only their own rows.
 Every read the proxy makes names the tenant; ``tenant=None`` on a read is the operator's
@@ -34,6 +42,13 @@ from typing import Any, Generic, TypeVar
 #: saying "in flight").
 IN_FLIGHT = "IN_FLIGHT"
 IN_FLIGHT_NOTE = "in flight: reserved for the target, no outcome recorded (yet)"
+#: Status of a row a previous proxy process reserved and never completed (it was killed or
+#: crashed): the target may or may not have received the image, so the row still counts
+#: against the hard budgets; set by :meth:`Ledger.mark_interrupted` when a proxy starts
+#: (issue 9: "a crash leaves a visible in-flight row, never a silent gap").
+INTERRUPTED = "INTERRUPTED"
+INTERRUPTED_NOTE = ("interrupted: in flight when its proxy process stopped (killed or"
+                    " crashed); the target may have received it, no answer was recorded")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -65,6 +80,11 @@ CREATE TABLE IF NOT EXISTS queries (
     attempts INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS queries_session ON queries(session_id, tenant, image_id);
+CREATE INDEX IF NOT EXISTS queries_status ON queries(status);
+CREATE TABLE IF NOT EXISTS replies (
+    entry_id INTEGER PRIMARY KEY,
+    prediction BLOB NOT NULL
+);
 """
 
 _T = TypeVar("_T")
@@ -121,8 +141,10 @@ class SessionStats:
     #: Every row: what the target received (retries included, in-flight rows included);
     #: the quantity the hard budgets count.
     attempts: int = 0
+    #: Rows never completed: in flight now, or ``interrupted`` (left by a dead process).
     in_flight: int = 0
     per_image_attempts: dict[str, int] = field(default_factory=dict)
+    interrupted: int = 0
 
 
 @dataclass
@@ -217,6 +239,45 @@ class Ledger:
                 + " GROUP BY image_id", (session_id, *args)).fetchall()
         return {r[0]: int(r[1]) for r in rows}
 
+    def mark_interrupted(self) -> int:
+        """Mark every ``IN_FLIGHT`` row ``INTERRUPTED``; the number marked. Called once by
+        the ledger's one writer (the proxy) when it starts: rows still in flight then were
+        reserved by a process that died before completing them. Readers (``fortis ledger``)
+        never call it."""
+        with self._lock:
+            cur = self._conn.execute("UPDATE queries SET status=?, error=? WHERE status=?",
+                                     (INTERRUPTED, INTERRUPTED_NOTE, IN_FLIGHT))
+            return int(cur.rowcount or 0)
+
+    def last_entry_id(self) -> int:
+        with self._lock:
+            row = self._conn.execute("SELECT MAX(entry_id) FROM queries").fetchone()
+        return int(row[0] or 0)
+
+    def replayable(self, session_id: str, tenant: str, *, up_to: int
+                   ) -> dict[str, list[tuple[str, int]]]:
+        """Answered rows of a session with a recorded reply, ``entry_id <= up_to``, per image
+        id in send order: ``(input_sha256, entry_id)``. A resumed query attack re-sends the
+        same queries in the same order; the proxy answers those from here instead of sending
+        them again (the target already answered them once)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT q.image_id, q.input_sha256, q.entry_id FROM queries q JOIN replies r"
+                " ON r.entry_id = q.entry_id WHERE q.session_id=? AND q.tenant=?"
+                " AND q.status='OK' AND q.entry_id<=? ORDER BY q.entry_id",
+                (session_id, tenant, up_to)).fetchall()
+        out: dict[str, list[tuple[str, int]]] = {}
+        for image_id, sha, entry_id in rows:
+            out.setdefault(image_id, []).append((sha, int(entry_id)))
+        return out
+
+    def reply(self, entry_id: int) -> bytes | None:
+        """The recorded answer (a serialized prediction) of an answered row."""
+        with self._lock:
+            row = self._conn.execute("SELECT prediction FROM replies WHERE entry_id=?",
+                                     (entry_id,)).fetchone()
+        return None if row is None else bytes(row[0])
+
     # -- queries ----------------------------------------------------------------------------
     def _group(self, run: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run ``run`` in a durable transaction shared with the writers waiting meanwhile
@@ -269,15 +330,21 @@ class Ledger:
 
         return self._group(run)
 
-    def complete(self, done: Sequence[tuple[int, Outcome]]) -> None:
-        """Record the outcome of reserved rows (durably, before the answer is returned)."""
+    def complete(self, done: Sequence[tuple[int, Outcome]],
+                 replies: Sequence[tuple[int, bytes]] = ()) -> None:
+        """Record the outcome of reserved rows (durably, before the answer is returned);
+        ``replies``: (entry id, serialized prediction) kept for a resumed attempt's replay."""
         values = [(o.status, o.error, o.output_summary, o.latency_ms, o.sent_at, entry_id)
                   for entry_id, o in done]
+        kept = list(replies)
 
         def run(conn: sqlite3.Connection) -> None:
             conn.executemany("UPDATE queries SET status=?, error=?, output_summary=?,"
                              " latency_ms=?, sent_at=COALESCE(?, sent_at) WHERE entry_id=?",
                              values)
+            if kept:
+                conn.executemany("INSERT OR REPLACE INTO replies (entry_id, prediction)"
+                                 " VALUES (?,?)", kept)
 
         self._group(run)
 
@@ -300,11 +367,12 @@ class Ledger:
         per_image: dict[str, list[int]] = {}
         per_origin: dict[str, list[int]] = {}
         per_image_attempts: dict[str, int] = {}
-        ok = failed = in_flight = 0
+        ok = failed = in_flight = interrupted = 0
         for image_id, origin, status, n in rows:
             per_image_attempts[image_id] = per_image_attempts.get(image_id, 0) + n
-            if status == IN_FLIGHT:
+            if status in (IN_FLIGHT, INTERRUPTED):
                 in_flight += n
+                interrupted += n if status == INTERRUPTED else 0
                 per_image.setdefault(image_id, [0, 0])
                 per_origin.setdefault(origin, [0, 0])
                 continue
@@ -323,7 +391,7 @@ class Ledger:
             per_image={k: (v[0], v[1]) for k, v in per_image.items()},
             per_origin={k: (v[0], v[1]) for k, v in per_origin.items()}, latency_p50_ms=p50,
             attempts=ok + failed + in_flight, in_flight=in_flight,
-            per_image_attempts=per_image_attempts)
+            per_image_attempts=per_image_attempts, interrupted=interrupted)
 
     def entries(self, session_id: str, *, tenant: str | None = None, after_id: int = 0,
                 limit: int = 1000) -> list[tuple[Any, ...]]:

@@ -16,6 +16,14 @@ unexpected way, completes its rows as failed (bounded message), never missing: a
 error or malformed answer is ``TargetFailed`` (FAILED_PRECONDITION naming the target, not
 retried), a bug in an in-process back end INTERNAL.
 
+After a crash (issue 9: "resumed attempts never push an image past Q_m"): the budgets are
+rebuilt from the ledger's rows, interrupted ones included, so a query attack's session keeps
+its per-image Q_m across every attempt of a chunk. In such a session (per-image budget set)
+answers are recorded, and a resumed attempt that repeats the previous process's queries (a
+seeded attack redoes the same queries in the same order) gets them from the ledger without
+the target being asked again: its results are those of an uninterrupted run, except where an
+interrupted row's unknown answer has to be sent again, and that row stays charged.
+
 Sessions live in their tenant's namespace (issue 9, finding 4): keys are (tenant, id), and
 another tenant's id behaves exactly like a free one. Session ids are restricted to a safe
 charset (``check_session_id``). Domain code: the target is reached through the
@@ -28,6 +36,7 @@ import re
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -141,6 +150,9 @@ class _Budget:
     used_per_image: dict[str, int]
     answered: int
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Per image id: (input hash, ledger row) of answers recorded before this process
+    #: started, in send order; a resumed attempt's identical queries are answered from them.
+    replay: dict[str, deque[tuple[str, int]]] = field(default_factory=dict)
 
     def violations(self, images: Sequence[common_pb2.Image]) -> list[errors.QuotaViolation]:
         rec, n = self.record, len(images)
@@ -194,6 +206,13 @@ class TargetProxy:
         self._sleep = sleep
         self._budgets: dict[tuple[str, str], _Budget] = {}
         self._lock = threading.Lock()
+        # The ledger's one writer starts: rows a dead process left in flight become
+        # INTERRUPTED (still charged to the budgets: the target may have received them), and
+        # answers recorded so far may be replayed to resumed attempts (issue 9, CAN-9).
+        self.interrupted_at_start = ledger.mark_interrupted()
+        self._replay_up_to = ledger.last_entry_id()
+        if self.interrupted_at_start:
+            log.warning("ledger_rows_interrupted", rows=self.interrupted_at_start)
 
     # -- targets ----------------------------------------------------------------------------
     def target(self, name: str, tenant: str | None = None) -> TargetEntry:
@@ -259,8 +278,11 @@ class TargetProxy:
                 rec = self.session(tenant, session_id)
                 per_image = self.ledger.attempt_counts(session_id, tenant)
                 answered = sum(self.ledger.ok_counts(session_id, tenant).values())
+                replay = {} if not rec.per_image_budget else {
+                    k: deque(v) for k, v in self.ledger.replayable(
+                        session_id, tenant, up_to=self._replay_up_to).items()}
                 b = _Budget(record=rec, used_total=sum(per_image.values()),
-                            used_per_image=per_image, answered=answered)
+                            used_per_image=per_image, answered=answered, replay=replay)
                 self._budgets[(tenant, session_id)] = b
             return b
 
@@ -274,8 +296,8 @@ class TargetProxy:
         return self._budget(tenant, session_id).used_total
 
     # -- predict ----------------------------------------------------------------------------
-    def predict(self, *, tenant: str, session_id: str, origin: str,
-                images: Sequence[common_pb2.Image]) -> PredictResult:
+    @staticmethod
+    def _check_images(images: Sequence[common_pb2.Image]) -> None:
         if not images:
             raise errors.InvalidArgument("images", "at least one image is required")
         for i, img in enumerate(images):
@@ -283,6 +305,57 @@ class TargetProxy:
                 raise errors.InvalidArgument(f"images[{i}].image_id", "image_id is required")
             if img.WhichOneof("content") is None:
                 raise errors.InvalidArgument(f"images[{i}]", "image has no content")
+
+    def predict(self, *, tenant: str, session_id: str, origin: str,
+                images: Sequence[common_pb2.Image]) -> PredictResult:
+        """Answer ``images``: replayed from the ledger where a resumed attempt repeats a query
+        answered before this process started (same session, image id and bytes, in the same
+        order; the target is not asked again, no row is added), sent to the target otherwise."""
+        self._check_images(images)
+        budget = self._budget(tenant, session_id)
+        self.target(budget.record.target, tenant)
+        replies = self._replays(budget, images) if budget.replay else {}
+        if not replies:
+            return self._predict_sent(tenant=tenant, session_id=session_id, origin=origin,
+                                      images=images)
+        rest = [img for i, img in enumerate(images) if i not in replies]
+        if rest:
+            res = self._predict_sent(tenant=tenant, session_id=session_id, origin=origin,
+                                     images=rest)
+            sent, left = iter(res.predictions), res.queries_left
+        else:
+            rec = budget.record
+            sent = iter(())
+            left = max(0, rec.query_budget - budget.used_total) if rec.query_budget else -1
+        return PredictResult(predictions=[replies[i] if i in replies else next(sent)
+                                          for i in range(len(images))], queries_left=left)
+
+    def _replays(self, budget: _Budget, images: Sequence[common_pb2.Image]
+                 ) -> dict[int, common_pb2.Prediction]:
+        """Recorded answers for the images that repeat, in order, what the session sent
+        before this process started; an image that departs from its record is sent from then
+        on (its record dropped)."""
+        out: dict[int, common_pb2.Prediction] = {}
+        with budget.lock:
+            for i, img in enumerate(images):
+                queue = budget.replay.get(img.image_id)
+                if not queue:
+                    continue
+                sha, entry_id = queue[0]
+                blob = self.ledger.reply(entry_id) if sha == image_sha256(img) else None
+                if blob is None:
+                    del budget.replay[img.image_id]
+                    continue
+                queue.popleft()
+                pred = common_pb2.Prediction.FromString(blob)
+                pred.image_id = img.image_id
+                out[i] = pred
+        return out
+
+    def _predict_sent(self, *, tenant: str, session_id: str, origin: str,
+                      images: Sequence[common_pb2.Image]) -> PredictResult:
+        """Send ``images`` to the target within the session's budgets (write-ahead rows)."""
+        self._check_images(images)
         budget = self._budget(tenant, session_id)
         rec = budget.record
         entry = self.target(rec.target, tenant)
@@ -370,7 +443,10 @@ class TargetProxy:
                 (eid, Outcome(status=status, error=error, latency_ms=latency,
                               sent_at=wall_clock_of(granted),
                               output_summary=summarize(preds[i]) if failure is None else ""))
-                for i, eid in enumerate(entry_ids)])
+                for i, eid in enumerate(entry_ids)],
+                # a query attack's answers, for a resumed attempt's replay (CAN-9, IEEE-M6)
+                replies=[(eid, preds[i].SerializeToString()) for i, eid in enumerate(entry_ids)]
+                if failure is None and rec.per_image_budget else ())
             if self.metrics is not None:
                 self.metrics.call(rec.target, status, n, latency / 1000.0,
                                   2 if attempt > 1 else 1, rec.tenant)

@@ -486,3 +486,26 @@ def test_square_epsilon_below_one_level_spends_only_the_clean_query(gray_net: Ti
     for r in results:
         assert r.queries == 1 and r.success is False and r.stop_reason == "iterations"
         np.testing.assert_array_equal(r.adversarial, x[r.index])
+
+
+@pytest.mark.parametrize("attack", ["square", "hsja"])
+def test_spent_queries_of_a_killed_attempt_count_against_q_m(attack: str,
+                                                             gray_net: TinyCNN) -> None:
+    """Issue 9: resumed attempts never push an image past Q_m. An attempt resumed after a
+    crash starts from the queries the killed one left charged without an answer (``spent``):
+    each image gets at most Q_m - spent more, one with nothing left is not queried at all."""
+    x, y = correct_images(gray_net, GRAY, 4, seed=3)
+    budget = 30
+    spent = np.array([budget, 7, 0, budget - 1])
+    target = Target(gray_net, len(x))
+    if attack == "square":
+        results = square_attack(target.scores, x, y, epsilon=0.05, max_queries=budget,
+                                rng=np.random.default_rng(0), spent=spent)
+    else:
+        results = hop_skip_jump(target.labels, x, y, epsilon=0.5, max_queries=budget,
+                                rng=np.random.default_rng(0), spent=spent)
+    for r, s, sent in zip(results, spent, target.counts, strict=True):
+        assert sent <= budget - s and r.queries == sent
+    assert target.counts[0] == 0 and results[0].stop_reason == "budget"
+    assert not results[0].success and results[0].initially_correct is None
+    assert target.counts[2] > target.counts[3]          # a fresh image gets its whole Q_m

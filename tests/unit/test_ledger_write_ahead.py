@@ -158,3 +158,76 @@ def test_good_session_ids(tmp_path, fmnist_target):
     proxy, _ = _proxy(tmp_path, ClassifierTarget(fmnist_target))
     for sid in ["ev-1/clean", "ev_1.2/query/square/00001/a2", "x" * 200, "a.b"]:
         assert proxy.create_session(tenant="a", target="t", session_id=sid).session_id == sid
+
+
+def test_restart_marks_interrupted_rows_and_replays_a_resumed_attempt(
+        tmp_path, fmnist_target, fmnist_test_images):
+    """Issue 9 (the SIGKILL crash test, at the domain level): rows a dead process left in
+    flight become INTERRUPTED on the next start, still charged; a resumed attempt repeating
+    the dead process's answered queries gets the recorded answers (the target is not asked,
+    no row added); what the target must see again is sent and counted; Q_m holds."""
+    images, _ = fmnist_test_images
+    arrivals: list[str] = []
+
+    class Crash(BaseException):
+        pass
+
+    class Recording(ClassifierTarget):
+        die = False
+
+        def predict(self, imgs):
+            arrivals.extend(i.image_id for i in imgs)
+            if self.die:
+                raise Crash()
+            return super().predict(imgs)
+
+    first = Recording(fmnist_target)
+    proxy, ledger = _proxy(tmp_path, first)
+    s = proxy.create_session(tenant="a", target="t", per_image_budget=3)
+    call1 = [image_msg("a", images[0]), image_msg("b", images[1])]
+    call2 = [image_msg("a", images[2]), image_msg("b", images[3])]
+    answers = proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=call1)
+    first.die = True
+    with pytest.raises(Crash):
+        proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=call2)
+    ledger.close()
+    assert arrivals == ["a", "b", "a", "b"]
+
+    proxy2, ledger2 = _proxy(tmp_path, Recording(fmnist_target))
+    assert proxy2.interrupted_at_start == 2
+    st = ledger2.stats(s.session_id, "a")
+    assert (st.queries_ok, st.in_flight, st.interrupted, st.attempts) == (2, 2, 2, 4)
+    assert [r[9] for r in ledger2.entries(s.session_id)] == ["OK", "OK", "INTERRUPTED",
+                                                             "INTERRUPTED"]
+    # the resumed attempt: call 1 again is answered from the ledger, identically
+    again = proxy2.predict(tenant="a", session_id=s.session_id, origin="x", images=call1)
+    assert [p.SerializeToString() for p in again.predictions] == \
+        [p.SerializeToString() for p in answers.predictions]
+    assert len(arrivals) == 4 and len(ledger2.entries(s.session_id)) == 4
+    # call 2's answers were never recorded: it goes to the target again (rows 5, 6)
+    proxy2.predict(tenant="a", session_id=s.session_id, origin="x", images=call2)
+    assert arrivals[4:] == ["a", "b"] and ledger2.stats(s.session_id).attempts == 6
+    # Q_m = 3 per image: a third new query of "a" is refused, nothing sent
+    with pytest.raises(errors.BudgetExhausted):
+        proxy2.predict(tenant="a", session_id=s.session_id, origin="x",
+                       images=[image_msg("a", images[4])])
+    assert len(arrivals) == 6 == len(ledger2.entries(s.session_id))
+
+
+def test_replay_stops_where_a_resumed_attempt_departs(tmp_path, fmnist_target,
+                                                      fmnist_test_images):
+    """A resumed attempt that sends other bytes than its record is sent (and charged) from
+    there on; the record of that image is not used again, even for bytes seen before."""
+    images, _ = fmnist_test_images
+    proxy, ledger = _proxy(tmp_path, ClassifierTarget(fmnist_target))
+    s = proxy.create_session(tenant="a", target="t", per_image_budget=10)
+    for k in range(2):
+        proxy.predict(tenant="a", session_id=s.session_id, origin="x",
+                      images=[image_msg("a", images[k])])
+    ledger.close()
+    proxy2, ledger2 = _proxy(tmp_path, ClassifierTarget(fmnist_target))
+    proxy2.predict(tenant="a", session_id=s.session_id, origin="x",
+                   images=[image_msg("a", images[5])])                   # departs: sent
+    proxy2.predict(tenant="a", session_id=s.session_id, origin="x",
+                   images=[image_msg("a", images[0])])                   # sent again
+    assert ledger2.stats(s.session_id).attempts == 4

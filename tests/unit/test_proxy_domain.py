@@ -120,9 +120,15 @@ def test_budget_survives_restart(tmp_path, fmnist_target, fmnist_test_images):
     s = proxy.create_session(tenant="a", target="t", per_image_budget=2)
     proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a", "a"]))
     ledger.close()
-    proxy2, _ = _proxy(tmp_path, fmnist_target)      # same ledger file, new process state
-    with pytest.raises(errors.BudgetExhausted):
-        proxy2.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a"]))
+    proxy2, ledger2 = _proxy(tmp_path, fmnist_target)      # same ledger file, new process state
+    # a resumed attempt repeating the first query gets the recorded answer: the target is
+    # not asked again and no row is added (issue 9: Q_m across resumed attempts, CAN-9)
+    again = proxy2.predict(tenant="a", session_id=s.session_id, origin="x",
+                           images=_imgs(images, ["a"]))
+    assert len(again.predictions) == 1 and ledger2.stats(s.session_id).attempts == 2
+    with pytest.raises(errors.BudgetExhausted):               # a new query of "a" is refused
+        proxy2.predict(tenant="a", session_id=s.session_id, origin="x",
+                       images=[image_msg("a", images[2])])
 
 
 def test_concurrent_calls_never_exceed_budget(tmp_path, fmnist_target, fmnist_test_images):

@@ -4,9 +4,12 @@
   (IEEE-A7), bounded before the attack (IEEE-A9), quantised to uint8 and sent to the target
   through the proxy; judged on the target's answer to the image it received.
 - :class:`QueryAttackStage`: score- and decision-based attacks (IEEE-A8) that query the
-  target only through the proxy, in a fresh proxy session per attempt at a chunk, with the
-  per-image budget Q_m enforced by the proxy; queries per image are read from the ledger.
-  A crashed attempt's session stays in the ledger (reported as aborted) and is never counted.
+  target only through the proxy, in one proxy session per chunk (``.../<chunk>/a1``, opened
+  by the first attempt and continued by every resumed one), with the per-image budget Q_m
+  enforced by the proxy over all attempts together (issue 9: resumed attempts never push an
+  image past Q_m; a killed attempt's unanswered rows stay charged, its answered queries are
+  replayed to the resumed attempt, which repeats them: CAN-9); queries per image are the
+  ledger's answered rows of that session.
 
 Domain code.
 """
@@ -146,10 +149,11 @@ class QueryAttackStage(_AttackStage):
 
     def _item(self, ctx: RunContext, rows: list[Any], at: AttackTest, c: int, budget: int,
               attempt: int) -> tuple[dict[str, Any], int]:
-        session = SessionId.query(ctx.evaluation_id, at.name, c, attempt).format()
+        # One session for every attempt at the chunk: Q_m per image holds across them.
+        session = SessionId.query(ctx.evaluation_id, at.name, c, 1).format()
         ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
                                per_image_budget=budget, query_budget=budget * len(rows),
-                               description=f"query attack {at.name}, chunk {c}, attempt {attempt}")
+                               description=f"query attack {at.name}, chunk {c}")
 
         def on_result(o: AttackOutcome) -> None:
             ctx.progress.images(1, f"{at.name}: image {o.image_id} done")

@@ -18,6 +18,9 @@ added later without each re-deciding those rules.
   or when it has spent Q_m, never later. A call that raises
   :class:`~fortis.services.common.errors.BudgetExhausted` (the proxy refused: nothing was sent)
   is not counted and stops the images of that call with ``budget_exhausted_by_proxy``.
+  Q_m holds across resumed attempts (issue 9, CAN-9): an attempt starts from the queries a
+  previous, killed attempt left charged without an answer (``AttackContext.spent``: the proxy
+  session's interrupted or failed rows), and asks only for images with queries left.
 * **The success criterion** (``criteria.py``): :class:`Misclassification` (untargeted) today;
   :class:`TargetedMisclassification` for targeted variants. Query attacks ask the criterion
   (``adversarial_labels`` / ``margins``) instead of comparing labels themselves.
@@ -217,13 +220,23 @@ class QueryBudget:
     so no image can exceed ``limit`` (Q_m) and a proxy refusal stops exactly the images of
     the refused call."""
 
-    def __init__(self, n: int, max_queries: int) -> None:
+    def __init__(self, n: int, max_queries: int, spent: np.ndarray | None = None) -> None:
         self.limit = check_max_queries(max_queries)
-        self.used = np.zeros(n, dtype=np.int64)
+        #: Queries each image already has against Q_m without an answer (a killed attempt's
+        #: interrupted rows, failed ones): this attempt has ``limit - spent`` left.
+        self.spent = np.zeros(n, dtype=np.int64) if spent is None else \
+            np.clip(np.asarray(spent, dtype=np.int64).reshape(-1), 0, self.limit)
+        if self.spent.shape != (n,):
+            raise ValueError(f"spent: need {n} counts, got {self.spent.shape}")
+        self.used = self.spent.copy()
         self.stop: list[str | None] = [None] * n
 
     def remaining(self, i: int) -> int:
         return self.limit - int(self.used[i])
+
+    def sent(self, i: int) -> int:
+        """Queries this attempt sent for image ``i`` (what its result reports)."""
+        return int(self.used[i] - self.spent[i])
 
     def ask(self, query: Callable[[np.ndarray, np.ndarray], np.ndarray], images: np.ndarray,
             idx: np.ndarray) -> np.ndarray | None:
@@ -291,6 +304,16 @@ class AttackContext:
     def derive_rng(self, *keys: object) -> np.random.Generator:
         """A generator for other keys of the same seed (e.g. one per image)."""
         return rng_for(self.seed, *keys)
+
+    def spent(self) -> np.ndarray | None:
+        """Per image, queries already charged against Q_m without an answer in this proxy
+        session (a killed attempt's interrupted rows, failed rows), from the query client's
+        ``lost`` when it has one; None: nothing known (issue 9: resumed attempts never push
+        an image past Q_m)."""
+        lost = getattr(self.query, "lost", None)
+        if lost is None:
+            return None
+        return np.asarray(lost(self.image_ids), dtype=np.int64)
 
     def query_client(self) -> QueryClient:
         """The query client (query attacks), or InvalidArgument naming the missing session."""

@@ -95,7 +95,7 @@ class _Oracle:
 
     @property
     def queries(self) -> int:
-        return int(self.budget.used[self.index])
+        return self.budget.sent(self.index)
 
     @property
     def remaining(self) -> int:
@@ -238,13 +238,14 @@ def _attack_one(oracle: _Oracle, rng: np.random.Generator, init_evals: int,
 def hop_skip_jump(query: LabelQuery, images: np.ndarray, labels: np.ndarray, *, epsilon: float,
                   max_queries: int, rng: np.random.Generator, init_evals: int = 100,
                   max_num_evals: int = 10_000, gamma: float = 1.0,
-                  criterion: Criterion | None = None) -> list[AttackResult]:
+                  criterion: Criterion | None = None,
+                  spent: np.ndarray | None = None) -> list[AttackResult]:
     """Run HopSkipJumpAttack (L2) on a batch, one image at a time after one batched query of
     the clean images; one :class:`AttackResult` per image, in order (IEEE-A8, IEEE-M6).
     ``criterion`` (default :class:`Misclassification`) judges each top-1 answer."""
     images, labels = check_batch(images, labels)
     eps = check_l2_epsilon(epsilon)
-    qb = QueryBudget(images.shape[0], max_queries)
+    qb = QueryBudget(images.shape[0], max_queries, spent)
     if int(init_evals) < 1 or int(max_num_evals) < 1:
         raise InvalidArgument("init_evals", "init_evals and max_num_evals must be >= 1")
     if not np.isfinite(gamma) or gamma <= 0:
@@ -253,19 +254,30 @@ def hop_skip_jump(query: LabelQuery, images: np.ndarray, labels: np.ndarray, *, 
     n = images.shape[0]
     if n == 0:
         return []
-    # the clean images, one batched query (counted, IEEE-M6)
-    got = qb.ask(query, images.copy(), np.arange(n))
+    # the clean images, one batched query (counted, IEEE-M6), those with queries left (a
+    # killed attempt may have spent an image's Q_m: it stops with ``budget``, unqueried)
+    asked = qb.running()
+    got = qb.ask(query, images[asked].copy(), asked) if len(asked) else np.zeros(0, np.int64)
     if got is None:
         return [make_result(i, images[i], images[i], success=False, queries=0,
                             initially_correct=None, stop_reason=STOP_PROXY_BUDGET)
                 for i in range(n)]
-    clean = got.reshape(-1)
-    if clean.shape[0] != n:
-        raise InvalidArgument("labels", f"query returned {clean.shape[0]} labels for {n} images")
+    answered = got.reshape(-1)
+    if answered.shape[0] != len(asked):
+        raise InvalidArgument("labels", f"query returned {answered.shape[0]} labels for "
+                              f"{len(asked)} images")
+    clean = np.zeros(n, dtype=answered.dtype if len(asked) else np.int64)
+    clean[asked] = answered
+    was_asked = np.zeros(n, dtype=bool)
+    was_asked[asked] = True
     results: list[AttackResult] = []
     for i in range(n):
         x, label = images[i], int(labels[i])
-        clean_adv = crit.adversarial_labels(clean, np.full(n, label))
+        if not was_asked[i]:
+            results.append(make_result(i, x, x, success=False, queries=0,
+                                       initially_correct=None, stop_reason=STOP_BUDGET))
+            continue
+        clean_adv = crit.adversarial_labels(clean, np.full(n, label)) & was_asked
         if clean_adv[i]:
             results.append(make_result(i, x, x, success=True, queries=1, initially_correct=False,
                                        stop_reason=STOP_ALREADY_MISCLASSIFIED))
@@ -290,7 +302,8 @@ def hop_skip_jump(query: LabelQuery, images: np.ndarray, labels: np.ndarray, *, 
 def run(ctx: AttackContext) -> list[AttackResult]:
     p = ctx.params
     return hop_skip_jump(ctx.label_query(), ctx.images, ctx.labels, epsilon=p["epsilon"],
-                         max_queries=p["max_queries"], rng=ctx.rng(), criterion=ctx.criterion)
+                         max_queries=p["max_queries"], rng=ctx.rng(), criterion=ctx.criterion,
+                         spent=ctx.spent())
 
 
 SPEC = AttackSpec(

@@ -9,6 +9,7 @@ Registry entry: :data:`SPEC`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from fortis.services.common.errors import BudgetExhausted, InvalidArgument
@@ -49,10 +50,17 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     cfg = KnobConfig(mode=p["mode"], cells=int(p["cells"]), budget=int(p["max_queries"]))
     perturb = property_perturbation(spec.id)
     client = ctx.query_client()
+    spent = ctx.spent()
     out: list[AttackResult] = []
     for n, image_id in enumerate(ctx.image_ids):
         x = ctx.images[n]
         sent = [0]
+        # Q_m across resumed attempts (issue 9): a killed attempt's unanswered rows count
+        left = cfg.budget - (int(spent[n]) if spent is not None else 0) if cfg.budget else None
+        if left is not None and left < 1:
+            out.append(make_result(n, x, x, success=False, queries=0, initially_correct=None,
+                                   stop_reason=STOP_BUDGET))
+            continue
 
         def ask(imgs: Sequence[np.ndarray], image_id: str = image_id,
                 sent: list[int] = sent) -> list[RankedPrediction]:
@@ -63,7 +71,8 @@ def run(ctx: AttackContext) -> list[AttackResult]:
         try:
             r = pertknob(x, perturb, ctx.criterion, ask,
                          rng=ctx.derive_rng("pertknob", spec.id, image_id),
-                         reference=Reference(label=int(ctx.labels[n])), config=cfg,
+                         reference=Reference(label=int(ctx.labels[n])),
+                         config=cfg if left == cfg.budget else replace(cfg, budget=left),
                          keep_images=True)
         except BudgetExhausted:
             out.append(make_result(n, x, x, success=False, queries=sent[0],

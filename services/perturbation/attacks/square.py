@@ -62,7 +62,8 @@ def p_selection(p_init: float, it: int, n_iters: int) -> float:
 def square_attack(query: ScoreQuery, images: np.ndarray, labels: np.ndarray, *, epsilon: float,
                   max_queries: int, rng: np.random.Generator,
                   p_init: float = 0.05,
-                  criterion: Criterion | None = None) -> list[AttackResult]:
+                  criterion: Criterion | None = None,
+                  spent: np.ndarray | None = None) -> list[AttackResult]:
     """Run the L-inf Square Attack on a batch; one :class:`AttackResult` per image, in order.
 
     ``success`` means the ``criterion`` (default :class:`Misclassification`: the target's
@@ -73,7 +74,7 @@ def square_attack(query: ScoreQuery, images: np.ndarray, labels: np.ndarray, *, 
     images, labels = check_batch(images, labels)
     e = linf_levels(epsilon)
     crit = criterion if criterion is not None else Misclassification()
-    qb = QueryBudget(images.shape[0], max_queries)
+    qb = QueryBudget(images.shape[0], max_queries, spent)
     budget = qb.limit
     if not np.isfinite(p_init) or not 0.0 < p_init <= 1.0:
         raise InvalidArgument("p_init", f"must be in (0, 1], got {p_init!r}")
@@ -108,14 +109,14 @@ def square_attack(query: ScoreQuery, images: np.ndarray, labels: np.ndarray, *, 
 
     if n == 0:
         return []
-    # 1. the clean images (counted, IEEE-M6)
-    everyone = np.arange(n)
-    m0 = ask(everyone, x)
+    # 1. the clean images (counted, IEEE-M6), those with queries left
+    everyone = running()
+    m0 = ask(everyone, x[everyone]) if len(everyone) else None
     if m0 is not None:
-        margin_best[:] = m0
-        for i in range(n):
-            initially_correct[i] = not bool(m0[i] < 0)
-            if m0[i] < 0:
+        margin_best[everyone] = m0
+        for k, i in enumerate(everyone):
+            initially_correct[i] = not bool(m0[k] < 0)
+            if m0[k] < 0:
                 stop[i] = STOP_ALREADY_MISCLASSIFIED
     active = running()
     if e == 0:  # nothing can change within the bound: do not spend queries
@@ -156,7 +157,7 @@ def square_attack(query: ScoreQuery, images: np.ndarray, labels: np.ndarray, *, 
         it += 1
 
     return [make_result(i, images[i], x_best[i].astype(np.uint8),
-                        success=bool(margin_best[i] < 0), queries=int(qb.used[i]),
+                        success=bool(margin_best[i] < 0), queries=qb.sent(i),
                         initially_correct=initially_correct[i], stop_reason=str(stop[i]))
             for i in range(n)]
 
@@ -165,7 +166,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     p = ctx.params
     return square_attack(ctx.score_query(), ctx.images, ctx.labels, epsilon=p["epsilon"],
                          max_queries=p["max_queries"], rng=ctx.rng(), p_init=p["p_init"],
-                         criterion=ctx.criterion)
+                         criterion=ctx.criterion, spent=ctx.spent())
 
 
 SPEC = AttackSpec(
