@@ -1,8 +1,10 @@
 """Stopping long computations when their caller has gone (issue 9, finding 2: "one tenant can
-stall every tenant" -- ``Compute("irt")`` went on after the caller's deadline).
+stall every tenant" -- ``Compute("irt")`` went on after the caller's deadline; "long
+computations check the caller's deadline / cancellation and stop").
 
-A long loop of the scoring domain takes ``should_stop: StopCheck`` (default :func:`never`) and
-calls :func:`raise_if_stopped` every few iterations. The transport builds the check from its
+Shared by every service (scoring's metrics and IRT sampler, perturbation's attacks and
+operators, ScoreEvaluation, RenderReport). A long loop of domain code takes
+``should_stop: StopCheck`` (default :func:`never`) and calls :func:`raise_if_stopped` every few iterations. The transport builds the check from its
 call with :func:`caller_stop`, which decides the error by the condition that holds: the
 deadline passed -> :class:`DeadlineExceeded`, the call is otherwise no longer active (the
 caller cancelled, the server is shutting down) -> :class:`Cancelled`. Pure code, no gRPC.

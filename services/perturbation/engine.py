@@ -14,9 +14,11 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+import torch
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import validate_params
 from fortis.services.common.seeding import rng_for
+from fortis.services.common.stopping import StopCheck, never, raise_if_stopped
 from fortis.services.perturbation.attacks.base import (
     AttackContext,
     AttackResult,
@@ -65,12 +67,16 @@ def perturbation_rng(seed: int, spec: PerturbationSpec, level: int | float,
 
 def perturb(perturbation_id: str, level: int | float, seed: int,
             items: Sequence[tuple[str, np.ndarray]], *, params: Mapping[str, Any] | None = None,
-            surrogate: Any = None, labels: Sequence[int] | None = None) -> list[np.ndarray]:
+            surrogate: Any = None, labels: Sequence[int] | None = None,
+            should_stop: StopCheck = never) -> list[np.ndarray]:
     """Apply any catalogue perturbation at one level to each image (IEEE-P5: one per image).
 
     ``level``: severity 1..5, degradation level 0..30 or epsilon in [0, 1], as the entry's
     ``level_kind`` says. White-box operators (``needs_model``) take a ``surrogate`` and one
     true label per image. Every problem raises ``InvalidArgument`` naming its field.
+    ``should_stop`` is polled before each image and, for the incremental operators (level L
+    is L applications) and white-box ones, inside the operator (issue 9: the caller's
+    deadline / cancellation stops the work).
     """
     spec = perturbation_spec(perturbation_id)
     level_field = "epsilon" if spec.level_kind == "epsilon" else "severity"
@@ -83,9 +89,12 @@ def perturb(perturbation_id: str, level: int | float, seed: int,
             shape = items[0][1].shape if items else None
             if shape is not None and len(shape) == 3:
                 check_surrogate_input(surrogate, shape)
+    if surrogate is not None:
+        surrogate = _StoppingSurrogate(surrogate, should_stop)
     base = make_context(spec, params, model=surrogate)
     out = []
     for i, (image_id, img) in enumerate(items):
+        raise_if_stopped(should_stop, f"{spec.id}")
         ctx = base if not spec.needs_model else ApplyContext(
             params=base.params, model=surrogate, label=int(labels[i]))  # type: ignore[index]
         out.append(apply_perturbation(spec.id, img, lv, perturbation_rng(seed, spec, lv, image_id), ctx))
@@ -93,14 +102,17 @@ def perturb(perturbation_id: str, level: int | float, seed: int,
 
 
 def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequence[AttackItem], *,
-               query: QueryClient | None = None, surrogate: Any = None) -> list[AttackResult]:
+               query: QueryClient | None = None, surrogate: Any = None,
+               should_stop: StopCheck = never) -> list[AttackResult]:
     """Run one attack on a batch of images; one result per image, in order.
 
     Dispatches through the attack registry (``attacks/registry.py``): the id is looked up, the
     parameters validated against the entry's schema (``common.params``), and the entry's
     ``run`` called with an :class:`AttackContext`. Success is untargeted misclassification
     (IEEE-A7/A8); a transfer attack needs a surrogate, a query attack a query client (the
-    proxy, IEEE-M6)."""
+    proxy, IEEE-M6). ``should_stop`` is polled before every query a query attack sends and
+    every forward pass of a transfer attack's surrogate, so a caller's deadline or
+    cancellation stops any attack within one step (issue 9)."""
     spec = attack_spec(attack_id)
     p = validate_params(spec, params)
     if not items:
@@ -115,6 +127,11 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
         raise InvalidArgument("surrogate", f"{attack_id} is a transfer attack: name a surrogate model")
     if spec.is_query_attack and query is None:
         raise InvalidArgument("proxy_session_id", f"{attack_id} is a query attack: a proxy session is required")
+    raise_if_stopped(should_stop, attack_id)
+    if query is not None:
+        query = _StoppingQuery(query, should_stop)
+    if surrogate is not None:
+        surrogate = _StoppingSurrogate(surrogate, should_stop)
     ctx = AttackContext(
         spec=spec, images=np.stack([it.image for it in items]),
         labels=np.array([it.labels[0] for it in items], dtype=np.int64),
@@ -124,3 +141,48 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
         query=query if spec.is_query_attack else None,
         surrogate=surrogate if spec.needs_surrogate else None)
     return spec.run(ctx)
+
+
+class _StoppingQuery:
+    """A query client that polls ``should_stop`` before each call (every query an attack
+    sends goes through ``scores`` or ``labels``); everything else is the wrapped client's."""
+
+    def __init__(self, inner: QueryClient, should_stop: StopCheck) -> None:
+        self._inner = inner
+        self._should_stop = should_stop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def scores(self, images: np.ndarray, image_ids: Sequence[str]) -> np.ndarray:
+        raise_if_stopped(self._should_stop, "the attack")
+        return self._inner.scores(images, image_ids)
+
+    def labels(self, images: np.ndarray, image_ids: Sequence[str]) -> np.ndarray:
+        raise_if_stopped(self._should_stop, "the attack")
+        return self._inner.labels(images, image_ids)
+
+
+class _StoppingModule(torch.nn.Module):
+    """A surrogate's module that polls ``should_stop`` before each forward pass."""
+
+    def __init__(self, inner: torch.nn.Module, should_stop: StopCheck) -> None:
+        super().__init__()
+        self.inner = inner
+        self._should_stop = should_stop
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise_if_stopped(self._should_stop, "the computation")
+        return self.inner(*args, **kwargs)
+
+
+class _StoppingSurrogate:
+    """A surrogate (``.model``, ``.input_spec``, ...) whose model stops on ``should_stop``."""
+
+    def __init__(self, inner: Any, should_stop: StopCheck) -> None:
+        self._inner = inner
+        self.model = inner.model if should_stop is never else _StoppingModule(inner.model,
+                                                                               should_stop)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)

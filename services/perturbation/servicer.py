@@ -29,6 +29,7 @@ from fortis.services.common.server import (
     error_from_rpc,
 )
 from fortis.services.common.status import status_for
+from fortis.services.common.stopping import StopCheck, caller_stop
 from fortis.services.perturbation import engine, registry
 from fortis.services.perturbation.attacks.base import AttackSpec
 from fortis.services.perturbation.attacks.registry import ATTACKS, attack_spec
@@ -147,6 +148,11 @@ def attack_info(spec: AttackSpec) -> pb.AttackInfo:
         needs_surrogate=spec.needs_surrogate, stochastic=spec.stochastic)
 
 
+def _stop_check(context: Any) -> StopCheck:
+    """The call's deadline and cancellation as the engine's stop check (issue 9)."""
+    return caller_stop(context.is_active, context.time_remaining)
+
+
 def _page(items: Sequence[Any], kind: str, request: Any) -> tuple[list[Any], str]:
     size = page_size(request.page_size, default=_PAGE_DEFAULT, maximum=_PAGE_MAX)
     return page_of(items, kind, size, request.page_token)
@@ -177,7 +183,7 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         return pb.ListAttacksResponse(attacks=[attack_info(s) for s in page],
                                       next_page_token=token)
 
-    def _apply(self, req: Any) -> list:
+    def _apply(self, req: Any, context: Any) -> list:
         spec = perturbation_spec(req.perturbation_id)
         images = req.images
         arrays = decode_images(images)
@@ -198,12 +204,13 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
             labels = list(req.labels)
         out = engine.perturb(spec.id, level, req.seed,
                              [(m.image_id, a) for m, a in zip(images, arrays, strict=True)],
-                             params=params, surrogate=surrogate, labels=labels)
+                             params=params, surrogate=surrogate, labels=labels,
+                             should_stop=_stop_check(context))
         raw = req.response_encoding != pb.IMAGE_ENCODING_PNG
         return [image_msg(m.image_id, o, raw=raw) for m, o in zip(images, out, strict=True)]
 
     def ApplyPerturbation(self, request: Any, context: Any) -> pb.ApplyPerturbationResponse:
-        return pb.ApplyPerturbationResponse(images=self._apply(request))
+        return pb.ApplyPerturbationResponse(images=self._apply(request, context))
 
     def ApplyPerturbationStream(self, request_iterator: Any, context: Any
                                 ) -> Iterator[pb.ApplyPerturbationStreamResponse]:
@@ -211,7 +218,9 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
             try:
                 limits.check_message(req)   # in band: the stream goes on (issue 9)
                 yield pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256],
-                                                         images=self._apply(req))
+                                                         images=self._apply(req, context))
+            except (errors.DeadlineExceeded, errors.Cancelled):
+                raise                       # the call is over: no answer in band
             except errors.FortisError as exc:
                 yield pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256],
                                                          error=status_for(exc))
@@ -232,7 +241,7 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         elif request.surrogate:
             surrogate = self.surrogate_loader(request.surrogate, "surrogate")
         results = engine.run_attack(spec.id, params, request.seed, items, query=query,
-                                    surrogate=surrogate)
+                                    surrogate=surrogate, should_stop=_stop_check(context))
         for it, r in zip(items, results, strict=True):
             resp = pb.RunAttackResponse(
                 image_id=it.image_id, adversarial=image_msg(it.image_id, r.adversarial, raw=True),

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.stopping import StopCheck, never, raise_if_stopped
 from fortis.services.scoring.correctness import (
     DetectionBatch,
     DetectionCriterion,
@@ -64,13 +65,15 @@ SEVERITIES = range(1, 6)
 MAX_LEVEL = 1000
 
 
-def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData]) -> dict[str, Any]:
+def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData],
+                     should_stop: StopCheck = never) -> dict[str, Any]:
     """The metrics of one evaluation: ``{"ieee": IEEE-M1..M8 tree with attack distances,
     "ranking": RANK-1..3, "degradation": {operator: DEG-2..4 profile}, "query_errors": ...}``.
 
     ``settings`` holds exactly one clean setting; corruption severities are 1..5 and each
     (name, severity) appears once; attack names are unique; degradation (classification only)
-    levels are >= 1, each (operator, level) once.
+    levels are >= 1, each (operator, level) once. ``should_stop`` is polled between
+    settings and stages (issue 9: the caller's deadline / cancellation stops the work).
     """
     ids = list(setup.image_ids)
     m = len(ids)
@@ -87,6 +90,7 @@ def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData]) ->
     budgets: dict[str, int | None] = {}
     coverage: dict[str, list[str]] = {}
     for s in settings:
+        raise_if_stopped(should_stop, "scoring")
         if s.kind == "corruption":
             corruptions.setdefault(s.name, {})[s.level] = judge(s)
         elif s.kind in ATTACK_KINDS:
@@ -99,8 +103,12 @@ def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData]) ->
     for s in settings:
         if s.kind in ATTACK_KINDS:
             _add_attack_distances(tree["attacks"][s.name], s)
-    return {"ieee": tree, "ranking": ranking(setup, settings),
-            "degradation": degradation(setup, settings), "query_errors": query_errors(setup, settings)}
+    raise_if_stopped(should_stop, "scoring")
+    ranks = ranking(setup, settings)
+    raise_if_stopped(should_stop, "scoring")
+    profiles = degradation(setup, settings)
+    return {"ieee": tree, "ranking": ranks, "degradation": profiles,
+            "query_errors": query_errors(setup, settings)}
 
 
 def judge_setting(setup: EvaluationSetup, s: SettingData) -> np.ndarray:

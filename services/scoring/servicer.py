@@ -60,7 +60,8 @@ class ScoringServicer(scoring_pb2_grpc.ScoringServiceServicer):
     def ScoreEvaluation(self, request_iterator: Iterable[scoring_pb2.ScoreEvaluationRequest],
                         context: Any) -> scoring_pb2.ScoreEvaluationResponse:
         setup, settings = read_evaluation(request_iterator)
-        return response_from_scores(score_evaluation(setup, settings))
+        return response_from_scores(score_evaluation(
+            setup, settings, should_stop=caller_stop(context.is_active, context.time_remaining)))
 
     def ListMetrics(self, request: Any, context: Any) -> scoring_pb2.ListMetricsResponse:
         if request.page_size < 0:
