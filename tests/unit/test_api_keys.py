@@ -14,6 +14,7 @@ import gc
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,7 @@ def test_parse_key_file_comments_blank_lines_and_several_keys_per_tenant() -> No
     ("tenant-a md5:" + "0" * 64, "sha256:<64 hex digits>"),
     ("ten/ant sha256:" + "0" * 64, "a tenant name"),
     ("* sha256:" + "0" * 64, "a tenant name"),       # the internal tenant is never in a file
+    (_line("tenant-a", "k"), "already given to another tenant"),   # tenant-b holds it
 ])
 def test_parse_key_file_names_the_line_never_its_text(bad_line: str, why: str) -> None:
     good = _line("tenant-b", "k")
@@ -272,8 +274,20 @@ def test_a_bad_file_at_start_is_an_error(tmp_path: Path) -> None:
 
 # -- fortis keys -------------------------------------------------------------------------------
 
+@pytest.fixture()
+def restore_logging() -> Iterator[None]:
+    """``fortis.cli.main`` points structlog at this test's captured stderr, which closes
+    when the test ends: later tests' log lines must not go there."""
+    import structlog
+
+    old = structlog.get_config()
+    yield
+    structlog.configure(**old)
+
+
 def test_fortis_keys_new_prints_a_key_and_the_line_that_admits_it(
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        restore_logging: None) -> None:
     import io
 
     from fortis.cli.main import main
