@@ -18,6 +18,7 @@ cases). Pure test code: no server here.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import struct
 import zlib
@@ -455,7 +456,7 @@ def mutated_plans(draw: st.DrawFn) -> str:
                 continue
             if isinstance(node, dict) and draw(st.integers(0, 4)) == 0:
                 key = draw(st.sampled_from(_PLAN_FIELDS))
-            node[key] = draw(_PLAN_VALUES)
+            node[key] = copy.deepcopy(draw(_PLAN_VALUES))      # sampled values are shared
             break
     if draw(st.booleans()):
         return json.dumps(doc, allow_nan=True)
