@@ -529,7 +529,7 @@ class _Walk:
                 vfd = fd.message_type.fields_by_name["value"]
                 for key in value:
                     if vfd.message_type is not None:
-                        self.sub(vfd, value[key], f"{name}[{_short(key)}]")
+                        self.sub(vfd, value[key], f"{name}.{str(key)[:MAX_ECHO_CHARS]}")
                 return
             if fd.message_type is not None:
                 for i, item in enumerate(value):

@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import structlog
 from fortis.client.errors import from_rpc_error
-from fortis.services.common import errors
+from fortis.services.common import errors, limits
 from fortis.services.common.api_keys import KeyTable
 from fortis.services.common.status import status_for
 from fortis.services.common.tls import (
@@ -31,6 +31,7 @@ from fortis.services.common.tls import (
     server_credentials,
 )
 from google.protobuf import descriptor_pb2, descriptor_pool
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 from grpc_status import rpc_status
@@ -151,6 +152,20 @@ def _decoded_stream(requests: Iterable[Any]) -> Iterator[Any]:
         yield _decoded(request)
 
 
+def _bounded(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``check``, then every request message against the documented bound of each of its
+    fields (issue 9, bounded work: ``services/common/limits.py``), INVALID_ARGUMENT naming
+    the field before the servicer sees it."""
+
+    def run(request: Any) -> Any:
+        request = check(request)
+        if isinstance(request, Message):
+            limits.check_message(request)
+            return request
+        return (limits.checked(message) for message in request)
+    return run
+
+
 def _wrap_handler(handler: grpc.RpcMethodHandler,
                   before: Callable[[grpc.ServicerContext], None],
                   method: str = "", observe: Observer | None = None,
@@ -158,6 +173,8 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
     """Wrap every behaviour of a handler: run ``before`` then map domain errors (a request
     that does not parse is INVALID_ARGUMENT on ``request``)."""
     check = _decoded_stream if handler.request_streaming else _decoded
+    if not (handler.request_streaming and handler.response_streaming):
+        check = _bounded(check)     # a bidirectional stream's servicer answers it in band
 
     def done(context: grpc.ServicerContext, exc: BaseException | None, t0: float) -> None:
         if observe is not None:
