@@ -24,12 +24,7 @@ from fortis.client.errors import from_rpc_error
 from fortis.services.common import errors, limits
 from fortis.services.common.api_keys import KeyTable
 from fortis.services.common.status import status_for
-from fortis.services.common.tls import (
-    TlsSettings,
-    channel_credentials,
-    channel_options,
-    server_credentials,
-)
+from fortis.services.common.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
 from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -454,6 +449,24 @@ class RunningServer:
         self.server.stop(grace).wait()
 
 
+def _certificate_config(pem: PemFiles) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration([(pem.key, pem.cert)],
+                                                     root_certificates=pem.ca)
+
+
+def _server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:
+    """TLS server credentials whose files are re-read when they change: gRPC asks before each
+    new connection's handshake (issue 9; ``fortis.services.common.tls.PemReloader``)."""
+    reloader = PemReloader(tls)
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        pem = reloader()
+        return None if pem is None else _certificate_config(pem)
+    return grpc.dynamic_ssl_server_credentials(
+        _certificate_config(reloader.initial), fetch,
+        require_client_authentication=tls.client_auth == "require")
+
+
 def build_server(settings: ServerSettings,
                  register: Iterable[tuple[Callable[[Any, grpc.Server], None], Any, str]]
                  ) -> RunningServer:
@@ -463,7 +476,7 @@ def build_server(settings: ServerSettings,
     ``settings.tls`` the server listens with TLS only (its files reloaded on change).
     """
     # Bad TLS files are the operator's InvalidArgument before anything starts.
-    creds = server_credentials(settings.tls)[0] if settings.tls is not None else None
+    creds = _server_credentials(settings.tls) if settings.tls is not None else None
     opts = [("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0)]
@@ -503,8 +516,10 @@ def channel(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                                    ("grpc.max_send_message_length", max_message_bytes)]
     if tls is None:
         return grpc.insecure_channel(address, options=opts)
-    return grpc.secure_channel(address, channel_credentials(tls),
-                               options=opts + channel_options(tls))
+    pem = load_pem(tls)
+    creds = grpc.ssl_channel_credentials(root_certificates=pem.ca, private_key=pem.key,
+                                         certificate_chain=pem.cert)
+    return grpc.secure_channel(address, creds, options=opts + channel_options(tls))
 
 
 def call_metadata(api_key: str, tenant: str = "") -> tuple[tuple[str, str], ...]:

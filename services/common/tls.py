@@ -1,12 +1,12 @@
 """TLS for clients and mTLS between services (issue 9, "Transport security": ``--tls-cert``,
 ``--tls-key``, ``--tls-ca``; SPEC section 0: one shared Fortis, many tenants).
 
-Transport plumbing shared by every service (the server factory and the internal channels in
-``server.py``/``app.py`` use it); no domain code imports it.
+Pure code (no gRPC): the settings, reading and checking the PEM files, and noticing when they
+change. ``server.py`` turns them into gRPC credentials (the server factory, ``channel()``).
 
 - A server with :class:`TlsSettings` listens on a TLS port only (no plain-text port beside it).
   Its certificate, key and CA are re-read when one of the files changes, without a restart:
-  gRPC asks :class:`CertificateReloader` before every new connection's handshake; files that
+  gRPC asks :class:`PemReloader` before every new connection's handshake; files that
   do not load (a key that does not match its certificate, a half-written file) are refused
   and the previous ones stay in use. Connections already open keep their session.
 - ``client_auth="require"``: every client must present a certificate signed by the CA
@@ -27,12 +27,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import structlog
 from fortis.services.common import errors
 
-__all__ = ["CLIENT_AUTH", "CertificateReloader", "TlsSettings", "channel_credentials",
-           "channel_options", "server_credentials"]
+__all__ = ["CLIENT_AUTH", "PemFiles", "PemReloader", "TlsSettings", "channel_options", "load_pem"]
 
 log = structlog.get_logger("fortis.tls")
 
@@ -64,8 +62,10 @@ class TlsSettings:
             raise errors.InvalidArgument("tls_server_name", "longer than 253 characters")
 
 
-@dataclass(frozen=True)
-class _Pem:
+@dataclass(frozen=True, repr=False)
+class PemFiles:
+    """The contents of the three files (``repr`` hides them: a private key)."""
+
     cert: bytes
     key: bytes
     ca: bytes | None
@@ -83,11 +83,11 @@ def _read(path: Path, field: str) -> bytes:
     return data
 
 
-def load_pem(tls: TlsSettings) -> _Pem:
+def load_pem(tls: TlsSettings) -> PemFiles:
     """Read the three files and check they are usable (the key matches the certificate, the
     CA parses) with the ``ssl`` module before gRPC sees them; InvalidArgument naming the
     setting otherwise (never the key's content)."""
-    pem = _Pem(_read(tls.cert_file, "tls_cert"), _read(tls.key_file, "tls_key"),
+    pem = PemFiles(_read(tls.cert_file, "tls_cert"), _read(tls.key_file, "tls_key"),
                _read(tls.ca_file, "tls_ca") if tls.ca_file is not None else None)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
@@ -114,24 +114,20 @@ def _signature(tls: TlsSettings) -> tuple[tuple[int, int, int, int] | None, ...]
     return tuple(out)
 
 
-def _config(pem: _Pem) -> grpc.ServerCertificateConfiguration:
-    return grpc.ssl_server_certificate_configuration([(pem.key, pem.cert)],
-                                                     root_certificates=pem.ca)
-
-
-class CertificateReloader:
-    """gRPC's certificate configuration fetcher: called before each new connection's
-    handshake; returns a new configuration when the files changed and load, else None (keep
-    the current one). A stat of three files per new connection; no work per call."""
+class PemReloader:
+    """Called before each new connection's handshake (gRPC's certificate configuration
+    fetcher, wrapped in ``server.py``): new :class:`PemFiles` when a file changed and the new
+    set loads, else None (keep the current one). A stat of three files per new connection;
+    no work per call. Never raises (it runs inside gRPC's handshake)."""
 
     def __init__(self, tls: TlsSettings) -> None:
         self.tls = tls
         self._sig = _signature(tls)
-        self.initial = _config(load_pem(tls))
+        self.initial = load_pem(tls)
         self.reloads = 0
         self._lock = threading.Lock()
 
-    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+    def __call__(self) -> PemFiles | None:
         try:
             sig = _signature(self.tls)
             with self._lock:
@@ -145,27 +141,10 @@ class CertificateReloader:
                     return None
                 self.reloads += 1
             log.info("tls_reloaded", reloads=self.reloads)
-            return _config(pem)
+            return pem
         except Exception:  # noqa: BLE001 - never break a handshake; keep the current files
             log.error("tls_reload_failed", reason="unexpected error")
             return None
-
-
-def server_credentials(tls: TlsSettings) -> tuple[grpc.ServerCredentials, CertificateReloader]:
-    """Credentials of a TLS server that reloads its files on change, and the reloader."""
-    reloader = CertificateReloader(tls)
-    creds = grpc.dynamic_ssl_server_credentials(
-        reloader.initial, reloader,
-        require_client_authentication=tls.client_auth == "require")
-    return creds, reloader
-
-
-def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials:
-    """Credentials of an internal channel: trust the CA (the system's roots when none is
-    given) and present this service's certificate (mTLS)."""
-    pem = load_pem(tls)
-    return grpc.ssl_channel_credentials(root_certificates=pem.ca, private_key=pem.key,
-                                        certificate_chain=pem.cert)
 
 
 def channel_options(tls: TlsSettings) -> list[tuple[str, str]]:
