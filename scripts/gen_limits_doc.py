@@ -173,14 +173,18 @@ def render() -> str:
             out.append(f"| `{metric}` | `params.{name}` | {_cell(b.text())} |")
     out += ["", "## Deadlines and cancellation", "",
             "Every long computation polls a stop check built from its call (the caller's "
-            "deadline and whether the call is still active) and stops within one step: the "
-            "call ends `DEADLINE_EXCEEDED` (deadline passed) or `CANCELLED` (the caller went "
-            "away), and the worker thread is free again. Stopped work: RunAttack (between "
-            "queries / iterations of every attack), ApplyPerturbation and its stream (between "
-            "images, and between levels of incremental degradation operators), ScoreEvaluation "
-            "(between settings), Compute (IRT sampler, between steps; the other metrics "
-            "between blocks), RenderReport (before rendering). "
-            "`tests/integration/test_deadlines_everywhere.py` measures it.", ""]
+            "deadline and whether the call is still active; `services/common/stopping.py`) "
+            "and stops within one step: the call ends `DEADLINE_EXCEEDED` (deadline passed) or "
+            "`CANCELLED` (the caller went away), and the worker thread is free again. Polled: "
+            "RunAttack before every query a query attack sends and every forward pass of a "
+            "transfer attack's surrogate; ApplyPerturbation and its stream before every image "
+            "(and every surrogate forward pass of the white-box operator); ScoreEvaluation "
+            "between settings and stages; Compute's IRT sampler between steps; RenderReport "
+            "between stages. The other Compute metrics are vectorised passes over at most "
+            "`MAX_ARRAY_ELEMENTS` elements and are not interrupted. Measured by "
+            "`tests/integration/test_deadlines_everywhere.py` (the ledger is quiet within "
+            "0.01 s of a RunAttack's deadline or cancel on this machine) and "
+            "`tests/integration/test_scoring_deadlines.py`.", ""]
     return "\n".join(out)
 
 

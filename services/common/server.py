@@ -167,7 +167,7 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
                   request_id: str = "") -> grpc.RpcMethodHandler:
     """Wrap every behaviour of a handler: run ``before`` then map domain errors (a request
     that does not parse is INVALID_ARGUMENT on ``request``)."""
-    check = _decoded_stream if handler.request_streaming else _decoded
+    check: Callable[[Any], Any] = _decoded_stream if handler.request_streaming else _decoded
     if not (handler.request_streaming and handler.response_streaming):
         check = _bounded(check)     # a bidirectional stream's servicer answers it in band
 
