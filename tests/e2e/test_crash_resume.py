@@ -7,10 +7,12 @@ image past Q_m"). SPEC: IEEE-M6 (Q_m, query counts), CAN-9 (resume), DESIGN.md s
 A real ``fortis serve`` subprocess queries a real gRPC target served by this test
 (``_crash_target.py``: the Fashion-MNIST CNN, recording each image it receives). The plan has
 a clean pass, a corruption, a score-based (square) and a decision-based (hsja) query attack.
-The server is SIGKILLed four times: three times from inside the target's ``Predict`` (the
-call's images reached the target, their ledger rows are in flight, the answer never leaves)
-and once from the test's own poller, at whatever point it lands. Each time it is restarted on
-the same state dir and resumes, until the evaluation SUCCEEDS. Then the target's record is
+The server is SIGKILLed five times during the attacks: three times from inside the target's
+``Predict`` (the call's images reached the target, their ledger rows are in flight, the answer
+never leaves) and twice from the test's own poller, at whatever point it lands; then once more
+when every work item is done (scoring or report). Each time it is restarted on the same state
+dir and resumes, until the evaluation SUCCEEDS. The figures (received, rows, interrupted rows
+per kill, attack statistics) are printed as one JSON line. Then the target's record is
 compared with the ledger (SQLite file, read only, after a clean stop; and over gRPC while the
 server runs) and the report.
 """
@@ -120,6 +122,23 @@ def test_sigkill_mid_evaluation_ledger_is_what_the_target_saw(tmp_path, fmnist_t
             assert proc.returncode == -signal.SIGKILL, (how, proc.returncode)
             kills.append({"how": how, "arrivals": target.count(), "time": time.time()})
             proc, address = _serve(state, target_address)      # resumes by itself
+        # one more, once every work item is done: in scoring or the report (the runner must
+        # not leave the evaluation stuck there); skipped if the evaluation ends first
+        with FortisClient(address, api_key=API_KEY, timeout_s=5) as fc:
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                p = progress_of(fc.get(EVAL))
+                if p.state != "RUNNING" and p.state != "PENDING":
+                    break
+                if p.items_total and p.items_done == p.items_total:
+                    proc.kill()
+                    proc.wait(30)
+                    kills.append({"how": f"stage {p.stage}", "arrivals": target.count(),
+                                  "time": time.time()})
+                    break
+                time.sleep(0.005)
+        if proc.poll() is not None:
+            proc, address = _serve(state, target_address)
         with FortisClient(address, api_key=API_KEY) as fc:
             final = fc.wait(EVAL, timeout_s=240)
             assert progress_of(final).state == "SUCCEEDED", final.error.message
