@@ -358,6 +358,9 @@ def cmd_ledger(ns: argparse.Namespace) -> int:
                 results.append({
                     "session_id": sid, "target": rec.target, "queries_ok": st.queries_ok,
                     "queries_failed": st.queries_failed, "calls_refused": st.calls_refused,
+                    # rows never completed: in flight, or interrupted by a crash (issue 9)
+                    "queries_attempted": st.attempts, "queries_in_flight": st.in_flight,
+                    "queries_interrupted": st.interrupted,
                     "query_budget": rec.query_budget, "per_image_budget": rec.per_image_budget,
                     "per_image": {k: v[0] for k, v in sorted(st.per_image.items())},
                     "per_origin": {k: v[0] for k, v in sorted(st.per_origin.items())}})

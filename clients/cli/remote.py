@@ -177,7 +177,9 @@ def print_ledger(results: list[dict[str, Any]], ns: argparse.Namespace) -> None:
     for r in results:
         print(f"{r['session_id']}  target={r['target']}  ok={r['queries_ok']}  "
               f"failed={r['queries_failed']}  refused={r['calls_refused']}  "
-              f"images={len(r['per_image'])}")
+              + (f"interrupted={r['queries_interrupted']}  "
+                 if r.get("queries_interrupted") else "")
+              + f"images={len(r['per_image'])}")
 
 
 def _catalogue(ns: argparse.Namespace, keep: Callable[[Perturbation], bool]) -> int:

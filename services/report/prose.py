@@ -71,9 +71,10 @@ DEGRADATION_DEFINITIONS: Final = {
                      "change made at that level and an example image (DEG-4)",
 }
 
-#: Why aborted attempts are listed apart in the ledger summary.
-LEDGER_NOTE: Final = ("counts read from the target-proxy ledger; queries of attempts cut short "
-                      "by a restart are listed separately and not used in any metric")
+#: What the ledger summary counts (and why no attempt is listed apart).
+LEDGER_NOTE: Final = ("answered queries read from the target-proxy ledger; a query attack's "
+                      "chunk keeps one session across restarts, so Q_m counts every attempt; "
+                      "rows a crash interrupted stay charged and are not answers")
 
 _DEGRADATION_STEPS: Final = (
     "Apply the operator incrementally (level L = the operator applied L times) to each clean "
