@@ -36,6 +36,7 @@ import re
 import threading
 import time
 import uuid
+import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,6 +74,9 @@ SESSION_ID_MAX = 200
 _SESSION_ID = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)*")
 #: Longest error text kept in a ledger row.
 ERROR_MAX = 500
+#: Largest recorded answer (compressed) kept for replay; a larger one (e.g. a big mask) is
+#: not kept, and a resumed attempt sends that query again (charged, within Q_m).
+REPLY_MAX_BYTES = 64 * 1024
 
 
 def check_session_id(session_id: str) -> None:
@@ -347,7 +351,7 @@ class TargetProxy:
                     del budget.replay[img.image_id]
                     continue
                 queue.popleft()
-                pred = common_pb2.Prediction.FromString(blob)
+                pred = common_pb2.Prediction.FromString(zlib.decompress(blob))
                 pred.image_id = img.image_id
                 out[i] = pred
         return out
@@ -445,8 +449,8 @@ class TargetProxy:
                               output_summary=summarize(preds[i]) if failure is None else ""))
                 for i, eid in enumerate(entry_ids)],
                 # a query attack's answers, for a resumed attempt's replay (CAN-9, IEEE-M6)
-                replies=[(eid, preds[i].SerializeToString()) for i, eid in enumerate(entry_ids)]
-                if failure is None and rec.per_image_budget else ())
+                replies=_replies(entry_ids, preds) if failure is None and rec.per_image_budget
+                else ())
             if self.metrics is not None:
                 self.metrics.call(rec.target, status, n, latency / 1000.0,
                                   2 if attempt > 1 else 1, rec.tenant)
@@ -504,6 +508,17 @@ class TargetProxy:
                 self._sleep(wait)
                 delay = min(delay * self.retry.multiplier, self.retry.max_backoff_s)
         raise AssertionError("unreachable")
+
+
+def _replies(entry_ids: Sequence[int], preds: Sequence[common_pb2.Prediction]
+             ) -> list[tuple[int, bytes]]:
+    """Answers kept for a resumed attempt's replay: compressed, at most REPLY_MAX_BYTES."""
+    out = []
+    for eid, p in zip(entry_ids, preds, strict=True):
+        blob = zlib.compress(p.SerializeToString(), 1)
+        if len(blob) <= REPLY_MAX_BYTES:
+            out.append((eid, blob))
+    return out
 
 
 def _bounded(exc: BaseException) -> str:
