@@ -233,8 +233,9 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
             crashes += 1
             raise SystemExit("server died")
 
-    n_rpcs = len(RPCS) + len(TARGET_RPCS)
-    each = max(1, -(-ns.cases // n_rpcs))
+    # TargetService.GetTargetInfo takes no input: one case; the others share the rest.
+    n_rpcs = len(RPCS) + len(TARGET_RPCS) - 1
+    each = max(1, -(-(ns.cases - 1) // n_rpcs))
     died = False
     try:
         run_cases(channel, RPCS, each, ns.seed, record, after=check_alive)

@@ -65,9 +65,10 @@ __all__ = [
 _E = TypeVar("_E", bound="FortisError")
 
 
-#: A quoted value ('...') longer than MAX_NAME_CHARS: by convention Fortis quotes what the
-#: caller sent ("unknown perturbation '<id>'"), so a 1 MB id is cut here whatever raised it.
-_LONG_QUOTED = re.compile("'([^'\n]{" + str(MAX_NAME_CHARS - 1) + "})[^'\n]+('|$)")
+#: A quoted value ('...' opened after a non-word character, closed before one) longer than
+#: MAX_NAME_CHARS: by convention Fortis quotes what the caller sent ("unknown perturbation
+#: '<id>'"), so a 1 MB id is cut here whatever raised it.
+_LONG_QUOTED = re.compile("(?<!\\w)'([^'\n]{" + str(MAX_NAME_CHARS - 1) + "})[^'\n]+('(?!\\w)|$)")
 #: Characters of a text looked at before bounding (a message is at most 1 KB in the end).
 _SCAN_CHARS = 65536
 
