@@ -23,6 +23,7 @@ from fortis.client.errors import (
     NotFound,
     PermissionDenied,
     QuotaViolation,
+    TargetFailed,
     Unauthenticated,
     Unavailable,
     code_for,
@@ -31,6 +32,6 @@ from fortis.client.errors import (
 __all__ = [
     "CODES", "AlreadyExists", "BudgetExhausted", "Cancelled", "DeadlineExceeded",
     "FailedPrecondition", "FieldViolation", "FortisError", "Internal", "InvalidArgument",
-    "NotFound", "PermissionDenied", "QuotaViolation", "Unauthenticated", "Unavailable",
+    "NotFound", "PermissionDenied", "QuotaViolation", "TargetFailed", "Unauthenticated", "Unavailable",
     "code_for",
 ]

@@ -65,7 +65,10 @@ def _call(fn: Any, req: Any, md: Sequence[tuple[str, str]], timeout: float | Non
 def _per_query(err: errors.FortisError) -> bool:
     """A failed Predict that concerns these images (the target down after the proxy's
     retries, the target refusing the images, an unusable answer), not the evaluation itself
-    (unknown session, spent budget, bad credentials)."""
+    (unknown session, spent budget, bad credentials). ``TargetFailed`` (the target's own
+    error or a malformed answer, not retried) is per query too."""
+    if isinstance(err, errors.TargetFailed):
+        return True
     return not isinstance(err, errors.BudgetExhausted | errors.NotFound | errors.Unauthenticated
                           | errors.FailedPrecondition | errors.AlreadyExists)
 

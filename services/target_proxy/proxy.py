@@ -91,12 +91,8 @@ def check_session_id(session_id: str) -> None:
             " not starting with '.', without empty, '.' or '..' segments")
 
 
-class TargetFailed(errors.FailedPrecondition):
-    """A permanent failure of the target (issue 9, "One error mapping"): it answered, but with
-    an error of its own (INTERNAL, UNKNOWN, UNIMPLEMENTED, an error message too large to
-    receive) or a malformed answer (a prediction too few, a body the adapter cannot use).
-    Not retried; FAILED_PRECONDITION to the caller, naming the target, message bounded.
-    Transient failures are ``errors.Unavailable`` (retried, then UNAVAILABLE)."""
+#: A permanent failure of the target (one error model: ``fortis.client.errors.TargetFailed``).
+TargetFailed = errors.TargetFailed
 
 
 def target_failure(target: str, exc: errors.FortisError) -> errors.FortisError:

@@ -126,3 +126,18 @@ def test_from_rpc_error_without_rich_details() -> None:
     assert isinstance(err, E.DeadlineExceeded) and err.message == "Deadline Exceeded"
     err = E.from_rpc_error(_FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connection refused"))
     assert isinstance(err, E.Unavailable)
+
+
+def test_target_failed_keeps_its_own_reason_and_its_base_code() -> None:
+    """Issue 9, "transient vs permanent target errors told apart": a permanent target failure
+    is FAILED_PRECONDITION (its base's code) but comes back as ``TargetFailed`` (ErrorInfo
+    reason TARGET_FAILED), so an evaluation records it per query while a plain
+    FailedPrecondition still ends the evaluation."""
+    st = status_for(E.TargetFailed("target 'x' failed (not retried): bad answer"))
+    assert st.code == code_pb2.FAILED_PRECONDITION
+    info = error_details_pb2.ErrorInfo()
+    assert any(d.Unpack(info) and info.reason == "TARGET_FAILED" for d in st.details)
+    back = E.from_status(st)
+    assert type(back) is E.TargetFailed and isinstance(back, E.FailedPrecondition)
+    plain = E.from_status(status_for(E.FailedPrecondition("report of a running job")))
+    assert type(plain) is E.FailedPrecondition

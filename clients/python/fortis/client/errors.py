@@ -58,8 +58,8 @@ MAX_VIOLATIONS = 32
 __all__ = [
     "AlreadyExists", "BudgetExhausted", "Cancelled", "CODES", "DeadlineExceeded",
     "FailedPrecondition", "FieldViolation", "FortisError", "Internal", "InvalidArgument",
-    "NotFound", "PermissionDenied", "QuotaViolation", "Unauthenticated", "Unavailable",
-    "class_for", "code_for", "from_rpc_error", "from_status", "to_status",
+    "NotFound", "PermissionDenied", "QuotaViolation", "TargetFailed", "Unauthenticated",
+    "Unavailable", "class_for", "code_for", "from_rpc_error", "from_status", "to_status",
 ]
 
 _E = TypeVar("_E", bound="FortisError")
@@ -190,6 +190,15 @@ class FailedPrecondition(FortisError):
     """The system is not in a state that allows the call (e.g. the report of a running job)."""
 
 
+class TargetFailed(FailedPrecondition):
+    """A permanent failure of the target (issue 9, "One error mapping"): it answered, but with
+    an error of its own (INTERNAL, UNKNOWN, UNIMPLEMENTED, an error message too large to
+    receive) or a malformed answer (a prediction too few, a body the adapter cannot use).
+    Not retried; FAILED_PRECONDITION naming the target, with ErrorInfo reason
+    ``TARGET_FAILED`` so a caller tells it from other preconditions (an evaluation records
+    it as a failed query of those images). Transient failures are ``Unavailable``."""
+
+
 @dataclass(frozen=True)
 class QuotaViolation:
     """One exhausted quota: ``subject`` names what was limited (session, image)."""
@@ -290,7 +299,10 @@ def _reason(cls: type[FortisError]) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).upper()
 
 
-_CLASS_OF_REASON: dict[str, type[FortisError]] = {_reason(c): c for c in _CLASS_OF_CODE.values()}
+#: Subclasses with an ErrorInfo reason of their own (their code is their base's).
+_REASONED: tuple[type[FortisError], ...] = (TargetFailed,)
+_CLASS_OF_REASON: dict[str, type[FortisError]] = {
+    _reason(c): c for c in (*_CLASS_OF_CODE.values(), *_REASONED)}
 
 
 def code_for(exc: BaseException) -> int:
@@ -316,7 +328,7 @@ def to_status(exc: BaseException) -> status_pb2.Status:
     """
     if not isinstance(exc, FortisError):
         return status_pb2.Status(code=code_pb2.INTERNAL, message="internal error")
-    base = next(c for c in type(exc).__mro__ if c in CODES)
+    base = next(c for c in type(exc).__mro__ if c in CODES or c in _REASONED)
     info = error_details_pb2.ErrorInfo(reason=_reason(base), domain=DOMAIN)  # type: ignore[arg-type]
     details = exc.details()
     message = _clip_bytes(str(exc))
