@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlparse
 import structlog
 from fortis.services.common import errors
 from fortis.services.common.api_keys import KeyEntry, KeyFileWatcher, KeyTable, new_api_key
+from fortis.services.common.quotas import QuotaSettings
 from fortis.services.common.server import (
     SERVICE_TENANT,
     RunningServer,
@@ -149,6 +150,11 @@ class StackSettings:
     data_root: Path | None = None
     #: Per-tenant images/s across every target (``fortis serve --tenant-rate TENANT=N``).
     tenant_rates: Mapping[str, float] = field(default_factory=dict)
+    #: Per-tenant quotas (issue 9): running/queued evaluations, queries per UTC day
+    #: (``fortis serve --max-running-per-tenant/--max-queued-per-tenant/--tenant-quota``).
+    quotas: QuotaSettings = field(default_factory=QuotaSettings)
+    #: Worker threads running evaluations (the fair scheduler's capacity).
+    evaluation_workers: int = 2
 
 
 @dataclass
@@ -295,6 +301,7 @@ def start_stack(settings: StackSettings) -> Stack:
     from fortis.services.target_proxy.ledger import Ledger
     from fortis.services.target_proxy.metrics import ProxyMetrics
     from fortis.services.target_proxy.proxy import TargetEntry, TargetProxy
+    from fortis.services.target_proxy.quotas import DailyQueryQuotas
     from fortis.services.target_proxy.ratelimit import RateLimiter, TenantLimits
     from prometheus_client import CollectorRegistry
 
@@ -357,7 +364,9 @@ def start_stack(settings: StackSettings) -> Stack:
         register.append((proxy_pb2_grpc.add_TargetProxyServiceServicer_to_server,
                          px_servicer.TargetProxyServicer(TargetProxy(
                              ledger, entries, metrics=proxy_metrics,
-                             tenant_limits=TenantLimits(settings.tenant_rates))),
+                             tenant_limits=TenantLimits(settings.tenant_rates),
+                             daily_quotas=DailyQueryQuotas(
+                                 settings.quotas.queries_per_day_limit))),
                          px_servicer.SERVICE_NAME))
 
     lazy_channels: dict[str, Any] = {}
@@ -401,7 +410,8 @@ def start_stack(settings: StackSettings) -> Stack:
         store = EvaluationStore(state / "evaluations.sqlite")
         manager = EvaluationManager(store, ports_for=ports_for,
                                     datasets=PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root),
-                                    artifacts_dir=state / "artifacts")
+                                    artifacts_dir=state / "artifacts",
+                                    workers=settings.evaluation_workers, quotas=settings.quotas)
         register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,
                          ev_servicer.EvaluationServicer(manager, heartbeat_s=settings.watch_heartbeat_s), ev_servicer.SERVICE_NAME))
 

@@ -206,6 +206,37 @@ def _tenant_rates(pairs: list[str]) -> dict[str, float]:
         raise InvalidArgument("tenant_rate", str(exc)[:200]) from None
 
 
+def _evaluation_workers(ns: argparse.Namespace) -> int:
+    from fortis.services.common.errors import InvalidArgument
+
+    workers = int(getattr(ns, "evaluation_workers", 2))
+    if not 1 <= workers <= 256:
+        raise InvalidArgument("evaluation_workers", "must be from 1 to 256")
+    return workers
+
+
+def _quota_settings(ns: argparse.Namespace) -> Any:
+    """``fortis serve``'s per-tenant quotas (issue 9) as QuotaSettings; InvalidArgument
+    naming the option when one is malformed."""
+    from fortis.services.common.errors import InvalidArgument
+    from fortis.services.common.quotas import MAX_QUOTA, QuotaSettings, parse_tenant_quotas
+
+    try:
+        tenants = parse_tenant_quotas(getattr(ns, "tenant_quota", None) or [])
+    except ValueError as exc:
+        raise InvalidArgument("tenant_quota", str(exc)[:200]) from None
+    values = {}
+    for opt in ("max_running_per_tenant", "max_queued_per_tenant",
+                "max_queries_per_day_per_tenant"):
+        values[opt] = int(getattr(ns, opt, 0) or 0)
+        if not 0 <= values[opt] <= MAX_QUOTA:
+            raise InvalidArgument(opt, f"must be from 0 (no limit) to {MAX_QUOTA}")
+    return QuotaSettings(max_running=values["max_running_per_tenant"],
+                         max_queued=values["max_queued_per_tenant"],
+                         queries_per_day=values["max_queries_per_day_per_tenant"],
+                         tenants=tenants)
+
+
 def _metrics_address(ns: argparse.Namespace) -> tuple[str, int | None]:
     """Where /metrics listens: ``--metrics-address HOST:PORT``, else ``--metrics-port`` on
     127.0.0.1 (issue 9: loopback unless the operator says otherwise), else nowhere."""
@@ -279,7 +310,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             metrics_host=metrics_host,
             ledger_synchronous=ns.ledger_sync,
             data_root=Path(ns.data_root) if ns.data_root else None,
-            tenant_rates=_tenant_rates(ns.tenant_rate or [])))
+            tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
+            evaluation_workers=_evaluation_workers(ns)))
     except FortisError as exc:     # a bad setting, or the port taken after the check
         err(str(exc))
         return EXIT_BAD_INPUT

@@ -118,6 +118,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tenant-rate", action="append", metavar="TENANT=N",
                     help="images/s for one tenant across all targets (repeatable; exact: no "
                          "1-second window at a target holds more)")
+    sp.add_argument("--max-running-per-tenant", type=int, default=0, metavar="N",
+                    help="evaluations one tenant runs at once (default 0: no limit); the "
+                    "others wait, started round-robin across tenants")
+    sp.add_argument("--max-queued-per-tenant", type=int, default=0, metavar="N",
+                    help="evaluations one tenant may have waiting to start; CreateEvaluation "
+                    "beyond it is RESOURCE_EXHAUSTED (default 0: no limit)")
+    sp.add_argument("--max-queries-per-day-per-tenant", type=int, default=0, metavar="N",
+                    help="images the proxy sends for one tenant per UTC day, retries included "
+                    "(default 0: no limit)")
+    sp.add_argument("--tenant-quota", action="append",
+                    metavar="TENANT=running:N,queued:N,queries_per_day:N",
+                    help="one tenant's quotas, overriding the defaults above (repeatable; "
+                    "each quota may be left out; 0 = no limit)")
+    sp.add_argument("--evaluation-workers", type=int, default=2, metavar="N",
+                    help="evaluations running at once on this server (default 2)")
     sp.add_argument("--data-root", help="folder of server-side datasets: manifest plans name "
                     "paths relative to it (default: none, manifest plans are refused)")
     sp.add_argument("--metrics-address", metavar="HOST:PORT",

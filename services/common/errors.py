@@ -22,6 +22,7 @@ from fortis.client.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    QuotaExceeded,
     QuotaViolation,
     TargetFailed,
     Unauthenticated,
@@ -32,6 +33,7 @@ from fortis.client.errors import (
 __all__ = [
     "CODES", "AlreadyExists", "BudgetExhausted", "Cancelled", "DeadlineExceeded",
     "FailedPrecondition", "FieldViolation", "FortisError", "Internal", "InvalidArgument",
-    "NotFound", "PermissionDenied", "QuotaViolation", "TargetFailed", "Unauthenticated", "Unavailable",
+    "NotFound", "PermissionDenied", "QuotaExceeded", "QuotaViolation", "TargetFailed",
+    "Unauthenticated", "Unavailable",
     "code_for",
 ]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import structlog
 from fortis.services.common import errors
+from fortis.services.common.quotas import QuotaSettings
 from fortis.services.common.status import status_for
 from fortis.services.evaluation.plan import Plan, load_plan
 from fortis.services.evaluation.ports import (
@@ -32,6 +33,7 @@ from fortis.services.evaluation.ports import (
     ScoringPort,
 )
 from fortis.services.evaluation.runner import DatasetPort, EvaluationRunner
+from fortis.services.evaluation.scheduling import FairScheduler
 from fortis.services.evaluation.stages import Cancelled
 from fortis.services.evaluation.store import FINAL_STATES, EvaluationRow, EvaluationStore
 
@@ -70,11 +72,17 @@ class Ports:
 
 
 class EvaluationManager:
-    """Owns the store and the worker threads."""
+    """Owns the store and the worker threads.
+
+    Scheduling (issue 9, per-tenant quotas and fair scheduling): evaluations wait in a
+    :class:`~fortis.services.evaluation.scheduling.FairScheduler` (round-robin across tenants,
+    oldest first within one, each tenant's ``running`` quota respected) and a worker starts
+    the one it picks; CreateEvaluation beyond the tenant's ``queued`` quota is refused
+    (``QuotaExceeded``, nothing stored). Resumed evaluations re-enter the same queue."""
 
     def __init__(self, store: EvaluationStore, *, ports_for: Callable[[str], Ports],
                  datasets: DatasetPort, artifacts_dir: Path, workers: int = 2,
-                 catalogue_ttl_s: float = 60.0) -> None:
+                 catalogue_ttl_s: float = 60.0, quotas: QuotaSettings | None = None) -> None:
         self.store = store
         self.ports_for = ports_for
         self.datasets = datasets
@@ -88,14 +96,20 @@ class EvaluationManager:
         #: Evaluations a worker thread is running now (what a shutdown may cut short).
         self._running: set[tuple[str, str]] = set()
         self._idle = threading.Condition(self._lock)
+        self.quotas = quotas or QuotaSettings()
+        #: Waiting and started evaluations (payload: the creating call's request id).
+        self._sched: FairScheduler[str] = FairScheduler(workers, self.quotas.running_limit)
 
     def resume_unfinished(self) -> list[str]:
         """Restart every evaluation a previous process left pending or running."""
         resumed = []
+        # All enter the fair queue (oldest first within a tenant) before any starts.
         for row in self.store.active():
             self.store.for_tenant(row.tenant).mark_resumed(row.evaluation_id)
-            self._submit(row.tenant, row.evaluation_id)
+            with self._lock:
+                self._enqueue_locked(row.tenant, row.evaluation_id)
             resumed.append(row.evaluation_id)
+        self._dispatch()
         if resumed:
             log.info("resumed evaluations", evaluations=resumed)
         return resumed
@@ -128,18 +142,25 @@ class EvaluationManager:
         store = self.store.for_tenant(tenant)
         if evaluation_id:
             check_evaluation_id(evaluation_id)
-            existing = store.get(evaluation_id)
-            if existing is not None:
-                if existing.plan_text != plan_text:
-                    raise errors.AlreadyExists(f"evaluation '{evaluation_id}' exists with another plan")
-                return existing
         eid = evaluation_id or f"ev-{time.strftime('%Y%m%d')}-{uuid.uuid4().hex[:8]}"
-        store.insert(evaluation_id=eid, tenant=tenant, plan_text=plan_text, plan_name=plan.name)
+        # Existing id, quota check, insert and queue as one step: an idempotent re-create
+        # returns the evaluation whatever the quota; no two creates race past the quota.
+        with self._lock:
+            existing = store.get(evaluation_id) if evaluation_id else None
+            if existing is None:
+                self._check_queued_quota(tenant, target=plan.target.name)
+                store.insert(evaluation_id=eid, tenant=tenant, plan_text=plan_text,
+                             plan_name=plan.name)
+                self._enqueue_locked(tenant, eid)
+        if existing is not None:
+            if existing.plan_text != plan_text:
+                raise errors.AlreadyExists(f"evaluation '{evaluation_id}' exists with another plan")
+            return existing
         # Audit (issue 9): who created what against which target; the request id comes from
         # the call's bound context (the server interceptor).
         log.info("evaluation_created", tenant=tenant, evaluation_id=eid, target=plan.target.name,
                  plan=plan.name)
-        self._submit(tenant, eid)
+        self._dispatch()
         row = store.get(eid)
         assert row is not None
         return row
@@ -159,6 +180,8 @@ class EvaluationManager:
             raise errors.FailedPrecondition(f"evaluation '{evaluation_id}' already ended ({row.state})")
         with self._lock:
             ev = self._cancel.setdefault((tenant, evaluation_id), threading.Event())
+            if self._sched.remove(tenant, evaluation_id):    # queued: it never starts
+                self._cancel.pop((tenant, evaluation_id), None)
         ev.set()
         self.store.for_tenant(tenant).update_running(evaluation_id, state="CANCELLED", stage="done",
                                   message="cancelled by a caller", finished_at=time.time())
@@ -168,8 +191,8 @@ class EvaluationManager:
         """Stop for a shutdown: running evaluations stop at their next item boundary and stay
         RUNNING in the store, so the next start resumes them (CAN-9); queued ones never
         start. Does not wait: ``wait_idle`` bounds the wait, since one item may be long."""
-        self._closed = True
         with self._lock:
+            self._closed = True
             for ev in self._cancel.values():
                 ev.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -186,12 +209,41 @@ class EvaluationManager:
                 self._idle.wait(left)
             return sorted(f"{t}/{e}" for t, e in self._running)
 
-    def _submit(self, tenant: str, evaluation_id: str) -> None:
+    def _check_queued_quota(self, tenant: str, *, target: str) -> None:
+        """QuotaExceeded (RESOURCE_EXHAUSTED, QuotaFailure on ``tenant:<name>``) and an audit
+        line when the tenant already has its ``queued`` quota of evaluations waiting.
+        Called with the lock held."""
+        limit = self.quotas.queued_limit(tenant)
+        waiting = self._sched.queued(tenant)
+        if limit and waiting >= limit:
+            log.warning("evaluation_refused", reason="quota", quota="queued_evaluations",
+                        tenant=tenant, target=target, limit=limit, queued=waiting)
+            raise errors.QuotaExceeded([errors.QuotaViolation(
+                f"tenant:{tenant[:100]}",
+                f"queued evaluations: {waiting} of {limit} waiting to start; wait for one to "
+                "start or cancel one")])
+
+    def queue_counts(self, tenant: str) -> tuple[int, int]:
+        """(running, queued) evaluations of ``tenant`` in the scheduler now."""
         with self._lock:
-            ev = self._cancel.setdefault((tenant, evaluation_id), threading.Event())
-        # The creating call's request id follows the evaluation into its worker thread.
+            return self._sched.running(tenant), self._sched.queued(tenant)
+
+    def _enqueue_locked(self, tenant: str, evaluation_id: str) -> None:
+        """Put an evaluation in the fair queue (the lock held); :meth:`_dispatch` starts it
+        when its turn comes. The creating call's request id follows it into its worker."""
         request_id = str(structlog.contextvars.get_contextvars().get("request_id", ""))
-        self._pool.submit(self._run, tenant, evaluation_id, ev, request_id)
+        self._cancel.setdefault((tenant, evaluation_id), threading.Event())
+        self._sched.push(tenant, evaluation_id, request_id)
+
+    def _dispatch(self) -> None:
+        """Hand every evaluation the scheduler lets start now to a worker thread (never more
+        than the workers: the pool never holds a waiting task)."""
+        with self._lock:
+            if self._closed:
+                return
+            for pick in self._sched.drain():
+                ev = self._cancel.setdefault((pick.tenant, pick.job_id), threading.Event())
+                self._pool.submit(self._run, pick.tenant, pick.job_id, ev, pick.payload)
 
     def artifacts_of(self, tenant: str) -> Path:
         """The tenant's artifacts folder, checked to lie inside the artifacts folder."""
@@ -213,7 +265,10 @@ class EvaluationManager:
         finally:
             with self._idle:
                 self._running.discard(key)
+                self._sched.done(tenant, evaluation_id)
+                self._cancel.pop(key, None)
                 self._idle.notify_all()
+            self._dispatch()     # the freed worker takes the next tenant's turn
 
     def _run_one(self, tenant: str, evaluation_id: str, cancel: threading.Event,
                  request_id: str) -> None:

@@ -254,6 +254,16 @@ class Ledger:
             row = self._conn.execute("SELECT MAX(entry_id) FROM queries").fetchone()
         return int(row[0] or 0)
 
+    def attempts_since(self, t: float) -> dict[str, int]:
+        """Rows per tenant sent at or after wall-clock ``t`` (every attempt the target
+        received or may have received; rows completed as ``not sent`` excluded): the start
+        of the proxy's queries-per-day count (issue 9, ``quotas.py``)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT tenant, COUNT(*) FROM queries WHERE sent_at>=? AND error NOT LIKE"
+                " 'not sent:%' GROUP BY tenant", (t,)).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
     def replayable(self, session_id: str, tenant: str, *, up_to: int
                    ) -> dict[str, list[tuple[str, int]]]:
         """Answered rows of a session with a recorded reply, ``entry_id <= up_to``, per image

@@ -29,6 +29,10 @@ class ProxyMetrics:
                              ["target", "tenant", "status"], registry=self.registry)
         self.refused = Counter("fortis_proxy_refused_calls", "Calls refused for an exhausted budget",
                                ["target", "tenant"], registry=self.registry)
+        self.quota_refused_calls = Counter(
+            "fortis_proxy_quota_refused_calls", "Calls refused for a tenant's exhausted quota "
+            "(issue 9: queries per day); nothing was sent", ["target", "tenant", "quota"],
+            registry=self.registry)
         self.retries = Counter("fortis_proxy_retries", "Retries after the target was UNAVAILABLE",
                                ["target", "tenant"], registry=self.registry)
         self.latency = Histogram("fortis_proxy_target_latency_seconds",
@@ -47,3 +51,6 @@ class ProxyMetrics:
 
     def refused_call(self, target: str, tenant: str = "") -> None:
         self.refused.labels(target, self.tenant_label(tenant)).inc()
+
+    def quota_refused(self, target: str, tenant: str, quota: str) -> None:
+        self.quota_refused_calls.labels(target, self.tenant_label(tenant), quota).inc()

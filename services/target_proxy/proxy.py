@@ -57,6 +57,7 @@ from fortis.services.target_proxy.ledger import (
     wall_clock_of,
 )
 from fortis.services.target_proxy.metrics import ProxyMetrics
+from fortis.services.target_proxy.quotas import DailyQueryQuotas, Hold
 from fortis.services.target_proxy.ratelimit import (
     CompositeLimiter,
     Limiter,
@@ -195,7 +196,8 @@ class TargetProxy:
                  retry: RetryPolicy = RetryPolicy(),
                  sleep: Callable[[float], None] = time.sleep,
                  metrics: ProxyMetrics | None = None,
-                 tenant_limits: TenantLimits | None = None) -> None:
+                 tenant_limits: TenantLimits | None = None,
+                 daily_quotas: DailyQueryQuotas | None = None) -> None:
         self.ledger = ledger
         self.metrics = metrics
         #: Per-tenant images/s across every target (issue 9: one tenant cannot take another's
@@ -211,6 +213,10 @@ class TargetProxy:
         # answers recorded so far may be replayed to resumed attempts (issue 9, CAN-9).
         self.interrupted_at_start = ledger.mark_interrupted()
         self._replay_up_to = ledger.last_entry_id()
+        #: Queries per UTC day per tenant (issue 9 quotas), counted from the ledger's rows of
+        #: today at start-up (a restart does not reset it), then in memory (``quotas.py``).
+        self.daily_quotas = daily_quotas or DailyQueryQuotas()
+        self.daily_quotas.load_from(ledger)
         if self.interrupted_at_start:
             log.warning("ledger_rows_interrupted", rows=self.interrupted_at_start)
 
@@ -370,6 +376,15 @@ class TargetProxy:
                 _log_refused("budget", tenant=tenant, session_id=session_id,
                              target=rec.target, images=n)
                 raise errors.BudgetExhausted(violations)
+            try:    # the tenant's queries per day: the whole call fits, or nothing is sent
+                hold = self.daily_quotas.admit(tenant, n)
+            except errors.QuotaExceeded:
+                self.ledger.add_refused(session_id, tenant=tenant)
+                if self.metrics is not None:
+                    self.metrics.quota_refused(rec.target, tenant, "queries_per_day")
+                _log_refused("quota", tenant=tenant, session_id=session_id,
+                             target=rec.target, images=n, quota="queries_per_day")
+                raise
             budget.charge(images)
         predictions: list[common_pb2.Prediction] = []
         tenant_limiter = self.tenant_limits.limiter_for(rec.tenant)
@@ -388,8 +403,9 @@ class TargetProxy:
             for start in range(0, n, chunk):
                 part = images[start:start + chunk]
                 predictions += self._send(entry, budget, origin, part,
-                                          sent_up_to(start + len(part)), limiter)
+                                          sent_up_to(start + len(part)), limiter, hold)
         finally:
+            hold.release()      # what was held for images never sent
             if sent < n:
                 # Release what was reserved but never sent to the target.
                 with budget.lock:
@@ -401,7 +417,7 @@ class TargetProxy:
 
     def _send(self, entry: TargetEntry, budget: _Budget, origin: str,
               images: Sequence[common_pb2.Image], on_sent: Callable[[], None],
-              limiter: Limiter) -> list[common_pb2.Prediction]:
+              limiter: Limiter, hold: Hold) -> list[common_pb2.Prediction]:
         """Send one chunk (its first attempt already charged), retrying on UNAVAILABLE while
         the policy and the session's budget allow; every attempt is write-ahead rows."""
         rec = budget.record
@@ -422,6 +438,8 @@ class TargetProxy:
                              call_id=call_id, attempts=attempt)
                     for img, h in zip(images, hashes, strict=True)]
             entry_ids = self.ledger.reserve(rows)
+            if attempt == 1:
+                hold.take(n)        # its rows now count for the tenant's day
             try:
                 granted = limiter.acquire(n)        # the target's and the tenant's limits
             except BaseException as exc:
@@ -460,7 +478,7 @@ class TargetProxy:
                 raise failure
             # A retry is sent again: it must fit the hard budgets, or it is not sent.
             with budget.lock:
-                if budget.violations(images):
+                if budget.violations(images) or not self.daily_quotas.try_charge(rec.tenant, n):
                     raise failure
                 budget.charge(images)
             # A target that says when to come back (HTTP 429/503 Retry-After) is honoured,

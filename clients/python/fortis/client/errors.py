@@ -12,6 +12,7 @@ codes, so the interceptor, the streaming per-item errors and the client cannot d
     AlreadyExists       ALREADY_EXISTS
     FailedPrecondition  FAILED_PRECONDITION
     BudgetExhausted     RESOURCE_EXHAUSTED   google.rpc.QuotaFailure
+      QuotaExceeded     RESOURCE_EXHAUSTED   QuotaFailure, reason QUOTA_EXCEEDED (tenant quota)
     Unavailable         UNAVAILABLE          google.rpc.RetryInfo (when a retry delay is known)
     Unauthenticated     UNAUTHENTICATED
     PermissionDenied    PERMISSION_DENIED
@@ -58,8 +59,8 @@ MAX_VIOLATIONS = 32
 __all__ = [
     "AlreadyExists", "BudgetExhausted", "Cancelled", "CODES", "DeadlineExceeded",
     "FailedPrecondition", "FieldViolation", "FortisError", "Internal", "InvalidArgument",
-    "NotFound", "PermissionDenied", "QuotaViolation", "TargetFailed", "Unauthenticated",
-    "Unavailable", "class_for", "code_for", "from_rpc_error", "from_status", "to_status",
+    "NotFound", "PermissionDenied", "QuotaExceeded", "QuotaViolation", "TargetFailed",
+    "Unauthenticated", "Unavailable", "class_for", "code_for", "from_rpc_error", "from_status", "to_status",
 ]
 
 _E = TypeVar("_E", bound="FortisError")
@@ -229,6 +230,17 @@ class BudgetExhausted(FortisError):
         return cls(found or [QuotaViolation("?", message)])
 
 
+class QuotaExceeded(BudgetExhausted):
+    """A tenant's quota (evaluations running or queued, queries per day) would be exceeded:
+    the request was refused, nothing stored or sent. RESOURCE_EXHAUSTED like its base, with
+    the QuotaFailure (subject ``tenant:<name>``) and ErrorInfo reason ``QUOTA_EXCEEDED``."""
+
+    def __init__(self, violations: Sequence[QuotaViolation]) -> None:
+        self.violations = list(violations)
+        FortisError.__init__(self, "tenant quota exceeded: " + "; ".join(
+            f"{v.subject}: {v.description}" for v in self.violations))
+
+
 class Unavailable(FortisError):
     """A dependency (the target, another service) could not be reached; retrying may help.
 
@@ -300,7 +312,7 @@ def _reason(cls: type[FortisError]) -> str:
 
 
 #: Subclasses with an ErrorInfo reason of their own (their code is their base's).
-_REASONED: tuple[type[FortisError], ...] = (TargetFailed,)
+_REASONED: tuple[type[FortisError], ...] = (TargetFailed, QuotaExceeded)
 _CLASS_OF_REASON: dict[str, type[FortisError]] = {
     _reason(c): c for c in (*_CLASS_OF_CODE.values(), *_REASONED)}
 
