@@ -103,6 +103,7 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
     def GetSessionStats(self, request: Any, context: Any) -> proxy_pb2.GetSessionStatsResponse:
         rec = self.proxy.session(current_tenant.get(), request.session_id)
         st = self.proxy.ledger.stats(rec.session_id, rec.tenant)
+        today, per_day = self.proxy.daily_quotas.usage(rec.tenant)    # issue 9 quotas
         return proxy_pb2.GetSessionStatsResponse(
             session=self._session_msg(rec), queries_ok=st.queries_ok,
             queries_failed=st.queries_failed, calls_refused=st.calls_refused,
@@ -112,7 +113,8 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
             origins=[proxy_pb2.OriginQueryCount(origin=k, queries=v[0], failed=v[1])
                      for k, v in sorted(st.per_origin.items())],
             latency_p50_ms=st.latency_p50_ms, queries_attempted=st.attempts,
-            queries_in_flight=st.in_flight)
+            queries_in_flight=st.in_flight, tenant_queries_today=today,
+            tenant_queries_per_day=per_day)
 
     def ListLedgerEntries(self, request: Any, context: Any
                           ) -> proxy_pb2.ListLedgerEntriesResponse:

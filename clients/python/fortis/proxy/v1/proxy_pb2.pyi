@@ -173,7 +173,7 @@ class OriginQueryCount(_message.Message):
     def __init__(self, origin: _Optional[str] = ..., queries: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
 
 class GetSessionStatsResponse(_message.Message):
-    __slots__ = ("session", "queries_ok", "queries_failed", "calls_refused", "images", "origins", "latency_p50_ms", "queries_attempted", "queries_in_flight")
+    __slots__ = ("session", "queries_ok", "queries_failed", "calls_refused", "images", "origins", "latency_p50_ms", "queries_attempted", "queries_in_flight", "tenant_queries_today", "tenant_queries_per_day")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     QUERIES_OK_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FAILED_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,8 @@ class GetSessionStatsResponse(_message.Message):
     LATENCY_P50_MS_FIELD_NUMBER: _ClassVar[int]
     QUERIES_ATTEMPTED_FIELD_NUMBER: _ClassVar[int]
     QUERIES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_QUERIES_TODAY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_QUERIES_PER_DAY_FIELD_NUMBER: _ClassVar[int]
     session: Session
     queries_ok: int
     queries_failed: int
@@ -192,7 +194,9 @@ class GetSessionStatsResponse(_message.Message):
     latency_p50_ms: float
     queries_attempted: int
     queries_in_flight: int
-    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., queries_ok: _Optional[int] = ..., queries_failed: _Optional[int] = ..., calls_refused: _Optional[int] = ..., images: _Optional[_Iterable[_Union[ImageQueryCount, _Mapping]]] = ..., origins: _Optional[_Iterable[_Union[OriginQueryCount, _Mapping]]] = ..., latency_p50_ms: _Optional[float] = ..., queries_attempted: _Optional[int] = ..., queries_in_flight: _Optional[int] = ...) -> None: ...
+    tenant_queries_today: int
+    tenant_queries_per_day: int
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., queries_ok: _Optional[int] = ..., queries_failed: _Optional[int] = ..., calls_refused: _Optional[int] = ..., images: _Optional[_Iterable[_Union[ImageQueryCount, _Mapping]]] = ..., origins: _Optional[_Iterable[_Union[OriginQueryCount, _Mapping]]] = ..., latency_p50_ms: _Optional[float] = ..., queries_attempted: _Optional[int] = ..., queries_in_flight: _Optional[int] = ..., tenant_queries_today: _Optional[int] = ..., tenant_queries_per_day: _Optional[int] = ...) -> None: ...
 
 class ListLedgerEntriesRequest(_message.Message):
     __slots__ = ("session_id", "page_size", "page_token")
