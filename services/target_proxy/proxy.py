@@ -438,8 +438,6 @@ class TargetProxy:
                              call_id=call_id, attempts=attempt)
                     for img, h in zip(images, hashes, strict=True)]
             entry_ids = self.ledger.reserve(rows)
-            if attempt == 1:
-                hold.take(n)        # its rows now count for the tenant's day
             try:
                 granted = limiter.acquire(n)        # the target's and the tenant's limits
             except BaseException as exc:
@@ -449,9 +447,12 @@ class TargetProxy:
                 self.ledger.complete([(eid, Outcome(status=code_pb2.Code.Name(code_for(exc)),
                                                     error="not sent: " + _bounded(exc)))
                                       for eid in entry_ids])
+                if attempt > 1:     # a "not sent" row is not in the tenant's day
+                    self.daily_quotas.refund(rec.tenant, n)
                 raise
             if attempt == 1:
                 on_sent()
+                hold.take(n)        # sent: these rows count for the tenant's day
             t0 = time.perf_counter()
             preds, failure = self._attempt(entry, images)
             latency = (time.perf_counter() - t0) * 1000.0

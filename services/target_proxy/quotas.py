@@ -15,11 +15,12 @@ count is kept in memory, moved forward exactly when rows are reserved:
 - a call is admitted whole or refused whole before anything is sent
   (:meth:`DailyQueryQuotas.admit`): room for all its images is *held*; refused calls are
   ``QuotaExceeded`` (RESOURCE_EXHAUSTED, QuotaFailure subject ``tenant:<name>``);
-- as each chunk's first attempt is reserved in the ledger, its images move from held to used
-  (:meth:`Hold.take`); what was held and never sent is released when the call ends
-  (:meth:`Hold.release`);
+- as each chunk's first attempt is sent (its ledger rows reserved, the rate limiter's grant
+  taken), its images move from held to used (:meth:`Hold.take`); what was held and never
+  sent is released when the call ends (:meth:`Hold.release`);
 - a retry is sent only if it fits (:meth:`DailyQueryQuotas.try_charge`); otherwise the
-  target's error stands (as for a retry the session budget cannot pay).
+  target's error stands (as for a retry the session budget cannot pay); a retry the rate
+  limiter gives up on is refunded (:meth:`DailyQueryQuotas.refund`: its rows are "not sent").
 
 Domain code: no gRPC.
 """
@@ -137,6 +138,16 @@ class DailyQueryQuotas:
                 return False
             self._used[tenant] = used + n
             return True
+
+    def refund(self, tenant: str, n: int) -> None:
+        """Uncount ``n`` images charged by :meth:`try_charge` that were not sent after all
+        (the rate limiter gave up before the retry went)."""
+        with self._lock:
+            left = self._used.get(tenant, 0) - n
+            if left > 0:
+                self._used[tenant] = left
+            else:
+                self._used.pop(tenant, None)
 
     def _move(self, tenant: str, k: int) -> None:
         with self._lock:

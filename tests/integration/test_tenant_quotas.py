@@ -377,3 +377,71 @@ def test_queries_per_day_refuse_the_crossing_call_count_retries_and_survive_a_re
                                      metadata=OTHER_MD)
         assert (other.tenant_queries_today, other.tenant_queries_per_day) == (40, 0)
     assert gated.images == 12 + 40
+
+
+# -- fortis serve flags -----------------------------------------------------------------------
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_fortis_serve_takes_the_quota_flags(tmp_path, fmnist_target) -> None:
+    """``fortis serve --max-queries-per-day-per-tenant/--tenant-quota/...`` reach the proxy:
+    tenant-a's own 3 per day, tenant-b the server-wide default of 5."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    env = {**os.environ, "FORTIS_API_KEYS": "ka=tenant-a,kb=tenant-b"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "fortis.cli", "serve", "--address", f"127.0.0.1:{_free_port()}",
+         "--state-dir", str(tmp_path / "s"), "--log-level", "warning",
+         "--target", "m=builtin:fmnist-cnn", "--evaluation-workers", "1",
+         "--max-running-per-tenant", "1", "--max-queued-per-tenant", "4",
+         "--max-queries-per-day-per-tenant", "5",
+         "--tenant-quota", "tenant-a=queries_per_day:3,queued:1"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stderr is not None
+        line = p.stdout.readline()
+        assert line, p.stderr.read()[-3000:]
+        address = json.loads(line)["address"]
+        with grpc.insecure_channel(address) as ch:
+            stub = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+            for key, n_ok in (("ka", 3), ("kb", 5)):
+                md = (("x-api-key", key),)
+                stub.CreateSession(proxy_pb2.CreateSessionRequest(target="m", session_id="s"),
+                                   metadata=md, timeout=30)
+                assert _predict(stub, n_ok, md) is None
+                exc = _predict(stub, 1, md)
+                assert exc is not None and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                stats = stub.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id="s"),
+                                             metadata=md, timeout=30)
+                assert (stats.tenant_queries_today, stats.tenant_queries_per_day) == (n_ok, n_ok)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+@pytest.mark.parametrize("args,field", [
+    (("--tenant-quota", "tenant-a=speed:3"), "tenant_quota"),
+    (("--tenant-quota", "tenant-a=running:1", "--tenant-quota", "tenant-a=queued:2"),
+     "tenant_quota"),
+    (("--max-queued-per-tenant", "-1"), "max_queued_per_tenant"),
+    (("--evaluation-workers", "0"), "evaluation_workers")])
+def test_fortis_serve_refuses_a_malformed_quota(tmp_path, args, field) -> None:
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "fortis.cli", "serve", "--address",
+                        f"127.0.0.1:{_free_port()}", "--state-dir", str(tmp_path / "s"),
+                        "--no-default-targets", *args], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert field in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""

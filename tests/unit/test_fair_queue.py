@@ -211,3 +211,11 @@ def test_load_from_asks_the_ledger_for_rows_since_midnight_utc() -> None:
     q.load_from(ledger)
     assert ledger.asked == [12.0 * DAY_S]
     assert q.usage("a") == (7, 10)
+
+
+def test_a_retry_not_sent_after_all_is_refunded() -> None:
+    q = DailyQueryQuotas(lambda t: 10, clock=_Clock(0.0))
+    q.admit("a", 4).take(4)
+    assert q.try_charge("a", 4)
+    q.refund("a", 4)                             # the rate limiter gave up: not sent
+    assert q.usage("a") == (4, 10)
