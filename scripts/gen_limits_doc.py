@@ -47,13 +47,13 @@ def _constant_docs() -> list[tuple[str, str]]:
 
 
 def _services() -> list:
-    from fortis.evaluation.v1 import evaluation_pb2
+    from fortis.evaluation.v1 import evaluation_pb2, uploads_pb2
     from fortis.perturbation.v1 import perturbation_pb2
     from fortis.proxy.v1 import proxy_pb2
     from fortis.report.v1 import report_pb2
     from fortis.scoring.v1 import scoring_pb2
     from fortis.target.v1 import target_pb2
-    return [s for mod in (evaluation_pb2, perturbation_pb2, proxy_pb2, scoring_pb2, report_pb2,
+    return [s for mod in (evaluation_pb2, uploads_pb2, perturbation_pb2, proxy_pb2, scoring_pb2, report_pb2,
                           target_pb2) for s in mod.DESCRIPTOR.services_by_name.values()]
 
 

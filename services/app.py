@@ -155,6 +155,9 @@ class StackSettings:
     quotas: QuotaSettings = field(default_factory=QuotaSettings)
     #: Worker threads running evaluations (the fair scheduler's capacity).
     evaluation_workers: int = 2
+    #: Bytes each tenant may keep in uploaded blobs (``fortis serve --upload-quota-bytes``;
+    #: issue 9, the upload API: services/common/blobs.py).
+    upload_quota_bytes: int = 2 * 1024 ** 3
 
 
 @dataclass
@@ -386,7 +389,20 @@ def start_stack(settings: StackSettings) -> Stack:
                 lazy_channel(addr("proxy", settings.proxy_address)))
             return getattr(stub, item)
 
+    # Uploaded blobs (issue 9): stored by the evaluation service's UploadService, read by its
+    # datasets and by the perturbation service (neural_style models) with the caller's tenant.
+    blob_store = None
+    if "evaluation" in wanted or "perturbation" in wanted:
+        from fortis.services.common.blobs import BlobStore
+        blob_store = BlobStore(state / "blobs", quota_bytes=settings.upload_quota_bytes)
+        closers.append(blob_store.close)
     if "perturbation" in wanted:
+        from fortis.services.common.server import current_tenant
+        from fortis.services.perturbation import styles as pt_styles
+        model_blobs = blob_store
+        assert model_blobs is not None
+        pt_styles.set_model_blobs(lambda blob_id, field: model_blobs.path_of(
+            current_tenant.get(), blob_id, field, kind="model"))
         register.append((perturbation_pb2_grpc.add_PerturbationServiceServicer_to_server,
                          pt_servicer.PerturbationServicer(proxy_stub=_LazyProxyStub(),  # type: ignore[arg-type]
                                                           surrogate_loader=load_model),
@@ -409,11 +425,17 @@ def start_stack(settings: StackSettings) -> Stack:
 
         store = EvaluationStore(state / "evaluations.sqlite")
         manager = EvaluationManager(store, ports_for=ports_for,
-                                    datasets=PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root),
+                                    datasets=PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root,
+                                                          blobs=blob_store),
                                     artifacts_dir=state / "artifacts",
                                     workers=settings.evaluation_workers, quotas=settings.quotas)
         register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,
                          ev_servicer.EvaluationServicer(manager, heartbeat_s=settings.watch_heartbeat_s), ev_servicer.SERVICE_NAME))
+        from fortis.evaluation.v1 import uploads_pb2_grpc
+        from fortis.services.evaluation import uploads as ev_uploads
+        assert blob_store is not None
+        register.append((uploads_pb2_grpc.add_UploadServiceServicer_to_server,
+                         ev_uploads.UploadServicer(blob_store), ev_uploads.SERVICE_NAME))
 
     server = build_server(ServerSettings(address=settings.address, api_keys=key_table,
                                          tls=settings.tls,

@@ -78,6 +78,17 @@ MAX_TENSOR_DIM: Final = 1 << 31
 #: Width or height of an image, pixels.
 MAX_IMAGE_SIDE: Final = 100_000
 
+# -- uploads (services/common/blobs.py; issue 9, "No plan reads the server's disk") ----------
+#: Bytes of one UploadBlob data chunk (``blobs.MAX_CHUNK_BYTES``).
+MAX_UPLOAD_CHUNK_BYTES: Final = 1024 * 1024
+#: Declared size of the largest blob, a model (``blobs.MAX_BLOB_BYTES``: image 32 MiB,
+#: manifest 16 MiB, model 256 MiB).
+MAX_UPLOAD_BYTES: Final = 256 * 1024 * 1024
+#: A blob id, ``sha256:`` and 64 hex digits.
+MAX_BLOB_ID_CHARS: Final = 71
+#: A blob's media type.
+MAX_MEDIA_TYPE_CHARS: Final = 128
+
 # -- labels and evaluations ------------------------------------------------------------------
 #: Largest class label (and number of classes) of a target.
 MAX_CLASS_LABEL: Final = 1_000_000
@@ -387,6 +398,20 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
     _SC + "QueryAttackOutcomes.query_budget": _int(0, MAX_QUERIES_PER_IMAGE),
     _SC + "PerturbationSizes.linf": _num(0.0, MAX_DISTANCE, MAX_EVALUATION_IMAGES),
     _SC + "PerturbationSizes.l2": _num(0.0, MAX_DISTANCE, MAX_EVALUATION_IMAGES),
+    # evaluation: UploadService
+    _EV + "UploadBlobRequest.header": _MSG,
+    _EV + "UploadBlobRequest.chunk": Limit("bytes", length=MAX_UPLOAD_CHUNK_BYTES,
+                                           note="in order; together exactly header.size"),
+    _EV + "UploadHeader.kind": Limit("free", note="enum; unspecified is refused"),
+    _EV + "UploadHeader.size": _int(0, MAX_UPLOAD_BYTES, note="image <= 32 MiB, manifest "
+                                    "<= 16 MiB, model <= 256 MiB; within the tenant's quota"),
+    _EV + "UploadHeader.media_type": _text(MAX_MEDIA_TYPE_CHARS),
+    _EV + "UploadHeader.expected_sha256": _text(MAX_BLOB_ID_CHARS, note="sha256:<64 hex>"),
+    _EV + "GetBlobRequest.blob_id": _text(MAX_BLOB_ID_CHARS, note="sha256:<64 hex>"),
+    _EV + "ListBlobsRequest.page_size": _PAGE,
+    _EV + "ListBlobsRequest.page_token": _TOKEN,
+    _EV + "ListBlobsRequest.kind": Limit("free", note="enum"),
+    _EV + "DeleteBlobRequest.blob_id": _text(MAX_BLOB_ID_CHARS, note="sha256:<64 hex>"),
     # scoring: ListMetrics, Compute
     _SC + "ListMetricsRequest.page_size": _PAGE,
     _SC + "ListMetricsRequest.page_token": _TOKEN,

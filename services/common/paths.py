@@ -10,13 +10,26 @@ so no caller learns which server files exist. Pure code, no gRPC.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path, PurePosixPath
 
 from fortis.services.common.errors import InvalidArgument
 
-__all__ = ["MAX_PATH_CHARS", "confined_file"]
+__all__ = ["MAX_PATH_CHARS", "confined_file", "tenant_dir_name"]
 
 MAX_PATH_CHARS = 1024
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,63}")
+
+
+def tenant_dir_name(tenant: str) -> str:
+    """A folder name for ``tenant``: the name itself when it is safe, else its safe
+    characters plus a digest (two different tenants never share a folder). Used for every
+    per-tenant folder (artifacts, uploaded blobs; issue 9, "tenant-scoped everything")."""
+    if _SAFE_NAME.fullmatch(tenant):
+        return tenant
+    kept = re.sub(r"[^A-Za-z0-9_\-]", "_", tenant)[:40] or "tenant"
+    return f"{kept}-{hashlib.sha256(tenant.encode('utf-8', 'replace')).hexdigest()[:16]}"
 
 
 def confined_file(root: Path, raw: object, field: str, *, base: PurePosixPath = PurePosixPath(),

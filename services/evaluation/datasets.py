@@ -11,6 +11,12 @@
                         {"id": "img-3", "image": "3.png", "mask": "3-mask.png"}            segmentation (IEEE-C5)
                       image and mask paths relative to the manifest's folder; masks are PNGs
                       of class indices
+    uploads           the same rows in a manifest the tenant uploaded (``dataset.manifest``:
+                      "sha256:..."), naming uploaded images (and masks) by blob id:
+                        {"id": "img-1", "image": "sha256:<hex>", "labels": [3]}
+                      (issue 9: no plan reads the server's disk; blobs are the calling
+                      tenant's own, services/common/blobs.py). Content ids pin the data, so the
+                      plan in the report repeats the evaluation exactly (IEEE-P4).
 
 Confinement (issue 9 finding 1: any tenant could read any server file, and its bytes came back
 in the error). Manifests exist only under an operator-configured ``data_root``: with none,
@@ -30,11 +36,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
+from io import BytesIO
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 import cv2
 import numpy as np
+from fortis.services.common.blobs import BlobStore
 from fortis.services.common.codec import check_image_header
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument
 from fortis.services.common.paths import confined_file as _confined
@@ -89,7 +97,11 @@ def _read_bounded(path: Path, limit: int, field: str, what: str) -> bytes:
 def _read_image(path: Path, field: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     """Decode one confined image file: its size bounded, its header's pixel count checked
     before decoding (issue 9 finding 3)."""
-    data = _read_bounded(path, MAX_IMAGE_BYTES, field, "image file")
+    return _decode(_read_bounded(path, MAX_IMAGE_BYTES, field, "image file"), field, flags)
+
+
+def _decode(data: bytes, field: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
+    """Decode PNG/JPEG bytes after checking the header's pixel count (issue 9 finding 3)."""
     check_image_header(data, field)
     img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
     if img is None:
@@ -111,7 +123,6 @@ def _int(v: Any, field: str) -> int:
 def _manifest_lines(path: Path, first: int, count: int) -> Iterator[tuple[int, str]]:
     """(line number, text) of the non-blank lines ``first`` .. ``first + count - 1`` (0-based
     entries), each line and the whole read bounded; undecodable text named by line only."""
-    total = entry = 0
     try:
         f = path.open("rb")
     except OSError:
@@ -120,47 +131,88 @@ def _manifest_lines(path: Path, first: int, count: int) -> Iterator[tuple[int, s
         if os.fstat(f.fileno()).st_size > MAX_MANIFEST_BYTES:
             raise InvalidArgument("dataset.path", f"the manifest is larger than "
                                   f"{MAX_MANIFEST_BYTES} bytes")
-        lineno = 0
-        while entry < first + count:
-            raw = f.readline(MAX_LINE_BYTES + 2)
-            if not raw:
-                return
-            lineno += 1
-            total += len(raw)
-            if total > MAX_MANIFEST_BYTES:
-                raise InvalidArgument("dataset.path", f"the manifest is larger than "
-                                      f"{MAX_MANIFEST_BYTES} bytes")
-            content = raw.rstrip(b"\r\n")
-            if len(content) > MAX_LINE_BYTES:
-                raise InvalidArgument(f"dataset.path:{lineno}",
-                                      f"line longer than {MAX_LINE_BYTES} bytes")
-            if not content.strip():
-                continue
-            entry += 1
-            if entry <= first:
-                continue
-            try:
-                text = content.decode("utf-8")
-            except UnicodeDecodeError:
-                raise InvalidArgument(f"dataset.path:{lineno}", "not UTF-8 text: a manifest is "
-                                      "JSON lines") from None
-            yield lineno, text
+        yield from _lines_of(f, first, count, "dataset.path")
 
 
-def read_manifest(plan: Plan, data_root: Path | None) -> list[dict[str, Any]]:
-    """The manifest's entries (selected by offset/limit), with images loaded and every problem
-    named by line: ``dataset.path:LINE.field``. Everything is confined to ``data_root``
-    (issue 9 finding 1); with no root configured, manifests are refused."""
+def _lines_of(f: BinaryIO, first: int, count: int, field: str) -> Iterator[tuple[int, str]]:
+    """The selected non-blank lines of an open manifest (see :func:`_manifest_lines`);
+    problems named ``<field>`` or ``<field>:<line>``."""
+    total = entry = 0
+    lineno = 0
+    while entry < first + count:
+        raw = f.readline(MAX_LINE_BYTES + 2)
+        if not raw:
+            return
+        lineno += 1
+        total += len(raw)
+        if total > MAX_MANIFEST_BYTES:
+            raise InvalidArgument(field, f"the manifest is larger than "
+                                  f"{MAX_MANIFEST_BYTES} bytes")
+        content = raw.rstrip(b"\r\n")
+        if len(content) > MAX_LINE_BYTES:
+            raise InvalidArgument(f"{field}:{lineno}",
+                                  f"line longer than {MAX_LINE_BYTES} bytes")
+        if not content.strip():
+            continue
+        entry += 1
+        if entry <= first:
+            continue
+        try:
+            text = content.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidArgument(f"{field}:{lineno}", "not UTF-8 text: a manifest is "
+                                  "JSON lines") from None
+        yield lineno, text
+
+
+#: Loads one image (or mask) a manifest row names: (value, field, cv2 flags) -> pixels.
+ImageLoader = Callable[[object, str, int], np.ndarray]
+#: Where uploaded data is read: the blob store and the tenant whose plan it is (issue 9).
+Uploads = tuple[BlobStore, str]
+
+
+def _opened(plan: Plan, data_root: Path | None, uploads: Uploads | None
+            ) -> tuple[Iterator[tuple[int, str]], str, ImageLoader]:
+    """The plan's selected manifest lines, the field naming the manifest, and the loader of
+    the images its rows name: under the data root (``manifest``) or the tenant's uploads."""
+    ds = plan.dataset
+    if ds.source == "uploads":
+        if uploads is None:
+            raise FailedPrecondition("dataset.manifest: uploads are not available on this "
+                                     "server")
+        blobs, tenant = uploads
+        data = blobs.read(tenant, ds.manifest, "dataset.manifest", kind="manifest")
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise InvalidArgument("dataset.manifest", f"the manifest is larger than "
+                                  f"{MAX_MANIFEST_BYTES} bytes")
+
+        def load_blob(raw: object, field: str, flags: int) -> np.ndarray:
+            return _decode(blobs.read(tenant, str(raw), field, kind="image"), field, flags)
+        return _lines_of(BytesIO(data), ds.offset, ds.limit, "dataset.manifest"), \
+            "dataset.manifest", load_blob
     if data_root is None:
         raise FailedPrecondition("dataset.path: manifests are not available on this server: "
                                  "the operator has not configured a data root (fortis serve "
                                  "--data-root DIR)")
-    ds = plan.dataset
-    rel = PurePosixPath(ds.path)
-    path = confined_file(data_root, PurePosixPath(), ds.path, "dataset.path")
+    root = data_root
+    base = PurePosixPath(ds.path).parent
+    path = confined_file(root, PurePosixPath(), ds.path, "dataset.path")
+
+    def load_file(raw: object, field: str, flags: int) -> np.ndarray:
+        return _read_image(confined_file(root, base, raw, field), field, flags)
+    return _manifest_lines(path, ds.offset, ds.limit), "dataset.path", load_file
+
+
+def read_manifest(plan: Plan, data_root: Path | None, uploads: Uploads | None = None,
+                  ) -> list[dict[str, Any]]:
+    """The manifest's entries (selected by offset/limit), with images loaded and every problem
+    named by line: ``dataset.path:LINE.field`` (``dataset.manifest:LINE.field`` for uploads).
+    Everything is confined to ``data_root`` (issue 9 finding 1; with no root configured,
+    manifests are refused) or to the tenant's own uploads."""
+    lines, field, load = _opened(plan, data_root, uploads)
     rows = []
-    for n, line in _manifest_lines(path, ds.offset, ds.limit):
-        where = f"dataset.path:{n}"
+    for n, line in lines:
+        where = f"{field}:{n}"
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -169,27 +221,29 @@ def read_manifest(plan: Plan, data_root: Path | None) -> list[dict[str, Any]]:
             raise InvalidArgument(where, f"not readable JSON ({type(exc).__name__}: nested "
                                   "too deeply or a number too long)") from None
         if not isinstance(row, dict) or not isinstance(row.get("image"), str):
-            raise InvalidArgument(f"{where}.image", "each line needs an 'image' path")
-        img_path = confined_file(data_root, rel.parent, row["image"], f"{where}.image")
-        row["_image"] = _read_image(img_path, f"{where}.image")
+            raise InvalidArgument(f"{where}.image", "each line needs an 'image' path"
+                                  if field == "dataset.path" else
+                                  "each line needs an 'image' blob id")
+        row["_image"] = load(row["image"], f"{where}.image", cv2.IMREAD_COLOR)
         iid = row.setdefault("id", PurePosixPath(row["image"]).stem)
         if isinstance(iid, bool) or not isinstance(iid, str | int) or len(str(iid)) > MAX_ID_CHARS:
             raise InvalidArgument(f"{where}.id", f"a string of at most {MAX_ID_CHARS} "
                                   f"characters is needed, got {_short(iid)}")
         row["_where"] = where
-        row["_dir"] = rel.parent
+        row["_load"] = load
         rows.append(row)
     ids = [str(r["id"]) for r in rows]
     if len(set(ids)) != len(ids):
-        raise InvalidArgument("dataset.path", "image ids repeat in the manifest")
+        raise InvalidArgument(field, "image ids repeat in the manifest")
     return rows
 
 
-def load_plan_truths(plan: Plan, data_root: Path | None) -> dict[str, Any]:
+def load_plan_truths(plan: Plan, data_root: Path | None, uploads: Uploads | None = None,
+                     ) -> dict[str, Any]:
     """Ground truth of a detection or segmentation plan, per image id: detection
     ``{boxes, labels, box_format, label_base, image_size}``; segmentation an HxW int array."""
     out: dict[str, Any] = {}
-    for row in read_manifest(plan, data_root):
+    for row in read_manifest(plan, data_root, uploads):
         iid, where = str(row["id"]), row["_where"]
         h, w = row["_image"].shape[:2]
         if plan.target.task == "detection":
@@ -209,9 +263,7 @@ def load_plan_truths(plan: Plan, data_root: Path | None) -> dict[str, Any]:
         elif plan.target.task == "segmentation":
             if not isinstance(row.get("mask"), str):
                 raise InvalidArgument(f"{where}.mask", "a segmentation manifest needs a mask PNG per image")
-            assert data_root is not None   # read_manifest refused a missing root
-            mask_path = confined_file(data_root, row["_dir"], row["mask"], f"{where}.mask")
-            mask = _read_image(mask_path, f"{where}.mask", cv2.IMREAD_UNCHANGED)
+            mask = row["_load"](row["mask"], f"{where}.mask", cv2.IMREAD_UNCHANGED)
             if mask.ndim == 3:
                 mask = mask[:, :, 0]
             if mask.shape != (h, w):
@@ -221,22 +273,34 @@ def load_plan_truths(plan: Plan, data_root: Path | None) -> dict[str, Any]:
 
 
 class PlanDatasets(DatasetPort):
-    """The plan's images: a built-in source (by name) or a manifest under ``data_root`` (the
-    operator's folder of server-side datasets; None = manifests refused, issue 9 finding 1)."""
+    """The plan's images: a built-in source (by name), a manifest under ``data_root`` (the
+    operator's folder of server-side datasets; None = manifests refused, issue 9 finding 1),
+    or the tenant's uploads (``blobs``; :meth:`for_tenant` binds the plan's tenant)."""
 
-    def __init__(self, builtin: Mapping[str, BuiltinSource], data_root: Path | None = None) -> None:
+    def __init__(self, builtin: Mapping[str, BuiltinSource], data_root: Path | None = None,
+                 *, blobs: BlobStore | None = None, tenant: str = "") -> None:
         self.builtin = dict(builtin)
         self.data_root = Path(data_root) if data_root is not None else None
+        self.blobs = blobs
+        self.tenant = tenant
+
+    def for_tenant(self, tenant: str) -> PlanDatasets:
+        """The datasets as ``tenant``'s plans see them (their own uploads only)."""
+        return PlanDatasets(self.builtin, self.data_root, blobs=self.blobs, tenant=tenant)
+
+    @property
+    def _uploads(self) -> Uploads | None:
+        return (self.blobs, self.tenant) if self.blobs is not None and self.tenant else None
 
     def truths(self, plan: Plan) -> dict[str, Any]:
-        return load_plan_truths(plan, self.data_root)
+        return load_plan_truths(plan, self.data_root, self._uploads)
 
     def images(self, plan: Plan) -> list[LabeledImage]:
         ds = plan.dataset
         lm = ds.label_map
-        if ds.source == "manifest":
+        if ds.source in ("manifest", "uploads"):
             out: list[LabeledImage] = []
-            for row in read_manifest(plan, self.data_root):
+            for row in read_manifest(plan, self.data_root, self._uploads):
                 truth_labels: tuple[int, ...] = ()
                 if plan.target.task == "classification":
                     lab = row.get("labels")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from fortis.services.common.blobs import is_blob_id
 from fortis.services.common.criteria import (
     CORRECTNESS_MODES,
     CorrectnessRule,
@@ -38,7 +39,7 @@ from fortis.services.common.limits import (
 from fortis.services.common.params import validate_params
 from fortis.services.evaluation.ports import Catalogue
 
-DATASETS = ("fashion-mnist", "imagenet-photos", "manifest")
+DATASETS = ("fashion-mnist", "imagenet-photos", "manifest", "uploads")
 TASKS = ("classification", "detection", "segmentation")
 from fortis.services.common.limits import MAX_PLAN_BYTES  # noqa: E402 - re-exported
 
@@ -73,6 +74,7 @@ class DatasetRef:
     offset: int = 0
     label_map: Mapping[int, int] = field(default_factory=dict)
     path: str = ""          # source "manifest": a JSON-lines file on the evaluation service's disk
+    manifest: str = ""      # source "uploads": "sha256:..." of the tenant's uploaded manifest (issue 9)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -324,7 +326,8 @@ def _target(v: _V, doc: Mapping[str, Any]) -> TargetRef:
 
 def _dataset(v: _V, doc: Mapping[str, Any], task: str) -> DatasetRef:
     d = v.mapping(doc.get("dataset"), "dataset")
-    v.unknown(d, "dataset", {"source", "split", "limit", "offset", "label_map", "path"})
+    v.unknown(d, "dataset", {"source", "split", "limit", "offset", "label_map", "path",
+                             "manifest"})
     label_map: dict[int, int] = {}
     lm = d.get("label_map") or {}
     if not isinstance(lm, Mapping):
@@ -343,12 +346,19 @@ def _dataset(v: _V, doc: Mapping[str, Any], task: str) -> DatasetRef:
                                                  hi=MAX_DATASET_IMAGES),
                          offset=v.integer(d, "offset", "dataset", default=0, lo=0,
                                                    hi=MAX_DATASET_OFFSET),
-                         label_map=label_map, path=v.string(d, "path", "dataset"))
+                         label_map=label_map, path=v.string(d, "path", "dataset"),
+                         manifest=v.string(d, "manifest", "dataset"))
     if dataset.source == "manifest" and not dataset.path:
         v.bad("dataset.path", "source 'manifest' needs the path of a JSON-lines manifest")
-    if task != "classification" and dataset.source != "manifest":
+    if dataset.source == "uploads" and not is_blob_id(dataset.manifest):
+        # issue 9: uploaded data is named by content id, never by a server path
+        v.bad("dataset.manifest", "source 'uploads' needs the id ('sha256:' and 64 lowercase "
+              "hex digits) of an uploaded manifest (fortis upload-dataset)")
+    if dataset.source != "uploads" and dataset.manifest:
+        v.bad("dataset.manifest", "only source 'uploads' takes a manifest id")
+    if task != "classification" and dataset.source not in ("manifest", "uploads"):
         v.bad("dataset.source", f"a {task} plan needs ground truth: use source 'manifest' "
-              "(boxes or masks per image)")
+              "or 'uploads' (boxes or masks per image)")
     return dataset
 
 

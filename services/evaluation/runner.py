@@ -65,6 +65,10 @@ class DatasetPort:
     def truths(self, plan: Plan) -> dict[str, Any]:
         raise NotImplementedError
 
+    def for_tenant(self, tenant: str) -> DatasetPort:
+        """The port as ``tenant``'s plans see it (its own uploads; issue 9). Default: self."""
+        return self
+
 
 def build_stages(plan: Plan, n_images: int, catalogue: Catalogue) -> list[Stage]:
     """The stages of a plan, in execution order."""

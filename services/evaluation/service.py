@@ -10,7 +10,6 @@ tenant name made safe by ``tenant_dir_name``), never outside the artifacts folde
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import structlog
 from fortis.services.common import errors
+from fortis.services.common.paths import tenant_dir_name
 from fortis.services.common.quotas import QuotaSettings
 from fortis.services.common.status import status_for
 from fortis.services.evaluation.plan import Plan, load_plan
@@ -43,7 +43,6 @@ log = structlog.get_logger("fortis.evaluation")
 #: name proxy sessions "<id>/clean" and artifact folders).
 EVALUATION_ID_MAX = 100
 _EVALUATION_ID = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,63}")
 
 
 def check_evaluation_id(evaluation_id: str) -> None:
@@ -52,15 +51,6 @@ def check_evaluation_id(evaluation_id: str) -> None:
         raise errors.InvalidArgument(
             "evaluation_id", f"use at most {EVALUATION_ID_MAX} letters, digits, '-', '_' or '.',"
             " not starting with '.'")
-
-
-def tenant_dir_name(tenant: str) -> str:
-    """A folder name for ``tenant``: the name itself when it is safe, else its safe
-    characters plus a digest (two different tenants never share a folder)."""
-    if _SAFE_NAME.fullmatch(tenant):
-        return tenant
-    kept = re.sub(r"[^A-Za-z0-9_\-]", "_", tenant)[:40] or "tenant"
-    return f"{kept}-{hashlib.sha256(tenant.encode('utf-8', 'replace')).hexdigest()[:16]}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,7 +279,8 @@ class EvaluationManager:
             EvaluationRunner(evaluation_id=evaluation_id, plan=plan, plan_text=row.plan_text,
                              store=store, proxy=ports.proxy,
                              perturbation=ports.perturbation, scoring=ports.scoring,
-                             report=ports.report, datasets=self.datasets, catalogue=catalogue,
+                             report=ports.report, datasets=self.datasets.for_tenant(row.tenant),
+                             catalogue=catalogue,
                              artifacts_dir=self.artifacts_of(row.tenant),
                              cancelled=cancel.is_set).run()
             final = store.get(evaluation_id)

@@ -433,19 +433,46 @@ def model_root() -> Path | None:
     return _model_root if _model_root is not None else (Path(env) if env else None)
 
 
-def _model_path(params: Params) -> Path:
-    """``params.model_path`` confined to :func:`model_root`: relative, no ``..``, resolved
-    (symlinks followed) inside the root; missing and outside give one message naming no server
-    path (so nothing tells which files exist)."""
+#: Resolves ``params.model`` ("sha256:...", a MODEL blob the calling tenant uploaded) to its
+#: file: ``(blob id, field) -> Path``, InvalidArgument on the field for a malformed, unknown
+#: or foreign id. Set by the composition root (:func:`set_model_blobs`) with
+#: services/common/blobs.py and the tenant of the call (issue 9: tenant models come in
+#: through the upload API, never from a server path). None: ``model`` is refused.
+ModelBlobs = Callable[[str, str], Path]
+_model_blobs: ModelBlobs | None = None
+
+
+def set_model_blobs(resolver: ModelBlobs | None) -> None:
+    """Configure how ``params.model`` blob ids are resolved (None: not available)."""
+    global _model_blobs
+    _model_blobs = resolver
+
+
+def _model_path(params: Params) -> tuple[Path, str]:
+    """The model file and the field naming it: ``params.model`` (an uploaded MODEL blob of
+    the calling tenant) or ``params.model_path`` confined to :func:`model_root`: relative, no
+    ``..``, resolved (symlinks followed) inside the root; missing and outside give one message
+    naming no server path (so nothing tells which files exist)."""
+    blob = params.get("model")
+    if isinstance(blob, str) and blob:
+        if params.get("model_path"):
+            raise InvalidArgument("params.model", "give model (an uploaded blob) or model_path, "
+                                                  "not both")
+        if _model_blobs is None:
+            raise InvalidArgument("params.model", "uploaded models are not available on this "
+                                                  "server")
+        return _model_blobs(blob, "params.model"), "params.model"
     raw, bad = params.get("model_path"), "params.model_path"
     if not isinstance(raw, str) or not raw.strip():
-        raise InvalidArgument(bad, "required: the path, relative to the server's model root, of "
-                              "a TorchScript style-transfer model (N x 3 x H x W in [0, 1] -> same)")
+        raise InvalidArgument(bad, "required: model, the id of an uploaded TorchScript "
+                              "style-transfer model (fortis upload --kind model), or the path, "
+                              "relative to the server's model root, of one "
+                              "(N x 3 x H x W in [0, 1] -> same)")
     root = model_root()
     if root is None:
         raise InvalidArgument(bad, "neural_style is not available: the operator has not "
                               f"configured a model root ({MODEL_ROOT_ENV})")
-    return confined_file(root, raw, bad, root_name="model root")
+    return confined_file(root, raw, bad, root_name="model root"), bad
 
 
 def load_style_model(params: Params) -> Any:
@@ -455,11 +482,11 @@ def load_style_model(params: Params) -> Any:
     or not loadable."""
     import torch  # lazy: only this slot needs torch
 
-    path = _model_path(params)
+    path, bad = _model_path(params)
     try:
         st = path.stat()
     except OSError:
-        raise InvalidArgument("params.model_path", _MODEL_NOT_FOUND) from None
+        raise InvalidArgument(bad, _MODEL_NOT_FOUND) from None
     key = (str(path), st.st_size, st.st_mtime_ns)
     with _MODEL_LOCK:
         model = _MODEL_CACHE.get(key)
@@ -469,7 +496,7 @@ def load_style_model(params: Params) -> Any:
             model = torch.jit.load(str(path), map_location="cpu")
         except Exception as exc:   # any load failure: the caller's file is not a usable model
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise InvalidArgument("params.model_path",
+            raise InvalidArgument(bad,
                                   f"not a loadable TorchScript model "
                                   f"({type(exc).__name__}: {first[:200]})") from None
         model.eval()
@@ -485,6 +512,7 @@ def _neural_style(x: np.ndarray, prm: tuple[float, ...], rng: np.random.Generato
 
     (blend,) = prm
     model = load_style_model(params)
+    bad = "params.model" if params.get("model") else "params.model_path"
     h, w, _ = x.shape
     inp = torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)[None]))
     try:
@@ -492,11 +520,11 @@ def _neural_style(x: np.ndarray, prm: tuple[float, ...], rng: np.random.Generato
             out = model(inp)
     except Exception as exc:   # a model that cannot run on the image is the caller's model
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise InvalidArgument("params.model_path", f"the model failed on a 1x3x{h}x{w} input "
+        raise InvalidArgument(bad, f"the model failed on a 1x3x{h}x{w} input "
                               f"({type(exc).__name__}: {first[:200]})") from None
     if not isinstance(out, torch.Tensor) or out.ndim != 4 or tuple(out.shape[:2]) != (1, 3):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise InvalidArgument("params.model_path", f"the model must return a 1x3xHxW tensor "
+        raise InvalidArgument(bad, f"the model must return a 1x3xHxW tensor "
                               f"for a 1x3x{h}x{w} input, got {shape}")
     out = out.detach().to(torch.float32)
     if tuple(out.shape[2:]) != (h, w):
@@ -579,10 +607,14 @@ SPECS: tuple[PerturbationSpec, ...] = (
           _char("global", "deterministic", "colour"),
           "a user-supplied TorchScript style-transfer model (N x 3 x H x W in [0, 1]), "
           "blended with the original by severity",
-          (Param(name="model_path", type="string", default=None,
-                 description="path, relative to the server's model root, of a TorchScript "
-                             "file (torch.jit.save) mapping N x 3 x H x W float in [0, 1] to "
-                             "the same; required"),)),
+          (Param(name="model", type="string", default="",
+                 description="id ('sha256:...') of a TorchScript file (torch.jit.save) "
+                             "mapping N x 3 x H x W float in [0, 1] to the same, uploaded by "
+                             "the calling tenant (fortis upload --kind model); this or "
+                             "model_path is required"),
+           Param(name="model_path", type="string", default="",
+                 description="path, relative to the server's model root, of such a "
+                             "TorchScript file; this or model is required"))),
 )
 
 #: id -> spec, in IEEE-A6 order.

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fortis.evaluation.v1 import evaluation_pb2
+from fortis.evaluation.v1 import evaluation_pb2, uploads_pb2
 from fortis.perturbation.v1 import perturbation_pb2
 from fortis.proxy.v1 import proxy_pb2
 from fortis.report.v1 import report_pb2
@@ -31,7 +31,7 @@ from google.protobuf import descriptor_pool
 from google.protobuf.descriptor import FieldDescriptor
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = (evaluation_pb2, perturbation_pb2, proxy_pb2, report_pb2, scoring_pb2, target_pb2)
+MODULES = (evaluation_pb2, uploads_pb2, perturbation_pb2, proxy_pb2, report_pb2, scoring_pb2, target_pb2)
 _NUMERIC = {FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_INT32,
             FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_UINT64,
             FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SINT64}

@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 import pytest
-from fortis.evaluation.v1 import evaluation_pb2
+from fortis.evaluation.v1 import evaluation_pb2, uploads_pb2
 from fortis.perturbation.v1 import perturbation_pb2
 from fortis.proxy.v1 import proxy_pb2
 from fortis.report.v1 import report_pb2
@@ -36,7 +36,7 @@ from grpc_status import rpc_status
 
 from tests.conftest import MD
 
-MODULES = (evaluation_pb2, perturbation_pb2, proxy_pb2, report_pb2, scoring_pb2)
+MODULES = (evaluation_pb2, uploads_pb2, perturbation_pb2, proxy_pb2, report_pb2, scoring_pb2)
 _WIRE = {FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
          FieldDescriptor.TYPE_SINT32: (-(2**31), 2**31 - 1),
          FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),

@@ -107,8 +107,9 @@ def test_spec_fields(sid):
     assert s.characterisation.randomness in ("deterministic", "stochastic")
     assert s.characterisation.domain in ("colour", "pixel")
     if sid == "neural_style":
-        (p,) = s.params
-        assert p.name == "model_path" and p.type == "string" and p.default is None  # required
+        # one of the two is required at use (issue 9: an uploaded blob or a model-root path)
+        assert [(p.name, p.type, p.default) for p in s.params] == [
+            ("model", "string", ""), ("model_path", "string", "")]
         assert s.level_table == NEURAL_BLEND
     else:
         assert s.params == ()

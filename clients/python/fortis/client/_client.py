@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,8 @@ from fortis.client.types import (
     Target,
 )
 from fortis.evaluation.v1 import evaluation_pb2 as ev_pb
-from fortis.evaluation.v1 import evaluation_pb2_grpc
+from fortis.evaluation.v1 import evaluation_pb2_grpc, uploads_pb2_grpc
+from fortis.evaluation.v1 import uploads_pb2 as up_pb
 from fortis.perturbation.v1 import perturbation_pb2, perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 
@@ -42,6 +45,35 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 WATCH_SEGMENT_S = 300.0
 #: Reconnection attempts in a row after a dropped Watch stream before giving up.
 WATCH_RECONNECTS = 5
+#: Bytes per UploadBlob data message (the server's limit, issue 9).
+UPLOAD_CHUNK_BYTES = 1024 * 1024
+_BLOB_KINDS = {"image": up_pb.BLOB_KIND_IMAGE, "manifest": up_pb.BLOB_KIND_MANIFEST,
+               "model": up_pb.BLOB_KIND_MODEL}
+_BLOB_KIND_NAMES = {v: k for k, v in _BLOB_KINDS.items()}
+
+
+@dataclass(frozen=True)
+class Blob:
+    """An uploaded blob's metadata (UploadService): ``blob_id`` is "sha256:<hex>" of the
+    content; plans name it (``dataset: {source: uploads, manifest: ...}``, neural_style
+    ``model``)."""
+
+    blob_id: str
+    kind: str
+    size: int
+    created: float
+    media_type: str = ""
+    width: int = 0
+    height: int = 0
+    already_existed: bool = False
+
+    @classmethod
+    def from_proto(cls, b: Any, already_existed: bool = False) -> Blob:
+        return cls(blob_id=b.blob_id, kind=_BLOB_KIND_NAMES.get(b.kind, "unspecified"),
+                   size=b.size, created=b.create_time.ToNanoseconds() / 1e9,
+                   media_type=b.media_type, width=b.width, height=b.height,
+                   already_existed=already_existed)
+
 
 
 def _read_pem(path: str | Path | None, field: str) -> bytes | None:
@@ -97,6 +129,7 @@ class FortisClient:
         self._evaluations = evaluation_pb2_grpc.EvaluationServiceStub(self._ch)
         self._proxy = proxy_pb2_grpc.TargetProxyServiceStub(self._ch)
         self._perturbation = perturbation_pb2_grpc.PerturbationServiceStub(self._ch)
+        self._uploads = uploads_pb2_grpc.UploadServiceStub(self._ch)
 
     def close(self) -> None:
         self._ch.close()
@@ -257,6 +290,68 @@ class FortisClient:
             token = resp.next_page_token
             if not token:
                 return items
+
+    # -- uploads (issue 9: no plan reads the server's disk) -------------------------------
+    def upload(self, data: str | Path | bytes, kind: str = "image", *, media_type: str = "",
+               timeout_s: float | None = None) -> Blob:
+        """Upload a file (path) or bytes as a blob of ``kind`` ("image", "manifest", "model"),
+        streamed in 1 MiB chunks with its declared size and SHA-256 (the server checks both).
+        Uploading the same content again returns the same blob (``already_existed``)."""
+        if kind not in _BLOB_KINDS:
+            raise InvalidArgument("kind", f"one of {', '.join(_BLOB_KINDS)}")
+        if isinstance(data, bytes | bytearray):
+            blob = bytes(data)
+            size, digest = len(blob), hashlib.sha256(blob).hexdigest()
+
+            def chunks() -> Iterator[bytes]:
+                for i in range(0, len(blob), UPLOAD_CHUNK_BYTES):
+                    yield blob[i:i + UPLOAD_CHUNK_BYTES]
+        else:
+            path = Path(data)
+            h = hashlib.sha256()
+            size = 0
+            with path.open("rb") as f:
+                while piece := f.read(UPLOAD_CHUNK_BYTES):
+                    h.update(piece)
+                    size += len(piece)
+            digest = h.hexdigest()
+
+            def chunks() -> Iterator[bytes]:
+                with path.open("rb") as f:
+                    while piece := f.read(UPLOAD_CHUNK_BYTES):
+                        yield piece
+
+        def requests() -> Iterator[Any]:
+            yield up_pb.UploadBlobRequest(header=up_pb.UploadHeader(
+                kind=_BLOB_KINDS[kind], size=size, media_type=media_type,
+                expected_sha256=f"sha256:{digest}"))
+            for c in chunks():
+                yield up_pb.UploadBlobRequest(chunk=c)
+
+        try:
+            resp = self._uploads.UploadBlob(requests(), metadata=self._md,
+                                            timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return Blob.from_proto(resp.blob, resp.already_existed)
+
+    def get_blob(self, blob_id: str) -> Blob:
+        """An uploaded blob's metadata (NotFound for an unknown or another tenant's id)."""
+        return Blob.from_proto(self._call(self._uploads.GetBlob,
+                                          up_pb.GetBlobRequest(blob_id=blob_id)).blob)
+
+    def list_blobs(self, kind: str = "", page_size: int = 100,
+                   page_token: str = "") -> Page[Blob]:
+        """One page of the tenant's blobs, newest first (``kind`` filters)."""
+        resp = self._call(self._uploads.ListBlobs, up_pb.ListBlobsRequest(
+            page_size=page_size, page_token=page_token,
+            kind=_BLOB_KINDS.get(kind, up_pb.BLOB_KIND_UNSPECIFIED)))
+        return Page([Blob.from_proto(b) for b in resp.blobs], resp.next_page_token)
+
+    def delete_blob(self, blob_id: str) -> Blob:
+        """Delete an uploaded blob."""
+        return Blob.from_proto(self._call(self._uploads.DeleteBlob,
+                                          up_pb.DeleteBlobRequest(blob_id=blob_id)).blob)
 
     def perturbations(self) -> builtins.list[Perturbation]:
         """The perturbation catalogue: corruptions, styles, degradation operators, properties."""

@@ -1,0 +1,464 @@
+"""Content-addressed blobs stored per tenant: the storage behind ``UploadService`` (issue 9,
+"No plan reads the server's disk": images and tenant models come in through the API, with
+size and pixel limits checked from the header before decoding, referenced from plans by id).
+
+Pure code (no gRPC), shared: the evaluation service stores and reads uploads (its servicer in
+``services/evaluation/uploads.py``, its datasets for ``dataset: {source: uploads}``), and the
+perturbation service reads a tenant's ``neural_style`` model (IEEE-A6) through
+:meth:`BlobStore.path_of`.
+
+Layout: ``<root>/<tenant dir>/<sha256 hex>`` (the tenant folder named by
+:func:`~fortis.services.common.paths.tenant_dir_name`, as artifacts are), and an index
+``<root>/blobs.sqlite`` (tenant, id, kind, size, created, media type, image width/height).
+The id is ``sha256:<hex>`` of the content, so uploading the same bytes twice is idempotent
+and a plan naming blobs pins its data exactly (IEEE-P4: the report lets anyone repeat it).
+
+Tenancy: every lookup is by (tenant, id); another tenant's id is NOT_FOUND with the same
+message as an unknown one, even when the same bytes exist for that other tenant.
+
+Bounded work: per-kind maximum sizes (:data:`MAX_BLOB_BYTES`), chunks of at most
+:data:`MAX_CHUNK_BYTES`, a per-tenant storage quota (RESOURCE_EXHAUSTED with a QuotaFailure),
+a per-tenant blob count, and for images the PNG/JPEG header's format and pixel count checked
+as soon as the header has arrived (``codec.check_image_header``), before the rest is received
+and without ever decoding. An upload writes a temporary file in the tenant folder, fsyncs and
+renames it; a failed or cancelled upload removes it, and leftovers of a crash are swept when
+the store opens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from fortis.services.common.codec import check_image_header, image_header_size
+from fortis.services.common.errors import (
+    InvalidArgument,
+    NotFound,
+    QuotaExceeded,
+    QuotaViolation,
+)
+from fortis.services.common.limits import (
+    MAX_MEDIA_TYPE_CHARS,
+    MAX_UPLOAD_BYTES,
+    MAX_UPLOAD_CHUNK_BYTES,
+)
+from fortis.services.common.paths import tenant_dir_name
+
+__all__ = ["BLOB_ID_PREFIX", "DEFAULT_QUOTA_BYTES", "KINDS", "MAX_BLOBS_PER_TENANT",
+           "MAX_BLOB_BYTES", "MAX_CHUNK_BYTES", "BlobInfo", "BlobStore", "Upload",
+           "check_blob_id", "is_blob_id"]
+
+#: The kinds of blob and the largest of each, bytes.
+MAX_BLOB_BYTES: Final = {"image": 32 * 1024 * 1024, "manifest": 16 * 1024 * 1024,
+                         "model": MAX_UPLOAD_BYTES}
+KINDS: Final = tuple(MAX_BLOB_BYTES)
+#: Largest data chunk of one UploadBlob message, bytes.
+MAX_CHUNK_BYTES: Final = MAX_UPLOAD_CHUNK_BYTES
+#: Default storage quota of one tenant, bytes (``fortis serve --upload-quota-bytes``).
+DEFAULT_QUOTA_BYTES: Final = 2 * 1024 ** 3
+#: Most blobs one tenant may keep (bounds listing and the index).
+MAX_BLOBS_PER_TENANT: Final = 100_000
+#: An image's header must have arrived within this many bytes (a JPEG's APPn segments first).
+MAX_IMAGE_HEADER_BYTES: Final = 1024 * 1024
+BLOB_ID_PREFIX: Final = "sha256:"
+_BLOB_ID = re.compile(r"sha256:[0-9a-f]{64}")
+_MEDIA_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+\-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+\-]*")
+_PART = ".part"
+_PNG = b"\x89PNG\r\n\x1a\n"
+_ZIP = b"PK\x03\x04"
+
+
+def is_blob_id(raw: object) -> bool:
+    """True when ``raw`` is written as a blob id (``sha256:`` and 64 lowercase hex digits)."""
+    return isinstance(raw, str) and _BLOB_ID.fullmatch(raw) is not None
+
+
+def check_blob_id(raw: object, field: str) -> str:
+    """The hex digest of blob id ``raw``; InvalidArgument on ``field`` (never echoing it)."""
+    if not is_blob_id(raw):
+        n = len(raw) if isinstance(raw, str) else 0
+        raise InvalidArgument(field, f"a blob id is 'sha256:' and 64 lowercase hex digits "
+                                     f"(got {n} characters)")
+    assert isinstance(raw, str)
+    return raw[len(BLOB_ID_PREFIX):]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlobInfo:
+    """A stored blob's metadata (never its content)."""
+
+    blob_id: str
+    kind: str
+    size: int
+    created: float
+    media_type: str = ""
+    width: int = 0
+    height: int = 0
+
+
+def _not_found(blob_id: str) -> NotFound:
+    # One message for unknown and foreign ids alike (issue 9: another tenant's id behaves
+    # exactly as an unknown one).
+    return NotFound("blob", blob_id)
+
+
+class BlobStore:
+    """The blobs of every tenant under ``root``; thread-safe."""
+
+    def __init__(self, root: Path, *, quota_bytes: int = DEFAULT_QUOTA_BYTES,
+                 max_blobs: int = MAX_BLOBS_PER_TENANT) -> None:
+        if quota_bytes < 0:
+            raise ValueError("quota_bytes must be >= 0")
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.quota_bytes = int(quota_bytes)
+        self.max_blobs = int(max_blobs)
+        self._lock = threading.Lock()
+        self._reserved: dict[str, int] = {}      # tenant -> bytes of uploads in progress
+        self._db = sqlite3.connect(str(self.root / "blobs.sqlite"), check_same_thread=False,
+                                   isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS blobs (tenant TEXT NOT NULL, hex TEXT NOT NULL, "
+            "kind TEXT NOT NULL, size INTEGER NOT NULL, created REAL NOT NULL, "
+            "media_type TEXT NOT NULL, width INTEGER NOT NULL, height INTEGER NOT NULL, "
+            "PRIMARY KEY (tenant, hex))")
+        self._db.execute("CREATE INDEX IF NOT EXISTS blobs_by_time ON blobs "
+                         "(tenant, created DESC, hex)")
+        self._sweep()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- folders ---------------------------------------------------------------------------
+
+    def tenant_dir(self, tenant: str) -> Path:
+        """The tenant's folder, checked to lie directly inside the root."""
+        top = self.root.resolve()
+        d = (top / tenant_dir_name(tenant)).resolve()
+        if d.parent != top:
+            raise RuntimeError("blob folder outside the blob root")
+        return d
+
+    def _sweep(self) -> None:
+        """Remove what a crash left: temporary upload files, and files without an index row
+        (renamed but not yet recorded); index rows whose file is gone are dropped."""
+        with self._lock:
+            rows = {(t, h) for t, h in self._db.execute("SELECT tenant, hex FROM blobs")}
+            dirs = {tenant_dir_name(t): t for t, _ in rows}
+            for sub in self.root.iterdir():
+                if not sub.is_dir():
+                    continue
+                tenant = dirs.get(sub.name)
+                for f in sub.iterdir():
+                    if f.name.endswith(_PART) or tenant is None or (tenant, f.name) not in rows:
+                        f.unlink(missing_ok=True)
+            for t, h in rows:
+                if not (self.root / tenant_dir_name(t) / h).is_file():
+                    self._db.execute("DELETE FROM blobs WHERE tenant = ? AND hex = ?", (t, h))
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _info(row: tuple[str, str, int, float, str, int, int]) -> BlobInfo:
+        h, kind, size, created, media, w, hh = row
+        return BlobInfo(blob_id=BLOB_ID_PREFIX + h, kind=kind, size=size, created=created,
+                        media_type=media, width=w, height=hh)
+
+    def _row(self, tenant: str, hexd: str) -> BlobInfo | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT hex, kind, size, created, media_type, width, height FROM blobs "
+                "WHERE tenant = ? AND hex = ?", (tenant, hexd)).fetchone()
+        return self._info(row) if row else None
+
+    def get(self, tenant: str, blob_id: str, field: str = "blob_id") -> BlobInfo:
+        """The metadata of ``tenant``'s blob; NotFound for an unknown or foreign id."""
+        info = self._row(tenant, check_blob_id(blob_id, field))
+        if info is None:
+            raise _not_found(blob_id)
+        return info
+
+    def path_of(self, tenant: str, blob_id: str, field: str, *, kind: str = "") -> Path:
+        """The file of ``tenant``'s blob for a reader naming it in a request or plan field:
+        InvalidArgument on ``field`` when it is malformed, unknown, foreign (same message) or
+        not of ``kind``."""
+        hexd = check_blob_id(blob_id, field)
+        info = self._row(tenant, hexd)
+        if info is None:
+            raise InvalidArgument(field, "no such upload of this tenant (upload it first: "
+                                         "fortis upload)")
+        if kind and info.kind != kind:
+            raise InvalidArgument(field, f"the upload is a {info.kind}, a {kind} is needed")
+        return self.tenant_dir(tenant) / hexd
+
+    def read(self, tenant: str, blob_id: str, field: str, *, kind: str) -> bytes:
+        """The content of ``tenant``'s blob of ``kind`` (see :meth:`path_of`)."""
+        path = self.path_of(tenant, blob_id, field, kind=kind)
+        try:
+            return path.read_bytes()
+        except OSError:
+            raise InvalidArgument(field, "no such upload of this tenant (upload it first: "
+                                         "fortis upload)") from None
+
+    def usage(self, tenant: str) -> tuple[int, int]:
+        """(bytes, blobs) ``tenant`` stores now."""
+        with self._lock:
+            size, count = self._db.execute(
+                "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM blobs WHERE tenant = ?",
+                (tenant,)).fetchone()
+        return int(size), int(count)
+
+    def list(self, tenant: str, *, kind: str = "", limit: int = 100,
+             after: tuple[float, str] | None = None) -> list[BlobInfo]:
+        """Up to ``limit`` of the tenant's blobs, newest first (then by id), starting after the
+        (created, hex) position ``after``."""
+        sql = ("SELECT hex, kind, size, created, media_type, width, height FROM blobs "
+               "WHERE tenant = ?")
+        args: list[object] = [tenant]
+        if kind:
+            sql += " AND kind = ?"
+            args.append(kind)
+        if after is not None:
+            sql += " AND (created < ? OR (created = ? AND hex > ?))"
+            args += [after[0], after[0], after[1]]
+        sql += " ORDER BY created DESC, hex LIMIT ?"
+        args.append(int(limit))
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return [self._info(r) for r in rows]
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def delete(self, tenant: str, blob_id: str, field: str = "blob_id") -> BlobInfo:
+        """Remove ``tenant``'s blob; NotFound for an unknown or foreign id."""
+        hexd = check_blob_id(blob_id, field)
+        with self._lock:
+            row = self._db.execute(
+                "SELECT hex, kind, size, created, media_type, width, height FROM blobs "
+                "WHERE tenant = ? AND hex = ?", (tenant, hexd)).fetchone()
+            if row is None:
+                raise _not_found(blob_id)
+            self._db.execute("DELETE FROM blobs WHERE tenant = ? AND hex = ?", (tenant, hexd))
+            (self.tenant_dir(tenant) / hexd).unlink(missing_ok=True)
+        return self._info(row)
+
+    def begin(self, tenant: str, *, kind: str, size: int, media_type: str = "",
+              expected_sha256: str = "") -> Upload:
+        """Start an upload after checking its header: the kind, the declared size against the
+        kind's maximum and the tenant's quota (the declared size is reserved until the upload
+        ends), the media type and expected digest. Fields are named ``header.<field>``."""
+        if kind not in MAX_BLOB_BYTES:
+            raise InvalidArgument("header.kind", f"one of {', '.join(k.upper() for k in KINDS)}"
+                                                 " is needed")
+        limit = MAX_BLOB_BYTES[kind]
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= limit:
+            raise InvalidArgument("header.size", f"the declared size must be in 1..{limit:,} "
+                                                 f"bytes for a {kind}")
+        if media_type and (len(media_type) > MAX_MEDIA_TYPE_CHARS
+                           or not _MEDIA_TYPE.fullmatch(media_type)):
+            raise InvalidArgument("header.media_type", "a media type such as image/png is needed")
+        expected = check_blob_id(expected_sha256, "header.expected_sha256") \
+            if expected_sha256 else ""
+        d = self.tenant_dir(tenant)
+        with self._lock:
+            used, count = self._db.execute(
+                "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM blobs WHERE tenant = ?",
+                (tenant,)).fetchone()
+            held = self._reserved.get(tenant, 0)
+            if used + held + size > self.quota_bytes:
+                raise QuotaExceeded([QuotaViolation(
+                    f"tenant:{tenant[:64]}",
+                    f"upload storage: {used:,} bytes stored and {held:,} being uploaded; "
+                    f"{size:,} more would pass the quota of {self.quota_bytes:,} bytes "
+                    "(delete blobs with DeleteBlob)")])
+            if count >= self.max_blobs:
+                raise QuotaExceeded([QuotaViolation(
+                    f"tenant:{tenant[:64]}", f"upload storage: at most {self.max_blobs:,} "
+                                             "blobs per tenant (delete blobs with DeleteBlob)")])
+            self._reserved[tenant] = held + size
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            return Upload(self, tenant, d, kind=kind, size=size, media_type=media_type,
+                          expected_hex=expected)
+        except BaseException:
+            self._release(tenant, size)
+            raise
+
+    def _release(self, tenant: str, size: int) -> None:
+        with self._lock:
+            left = self._reserved.get(tenant, 0) - size
+            if left > 0:
+                self._reserved[tenant] = left
+            else:
+                self._reserved.pop(tenant, None)
+
+    def _commit(self, up: Upload, hexd: str) -> tuple[BlobInfo, bool]:
+        """Record a finished upload (its temp file renamed to the blob's name) or, when the
+        tenant already holds these bytes, keep the existing blob and drop the temp file."""
+        final = up.folder / hexd
+        with self._lock:
+            row = self._db.execute(
+                "SELECT hex, kind, size, created, media_type, width, height FROM blobs "
+                "WHERE tenant = ? AND hex = ?", (up.tenant, hexd)).fetchone()
+            if row is not None:
+                up.discard()
+                info = self._info(row)
+                if info.kind != up.kind:
+                    raise InvalidArgument("header.kind", f"these bytes are already uploaded "
+                                                         f"as a {info.kind}")
+                return info, True
+            os.replace(up.temp, final)
+            _fsync_dir(up.folder)
+            info = BlobInfo(blob_id=BLOB_ID_PREFIX + hexd, kind=up.kind, size=up.received,
+                            created=time.time(), media_type=up.media_type,
+                            width=up.width, height=up.height)
+            self._db.execute("INSERT INTO blobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             (up.tenant, hexd, info.kind, info.size, info.created,
+                              info.media_type, info.width, info.height))
+            return info, False
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class Upload:
+    """One upload in progress: feed :meth:`write` the chunks in order, then :meth:`finish`;
+    :meth:`abort` (or any refusal) removes everything written."""
+
+    def __init__(self, store: BlobStore, tenant: str, folder: Path, *, kind: str, size: int,
+                 media_type: str, expected_hex: str) -> None:
+        self.store, self.tenant, self.folder = store, tenant, folder
+        self.kind, self.size, self.expected_hex = kind, size, expected_hex
+        self.media_type = media_type
+        self.received = 0
+        self._held = size               # quota reserved by BlobStore.begin, released once
+        self.width = self.height = 0
+        self._hash = hashlib.sha256()
+        self._head = b""
+        self._header_done = kind != "image"
+        self._done = False
+        self.temp = folder / f".{uuid.uuid4().hex}{_PART}"
+        self._file = self.temp.open("xb")
+
+    def write(self, chunk: bytes) -> None:
+        """Append one chunk; refuses (and aborts) a chunk over 1 MiB, content past the
+        declared size, and an image whose header is not PNG/JPEG or declares too many pixels."""
+        try:
+            if self._done:
+                raise InvalidArgument("chunk", "the upload has already ended")
+            if len(chunk) > MAX_CHUNK_BYTES:
+                raise InvalidArgument("chunk", f"{len(chunk):,} bytes; at most "
+                                               f"{MAX_CHUNK_BYTES:,} per message")
+            if self.received + len(chunk) > self.size:
+                raise InvalidArgument("chunk", f"more bytes than the declared header.size "
+                                               f"({self.size:,})")
+            if self.received == 0 and chunk and self.kind == "model" and \
+                    not chunk.startswith(_ZIP[:len(chunk)]):
+                raise InvalidArgument("chunk", "a model is a TorchScript file (torch.jit.save "
+                                               "writes a zip archive)")
+            self.received += len(chunk)
+            self._hash.update(chunk)
+            if not self._header_done:
+                self._sniff(chunk)
+            self._file.write(chunk)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _sniff(self, chunk: bytes) -> None:
+        """Check an image's format and pixel count as soon as its header has arrived (never
+        decoding, issue 9 finding 3)."""
+        self._head += chunk[:MAX_IMAGE_HEADER_BYTES + 1 - len(self._head)]
+        head = self._head
+        if len(head) >= 2 and not (head.startswith(_PNG[:len(head)])
+                                   or head.startswith(b"\xff\xd8")):
+            raise InvalidArgument("chunk", "an image must be a PNG or JPEG file")
+        size = image_header_size(head)
+        if size is None:
+            if len(head) > MAX_IMAGE_HEADER_BYTES:
+                raise InvalidArgument("chunk", f"no PNG IHDR or JPEG frame header within the "
+                                               f"first {MAX_IMAGE_HEADER_BYTES:,} bytes")
+            return
+        self.width, self.height = check_image_header(head, "chunk")
+        self.media_type = "image/png" if head.startswith(_PNG) else "image/jpeg"
+        self._header_done = True
+        self._head = b""
+
+    def finish(self) -> tuple[BlobInfo, bool]:
+        """Check the whole (size, header, digest), make it durable and record it: (the blob,
+        whether the tenant already had these bytes)."""
+        try:
+            if self.received != self.size:
+                raise InvalidArgument("header.size", f"declared {self.size:,} bytes, received "
+                                                     f"{self.received:,}")
+            if not self._header_done:
+                raise InvalidArgument("chunk", "not a PNG/JPEG image (no readable PNG IHDR or "
+                                               "JPEG frame header)")
+            hexd = self._hash.hexdigest()
+            if self.expected_hex and hexd != self.expected_hex:
+                raise InvalidArgument("header.expected_sha256", "the content hashes to "
+                                                                f"sha256:{hexd}")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            result = self.store._commit(self, hexd)
+            self._done = True
+            return result
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._release()
+
+    def discard(self) -> None:
+        """Remove the temporary file."""
+        if not self._file.closed:
+            self._file.close()
+        self.temp.unlink(missing_ok=True)
+
+    def abort(self) -> None:
+        """Give up: nothing of this upload is kept."""
+        if self._done:
+            return
+        self._done = True
+        self.discard()
+        self._release()
+
+    def _release(self) -> None:
+        held, self._held = self._held, 0
+        if held:
+            self.store._release(self.tenant, held)
+
+    def __enter__(self) -> Upload:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.abort()
+
+
+def iter_chunks(data: bytes, size: int = MAX_CHUNK_BYTES) -> Iterator[bytes]:
+    """``data`` in chunks of at most ``size`` bytes (for callers uploading from memory)."""
+    for i in range(0, len(data), size):
+        yield data[i:i + size]
