@@ -196,21 +196,27 @@ def test_the_count_starts_again_at_midnight_utc_and_loads_from_ledger_counts() -
     assert q.usage("a") == (10, 10)
 
 
-class _LedgerCounts:
-    def __init__(self) -> None:
-        self.asked: list[float] = []
+def test_load_from_counts_the_real_ledgers_rows_since_midnight_utc(tmp_path) -> None:
+    """The start-up count, from a real SQLite ledger: rows sent since 00:00 UTC per tenant,
+    failed and interrupted attempts included, yesterday's and "not sent" rows not."""
+    from fortis.services.target_proxy.ledger import INTERRUPTED, Ledger, QueryRow
+    today = 12 * DAY_S
 
-    def attempts_since(self, t: float) -> dict[str, int]:
-        self.asked.append(t)
-        return {"a": 7}
+    def row(tenant: str, sent_at: float, status: str = "OK", error: str = "") -> QueryRow:
+        return QueryRow(tenant=tenant, session_id="s", target="t", origin="o", image_id="i",
+                        input_sha256="0" * 64, output_summary="", latency_ms=1.0,
+                        status=status, error=error, sent_at=sent_at, call_id="c", attempts=1)
 
-
-def test_load_from_asks_the_ledger_for_rows_since_midnight_utc() -> None:
-    ledger = _LedgerCounts()
-    q = DailyQueryQuotas(lambda t: 10, clock=_Clock(12 * DAY_S + 3600.0))
+    ledger = Ledger(tmp_path / "ledger.sqlite", synchronous="NORMAL")
+    ledger.record([row("a", today - 1.0),                              # yesterday 23:59:59
+                   row("a", today + 1.0), row("a", today + 2.0, "UNAVAILABLE", "down"),
+                   row("a", today + 3.0, INTERRUPTED, "interrupted"),
+                   row("a", today + 4.0, "DEADLINE_EXCEEDED", "not sent: deadline"),
+                   row("b", today + 5.0)])
+    q = DailyQueryQuotas(lambda t: 10, clock=_Clock(today + 3600.0))
     q.load_from(ledger)
-    assert ledger.asked == [12.0 * DAY_S]
-    assert q.usage("a") == (7, 10)
+    ledger.close()
+    assert q.usage("a") == (3, 10) and q.usage("b") == (1, 10)
 
 
 def test_a_retry_not_sent_after_all_is_refunded() -> None:
