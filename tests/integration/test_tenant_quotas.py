@@ -17,7 +17,9 @@ order). Start order is read from the stored ``started_at`` of each evaluation (r
 - evaluations left by a previous process re-enter the same fair queue;
 - queries per day in the proxy: the call that would cross the limit is refused whole (nothing
   sent), retries count, the count survives a restart (same state dir), the other tenant is
-  not affected; metric and audit line for each refusal.
+  not affected; metric and audit line for each refusal; an evaluation whose clean pass would
+  cross the day fails with RESOURCE_EXHAUSTED and nothing of it reaches the target;
+- ``fortis serve`` takes the quota flags (subprocess) and refuses malformed ones (exit 2).
 """
 
 from __future__ import annotations
@@ -378,6 +380,40 @@ def test_queries_per_day_refuse_the_crossing_call_count_retries_and_survive_a_re
         assert (other.tenant_queries_today, other.tenant_queries_per_day) == (40, 0)
     assert gated.images == 12 + 40
 
+
+
+def test_an_evaluation_past_its_tenants_daily_queries_fails_with_nothing_sent(
+        make_stack, target) -> None:
+    """The evaluation service's calls are the tenant's queries too: a clean pass that would
+    cross tenant-a's day fails the evaluation with RESOURCE_EXHAUSTED (the QuotaFailure kept
+    in ``error``), the target receives nothing of it, tenant-b's evaluation runs."""
+    gated, _ = target
+    gated.gate.set()
+    stack = make_stack(QuotaSettings(tenants={"tenant-a": TenantQuota(queries_per_day=3)}))
+    with grpc.insecure_channel(stack.address) as ch:
+        stub = evaluation_pb2_grpc.EvaluationServiceStub(ch)
+        _create(stub, "a1")
+        _create(stub, "b1", OTHER_MD)
+        _wait_final(stack, [("tenant-a", "a1"), ("tenant-b", "b1")])
+        ev = stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="a1"),
+                                metadata=MD).evaluation
+    assert ev.state == pb.EVALUATION_STATE_FAILED
+    assert ev.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    subjects = []
+    for d in ev.error.details:
+        qf = error_details_pb2.QuotaFailure()
+        if d.Unpack(qf):
+            subjects += [v.subject for v in qf.violations]
+    assert subjects == ["tenant:tenant-a"]
+    assert _row(stack, "tenant-b", "b1").state == "SUCCEEDED"
+    from fortis.services.target_proxy.ledger import Ledger
+    ledger = Ledger(Path(stack.settings.state_dir) / "ledger.sqlite")
+    try:
+        rows = ledger.attempts_since(0.0)
+    finally:
+        ledger.close()
+    assert "tenant-a" not in rows                # nothing of a1 reached the target
+    assert gated.images == rows["tenant-b"] > 0  # what the target received: b1's rows
 
 # -- fortis serve flags -----------------------------------------------------------------------
 def _free_port() -> int:
