@@ -311,7 +311,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             ledger_synchronous=ns.ledger_sync,
             data_root=Path(ns.data_root) if ns.data_root else None,
             tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
-            evaluation_workers=_evaluation_workers(ns)))
+            evaluation_workers=_evaluation_workers(ns),
+            upload_quota_bytes=max(0, int(getattr(ns, "upload_quota_bytes", 2 * 1024 ** 3)))))
     except FortisError as exc:     # a bad setting, or the port taken after the check
         err(str(exc))
         return EXIT_BAD_INPUT

@@ -12,7 +12,7 @@ import os
 import sys
 from importlib import metadata
 
-from fortis.cli import catalogue, keys, local, remote
+from fortis.cli import catalogue, keys, local, remote, upload
 
 
 def _version() -> str:
@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="evaluations running at once on this server (default 2)")
     sp.add_argument("--data-root", help="folder of server-side datasets: manifest plans name "
                     "paths relative to it (default: none, manifest plans are refused)")
+    sp.add_argument("--upload-quota-bytes", type=int, default=2 * 1024 ** 3, metavar="N",
+                    help="bytes each tenant may keep in uploaded images, manifests and models "
+                    "(fortis upload; default 2 GiB)")
     sp.add_argument("--metrics-address", metavar="HOST:PORT",
                     help="serve Prometheus metrics (RPCs and proxy queries, labelled by tenant) "
                     "at http://HOST:PORT/metrics; bind 0.0.0.0 only on purpose")
@@ -214,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=local.cmd_score)
 
     keys.add_parser(sub)
+    upload.add_parsers(sub, _remote_opts)
 
     sp = sub.add_parser("train", help="train the Fashion-MNIST target and surrogate now")
     sp.set_defaults(fn=local.cmd_train)

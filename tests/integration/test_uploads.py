@@ -428,3 +428,42 @@ def test_neural_style_reads_the_callers_uploaded_model(stack, channel, tmp_path)
         assert (code, fields) == (grpc.StatusCode.INVALID_ARGUMENT, ["params.model"]), msg
         answers.append(msg.replace(blob_id, "<id>"))
     assert answers[0] == answers[1] and answers[2] != answers[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI (a real subprocess): fortis upload-dataset, then the printed snippet as the dataset
+# ---------------------------------------------------------------------------------------------
+
+def test_cli_upload_dataset_prints_a_snippet_that_runs(stack, tmp_path):
+    import subprocess
+    import sys
+
+    from fortis.adapters.torch_models.datasets import load_fashion_mnist
+
+    n = 6
+    x, y = load_fashion_mnist("test", limit=n, offset=20)
+    folder = tmp_path / "classes"
+    for i in range(n):
+        d = folder / str(int(y[i]))
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"img{i}.png").write_bytes(encode_png(x[i]))
+    base = [sys.executable, "-m", "fortis.cli"]
+    opts = ["--address", stack.address, "--api-key", API_KEY]
+    r = subprocess.run([*base, "upload-dataset", str(folder), *opts], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    snippet = [line for line in r.stdout.splitlines() if line.startswith("dataset:")]
+    assert len(snippet) == 1 and f"limit: {n}" in snippet[0]
+    r2 = subprocess.run([*base, "upload", str(folder / str(int(y[0])) / "img0.png"), "--json",
+                         *opts], capture_output=True, text=True, timeout=120)
+    assert r2.returncode == 0, r2.stderr
+    assert json.loads(r2.stdout)["already_existed"] is True      # uploaded by upload-dataset
+    plan = ("name: cli\ntarget: {name: fmnist-cnn, task: classification}\n"
+            f"{snippet[0]}\ncorrectness: {{mode: top1}}\n{_TESTS}")
+    with FortisClient(stack.address, api_key=API_KEY) as fc:
+        ev = fc.wait(fc.submit(plan).evaluation_id, timeout_s=120)
+        assert ev.state.value == "SUCCEEDED", ev.error
+        assert int(ev.summary["m"]) == n
+    bad = subprocess.run([*base, "upload", str(tmp_path / "nope.png"), *opts],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "not a file" in bad.stderr
