@@ -626,6 +626,69 @@ def _target_service(w: World) -> None:
             assert failure(fn).code == grpc.StatusCode.UNIMPLEMENTED
 
 
+UP = "fortis.evaluation.v1.UploadService"
+
+
+def _uploads(w: World) -> tuple[Any, Any]:
+    return _pb("evaluation", "uploads"), _stub("evaluation", "UploadService", w.ch, "uploads")
+
+
+def _upload(w: World, md: Any, data: bytes) -> Any:
+    up_pb, up = _uploads(w)
+    return up.UploadBlob(iter([
+        up_pb.UploadBlobRequest(header=up_pb.UploadHeader(kind=up_pb.BLOB_KIND_IMAGE,
+                                                          size=len(data))),
+        up_pb.UploadBlobRequest(chunk=data)]), metadata=md)
+
+
+def _a_blobs(w: World) -> list[tuple[str, bytes]]:
+    """Two image blobs of A's (PNG bytes made with OpenCV, sent with uploads.proto alone)."""
+    import cv2
+    out = []
+    for i in (5, 6):
+        ok, buf = cv2.imencode(".png", w.images[i])
+        assert ok
+        out.append((_upload(w, MD_A, buf.tobytes()).blob.blob_id, buf.tobytes()))
+    return out
+
+
+@case(f"{UP}/GetBlob", f"{UP}/DeleteBlob")
+def _get_delete_blob(w: World) -> None:
+    """A's blob id behaves for B exactly as an id nobody has; A's blob stays."""
+    up_pb, up = _uploads(w)
+    (a_id, _), _ = _a_blobs(w)
+    unknown = "sha256:" + "e" * 64
+    same_as_unknown(lambda i: up.GetBlob(up_pb.GetBlobRequest(blob_id=i), metadata=MD_B),
+                    a_id, unknown)
+    same_as_unknown(lambda i: up.DeleteBlob(up_pb.DeleteBlobRequest(blob_id=i), metadata=MD_B),
+                    a_id, unknown)
+    assert up.GetBlob(up_pb.GetBlobRequest(blob_id=a_id), metadata=MD_A).blob.blob_id == a_id
+
+
+@case(f"{UP}/ListBlobs")
+def _list_blobs(w: World) -> None:
+    up_pb, up = _uploads(w)
+    a_ids = {i for i, _ in _a_blobs(w)}
+    assert not a_ids & {b.blob_id for b in up.ListBlobs(up_pb.ListBlobsRequest(),
+                                                          metadata=MD_B).blobs}
+    first = up.ListBlobs(up_pb.ListBlobsRequest(page_size=1), metadata=MD_A)
+    assert first.next_page_token
+    _token_is_useless(lambda: up.ListBlobs(up_pb.ListBlobsRequest(
+        page_token=first.next_page_token), metadata=MD_B).blobs)
+
+
+@case(f"{UP}/UploadBlob")
+def _upload_blob(w: World) -> None:
+    """B uploading A's exact bytes gets a blob of its own (not "already existed"), and
+    deleting it leaves A's."""
+    up_pb, up = _uploads(w)
+    (a_id, data), _ = _a_blobs(w)
+    got = _upload(w, MD_B, data)
+    assert got.blob.blob_id == a_id and not got.already_existed
+    up.DeleteBlob(up_pb.DeleteBlobRequest(blob_id=a_id), metadata=MD_B)
+    assert up.GetBlob(up_pb.GetBlobRequest(blob_id=a_id), metadata=MD_A).blob.size == len(data)
+
+
 ALL_RPCS = _all_rpcs()
 
 
