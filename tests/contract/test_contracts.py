@@ -16,6 +16,8 @@ BUF = ROOT / "node_modules" / ".bin" / "buf"
 #: is domain code. kserve_v2.py is the Open Inference Protocol client (like backends.py).
 TRANSPORT = {"servicer.py", "backends.py", "proxy_client.py", "clients.py", "server.py", "app.py",
              "torch_target.py", "grpc_transport.py"}
+#: Transport modules named otherwise, by path: the UploadService servicer (issue 9).
+TRANSPORT_PATHS = {"services/evaluation/uploads.py"}
 
 
 def test_buf_lint_standard():
@@ -59,7 +61,8 @@ def test_domain_code_never_imports_grpc():
     offenders = []
     for folder in (ROOT / "services", ROOT / "adapters"):
         for path in folder.rglob("*.py"):
-            if path.name in TRANSPORT or path.name.endswith("_pb2_grpc.py"):   # generated stubs
+            if path.name in TRANSPORT or path.name.endswith("_pb2_grpc.py") \
+                    or path.relative_to(ROOT).as_posix() in TRANSPORT_PATHS:     # generated stubs
                 continue
             bad = {n for n in _imports(path)
                    if n == "grpc" or n.startswith("grpc.") or n.startswith("grpc_") or n.endswith("_pb2_grpc")

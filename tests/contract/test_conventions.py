@@ -28,7 +28,7 @@ OUTPUT_ONLY = field_behavior_pb2.FieldBehavior.OUTPUT_ONLY
 def _fortis_files() -> list[descriptor_pb2.FileDescriptorProto]:
     fds = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTORS.read_bytes())
     files = [f for f in fds.file if f.package.startswith("fortis.")]
-    assert len(files) == 7, [f.name for f in files]
+    assert len(files) == 8, [f.name for f in files]   # + evaluation/v1/uploads.proto
     return files
 
 
@@ -52,7 +52,8 @@ def test_language_options(f):
     o = f.options
     assert o.go_package == f"github.com/fortis-robustness/fortis/gen/go/fortis/{area}/v1;{area}v1"
     assert o.java_package == f"ai.fortis.{area}.v1" and o.java_multiple_files
-    assert o.java_outer_classname == f"{area.capitalize()}Proto"
+    # one outer class per file: <FileStem>Proto (EvaluationProto, UploadsProto)
+    assert o.java_outer_classname == f"{Path(f.name).stem.capitalize()}Proto"
     assert o.csharp_namespace == f"Fortis.{area.capitalize()}.V1"
     assert o.php_namespace == f"Fortis\\{area.capitalize()}\\V1"
     assert o.ruby_package == f"Fortis::{area.capitalize()}::V1"
@@ -61,7 +62,7 @@ def test_language_options(f):
 
 def test_every_service_states_its_auth_rule():
     services = [(f, i, s) for f in FILES for i, s in enumerate(f.service)]
-    assert len(services) == 6  # common.proto has none
+    assert len(services) == 7  # common.proto has none; evaluation/v1 has two
     for f, i, s in services:
         assert "Auth:" in comment(f, [6, i]), f"{s.name}: leading comment has no auth rule"
 
@@ -69,7 +70,7 @@ def test_every_service_states_its_auth_rule():
 def test_every_list_rpc_is_paginated_with_opaque_tokens():
     lists = [m for f in FILES for s in f.service for m in s.method
              if m.name.startswith("List")]
-    assert len(lists) == 6
+    assert len(lists) == 7
     for m in lists:
         req, resp = MESSAGES[m.input_type.lstrip(".")], MESSAGES[m.output_type.lstrip(".")]
         fields = {x.name: x for x in req.field}
