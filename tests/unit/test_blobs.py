@@ -160,3 +160,48 @@ def test_blob_ids_are_checked_without_echo(raw):
     assert e.value.violations[0].field == "blob_id"
     if isinstance(raw, str) and len(raw) > 20:     # never quoted back
         assert raw.strip() not in e.value.message
+
+
+def _uploads_plan(manifest: str, task: str) -> object:
+    """The two parts of a Plan the dataset port reads (source: uploads)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(dataset=SimpleNamespace(source="uploads", manifest=manifest, path="",
+                                                   offset=0, limit=100, label_map={}),
+                           target=SimpleNamespace(task=task))
+
+
+def test_uploaded_segmentation_and_detection_manifests(tmp_path):
+    """IEEE-C4/C5 ground truth from uploads: masks are blob ids too; every problem names the
+    manifest line; another tenant's datasets port sees none of it."""
+    import json
+
+    from fortis.services.evaluation.datasets import PlanDatasets
+
+    store = BlobStore(tmp_path)
+    img = np.zeros((6, 10, 3), np.uint8)
+    img[:, 5:] = 200
+    mask = np.zeros((6, 10), np.uint8)
+    mask[:, 5:] = 2
+    iid = _put(store, "a", "image", encode_png(img))[0].blob_id
+    mid = _put(store, "a", "image", encode_png(mask))[0].blob_id
+    seg = _put(store, "a", "manifest", json.dumps({"id": "s", "image": iid, "mask": mid})
+               .encode())[0].blob_id
+    ds = PlanDatasets({}, blobs=store).for_tenant("a")
+    truths = ds.truths(_uploads_plan(seg, "segmentation"))
+    np.testing.assert_array_equal(truths["s"], mask.astype(np.int64))
+    (got,) = ds.images(_uploads_plan(seg, "segmentation"))
+    assert got[0] == "s" and got[1].shape == (6, 10, 3)
+    det = _put(store, "a", "manifest", json.dumps({"id": "d", "image": iid,
+                                                   "boxes": [[5, 0, 10, 6]], "labels": [1]})
+               .encode())[0].blob_id
+    t = ds.truths(_uploads_plan(det, "detection"))["d"]
+    assert t["boxes"] == [[5, 0, 10, 6]] and t["image_size"] == [10, 6]
+    # a mask that is a manifest, and the same plan run as tenant b: named, never read
+    bad = _put(store, "a", "manifest", json.dumps({"id": "s", "image": iid, "mask": seg})
+               .encode())[0].blob_id
+    with pytest.raises(InvalidArgument) as e:
+        ds.truths(_uploads_plan(bad, "segmentation"))
+    assert e.value.violations[0].field == "dataset.manifest:1.mask"
+    with pytest.raises(InvalidArgument) as e:
+        PlanDatasets({}, blobs=store).for_tenant("b").images(_uploads_plan(seg, "segmentation"))
+    assert e.value.violations[0].field == "dataset.manifest"
