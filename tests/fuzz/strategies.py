@@ -30,6 +30,7 @@ import numpy as np
 import yaml
 from fortis.common.v1 import common_pb2
 from fortis.evaluation.v1 import evaluation_pb2 as ev
+from fortis.evaluation.v1 import uploads_pb2 as up
 from fortis.perturbation.v1 import perturbation_pb2 as pt
 from fortis.proxy.v1 import proxy_pb2 as px
 from fortis.report.v1 import report_pb2 as rp
@@ -716,6 +717,33 @@ def _plans(cls: Any, **kw: Any) -> st.SearchStrategy[Any]:
                      format=enum_values(0, 1, 2), **kw)
 
 
+_UP = "fortis.evaluation.v1.UploadService"
+_blob_ids = ids("sha256:" + "0" * 64, "sha256:" + "f" * 64)
+
+
+@st.composite
+def _upload_stream(draw: st.DrawFn) -> list[up.UploadBlobRequest]:
+    """A header (any kind, hostile sizes/sha256/media type, or none at all) and chunks: image
+    header bombs, truncated PNGs, bytes past the declared size, a chunk over 1 MiB."""
+    out: list[up.UploadBlobRequest] = []
+    if draw(st.integers(0, 4)):
+        out.append(up.UploadBlobRequest(header=up.UploadHeader(
+            kind=draw(enum_values(0, 1, 2, 3)), size=draw(int64s),
+            media_type=draw(texts("", "image/png", huge=False)),
+            expected_sha256=draw(texts("", "0" * 64, huge=False)))))
+    bodies = st.one_of(st.sampled_from((*ENCODED, SMALL_PNG, b"", b"x" * (1024 * 1024 + 1))),
+                       st.binary(max_size=64))
+    out += [up.UploadBlobRequest(chunk=b) for b in draw(st.lists(bodies, max_size=3))]
+    if draw(st.booleans()) and out:      # a second header mid-stream
+        out.append(out[0])
+    return out
+
+
+_VALID_UPLOAD = [up.UploadBlobRequest(header=up.UploadHeader(
+    kind=up.BLOB_KIND_IMAGE, size=len(SMALL_PNG), media_type="image/png")),
+    up.UploadBlobRequest(chunk=SMALL_PNG)]
+
+
 #: Every RPC of the stack that takes user data, by "Service.Method".
 RPCS: dict[str, RpcCase] = dict([
     _case(_EV, "ValidatePlan", "uu", _plans(ev.ValidatePlanRequest), ev.ValidatePlanResponse),
@@ -735,6 +763,16 @@ RPCS: dict[str, RpcCase] = dict([
     _case(_EV, "GetEvaluationReport", "uu", st.builds(ev.GetEvaluationReportRequest,
                                                       evaluation_id=_ev_ids),
           ev.GetEvaluationReportResponse),
+    _case(_UP, "UploadBlob", "su", _either(_upload_stream(), _VALID_UPLOAD),
+          up.UploadBlobResponse),
+    _case(_UP, "GetBlob", "uu", st.builds(up.GetBlobRequest, blob_id=_blob_ids),
+          up.GetBlobResponse),
+    _case(_UP, "ListBlobs", "uu", st.builds(up.ListBlobsRequest, page_size=int32s,
+                                            page_token=page_tokens(),
+                                            kind=enum_values(0, 1, 2, 3)),
+          up.ListBlobsResponse),
+    _case(_UP, "DeleteBlob", "uu", st.builds(up.DeleteBlobRequest, blob_id=_blob_ids),
+          up.DeleteBlobResponse),
     _case(_PT, "ListPerturbations", "uu", st.builds(pt.ListPerturbationsRequest,
                                                     kind=enum_values(0, 1, 5, 6, 7),
                                                     page_size=int32s, page_token=page_tokens()),

@@ -134,3 +134,19 @@ def test_the_harness_catches_what_it_must(fuzz_channel: grpc.Channel) -> None:
     assert judge_status(code_pb2.INVALID_ARGUMENT, "no detail", [], [], "s")
     assert not judge_status(code_pb2.NOT_FOUND, f"target '{huge[:99]}…' not found", [], [huge],
                             "s")
+
+
+def test_every_rpc_of_the_contracts_is_fuzzed() -> None:
+    """A new RPC that takes user data fails here until it has a fuzz case (issue 9)."""
+    import importlib
+
+    modules = ("fortis.evaluation.v1.evaluation_pb2", "fortis.evaluation.v1.uploads_pb2",
+               "fortis.perturbation.v1.perturbation_pb2", "fortis.proxy.v1.proxy_pb2",
+               "fortis.scoring.v1.scoring_pb2", "fortis.report.v1.report_pb2",
+               "fortis.target.v1.target_pb2")
+    declared = {f"{svc.name}.{m.name}"
+                for mod in modules
+                for svc in importlib.import_module(mod).DESCRIPTOR.services_by_name.values()
+                for m in svc.methods}
+    fuzzed = set(RPCS) | {f"TargetService.{k.split('.', 1)[1]}" for k in TARGET_RPCS}
+    assert declared - fuzzed == set()
