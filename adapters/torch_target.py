@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from fortis.adapters.torch_models.classifier import TorchClassifier
 from fortis.common.v1 import common_pb2
-from fortis.services.common import errors
+from fortis.services.common import errors, limits
 from fortis.services.common.codec import classification_from_proba, decode_images
 from fortis.services.common.status import status_for
 from fortis.target.v1 import target_pb2, target_pb2_grpc
@@ -87,8 +87,9 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                       ) -> Iterator[target_pb2.PredictStreamResponse]:
         for req in request_iterator:
             try:
+                limits.check_message(req)   # in band, like the proxy (issue 9 limits)
                 yield target_pb2.PredictStreamResponse(
                     request_id=req.request_id, predictions=self.target.predict(req.images))
             except errors.FortisError as exc:
-                yield target_pb2.PredictStreamResponse(request_id=req.request_id,
+                yield target_pb2.PredictStreamResponse(request_id=limits.echoed_id(req.request_id),
                                                        error=status_for(exc))

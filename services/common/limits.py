@@ -650,3 +650,9 @@ def checked(msg: M) -> M:
     """``msg`` after :func:`check_message` (for streams of requests)."""
     check_message(msg)
     return msg
+
+
+def echoed_id(request_id: str) -> str:
+    """A stream request's ``request_id`` as an answer may echo it: unchanged within
+    :data:`MAX_ID_CHARS`, else empty (an over-long id is refused, never sent back)."""
+    return request_id if len(request_id) <= MAX_ID_CHARS else ""

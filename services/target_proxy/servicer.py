@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from fortis.services.common import errors
+from fortis.services.common import errors, limits
 from fortis.services.common.pagination import (
     decode_token,
     encode_token,
@@ -91,13 +91,14 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         tenant = current_tenant.get()
         for req in request_iterator:
             try:
+                limits.check_message(req)   # in band: the stream goes on (issue 9 limits)
                 res = self.proxy.predict(tenant=tenant, session_id=req.session_id,
                                          origin=req.origin, images=req.images)
                 yield proxy_pb2.PredictStreamResponse(
                     request_id=req.request_id, predictions=res.predictions,
                     queries_left=res.queries_left)
             except errors.FortisError as exc:
-                yield proxy_pb2.PredictStreamResponse(request_id=req.request_id,
+                yield proxy_pb2.PredictStreamResponse(request_id=limits.echoed_id(req.request_id),
                                                       error=status_for(exc))
 
     def GetSessionStats(self, request: Any, context: Any) -> proxy_pb2.GetSessionStatsResponse:
