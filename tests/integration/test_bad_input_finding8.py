@@ -114,7 +114,7 @@ CASES: list[tuple[str, str, Any, str]] = [
      _apply(images=[_img(tensor=_tensor([2**62 + 1, 4]))]), "images[0]"),
     ("shape overflowing int64 in Compute", "ScoringService.Compute",
      sc.ComputeRequest(metric="drr", arrays={"perturbed_probs": _tensor([2**62 + 1, 4])}),
-     "arrays['perturbed_probs']"),
+     "arrays.perturbed_probs"),
     ("negative dimension", "TargetProxyService.Predict",
      px.PredictRequest(session_id="f8", images=[_img(tensor=_tensor([-1, 28, 1]))]),
      "images[0]"),
