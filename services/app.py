@@ -74,6 +74,14 @@ class TargetConfig:
     top_k: int = 5
     images_per_second: float = 0.0
     tenants: frozenset[str] = frozenset()
+    #: ``grpcs://``: TLS to the target (issue 9, transport security): the CA that signs its
+    #: certificate (empty: the system roots), an optional client certificate and key (mTLS),
+    #: and the name to verify when the certificate does not name the address.
+    tls: bool = False
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_server_name: str = ""
 
     @classmethod
     def parse(cls, spec: str) -> TargetConfig:
@@ -95,12 +103,19 @@ class TargetConfig:
                        top_k=top_k, images_per_second=rate, tenants=tenants)
         if u.scheme == "grpc":
             return cls(name=name, address=u.netloc, images_per_second=rate, tenants=tenants)
+        if u.scheme == "grpcs":     # ?ca=FILE&cert=FILE&key=FILE&server_name=NAME
+            if bool(q.get("cert")) != bool(q.get("key")):
+                raise errors.InvalidArgument("target", f"'{spec[:200]}': cert= and key= go "
+                                             "together (the client certificate for mTLS)")
+            return cls(name=name, address=u.netloc, images_per_second=rate, tenants=tenants,
+                       tls=True, tls_ca=q.get("ca", ""), tls_cert=q.get("cert", ""),
+                       tls_key=q.get("key", ""), tls_server_name=q.get("server_name", ""))
         from fortis.adapters.registry import SCHEMES
         if u.scheme in SCHEMES:
             return cls(name=name, url=_without_param(rest, "tenants"), images_per_second=rate,
                        tenants=tenants)
         raise errors.InvalidArgument("target", f"unknown target scheme '{u.scheme}' in '{spec}'; "
-                                     f"known: builtin, grpc, {', '.join(sorted(SCHEMES))}")
+                                     f"known: builtin, grpc, grpcs, {', '.join(sorted(SCHEMES))}")
 
 
 DEFAULT_TARGETS = (
@@ -300,7 +315,7 @@ def start_stack(settings: StackSettings) -> Stack:
     from fortis.services.report import servicer as rp_servicer
     from fortis.services.scoring import servicer as sc_servicer
     from fortis.services.target_proxy import servicer as px_servicer
-    from fortis.services.target_proxy.backends import GrpcTargetBackend
+    from fortis.services.target_proxy.backends import GrpcTargetBackend, TargetTls
     from fortis.services.target_proxy.ledger import Ledger
     from fortis.services.target_proxy.metrics import ProxyMetrics
     from fortis.services.target_proxy.proxy import TargetEntry, TargetProxy
@@ -355,7 +370,9 @@ def start_stack(settings: StackSettings) -> Stack:
                 from fortis.adapters.registry import backend_for
                 backend = backend_for(t.url)
             else:
-                backend = GrpcTargetBackend(t.address)
+                backend = GrpcTargetBackend(t.address, tls=TargetTls(
+                    ca=t.tls_ca, cert=t.tls_cert, key=t.tls_key,
+                    server_name=t.tls_server_name) if t.tls else None)
             if hasattr(backend, "close"):
                 closers.append(backend.close)
             entries.append(TargetEntry(name=t.name, backend=backend,

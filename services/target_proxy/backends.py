@@ -7,11 +7,13 @@ proxy) and other failures to domain errors recorded in the ledger.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from fortis.common.v1 import common_pb2
 from fortis.services.common import errors
-from fortis.services.common.server import channel, error_from_rpc
+from fortis.services.common.server import DEFAULT_MAX_MESSAGE_BYTES, channel, error_from_rpc
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
 #: What gRPC says when it, not the target, refused an answer for its size.
@@ -20,15 +22,53 @@ _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
               grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
+@dataclass(frozen=True)
+class TargetTls:
+    """TLS to a remote target (``--target NAME=grpcs://HOST:PORT?ca=...``; issue 9, transport
+    security): ``ca`` signs the target's certificate (empty: the system roots), ``cert`` and
+    ``key`` are the proxy's client certificate when the target asks for mTLS, ``server_name``
+    the name verified when the certificate does not name the address."""
+
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+    server_name: str = ""
+
+
+def _read(path: str, field: str) -> bytes | None:
+    if not path:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise errors.InvalidArgument(field, f"cannot read '{path[:200]}' "
+                                     f"({exc.strerror or type(exc).__name__})") from None
+    if b"-----BEGIN" not in data:
+        raise errors.InvalidArgument(field, f"'{path[:200]}' is not a PEM file")
+    return data
+
+
+def _tls_channel(address: str, tls: TargetTls) -> grpc.Channel:
+    creds = grpc.ssl_channel_credentials(root_certificates=_read(tls.ca, "target.ca"),
+                                         private_key=_read(tls.key, "target.key"),
+                                         certificate_chain=_read(tls.cert, "target.cert"))
+    opts: list[tuple[str, object]] = [
+        ("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES)]
+    if tls.server_name:
+        opts.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.secure_channel(address, creds, options=opts)
+
+
 class GrpcTargetBackend:
-    """A target reached over gRPC at ``address``."""
+    """A target reached over gRPC at ``address`` (plain text, or TLS with ``tls``)."""
 
     def __init__(self, address: str, *, timeout_s: float = 30.0,
-                 metadata: Sequence[tuple[str, str]] = ()) -> None:
+                 metadata: Sequence[tuple[str, str]] = (), tls: TargetTls | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self._metadata = tuple(metadata)
-        self._channel = channel(address)
+        self._channel = channel(address) if tls is None else _tls_channel(address, tls)
         self._stub = target_pb2_grpc.TargetServiceStub(self._channel)
         self._info: target_pb2.TargetInfo | None = None
 
