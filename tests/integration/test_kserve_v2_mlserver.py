@@ -230,14 +230,15 @@ def test_mlserver_raw_answers_and_server_errors(mlserver, mlserver_stack, photos
         typed.close()
     with grpc.insecure_channel(mlserver_stack.address) as ch:
         px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
-        # the real server refuses the request (HTTP 400): a failed row naming its reason
+        # the real server refuses the request (HTTP 400): the target's permanent failure
+        # (FAILED_PRECONDITION TARGET_FAILED, not retried), a failed row naming its reason
         sid = session(px, "mlserver-bad-layout")
         with pytest.raises(grpc.RpcError) as ei:
             px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="x", images=[
                 image_msg(p.image_id, p.image) for p in photos[:2]]), metadata=MD)
-        assert ei.value.code() == grpc.StatusCode.INTERNAL
+        assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "HTTP 400" in ei.value.details() and "UINT8 input must be [N, H, W, 3]" in ei.value.details()
-        assert {r.status for r in ledger(px, sid)} == {code_pb2.INTERNAL}
+        assert {r.status for r in ledger(px, sid)} == {code_pb2.FAILED_PRECONDITION}
         # an unknown model: GetTargetInfo and Predict both say so
         with pytest.raises(grpc.RpcError) as ei:
             px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target="mlserver-no-model"), metadata=MD)
