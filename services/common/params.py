@@ -34,10 +34,19 @@ class Param:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[str, ...] = ()
+    #: Parameters sharing a non-empty ``one_of`` group are alternatives: exactly one of them
+    #: must be given (e.g. neural_style's ``model`` blob or ``model_path``). Each has a default
+    #: of "" and is not ``required`` on its own.
+    one_of: str = ""
 
     @property
     def required(self) -> bool:
         return self.default is None
+
+    @property
+    def needs_input(self) -> bool:
+        """The caller must give this parameter or one of its alternatives."""
+        return self.default is None or bool(self.one_of)
 
 
 class _HasParams:
@@ -70,6 +79,15 @@ def _coerce(p: Param, v: Any) -> Any:
     if not isinstance(v, str):
         raise TypeError
     return v
+
+
+def _groups(schema: Sequence[Param]) -> dict[str, list[str]]:
+    """``one_of`` group -> the names of its alternative parameters."""
+    groups: dict[str, list[str]] = {}
+    for p in schema:
+        if p.one_of:
+            groups.setdefault(p.one_of, []).append(p.name)
+    return groups
 
 
 def validate_params(spec: Any, params: Mapping[str, Any] | None,
@@ -110,6 +128,13 @@ def validate_params(spec: Any, params: Mapping[str, Any] | None,
             problems.append(FieldViolation(f, f"must be one of {', '.join(p.choices)}, got {_short(v)}"))
             continue
         out[p.name] = v
+    for names in _groups(schema).values():
+        chosen = [n for n in names if given.get(n) not in (None, "")]
+        if len(chosen) != 1:
+            what = "required" if not chosen else "give only one"
+            problems += [FieldViolation(f"{field_prefix}.{n}",
+                                        f"{what}: exactly one of {', '.join(names)}")
+                         for n in (names if not chosen else chosen)]
     if problems:
         raise InvalidArgument.from_violations(problems)
     return out

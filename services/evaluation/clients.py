@@ -212,7 +212,7 @@ def _param(p: Any) -> Param:
     return Param(name=p.name, type=typ, default=default, description=p.description,
                  minimum=p.minimum if p.HasField("minimum") else None,
                  maximum=p.maximum if p.HasField("maximum") else None,
-                 choices=tuple(p.choices))
+                 choices=tuple(p.choices), one_of=p.one_of)
 
 
 def catalogue_from_messages(perturbations: Iterable[Any], attacks: Iterable[Any]) -> Catalogue:

@@ -68,8 +68,8 @@ _PAGE_DEFAULT, _PAGE_MAX = 100, 1000
 def parameter_spec(p: Param) -> pb.ParameterSpec:
     """A schema entry as its typed message (the default in the case of its type)."""
     msg = pb.ParameterSpec(name=p.name, type=_PARAM_TYPES[p.type], description=p.description,
-                           choices=list(p.choices), required=p.required, minimum=p.minimum,
-                           maximum=p.maximum)
+                           choices=list(p.choices), required=p.required, one_of=p.one_of,
+                           minimum=p.minimum, maximum=p.maximum)
     if p.default is not None:
         v = msg.default_value
         if p.type == "float":

@@ -68,7 +68,7 @@ def render_sheet(kind: str, image: np.ndarray, *, seed: int = 0, size: int = 160
                  ids: Sequence[str] | None = None) -> np.ndarray:
     """One RGB sheet: a row per perturbation of ``kind``, the original then each level."""
     specs = [s for s in PERTURBATIONS.values() if s.kind == kind and (ids is None or s.id in ids)
-             and not any(p.default is None for p in s.params)]   # e.g. neural_style: user model
+             and not any(p.needs_input for p in s.params)]   # e.g. neural_style: user model
     if not specs:
         raise InvalidArgument("kind", f"no perturbations of kind '{kind}'")
     base = _fit(image, size)

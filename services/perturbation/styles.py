@@ -611,10 +611,12 @@ SPECS: tuple[PerturbationSpec, ...] = (
                  description="id ('sha256:...') of a TorchScript file (torch.jit.save) "
                              "mapping N x 3 x H x W float in [0, 1] to the same, uploaded by "
                              "the calling tenant (fortis upload --kind model); this or "
-                             "model_path is required"),
+                             "model_path is required",
+                 one_of="model"),
            Param(name="model_path", type="string", default="",
                  description="path, relative to the server's model root, of such a "
-                             "TorchScript file; this or model is required"))),
+                             "TorchScript file; this or model is required",
+                 one_of="model"))),
 )
 
 #: id -> spec, in IEEE-A6 order.

@@ -145,7 +145,7 @@ def _fields_of(status: status_pb2.Status) -> list[str]:
 def test_the_cases_cover_every_service() -> None:
     services = {c.method.containing_service.name for c in CASES}
     assert services == {"PerturbationService", "TargetProxyService", "ScoringService",
-                        "ReportService", "EvaluationService"}
+                        "ReportService", "EvaluationService", "UploadService"}
     assert len(CASES) > 60
 
 

@@ -32,7 +32,7 @@ from fortis.services.perturbation.spec import ApplyContext
 
 EPSILONS = (0.0, 0.1, 0.5, 1.0)
 PLAIN = [s for s in PERTURBATIONS.values() if not s.needs_model and not
-         any(p.default is None for p in s.params)]
+         any(p.needs_input for p in s.params)]
 
 
 def _photo(h: int = 40, w: int = 56) -> np.ndarray:

@@ -416,3 +416,31 @@ if __name__ == "__main__":   # python tests/unit/test_styles.py OUT_DIR [skimage
     photo = cv2.resize(photo, (224, int(224 * photo.shape[0] / photo.shape[1])),
                        interpolation=cv2.INTER_AREA)
     print(render_style_sheet(photo, target / f"styles_{name}.png"))
+
+
+def test_neural_style_takes_exactly_one_model_source_and_the_contract_says_so():
+    """IEEE-A6 neural_style: ``model`` (an uploaded blob, issue 9) and ``model_path`` (under
+    the operator's model root) are alternatives, ``one_of`` group "model": neither or both is
+    refused at validation naming the fields, and ListPerturbations carries the group so the
+    evaluation service (which sees the catalogue only over the contract) refuses it too."""
+    import pytest
+    from fortis.perturbation.v1 import perturbation_pb2 as ppb
+    from fortis.services.common.errors import InvalidArgument
+    from fortis.services.common.params import validate_params
+    from fortis.services.evaluation.clients import catalogue_from_messages
+    from fortis.services.perturbation.registry import PERTURBATIONS
+    from fortis.services.perturbation.servicer import PerturbationServicer
+
+    spec = PERTURBATIONS["neural_style"]
+    for bad in ({}, {"model": "sha256:" + "0" * 64, "model_path": "m.pt"}):
+        with pytest.raises(InvalidArgument) as exc:
+            validate_params(spec, bad)
+        assert {v.field for v in exc.value.violations} == {"params.model", "params.model_path"}
+    assert validate_params(spec, {"model_path": "m.pt"})["model_path"] == "m.pt"
+    sv = PerturbationServicer(proxy_stub=None, surrogate_loader=lambda *a: None)
+    listed = sv.ListPerturbations(ppb.ListPerturbationsRequest(page_size=1000), None).perturbations
+    entry = next(p for p in listed if p.id == "neural_style")
+    assert {p.name: p.one_of for p in entry.parameters} == {"model": "model", "model_path": "model"}
+    seen = catalogue_from_messages(listed, []).perturbations["neural_style"]
+    with pytest.raises(InvalidArgument):
+        validate_params(seen, {})

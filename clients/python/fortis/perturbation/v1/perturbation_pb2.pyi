@@ -142,7 +142,7 @@ class ParameterValue(_message.Message):
     def __init__(self, number: _Optional[float] = ..., integer: _Optional[int] = ..., flag: _Optional[bool] = ..., text: _Optional[str] = ...) -> None: ...
 
 class ParameterSpec(_message.Message):
-    __slots__ = ("name", "description", "type", "default_value", "minimum", "maximum", "choices", "required")
+    __slots__ = ("name", "description", "type", "default_value", "minimum", "maximum", "choices", "required", "one_of")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +151,7 @@ class ParameterSpec(_message.Message):
     MAXIMUM_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    ONE_OF_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     type: ParameterType
@@ -159,7 +160,8 @@ class ParameterSpec(_message.Message):
     maximum: float
     choices: _containers.RepeatedScalarFieldContainer[str]
     required: bool
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., type: _Optional[_Union[ParameterType, str]] = ..., default_value: _Optional[_Union[ParameterValue, _Mapping]] = ..., minimum: _Optional[float] = ..., maximum: _Optional[float] = ..., choices: _Optional[_Iterable[str]] = ..., required: _Optional[bool] = ...) -> None: ...
+    one_of: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., type: _Optional[_Union[ParameterType, str]] = ..., default_value: _Optional[_Union[ParameterValue, _Mapping]] = ..., minimum: _Optional[float] = ..., maximum: _Optional[float] = ..., choices: _Optional[_Iterable[str]] = ..., required: _Optional[bool] = ..., one_of: _Optional[str] = ...) -> None: ...
 
 class NumberList(_message.Message):
     __slots__ = ("values",)
