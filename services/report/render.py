@@ -257,9 +257,24 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as None: strict JSON has no NaN/Infinity, and the
+    HTML page prints such a number as "n/a" (issue 9: an Inf anywhere in the report parts a
+    caller sends used to fail json.dumps, INTERNAL)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def report_json(report: Mapping[str, Any]) -> str:
-    """``report.json``'s text: indent 2, sorted keys, strict JSON (no NaN), UTF-8 as is."""
-    return json.dumps(report, indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False)
+    """``report.json``'s text: indent 2, sorted keys, strict JSON (a number that is not finite
+    is null), UTF-8 as is."""
+    return json.dumps(_finite(report), indent=2, sort_keys=True, allow_nan=False,
+                      ensure_ascii=False)
 
 
 def write_report(report: Mapping[str, Any], out_dir: Path) -> tuple[Path, Path]:
