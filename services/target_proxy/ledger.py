@@ -29,13 +29,16 @@ Domain code: no gRPC.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
+
+from fortis.services.common import errors
 
 #: Status of a reserved row whose answer is not recorded yet (deliberately not a
 #: ``google.rpc.Code`` name: the gRPC ``LedgerEntry`` shows it as UNKNOWN, with ``error``
@@ -155,6 +158,10 @@ class _Op(Generic[_T]):
     error: BaseException | None = None
 
 
+def _closing() -> errors.Unavailable:
+    return errors.Unavailable("the proxy ledger is closed: the server is shutting down")
+
+
 def _scope(tenant: str | None) -> tuple[str, tuple[str, ...]]:
     """SQL condition and arguments for an optional tenant (None = every tenant)."""
     return ("", ()) if tenant is None else (" AND tenant=?", (tenant,))
@@ -173,16 +180,30 @@ class Ledger:
         self._conn.execute("PRAGMA busy_timeout=10000")
         self._conn.executescript(SCHEMA)
         self._lock = threading.Lock()            # guards the connection
+        self._closed = False
         self._pending: list[_Op[Any]] = []
         self._pending_lock = threading.Lock()
 
     def close(self) -> None:
+        """Close the connection once the write in progress is done; later calls (a request
+        still running while the server stops) get UNAVAILABLE, never a closed-database bug
+        (their reserved rows stay IN_FLIGHT and are marked INTERRUPTED at the next start)."""
         with self._lock:
-            self._conn.close()
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[None]:
+        """The connection's lock, refusing work once the ledger is closed."""
+        with self._lock:
+            if self._closed:
+                raise _closing()
+            yield
 
     # -- sessions -------------------------------------------------------------------------
     def insert_session(self, s: SessionRecord) -> None:
-        with self._lock:
+        with self._db():
             self._conn.execute(
                 "INSERT INTO sessions (tenant, session_id, target, query_budget,"
                 " per_image_budget, description, created_at, calls_refused)"
@@ -194,7 +215,7 @@ class Ledger:
         """The tenant's session ``session_id`` (``tenant=None``: the operator's view, the
         first tenant's session of that id)."""
         cond, args = _scope(tenant)
-        with self._lock:
+        with self._db():
             row = self._conn.execute(
                 "SELECT session_id, tenant, target, query_budget, per_image_budget, description,"
                 " created_at, calls_refused FROM sessions WHERE session_id=?" + cond
@@ -208,14 +229,14 @@ class Ledger:
     def sessions_with_prefix(self, prefix: str, tenant: str | None = None) -> list[str]:
         esc = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         cond, args = _scope(tenant)
-        with self._lock:
+        with self._db():
             rows = self._conn.execute(
                 "SELECT DISTINCT session_id FROM sessions WHERE session_id LIKE ? ESCAPE '\\'"
                 + cond + " ORDER BY session_id", (esc + "%", *args)).fetchall()
         return [r[0] for r in rows]
 
     def add_refused(self, session_id: str, n: int = 1, *, tenant: str) -> None:
-        with self._lock:
+        with self._db():
             self._conn.execute(
                 "UPDATE sessions SET calls_refused = calls_refused + ? WHERE session_id=?"
                 " AND tenant=?", (n, session_id, tenant))
@@ -223,7 +244,7 @@ class Ledger:
     def ok_counts(self, session_id: str, tenant: str | None = None) -> dict[str, int]:
         """Answered queries per image id (IEEE-M6 counts answered queries)."""
         cond, args = _scope(tenant)
-        with self._lock:
+        with self._db():
             rows = self._conn.execute(
                 "SELECT image_id, COUNT(*) FROM queries WHERE session_id=?" + cond
                 + " AND status='OK' GROUP BY image_id", (session_id, *args)).fetchall()
@@ -233,7 +254,7 @@ class Ledger:
         """Rows per image id, whatever their status: what the target received (retries and
         in-flight rows included), to rebuild the hard budgets after a restart."""
         cond, args = _scope(tenant)
-        with self._lock:
+        with self._db():
             rows = self._conn.execute(
                 "SELECT image_id, COUNT(*) FROM queries WHERE session_id=?" + cond
                 + " GROUP BY image_id", (session_id, *args)).fetchall()
@@ -244,13 +265,13 @@ class Ledger:
         the ledger's one writer (the proxy) when it starts: rows still in flight then were
         reserved by a process that died before completing them. Readers (``fortis ledger``)
         never call it."""
-        with self._lock:
+        with self._db():
             cur = self._conn.execute("UPDATE queries SET status=?, error=? WHERE status=?",
                                      (INTERRUPTED, INTERRUPTED_NOTE, IN_FLIGHT))
             return int(cur.rowcount or 0)
 
     def last_entry_id(self) -> int:
-        with self._lock:
+        with self._db():
             row = self._conn.execute("SELECT MAX(entry_id) FROM queries").fetchone()
         return int(row[0] or 0)
 
@@ -258,7 +279,7 @@ class Ledger:
         """Rows per tenant sent at or after wall-clock ``t`` (every attempt the target
         received or may have received; rows completed as ``not sent`` excluded): the start
         of the proxy's queries-per-day count (issue 9, ``quotas.py``)."""
-        with self._lock:
+        with self._db():
             rows = self._conn.execute(
                 "SELECT tenant, COUNT(*) FROM queries WHERE sent_at>=? AND error NOT LIKE"
                 " 'not sent:%' GROUP BY tenant", (t,)).fetchall()
@@ -270,7 +291,7 @@ class Ledger:
         id in send order: ``(input_sha256, entry_id)``. A resumed query attack re-sends the
         same queries in the same order; the proxy answers those from here instead of sending
         them again (the target already answered them once)."""
-        with self._lock:
+        with self._db():
             rows = self._conn.execute(
                 "SELECT q.image_id, q.input_sha256, q.entry_id FROM queries q JOIN replies r"
                 " ON r.entry_id = q.entry_id WHERE q.session_id=? AND q.tenant=?"
@@ -283,7 +304,7 @@ class Ledger:
 
     def reply(self, entry_id: int) -> bytes | None:
         """The recorded answer (a serialized prediction) of an answered row."""
-        with self._lock:
+        with self._db():
             row = self._conn.execute("SELECT prediction FROM replies WHERE entry_id=?",
                                      (entry_id,)).fetchone()
         return None if row is None else bytes(row[0])
@@ -300,26 +321,35 @@ class Ledger:
             if not op.done.is_set():
                 with self._pending_lock:
                     batch, self._pending = self._pending, []
-                try:
-                    self._conn.execute("BEGIN IMMEDIATE")
-                    try:
-                        results = [o.run(self._conn) for o in batch]
-                        self._conn.execute("COMMIT")
-                    except BaseException:
-                        self._conn.execute("ROLLBACK")
-                        raise
-                except BaseException as exc:  # noqa: BLE001 - handed to every writer
+                if self._closed:            # fail every waiting writer, none waits forever
                     for o in batch:
-                        o.error = exc
+                        o.error = _closing()
                         o.done.set()
                 else:
-                    for o, r in zip(batch, results, strict=True):
-                        o.result = r
-                        o.done.set()
+                    self._commit(batch)
         op.done.wait()
         if op.error is not None:
             raise op.error
         return op.result  # type: ignore[no-any-return]
+
+    def _commit(self, batch: list[_Op[Any]]) -> None:
+        """One durable transaction for ``batch`` (the caller holds the lock)."""
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                results = [o.run(self._conn) for o in batch]
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        except BaseException as exc:  # noqa: BLE001 - handed to every writer
+            for o in batch:
+                o.error = exc
+                o.done.set()
+        else:
+            for o, r in zip(batch, results, strict=True):
+                o.result = r
+                o.done.set()
 
     def reserve(self, rows: Sequence[QueryRow]) -> list[int]:
         """Commit ``rows`` (normally status ``IN_FLIGHT``) before their images are sent;
@@ -364,7 +394,7 @@ class Ledger:
 
     def stats(self, session_id: str, tenant: str | None = None) -> SessionStats:
         cond, args = _scope(tenant)
-        with self._lock:
+        with self._db():
             rows = self._conn.execute(
                 "SELECT image_id, origin, status, COUNT(*) FROM queries WHERE session_id=?"
                 + cond + " GROUP BY image_id, origin, status", (session_id, *args)).fetchall()
@@ -406,7 +436,7 @@ class Ledger:
     def entries(self, session_id: str, *, tenant: str | None = None, after_id: int = 0,
                 limit: int = 1000) -> list[tuple[Any, ...]]:
         cond, args = _scope(tenant)
-        with self._lock:
+        with self._db():
             return self._conn.execute(
                 "SELECT entry_id, tenant, session_id, target, origin, image_id, input_sha256,"
                 " output_summary, latency_ms, status, error, sent_at, call_id, attempts"
@@ -416,7 +446,7 @@ class Ledger:
     def send_times(self, target: str | None = None) -> list[float]:
         """Send time of every query the target received (to check the rate limit from the
         ledger; retries are sends too)."""
-        with self._lock:
+        with self._db():
             if target:
                 rows = self._conn.execute(
                     "SELECT sent_at FROM queries WHERE target=? ORDER BY sent_at", (target,))

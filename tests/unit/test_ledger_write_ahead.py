@@ -231,3 +231,48 @@ def test_replay_stops_where_a_resumed_attempt_departs(tmp_path, fmnist_target,
     proxy2.predict(tenant="a", session_id=s.session_id, origin="x",
                    images=[image_msg("a", images[0])])                   # sent again
     assert ledger2.stats(s.session_id).attempts == 4
+
+
+def test_a_call_still_running_when_the_ledger_closes_gets_unavailable(
+        tmp_path, fmnist_target, fmnist_test_images):
+    """Issue 9 (shutdown): the stack closes the ledger after the server's grace, while a call
+    may still be running. It used to fail with sqlite's "Cannot operate on a closed database"
+    (INTERNAL, logged as a bug); now every later ledger use is UNAVAILABLE, writers waiting
+    in a group commit are all released, and the row reserved before the send stays IN_FLIGHT
+    on disk (INTERRUPTED at the next start), so the ledger still shows what may have been sent."""
+    images, _ = fmnist_test_images
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow(ClassifierTarget):
+        def predict(self, imgs):
+            entered.set()
+            release.wait(10)
+            return super().predict(imgs)
+
+    proxy, ledger = _proxy(tmp_path, Slow(fmnist_target))
+    s = proxy.create_session(tenant="a", target="t")
+    out: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            proxy.predict(tenant="a", session_id=s.session_id, origin="x",
+                          images=_imgs(images, ["i0"]))
+            out.append(None)
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            out.append(exc)
+
+    t = threading.Thread(target=call)
+    t.start()
+    assert entered.wait(10)
+    ledger.close()
+    release.set()
+    t.join(10)
+    assert not t.is_alive() and len(out) == 1
+    assert isinstance(out[0], errors.Unavailable), repr(out[0])
+    with pytest.raises(errors.Unavailable):
+        ledger.stats(s.session_id)
+    ledger.close()                                      # idempotent
+    again = Ledger(tmp_path / "ledger.sqlite")
+    st = again.stats(s.session_id, "a")
+    assert st.queries_ok == 0 and st.in_flight == 1     # the reserved row is on disk
+    again.close()
