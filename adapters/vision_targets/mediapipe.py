@@ -122,10 +122,20 @@ class MediaPipeWorker:
                 self._send(proc, header, payload, deadline)
                 reply, data = self._receive(proc, deadline)
             except (OSError, EOFError, TimeoutError, ValueError) as exc:
+                # A worker that died mid-call: say how (a broken pipe may come before its
+                # exit code is visible); a hung one is not waited for.
+                code = None
+                if not isinstance(exc, TimeoutError):
+                    try:
+                        code = proc.wait(timeout=0.5)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                cause = (f"exited with code {code}" if code is not None
+                         else f"{type(exc).__name__}: {exc}")
                 self._discard()
                 raise errors.Unavailable(
                     f"MediaPipe worker ({self.role}) failed during '{header.get('op')}': "
-                    f"{type(exc).__name__}: {exc}; a new one starts on the next call"
+                    f"{cause}; a new one starts on the next call"
                     f"{self._stderr_tail()}") from None
         if not reply.get("ok"):
             raise errors.FortisError(f"MediaPipe {header.get('op')} failed: {reply.get('error')}")
