@@ -13,7 +13,7 @@ them share a GIL. ``inprocess``: everything in this process (client, proxy and t
 compete for one GIL, which inflates every number).
 
     python bench/proxy.py [--n 300] [--target fmnist-cnn|mobilenet-v2] [--threads 4]
-                          [--mode processes|inprocess]
+                          [--mode processes|inprocess] [--rate 0]
 """
 
 from __future__ import annotations
@@ -93,6 +93,17 @@ print("ADDRESS", s.address, flush=True)
 sys.stdin.read()
 """
 
+#: The target adapter alone, in its own process. ``fortis serve`` calls built-in targets in
+#: process (no port to bypass the proxy), so the bench exposes one itself.
+_TARGET_SERVER = """
+import sys, tempfile
+from fortis.services.app import StackSettings, TargetConfig, start_stack
+stack = start_stack(StackSettings(state_dir=tempfile.mkdtemp(), expose_builtin_targets=True,
+                                  targets=[TargetConfig.parse("t=builtin:" + sys.argv[1])]))
+print("ADDRESS", stack.target_servers["t"].address, flush=True)
+sys.stdin.read()
+"""
+
 
 @contextlib.contextmanager
 def _process(args: list[str], env: dict[str, str]) -> Iterator[str]:
@@ -115,11 +126,13 @@ def _process(args: list[str], env: dict[str, str]) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _servers(mode: str, target: str, tmp: Path, sync: str = "FULL") -> Iterator[tuple[str, str, str]]:
+def _servers(mode: str, target: str, tmp: Path, sync: str = "FULL",
+             rate: float = 0.0) -> Iterator[tuple[str, str, str]]:
     """(direct target address, proxy address, bare echo address); proxy target name "t"."""
+    query = f"?rate={rate:g}" if rate else ""
     if mode == "inprocess":
         stack = start_stack(StackSettings(state_dir=tmp, api_keys={KEY: "bench"},
-                                          targets=[TargetConfig.parse(f"t=builtin:{target}")],
+                                          targets=[TargetConfig.parse(f"t=builtin:{target}{query}")],
                                           ledger_synchronous=sync, expose_builtin_targets=True))
         echo = build_server(ServerSettings(), [(target_pb2_grpc.add_TargetServiceServicer_to_server,
                                                 _Echo(), "fortis.target.v1.TargetService")])
@@ -133,15 +146,12 @@ def _servers(mode: str, target: str, tmp: Path, sync: str = "FULL") -> Iterator[
     env = {**os.environ, "FORTIS_API_KEYS": f"{KEY}=bench"}
     with contextlib.ExitStack() as es:
         # The target adapter alone (its process also hosts an unused proxy).
-        t = json.loads(es.enter_context(_process(
-            fortis + ["serve", "--service", "proxy", "--log-level", "warning", "--address", "127.0.0.1:0",
-                      "--state-dir", str(tmp / "target"), "--target", f"t=builtin:{target}"], env)))
-        direct = t["targets"]["t"]
+        direct = es.enter_context(_process([sys.executable, "-c", _TARGET_SERVER, target], env))
         # The proxy in its own process, reaching the target over gRPC.
         p = json.loads(es.enter_context(_process(
             fortis + ["serve", "--service", "proxy", "--log-level", "warning", "--address", "127.0.0.1:0",
                       "--ledger-sync", sync, "--state-dir", str(tmp / "proxy"),
-                      "--target", f"t=grpc://{direct}"], env)))
+                      "--target", f"t=grpc://{direct}{query}"], env)))
         echo = es.enter_context(_process([sys.executable, "-c", _ECHO_SERVER], env))
         yield direct, p["address"], echo
 
@@ -152,12 +162,15 @@ def main() -> None:
     ap.add_argument("--target", default="fmnist-cnn")
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--mode", choices=["processes", "inprocess"], default="processes")
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="the proxied target's rate limit (images/s; 0 = none): a limit far "
+                         "above the measured rate shows what the limiter and its fair queue cost")
     ap.add_argument("--ledger-sync", choices=["FULL", "NORMAL"], default="FULL",
                     help="the proxy's ledger durability (FULL: fsync before every answer)")
     ns = ap.parse_args()
     img = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
 
-    with tempfile.TemporaryDirectory() as tmp, _servers(ns.mode, ns.target, Path(tmp), ns.ledger_sync) as addrs:
+    with tempfile.TemporaryDirectory() as tmp, _servers(ns.mode, ns.target, Path(tmp), ns.ledger_sync, ns.rate) as addrs:
         direct_addr, proxy_addr, echo_addr = addrs
         direct_ch = grpc.insecure_channel(direct_addr)
         proxy_ch = grpc.insecure_channel(proxy_addr)
@@ -197,6 +210,7 @@ def main() -> None:
             "benchmark": "proxy_predict_one_224x224",
             "target_model": ns.target, "n": ns.n, "mode": ns.mode,
             "ledger": f"sqlite WAL, synchronous={ns.ledger_sync}",
+            "target_rate_limit": ns.rate or None,
             "bare_grpc_p50_ms": round(_p(lat["bare"], 50), 3),
             "direct_p50_ms": round(_p(lat["direct"], 50), 3),
             "direct_p90_ms": round(_p(lat["direct"], 90), 3),

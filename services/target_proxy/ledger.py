@@ -52,6 +52,11 @@ IN_FLIGHT_NOTE = "in flight: reserved for the target, no outcome recorded (yet)"
 INTERRUPTED = "INTERRUPTED"
 INTERRUPTED_NOTE = ("interrupted: in flight when its proxy process stopped (killed or"
                     " crashed); the target may have received it, no answer was recorded")
+#: Rows completed "not sent: ..." (reserved, then the call stopped before the images went:
+#: the caller's deadline passed while waiting for the rate limit, a shutdown) stay in the
+#: ledger for the record, but are no queries: not in the hard budgets, the stats or the day.
+NOT_SENT_PREFIX = "not sent: "
+_SENT = " AND error NOT LIKE 'not sent:%'"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -252,12 +257,13 @@ class Ledger:
 
     def attempt_counts(self, session_id: str, tenant: str | None = None) -> dict[str, int]:
         """Rows per image id, whatever their status: what the target received (retries and
-        in-flight rows included), to rebuild the hard budgets after a restart."""
+        in-flight rows included; rows completed as ``not sent`` excluded: the budget got
+        them back), to rebuild the hard budgets after a restart."""
         cond, args = _scope(tenant)
         with self._db():
             rows = self._conn.execute(
                 "SELECT image_id, COUNT(*) FROM queries WHERE session_id=?" + cond
-                + " GROUP BY image_id", (session_id, *args)).fetchall()
+                + _SENT + " GROUP BY image_id", (session_id, *args)).fetchall()
         return {r[0]: int(r[1]) for r in rows}
 
     def mark_interrupted(self) -> int:
@@ -281,8 +287,8 @@ class Ledger:
         of the proxy's queries-per-day count (issue 9, ``quotas.py``)."""
         with self._db():
             rows = self._conn.execute(
-                "SELECT tenant, COUNT(*) FROM queries WHERE sent_at>=? AND error NOT LIKE"
-                " 'not sent:%' GROUP BY tenant", (t,)).fetchall()
+                "SELECT tenant, COUNT(*) FROM queries WHERE sent_at>=?" + _SENT
+                + " GROUP BY tenant", (t,)).fetchall()
         return {r[0]: int(r[1]) for r in rows}
 
     def replayable(self, session_id: str, tenant: str, *, up_to: int
@@ -395,9 +401,10 @@ class Ledger:
     def stats(self, session_id: str, tenant: str | None = None) -> SessionStats:
         cond, args = _scope(tenant)
         with self._db():
-            rows = self._conn.execute(
+            rows = self._conn.execute(      # rows never sent are no queries (see _SENT)
                 "SELECT image_id, origin, status, COUNT(*) FROM queries WHERE session_id=?"
-                + cond + " GROUP BY image_id, origin, status", (session_id, *args)).fetchall()
+                + cond + _SENT + " GROUP BY image_id, origin, status",
+                (session_id, *args)).fetchall()
             lat = [r[0] for r in self._conn.execute(
                 "SELECT latency_ms FROM queries WHERE session_id=?" + cond
                 + " AND status='OK' GROUP BY call_id, attempts", (session_id, *args)).fetchall()]

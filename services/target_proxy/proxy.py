@@ -47,9 +47,11 @@ from fortis.common.v1 import common_pb2
 from fortis.services.common import errors
 from fortis.services.common.codec import image_sha256, summarize
 from fortis.services.common.errors import code_for
+from fortis.services.common.stopping import StopCheck, never
 from fortis.services.target_proxy.ledger import (
     IN_FLIGHT,
     IN_FLIGHT_NOTE,
+    NOT_SENT_PREFIX,
     Ledger,
     Outcome,
     QueryRow,
@@ -313,21 +315,26 @@ class TargetProxy:
                 raise errors.InvalidArgument(f"images[{i}]", "image has no content")
 
     def predict(self, *, tenant: str, session_id: str, origin: str,
-                images: Sequence[common_pb2.Image]) -> PredictResult:
+                images: Sequence[common_pb2.Image],
+                should_stop: StopCheck = never) -> PredictResult:
         """Answer ``images``: replayed from the ledger where a resumed attempt repeats a query
         answered before this process started (same session, image id and bytes, in the same
-        order; the target is not asked again, no row is added), sent to the target otherwise."""
+        order; the target is not asked again, no row is added), sent to the target otherwise.
+
+        ``should_stop`` (the caller's deadline or cancellation) is checked while a chunk
+        waits for the rate limit: a caller gone stops waiting, and what was not sent is
+        recorded "not sent" and given back to the budgets."""
         self._check_images(images)
         budget = self._budget(tenant, session_id)
         self.target(budget.record.target, tenant)
         replies = self._replays(budget, images) if budget.replay else {}
         if not replies:
             return self._predict_sent(tenant=tenant, session_id=session_id, origin=origin,
-                                      images=images)
+                                      images=images, should_stop=should_stop)
         rest = [img for i, img in enumerate(images) if i not in replies]
         if rest:
             res = self._predict_sent(tenant=tenant, session_id=session_id, origin=origin,
-                                     images=rest)
+                                     images=rest, should_stop=should_stop)
             sent, left = iter(res.predictions), res.queries_left
         else:
             rec = budget.record
@@ -359,7 +366,8 @@ class TargetProxy:
         return out
 
     def _predict_sent(self, *, tenant: str, session_id: str, origin: str,
-                      images: Sequence[common_pb2.Image]) -> PredictResult:
+                      images: Sequence[common_pb2.Image],
+                      should_stop: StopCheck = never) -> PredictResult:
         """Send ``images`` to the target within the session's budgets (write-ahead rows)."""
         self._check_images(images)
         budget = self._budget(tenant, session_id)
@@ -403,7 +411,8 @@ class TargetProxy:
             for start in range(0, n, chunk):
                 part = images[start:start + chunk]
                 predictions += self._send(entry, budget, origin, part,
-                                          sent_up_to(start + len(part)), limiter, hold)
+                                          sent_up_to(start + len(part)), limiter, hold,
+                                          should_stop)
         finally:
             hold.release()      # what was held for images never sent
             if sent < n:
@@ -417,7 +426,8 @@ class TargetProxy:
 
     def _send(self, entry: TargetEntry, budget: _Budget, origin: str,
               images: Sequence[common_pb2.Image], on_sent: Callable[[], None],
-              limiter: Limiter, hold: Hold) -> list[common_pb2.Prediction]:
+              limiter: Limiter, hold: Hold,
+              should_stop: StopCheck = never) -> list[common_pb2.Prediction]:
         """Send one chunk (its first attempt already charged), retrying on UNAVAILABLE while
         the policy and the session's budget allow; every attempt is write-ahead rows."""
         rec = budget.record
@@ -439,13 +449,14 @@ class TargetProxy:
                     for img, h in zip(images, hashes, strict=True)]
             entry_ids = self.ledger.reserve(rows)
             try:
-                granted = limiter.acquire(n)        # the target's and the tenant's limits
+                # the target's and the tenant's limits, in fair turns between tenants
+                granted = limiter.acquire(n, rec.tenant, should_stop)
             except BaseException as exc:
                 if isinstance(exc, errors.FortisError):
                     _log_refused("rate", tenant=rec.tenant, session_id=rec.session_id,
                                  target=rec.target, images=n, error=str(exc)[:200])
                 self.ledger.complete([(eid, Outcome(status=code_pb2.Code.Name(code_for(exc)),
-                                                    error="not sent: " + _bounded(exc)))
+                                                    error=NOT_SENT_PREFIX + _bounded(exc)))
                                       for eid in entry_ids])
                 if attempt > 1:     # a "not sent" row is not in the tenant's day
                     self.daily_quotas.refund(rec.tenant, n)

@@ -20,6 +20,7 @@ from fortis.services.common.pagination import (
 )
 from fortis.services.common.server import current_tenant
 from fortis.services.common.status import status_for
+from fortis.services.common.stopping import caller_stop
 from fortis.services.target_proxy.ledger import SessionRecord
 from fortis.services.target_proxy.proxy import TargetProxy
 from google.protobuf import timestamp_pb2
@@ -82,18 +83,22 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
 
     def Predict(self, request: Any, context: Any) -> proxy_pb2.PredictResponse:
         res = self.proxy.predict(tenant=current_tenant.get(), session_id=request.session_id,
-                                 origin=request.origin, images=request.images)
+                                 origin=request.origin, images=request.images,
+                                 should_stop=caller_stop(context.is_active,
+                                                         context.time_remaining))
         return proxy_pb2.PredictResponse(predictions=res.predictions,
                                          queries_left=res.queries_left)
 
     def PredictStream(self, request_iterator: Any, context: Any
                       ) -> Iterator[proxy_pb2.PredictStreamResponse]:
         tenant = current_tenant.get()
+        should_stop = caller_stop(context.is_active, context.time_remaining)
         for req in request_iterator:
             try:
                 limits.check_message(req)   # in band: the stream goes on (issue 9 limits)
                 res = self.proxy.predict(tenant=tenant, session_id=req.session_id,
-                                         origin=req.origin, images=req.images)
+                                         origin=req.origin, images=req.images,
+                                         should_stop=should_stop)
                 yield proxy_pb2.PredictStreamResponse(
                     request_id=req.request_id, predictions=res.predictions,
                     queries_left=res.queries_left)

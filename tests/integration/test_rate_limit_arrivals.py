@@ -27,7 +27,12 @@ from fortis.services.common.server import RunningServer, ServerSettings, build_s
 from fortis.services.target_proxy.backends import GrpcTargetBackend
 from fortis.services.target_proxy.ledger import Ledger, max_in_window
 from fortis.services.target_proxy.proxy import TargetEntry, TargetProxy
-from fortis.services.target_proxy.ratelimit import CompositeLimiter, RateLimiter, TenantLimits
+from fortis.services.target_proxy.ratelimit import (
+    DEFAULT_JITTER_S,
+    CompositeLimiter,
+    RateLimiter,
+    TenantLimits,
+)
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
 
@@ -86,8 +91,9 @@ class GrantLog:
     def max_chunk(self) -> int:
         return self.inner.max_chunk()
 
-    def acquire(self, n: int) -> float:
-        t = self.inner.acquire(n)
+    def acquire(self, n: int, tenant: str = "", should_stop: Any = None) -> float:
+        t = self.inner.acquire(n, tenant) if should_stop is None else \
+            self.inner.acquire(n, tenant, should_stop)
         self.grants.setdefault((threading.get_ident(),), []).append(t)
         return t
 
@@ -218,3 +224,115 @@ def test_the_proxy_applies_tenant_limits_it_is_given(tmp_path, target):
     assert max_in_window(alice, 1.0) <= 8                      # alice's share, across targets
     assert max_in_window(servicer.times("a1-") + servicer.times("b-"), 1.0) <= 20
     assert len(servicer.times("b-")) > 12                      # bob was never held to alice's rate
+
+
+# -- fair shares between tenants at a shared target (issue 9) --------------------------------
+def shares_while(servicer: RecordingTarget, prefix: str) -> tuple[dict[str, int], float]:
+    """Images per prefix (first letter) that arrived while ``prefix``'s calls were arriving,
+    and the length of that span (s)."""
+    mine = servicer.times(prefix)
+    lo, hi = min(mine), max(mine)
+    counts: dict[str, int] = {}
+    for image_id, t in servicer.arrivals:
+        if lo <= t <= hi:
+            counts[image_id[0]] = counts.get(image_id[0], 0) + 1
+    return counts, hi - lo
+
+
+def test_batches_of_five_get_an_equal_share_against_single_images_from_many_threads(
+        tmp_path, target):
+    """Issue 9 finding: without a tenant rate, bob's single images from several threads took
+    every slot freed at a 40/s target while alice's batches of five waited for five at once
+    (her 40 images took 246 s). Fair turns (``FairQueue``) split the target in images."""
+    servicer, server = target
+    backend = GrpcTargetBackend(server.address)
+    proxy = TargetProxy(Ledger(tmp_path / "ledger.sqlite"), [
+        TargetEntry(name="t", backend=backend, limiter=RateLimiter(40))])
+    try:
+        hammer(proxy, [("bob", "t", "b-", 1, 0)] * 6 + [("alice", "t", "a-", 5, 8)])
+    finally:
+        backend.close()
+    assert len(servicer.times("a")) == 40
+    assert max_in_window(servicer.times(), 1.0) <= 40           # the limit still holds
+    counts, _ = shares_while(servicer, "a")
+    share = counts["a"] / sum(counts.values())
+    assert share >= 0.4, counts     # an equal share is 0.5; unfair turns gave ~0.005
+
+
+def test_three_tenants_with_different_batches_and_threads_share_equally(tmp_path, target):
+    servicer, server = target
+    backend = GrpcTargetBackend(server.address)
+    proxy = TargetProxy(Ledger(tmp_path / "ledger.sqlite"), [
+        TargetEntry(name="t", backend=backend, limiter=RateLimiter(30))])
+    try:
+        hammer(proxy, [("bob", "t", "b-", 1, 0)] * 3 + [("carol", "t", "c-", 2, 0)] * 2
+               + [("alice", "t", "a-", 5, 8)])
+    finally:
+        backend.close()
+    assert max_in_window(servicer.times(), 1.0) <= 30
+    counts, _ = shares_while(servicer, "a")
+    total = sum(counts.values())
+    for who in "abc":
+        assert counts.get(who, 0) / total >= 0.25, counts       # a third each
+
+
+def test_a_tenant_held_by_its_own_limit_does_not_hold_the_others_back(tmp_path, target):
+    """Bob's calls wait for bob's 10/s; meanwhile alice gets the rest of the target's 40/s
+    (the queue sets a call held by its tenant's limit aside instead of blocking the line)."""
+    servicer, server = target
+    backend = GrpcTargetBackend(server.address)
+    proxy = TargetProxy(Ledger(tmp_path / "ledger.sqlite"), [
+        TargetEntry(name="t", backend=backend, limiter=RateLimiter(40))],
+        tenant_limits=TenantLimits.parse(["bob=10"]))
+    try:
+        hammer(proxy, [("bob", "t", "b-", 1, 0)] * 3 + [("alice", "t", "a-", 5, 16)])
+    finally:
+        backend.close()
+    assert max_in_window(servicer.times("b"), 1.0) <= 10
+    assert max_in_window(servicer.times(), 1.0) <= 40
+    counts, span = shares_while(servicer, "a")
+    # the target stays busy: ~40/1.1 = 36 images/s in all, about 26 of them alice's
+    assert sum(counts.values()) / span >= 0.75 * 40 / (1 + DEFAULT_JITTER_S), (counts, span)
+    assert counts["a"] / span >= 0.6 * (40 / (1 + DEFAULT_JITTER_S) - 10), (counts, span)
+
+
+def test_a_call_whose_deadline_passes_while_it_waits_is_never_sent(tmp_path, target):
+    """A caller gone (deadline or cancel) stops waiting for the rate limit: its images never
+    reach the target, the budget gets them back, and the ledger says "not sent" (issue 9:
+    long waits check the caller's deadline; the ledger is what the target saw)."""
+    import grpc
+    from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+    from fortis.services.app import StackSettings, TargetConfig, start_stack
+
+    servicer, server = target
+    stack = start_stack(StackSettings(
+        state_dir=tmp_path / "state", api_keys={"key-of-alice-0001": "alice"},
+        targets=[TargetConfig.parse(f"t=grpc://{server.address}?rate=1")]))
+    md = (("x-api-key", "key-of-alice-0001"),)
+    try:
+        with grpc.insecure_channel(stack.address) as ch:
+            px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+            sid = px.CreateSession(proxy_pb2.CreateSessionRequest(target="t", query_budget=5),
+                                   metadata=md, timeout=10).session.session_id
+
+            def predict(image_id: str, timeout: float) -> proxy_pb2.PredictResponse:
+                return px.Predict(proxy_pb2.PredictRequest(
+                    session_id=sid, origin="test", images=[image_msg(image_id, IMAGE, raw=True)]),
+                    metadata=md, timeout=timeout)
+
+            assert predict("first", 10).queries_left == 4
+            with pytest.raises(grpc.RpcError) as err:
+                predict("late", 0.3)        # the next slot is ~1.1 s away
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            time.sleep(1.5)                 # past the slot it was waiting for
+            assert servicer.times("late") == []
+            st = px.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id=sid),
+                                    metadata=md, timeout=10)
+            assert (st.queries_ok, st.queries_attempted, st.queries_in_flight) == (1, 1, 0)
+            assert predict("next", 10).queries_left == 3     # the budget got "late" back
+            rows = px.ListLedgerEntries(proxy_pb2.ListLedgerEntriesRequest(session_id=sid),
+                                        metadata=md, timeout=10).entries
+            late = [r for r in rows if r.image_id == "late"]
+            assert len(late) == 1 and "not sent" in late[0].error, late
+    finally:
+        stack.stop(0)

@@ -19,6 +19,7 @@ from fortis.services.target_proxy.ledger import max_in_window
 from fortis.services.target_proxy.ratelimit import (
     DEFAULT_JITTER_S,
     CompositeLimiter,
+    FairQueue,
     RateLimiter,
     TenantLimits,
     acquire_all,
@@ -260,3 +261,106 @@ def test_tenant_limits_registry():
 def test_tenant_rates_rejected(pairs):
     with pytest.raises(ValueError):
         parse_tenant_rates(pairs)
+
+
+# -- fair turns between tenants (issue 9) --------------------------------------------------
+def test_start_tags_share_in_images_and_give_no_credit_for_idle_time():
+    """Start-time fair queueing: a tenant's tag moves by the images it asked for, and a
+    tenant arriving late starts at the virtual time, not at the 0 it would have had."""
+    q = FairQueue()
+    with q._cond:
+        a1 = q._join("alice", 5)
+        b1, b2 = q._join("bob", 1), q._join("bob", 1)
+        assert (a1.start, b1.start, b2.start) == (0.0, 0.0, 1.0)
+        a2 = q._join("alice", 5)
+        assert a2.start == 5.0          # alice's next turn comes after bob's next five images
+        for t in (a1, b1, b2):
+            q._leave(t, granted=True)
+        assert q._vtime == 1.0          # the start tag of the last grant
+        late = q._join("carol", 1)
+        assert late.start == 1.0        # no credit for the time carol sent nothing
+        assert q._head(0.0) is late and q._head(0.0).start < a2.start
+        q._leave(late, granted=True)
+        q._leave(a2, granted=True)
+        # nobody waits: the busy period is over, the tags are forgotten
+        assert q._vtime == 10.0 and not q._finish
+
+
+def test_a_call_set_aside_by_its_own_limit_is_not_the_head_until_then():
+    q = FairQueue()
+    with q._cond:
+        b = q._join("bob", 1)
+        a = q._join("alice", 1)
+        b.not_before = 10.0
+        assert q._head(5.0) is a
+        assert q._head(10.0) is b       # back, and still ahead (same tag, earlier call)
+
+
+def test_a_call_given_up_while_waiting_leaves_no_ticket_and_no_debt():
+    clock = FakeClock()
+
+    def sleep(s: float) -> None:
+        raise KeyboardInterrupt     # e.g. the caller's deadline, or a shutdown
+
+    rl = RateLimiter(1, jitter_s=0.0, clock=clock, sleep=sleep)
+    rl.acquire(1, "alice")
+    with pytest.raises(KeyboardInterrupt):
+        rl.acquire(1, "alice")      # must wait a second: gives up instead
+    assert len(rl.queue) == 0
+    assert rl.queue._vtime == 1.0 and not rl.queue._finish  # only the granted image counted
+    assert rl._in_span == 1
+
+
+def test_many_tenants_do_not_grow_the_queue_state():
+    rl = RateLimiter(1_000_000)
+    for k in range(2000):
+        rl.acquire(1, f"tenant-{k}")
+    assert len(rl.queue) == 0
+    assert len(rl.queue._finish) <= 20
+
+
+def test_fair_turns_with_real_threads_split_the_target_in_images():
+    """Alice (one thread, batches of 5) against bob (four threads, single images) at 50/s:
+    roughly half the images each while both wait, and the limit holds."""
+    rl = RateLimiter(50, jitter_s=0.02)
+    got: dict[str, list[float]] = {"alice": [], "bob": []}
+    lock = threading.Lock()
+    alice_done = threading.Event()
+
+    def worker(tenant: str, batch: int, calls: int) -> None:
+        c = 0
+        while (c < calls) if calls else not alice_done.is_set():
+            t = rl.acquire(batch, tenant)
+            with lock:
+                got[tenant] += [t] * batch
+            c += 1
+        if tenant == "alice":
+            alice_done.set()
+
+    ts = [threading.Thread(target=worker, args=("bob", 1, 0)) for _ in range(4)]
+    ts.append(threading.Thread(target=worker, args=("alice", 5, 12)))
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=30)
+    assert len(got["alice"]) == 60
+    assert max_in_window(got["alice"] + got["bob"], 1.0 + 0.02) <= 50
+    end = max(got["alice"])
+    bob = sum(1 for t in got["bob"] if t <= end)
+    assert 60 / (60 + bob) >= 0.4, (60, bob)    # an equal share is 0.5
+
+
+def test_a_waiting_call_stops_when_its_caller_is_gone():
+    """``should_stop`` is looked at while waiting (every STOP_CHECK_S): the call raises the
+    check's error before its slot comes, leaves the queue, and takes nothing."""
+    from fortis.services.common.errors import DeadlineExceeded
+    from fortis.services.common.stopping import caller_stop
+
+    rl = RateLimiter(1, jitter_s=0.0)
+    rl.acquire(1, "alice")
+    start = time.monotonic()
+    stop = caller_stop(lambda: True, lambda: 0.2 - (time.monotonic() - start))
+    with pytest.raises(DeadlineExceeded):
+        rl.acquire(1, "alice", stop)        # the slot is ~1 s away
+    assert time.monotonic() - start < 0.9   # gone before the slot, not at it
+    assert len(rl.queue) == 0 and rl._in_span == 1
