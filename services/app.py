@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlparse
 import structlog
 from fortis.services.common import errors
 from fortis.services.common.api_keys import KeyEntry, KeyFileWatcher, KeyTable, new_api_key
-from fortis.services.common.quotas import QuotaSettings
+from fortis.services.common.quotas import CallSlots, QuotaSettings
 from fortis.services.common.server import (
     SERVICE_TENANT,
     RunningServer,
@@ -173,6 +173,10 @@ class StackSettings:
     #: Bytes each tenant may keep in uploaded blobs (``fortis serve --upload-quota-bytes``;
     #: issue 9, the upload API: services/common/blobs.py).
     upload_quota_bytes: int = 2 * 1024 ** 3
+    #: The server's worker threads: every call in progress holds one (a Predict waiting for
+    #: its rate-limit turn, a Watch stream), so ``quotas.max_calls`` per tenant keeps one
+    #: tenant from holding them all (``fortis serve --server-workers``).
+    server_workers: int = 64
 
 
 @dataclass
@@ -454,10 +458,15 @@ def start_stack(settings: StackSettings) -> Stack:
         register.append((uploads_pb2_grpc.add_UploadServiceServicer_to_server,
                          ev_uploads.UploadServicer(blob_store), ev_uploads.SERVICE_NAME))
 
+    slots = CallSlots(settings.quotas.calls_limit) if (
+        settings.quotas.max_calls or any(q.calls for q in settings.quotas.tenants.values())) \
+        else None
     server = build_server(ServerSettings(address=settings.address, api_keys=key_table,
                                          tls=settings.tls,
                                          max_message_bytes=settings.max_message_bytes,
-                                         observe=rpc_metrics.observe), register)
+                                         max_workers=settings.server_workers,
+                                         observe=rpc_metrics.observe, call_slots=slots),
+                          register)
     addr_box["self"] = server.address
     if settings.tls is not None and not settings.only:
         _check_loopback_tls(server, lazy_channel(server.address), settings.tls)

@@ -227,14 +227,24 @@ def _quota_settings(ns: argparse.Namespace) -> Any:
         raise InvalidArgument("tenant_quota", str(exc)[:200]) from None
     values = {}
     for opt in ("max_running_per_tenant", "max_queued_per_tenant",
-                "max_queries_per_day_per_tenant"):
+                "max_queries_per_day_per_tenant", "max_calls_per_tenant"):
         values[opt] = int(getattr(ns, opt, 0) or 0)
         if not 0 <= values[opt] <= MAX_QUOTA:
             raise InvalidArgument(opt, f"must be from 0 (no limit) to {MAX_QUOTA}")
     return QuotaSettings(max_running=values["max_running_per_tenant"],
                          max_queued=values["max_queued_per_tenant"],
                          queries_per_day=values["max_queries_per_day_per_tenant"],
+                         max_calls=values["max_calls_per_tenant"],
                          tenants=tenants)
+
+
+def _server_workers(ns: argparse.Namespace) -> int:
+    from fortis.services.common.errors import InvalidArgument
+
+    workers = int(getattr(ns, "server_workers", 64))
+    if not 4 <= workers <= 4096:
+        raise InvalidArgument("server_workers", "must be from 4 to 4096")
+    return workers
 
 
 def _metrics_address(ns: argparse.Namespace) -> tuple[str, int | None]:
@@ -311,7 +321,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             ledger_synchronous=ns.ledger_sync,
             data_root=Path(ns.data_root) if ns.data_root else None,
             tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
-            evaluation_workers=_evaluation_workers(ns),
+            evaluation_workers=_evaluation_workers(ns), server_workers=_server_workers(ns),
             upload_quota_bytes=max(0, int(getattr(ns, "upload_quota_bytes", 2 * 1024 ** 3)))))
     except FortisError as exc:     # a bad setting, or the port taken after the check
         err(str(exc))

@@ -127,8 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-queries-per-day-per-tenant", type=int, default=0, metavar="N",
                     help="images the proxy sends for one tenant per UTC day, retries included "
                     "(default 0: no limit)")
+    sp.add_argument("--max-calls-per-tenant", type=int, default=16, metavar="N",
+                    help="calls of one tenant in progress at once on this server (default 16; "
+                    "0: no limit); one more is RESOURCE_EXHAUSTED at once, so no tenant can "
+                    "hold every worker thread (see --server-workers)")
+    sp.add_argument("--server-workers", type=int, default=64, metavar="N",
+                    help="the server's worker threads; each call in progress holds one "
+                    "(default 64)")
     sp.add_argument("--tenant-quota", action="append",
-                    metavar="TENANT=running:N,queued:N,queries_per_day:N",
+                    metavar="TENANT=running:N,queued:N,queries_per_day:N,calls:N",
                     help="one tenant's quotas, overriding the defaults above (repeatable; "
                     "each quota may be left out; 0 = no limit)")
     sp.add_argument("--evaluation-workers", type=int, default=2, metavar="N",

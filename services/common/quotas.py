@@ -12,21 +12,28 @@ limit:
 - ``queued``: evaluations of the tenant waiting to start; CreateEvaluation beyond it is
   RESOURCE_EXHAUSTED (``QuotaExceeded``) and nothing is stored;
 - ``queries_per_day``: images the target proxy sends for the tenant per UTC day, every attempt
-  counted (``services/target_proxy/quotas.py``).
+  counted (``services/target_proxy/quotas.py``);
+- ``calls``: the tenant's RPCs in progress at once on one server (``--max-calls-per-tenant``),
+  counted by the server's interceptor with ``CallSlots``; a call beyond it is
+  RESOURCE_EXHAUSTED at once, so one tenant cannot hold every worker thread of a shared
+  server (each waiting Predict, Watch or stream holds one) and stall the others. Calls
+  between Fortis's own services (the internal key) are not counted: they are bounded by the
+  evaluation workers.
 
 Pure code, no gRPC (shared by two services, so it lives in ``services/common``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["MAX_QUOTA", "QUOTA_NAMES", "QuotaSettings", "TenantQuota", "parse_tenant_quota",
-           "parse_tenant_quotas"]
+__all__ = ["MAX_QUOTA", "QUOTA_NAMES", "CallSlots", "QuotaSettings", "TenantQuota",
+           "parse_tenant_quota", "parse_tenant_quotas"]
 
 #: The quotas a ``--tenant-quota`` entry may set.
-QUOTA_NAMES = ("running", "queued", "queries_per_day")
+QUOTA_NAMES = ("running", "queued", "queries_per_day", "calls")
 #: Largest value of any quota (a typo of extra digits is refused, not taken as "no limit").
 MAX_QUOTA = 10**12
 
@@ -38,6 +45,7 @@ class TenantQuota:
     running: int | None = None
     queued: int | None = None
     queries_per_day: int | None = None
+    calls: int | None = None
 
 
 @dataclass(frozen=True)
@@ -48,10 +56,13 @@ class QuotaSettings:
     max_queued: int = 0
     queries_per_day: int = 0
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
+    #: RPCs of one tenant in progress at once on a server (``fortis serve`` defaults to 16)
+    max_calls: int = 0
 
     def __post_init__(self) -> None:
         for name, value in (("max_running", self.max_running), ("max_queued", self.max_queued),
-                            ("queries_per_day", self.queries_per_day)):
+                            ("queries_per_day", self.queries_per_day),
+                            ("max_calls", self.max_calls)):
             _check_value(name, value)
 
     def running_limit(self, tenant: str) -> int:
@@ -70,6 +81,49 @@ class QuotaSettings:
         return self.queries_per_day if own is None or own.queries_per_day is None \
             else own.queries_per_day
 
+    def calls_limit(self, tenant: str) -> int:
+        """Most RPCs of ``tenant`` in progress at once on one server (0 = no limit)."""
+        own = self.tenants.get(tenant)
+        return self.max_calls if own is None or own.calls is None else own.calls
+
+
+class CallSlots:
+    """How many calls each tenant has in progress, against ``limit_of(tenant)`` (0 = none).
+
+    ``enter`` takes a slot or says no (never waits: a call beyond the limit is refused at
+    once, holding no thread); ``leave`` gives it back. Tenants with no call in progress are
+    forgotten, so unknown tenant names grow nothing. Thread-safe; no gRPC.
+    """
+
+    def __init__(self, limit_of: Callable[[str], int]) -> None:
+        self._limit_of = limit_of
+        self._in_progress: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def limit(self, tenant: str) -> int:
+        return self._limit_of(tenant)
+
+    def enter(self, tenant: str) -> bool:
+        limit = self._limit_of(tenant)
+        with self._lock:
+            n = self._in_progress.get(tenant, 0)
+            if limit and n >= limit:
+                return False
+            self._in_progress[tenant] = n + 1
+            return True
+
+    def leave(self, tenant: str) -> None:
+        with self._lock:
+            n = self._in_progress.get(tenant, 0) - 1
+            if n > 0:
+                self._in_progress[tenant] = n
+            else:
+                self._in_progress.pop(tenant, None)
+
+    def in_progress(self, tenant: str) -> int:
+        with self._lock:
+            return self._in_progress.get(tenant, 0)
+
 
 def _check_value(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_QUOTA:
@@ -84,7 +138,8 @@ def parse_tenant_quota(spec: str) -> tuple[str, TenantQuota]:
     tenant, sep, body = spec.rpartition("=")
     tenant = tenant.strip()
     if not sep or not tenant or not body.strip():
-        raise ValueError(f"expected TENANT=running:N,queued:N,queries_per_day:N, got {shown!r}")
+        raise ValueError("expected TENANT=running:N,queued:N,queries_per_day:N,calls:N, "
+                         f"got {shown!r}")
     values: dict[str, int] = {}
     for part in body.split(","):
         name, colon, raw = part.strip().partition(":")

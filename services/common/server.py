@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import re
+import threading
 import time
 import traceback
 import uuid
@@ -23,6 +24,7 @@ import structlog
 from fortis.client.errors import from_rpc_error
 from fortis.services.common import errors, limits
 from fortis.services.common.api_keys import KeyTable
+from fortis.services.common.quotas import CallSlots
 from fortis.services.common.status import status_for
 from fortis.services.common.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
 from google.protobuf import descriptor_pb2, descriptor_pool
@@ -74,6 +76,9 @@ class ServerSettings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_workers: int = 16
     observe: Observer | None = None     # after every call: (method, code, seconds, tenant)
+    #: Most calls of one tenant in progress at once (``CallSlots``; issue 9: one tenant must
+    #: not hold every worker thread). None: no limit. Internal calls are not counted.
+    call_slots: CallSlots | None = None
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException, request_id: str = "") -> None:
@@ -161,8 +166,37 @@ def _bounded(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return run
 
 
+#: ``before(context)`` authenticates and binds the call; it may return what to run once when
+#: the call ends (give back the tenant's call slot).
+Before = Callable[[grpc.ServicerContext], Callable[[], None] | None]
+
+
+def _once(fn: Callable[[], None] | None) -> Callable[[], None]:
+    """``fn`` made safe to call from both the handler's end and the RPC's termination."""
+    if fn is None:
+        return lambda: None
+    lock, done = threading.Lock(), [False]
+
+    def run() -> None:
+        with lock:
+            if done[0]:
+                return
+            done[0] = True
+        fn()
+    return run
+
+
+def _on_end(context: grpc.ServicerContext, release: Callable[[], None]) -> None:
+    """Also release when the RPC terminates (a cancelled stream's handler may never resume)."""
+    try:
+        if not context.add_callback(release):
+            release()               # already terminated
+    except Exception:  # noqa: BLE001 - test doubles of the context may lack add_callback
+        pass
+
+
 def _wrap_handler(handler: grpc.RpcMethodHandler,
-                  before: Callable[[grpc.ServicerContext], None],
+                  before: Before,
                   method: str = "", observe: Observer | None = None,
                   request_id: str = "") -> grpc.RpcMethodHandler:
     """Wrap every behaviour of a handler: run ``before`` then map domain errors (a request
@@ -183,14 +217,18 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             t0 = time.perf_counter()
             current_tenant.set("")      # a worker thread's last caller is not this one's
+            release = _once(None)
             try:
-                before(context)
+                release = _once(before(context))
+                _on_end(context, release)
                 result = fn(check(request), context)
             except Exception as exc:  # noqa: BLE001 - mapped to a status
+                release()
                 done(context, exc, t0)
                 if isinstance(exc, grpc.RpcError) or _aborted(context):
                     raise
                 _abort(context, exc, request_id)
+            release()
             done(context, None, t0)
             return result
         return call
@@ -199,14 +237,19 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
         def call(request: Any, context: grpc.ServicerContext) -> Iterable[Any]:
             t0 = time.perf_counter()
             current_tenant.set("")      # a worker thread's last caller is not this one's
+            release = _once(None)
             try:
-                before(context)
+                release = _once(before(context))
+                _on_end(context, release)
                 yield from fn(check(request), context)
             except Exception as exc:  # noqa: BLE001 - mapped to a status
+                release()
                 done(context, exc, t0)
                 if isinstance(exc, grpc.RpcError) or _aborted(context):
                     raise
                 _abort(context, exc, request_id)
+            finally:
+                release()
             done(context, None, t0)
         return call
 
@@ -233,10 +276,11 @@ class FortisInterceptor(grpc.ServerInterceptor):
     """API-key auth (health and reflection exempt), tenant binding, error mapping."""
 
     def __init__(self, api_keys: Mapping[str, str] | KeyTable,
-                 observe: Observer | None = None) -> None:
+                 observe: Observer | None = None, call_slots: CallSlots | None = None) -> None:
         # Hashed keys only (issue 9): a plain mapping is hashed here and not kept.
         self._keys = api_keys if isinstance(api_keys, KeyTable) else KeyTable.from_plain(api_keys)
         self._observe = observe
+        self._slots = call_slots
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
@@ -247,9 +291,10 @@ class FortisInterceptor(grpc.ServerInterceptor):
         api_key = md.get(API_KEY_HEADER, "")
         acting_for = md.get(TENANT_HEADER, "")
         keys = self._keys
+        slots = self._slots
         request_id = request_id_from(md)
 
-        def before(context: grpc.ServicerContext) -> None:
+        def before(context: grpc.ServicerContext) -> Callable[[], None] | None:
             # A handler thread serves many calls: start each from a clean log context.
             structlog.contextvars.clear_contextvars()
             structlog.contextvars.bind_contextvars(request_id=request_id, method=method)
@@ -257,6 +302,7 @@ class FortisInterceptor(grpc.ServerInterceptor):
                 context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
             except Exception:  # noqa: BLE001 - test doubles of the context may lack it
                 pass
+            internal = False
             if not keys.enabled:  # auth disabled (single-user local mode)
                 tenant = acting_for or "default"
             else:
@@ -275,9 +321,20 @@ class FortisInterceptor(grpc.ServerInterceptor):
                         if reason == "missing_key" else "unknown API key")
                 if tenant == SERVICE_TENANT:
                     tenant = acting_for or "default"
+                    internal = True
             current_tenant.set(tenant)
             current_api_key.set(api_key)
             structlog.contextvars.bind_contextvars(tenant=tenant)
+            if slots is None or internal:
+                return None
+            if not slots.enter(tenant):
+                limit = slots.limit(tenant)
+                log.warning("call_refused", reason="calls_in_progress", limit=limit)
+                raise errors.QuotaExceeded([errors.QuotaViolation(
+                    f"tenant:{tenant}",
+                    f"at most {limit} calls of this tenant in progress at once on this server "
+                    "(--max-calls-per-tenant); retry when one has finished")])
+            return lambda: slots.leave(tenant)
 
         return _wrap_handler(handler, before, method, self._observe, request_id)
 
@@ -481,7 +538,8 @@ def build_server(settings: ServerSettings,
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers),
-                         interceptors=[FortisInterceptor(settings.api_keys, settings.observe)], options=opts)
+                         interceptors=[FortisInterceptor(settings.api_keys, settings.observe,
+                                                       settings.call_slots)], options=opts)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*REFLECTION_SERVICES, health.SERVICE_NAME]

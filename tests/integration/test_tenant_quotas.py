@@ -19,6 +19,11 @@ order). Start order is read from the stored ``started_at`` of each evaluation (r
   sent), retries count, the count survives a restart (same state dir), the other tenant is
   not affected; metric and audit line for each refusal; an evaluation whose clean pass would
   cross the day fails with RESOURCE_EXHAUSTED and nothing of it reaches the target;
+- calls in progress: a tenant's calls beyond ``calls`` are RESOURCE_EXHAUSTED at once, so
+  its calls blocked at a slow target cannot hold every worker thread of the server (before,
+  tenant B's 40 calls waiting at a 1/s target made tenant A's call on another target take
+  25 s); finished and cancelled calls (unary and streams) give their slot back; calls of an
+  evaluation between Fortis's services are not counted;
 - ``fortis serve`` takes the quota flags (subprocess) and refuses malformed ones (exit 2).
 """
 
@@ -470,6 +475,9 @@ def test_fortis_serve_takes_the_quota_flags(tmp_path, fmnist_target) -> None:
     (("--tenant-quota", "tenant-a=running:1", "--tenant-quota", "tenant-a=queued:2"),
      "tenant_quota"),
     (("--max-queued-per-tenant", "-1"), "max_queued_per_tenant"),
+    (("--max-calls-per-tenant", "-2"), "max_calls_per_tenant"),
+    (("--server-workers", "1"), "server_workers"),
+    (("--tenant-quota", "tenant-a=calls:x"), "tenant_quota"),
     (("--evaluation-workers", "0"), "evaluation_workers")])
 def test_fortis_serve_refuses_a_malformed_quota(tmp_path, args, field) -> None:
     import subprocess
@@ -481,3 +489,114 @@ def test_fortis_serve_refuses_a_malformed_quota(tmp_path, args, field) -> None:
     assert r.returncode == 2, r.stderr[-2000:]
     assert field in r.stderr and "Traceback" not in r.stderr
     assert r.stdout == ""
+
+
+# -- calls in progress per tenant (the server's worker threads) -----------------------------
+def _session(px: Any, md: Any, sid: str) -> None:
+    px.CreateSession(proxy_pb2.CreateSessionRequest(target="gated", session_id=sid),
+                     metadata=md, timeout=30)
+
+
+def test_a_tenants_calls_in_progress_are_capped_so_the_other_is_not_stalled(
+        make_stack, target) -> None:
+    """Eight worker threads, four calls per tenant: B's twelve calls blocked at the gated
+    target take four threads; the other eight are refused at once, and A is answered."""
+    servicer, _ = target
+    stack = make_stack(QuotaSettings(max_calls=4), server_workers=8)
+    with grpc.insecure_channel(stack.address) as ch:
+        px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+        _session(px, OTHER_MD, "b")
+        futures = [px.Predict.future(proxy_pb2.PredictRequest(
+            session_id="b", origin="t", images=_images(1, k)), metadata=OTHER_MD, timeout=60)
+            for k in range(12)]
+        _until(lambda: servicer.calls == 4, "four of B's calls at the target")
+        _until(lambda: sum(f.done() for f in futures) == 8, "eight of B's calls refused")
+        refused = [f for f in futures if f.done()]
+        for f in refused:
+            exc = f.exception()
+            assert exc is not None and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            violations, reason = _quota_failure(exc)
+            assert violations[0][0] == "tenant:tenant-b" and "4 calls" in violations[0][1]
+            assert reason == "QUOTA_EXCEEDED"
+        # A is not stalled: its calls get threads (a deadline, not a stopwatch, says so)
+        assert px.ListTargets(proxy_pb2.ListTargetsRequest(), metadata=MD, timeout=5).targets
+        _session(px, MD, "a")
+        assert px.GetSession(proxy_pb2.GetSessionRequest(session_id="a"), metadata=MD,
+                             timeout=5).session.session_id == "a"
+        assert servicer.calls == 4      # nothing refused reached the target
+        servicer.gate.set()
+        for f in futures:
+            if f not in refused:
+                assert len(f.result(timeout=30).predictions) == 1
+        # the slots came back: B has four again
+        again = [px.Predict.future(proxy_pb2.PredictRequest(
+            session_id="b", origin="t", images=_images(1, 100 + k)), metadata=OTHER_MD,
+            timeout=60) for k in range(4)]
+        assert all(len(f.result(timeout=30).predictions) == 1 for f in again)
+
+
+def test_cancelled_streams_give_their_slots_back(make_stack, target) -> None:
+    servicer, _ = target
+    stack = make_stack(QuotaSettings(tenants={"tenant-b": TenantQuota(calls=2)}))
+    with grpc.insecure_channel(stack.address) as ch:
+        px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+        _session(px, OTHER_MD, "b")
+        gates = [threading.Event() for _ in range(2)]
+
+        def requests(gate: threading.Event) -> Iterator[proxy_pb2.PredictStreamRequest]:
+            gate.wait(60)
+            return
+            yield   # pragma: no cover - an empty stream held open until the gate
+
+        streams = [px.PredictStream(requests(g), metadata=OTHER_MD, timeout=60) for g in gates]
+        exc = None
+
+        def third_refused() -> bool:
+            nonlocal exc
+            try:
+                px.GetSession(proxy_pb2.GetSessionRequest(session_id="b"), metadata=OTHER_MD,
+                              timeout=5)
+                return False
+            except grpc.RpcError as e:
+                exc = e
+                return e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        _until(third_refused, "both streams holding B's two slots")
+        assert exc is not None and _quota_failure(exc)[0][0][0] == "tenant:tenant-b"
+        # tenant A has the default (no limit): B's quota is B's alone
+        assert px.ListTargets(proxy_pb2.ListTargetsRequest(), metadata=MD, timeout=5).targets
+        for st in streams:
+            st.cancel()
+        for g in gates:
+            g.set()
+        # cancelled: the slots come back without the streams' handlers ever resuming
+        _until(lambda: _get_ok(px, "b", OTHER_MD), "B's slots back after the cancel", 10)
+        assert servicer.calls == 0
+
+
+def _get_ok(px: Any, sid: str, md: Any) -> bool:
+    try:
+        px.GetSession(proxy_pb2.GetSessionRequest(session_id=sid), metadata=md, timeout=5)
+        return True
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            raise
+        return False
+
+
+def test_an_evaluations_internal_calls_do_not_count_against_its_tenant(
+        make_stack, target) -> None:
+    """Tenant A may have one call in progress; its evaluation (many calls between Fortis's
+    services on A's behalf) still runs to the end, while A polls with its one call."""
+    servicer, _ = target
+    servicer.gate.set()
+    stack = make_stack(QuotaSettings(tenants={"tenant-a": TenantQuota(calls=1)}), workers=1)
+    with grpc.insecure_channel(stack.address) as ch:
+        stub = evaluation_pb2_grpc.EvaluationServiceStub(ch)
+        _create(stub, "solo")
+        _until(lambda: stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="solo"),
+                                          metadata=MD, timeout=30).evaluation.state in FINAL,
+               "the evaluation to end", timeout=240)
+        ev = stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="solo"), metadata=MD,
+                                timeout=30).evaluation
+        assert ev.state == pb.EVALUATION_STATE_SUCCEEDED, ev.error
+        assert servicer.images > 0
