@@ -17,6 +17,19 @@ if [ ! -f /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ] || [ ! -
   fi
 fi
 
+# 1b. Redis (Debian redis-server): proxy replicas share rate limits and budgets through it
+#     (issue 10); the tests start their own server on a free loopback port. Not needed by
+#     `fortis serve` / `make demo`.
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing redis-server (Debian) ..." >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  else
+    echo "setup: please run: sudo apt-get install redis-server" >&2
+  fi
+fi
+
 # 2. Python venv with both distributions (editable) and their pinned dependencies (torch==2.13.0
 #    CPU): fortis-client (clients/python: fortis.client + the contract stubs; grpcio + protobuf
 #    only) and fortis (the server: services, adapters, the CLI), which depends on the former.
