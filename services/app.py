@@ -177,6 +177,12 @@ class StackSettings:
     #: its rate-limit turn, a Watch stream), so ``quotas.max_calls`` per tenant keeps one
     #: tenant from holding them all (``fortis serve --server-workers``).
     server_workers: int = 64
+    #: Redis shared by proxy replicas (issue 10): per-target and per-tenant rate limits,
+    #: session budgets and queries per day hold in total across every proxy using it
+    #: (``fortis serve --redis-url``/``$FORTIS_REDIS_URL``). None: all in this process (the
+    #: embedded default; no Redis needed). ``redis_namespace`` prefixes every key.
+    redis_url: str | None = None
+    redis_namespace: str = "default"
 
 
 @dataclass
@@ -363,6 +369,13 @@ def start_stack(settings: StackSettings) -> Stack:
 
     if "proxy" in wanted:
         entries = []
+        redis_store: Any = None     # limits and budgets shared by replicas (issue 10)
+        if settings.redis_url:
+            from fortis.services.target_proxy.redis_store import RedisStore
+            redis_store = RedisStore.connect(settings.redis_url,
+                                             namespace=settings.redis_namespace)
+            closers.append(redis_store.close)
+            redis_store.ping()      # a Redis down now is logged; calls fail closed until it answers
         for t in settings.targets:
             backend: Any
             if t.builtin:
@@ -380,7 +393,9 @@ def start_stack(settings: StackSettings) -> Stack:
             if hasattr(backend, "close"):
                 closers.append(backend.close)
             entries.append(TargetEntry(name=t.name, backend=backend,
-                                       limiter=RateLimiter(t.images_per_second),
+                                       limiter=RateLimiter(
+                                           t.images_per_second, key=f"target:{t.name}",
+                                           store=redis_store and redis_store.limiter),
                                        tenants=t.tenants))
         ledger = Ledger(state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
         closers.append(ledger.close)
@@ -388,9 +403,13 @@ def start_stack(settings: StackSettings) -> Stack:
         register.append((proxy_pb2_grpc.add_TargetProxyServiceServicer_to_server,
                          px_servicer.TargetProxyServicer(TargetProxy(
                              ledger, entries, metrics=proxy_metrics,
-                             tenant_limits=TenantLimits(settings.tenant_rates),
+                             tenant_limits=TenantLimits(
+                                 settings.tenant_rates,
+                                 store=redis_store and redis_store.limiter),
                              daily_quotas=DailyQueryQuotas(
-                                 settings.quotas.queries_per_day_limit))),
+                                 settings.quotas.queries_per_day_limit) if redis_store is None
+                             else redis_store.daily_quotas(settings.quotas.queries_per_day_limit),
+                             shared_budgets=redis_store and redis_store.budgets)),
                          px_servicer.SERVICE_NAME))
 
     lazy_channels: dict[str, Any] = {}

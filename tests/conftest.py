@@ -8,6 +8,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tests.infra.redis_server import redis_factory, redis_server  # noqa: F401  (issue 10)
+
 API_KEY = "test-key-tenant-a"
 OTHER_KEY = "test-key-tenant-b"
 MD = (("x-api-key", API_KEY),)

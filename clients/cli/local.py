@@ -322,6 +322,9 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             data_root=Path(ns.data_root) if ns.data_root else None,
             tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
             evaluation_workers=_evaluation_workers(ns), server_workers=_server_workers(ns),
+            redis_url=getattr(ns, "redis_url", None) or os.environ.get("FORTIS_REDIS_URL") or None,
+            redis_namespace=getattr(ns, "redis_namespace", None)
+            or os.environ.get("FORTIS_REDIS_NAMESPACE") or "default",
             upload_quota_bytes=max(0, int(getattr(ns, "upload_quota_bytes", 2 * 1024 ** 3)))))
     except FortisError as exc:     # a bad setting, or the port taken after the check
         err(str(exc))

@@ -118,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tenant-rate", action="append", metavar="TENANT=N",
                     help="images/s for one tenant across all targets (repeatable; exact: no "
                          "1-second window at a target holds more)")
+    sp.add_argument("--redis-url", metavar="URL",
+                    help="Redis shared by proxy replicas (redis://[:PASSWORD@]HOST:PORT/DB; "
+                    "default: $FORTIS_REDIS_URL, which keeps a password out of the process "
+                    "list): rate limits, session budgets and queries per day hold in total; if "
+                    "Redis cannot be reached calls are refused (UNAVAILABLE). Default: none, "
+                    "all in this process")
+    sp.add_argument("--redis-namespace", metavar="NAME",
+                    help="prefix of this deployment's Redis keys (default: "
+                    "$FORTIS_REDIS_NAMESPACE or 'default'); replicas sharing limits use the same")
     sp.add_argument("--max-running-per-tenant", type=int, default=0, metavar="N",
                     help="evaluations one tenant runs at once (default 0: no limit); the "
                     "others wait, started round-robin across tenants")

@@ -66,6 +66,7 @@ from fortis.services.target_proxy.ratelimit import (
     RateLimiter,
     TenantLimits,
 )
+from fortis.services.target_proxy.shared import SharedBudgets
 from fortis.target.v1 import target_pb2
 from google.rpc import code_pb2
 
@@ -146,7 +147,9 @@ class TargetEntry:
 @dataclass
 class _Budget:
     """A session's counts: ``used_*`` every attempt the target received (the hard budgets),
-    ``answered`` the queries it answered (IEEE-M6)."""
+    ``answered`` the queries it answered (IEEE-M6). With ``shared`` (issue 10) the hard
+    budgets are checked and charged in the shared store, so replicas hold them in total;
+    ``used_*`` then mirror the store's counts as of this replica's last call."""
 
     record: SessionRecord
     used_total: int
@@ -156,6 +159,26 @@ class _Budget:
     #: Per image id: (input hash, ledger row) of answers recorded before this process
     #: started, in send order; a resumed attempt's identical queries are answered from them.
     replay: dict[str, deque[tuple[str, int]]] = field(default_factory=dict)
+    shared: SharedBudgets | None = None
+    #: The ledger's attempts per image id now (the shared store's starting point).
+    initial: Callable[[], dict[str, int]] = dict
+
+    def reserve(self, images: Sequence[common_pb2.Image]) -> list[errors.QuotaViolation]:
+        """Check and charge ``images`` at once: the violations (nothing charged), or none
+        (charged). The caller holds ``lock``; ``errors.Unavailable`` from a shared store."""
+        if self.shared is None or not (self.record.query_budget
+                                       or self.record.per_image_budget):
+            out = self.violations(images)
+            if not out:
+                self.charge(images)
+            return out
+        ok, total, per_image = self.shared.reserve(self.record, images, self.initial)
+        self.used_total = total
+        self.used_per_image.update(per_image)
+        if ok:
+            return []
+        return self.violations(images) or [errors.QuotaViolation(
+            f"sessions/{self.record.session_id}", "query budget used by other replicas")]
 
     def violations(self, images: Sequence[common_pb2.Image]) -> list[errors.QuotaViolation]:
         rec, n = self.record, len(images)
@@ -180,6 +203,9 @@ class _Budget:
 
     def charge(self, images: Sequence[common_pb2.Image], sign: int = 1) -> None:
         """Count (or, ``sign=-1``, release) ``images``; the caller holds ``lock``."""
+        if sign < 0 and self.shared is not None and (self.record.query_budget
+                                                     or self.record.per_image_budget):
+            self.shared.refund(self.record, images)
         self.used_total += sign * len(images)
         for img in images:
             self.used_per_image[img.image_id] = self.used_per_image.get(img.image_id, 0) + sign
@@ -199,8 +225,11 @@ class TargetProxy:
                  sleep: Callable[[float], None] = time.sleep,
                  metrics: ProxyMetrics | None = None,
                  tenant_limits: TenantLimits | None = None,
-                 daily_quotas: DailyQueryQuotas | None = None) -> None:
+                 daily_quotas: DailyQueryQuotas | None = None,
+                 shared_budgets: SharedBudgets | None = None) -> None:
         self.ledger = ledger
+        #: Session budgets shared by proxy replicas (issue 10); None: this process only.
+        self.shared_budgets = shared_budgets
         self.metrics = metrics
         #: Per-tenant images/s across every target (issue 9: one tenant cannot take another's
         #: share of a target); tenants without a limit add nothing.
@@ -290,7 +319,9 @@ class TargetProxy:
                     k: deque(v) for k, v in self.ledger.replayable(
                         session_id, tenant, up_to=self._replay_up_to).items()}
                 b = _Budget(record=rec, used_total=sum(per_image.values()),
-                            used_per_image=per_image, answered=answered, replay=replay)
+                            used_per_image=per_image, answered=answered, replay=replay,
+                            shared=self.shared_budgets,
+                            initial=lambda: self.ledger.attempt_counts(session_id, tenant))
                 self._budgets[(tenant, session_id)] = b
             return b
 
@@ -376,7 +407,11 @@ class TargetProxy:
         n = len(images)
         # Reserve the queries atomically, or refuse the whole call.
         with budget.lock:
-            violations = budget.violations(images)
+            try:        # check and charge (across replicas with a shared store)
+                violations = budget.reserve(images)
+            except errors.Unavailable:
+                self._store_refused(tenant, session_id, rec.target, n)
+                raise
             if violations:
                 self.ledger.add_refused(session_id, tenant=tenant)
                 if self.metrics is not None:
@@ -386,14 +421,18 @@ class TargetProxy:
                 raise errors.BudgetExhausted(violations)
             try:    # the tenant's queries per day: the whole call fits, or nothing is sent
                 hold = self.daily_quotas.admit(tenant, n)
+            except errors.Unavailable:
+                budget.charge(images, -1)
+                self._store_refused(tenant, session_id, rec.target, n)
+                raise
             except errors.QuotaExceeded:
+                budget.charge(images, -1)
                 self.ledger.add_refused(session_id, tenant=tenant)
                 if self.metrics is not None:
                     self.metrics.quota_refused(rec.target, tenant, "queries_per_day")
                 _log_refused("quota", tenant=tenant, session_id=session_id,
                              target=rec.target, images=n, quota="queries_per_day")
                 raise
-            budget.charge(images)
         predictions: list[common_pb2.Prediction] = []
         tenant_limiter = self.tenant_limits.limiter_for(rec.tenant)
         limiter: Limiter = entry.limiter if tenant_limiter.unlimited else \
@@ -490,15 +529,29 @@ class TargetProxy:
                 raise failure
             # A retry is sent again: it must fit the hard budgets, or it is not sent.
             with budget.lock:
-                if budget.violations(images) or not self.daily_quotas.try_charge(rec.tenant, n):
+                if budget.reserve(images):
                     raise failure
-                budget.charge(images)
+                try:
+                    fits = self.daily_quotas.try_charge(rec.tenant, n)
+                except errors.Unavailable:
+                    budget.charge(images, -1)
+                    raise
+                if not fits:
+                    budget.charge(images, -1)
+                    raise failure
             # A target that says when to come back (HTTP 429/503 Retry-After) is honoured,
             # up to the policy's cap.
             hint = getattr(failure, "retry_after_s", None)
             wait = delay if not hint else min(max(delay, float(hint)), self.retry.max_retry_after_s)
             self._sleep(wait)
             delay = min(delay * self.retry.multiplier, self.retry.max_backoff_s)
+
+    def _store_refused(self, tenant: str, session_id: str, target: str, n: int) -> None:
+        """Refused: the shared store (issue 10) cannot answer; nothing was sent."""
+        self.ledger.add_refused(session_id, tenant=tenant)
+        if self.metrics is not None:
+            self.metrics.refused_call(target, tenant)
+        _log_refused("store", tenant=tenant, session_id=session_id, target=target, images=n)
 
     @staticmethod
     def _attempt(entry: TargetEntry, images: Sequence[common_pb2.Image]

@@ -49,6 +49,15 @@ set aside until that limit lets it go and keeps its tag, so it neither blocks th
 (the target keeps serving whoever can be served) nor loses its place. The queue only
 orders grants; every grant still passes the exact rules above, so the guarantee is
 unchanged.
+
+**Where the state lives** (issue 10, "A global rate limit and budgets across proxy
+replicas"). By default in this process (the embedded mode: ``_grants``/``_tat`` under the
+limiter's lock, the code below). A limiter built with a ``store`` (a ``LimiterStore``, e.g.
+``redis_store.RedisLimiterStore``) keeps the grant log and the GCRA schedule there instead,
+so several proxy replicas share one limit: each try (``_try_grant``) is one atomic
+operation of the store over every limiter of the grant (the same two rules, all-or-nothing),
+on the store's one clock. The fair queue stays per replica: it orders this replica's
+waiting calls; the store arbitrates between replicas.
 """
 
 from __future__ import annotations
@@ -84,6 +93,20 @@ class Limiter(Protocol):
     def acquire(self, n: int, tenant: str = "", should_stop: StopCheck = never) -> float: ...
 
 
+class LimiterStore(Protocol):
+    """Limiter state outside this process, shared by proxy replicas (issue 10).
+
+    ``try_grant`` applies both rules of every limiter of one grant at once, atomically, on
+    the store's own clock: ``shared`` is the limiter whose wait is reported first (the
+    target's), ``rest`` the others (the tenant's). It returns ``(shared_wait, own_wait)`` in
+    seconds; both ``0.0`` means the ``n`` images were granted on all of them (taken), else
+    nothing was taken. A store that cannot answer raises ``errors.Unavailable`` (the proxy
+    fails closed: nothing is sent)."""
+
+    def try_grant(self, n: int, shared: RateLimiter, rest: Sequence[RateLimiter]
+                  ) -> tuple[float, float]: ...
+
+
 def _check_rate(images_per_second: float) -> int:
     if images_per_second < 0 or math.isnan(images_per_second):
         raise ValueError("images_per_second must be >= 0 (0 = unlimited)")
@@ -106,8 +129,15 @@ class RateLimiter:
     def __init__(self, images_per_second: float, *, window_s: float = 1.0,
                  jitter_s: float = DEFAULT_JITTER_S, tolerance_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 store: LimiterStore | None = None, key: str = "") -> None:
         self._limit = _check_rate(images_per_second)
+        if store is not None and not key:
+            raise ValueError("a limiter kept in a store needs a key (e.g. 'target:NAME')")
+        #: where the state lives: None = this process (below); else shared (issue 10)
+        self.store = store
+        #: the limiter's name in the store ("target:NAME" / "tenant:NAME")
+        self.key = key
         if window_s <= 0:
             raise ValueError("window_s must be > 0")
         if jitter_s < 0:
@@ -138,6 +168,10 @@ class RateLimiter:
     @property
     def unlimited(self) -> bool:
         return self._limit == 0
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
 
     def max_chunk(self) -> int:
         """Largest number of images one grant may carry."""
@@ -198,26 +232,48 @@ def _flatten(limiters: Iterable[RateLimiter | CompositeLimiter]) -> list[RateLim
         for p in (x.parts if isinstance(x, CompositeLimiter) else (x,)):
             if not p.unlimited:
                 out[id(p)] = p
-    return [out[k] for k in sorted(out)]
+    flat = [out[k] for k in sorted(out)]
+    if len({id(p.store) for p in flat}) > 1:
+        raise ValueError("the limiters of one grant must keep their state in one place "
+                         "(all in this process, or all in the same store)")
+    return flat
+
+
+def _try_grant(shared: RateLimiter, rest: Sequence[RateLimiter], n: int,
+               clock: Callable[[], float]) -> tuple[float, float, float]:
+    """One all-or-nothing try on ``shared`` and ``rest`` (flattened, one store):
+    ``(now, own_wait, shared_wait)``; both waits 0.0: granted and taken at ``now``.
+
+    In this process: the locks in one fixed order (by ``id``, so two callers combining the
+    same limiters cannot deadlock), the two rules, and nothing taken unless all agree. In a
+    store (issue 10): one atomic operation of the store does the same; ``now`` is then this
+    process's clock right after the store's answer (the grant's send time).
+    """
+    if shared.store is not None:
+        wait, own = shared.store.try_grant(n, shared, rest)
+        return clock(), own, wait
+    with ExitStack() as stack:
+        for x in sorted((shared, *rest), key=id):
+            stack.enter_context(x._lock)
+        now = clock()
+        own = max((x._wait_for(n, now) for x in rest), default=0.0)
+        wait = shared._wait_for(n, now)
+        if own <= 0.0 and wait <= 0.0:
+            shared._take(n, now)
+            for x in rest:
+                x._take(n, now)
+        return now, own, wait
 
 
 def _attempt(limiters: Sequence[RateLimiter], n: int,
              clock: Callable[[], float]) -> tuple[float, float]:
-    """One try on already-flattened limiters: ``(0.0, grant time)`` or ``(wait, now)``.
-
-    The locks are taken in one fixed order, so two callers combining the same limiters
-    cannot deadlock; nothing is taken from any limiter unless all of them agree.
-    """
-    with ExitStack() as stack:
-        for x in limiters:
-            stack.enter_context(x._lock)
-        now = clock()
-        wait = max((x._wait_for(n, now) for x in limiters), default=0.0)
-        if wait <= 0.0:
-            for x in limiters:
-                x._take(n, now)
-            return 0.0, now
-        return wait, now
+    """One try on already-flattened limiters: ``(0.0, grant time)`` or ``(wait, now)``;
+    nothing is taken from any limiter unless all of them agree (``_try_grant``)."""
+    if not limiters:
+        return 0.0, clock()
+    now, own, wait = _try_grant(limiters[0], limiters[1:], n, clock)
+    wait = max(own, wait)
+    return (0.0, now) if wait <= 0.0 else (wait, now)
 
 
 def try_acquire_all(limiters: Iterable[RateLimiter | CompositeLimiter], n: int,
@@ -348,16 +404,8 @@ class FairQueue:
                         self._cond.wait(min(_MAX_IDLE_WAIT_S, slice_s))  # another's turn
                         continue
                     else:
-                        with ExitStack() as stack:
-                            for x in flat:
-                                stack.enter_context(x._lock)
-                            now = clock()
-                            own = max((x._wait_for(n, now) for x in rest), default=0.0)
-                            wait = shared._wait_for(n, now)
-                            if own <= 0.0 and wait <= 0.0:
-                                for x in flat:
-                                    x._take(n, now)
-                                granted = True
+                        now, own, wait = _try_grant(shared, rest, n, clock)
+                        granted = own <= 0.0 and wait <= 0.0
                         if granted:
                             self._leave(ticket, granted=True)
                             return now
@@ -437,14 +485,19 @@ class TenantLimits:
     One limiter per limited tenant, created on first use and shared by every target, so a
     tenant's limit holds on the sum of its traffic (to the extent the targets'
     grant-to-arrival delays stay within ``jitter_s`` of each other). Tenants without a limit
-    share one unlimited limiter, so unknown tenant names grow nothing.
+    share one unlimited limiter, so unknown tenant names grow nothing. With a ``store``
+    (issue 10) each tenant's limiter keeps its state there, under ``tenant:<name>``, shared
+    by every proxy replica using that store.
     """
 
     def __init__(self, rates: Mapping[str, float] | None = None, *, default: float = 0.0,
                  window_s: float = 1.0, jitter_s: float = DEFAULT_JITTER_S,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 store: LimiterStore | None = None) -> None:
         self.rates = dict(rates or {})
+        #: where the tenants' limiters keep their state (None: this process; issue 10)
+        self.store = store
         for tenant, rate in self.rates.items():
             if not tenant:
                 raise ValueError("tenant names must not be empty")
@@ -476,6 +529,7 @@ class TenantLimits:
             lim = self._limiters.get(tenant)
             if lim is None:
                 lim = RateLimiter(rate, window_s=self.window, jitter_s=self.jitter,
-                                  clock=self._clock, sleep=self._sleep)
+                                  clock=self._clock, sleep=self._sleep, store=self.store,
+                                  key=f"tenant:{tenant}" if self.store is not None else "")
                 self._limiters[tenant] = lim
             return lim
