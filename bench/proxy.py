@@ -13,7 +13,14 @@ them share a GIL. ``inprocess``: everything in this process (client, proxy and t
 compete for one GIL, which inflates every number).
 
     python bench/proxy.py [--n 300] [--target fmnist-cnn|mobilenet-v2] [--threads 4]
-                          [--mode processes|inprocess] [--rate 0]
+                          [--mode processes|inprocess] [--rate 0] [--redis-url URL|auto]
+
+``--redis-url`` (issue 10) adds a second proxy whose rate limits, session budget and daily
+quota live in Redis (``fortis serve --redis-url``), measured in the same interleaved rounds,
+so its p50 overhead can be compared with the in-process limiter's in one run; ``auto``
+starts a throw-away ``redis-server`` on a free loopback port. Both proxies' sessions then
+have a query budget and their target a rate limit (``--rate``, or 100000/s when 0: far above
+what is measured), so every call goes through the budget check and the limiter.
 """
 
 from __future__ import annotations
@@ -156,6 +163,55 @@ def _servers(mode: str, target: str, tmp: Path, sync: str = "FULL",
         yield direct, p["address"], echo
 
 
+@contextlib.contextmanager
+def _redis(url: str) -> Iterator[str]:
+    """``url``, or with ``auto`` a redis-server of our own on a free loopback port."""
+    if url != "auto":
+        yield url
+        return
+    import shutil
+    import socket
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed: run scripts/setup.sh as root")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def _redis_proxy(mode: str, target: str, direct: str, tmp: Path, sync: str, query: str,
+                 url: str) -> Iterator[str]:
+    """A second proxy like the first, its limits and budgets in Redis at ``url``."""
+    if mode == "inprocess":
+        stack = start_stack(StackSettings(state_dir=tmp / "redis-proxy", api_keys={KEY: "bench"},
+                                          targets=[TargetConfig.parse(f"t=builtin:{target}{query}")],
+                                          ledger_synchronous=sync, redis_url=url,
+                                          redis_namespace="bench"))
+        try:
+            yield stack.address
+        finally:
+            stack.stop(0)
+        return
+    env = {**os.environ, "FORTIS_API_KEYS": f"{KEY}=bench", "FORTIS_REDIS_URL": url}
+    with _process([sys.executable, "-m", "fortis.cli", "serve", "--service", "proxy",
+                   "--log-level", "warning", "--address", "127.0.0.1:0", "--ledger-sync", sync,
+                   "--state-dir", str(tmp / "redis-proxy"), "--redis-namespace", "bench",
+                   "--target", f"t=grpc://{direct}{query}"], env) as line:
+        yield json.loads(line)["address"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=300)
@@ -167,11 +223,22 @@ def main() -> None:
                          "above the measured rate shows what the limiter and its fair queue cost")
     ap.add_argument("--ledger-sync", choices=["FULL", "NORMAL"], default="FULL",
                     help="the proxy's ledger durability (FULL: fsync before every answer)")
+    ap.add_argument("--redis-url", help="also measure a proxy whose limits and budgets are in "
+                    "this Redis (issue 10); 'auto': start a redis-server for the run")
     ns = ap.parse_args()
+    if ns.redis_url and not ns.rate:
+        ns.rate = 100000.0      # the limiter on every call, never binding
     img = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
 
-    with tempfile.TemporaryDirectory() as tmp, _servers(ns.mode, ns.target, Path(tmp), ns.ledger_sync, ns.rate) as addrs:
-        direct_addr, proxy_addr, echo_addr = addrs
+    with contextlib.ExitStack() as es:
+        tmp = es.enter_context(tempfile.TemporaryDirectory())
+        direct_addr, proxy_addr, echo_addr = es.enter_context(
+            _servers(ns.mode, ns.target, Path(tmp), ns.ledger_sync, ns.rate))
+        redis_addr = ""
+        if ns.redis_url:
+            redis_addr = es.enter_context(_redis_proxy(
+                ns.mode, ns.target, direct_addr, Path(tmp), ns.ledger_sync,
+                f"?rate={ns.rate:g}", es.enter_context(_redis(ns.redis_url))))
         direct_ch = grpc.insecure_channel(direct_addr)
         proxy_ch = grpc.insecure_channel(proxy_addr)
         echo_ch = grpc.insecure_channel(echo_addr)
@@ -179,7 +246,15 @@ def main() -> None:
         bare = target_pb2_grpc.TargetServiceStub(echo_ch)
         proxy = proxy_pb2_grpc.TargetProxyServiceStub(proxy_ch)
         md = (("x-api-key", KEY),)
-        sid = proxy.CreateSession(proxy_pb2.CreateSessionRequest(target="t"), metadata=md).session.session_id
+        budget = 10**9 if ns.redis_url else 0       # with Redis: every call checks a budget
+        sid = proxy.CreateSession(proxy_pb2.CreateSessionRequest(target="t", query_budget=budget),
+                                  metadata=md).session.session_id
+        proxies = {"proxy": (proxy, sid)}
+        if redis_addr:
+            rstub = proxy_pb2_grpc.TargetProxyServiceStub(es.enter_context(
+                grpc.insecure_channel(redis_addr)))
+            proxies["proxy_redis"] = (rstub, rstub.CreateSession(proxy_pb2.CreateSessionRequest(
+                target="t", query_budget=budget), metadata=md).session.session_id)
         counter = iter(range(10**9))
         dreq = target_pb2.PredictRequest(images=[image_msg("x", img, raw=True)])
 
@@ -189,22 +264,28 @@ def main() -> None:
         def call_bare():
             bare.Predict(dreq)
 
-        def call_proxy():
-            proxy.Predict(proxy_pb2.PredictRequest(
-                session_id=sid, origin="bench",
-                images=[image_msg(f"x{next(counter)}", img, raw=True)]), metadata=md)
+        def caller(name):
+            stub, session = proxies[name]
 
-        # Interleave the three so machine noise hits them alike.
-        lat = {"bare": [], "direct": [], "proxy": []}
-        rate = {"bare": [], "direct": [], "proxy": []}
+            def call():
+                stub.Predict(proxy_pb2.PredictRequest(
+                    session_id=session, origin="bench",
+                    images=[image_msg(f"x{next(counter)}", img, raw=True)]), metadata=md)
+            return call
+
+        call_proxy = caller("proxy")
+        calls = [("bare", call_bare), ("direct", call_direct), ("proxy", call_proxy)]
+        calls += [(name, caller(name)) for name in proxies if name != "proxy"]
+        # Interleave them so machine noise hits them alike.
+        lat = {name: [] for name, _ in calls}
+        rate = {name: [] for name, _ in calls}
         rounds = 3
         for _ in range(rounds):
-            for name, fn in (("bare", call_bare), ("direct", call_direct), ("proxy", call_proxy)):
+            for name, fn in calls:
                 la, r = _measure(fn, ns.n // rounds)
                 lat[name] += la
                 rate[name].append(r)
-        conc = {name: _concurrent(fn, ns.n, ns.threads)
-                for name, fn in (("direct", call_direct), ("proxy", call_proxy))}
+        conc = {name: _concurrent(fn, ns.n, ns.threads) for name, fn in calls if name != "bare"}
         st = proxy.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id=sid), metadata=md)
         out = {
             "benchmark": "proxy_predict_one_224x224",
@@ -223,6 +304,21 @@ def main() -> None:
             f"direct_per_s_{ns.threads}_threads": round(conc["direct"], 1),
             f"proxy_per_s_{ns.threads}_threads": round(conc["proxy"], 1),
             "ledger_rows": st.queries_ok,
+            **({"redis": "limits, session budget and daily quota in Redis (fortis serve "
+                         "--redis-url); the other proxy keeps them in process",
+                "proxy_redis_p50_ms": round(_p(lat["proxy_redis"], 50), 3),
+                "proxy_redis_p90_ms": round(_p(lat["proxy_redis"], 90), 3),
+                "proxy_redis_overhead_p50_ms": round(
+                    _p(lat["proxy_redis"], 50) - _p(lat["direct"], 50), 3),
+                "proxy_redis_overhead_over_bare_p50_ratio": round(
+                    (_p(lat["proxy_redis"], 50) - _p(lat["direct"], 50)) / _p(lat["bare"], 50), 3),
+                "proxy_overhead_over_bare_p50_ratio": round(
+                    (_p(lat["proxy"], 50) - _p(lat["direct"], 50)) / _p(lat["bare"], 50), 3),
+                "redis_minus_inprocess_p50_ms": round(
+                    _p(lat["proxy_redis"], 50) - _p(lat["proxy"], 50), 3),
+                "proxy_redis_per_s": round(statistics.median(rate["proxy_redis"]), 1),
+                f"proxy_redis_per_s_{ns.threads}_threads": round(conc["proxy_redis"], 1)}
+               if "proxy_redis" in lat else {}),
             "python": platform.python_version(), "grpcio": grpc.__version__,
         }
         print(json.dumps(out, indent=2))
