@@ -39,8 +39,8 @@ from fortis.target.v1 import target_pb2_grpc
 
 from tests.integration.test_rate_limit_arrivals import RecordingTarget
 
-KEYS = {"alice": "key-of-alice-0001", "bob": "key-of-bob-00001"}
-LIMIT, ALICE_LIMIT = 20, 8
+KEYS = {"alice": "key-of-alice-0001", "bob": "key-of-bob-00001", "carol": "key-of-carol-001"}
+LIMIT, ALICE_LIMIT, CAROL_PER_DAY = 20, 8, 10
 IMAGE = np.zeros((4, 4), dtype=np.uint8)
 
 
@@ -65,7 +65,8 @@ class Replica:
                  "--address", "127.0.0.1:0", "--state-dir", str(tmp / "state"),
                  "--log-level", "warning", "--no-default-targets", "--ledger-sync", "NORMAL",
                  "--target", f"t=grpc://{target}?rate={LIMIT}",
-                 "--tenant-rate", f"alice={ALICE_LIMIT}", "--redis-namespace", namespace],
+                 "--tenant-rate", f"alice={ALICE_LIMIT}", "--redis-namespace", namespace,
+                 "--tenant-quota", f"carol=queries_per_day:{CAROL_PER_DAY}"],
                 cwd=tmp, env=env, stdout=out, stderr=err)
         self.address = ""
 
@@ -257,6 +258,44 @@ def test_a_session_budget_is_shared_by_the_replicas(recording_target, replicas):
     per_image = [sum(1 for i, _ in servicer.arrivals if i == f"M{m}") for m in range(4)]
     assert per_image == [3, 3, 3, 3]
     assert len(refused) == 6 * 3
+
+
+def test_a_tenants_queries_per_day_hold_across_replicas(recording_target, replicas):
+    """Carol may send 10 images a day: six clients on three replicas get exactly 10 to the
+    target between them, then RESOURCE_EXHAUSTED naming the tenant's quota."""
+    servicer, _ = recording_target
+    quota_errors: list[grpc.RpcError] = []
+
+    def body_for(k: int) -> Callable[[Any], None]:
+        def body(stub: Any) -> None:
+            sid = f"carol-{k}"
+            stub.CreateSession(proxy_pb2.CreateSessionRequest(target="t", session_id=sid),
+                               metadata=md("carol"), timeout=30)
+            for c in range(10):
+                try:
+                    predict(stub, "carol", sid, [f"C{k}-{c}"])
+                except grpc.RpcError as exc:
+                    quota_errors.append(exc)
+                    return
+        return body
+
+    failures = run_clients([(r.address, body_for(2 * j + m))
+                            for j, r in enumerate(replicas) for m in range(2)])
+    assert not failures, failures
+    assert len(servicer.times("C")) == CAROL_PER_DAY
+    assert len(quota_errors) == 6
+    assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "queries per day" in
+               e.details() for e in quota_errors), quota_errors
+
+
+def test_fortis_serve_refuses_a_malformed_redis_url_without_repeating_it(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "fortis.cli", "serve", "--service", "proxy",
+                        "--address", "127.0.0.1:0", "--state-dir", str(tmp_path / "s"),
+                        "--no-default-targets", "--redis-url", "http://user:hunter2-pw@h:1"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "redis_url" in r.stderr and "hunter2" not in r.stderr + r.stdout
+    assert "Traceback" not in r.stderr
 
 
 def test_redis_killed_mid_run_fails_closed_then_recovers(tmp_path, recording_target,
