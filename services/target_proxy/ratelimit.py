@@ -233,16 +233,16 @@ def _flatten(limiters: Iterable[RateLimiter | CompositeLimiter]) -> list[RateLim
             if not p.unlimited:
                 out[id(p)] = p
     flat = [out[k] for k in sorted(out)]
-    if len({id(p.store) for p in flat}) > 1:
+    if len(flat) > 1 and any(p.store is not flat[0].store for p in flat):
         raise ValueError("the limiters of one grant must keep their state in one place "
                          "(all in this process, or all in the same store)")
     return flat
 
 
-def _try_grant(shared: RateLimiter, rest: Sequence[RateLimiter], n: int,
-               clock: Callable[[], float]) -> tuple[float, float, float]:
-    """One all-or-nothing try on ``shared`` and ``rest`` (flattened, one store):
-    ``(now, own_wait, shared_wait)``; both waits 0.0: granted and taken at ``now``.
+def _try_grant(shared: RateLimiter, rest: Sequence[RateLimiter], flat: Sequence[RateLimiter],
+               n: int, clock: Callable[[], float]) -> tuple[float, float, float]:
+    """One all-or-nothing try on ``shared`` and ``rest`` (``flat``: both, in lock order;
+    one store): ``(now, own_wait, shared_wait)``; both waits 0.0: granted and taken.
 
     In this process: the locks in one fixed order (by ``id``, so two callers combining the
     same limiters cannot deadlock), the two rules, and nothing taken unless all agree. In a
@@ -253,14 +253,13 @@ def _try_grant(shared: RateLimiter, rest: Sequence[RateLimiter], n: int,
         wait, own = shared.store.try_grant(n, shared, rest)
         return clock(), own, wait
     with ExitStack() as stack:
-        for x in sorted((shared, *rest), key=id):
+        for x in flat:
             stack.enter_context(x._lock)
         now = clock()
         own = max((x._wait_for(n, now) for x in rest), default=0.0)
         wait = shared._wait_for(n, now)
         if own <= 0.0 and wait <= 0.0:
-            shared._take(n, now)
-            for x in rest:
+            for x in flat:
                 x._take(n, now)
         return now, own, wait
 
@@ -271,7 +270,7 @@ def _attempt(limiters: Sequence[RateLimiter], n: int,
     nothing is taken from any limiter unless all of them agree (``_try_grant``)."""
     if not limiters:
         return 0.0, clock()
-    now, own, wait = _try_grant(limiters[0], limiters[1:], n, clock)
+    now, own, wait = _try_grant(limiters[0], limiters[1:], limiters, n, clock)
     wait = max(own, wait)
     return (0.0, now) if wait <= 0.0 else (wait, now)
 
@@ -404,7 +403,7 @@ class FairQueue:
                         self._cond.wait(min(_MAX_IDLE_WAIT_S, slice_s))  # another's turn
                         continue
                     else:
-                        now, own, wait = _try_grant(shared, rest, n, clock)
+                        now, own, wait = _try_grant(shared, rest, flat, n, clock)
                         granted = own <= 0.0 and wait <= 0.0
                         if granted:
                             self._leave(ticket, granted=True)
