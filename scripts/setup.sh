@@ -30,6 +30,19 @@ if ! command -v redis-server >/dev/null 2>&1; then
   fi
 fi
 
+# 1c. PostgreSQL (Debian postgresql): the evaluation store and proxy ledger at scale (issue 10,
+#     --database-url); the tests start their own cluster (initdb as the postgres user) on a free
+#     loopback port. Not needed by `fortis serve` / `make demo` (SQLite files).
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing postgresql (Debian) ..." >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  else
+    echo "setup: please run: sudo apt-get install postgresql" >&2
+  fi
+fi
+
 # 2. Python venv with both distributions (editable) and their pinned dependencies (torch==2.13.0
 #    CPU): fortis-client (clients/python: fortis.client + the contract stubs; grpcio + protobuf
 #    only) and fortis (the server: services, adapters, the CLI), which depends on the former.

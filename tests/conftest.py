@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tests.infra.postgres import postgres_server, postgres_url  # noqa: F401  (issue 10)
 from tests.infra.redis_server import redis_factory, redis_server  # noqa: F401  (issue 10)
 
 API_KEY = "test-key-tenant-a"

@@ -3,6 +3,14 @@
 A work item (the clean pass over a chunk of images, one corruption at one severity over a
 chunk, one attack over a chunk) is committed with its results when it finishes; a restarted
 service skips finished items and redoes the rest. Domain code: no gRPC.
+
+Issue 10 ("Pluggable state"): :class:`EvaluationStorage` is the surface the service's code
+depends on; :class:`EvaluationStore` (SQLite, the embedded default) and
+``store_pg.PgEvaluationStore`` (PostgreSQL) implement it. Several workers share an
+evaluation's items through leases (:meth:`EvaluationStore.claim_items`: ``BEGIN IMMEDIATE``
+here, ``FOR UPDATE SKIP LOCKED`` in PostgreSQL): a claimed item is its worker's until the
+lease expires or is released, so two workers never run the same item. Files written before
+the lease columns get them added when opened.
 """
 
 from __future__ import annotations
@@ -12,10 +20,12 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from fortis.services.common import errors
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (
@@ -51,6 +61,8 @@ CREATE TABLE IF NOT EXISTS items (
     attempts INTEGER NOT NULL DEFAULT 0,
     done INTEGER NOT NULL DEFAULT 0,
     result BLOB,
+    lease_owner TEXT NOT NULL DEFAULT '',
+    lease_expires REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, evaluation_id, item_key)
 );
 """
@@ -84,6 +96,60 @@ class EvaluationRow:
     error_status: bytes | None
 
 
+#: Bounds of a claim (issue 10): items per claim, and the lease in seconds.
+MAX_CLAIM = 10_000
+MAX_LEASE_S = 86_400.0
+
+
+def check_claim(worker_id: str, limit: int, lease_s: float) -> None:
+    """InvalidArgument naming the parameter of a malformed claim."""
+    if not worker_id or len(worker_id) > 200:
+        raise errors.InvalidArgument("worker_id", "1 to 200 characters")
+    if not 1 <= limit <= MAX_CLAIM:
+        raise errors.InvalidArgument("limit", f"from 1 to {MAX_CLAIM} items per claim")
+    if not 0 < lease_s <= MAX_LEASE_S:
+        raise errors.InvalidArgument("lease_s", f"more than 0 and at most {MAX_LEASE_S:.0f} s")
+
+
+class EvaluationStorage(Protocol):
+    """What the evaluation service needs of its durable state (issue 10: SQLite or
+    PostgreSQL behind the same methods and semantics)."""
+
+    tenant: str | None
+
+    def for_tenant(self, tenant: str) -> EvaluationStorage: ...
+    @property
+    def changed(self) -> threading.Condition: ...
+    @property
+    def version(self) -> int: ...
+    def close(self) -> None: ...
+    def insert(self, *, evaluation_id: str, tenant: str, plan_text: str,
+               plan_name: str) -> None: ...
+    def get(self, evaluation_id: str) -> EvaluationRow | None: ...
+    def list(self, tenant: str, *, limit: int,
+             after: tuple[float, str] | None = None) -> builtins.list[EvaluationRow]: ...
+    def active(self) -> builtins.list[EvaluationRow]: ...
+    def update(self, evaluation_id: str, **fields: Any) -> None: ...
+    def update_running(self, evaluation_id: str, **fields: Any) -> bool: ...
+    def finish(self, evaluation_id: str, *, report_json: str, report_html: str, summary: Any,
+               finished_at: float) -> bool: ...
+    def mark_resumed(self, evaluation_id: str) -> None: ...
+    def report(self, evaluation_id: str) -> tuple[str, str]: ...
+    def item(self, evaluation_id: str, key: str) -> tuple[bool, int, bytes | None]: ...
+    def start_item(self, evaluation_id: str, key: str) -> int: ...
+    def finish_item(self, evaluation_id: str, key: str, result: bytes, *, items_done: int,
+                    images_done: int, queries: int, message: str) -> None: ...
+    def items(self, evaluation_id: str) -> Iterator[tuple[str, int, bool]]: ...
+    def add_items(self, evaluation_id: str, keys: Iterable[str]) -> int: ...
+    def claim_items(self, evaluation_id: str, worker_id: str, *, limit: int,
+                    lease_s: float) -> builtins.list[str]: ...
+    def renew_leases(self, evaluation_id: str, worker_id: str, *, lease_s: float) -> int: ...
+    def release_items(self, evaluation_id: str, worker_id: str,
+                      keys: Iterable[str] | None = None) -> int: ...
+    def expire_leases(self, evaluation_id: str) -> int: ...
+    def leases(self, evaluation_id: str) -> dict[str, str]: ...
+
+
 _COLS = ("evaluation_id, tenant, state, plan_text, plan_name, created_at, updated_at, error_code,"
          " error_message, resumed_count, stage, items_done, items_total, queries, message,"
          " summary_json, started_at, finished_at, images_done, images_total, error_status")
@@ -98,6 +164,12 @@ class _Db:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=FULL")
         self.conn.executescript(SCHEMA)
+        cols = {r[1] for r in self.conn.execute("PRAGMA table_info(items)")}
+        if "lease_owner" not in cols:       # a file from before issue 10's leases
+            self.conn.execute("ALTER TABLE items ADD COLUMN lease_owner TEXT NOT NULL"
+                              " DEFAULT ''")
+            self.conn.execute("ALTER TABLE items ADD COLUMN lease_expires REAL NOT NULL"
+                              " DEFAULT 0")
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.version = 0
@@ -282,3 +354,90 @@ class EvaluationStore:
                                       (self._t(), evaluation_id)).fetchall()
         for r in rows:
             yield r[0], int(r[1]), bool(r[2])
+
+    # -- claims: several workers share an evaluation's items (issue 10) ---------------------
+    def add_items(self, evaluation_id: str, keys: Iterable[str]) -> int:
+        """Record the items of an evaluation as pending (those already known are kept as
+        they are); the number added."""
+        tenant = self._t()
+        with self._lock:
+            cur = self._conn.executemany(
+                "INSERT INTO items (tenant, evaluation_id, item_key) VALUES (?,?,?)"
+                " ON CONFLICT(tenant, evaluation_id, item_key) DO NOTHING",
+                [(tenant, evaluation_id, k) for k in keys])
+            return int(cur.rowcount or 0)
+
+    def claim_items(self, evaluation_id: str, worker_id: str, *, limit: int,
+                    lease_s: float) -> builtins.list[str]:
+        """Up to ``limit`` unfinished items nobody holds (never leased, released, or whose
+        lease expired: a dead worker's) leased to ``worker_id`` for ``lease_s`` seconds, in
+        key order. One ``BEGIN IMMEDIATE`` transaction: claims by other connections and
+        processes wait for it, so no item is handed to two workers."""
+        check_claim(worker_id, limit, lease_s)
+        tenant = self._t()
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                now = time.time()
+                keys = [r[0] for r in self._conn.execute(
+                    "SELECT item_key FROM items WHERE tenant=? AND evaluation_id=? AND done=0"
+                    " AND (lease_owner='' OR lease_expires<=?) ORDER BY item_key LIMIT ?",
+                    (tenant, evaluation_id, now, limit)).fetchall()]
+                self._conn.executemany(
+                    "UPDATE items SET lease_owner=?, lease_expires=? WHERE tenant=? AND"
+                    " evaluation_id=? AND item_key=?",
+                    [(worker_id, now + lease_s, tenant, evaluation_id, k) for k in keys])
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return keys
+
+    def renew_leases(self, evaluation_id: str, worker_id: str, *, lease_s: float) -> int:
+        """Extend the leases ``worker_id`` still holds (its heartbeat); the number renewed
+        (an item another worker claimed after this one's lease expired is not)."""
+        check_claim(worker_id, 1, lease_s)
+        with self._lock:
+            cur = self._conn.execute(
+                "UPDATE items SET lease_expires=? WHERE tenant=? AND evaluation_id=? AND"
+                " lease_owner=? AND done=0", (time.time() + lease_s, self._t(), evaluation_id,
+                                              worker_id))
+            return int(cur.rowcount or 0)
+
+    def release_items(self, evaluation_id: str, worker_id: str,
+                      keys: Iterable[str] | None = None) -> int:
+        """Give back ``worker_id``'s leases of unfinished items (all, or those of ``keys``):
+        the items can be claimed at once (a worker stopping cleanly). A finished item keeps
+        the name of the worker that ran it."""
+        tenant = self._t()
+        with self._lock:
+            if keys is None:
+                cur = self._conn.execute(
+                    "UPDATE items SET lease_owner='', lease_expires=0 WHERE tenant=? AND"
+                    " evaluation_id=? AND lease_owner=? AND done=0",
+                    (tenant, evaluation_id, worker_id))
+                return int(cur.rowcount or 0)
+            cur = self._conn.executemany(
+                "UPDATE items SET lease_owner='', lease_expires=0 WHERE tenant=? AND"
+                " evaluation_id=? AND lease_owner=? AND item_key=? AND done=0",
+                [(tenant, evaluation_id, worker_id, k) for k in keys])
+            return int(cur.rowcount or 0)
+
+    def expire_leases(self, evaluation_id: str) -> int:
+        """Clear the leases that ran out (their workers died or stalled); the number
+        cleared. Claims take expired items anyway; this makes the state visible."""
+        with self._lock:
+            cur = self._conn.execute(
+                "UPDATE items SET lease_owner='', lease_expires=0 WHERE tenant=? AND"
+                " evaluation_id=? AND lease_owner<>'' AND lease_expires<=? AND done=0",
+                (self._t(), evaluation_id, time.time()))
+            return int(cur.rowcount or 0)
+
+    def leases(self, evaluation_id: str) -> dict[str, str]:
+        """Item key -> worker of every unfinished item under a live lease."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT item_key, lease_owner FROM items WHERE tenant=? AND evaluation_id=?"
+                " AND done=0 AND lease_owner<>'' AND lease_expires>?",
+                (self._t(), evaluation_id, time.time())).fetchall()
+        return {r[0]: r[1] for r in rows}

@@ -30,9 +30,8 @@ from fortis.services.evaluation.k8s_jobs import (
     job_name,
 )
 
-kubernetes = pytest.importorskip("kubernetes", reason="pip install kubernetes (pyproject)")
-kubernetes_validate = pytest.importorskip("kubernetes_validate",
-                                          reason="pip install kubernetes-validate (dev extra)")
+import kubernetes  # noqa: E402  (pyproject dependency: never skipped)
+import kubernetes_validate  # noqa: E402  (dev extra)
 
 SETTINGS = JobSettings(namespace="team-a", image="registry.local/fortis:0.2.0", shards=3,
                        secret_env={"FORTIS_DATABASE_URL": ("fortis-db", "url"),
