@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import kubernetes  # pyproject dependency: never skipped
+import kubernetes_validate  # dev extra
 import pytest
 from fortis.services.common import errors
 from fortis.services.evaluation.k8s_jobs import (
@@ -29,9 +31,6 @@ from fortis.services.evaluation.k8s_jobs import (
     job_manifest,
     job_name,
 )
-
-import kubernetes  # noqa: E402  (pyproject dependency: never skipped)
-import kubernetes_validate  # noqa: E402  (dev extra)
 
 SETTINGS = JobSettings(namespace="team-a", image="registry.local/fortis:0.2.0", shards=3,
                        secret_env={"FORTIS_DATABASE_URL": ("fortis-db", "url"),
