@@ -183,6 +183,16 @@ class StackSettings:
     #: embedded default; no Redis needed). ``redis_namespace`` prefixes every key.
     redis_url: str | None = None
     redis_namespace: str = "default"
+    #: Who runs an evaluation's work items (issue 10, ``services/evaluation/executors.py``):
+    #: "local" (the evaluation worker threads; default), "processes" (``worker_processes``
+    #: local ``fortis worker`` processes sharing the items through claims in the store) or
+    #: "kubernetes" (one Indexed Job per evaluation, made as ``job_settings`` says).
+    executor: str = "local"
+    worker_processes: int = 2
+    #: Seconds a worker's claim on an item lasts without its heartbeat (a dead worker's items
+    #: are claimed again after this).
+    worker_lease_s: float = 60.0
+    job_settings: Any = None
 
 
 @dataclass
@@ -299,6 +309,47 @@ def _check_loopback_tls(server: RunningServer, ch: Any, tls: TlsSettings) -> Non
             f"handshake failed verifying the name '{name[:100]}' against --tls-ca: give "
             "--tls-server-name with a name the certificate holds (and a client certificate "
             "the CA signed when --tls-client-auth require)") from None
+
+
+def _executor(settings: StackSettings, state: Path, internal_key: str,
+              addr_box: dict[str, str]) -> Any:
+    """The evaluation service's executor (issue 10); None for the local worker threads.
+    Bad settings are refused here, before the server listens."""
+    import sys
+
+    from fortis.services.evaluation.executors import EXECUTORS, ProcessExecutor, ProcessSettings
+
+    if settings.executor not in EXECUTORS:
+        raise errors.InvalidArgument("executor", f"one of {', '.join(EXECUTORS)}")
+    if settings.executor == "local":
+        return None
+    if settings.executor == "kubernetes":
+        from fortis.services.evaluation.k8s_jobs import IndexedJobExecutor
+        if settings.job_settings is None:
+            raise errors.InvalidArgument("job_image", "--executor kubernetes needs --job-image "
+                                         "(and the pod's namespace)")
+        return IndexedJobExecutor(settings.job_settings)
+    cmd = [sys.executable, "-m", "fortis.cli", "worker", "--state-dir", str(state.resolve()),
+           "--lease", str(settings.worker_lease_s)]
+    if settings.tls is not None:
+        cmd += ["--tls-cert", str(settings.tls.cert_file), "--tls-key", str(settings.tls.key_file)]
+        if settings.tls.ca_file is not None:
+            cmd += ["--tls-ca", str(settings.tls.ca_file)]
+        if settings.tls.server_name:
+            cmd += ["--tls-server-name", settings.tls.server_name]
+    if settings.data_root is not None:
+        cmd += ["--data-root", str(settings.data_root)]
+    secret_env = {"FORTIS_INTERNAL_KEY": internal_key}
+    database_url = getattr(settings, "database_url", None)
+    if database_url:
+        secret_env["FORTIS_DATABASE_URL"] = database_url
+
+    def env() -> dict[str, str]:
+        return {"FORTIS_PROXY_ADDRESS": settings.proxy_address or addr_box["self"],
+                "FORTIS_PERTURBATION_ADDRESS": settings.perturbation_address
+                or addr_box["self"]}
+    return ProcessExecutor(ProcessSettings(command=cmd, shards=settings.worker_processes,
+                                           env=secret_env), env)
 
 
 def start_stack(settings: StackSettings) -> Stack:
@@ -477,6 +528,8 @@ def start_stack(settings: StackSettings) -> Stack:
         register.append((uploads_pb2_grpc.add_UploadServiceServicer_to_server,
                          ev_uploads.UploadServicer(blob_store), ev_uploads.SERVICE_NAME))
 
+    executor = _executor(settings, state, internal_key, addr_box) if manager is not None \
+        else None
     slots = CallSlots(settings.quotas.calls_limit) if (
         settings.quotas.max_calls or any(q.calls for q in settings.quotas.tenants.values())) \
         else None
@@ -489,6 +542,8 @@ def start_stack(settings: StackSettings) -> Stack:
     addr_box["self"] = server.address
     if settings.tls is not None and not settings.only:
         _check_loopback_tls(server, lazy_channel(server.address), settings.tls)
+    if manager is not None and executor is not None:
+        manager.executor = executor
     if manager is not None and settings.resume:
         manager.resume_unfinished()
     return Stack(server=server, target_servers=target_servers, settings=settings,

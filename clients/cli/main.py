@@ -12,7 +12,7 @@ import os
 import sys
 from importlib import metadata
 
-from fortis.cli import catalogue, keys, local, remote, upload
+from fortis.cli import catalogue, keys, local, remote, upload, worker
 
 
 def _version() -> str:
@@ -164,7 +164,28 @@ def build_parser() -> argparse.ArgumentParser:
                     help="on SIGTERM/SIGINT: seconds in-flight calls get before they are cut; "
                     "the process ends within about this plus 3 s, running evaluations resume "
                     "on the next start (default 10)")
+    ex = sp.add_argument_group("work fan-out (issue 10): who runs an evaluation's work items")
+    ex.add_argument("--executor", choices=["local", "processes", "kubernetes"],
+                    default=os.environ.get("FORTIS_EXECUTOR", "local"),
+                    help="local: this service's worker threads (default); processes: "
+                    "--worker-processes local `fortis worker` processes; kubernetes: one "
+                    "Indexed Job per evaluation in --job-namespace (default: $FORTIS_EXECUTOR)")
+    ex.add_argument("--worker-processes", type=int, default=2, metavar="N",
+                    help="with --executor processes: workers per evaluation (default 2)")
+    ex.add_argument("--job-image", default=os.environ.get("FORTIS_JOB_IMAGE", ""),
+                    metavar="IMAGE", help="with --executor kubernetes: the workers' image")
+    ex.add_argument("--job-shards", type=int, default=2, metavar="N",
+                    help="with --executor kubernetes: pods per evaluation (default 2)")
+    ex.add_argument("--job-namespace", default=os.environ.get("POD_NAMESPACE", ""),
+                    metavar="NS", help="with --executor kubernetes: the namespace (default: "
+                    "$POD_NAMESPACE, else the pod's own service-account namespace)")
+    ex.add_argument("--job-service-account", default="fortis-worker", metavar="NAME",
+                    help="with --executor kubernetes: the workers' service account")
+    ex.add_argument("--job-secret-env", action="append", metavar="VAR=SECRET:KEY",
+                    help="with --executor kubernetes: an environment variable of the workers "
+                    "from a secret (repeatable), e.g. FORTIS_DATABASE_URL=fortis-db:url")
     sp.set_defaults(fn=local.cmd_serve)
+    worker.add_parser(sub)
 
     sp = sub.add_parser("ledger", help="query counts from the proxy's ledger")
     sp.add_argument("--session", help="session id")

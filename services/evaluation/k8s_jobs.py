@@ -170,6 +170,10 @@ class IndexedJobExecutor:
         self._sleep = sleep
 
     @property
+    def shards(self) -> int:
+        return self.settings.shards
+
+    @property
     def api(self) -> Any:
         if self._api is None:
             from kubernetes import client, config

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fortis.services.common.errors import FailedPrecondition, InvalidArgument
+from fortis.services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from fortis.services.evaluation.answers import SegmentationAnswers
+from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.keys import SessionId
 from fortis.services.evaluation.plan import Plan
 from fortis.services.evaluation.ports import (
@@ -50,10 +51,15 @@ from fortis.services.evaluation.stages import (
     attack_tests,
 )
 from fortis.services.evaluation.stages.base import chunks
-from fortis.services.evaluation.store import EvaluationStore
+from fortis.services.evaluation.store import ACTIVE_STATES, EvaluationStore
 
-__all__ = ["Cancelled", "DatasetPort", "EvaluationRunner", "LabeledImage", "RunContext",
-           "build_stages", "check_target"]
+__all__ = ["Cancelled", "DatasetPort", "EvaluationRunner", "LabeledImage", "RecordedFailure",
+           "RunContext", "build_stages", "check_target"]
+
+
+class RecordedFailure(Exception):
+    """A worker already ended the evaluation as FAILED with its own status (issue 10):
+    the service must not overwrite it."""
 
 
 class DatasetPort:
@@ -134,6 +140,9 @@ class EvaluationRunner:
     catalogue: Catalogue
     artifacts_dir: Path
     cancelled: Callable[[], bool] = lambda: False
+    #: Workers that run the items first (issue 10; ``executors.py``). None: this process
+    #: runs them all.
+    executor: Executor | None = None
 
     def run(self) -> Scored:
         plan, store, eid = self.plan, self.store, self.evaluation_id
@@ -146,6 +155,8 @@ class EvaluationRunner:
         check_target(plan, target, images, self.catalogue)
         stages = build_stages(plan, len(images), self.catalogue)
         keys = [k.format() for s in stages for k in s.keys()]
+        if self.executor is not None:
+            self._fan_out(keys)
         finished = {k for k, _, d in store.items(eid) if d}
         progress = Progress(store, eid)
         row = store.get(eid)
@@ -188,6 +199,42 @@ class EvaluationRunner:
         store.finish(eid, report_json=report_json, report_html=report_html,
                      summary=scored.summary, finished_at=finished_at)
         return scored
+
+    def _fan_out(self, keys: Sequence[str]) -> None:
+        """Let the executor's workers run the unfinished items (they claim them from the
+        store), and wait for them. A cancel stops the wait and the workers; a shutdown of
+        this service only stops the wait (Kubernetes workers go on, the resumed evaluation
+        finds their Job); a worker's permanent failure is already recorded."""
+        assert self.executor is not None
+        store, eid = self.store, self.evaluation_id
+        done = {k for k, _, d in store.items(eid) if d}
+        pending = [k for k in keys if k not in done]
+        if not pending:
+            return
+        store.add_items(eid, keys)
+        shards = self.executor.shards
+        store.update_running(eid, stage="workers", items_total=len(keys),
+                             message=f"{len(pending)} work items on {shards} workers")
+        tenant = store.tenant or ""
+        handle = self.executor.submit(tenant=tenant, evaluation_id=eid)
+
+        def ended() -> bool:
+            row = store.get(eid)
+            return row is None or row.state not in ACTIVE_STATES
+
+        outcome = self.executor.wait(handle, should_stop=lambda: self.cancelled() or ended())
+        if outcome.state == "succeeded":
+            return
+        row = store.get(eid)
+        if row is not None and row.state not in ACTIVE_STATES:
+            self.executor.delete(handle)        # cancelled or failed: stop the rest
+            if row.state == "FAILED":
+                raise RecordedFailure(row.error_message)
+            raise Cancelled("cancelled by a caller")
+        if outcome.state == "stopped":
+            raise Cancelled("stopped while waiting for the workers")
+        raise Unavailable(f"the evaluation's workers failed ({outcome.reason}); its finished "
+                          "items are kept: resume it to go on")
 
     def _scoring_setup(self, target: TargetDescription,
                        images: Sequence[LabeledImage]) -> ScoringSetup:

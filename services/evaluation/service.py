@@ -24,6 +24,7 @@ from fortis.services.common import errors
 from fortis.services.common.paths import tenant_dir_name
 from fortis.services.common.quotas import QuotaSettings
 from fortis.services.common.status import status_for
+from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.plan import Plan, load_plan
 from fortis.services.evaluation.ports import (
     Catalogue,
@@ -32,7 +33,7 @@ from fortis.services.evaluation.ports import (
     ReportPort,
     ScoringPort,
 )
-from fortis.services.evaluation.runner import DatasetPort, EvaluationRunner
+from fortis.services.evaluation.runner import DatasetPort, EvaluationRunner, RecordedFailure
 from fortis.services.evaluation.scheduling import FairScheduler
 from fortis.services.evaluation.stages import Cancelled
 from fortis.services.evaluation.store import FINAL_STATES, EvaluationRow, EvaluationStore
@@ -72,8 +73,11 @@ class EvaluationManager:
 
     def __init__(self, store: EvaluationStore, *, ports_for: Callable[[str], Ports],
                  datasets: DatasetPort, artifacts_dir: Path, workers: int = 2,
-                 catalogue_ttl_s: float = 60.0, quotas: QuotaSettings | None = None) -> None:
+                 catalogue_ttl_s: float = 60.0, quotas: QuotaSettings | None = None,
+                 executor: Executor | None = None) -> None:
         self.store = store
+        #: Workers that run the work items (issue 10); None: the worker threads run them.
+        self.executor = executor
         self.ports_for = ports_for
         self.datasets = datasets
         self._catalogue: tuple[float, Catalogue] | None = None
@@ -186,6 +190,9 @@ class EvaluationManager:
             for ev in self._cancel.values():
                 ev.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        close = getattr(self.executor, "close", None)
+        if close is not None:       # local worker processes stop with the service
+            close()
 
     def wait_idle(self, timeout: float) -> list[str]:
         """Wait at most ``timeout`` seconds for the worker threads to finish; return the ids
@@ -282,11 +289,15 @@ class EvaluationManager:
                              report=ports.report, datasets=self.datasets.for_tenant(row.tenant),
                              catalogue=catalogue,
                              artifacts_dir=self.artifacts_of(row.tenant),
-                             cancelled=cancel.is_set).run()
+                             cancelled=cancel.is_set, executor=self.executor).run()
             final = store.get(evaluation_id)
             log.info("evaluation_finished", target=target,
                      state=final.state if final is not None else "UNKNOWN",
                      duration_s=round(time.monotonic() - t0, 3))
+        except RecordedFailure as exc:
+            log.info("evaluation_finished", target=target, state="FAILED",
+                     duration_s=round(time.monotonic() - t0, 3), error=str(exc)[:300],
+                     recorded_by="worker")
         except Cancelled:
             if self._closed:
                 log.info("evaluation_interrupted", target=target, reason="shutdown",

@@ -148,6 +148,10 @@ class EvaluationStorage(Protocol):
                       keys: Iterable[str] | None = None) -> int: ...
     def expire_leases(self, evaluation_id: str) -> int: ...
     def leases(self, evaluation_id: str) -> dict[str, str]: ...
+    def claim_key(self, evaluation_id: str, key: str, worker_id: str, *,
+                  lease_s: float) -> str: ...
+    def finish_claimed(self, evaluation_id: str, key: str, worker_id: str, result: bytes, *,
+                       images: int, queries: int, message: str) -> bool: ...
 
 
 _COLS = ("evaluation_id, tenant, state, plan_text, plan_name, created_at, updated_at, error_code,"
@@ -441,3 +445,69 @@ class EvaluationStore:
                 " AND done=0 AND lease_owner<>'' AND lease_expires>?",
                 (self._t(), evaluation_id, time.time())).fetchall()
         return {r[0]: r[1] for r in rows}
+
+    # -- one item at a time, for workers walking the stages (issue 10, worker mode) ---------
+    def claim_key(self, evaluation_id: str, key: str, worker_id: str, *,
+                  lease_s: float) -> str:
+        """Try to take the item ``key`` for ``worker_id``: ``"claimed"`` (it is now this
+        worker's for ``lease_s`` seconds: it was new, free, released, expired or already
+        this worker's), ``"done"`` (someone finished it) or ``"leased"`` (another worker
+        holds a live lease). One ``BEGIN IMMEDIATE`` transaction, so two processes never
+        both get ``"claimed"`` for one item."""
+        check_claim(worker_id, 1, lease_s)
+        tenant = self._t()
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                now = time.time()
+                self._conn.execute(
+                    "INSERT INTO items (tenant, evaluation_id, item_key) VALUES (?,?,?)"
+                    " ON CONFLICT(tenant, evaluation_id, item_key) DO NOTHING",
+                    (tenant, evaluation_id, key))
+                done, owner, expires = self._conn.execute(
+                    "SELECT done, lease_owner, lease_expires FROM items WHERE tenant=? AND"
+                    " evaluation_id=? AND item_key=?", (tenant, evaluation_id, key)).fetchone()
+                if done:
+                    state = "done"
+                elif owner and owner != worker_id and expires > now:
+                    state = "leased"
+                else:
+                    self._conn.execute(
+                        "UPDATE items SET lease_owner=?, lease_expires=? WHERE tenant=? AND"
+                        " evaluation_id=? AND item_key=?",
+                        (worker_id, now + lease_s, tenant, evaluation_id, key))
+                    state = "claimed"
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return state
+
+    def finish_claimed(self, evaluation_id: str, key: str, worker_id: str, result: bytes, *,
+                       images: int, queries: int, message: str) -> bool:
+        """Commit a claimed item's result and ADD its counts to the evaluation's progress
+        (several workers write progress: each adds its own, none overwrites another's). An
+        item someone already finished is left as it is (False): its counts are not added
+        twice. The lease ends with the item (the row keeps who ran it)."""
+        tenant = self._t()
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._conn.execute(
+                    "UPDATE items SET done=1, result=?, lease_owner=?, lease_expires=0 WHERE"
+                    " tenant=? AND evaluation_id=? AND item_key=? AND done=0",
+                    (result, worker_id, tenant, evaluation_id, key))
+                first = cur.rowcount == 1
+                if first:
+                    self._conn.execute(
+                        "UPDATE evaluations SET items_done=items_done+1,"
+                        " images_done=images_done+?, queries=queries+?, message=?,"
+                        " updated_at=? WHERE tenant=? AND evaluation_id=? AND"
+                        " state IN ('PENDING','RUNNING')",
+                        (images, queries, message, time.time(), tenant, evaluation_id))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._bump()
+        return first

@@ -24,10 +24,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-
 from fortis.services.common import sqldb
 from fortis.services.evaluation.store import ACTIVE_STATES, EvaluationRow, check_claim
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 metadata = sa.MetaData()
 _TEXT: dict[str, Any] = {"nullable": False, "server_default": ""}
@@ -318,3 +317,52 @@ class PgEvaluationStore:
             .where(self._ikey(evaluation_id), items.c.done.is_(False),
                    items.c.lease_owner != "", items.c.lease_expires > _DB_NOW)).all())
         return {r[0]: r[1] for r in rows}
+
+    # -- one item at a time, for workers walking the stages (issue 10, worker mode) ---------
+    def claim_key(self, evaluation_id: str, key: str, worker_id: str, *,
+                  lease_s: float) -> str:
+        """As :meth:`~.store.EvaluationStore.claim_key`: the row is locked ``FOR UPDATE``
+        while it is read and leased, so two workers never both get ``"claimed"``; leases
+        are measured by the database's clock."""
+        check_claim(worker_id, 1, lease_s)
+        tenant = self._t()
+
+        def run(c: Any) -> str:
+            c.execute(pg_insert(items).values(tenant=tenant, evaluation_id=evaluation_id,
+                                              item_key=key)
+                      .on_conflict_do_nothing(constraint="items_pkey"))
+            done, owner, live = c.execute(
+                sa.select(items.c.done, items.c.lease_owner, items.c.lease_expires > _DB_NOW)
+                .where(self._ikey(evaluation_id), items.c.item_key == key)
+                .with_for_update()).one()
+            if done:
+                return "done"
+            if owner and owner != worker_id and live:
+                return "leased"
+            c.execute(items.update().where(self._ikey(evaluation_id), items.c.item_key == key)
+                      .values(lease_owner=worker_id, lease_expires=_DB_NOW + lease_s))
+            return "claimed"
+        return str(self._run(run))
+
+    def finish_claimed(self, evaluation_id: str, key: str, worker_id: str, result: bytes, *,
+                       images: int, queries: int, message: str) -> bool:
+        """As :meth:`~.store.EvaluationStore.finish_claimed`: counts are added in SQL
+        (``items_done = items_done + 1``), so workers never overwrite each other's."""
+        def run(c: Any) -> bool:
+            n = c.execute(items.update().where(self._ikey(evaluation_id),
+                                               items.c.item_key == key,
+                                               items.c.done.is_(False))
+                          .values(done=True, result=result, lease_owner=worker_id,
+                                  lease_expires=0.0)).rowcount
+            if n != 1:
+                return False
+            c.execute(evaluations.update().where(
+                self._key(evaluation_id), evaluations.c.state.in_(ACTIVE_STATES)).values(
+                items_done=evaluations.c.items_done + 1,
+                images_done=evaluations.c.images_done + images,
+                queries=evaluations.c.queries + queries, message=message,
+                updated_at=time.time()))
+            return True
+        first = bool(self._run(run))
+        self._bump()
+        return first

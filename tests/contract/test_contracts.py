@@ -16,8 +16,9 @@ BUF = ROOT / "node_modules" / ".bin" / "buf"
 #: is domain code. kserve_v2.py is the Open Inference Protocol client (like backends.py).
 TRANSPORT = {"servicer.py", "backends.py", "proxy_client.py", "clients.py", "server.py", "app.py",
              "torch_target.py", "grpc_transport.py"}
-#: Transport modules named otherwise, by path: the UploadService servicer (issue 9).
-TRANSPORT_PATHS = {"services/evaluation/uploads.py"}
+#: Transport modules named otherwise, by path: the UploadService servicer (issue 9) and the
+#: composition root of ``fortis worker`` (issue 10; wires channels as app.py does).
+TRANSPORT_PATHS = {"services/evaluation/uploads.py", "services/worker_app.py"}
 
 
 def test_buf_lint_standard():

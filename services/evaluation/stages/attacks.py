@@ -86,9 +86,12 @@ class TransferAttackStage(_AttackStage):
                                    description=f"transfer attack {at.name}")
             n = _n(self.plan, at, self.n_images)
             parts, linf, l2 = [], [], []
-            for c, (a, b) in enumerate(chunks(n, self.plan.batch_size)):
-                res = ctx.item(WorkItemKey(StageName.ATTACKS, at.name, chunk=c), b - a,
-                               partial(self._item, ctx, session, list(ctx.images[a:b]), at, c))
+            # One chunk at a time in this process (as before); workers share them (issue 10).
+            results = ctx.items([
+                (WorkItemKey(StageName.ATTACKS, at.name, chunk=c), b - a,
+                 partial(self._item, ctx, session, list(ctx.images[a:b]), at, c))
+                for c, (a, b) in enumerate(chunks(n, self.plan.batch_size))], parallel=1)
+            for res in results:
                 parts.append(res["answers"])
                 linf += [float(x) for x in res["linf"]]
                 l2 += [float(x) for x in res["l2"]]
@@ -134,9 +137,11 @@ class QueryAttackStage(_AttackStage):
             queries: list[int] = []
             linf: list[float] = []
             l2: list[float] = []
-            for c, (a, b) in enumerate(chunks(n, self.plan.batch_size)):
-                res = ctx.item(WorkItemKey(StageName.ATTACKS, at.name, chunk=c), b - a,
-                               partial(self._item, ctx, list(ctx.images[a:b]), at, c, budget))
+            results = ctx.items([
+                (WorkItemKey(StageName.ATTACKS, at.name, chunk=c), b - a,
+                 partial(self._item, ctx, list(ctx.images[a:b]), at, c, budget))
+                for c, (a, b) in enumerate(chunks(n, self.plan.batch_size))], parallel=1)
+            for res in results:
                 success += [bool(x) for x in res["success"]]
                 queries += [int(x) for x in res["ledger_queries"]]
                 linf += [float(x) for x in res["linf"]]

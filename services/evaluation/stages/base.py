@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from fortis.services.common import errors
@@ -33,6 +33,9 @@ from fortis.services.evaluation.ports import (
     TestDefinition,
 )
 from fortis.services.evaluation.store import EvaluationStore
+
+if TYPE_CHECKING:
+    from fortis.services.evaluation.claims import ItemClaims
 
 __all__ = ["Cancelled", "LabeledImage", "Progress", "RunContext", "Stage", "chunks"]
 
@@ -88,6 +91,19 @@ class Progress:
             return self.items_done, self.images_done, self.queries
 
 
+class WorkerProgress(Progress):
+    """Progress of one of several workers on an evaluation (issue 10): it counts its own
+    items but writes nothing absolute to the store (each finished item adds its counts
+    there, :meth:`~.store.EvaluationStorage.finish_claimed`); the stage shown is the
+    orchestrator's."""
+
+    def stage(self, stage: str, message: str = "") -> None:
+        return None
+
+    def images(self, n: int, message: str = "") -> None:
+        return None
+
+
 @dataclass(kw_only=True)
 class RunContext:
     """Everything a stage needs, and the one place items are run and committed."""
@@ -108,6 +124,9 @@ class RunContext:
     chunk_ranges: list[tuple[int, int]] = field(default_factory=list)
     #: Work items of a measuring stage in flight at once (see ``items``).
     parallel: int = 2
+    #: Worker mode (issue 10): items are claimed in the store before they run, so several
+    #: workers share the evaluation (``claims.py``). None: this process runs every item.
+    claims: ItemClaims | None = None
     _commit: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -122,6 +141,8 @@ class RunContext:
              work: Callable[[int], tuple[dict[str, Any], int]]) -> dict[str, Any]:
         """Run ``work(attempt) -> (result, queries)`` unless the item is already done; commit
         its result. Returns the result (as stored)."""
+        if self.claims is not None:
+            return self.claims.run(self, [(key, images, work)], 1)[0]
         self.check_cancelled()
         name = key.format()
         done, _, blob = self.store.item(self.evaluation_id, name)
@@ -137,16 +158,21 @@ class RunContext:
                                    images_done=images_done, queries=total_queries, message=name)
         return result
 
-    def items(self, jobs: Sequence[tuple[WorkItemKey, int, Callable[[int], tuple[dict[str, Any], int]]]]
-              ) -> list[dict[str, Any]]:
-        """Run independent work items, ``parallel`` at a time, results in ``jobs`` order.
+    def items(self, jobs: Sequence[tuple[WorkItemKey, int, Callable[[int], tuple[dict[str, Any], int]]]],
+              parallel: int | None = None) -> list[dict[str, Any]]:
+        """Run independent work items, ``parallel`` (default: the context's) at a time,
+        results in ``jobs`` order.
 
         Items of the measuring stages only depend on their own images, so two in flight keep
         both cores busy: one chunk is perturbed while another is with the target. The first
-        failure stops the rest (items already committed stay committed; a rerun resumes)."""
-        if self.parallel <= 1 or len(jobs) <= 1:
+        failure stops the rest (items already committed stay committed; a rerun resumes).
+        In worker mode the items are claimed first: another worker's are waited for."""
+        parallel = self.parallel if parallel is None else parallel
+        if self.claims is not None:
+            return self.claims.run(self, jobs, parallel)
+        if parallel <= 1 or len(jobs) <= 1:
             return [self.item(key, n, work) for key, n, work in jobs]
-        with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="item") as pool:
+        with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="item") as pool:
             futures = [pool.submit(self.item, key, n, work) for key, n, work in jobs]
             try:
                 return [f.result() for f in futures]

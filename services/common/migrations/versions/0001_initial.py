@@ -9,6 +9,8 @@ Create Date: 2026-11-24
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -17,7 +19,7 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-_TEXT = {"nullable": False, "server_default": ""}
+_TEXT: dict[str, Any] = {"nullable": False, "server_default": ""}
 
 
 def upgrade() -> None:
