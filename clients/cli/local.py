@@ -284,6 +284,42 @@ def _tls_settings(ns: argparse.Namespace) -> Any:
                        client_auth=ns.tls_client_auth, server_name=ns.tls_server_name or "")
 
 
+def _executor_settings(ns: argparse.Namespace) -> dict[str, Any]:
+    """StackSettings of the work fan-out (issue 10): --executor, --worker-processes, --job-*."""
+    from fortis.services.common.errors import InvalidArgument
+
+    executor = getattr(ns, "executor", "local") or "local"
+    out: dict[str, Any] = {"executor": executor,
+                           "worker_processes": int(getattr(ns, "worker_processes", 2))}
+    if executor != "kubernetes":
+        return out
+    from fortis.services.evaluation.k8s_jobs import JobSettings
+
+    namespace = ns.job_namespace
+    sa_ns = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    if not namespace and sa_ns.exists():
+        namespace = sa_ns.read_text().strip()
+    if not namespace:
+        raise InvalidArgument("job_namespace", "--executor kubernetes needs --job-namespace "
+                              "(or $POD_NAMESPACE, or running in a pod)")
+    if not ns.job_image:
+        raise InvalidArgument("job_image", "--executor kubernetes needs --job-image")
+    secret_env: dict[str, tuple[str, str]] = {}
+    for spec in ns.job_secret_env or []:
+        var, _, ref = spec.partition("=")
+        secret, _, key = ref.partition(":")
+        if not var or not secret or not key:
+            raise InvalidArgument("job_secret_env", f"'{spec[:80]}' is not VAR=SECRET:KEY")
+        secret_env[var] = (secret, key)
+    env = {k: v for k, v in (("FORTIS_PROXY_ADDRESS", ns.proxy_address or ""),
+                             ("FORTIS_PERTURBATION_ADDRESS", ns.perturbation_address or ""))
+           if v}
+    out["job_settings"] = JobSettings(namespace=namespace, image=ns.job_image,
+                                      service_account=ns.job_service_account,
+                                      shards=int(ns.job_shards), env=env, secret_env=secret_env)
+    return out
+
+
 def cmd_serve(ns: argparse.Namespace) -> int:
     from fortis.cli.logs import configure
     from fortis.services.app import DEFAULT_TARGETS, StackSettings, TargetConfig, start_stack
@@ -325,7 +361,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             redis_url=getattr(ns, "redis_url", None) or os.environ.get("FORTIS_REDIS_URL") or None,
             redis_namespace=getattr(ns, "redis_namespace", None)
             or os.environ.get("FORTIS_REDIS_NAMESPACE") or "default",
-            upload_quota_bytes=max(0, int(getattr(ns, "upload_quota_bytes", 2 * 1024 ** 3)))))
+            upload_quota_bytes=max(0, int(getattr(ns, "upload_quota_bytes", 2 * 1024 ** 3))),
+            **_executor_settings(ns)))
     except FortisError as exc:     # a bad setting, or the port taken after the check
         err(str(exc))
         return EXIT_BAD_INPUT

@@ -22,6 +22,8 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,3 +154,30 @@ def test_a_killed_worker_s_items_are_claimed_again(tmp_path, recording, single):
                 "worstcase_robustness_corr_by_severity", "ranking"):
         assert m[key] == r[key], key
     assert m["attacks"]["fgsm"] == r["attacks"]["fgsm"]     # the transfer attack
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fortis.cli", *args], capture_output=True,
+                          text=True, timeout=120,
+                          env={k: v for k, v in {**os.environ, **(env or {})}.items()
+                               if v is not None})
+
+
+def test_worker_and_executor_settings_are_refused_naming_the_setting(tmp_path):
+    clean = {"FORTIS_EVALUATION_ID": None, "FORTIS_TENANT": None, "POD_NAMESPACE": None,
+             "FORTIS_INTERNAL_KEY": None, "FORTIS_PROXY_ADDRESS": None}
+    r = _cli("worker", env=clean)
+    assert r.returncode == 2 and "evaluation_id" in r.stderr, r.stderr
+    r = _cli("worker", "--evaluation-id", "ev", "--tenant", "t", "--index", "x", env=clean)
+    assert r.returncode == 2 and "index" in r.stderr and "JOB_COMPLETION_INDEX" in r.stderr
+    r = _cli("worker", "--evaluation-id", "ev", "--tenant", "t", "--proxy-address", "a:1",
+             "--perturbation-address", "a:1", "--state-dir", str(tmp_path),
+             env={**clean, "FORTIS_INTERNAL_KEY": "k"})
+    assert r.returncode == 2 and "state_dir" in r.stderr, r.stderr      # no store there
+    r = _cli("serve", "--address", "127.0.0.1:0", "--state-dir", str(tmp_path),
+             "--executor", "kubernetes", "--job-namespace", "team-a", env=clean)
+    assert r.returncode == 2 and "job_image" in r.stderr, r.stderr
+    r = _cli("serve", "--address", "127.0.0.1:0", "--state-dir", str(tmp_path),
+             "--executor", "kubernetes", "--job-namespace", "Team_A", "--job-image", "i:1",
+             env=clean)
+    assert r.returncode == 2 and "namespace" in r.stderr, r.stderr
