@@ -192,6 +192,9 @@ class StackSettings:
     #: Seconds a worker's claim on an item lasts without its heartbeat (a dead worker's items
     #: are claimed again after this).
     worker_lease_s: float = 60.0
+    #: Perturbation replicas for local workers (worker i uses the (i mod n)-th); empty: this
+    #: stack's own perturbation service.
+    worker_perturbation_addresses: Sequence[str] = ()
     job_settings: Any = None
 
 
@@ -346,8 +349,8 @@ def _executor(settings: StackSettings, state: Path, internal_key: str,
 
     def env() -> dict[str, str]:
         return {"FORTIS_PROXY_ADDRESS": settings.proxy_address or addr_box["self"],
-                "FORTIS_PERTURBATION_ADDRESS": settings.perturbation_address
-                or addr_box["self"]}
+                "FORTIS_PERTURBATION_ADDRESS": ",".join(settings.worker_perturbation_addresses)
+                or settings.perturbation_address or addr_box["self"]}
     return ProcessExecutor(ProcessSettings(command=cmd, shards=settings.worker_processes,
                                            env=secret_env), env)
 

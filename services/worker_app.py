@@ -64,6 +64,14 @@ class WorkerSettings:
             raise errors.InvalidArgument("parallel", "from 1 to 16 items at a time")
 
 
+def pick(addresses: str, index: int) -> str:
+    """One of a comma-separated list of addresses, by the worker's index (replicas shared
+    out among local workers); a single address (e.g. ``dns:///...``, balanced per call by
+    gRPC's round_robin) as it is."""
+    options = [a.strip() for a in addresses.split(",") if a.strip()]
+    return options[index % len(options)] if options else ""
+
+
 def open_store(settings: WorkerSettings) -> Any:
     """The evaluation store the evaluation service uses, scoped to the tenant."""
     if settings.database_url:
@@ -90,11 +98,13 @@ def run_worker(settings: WorkerSettings, stop: threading.Event | None = None) ->
     closers: list[Any] = [store.close]
     try:
         md = call_metadata(settings.internal_key, settings.tenant)
+        proxy_at = pick(settings.proxy_address, settings.index)
+        perturbation_at = pick(settings.perturbation_address, settings.index)
         channels = {a: channel(a, max_message_bytes=settings.max_message_bytes, tls=settings.tls)
-                    for a in {settings.proxy_address, settings.perturbation_address}}
+                    for a in {proxy_at, perturbation_at}}
         closers += [c.close for c in channels.values()]
-        proxy = GrpcProxy(channels[settings.proxy_address], md)
-        perturbation = GrpcPerturbation(channels[settings.perturbation_address], md)
+        proxy = GrpcProxy(channels[proxy_at], md)
+        perturbation = GrpcPerturbation(channels[perturbation_at], md)
         state = Path(settings.state_dir)
         blobs = BlobStore(state / "blobs")
         closers.append(blobs.close)

@@ -45,7 +45,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                     help="the proxy (default: $FORTIS_PROXY_ADDRESS), e.g. "
                          "dns:///fortis-proxy.team-a.svc.cluster.local:50051")
     sp.add_argument("--perturbation-address", default=env("FORTIS_PERTURBATION_ADDRESS", ""),
-                    help="the perturbation service (default: $FORTIS_PERTURBATION_ADDRESS)")
+                    help="the perturbation service (default: $FORTIS_PERTURBATION_ADDRESS); a "
+                         "comma-separated list: worker i uses the (i mod n)-th")
     sp.add_argument("--data-root", default=env("FORTIS_DATA_ROOT", ""),
                     help="the operator's dataset folder, as the evaluation service has it")
     sp.add_argument("--lease", type=float, default=60.0,
