@@ -110,8 +110,8 @@ def main() -> None:
     corruptions = ns.corruptions.split(",")
     if corruptions == ["all"]:
         from fortis.services.app import local_catalogue
-        corruptions = sorted(p.id for p in local_catalogue().perturbations
-                             if getattr(p, "kind", "") == "corruption")
+        corruptions = sorted(k for k, e in local_catalogue().perturbations.items()
+                             if e.kind == "corruption")     # every corruption listed
     plan = _plan(ns.images, corruptions, [int(s) for s in ns.severities.split(",")], ns.batch)
     rows = [run("embedded", 0, plan, ns.database_url)]
     for k in (int(w) for w in ns.workers.split(",") if w):
