@@ -24,7 +24,17 @@ Tenancy (issue 9, finding 4): sessions live in their tenant's namespace, keyed b
 Every read the proxy makes names the tenant; ``tenant=None`` on a read is the operator's
 view over all tenants (``fortis ledger --state-dir``). Schema: ledger files are created
 fresh (tests, a new state dir); a ledger written before tenant-scoped keys is not migrated.
-Domain code: no gRPC.
+
+Idempotent writes (issue 10, "Pluggable state"): a row's key is (tenant, call_id, attempts,
+position), ``position`` being the image's place in the ``reserve`` call (one call attempt):
+reserving the same attempt twice (a retried worker, a commit whose answer was lost) is one
+row, and the second ``reserve`` returns the first one's entry ids. A file written before
+that key gets the column and the unique index in place when opened (old rows get
+``-entry_id``, never an attempt's 0..n-1, so they keep working).
+
+Two implementations of :class:`LedgerStorage`, the interface the proxy depends on: this
+SQLite :class:`Ledger` (the embedded default) and ``ledger_pg.PgLedger`` (PostgreSQL, shared
+by proxy replicas). Domain code: no gRPC.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from fortis.services.common import errors
 
@@ -85,7 +95,8 @@ CREATE TABLE IF NOT EXISTS queries (
     error TEXT NOT NULL,
     sent_at REAL NOT NULL,
     call_id TEXT NOT NULL,
-    attempts INTEGER NOT NULL
+    attempts INTEGER NOT NULL,
+    position INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS queries_session ON queries(session_id, tenant, image_id);
 CREATE INDEX IF NOT EXISTS queries_status ON queries(status);
@@ -94,6 +105,9 @@ CREATE TABLE IF NOT EXISTS replies (
     prediction BLOB NOT NULL
 );
 """
+#: The idempotency key of a row (issue 10), made after :func:`_add_attempt_key` on old files.
+_ATTEMPT_KEY = ("CREATE UNIQUE INDEX IF NOT EXISTS queries_attempt_key"
+                " ON queries(tenant, call_id, attempts, position)")
 
 _T = TypeVar("_T")
 
@@ -167,9 +181,58 @@ def _closing() -> errors.Unavailable:
     return errors.Unavailable("the proxy ledger is closed: the server is shutting down")
 
 
+def _add_attempt_key(conn: sqlite3.Connection) -> None:
+    """Give a ledger file from before issue 10 the ``position`` column (old rows:
+    ``-entry_id``, unique and never a real position) and the unique attempt key, in one
+    transaction (two processes opening the file at once: the second sees it done)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        cols = {r[1] for r in conn.execute("PRAGMA table_info(queries)")}
+        if "position" not in cols:
+            conn.execute("ALTER TABLE queries ADD COLUMN position INTEGER NOT NULL DEFAULT 0")
+            conn.execute("UPDATE queries SET position = -entry_id")
+        conn.execute(_ATTEMPT_KEY)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
 def _scope(tenant: str | None) -> tuple[str, tuple[str, ...]]:
     """SQL condition and arguments for an optional tenant (None = every tenant)."""
     return ("", ()) if tenant is None else (" AND tenant=?", (tenant,))
+
+
+class LedgerStorage(Protocol):
+    """What the proxy needs of a ledger (issue 10, "Pluggable state"): :class:`Ledger`
+    (SQLite, the embedded default) and ``ledger_pg.PgLedger`` (PostgreSQL, shared by proxy
+    replicas) implement it with the same semantics; ``tests/storage/test_ledger.py`` runs
+    the same assertions on both."""
+
+    commits: int
+
+    def close(self) -> None: ...
+    def insert_session(self, s: SessionRecord) -> None: ...
+    def get_session(self, session_id: str, tenant: str | None = None
+                    ) -> SessionRecord | None: ...
+    def sessions_with_prefix(self, prefix: str, tenant: str | None = None) -> list[str]: ...
+    def add_refused(self, session_id: str, n: int = 1, *, tenant: str) -> None: ...
+    def ok_counts(self, session_id: str, tenant: str | None = None) -> dict[str, int]: ...
+    def attempt_counts(self, session_id: str, tenant: str | None = None) -> dict[str, int]: ...
+    def mark_interrupted(self) -> int: ...
+    def last_entry_id(self) -> int: ...
+    def attempts_since(self, t: float) -> dict[str, int]: ...
+    def replayable(self, session_id: str, tenant: str, *, up_to: int
+                   ) -> dict[str, list[tuple[str, int]]]: ...
+    def reply(self, entry_id: int) -> bytes | None: ...
+    def reserve(self, rows: Sequence[QueryRow]) -> list[int]: ...
+    def complete(self, done: Sequence[tuple[int, Outcome]],
+                 replies: Sequence[tuple[int, bytes]] = ()) -> None: ...
+    def record(self, rows: Sequence[QueryRow]) -> None: ...
+    def stats(self, session_id: str, tenant: str | None = None) -> SessionStats: ...
+    def entries(self, session_id: str, *, tenant: str | None = None, after_id: int = 0,
+                limit: int = 1000) -> list[tuple[Any, ...]]: ...
+    def send_times(self, target: str | None = None) -> list[float]: ...
 
 
 class Ledger:
@@ -184,7 +247,10 @@ class Ledger:
         self._conn.execute(f"PRAGMA synchronous={synchronous}")
         self._conn.execute("PRAGMA busy_timeout=10000")
         self._conn.executescript(SCHEMA)
+        _add_attempt_key(self._conn)
         self._lock = threading.Lock()            # guards the connection
+        #: Transactions committed by :meth:`_group` (fewer than writers: group commit).
+        self.commits = 0
         self._closed = False
         self._pending: list[_Op[Any]] = []
         self._pending_lock = threading.Lock()
@@ -345,6 +411,7 @@ class Ledger:
             try:
                 results = [o.run(self._conn) for o in batch]
                 self._conn.execute("COMMIT")
+                self.commits += 1
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
@@ -358,11 +425,13 @@ class Ledger:
                 o.done.set()
 
     def reserve(self, rows: Sequence[QueryRow]) -> list[int]:
-        """Commit ``rows`` (normally status ``IN_FLIGHT``) before their images are sent;
-        returns their entry ids, for :meth:`complete`."""
+        """Commit ``rows`` (normally status ``IN_FLIGHT``; one call attempt, the images in
+        order: a row's position is its index) before their images are sent; returns their
+        entry ids, for :meth:`complete`. Idempotent: a row whose (tenant, call_id, attempts,
+        position) is already there is not written again, its existing id is returned."""
         values = [(r.tenant, r.session_id, r.target, r.origin, r.image_id, r.input_sha256,
                    r.output_summary, r.latency_ms, r.status, r.error, r.sent_at, r.call_id,
-                   r.attempts) for r in rows]
+                   r.attempts, i) for i, r in enumerate(rows)]
 
         def run(conn: sqlite3.Connection) -> list[int]:
             ids = []
@@ -370,8 +439,15 @@ class Ledger:
                 cur = conn.execute(
                     "INSERT INTO queries (tenant, session_id, target, origin, image_id,"
                     " input_sha256, output_summary, latency_ms, status, error, sent_at,"
-                    " call_id, attempts) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", v)
-                ids.append(int(cur.lastrowid or 0))
+                    " call_id, attempts, position) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+                    " ON CONFLICT DO NOTHING", v)
+                if cur.rowcount == 1:
+                    ids.append(int(cur.lastrowid or 0))
+                    continue
+                row = conn.execute(          # written before: the existing row's id
+                    "SELECT entry_id FROM queries WHERE tenant=? AND call_id=? AND attempts=?"
+                    " AND position=?", (v[0], v[11], v[12], v[13])).fetchone()
+                ids.append(int(row[0]))
             return ids
 
         return self._group(run)
@@ -411,34 +487,7 @@ class Ledger:
             refused = self._conn.execute(
                 "SELECT SUM(calls_refused) FROM sessions WHERE session_id=?" + cond,
                 (session_id, *args)).fetchone()
-        per_image: dict[str, list[int]] = {}
-        per_origin: dict[str, list[int]] = {}
-        per_image_attempts: dict[str, int] = {}
-        ok = failed = in_flight = interrupted = 0
-        for image_id, origin, status, n in rows:
-            per_image_attempts[image_id] = per_image_attempts.get(image_id, 0) + n
-            if status in (IN_FLIGHT, INTERRUPTED):
-                in_flight += n
-                interrupted += n if status == INTERRUPTED else 0
-                per_image.setdefault(image_id, [0, 0])
-                per_origin.setdefault(origin, [0, 0])
-                continue
-            idx = 0 if status == "OK" else 1
-            per_image.setdefault(image_id, [0, 0])[idx] += n
-            per_origin.setdefault(origin, [0, 0])[idx] += n
-            if idx == 0:
-                ok += n
-            else:
-                failed += n
-        lat.sort()
-        p50 = float(lat[len(lat) // 2]) if lat else 0.0
-        return SessionStats(
-            queries_ok=ok, queries_failed=failed,
-            calls_refused=int(refused[0] or 0) if refused else 0,
-            per_image={k: (v[0], v[1]) for k, v in per_image.items()},
-            per_origin={k: (v[0], v[1]) for k, v in per_origin.items()}, latency_p50_ms=p50,
-            attempts=ok + failed + in_flight, in_flight=in_flight,
-            per_image_attempts=per_image_attempts, interrupted=interrupted)
+        return session_stats(rows, lat, int(refused[0] or 0) if refused else 0)
 
     def entries(self, session_id: str, *, tenant: str | None = None, after_id: int = 0,
                 limit: int = 1000) -> list[tuple[Any, ...]]:
@@ -460,6 +509,41 @@ class Ledger:
             else:
                 rows = self._conn.execute("SELECT sent_at FROM queries ORDER BY sent_at")
             return [r[0] for r in rows.fetchall()]
+
+
+def session_stats(rows: Iterable[Sequence[Any]], lat: list[float], refused: int
+                  ) -> SessionStats:
+    """A session's stats from its (image_id, origin, status, count) groups (rows never
+    sent excluded), the latencies of its answered attempts and its refused calls: the
+    one aggregation both ledgers share."""
+    per_image: dict[str, list[int]] = {}
+    per_origin: dict[str, list[int]] = {}
+    per_image_attempts: dict[str, int] = {}
+    ok = failed = in_flight = interrupted = 0
+    for image_id, origin, status, n in rows:
+        per_image_attempts[image_id] = per_image_attempts.get(image_id, 0) + n
+        if status in (IN_FLIGHT, INTERRUPTED):
+            in_flight += n
+            interrupted += n if status == INTERRUPTED else 0
+            per_image.setdefault(image_id, [0, 0])
+            per_origin.setdefault(origin, [0, 0])
+            continue
+        idx = 0 if status == "OK" else 1
+        per_image.setdefault(image_id, [0, 0])[idx] += n
+        per_origin.setdefault(origin, [0, 0])[idx] += n
+        if idx == 0:
+            ok += n
+        else:
+            failed += n
+    lat.sort()
+    p50 = float(lat[len(lat) // 2]) if lat else 0.0
+    return SessionStats(
+        queries_ok=ok, queries_failed=failed,
+        calls_refused=refused,
+        per_image={k: (v[0], v[1]) for k, v in per_image.items()},
+        per_origin={k: (v[0], v[1]) for k, v in per_origin.items()}, latency_p50_ms=p50,
+        attempts=ok + failed + in_flight, in_flight=in_flight,
+        per_image_attempts=per_image_attempts, interrupted=interrupted)
 
 
 def max_in_window(times: Iterable[float], window: float = 1.0) -> int:

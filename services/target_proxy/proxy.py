@@ -52,7 +52,7 @@ from fortis.services.target_proxy.ledger import (
     IN_FLIGHT,
     IN_FLIGHT_NOTE,
     NOT_SENT_PREFIX,
-    Ledger,
+    LedgerStorage,
     Outcome,
     QueryRow,
     SessionRecord,
@@ -220,7 +220,7 @@ class PredictResult:
 class TargetProxy:
     """Sessions, budgets, rate limits, retries and the ledger, for a set of targets."""
 
-    def __init__(self, ledger: Ledger, targets: Sequence[TargetEntry], *,
+    def __init__(self, ledger: LedgerStorage, targets: Sequence[TargetEntry], *,
                  retry: RetryPolicy = RetryPolicy(),
                  sleep: Callable[[float], None] = time.sleep,
                  metrics: ProxyMetrics | None = None,

@@ -1,0 +1,411 @@
+"""The query ledger in PostgreSQL (issue 10, "Pluggable state, PostgreSQL at scale").
+
+The same public methods and semantics as the SQLite :class:`~.ledger.Ledger` (the
+:class:`~.ledger.LedgerStorage` protocol the proxy depends on), on the schema of the Alembic
+migrations in ``services/common/migrations`` (0001 + 0002), through SQLAlchemy 2 Core over
+psycopg 3. Several proxy replicas share one database, so the ledger is what the target saw
+whichever replica sent the query:
+
+- **Write-ahead** rows as in SQLite: ``reserve`` commits ``IN_FLIGHT`` rows before the images
+  go, ``complete`` records the outcome before the answer is returned; rows completed
+  ``not sent: ...`` are no queries (not in ``attempt_counts``, ``stats``,
+  ``attempts_since``).
+- **Idempotent**: a row's key is (tenant, call_id, attempts, position) (0002's
+  ``queries_attempt_key``); a reservation written twice is ``INSERT ... ON CONFLICT DO
+  NOTHING`` and returns the existing rows' ids, so a retried writer never double-counts.
+- **Group commit**: concurrent writers of this process share one transaction on one writer
+  connection (one WAL flush per group, ``commits`` counts them). Durable as the server is
+  configured: ``synchronous_commit`` on (PostgreSQL's default) means a committed row is on
+  disk when ``reserve``/``complete`` return.
+- **Replicas and crashes**: each ledger takes a random ``owner`` number and holds the session
+  advisory lock ``(OWNER_LOCK, owner)`` on its own connection while it lives, and writes the
+  number into its rows. ``mark_interrupted`` (at a proxy's start) marks ``INTERRUPTED`` only
+  the in-flight rows of owners whose lock it can take: processes that died (their
+  connection, and with it the lock, went with them). A live replica's in-flight rows are
+  never touched. Rows of an owner number this ledger drew itself, left by a dead process
+  that had it, are marked when the ledger opens.
+- A database that stops answering is ``Unavailable`` ("proxy ledger unavailable: ..."),
+  never INTERNAL; the writer connection is replaced at the next write.
+
+Tenant scoping as in SQLite (every proxy read names the tenant; ``tenant=None`` is the
+operator's view). ``insert_session`` of an existing (tenant, session_id) does nothing (two
+replicas creating the same session at once). Domain code: no gRPC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from fortis.services.common import errors, sqldb
+from fortis.services.target_proxy.ledger import (
+    IN_FLIGHT,
+    INTERRUPTED,
+    INTERRUPTED_NOTE,
+    Outcome,
+    QueryRow,
+    SessionRecord,
+    SessionStats,
+    _Op,
+    session_stats,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+#: First key of the owners' advisory locks ("FRLG"); the second is the owner number.
+OWNER_LOCK = 0x46524C47
+_WHAT = "proxy ledger"
+#: Rows completed "not sent: ..." are no queries (as ``ledger._SENT``).
+_SENT_TEXT = " AND error NOT LIKE 'not sent:%'"
+
+metadata = sa.MetaData()
+queries = sa.Table(
+    "queries", metadata,
+    sa.Column("entry_id", sa.BigInteger(), sa.Identity(), primary_key=True),
+    sa.Column("tenant", sa.Text(), nullable=False),
+    sa.Column("session_id", sa.Text(), nullable=False),
+    sa.Column("target", sa.Text(), nullable=False),
+    sa.Column("origin", sa.Text(), nullable=False),
+    sa.Column("image_id", sa.Text(), nullable=False),
+    sa.Column("input_sha256", sa.Text(), nullable=False),
+    sa.Column("output_summary", sa.Text(), nullable=False),
+    sa.Column("latency_ms", sa.Float(), nullable=False),
+    sa.Column("status", sa.Text(), nullable=False),
+    sa.Column("error", sa.Text(), nullable=False),
+    sa.Column("sent_at", sa.Float(), nullable=False),
+    sa.Column("call_id", sa.Text(), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False),
+    sa.Column("position", sa.BigInteger(), nullable=False),
+    sa.Column("owner", sa.Integer(), nullable=False),
+)
+
+_T = TypeVar("_T")
+
+
+def _closing() -> errors.Unavailable:
+    return errors.Unavailable("the proxy ledger is closed: the server is shutting down")
+
+
+def _scope(tenant: str | None) -> tuple[str, dict[str, Any]]:
+    return ("", {}) if tenant is None else (" AND tenant=:tenant", {"tenant": tenant})
+
+
+class PgLedger:
+    """PostgreSQL implementation of :class:`~.ledger.LedgerStorage`. Thread-safe: reads use
+    the engine's pool, writes go through one writer connection (group commit)."""
+
+    def __init__(self, url: str, *, engine: Any = None) -> None:
+        """Connect to ``url`` (InvalidArgument naming ``database_url`` when malformed,
+        unreachable or not at the schema head), draw an owner number and lock it."""
+        self._own_engine = engine is None
+        self._engine = engine if engine is not None else sqldb.create_engine(url)
+        try:
+            sqldb.require_head(self._engine)
+            self._lock = threading.Lock()          # guards the writer connection
+            self._pending: list[_Op[Any]] = []
+            self._pending_lock = threading.Lock()
+            self._closed = False
+            self._writer: Any = None
+            #: Transactions committed by the group commit (fewer than writers under load).
+            self.commits = 0
+            with sqldb.unavailable_on_loss(_WHAT):
+                self._holder, self.owner = self._take_owner()
+                #: In-flight rows a dead process with this owner number left, marked now.
+                self._inherited = self._interrupt_owner(self.owner)
+        except BaseException:
+            if self._own_engine:
+                self._engine.dispose()
+            raise
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def _take_owner(self) -> tuple[Any, int]:
+        """A connection holding the advisory lock of a fresh owner number (for life)."""
+        holder = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        for _ in range(100):
+            owner = 1 + secrets.randbelow(2 ** 31 - 2)
+            if holder.execute(sa.text("SELECT pg_try_advisory_lock(:k, :o)"),
+                              {"k": OWNER_LOCK, "o": owner}).scalar():
+                return holder, owner
+        holder.close()      # pragma: no cover - 100 taken numbers out of 2**31
+        raise errors.Unavailable("proxy ledger: no free owner number")
+
+    def _interrupt_owner(self, owner: int) -> int:
+        with self._engine.begin() as conn:
+            cur = conn.execute(sa.text("UPDATE queries SET status=:s, error=:e WHERE status=:f"
+                                       " AND owner=:o"),
+                               {"s": INTERRUPTED, "e": INTERRUPTED_NOTE, "f": IN_FLIGHT,
+                                "o": owner})
+            return int(cur.rowcount or 0)
+
+    def close(self) -> None:
+        """Close the connections (the owner lock goes with its connection) once the write in
+        progress is done; later calls get UNAVAILABLE."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for conn in (self._writer, self._holder):
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+            self._writer = None
+            if self._own_engine:
+                self._engine.dispose()
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Any]:
+        """A pooled connection for one read, refusing work once closed; a lost database is
+        Unavailable."""
+        if self._closed:
+            raise _closing()
+        with sqldb.unavailable_on_loss(_WHAT), self._engine.connect() as conn:
+            yield conn
+
+    def _rows(self, sql: str, params: dict[str, Any]) -> list[Any]:
+        with self._read() as conn:
+            return list(conn.execute(sa.text(sql), params).all())
+
+    # -- sessions -------------------------------------------------------------------------------
+    def insert_session(self, s: SessionRecord) -> None:
+        with self._read() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO sessions (tenant, session_id, target, query_budget,"
+                " per_image_budget, description, created_at, calls_refused) VALUES (:tenant,"
+                " :sid, :target, :qb, :pib, :d, :c, :r) ON CONFLICT DO NOTHING"),
+                {"tenant": s.tenant, "sid": s.session_id, "target": s.target,
+                 "qb": s.query_budget, "pib": s.per_image_budget, "d": s.description,
+                 "c": s.created_at, "r": s.calls_refused})
+            conn.commit()
+
+    def get_session(self, session_id: str, tenant: str | None = None) -> SessionRecord | None:
+        cond, args = _scope(tenant)
+        rows = self._rows(
+            "SELECT session_id, tenant, target, query_budget, per_image_budget, description,"
+            " created_at, calls_refused FROM sessions WHERE session_id=:sid" + cond
+            + " ORDER BY tenant LIMIT 1", {"sid": session_id, **args})
+        if not rows:
+            return None
+        r = rows[0]
+        return SessionRecord(session_id=r[0], tenant=r[1], target=r[2], query_budget=int(r[3]),
+                             per_image_budget=int(r[4]), description=r[5],
+                             created_at=float(r[6]), calls_refused=int(r[7]))
+
+    def sessions_with_prefix(self, prefix: str, tenant: str | None = None) -> list[str]:
+        esc = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        cond, args = _scope(tenant)
+        rows = self._rows("SELECT DISTINCT session_id FROM sessions WHERE session_id LIKE :p"
+                          " ESCAPE '\\'" + cond + " ORDER BY session_id",
+                          {"p": esc + "%", **args})
+        return [r[0] for r in rows]
+
+    def add_refused(self, session_id: str, n: int = 1, *, tenant: str) -> None:
+        with self._read() as conn:
+            conn.execute(sa.text("UPDATE sessions SET calls_refused = calls_refused + :n"
+                                 " WHERE session_id=:sid AND tenant=:tenant"),
+                         {"n": n, "sid": session_id, "tenant": tenant})
+            conn.commit()
+
+    # -- counts ----------------------------------------------------------------------------------
+    def ok_counts(self, session_id: str, tenant: str | None = None) -> dict[str, int]:
+        cond, args = _scope(tenant)
+        rows = self._rows("SELECT image_id, COUNT(*) FROM queries WHERE session_id=:sid" + cond
+                          + " AND status='OK' GROUP BY image_id", {"sid": session_id, **args})
+        return {r[0]: int(r[1]) for r in rows}
+
+    def attempt_counts(self, session_id: str, tenant: str | None = None) -> dict[str, int]:
+        cond, args = _scope(tenant)
+        rows = self._rows("SELECT image_id, COUNT(*) FROM queries WHERE session_id=:sid" + cond
+                          + _SENT_TEXT + " GROUP BY image_id", {"sid": session_id, **args})
+        return {r[0]: int(r[1]) for r in rows}
+
+    def mark_interrupted(self) -> int:
+        """Mark ``INTERRUPTED`` the in-flight rows of dead owners (their advisory lock is
+        free) and the ones of this ledger's own number left before it opened; the number
+        marked. A live replica's rows (its lock is held) are left alone."""
+        marked, self._inherited = self._inherited, 0
+        if self._closed:
+            raise _closing()
+        with sqldb.unavailable_on_loss(_WHAT):
+            owners = [int(r[0]) for r in self._rows(
+                "SELECT DISTINCT owner FROM queries WHERE status=:f AND owner<>:me",
+                {"f": IN_FLIGHT, "me": self.owner})]
+            with self._lock:
+                for o in owners:
+                    params = {"k": OWNER_LOCK, "o": o}
+                    if not self._holder.execute(sa.text("SELECT pg_try_advisory_lock(:k, :o)"),
+                                                params).scalar():
+                        continue            # alive: its rows are in flight for real
+                    try:
+                        marked += self._interrupt_owner(o)
+                    finally:
+                        self._holder.execute(sa.text("SELECT pg_advisory_unlock(:k, :o)"),
+                                             params)
+        return marked
+
+    def last_entry_id(self) -> int:
+        rows = self._rows("SELECT MAX(entry_id) FROM queries", {})
+        return int(rows[0][0] or 0)
+
+    def attempts_since(self, t: float) -> dict[str, int]:
+        rows = self._rows("SELECT tenant, COUNT(*) FROM queries WHERE sent_at>=:t" + _SENT_TEXT
+                          + " GROUP BY tenant", {"t": t})
+        return {r[0]: int(r[1]) for r in rows}
+
+    def replayable(self, session_id: str, tenant: str, *, up_to: int
+                   ) -> dict[str, list[tuple[str, int]]]:
+        rows = self._rows(
+            "SELECT q.image_id, q.input_sha256, q.entry_id FROM queries q JOIN replies r"
+            " ON r.entry_id = q.entry_id WHERE q.session_id=:sid AND q.tenant=:tenant"
+            " AND q.status='OK' AND q.entry_id<=:up ORDER BY q.entry_id",
+            {"sid": session_id, "tenant": tenant, "up": up_to})
+        out: dict[str, list[tuple[str, int]]] = {}
+        for image_id, sha, entry_id in rows:
+            out.setdefault(image_id, []).append((sha, int(entry_id)))
+        return out
+
+    def reply(self, entry_id: int) -> bytes | None:
+        rows = self._rows("SELECT prediction FROM replies WHERE entry_id=:e", {"e": entry_id})
+        return None if not rows else bytes(rows[0][0])
+
+    # -- writes (group commit) ---------------------------------------------------------------
+    def _group(self, run: Callable[[Any], _T]) -> _T:
+        """Run ``run`` in a transaction shared with the writers waiting meanwhile; returns
+        once it is committed. A failed group fails each of its writers."""
+        op: _Op[_T] = _Op(run)
+        with self._pending_lock:
+            self._pending.append(op)
+        with self._lock:
+            if not op.done.is_set():
+                with self._pending_lock:
+                    batch, self._pending = self._pending, []
+                if self._closed:
+                    for o in batch:
+                        o.error = _closing()
+                        o.done.set()
+                else:
+                    self._commit(batch)
+        op.done.wait()
+        if op.error is not None:
+            raise op.error
+        return op.result  # type: ignore[no-any-return]
+
+    def _commit(self, batch: list[_Op[Any]]) -> None:
+        """One transaction for ``batch`` on the writer connection (the caller holds the
+        lock); a lost connection is dropped (a new one at the next write) and reported as
+        Unavailable to every writer of the batch."""
+        try:
+            with sqldb.unavailable_on_loss(_WHAT):
+                if self._writer is None or self._writer.invalidated or self._writer.closed:
+                    self._writer = self._engine.connect()
+                conn = self._writer
+                try:
+                    with conn.begin():
+                        results = [o.run(conn) for o in batch]
+                except BaseException:
+                    if conn.invalidated:
+                        with contextlib.suppress(Exception):
+                            conn.close()
+                        self._writer = None
+                    raise
+                self.commits += 1
+        except BaseException as exc:  # noqa: BLE001 - handed to every writer
+            for o in batch:
+                o.error = exc
+                o.done.set()
+        else:
+            for o, r in zip(batch, results, strict=True):
+                o.result = r
+                o.done.set()
+
+    def reserve(self, rows: Sequence[QueryRow]) -> list[int]:
+        """Commit ``rows`` (one call attempt, images in order) before they are sent; their
+        entry ids. Idempotent on (tenant, call_id, attempts, position)."""
+        if not rows:
+            return []
+        values = [{"tenant": r.tenant, "session_id": r.session_id, "target": r.target,
+                   "origin": r.origin, "image_id": r.image_id, "input_sha256": r.input_sha256,
+                   "output_summary": r.output_summary, "latency_ms": r.latency_ms,
+                   "status": r.status, "error": r.error, "sent_at": r.sent_at,
+                   "call_id": r.call_id, "attempts": r.attempts, "position": i,
+                   "owner": self.owner} for i, r in enumerate(rows)]
+        keys = [(v["tenant"], v["call_id"], v["attempts"], v["position"]) for v in values]
+
+        def run(conn: Any) -> list[int]:
+            stmt = (pg_insert(queries).values(values)
+                    .on_conflict_do_nothing(constraint="queries_attempt_key")
+                    .returning(queries.c.entry_id, queries.c.tenant, queries.c.call_id,
+                               queries.c.attempts, queries.c.position))
+            ids = {(t, c, a, p): int(e) for e, t, c, a, p in conn.execute(stmt)}
+            for key in keys:
+                if key not in ids:       # written before: the existing row's id
+                    ids[key] = int(conn.execute(sa.text(
+                        "SELECT entry_id FROM queries WHERE tenant=:t AND call_id=:c AND"
+                        " attempts=:a AND position=:p"),
+                        {"t": key[0], "c": key[1], "a": key[2], "p": key[3]}).scalar_one())
+            return [ids[k] for k in keys]
+
+        return self._group(run)
+
+    def complete(self, done: Sequence[tuple[int, Outcome]],
+                 replies: Sequence[tuple[int, bytes]] = ()) -> None:
+        """Record the outcome of reserved rows (committed before the answer is returned);
+        ``replies``: (entry id, serialized prediction) kept for a resumed attempt's replay."""
+        values = [{"s": o.status, "e": o.error, "o": o.output_summary, "l": o.latency_ms,
+                   "t": o.sent_at, "id": entry_id} for entry_id, o in done]
+        kept = [{"id": e, "p": blob} for e, blob in replies]
+
+        def run(conn: Any) -> None:
+            if values:
+                conn.execute(sa.text(
+                    "UPDATE queries SET status=:s, error=:e, output_summary=:o, latency_ms=:l,"
+                    " sent_at=COALESCE(CAST(:t AS DOUBLE PRECISION), sent_at)"
+                    " WHERE entry_id=:id"), values)
+            if kept:
+                conn.execute(sa.text(
+                    "INSERT INTO replies (entry_id, prediction) VALUES (:id, :p)"
+                    " ON CONFLICT (entry_id) DO UPDATE SET prediction=EXCLUDED.prediction"),
+                    kept)
+
+        self._group(run)
+
+    def record(self, rows: Sequence[QueryRow]) -> None:
+        self.reserve(rows)
+
+    # -- reports ----------------------------------------------------------------------------
+    def stats(self, session_id: str, tenant: str | None = None) -> SessionStats:
+        cond, args = _scope(tenant)
+        params = {"sid": session_id, **args}
+        with self._read() as conn:
+            rows = conn.execute(sa.text(
+                "SELECT image_id, origin, status, COUNT(*) FROM queries WHERE session_id=:sid"
+                + cond + _SENT_TEXT + " GROUP BY image_id, origin, status"), params).all()
+            lat = [float(r[0]) for r in conn.execute(sa.text(   # one latency per attempt
+                "SELECT MIN(latency_ms) FROM queries WHERE session_id=:sid" + cond
+                + " AND status='OK' GROUP BY call_id, attempts"), params).all()]
+            refused = conn.execute(sa.text(
+                "SELECT SUM(calls_refused) FROM sessions WHERE session_id=:sid" + cond),
+                params).scalar()
+        return session_stats([(a, b, c, int(n)) for a, b, c, n in rows], lat,
+                             int(refused or 0))
+
+    def entries(self, session_id: str, *, tenant: str | None = None, after_id: int = 0,
+                limit: int = 1000) -> list[tuple[Any, ...]]:
+        cond, args = _scope(tenant)
+        rows = self._rows(
+            "SELECT entry_id, tenant, session_id, target, origin, image_id, input_sha256,"
+            " output_summary, latency_ms, status, error, sent_at, call_id, attempts"
+            " FROM queries WHERE session_id=:sid" + cond + " AND entry_id>:after"
+            " ORDER BY entry_id LIMIT :lim",
+            {"sid": session_id, **args, "after": after_id, "lim": limit})
+        return [tuple(r) for r in rows]
+
+    def send_times(self, target: str | None = None) -> list[float]:
+        if target:
+            rows = self._rows("SELECT sent_at FROM queries WHERE target=:t ORDER BY sent_at",
+                              {"t": target})
+        else:
+            rows = self._rows("SELECT sent_at FROM queries ORDER BY sent_at", {})
+        return [float(r[0]) for r in rows]
