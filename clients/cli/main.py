@@ -12,7 +12,7 @@ import os
 import sys
 from importlib import metadata
 
-from fortis.cli import catalogue, health, keys, local, remote, upload, worker
+from fortis.cli import catalogue, db, health, keys, local, remote, upload, worker
 
 
 def _version() -> str:
@@ -187,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=local.cmd_serve)
     worker.add_parser(sub)
     health.add_parser(sub)
+    db.add_parser(sub)
 
     sp = sub.add_parser("ledger", help="query counts from the proxy's ledger")
     sp.add_argument("--session", help="session id")

@@ -41,7 +41,7 @@ def redact_url(url: str) -> str:
     return _USERINFO.sub(r"\1***@", url)
 
 
-def _scrub(text: str, password: str | None) -> str:
+def scrub(text: str, password: str | None) -> str:
     """A driver's message with the password (if it appears) removed, one line, bounded."""
     if password:
         text = text.replace(password, "***")
@@ -69,9 +69,12 @@ def parse_url(url: str, setting: str = SETTING) -> Any:
         raise errors.InvalidArgument(setting, f"'{redact_url(url)[:200]}' names no database; "
                                      f"{_EXPECTED}")
     try:
-        _ = u.port
+        port = u.port
     except ValueError:
-        raise errors.InvalidArgument(setting, f"bad port in '{redact_url(url)[:200]}'") from None
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        raise errors.InvalidArgument(setting, f"bad port in '{redact_url(url)[:200]}' "
+                                     "(1-65535)")
     return u.set(drivername="postgresql+psycopg")
 
 
@@ -97,7 +100,7 @@ def create_engine(url: str, *, setting: str = SETTING, pool_size: int = 8,
     except sa.exc.DBAPIError as exc:
         engine.dispose()
         raise errors.InvalidArgument(setting, f"cannot connect to {shown(u)}: "
-                                     f"{_scrub(str(exc.orig), u.password)}") from None
+                                     f"{scrub(str(exc.orig), u.password)}") from None
     return engine
 
 
@@ -157,10 +160,12 @@ def upgrade(engine: Any, revision: str = "head") -> tuple[str | None, str | None
     transactional: all or nothing); returns (revision before, revision after)."""
     import sqlalchemy as sa
     from alembic import command
+    from alembic.runtime.migration import MigrationContext
 
-    before = current_revision(engine)
     with engine.begin() as conn:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
+        # read under the lock: a concurrent upgrade that got it first is seen as done
+        before = MigrationContext.configure(conn).get_current_revision()
         command.upgrade(_alembic_config(conn), revision)
     return before, current_revision(engine)
 
