@@ -183,6 +183,11 @@ class StackSettings:
     #: embedded default; no Redis needed). ``redis_namespace`` prefixes every key.
     redis_url: str | None = None
     redis_namespace: str = "default"
+    #: PostgreSQL holding the evaluation store and the proxy ledger (issue 10, "Pluggable
+    #: state"; ``fortis serve --database-url``/``$FORTIS_DATABASE_URL``), shared by replicas
+    #: and workers; its schema must be at head (``fortis db upgrade``). None: SQLite files in
+    #: ``state_dir`` (the embedded default; no database server needed).
+    database_url: str | None = None
     #: Who runs an evaluation's work items (issue 10, ``services/evaluation/executors.py``):
     #: "local" (the evaluation worker threads; default), "processes" (``worker_processes``
     #: local ``fortis worker`` processes sharing the items through claims in the store) or
@@ -343,9 +348,8 @@ def _executor(settings: StackSettings, state: Path, internal_key: str,
     if settings.data_root is not None:
         cmd += ["--data-root", str(settings.data_root)]
     secret_env = {"FORTIS_INTERNAL_KEY": internal_key}
-    database_url = getattr(settings, "database_url", None)
-    if database_url:
-        secret_env["FORTIS_DATABASE_URL"] = database_url
+    if settings.database_url:
+        secret_env["FORTIS_DATABASE_URL"] = settings.database_url
 
     def env() -> dict[str, str]:
         return {"FORTIS_PROXY_ADDRESS": settings.proxy_address or addr_box["self"],
@@ -353,6 +357,26 @@ def _executor(settings: StackSettings, state: Path, internal_key: str,
                 or settings.perturbation_address or addr_box["self"]}
     return ProcessExecutor(ProcessSettings(command=cmd, shards=settings.worker_processes,
                                            env=secret_env), env)
+
+
+def _open_database(settings: StackSettings, wanted: set[str]) -> tuple[Any, Any]:
+    """The PostgreSQL ledger (proxy) and evaluation store (evaluation) of
+    ``settings.database_url``, or (None, None) without one. Opened before anything else
+    starts: a bad URL, an unreachable server or a schema not at head (naming ``fortis db
+    upgrade``) is an InvalidArgument naming ``database_url``, password hidden."""
+    if not settings.database_url:
+        return None, None
+    from fortis.services.evaluation.store_pg import PgEvaluationStore
+    from fortis.services.target_proxy.ledger_pg import PgLedger
+
+    ledger = PgLedger(settings.database_url) if "proxy" in wanted else None
+    try:
+        store = PgEvaluationStore(settings.database_url) if "evaluation" in wanted else None
+    except BaseException:
+        if ledger is not None:
+            ledger.close()
+        raise
+    return ledger, store
 
 
 def start_stack(settings: StackSettings) -> Stack:
@@ -394,6 +418,7 @@ def start_stack(settings: StackSettings) -> Stack:
     state.mkdir(parents=True, exist_ok=True)
     internal_key = settings.internal_key or new_api_key()
     closers: list[Any] = []
+    pg_ledger, pg_store = _open_database(settings, wanted)     # issue 10; None: SQLite
     key_table, key_watcher = _key_table(settings, internal_key)
     if key_watcher is not None:
         closers.append(key_watcher.close)
@@ -451,7 +476,8 @@ def start_stack(settings: StackSettings) -> Stack:
                                            t.images_per_second, key=f"target:{t.name}",
                                            store=redis_store and redis_store.limiter),
                                        tenants=t.tenants))
-        ledger = Ledger(state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
+        ledger = pg_ledger if pg_ledger is not None else Ledger(
+            state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
         closers.append(ledger.close)
         proxy_metrics = ProxyMetrics(registry, tenant_label)
         register.append((proxy_pb2_grpc.add_TargetProxyServiceServicer_to_server,
@@ -517,7 +543,10 @@ def start_stack(settings: StackSettings) -> Stack:
                 scoring=GrpcScoring(lazy_channel(addr("scoring", settings.scoring_address)), md),
                 report=GrpcReport(lazy_channel(addr("report", settings.report_address)), md))
 
-        store = EvaluationStore(state / "evaluations.sqlite")
+        store: Any = pg_store if pg_store is not None else EvaluationStore(
+            state / "evaluations.sqlite")
+        if pg_store is not None:
+            closers.append(pg_store.close)
         manager = EvaluationManager(store, ports_for=ports_for,
                                     datasets=PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root,
                                                           blobs=blob_store),

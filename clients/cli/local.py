@@ -361,6 +361,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             redis_url=getattr(ns, "redis_url", None) or os.environ.get("FORTIS_REDIS_URL") or None,
             redis_namespace=getattr(ns, "redis_namespace", None)
             or os.environ.get("FORTIS_REDIS_NAMESPACE") or "default",
+            database_url=getattr(ns, "database_url", None)
+            or os.environ.get("FORTIS_DATABASE_URL") or None,
             upload_quota_bytes=max(0, int(getattr(ns, "upload_quota_bytes", 2 * 1024 ** 3))),
             **_executor_settings(ns)))
     except FortisError as exc:     # a bad setting, or the port taken after the check

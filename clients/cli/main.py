@@ -127,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--redis-namespace", metavar="NAME",
                     help="prefix of this deployment's Redis keys (default: "
                     "$FORTIS_REDIS_NAMESPACE or 'default'); replicas sharing limits use the same")
+    sp.add_argument("--database-url", metavar="URL",
+                    help="PostgreSQL for the evaluation store and the proxy ledger, shared by "
+                    "replicas and workers (postgresql://USER:PASSWORD@HOST:PORT/DB; default: "
+                    "$FORTIS_DATABASE_URL, which keeps the password out of the process list); "
+                    "its schema must be at head (`fortis db upgrade`). Default: none, SQLite "
+                    "files in the state folder")
     sp.add_argument("--max-running-per-tenant", type=int, default=0, metavar="N",
                     help="evaluations one tenant runs at once (default 0: no limit); the "
                     "others wait, started round-robin across tenants")

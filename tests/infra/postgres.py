@@ -75,12 +75,21 @@ class PostgresServer:
                   "--auth=scram-sha-256", f"--pwfile={pwfile}", "-E", "UTF8", "--no-locale",
                   "--no-sync")
         pwfile.unlink()
+        self.start_server()
+        return self
+
+    def start_server(self) -> None:
+        """Start (again) the server on the cluster made by :meth:`start`."""
         opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
                 "-c full_page_writes=off -c max_connections=200")
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l",
                   str(self.dir / "server.log"), "-w", "-t", "60", "-o", opts, "start",
                   timeout=90)
-        return self
+
+    def stop_server(self) -> None:
+        """Stop the server, keeping its data (a database that goes away while Fortis runs)."""
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop",
+                  timeout=60)
 
     def url(self, database: str = "postgres") -> str:
         return (f"postgresql+psycopg://{self.user}:{self.password}@127.0.0.1:{self.port}/"
