@@ -48,7 +48,10 @@ def _bin_dir() -> Path:
 class PostgresServer:
     """One PostgreSQL cluster in a temp dir; ``url(db)`` is a psycopg 3 URL with the password."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fsync: bool = False) -> None:
+        #: False for tests (durability is not what they test); True: commits reach the disk
+        #: (``bench/storage.py`` compares durable ledgers).
+        self.fsync = fsync
         self.bin = _bin_dir()
         self.port = _free_port()
         self.user = "fortis"
@@ -80,8 +83,9 @@ class PostgresServer:
 
     def start_server(self) -> None:
         """Start (again) the server on the cluster made by :meth:`start`."""
-        opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c full_page_writes=off -c max_connections=200")
+        durability = "" if self.fsync else "-c fsync=off -c full_page_writes=off "
+        opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 {durability}"
+                "-c max_connections=200")
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l",
                   str(self.dir / "server.log"), "-w", "-t", "60", "-o", opts, "start",
                   timeout=90)
