@@ -14,6 +14,7 @@ compete for one GIL, which inflates every number).
 
     python bench/proxy.py [--n 300] [--target fmnist-cnn|mobilenet-v2] [--threads 4]
                           [--mode processes|inprocess] [--rate 0] [--redis-url URL|auto]
+                          [--database-url URL|auto]
 
 ``--redis-url`` (issue 10) adds a second proxy whose rate limits, session budget and daily
 quota live in Redis (``fortis serve --redis-url``), measured in the same interleaved rounds,
@@ -21,6 +22,13 @@ so its p50 overhead can be compared with the in-process limiter's in one run; ``
 starts a throw-away ``redis-server`` on a free loopback port. Both proxies' sessions then
 have a query budget and their target a rate limit (``--rate``, or 100000/s when 0: far above
 what is measured), so every call goes through the budget check and the limiter.
+
+``--database-url`` (issue 10, "PostgreSQL+Redis mode") adds a third proxy as deployed with
+replicas: its ledger in PostgreSQL (``fortis serve --database-url``; durable: the server's
+``synchronous_commit``, on by default) and its limits and budgets in Redis (``--redis-url``,
+``auto`` when not given); ``auto`` starts a throw-away PostgreSQL with fsync on
+(``bench/storage.py``), migrated to head. Measured in the same interleaved rounds against the
+bare gRPC round trip.
 """
 
 from __future__ import annotations
@@ -192,24 +200,38 @@ def _redis(url: str) -> Iterator[str]:
 
 @contextlib.contextmanager
 def _redis_proxy(mode: str, target: str, direct: str, tmp: Path, sync: str, query: str,
-                 url: str) -> Iterator[str]:
-    """A second proxy like the first, its limits and budgets in Redis at ``url``."""
+                 url: str, database_url: str = "", name: str = "redis-proxy"
+                 ) -> Iterator[str]:
+    """A second proxy like the first, its limits and budgets in Redis at ``url`` (and its
+    ledger in PostgreSQL at ``database_url``, when given)."""
     if mode == "inprocess":
-        stack = start_stack(StackSettings(state_dir=tmp / "redis-proxy", api_keys={KEY: "bench"},
+        stack = start_stack(StackSettings(state_dir=tmp / name, api_keys={KEY: "bench"},
                                           targets=[TargetConfig.parse(f"t=builtin:{target}{query}")],
                                           ledger_synchronous=sync, redis_url=url,
-                                          redis_namespace="bench"))
+                                          redis_namespace=name, database_url=database_url or None))
         try:
             yield stack.address
         finally:
             stack.stop(0)
         return
-    env = {**os.environ, "FORTIS_API_KEYS": f"{KEY}=bench", "FORTIS_REDIS_URL": url}
+    env = {**os.environ, "FORTIS_API_KEYS": f"{KEY}=bench", "FORTIS_REDIS_URL": url,
+           **({"FORTIS_DATABASE_URL": database_url} if database_url else {})}
     with _process([sys.executable, "-m", "fortis.cli", "serve", "--service", "proxy",
                    "--log-level", "warning", "--address", "127.0.0.1:0", "--ledger-sync", sync,
-                   "--state-dir", str(tmp / "redis-proxy"), "--redis-namespace", "bench",
+                   "--state-dir", str(tmp / name), "--redis-namespace", name,
                    "--target", f"t=grpc://{direct}{query}"], env) as line:
         yield json.loads(line)["address"]
+
+
+def _ratio_block(name: str, lat: dict, rate: dict, conc: dict, threads: int) -> dict:
+    """p50/p90, the overhead over the direct call and its ratio to the bare round trip."""
+    over = _p(lat[name], 50) - _p(lat["direct"], 50)
+    return {f"{name}_p50_ms": round(_p(lat[name], 50), 3),
+            f"{name}_p90_ms": round(_p(lat[name], 90), 3),
+            f"{name}_overhead_p50_ms": round(over, 3),
+            f"{name}_overhead_over_bare_p50_ratio": round(over / _p(lat["bare"], 50), 3),
+            f"{name}_per_s": round(statistics.median(rate[name]), 1),
+            f"{name}_per_s_{threads}_threads": round(conc[name], 1)}
 
 
 def main() -> None:
@@ -225,7 +247,12 @@ def main() -> None:
                     help="the proxy's ledger durability (FULL: fsync before every answer)")
     ap.add_argument("--redis-url", help="also measure a proxy whose limits and budgets are in "
                     "this Redis (issue 10); 'auto': start a redis-server for the run")
+    ap.add_argument("--database-url", help="also measure a proxy with its ledger in this "
+                    "PostgreSQL and its limits in Redis (issue 10); 'auto': start a durable "
+                    "PostgreSQL for the run")
     ns = ap.parse_args()
+    if ns.database_url and not ns.redis_url:
+        ns.redis_url = "auto"
     if ns.redis_url and not ns.rate:
         ns.rate = 100000.0      # the limiter on every call, never binding
     img = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
@@ -234,11 +261,19 @@ def main() -> None:
         tmp = es.enter_context(tempfile.TemporaryDirectory())
         direct_addr, proxy_addr, echo_addr = es.enter_context(
             _servers(ns.mode, ns.target, Path(tmp), ns.ledger_sync, ns.rate))
-        redis_addr = ""
+        redis_addr = pg_addr = pg_durability = ""
         if ns.redis_url:
+            redis_url = es.enter_context(_redis(ns.redis_url))
             redis_addr = es.enter_context(_redis_proxy(
                 ns.mode, ns.target, direct_addr, Path(tmp), ns.ledger_sync,
-                f"?rate={ns.rate:g}", es.enter_context(_redis(ns.redis_url))))
+                f"?rate={ns.rate:g}", redis_url))
+        if ns.database_url:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from storage import postgres  # bench/storage.py
+            db_url, pg_durability = es.enter_context(postgres(ns.database_url))
+            pg_addr = es.enter_context(_redis_proxy(
+                ns.mode, ns.target, direct_addr, Path(tmp), ns.ledger_sync,
+                f"?rate={ns.rate:g}", redis_url, database_url=db_url, name="pg-redis-proxy"))
         direct_ch = grpc.insecure_channel(direct_addr)
         proxy_ch = grpc.insecure_channel(proxy_addr)
         echo_ch = grpc.insecure_channel(echo_addr)
@@ -255,6 +290,12 @@ def main() -> None:
                 grpc.insecure_channel(redis_addr)))
             proxies["proxy_redis"] = (rstub, rstub.CreateSession(proxy_pb2.CreateSessionRequest(
                 target="t", query_budget=budget), metadata=md).session.session_id)
+        if pg_addr:
+            pstub = proxy_pb2_grpc.TargetProxyServiceStub(es.enter_context(
+                grpc.insecure_channel(pg_addr)))
+            proxies["proxy_pg_redis"] = (pstub, pstub.CreateSession(
+                proxy_pb2.CreateSessionRequest(target="t", query_budget=budget),
+                metadata=md).session.session_id)
         counter = iter(range(10**9))
         dreq = target_pb2.PredictRequest(images=[image_msg("x", img, raw=True)])
 
@@ -319,6 +360,12 @@ def main() -> None:
                 "proxy_redis_per_s": round(statistics.median(rate["proxy_redis"]), 1),
                 f"proxy_redis_per_s_{ns.threads}_threads": round(conc["proxy_redis"], 1)}
                if "proxy_redis" in lat else {}),
+            **({"pg_redis": "ledger in PostgreSQL (" + pg_durability + "), limits, session "
+                            "budget and daily quota in Redis: the replicas' mode",
+                **_ratio_block("proxy_pg_redis", lat, rate, conc, ns.threads),
+                "proxy_overhead_over_bare_p50_ratio": round(
+                    (_p(lat["proxy"], 50) - _p(lat["direct"], 50)) / _p(lat["bare"], 50), 3)}
+               if "proxy_pg_redis" in lat else {}),
             "python": platform.python_version(), "grpcio": grpc.__version__,
         }
         print(json.dumps(out, indent=2))
