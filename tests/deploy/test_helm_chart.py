@@ -1,0 +1,389 @@
+"""The Helm chart per tenant namespace (issue 10, "A Helm chart per tenant namespace"; SPEC's
+multi-tenancy and deployment requirements): rendered offline with Helm's own Go SDK
+(``helm-python-sdk``, dev extra), linted, and every rendered object validated with
+``kubernetes-validate --strict`` against the Kubernetes 1.30 schemas. Then the objects are
+checked for what a platform team asks of a tenant's install: default-deny NetworkPolicy,
+namespaced RBAC only, no cluster-scoped kinds, restricted containers with probes and
+resources, proxy replicas >= 2 with a PodDisruptionBudget, the migration hook, two tenants
+side by side without clashing names, and values.schema.json refusing bad values.
+
+No cluster exists here, so nothing is applied; instead the rendered Deployments' arguments
+(after Kubernetes' ``$(VAR)`` expansion from the rendered ConfigMap) are given to the real
+``fortis serve`` of every service, wired on loopback, and each must answer its gRPC health
+check: the chart's command lines are ones the CLI accepts.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+try:
+    import helm_python as helm  # dev extra: helm-python-sdk==0.2.2
+except ImportError as exc:  # pragma: no cover - the dev extra installs it
+    raise ImportError("helm-python-sdk is missing: pip install -e '.[dev]' "
+                      "(helm-python-sdk==0.2.2)") from exc
+import kubernetes_validate  # dev extra
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "fortis"
+SERVICES = ("evaluation", "perturbation", "proxy", "scoring", "report")
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                  "PersistentVolume", "StorageClass", "PriorityClass", "ValidatingWebhookConfiguration",
+                  "MutatingWebhookConfiguration", "APIService", "IngressClass", "RuntimeClass"}
+
+
+def tenant_values(tenant: str) -> dict[str, Any]:
+    """A production-shaped tenant: PostgreSQL, Redis, one external target, TLS off."""
+    return {
+        "secrets": {"apiKeys": {"existingSecret": f"{tenant}-api-keys"},
+                    "internalKey": {"existingSecret": f"{tenant}-internal-key"},
+                    "database": {"existingSecret": f"{tenant}-database"},
+                    "redis": {"existingSecret": f"{tenant}-redis"}},
+        "targets": [{"name": "classifier", "address": "classifier.models.svc.cluster.local:9000",
+                     "rate": 50, "tenants": [tenant],
+                     "networkPolicyTo": [{"namespaceSelector": {"matchLabels": {
+                         "kubernetes.io/metadata.name": "models"}}}]}],
+        "limits": {"tenantRates": {tenant: 20}, "tenantQuotas": {tenant: "running:2,queued:5"}},
+        "networkPolicy": {
+            "clients": [{"namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": f"{tenant}-ci"}}}],
+            "database": {"to": [{"ipBlock": {"cidr": "10.10.0.5/32"}}]},
+            "redis": {"to": [{"ipBlock": {"cidr": "10.10.0.6/32"}}]}},
+        "perturbation": {"autoscaling": {"enabled": True}},
+    }
+
+
+def render(values: dict[str, Any], *, name: str = "fortis-team-a",
+           namespace: str = "team-a", hooks: bool = True) -> list[dict[str, Any]]:
+    out = helm.Chart.load(CHART).render(values, name=name, namespace=namespace, is_install=True)
+    objs = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt") or (not hooks and "/tests/" in path):
+            continue
+        objs += [o for o in yaml.safe_load_all(text) if o]
+    return objs
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def pod_specs(objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    specs = []
+    for o in objs:
+        if o["kind"] in ("Deployment", "Job"):
+            specs.append((o["metadata"]["name"], o["spec"]["template"]["spec"]))
+        elif o["kind"] == "Pod":
+            specs.append((o["metadata"]["name"], o["spec"]))
+    return specs
+
+
+@pytest.fixture(scope="module")
+def objs() -> list[dict[str, Any]]:
+    return render(tenant_values("team-a"))
+
+
+def test_lint_is_clean():
+    report = helm.lint(CHART, tenant_values("team-a"), strict=True, namespace="team-a",
+                       kube_version="v1.30.0")
+    # severity: 1 info, 2 warning, 3 error (Helm's lint levels)
+    bad = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not bad and not report["errors"], report
+
+
+def test_every_object_validates_strictly_against_kubernetes_1_30(objs):
+    kinds = set()
+    for o in objs:
+        kubernetes_validate.validate(o, "1.30.0", strict=True)     # raises on any error
+        kinds.add(o["kind"])
+    assert {"Deployment", "Service", "ConfigMap", "ServiceAccount", "Role", "RoleBinding",
+            "NetworkPolicy", "PodDisruptionBudget", "HorizontalPodAutoscaler", "Job",
+            "Pod"} <= kinds
+
+
+def test_the_validator_rejects_what_it_should(objs):
+    """kubernetes-validate really checks: an unknown field in a Deployment is refused."""
+    bad = copy.deepcopy(by_kind(objs, "Deployment")[0])
+    bad["spec"]["template"]["spec"]["containers"][0]["runAsRoot"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.30.0", strict=True)
+
+
+def test_no_cluster_scoped_objects_and_all_in_the_release_namespace(objs):
+    assert not [o["kind"] for o in objs if o["kind"] in CLUSTER_SCOPED]
+    assert {o["metadata"]["namespace"] for o in objs} == {"team-a"}
+    role, = by_kind(objs, "Role")
+    resources = {(g, r) for rule in role["rules"] for g in rule["apiGroups"]
+                 for r in rule["resources"]}
+    assert resources <= {("batch", "jobs"), ("batch", "jobs/status"), ("", "pods"),
+                         ("", "pods/log")}
+    assert ("batch", "jobs") in resources and ("", "pods") in resources
+    binding, = by_kind(objs, "RoleBinding")
+    assert binding["roleRef"]["kind"] == "Role"
+    assert [s["namespace"] for s in binding["subjects"]] == ["team-a"]
+
+
+def test_network_policy_default_deny_and_narrow_egress(objs):
+    pols = {p["metadata"]["name"]: p["spec"] for p in by_kind(objs, "NetworkPolicy")}
+    deny = pols["fortis-team-a-default-deny"]
+    assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"}
+    assert "ingress" not in deny and "egress" not in deny
+    svc = pols["fortis-team-a-services"]
+    ports = {(p["port"], p.get("protocol")) for rule in svc["egress"] for p in rule["ports"]}
+    # the release's services, DNS, PostgreSQL, Redis and the target's port: nothing else
+    assert ports == {(50051, "TCP"), (53, "UDP"), (53, "TCP"), (5432, "TCP"), (6379, "TCP"),
+                     (9000, "TCP")}
+    assert all(rule.get("to") for rule in svc["egress"])       # no rule open to everywhere
+    peers = [p for rule in svc["ingress"] for p in rule["from"]]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-a-ci"}}} \
+        in peers
+
+
+def test_containers_are_restricted_with_probes_and_resources(objs):
+    specs = pod_specs(objs)
+    assert len(specs) == 7          # 5 services, the migration Job, the helm test pod
+    for name, spec in specs:
+        psc = spec["securityContext"]
+        assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0, name
+        assert psc["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, (name, c["name"])
+            assert sc["allowPrivilegeEscalation"] is False, (name, c["name"])
+            assert sc["capabilities"] == {"drop": ["ALL"]}, (name, c["name"])
+            assert c["resources"]["requests"] and c["resources"]["limits"], (name, c["name"])
+            mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+            assert "/tmp" in mounts, (name, c["name"])         # writable scratch only on volumes
+    for d in by_kind(objs, "Deployment"):
+        spec = d["spec"]["template"]["spec"]
+        c, = spec["containers"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["grpc"] == {"port": 50051}, (d["metadata"]["name"], probe)
+        grace = int(next(a for a in c["args"] if a.startswith("--shutdown-grace="))
+                    .split("=")[1])
+        # fortis serve ends within about grace + 3 s; Kubernetes must not SIGKILL before
+        assert spec["terminationGracePeriodSeconds"] >= grace + 3
+        assert {"/var/lib/fortis", "/var/cache/fortis"} <= {
+            m["mountPath"] for m in c["volumeMounts"]}
+        # only the evaluation service with executor kubernetes needs an API token
+        assert spec["automountServiceAccountToken"] is False
+
+
+def test_proxy_replicas_pdb_and_headless_services(objs):
+    deps = {d["metadata"]["name"]: d for d in by_kind(objs, "Deployment")}
+    assert set(deps) == {f"fortis-team-a-{s}" for s in SERVICES}
+    assert deps["fortis-team-a-proxy"]["spec"]["replicas"] >= 2
+    assert "replicas" not in deps["fortis-team-a-perturbation"]["spec"]     # the HPA owns it
+    pdb, = by_kind(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == \
+        deps["fortis-team-a-proxy"]["spec"]["selector"]["matchLabels"]
+    assert 1 <= pdb["spec"]["minAvailable"] < deps["fortis-team-a-proxy"]["spec"]["replicas"]
+    for s in by_kind(objs, "Service"):
+        assert s["spec"]["clusterIP"] == "None", s["metadata"]["name"]
+    args = deps["fortis-team-a-evaluation"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--proxy-address=dns:///fortis-team-a-proxy.team-a.svc.cluster.local:50051" in args
+    # the proxy's secrets come from existing secrets, never values in the manifest
+    env = {e["name"]: e for e in
+           deps["fortis-team-a-proxy"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["FORTIS_REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == "team-a-redis"
+    assert env["FORTIS_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "team-a-database"
+
+
+def test_migration_hook_job(objs):
+    job, = by_kind(objs, "Job")
+    ann = job["metadata"]["annotations"]
+    assert set(ann["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade"}
+    assert "before-hook-creation" in ann["helm.sh/hook-delete-policy"]
+    c, = job["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == ["db", "upgrade"]
+    assert c["env"][0]["name"] == "FORTIS_DATABASE_URL"
+    assert c["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "team-a-database"
+    # without a database there is nothing to migrate: no hook
+    v = tenant_values("team-a")
+    del v["secrets"]["database"], v["secrets"]["redis"]
+    v["proxy"] = {"replicas": 1}
+    assert not by_kind(render(v), "Job")
+
+
+def test_helm_test_pod_checks_every_service(objs):
+    pod, = by_kind(objs, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    addrs = sorted(next(a for a in c["args"] if a.startswith("--address="))
+                   for c in pod["spec"]["containers"])
+    assert addrs == sorted(f"--address=dns:///fortis-team-a-{s}.team-a.svc.cluster.local:50051"
+                           for s in SERVICES)
+    assert all(c["args"][0] == "health" for c in pod["spec"]["containers"])
+
+
+def test_two_tenants_side_by_side_do_not_clash():
+    a = render(tenant_values("team-a"), name="fortis-team-a", namespace="team-a")
+    b = render(tenant_values("team-b"), name="fortis-team-b", namespace="team-b")
+    ids_a = {(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]) for o in a}
+    ids_b = {(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]) for o in b}
+    assert len(ids_a) == len(a) and len(ids_b) == len(b)        # no duplicate inside a release
+    assert not ids_a & ids_b
+    # names too, so that even one namespace could hold both releases
+    names_a = {(k, n) for k, _, n in ids_a}
+    assert not names_a & {(k, n) for k, _, n in ids_b}
+    # each release's Service selectors select only its own pods
+    for objs, rel in ((a, "fortis-team-a"), (b, "fortis-team-b")):
+        for s in by_kind(objs, "Service"):
+            assert s["spec"]["selector"]["app.kubernetes.io/instance"] == rel
+
+
+@pytest.mark.parametrize("patch,setting", [
+    ({"proxy": {"replicas": -1}}, "replicas"),
+    ({"grpcPort": 70000}, "grpcPort"),
+    ({"evaluation": {"executor": "ray"}}, "executor"),
+    ({"secrets": {"tls": {"clientAuth": "maybe"}}}, "clientAuth"),
+    ({"targets": [{"name": "Bad Name", "address": "x:1"}]}, "name"),
+])
+def test_values_schema_rejects_bad_values(patch, setting):
+    chart = helm.Chart.load(CHART)
+    chart.validate_schema(tenant_values("team-a"))              # the good values pass
+    bad = _merge(tenant_values("team-a"), patch)
+    with pytest.raises(helm.HelmError) as info:
+        chart.validate_schema(bad)
+    assert setting in str(info.value)
+    with pytest.raises(helm.HelmError):
+        chart.render(bad, name="fortis-team-a", namespace="team-a")
+
+
+@pytest.mark.parametrize("patch,message", [
+    ({"secrets": {"apiKeys": {"existingSecret": ""}}}, "secrets.apiKeys.existingSecret"),
+    ({"secrets": {"redis": {"existingSecret": ""}}}, "proxy.replicas > 1 needs secrets.redis"),
+    ({"networkPolicy": {"database": {"to": []}}}, "networkPolicy.database.to"),
+    ({"evaluation": {"executor": "kubernetes"}}, "networkPolicy.kubernetesApi.to"),
+])
+def test_settings_that_cannot_work_fail_naming_the_setting(patch, message):
+    with pytest.raises(helm.HelmError) as info:
+        render(_merge(tenant_values("team-a"), patch))
+    assert message in str(info.value)
+
+
+def test_executor_kubernetes_wires_jobs_and_the_api_token():
+    v = _merge(tenant_values("team-a"), {
+        "evaluation": {"executor": "kubernetes", "jobs": {"shards": 4}},
+        "networkPolicy": {"kubernetesApi": {"to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}]}}})
+    objs = render(v)
+    for o in objs:
+        kubernetes_validate.validate(o, "1.30.0", strict=True)
+    ev, = [d for d in by_kind(objs, "Deployment") if d["metadata"]["name"].endswith("-evaluation")]
+    spec = ev["spec"]["template"]["spec"]
+    args = spec["containers"][0]["args"]
+    assert spec["automountServiceAccountToken"] is True
+    assert "--executor=kubernetes" in args and "--job-shards=4" in args
+    assert "--job-service-account=fortis-team-a-worker" in args
+    assert "--job-secret-env=FORTIS_DATABASE_URL=team-a-database:url" in args
+    assert "--job-secret-env=FORTIS_INTERNAL_KEY=team-a-internal-key:internal-key" in args
+    sas = {s["metadata"]["name"] for s in by_kind(objs, "ServiceAccount")}
+    assert {"fortis-team-a", "fortis-team-a-worker"} <= sas
+    # the Role is bound to the evaluation's account, not the workers'
+    binding, = by_kind(objs, "RoleBinding")
+    assert [s["name"] for s in binding["subjects"]] == [spec["serviceAccountName"]]
+
+
+def test_tls_switches_probes_to_exec_health_checks():
+    v = _merge(tenant_values("team-a"), {"secrets": {"tls": {"existingSecret": "team-a-tls",
+                                                             "clientAuth": "require"}}})
+    objs = render(v)
+    for o in objs:
+        kubernetes_validate.validate(o, "1.30.0", strict=True)
+    for d in by_kind(objs, "Deployment"):
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        assert "--tls-client-auth=require" in c["args"]
+        cmd = c["readinessProbe"]["exec"]["command"]        # Kubernetes' grpc probe has no TLS
+        assert cmd[:2] == ["fortis", "health"] and "--tls-cert=/etc/fortis/tls/tls.crt" in cmd
+
+
+# -- the rendered command lines run: real fortis serve processes, one per service ---------
+
+def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in patch.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion of container args (undefined: left as written)."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)),
+                  arg)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_rendered_command_lines_start_every_service(tmp_path: Path) -> None:
+    """Each rendered Deployment's args, expanded from the rendered ConfigMap as Kubernetes
+    would, start the real ``fortis serve --service NAME``; the services reach each other at
+    the addresses the chart gives (rewritten from the cluster DNS names to loopback ports)
+    and each answers the gRPC health check the probes and ``helm test`` use."""
+    v = {"secrets": {"apiKeys": {"existingSecret": "k"}, "internalKey": {"existingSecret": "i"}},
+         "proxy": {"replicas": 1},
+         "targets": [{"name": "fmnist", "builtin": "fmnist-cnn", "rate": 100}],
+         "limits": {"tenantRates": {"team-a": 20}, "tenantQuotas": {"team-a": "running:2"}},
+         "shutdownGraceSeconds": 2}
+    objs = render(v)
+    cm, = by_kind(objs, "ConfigMap")
+    ports = {s: _free_port() for s in SERVICES}
+    keys = tmp_path / "api-keys"
+    line = json.loads(subprocess.run(
+        [sys.executable, "-m", "fortis.cli", "keys", "new", "--tenant", "team-a", "--json"],
+        capture_output=True, text=True, check=True).stdout)["line"]
+    keys.write_text(line + "\n")         # the secret's file, as the chart mounts it
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    env = {**os.environ, **cm["data"], "FORTIS_INTERNAL_KEY": "internal-test-key"}
+    try:
+        for d in by_kind(objs, "Deployment"):
+            c = d["spec"]["template"]["spec"]["containers"][0]
+            svc = c["name"]
+            args = []
+            for a in c["args"]:
+                a = _expand(a, cm["data"])
+                assert "$(" not in a, a                     # every reference is defined
+                a = a.replace("0.0.0.0:50051", f"127.0.0.1:{ports[svc]}")
+                for other, p in ports.items():
+                    a = a.replace(f"dns:///fortis-team-a-{other}.team-a.svc.cluster.local:50051",
+                                  f"127.0.0.1:{p}")
+                a = a.replace("/etc/fortis/api-keys/api-keys", str(keys))
+                a = a.replace("/var/lib/fortis", str(tmp_path / svc))
+                a = a.replace("0.0.0.0:9090", f"127.0.0.1:{_free_port()}")
+                args.append(a)
+            procs[svc] = subprocess.Popen([sys.executable, "-m", "fortis.cli", *args], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        for svc, p in ports.items():
+            while True:
+                assert procs[svc].poll() is None, \
+                    f"{svc} exited: {procs[svc].stdout.read().decode()[-2000:]}"  # type: ignore[union-attr]
+                r = subprocess.run([sys.executable, "-m", "fortis.cli", "health", "--address",
+                                    f"127.0.0.1:{p}", "--timeout", "2"],
+                                   capture_output=True, text=True)
+                if r.returncode == 0:
+                    assert json.loads(r.stdout)["status"] == "SERVING"
+                    break
+                assert time.monotonic() < deadline, f"{svc} not SERVING: {r.stdout}"
+                time.sleep(0.5)
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
