@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import structlog
-from fortis.services.common import errors
+from fortis.services.common import errors, grpc_options
 from fortis.services.common.api_keys import KeyEntry, KeyFileWatcher, KeyTable, new_api_key
 from fortis.services.common.quotas import CallSlots, QuotaSettings
 from fortis.services.common.server import (
@@ -188,6 +188,10 @@ class StackSettings:
     #: and workers; its schema must be at head (``fortis db upgrade``). None: SQLite files in
     #: ``state_dir`` (the embedded default; no database server needed).
     database_url: str | None = None
+    #: Servers close each connection after this many seconds so clients behind a headless
+    #: Service re-resolve and spread over new replicas (issue 10, grpc_options). None:
+    #: ``$FORTIS_MAX_CONNECTION_AGE_S`` (the Helm chart's ConfigMap) or 300; 0: never.
+    max_connection_age_s: float | None = None
     #: Who runs an evaluation's work items (issue 10, ``services/evaluation/executors.py``):
     #: "local" (the evaluation worker threads; default), "processes" (``worker_processes``
     #: local ``fortis worker`` processes sharing the items through claims in the store) or
@@ -569,7 +573,9 @@ def start_stack(settings: StackSettings) -> Stack:
                                          tls=settings.tls,
                                          max_message_bytes=settings.max_message_bytes,
                                          max_workers=settings.server_workers,
-                                         observe=rpc_metrics.observe, call_slots=slots),
+                                         observe=rpc_metrics.observe, call_slots=slots,
+                                         max_connection_age_s=grpc_options.max_connection_age_s(
+                                             settings.max_connection_age_s)),
                           register)
     addr_box["self"] = server.address
     if settings.tls is not None and not settings.only:

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import structlog
 from fortis.client.errors import from_rpc_error
-from fortis.services.common import errors, limits
+from fortis.services.common import errors, grpc_options, limits
 from fortis.services.common.api_keys import KeyTable
 from fortis.services.common.quotas import CallSlots
 from fortis.services.common.status import status_for
@@ -79,6 +79,9 @@ class ServerSettings:
     #: Most calls of one tenant in progress at once (``CallSlots``; issue 9: one tenant must
     #: not hold every worker thread). None: no limit. Internal calls are not counted.
     call_slots: CallSlots | None = None
+    #: Close each connection after this long so clients re-resolve and rebalance (issue 10,
+    #: grpc_options); 0: never. Calls in flight are not cut.
+    max_connection_age_s: float = grpc_options.DEFAULT_MAX_CONNECTION_AGE_S
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException, request_id: str = "") -> None:
@@ -536,7 +539,7 @@ def build_server(settings: ServerSettings,
     creds = _server_credentials(settings.tls) if settings.tls is not None else None
     opts = [("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
-            ("grpc.so_reuseport", 0)]
+            ("grpc.so_reuseport", 0), *grpc_options.server_options(settings.max_connection_age_s)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers),
                          interceptors=[FortisInterceptor(settings.api_keys, settings.observe,
                                                        settings.call_slots)], options=opts)
@@ -571,7 +574,8 @@ def channel(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     """A client channel with Fortis's message limits; with ``tls``, an internal channel over
     TLS that trusts ``tls.ca_file`` and presents the service's own certificate (mTLS)."""
     opts: list[tuple[str, Any]] = [("grpc.max_receive_message_length", max_message_bytes),
-                                   ("grpc.max_send_message_length", max_message_bytes)]
+                                   ("grpc.max_send_message_length", max_message_bytes),
+                                   *grpc_options.client_options(address)]   # dns:///: round_robin
     if tls is None:
         return grpc.insecure_channel(address, options=opts)
     pem = load_pem(tls)
