@@ -8,11 +8,16 @@
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# Where the CPU build of torch comes from (a mirror or, in scripts/build_image.sh, a folder of
+# wheels mounted into the build: PIP_FIND_LINKS). Only the +cpu build can satisfy the pin.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG PIP_FIND_LINKS
+ARG PIP_CERT
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 RUN python -m venv /opt/fortis \
-    && /opt/fortis/bin/pip install --index-url https://download.pytorch.org/whl/cpu \
-       --extra-index-url https://pypi.org/simple "torch==2.13.0"
+    && /opt/fortis/bin/pip install --index-url "${TORCH_INDEX_URL}" \
+       --extra-index-url https://pypi.org/simple "torch==2.13.0+cpu"
 COPY clients/python /src/clients/python
 RUN /opt/fortis/bin/pip install /src/clients/python
 COPY pyproject.toml setup.py README.md /src/
@@ -20,7 +25,7 @@ COPY services /src/services
 COPY adapters /src/adapters
 COPY clients/cli /src/clients/cli
 RUN /opt/fortis/bin/pip install /src \
-    && /opt/fortis/bin/python -m compileall -q /opt/fortis/lib
+    && /opt/fortis/bin/python -m compileall -q -x "torch/testing/_internal/py3" /opt/fortis/lib
 
 FROM ${PYTHON_IMAGE} AS runtime
 # Fashion-MNIST and the darknet test photos: the datasets of the built-in plans (Debian).
