@@ -88,3 +88,33 @@ def test_fortis_health_against_a_real_server(stack):
     stack.server.health.enter_graceful_shutdown()          # draining: NOT_SERVING
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and json.loads(r.stdout)["status"] == "NOT_SERVING", r.stdout
+
+
+def test_fortis_health_over_mtls_as_the_charts_tls_probe(tmp_path):
+    """The Helm chart's probe with TLS on (Kubernetes' grpc probe has no TLS): ``fortis health
+    --tls-ca --tls-cert --tls-key --tls-server-name`` against a server that requires client
+    certificates and whose certificate names only the Service, not 127.0.0.1."""
+    from fortis.services.common.server import ServerSettings, build_server
+    from fortis.services.common.tls import TlsSettings
+
+    from tests.integration.test_tls import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    srv = build_server(ServerSettings(tls=TlsSettings(
+        cert_file=pki.internal_crt, key_file=pki.internal_key, ca_file=pki.ca_crt,
+        client_auth="require")), [])
+    base = [sys.executable, "-m", "fortis.cli", "health", "--address", srv.address,
+            "--timeout", "5", "--tls-ca", str(pki.ca_crt)]
+    client = ["--tls-cert", str(pki.client_crt), "--tls-key", str(pki.client_key)]
+    try:
+        def run(*extra: str) -> tuple[int, str]:
+            r = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60)
+            return r.returncode, json.loads(r.stdout)["status"]
+
+        assert run(*client, "--tls-server-name", "fortis.internal") == (0, "SERVING")
+        code, status = run(*client)                          # the certificate names another host
+        assert code == 1 and status.startswith("UNAVAILABLE")
+        code, status = run("--tls-server-name", "fortis.internal")   # no client certificate
+        assert code == 1 and status != "SERVING"
+    finally:
+        srv.stop(None)
