@@ -67,7 +67,12 @@ class WorkerSettings:
 def pick(addresses: str, index: int) -> str:
     """One of a comma-separated list of addresses, by the worker's index (replicas shared
     out among local workers); a single address (e.g. ``dns:///...``, balanced per call by
-    gRPC's round_robin) as it is."""
+    gRPC's round_robin) as it is, and so an ``ipv4:``/``ipv6:`` address list, whose commas
+    are gRPC's: every worker reaches every replica, balanced per call (issue 10)."""
+    from fortis.services.common.grpc_options import ADDRESS_LIST_SCHEMES
+
+    if addresses.strip().lower().startswith(ADDRESS_LIST_SCHEMES):
+        return addresses.strip()
     options = [a.strip() for a in addresses.split(",") if a.strip()]
     return options[index % len(options)] if options else ""
 

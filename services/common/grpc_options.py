@@ -9,7 +9,9 @@ a scale-out would get no calls. Two settings fix that:
   finish, new calls open a new connection, and the client re-resolves the name);
 * internal channels to a ``dns:///`` name use the ``round_robin`` policy: one subchannel per
   address the name resolves to, calls spread over all of them (``pick_first``, gRPC's
-  default, sends every call to the first address).
+  default, sends every call to the first address). An ``ipv4:``/``ipv6:`` address list
+  (``ipv4:10.0.0.5:50051,10.0.0.6:50051``) is balanced the same way: the shape of a headless
+  Service without DNS (local replicas, ``tests/integration/test_scale_out.py``).
 
 Pure configuration: no grpc import here (the options are plain tuples).
 """
@@ -64,11 +66,26 @@ def server_options(max_connection_age: float,
     return opts
 
 
+#: gRPC target schemes that name a list of addresses, given as a list: ``ipv4:`` and
+#: ``ipv6:`` (``ipv4:127.0.0.1:7001,127.0.0.1:7002``, gRPC's own comma-separated form).
+ADDRESS_LIST_SCHEMES = ("ipv4:", "ipv6:")
+
+
+def is_multi_address(address: str) -> bool:
+    """True for a target gRPC resolves to several servers and balances per call with
+    ``round_robin``: a ``dns:`` name (a headless Service) or an ``ipv4:``/``ipv6:`` address
+    list (the same shape without DNS, e.g. replicas on loopback ports)."""
+    return address.strip().lower().startswith(("dns:", *ADDRESS_LIST_SCHEMES))
+
+
 def client_options(address: str) -> list[tuple[str, str | int]]:
     """Channel options for ``address``: ``round_robin`` over every address a ``dns:`` name
-    resolves to (a headless Service's pods); nothing for a plain HOST:PORT (one server)."""
-    if address.startswith("dns:"):
-        return [("grpc.service_config", ROUND_ROBIN_SERVICE_CONFIG),
-                # a GOAWAY from an aged connection re-resolves the name at once
-                ("grpc.dns_min_time_between_resolutions_ms", 1000)]
-    return []
+    resolves to (a headless Service's pods) or an ``ipv4:``/``ipv6:`` list names; nothing
+    for a plain HOST:PORT (one server)."""
+    if not is_multi_address(address):
+        return []
+    opts: list[tuple[str, str | int]] = [("grpc.service_config", ROUND_ROBIN_SERVICE_CONFIG)]
+    if address.strip().lower().startswith("dns:"):
+        # a GOAWAY from an aged connection re-resolves the name at once
+        opts.append(("grpc.dns_min_time_between_resolutions_ms", 1000))
+    return opts
