@@ -7,9 +7,20 @@ A crash between the two leaves a visible in-flight row, never a silent gap; ever
 attempt is its own set of rows (``attempts`` = the attempt number, 1 = first), so the ledger
 is what the target saw. Rows are committed before the proxy returns the answer, so counts
 read from the ledger (QNC, success within Q_m, rate) are facts, not an attack's own
-bookkeeping (DESIGN.md section 1). ``synchronous=FULL`` by default: a committed row survives
-a power cut. Concurrent writers (reservations and completions alike) are grouped into one
-transaction (group commit) so durability costs one fsync per group, not per call.
+bookkeeping (DESIGN.md section 1). ``synchronous=FULL`` by default: a reservation is on disk
+(fsync) before its image is sent, so it survives a power cut. Concurrent writers
+(reservations and completions alike) are grouped into one transaction (group commit) so
+durability costs one fsync per group, not per call.
+
+Durability of outcomes (issue 10, "Performance": the proxy's added latency): a completion is
+committed before the answer is returned (every reader, in any process, sees it at once), but
+without its own fsync: a transaction of completions only runs with ``synchronous=NORMAL``,
+and its WAL frames reach the disk with the next durable commit (the next reservation's fsync
+covers the whole WAL file) or, when none comes, by :data:`OUTCOME_DURABLE_WITHIN_S` at the
+latest (a background fsync of the WAL). A process crash loses nothing (the frames are in the
+file); a power cut inside that window can lose an outcome, never a reservation: the row then
+reads ``INTERRUPTED`` at the next start, still charged (the target may have received it).
+This takes one of the two fsyncs of every call off its path.
 
 Crashes (issue 9, "Done when": the SIGKILL crash test, ``tests/e2e/test_crash_resume.py``):
 when a proxy starts, rows a dead process left ``IN_FLIGHT`` become ``INTERRUPTED``
@@ -40,6 +51,7 @@ by proxy replicas). Domain code: no gRPC.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 import time
@@ -169,12 +181,20 @@ class SessionStats:
     interrupted: int = 0
 
 
+#: Longest time an outcome committed without its own fsync stays off the disk when no durable
+#: commit follows it (a power cut in between: the row reads INTERRUPTED, still charged).
+OUTCOME_DURABLE_WITHIN_S = 0.05
+
+
 @dataclass
 class _Op(Generic[_T]):
-    run: Callable[[sqlite3.Connection], _T]
+    run: Callable[[Any], _T]
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
+    #: Must be on disk before the writer goes on (a reservation); False: a completion, durable
+    #: with the next durable commit or within OUTCOME_DURABLE_WITHIN_S.
+    durable: bool = True
 
 
 def _closing() -> errors.Unavailable:
@@ -212,7 +232,9 @@ class LedgerStorage(Protocol):
     commits: int
 
     def close(self) -> None: ...
-    def insert_session(self, s: SessionRecord) -> None: ...
+    def insert_session(self, s: SessionRecord) -> SessionRecord:
+        """Store ``s`` unless the tenant already has a session of that id; the stored one."""
+        ...
     def get_session(self, session_id: str, tenant: str | None = None
                     ) -> SessionRecord | None: ...
     def sessions_with_prefix(self, prefix: str, tenant: str | None = None) -> list[str]: ...
@@ -243,7 +265,7 @@ class Ledger:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
+        wal = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
         self._conn.execute(f"PRAGMA synchronous={synchronous}")
         self._conn.execute("PRAGMA busy_timeout=10000")
         self._conn.executescript(SCHEMA)
@@ -251,9 +273,20 @@ class Ledger:
         self._lock = threading.Lock()            # guards the connection
         #: Transactions committed by :meth:`_group` (fewer than writers: group commit).
         self.commits = 0
+        #: Of those, the ones at the configured ``synchronous`` level (with FULL: an fsync;
+        #: completions alone skip it, see OUTCOME_DURABLE_WITHIN_S).
+        self.durable_commits = 0
         self._closed = False
         self._pending: list[_Op[Any]] = []
         self._pending_lock = threading.Lock()
+        #: Completions may skip their fsync only when the operator asked for fsyncs at all.
+        #: (and only in WAL mode, where one fsync of the WAL file covers every commit before it).
+        self._relax = wal and synchronous.upper() in ("FULL", "EXTRA", "2", "3")
+        self._synchronous = synchronous.upper()
+        self._mode = self._synchronous           # the connection's setting now
+        #: Outcomes committed since the last fsync of the WAL (see OUTCOME_DURABLE_WITHIN_S).
+        self._undurable = threading.Event()
+        self._flusher: threading.Thread | None = None
 
     def close(self) -> None:
         """Close the connection once the write in progress is done; later calls (a request
@@ -261,8 +294,38 @@ class Ledger:
         (their reserved rows stay IN_FLIGHT and are marked INTERRUPTED at the next start)."""
         with self._lock:
             if not self._closed:
+                self._sync_wal()        # outcomes committed without an fsync: on disk now
                 self._closed = True
                 self._conn.close()
+        self._undurable.set()           # wakes the flusher, which sees the ledger closed
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join(5)
+
+    def _sync_wal(self) -> None:
+        """fsync the WAL file (the caller holds the lock): every committed outcome is then on
+        disk. Frames of NORMAL commits are in the file already; this only waits for the disk."""
+        if not self._undurable.is_set():
+            return
+        with contextlib.suppress(OSError):
+            fd = os.open(self.path + "-wal", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._undurable.clear()
+
+    def _flush_outcomes(self) -> None:
+        """Background thread: outcomes committed without an fsync reach the disk within
+        OUTCOME_DURABLE_WITHIN_S when no durable commit (a reservation) does it first."""
+        while True:
+            self._undurable.wait()
+            if self._closed:
+                return
+            time.sleep(OUTCOME_DURABLE_WITHIN_S / 2)
+            with self._lock:
+                if self._closed:
+                    return
+                self._sync_wal()
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[None]:
@@ -273,14 +336,19 @@ class Ledger:
             yield
 
     # -- sessions -------------------------------------------------------------------------
-    def insert_session(self, s: SessionRecord) -> None:
+    def insert_session(self, s: SessionRecord) -> SessionRecord:
+        """Store ``s`` unless the tenant already has a session of that id (then nothing is
+        written); the session as stored, which the caller compares with what it asked for."""
         with self._db():
             self._conn.execute(
                 "INSERT INTO sessions (tenant, session_id, target, query_budget,"
                 " per_image_budget, description, created_at, calls_refused)"
-                " VALUES (?,?,?,?,?,?,?,?)",
+                " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
                 (s.tenant, s.session_id, s.target, s.query_budget, s.per_image_budget,
                  s.description, s.created_at, s.calls_refused))
+        stored = self.get_session(s.session_id, s.tenant)
+        assert stored is not None
+        return stored
 
     def get_session(self, session_id: str, tenant: str | None = None) -> SessionRecord | None:
         """The tenant's session ``session_id`` (``tenant=None``: the operator's view, the
@@ -382,11 +450,12 @@ class Ledger:
         return None if row is None else bytes(row[0])
 
     # -- queries ----------------------------------------------------------------------------
-    def _group(self, run: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``run`` in a durable transaction shared with the writers waiting meanwhile
-        (group commit); returns once it is on disk. A failed group fails each of its
-        writers (none waits forever)."""
-        op: _Op[_T] = _Op(run)
+    def _group(self, run: Callable[[sqlite3.Connection], _T], *, durable: bool = True) -> _T:
+        """Run ``run`` in a transaction shared with the writers waiting meanwhile (group
+        commit); returns once it is committed, and with ``durable`` once it is on disk
+        (otherwise with the next durable commit, see OUTCOME_DURABLE_WITHIN_S). A failed
+        group fails each of its writers (none waits forever)."""
+        op: _Op[_T] = _Op(run, durable=durable or not self._relax)
         with self._pending_lock:
             self._pending.append(op)
         with self._lock:
@@ -405,8 +474,14 @@ class Ledger:
         return op.result  # type: ignore[no-any-return]
 
     def _commit(self, batch: list[_Op[Any]]) -> None:
-        """One durable transaction for ``batch`` (the caller holds the lock)."""
+        """One transaction for ``batch`` (the caller holds the lock): durable (the configured
+        ``synchronous``) when any writer of it needs that, else ``synchronous=NORMAL``."""
+        durable = any(o.durable for o in batch)
         try:
+            mode = self._synchronous if durable else "NORMAL"
+            if mode != self._mode:
+                self._conn.execute(f"PRAGMA synchronous={mode}")
+                self._mode = mode
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 results = [o.run(self._conn) for o in batch]
@@ -415,6 +490,15 @@ class Ledger:
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
+            if durable:
+                self.durable_commits += 1
+                self._undurable.clear()         # the fsync covered the whole WAL
+            elif self._relax:
+                self._undurable.set()
+                if self._flusher is None:
+                    self._flusher = threading.Thread(target=self._flush_outcomes, daemon=True,
+                                                     name="ledger-fsync")
+                    self._flusher.start()
         except BaseException as exc:  # noqa: BLE001 - handed to every writer
             for o in batch:
                 o.error = exc
@@ -454,8 +538,9 @@ class Ledger:
 
     def complete(self, done: Sequence[tuple[int, Outcome]],
                  replies: Sequence[tuple[int, bytes]] = ()) -> None:
-        """Record the outcome of reserved rows (durably, before the answer is returned);
-        ``replies``: (entry id, serialized prediction) kept for a resumed attempt's replay."""
+        """Record the outcome of reserved rows (committed before the answer is returned, on
+        disk with the next durable commit or within OUTCOME_DURABLE_WITHIN_S); ``replies``:
+        (entry id, serialized prediction) kept for a resumed attempt's replay."""
         values = [(o.status, o.error, o.output_summary, o.latency_ms, o.sent_at, entry_id)
                   for entry_id, o in done]
         kept = list(replies)
@@ -468,7 +553,7 @@ class Ledger:
                 conn.executemany("INSERT OR REPLACE INTO replies (entry_id, prediction)"
                                  " VALUES (?,?)", kept)
 
-        self._group(run)
+        self._group(run, durable=False)
 
     def record(self, rows: Sequence[QueryRow]) -> None:
         """Commit finished ``rows`` at once (reservation and outcome in one)."""

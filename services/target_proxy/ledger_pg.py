@@ -16,8 +16,12 @@ whichever replica sent the query:
   NOTHING`` and returns the existing rows' ids, so a retried writer never double-counts.
 - **Group commit**: concurrent writers of this process share one transaction on one writer
   connection (one WAL flush per group, ``commits`` counts them). Durable as the server is
-  configured: ``synchronous_commit`` on (PostgreSQL's default) means a committed row is on
-  disk when ``reserve``/``complete`` return.
+  configured: ``synchronous_commit`` on (PostgreSQL's default) means a reserved row is on
+  disk when ``reserve`` returns, before its image is sent. A group of completions only is an
+  asynchronous commit (``SET LOCAL synchronous_commit TO OFF``): visible to every replica
+  when ``complete`` returns, on disk within 3 x the server's ``wal_writer_delay``; a server
+  crash in between leaves the row in flight (INTERRUPTED, still charged), never loses a
+  reservation (issue 10, "Performance": one WAL flush off every call's path).
 - **Replicas and crashes**: each ledger takes a random ``owner`` number and holds the session
   advisory lock ``(OWNER_LOCK, owner)`` on its own connection while it lives, and writes the
   number into its rows. ``mark_interrupted`` (at a proxy's start) marks ``INTERRUPTED`` only
@@ -29,8 +33,9 @@ whichever replica sent the query:
   never INTERNAL; the writer connection is replaced at the next write.
 
 Tenant scoping as in SQLite (every proxy read names the tenant; ``tenant=None`` is the
-operator's view). ``insert_session`` of an existing (tenant, session_id) does nothing (two
-replicas creating the same session at once). Domain code: no gRPC.
+operator's view). ``insert_session`` of an existing (tenant, session_id) writes nothing and
+returns the stored session (two replicas creating the same session at once get one row;
+``TargetProxy.create_session`` refuses a caller whose settings differ from it). Domain code: no gRPC.
 """
 
 from __future__ import annotations
@@ -39,10 +44,12 @@ import contextlib
 import functools
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+import structlog
 from fortis.services.common import errors, sqldb
 from fortis.services.target_proxy.ledger import (
     IN_FLIGHT,
@@ -56,8 +63,12 @@ from fortis.services.target_proxy.ledger import (
     session_stats,
 )
 
+log = structlog.get_logger("fortis.proxy.ledger")
+
 #: First key of the owners' advisory locks ("FRLG"); the second is the owner number.
 OWNER_LOCK = 0x46524C47
+#: How often (seconds of writing) a ledger checks that it still holds its owner lock.
+OWNER_CHECK_S = 5.0
 _WHAT = "proxy ledger"
 #: Rows completed "not sent: ..." are no queries (as ``ledger._SENT``).
 _SENT_TEXT = " AND error NOT LIKE 'not sent:%'"
@@ -95,9 +106,11 @@ class PgLedger:
     """PostgreSQL implementation of :class:`~.ledger.LedgerStorage`. Thread-safe: reads use
     the engine's pool, writes go through one writer connection (group commit)."""
 
-    def __init__(self, url: str, *, engine: Any = None) -> None:
+    def __init__(self, url: str, *, engine: Any = None, read_only: bool = False) -> None:
         """Connect to ``url`` (InvalidArgument naming ``database_url`` when malformed,
-        unreachable or not at the schema head), draw an owner number and lock it."""
+        unreachable or not at the schema head), draw an owner number and lock it.
+        ``read_only`` (``fortis ledger --database-url``): reads only, no owner number, never
+        a write."""
         self._own_engine = engine is None
         self._engine = engine if engine is not None else sqldb.create_engine(url)
         try:
@@ -107,12 +120,20 @@ class PgLedger:
             self._pending_lock = threading.Lock()
             self._closed = False
             self._writer: Any = None
+            self._read_only = read_only
             #: Transactions committed by the group commit (fewer than writers under load).
             self.commits = 0
-            with sqldb.unavailable_on_loss(_WHAT):
-                self._holder, self.owner = self._take_owner()
-                #: In-flight rows a dead process with this owner number left, marked now.
-                self._inherited = self._interrupt_owner(self.owner)
+            #: Times the owner lock was taken again after its connection was lost.
+            self.owner_retaken = 0
+            self._holder: Any = None
+            self.owner = 0
+            self._inherited = 0
+            self._owner_checked = time.monotonic()
+            if not read_only:
+                with sqldb.unavailable_on_loss(_WHAT):
+                    self._holder, self.owner = self._take_owner()
+                    #: In-flight rows a dead process with this owner number left, marked now.
+                    self._inherited = self._interrupt_owner(self.owner)
         except BaseException:
             if self._own_engine:
                 self._engine.dispose()
@@ -129,6 +150,34 @@ class PgLedger:
                 return holder, owner
         holder.close()      # pragma: no cover - 100 taken numbers out of 2**31
         raise errors.Unavailable("proxy ledger: no free owner number")
+
+    def _keep_owner(self, *, now: bool = False) -> None:
+        """Make sure this ledger still holds its owner lock (the caller holds ``_lock``):
+        checked every OWNER_CHECK_S of writing, and at once after a lost connection. A lost
+        holder connection (the server restarted, the connection was terminated) took the
+        lock with it, so another proxy starting meanwhile would take this live proxy for dead
+        and mark its in-flight rows INTERRUPTED: a new holder takes the same number again
+        before more rows are written under it, or a fresh number if the old one was taken
+        meanwhile (rows marked in between are completed as usual: ``complete`` writes by
+        entry id)."""
+        if not now and time.monotonic() - self._owner_checked < OWNER_CHECK_S:
+            return
+        try:
+            self._holder.execute(sa.text("SELECT 1"))
+        except Exception:  # noqa: BLE001 - any failure: the lock may be gone with it
+            with contextlib.suppress(Exception):
+                self._holder.close()
+            holder = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            if holder.execute(sa.text("SELECT pg_try_advisory_lock(:k, :o)"),
+                              {"k": OWNER_LOCK, "o": self.owner}).scalar():
+                self._holder = holder
+            else:
+                holder.close()
+                old = self.owner
+                self._holder, self.owner = self._take_owner()
+                log.warning("ledger_owner_changed", old=old, new=self.owner)
+            self.owner_retaken += 1
+        self._owner_checked = time.monotonic()
 
     def _interrupt_owner(self, owner: int) -> int:
         with self._engine.begin() as conn:
@@ -167,7 +216,10 @@ class PgLedger:
             return list(conn.execute(sa.text(sql), params).all())
 
     # -- sessions -------------------------------------------------------------------------------
-    def insert_session(self, s: SessionRecord) -> None:
+    def insert_session(self, s: SessionRecord) -> SessionRecord:
+        """Store ``s`` unless the tenant already has a session of that id; the session as
+        stored. Two replicas creating one session at once: one row, and both callers get
+        that row (the proxy then compares its settings with what each asked for)."""
         with self._read() as conn:
             conn.execute(sa.text(
                 "INSERT INTO sessions (tenant, session_id, target, query_budget,"
@@ -177,6 +229,10 @@ class PgLedger:
                  "qb": s.query_budget, "pib": s.per_image_budget, "d": s.description,
                  "c": s.created_at, "r": s.calls_refused})
             conn.commit()
+        stored = self.get_session(s.session_id, s.tenant)
+        if stored is None:      # pragma: no cover - deleted between the two statements
+            raise errors.Unavailable("proxy ledger: the session vanished while being created")
+        return stored
 
     def get_session(self, session_id: str, tenant: str | None = None) -> SessionRecord | None:
         cond, args = _scope(tenant)
@@ -226,6 +282,8 @@ class PgLedger:
         marked, self._inherited = self._inherited, 0
         if self._closed:
             raise _closing()
+        if self._read_only:
+            return 0
         with sqldb.unavailable_on_loss(_WHAT):
             owners = [int(r[0]) for r in self._rows(
                 "SELECT DISTINCT owner FROM queries WHERE status=:f AND owner<>:me",
@@ -269,10 +327,11 @@ class PgLedger:
         return None if not rows else bytes(rows[0][0])
 
     # -- writes (group commit) ---------------------------------------------------------------
-    def _group(self, run: Callable[[Any], _T]) -> _T:
+    def _group(self, run: Callable[[Any], _T], *, durable: bool = True) -> _T:
         """Run ``run`` in a transaction shared with the writers waiting meanwhile; returns
-        once it is committed. A failed group fails each of its writers."""
-        op: _Op[_T] = _Op(run)
+        once it is committed (with ``durable``, once it is on the server's disk). A failed
+        group fails each of its writers."""
+        op: _Op[_T] = _Op(run, durable=durable)
         with self._pending_lock:
             self._pending.append(op)
         with self._lock:
@@ -296,11 +355,18 @@ class PgLedger:
         Unavailable to every writer of the batch."""
         try:
             with sqldb.unavailable_on_loss(_WHAT):
-                if self._writer is None or self._writer.invalidated or self._writer.closed:
+                if self._read_only:
+                    raise errors.FailedPrecondition("this proxy ledger was opened read-only")
+                lost = self._writer is None or self._writer.invalidated or self._writer.closed
+                if lost:
                     self._writer = self._engine.connect()
+                self._keep_owner(now=lost and self.commits > 0)
                 conn = self._writer
                 try:
                     with conn.begin():
+                        if not any(o.durable for o in batch):
+                            # outcomes only: visible at once, flushed by the WAL writer
+                            conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
                         results = [o.run(conn) for o in batch]
                 except BaseException:
                     if conn.invalidated:
@@ -347,8 +413,11 @@ class PgLedger:
 
     def complete(self, done: Sequence[tuple[int, Outcome]],
                  replies: Sequence[tuple[int, bytes]] = ()) -> None:
-        """Record the outcome of reserved rows (committed before the answer is returned);
-        ``replies``: (entry id, serialized prediction) kept for a resumed attempt's replay."""
+        """Record the outcome of reserved rows (committed, so visible to every replica, before
+        the answer is returned; as an asynchronous commit: on disk when the server's WAL writer
+        flushes, within 3 x ``wal_writer_delay``; a server crash before that leaves the row
+        in flight, read INTERRUPTED, still charged); ``replies``: (entry id, serialized
+        prediction) kept for a resumed attempt's replay."""
         values = [(o.status, o.error, o.output_summary, o.latency_ms, o.sent_at, entry_id)
                   for entry_id, o in done]
         kept = [(e, blob) for e, blob in replies]
@@ -360,7 +429,7 @@ class PgLedger:
                 elif rows:
                     conn.exec_driver_sql(sql, rows)      # executemany: pipelined by psycopg
 
-        self._group(run)
+        self._group(run, durable=False)
 
     def record(self, rows: Sequence[QueryRow]) -> None:
         self.reserve(rows)

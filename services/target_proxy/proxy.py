@@ -288,18 +288,20 @@ class TargetProxy:
             raise errors.InvalidArgument("description", "at most 1000 characters")
         sid = session_id or f"ses-{uuid.uuid4().hex[:16]}"
         with self._lock:
-            existing = self.ledger.get_session(sid, tenant)
-            if existing is not None:
-                same = (existing.target == target and existing.query_budget == query_budget
-                        and existing.per_image_budget == per_image_budget)
-                if not same:
-                    raise errors.AlreadyExists(f"session '{sid}' exists with other settings")
-                return existing
-            rec = SessionRecord(session_id=sid, tenant=tenant, target=target,
-                                query_budget=query_budget, per_image_budget=per_image_budget,
-                                description=description, created_at=time.time())
-            self.ledger.insert_session(rec)
-            return rec
+            stored = self.ledger.get_session(sid, tenant)
+            if stored is None:
+                # Insert-or-get: a replica creating the same session at the same moment
+                # (issue 10, replicas on one PostgreSQL) yields one row, and each caller is
+                # compared with that row, as if it had come second.
+                stored = self.ledger.insert_session(SessionRecord(
+                    session_id=sid, tenant=tenant, target=target, query_budget=query_budget,
+                    per_image_budget=per_image_budget, description=description,
+                    created_at=time.time()))
+            same = (stored.target == target and stored.query_budget == query_budget
+                    and stored.per_image_budget == per_image_budget)
+            if not same:
+                raise errors.AlreadyExists(f"session '{sid}' exists with other settings")
+            return stored
 
     def session(self, tenant: str, session_id: str) -> SessionRecord:
         check_session_id(session_id)
