@@ -372,15 +372,15 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         err(f"cannot listen on metrics address {metrics_host}:{metrics_port}: "
             f"{exc.strerror or exc}")
         return EXIT_BAD_INPUT
+    done = threading.Event()       # before the address line: a SIGTERM right after it drains
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
     print(json.dumps({"address": stack.address, "services": ns.service or "all",
                       "targets": {n: s.address for n, s in stack.target_servers.items()},
                       **({"metrics_port": stack.metrics_port,
                           "metrics_address": f"{metrics_host}:{stack.metrics_port}"}
                          if stack.metrics_port is not None else {}),
                       **({"api_key": generated} if generated else {})}), flush=True)
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
     if stack.key_watcher is not None:     # SIGHUP: re-read the key file now
         watcher = stack.key_watcher
         signal.signal(signal.SIGHUP, lambda *_: threading.Thread(
@@ -415,33 +415,54 @@ def _shutdown(stack: Any, grace: float) -> int:
     return 0
 
 
+def _open_ledger(ns: argparse.Namespace) -> tuple[Any, str]:
+    """The ledger ``fortis ledger`` reads, and how to name it: PostgreSQL (``--database-url``
+    or ``$FORTIS_DATABASE_URL``; read-only, issue 10) or the SQLite file in the state folder.
+    InvalidArgument naming the setting when there is none."""
+    from fortis.services.common import errors, sqldb
+
+    url = getattr(ns, "database_url", None) or os.environ.get("FORTIS_DATABASE_URL", "")
+    if url:
+        from fortis.services.target_proxy.ledger_pg import PgLedger
+        return PgLedger(url, read_only=True), sqldb.redact_url(url)
+    from fortis.services.target_proxy.ledger import Ledger
+    path = _state_dir(ns) / "ledger.sqlite"
+    if not path.exists():
+        raise errors.InvalidArgument("state_dir", f"no ledger at {path} (use --state-dir, "
+                                     "--database-url, or --address of a running Fortis)")
+    return Ledger(path, synchronous="NORMAL"), str(path)
+
+
 def cmd_ledger(ns: argparse.Namespace) -> int:
-    """Query counts from the local ledger (``--state-dir``); ``--address`` goes remote."""
+    """Query counts from the local ledger (``--state-dir``) or the one the proxies share in
+    PostgreSQL (``--database-url``); ``--address`` goes remote."""
     if ns.address:
         return remote.cmd_ledger(ns)
     from fortis.services.common.errors import FortisError
-    from fortis.services.target_proxy.ledger import Ledger
 
     if not ns.session and not ns.evaluation:
         err("give --session ID or --evaluation ID")
         return EXIT_BAD_INPUT
-    path = _state_dir(ns) / "ledger.sqlite"
-    if not path.exists():
-        err(f"no ledger at {path} (use --state-dir, or --address of a running Fortis)")
+    try:
+        led, where = _open_ledger(ns)
+    except FortisError as exc:
+        err(str(exc))
         return EXIT_BAD_INPUT
+    tenant = getattr(ns, "tenant", None) or None
     results = []
     try:
-        led = Ledger(path, synchronous="NORMAL")
         try:
-            ids = [ns.session] if ns.session else led.sessions_with_prefix(ns.evaluation + "/")
+            ids = ([ns.session] if ns.session
+                   else led.sessions_with_prefix(ns.evaluation + "/", tenant))
             for sid in ids:
-                rec = led.get_session(sid)
+                rec = led.get_session(sid, tenant)
                 if rec is None:
-                    err(f"session '{sid}' not found in {path}")
+                    err(f"session '{sid}' not found in {where}")
                     return EXIT_BAD_INPUT
-                st = led.stats(sid)
+                st = led.stats(sid, rec.tenant)
                 results.append({
-                    "session_id": sid, "target": rec.target, "queries_ok": st.queries_ok,
+                    "session_id": sid, "tenant": rec.tenant, "target": rec.target,
+                    "queries_ok": st.queries_ok,
                     "queries_failed": st.queries_failed, "calls_refused": st.calls_refused,
                     # rows never completed: in flight, or interrupted by a crash (issue 9)
                     "queries_attempted": st.attempts, "queries_in_flight": st.in_flight,

@@ -201,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("ledger", help="query counts from the proxy's ledger")
     sp.add_argument("--session", help="session id")
     sp.add_argument("--evaluation", help="every session of an evaluation (local ledger)")
+    sp.add_argument("--tenant", help="only this tenant's sessions (local ledger; default: "
+                    "every tenant, the operator's view)")
+    sp.add_argument("--database-url", metavar="URL",
+                    help="read the ledger the proxies share in this PostgreSQL (read-only; "
+                    "default: $FORTIS_DATABASE_URL when set, else the SQLite ledger in "
+                    "--state-dir)")
     sp.add_argument("--json", action="store_true")
     client_opts(sp)
     sp.set_defaults(fn=local.cmd_ledger)

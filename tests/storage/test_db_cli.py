@@ -108,3 +108,51 @@ def test_bad_urls_and_unreachable_servers_are_one_line_naming_the_setting(
         postgres_server.drop_database(name)
     _clean(real, postgres_server.password)
     assert real.returncode == 2 and real.stderr.startswith("fortis: revision: "), real.stderr
+
+
+def test_fortis_ledger_reads_the_shared_postgres_ledger(postgres_url: str) -> None:
+    """``fortis ledger --database-url``: the operator reads the ledger the proxy replicas
+    share (read-only: it takes no owner number and writes nothing), every tenant's or one
+    tenant's sessions; a bad URL is exit 2 naming database_url, without the password."""
+    from fortis.services.target_proxy.ledger import IN_FLIGHT, Outcome, QueryRow, SessionRecord
+    from fortis.services.target_proxy.ledger_pg import PgLedger
+
+    from tests.storage.conftest import migrate
+
+    migrate(postgres_url)
+    pw = _password(postgres_url)
+    led = PgLedger(postgres_url)
+    try:
+        for tenant, n in (("a", 3), ("b", 2)):
+            led.insert_session(SessionRecord(session_id=f"ev1/{tenant}-clean", tenant=tenant,
+                                             target="t", query_budget=0, per_image_budget=0,
+                                             description="", created_at=1.0))
+            ids = led.reserve([QueryRow(
+                tenant=tenant, session_id=f"ev1/{tenant}-clean", target="t", origin="clean",
+                image_id=f"i{k}", input_sha256="0" * 64, output_summary="", latency_ms=0.0,
+                status=IN_FLIGHT, error="", sent_at=1.0, call_id=f"{tenant}c", attempts=1)
+                for k in range(n)])
+            led.complete([(e, Outcome(status="OK")) for e in ids])
+        before = led.last_entry_id()
+    finally:
+        led.close()
+    every = fortis("ledger", "--evaluation", "ev1", "--json", "--database-url", postgres_url)
+    _clean(every, pw)
+    assert every.returncode == 0, every.stderr
+    got = {r["session_id"]: (r["tenant"], r["queries_ok"]) for r in json.loads(every.stdout)}
+    assert got == {"ev1/a-clean": ("a", 3), "ev1/b-clean": ("b", 2)}
+    only_b = fortis("ledger", "--evaluation", "ev1", "--tenant", "b", "--json",
+                    env={"FORTIS_DATABASE_URL": postgres_url})
+    assert only_b.returncode == 0, only_b.stderr
+    assert [r["session_id"] for r in json.loads(only_b.stdout)] == ["ev1/b-clean"]
+    hidden = fortis("ledger", "--session", "ev1/a-clean", "--tenant", "b",
+                    "--database-url", postgres_url)
+    assert hidden.returncode == 2 and "not found" in hidden.stderr
+    bad = fortis("ledger", "--session", "x", "--database-url", f"mysql://fortis:{pw}@127.0.0.1/x")
+    _clean(bad, pw)
+    assert bad.returncode == 2 and "database_url" in bad.stderr
+    reader = PgLedger(postgres_url, read_only=True)     # the reads wrote nothing
+    try:
+        assert reader.last_entry_id() == before
+    finally:
+        reader.close()
