@@ -514,11 +514,13 @@ def start_stack(settings: StackSettings) -> Stack:
             return getattr(stub, item)
 
     # Uploaded blobs (issue 9): stored by the evaluation service's UploadService, read by its
-    # datasets and by the perturbation service (neural_style models) with the caller's tenant.
+    # datasets and by the perturbation service (neural_style models) with the caller's tenant;
+    # in the shared PostgreSQL with database_url (issue 10: pods share no disk), else files.
     blob_store = None
     if "evaluation" in wanted or "perturbation" in wanted:
-        from fortis.services.common.blobs import BlobStore
-        blob_store = BlobStore(state / "blobs", quota_bytes=settings.upload_quota_bytes)
+        from fortis.services.common.blob_backends import open_blobs
+        blob_store = open_blobs(state, database_url=settings.database_url,
+                                quota_bytes=settings.upload_quota_bytes)
         closers.append(blob_store.close)
     if "perturbation" in wanted:
         from fortis.services.common.server import current_tenant
@@ -554,7 +556,6 @@ def start_stack(settings: StackSettings) -> Stack:
         manager = EvaluationManager(store, ports_for=ports_for,
                                     datasets=PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root,
                                                           blobs=blob_store),
-                                    artifacts_dir=state / "artifacts",
                                     workers=settings.evaluation_workers, quotas=settings.quotas)
         register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,
                          ev_servicer.EvaluationServicer(manager, heartbeat_s=settings.watch_heartbeat_s), ev_servicer.SERVICE_NAME))

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from fortis.services.common import errors
-from fortis.services.common.paths import tenant_dir_name
 from fortis.services.common.tls import TlsSettings
 from fortis.services.evaluation.claims import DEFAULT_LEASE_S
 from fortis.services.evaluation.worker import EvaluationWorker, WorkerResult, worker_id
@@ -93,7 +92,7 @@ def open_store(settings: WorkerSettings) -> Any:
 def run_worker(settings: WorkerSettings, stop: threading.Event | None = None) -> WorkerResult:
     """Run one worker to the end of the evaluation's items (or until ``stop`` is set)."""
     from fortis.adapters.plan_sources import BUILTIN_SOURCES
-    from fortis.services.common.blobs import BlobStore
+    from fortis.services.common.blob_backends import open_blobs
     from fortis.services.common.server import call_metadata, channel
     from fortis.services.evaluation.clients import GrpcPerturbation, GrpcProxy
     from fortis.services.evaluation.datasets import PlanDatasets
@@ -110,15 +109,16 @@ def run_worker(settings: WorkerSettings, stop: threading.Event | None = None) ->
         closers += [c.close for c in channels.values()]
         proxy = GrpcProxy(channels[proxy_at], md)
         perturbation = GrpcPerturbation(channels[perturbation_at], md)
-        state = Path(settings.state_dir)
-        blobs = BlobStore(state / "blobs")
+        # uploads: the shared PostgreSQL with database_url (pods share no disk), else the
+        # evaluation service's state folder (issue 10)
+        blobs = open_blobs(Path(settings.state_dir), database_url=settings.database_url,
+                           reader=True)
         closers.append(blobs.close)
         datasets = PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root, blobs=blobs)
         return EvaluationWorker(
             evaluation_id=settings.evaluation_id, store=store, proxy=proxy,
             perturbation=perturbation, datasets=datasets.for_tenant(settings.tenant),
             catalogue=perturbation.catalogue(),
-            artifacts_dir=(state / "artifacts" / tenant_dir_name(settings.tenant)),
             worker_id=worker_id(settings.index), lease_s=settings.lease_s,
             parallel=settings.parallel, stop=stop.is_set).run()
     finally:

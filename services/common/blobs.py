@@ -23,10 +23,20 @@ as soon as the header has arrived (``codec.check_image_header``), before the res
 and without ever decoding. An upload writes a temporary file in the tenant folder, fsyncs and
 renames it; a failed or cancelled upload removes it, and leftovers of a crash are swept when
 the store opens.
+
+Issue 10 ("Kubernetes per tenant and scale-out"): :class:`BlobStorage` is what the callers
+use (the upload servicer, the plan datasets, the perturbation service's model resolver,
+``fortis worker``); :class:`BlobStore` (files + SQLite, the embedded default) and
+``blobs_pg.PgBlobStore`` (content in chunks of ``bytea`` rows in the shared PostgreSQL, so
+separate pods and worker Job pods read the same uploads) implement it with the same checks,
+which live here once: :func:`check_header` (the header of an upload) and
+:class:`UploadChecks` (each chunk as it arrives, the whole at the end);
+``blob_backends.open_blobs`` picks one from the settings.
 """
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import os
 import re
@@ -37,7 +47,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from fortis.services.common.codec import check_image_header, image_header_size
 from fortis.services.common.errors import (
@@ -54,8 +64,9 @@ from fortis.services.common.limits import (
 from fortis.services.common.paths import tenant_dir_name
 
 __all__ = ["BLOB_ID_PREFIX", "DEFAULT_QUOTA_BYTES", "KINDS", "MAX_BLOBS_PER_TENANT",
-           "MAX_BLOB_BYTES", "MAX_CHUNK_BYTES", "BlobInfo", "BlobStore", "Upload",
-           "check_blob_id", "is_blob_id"]
+           "MAX_BLOB_BYTES", "MAX_CHUNK_BYTES", "BlobInfo", "BlobStorage", "BlobStore",
+           "BlobUpload", "Reservations", "Upload", "UploadChecks", "check_blob_id",
+           "check_header", "is_blob_id", "quota_violation"]
 
 #: The kinds of blob and the largest of each, bytes.
 MAX_BLOB_BYTES: Final = {"image": 32 * 1024 * 1024, "manifest": 16 * 1024 * 1024,
@@ -111,11 +122,194 @@ def _not_found(blob_id: str) -> NotFound:
     return NotFound("blob", blob_id)
 
 
+def not_found(blob_id: str) -> NotFound:
+    """NotFound for ``blob_id``: the same answer for an unknown id and another tenant's."""
+    return _not_found(blob_id)
+
+
+def no_such_upload(field: str) -> InvalidArgument:
+    """The answer to a plan or request field naming an unknown or foreign blob (one message
+    for both)."""
+    return InvalidArgument(field, "no such upload of this tenant (upload it first: "
+                                  "fortis upload)")
+
+
+def quota_violation(tenant: str, description: str) -> QuotaExceeded:
+    """RESOURCE_EXHAUSTED with a QuotaFailure on ``tenant:<name>``."""
+    return QuotaExceeded([QuotaViolation(f"tenant:{tenant[:64]}", description)])
+
+
+def check_header(*, kind: str, size: int, media_type: str = "",
+                 expected_sha256: str = "") -> str:
+    """Check an upload's header (fields named ``header.<field>``): the kind, the declared size
+    against the kind's maximum, the media type and the expected digest; the expected hex
+    digest ("" when none was given)."""
+    if kind not in MAX_BLOB_BYTES:
+        raise InvalidArgument("header.kind", f"one of {', '.join(k.upper() for k in KINDS)}"
+                                             " is needed")
+    limit = MAX_BLOB_BYTES[kind]
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= limit:
+        raise InvalidArgument("header.size", f"the declared size must be in 1..{limit:,} "
+                                             f"bytes for a {kind}")
+    if media_type and (len(media_type) > MAX_MEDIA_TYPE_CHARS
+                       or not _MEDIA_TYPE.fullmatch(media_type)):
+        raise InvalidArgument("header.media_type", "a media type such as image/png is needed")
+    return check_blob_id(expected_sha256, "header.expected_sha256") if expected_sha256 else ""
+
+
+def check_room(tenant: str, *, used: int, count: int, held: int, size: int, quota: int,
+               max_blobs: int) -> None:
+    """Refuse (QuotaExceeded) an upload of ``size`` bytes when the tenant's ``used`` bytes,
+    ``held`` bytes of uploads in progress and it pass ``quota``, or it holds ``max_blobs``."""
+    if used + held + size > quota:
+        raise quota_violation(tenant, f"upload storage: {used:,} bytes stored and {held:,} "
+                                      f"being uploaded; {size:,} more would pass the quota of "
+                                      f"{quota:,} bytes (delete blobs with DeleteBlob)")
+    if count >= max_blobs:
+        raise quota_violation(tenant, f"upload storage: at most {max_blobs:,} blobs per tenant "
+                                      "(delete blobs with DeleteBlob)")
+
+
+class Reservations:
+    """Bytes of the uploads in progress in this process, per tenant (counted against the
+    quota until each upload ends)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._held: dict[str, int] = {}
+
+    def held(self, tenant: str) -> int:
+        return self._held.get(tenant, 0)
+
+    def add(self, tenant: str, size: int) -> None:
+        """Reserve ``size`` bytes (call with :attr:`lock` held, after checking the room)."""
+        self._held[tenant] = self._held.get(tenant, 0) + size
+
+    def release(self, tenant: str, size: int) -> None:
+        with self.lock:
+            left = self._held.get(tenant, 0) - size
+            if left > 0:
+                self._held[tenant] = left
+            else:
+                self._held.pop(tenant, None)
+
+
+class BlobUpload(Protocol):
+    """One upload in progress (either store): chunks in order, then ``finish``; ``abort``
+    (or any refusal) keeps nothing."""
+
+    def write(self, chunk: bytes) -> None: ...
+    def finish(self) -> tuple[BlobInfo, bool]: ...
+    def abort(self) -> None: ...
+
+
+class BlobStorage(Protocol):
+    """What the callers need of the uploaded blobs (issue 9's upload API, issue 10's shared
+    state): the file store (:class:`BlobStore`) or PostgreSQL (``blobs_pg.PgBlobStore``),
+    the same limits, messages and tenancy."""
+
+    quota_bytes: int
+
+    def close(self) -> None: ...
+    def get(self, tenant: str, blob_id: str, field: str = "blob_id") -> BlobInfo: ...
+    def path_of(self, tenant: str, blob_id: str, field: str, *, kind: str = "") -> Path: ...
+    def read(self, tenant: str, blob_id: str, field: str, *, kind: str) -> bytes: ...
+    def usage(self, tenant: str) -> tuple[int, int]: ...
+    def list(self, tenant: str, *, kind: str = "", limit: int = 100,
+             after: tuple[float, str] | None = None) -> builtins.list[BlobInfo]: ...
+    def delete(self, tenant: str, blob_id: str, field: str = "blob_id") -> BlobInfo: ...
+    def begin(self, tenant: str, *, kind: str, size: int, media_type: str = "",
+              expected_sha256: str = "") -> BlobUpload: ...
+
+
+class UploadChecks:
+    """The checks of one upload as its bytes arrive, shared by both stores: chunk size,
+    content past the declared size, a model's zip signature, an image's PNG/JPEG header and
+    pixel count (as soon as it has arrived, never decoding), and at the end the size, the
+    header and the digest. Keeps the running SHA-256 and the image's size and media type."""
+
+    def __init__(self, *, kind: str, size: int, media_type: str, expected_hex: str) -> None:
+        self.kind, self.size, self.expected_hex = kind, size, expected_hex
+        self.media_type = media_type
+        self.received = 0
+        self.width = self.height = 0
+        self._hash = hashlib.sha256()
+        self._head = b""
+        self._header_done = kind != "image"
+
+    def accept(self, chunk: bytes) -> None:
+        """Check one chunk and count it (the caller stores it next)."""
+        if len(chunk) > MAX_CHUNK_BYTES:
+            raise InvalidArgument("chunk", f"{len(chunk):,} bytes; at most "
+                                           f"{MAX_CHUNK_BYTES:,} per message")
+        if self.received + len(chunk) > self.size:
+            raise InvalidArgument("chunk", f"more bytes than the declared header.size "
+                                           f"({self.size:,})")
+        if self.received == 0 and chunk and self.kind == "model" and \
+                not chunk.startswith(_ZIP[:len(chunk)]):
+            raise InvalidArgument("chunk", "a model is a TorchScript file (torch.jit.save "
+                                           "writes a zip archive)")
+        self.received += len(chunk)
+        self._hash.update(chunk)
+        if not self._header_done:
+            self._sniff(chunk)
+
+    def _sniff(self, chunk: bytes) -> None:
+        """Check an image's format and pixel count as soon as its header has arrived (never
+        decoding, issue 9 finding 3)."""
+        self._head += chunk[:MAX_IMAGE_HEADER_BYTES + 1 - len(self._head)]
+        head = self._head
+        if len(head) >= 2 and not (head.startswith(_PNG[:len(head)])
+                                   or head.startswith(b"\xff\xd8")):
+            raise InvalidArgument("chunk", "an image must be a PNG or JPEG file")
+        size = image_header_size(head)
+        if size is None:
+            if len(head) > MAX_IMAGE_HEADER_BYTES:
+                raise InvalidArgument("chunk", f"no PNG IHDR or JPEG frame header within the "
+                                               f"first {MAX_IMAGE_HEADER_BYTES:,} bytes")
+            return
+        self.width, self.height = check_image_header(head, "chunk")
+        self.media_type = "image/png" if head.startswith(_PNG) else "image/jpeg"
+        self._header_done = True
+        self._head = b""
+
+    def digest(self) -> str:
+        """The whole upload checked (size, header, expected digest): its hex SHA-256."""
+        if self.received != self.size:
+            raise InvalidArgument("header.size", f"declared {self.size:,} bytes, received "
+                                                 f"{self.received:,}")
+        if not self._header_done:
+            raise InvalidArgument("chunk", "not a PNG/JPEG image (no readable PNG IHDR or "
+                                           "JPEG frame header)")
+        hexd = self._hash.hexdigest()
+        if self.expected_hex and hexd != self.expected_hex:
+            raise InvalidArgument("header.expected_sha256", "the content hashes to "
+                                                            f"sha256:{hexd}")
+        return hexd
+
+    def info(self, hexd: str, created: float) -> BlobInfo:
+        """The new blob's metadata."""
+        return BlobInfo(blob_id=BLOB_ID_PREFIX + hexd, kind=self.kind, size=self.received,
+                        created=created, media_type=self.media_type, width=self.width,
+                        height=self.height)
+
+
+def same_kind(existing: BlobInfo, kind: str) -> BlobInfo:
+    """An idempotent re-upload: the existing blob, unless these bytes are stored as another
+    kind (InvalidArgument on ``header.kind``)."""
+    if existing.kind != kind:
+        raise InvalidArgument("header.kind", f"these bytes are already uploaded as a "
+                                             f"{existing.kind}")
+    return existing
+
+
 class BlobStore:
     """The blobs of every tenant under ``root``; thread-safe."""
 
     def __init__(self, root: Path, *, quota_bytes: int = DEFAULT_QUOTA_BYTES,
-                 max_blobs: int = MAX_BLOBS_PER_TENANT) -> None:
+                 max_blobs: int = MAX_BLOBS_PER_TENANT, sweep: bool = True) -> None:
+        """``sweep``: remove what a crash left (see :meth:`_sweep`); False for a reader
+        opening the folder of a service that may be uploading now (``fortis worker``)."""
         if quota_bytes < 0:
             raise ValueError("quota_bytes must be >= 0")
         self.root = Path(root)
@@ -123,7 +317,7 @@ class BlobStore:
         self.quota_bytes = int(quota_bytes)
         self.max_blobs = int(max_blobs)
         self._lock = threading.Lock()
-        self._reserved: dict[str, int] = {}      # tenant -> bytes of uploads in progress
+        self._reserved = Reservations()      # tenant -> bytes of uploads in progress
         self._db = sqlite3.connect(str(self.root / "blobs.sqlite"), check_same_thread=False,
                                    isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -135,7 +329,8 @@ class BlobStore:
             "PRIMARY KEY (tenant, hex))")
         self._db.execute("CREATE INDEX IF NOT EXISTS blobs_by_time ON blobs "
                          "(tenant, created DESC, hex)")
-        self._sweep()
+        if sweep:
+            self._sweep()
 
     def close(self) -> None:
         with self._lock:
@@ -197,8 +392,7 @@ class BlobStore:
         hexd = check_blob_id(blob_id, field)
         info = self._row(tenant, hexd)
         if info is None:
-            raise InvalidArgument(field, "no such upload of this tenant (upload it first: "
-                                         "fortis upload)")
+            raise no_such_upload(field)
         if kind and info.kind != kind:
             raise InvalidArgument(field, f"the upload is a {info.kind}, a {kind} is needed")
         return self.tenant_dir(tenant) / hexd
@@ -209,8 +403,7 @@ class BlobStore:
         try:
             return path.read_bytes()
         except OSError:
-            raise InvalidArgument(field, "no such upload of this tenant (upload it first: "
-                                         "fortis upload)") from None
+            raise no_such_upload(field) from None
 
     def usage(self, tenant: str) -> tuple[int, int]:
         """(bytes, blobs) ``tenant`` stores now."""
@@ -221,12 +414,12 @@ class BlobStore:
         return int(size), int(count)
 
     def list(self, tenant: str, *, kind: str = "", limit: int = 100,
-             after: tuple[float, str] | None = None) -> list[BlobInfo]:
+             after: tuple[float, str] | None = None) -> builtins.list[BlobInfo]:
         """Up to ``limit`` of the tenant's blobs, newest first (then by id), starting after the
         (created, hex) position ``after``."""
         sql = ("SELECT hex, kind, size, created, media_type, width, height FROM blobs "
                "WHERE tenant = ?")
-        args: list[object] = [tenant]
+        args: builtins.list[object] = [tenant]
         if kind:
             sql += " AND kind = ?"
             args.append(kind)
@@ -259,35 +452,16 @@ class BlobStore:
         """Start an upload after checking its header: the kind, the declared size against the
         kind's maximum and the tenant's quota (the declared size is reserved until the upload
         ends), the media type and expected digest. Fields are named ``header.<field>``."""
-        if kind not in MAX_BLOB_BYTES:
-            raise InvalidArgument("header.kind", f"one of {', '.join(k.upper() for k in KINDS)}"
-                                                 " is needed")
-        limit = MAX_BLOB_BYTES[kind]
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= limit:
-            raise InvalidArgument("header.size", f"the declared size must be in 1..{limit:,} "
-                                                 f"bytes for a {kind}")
-        if media_type and (len(media_type) > MAX_MEDIA_TYPE_CHARS
-                           or not _MEDIA_TYPE.fullmatch(media_type)):
-            raise InvalidArgument("header.media_type", "a media type such as image/png is needed")
-        expected = check_blob_id(expected_sha256, "header.expected_sha256") \
-            if expected_sha256 else ""
+        expected = check_header(kind=kind, size=size, media_type=media_type,
+                                expected_sha256=expected_sha256)
         d = self.tenant_dir(tenant)
-        with self._lock:
+        with self._lock, self._reserved.lock:
             used, count = self._db.execute(
                 "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM blobs WHERE tenant = ?",
                 (tenant,)).fetchone()
-            held = self._reserved.get(tenant, 0)
-            if used + held + size > self.quota_bytes:
-                raise QuotaExceeded([QuotaViolation(
-                    f"tenant:{tenant[:64]}",
-                    f"upload storage: {used:,} bytes stored and {held:,} being uploaded; "
-                    f"{size:,} more would pass the quota of {self.quota_bytes:,} bytes "
-                    "(delete blobs with DeleteBlob)")])
-            if count >= self.max_blobs:
-                raise QuotaExceeded([QuotaViolation(
-                    f"tenant:{tenant[:64]}", f"upload storage: at most {self.max_blobs:,} "
-                                             "blobs per tenant (delete blobs with DeleteBlob)")])
-            self._reserved[tenant] = held + size
+            check_room(tenant, used=used, count=count, held=self._reserved.held(tenant),
+                       size=size, quota=self.quota_bytes, max_blobs=self.max_blobs)
+            self._reserved.add(tenant, size)
         try:
             d.mkdir(parents=True, exist_ok=True)
             return Upload(self, tenant, d, kind=kind, size=size, media_type=media_type,
@@ -297,37 +471,42 @@ class BlobStore:
             raise
 
     def _release(self, tenant: str, size: int) -> None:
-        with self._lock:
-            left = self._reserved.get(tenant, 0) - size
-            if left > 0:
-                self._reserved[tenant] = left
-            else:
-                self._reserved.pop(tenant, None)
+        self._reserved.release(tenant, size)
 
     def _commit(self, up: Upload, hexd: str) -> tuple[BlobInfo, bool]:
         """Record a finished upload (its temp file renamed to the blob's name) or, when the
-        tenant already holds these bytes, keep the existing blob and drop the temp file."""
+        tenant already holds these bytes, keep the existing blob and drop the temp file.
+        One ``BEGIN IMMEDIATE`` transaction: another process committing into the same folder
+        waits, so the same bytes uploaded twice at once make one blob, and the quota is
+        checked again against what is stored now (issue 10: the same semantics as
+        PostgreSQL's)."""
         final = up.folder / hexd
         with self._lock:
-            row = self._db.execute(
-                "SELECT hex, kind, size, created, media_type, width, height FROM blobs "
-                "WHERE tenant = ? AND hex = ?", (up.tenant, hexd)).fetchone()
-            if row is not None:
-                up.discard()
-                info = self._info(row)
-                if info.kind != up.kind:
-                    raise InvalidArgument("header.kind", f"these bytes are already uploaded "
-                                                         f"as a {info.kind}")
-                return info, True
-            os.replace(up.temp, final)
-            _fsync_dir(up.folder)
-            info = BlobInfo(blob_id=BLOB_ID_PREFIX + hexd, kind=up.kind, size=up.received,
-                            created=time.time(), media_type=up.media_type,
-                            width=up.width, height=up.height)
-            self._db.execute("INSERT INTO blobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             (up.tenant, hexd, info.kind, info.size, info.created,
-                              info.media_type, info.width, info.height))
-            return info, False
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(
+                    "SELECT hex, kind, size, created, media_type, width, height FROM blobs "
+                    "WHERE tenant = ? AND hex = ?", (up.tenant, hexd)).fetchone()
+                if row is None:
+                    used, count = self._db.execute(
+                        "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM blobs WHERE tenant = ?",
+                        (up.tenant,)).fetchone()
+                    check_room(up.tenant, used=used, count=count, held=0, size=up.size,
+                               quota=self.quota_bytes, max_blobs=self.max_blobs)
+                    os.replace(up.temp, final)
+                    _fsync_dir(up.folder)
+                    info = up.checks.info(hexd, time.time())
+                    self._db.execute("INSERT INTO blobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                     (up.tenant, hexd, info.kind, info.size, info.created,
+                                      info.media_type, info.width, info.height))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        if row is not None:
+            up.discard()
+            return same_kind(self._info(row), up.kind), True
+        return info, False
 
 
 def _fsync_dir(d: Path) -> None:
@@ -350,17 +529,17 @@ class Upload:
     def __init__(self, store: BlobStore, tenant: str, folder: Path, *, kind: str, size: int,
                  media_type: str, expected_hex: str) -> None:
         self.store, self.tenant, self.folder = store, tenant, folder
-        self.kind, self.size, self.expected_hex = kind, size, expected_hex
-        self.media_type = media_type
-        self.received = 0
+        self.kind, self.size = kind, size
+        self.checks = UploadChecks(kind=kind, size=size, media_type=media_type,
+                                   expected_hex=expected_hex)
         self._held = size               # quota reserved by BlobStore.begin, released once
-        self.width = self.height = 0
-        self._hash = hashlib.sha256()
-        self._head = b""
-        self._header_done = kind != "image"
         self._done = False
         self.temp = folder / f".{uuid.uuid4().hex}{_PART}"
         self._file = self.temp.open("xb")
+
+    @property
+    def received(self) -> int:
+        return self.checks.received
 
     def write(self, chunk: bytes) -> None:
         """Append one chunk; refuses (and aborts) a chunk over 1 MiB, content past the
@@ -368,58 +547,17 @@ class Upload:
         try:
             if self._done:
                 raise InvalidArgument("chunk", "the upload has already ended")
-            if len(chunk) > MAX_CHUNK_BYTES:
-                raise InvalidArgument("chunk", f"{len(chunk):,} bytes; at most "
-                                               f"{MAX_CHUNK_BYTES:,} per message")
-            if self.received + len(chunk) > self.size:
-                raise InvalidArgument("chunk", f"more bytes than the declared header.size "
-                                               f"({self.size:,})")
-            if self.received == 0 and chunk and self.kind == "model" and \
-                    not chunk.startswith(_ZIP[:len(chunk)]):
-                raise InvalidArgument("chunk", "a model is a TorchScript file (torch.jit.save "
-                                               "writes a zip archive)")
-            self.received += len(chunk)
-            self._hash.update(chunk)
-            if not self._header_done:
-                self._sniff(chunk)
+            self.checks.accept(chunk)
             self._file.write(chunk)
         except BaseException:
             self.abort()
             raise
 
-    def _sniff(self, chunk: bytes) -> None:
-        """Check an image's format and pixel count as soon as its header has arrived (never
-        decoding, issue 9 finding 3)."""
-        self._head += chunk[:MAX_IMAGE_HEADER_BYTES + 1 - len(self._head)]
-        head = self._head
-        if len(head) >= 2 and not (head.startswith(_PNG[:len(head)])
-                                   or head.startswith(b"\xff\xd8")):
-            raise InvalidArgument("chunk", "an image must be a PNG or JPEG file")
-        size = image_header_size(head)
-        if size is None:
-            if len(head) > MAX_IMAGE_HEADER_BYTES:
-                raise InvalidArgument("chunk", f"no PNG IHDR or JPEG frame header within the "
-                                               f"first {MAX_IMAGE_HEADER_BYTES:,} bytes")
-            return
-        self.width, self.height = check_image_header(head, "chunk")
-        self.media_type = "image/png" if head.startswith(_PNG) else "image/jpeg"
-        self._header_done = True
-        self._head = b""
-
     def finish(self) -> tuple[BlobInfo, bool]:
         """Check the whole (size, header, digest), make it durable and record it: (the blob,
         whether the tenant already had these bytes)."""
         try:
-            if self.received != self.size:
-                raise InvalidArgument("header.size", f"declared {self.size:,} bytes, received "
-                                                     f"{self.received:,}")
-            if not self._header_done:
-                raise InvalidArgument("chunk", "not a PNG/JPEG image (no readable PNG IHDR or "
-                                               "JPEG frame header)")
-            hexd = self._hash.hexdigest()
-            if self.expected_hex and hexd != self.expected_hex:
-                raise InvalidArgument("header.expected_sha256", "the content hashes to "
-                                                                f"sha256:{hexd}")
+            hexd = self.checks.digest()
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
@@ -462,3 +600,4 @@ def iter_chunks(data: bytes, size: int = MAX_CHUNK_BYTES) -> Iterator[bytes]:
     """``data`` in chunks of at most ``size`` bytes (for callers uploading from memory)."""
     for i in range(0, len(data), size):
         yield data[i:i + size]
+

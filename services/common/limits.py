@@ -89,6 +89,13 @@ MAX_BLOB_ID_CHARS: Final = 71
 #: A blob's media type.
 MAX_MEDIA_TYPE_CHARS: Final = 128
 
+# -- evaluation artifacts (services/evaluation/store.py; issue 10, one shared store) ----------
+#: An artifact's name (``adversarial/<attack>-<chunk>.npz``): '/'-separated parts of letters,
+#: digits, '_', '-', '.', none starting with '.'.
+MAX_ARTIFACT_NAME_CHARS: Final = 200
+#: Bytes of one artifact (an attack chunk's adversarial examples, uint8 and float).
+MAX_ARTIFACT_BYTES: Final = 1024 * 1024 * 1024
+
 # -- labels and evaluations ------------------------------------------------------------------
 #: Largest class label (and number of classes) of a target.
 MAX_CLASS_LABEL: Final = 1_000_000

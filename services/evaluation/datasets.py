@@ -42,7 +42,7 @@ from typing import Any, BinaryIO
 
 import cv2
 import numpy as np
-from fortis.services.common.blobs import BlobStore
+from fortis.services.common.blobs import BlobStorage
 from fortis.services.common.codec import check_image_header
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument
 from fortis.services.common.paths import confined_file as _confined
@@ -168,7 +168,7 @@ def _lines_of(f: BinaryIO, first: int, count: int, field: str) -> Iterator[tuple
 #: Loads one image (or mask) a manifest row names: (value, field, cv2 flags) -> pixels.
 ImageLoader = Callable[[object, str, int], np.ndarray]
 #: Where uploaded data is read: the blob store and the tenant whose plan it is (issue 9).
-Uploads = tuple[BlobStore, str]
+Uploads = tuple[BlobStorage, str]
 
 
 def _opened(plan: Plan, data_root: Path | None, uploads: Uploads | None
@@ -278,7 +278,7 @@ class PlanDatasets(DatasetPort):
     or the tenant's uploads (``blobs``; :meth:`for_tenant` binds the plan's tenant)."""
 
     def __init__(self, builtin: Mapping[str, BuiltinSource], data_root: Path | None = None,
-                 *, blobs: BlobStore | None = None, tenant: str = "") -> None:
+                 *, blobs: BlobStorage | None = None, tenant: str = "") -> None:
         self.builtin = dict(builtin)
         self.data_root = Path(data_root) if data_root is not None else None
         self.blobs = blobs

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -138,7 +137,6 @@ class EvaluationRunner:
     report: ReportPort
     datasets: DatasetPort
     catalogue: Catalogue
-    artifacts_dir: Path
     cancelled: Callable[[], bool] = lambda: False
     #: Workers that run the items first (issue 10; ``executors.py``). None: this process
     #: runs them all.
@@ -168,7 +166,7 @@ class EvaluationRunner:
         ctx = RunContext(evaluation_id=eid, plan=plan, plan_text=self.plan_text, store=store,
                          proxy=self.proxy, perturbation=self.perturbation, scoring=self.scoring,
                          report=self.report, images=images, target=target,
-                         artifacts_dir=self.artifacts_dir, progress=progress,
+                         progress=progress,
                          cancelled=self.cancelled,
                          chunk_ranges=chunks(len(images), plan.batch_size))
         settings: list[Setting] = []

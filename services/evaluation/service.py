@@ -5,8 +5,8 @@ the runner's ports are injected.
 Tenancy (issue 9, finding 4): evaluations live in their tenant's namespace (the store's
 ``for_tenant`` view): tenant B can neither see nor block tenant A's evaluation ids, and a
 foreign id is NOT_FOUND with the same message as an unknown one. Evaluation ids are
-restricted (``check_evaluation_id``) and artifacts go under ``artifacts/<tenant>/`` (the
-tenant name made safe by ``tenant_dir_name``), never outside the artifacts folder."""
+restricted (``check_evaluation_id``) and artifacts are kept in the store under the
+(tenant, evaluation, name) key (issue 10: one shared store, whichever worker wrote them)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,9 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import structlog
 from fortis.services.common import errors
-from fortis.services.common.paths import tenant_dir_name
 from fortis.services.common.quotas import QuotaSettings
 from fortis.services.common.status import status_for
 from fortis.services.evaluation.executors import Executor
@@ -72,7 +70,7 @@ class EvaluationManager:
     (``QuotaExceeded``, nothing stored). Resumed evaluations re-enter the same queue."""
 
     def __init__(self, store: EvaluationStore, *, ports_for: Callable[[str], Ports],
-                 datasets: DatasetPort, artifacts_dir: Path, workers: int = 2,
+                 datasets: DatasetPort, workers: int = 2,
                  catalogue_ttl_s: float = 60.0, quotas: QuotaSettings | None = None,
                  executor: Executor | None = None) -> None:
         self.store = store
@@ -82,7 +80,6 @@ class EvaluationManager:
         self.datasets = datasets
         self._catalogue: tuple[float, Catalogue] | None = None
         self._catalogue_ttl = catalogue_ttl_s
-        self.artifacts_dir = artifacts_dir
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="evaluation")
         self._cancel: dict[tuple[str, str], threading.Event] = {}
         self._lock = threading.Lock()
@@ -242,14 +239,6 @@ class EvaluationManager:
                 ev = self._cancel.setdefault((pick.tenant, pick.job_id), threading.Event())
                 self._pool.submit(self._run, pick.tenant, pick.job_id, ev, pick.payload)
 
-    def artifacts_of(self, tenant: str) -> Path:
-        """The tenant's artifacts folder, checked to lie inside the artifacts folder."""
-        root = self.artifacts_dir.resolve()
-        d = (root / tenant_dir_name(tenant)).resolve()
-        if d.parent != root:
-            raise errors.Internal("artifacts folder outside the artifacts root")
-        return d
-
     def _run(self, tenant: str, evaluation_id: str, cancel: threading.Event,
              request_id: str = "") -> None:
         if self._closed:
@@ -288,7 +277,6 @@ class EvaluationManager:
                              perturbation=ports.perturbation, scoring=ports.scoring,
                              report=ports.report, datasets=self.datasets.for_tenant(row.tenant),
                              catalogue=catalogue,
-                             artifacts_dir=self.artifacts_of(row.tenant),
                              cancelled=cancel.is_set, executor=self.executor).run()
             final = store.get(evaluation_id)
             log.info("evaluation_finished", target=target,

@@ -11,12 +11,21 @@ evaluation's items through leases (:meth:`EvaluationStore.claim_items`: ``BEGIN 
 here, ``FOR UPDATE SKIP LOCKED`` in PostgreSQL): a claimed item is its worker's until the
 lease expires or is released, so two workers never run the same item. Files written before
 the lease columns get them added when opened.
+
+Artifacts (issue 10): what an evaluation keeps besides its item results, such as the
+adversarial examples of its attack stages (CAN-9: kept as float arrays as well as the images
+sent), live in the store too, keyed by (tenant, evaluation id, name) and written by whichever
+worker ran the item, so separate pods need no shared disk (:meth:`EvaluationStore.put_artifact`;
+content in parts of :data:`ARTIFACT_PART_BYTES`; names checked by :func:`check_artifact_name`,
+so an export never writes outside its folder). ``fortis artifacts list|export`` reads them.
 """
 
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -26,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fortis.services.common import errors
+from fortis.services.common.limits import MAX_ARTIFACT_BYTES, MAX_ARTIFACT_NAME_CHARS
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (
@@ -65,6 +75,23 @@ CREATE TABLE IF NOT EXISTS items (
     lease_expires REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, evaluation_id, item_key)
 );
+CREATE TABLE IF NOT EXISTS artifacts (
+    tenant TEXT NOT NULL,
+    evaluation_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (tenant, evaluation_id, name)
+);
+CREATE TABLE IF NOT EXISTS artifact_parts (
+    tenant TEXT NOT NULL,
+    evaluation_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (tenant, evaluation_id, name, seq)
+);
 """
 
 ACTIVE_STATES = ("PENDING", "RUNNING")
@@ -94,6 +121,61 @@ class EvaluationRow:
     images_done: int
     images_total: int
     error_status: bytes | None
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    """A stored artifact's metadata (never its content)."""
+
+    name: str
+    size: int
+    sha256: str
+    created_at: float
+
+
+#: Bytes of one stored part of an artifact (rows of bounded size in either database).
+ARTIFACT_PART_BYTES = 4 * 1024 * 1024
+_ARTIFACT_PART = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*"
+_ARTIFACT_NAME = re.compile(rf"{_ARTIFACT_PART}(/{_ARTIFACT_PART}){{0,7}}")
+
+
+def check_artifact_name(name: object, field: str = "name") -> str:
+    """``name`` when it is a safe artifact name: '/'-separated parts of letters, digits, '_',
+    '-', '.', none empty or starting with '.' (so no '..', no absolute path), at most
+    :data:`~fortis.services.common.limits.MAX_ARTIFACT_NAME_CHARS` characters; InvalidArgument
+    on ``field`` otherwise (never echoing it)."""
+    if not isinstance(name, str) or len(name) > MAX_ARTIFACT_NAME_CHARS \
+            or not _ARTIFACT_NAME.fullmatch(name):
+        n = len(name) if isinstance(name, str) else 0
+        raise errors.InvalidArgument(field, f"an artifact name is 1 to {MAX_ARTIFACT_NAME_CHARS}"
+                                     " characters: '/'-separated parts of letters, digits, '_',"
+                                     f" '-', '.', none starting with '.' (got {n} characters)")
+    return name
+
+
+def check_artifact(evaluation_id: str, name: str, data: bytes) -> str:
+    """Check an artifact to store (the evaluation id, the name, the size); its SHA-256."""
+    if not evaluation_id or len(evaluation_id) > 100:
+        raise errors.InvalidArgument("evaluation_id", "1 to 100 characters")
+    check_artifact_name(name)
+    if len(data) > MAX_ARTIFACT_BYTES:
+        raise errors.InvalidArgument("data", f"{len(data):,} bytes; an artifact holds at most "
+                                     f"{MAX_ARTIFACT_BYTES:,}")
+    return hashlib.sha256(data).hexdigest()
+
+
+def artifact_parts(data: bytes) -> builtins.list[bytes]:
+    """``data`` cut into stored parts (one empty part for empty data)."""
+    return [data[i:i + ARTIFACT_PART_BYTES]
+            for i in range(0, len(data), ARTIFACT_PART_BYTES)] or [b""]
+
+
+def joined_artifact(info: ArtifactInfo, parts: Iterable[bytes]) -> bytes:
+    """The stored parts joined, checked against the recorded size and SHA-256."""
+    data = b"".join(parts)
+    if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
+        raise errors.Internal(f"artifact {info.name} is damaged in the evaluation store")
+    return data
 
 
 #: Bounds of a claim (issue 10): items per claim, and the lease in seconds.
@@ -152,6 +234,9 @@ class EvaluationStorage(Protocol):
                   lease_s: float) -> str: ...
     def finish_claimed(self, evaluation_id: str, key: str, worker_id: str, result: bytes, *,
                        images: int, queries: int, message: str) -> bool: ...
+    def put_artifact(self, evaluation_id: str, name: str, data: bytes) -> ArtifactInfo: ...
+    def artifacts(self, evaluation_id: str) -> builtins.list[ArtifactInfo]: ...
+    def artifact(self, evaluation_id: str, name: str) -> bytes | None: ...
 
 
 _COLS = ("evaluation_id, tenant, state, plan_text, plan_name, created_at, updated_at, error_code,"
@@ -511,3 +596,65 @@ class EvaluationStore:
                 raise
             self._bump()
         return first
+
+    # -- artifacts: what an evaluation keeps besides its item results (issue 10) ------------
+    def put_artifact(self, evaluation_id: str, name: str, data: bytes) -> ArtifactInfo:
+        """Store (or replace) the artifact ``name`` of this tenant's evaluation, in one
+        transaction. Idempotent: the same bytes under the same name again (a retried item)
+        write nothing and return the stored artifact."""
+        digest = check_artifact(evaluation_id, name, data)
+        tenant = self._t()
+        key = (tenant, evaluation_id, name)
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._conn.execute(
+                    "SELECT size, sha256, created_at FROM artifacts WHERE tenant=? AND"
+                    " evaluation_id=? AND name=?", key).fetchone()
+                if row is not None and (int(row[0]), row[1]) == (len(data), digest):
+                    self._conn.execute("COMMIT")
+                    return ArtifactInfo(name, int(row[0]), row[1], float(row[2]))
+                info = ArtifactInfo(name, len(data), digest, time.time())
+                self._conn.execute("DELETE FROM artifact_parts WHERE tenant=? AND"
+                                   " evaluation_id=? AND name=?", key)
+                self._conn.execute(
+                    "INSERT INTO artifacts (tenant, evaluation_id, name, size, sha256,"
+                    " created_at) VALUES (?,?,?,?,?,?) ON CONFLICT(tenant, evaluation_id, name)"
+                    " DO UPDATE SET size=excluded.size, sha256=excluded.sha256,"
+                    " created_at=excluded.created_at", (*key, info.size, digest, info.created_at))
+                self._conn.executemany(
+                    "INSERT INTO artifact_parts (tenant, evaluation_id, name, seq, data)"
+                    " VALUES (?,?,?,?,?)",
+                    [(*key, i, part) for i, part in enumerate(artifact_parts(data))])
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return info
+
+    def artifacts(self, evaluation_id: str) -> builtins.list[ArtifactInfo]:
+        """This tenant's artifacts of the evaluation, by name."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT name, size, sha256, created_at FROM artifacts WHERE tenant=? AND"
+                " evaluation_id=? ORDER BY name", (self._t(), evaluation_id)).fetchall()
+        return [ArtifactInfo(r[0], int(r[1]), r[2], float(r[3])) for r in rows]
+
+    def artifact(self, evaluation_id: str, name: str) -> bytes | None:
+        """The content of this tenant's artifact (checked against its SHA-256); None when
+        there is none of that name (another tenant's is none)."""
+        key = (self._t(), evaluation_id, name)
+        with self._lock:
+            self._conn.execute("BEGIN")         # one snapshot for the row and its parts
+            try:
+                row = self._conn.execute(
+                    "SELECT size, sha256, created_at FROM artifacts WHERE tenant=? AND"
+                    " evaluation_id=? AND name=?", key).fetchone()
+                parts = [] if row is None else [bytes(r[0]) for r in self._conn.execute(
+                    "SELECT data FROM artifact_parts WHERE tenant=? AND evaluation_id=? AND"
+                    " name=? ORDER BY seq", key).fetchall()]
+            finally:
+                self._conn.execute("COMMIT")
+        if row is None:
+            return None
+        return joined_artifact(ArtifactInfo(name, int(row[0]), row[1], float(row[2])), parts)

@@ -12,6 +12,10 @@ the same item and a dead worker's items are claimed again when its lease runs ou
 ``changed``/``version`` signal the writes of this process (WatchEvaluation wakes on them);
 changes written by other processes are seen at the watch's next heartbeat. A database that
 stops answering is ``Unavailable``. Domain code: no gRPC.
+
+Artifacts (migration 0003): one ``artifacts`` row per (tenant, evaluation, name) and its
+content in ``artifact_parts`` rows; a write locks the artifact's row, so two workers saving
+the same chunk at once leave one consistent artifact, and the same bytes again write nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +29,15 @@ from typing import Any
 
 import sqlalchemy as sa
 from fortis.services.common import sqldb
-from fortis.services.evaluation.store import ACTIVE_STATES, EvaluationRow, check_claim
+from fortis.services.evaluation.store import (
+    ACTIVE_STATES,
+    ArtifactInfo,
+    EvaluationRow,
+    artifact_parts,
+    check_artifact,
+    check_claim,
+    joined_artifact,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 metadata = sa.MetaData()
@@ -70,6 +82,28 @@ items = sa.Table(
     sa.Column("lease_owner", sa.Text(), **_TEXT),
     sa.Column("lease_expires", sa.Float(), nullable=False, server_default="0"),
     sa.PrimaryKeyConstraint("tenant", "evaluation_id", "item_key", name="items_pkey"),
+)
+
+#: What an evaluation keeps besides its item results (migration 0003; issue 10).
+artifacts = sa.Table(
+    "artifacts", metadata,
+    sa.Column("tenant", sa.Text(), nullable=False),
+    sa.Column("evaluation_id", sa.Text(), nullable=False),
+    sa.Column("name", sa.Text(), nullable=False),
+    sa.Column("size", sa.BigInteger(), nullable=False),
+    sa.Column("sha256", sa.Text(), nullable=False),
+    sa.Column("created_at", sa.Float(), nullable=False),
+    sa.PrimaryKeyConstraint("tenant", "evaluation_id", "name", name="artifacts_pkey"),
+)
+artifact_parts_table = sa.Table(
+    "artifact_parts", metadata,
+    sa.Column("tenant", sa.Text(), nullable=False),
+    sa.Column("evaluation_id", sa.Text(), nullable=False),
+    sa.Column("name", sa.Text(), nullable=False),
+    sa.Column("seq", sa.Integer(), nullable=False),
+    sa.Column("data", sa.LargeBinary(), nullable=False),
+    sa.PrimaryKeyConstraint("tenant", "evaluation_id", "name", "seq",
+                            name="artifact_parts_pkey"),
 )
 
 #: The columns of an EvaluationRow, in its field order.
@@ -366,3 +400,73 @@ class PgEvaluationStore:
         first = bool(self._run(run))
         self._bump()
         return first
+
+    # -- artifacts (issue 10) ---------------------------------------------------------------
+    def _akey(self, evaluation_id: str, name: str) -> Any:
+        return sa.and_(artifacts.c.tenant == self._t(),
+                       artifacts.c.evaluation_id == evaluation_id, artifacts.c.name == name)
+
+    def put_artifact(self, evaluation_id: str, name: str, data: bytes) -> ArtifactInfo:
+        """As :meth:`~.store.EvaluationStore.put_artifact`, in one transaction: a new row is
+        inserted (waiting for a concurrent writer of the same name to commit), an existing one
+        is locked, kept when it holds these bytes, else replaced with its parts."""
+        digest = check_artifact(evaluation_id, name, data)
+        tenant = self._t()
+        parts = artifact_parts(data)
+        parts_t = artifact_parts_table
+
+        def run(c: Any) -> ArtifactInfo:
+            info = ArtifactInfo(name, len(data), digest, time.time())
+            inserted = c.execute(
+                pg_insert(artifacts).values(tenant=tenant, evaluation_id=evaluation_id,
+                                            name=name, size=info.size, sha256=digest,
+                                            created_at=info.created_at)
+                .on_conflict_do_nothing(constraint="artifacts_pkey")
+                .returning(artifacts.c.name)).first() is not None
+            if not inserted:
+                size, sha, created = c.execute(
+                    sa.select(artifacts.c.size, artifacts.c.sha256, artifacts.c.created_at)
+                    .where(self._akey(evaluation_id, name)).with_for_update()).one()
+                if (int(size), sha) == (len(data), digest):
+                    return ArtifactInfo(name, int(size), sha, float(created))
+                c.execute(artifacts.update().where(self._akey(evaluation_id, name)).values(
+                    size=info.size, sha256=digest, created_at=info.created_at))
+                c.execute(parts_t.delete().where(
+                    parts_t.c.tenant == tenant, parts_t.c.evaluation_id == evaluation_id,
+                    parts_t.c.name == name))
+            c.execute(parts_t.insert(), [
+                {"tenant": tenant, "evaluation_id": evaluation_id, "name": name, "seq": i,
+                 "data": part} for i, part in enumerate(parts)])
+            return info
+        result: ArtifactInfo = self._run(run)
+        return result
+
+    def artifacts(self, evaluation_id: str) -> builtins.list[ArtifactInfo]:
+        rows = self._run(lambda c: c.execute(
+            sa.select(artifacts.c.name, artifacts.c.size, artifacts.c.sha256,
+                      artifacts.c.created_at)
+            .where(artifacts.c.tenant == self._t(), artifacts.c.evaluation_id == evaluation_id)
+            .order_by(artifacts.c.name)).all())
+        return [ArtifactInfo(r[0], int(r[1]), r[2], float(r[3])) for r in rows]
+
+    def artifact(self, evaluation_id: str, name: str) -> bytes | None:
+        """As :meth:`~.store.EvaluationStore.artifact`: the row is held ``FOR SHARE`` while
+        its parts are read, so a concurrent replacement is never seen half-done."""
+        parts_t = artifact_parts_table
+
+        def run(c: Any) -> tuple[ArtifactInfo, list[bytes]] | None:
+            r = c.execute(sa.select(artifacts.c.size, artifacts.c.sha256,
+                                    artifacts.c.created_at)
+                          .where(self._akey(evaluation_id, name))
+                          .with_for_update(read=True)).first()
+            if r is None:
+                return None
+            data = [bytes(p[0]) for p in c.execute(
+                sa.select(parts_t.c.data).where(
+                    parts_t.c.tenant == self._t(), parts_t.c.evaluation_id == evaluation_id,
+                    parts_t.c.name == name).order_by(parts_t.c.seq)).all()]
+            return ArtifactInfo(name, int(r[0]), r[1], float(r[2])), data
+        got = self._run(run)
+        if got is None:
+            return None
+        return joined_artifact(*got)

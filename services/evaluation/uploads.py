@@ -1,6 +1,7 @@
 """gRPC transport of ``fortis.evaluation.v1.UploadService`` (issue 9, "No plan reads the
-server's disk"): decode, call :class:`~fortis.services.common.blobs.BlobStore` in the caller's
-tenant, encode. Every decision (limits, quota, header checks, tenancy) is the store's.
+server's disk"): decode, call :class:`~fortis.services.common.blobs.BlobStorage` (the file
+store, or PostgreSQL with ``database_url``: issue 10) in the caller's tenant, encode. Every
+decision (limits, quota, header checks, tenancy) is the store's.
 
 An upload that ends early (a refused chunk, a client cancel, a broken stream) is aborted, so
 nothing partial is kept.
@@ -14,7 +15,7 @@ from typing import Any
 from fortis.evaluation.v1 import uploads_pb2 as pb
 from fortis.evaluation.v1 import uploads_pb2_grpc
 from fortis.services.common import errors
-from fortis.services.common.blobs import BlobInfo, BlobStore, Upload
+from fortis.services.common.blobs import BlobInfo, BlobStorage, BlobUpload
 from fortis.services.common.pagination import decode_token, encode_token, page_size, tenant_list
 from fortis.services.common.server import current_tenant
 from google.protobuf import timestamp_pb2
@@ -45,15 +46,15 @@ def _kind(value: int, field: str, *, allow_unspecified: bool = False) -> str:
 
 
 class UploadServicer(uploads_pb2_grpc.UploadServiceServicer):
-    """Thin transport over one :class:`BlobStore`."""
+    """Thin transport over one :class:`BlobStorage` (files, or PostgreSQL: issue 10)."""
 
-    def __init__(self, store: BlobStore) -> None:
+    def __init__(self, store: BlobStorage) -> None:
         self.store = store
 
     def UploadBlob(self, request_iterator: Iterable[Any], context: Any  # noqa: N802
                    ) -> pb.UploadBlobResponse:
         tenant = current_tenant.get()
-        upload: Upload | None = None
+        upload: BlobUpload | None = None
         try:
             for n, req in enumerate(request_iterator):
                 part = req.WhichOneof("part")

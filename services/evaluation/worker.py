@@ -25,7 +25,6 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -83,7 +82,6 @@ class EvaluationWorker:
     perturbation: PerturbationPort
     datasets: DatasetPort
     catalogue: Catalogue
-    artifacts_dir: Path
     worker_id: str
     lease_s: float = DEFAULT_LEASE_S
     poll_s: float = 0.5
@@ -129,7 +127,7 @@ class EvaluationWorker:
                              perturbation=self.perturbation,
                              scoring=_NotHere("scoring"),  # type: ignore[arg-type]
                              report=_NotHere("report"),  # type: ignore[arg-type]
-                             images=images, target=target, artifacts_dir=self.artifacts_dir,
+                             images=images, target=target,
                              progress=WorkerProgress(self.store, eid),  # type: ignore[arg-type]
                              cancelled=self._cancelled, parallel=self.parallel,
                              chunk_ranges=chunks(len(images), plan.batch_size),

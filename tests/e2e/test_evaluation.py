@@ -81,10 +81,18 @@ def test_evaluation_end_to_end(stack, tmp_path):
     assert 0.0 <= g5["ndcg_1"] <= g1["ndcg_1"] <= 1.0       # stronger noise, ranking drifts more
     assert 0.0 <= g5["drr_5"] <= 1.0 and g1["m"] == 64
     assert "NDCG" in html.read_text()
-    # adversarial examples kept as float arrays and images (CAN-9)
-    art = (stack.settings.state_dir / "artifacts" / "tenant-a" / report["evaluation"]["id"]
-           / "adversarial")                                  # per tenant (issue 9)
-    assert sorted(p.name for p in art.iterdir()) == ["fgsm-00000.npz", "fgsm-00001.npz", "square-00000.npz"]
+    # adversarial examples kept as float arrays and images (CAN-9), in the evaluation
+    # store per tenant (issues 9 and 10)
+    import io
+
+    import numpy as np
+    arts = stack.manager.store.for_tenant("tenant-a")
+    eid = report["evaluation"]["id"]
+    assert [a.name for a in arts.artifacts(eid)] == [
+        "adversarial/fgsm-00000.npz", "adversarial/fgsm-00001.npz", "adversarial/square-00000.npz"]
+    npz = np.load(io.BytesIO(arts.artifact(eid, "adversarial/square-00000.npz")))
+    assert npz["adversarial_uint8"].dtype == np.uint8 and len(npz["image_ids"]) == 16
+    assert npz["adversarial_float"].shape == npz["adversarial_uint8"].shape
 
 
 def test_cancel_and_errors(stack):

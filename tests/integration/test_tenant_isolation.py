@@ -8,7 +8,9 @@ Reproduced first, then fixed:
 Now ids live in the tenant's namespace: another tenant's id behaves exactly like a free one
 (each tenant may create "X", each sees only its own, a foreign id is NOT_FOUND with the
 unknown id's message), ids are restricted to a safe charset (INVALID_ARGUMENT naming the
-field, the id never echoed), and artifacts lie under ``artifacts/<tenant>/<evaluation>``.
+field, the id never echoed), and artifacts are kept in the evaluation store under the
+(tenant, evaluation, name) key (issue 10: one shared store; names checked, so an export never
+writes outside its folder).
 """
 
 from __future__ import annotations
@@ -156,11 +158,11 @@ def test_another_tenant_cannot_block_or_see_an_evaluation(stubs, stack):
     st = px.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id="ev-x/clean"),
                             metadata=MD)
     assert st.queries_ok == 16 and st.session.tenant == "tenant-a"
-    # artifacts per tenant, inside the artifacts folder
-    art = stack.settings.state_dir / "artifacts"
-    assert sorted(p.name for p in (art / "tenant-a" / "ev-x" / "adversarial").iterdir()) == [
-        "square-00000.npz"]
-    assert not (art / "ev-x").exists()
+    # artifacts per tenant, in the evaluation store (issue 10), none on the disk
+    store = stack.manager.store
+    assert [a.name for a in store.for_tenant("tenant-a").artifacts("ev-x")] == [
+        "adversarial/square-00000.npz"]
+    assert not (stack.settings.state_dir / "artifacts").exists()
     rep = ev.GetEvaluationReport(pb.GetEvaluationReportRequest(evaluation_id="ev-x"),
                                  metadata=MD)
     assert '"ev-x"' in rep.report_json
@@ -170,21 +172,36 @@ def test_another_tenant_cannot_block_or_see_an_evaluation(stubs, stack):
     assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION   # B's own, failed one
 
 
-def test_artifacts_never_leave_the_artifacts_folder(tmp_path):
-    """Even an id that slipped past validation cannot write outside (resolve and check)."""
+def test_artifacts_never_leave_the_export_folder(tmp_path):
+    """Even an id that slipped past validation or an attack name that looks like a path
+    cannot place an artifact outside the folder it is exported to (issue 9 finding 4, now
+    with the artifacts in the store: names are made safe and checked)."""
+    import json
+    import os
+    import subprocess
+    import sys
     from types import SimpleNamespace
 
     import numpy as np
-    from fortis.services.common import errors
     from fortis.services.evaluation.stages.base import RunContext
+    from fortis.services.evaluation.store import EvaluationStore
 
-    root = tmp_path / "artifacts" / "tenant-a"
+    state = tmp_path / "state"
+    store = EvaluationStore(state / "evaluations.sqlite").for_tenant("tenant-a")
     img = [np.zeros((2, 2), np.uint8)]
-    for eid in ("..", "../../x", "/abs"):
-        ctx = SimpleNamespace(artifacts_dir=root, evaluation_id=eid)
-        with pytest.raises(errors.InvalidArgument):
-            RunContext.save_adversarials(ctx, "a", 0, ["i"], img, img)  # type: ignore[arg-type]
-    ctx = SimpleNamespace(artifacts_dir=root, evaluation_id="ev")
-    path = RunContext.save_adversarials(ctx, "../../evil name", 0, ["i"], img, img)  # type: ignore[arg-type]
-    assert path.parent == (root / "ev" / "adversarial").resolve() and path.name.startswith("_")
-    assert not list(tmp_path.glob("*.npz")) and not (tmp_path / "artifacts" / "ev").exists()
+    for n, eid in enumerate(("..", "../../x", "/abs", "ev")):
+        store.insert(evaluation_id=eid, tenant="tenant-a", plan_text="p", plan_name="p")
+        ctx = SimpleNamespace(store=store, evaluation_id=eid)
+        name = RunContext.save_adversarials(ctx, "../../evil name", 0, ["i"], img, img)  # type: ignore[arg-type]
+        assert name == "adversarial/_.._evil_name-00000.npz"
+        out = tmp_path / "out" / str(n)
+        r = subprocess.run([sys.executable, "-m", "fortis.cli", "artifacts", "export", eid,
+                            "--tenant", "tenant-a", "--state-dir", str(state), "--out",
+                            str(out)], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "FORTIS_DATABASE_URL": ""})
+        assert r.returncode == 0, r.stderr
+        (written,) = json.loads(r.stdout)["files"]
+        assert written["path"] == str((out / name).resolve())
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert all(p.is_relative_to(tmp_path / "out") or p.is_relative_to(state) for p in files)
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob("*.npz"))

@@ -10,12 +10,12 @@ bar while work is being done.
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -37,7 +37,8 @@ from fortis.services.evaluation.store import EvaluationStore
 if TYPE_CHECKING:
     from fortis.services.evaluation.claims import ItemClaims
 
-__all__ = ["Cancelled", "LabeledImage", "Progress", "RunContext", "Stage", "chunks"]
+__all__ = ["Cancelled", "LabeledImage", "Progress", "RunContext", "Stage", "chunks",
+           "safe_artifact_part"]
 
 #: (image id, uint8 HxWxC image, acceptable labels)
 LabeledImage = tuple[str, np.ndarray, tuple[int, ...]]
@@ -118,7 +119,6 @@ class RunContext:
     report: ReportPort
     images: Sequence[LabeledImage]
     target: TargetDescription
-    artifacts_dir: Path
     progress: Progress
     cancelled: Callable[[], bool] = lambda: False
     chunk_ranges: list[tuple[int, int]] = field(default_factory=list)
@@ -188,28 +188,32 @@ class RunContext:
 
     def save_adversarials(self, name: str, chunk: int, ids: Sequence[str],
                           adversarial: Sequence[np.ndarray],
-                          adversarial_float: Sequence[np.ndarray]) -> Path:
-        """Keep an attack chunk's adversarials (uint8 as sent, and float; CAN-9).
+                          adversarial_float: Sequence[np.ndarray]) -> str:
+        """Keep an attack chunk's adversarials (uint8 as sent, and float; CAN-9) as the
+        artifact ``adversarial/<attack>-<chunk>.npz`` of the evaluation (arrays
+        ``image_ids``, ``adversarial_uint8``, ``adversarial_float``); returns its name.
 
-        ``artifacts_dir`` is the tenant's folder (``artifacts/<tenant>``, chosen by the
-        evaluation manager); the file's path is resolved and must stay inside it, whatever the
-        evaluation id or attack name (issue 9, finding 4: "an evaluation id `..` writes
-        artifacts outside the artifacts folder")."""
-        root = self.artifacts_dir.resolve()
-        safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_"
-                       for c in name)[:100].lstrip(".") or "attack"
-        d = (root / self.evaluation_id / "adversarial").resolve()
-        path = (d / f"{safe}-{chunk:05d}.npz").resolve()
-        if not path.is_relative_to(root) or path.parent != d:
-            raise errors.InvalidArgument("evaluation_id", "does not name a folder inside the"
-                                         " artifacts folder")
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez_compressed(tmp, image_ids=np.array(list(ids)),
+        Issue 10: written to the evaluation store (the tenant's view), not to this process's
+        disk, so the artifacts of every worker (pods with no shared volume) land in the one
+        shared store; a retried item saving the same chunk again stores it once. The attack
+        name is reduced to a safe charset and the store checks the whole name (issue 9,
+        finding 4: no evaluation id or attack name makes an export write outside its
+        folder)."""
+        safe = safe_artifact_part(name, default="attack")
+        key = f"adversarial/{safe}-{chunk:05d}.npz"
+        buf = io.BytesIO()
+        np.savez_compressed(buf, image_ids=np.array(list(ids)),
                             adversarial_uint8=np.stack(list(adversarial)),
                             adversarial_float=np.stack(list(adversarial_float)))
-        tmp.replace(path)
-        return path
+        self.store.put_artifact(self.evaluation_id, key, buf.getvalue())
+        return key
+
+
+def safe_artifact_part(name: str, *, default: str) -> str:
+    """``name`` as one part of an artifact name: ASCII letters, digits, '-', '_', '.' kept,
+    anything else '_', at most 100 characters, no leading '.'."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_"
+                   for c in name)[:100].lstrip(".") or default
 
 
 class Stage(Protocol):
