@@ -89,17 +89,19 @@ class CorruptionStage:
         session = SessionId.corruptions(ctx.evaluation_id).format()
         ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
                                description="corrupted images")
-        settings = []
-        for ct in self.plan.corruptions:
-            for sev in ct.severities:
-                results = ctx.items([
-                    (WorkItemKey(StageName.CORRUPTIONS, ct.id, sev, c), b - a,
-                     partial(self._item, ctx, session, [(i, im) for i, im, _ in ctx.images[a:b]],
-                             ct.id, sev, dict(ct.params)))
-                    for c, (a, b) in enumerate(ctx.chunk_ranges)])
-                settings.append(Setting(kind="corruption", name=ct.id, level=sev,
-                                        answers=concat([r["answers"] for r in results])))
-        return settings
+        # Every setting's chunks in one call: items are independent, so the workers of a
+        # fan-out (issue 10) share the whole stage, not one setting at a time (a setting of
+        # one chunk would otherwise go to whichever worker reached it first, every time).
+        order = [(ct, sev) for ct in self.plan.corruptions for sev in ct.severities]
+        results = ctx.items([
+            (WorkItemKey(StageName.CORRUPTIONS, ct.id, sev, c), b - a,
+             partial(self._item, ctx, session, [(i, im) for i, im, _ in ctx.images[a:b]],
+                     ct.id, sev, dict(ct.params)))
+            for ct, sev in order for c, (a, b) in enumerate(ctx.chunk_ranges)])
+        n = len(ctx.chunk_ranges)
+        return [Setting(kind="corruption", name=ct.id, level=sev,
+                        answers=concat([r["answers"] for r in results[k * n:(k + 1) * n]]))
+                for k, (ct, sev) in enumerate(order)]
 
     def _item(self, ctx: RunContext, session: str, part: list[tuple[str, Any]], cid: str,
               sev: int, params: dict[str, Any], _attempt: int) -> tuple[dict[str, Any], int]:
@@ -149,19 +151,20 @@ class DegradationStage:
         session = SessionId.degradation(ctx.evaluation_id).format()
         ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
                                description="degraded images")
+        order = [(dt, lv) for dt in self.plan.degradation for lv in dt.levels]
+        results = ctx.items([      # one call for the whole stage, as CorruptionStage
+            (WorkItemKey(StageName.DEGRADATION, dt.id, lv, c), b - a,
+             partial(self._item, ctx, session, list(ctx.images[a:b]), dt.id, lv,
+                     dt.surrogate))
+            for dt, lv in order for c, (a, b) in enumerate(ctx.chunk_ranges)])
+        n = len(ctx.chunk_ranges)
         settings = []
-        for dt in self.plan.degradation:
-            for lv in dt.levels:
-                results = ctx.items([
-                    (WorkItemKey(StageName.DEGRADATION, dt.id, lv, c), b - a,
-                     partial(self._item, ctx, session, list(ctx.images[a:b]), dt.id, lv,
-                             dt.surrogate))
-                    for c, (a, b) in enumerate(ctx.chunk_ranges)])
-                parts = [r["answers"] for r in results]
-                changed = [np.asarray(r["changed"], dtype=np.float64) for r in results]
-                settings.append(Setting(kind="degradation", name=dt.id, level=lv,
-                                        answers=concat(parts),
-                                        fraction_changed=round(float(np.mean(np.concatenate(changed))), 6)))
+        for k, (dt, lv) in enumerate(order):
+            mine = results[k * n:(k + 1) * n]
+            changed = [np.asarray(r["changed"], dtype=np.float64) for r in mine]
+            settings.append(Setting(kind="degradation", name=dt.id, level=lv,
+                                    answers=concat([r["answers"] for r in mine]),
+                                    fraction_changed=round(float(np.mean(np.concatenate(changed))), 6)))
         return settings
 
     def _item(self, ctx: RunContext, session: str, rows: list[Any], did: str, lv: int,
