@@ -3,8 +3,10 @@
 The same public methods and semantics as the SQLite :class:`~.ledger.Ledger` (the
 :class:`~.ledger.LedgerStorage` protocol the proxy depends on), on the schema of the Alembic
 migrations in ``services/common/migrations`` (0001 + 0002), through SQLAlchemy 2 (engine,
-pool, transactions) over psycopg 3; the two writes of every call are driver-level statements
-(``exec_driver_sql``: SQLAlchemy's multi-row insert construct cost ~0.7 ms more per call). Several proxy replicas share one database, so the ledger is what the target saw
+pool) over psycopg 3; the two writes of every call are driver-level statements on a writer
+connection of its own, each transaction sent as one pipeline (BEGIN, the statements, COMMIT:
+one round trip; SQLAlchemy's multi-row insert construct cost ~0.7 ms more per call, and a
+transaction of separate round trips 3-4 of them). Several proxy replicas share one database, so the ledger is what the target saw
 whichever replica sent the query:
 
 - **Write-ahead** rows as in SQLite: ``reserve`` commits ``IN_FLIGHT`` rows before the images
@@ -327,7 +329,7 @@ class PgLedger:
         return None if not rows else bytes(rows[0][0])
 
     # -- writes (group commit) ---------------------------------------------------------------
-    def _group(self, run: Callable[[Any], _T], *, durable: bool = True) -> _T:
+    def _group(self, run: Callable[[Any], Callable[[], _T]], *, durable: bool = True) -> _T:
         """Run ``run`` in a transaction shared with the writers waiting meanwhile; returns
         once it is committed (with ``durable``, once it is on the server's disk). A failed
         group fails each of its writers."""
@@ -349,32 +351,57 @@ class PgLedger:
             raise op.error
         return op.result  # type: ignore[no-any-return]
 
+    def _connect_writer(self) -> Any:
+        """The writer: a psycopg connection of its own (taken out of the engine's pool), in
+        autocommit mode, its transactions written as pipelines (see :meth:`_commit`)."""
+        raw = self._engine.raw_connection()
+        pg = raw.driver_connection
+        raw.detach()                     # ours alone; closed by close() or when lost
+        pg.autocommit = True
+        return pg
+
     def _commit(self, batch: list[_Op[Any]]) -> None:
         """One transaction for ``batch`` on the writer connection (the caller holds the
-        lock); a lost connection is dropped (a new one at the next write) and reported as
-        Unavailable to every writer of the batch."""
+        lock), sent as one pipeline (psycopg's pipeline mode): BEGIN, every writer's
+        statements and COMMIT leave in one go and their answers come back together, one
+        round trip however many writers share it. A batch of completions only is an
+        asynchronous commit. A lost connection is dropped (a new one at the next write) and
+        reported as Unavailable to every writer of the batch."""
+        import psycopg
+
+        durable = any(o.durable for o in batch)
         try:
             with sqldb.unavailable_on_loss(_WHAT):
                 if self._read_only:
                     raise errors.FailedPrecondition("this proxy ledger was opened read-only")
-                lost = self._writer is None or self._writer.invalidated or self._writer.closed
+                lost = self._writer is None or self._writer.closed or self._writer.broken
                 if lost:
-                    self._writer = self._engine.connect()
+                    self._writer = self._connect_writer()
                 self._keep_owner(now=lost and self.commits > 0)
-                conn = self._writer
+                pg = self._writer
                 try:
-                    with conn.begin():
-                        if not any(o.durable for o in batch):
+                    with pg.pipeline():
+                        pg.execute("BEGIN")
+                        if not durable:
                             # outcomes only: visible at once, flushed by the WAL writer
-                            conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
-                        results = [o.run(conn) for o in batch]
+                            pg.execute("SET LOCAL synchronous_commit TO OFF")
+                        finishes = [o.run(pg) for o in batch]
+                        pg.execute("COMMIT")
+                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                    with contextlib.suppress(Exception):
+                        pg.close()
+                    self._writer = None
+                    raise errors.Unavailable(f"{_WHAT} unavailable: the database cannot be "
+                                             f"reached ({type(exc).__name__})") from None
                 except BaseException:
-                    if conn.invalidated:
-                        with contextlib.suppress(Exception):
-                            conn.close()
+                    if pg.broken or pg.closed:
                         self._writer = None
+                    elif pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                        with contextlib.suppress(Exception):
+                            pg.execute("ROLLBACK")
                     raise
                 self.commits += 1
+                results = [finish() for finish in finishes]
         except BaseException as exc:  # noqa: BLE001 - handed to every writer
             for o in batch:
                 o.error = exc
@@ -399,15 +426,19 @@ class PgLedger:
         params = tuple(v[c] for v in values for c in _COLUMNS)
         sql = _insert_sql(len(values))
 
-        def run(conn: Any) -> list[int]:
-            # the driver's own statement (SQLAlchemy's multi-row insert costs ~0.7 ms more)
-            ids = {(t, c, a, p): int(e) for e, t, c, a, p in conn.exec_driver_sql(sql, params)}
-            for key in keys:
-                if key not in ids:       # written before: the existing row's id
-                    ids[key] = int(conn.exec_driver_sql(
-                        "SELECT entry_id FROM queries WHERE tenant=%s AND call_id=%s AND"
-                        " attempts=%s AND position=%s", key).scalar_one())
-            return [ids[k] for k in keys]
+        def run(pg: Any) -> Callable[[], list[int]]:
+            cur = pg.cursor()
+            cur.execute(sql, params)          # queued in the pipeline (one round trip)
+
+            def finish() -> list[int]:
+                ids = {(t, c, a, p): int(e) for e, t, c, a, p in cur.fetchall()}
+                for key in keys:
+                    if key not in ids:   # written before: the existing row's id (committed)
+                        ids[key] = int(pg.execute(
+                            "SELECT entry_id FROM queries WHERE tenant=%s AND call_id=%s AND"
+                            " attempts=%s AND position=%s", key).fetchone()[0])
+                return [ids[k] for k in keys]
+            return finish
 
         return self._group(run)
 
@@ -422,12 +453,12 @@ class PgLedger:
                   for entry_id, o in done]
         kept = [(e, blob) for e, blob in replies]
 
-        def run(conn: Any) -> None:
+        def run(pg: Any) -> Callable[[], None]:
+            cur = pg.cursor()
             for sql, rows in ((_UPDATE_SQL, values), (_REPLY_SQL, kept)):
-                if len(rows) == 1:
-                    conn.exec_driver_sql(sql, rows[0])
-                elif rows:
-                    conn.exec_driver_sql(sql, rows)      # executemany: pipelined by psycopg
+                if rows:
+                    cur.executemany(sql, rows)   # queued in the pipeline (one round trip)
+            return lambda: None
 
         self._group(run, durable=False)
 
