@@ -170,6 +170,11 @@ class _StoppingModule(torch.nn.Module):
         super().__init__()
         self.inner = inner
         self._should_stop = should_stop
+        # In the inner module's mode, not nn.Module's default (training): an attack that
+        # restores the mode it found (gradient.py: ``model.train(was_training)``) would
+        # otherwise leave the shared, cached surrogate in training mode, and with it a
+        # built-in target that is the same model (BatchNorm on batch statistics).
+        self.train(inner.training)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise_if_stopped(self._should_stop, "the computation")

@@ -174,3 +174,22 @@ def test_l2_projection_stays_within_the_bound_after_rounding() -> None:
         r = make_result(0, x, adv, success=None, queries=0, initially_correct=None,
                         stop_reason="iterations")
         assert adv.dtype == np.uint8 and r.l2 <= eps + 1e-12
+
+
+def test_a_transfer_attack_leaves_the_shared_surrogate_in_eval_mode() -> None:
+    """The surrogate is cached per process and may be the target itself (the same built-in
+    model): a deadline-aware attack (``should_stop``) must give it back in eval mode. Found
+    with MobileNetV2 as target and surrogate: after one fgsm the target answered in training
+    mode (BatchNorm on batch statistics) and the next evaluation's clean accuracy fell from
+    16/16 to 0/16."""
+    from fortis.adapters.builtin import load_model
+
+    surrogate = load_model("fmnist-surrogate")
+    assert not surrogate.model.training
+    items = [engine.AttackItem(image_id=f"im{k}", image=np.full((28, 28, 1), 40 * k, np.uint8),
+                               labels=(k,)) for k in range(3)]
+    for stop in (engine.never, lambda: False):
+        engine.run_attack("fgsm", {"epsilon": 0.1}, 0, items, surrogate=surrogate,
+                          should_stop=stop)
+        assert not surrogate.model.training
+        assert not any(m.training for m in surrogate.model.modules())
