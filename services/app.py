@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,21 +228,31 @@ class Stack:
 
     def stop(self, grace: float = 0.5, *, worker_wait: float = 2.0) -> list[str]:
         """Drain and stop, in an order that keeps in-flight work consistent (issue 9: SIGTERM
-        must end the process in bounded time): health NOT_SERVING first (load balancers stop
-        sending), the evaluation manager next (running evaluations stay RUNNING, resumed by
-        the next start), then the server with ``grace`` for in-flight calls (streams are
-        cancelled when it ends), and only then the ledger, channels and back ends the calls
-        used. Returns the evaluations whose worker was still busy after ``worker_wait``
-        seconds: the caller decides whether to cut them short (``fortis serve`` does)."""
+        must end the process in bounded time; issue 10: "every service drains in-flight work
+        and exits within the pod's grace period"): health NOT_SERVING first (probes fail,
+        clients watching health move to other replicas), the evaluation manager next (running
+        evaluations stop at their next item and stay RUNNING, resumed by the next start;
+        WatchEvaluation streams end UNAVAILABLE), then new calls refused (UNAVAILABLE) while
+        the calls in progress get up to ``grace`` seconds and the evaluation workers
+        ``worker_wait`` more, health still answering NOT_SERVING; then the server stops
+        (calls still running are cancelled), and only then the ledger, channels and back
+        ends the calls used. Returns the evaluations whose worker was still busy after
+        ``worker_wait`` seconds: the caller decides whether to cut them short (``fortis
+        serve`` does)."""
+        deadline = time.monotonic() + max(0.0, grace)
         self.server.health.enter_graceful_shutdown()
         if self.manager is not None:
             self.manager.close()
-        self.server.stop(grace)
-        for s in self.target_servers.values():
-            s.stop(grace)
+        self.server.begin_drain(grace)
+        self.server.drain.wait(deadline - time.monotonic())
         busy: list[str] = []
         if self.manager is not None:
             busy = self.manager.wait_idle(worker_wait)
+        cut = self.server.finish(deadline)
+        if cut:
+            log.warning("shutdown: calls cut at the end of the grace period", calls=cut)
+        for s in self.target_servers.values():
+            s.stop(max(0.0, deadline - time.monotonic()))
         for c in self.closers:
             try:
                 c()

@@ -28,8 +28,12 @@ from fortis.services.common import errors
 DEFAULT_MAX_CONNECTION_AGE_S = 300.0
 #: Environment variable with the age in seconds (the Helm chart's ConfigMap sets it); 0: never.
 MAX_CONNECTION_AGE_ENV = "FORTIS_MAX_CONNECTION_AGE_S"
-#: Service config of internal channels to ``dns:///`` names.
-ROUND_ROBIN_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+#: Service config of internal channels to ``dns:///`` names: round_robin over the servers
+#: that say SERVING. With ``healthCheckConfig`` each subchannel watches its server's gRPC
+#: health, so a replica that drains on SIGTERM (NOT_SERVING, services/common/server.py) gets
+#: no new call from these channels while it finishes the calls it has (issue 10).
+ROUND_ROBIN_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}],
+                                         "healthCheckConfig": {"serviceName": ""}})
 
 
 def max_connection_age_s(value: float | None = None,

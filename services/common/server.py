@@ -84,6 +84,68 @@ class ServerSettings:
     max_connection_age_s: float = grpc_options.DEFAULT_MAX_CONNECTION_AGE_S
 
 
+#: Seconds health says NOT_SERVING before a draining server refuses new calls: clients that
+#: watch health (internal ``dns:///`` channels: round_robin with ``healthCheckConfig``,
+#: grpc_options) move their new calls to other replicas first, so none is refused.
+ANNOUNCE_S = 0.5
+#: Message of a call refused while the server drains (UNAVAILABLE: retry elsewhere or later).
+DRAINING_MESSAGE = ("the server is shutting down (draining its calls in progress); retry: "
+                    "another replica, or this service once restarted, takes the call")
+
+
+class Drain:
+    """The calls in progress on one server, and whether new ones are refused (issue 10,
+    SIGTERM: "every service drains in-flight work and exits within the pod's grace period").
+
+    A call counts from the moment it is admitted until gRPC reports it terminated (its answer
+    sent, or cancelled), so a server stopped once the count is 0 cuts no answer in transit.
+    Health and reflection calls are not counted and never refused: health keeps answering
+    NOT_SERVING while the server drains."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._calls = 0
+        self._refusing = False
+
+    @property
+    def refusing(self) -> bool:
+        return self._refusing
+
+    @property
+    def calls(self) -> int:
+        with self._cond:
+            return self._calls
+
+    def enter(self, context: grpc.ServicerContext) -> None:
+        """Admit a call (errors.Unavailable while draining); it leaves when it terminates."""
+        with self._cond:
+            if self._refusing:
+                raise errors.Unavailable(DRAINING_MESSAGE)
+            self._calls += 1
+        try:
+            registered = context.add_callback(self._leave)
+        except Exception:  # noqa: BLE001 - test doubles of the context may lack add_callback
+            registered = False
+        if not registered:          # already terminated, or nothing to tell us when it does
+            self._leave()
+
+    def _leave(self) -> None:
+        with self._cond:
+            self._calls -= 1
+            if self._calls <= 0:
+                self._cond.notify_all()
+
+    def refuse_new_calls(self) -> None:
+        with self._cond:
+            self._refusing = True
+
+    def wait(self, timeout: float) -> int:
+        """Wait at most ``timeout`` seconds for the calls in progress to end; the number left."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._calls <= 0, timeout=max(0.0, timeout))
+            return self._calls
+
+
 def _abort(context: grpc.ServicerContext, exc: BaseException, request_id: str = "") -> None:
     if not isinstance(exc, errors.FortisError):
         log.error("unhandled error", error=repr(exc), traceback=traceback.format_exc())
@@ -279,11 +341,13 @@ class FortisInterceptor(grpc.ServerInterceptor):
     """API-key auth (health and reflection exempt), tenant binding, error mapping."""
 
     def __init__(self, api_keys: Mapping[str, str] | KeyTable,
-                 observe: Observer | None = None, call_slots: CallSlots | None = None) -> None:
+                 observe: Observer | None = None, call_slots: CallSlots | None = None,
+                 drain: Drain | None = None) -> None:
         # Hashed keys only (issue 9): a plain mapping is hashed here and not kept.
         self._keys = api_keys if isinstance(api_keys, KeyTable) else KeyTable.from_plain(api_keys)
         self._observe = observe
         self._slots = call_slots
+        self._drain = drain
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
@@ -295,6 +359,7 @@ class FortisInterceptor(grpc.ServerInterceptor):
         acting_for = md.get(TENANT_HEADER, "")
         keys = self._keys
         slots = self._slots
+        drain = self._drain
         request_id = request_id_from(md)
 
         def before(context: grpc.ServicerContext) -> Callable[[], None] | None:
@@ -305,6 +370,8 @@ class FortisInterceptor(grpc.ServerInterceptor):
                 context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
             except Exception:  # noqa: BLE001 - test doubles of the context may lack it
                 pass
+            if drain is not None:   # SIGTERM: no new work (UNAVAILABLE), the rest counted
+                drain.enter(context)
             internal = False
             if not keys.enabled:  # auth disabled (single-user local mode)
                 tenant = acting_for or "default"
@@ -503,10 +570,35 @@ class RunningServer:
     port: int
     health: health.HealthServicer
     address: str
+    drain: Drain = field(default_factory=Drain)
+
+    def begin_drain(self, grace: float) -> None:
+        """First step of a graceful stop (issue 10, SIGTERM): health NOT_SERVING at once (to
+        ``Check`` and to ``Watch``ers: probes fail, round_robin clients that watch health stop
+        picking this server), new calls still served for ``min(ANNOUNCE_S, grace / 4)`` while
+        those clients move, then refused with UNAVAILABLE. The listener stays open, so health
+        goes on answering NOT_SERVING until :meth:`finish`."""
+        self.health.enter_graceful_shutdown()
+        announce = min(ANNOUNCE_S, max(0.0, grace) / 4)
+        if announce > 0:
+            time.sleep(announce)
+        self.drain.refuse_new_calls()
+
+    def finish(self, deadline: float) -> int:
+        """Wait until the calls in progress end or ``deadline`` (``time.monotonic()``) passes,
+        then stop: calls still running are cancelled (clients get UNAVAILABLE), health
+        watches and reflection streams end. Returns the number of calls cut."""
+        left = self.drain.wait(deadline - time.monotonic())
+        self.server.stop(0).wait()
+        return left
 
     def stop(self, grace: float | None = 1.0) -> None:
-        self.health.enter_graceful_shutdown()
-        self.server.stop(grace).wait()
+        """Drain (see :meth:`begin_drain`) and stop within ``grace`` seconds (None or 0: at
+        once, cancelling the calls in progress, as ``grpc.Server.stop``)."""
+        grace = grace or 0.0
+        deadline = time.monotonic() + grace
+        self.begin_drain(grace)
+        self.finish(deadline)
 
 
 def _certificate_config(pem: PemFiles) -> grpc.ServerCertificateConfiguration:
@@ -540,9 +632,11 @@ def build_server(settings: ServerSettings,
     opts = [("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0), *grpc_options.server_options(settings.max_connection_age_s)]
+    drain = Drain()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers),
                          interceptors=[FortisInterceptor(settings.api_keys, settings.observe,
-                                                       settings.call_slots)], options=opts)
+                                                       settings.call_slots, drain)],
+                         options=opts)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*REFLECTION_SERVICES, health.SERVICE_NAME]
@@ -566,7 +660,8 @@ def build_server(settings: ServerSettings,
     address = f"{host}:{port}"
     log.info("server started", address=address, services=names[len(REFLECTION_SERVICES) + 1:],
              tls="off" if settings.tls is None else f"client_auth={settings.tls.client_auth}")
-    return RunningServer(server=server, port=port, health=health_servicer, address=address)
+    return RunningServer(server=server, port=port, health=health_servicer, address=address,
+                         drain=drain)
 
 
 def channel(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,

@@ -178,7 +178,11 @@ class ItemClaims:
             return None                             # finished between two reads: look again
         attempt = self.store.start_item(eid, name)
         result, queries = work(attempt)
-        ctx.check_cancelled()
+        # Not checked for a stop here: an item that ran to the end is committed, so a worker
+        # told to stop (SIGTERM) stops at the next item boundary and none of the queries it
+        # sent is sent again by the worker that would rerun it (issue 10, IEEE-M6). Work cut
+        # by the stop raises instead (a query attack's stream), and its rerun shares the
+        # chunk's session (answers replayed from the ledger).
         first = self.store.finish_claimed(eid, name, self.worker_id, pack(result),
                                           images=images, queries=queries, message=name)
         ctx.progress.item_finished(images, queries)

@@ -79,6 +79,17 @@ class ProcessSettings:
             raise errors.InvalidArgument("worker_command", "must not be empty")
 
 
+@dataclass(frozen=True)
+class WorkerExit:
+    """A worker process that ended: its index, exit code (0 done, 1 failed, 143 stopped by
+    SIGTERM at an item boundary, negative: killed by that signal) and when (``time.time()``)."""
+
+    evaluation_id: str
+    index: int
+    code: int
+    at: float
+
+
 @dataclass
 class _Run:
     tenant: str
@@ -100,6 +111,8 @@ class ProcessExecutor:
         self._env = env
         self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
+        #: Every worker exit seen, in order (a restarted index appears once per process).
+        self.exits: list[WorkerExit] = []
 
     @property
     def shards(self) -> int:
@@ -131,6 +144,7 @@ class ProcessExecutor:
             if code is None:
                 continue
             del run.procs[index]
+            self.exits.append(WorkerExit(run.evaluation_id, index, code, time.time()))
             if code == 0:
                 run.succeeded.add(index)
                 continue

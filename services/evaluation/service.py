@@ -186,10 +186,19 @@ class EvaluationManager:
             self._closed = True
             for ev in self._cancel.values():
                 ev.set()
+        changed = getattr(self.store, "changed", None)
+        if changed is not None:     # WatchEvaluation streams notice at once (and end)
+            with changed:
+                changed.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
         close = getattr(self.executor, "close", None)
         if close is not None:       # local worker processes stop with the service
             close()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran: the service is shutting down (issue 10, SIGTERM)."""
+        return self._closed
 
     def wait_idle(self, timeout: float) -> list[str]:
         """Wait at most ``timeout`` seconds for the worker threads to finish; return the ids

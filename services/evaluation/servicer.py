@@ -131,6 +131,10 @@ class EvaluationServicer(evaluation_pb2_grpc.EvaluationServiceServicer):
                 last, sent_at = key, now
             if row.state in FINAL_STATES:
                 return
+            if self.manager.closed:     # SIGTERM (issue 10): end now, the client watches again
+                raise errors.Unavailable("the server is shutting down; the evaluation stays "
+                                         f"{row.state} and resumes when the service is back "
+                                         "(watch it again)")
             with store.changed:
                 store.changed.wait_for(lambda v=version: store.version != v,
                                        timeout=min(self.watch_poll_s, self.heartbeat_s))

@@ -51,7 +51,8 @@ def test_options_builders():
     assert ("grpc.max_connection_age_grace_ms", 5000) in grpc_options.server_options(1, 5)
     opts = dict(grpc_options.client_options("dns:///fortis-proxy.team-a.svc.cluster.local:50051"))
     assert json.loads(str(opts["grpc.service_config"])) == {
-        "loadBalancingConfig": [{"round_robin": {}}]}
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "healthCheckConfig": {"serviceName": ""}}      # a draining replica is skipped
     assert grpc_options.client_options("127.0.0.1:50051") == []     # one server: pick_first
     assert grpc_options.max_connection_age_s(None, {}) == 300.0
     assert grpc_options.max_connection_age_s(None, {"FORTIS_MAX_CONNECTION_AGE_S": "2.5"}) == 2.5
@@ -152,3 +153,84 @@ def test_concurrent_clients_survive_ageing(aged_server):
         t.join()
     ch.close()
     assert not failures and len(set(peers)) >= 2
+
+
+# -- SIGTERM with replicas (issue 10: "every service drains in-flight work") ---------------
+
+def _tagged(tag: bytes) -> tuple[Any, None, str]:
+    def who(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return tag
+
+    def slow(request: bytes, context: grpc.ServicerContext) -> bytes:
+        time.sleep(1.5)
+        return tag
+
+    handler = grpc.method_handlers_generic_handler(SERVICE, {
+        "Who": grpc.unary_unary_rpc_method_handler(who),
+        "Slow": grpc.unary_unary_rpc_method_handler(slow)})
+    return (lambda _servicer, server: server.add_generic_rpc_handlers((handler,)), None, SERVICE)
+
+
+def _drain_one_of_two(service_config: str) -> tuple[list[tuple[float, str]], float, bytes]:
+    """Replicas A and B behind one round_robin channel with ``service_config``; a client
+    calls all along while A drains as on SIGTERM with a slow call in flight. Returns the
+    client's (time, answer or error code) after the drain began, the time the drain began,
+    and what A's slow call got."""
+    a = build_server(ServerSettings(), [_tagged(b"A")])
+    b = build_server(ServerSettings(), [_tagged(b"B")])
+    target = f"ipv4:{a.address},{b.address}"      # two replicas, as a headless Service's pods
+    ch = grpc.insecure_channel(target, options=[("grpc.service_config", service_config)])
+    direct = grpc.insecure_channel(a.address)
+    seen: list[tuple[float, str]] = []
+    stop = threading.Event()
+    try:
+        who = ch.unary_unary(f"/{SERVICE}/Who")
+        deadline = time.monotonic() + 10
+        while {who(b"", timeout=5) for _ in range(4)} != {b"A", b"B"}:    # both READY
+            assert time.monotonic() < deadline, "round_robin never reached both replicas"
+
+        def client() -> None:
+            while not stop.is_set():
+                try:
+                    seen.append((time.monotonic(), who(b"", timeout=5).decode()))
+                except grpc.RpcError as exc:
+                    seen.append((time.monotonic(), exc.code().name))
+                time.sleep(0.005)
+
+        slow = direct.unary_unary(f"/{SERVICE}/Slow").future(b"", timeout=10)
+        caller = threading.Thread(target=client)
+        caller.start()
+        time.sleep(0.3)
+        began = time.monotonic()
+        a.stop(5.0)               # NOT_SERVING, announce, refuse new calls, wait, stop
+        time.sleep(0.2)
+        stop.set()
+        caller.join(10)
+        return [s for s in seen if s[0] >= began], began, slow.result()
+    finally:
+        stop.set()
+        ch.close()
+        direct.close()
+        a.stop(0)
+        b.stop(0)
+
+
+def test_a_draining_replica_gets_no_new_calls_from_the_internal_channels():
+    """With the internal channels' service config (round_robin + healthCheckConfig,
+    ``grpc_options``) a replica draining on SIGTERM gets no new call once it says
+    NOT_SERVING: every call of a client calling all along succeeds, and the call in flight
+    on the draining replica finishes (its answer arrives)."""
+    seen, began, slow = _drain_one_of_two(grpc_options.ROUND_ROBIN_SERVICE_CONFIG)
+    assert slow == b"A"
+    assert seen and all(answer in ("A", "B") for _, answer in seen), \
+        sorted({answer for _, answer in seen})
+    late = [answer for t, answer in seen if t >= began + 0.1]
+    assert late and set(late) == {"B"}
+
+
+def test_without_health_checking_the_draining_replica_refuses_calls():
+    """The control: round_robin alone keeps sending calls to the draining replica, which
+    refuses them (UNAVAILABLE) until it stops: the health check is what spares them."""
+    seen, _, slow = _drain_one_of_two(json.dumps({"loadBalancingConfig": [{"round_robin": {}}]}))
+    assert slow == b"A"
+    assert "UNAVAILABLE" in {answer for _, answer in seen}
