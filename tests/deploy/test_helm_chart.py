@@ -198,6 +198,12 @@ def test_proxy_replicas_pdb_and_headless_services(objs):
            deps["fortis-team-a-proxy"]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["FORTIS_REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == "team-a-redis"
     assert env["FORTIS_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "team-a-database"
+    # uploads live in PostgreSQL (issue 10): the perturbation pods read neural_style models
+    # there, so they get the database too; scoring and report do not
+    for svc, wanted in (("perturbation", True), ("scoring", False), ("report", False)):
+        names = {e["name"] for e in
+                 deps[f"fortis-team-a-{svc}"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert ("FORTIS_DATABASE_URL" in names) == wanted, svc
 
 
 def test_migration_hook_job(objs):

@@ -126,7 +126,7 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: metadata.namespace
-            {{- if and $v.secrets.database.existingSecret (has $c (list "evaluation" "proxy")) }}
+            {{- if and $v.secrets.database.existingSecret (has $c (list "evaluation" "perturbation" "proxy")) }}
             - name: FORTIS_DATABASE_URL
               valueFrom:
                 secretKeyRef:
