@@ -29,7 +29,7 @@ from fortis.services.common.blobs import MAX_BLOB_BYTES, BlobStorage, BlobStore,
 from fortis.services.common.codec import encode_png
 from fortis.services.common.errors import InvalidArgument, NotFound, QuotaExceeded
 
-from tests.storage.conftest import Backend
+from tests.storage.conftest import Backend, migrate
 
 MiB = 1024 * 1024
 
@@ -335,3 +335,30 @@ def test_a_database_not_at_head_is_refused_naming_the_setting(postgres_url: str,
         PgBlobStore(postgres_url, cache_dir=tmp_path)
     assert e.value.violations[0].field == "database_url"
     assert "fortis db upgrade" in e.value.message and "pw-" not in e.value.message
+
+
+def test_a_database_that_stops_answering_is_unavailable(tmp_path: Path) -> None:
+    """Its own server (stopped mid-test): calls fail UNAVAILABLE "upload storage unavailable",
+    never INTERNAL, and work again once it is back."""
+    from fortis.services.common.blobs_pg import PgBlobStore
+    from fortis.services.common.errors import Unavailable
+
+    from tests.infra.postgres import PostgresServer
+
+    server = PostgresServer().start()
+    try:
+        url = server.url(server.create_database())
+        migrate(url)
+        store = PgBlobStore(url, cache_dir=tmp_path / "cache")
+        info, _ = put(store, "a", "manifest", b"{}\n")
+        server.stop_server()
+        for call in (lambda: store.get("a", info.blob_id),
+                     lambda: put(store, "a", "manifest", b"[]\n")):
+            with pytest.raises(Unavailable) as e:
+                call()
+            assert "upload storage unavailable" in e.value.message
+        server.start_server()
+        assert store.read("a", info.blob_id, "f", kind="manifest") == b"{}\n"
+        store.close()
+    finally:
+        server.stop()
