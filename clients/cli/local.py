@@ -314,9 +314,22 @@ def _executor_settings(ns: argparse.Namespace) -> dict[str, Any]:
     env = {k: v for k, v in (("FORTIS_PROXY_ADDRESS", ns.proxy_address or ""),
                              ("FORTIS_PERTURBATION_ADDRESS", ns.perturbation_address or ""))
            if v}
+    # The services listen with TLS only when given a certificate: the worker pods then need
+    # it too (issue 10), from the Secret it came from.
+    tls_secret = getattr(ns, "job_tls_secret", "") or ""
+    if ns.tls_cert and not tls_secret:
+        raise InvalidArgument("job_tls_secret", "with --tls-cert and --executor kubernetes, "
+                              "give --job-tls-secret: the Secret of the certificate, which the "
+                              "worker pods mount to reach the services over TLS")
+    if tls_secret and not ns.tls_cert:
+        raise InvalidArgument("job_tls_secret", "--job-tls-secret needs --tls-cert and "
+                              "--tls-key (without them the services listen in plain text)")
     out["job_settings"] = JobSettings(namespace=namespace, image=ns.job_image,
                                       service_account=ns.job_service_account,
-                                      shards=int(ns.job_shards), env=env, secret_env=secret_env)
+                                      shards=int(ns.job_shards), env=env, secret_env=secret_env,
+                                      tls_secret=tls_secret,
+                                      tls_server_name=(ns.tls_server_name or "")
+                                      if tls_secret else "")
     return out
 
 

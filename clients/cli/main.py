@@ -192,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--job-secret-env", action="append", metavar="VAR=SECRET:KEY",
                     help="with --executor kubernetes: an environment variable of the workers "
                     "from a secret (repeatable), e.g. FORTIS_DATABASE_URL=fortis-db:url")
+    ex.add_argument("--job-tls-secret", default=os.environ.get("FORTIS_JOB_TLS_SECRET", ""),
+                    metavar="NAME", help="with --executor kubernetes and --tls-cert: the "
+                    "Secret holding this certificate (tls.crt, tls.key, ca.crt), mounted "
+                    "read-only in the workers' pods so they call the services over (m)TLS "
+                    "(default: $FORTIS_JOB_TLS_SECRET)")
     sp.set_defaults(fn=local.cmd_serve)
     worker.add_parser(sub)
     health.add_parser(sub)

@@ -35,6 +35,10 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_EVALUATION = "fortis.dev/evaluation"
 LABEL_TENANT = "fortis.dev/tenant"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: A Secret's name (DNS-1123 subdomain).
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+#: Where a worker pod mounts the TLS secret (as the chart mounts it in the services' pods).
+TLS_MOUNT = "/etc/fortis/tls"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +67,14 @@ class JobSettings:
     limits: Mapping[str, str] = field(default_factory=lambda: {"cpu": "2", "memory": "4Gi"})
     #: a writable scratch volume at /tmp (the root filesystem is read-only)
     scratch_size: str = "1Gi"
+    #: The services' TLS secret (``tls.crt``, ``tls.key``, ``ca.crt``: the chart's
+    #: ``secrets.tls``), mounted read-only at ``TLS_MOUNT`` in every worker pod, whose
+    #: ``fortis worker`` then calls the services over (m)TLS with it (``$FORTIS_TLS_*``).
+    #: "": plain text, as the services then listen.
+    tls_secret: str = ""
+    #: The name the workers verify in the services' certificates (``--tls-server-name`` of
+    #: the evaluation service); "": the host they dial.
+    tls_server_name: str = ""
 
     def __post_init__(self) -> None:
         if not _DNS_LABEL.fullmatch(self.namespace) or len(self.namespace) > 63:
@@ -73,6 +85,12 @@ class JobSettings:
             raise errors.InvalidArgument("jobs.shards", "must be from 1 to 1000")
         if not 0 <= self.backoff_limit <= 100:
             raise errors.InvalidArgument("jobs.backoff_limit", "must be from 0 to 100")
+        if self.tls_secret and (len(self.tls_secret) > 253
+                                or not _SECRET_NAME.fullmatch(self.tls_secret)):
+            raise errors.InvalidArgument("jobs.tls_secret", "must name a Secret (lower-case "
+                                         "letters, digits, '-' and '.')")
+        if self.tls_server_name and not self.tls_secret:
+            raise errors.InvalidArgument("jobs.tls_server_name", "goes with jobs.tls_secret")
 
 
 def job_name(tenant: str, evaluation_id: str) -> str:
@@ -101,6 +119,17 @@ def job_manifest(settings: JobSettings, *, tenant: str, evaluation_id: str,
     env += [{"name": "FORTIS_EVALUATION_ID", "value": evaluation_id},
             {"name": "FORTIS_TENANT", "value": tenant},
             {"name": "FORTIS_SHARDS", "value": str(settings.shards)}]
+    mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": "/tmp"}]
+    volumes: list[dict[str, Any]] = [{"name": "scratch",
+                                      "emptyDir": {"sizeLimit": settings.scratch_size}}]
+    if settings.tls_secret:     # issue 10: workers reach services that listen with TLS only
+        env += [{"name": "FORTIS_TLS_CERT", "value": f"{TLS_MOUNT}/tls.crt"},
+                {"name": "FORTIS_TLS_KEY", "value": f"{TLS_MOUNT}/tls.key"},
+                {"name": "FORTIS_TLS_CA", "value": f"{TLS_MOUNT}/ca.crt"}]
+        if settings.tls_server_name:
+            env.append({"name": "FORTIS_TLS_SERVER_NAME", "value": settings.tls_server_name})
+        mounts.append({"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True})
+        volumes.append({"name": "tls", "secret": {"secretName": settings.tls_secret}})
     spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": settings.shards,
@@ -129,10 +158,9 @@ def job_manifest(settings: JobSettings, *, tenant: str, evaluation_id: str,
                                         "readOnlyRootFilesystem": True,
                                         "runAsNonRoot": True,
                                         "capabilities": {"drop": ["ALL"]}},
-                    "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}],
+                    "volumeMounts": mounts,
                 }],
-                "volumes": [{"name": "scratch",
-                             "emptyDir": {"sizeLimit": settings.scratch_size}}],
+                "volumes": volumes,
             },
         },
     }

@@ -293,11 +293,40 @@ def test_executor_kubernetes_wires_jobs_and_the_api_token():
     assert "--job-service-account=fortis-team-a-worker" in args
     assert "--job-secret-env=FORTIS_DATABASE_URL=team-a-database:url" in args
     assert "--job-secret-env=FORTIS_INTERNAL_KEY=team-a-internal-key:internal-key" in args
+    assert not [a for a in args if a.startswith("--job-tls-secret")]     # no TLS: none
     sas = {s["metadata"]["name"] for s in by_kind(objs, "ServiceAccount")}
     assert {"fortis-team-a", "fortis-team-a-worker"} <= sas
     # the Role is bound to the evaluation's account, not the workers'
     binding, = by_kind(objs, "RoleBinding")
     assert [s["name"] for s in binding["subjects"]] == [spec["serviceAccountName"]]
+
+
+def test_tls_with_executor_kubernetes_gives_the_worker_pods_the_secret(monkeypatch):
+    """Issue 10: with secrets.tls the services listen with TLS only, so the evaluation
+    service is told the Secret its worker Jobs' pods mount (--job-tls-secret); the command
+    line is one ``fortis serve`` accepts, and it builds Jobs that mount it."""
+    from fortis.cli.local import _executor_settings
+    from fortis.cli.main import build_parser
+
+    v = _merge(tenant_values("team-a"), {
+        "secrets": {"tls": {"existingSecret": "team-a-tls", "clientAuth": "require",
+                            "serverName": "fortis.internal"}},
+        "evaluation": {"executor": "kubernetes"},
+        "networkPolicy": {"kubernetesApi": {"to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}]}}})
+    objs = render(v)
+    for o in objs:
+        kubernetes_validate.validate(o, "1.30.0", strict=True)
+    ev, = [d for d in by_kind(objs, "Deployment") if d["metadata"]["name"].endswith("-evaluation")]
+    args = ev["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--job-tls-secret=team-a-tls" in args
+    # the rendered arguments as fortis serve parses them in the pod ($(VAR) references left
+    # out; $POD_NAMESPACE from the downward API, as the chart sets it)
+    env = {e["name"]: e for e in ev["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    monkeypatch.setenv("POD_NAMESPACE", "team-a")
+    ns = build_parser().parse_args([a for a in args if "$(" not in a])
+    job = _executor_settings(ns)["job_settings"]
+    assert (job.tls_secret, job.tls_server_name) == ("team-a-tls", "fortis.internal")
 
 
 def test_tls_switches_probes_to_exec_health_checks():

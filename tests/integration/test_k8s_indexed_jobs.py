@@ -61,6 +61,30 @@ def test_the_manifest_is_a_valid_indexed_job_in_strict_mode() -> None:
     assert m["metadata"]["namespace"] == "team-a"
 
 
+def test_with_tls_the_pods_mount_the_secret_and_the_worker_gets_its_files() -> None:
+    """Issue 10: services that listen with TLS only are reached by workers that have the
+    certificate. The TLS secret is mounted read-only where the chart mounts it for the
+    services, and ``fortis worker`` is told where its files are ($FORTIS_TLS_*, the
+    variables its flags default to) and which name to verify; still strictly valid."""
+    tls = JobSettings(**{**SETTINGS.__dict__, "tls_secret": "team-a-tls",
+                         "tls_server_name": "fortis.internal"})
+    m = job_manifest(tls, tenant="team-a", evaluation_id="e1")
+    kubernetes_validate.validate(m, "1.30.0", strict=True)
+    pod = m["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert {"name": "tls", "mountPath": "/etc/fortis/tls", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "tls", "secret": {"secretName": "team-a-tls"}} in pod["volumes"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert (env["FORTIS_TLS_CERT"], env["FORTIS_TLS_KEY"], env["FORTIS_TLS_CA"]) == (
+        "/etc/fortis/tls/tls.crt", "/etc/fortis/tls/tls.key", "/etc/fortis/tls/ca.crt")
+    assert env["FORTIS_TLS_SERVER_NAME"] == "fortis.internal"
+    # without a TLS secret, nothing of it (the plain-text services)
+    plain = job_manifest(SETTINGS, tenant="team-a", evaluation_id="e1")["spec"]["template"]
+    assert [v["name"] for v in plain["spec"]["volumes"]] == ["scratch"]
+    assert not [e for e in plain["spec"]["containers"][0]["env"]
+                if e["name"].startswith("FORTIS_TLS_")]
+
+
 def test_job_names_are_stable_legal_and_distinct_per_tenant() -> None:
     a = job_name("team-a", "e1")
     assert a == job_name("team-a", "e1")                 # a resumed evaluation finds its Job
@@ -72,7 +96,9 @@ def test_job_names_are_stable_legal_and_distinct_per_tenant() -> None:
 @pytest.mark.parametrize("kw, field", [({"namespace": "Team_A"}, "jobs.namespace"),
                                        ({"image": ""}, "jobs.image"),
                                        ({"shards": 0}, "jobs.shards"),
-                                       ({"backoff_limit": -1}, "jobs.backoff_limit")])
+                                       ({"backoff_limit": -1}, "jobs.backoff_limit"),
+                                       ({"tls_secret": "Team_TLS"}, "jobs.tls_secret"),
+                                       ({"tls_server_name": "x"}, "jobs.tls_server_name")])
 def test_bad_job_settings_name_the_setting(kw: dict[str, Any], field: str) -> None:
     base = {"namespace": "team-a", "image": "img:1"}
     with pytest.raises(errors.InvalidArgument) as err:

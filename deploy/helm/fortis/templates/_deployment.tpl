@@ -108,6 +108,10 @@ spec:
             - --job-service-account={{ include "fortis.workerServiceAccount" $root }}
             - --job-secret-env=FORTIS_DATABASE_URL={{ $v.secrets.database.existingSecret }}:{{ $v.secrets.database.key }}
             - --job-secret-env=FORTIS_INTERNAL_KEY={{ $v.secrets.internalKey.existingSecret }}:{{ $v.secrets.internalKey.key }}
+            {{- if $tls }}
+            {{- /* the worker pods mount the same secret and call the services over mTLS */}}
+            - --job-tls-secret={{ $tls }}
+            {{- end }}
             {{- end }}
             {{- end }}
             {{- range $cv.extraArgs }}
