@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the same as --metrics-address 127.0.0.1:PORT")
     sp.add_argument("--log-level", default="info")
     sp.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
-                    help="on SIGTERM/SIGINT: seconds in-flight calls get before they are cut; "
+                    help="on SIGTERM/SIGINT: seconds in-flight calls get before they are cut "
+                    "(health says NOT_SERVING meanwhile and new calls are refused, UNAVAILABLE); "
                     "the process ends within about this plus 3 s, running evaluations resume "
                     "on the next start (default 10)")
     ex = sp.add_argument_group("work fan-out (issue 10): who runs an evaluation's work items")
