@@ -22,7 +22,7 @@ import grpc
 import pytest
 from fortis.services.common import grpc_options
 from fortis.services.common.errors import InvalidArgument
-from fortis.services.common.server import ServerSettings, build_server, channel
+from fortis.services.common.server import ANNOUNCE_S, ServerSettings, build_server, channel
 from google.protobuf.wrappers_pb2 import Int32Value
 
 SERVICE = "fortis.test.v1.Peer"
@@ -224,7 +224,7 @@ def test_a_draining_replica_gets_no_new_calls_from_the_internal_channels():
     assert slow == b"A"
     assert seen and all(answer in ("A", "B") for _, answer in seen), \
         sorted({answer for _, answer in seen})
-    late = [answer for t, answer in seen if t >= began + 0.1]
+    late = [answer for t, answer in seen if t >= began + ANNOUNCE_S]   # A refuses by then
     assert late and set(late) == {"B"}
 
 
