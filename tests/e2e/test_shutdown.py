@@ -58,3 +58,57 @@ def test_sigterm_drains_exits_and_resumes(tmp_path, fmnist_target):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
+
+
+def test_a_shutdown_mid_item_sends_nothing_twice_after_the_resume(tmp_path, fmnist_target):
+    """The embedded default (one process, SQLite): a shutdown (what SIGTERM runs) while two
+    corruption items are at the target commits those items when they end, and the next start
+    resumes the evaluation without sending their images again: every image of the clean pass,
+    of each corruption setting and of the transfer attack reaches the target once, and the
+    ledger equals what the (counting) target received (issue 10 SIGTERM, IEEE-M6, CAN-9)."""
+    import threading
+    from collections import Counter
+
+    from tests.e2e._crash_target import start_target
+    from tests.integration.test_worker_fanout import PLAN, _start
+    from tests.integration.test_worker_sigterm import IMAGES, QUERY_ATTACK, HoldAll, _rows
+
+    server, address, target = start_target(fmnist_target)
+    hold = HoldAll()
+    target.on_call = hold
+    try:
+        stack = _start(tmp_path, address)
+        stopper = None
+        try:
+            with FortisClient(stack.address, api_key=API_KEY) as fc:
+                fc.submit(PLAN, evaluation_id="ev-held")
+                deadline = time.monotonic() + 300
+                while hold.held < 2:          # both items in flight are at the target
+                    assert time.monotonic() < deadline, "the items never reached the target"
+                    time.sleep(0.01)
+            stopper = threading.Thread(target=stack.stop, kwargs={"grace": 10.0})
+            stopper.start()
+            time.sleep(0.5)                   # the shutdown has begun while they are held
+            hold.armed = False
+            hold.release.set()
+            stopper.join(30)
+            assert not stopper.is_alive(), "the stack did not stop"
+        finally:
+            hold.release.set()
+            if stopper is None:
+                stack.stop(0)
+        stack = _start(tmp_path, address)     # the same state: resumes by itself
+        try:
+            with FortisClient(stack.address, api_key=API_KEY) as fc:
+                final = fc.wait("ev-held", timeout_s=300)
+                assert progress_of(final).state == "SUCCEEDED", progress_of(final)
+                assert final.resumed_count == 1
+        finally:
+            stack.stop(0)
+    finally:
+        server.stop(0)
+    rows = _rows(tmp_path / "state")
+    assert {s for _, _, s in rows} == {"OK"}, Counter(s for _, _, s in rows)
+    per_origin = Counter(o for o, _, _ in rows if o != QUERY_ATTACK)
+    assert set(per_origin.values()) == {IMAGES}, per_origin      # no image sent twice
+    assert len(rows) == target.count()        # IEEE-M6: ledger rows = images received

@@ -150,7 +150,10 @@ class RunContext:
             return unpack(blob)
         attempt = self.store.start_item(self.evaluation_id, name)
         result, queries = work(attempt)
-        self.check_cancelled()
+        # Not checked for a stop here (as in worker mode, ``claims.py``): an item that ran to
+        # its end is committed, so a cancel or a shutdown (SIGTERM) stops at the next item
+        # boundary and a resumed run never sends its images again (issue 10, IEEE-M6, CAN-9).
+        # Work cut by the stop raises instead (a query attack's stream).
         blob = pack(result)
         with self._commit:      # counts and their commit in one order, whatever the thread
             items_done, images_done, total_queries = self.progress.item_finished(images, queries)
