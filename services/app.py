@@ -413,7 +413,7 @@ def start_stack(settings: StackSettings) -> Stack:
     )
     from fortis.services.evaluation.datasets import PlanDatasets
     from fortis.services.evaluation.service import EvaluationManager, Ports
-    from fortis.services.evaluation.store import EvaluationStore
+    from fortis.services.evaluation.store import EvaluationStorage, EvaluationStore
     from fortis.services.perturbation import servicer as pt_servicer
     from fortis.services.report import servicer as rp_servicer
     from fortis.services.scoring import servicer as sc_servicer
@@ -560,7 +560,7 @@ def start_stack(settings: StackSettings) -> Stack:
                 scoring=GrpcScoring(lazy_channel(addr("scoring", settings.scoring_address)), md),
                 report=GrpcReport(lazy_channel(addr("report", settings.report_address)), md))
 
-        store: Any = pg_store if pg_store is not None else EvaluationStore(
+        store: EvaluationStorage = pg_store if pg_store is not None else EvaluationStore(
             state / "evaluations.sqlite")
         if pg_store is not None:
             closers.append(pg_store.close)

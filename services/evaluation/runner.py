@@ -50,7 +50,7 @@ from fortis.services.evaluation.stages import (
     attack_tests,
 )
 from fortis.services.evaluation.stages.base import chunks
-from fortis.services.evaluation.store import ACTIVE_STATES, EvaluationStore
+from fortis.services.evaluation.store import ACTIVE_STATES, EvaluationStorage
 
 __all__ = ["Cancelled", "DatasetPort", "EvaluationRunner", "LabeledImage", "RecordedFailure",
            "RunContext", "build_stages", "check_target"]
@@ -130,7 +130,7 @@ class EvaluationRunner:
     evaluation_id: str
     plan: Plan
     plan_text: str
-    store: EvaluationStore
+    store: EvaluationStorage
     proxy: ProxyPort
     perturbation: PerturbationPort
     scoring: ScoringPort

@@ -34,7 +34,7 @@ from fortis.services.evaluation.ports import (
 from fortis.services.evaluation.runner import DatasetPort, EvaluationRunner, RecordedFailure
 from fortis.services.evaluation.scheduling import FairScheduler
 from fortis.services.evaluation.stages import Cancelled
-from fortis.services.evaluation.store import FINAL_STATES, EvaluationRow, EvaluationStore
+from fortis.services.evaluation.store import FINAL_STATES, EvaluationRow, EvaluationStorage
 
 log = structlog.get_logger("fortis.evaluation")
 
@@ -69,7 +69,7 @@ class EvaluationManager:
     the one it picks; CreateEvaluation beyond the tenant's ``queued`` quota is refused
     (``QuotaExceeded``, nothing stored). Resumed evaluations re-enter the same queue."""
 
-    def __init__(self, store: EvaluationStore, *, ports_for: Callable[[str], Ports],
+    def __init__(self, store: EvaluationStorage, *, ports_for: Callable[[str], Ports],
                  datasets: DatasetPort, workers: int = 2,
                  catalogue_ttl_s: float = 60.0, quotas: QuotaSettings | None = None,
                  executor: Executor | None = None) -> None:

@@ -32,7 +32,7 @@ from fortis.services.evaluation.ports import (
     TargetDescription,
     TestDefinition,
 )
-from fortis.services.evaluation.store import EvaluationStore
+from fortis.services.evaluation.store import EvaluationStorage
 
 if TYPE_CHECKING:
     from fortis.services.evaluation.claims import ItemClaims
@@ -57,7 +57,7 @@ class Progress:
     """Counts finished work and writes it to the store, at most a few times a second for
     image-level updates (every finished item is written at once, with its result)."""
 
-    def __init__(self, store: EvaluationStore, evaluation_id: str, *,
+    def __init__(self, store: EvaluationStorage, evaluation_id: str, *,
                  min_interval_s: float = 0.5) -> None:
         self.store = store
         self.eid = evaluation_id
@@ -112,7 +112,7 @@ class RunContext:
     evaluation_id: str
     plan: Plan
     plan_text: str
-    store: EvaluationStore
+    store: EvaluationStorage
     proxy: ProxyPort
     perturbation: PerturbationPort
     scoring: ScoringPort
