@@ -38,11 +38,16 @@ Checked:
   (image id, SHA-256) multiset), its answered rows per session are the queries the report
   states (IEEE-M6), and as many images as the single-process run sent;
 - every replica served calls (its own Prometheus counter and its ledger rows), spread about
-  evenly; both workers ran items, named with their completion index;
+  evenly; both workers ran items, named with their completion index, and each worker's
+  calls, like the perturbation service's query attacks, reached all three replicas (the
+  ledger row's replica, joined with the item's worker);
 - no 1-second window of arrivals at the target holds more than ``LIMIT`` images, while the
   same work from one process without a limit puts more than ``LIMIT`` in one second (so the
   limit was what held it back). Checked once by hand: with each replica in its own Redis
-  namespace (not sharing the limit) the busiest second at the target exceeds ``LIMIT``.
+  namespace (not sharing the limit) the busiest second at the target was 384 > 150 and the
+  test failed; with the evaluation service (so its workers) given one replica instead of
+  the list, each worker reached 1 replica and the others served only the query attacks
+  (593 of 4945 images each): it failed too.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ import sqlalchemy as sa
 import yaml
 from fortis.client import FortisClient, progress_of
 from fortis.services.common import sqldb
+from fortis.services.evaluation.keys import StageName, WorkItemKey
 from fortis.services.target_proxy.ledger import max_in_window
 
 from tests.conftest import API_KEY
@@ -80,7 +86,8 @@ TARGET = "fmnist-cnn"
 LIMIT = 150
 REPLICAS = 3
 WORKERS = 2
-#: The demo plan's sizes cut for CI (see the module docstring).
+#: The demo plan's sizes cut for CI (see the module docstring); one chunk per setting at the
+#: plan's batch size (64), so a corruption item is one call.
 DATASET_LIMIT = 32
 ATTACK_LIMITS = {"square": 8, "hsja": 4}
 
@@ -94,7 +101,8 @@ def scaled_demo_plan() -> str:
         if attack["id"] in ATTACK_LIMITS:
             attack["limit"] = ATTACK_LIMITS[attack["id"]]
     assert plan["corruptions"] and {a["id"] for a in plan["attacks"]} >= {
-        "fgsm", "pgd", "square", "hsja"}, "the demo plan changed: revisit this test"
+        "fgsm", "pgd", "square", "hsja"} and plan["execution"]["batch_size"] >= DATASET_LIMIT, \
+        "the demo plan changed: revisit this test"
     return yaml.safe_dump(plan, sort_keys=False)
 
 
@@ -243,12 +251,12 @@ def test_three_replicas_two_workers_postgres_redis_equal_the_single_process_run(
     try:
         with engine.connect() as conn:
             rows = conn.execute(sa.text(
-                "SELECT session_id, image_id, input_sha256, status, error, owner, call_id"
-                " FROM queries WHERE tenant=:t AND session_id LIKE :s"),
+                "SELECT session_id, origin, image_id, input_sha256, status, error, owner,"
+                " call_id FROM queries WHERE tenant=:t AND session_id LIKE :s"),
                 {"t": TENANT, "s": f"{EVALUATION}/%"}).all()
-            item_owners = Counter(str(o) for (o,) in conn.execute(sa.text(
-                "SELECT lease_owner FROM items WHERE evaluation_id=:e AND done"),
-                {"e": EVALUATION}).all())
+            items = {str(k): str(o) for k, o in conn.execute(sa.text(
+                "SELECT item_key, lease_owner FROM items WHERE evaluation_id=:e AND done"),
+                {"e": EVALUATION}).all()}
     finally:
         engine.dispose()
     sent = [r for r in rows if not r.error.startswith("not sent:")]
@@ -256,13 +264,27 @@ def test_three_replicas_two_workers_postgres_redis_equal_the_single_process_run(
     times = [a.at for a in arrivals]
     busiest, ref_busiest = max_in_window(times, 1.0), max_in_window(
         [a.at for a in ref_target.arrivals()], 1.0)
+    item_owners = Counter(items.values())
     calls_by_owner = Counter(r.owner for r in {(r.owner, r.call_id): r for r in sent}.values())
+    # which replicas (ledger owners) each worker's calls reached: a corruption item is one
+    # call (one chunk per setting), its rows carry the origin "<corruption>@<severity>"
+    replica_of = {r.origin: r.owner for r in sent if r.session_id == f"{EVALUATION}/corruptions"}
+    reached: dict[str, set[int]] = {}
+    for name, worker in items.items():
+        key = WorkItemKey.parse(name)
+        if key.stage is StageName.CORRUPTIONS:
+            reached.setdefault(worker, set()).add(replica_of[f"{key.setting}@{key.level}"])
+    # and the perturbation service's query attacks (one image per call)
+    query_replicas = {r.owner for r in sent if "/attack/square/" in r.session_id
+                      or "/attack/hsja/" in r.session_id}
     print(json.dumps({"seconds": round(seconds, 1), "received": len(arrivals),
                       "single_received": ref_target.count(), "busiest_second": busiest,
                       "single_busiest_second": ref_busiest, "limit": LIMIT,
                       "queries_by_replica": per_replica,
                       "calls_by_ledger_owner": sorted(calls_by_owner.values()),
-                      "items_by_worker": dict(item_owners)}))
+                      "items_by_worker": dict(item_owners),
+                      "replicas_reached_by_worker": {w: len(o) for w, o in reached.items()},
+                      "replicas_reached_by_query_attacks": len(query_replicas)}))
 
     # the same measurements as one process computes (CAN-9)
     assert report["metrics"] == ref_report["metrics"]
@@ -281,9 +303,13 @@ def test_three_replicas_two_workers_postgres_redis_equal_the_single_process_run(
     assert len(per_replica) == REPLICAS and min(per_replica) >= len(arrivals) / (2 * REPLICAS)
     assert len(calls_by_owner) == REPLICAS, calls_by_owner
     assert min(calls_by_owner.values()) >= sum(calls_by_owner.values()) / (2 * REPLICAS)
-    # both workers ran items, each named with its JOB_COMPLETION_INDEX
+    # both workers ran items, each named with its JOB_COMPLETION_INDEX, and each worker's
+    # calls, like the perturbation service's, reached every replica (one ipv4: list,
+    # balanced per call; a worker given one replica of the list would reach only that one)
     workers = sorted(o for o in item_owners if o)
     assert [o.rsplit("-", 1)[-1] for o in workers] == [f"i{i}" for i in range(WORKERS)], workers
+    assert {w: len(o) for w, o in reached.items()} == {w: REPLICAS for w in workers}, reached
+    assert len(query_replicas) == REPLICAS, query_replicas
     # the rate limit held in total at the target; without it the same work goes faster
     assert ref_busiest > LIMIT, "the load does not reach the limit: the check would be vacuous"
     assert busiest <= LIMIT, (busiest, LIMIT)
