@@ -59,11 +59,14 @@ def _call_all(ch: grpc.Channel) -> list[str]:
 
 
 def test_address_lists_get_round_robin_like_dns_names():
-    rr = {"loadBalancingConfig": [{"round_robin": {}}]}
+    dns_config = dict(grpc_options.client_options("dns:///a.svc.cluster.local:50051"))[
+        "grpc.service_config"]
     for target in ("ipv4:127.0.0.1:7001,127.0.0.1:7002", "ipv6:[::1]:7001,[::1]:7002",
                    "ipv4:10.0.0.5:50051", "dns:///fortis-proxy.team-a.svc.cluster.local:50051"):
         opts = dict(grpc_options.client_options(target))
-        assert json.loads(str(opts["grpc.service_config"])) == rr, target
+        config = json.loads(str(opts["grpc.service_config"]))
+        assert config["loadBalancingConfig"] == [{"round_robin": {}}], target
+        assert opts["grpc.service_config"] == dns_config, target    # the same as a dns: name's
         assert grpc_options.is_multi_address(target)
     # only a DNS name is re-resolved after a GOAWAY; a fixed list has nothing to resolve
     assert "grpc.dns_min_time_between_resolutions_ms" in dict(
