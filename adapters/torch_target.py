@@ -14,7 +14,7 @@ import numpy as np
 from fortis.adapters.torch_models.classifier import TorchClassifier
 from fortis.common.v1 import common_pb2
 from fortis.services.common import errors, limits
-from fortis.services.common.codec import classification_from_proba, decode_images
+from fortis.services.common.codec import add_messages, classification_from_proba, decode_images
 from fortis.services.common.status import status_for
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
@@ -81,15 +81,18 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         return target_pb2.GetTargetInfoResponse(info=self.target.info())
 
     def Predict(self, request: Any, context: Any) -> target_pb2.PredictResponse:
-        return target_pb2.PredictResponse(predictions=self.target.predict(request.images))
+        resp = target_pb2.PredictResponse()
+        add_messages(resp.predictions, self.target.predict(request.images))   # codec: fast
+        return resp
 
     def PredictStream(self, request_iterator: Any, context: Any
                       ) -> Iterator[target_pb2.PredictStreamResponse]:
         for req in request_iterator:
             try:
                 limits.check_message(req)   # in band, like the proxy (issue 9 limits)
-                yield target_pb2.PredictStreamResponse(
-                    request_id=req.request_id, predictions=self.target.predict(req.images))
+                resp = target_pb2.PredictStreamResponse(request_id=req.request_id)
+                add_messages(resp.predictions, self.target.predict(req.images))
+                yield resp
             except errors.FortisError as exc:
                 yield target_pb2.PredictStreamResponse(request_id=limits.echoed_id(req.request_id),
                                                        error=status_for(exc))

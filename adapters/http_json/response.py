@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 from fortis.adapters.http_json.profile import BoxSpec, MaskSpec, Profile
 from fortis.common.v1 import common_pb2
-from fortis.services.common.codec import array_to_tensor
+from fortis.services.common.codec import fill_tensor
 
 # ---------------------------------------------------------------------------------------------
 # Pure transforms
@@ -303,8 +303,9 @@ def prediction_from_answer(p: Profile, doc: Any, width: int, height: int
         if m.shape != (height, width):
             raise ValueError(f"class map is {m.shape[1]}x{m.shape[0]}, the image is "
                              f"{width}x{height}")
-        return common_pb2.Prediction(segmentation=common_pb2.Segmentation(
-            class_map=array_to_tensor(m.astype(np.int32))))
+        pred = common_pb2.Prediction()
+        fill_tensor(pred.segmentation.class_map, m.astype(np.int32))   # in place (codec)
+        return pred
     items = _items_of(p, doc)
     if p.task == "classification":
         best: dict[tuple[int, str], float | None] = {}
@@ -367,5 +368,6 @@ def prediction_from_answer(p: Profile, doc: Any, width: int, height: int
                              f"is {width}x{height}")
         masks.append((lab[0], m > 0, 1.0 if s is None else s))
     cmap = compose_class_map(masks, height, width, p.background)
-    return common_pb2.Prediction(
-        segmentation=common_pb2.Segmentation(class_map=array_to_tensor(cmap)))
+    pred = common_pb2.Prediction()
+    fill_tensor(pred.segmentation.class_map, cmap)         # in place (codec)
+    return pred

@@ -532,6 +532,52 @@ def _number_problem(lim: Limit, x: Any, is_float: bool) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class _FieldPlan:
+    """What checking one field takes, read once per field descriptor (descriptor attributes
+    cost a call into the protobuf runtime each time; every request is checked)."""
+
+    name: str
+    lim: Limit | None
+    repeated: bool
+    is_map: bool
+    #: The message kind of the field (or of a map's value): "" for scalars, "struct" for
+    #: google.protobuf.Struct, "skip" for other well-known types, "message" otherwise.
+    sub: str
+    map_value_sub: str
+    is_number: bool
+    is_float: bool
+
+
+def _sub_kind(message_type: Any) -> str:
+    if message_type is None:
+        return ""
+    full = message_type.full_name
+    if full == "google.protobuf.Struct":
+        return "struct"
+    if full in OPAQUE_MESSAGES or full.startswith("google.protobuf."):
+        return "skip"
+    return "message"
+
+
+_PLANS: dict[Any, _FieldPlan] = {}
+
+
+def _plan(fd: FieldDescriptor) -> _FieldPlan:
+    plan = _PLANS.get(fd)
+    if plan is None:
+        is_map = _is_map(fd)
+        plan = _FieldPlan(
+            name=fd.name, lim=limit_for(fd), repeated=_repeated(fd), is_map=is_map,
+            sub=_sub_kind(fd.message_type),
+            map_value_sub=_sub_kind(fd.message_type.fields_by_name["value"].message_type)
+            if is_map else "",
+            is_number=fd.type in _INTEGER_TYPES or fd.type in _FLOAT_TYPES,
+            is_float=fd.type in _FLOAT_TYPES)
+        _PLANS[fd] = plan
+    return plan
+
+
 class _Walk:
     def __init__(self) -> None:
         self.problems: list[FieldViolation] = []
@@ -544,59 +590,60 @@ class _Walk:
         for fd, value in msg.ListFields():
             if len(self.problems) >= MAX_VIOLATIONS:
                 return
-            self.field(fd, value, f"{prefix}.{fd.name}" if prefix else fd.name)
+            plan = _plan(fd)
+            self.field(plan, value, f"{prefix}.{plan.name}" if prefix else plan.name)
 
-    def field(self, fd: FieldDescriptor, value: Any, name: str) -> None:
-        lim = limit_for(fd)
+    def field(self, plan: _FieldPlan, value: Any, name: str) -> None:
+        lim = plan.lim
         if lim is None or lim.kind == "free":
-            if fd.message_type is not None and not _repeated(fd):
-                self.sub(fd, value, name)
+            if plan.sub and not plan.repeated:
+                self.sub(plan.sub, value, name)
             return
-        if _repeated(fd):
+        if plan.repeated:
             n = len(value)
             if lim.entries is not None and n > lim.entries:
                 self.bad(name, f"{n:,} entries; at most {lim.entries:,}")
                 return
-            if _is_map(fd):
-                vfd = fd.message_type.fields_by_name["value"]
-                for key in value:
-                    if vfd.message_type is not None:
-                        self.sub(vfd, value[key], f"{name}.{str(key)[:MAX_ECHO_CHARS]}")
+            if plan.is_map:
+                if plan.map_value_sub:
+                    for key in value:
+                        self.sub(plan.map_value_sub, value[key],
+                                 f"{name}.{str(key)[:MAX_ECHO_CHARS]}")
                 return
-            if fd.message_type is not None:
+            if plan.sub:
                 for i, item in enumerate(value):
-                    self.sub(fd, item, f"{name}[{i}]")
+                    self.sub(plan.sub, item, f"{name}[{i}]")
                     if len(self.problems) >= MAX_VIOLATIONS:
                         return
                 return
-            for i, item in enumerate(value):
-                if self.scalar(fd, lim, item, f"{name}[{i}]"):
-                    return
+            if lim.kind in ("text", "bytes") or plan.is_number:
+                for i, item in enumerate(value):
+                    if self.scalar(plan, lim, item, name, i):
+                        return
             return
-        if fd.message_type is not None:
-            self.sub(fd, value, name)
+        if plan.sub:
+            self.sub(plan.sub, value, name)
         else:
-            self.scalar(fd, lim, value, name)
+            self.scalar(plan, lim, value, name)
 
-    def sub(self, fd: FieldDescriptor, value: Message, name: str) -> None:
-        full = fd.message_type.full_name
-        if full == "google.protobuf.Struct":
+    def sub(self, kind: str, value: Message, name: str) -> None:
+        if kind == "struct":
             self.struct(value, name)
-        elif full not in OPAQUE_MESSAGES and not full.startswith("google.protobuf."):
+        elif kind == "message":
             self.message(value, name)
 
-    def scalar(self, fd: FieldDescriptor, lim: Limit, value: Any, name: str) -> bool:
-        """Check one scalar; True when it was refused."""
+    def scalar(self, plan: _FieldPlan, lim: Limit, value: Any, name: str,
+               index: int | None = None) -> bool:
+        """Check one scalar (``index``: its place in a repeated field); True when refused."""
         problem = ""
         if lim.kind in ("text", "bytes"):
             if lim.length is not None and len(value) > lim.length:
                 unit = "characters" if lim.kind == "text" else "bytes"
                 problem = f"{len(value):,} {unit}; at most {lim.length:,}"
-        elif lim.kind in ("integer", "number") and (fd.type in _INTEGER_TYPES
-                                                    or fd.type in _FLOAT_TYPES):
-            problem = _number_problem(lim, value, fd.type in _FLOAT_TYPES)
+        elif lim.kind in ("integer", "number") and plan.is_number:
+            problem = _number_problem(lim, value, plan.is_float)
         if problem:
-            self.bad(name, problem)
+            self.bad(name if index is None else f"{name}[{index}]", problem)
         return bool(problem)
 
     def struct(self, root: Message, name: str) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import grpc
 import numpy as np
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from fortis.services.common.codec import dense_scores, image_msg
+from fortis.services.common.codec import add_images, dense_scores
 from fortis.services.common.server import error_from_rpc
 
 
@@ -30,9 +30,8 @@ class ProxyQueryClient:
         self.timeout_s = timeout_s
 
     def _predict(self, images: np.ndarray, image_ids: Sequence[str]) -> list:
-        req = proxy_pb2.PredictRequest(
-            session_id=self.session_id, origin=self.origin,
-            images=[image_msg(i, im, raw=True) for i, im in zip(image_ids, images, strict=True)])
+        req = proxy_pb2.PredictRequest(session_id=self.session_id, origin=self.origin)
+        add_images(req.images, zip(image_ids, images, strict=True))   # in place (codec)
         try:
             return list(self.stub.Predict(req, timeout=self.timeout_s, metadata=self.metadata).predictions)
         except grpc.RpcError as exc:

@@ -19,7 +19,13 @@ from fortis.perturbation.v1 import perturbation_pb2 as pb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors, limits
-from fortis.services.common.codec import array_to_tensor, decode_image, decode_images, image_msg
+from fortis.services.common.codec import (
+    add_images,
+    decode_image,
+    decode_images,
+    fill_image,
+    fill_tensor,
+)
 from fortis.services.common.pagination import page_of, page_size
 from fortis.services.common.params import Param
 from fortis.services.common.server import (
@@ -183,7 +189,9 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         return pb.ListAttacksResponse(attacks=[attack_info(s) for s in page],
                                       next_page_token=token)
 
-    def _apply(self, req: Any, context: Any) -> list:
+    def _apply(self, req: Any, context: Any, into: Any) -> None:
+        """Apply the request's perturbation; the images are added to ``into`` (the repeated
+        field of the response being built: in place, see codec)."""
         spec = perturbation_spec(req.perturbation_id)
         images = req.images
         arrays = decode_images(images)
@@ -207,18 +215,21 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
                              params=params, surrogate=surrogate, labels=labels,
                              should_stop=_stop_check(context))
         raw = req.response_encoding != pb.IMAGE_ENCODING_PNG
-        return [image_msg(m.image_id, o, raw=raw) for m, o in zip(images, out, strict=True)]
+        add_images(into, ((m.image_id, o) for m, o in zip(images, out, strict=True)), raw=raw)
 
     def ApplyPerturbation(self, request: Any, context: Any) -> pb.ApplyPerturbationResponse:
-        return pb.ApplyPerturbationResponse(images=self._apply(request, context))
+        resp = pb.ApplyPerturbationResponse()
+        self._apply(request, context, resp.images)
+        return resp
 
     def ApplyPerturbationStream(self, request_iterator: Any, context: Any
                                 ) -> Iterator[pb.ApplyPerturbationStreamResponse]:
         for req in request_iterator:
             try:
                 limits.check_message(req)   # in band: the stream goes on (issue 9)
-                yield pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256],
-                                                         images=self._apply(req, context))
+                resp = pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256])
+                self._apply(req, context, resp.images)
+                yield resp
             except (errors.DeadlineExceeded, errors.Cancelled):
                 raise                       # the call is over: no answer in band
             except errors.FortisError as exc:
@@ -244,10 +255,10 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
                                     surrogate=surrogate, should_stop=_stop_check(context))
         for it, r in zip(items, results, strict=True):
             resp = pb.RunAttackResponse(
-                image_id=it.image_id, adversarial=image_msg(it.image_id, r.adversarial, raw=True),
-                adversarial_float=array_to_tensor(np.asarray(r.adversarial_float, dtype=np.float32)),
-                queries=int(r.queries), linf=float(r.linf), l2=float(r.l2),
-                stop_reason=_STOP_REASONS[r.stop_reason])
+                image_id=it.image_id, queries=int(r.queries), linf=float(r.linf),
+                l2=float(r.l2), stop_reason=_STOP_REASONS[r.stop_reason])
+            fill_image(resp.adversarial, it.image_id, r.adversarial, raw=True)   # in place
+            fill_tensor(resp.adversarial_float, np.asarray(r.adversarial_float, dtype=np.float32))
             if r.success is not None:
                 resp.success = bool(r.success)
             if r.initially_correct is not None:

@@ -101,8 +101,10 @@ class GrpcTargetBackend:
 
     def predict(self, images: Sequence[common_pb2.Image]) -> list[common_pb2.Prediction]:
         try:
-            resp = self._stub.Predict(target_pb2.PredictRequest(images=list(images)),
-                                      timeout=self.timeout_s, metadata=self._metadata)
+            req = target_pb2.PredictRequest()
+            for image in images:            # CopyFrom: fast under upb (see codec)
+                req.images.add().CopyFrom(image)
+            resp = self._stub.Predict(req, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise self._map(exc) from None
         return list(resp.predictions)

@@ -284,8 +284,10 @@ class Ledger:
         self._relax = wal and synchronous.upper() in ("FULL", "EXTRA", "2", "3")
         self._synchronous = synchronous.upper()
         self._mode = self._synchronous           # the connection's setting now
-        #: Outcomes committed since the last fsync of the WAL (see OUTCOME_DURABLE_WITHIN_S).
+        #: Set while outcomes committed since the last fsync of the WAL wait for one (see
+        #: OUTCOME_DURABLE_WITHIN_S); ``_undurable_since``: when the oldest of them was.
         self._undurable = threading.Event()
+        self._undurable_since: float | None = None
         self._flusher: threading.Thread | None = None
 
     def close(self) -> None:
@@ -304,7 +306,7 @@ class Ledger:
     def _sync_wal(self) -> None:
         """fsync the WAL file (the caller holds the lock): every committed outcome is then on
         disk. Frames of NORMAL commits are in the file already; this only waits for the disk."""
-        if not self._undurable.is_set():
+        if self._undurable_since is None:
             return
         with contextlib.suppress(OSError):
             fd = os.open(self.path + "-wal", os.O_RDONLY)
@@ -312,16 +314,26 @@ class Ledger:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        self._durable_now()
+
+    def _durable_now(self) -> None:
+        self._undurable_since = None
         self._undurable.clear()
 
     def _flush_outcomes(self) -> None:
         """Background thread: outcomes committed without an fsync reach the disk within
-        OUTCOME_DURABLE_WITHIN_S when no durable commit (a reservation) does it first."""
+        OUTCOME_DURABLE_WITHIN_S when no durable commit (a reservation) does it first. Under
+        steady load every reservation's fsync does it, and this thread only looks (every
+        half-period, without the lock); idle, it sleeps until an outcome comes."""
+        half = OUTCOME_DURABLE_WITHIN_S / 2
         while True:
             self._undurable.wait()
             if self._closed:
                 return
-            time.sleep(OUTCOME_DURABLE_WITHIN_S / 2)
+            time.sleep(half)
+            since = self._undurable_since
+            if since is None or time.monotonic() - since < half:
+                continue                    # a reservation's fsync came, or it is recent
             with self._lock:
                 if self._closed:
                     return
@@ -492,9 +504,12 @@ class Ledger:
                 raise
             if durable:
                 self.durable_commits += 1
-                self._undurable.clear()         # the fsync covered the whole WAL
+                if self._undurable_since is not None:
+                    self._durable_now()         # the fsync covered the whole WAL
             elif self._relax:
-                self._undurable.set()
+                if self._undurable_since is None:
+                    self._undurable_since = time.monotonic()
+                    self._undurable.set()
                 if self._flusher is None:
                     self._flusher = threading.Thread(target=self._flush_outcomes, daemon=True,
                                                      name="ledger-fsync")

@@ -11,6 +11,7 @@ from typing import Any
 
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors, limits
+from fortis.services.common.codec import add_messages
 from fortis.services.common.pagination import (
     decode_token,
     encode_token,
@@ -86,8 +87,9 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
                                  origin=request.origin, images=request.images,
                                  should_stop=caller_stop(context.is_active,
                                                          context.time_remaining))
-        return proxy_pb2.PredictResponse(predictions=res.predictions,
-                                         queries_left=res.queries_left)
+        resp = proxy_pb2.PredictResponse(queries_left=res.queries_left)
+        add_messages(resp.predictions, res.predictions)     # CopyFrom: fast (codec)
+        return resp
 
     def PredictStream(self, request_iterator: Any, context: Any
                       ) -> Iterator[proxy_pb2.PredictStreamResponse]:
@@ -99,9 +101,10 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
                 res = self.proxy.predict(tenant=tenant, session_id=req.session_id,
                                          origin=req.origin, images=req.images,
                                          should_stop=should_stop)
-                yield proxy_pb2.PredictStreamResponse(
-                    request_id=req.request_id, predictions=res.predictions,
-                    queries_left=res.queries_left)
+                resp = proxy_pb2.PredictStreamResponse(request_id=req.request_id,
+                                                       queries_left=res.queries_left)
+                add_messages(resp.predictions, res.predictions)
+                yield resp
             except errors.FortisError as exc:
                 yield proxy_pb2.PredictStreamResponse(request_id=limits.echoed_id(req.request_id),
                                                       error=status_for(exc))
