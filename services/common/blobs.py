@@ -47,7 +47,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol
+from typing import IO, Any, Final, Protocol
 
 from fortis.services.common.codec import check_image_header, image_header_size
 from fortis.services.common.errors import (
@@ -522,20 +522,22 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-class Upload:
-    """One upload in progress: feed :meth:`write` the chunks in order, then :meth:`finish`;
-    :meth:`abort` (or any refusal) removes everything written."""
+class UploadBase:
+    """What an upload in progress does in either store: chunks checked as they arrive
+    (:class:`UploadChecks`) and appended to ``self._sink``; :meth:`finish` checks the whole
+    and commits it through the store (``store._commit(upload, hexd)``); :meth:`abort` (or any
+    refusal) keeps nothing and gives the held quota back once. Subclasses say where the bytes
+    go (``_sink``), what must happen before the commit (:meth:`_before_commit`) and how to
+    throw the bytes away (:meth:`_discard`)."""
 
-    def __init__(self, store: BlobStore, tenant: str, folder: Path, *, kind: str, size: int,
-                 media_type: str, expected_hex: str) -> None:
-        self.store, self.tenant, self.folder = store, tenant, folder
-        self.kind, self.size = kind, size
+    def __init__(self, store: Any, tenant: str, *, kind: str, size: int, media_type: str,
+                 expected_hex: str) -> None:
+        self.store, self.tenant, self.kind, self.size = store, tenant, kind, size
         self.checks = UploadChecks(kind=kind, size=size, media_type=media_type,
                                    expected_hex=expected_hex)
-        self._held = size               # quota reserved by BlobStore.begin, released once
+        self._held = size               # quota reserved by the store's begin, released once
         self._done = False
-        self.temp = folder / f".{uuid.uuid4().hex}{_PART}"
-        self._file = self.temp.open("xb")
+        self._sink: IO[bytes]
 
     @property
     def received(self) -> int:
@@ -548,19 +550,17 @@ class Upload:
             if self._done:
                 raise InvalidArgument("chunk", "the upload has already ended")
             self.checks.accept(chunk)
-            self._file.write(chunk)
+            self._sink.write(chunk)
         except BaseException:
             self.abort()
             raise
 
     def finish(self) -> tuple[BlobInfo, bool]:
-        """Check the whole (size, header, digest), make it durable and record it: (the blob,
-        whether the tenant already had these bytes)."""
+        """Check the whole (size, header, digest) and commit it: (the blob, whether the tenant
+        already had these bytes)."""
         try:
             hexd = self.checks.digest()
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
+            self._before_commit()
             result = self.store._commit(self, hexd)
             self._done = True
             return result
@@ -570,18 +570,19 @@ class Upload:
         finally:
             self._release()
 
-    def discard(self) -> None:
-        """Remove the temporary file."""
-        if not self._file.closed:
-            self._file.close()
-        self.temp.unlink(missing_ok=True)
+    def _before_commit(self) -> None:
+        return None
+
+    def _discard(self) -> None:
+        if not self._sink.closed:
+            self._sink.close()
 
     def abort(self) -> None:
         """Give up: nothing of this upload is kept."""
         if self._done:
             return
         self._done = True
-        self.discard()
+        self._discard()
         self._release()
 
     def _release(self) -> None:
@@ -589,11 +590,37 @@ class Upload:
         if held:
             self.store._release(self.tenant, held)
 
-    def __enter__(self) -> Upload:
+    def __enter__(self) -> UploadBase:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.abort()
+
+
+class Upload(UploadBase):
+    """One upload in progress into a :class:`BlobStore`: a temporary file in the tenant's
+    folder, fsynced and renamed into place by the commit."""
+
+    def __init__(self, store: BlobStore, tenant: str, folder: Path, *, kind: str, size: int,
+                 media_type: str, expected_hex: str) -> None:
+        super().__init__(store, tenant, kind=kind, size=size, media_type=media_type,
+                         expected_hex=expected_hex)
+        self.folder = folder
+        self.temp = folder / f".{uuid.uuid4().hex}{_PART}"
+        self._sink = self.temp.open("xb")
+
+    def _before_commit(self) -> None:
+        self._sink.flush()
+        os.fsync(self._sink.fileno())
+        self._sink.close()
+
+    def discard(self) -> None:
+        """Remove the temporary file."""
+        self._discard()
+
+    def _discard(self) -> None:
+        super()._discard()
+        self.temp.unlink(missing_ok=True)
 
 
 def iter_chunks(data: bytes, size: int = MAX_CHUNK_BYTES) -> Iterator[bytes]:

@@ -61,7 +61,7 @@ from fortis.services.common.blobs import (
     MAX_CHUNK_BYTES,
     BlobInfo,
     Reservations,
-    UploadChecks,
+    UploadBase,
     check_blob_id,
     check_header,
     check_room,
@@ -335,6 +335,9 @@ class PgBlobStore:
             self._reserved.release(tenant, size)
             raise
 
+    def _release(self, tenant: str, size: int) -> None:
+        self._reserved.release(tenant, size)
+
     def _commit(self, up: PgUpload, hexd: str) -> tuple[BlobInfo, bool]:
         """Write a finished upload in one transaction under the tenant's commit lock: the
         existing blob when the tenant already holds these bytes (same kind), else the quota
@@ -370,68 +373,25 @@ class PgBlobStore:
         return result
 
 
-class PgUpload:
+class PgUpload(UploadBase):
     """One upload in progress into a :class:`PgBlobStore`: chunks checked as they arrive and
-    spooled to an anonymous temporary file; written to the database by :meth:`finish`;
-    :meth:`abort` (or any refusal) keeps nothing."""
+    spooled to an anonymous temporary file; written to the database by :meth:`finish` (one
+    transaction); :meth:`abort` (or any refusal) keeps nothing (the database was never
+    written)."""
 
     def __init__(self, store: PgBlobStore, tenant: str, *, kind: str, size: int,
                  media_type: str, expected_hex: str) -> None:
-        self.store, self.tenant, self.kind, self.size = store, tenant, kind, size
-        self.checks = UploadChecks(kind=kind, size=size, media_type=media_type,
-                                   expected_hex=expected_hex)
-        self._held = size
-        self._done = False
+        super().__init__(store, tenant, kind=kind, size=size, media_type=media_type,
+                         expected_hex=expected_hex)
         if store.spool_dir is not None:
             store.spool_dir.mkdir(parents=True, exist_ok=True)
-        self.spool: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115 - closed by abort/finish
+        self._sink = tempfile.TemporaryFile(  # noqa: SIM115 - closed by abort/finish
             dir=store.spool_dir, prefix="fortis-upload-")
 
     @property
-    def received(self) -> int:
-        return self.checks.received
+    def spool(self) -> IO[bytes]:
+        return self._sink
 
-    def write(self, chunk: bytes) -> None:
-        """Append one chunk (checked as in the file store); a refusal aborts the upload."""
-        try:
-            if self._done:
-                raise InvalidArgument("chunk", "the upload has already ended")
-            self.checks.accept(chunk)
-            self.spool.write(chunk)
-        except BaseException:
-            self.abort()
-            raise
-
-    def finish(self) -> tuple[BlobInfo, bool]:
-        """Check the whole (size, header, digest) and write it in one transaction: (the blob,
-        whether the tenant already had these bytes)."""
-        try:
-            hexd = self.checks.digest()
-            result = self.store._commit(self, hexd)
-            self._done = True
-            return result
-        except BaseException:
-            self.abort()
-            raise
-        finally:
-            self._end()
-
-    def abort(self) -> None:
-        """Give up: nothing of this upload is kept (the database was never written)."""
-        if self._done:
-            return
-        self._done = True
-        self._end()
-
-    def _end(self) -> None:
-        if not self.spool.closed:
-            self.spool.close()
-        held, self._held = self._held, 0
-        if held:
-            self.store._reserved.release(self.tenant, held)
-
-    def __enter__(self) -> PgUpload:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.abort()
+    def _release(self) -> None:
+        self._discard()             # the spool goes once the database has the bytes
+        super()._release()

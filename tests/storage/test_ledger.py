@@ -194,10 +194,12 @@ def test_a_closed_ledger_is_unavailable(backend: Backend) -> None:
     led.close()                                    # twice is fine
 
 
-_DYING = """
+#: A proxy-like process's start: its ledger ``led`` (argv: kind, file or URL), then its work.
+_OPEN_IN_CHILD = """
 import sys, time
 sys.path.insert(0, {repo!r})
 from tests.storage.test_ledger import rows
+from fortis.services.target_proxy.ledger import Outcome
 kind, where = sys.argv[1], sys.argv[2]
 if kind == "sqlite":
     from fortis.services.target_proxy.ledger import Ledger
@@ -205,6 +207,9 @@ if kind == "sqlite":
 else:
     from fortis.services.target_proxy.ledger_pg import PgLedger
     led = PgLedger(where)
+"""
+
+_DYING = _OPEN_IN_CHILD + """
 led.reserve(rows(3, call_id="dying", tenant="dead"))
 print(getattr(led, "owner", 0), flush=True)
 time.sleep(600)
@@ -435,18 +440,7 @@ def test_two_replicas_creating_one_session_get_one_row(postgres_url: str) -> Non
             led.close()
 
 
-_COMPLETED_THEN_KILLED = """
-import sys, time
-sys.path.insert(0, {repo!r})
-from tests.storage.test_ledger import rows
-from fortis.services.target_proxy.ledger import Outcome
-kind, where = sys.argv[1], sys.argv[2]
-if kind == "sqlite":
-    from fortis.services.target_proxy.ledger import Ledger
-    led = Ledger(where)
-else:
-    from fortis.services.target_proxy.ledger_pg import PgLedger
-    led = PgLedger(where)
+_COMPLETED_THEN_KILLED = _OPEN_IN_CHILD + """
 ids = led.reserve(rows(2, call_id="answered", tenant="k"))
 led.complete([(e, Outcome(status="OK", latency_ms=1.0, output_summary="top1=3"))
               for e in ids])
