@@ -54,10 +54,11 @@ from fortis.services.perturbation.criteria import (
 __all__ = [
     "ATTACK_KINDS", "EPSILON_LINF", "MAX_QUERIES", "NORMS", "STOP_ALREADY_MISCLASSIFIED",
     "STOP_BUDGET", "STOP_ITERATIONS", "STOP_PROXY_BUDGET", "STOP_REASONS", "STOP_SUCCESS",
-    "AttackContext", "AttackKind", "AttackResult", "AttackSpec", "Criterion", "LabelQuery",
+    "AttackContext", "AttackKind", "AttackResult", "AttackSpec", "Criterion", "DecisionQuery",
+    "LabelQuery", "MarginQuery",
     "Misclassification", "Norm", "QueryBudget", "QueryClient", "RunFn", "ScoreQuery",
     "TargetedMisclassification", "check_batch", "check_l2_epsilon", "check_max_queries", "check_surrogate_input",
-    "clip_to_linf", "linf_levels", "make_result", "project_l2",
+    "clip_to_linf", "decisions_of", "linf_levels", "make_result", "margins_of", "project_l2",
 ]
 
 STOP_SUCCESS: Final = "success"
@@ -104,6 +105,50 @@ Probabilities or scores; classes the target did not return score 0. May raise
 LabelQuery = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """(images uint8 n x H x W x C, batch indices int n) -> top-1 labels int n. May raise
 ``BudgetExhausted``."""
+
+MarginQuery = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""(images uint8 n x H x W x C, batch indices int n) -> float n: the success criterion's margin
+on the target's answer for each image, < 0 exactly when the criterion is met (the attack has
+succeeded on that image). What score-based attacks minimise, whatever the task: built by
+:meth:`AttackContext.margin_query` from the target's answers and the criterion (a
+classifier's class scores, a detector's boxes, a segmenter's masks), so an attack never reads
+scores itself. May raise ``BudgetExhausted``. Ask it through :meth:`QueryBudget.ask`."""
+
+DecisionQuery = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""(images uint8 n x H x W x C, batch indices int n) -> bool n: whether the success criterion
+holds on the target's answer (decision-based attacks: the only signal they use). May raise
+``BudgetExhausted``. Ask it through :meth:`QueryBudget.ask`."""
+
+
+def margins_of(query: ScoreQuery, labels: np.ndarray, criterion: Criterion) -> MarginQuery:
+    """A :data:`MarginQuery` over a classifier's scores: ``criterion.margins`` of the scores
+    for the images' true labels (``labels[idx]``); the shape of the answer is checked."""
+    labels = np.asarray(labels, dtype=np.int64)
+
+    def margin(images: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        scores = np.asarray(query(images, idx))
+        if scores.ndim != 2 or scores.shape[0] != len(idx):
+            raise InvalidArgument("scores", f"query returned shape {scores.shape} for "
+                                  f"{len(idx)} images")
+        if len(idx) and int(labels[idx].max()) >= scores.shape[1]:
+            raise InvalidArgument("labels", f"label {int(labels[idx].max())} out of range for "
+                                  f"{scores.shape[1]} scores")
+        return np.asarray(criterion.margins(scores, labels[idx]), dtype=np.float64)
+    return margin
+
+
+def decisions_of(query: LabelQuery, labels: np.ndarray, criterion: Criterion) -> DecisionQuery:
+    """A :data:`DecisionQuery` over a classifier's top-1 labels: ``criterion.adversarial_labels``
+    for the images' true labels."""
+    labels = np.asarray(labels, dtype=np.int64)
+
+    def decide(images: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        top1 = np.asarray(query(images, idx))
+        if top1.shape != (len(idx),):
+            raise InvalidArgument("labels", f"query returned shape {top1.shape} for "
+                                  f"{len(idx)} images")
+        return np.asarray(criterion.adversarial_labels(top1, labels[idx]), dtype=bool)
+    return decide
 
 
 class QueryClient(Protocol):
@@ -331,6 +376,16 @@ class AttackContext:
         """Top-1 labels through the proxy, each row charged to its image id."""
         client, ids = self.query_client(), self.image_ids
         return lambda batch, idx: client.labels(batch, [ids[i] for i in idx])
+
+    def margin_query(self) -> MarginQuery:
+        """The criterion's margin on the target's answers (score-based attacks): < 0 where
+        the attack has succeeded. Classification: ``criterion.margins`` of the class scores
+        (issue 11 extends this to detectors and segmenters; attacks do not change)."""
+        return margins_of(self.score_query(), self.labels, self.criterion)
+
+    def decision_query(self) -> DecisionQuery:
+        """Whether the criterion holds on the target's answers (decision-based attacks)."""
+        return decisions_of(self.label_query(), self.labels, self.criterion)
 
 
 #: ``run(ctx) -> one AttackResult per image, in order``.

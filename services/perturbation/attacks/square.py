@@ -35,11 +35,13 @@ from .base import (
     AttackContext,
     AttackResult,
     AttackSpec,
+    MarginQuery,
     QueryBudget,
     ScoreQuery,
     check_batch,
     linf_levels,
     make_result,
+    margins_of,
 )
 
 # Reference p schedule: (iteration upper bound on a 10,000-iteration scale, divisor of p_init).
@@ -59,21 +61,27 @@ def p_selection(p_init: float, it: int, n_iters: int) -> float:
     return p_init  # the reference falls back to p_init past 10,000
 
 
-def square_attack(query: ScoreQuery, images: np.ndarray, labels: np.ndarray, *, epsilon: float,
-                  max_queries: int, rng: np.random.Generator,
+def square_attack(query: ScoreQuery | None, images: np.ndarray, labels: np.ndarray, *,
+                  epsilon: float, max_queries: int, rng: np.random.Generator,
                   p_init: float = 0.05,
                   criterion: Criterion | None = None,
-                  spent: np.ndarray | None = None) -> list[AttackResult]:
+                  spent: np.ndarray | None = None,
+                  margin: MarginQuery | None = None) -> list[AttackResult]:
     """Run the L-inf Square Attack on a batch; one :class:`AttackResult` per image, in order.
 
-    ``success`` means the ``criterion`` (default :class:`Misclassification`: the target's
-    scores for the returned uint8 adversarial put another class strictly above the true one)
-    has a margin < 0. ``queries`` is the number of images this attack passed to ``query`` for
-    that index, the clean image included, and is <= ``max_queries``.
+    ``success`` means the criterion's margin < 0 on the target's answer: ``margin`` (a
+    :data:`~.base.MarginQuery`, any task), or else the ``criterion`` (default
+    :class:`Misclassification`: another class strictly above the true one) on the scores
+    ``query`` returns. ``queries`` is the number of images this attack sent for that index,
+    the clean image included, and is <= ``max_queries``.
     """
     images, labels = check_batch(images, labels)
     e = linf_levels(epsilon)
     crit = criterion if criterion is not None else Misclassification()
+    if margin is None:
+        if query is None:
+            raise InvalidArgument("query", "give a score query or a margin query")
+        margin = margins_of(query, labels, crit)
     qb = QueryBudget(images.shape[0], max_queries, spent)
     budget = qb.limit
     if not np.isfinite(p_init) or not 0.0 < p_init <= 1.0:
@@ -87,16 +95,7 @@ def square_attack(query: ScoreQuery, images: np.ndarray, labels: np.ndarray, *, 
 
     def ask(idx: np.ndarray, batch: np.ndarray) -> np.ndarray | None:
         """Query the target for images ``idx``; margins, or None if the proxy refused."""
-        scores = qb.ask(query, batch.astype(np.uint8), idx)
-        if scores is None:
-            return None
-        if scores.ndim != 2 or scores.shape[0] != len(idx):
-            raise InvalidArgument("scores", f"query returned shape {scores.shape} for "
-                                  f"{len(idx)} images")
-        if int(labels[idx].max()) >= scores.shape[1]:
-            raise InvalidArgument("labels", f"label {int(labels[idx].max())} out of range for "
-                                  f"{scores.shape[1]} scores")
-        return crit.margins(scores, labels[idx])
+        return qb.ask(margin, batch.astype(np.uint8), idx)
 
     running = qb.running
 
@@ -164,9 +163,10 @@ def square_attack(query: ScoreQuery, images: np.ndarray, labels: np.ndarray, *, 
 
 def run(ctx: AttackContext) -> list[AttackResult]:
     p = ctx.params
-    return square_attack(ctx.score_query(), ctx.images, ctx.labels, epsilon=p["epsilon"],
+    return square_attack(None, ctx.images, ctx.labels, epsilon=p["epsilon"],
                          max_queries=p["max_queries"], rng=ctx.rng(), p_init=p["p_init"],
-                         criterion=ctx.criterion, spent=ctx.spent())
+                         criterion=ctx.criterion, spent=ctx.spent(),
+                         margin=ctx.margin_query())
 
 
 SPEC = AttackSpec(
