@@ -396,6 +396,9 @@ def _open_database(settings: StackSettings, wanted: set[str]) -> tuple[Any, Any]
 
 def start_stack(settings: StackSettings) -> Stack:
     """Start the services (and built-in targets) described by ``settings``."""
+    from fortis.services.common import ast_guard
+
+    ast_guard.install()         # threads parse (.npz headers): CPython 3.11 race, see there
     from fortis.adapters.builtin import load_model
     from fortis.adapters.plan_sources import BUILTIN_SOURCES
     from fortis.evaluation.v1 import evaluation_pb2_grpc

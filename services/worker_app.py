@@ -91,6 +91,9 @@ def open_store(settings: WorkerSettings) -> Any:
 
 def run_worker(settings: WorkerSettings, stop: threading.Event | None = None) -> WorkerResult:
     """Run one worker to the end of the evaluation's items (or until ``stop`` is set)."""
+    from fortis.services.common import ast_guard
+
+    ast_guard.install()         # threads parse (.npz headers): CPython 3.11 race, see there
     from fortis.adapters.plan_sources import BUILTIN_SOURCES
     from fortis.services.common.blob_backends import open_blobs
     from fortis.services.common.server import call_metadata, channel

@@ -285,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fortis.services.common import ast_guard
+
+    ast_guard.install()         # threads parse (.npz headers): CPython 3.11 race, see there
     ns = build_parser().parse_args(argv)
     if ns.command != "serve":
         from fortis.cli.logs import configure
