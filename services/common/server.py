@@ -24,6 +24,7 @@ import structlog
 from fortis.client.errors import from_rpc_error
 from fortis.services.common import errors, grpc_options, limits
 from fortis.services.common.api_keys import KeyTable
+from fortis.services.common.health import HealthServicer as FortisHealthServicer
 from fortis.services.common.quotas import CallSlots
 from fortis.services.common.status import status_for
 from fortis.services.common.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
@@ -637,7 +638,7 @@ def build_server(settings: ServerSettings,
                          interceptors=[FortisInterceptor(settings.api_keys, settings.observe,
                                                        settings.call_slots, drain)],
                          options=opts)
-    health_servicer = health.HealthServicer()
+    health_servicer = FortisHealthServicer()   # no deadlock on Watch close (common/health.py)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*REFLECTION_SERVICES, health.SERVICE_NAME]
     for add, servicer, name in register:

@@ -171,9 +171,13 @@ class EvaluationRunner:
                          chunk_ranges=chunks(len(images), plan.batch_size))
         settings: list[Setting] = []
         for stage in stages:
+            ctx.check_cancelled()       # a stage boundary is an item boundary (CAN-9)
             progress.stage(stage.progress_stage)
             settings += stage.run(ctx)
 
+        # A cancel or a shutdown that came while the last items ran stops here: their
+        # results are committed, scoring and the report are for the run that resumes it.
+        ctx.check_cancelled()
         progress.stage("scoring")
         setup = self._scoring_setup(target, images)
         if plan.target.task == "segmentation":

@@ -16,9 +16,11 @@ BUF = ROOT / "node_modules" / ".bin" / "buf"
 #: is domain code. kserve_v2.py is the Open Inference Protocol client (like backends.py).
 TRANSPORT = {"servicer.py", "backends.py", "proxy_client.py", "clients.py", "server.py", "app.py",
              "torch_target.py", "grpc_transport.py"}
-#: Transport modules named otherwise, by path: the UploadService servicer (issue 9) and the
-#: composition root of ``fortis worker`` (issue 10; wires channels as app.py does).
-TRANSPORT_PATHS = {"services/evaluation/uploads.py", "services/worker_app.py"}
+#: Transport modules named otherwise, by path: the UploadService servicer (issue 9), the
+#: composition root of ``fortis worker`` (issue 10; wires channels as app.py does) and the
+#: health servicer every server registers (services/common/health.py).
+TRANSPORT_PATHS = {"services/evaluation/uploads.py", "services/worker_app.py",
+                   "services/common/health.py"}
 
 
 def test_buf_lint_standard():
