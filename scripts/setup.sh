@@ -62,6 +62,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
   # Reference implementation for the side-by-side corruption tests; --no-deps because it asks
   # for opencv-python, which would clash with our opencv-python-headless (both install cv2).
   .venv/bin/python -m pip install -q --no-deps "imagecorruptions==1.1.2"
+  # Attack references (bench/attacks.py): torchattacks asks for torchvision and an old requests,
+  # bat for Google Cloud Vision clients; neither is needed (pyproject.toml: reference-no-deps).
+  .venv/bin/python -m pip install -q --no-deps "torchattacks==3.5.1" "blackbox-adversarial-toolbox==0.1.2"
   touch "$stamp"
 fi
 
