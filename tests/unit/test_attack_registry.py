@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_attack_is_listed_once_with_a_schema() -> None:
-    assert list(ATTACKS) == ["fgsm", "pgd", "square", "hsja", "pertknob"]
+    assert list(ATTACKS)[:5] == ["fgsm", "pgd", "square", "hsja", "pertknob"]  # then issue 11's
     assert ATTACKS is registry.ATTACKS
     for spec in ATTACKS.values():
         assert spec.kind in base.ATTACK_KINDS and spec.norms and spec.refs and spec.description

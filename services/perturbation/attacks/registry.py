@@ -18,11 +18,17 @@ from typing import Any
 from fortis.services.common.errors import InvalidArgument
 
 from .base import AttackSpec
+from .boundary import SPEC as BOUNDARY
 from .fgsm import SPEC as FGSM
+from .geoda import SPEC as GEODA
+from .geoda import SPEC_LINF as GEODA_LINF
 from .hsja import SPEC as HSJA
 from .pertknob import SPEC as PERTKNOB
 from .pgd import SPEC as PGD
+from .qeba import SPEC as QEBA
+from .qfool import SPEC as QFOOL
 from .square import SPEC as SQUARE
+from .surfree import SPEC as SURFREE
 
 __all__ = ["ATTACKS", "attack_spec", "build", "describe_attack", "list_attacks"]
 
@@ -39,7 +45,8 @@ def build(specs: tuple[AttackSpec, ...]) -> dict[str, AttackSpec]:
 
 #: id -> spec, in listing order.
 ATTACKS: Mapping[str, AttackSpec] = MappingProxyType(build(
-    (FGSM, PGD, SQUARE, HSJA, PERTKNOB)))
+    (FGSM, PGD, SQUARE, HSJA, PERTKNOB,
+     BOUNDARY, QEBA, QFOOL, GEODA, GEODA_LINF, SURFREE)))
 
 
 def attack_spec(attack_id: str, field_name: str = "attack_id") -> AttackSpec:
