@@ -57,14 +57,22 @@ def detection_message(boxes: np.ndarray, scores: np.ndarray, width: int, height:
 
 
 def segmentation_message(confidence: np.ndarray, height: int, width: int,
-                         threshold: float) -> common_pb2.Segmentation:
-    """Foreground confidence map (any size) -> int32 class map at the input size."""
+                         threshold: float, *, probabilities: bool = True
+                         ) -> common_pb2.Segmentation:
+    """Foreground confidence map (any size) -> int32 class map at the input size and, with
+    ``probabilities``, the per-pixel probabilities [background, foreground] as float16
+    ``[height, width, 2]`` (``Segmentation.probabilities``: what score-based attacks use as a
+    per-pixel loss; float16 keeps the answer compact)."""
     conf: np.ndarray = np.asarray(confidence, dtype=np.float32)
     if conf.shape != (height, width):
         conf = cv2.resize(conf, (width, height), interpolation=cv2.INTER_LINEAR)
+    conf = np.clip(conf, 0.0, 1.0)
     class_map = (conf > threshold).astype(np.int32)
     seg = common_pb2.Segmentation()
     fill_tensor(seg.class_map, class_map)       # in place: fast under upb (see codec)
+    if probabilities:
+        fg = conf.astype(np.float16)
+        fill_tensor(seg.probabilities, np.stack([np.float16(1.0) - fg, fg], axis=-1))
     return seg
 
 

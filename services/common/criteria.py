@@ -3,7 +3,8 @@
 The plan's service-type parameters (IEEE-P3) say how an answer is judged: a classification
 :class:`CorrectnessRule` (IEEE-C1/C2), an :class:`AggregationRule` over label sets or objects
 (IEEE-C3), a :class:`DetectionCriterion` (IEEE-C4) and a :class:`SegmentationCriterion`
-(IEEE-C5). They live here, not in the scoring service, because two services need them: the
+(IEEE-C5), and which success criteria an attack may be judged by (:data:`ATTACK_CRITERIA`,
+IEEE-A8 / PER-2). They live here, not in the scoring service, because two services need them: the
 evaluation service validates a plan's criteria before anything runs (and must not import
 scoring, DESIGN.md section 1), and the scoring service judges answers with them. Validation
 only: plain Python, no numpy at import (``AggregationRule.combine`` imports it when called),
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
 __all__ = [
     "AGGREGATE_MODES",
     "ALL_ABSENT_POLICIES",
+    "ATTACK_CRITERIA",
+    "PROBABILITY_CRITERIA",
+    "TARGETED_CRITERIA",
+    "TARGETED_DEFAULT",
     "BOX_FORMATS",
     "CORRECTNESS_MODES",
     "MAX_LISTED",
@@ -350,3 +355,30 @@ def _segmentation_violations(classes: Any, th: Any, ign: Any, absent: Any,
                                                           f"{', '.join(ALL_ABSENT_POLICIES)}; "
                                                           f"got {absent!r}"))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Success criteria of the attacks (IEEE-A8, PER-2): which a plan may name, per task
+# --------------------------------------------------------------------------------------------
+
+#: Criterion kinds an attack may be judged by, per task type (the perturbation service's
+#: ``criteria.criterion_from_spec`` builds them; the evaluation service validates plans with
+#: this table). The first of each task is its default.
+ATTACK_CRITERIA: Final[Mapping[str, tuple[str, ...]]] = {
+    "classification": ("misclassification", "targeted_misclassification",
+                       "confident_misclassification", "top_k_misclassification",
+                       "original_class_probability", "target_class_prob_boost"),
+    "detection": ("object_missed", "object_relabelled"),
+    "segmentation": ("miou_below",),
+}
+#: Kinds that aim at a class (need ``targeted: {label: N}`` in the plan).
+TARGETED_CRITERIA: Final = frozenset({"targeted_misclassification", "target_class_prob_boost",
+                                      "object_relabelled"})
+#: Kinds judged on class probabilities (refused for a label-only target).
+PROBABILITY_CRITERIA: Final = frozenset({"confident_misclassification",
+                                         "top_k_misclassification",
+                                         "original_class_probability",
+                                         "target_class_prob_boost"})
+#: The targeted kind a plan's ``targeted: {label: N}`` means when it names no kind.
+TARGETED_DEFAULT: Final[Mapping[str, str]] = {"classification": "targeted_misclassification",
+                                              "detection": "object_relabelled"}

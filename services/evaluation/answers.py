@@ -3,8 +3,13 @@ to the scoring service whole (scoring on arrays, not per record). Domain code, n
 
 - :class:`ClassAnswers`: ranked labels ``[n, k]`` (int64, -1 padded) and their scores
   ``[n, k]`` (float32, NaN padded; ``None`` for label-only targets). Every label and score
-  the target returned is kept (no truncation), so NDCG/DRR and degradation rank profiles
-  work on full score vectors (RANK-1..3, DEG-2).
+  the target returned is kept (no truncation: a 1000-class full-score target keeps all 1000
+  per answer), so NDCG/DRR and degradation rank/probability profiles work on full score
+  vectors (RANK-1..3, DEG-2; issue 11). Stored compactly (:func:`pack`): one array per
+  work item (a chunk of one setting), labels in the narrowest integer type that holds them
+  (int16 below 32,768 classes: 6 bytes per class and answer instead of 12). Scores stay
+  float32 on purpose: float16 would move a score across the plan's threshold rule
+  (IEEE-C2 Alternative 3, ``score > sigma``) and change verdicts.
 - :class:`DetectionAnswers`: boxes of all images stacked ``[R, 4]`` (pixel xyxy), labels,
   scores and the count per image (IEEE-C4).
 - :class:`SegmentationAnswers`: class maps ``[n, H, W]`` (int64; a failed answer is -1).
@@ -145,7 +150,7 @@ def pack(result: Mapping[str, Any]) -> bytes:
     arrays: dict[str, np.ndarray] = {}
     for key, value in result.items():
         if isinstance(value, ClassAnswers):
-            arrays[f"{key}.class.labels"] = value.labels
+            arrays[f"{key}.class.labels"] = _narrow(value.labels)
             if value.scores is not None:
                 arrays[f"{key}.class.scores"] = value.scores
             arrays[f"{key}.class.errors"] = _strings(value.errors)
@@ -187,7 +192,8 @@ def unpack(blob: bytes) -> dict[str, Any]:
             groups.setdefault(key, {})[rest] = data[name]
     for key, g in groups.items():
         if "class.labels" in g:
-            out[key] = ClassAnswers(labels=g["class.labels"], scores=g.get("class.scores"),
+            out[key] = ClassAnswers(labels=g["class.labels"].astype(np.int64),
+                                    scores=g.get("class.scores"),
                                     errors=tuple(str(e) for e in g["class.errors"]))
         elif "det.boxes" in g:
             out[key] = DetectionAnswers(boxes=g["det.boxes"], labels=g["det.labels"],
@@ -199,6 +205,18 @@ def unpack(blob: bytes) -> dict[str, Any]:
                 errors=tuple(str(e) for e in g["seg.errors"]),
                 shapes=tuple((int(a), int(b)) for a, b in g["seg.shapes"]))
     return out
+
+
+def _narrow(labels: np.ndarray) -> np.ndarray:
+    """Ranked labels (-1 padded) in the narrowest signed integer type that holds them."""
+    a = np.asarray(labels)
+    if a.size == 0:
+        return a.astype(np.int16)
+    hi = int(a.max())
+    for t in (np.int16, np.int32):
+        if hi <= np.iinfo(t).max:
+            return a.astype(t)
+    return a.astype(np.int64)
 
 
 def _strings(values: Sequence[str]) -> np.ndarray:

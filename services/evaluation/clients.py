@@ -40,6 +40,7 @@ from fortis.services.evaluation.answers import (
 from fortis.services.evaluation.ports import (
     AttackEntry,
     AttackOutcome,
+    AttackReference,
     Catalogue,
     PerturbationEntry,
     ReportInput,
@@ -232,7 +233,10 @@ def catalogue_from_messages(perturbations: Iterable[Any], attacks: Iterable[Any]
     atts = {a.id: AttackEntry(
         id=a.id, kind=_enum_name(ppb.AttackKind, a.kind, "ATTACK_KIND_"), family=a.family,
         refs=tuple(a.refs), norms=tuple(_enum_name(ppb.Norm, n, "NORM_") for n in a.norms),
-        needs_surrogate=a.needs_surrogate, params=tuple(_param(p) for p in a.parameters))
+        needs_surrogate=a.needs_surrogate, params=tuple(_param(p) for p in a.parameters),
+        targeted=a.targeted, untargeted=a.untargeted,
+        tasks=tuple(_TASK[t] for t in a.tasks if t in _TASK) or ("classification",),
+        uses_surrogate=a.uses_surrogate)
         for a in attacks}
     return Catalogue(perturbations=perts, attacks=atts)
 
@@ -279,14 +283,20 @@ class GrpcPerturbation:
                images: Sequence[tuple[str, np.ndarray, Sequence[int]]], *,
                session_id: str = "", origin: str = "", surrogate: str = "",
                on_result: Callable[[AttackOutcome], None] | None = None,
-               cancelled: Callable[[], bool] | None = None) -> list[AttackOutcome]:
+               cancelled: Callable[[], bool] | None = None,
+               criterion: Mapping[str, Any] | None = None,
+               references: Sequence[AttackReference] | None = None) -> list[AttackOutcome]:
         req = ppb.RunAttackRequest(
             attack_id=attack_id, seed=seed, proxy_session_id=session_id,
             origin=origin, surrogate=surrogate)
-        for i, im, lab in images:
+        refs = list(references) if references is not None else [None] * len(images)
+        for (i, im, lab), ref in zip(images, refs, strict=True):
             li = req.images.add()
             fill_image(li.image, i, im, raw=True)
             li.labels.extend(lab)
+            convert.fill_reference(li, ref)
+        if criterion:
+            req.criterion.CopyFrom(convert.attack_criterion(criterion))
         json_format.ParseDict(dict(params), req.params)
         outs = []
         call = self.stub.RunAttack(req, metadata=self.md, timeout=3600)
@@ -298,7 +308,8 @@ class GrpcPerturbation:
                     success=r.success if r.HasField("success") else None, queries=int(r.queries),
                     linf=r.linf, l2=r.l2,
                     stop_reason=_enum_name(ppb.StopReason, r.stop_reason, "STOP_REASON_"),
-                    initially_correct=r.initially_correct if r.HasField("initially_correct") else None)
+                    initially_correct=r.initially_correct if r.HasField("initially_correct") else None,
+                    signal=r.signal, criterion=r.criterion)
                 outs.append(o)
                 if on_result is not None:
                     on_result(o)

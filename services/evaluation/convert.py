@@ -16,13 +16,13 @@ from fortis.common.v1 import common_pb2
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.report.v1 import report_pb2 as rpb
 from fortis.scoring.v1 import scoring_pb2 as spb
-from fortis.services.common.codec import array_to_tensor
+from fortis.services.common.codec import array_to_tensor, fill_tensor
 from fortis.services.evaluation.answers import ClassAnswers, DetectionAnswers, SegmentationAnswers
 from fortis.services.evaluation.ports import ReportInput, ScoringSetup, Setting, Summary
 from google.protobuf import timestamp_pb2
 
-__all__ = ["correctness_rule", "detection_criterion", "report_parts", "scoring_setup",
-           "segmentation_criterion", "setting", "summary"]
+__all__ = ["attack_criterion", "correctness_rule", "detection_criterion", "fill_reference",
+           "report_parts", "scoring_setup", "segmentation_criterion", "setting", "summary"]
 
 _MODES = {"top1": spb.CORRECTNESS_MODE_TOP1, "topk": spb.CORRECTNESS_MODE_TOPK,
           "threshold": spb.CORRECTNESS_MODE_THRESHOLD}
@@ -73,6 +73,62 @@ def segmentation_criterion(d: Mapping[str, Any]) -> spb.SegmentationCriterion:
     if ign is not None:
         c.ignore_label = int(ign)
     return c
+
+
+# -- attacks -----------------------------------------------------------------------------------
+
+_CRITERION_KINDS = {
+    "misclassification": ppb.CRITERION_KIND_MISCLASSIFICATION,
+    "targeted_misclassification": ppb.CRITERION_KIND_TARGETED_MISCLASSIFICATION,
+    "confident_misclassification": ppb.CRITERION_KIND_CONFIDENT_MISCLASSIFICATION,
+    "top_k_misclassification": ppb.CRITERION_KIND_TOP_K_MISCLASSIFICATION,
+    "original_class_probability": ppb.CRITERION_KIND_ORIGINAL_CLASS_PROBABILITY,
+    "target_class_prob_boost": ppb.CRITERION_KIND_TARGET_CLASS_PROB_BOOST,
+    "object_missed": ppb.CRITERION_KIND_OBJECT_MISSED,
+    "object_relabelled": ppb.CRITERION_KIND_OBJECT_RELABELLED,
+    "miou_below": ppb.CRITERION_KIND_MIOU_BELOW}
+
+
+def attack_criterion(d: Mapping[str, Any]) -> ppb.AttackCriterion:
+    """An attack's criterion from the validated plan (``plan.AttackTest.criterion``: kind,
+    target_label, threshold, k, detection / segmentation parameters) as the request's
+    AttackCriterion."""
+    msg = ppb.AttackCriterion(kind=_CRITERION_KINDS.get(d.get("kind") or "", 0),
+                              k=int(d.get("k") or 0))
+    if d.get("target_label") is not None:
+        msg.target_label = int(d["target_label"])
+    if d.get("threshold") is not None:
+        msg.threshold = float(d["threshold"])
+    det = d.get("detection")
+    if det:
+        msg.detection.iou_threshold = float(det.get("iou_threshold", 0.5))
+        msg.detection.min_objects = int(det.get("min_objects", 0))
+        if det.get("score_threshold") is not None:
+            msg.detection.score_threshold = float(det["score_threshold"])
+    seg = d.get("segmentation")
+    if seg:
+        g = msg.segmentation
+        g.classes.extend(int(c) for c in seg["classes"])
+        g.miou_threshold = float(seg.get("miou_threshold", 0.5))
+        g.all_absent_incorrect = bool(seg.get("all_absent_incorrect", False))
+        if seg.get("ignore_label") is not None:
+            g.ignore_label = int(seg["ignore_label"])
+    return msg
+
+
+def fill_reference(li: ppb.LabeledImage, ref: Any) -> None:
+    """An image's detection objects (``{"boxes": (k, 4) pixel xyxy, "labels": (k,)}``) or
+    segmentation mask ((H, W) ints) into its LabeledImage; None: nothing (the clean answer's
+    reference)."""
+    if ref is None:
+        return
+    if isinstance(ref, Mapping):
+        boxes = np.asarray(ref["boxes"], dtype=np.float64).reshape(-1, 4)
+        for (x1, y1, x2, y2), lab in zip(boxes.tolist(), ref["labels"], strict=True):
+            b = li.objects.add()
+            b.x_min, b.y_min, b.x_max, b.y_max, b.label = x1, y1, x2, y2, int(lab)
+        return
+    fill_tensor(li.mask, np.asarray(ref, dtype=np.int32))
 
 
 # -- scoring -----------------------------------------------------------------------------------
@@ -214,4 +270,6 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
             msg.epsilon = test.epsilon
         if test.query_budget is not None:
             msg.query_budget = test.query_budget
+        msg.signal = test.signal
+        msg.criterion = test.criterion
     return parts

@@ -20,7 +20,11 @@ from typing import Any
 import yaml
 from fortis.services.common.blobs import is_blob_id
 from fortis.services.common.criteria import (
+    ATTACK_CRITERIA,
     CORRECTNESS_MODES,
+    PROBABILITY_CRITERIA,
+    TARGETED_CRITERIA,
+    TARGETED_DEFAULT,
     CorrectnessRule,
     DetectionCriterion,
     SegmentationCriterion,
@@ -34,10 +38,11 @@ from fortis.services.common.limits import (
     MAX_PLAN_ATTACKS,
     MAX_PLAN_DEPTH,
     MAX_PLAN_STRING_CHARS,
+    MAX_RANK,
     MAX_SEED,
 )
 from fortis.services.common.params import validate_params
-from fortis.services.evaluation.ports import Catalogue
+from fortis.services.evaluation.ports import Catalogue, TargetDescription
 
 DATASETS = ("fashion-mnist", "imagenet-photos", "manifest", "uploads")
 TASKS = ("classification", "detection", "segmentation")
@@ -49,7 +54,7 @@ MAX_DEPTH = MAX_PLAN_DEPTH
 _SETTING_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,59}$")
 __all__ = ["CORRECTNESS_MODES", "DATASETS", "MAX_PLAN_BYTES", "TASKS", "AttackTest",
            "CorruptionTest", "DatasetRef", "DegradationTest", "Plan", "Role", "TargetRef",
-           "load_plan", "parse_plan_text", "validate_plan"]
+           "check_against_target", "load_plan", "parse_plan_text", "validate_plan"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +110,20 @@ class AttackTest:
     params: Mapping[str, Any]
     surrogate: str = ""
     limit: int = 0          # attack only the first N images (0 = all)
+    #: The success criterion as plain data (RunAttackRequest.criterion): ``kind`` (see
+    #: ``common.criteria.ATTACK_CRITERIA``), ``target_label`` (the plan's ``targeted:
+    #: {label: N}``), ``threshold``, ``k``, and for detection / segmentation targets the
+    #: IEEE-C4 / C5 parameters taken from the plan's ``detection`` / ``segmentation``
+    #: sections (one definition with scoring).
+    criterion: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def targeted(self) -> bool:
+        return self.criterion.get("kind") in TARGETED_CRITERIA
+
+    @property
+    def criterion_kind(self) -> str:
+        return str(self.criterion.get("kind") or "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -426,7 +445,65 @@ def _corruptions(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[Corrupti
     return out
 
 
-def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[AttackTest]:
+def _attack_criterion(v: _V, it: Mapping[str, Any], p: str, task: str, spec: Any,
+                      det: Mapping[str, Any], seg: Mapping[str, Any]) -> dict[str, Any]:
+    """An attack's ``targeted`` and ``criterion`` fields -> its criterion as plain data, each
+    problem naming its field. Detection / segmentation parameters come from the plan's
+    sections (the IEEE-C4 / C5 rule scoring applies)."""
+    out: dict[str, Any] = {}
+    kinds = ATTACK_CRITERIA.get(task, ())
+    t = v.mapping(it.get("targeted"), f"{p}.targeted", required=False)
+    v.unknown(t, f"{p}.targeted", {"label"})
+    if t:
+        label = t.get("label")
+        if isinstance(label, bool) or not isinstance(label, int) or label < 0:
+            v.bad(f"{p}.targeted.label", f"must be a class id >= 0, got {_short(label)}")
+        elif task not in TARGETED_DEFAULT:
+            v.bad(f"{p}.targeted", f"a {task} target has no targeted criterion (IEEE-C5 "
+                  "defines none); drop it")
+        else:
+            out["target_label"] = int(label)
+    c = v.mapping(it.get("criterion"), f"{p}.criterion", required=False)
+    v.unknown(c, f"{p}.criterion", {"kind", "threshold", "k"})
+    kind = v.string(c, "kind", f"{p}.criterion", choices=kinds) if "kind" in c else ""
+    if not kind:
+        kind = TARGETED_DEFAULT.get(task, "") if "target_label" in out else kinds[0]
+    if kind in TARGETED_CRITERIA and "target_label" not in out and not t:
+        v.bad(f"{p}.targeted", f"criterion {kind} needs the target class: targeted: {{label: N}}")
+    if kind not in TARGETED_CRITERIA and "target_label" in out:
+        v.bad(f"{p}.criterion.kind", f"{kind} is untargeted; drop targeted or choose a "
+              "targeted kind")
+    if "threshold" in c:
+        th = c["threshold"]
+        if isinstance(th, bool) or not isinstance(th, int | float) or not 0.0 <= th <= 1.0:
+            v.bad(f"{p}.criterion.threshold", f"must be a probability in [0, 1], got {_short(th)}")
+        else:
+            out["threshold"] = float(th)
+    if "k" in c:
+        out["k"] = v.integer(c, "k", f"{p}.criterion", default=5, lo=1, hi=MAX_RANK)
+    out["kind"] = kind
+    if spec is not None:
+        if kind in TARGETED_CRITERIA and not spec.targeted:
+            v.bad(f"{p}.targeted", f"{spec.id} has no targeted variant")
+        if kind not in TARGETED_CRITERIA and not spec.untargeted:
+            v.bad(f"{p}.targeted", f"{spec.id} is targeted only: give targeted: {{label: N}}")
+    if task == "detection":
+        d = {"iou_threshold": float(det.get("iou_threshold", 0.5)),
+             "min_objects": int(det.get("q", 1)) if det.get("aggregate") == "at_least" else 0}
+        if det.get("confidence_threshold") is not None:
+            d["score_threshold"] = float(det["confidence_threshold"])
+        out["detection"] = d
+    elif task == "segmentation":
+        out["segmentation"] = {"classes": list(seg.get("classes") or []),
+                               "miou_threshold": float(seg.get("miou_threshold", 0.5)),
+                               "ignore_label": seg.get("ignore_label", 255),
+                               "all_absent_incorrect": seg.get("all_absent") == "incorrect"}
+    return out
+
+
+def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue, task: str = "classification",
+             det: Mapping[str, Any] | None = None,
+             seg: Mapping[str, Any] | None = None) -> list[AttackTest]:
     out: list[AttackTest] = []
     seen: set[str] = set()
     items = v.items(doc, "attacks")
@@ -436,7 +513,8 @@ def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[AttackTest]:
     for i, item in enumerate(items):
         p = f"attacks[{i}]"
         it = v.mapping(item, p)
-        v.unknown(it, p, {"id", "params", "surrogate", "limit", "name"})
+        v.unknown(it, p, {"id", "params", "surrogate", "limit", "name", "targeted",
+                          "criterion"})
         aid = v.string(it, "id", p, required=True)
         params: Mapping[str, Any] = v.mapping(it.get("params", {}), f"{p}.params", required=False)
         spec = cat.attacks.get(aid)
@@ -458,13 +536,24 @@ def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[AttackTest]:
                       "see `fortis perturbations --kind property`")
             if spec.needs_surrogate and not it.get("surrogate"):
                 v.bad(f"{p}.surrogate", f"{aid} is a transfer attack: name the surrogate model")
+            if it.get("surrogate") and not (spec.needs_surrogate or spec.uses_surrogate):
+                v.bad(f"{p}.surrogate", f"{aid} takes no surrogate model")
+            if spec.is_query_attack and task not in spec.tasks:
+                v.bad(f"{p}.id", f"{aid} does not attack {task} targets (it attacks: "
+                      f"{', '.join(spec.tasks)})")
+            if not spec.is_query_attack and task != "classification":
+                v.bad(f"{p}.id", f"{aid} is a transfer attack, crafted on a classifier "
+                      f"surrogate; transfer attacks on a {task} target are not available yet "
+                      "(issue 12): use a query attack")
+        crit = _attack_criterion(v, it, p, task, spec, det or {}, seg or {})
         if label in seen:
             v.bad(f"{p}.name", f"attack name {_short(label)} is used twice; give each a distinct name")
         seen.add(label)
         out.append(AttackTest(id=aid, name=label, params=dict(params),
                               surrogate=v.string(it, "surrogate", p),
                               limit=v.integer(it, "limit", p, default=0, lo=0,
-                                                    hi=MAX_DATASET_IMAGES)))
+                                                    hi=MAX_DATASET_IMAGES),
+                              criterion=crit))
     return out
 
 
@@ -496,11 +585,10 @@ def _degradation(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[Degradat
 
 def _task_limits(v: _V, task: str, corruptions: list[CorruptionTest], attacks: list[AttackTest],
                  degradation: list[DegradationTest], cat: Catalogue) -> None:
-    """What detection and segmentation plans cannot do yet (their attacks judge labels)."""
+    """What detection and segmentation plans cannot do (query attacks can: ``_attacks``
+    checks each attack's task types and refuses transfer attacks there)."""
     if task == "classification":
         return
-    for i in range(len(attacks)):
-        v.bad(f"attacks[{i}].id", f"attacks judge class labels; not available for a {task} target yet")
     for i in range(len(degradation)):
         v.bad(f"degradation[{i}].id", f"degradation profiles follow class labels; not "
               f"available for a {task} target")
@@ -525,7 +613,7 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
     dataset = _dataset(v, doc, target.task)
     correctness, det, seg = _criteria(v, doc, target.task)
     corruptions = _corruptions(v, doc, catalogue)
-    attacks = _attacks(v, doc, catalogue)
+    attacks = _attacks(v, doc, catalogue, target.task, det, seg)
     degradation = _degradation(v, doc, catalogue)
     e = v.mapping(doc.get("execution"), "execution", required=False)
     v.unknown(e, "execution", {"batch_size"})
@@ -541,6 +629,37 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
                 correctness=correctness, corruptions=tuple(corruptions), attacks=tuple(attacks),
                 batch_size=batch, raw=dict(doc), degradation=tuple(degradation),
                 detection=det, segmentation=seg)
+
+
+def check_against_target(plan: Plan, target: TargetDescription, catalogue: Catalogue) -> None:
+    """What only the target's description can tell (GetTargetInfo): its task, and for each
+    attack whether the target gives the signal it needs (IEEE-A8: a score-based attack needs
+    scores; a label-only target takes decision-based attacks only), whether its criterion can
+    be judged (criteria on class probabilities need scores) and whether a targeted class is
+    one of the target's labels. One InvalidArgument listing every problem by field."""
+    v = _V()
+    if target.task != plan.target.task:
+        v.bad("target.task", f"plan says {plan.target.task} but target '{target.name}' is "
+              f"{target.task}")
+    labels_only = target.output_kind == "label_only"
+    if plan.correctness.get("mode") == "threshold" and labels_only:
+        v.bad("correctness.mode", "threshold needs a score-returning target; this one returns "
+              "labels only")
+    n_labels = len(target.labels)
+    for i, at in enumerate(plan.attacks):
+        entry = catalogue.attacks.get(at.id)
+        if entry is not None and entry.kind == "score" and labels_only:
+            v.bad(f"attacks[{i}].id", f"{at.id} is score-based, but target '{target.name}' "
+                  "returns labels only (output kind label_only): use a decision-based attack")
+        if at.criterion_kind in PROBABILITY_CRITERIA and labels_only:
+            v.bad(f"attacks[{i}].criterion.kind", f"{at.criterion_kind} is judged on class "
+                  f"probabilities; target '{target.name}' returns labels only")
+        tl = at.criterion.get("target_label")
+        if tl is not None and n_labels and int(tl) >= n_labels:
+            v.bad(f"attacks[{i}].targeted.label", f"class {tl} is outside the target's "
+                  f"{n_labels} labels")
+    if v.problems:
+        raise InvalidArgument.from_violations(v.problems[:100])
 
 
 def load_plan(text: str, catalogue: Catalogue, fmt: str = "") -> Plan:

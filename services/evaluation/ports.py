@@ -61,6 +61,11 @@ class AttackEntry:
     norms: tuple[str, ...]           # "linf" | "l2" | "l0"
     needs_surrogate: bool
     params: tuple[Param, ...]
+    targeted: bool = False           # has a targeted variant
+    untargeted: bool = True
+    #: Task types it attacks ("classification", "detection", "segmentation").
+    tasks: tuple[str, ...] = ("classification",)
+    uses_surrogate: bool = False     # a query attack that may take a surrogate prior
 
     @property
     def is_query_attack(self) -> bool:
@@ -94,6 +99,13 @@ class AttackOutcome:
     l2: float
     stop_reason: str
     initially_correct: bool | None
+    signal: str = ""                 # what the attack read from the target (query attacks)
+    criterion: str = ""              # its success criterion, in words
+
+
+#: An image's reference for a detection / segmentation attack: ``{"boxes": (k, 4) pixel
+#: xyxy, "labels": (k,) service labels}`` or an (H, W) int mask; None: the clean answer's.
+AttackReference = Any
 
 
 class ProxyPort(Protocol):
@@ -127,7 +139,13 @@ class PerturbationPort(CataloguePort, Protocol):
                images: Sequence[tuple[str, np.ndarray, Sequence[int]]], *,
                session_id: str = "", origin: str = "", surrogate: str = "",
                on_result: Callable[[AttackOutcome], None] | None = None,
-               cancelled: Callable[[], bool] | None = None) -> list[AttackOutcome]: ...
+               cancelled: Callable[[], bool] | None = None,
+               criterion: Mapping[str, Any] | None = None,
+               references: Sequence[AttackReference] | None = None) -> list[AttackOutcome]:
+        """Run an attack; ``criterion`` its success criterion as plain data (kind,
+        target_label, threshold, k, detection / segmentation parameters; None: the task's
+        default), ``references`` one per image (detection / segmentation)."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,6 +214,8 @@ class TestDefinition:
     norm: str = ""
     query_budget: int | None = None
     images: int = 0
+    signal: str = ""                 # query attacks: what the attack read from the target
+    criterion: str = ""              # attacks: the success criterion, in words
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,7 @@ from fortis.services.common.errors import FailedPrecondition, InvalidArgument, U
 from fortis.services.evaluation.answers import SegmentationAnswers
 from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.keys import SessionId
-from fortis.services.evaluation.plan import Plan
+from fortis.services.evaluation.plan import Plan, check_against_target
 from fortis.services.evaluation.ports import (
     Catalogue,
     LedgerSummary,
@@ -53,7 +53,7 @@ from fortis.services.evaluation.stages.base import chunks
 from fortis.services.evaluation.store import ACTIVE_STATES, EvaluationStorage
 
 __all__ = ["Cancelled", "DatasetPort", "EvaluationRunner", "LabeledImage", "RecordedFailure",
-           "RunContext", "build_stages", "check_target"]
+           "RunContext", "attack_truths", "build_stages", "check_target"]
 
 
 class RecordedFailure(Exception):
@@ -75,6 +75,14 @@ class DatasetPort:
         return self
 
 
+def attack_truths(plan: Plan, datasets: DatasetPort) -> dict[str, Any]:
+    """Ground truth per image id for the query attacks' IEEE-C4 / C5 criteria (detection and
+    segmentation plans with query attacks); empty otherwise."""
+    if plan.target.task == "classification" or not plan.attacks:
+        return {}
+    return dict(datasets.truths(plan))
+
+
 def build_stages(plan: Plan, n_images: int, catalogue: Catalogue) -> list[Stage]:
     """The stages of a plan, in execution order."""
     return [CleanStage(plan, n_images), CorruptionStage(plan, n_images, catalogue),
@@ -85,19 +93,14 @@ def build_stages(plan: Plan, n_images: int, catalogue: Catalogue) -> list[Stage]
 
 def check_target(plan: Plan, target: TargetDescription, images: Sequence[LabeledImage],
                  catalogue: Catalogue) -> None:
-    """The plan fits the target (task, label range, scores for the rule and the attacks)."""
-    if target.task != plan.target.task:
-        raise InvalidArgument("target.task", f"plan says {plan.target.task} but target '{target.name}' is {target.task}")
+    """The plan fits the target (task, label range, scores for the rule and the attacks,
+    targeted classes: ``plan.check_against_target``)."""
+    check_against_target(plan, target, catalogue)
     n_labels = len(target.labels)
     for image_id, _, labels in images:
         for lab in labels:
             if not 0 <= lab < n_labels:
                 raise InvalidArgument("dataset.label_map", f"image '{image_id}' has label {lab}, outside the target's {n_labels} labels")
-    if plan.correctness["mode"] == "threshold" and target.output_kind == "label_only":
-        raise InvalidArgument("correctness.mode", "threshold needs a score-returning target; this one returns labels only")
-    for i, at in enumerate(plan.attacks):
-        if catalogue.attacks[at.id].kind == "score" and target.output_kind == "label_only":
-            raise InvalidArgument(f"attacks[{i}].id", f"{at.id} is score-based but target '{target.name}' returns labels only")
 
 
 def _fit_masks(setting: Setting, truths: Sequence[Any]) -> Setting:
@@ -168,7 +171,8 @@ class EvaluationRunner:
                          report=self.report, images=images, target=target,
                          progress=progress,
                          cancelled=self.cancelled,
-                         chunk_ranges=chunks(len(images), plan.batch_size))
+                         chunk_ranges=chunks(len(images), plan.batch_size),
+                         truths=attack_truths(plan, self.datasets))
         settings: list[Setting] = []
         for stage in stages:
             ctx.check_cancelled()       # a stage boundary is an item boundary (CAN-9)
@@ -188,7 +192,9 @@ class EvaluationRunner:
         finished_at = time.time()
         tests = [t for s in stages for t in s.tests() if t.kind in ("corruption", "style")]
         tests += [t for s in stages for t in s.tests() if t.kind == "degradation"]
-        tests += attack_tests(plan, len(images), self.catalogue)
+        observed = {k: v for s in stages if isinstance(s, QueryAttackStage)
+                    for k, v in s.observed.items()}
+        tests += attack_tests(plan, len(images), self.catalogue, observed)
         current = store.get(eid)
         report_json, report_html = self.report.render(ReportInput(
             plan=plan, plan_text=self.plan_text, target=target,

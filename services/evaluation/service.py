@@ -23,7 +23,7 @@ from fortis.services.common import errors
 from fortis.services.common.quotas import QuotaSettings
 from fortis.services.common.status import status_for
 from fortis.services.evaluation.executors import Executor
-from fortis.services.evaluation.plan import Plan, load_plan
+from fortis.services.evaluation.plan import Plan, check_against_target, load_plan
 from fortis.services.evaluation.ports import (
     Catalogue,
     PerturbationPort,
@@ -120,12 +120,21 @@ class EvaluationManager:
     def validate(self, *, tenant: str, plan_text: str, fmt: str = "") -> Plan:
         """A plan checked against the catalogue and the targets this tenant may query:
         InvalidArgument listing every problem, each naming its field."""
-        plan = load_plan(plan_text, self.catalogue(tenant), fmt)
-        targets = self.ports_for(tenant).proxy.target_names()
+        catalogue = self.catalogue(tenant)
+        plan = load_plan(plan_text, catalogue, fmt)
+        proxy = self.ports_for(tenant).proxy
+        targets = proxy.target_names()
         if plan.target.name not in targets:
             shown = ", ".join(sorted(targets)[:20]) or "none"
             raise errors.InvalidArgument("target.name", f"no target '{plan.target.name[:100]}' "
                                          f"on this server; available: {shown}")
+        if plan.attacks:     # the signal each attack needs (IEEE-A8), before anything runs
+            try:
+                target = proxy.target_info(plan.target.name)
+            except (errors.Unavailable, errors.DeadlineExceeded, errors.TargetFailed):
+                target = None    # the target is down now: the run checks again when it starts
+            if target is not None:
+                check_against_target(plan, target, catalogue)
         return plan
 
     def create(self, *, tenant: str, plan_text: str, fmt: str = "", evaluation_id: str = "") -> EvaluationRow:

@@ -33,7 +33,12 @@ from fortis.services.common.status import status_for
 from fortis.services.evaluation.claims import DEFAULT_LEASE_S, ItemClaims
 from fortis.services.evaluation.plan import load_plan
 from fortis.services.evaluation.ports import Catalogue, PerturbationPort, ProxyPort
-from fortis.services.evaluation.runner import DatasetPort, build_stages, check_target
+from fortis.services.evaluation.runner import (
+    DatasetPort,
+    attack_truths,
+    build_stages,
+    check_target,
+)
 from fortis.services.evaluation.stages import Cancelled, RunContext
 from fortis.services.evaluation.stages.base import WorkerProgress, chunks
 from fortis.services.evaluation.store import ACTIVE_STATES, EvaluationStorage
@@ -131,7 +136,7 @@ class EvaluationWorker:
                              progress=WorkerProgress(self.store, eid),  # type: ignore[arg-type]
                              cancelled=self._cancelled, parallel=self.parallel,
                              chunk_ranges=chunks(len(images), plan.batch_size),
-                             claims=claims.start())
+                             claims=claims.start(), truths=attack_truths(plan, self.datasets))
             log.info("worker_started", evaluation_id=eid, worker=self.worker_id,
                      items=sum(len(s.keys()) for s in stages))
             for stage in stages:

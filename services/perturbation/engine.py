@@ -26,7 +26,8 @@ from fortis.services.perturbation.attacks.base import (
     check_surrogate_input,
 )
 from fortis.services.perturbation.attacks.registry import attack_spec
-from fortis.services.perturbation.criteria import Misclassification
+from fortis.services.perturbation.criteria import Criterion, criterion_from_spec
+from fortis.services.perturbation.judges import Answer, BoxReference
 from fortis.services.perturbation.registry import (
     apply_perturbation,
     check_level,
@@ -46,7 +47,12 @@ SurrogateLoader = Callable[[str], Any]   # name -> TorchClassifier-like (model, 
 class AttackItem:
     image_id: str
     image: np.ndarray        # uint8 HxWxC
-    labels: tuple[int, ...]  # acceptable labels; the first is the attack's true label
+    labels: tuple[int, ...] = ()   # classification: acceptable labels; the first is the true one
+    #: Detection: the objects of interest (pixel xyxy boxes, classes); None: the clean answer's.
+    objects: BoxReference | None = None
+    #: Segmentation: the reference class map (H x W ints, the image's size); None: the clean
+    #: answer's.
+    mask: np.ndarray | None = None
 
 
 def perturbation_rng(seed: int, spec: PerturbationSpec, level: int | float,
@@ -101,18 +107,54 @@ def perturb(perturbation_id: str, level: int | float, seed: int,
     return out
 
 
+def attack_criterion(task: str, criterion: Criterion | Mapping[str, Any] | None) -> Criterion:
+    """The success criterion of an attack on a ``task`` target: given, built from plain data
+    (``criteria.criterion_from_spec``: kind, target_label, thresholds, the task's
+    parameters), or the task's default (untargeted misclassification, object missed, mIoU
+    below the threshold)."""
+    crit = criterion if isinstance(criterion, Criterion) else \
+        criterion_from_spec(task, criterion)
+    if crit.task != task:
+        raise InvalidArgument("criterion", f"{crit.name} is a {crit.task} criterion; the target "
+                              f"is a {task} target")
+    return crit
+
+
+def check_attack_fits(spec: Any, task: str, signal: str, crit: Criterion) -> None:
+    """An attack can run against this target under this criterion: its task types, targeted /
+    untargeted support, and a score-based attack needs scores (IEEE-A8: decision-based attacks
+    only on a labels-only target). Each refusal names the field and the attack."""
+    if not spec.supports_task(task):
+        raise InvalidArgument("attack_id", f"{spec.id} does not attack {task} targets (it "
+                              f"attacks: {', '.join(spec.tasks or ())})")
+    if crit.targeted and not spec.targeted:
+        raise InvalidArgument("criterion", f"{spec.id} has no targeted variant "
+                              f"({crit.describe()})")
+    if not crit.targeted and not spec.untargeted:
+        raise InvalidArgument("criterion", f"{spec.id} is targeted only: give a target class")
+    if spec.kind == "score" and signal == "labels":
+        raise InvalidArgument("attack_id", f"{spec.id} is score-based, but the target returns "
+                              "labels only (output kind label_only): use a decision-based "
+                              "attack")
+
+
 def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequence[AttackItem], *,
                query: QueryClient | None = None, surrogate: Any = None,
+               criterion: Criterion | Mapping[str, Any] | None = None,
                should_stop: StopCheck = never) -> list[AttackResult]:
     """Run one attack on a batch of images; one result per image, in order.
 
     Dispatches through the attack registry (``attacks/registry.py``): the id is looked up, the
     parameters validated against the entry's schema (``common.params``), and the entry's
-    ``run`` called with an :class:`AttackContext`. Success is untargeted misclassification
-    (IEEE-A7/A8); a transfer attack needs a surrogate, a query attack a query client (the
-    proxy, IEEE-M6). ``should_stop`` is polled before every query a query attack sends and
-    every forward pass of a transfer attack's surrogate, so a caller's deadline or
-    cancellation stops any attack within one step (issue 9)."""
+    ``run`` called with an :class:`AttackContext`. The task is the query client's (``task``:
+    classification when it does not say); ``criterion`` is the success criterion (default:
+    the task's, e.g. untargeted misclassification, IEEE-A7/A8), checked against the attack's
+    task types and targeted support (:func:`check_attack_fits`). A transfer attack needs a
+    surrogate, a query attack a query client (the proxy, IEEE-M6); a query attack with
+    ``uses_surrogate`` gets the surrogate when one is given. ``should_stop`` is polled before
+    every query a query attack sends and every forward pass of a surrogate, so a caller's
+    deadline or cancellation stops any attack within one step (issue 9). Each result carries
+    the signal the attack read and the criterion in words."""
     spec = attack_spec(attack_id)
     p = validate_params(spec, params)
     if not items:
@@ -120,9 +162,13 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
     shapes = {it.image.shape for it in items}
     if len(shapes) != 1:
         raise InvalidArgument("images", "all images of one attack call must have the same shape")
-    for i, it in enumerate(items):
-        if not it.labels:
-            raise InvalidArgument(f"images[{i}].labels", "at least one true label is required")
+    task = str(getattr(query, "task", None) or "classification") if spec.is_query_attack \
+        else "classification"
+    crit = attack_criterion(task, criterion)
+    signal = str(getattr(query, "signal", None) or "scores") if query is not None else ""
+    if spec.is_query_attack:
+        check_attack_fits(spec, task, signal, crit)
+    references = _references(task, items)
     if spec.needs_surrogate and surrogate is None:
         raise InvalidArgument("surrogate", f"{attack_id} is a transfer attack: name a surrogate model")
     if spec.is_query_attack and query is None:
@@ -134,13 +180,46 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
         surrogate = _StoppingSurrogate(surrogate, should_stop)
     ctx = AttackContext(
         spec=spec, images=np.stack([it.image for it in items]),
-        labels=np.array([it.labels[0] for it in items], dtype=np.int64),
+        labels=np.array([it.labels[0] if it.labels else 0 for it in items], dtype=np.int64),
         image_ids=tuple(it.image_id for it in items),
         label_sets=tuple(tuple(int(v) for v in it.labels) for it in items),
-        params=MappingProxyType(p), seed=seed, criterion=Misclassification(),
+        params=MappingProxyType(p), seed=seed, criterion=crit,
         query=query if spec.is_query_attack else None,
-        surrogate=surrogate if spec.needs_surrogate else None)
-    return spec.run(ctx)
+        surrogate=surrogate if (spec.needs_surrogate or spec.uses_surrogate) else None,
+        references=references)
+    results = spec.run(ctx)
+    used = ctx.used_signal() if spec.is_query_attack else ""
+    if spec.kind == "decision" and used in ("scores", "top_k"):
+        used = f"decisions from {used}"
+    words = crit.describe()
+    for r in results:
+        r.signal, r.criterion = used, words
+    return results
+
+
+def _references(task: str, items: Sequence[AttackItem]) -> tuple[Any, ...]:
+    """The criterion's reference per image (checked): classification needs a true label per
+    image; detection takes the objects of interest, segmentation a mask of the image's size
+    (None: the clean answer's)."""
+    if task == "classification":
+        for i, it in enumerate(items):
+            if not it.labels:
+                raise InvalidArgument(f"images[{i}].labels", "at least one true label is required")
+        return ()
+    if task == "detection":
+        return tuple(it.objects for it in items)
+    out: list[np.ndarray | None] = []
+    for i, it in enumerate(items):
+        if it.mask is None:
+            out.append(None)
+            continue
+        m = np.asarray(it.mask)
+        if m.shape != it.image.shape[:2] or m.dtype.kind not in "iu":
+            raise InvalidArgument(f"images[{i}].mask", f"must be an integer [height, width] map "
+                                  f"of the image's size {list(it.image.shape[:2])}, got "
+                                  f"{m.dtype} {list(m.shape)}")
+        out.append(m.astype(np.int64))
+    return tuple(out)
 
 
 class _StoppingQuery:
@@ -161,6 +240,10 @@ class _StoppingQuery:
     def labels(self, images: np.ndarray, image_ids: Sequence[str]) -> np.ndarray:
         raise_if_stopped(self._should_stop, "the attack")
         return self._inner.labels(images, image_ids)
+
+    def predictions(self, images: np.ndarray, image_ids: Sequence[str]) -> list[Answer]:
+        raise_if_stopped(self._should_stop, "the attack")
+        return list(self._inner.predictions(images, image_ids))  # type: ignore[attr-defined]
 
 
 class _StoppingModule(torch.nn.Module):

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from fortis.common.v1 import common_pb2
 from fortis.perturbation.v1 import perturbation_pb2 as pb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
@@ -25,6 +26,7 @@ from fortis.services.common.codec import (
     decode_images,
     fill_image,
     fill_tensor,
+    tensor_to_array,
 )
 from fortis.services.common.pagination import page_of, page_size
 from fortis.services.common.params import Param
@@ -39,6 +41,7 @@ from fortis.services.common.stopping import StopCheck, caller_stop
 from fortis.services.perturbation import engine, registry
 from fortis.services.perturbation.attacks.base import AttackSpec
 from fortis.services.perturbation.attacks.registry import ATTACKS, attack_spec
+from fortis.services.perturbation.judges import BoxReference
 from fortis.services.perturbation.proxy_client import ProxyQueryClient
 from fortis.services.perturbation.registry import PERTURBATIONS, perturbation_spec
 from fortis.services.perturbation.spec import PerturbationSpec
@@ -64,6 +67,61 @@ _STOP_REASONS = {"success": pb.STOP_REASON_SUCCESS, "budget": pb.STOP_REASON_BUD
                  "budget_exhausted_by_proxy": pb.STOP_REASON_BUDGET_EXHAUSTED_BY_PROXY,
                  "iterations": pb.STOP_REASON_ITERATIONS}
 _PAGE_DEFAULT, _PAGE_MAX = 100, 1000
+_TASKS = {"classification": common_pb2.TASK_TYPE_CLASSIFICATION,
+          "detection": common_pb2.TASK_TYPE_DETECTION,
+          "segmentation": common_pb2.TASK_TYPE_SEGMENTATION}
+_TASK_NAMES = {v: k for k, v in _TASKS.items()}
+_OUTPUT_NAMES = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
+                 common_pb2.OUTPUT_KIND_TOP_K_SCORES: "top_k",
+                 common_pb2.OUTPUT_KIND_LABEL_ONLY: "label_only",
+                 common_pb2.OUTPUT_KIND_BOXES: "boxes", common_pb2.OUTPUT_KIND_MASKS: "masks"}
+_CRITERIA = {pb.CRITERION_KIND_MISCLASSIFICATION: "misclassification",
+             pb.CRITERION_KIND_TARGETED_MISCLASSIFICATION: "targeted_misclassification",
+             pb.CRITERION_KIND_CONFIDENT_MISCLASSIFICATION: "confident_misclassification",
+             pb.CRITERION_KIND_TOP_K_MISCLASSIFICATION: "top_k_misclassification",
+             pb.CRITERION_KIND_ORIGINAL_CLASS_PROBABILITY: "original_class_probability",
+             pb.CRITERION_KIND_TARGET_CLASS_PROB_BOOST: "target_class_prob_boost",
+             pb.CRITERION_KIND_OBJECT_MISSED: "object_missed",
+             pb.CRITERION_KIND_OBJECT_RELABELLED: "object_relabelled",
+             pb.CRITERION_KIND_MIOU_BELOW: "miou_below"}
+
+
+def criterion_spec(msg: pb.AttackCriterion) -> dict[str, Any]:
+    """An AttackCriterion message as the engine's plain criterion data (``criteria.
+    criterion_from_spec``); an unknown kind names ``criterion.kind``."""
+    out: dict[str, Any] = {}
+    if msg.kind:
+        if msg.kind not in _CRITERIA:
+            raise errors.InvalidArgument("criterion.kind", f"unknown criterion kind {msg.kind}")
+        out["kind"] = _CRITERIA[msg.kind]
+    if msg.HasField("target_label"):
+        out["target_label"] = int(msg.target_label)
+    if msg.HasField("threshold"):
+        out["threshold"] = float(msg.threshold)
+    if msg.k:
+        out["k"] = int(msg.k)
+    if msg.HasField("detection"):
+        d = msg.detection
+        out["detection"] = {"iou_threshold": float(d.iou_threshold),
+                            "min_objects": int(d.min_objects)}
+        if d.HasField("score_threshold"):
+            out["detection"]["score_threshold"] = float(d.score_threshold)
+    if msg.HasField("segmentation"):
+        g = msg.segmentation
+        out["segmentation"] = {"classes": [int(c) for c in g.classes],
+                               "miou_threshold": float(g.miou_threshold),
+                               "ignore_label": int(g.ignore_label)
+                               if g.HasField("ignore_label") else None,
+                               "all_absent_incorrect": bool(g.all_absent_incorrect)}
+    return out
+
+
+def _objects(li: Any, where: str) -> BoxReference | None:
+    """A LabeledImage's objects of interest (None: none given, the clean answer's)."""
+    if not li.objects:
+        return None
+    return BoxReference.of([[b.x_min, b.y_min, b.x_max, b.y_max] for b in li.objects],
+                           [int(b.label) for b in li.objects], field=f"{where}.objects")
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,7 +209,8 @@ def attack_info(spec: AttackSpec) -> pb.AttackInfo:
         norms=[_NORMS[n] for n in spec.norms], targeted=spec.targeted,
         untargeted=spec.untargeted, parameters=[parameter_spec(p) for p in spec.params],
         refs=list(spec.refs), description=spec.description,
-        needs_surrogate=spec.needs_surrogate, stochastic=spec.stochastic)
+        needs_surrogate=spec.needs_surrogate, stochastic=spec.stochastic,
+        tasks=[_TASKS[t] for t in spec.tasks or ()], uses_surrogate=spec.uses_surrogate)
 
 
 def _stop_check(context: Any) -> StopCheck:
@@ -243,20 +302,25 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         for i, li in enumerate(request.images):
             if not li.image.image_id:
                 raise errors.InvalidArgument(f"images[{i}].image.image_id", "image_id is required")
-            items.append(engine.AttackItem(image_id=li.image.image_id,
-                                           image=decode_image(li.image, f"images[{i}].image"),
-                                           labels=tuple(li.labels)))
+            items.append(engine.AttackItem(
+                image_id=li.image.image_id, image=decode_image(li.image, f"images[{i}].image"),
+                labels=tuple(li.labels), objects=_objects(li, f"images[{i}]"),
+                mask=tensor_to_array(li.mask, f"images[{i}].mask")
+                if li.HasField("mask") else None))
+        crit = criterion_spec(request.criterion) if request.HasField("criterion") else None
         query = surrogate = None
         if spec.is_query_attack:
             query = self._query_client(request, spec.id)
-        elif request.surrogate:
+        if request.surrogate and (spec.needs_surrogate or spec.uses_surrogate):
             surrogate = self.surrogate_loader(request.surrogate, "surrogate")
         results = engine.run_attack(spec.id, params, request.seed, items, query=query,
-                                    surrogate=surrogate, should_stop=_stop_check(context))
+                                    surrogate=surrogate, criterion=crit,
+                                    should_stop=_stop_check(context))
         for it, r in zip(items, results, strict=True):
             resp = pb.RunAttackResponse(
                 image_id=it.image_id, queries=int(r.queries), linf=float(r.linf),
-                l2=float(r.l2), stop_reason=_STOP_REASONS[r.stop_reason])
+                l2=float(r.l2), stop_reason=_STOP_REASONS[r.stop_reason], signal=r.signal,
+                criterion=r.criterion)
             fill_image(resp.adversarial, it.image_id, r.adversarial, raw=True)   # in place
             fill_tensor(resp.adversarial_float, np.asarray(r.adversarial_float, dtype=np.float32))
             if r.success is not None:
@@ -280,4 +344,6 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
             raise error_from_rpc(exc) from None  # type: ignore[arg-type]
         return ProxyQueryClient(self.proxy_stub, session_id=request.proxy_session_id,
                                 origin=request.origin or attack_id, num_classes=len(info.labels),
-                                metadata=md)
+                                metadata=md,
+                                task=_TASK_NAMES.get(info.task_type, "classification"),
+                                output_kind=_OUTPUT_NAMES.get(info.output_kind, "full_scores"))

@@ -276,7 +276,9 @@ def _test(t: report_pb2.TestDefinition, n: int, ev: report_pb2.EvaluationInfo,
     if kind == "attack":
         entry.update({"attack": _text(t.perturbation_id), "attack_kind": attack_kind,
                       "parameters": params, "surrogate": _text(t.surrogate),
-                      "images_attacked": t.images})
+                      "images_attacked": t.images, "criterion": _text(t.criterion) or None,
+                      "signal": _text(t.signal) or None,
+                      "signal_note": prose.signal_note(_text(t.signal), attack_kind)})
         return entry
     entry["parameters"] = _level_parameters(t)
     if kind == "corruption":

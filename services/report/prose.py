@@ -156,3 +156,28 @@ def repeat_instructions(plan_file: str, command: str) -> list[str]:
             "Every random operation is seeded from the seeds in the plan, so the same plan and "
             "versions reproduce the same corrupted and adversarial images; a non-deterministic "
             "target can still answer differently."]
+
+
+#: What a query attack read from the target, in words (IEEE-A8: the report says when an
+#: attack worked on a weaker signal than full scores).
+_SIGNALS = {
+    "scores": "full class scores",
+    "top_k": "top-k class scores only (a weaker signal than full scores: classes not "
+             "returned score 0)",
+    "labels": "top-1 labels only",
+    "decisions from scores": "decisions judged on full class scores",
+    "decisions from top_k": "decisions judged on top-k class scores (weaker than full scores)",
+    "boxes": "detected boxes with their classes and scores (IEEE-C4)",
+    "masks": "class maps only (IEEE-C5; no per-pixel probabilities)",
+    "probabilities": "class maps and per-pixel probabilities (IEEE-C5)",
+}
+
+
+def signal_note(signal: str, attack_kind: str | None) -> str | None:
+    """The signal a query attack read, in words; None when there is none (transfer)."""
+    if not signal:
+        return None
+    text = _SIGNALS.get(signal, signal)
+    if attack_kind == "score" and signal in ("top_k", "masks"):
+        return f"score-based on {text}"
+    return text

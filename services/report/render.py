@@ -164,7 +164,8 @@ def _attacks(attacks: Mapping[str, Any], tests: Sequence[Mapping[str, Any]]) -> 
             continue
         t = by_id.get(name, {})
         rows.append({"name": name, "node": node, "kind": node.get("kind", t.get("kind")),
-                     "epsilon": t.get("epsilon"), "norm": t.get("norm")})
+                     "epsilon": t.get("epsilon"), "norm": t.get("norm"),
+                     "criterion": t.get("criterion"), "signal": t.get("signal_note")})
     return rows
 
 

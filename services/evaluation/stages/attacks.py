@@ -9,43 +9,77 @@
   enforced by the proxy over all attempts together (issue 9: resumed attempts never push an
   image past Q_m; a killed attempt's unanswered rows stay charged, its answered queries are
   replayed to the resumed attempt, which repeats them: CAN-9); queries per image are the
-  ledger's answered rows of that session.
+  ledger's answered rows of that session. Classifiers, detectors and segmenters alike: each
+  attack carries the plan's success criterion (untargeted or ``targeted: {label: N}``, a
+  PER-2 kind, the IEEE-C4 / C5 rule of the plan's detection / segmentation section) and, for
+  detection and segmentation, each image's ground truth (boxes with their classes in pixel
+  xyxy, masks) as the reference the criterion compares with; success is judged by the
+  perturbation service on the answer to the uint8 image the target received.
 
 Domain code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import numpy as np
+from fortis.services.common.matching import to_xyxy
 from fortis.services.evaluation.answers import ClassAnswers, concat, unpack
 from fortis.services.evaluation.keys import SessionId, StageName, WorkItemKey
 from fortis.services.evaluation.plan import AttackTest, Plan
 from fortis.services.evaluation.ports import AttackOutcome, Catalogue, Setting, TestDefinition
 from fortis.services.evaluation.stages.base import RunContext, chunks
 
-__all__ = ["QueryAttackStage", "TransferAttackStage", "attack_tests"]
+__all__ = ["QueryAttackStage", "TransferAttackStage", "attack_references", "attack_tests"]
 
 
 def _n(plan: Plan, at: AttackTest, n_images: int) -> int:
     return min(n_images, at.limit) if at.limit else n_images
 
 
-def attack_tests(plan: Plan, n_images: int, catalogue: Catalogue) -> list[TestDefinition]:
-    """The plan's attacks as the report lists them, in plan order."""
+def attack_references(task: str, truths: Mapping[str, Any], ids: Sequence[str]) -> list[Any]:
+    """The criterion's reference of each image: detection ground truth as pixel xyxy boxes
+    with 0-based service labels (``{"boxes", "labels"}``, converted with the scoring rule's
+    ``common.matching.to_xyxy``), segmentation masks; None where there is none (the
+    perturbation service then takes the clean answer's)."""
+    out: list[Any] = []
+    for i in ids:
+        t = truths.get(i)
+        if t is None or task == "classification":
+            out.append(None)
+        elif task == "detection":
+            size = t.get("image_size")
+            boxes = to_xyxy(t.get("boxes") or [], str(t.get("box_format", "xyxy")),
+                            image_size=tuple(size) if size else None,
+                            field=f"dataset[{i}].boxes")
+            base = int(t.get("label_base", 0))
+            out.append({"boxes": boxes, "labels": [int(x) - base for x in t.get("labels") or []]})
+        else:
+            out.append(np.asarray(t))
+    return out
+
+
+def attack_tests(plan: Plan, n_images: int, catalogue: Catalogue,
+                 observed: Mapping[str, tuple[str, str]] | None = None) -> list[TestDefinition]:
+    """The plan's attacks as the report lists them, in plan order; ``observed``: per attack
+    name, (signal, criterion in words) as the perturbation service reported them."""
     out = []
+    seen = observed or {}
     for at in plan.attacks:
         e = catalogue.attacks[at.id]
         eps = at.params.get("epsilon")
+        signal, words = seen.get(at.name, ("", ""))
         out.append(TestDefinition(
             name=at.name, kind=f"{e.kind}_attack", perturbation_id=at.id, family=e.family,
             refs=e.refs, params=dict(at.params), surrogate=at.surrogate,
             epsilon=float(eps) if isinstance(eps, int | float) else None, norm=e.norm,
             query_budget=int(at.params["max_queries"]) if e.is_query_attack else None,
-            images=_n(plan, at, n_images)))
+            images=_n(plan, at, n_images), signal=signal,
+            criterion=words or str(at.criterion.get("kind", "")).replace("_", " ")))
     return out
 
 
@@ -104,7 +138,7 @@ class TransferAttackStage(_AttackStage):
     def _item(self, ctx: RunContext, session: str, rows: list[Any], at: AttackTest, c: int,
               _attempt: int) -> tuple[dict[str, Any], int]:
         outs = ctx.perturbation.attack(at.id, at.params, self.plan.seed, rows,
-                                       surrogate=at.surrogate)
+                                       surrogate=at.surrogate, criterion=at.criterion)
         answers = ctx.answers(session, at.name, [(o.image_id, o.adversarial) for o in outs])
         ctx.save_adversarials(at.name, c, [o.image_id for o in outs],
                               [o.adversarial for o in outs], [o.adversarial_float for o in outs])
@@ -118,6 +152,8 @@ class TransferAttackStage(_AttackStage):
 class QueryAttackStage(_AttackStage):
     query: bool = True
     progress_stage: str = "query_attacks"
+    #: Per attack name: (signal, criterion in words) the perturbation service reported.
+    observed: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def sessions(self, ctx: RunContext) -> list[str]:
         """The session of the attempt that finished each chunk (counted in the results)."""
@@ -146,6 +182,8 @@ class QueryAttackStage(_AttackStage):
                 queries += [int(x) for x in res["ledger_queries"]]
                 linf += [float(x) for x in res["linf"]]
                 l2 += [float(x) for x in res["l2"]]
+                if "signal" in res:
+                    self.observed[at.name] = (str(res["signal"]), str(res["criterion"]))
             settings.append(Setting(kind="query_attack", name=at.name,
                                     image_index=tuple(range(n)), success=tuple(success),
                                     queries=tuple(queries), query_budget=budget,
@@ -163,9 +201,12 @@ class QueryAttackStage(_AttackStage):
         def on_result(o: AttackOutcome) -> None:
             ctx.progress.images(1, f"{at.name}: image {o.image_id} done")
 
+        refs = attack_references(self.plan.target.task, ctx.truths, [r[0] for r in rows]) \
+            if ctx.truths else None
         outs = ctx.perturbation.attack(at.id, at.params, self.plan.seed, rows, session_id=session,
                                        origin=at.name, on_result=on_result,
-                                       cancelled=ctx.cancelled)
+                                       cancelled=ctx.cancelled, surrogate=at.surrogate,
+                                       criterion=at.criterion, references=refs)
         total, per_image = ctx.proxy.session_queries(session)
         ctx.save_adversarials(at.name, c, [o.image_id for o in outs],
                               [o.adversarial for o in outs], [o.adversarial_float for o in outs])
@@ -174,4 +215,15 @@ class QueryAttackStage(_AttackStage):
                  "ledger_queries": np.array([per_image.get(o.image_id, 0) for o in outs],
                                             dtype=np.int64),
                  "linf": np.array([o.linf for o in outs]), "l2": np.array([o.l2 for o in outs]),
-                 "stop_reason": [o.stop_reason for o in outs], "session": session}, total)
+                 "stop_reason": [o.stop_reason for o in outs], "session": session,
+                 "signal": _weakest(o.signal for o in outs),
+                 "criterion": next((o.criterion for o in outs if o.criterion), "")}, total)
+
+
+def _weakest(signals: Any) -> str:
+    """The weakest signal the attack read over a chunk (an image that stopped at its clean
+    query may have read less; say the least)."""
+    order = ("labels", "decisions from top_k", "top_k", "masks", "decisions from scores",
+             "probabilities", "boxes", "scores")
+    got = {s for s in signals if s}
+    return next((s for s in order if s in got), next(iter(sorted(got)), ""))

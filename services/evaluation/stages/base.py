@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -127,6 +127,9 @@ class RunContext:
     #: Worker mode (issue 10): items are claimed in the store before they run, so several
     #: workers share the evaluation (``claims.py``). None: this process runs every item.
     claims: ItemClaims | None = None
+    #: Detection / segmentation ground truth per image id (the dataset port's ``truths``):
+    #: the references of the query attacks' IEEE-C4 / C5 criteria. Empty: classification.
+    truths: Mapping[str, Any] = field(default_factory=dict)
     _commit: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property

@@ -21,13 +21,19 @@ added later without each re-deciding those rules.
   Q_m holds across resumed attempts (issue 9, CAN-9): an attempt starts from the queries a
   previous, killed attempt left charged without an answer (``AttackContext.spent``: the proxy
   session's interrupted or failed rows), and asks only for images with queries left.
-* **The success criterion** (``criteria.py``): :class:`Misclassification` (untargeted) today;
-  :class:`TargetedMisclassification` for targeted variants. Query attacks ask the criterion
-  (``adversarial_labels`` / ``margins``) instead of comparing labels themselves.
-* **The registry entry** (:class:`AttackSpec`) and the **run signature**
+* **The success criterion** (``criteria.py``): :class:`Misclassification` (untargeted),
+  :class:`TargetedMisclassification` for targeted variants, the PER-2 threat criteria, and
+  for detectors and segmenters the IEEE-C4 / IEEE-C5 criteria (``ObjectMissed``,
+  ``ObjectRelabelled``, ``MIoUBelow``). Query attacks never judge answers themselves: they ask
+  :meth:`AttackContext.margin_query` (score-based) or :meth:`AttackContext.decision_query`
+  (decision-based), which a task judge (``judges.py``) answers from the target's raw
+  predictions, so one attack runs on classifiers, detectors and segmenters, on full scores,
+  top-k scores or labels, unchanged. :attr:`AttackContext.signal` says what the target gives.
+* **The registry entry** (:class:`AttackSpec`: kind, norms, targeted / untargeted, the task
+  types it attacks, an optional surrogate prior) and the **run signature**
   ``run(ctx: AttackContext) -> list[AttackResult]``: the context carries the batch, validated
   parameters, seed-derived generators, the query client (through the proxy) or the surrogate,
-  and the criterion.
+  the criterion and the references (detection boxes, segmentation masks).
 
 Domain code: no gRPC.
 """
@@ -50,9 +56,11 @@ from fortis.services.perturbation.criteria import (
     Misclassification,
     TargetedMisclassification,
 )
+from fortis.services.perturbation.judges import Judge, make_judge
 
 __all__ = [
     "ATTACK_KINDS", "EPSILON_LINF", "MAX_QUERIES", "NORMS", "STOP_ALREADY_MISCLASSIFIED",
+    "TASKS",
     "STOP_BUDGET", "STOP_ITERATIONS", "STOP_PROXY_BUDGET", "STOP_REASONS", "STOP_SUCCESS",
     "AttackContext", "AttackKind", "AttackResult", "AttackSpec", "Criterion", "DecisionQuery",
     "LabelQuery", "MarginQuery",
@@ -71,8 +79,11 @@ STOP_REASONS: Final = (STOP_SUCCESS, STOP_BUDGET, STOP_ALREADY_MISCLASSIFIED, ST
 
 AttackKind = Literal["transfer", "score", "decision"]
 Norm = Literal["linf", "l2", "l0"]
+Task = Literal["classification", "detection", "segmentation"]
 ATTACK_KINDS: Final = ("transfer", "score", "decision")
 NORMS: Final = ("linf", "l2", "l0")
+#: The task types of IEEE Std 3129 (IEEE-P3) an attack may declare (``AttackSpec.tasks``).
+TASKS: Final = ("classification", "detection", "segmentation")
 
 #: Parameters most attacks share (one definition each).
 EPSILON_LINF = Param(name="epsilon", type="float", minimum=0.0, maximum=1.0,
@@ -94,6 +105,8 @@ class AttackResult:
     linf: float                    # ||adv - x||_inf in [0,1] scale
     l2: float                      # ||adv - x||_2 in [0,1] scale
     stop_reason: str               # one of STOP_REASONS
+    signal: str = ""               # what it read from the target (set by the engine)
+    criterion: str = ""            # the success criterion in words (set by the engine)
 
 
 ScoreQuery = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -153,7 +166,10 @@ def decisions_of(query: LabelQuery, labels: np.ndarray, criterion: Criterion) ->
 
 class QueryClient(Protocol):
     """Sends images to the target (through the proxy). One image = one query, charged to the
-    image id given with it."""
+    image id given with it. ``scores`` / ``labels`` serve classifiers; ``predictions`` (the
+    raw answers as ``judges.Answer``, any task), ``task`` and ``signal`` (what the target gives:
+    "scores", "top_k", "labels", "boxes", "masks") are optional: a client without them is a
+    classifier's with full scores."""
 
     num_classes: int
 
@@ -330,7 +346,15 @@ class AttackContext:
     seed: int = 0
     criterion: Criterion = field(default_factory=Misclassification)
     query: QueryClient | None = None
+    #: Transfer attacks: the surrogate they are crafted on; query attacks with
+    #: ``spec.uses_surrogate``: an optional local prior (None when the plan names none).
     surrogate: Any = None
+    #: Per image, the reference the criterion compares with: detection ``judges.BoxReference``
+    #: (objects of interest), segmentation an (H, W) int mask; None or empty = the clean
+    #: answer (taken from the first, clean query: no extra query).
+    references: tuple[Any, ...] = ()
+    _judges: dict[str, Judge] = field(default_factory=dict, init=False, repr=False,
+                                      compare=False)
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -377,15 +401,48 @@ class AttackContext:
         client, ids = self.query_client(), self.image_ids
         return lambda batch, idx: client.labels(batch, [ids[i] for i in idx])
 
+    @property
+    def task(self) -> str:
+        """The target's task type: the criterion's ("classification", "detection",
+        "segmentation")."""
+        return str(self.criterion.task)
+
+    @property
+    def signal(self) -> str:
+        """What the target gives: "scores" (every class), "top_k" (the k best scores; classes
+        not returned score 0 -- a weaker signal), "labels" (top-1 only: decision-based attacks
+        only), "boxes" (detection), "masks" (segmentation; per-pixel probabilities used when
+        an answer carries them); "" without a query client."""
+        if self.query is None:
+            return ""
+        return str(getattr(self.query, "signal", None) or "scores")
+
+    def judge(self) -> Judge:
+        """The task judge of this call (one per context, so references taken from the clean
+        answers are kept): see ``judges.py``."""
+        j = self._judges.get("judge")
+        if j is None:
+            j = self._judges["judge"] = make_judge(
+                self.task, self.criterion, self.query_client(), self.images, self.image_ids,
+                self.labels, self.references)
+        return j
+
+    def used_signal(self) -> str:
+        """What the attack read from the target's answers (reports: a weaker signal than full
+        scores is stated); "" when it asked nothing through the judge."""
+        j = self._judges.get("judge")
+        return j.signal() if j is not None else ""
+
     def margin_query(self) -> MarginQuery:
-        """The criterion's margin on the target's answers (score-based attacks): < 0 where
-        the attack has succeeded. Classification: ``criterion.margins`` of the class scores
-        (issue 11 extends this to detectors and segmenters; attacks do not change)."""
-        return margins_of(self.score_query(), self.labels, self.criterion)
+        """The criterion's margin on the target's answers (score-based attacks): < 0 exactly
+        where the attack has succeeded, whatever the task (class scores, a detector's boxes,
+        a segmenter's masks and probabilities: ``judges.py``)."""
+        return self.judge().margins
 
     def decision_query(self) -> DecisionQuery:
-        """Whether the criterion holds on the target's answers (decision-based attacks)."""
-        return decisions_of(self.label_query(), self.labels, self.criterion)
+        """Whether the criterion holds on the target's answers (decision-based attacks): top-1
+        labels where the criterion is decidable from them, else the margin's sign."""
+        return self.judge().decisions
 
 
 #: ``run(ctx) -> one AttackResult per image, in order``.
@@ -404,10 +461,17 @@ class AttackSpec:
     description: str
     run: RunFn
     params: tuple[Param, ...] = ()
-    targeted: bool = False         # accepts a TargetedMisclassification criterion
+    targeted: bool = False         # accepts a targeted criterion (TargetedMisclassification, ...)
     untargeted: bool = True
     needs_surrogate: bool = False  # crafted white-box on a local surrogate (transfer)
     stochastic: bool = True
+    #: The task types it attacks (IEEE-P3). None: every task for a query attack (it judges
+    #: through ``ctx.margin_query()`` / ``ctx.decision_query()``, which serve them all),
+    #: classification for a transfer attack.
+    tasks: tuple[Task, ...] | None = None
+    #: A query attack that can take a local surrogate as a prior (P-RGF, ODS): the plan's
+    #: ``surrogate`` reaches it as ``ctx.surrogate`` (optional; None when not named).
+    uses_surrogate: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ATTACK_KINDS:
@@ -418,10 +482,22 @@ class AttackSpec:
             raise ValueError(f"{self.id}: needs refs and targeted and/or untargeted")
         if self.needs_surrogate != (self.kind == "transfer"):
             raise ValueError(f"{self.id}: transfer attacks (only) need a surrogate")
+        if self.uses_surrogate and self.kind == "transfer":
+            raise ValueError(f"{self.id}: uses_surrogate is for query attacks (a transfer "
+                             "attack needs its surrogate)")
+        if self.tasks is None:
+            object.__setattr__(self, "tasks", TASKS if self.kind != "transfer"
+                               else ("classification",))
+        elif not self.tasks or not set(self.tasks) <= set(TASKS):
+            raise ValueError(f"{self.id}: tasks must be a non-empty subset of {TASKS}")
 
     @property
     def is_query_attack(self) -> bool:
         return self.kind in ("score", "decision")
+
+    def supports_task(self, task: str) -> bool:
+        """Whether it attacks targets of ``task`` (``tasks``)."""
+        return task in (self.tasks or ())
 
     @property
     def norm(self) -> str:

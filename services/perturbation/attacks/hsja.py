@@ -1,4 +1,6 @@
-"""HopSkipJumpAttack, decision-based, L2, untargeted (IEEE-A8; Chen, Jordan, Wainwright 2020).
+"""HopSkipJumpAttack, decision-based, L2, untargeted and targeted (IEEE-A8, IEEE-A9, IEEE-M6;
+Chen, Jordan, Wainwright, "HopSkipJumpAttack: A Query-Efficient Decision-Based Attack",
+IEEE S&P 2020).
 
 Follows the reference implementation (``hsja.py``, L2, geometric step-size search):
 random-noise initialisation, binary search towards the original, then iterations of
@@ -6,10 +8,15 @@ Monte-Carlo gradient-direction estimation at the boundary, geometric step-size s
 binary search back to the boundary. Differences, all on purpose (DESIGN.md section 5):
 
 * Every candidate is rounded to uint8 before it is asked, and success is judged on that uint8
-  image: success = the criterion holds for its top-1 label (``criteria.py``; untargeted by
-  default: top-1 label != true label) with ``||(adv - x)/255||_2 <= epsilon``. The
-  returned adversarial is the smallest-L2 uint8 image the target answered "adversarial" for;
-  if there is none, the original is returned with ``success = False``.
+  image: success = the criterion holds on the target's answer (``ctx.decision_query()``: the
+  task judge of ``judges.py``, so classifiers, detectors and segmenters alike; untargeted
+  misclassification by default, a targeted criterion makes it the targeted variant) with
+  ``||(adv - x)/255||_2 <= epsilon``. The returned adversarial is the smallest-L2 uint8
+  image the target answered "adversarial" for; if there is none, the original is returned
+  with ``success = False``.
+* Targeted: the paper starts from an image of the target class; with none to hand (the
+  target's images are not the attack's), the start is found by the same random-noise
+  search, which may fail for a target class noise never reaches (``iterations``).
 * The clean image is the first query and is counted; an image already misclassified stops
   there (``already_misclassified``, 1 query): no binary search from a misclassified start, so
   no NaN and no loop.
@@ -17,11 +24,12 @@ binary search back to the boundary. Differences, all on purpose (DESIGN.md secti
   count is shrunk to what the budget leaves, and every loop (initialisation tries, step-size
   halvings, binary searches, iterations that send nothing new) is bounded.
 * The attack stops at the first success (IEEE-M6).
-* Initialisation fallback: when ``INIT_TRIES`` noise images are all classified as the true
-  label (e.g. the target maps noise to that class), the start is the nearest other image of
-  the batch that the target's clean answer already put in another class (no extra query; it
-  is never itself returned as the adversarial of this image, only points queried for it are).
-  Without one the image stops with ``iterations`` and ``success = False``.
+* Initialisation fallback: when ``INIT_TRIES`` noise images all fail the criterion (e.g. the
+  target maps noise to the true class, or never to a targeted class), the other images of the
+  batch are tried as starts, nearest first, at most ``FALLBACK_TRIES`` (each asked for this
+  image: a counted query, since only the target can say whether another image meets this
+  image's criterion). Without one the image stops with ``iterations`` and
+  ``success = False``.
 * Quantisation: identical uint8 images are not asked twice (answers are remembered per
   image); the binary search stops at a resolution of a quarter uint8 level; the Monte-Carlo
   probe radius is at least ``0.5 * sqrt(d) / 255`` so probes survive rounding, and the probe
@@ -51,14 +59,17 @@ from .base import (
     AttackContext,
     AttackResult,
     AttackSpec,
+    DecisionQuery,
     LabelQuery,
     QueryBudget,
     check_batch,
     check_l2_epsilon,
+    decisions_of,
     make_result,
 )
 
 INIT_TRIES = 25             # random-noise images tried before the fallback (each one query)
+FALLBACK_TRIES = 8          # other images of the batch then tried as starts (each one query)
 MAX_HALVINGS = 30           # geometric step-size search: at most this many halvings
 BINARY_SEARCH_RESERVE = 12  # queries kept back from the gradient estimate for the searches
 MC_CHUNK_ELEMENTS = 1 << 24  # Monte-Carlo probes per query call are bounded by memory
@@ -72,19 +83,17 @@ class _Stop(Exception):
 
 
 class _Oracle:
-    """The target's decision for one image (judged by the criterion), counted and capped by
-    the batch's :class:`QueryBudget`, remembered, best-tracking."""
+    """The target's decision for one image (the criterion, judged by the decision query),
+    counted and capped by the batch's :class:`QueryBudget`, remembered, best-tracking."""
 
-    def __init__(self, query: LabelQuery, index: int, x: np.ndarray, label: int,
-                 epsilon: float, budget: QueryBudget, criterion: Criterion) -> None:
-        self.query = query
+    def __init__(self, decide: DecisionQuery, index: int, x: np.ndarray,
+                 epsilon: float, budget: QueryBudget) -> None:
+        self.query = decide
         self.index = index
         self.x = x
         self.xf = x.astype(np.float64) / 255.0
-        self.label = label
         self.epsilon = epsilon
         self.budget = budget
-        self.criterion = criterion
         self.best: np.ndarray | None = None
         self.best_l2 = np.inf
         self.known: dict[bytes, bool] = {self._key(x): False}
@@ -121,11 +130,10 @@ class _Oracle:
             got = self.budget.ask(self.query, imgs[rows], np.full(len(rows), self.index))
             if got is None:
                 raise _Stop(STOP_PROXY_BUDGET)
-            answer = got.reshape(-1)
-            if answer.shape[0] != len(rows):
-                raise InvalidArgument("labels", f"query returned {answer.shape[0]} labels for "
-                                      f"{len(rows)} images")
-            advs = self.criterion.adversarial_labels(answer, np.full(len(rows), self.label))
+            advs = np.asarray(got, dtype=bool).reshape(-1)
+            if advs.shape[0] != len(rows):
+                raise InvalidArgument("decisions", f"query returned {advs.shape[0]} decisions "
+                                      f"for {len(rows)} images")
             for k, j, adv in zip(todo, rows, advs, strict=True):
                 self.known[k] = bool(adv)
                 if adv:
@@ -198,16 +206,20 @@ def _attack_one(oracle: _Oracle, rng: np.random.Generator, init_evals: int,
     theta = gamma / (np.sqrt(d) * d)
     delta_min = 0.5 * np.sqrt(d) / 255.0
     # initialisation: uniform noise until adversarial, then binary search towards the original
+    start = None
     for _ in range(INIT_TRIES):
         dec, img = oracle.decide(rng.uniform(0.0, 1.0, size=(1, *xf.shape)))
         if dec[0]:
             start = img[0]
             break
-    else:
-        if not starts:
-            raise _Stop(STOP_ITERATIONS)
-        start = min(starts, key=lambda s: l2_distance(oracle.x, s))
-        oracle.known[oracle._key(start)] = True
+    if start is None:
+        for other in sorted(starts, key=lambda s: l2_distance(oracle.x, s))[:FALLBACK_TRIES]:
+            dec, img = oracle.decide(other[None] / 255.0)
+            if dec[0]:
+                start = img[0]
+                break
+    if start is None:
+        raise _Stop(STOP_ITERATIONS)
     perturbed = _binary_search(oracle, start / 255.0, theta)
     dist = oracle.distance(perturbed)
     stalls = 0
@@ -235,14 +247,17 @@ def _attack_one(oracle: _Oracle, rng: np.random.Generator, init_evals: int,
             raise _Stop(STOP_ITERATIONS)
 
 
-def hop_skip_jump(query: LabelQuery, images: np.ndarray, labels: np.ndarray, *, epsilon: float,
-                  max_queries: int, rng: np.random.Generator, init_evals: int = 100,
-                  max_num_evals: int = 10_000, gamma: float = 1.0,
+def hop_skip_jump(query: LabelQuery | None, images: np.ndarray, labels: np.ndarray, *,
+                  epsilon: float, max_queries: int, rng: np.random.Generator,
+                  init_evals: int = 100, max_num_evals: int = 10_000, gamma: float = 1.0,
                   criterion: Criterion | None = None,
-                  spent: np.ndarray | None = None) -> list[AttackResult]:
+                  spent: np.ndarray | None = None,
+                  decision: DecisionQuery | None = None) -> list[AttackResult]:
     """Run HopSkipJumpAttack (L2) on a batch, one image at a time after one batched query of
     the clean images; one :class:`AttackResult` per image, in order (IEEE-A8, IEEE-M6).
-    ``criterion`` (default :class:`Misclassification`) judges each top-1 answer."""
+    ``decision`` (a :data:`~.base.DecisionQuery`, any task) says whether the criterion holds
+    on the target's answer; without it, ``criterion`` (default :class:`Misclassification`)
+    judges the top-1 labels ``query`` returns."""
     images, labels = check_batch(images, labels)
     eps = check_l2_epsilon(epsilon)
     qb = QueryBudget(images.shape[0], max_queries, spent)
@@ -250,44 +265,46 @@ def hop_skip_jump(query: LabelQuery, images: np.ndarray, labels: np.ndarray, *, 
         raise InvalidArgument("init_evals", "init_evals and max_num_evals must be >= 1")
     if not np.isfinite(gamma) or gamma <= 0:
         raise InvalidArgument("gamma", f"must be > 0, got {gamma!r}")
-    crit = criterion if criterion is not None else Misclassification()
+    if decision is None:
+        if query is None:
+            raise InvalidArgument("query", "give a label query or a decision query")
+        decision = decisions_of(query, labels, criterion if criterion is not None
+                                else Misclassification())
     n = images.shape[0]
     if n == 0:
         return []
     # the clean images, one batched query (counted, IEEE-M6), those with queries left (a
     # killed attempt may have spent an image's Q_m: it stops with ``budget``, unqueried)
     asked = qb.running()
-    got = qb.ask(query, images[asked].copy(), asked) if len(asked) else np.zeros(0, np.int64)
+    got = qb.ask(decision, images[asked].copy(), asked) if len(asked) else np.zeros(0, bool)
     if got is None:
         return [make_result(i, images[i], images[i], success=False, queries=0,
                             initially_correct=None, stop_reason=STOP_PROXY_BUDGET)
                 for i in range(n)]
-    answered = got.reshape(-1)
+    answered = np.asarray(got, dtype=bool).reshape(-1)
     if answered.shape[0] != len(asked):
-        raise InvalidArgument("labels", f"query returned {answered.shape[0]} labels for "
+        raise InvalidArgument("decisions", f"query returned {answered.shape[0]} decisions for "
                               f"{len(asked)} images")
-    clean = np.zeros(n, dtype=answered.dtype if len(asked) else np.int64)
-    clean[asked] = answered
+    clean_adv = np.zeros(n, dtype=bool)       # the criterion already holds on the clean image
+    clean_adv[asked] = answered
     was_asked = np.zeros(n, dtype=bool)
     was_asked[asked] = True
     results: list[AttackResult] = []
     for i in range(n):
-        x, label = images[i], int(labels[i])
+        x = images[i]
         if not was_asked[i]:
             results.append(make_result(i, x, x, success=False, queries=0,
                                        initially_correct=None, stop_reason=STOP_BUDGET))
             continue
-        clean_adv = crit.adversarial_labels(clean, np.full(n, label)) & was_asked
         if clean_adv[i]:
             results.append(make_result(i, x, x, success=True, queries=1, initially_correct=False,
                                        stop_reason=STOP_ALREADY_MISCLASSIFIED))
             continue
-        oracle = _Oracle(query, i, x, label, eps, qb, crit)
+        oracle = _Oracle(decision, i, x, eps, qb)
         reason = STOP_BUDGET
         if oracle.remaining > 0:
             try:
-                starts = [images[j] for j in range(n) if clean_adv[j]
-                          and not np.array_equal(images[j], x)]
+                starts = [images[j] for j in range(n) if not np.array_equal(images[j], x)]
                 _attack_one(oracle, rng, int(init_evals), int(max_num_evals), float(gamma),
                             starts)
             except _Stop as stop:
@@ -301,16 +318,18 @@ def hop_skip_jump(query: LabelQuery, images: np.ndarray, labels: np.ndarray, *, 
 
 def run(ctx: AttackContext) -> list[AttackResult]:
     p = ctx.params
-    return hop_skip_jump(ctx.label_query(), ctx.images, ctx.labels, epsilon=p["epsilon"],
+    return hop_skip_jump(None, ctx.images, ctx.labels, epsilon=p["epsilon"],
                          max_queries=p["max_queries"], rng=ctx.rng(), criterion=ctx.criterion,
-                         spent=ctx.spent())
+                         spent=ctx.spent(), decision=ctx.decision_query())
 
 
 SPEC = AttackSpec(
     id="hsja", kind="decision", family="decision-based", norms=("l2",),
-    refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"),
-    description="HopSkipJumpAttack (L2, decision-based); success = misclassified within "
-                "L2 <= epsilon",
+    refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"), targeted=True,
+    tasks=("classification", "detection", "segmentation"),
+    description="HopSkipJumpAttack (L2, decision-based, untargeted and targeted); success = "
+                "the criterion holds within L2 <= epsilon (classifiers, detectors, "
+                "segmenters)",
     params=(Param(name="epsilon", type="float", minimum=0.0, maximum=1e4,
                   description="L2 bound in [0,1] pixel scale (IEEE-A9)"), MAX_QUERIES),
     run=run)

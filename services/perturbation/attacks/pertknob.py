@@ -1,20 +1,28 @@
 """PertKnob as an attack (PER-3, seed 004; Zhong et al., DSN 2020): the smallest epsilon of a
-real-world safety property (PER-1) at which the target's answer meets the success criterion
-(PER-2; untargeted misclassification by default), searched over [0, 1] in k cells by
-bisection or linear scan within Q_m queries per image (IEEE-M6), every query through the
-proxy and charged to its image. Reports the minimal L2 (PER-4 statistics are the scoring
-service's, over these results). The search itself is ``pertknob_search.py``.
-Registry entry: :data:`SPEC`."""
+real-world safety property (PER-1) at which the target's answer meets the success criterion,
+searched over [0, 1] in k cells by bisection or linear scan within Q_m queries per image
+(IEEE-M6), every query through the proxy and charged to its image. Reports the minimal L2
+(PER-4 statistics are the scoring service's, over these results). The search itself is
+``pertknob_search.py``.
+
+The criterion is the plan's (PER-2, seed 004 Table I: misclassification by default,
+confident / top-k misclassification, original-class probability, target-class boost,
+targeted misclassification; for detectors the object of interest no longer detected as its
+class or relabelled; PER-5: classifiers, detectors and cloud APIs alike, and segmenters by
+the IEEE-C5 mIoU), judged on each answer by ``ctx.decision_query()`` (``judges.py``), so
+criteria that need probabilities work on score-returning targets and are refused, naming
+the criterion, on label-only ones. Registry entry: :data:`SPEC`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from fortis.services.common.errors import BudgetExhausted, InvalidArgument
 from fortis.services.common.params import Param
-from fortis.services.perturbation.criteria import RankedPrediction, Reference
+from fortis.services.perturbation.criteria import Criterion, Reference
 from fortis.services.perturbation.pertknob_search import (
     KnobConfig,
     pertknob,
@@ -39,6 +47,21 @@ _STOP = {"found": STOP_SUCCESS, "already_met": STOP_ALREADY_MISCLASSIFIED,
          "budget_exhausted": STOP_BUDGET}
 
 
+@dataclass(frozen=True)
+class _Judged(Criterion):
+    """The search's criterion when the judge has already decided: each "prediction" is the
+    decision query's answer (the attack's criterion, any task)."""
+
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label
+
+    def is_met(self, prediction: Any, ref: Reference) -> bool:
+        return bool(prediction)
+
+
 def run(ctx: AttackContext) -> list[AttackResult]:
     """One image at a time, so each query is charged to its own image id; a proxy refusal
     stops that image (``budget_exhausted_by_proxy``) and the batch goes on."""
@@ -49,7 +72,8 @@ def run(ctx: AttackContext) -> list[AttackResult]:
                               "see `fortis perturbations --kind property`")
     cfg = KnobConfig(mode=p["mode"], cells=int(p["cells"]), budget=int(p["max_queries"]))
     perturb = property_perturbation(spec.id)
-    client = ctx.query_client()
+    decide = ctx.decision_query()
+    judged = _Judged(ctx.criterion.name)
     spent = ctx.spent()
     out: list[AttackResult] = []
     for n, image_id in enumerate(ctx.image_ids):
@@ -62,14 +86,13 @@ def run(ctx: AttackContext) -> list[AttackResult]:
                                    stop_reason=STOP_BUDGET))
             continue
 
-        def ask(imgs: Sequence[np.ndarray], image_id: str = image_id,
-                sent: list[int] = sent) -> list[RankedPrediction]:
-            labels = client.labels(np.stack(imgs), [image_id] * len(imgs))
+        def ask(imgs: Sequence[np.ndarray], n: int = n, sent: list[int] = sent) -> list[bool]:
+            met = decide(np.stack(imgs), np.full(len(imgs), n, dtype=np.int64))
             sent[0] += len(imgs)
-            return [RankedPrediction(labels=(int(v),)) for v in labels]
+            return [bool(v) for v in np.asarray(met).reshape(-1)]
 
         try:
-            r = pertknob(x, perturb, ctx.criterion, ask,
+            r = pertknob(x, perturb, judged, ask,
                          rng=ctx.derive_rng("pertknob", spec.id, image_id),
                          reference=Reference(label=int(ctx.labels[n])),
                          config=cfg if left == cfg.budget else replace(cfg, budget=left),
@@ -87,11 +110,12 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 
 SPEC = AttackSpec(
     id="pertknob", kind="decision", family="minimal-perturbation", norms=("l2",),
-    refs=("PER-3", "PER-2", "PER-4", "IEEE-M6"),
+    refs=("PER-3", "PER-2", "PER-4", "IEEE-M6"), targeted=True,
+    tasks=("classification", "detection", "segmentation"),
     description="PertKnob (Zhong et al.): the smallest epsilon of a real-world safety "
-                "property (PER-1) that misleads the target, searched over [0,1] in k "
-                "cells by bisection or linear scan within Q_m queries; reports the "
-                "minimal L2 (PER-4); every query through the proxy",
+                "property (PER-1) that meets the plan's PER-2 criterion, searched over "
+                "[0,1] in k cells by bisection or linear scan within Q_m queries; reports "
+                "the minimal L2 (PER-4); every query through the proxy",
     params=(Param(name="property", type="string",
                   description="a PER-1 property id, e.g. per_brightness"),
             Param(name="mode", type="string", default="bisection", choices=("bisection", "linear"),

@@ -17,6 +17,9 @@ scores, vertical-stripe initialisation, then random square updates of side
 * Non-square images: the square side is capped by ``min(H, W) - 1`` and its position is drawn
   over the full height and width. The reference's "resample until the window changes" loop is
   bounded.
+* Batched: each iteration draws the window positions and signs of every running image at once
+  and writes the windows with one indexed assignment (the reference loops over images in
+  Python); the same distribution per image, in another draw order.
 """
 
 from __future__ import annotations
@@ -87,15 +90,15 @@ def square_attack(query: ScoreQuery | None, images: np.ndarray, labels: np.ndarr
     if not np.isfinite(p_init) or not 0.0 < p_init <= 1.0:
         raise InvalidArgument("p_init", f"must be in (0, 1], got {p_init!r}")
     n, h, w, c = images.shape
-    x = images.astype(np.int16)
-    x_best = x.copy()
+    x = images.astype(np.int16)  # the originals, for window arithmetic
+    x_best = images.copy()       # uint8: each image's best query so far
     margin_best = np.full(n, np.inf)
     stop = qb.stop
     initially_correct: list[bool | None] = [None] * n
 
     def ask(idx: np.ndarray, batch: np.ndarray) -> np.ndarray | None:
-        """Query the target for images ``idx``; margins, or None if the proxy refused."""
-        return qb.ask(margin, batch.astype(np.uint8), idx)
+        """Query the target for images ``idx`` (uint8); margins, or None if the proxy refused."""
+        return qb.ask(margin, batch, idx)
 
     running = qb.running
 
@@ -110,7 +113,7 @@ def square_attack(query: ScoreQuery | None, images: np.ndarray, labels: np.ndarr
         return []
     # 1. the clean images (counted, IEEE-M6), those with queries left
     everyone = running()
-    m0 = ask(everyone, x[everyone]) if len(everyone) else None
+    m0 = ask(everyone, images[everyone]) if len(everyone) else None
     if m0 is not None:
         margin_best[everyone] = m0
         for k, i in enumerate(everyone):
@@ -122,40 +125,50 @@ def square_attack(query: ScoreQuery | None, images: np.ndarray, labels: np.ndarr
         for i in active:
             stop[i] = STOP_ITERATIONS
         active = active[:0]
+    signs = np.array([-e, e], dtype=np.int16)
     # 2. vertical-stripe initialisation (one query), accepted as the reference does
     if len(active):
-        stripes = rng.choice(np.array([-e, e], dtype=np.int16), size=(len(active), 1, w, c))
-        cand = np.clip(x[active] + stripes, 0, 255)
+        stripes = rng.choice(signs, size=(len(active), 1, w, c))
+        cand = np.clip(x[active] + stripes, 0, 255).astype(np.uint8)
         m = ask(active, cand)
         if m is not None:
             record(active, cand, m, always=True)
-    # 3. square updates
+    # 3. square updates, the whole batch of running images at once: per image a window
+    #    position and a sign per channel, redrawn (bounded) where the window would not change
     side_cap = max(min(h, w) - 1, 1)
     it = 0
     while True:
         active = running()
         if not len(active):
             break
+        a = len(active)
         p = p_selection(p_init, it, budget)
         s = min(max(int(round(np.sqrt(p * h * w))), 1), side_cap)
-        cand = x_best[active].copy()
-        for k, i in enumerate(active):
-            r0 = int(rng.integers(0, h - s + 1))
-            c0 = int(rng.integers(0, w - s + 1))
-            x_win = x[i, r0:r0 + s, c0:c0 + s, :]
-            best_win = x_best[i, r0:r0 + s, c0:c0 + s, :]
-            for _ in range(MAX_RESAMPLE):
-                delta = rng.choice(np.array([-e, e], dtype=np.int16), size=(1, 1, c))
-                new_win = np.clip(x_win + delta, 0, 255)
-                if np.any(new_win != best_win):
-                    break
-            cand[k, r0:r0 + s, c0:c0 + s, :] = new_win
+        r0 = rng.integers(0, h - s + 1, size=a)
+        c0 = rng.integers(0, w - s + 1, size=a)
+        rows = (r0[:, None] + np.arange(s))[:, :, None]   # a x s x 1
+        cols = (c0[:, None] + np.arange(s))[:, None, :]   # a x 1 x s
+        img = active[:, None, None]
+        x_win = x[img, rows, cols]                         # a x s x s x c (int16)
+        best_win = x_best[img, rows, cols]                 # a x s x s x c (uint8)
+        delta = rng.choice(signs, size=(a, 1, 1, c))
+        new_win = np.clip(x_win + delta, 0, 255)
+        redraw = ~np.any(new_win != best_win, axis=(1, 2, 3))
+        for _ in range(MAX_RESAMPLE - 1):
+            if not redraw.any():
+                break
+            rd = np.flatnonzero(redraw)
+            delta[rd] = rng.choice(signs, size=(len(rd), 1, 1, c))
+            new_win[rd] = np.clip(x_win[rd] + delta[rd], 0, 255)
+            redraw[rd] = ~np.any(new_win[rd] != best_win[rd], axis=(1, 2, 3))
+        cand = x_best[active]
+        cand[np.arange(a)[:, None, None], rows, cols] = new_win
         m = ask(active, cand)
         if m is not None:
             record(active, cand, m, always=False)
         it += 1
 
-    return [make_result(i, images[i], x_best[i].astype(np.uint8),
+    return [make_result(i, images[i], x_best[i],
                         success=bool(margin_best[i] < 0), queries=qb.sent(i),
                         initially_correct=initially_correct[i], stop_reason=str(stop[i]))
             for i in range(n)]

@@ -18,20 +18,19 @@ arithmetic is the shared :func:`fortis.services.common.arrays.iou_xyxy`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from fortis.services.common.arrays import iou_xyxy
 from fortis.services.common.criteria import BOX_FORMATS
 from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.common.matching import check_image_size as _check_size
+from fortis.services.common.matching import convert_box_rows as _convert_rows
+from fortis.services.common.matching import to_xyxy
 from fortis.services.scoring.correctness.common import (
-    MAX_LISTED,
     image_name,
-    is_number,
     raise_violations,
 )
 
@@ -64,89 +63,6 @@ class Detections:
     label_base: int = 0
     image_size: tuple[int, int] | None = None
     error: str | None = None
-
-
-def _check_size(size: Any) -> tuple[float, float] | None:
-    if size is None:
-        return None
-    try:
-        w, h = size
-    except (TypeError, ValueError):
-        return None
-    if not (is_number(w) and is_number(h)) or not (w > 0 and h > 0) \
-            or not math.isfinite(w) or not math.isfinite(h):
-        return None
-    return float(w), float(h)
-
-
-def _convert_rows(raw: np.ndarray, fmt: str, wh: np.ndarray | None,
-                  where: Any) -> tuple[np.ndarray, list[FieldViolation]]:
-    """(n, 4) boxes in ``fmt`` -> pixel xyxy, with per-row (width, height) ``wh`` for the
-    normalised formats. ``where(row)`` names a row in an error."""
-    violations: list[FieldViolation] = []
-    bad = ~np.isfinite(raw).all(axis=1)
-    for r in np.flatnonzero(bad)[:MAX_LISTED]:
-        violations.append(FieldViolation(where(int(r)), f"coordinates must be finite, got "
-                                                        f"{raw[r].tolist()}"))
-    if violations:
-        return raw, violations
-    b = raw
-    if fmt.endswith("n"):
-        out_of = ((b < 0.0) | (b > 1.0)).any(axis=1)
-        for r in np.flatnonzero(out_of)[:MAX_LISTED]:
-            violations.append(FieldViolation(
-                where(int(r)), f"normalised '{fmt}' coordinates must be in [0, 1], got "
-                               f"{b[r].tolist()} (pixel boxes given as normalised?)"))
-        if violations:
-            return raw, violations
-        assert wh is not None
-        b = b * np.concatenate([wh, wh], axis=1)
-        fmt = fmt[:-1]
-    if fmt == "xyxy":
-        w, h = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
-        xyxy = b
-    else:
-        w, h = b[:, 2], b[:, 3]
-        if fmt == "xywh":
-            x1, y1 = b[:, 0], b[:, 1]
-        else:                                               # cxcywh
-            x1, y1 = b[:, 0] - w / 2.0, b[:, 1] - h / 2.0
-        xyxy = np.stack([x1, y1, x1 + w, y1 + h], axis=1)
-    degenerate = ~((w > 0) & (h > 0))
-    for r in np.flatnonzero(degenerate)[:MAX_LISTED]:
-        what = "zero-area box" if (w[r] == 0 or h[r] == 0) else "negative width or height"
-        hint = " (x2 < x1 or y2 < y1: is it 'xywh'?)" if fmt == "xyxy" and what != \
-            "zero-area box" else ""
-        violations.append(FieldViolation(where(int(r)), f"{what} {raw[r].tolist()} in "
-                                                        f"'{fmt}'{hint}: boxes need w, h > 0"))
-    return xyxy, violations
-
-
-def to_xyxy(boxes: npt.ArrayLike, box_format: str = "xyxy", *,
-            image_size: tuple[int, int] | None = None, field: str = "boxes") -> np.ndarray:
-    """Validated conversion of ``(n, 4)`` boxes in ``box_format`` to pixel xyxy (float64).
-
-    Normalised formats need ``image_size`` = (width, height). Rejects non-finite values,
-    zero- or negative-area boxes and normalised coordinates outside [0, 1], naming
-    ``field[row]``."""
-    if box_format not in BOX_FORMATS:
-        raise InvalidArgument(f"{field}.box_format", f"must be one of {', '.join(BOX_FORMATS)}; "
-                                                     f"got {box_format!r}")
-    b = np.asarray(boxes, dtype=np.float64)
-    if b.size == 0:
-        b = b.reshape(0, 4)
-    if b.ndim != 2 or b.shape[1] != 4:
-        raise InvalidArgument(field, f"must be (n, 4), got shape {np.shape(boxes)}")
-    wh = None
-    if box_format.endswith("n"):
-        size = _check_size(image_size)
-        if size is None:
-            raise InvalidArgument(f"{field}.image_size", f"normalised '{box_format}' boxes need "
-                                  f"image_size (width, height) > 0, got {image_size!r}")
-        wh = np.broadcast_to(np.array(size), (len(b), 2))
-    xyxy, violations = _convert_rows(b, box_format, wh, lambda r: f"{field}[{r}]")
-    raise_violations(violations)
-    return xyxy
 
 
 def box_iou(a: npt.ArrayLike, b: npt.ArrayLike, *, box_format: str = "xyxy",

@@ -15,7 +15,8 @@ the image incorrect.
 
 Vectorised: same-size images go through as one stack, in chunks of bounded size; per-class
 IoUs come from bincounts over (image, truth slot, prediction slot), with no loop over classes
-or images.
+or images (``services/common/matching.py``: the one definition the perturbation service's
+IEEE-C5 attack criterion uses too).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import numpy.typing as npt
 from fortis.services.common.arrays import chunk_slices
 from fortis.services.common.criteria import ALL_ABSENT_POLICIES, SegmentationCriterion
 from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.matching import iou_per_class as _seg_iou_block
+from fortis.services.common.matching import mean_iou, miou_correct
 from fortis.services.scoring.correctness.common import (
     LabelMapping,
     image_name,
@@ -103,24 +106,6 @@ def _stacked(masks: npt.ArrayLike | Sequence[npt.ArrayLike]) -> np.ndarray | Non
     return None
 
 
-def _class_index(x: np.ndarray, classes_sorted: np.ndarray) -> np.ndarray:
-    """Label map -> slot of each pixel's class among the classes of interest (Y: any other).
-    A lookup table when the labels are small non-negative integers (one gather per pixel),
-    else a binary search."""
-    y = len(classes_sorted)
-    dtype = np.uint8 if y < 250 else np.int64       # slots 0..Y+1 (see _seg_iou_block)
-    if x.size == 0:
-        return np.zeros(x.shape, dtype)
-    lo, hi = int(x.min()), int(x.max())
-    if lo >= 0 and hi < (1 << 16):
-        lut = np.full(hi + 1, y, dtype=dtype)
-        inside = classes_sorted[classes_sorted <= hi]
-        lut[inside] = np.searchsorted(classes_sorted, inside)
-        return np.asarray(lut[x])
-    pos = np.minimum(np.searchsorted(classes_sorted, x), y - 1)
-    return np.where(classes_sorted[pos] == x, pos, y).astype(dtype)
-
-
 def segmentation_iou(
     predictions: npt.ArrayLike | Sequence[npt.ArrayLike],
     truths: npt.ArrayLike | Sequence[npt.ArrayLike],
@@ -191,47 +176,6 @@ def _mapped(truth: np.ndarray, mapping: LabelMapping | None,
     return mapping.map_array(truth, where="truths", ignore=crit.ignore_label)[..., 0]
 
 
-def _seg_iou_block(pred: np.ndarray, truth: np.ndarray, cs: np.ndarray,
-                   ignore: int | None) -> np.ndarray:
-    """(n, H, W) label maps -> (n, Y) IoU per class of interest (NaN: absent from both).
-
-    Each pixel gets a slot: its class's index among the Y classes, Y for "any other label",
-    Y + 1 for "ignored". Few classes: one bincount of (image, truth slot, prediction slot)
-    gives per-image confusion matrices. Many classes: three bincounts (truth count,
-    prediction count, intersection), O(pixels + n * Y). No loop over classes or images."""
-    n = len(pred)
-    y = len(cs)
-    w = y + 2
-    t = truth.reshape(n, -1)
-    gi = _class_index(t, cs)
-    pi = _class_index(pred.reshape(n, -1), cs)
-    if ignore is not None and t.size and int(t.min()) <= ignore <= int(t.max()):
-        skip = t == ignore
-        gi[skip] = y + 1
-        pi[skip] = y + 1
-    if w * w <= 256:
-        code = gi.astype(np.uint16)
-        code *= w
-        code += pi
-        flat = np.add(code, (np.arange(n, dtype=np.int64) * (w * w))[:, None], dtype=np.int64)
-        conf = np.bincount(flat.ravel(), minlength=n * w * w).reshape(n, w, w)
-        inter = np.diagonal(conf, axis1=1, axis2=2)[:, :y].astype(np.float64)
-        gt_count = conf[:, :y, :].sum(axis=2)
-        pred_count = conf[:, :, :y].sum(axis=1)
-    else:
-        base = (np.arange(n, dtype=np.int64) * w)[:, None]
-        code_g = np.add(gi, base, dtype=np.int64).ravel()
-        code_p = np.add(pi, base, dtype=np.int64).ravel()
-        size = n * w
-        gt_count = np.bincount(code_g, minlength=size).reshape(n, w)[:, :y]
-        pred_count = np.bincount(code_p, minlength=size).reshape(n, w)[:, :y]
-        same = (gi == pi).ravel()
-        inter = np.bincount(code_g[same], minlength=size).reshape(n, w)[:, :y].astype(np.float64)
-    union = gt_count + pred_count - inter
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(union > 0, inter / np.maximum(union, 1), np.nan)
-
-
 def segmentation_miou(
     predictions: npt.ArrayLike | Sequence[npt.ArrayLike],
     truths: npt.ArrayLike | Sequence[npt.ArrayLike],
@@ -243,13 +187,9 @@ def segmentation_miou(
 ) -> np.ndarray:
     """Per-image mIoU over the classes of interest present in prediction or truth (N,);
     NaN when none is (IEEE-C5)."""
-    iou = segmentation_iou(predictions, truths, criterion, label_mapping=label_mapping,
-                           image_ids=image_ids, field=field)
-    present = ~np.isnan(iou)
-    count = present.sum(axis=1)
-    total = np.where(present, iou, 0.0).sum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.asarray(np.where(count > 0, total / np.maximum(count, 1), np.nan))
+    return mean_iou(segmentation_iou(predictions, truths, criterion,
+                                     label_mapping=label_mapping, image_ids=image_ids,
+                                     field=field))
 
 
 def segmentation_correct(
@@ -266,8 +206,7 @@ def segmentation_correct(
     all classes absent -> ``criterion.all_absent``; ``failed`` images are incorrect."""
     miou = segmentation_miou(predictions, truths, criterion, label_mapping=label_mapping,
                              image_ids=image_ids, field=field)
-    absent_ok = criterion.all_absent == "correct"
-    ok = np.where(np.isnan(miou), absent_ok, miou > criterion.miou_threshold)
+    ok = miou_correct(miou, criterion.miou_threshold, criterion.all_absent == "correct")
     if failed is not None:
         ok &= ~np.asarray(failed, dtype=bool).reshape(len(ok))
     return np.asarray(ok, dtype=bool)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66ortis/common/v1/common.proto\x12\x10\x66ortis.common.v1\"M\n\x06Tensor\x12&\n\x05\x64type\x18\x01 \x01(\x0e\x32\x17.fortis.common.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"c\n\x05Image\x12\x10\n\x08image_id\x18\x01 \x01(\t\x12\x11\n\x07\x65ncoded\x18\x02 \x01(\x0cH\x00\x12*\n\x06tensor\x18\x03 \x01(\x0b\x32\x18.fortis.common.v1.TensorH\x00\x42\t\n\x07\x63ontent\"G\n\nClassScore\x12\r\n\x05label\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\x05score\x18\x03 \x01(\x02H\x00\x88\x01\x01\x42\x08\n\x06_score\"?\n\x0e\x43lassification\x12-\n\x07\x63lasses\x18\x01 \x03(\x0b\x32\x1c.fortis.common.v1.ClassScore\"u\n\x0b\x42oundingBox\x12\r\n\x05x_min\x18\x01 \x01(\x02\x12\r\n\x05y_min\x18\x02 \x01(\x02\x12\r\n\x05x_max\x18\x03 \x01(\x02\x12\r\n\x05y_max\x18\x04 \x01(\x02\x12\r\n\x05label\x18\x05 \x01(\x05\x12\x0c\n\x04name\x18\x06 \x01(\t\x12\r\n\x05score\x18\x07 \x01(\x02\"9\n\tDetection\x12,\n\x05\x62oxes\x18\x01 \x03(\x0b\x32\x1d.fortis.common.v1.BoundingBox\";\n\x0cSegmentation\x12+\n\tclass_map\x18\x01 \x01(\x0b\x32\x18.fortis.common.v1.Tensor\"\xce\x01\n\nPrediction\x12\x10\n\x08image_id\x18\x01 \x01(\t\x12:\n\x0e\x63lassification\x18\x02 \x01(\x0b\x32 .fortis.common.v1.ClassificationH\x00\x12\x30\n\tdetection\x18\x03 \x01(\x0b\x32\x1b.fortis.common.v1.DetectionH\x00\x12\x36\n\x0csegmentation\x18\x04 \x01(\x0b\x32\x1e.fortis.common.v1.SegmentationH\x00\x42\x08\n\x06result*x\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x1c\n\x18TASK_TYPE_CLASSIFICATION\x10\x01\x12\x17\n\x13TASK_TYPE_DETECTION\x10\x02\x12\x1a\n\x16TASK_TYPE_SEGMENTATION\x10\x03*\xae\x01\n\nOutputKind\x12\x1b\n\x17OUTPUT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17OUTPUT_KIND_FULL_SCORES\x10\x01\x12\x1c\n\x18OUTPUT_KIND_TOP_K_SCORES\x10\x02\x12\x1a\n\x16OUTPUT_KIND_LABEL_ONLY\x10\x03\x12\x15\n\x11OUTPUT_KIND_BOXES\x10\x04\x12\x15\n\x11OUTPUT_KIND_MASKS\x10\x05*\xa2\x01\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x44_TYPE_UINT8\x10\x01\x12\x10\n\x0c\x44_TYPE_INT32\x10\x02\x12\x10\n\x0c\x44_TYPE_INT64\x10\x03\x12\x12\n\x0e\x44_TYPE_FLOAT16\x10\x04\x12\x12\n\x0e\x44_TYPE_FLOAT32\x10\x05\x12\x12\n\x0e\x44_TYPE_FLOAT64\x10\x06\x12\x0f\n\x0b\x44_TYPE_BOOL\x10\x07\x42\xab\x01\n\x13\x61i.fortis.common.v1B\x0b\x43ommonProtoP\x01ZDgithub.com/fortis-robustness/fortis/gen/go/fortis/common/v1;commonv1\xa2\x02\x03\x46\x43M\xaa\x02\x10\x46ortis.Common.V1\xca\x02\x10\x46ortis\\Common\\V1\xea\x02\x12\x46ortis::Common::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66ortis/common/v1/common.proto\x12\x10\x66ortis.common.v1\"M\n\x06Tensor\x12&\n\x05\x64type\x18\x01 \x01(\x0e\x32\x17.fortis.common.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"c\n\x05Image\x12\x10\n\x08image_id\x18\x01 \x01(\t\x12\x11\n\x07\x65ncoded\x18\x02 \x01(\x0cH\x00\x12*\n\x06tensor\x18\x03 \x01(\x0b\x32\x18.fortis.common.v1.TensorH\x00\x42\t\n\x07\x63ontent\"G\n\nClassScore\x12\r\n\x05label\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\x05score\x18\x03 \x01(\x02H\x00\x88\x01\x01\x42\x08\n\x06_score\"?\n\x0e\x43lassification\x12-\n\x07\x63lasses\x18\x01 \x03(\x0b\x32\x1c.fortis.common.v1.ClassScore\"u\n\x0b\x42oundingBox\x12\r\n\x05x_min\x18\x01 \x01(\x02\x12\r\n\x05y_min\x18\x02 \x01(\x02\x12\r\n\x05x_max\x18\x03 \x01(\x02\x12\r\n\x05y_max\x18\x04 \x01(\x02\x12\r\n\x05label\x18\x05 \x01(\x05\x12\x0c\n\x04name\x18\x06 \x01(\t\x12\r\n\x05score\x18\x07 \x01(\x02\"9\n\tDetection\x12,\n\x05\x62oxes\x18\x01 \x03(\x0b\x32\x1d.fortis.common.v1.BoundingBox\"l\n\x0cSegmentation\x12+\n\tclass_map\x18\x01 \x01(\x0b\x32\x18.fortis.common.v1.Tensor\x12/\n\rprobabilities\x18\x02 \x01(\x0b\x32\x18.fortis.common.v1.Tensor\"\xce\x01\n\nPrediction\x12\x10\n\x08image_id\x18\x01 \x01(\t\x12:\n\x0e\x63lassification\x18\x02 \x01(\x0b\x32 .fortis.common.v1.ClassificationH\x00\x12\x30\n\tdetection\x18\x03 \x01(\x0b\x32\x1b.fortis.common.v1.DetectionH\x00\x12\x36\n\x0csegmentation\x18\x04 \x01(\x0b\x32\x1e.fortis.common.v1.SegmentationH\x00\x42\x08\n\x06result*x\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x1c\n\x18TASK_TYPE_CLASSIFICATION\x10\x01\x12\x17\n\x13TASK_TYPE_DETECTION\x10\x02\x12\x1a\n\x16TASK_TYPE_SEGMENTATION\x10\x03*\xae\x01\n\nOutputKind\x12\x1b\n\x17OUTPUT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17OUTPUT_KIND_FULL_SCORES\x10\x01\x12\x1c\n\x18OUTPUT_KIND_TOP_K_SCORES\x10\x02\x12\x1a\n\x16OUTPUT_KIND_LABEL_ONLY\x10\x03\x12\x15\n\x11OUTPUT_KIND_BOXES\x10\x04\x12\x15\n\x11OUTPUT_KIND_MASKS\x10\x05*\xa2\x01\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x44_TYPE_UINT8\x10\x01\x12\x10\n\x0c\x44_TYPE_INT32\x10\x02\x12\x10\n\x0c\x44_TYPE_INT64\x10\x03\x12\x12\n\x0e\x44_TYPE_FLOAT16\x10\x04\x12\x12\n\x0e\x44_TYPE_FLOAT32\x10\x05\x12\x12\n\x0e\x44_TYPE_FLOAT64\x10\x06\x12\x0f\n\x0b\x44_TYPE_BOOL\x10\x07\x42\xab\x01\n\x13\x61i.fortis.common.v1B\x0b\x43ommonProtoP\x01ZDgithub.com/fortis-robustness/fortis/gen/go/fortis/common/v1;commonv1\xa2\x02\x03\x46\x43M\xaa\x02\x10\x46ortis.Common.V1\xca\x02\x10\x46ortis\\Common\\V1\xea\x02\x12\x46ortis::Common::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,12 +32,12 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fortis.common.v1.common_pb2
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\023ai.fortis.common.v1B\013CommonProtoP\001ZDgithub.com/fortis-robustness/fortis/gen/go/fortis/common/v1;commonv1\242\002\003FCM\252\002\020Fortis.Common.V1\312\002\020Fortis\\Common\\V1\352\002\022Fortis::Common::V1'
-  _globals['_TASKTYPE']._serialized_start=817
-  _globals['_TASKTYPE']._serialized_end=937
-  _globals['_OUTPUTKIND']._serialized_start=940
-  _globals['_OUTPUTKIND']._serialized_end=1114
-  _globals['_DTYPE']._serialized_start=1117
-  _globals['_DTYPE']._serialized_end=1279
+  _globals['_TASKTYPE']._serialized_start=866
+  _globals['_TASKTYPE']._serialized_end=986
+  _globals['_OUTPUTKIND']._serialized_start=989
+  _globals['_OUTPUTKIND']._serialized_end=1163
+  _globals['_DTYPE']._serialized_start=1166
+  _globals['_DTYPE']._serialized_end=1328
   _globals['_TENSOR']._serialized_start=51
   _globals['_TENSOR']._serialized_end=128
   _globals['_IMAGE']._serialized_start=130
@@ -51,7 +51,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DETECTION']._serialized_start=488
   _globals['_DETECTION']._serialized_end=545
   _globals['_SEGMENTATION']._serialized_start=547
-  _globals['_SEGMENTATION']._serialized_end=606
-  _globals['_PREDICTION']._serialized_start=609
-  _globals['_PREDICTION']._serialized_end=815
+  _globals['_SEGMENTATION']._serialized_end=655
+  _globals['_PREDICTION']._serialized_start=658
+  _globals['_PREDICTION']._serialized_end=864
 # @@protoc_insertion_point(module_scope)

@@ -113,10 +113,12 @@ class Detection(_message.Message):
     def __init__(self, boxes: _Optional[_Iterable[_Union[BoundingBox, _Mapping]]] = ...) -> None: ...
 
 class Segmentation(_message.Message):
-    __slots__ = ("class_map",)
+    __slots__ = ("class_map", "probabilities")
     CLASS_MAP_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
     class_map: Tensor
-    def __init__(self, class_map: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    probabilities: Tensor
+    def __init__(self, class_map: _Optional[_Union[Tensor, _Mapping]] = ..., probabilities: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class Prediction(_message.Message):
     __slots__ = ("image_id", "classification", "detection", "segmentation")

@@ -71,6 +71,19 @@ class ImageEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IMAGE_ENCODING_UNSPECIFIED: _ClassVar[ImageEncoding]
     IMAGE_ENCODING_PNG: _ClassVar[ImageEncoding]
 
+class CriterionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CRITERION_KIND_UNSPECIFIED: _ClassVar[CriterionKind]
+    CRITERION_KIND_MISCLASSIFICATION: _ClassVar[CriterionKind]
+    CRITERION_KIND_TARGETED_MISCLASSIFICATION: _ClassVar[CriterionKind]
+    CRITERION_KIND_CONFIDENT_MISCLASSIFICATION: _ClassVar[CriterionKind]
+    CRITERION_KIND_TOP_K_MISCLASSIFICATION: _ClassVar[CriterionKind]
+    CRITERION_KIND_ORIGINAL_CLASS_PROBABILITY: _ClassVar[CriterionKind]
+    CRITERION_KIND_TARGET_CLASS_PROB_BOOST: _ClassVar[CriterionKind]
+    CRITERION_KIND_OBJECT_MISSED: _ClassVar[CriterionKind]
+    CRITERION_KIND_OBJECT_RELABELLED: _ClassVar[CriterionKind]
+    CRITERION_KIND_MIOU_BELOW: _ClassVar[CriterionKind]
+
 class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     STOP_REASON_UNSPECIFIED: _ClassVar[StopReason]
@@ -112,6 +125,16 @@ NORM_L2: Norm
 NORM_LINF: Norm
 IMAGE_ENCODING_UNSPECIFIED: ImageEncoding
 IMAGE_ENCODING_PNG: ImageEncoding
+CRITERION_KIND_UNSPECIFIED: CriterionKind
+CRITERION_KIND_MISCLASSIFICATION: CriterionKind
+CRITERION_KIND_TARGETED_MISCLASSIFICATION: CriterionKind
+CRITERION_KIND_CONFIDENT_MISCLASSIFICATION: CriterionKind
+CRITERION_KIND_TOP_K_MISCLASSIFICATION: CriterionKind
+CRITERION_KIND_ORIGINAL_CLASS_PROBABILITY: CriterionKind
+CRITERION_KIND_TARGET_CLASS_PROB_BOOST: CriterionKind
+CRITERION_KIND_OBJECT_MISSED: CriterionKind
+CRITERION_KIND_OBJECT_RELABELLED: CriterionKind
+CRITERION_KIND_MIOU_BELOW: CriterionKind
 STOP_REASON_UNSPECIFIED: StopReason
 STOP_REASON_SUCCESS: StopReason
 STOP_REASON_BUDGET: StopReason
@@ -246,7 +269,7 @@ class ListPerturbationsResponse(_message.Message):
     def __init__(self, perturbations: _Optional[_Iterable[_Union[PerturbationInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class AttackInfo(_message.Message):
-    __slots__ = ("id", "kind", "family", "norms", "targeted", "untargeted", "parameters", "refs", "description", "needs_surrogate", "stochastic")
+    __slots__ = ("id", "kind", "family", "norms", "targeted", "untargeted", "parameters", "refs", "description", "needs_surrogate", "stochastic", "tasks", "uses_surrogate")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +281,8 @@ class AttackInfo(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     NEEDS_SURROGATE_FIELD_NUMBER: _ClassVar[int]
     STOCHASTIC_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    USES_SURROGATE_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: AttackKind
     family: str
@@ -269,7 +294,9 @@ class AttackInfo(_message.Message):
     description: str
     needs_surrogate: bool
     stochastic: bool
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[AttackKind, str]] = ..., family: _Optional[str] = ..., norms: _Optional[_Iterable[_Union[Norm, str]]] = ..., targeted: _Optional[bool] = ..., untargeted: _Optional[bool] = ..., parameters: _Optional[_Iterable[_Union[ParameterSpec, _Mapping]]] = ..., refs: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ..., needs_surrogate: _Optional[bool] = ..., stochastic: _Optional[bool] = ...) -> None: ...
+    tasks: _containers.RepeatedScalarFieldContainer[_common_pb2.TaskType]
+    uses_surrogate: bool
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[AttackKind, str]] = ..., family: _Optional[str] = ..., norms: _Optional[_Iterable[_Union[Norm, str]]] = ..., targeted: _Optional[bool] = ..., untargeted: _Optional[bool] = ..., parameters: _Optional[_Iterable[_Union[ParameterSpec, _Mapping]]] = ..., refs: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ..., needs_surrogate: _Optional[bool] = ..., stochastic: _Optional[bool] = ..., tasks: _Optional[_Iterable[_Union[_common_pb2.TaskType, str]]] = ..., uses_surrogate: _Optional[bool] = ...) -> None: ...
 
 class ListAttacksRequest(_message.Message):
     __slots__ = ("kind", "page_size", "page_token")
@@ -352,15 +379,57 @@ class ApplyPerturbationStreamResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class LabeledImage(_message.Message):
-    __slots__ = ("image", "labels")
+    __slots__ = ("image", "labels", "objects", "mask")
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    MASK_FIELD_NUMBER: _ClassVar[int]
     image: _common_pb2.Image
     labels: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, image: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., labels: _Optional[_Iterable[int]] = ...) -> None: ...
+    objects: _containers.RepeatedCompositeFieldContainer[_common_pb2.BoundingBox]
+    mask: _common_pb2.Tensor
+    def __init__(self, image: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., labels: _Optional[_Iterable[int]] = ..., objects: _Optional[_Iterable[_Union[_common_pb2.BoundingBox, _Mapping]]] = ..., mask: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class DetectionAttackCriterion(_message.Message):
+    __slots__ = ("iou_threshold", "score_threshold", "min_objects")
+    IOU_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    SCORE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    MIN_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    iou_threshold: float
+    score_threshold: float
+    min_objects: int
+    def __init__(self, iou_threshold: _Optional[float] = ..., score_threshold: _Optional[float] = ..., min_objects: _Optional[int] = ...) -> None: ...
+
+class SegmentationAttackCriterion(_message.Message):
+    __slots__ = ("classes", "miou_threshold", "ignore_label", "all_absent_incorrect")
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    MIOU_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_LABEL_FIELD_NUMBER: _ClassVar[int]
+    ALL_ABSENT_INCORRECT_FIELD_NUMBER: _ClassVar[int]
+    classes: _containers.RepeatedScalarFieldContainer[int]
+    miou_threshold: float
+    ignore_label: int
+    all_absent_incorrect: bool
+    def __init__(self, classes: _Optional[_Iterable[int]] = ..., miou_threshold: _Optional[float] = ..., ignore_label: _Optional[int] = ..., all_absent_incorrect: _Optional[bool] = ...) -> None: ...
+
+class AttackCriterion(_message.Message):
+    __slots__ = ("kind", "target_label", "threshold", "k", "detection", "segmentation")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LABEL_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    DETECTION_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTATION_FIELD_NUMBER: _ClassVar[int]
+    kind: CriterionKind
+    target_label: int
+    threshold: float
+    k: int
+    detection: DetectionAttackCriterion
+    segmentation: SegmentationAttackCriterion
+    def __init__(self, kind: _Optional[_Union[CriterionKind, str]] = ..., target_label: _Optional[int] = ..., threshold: _Optional[float] = ..., k: _Optional[int] = ..., detection: _Optional[_Union[DetectionAttackCriterion, _Mapping]] = ..., segmentation: _Optional[_Union[SegmentationAttackCriterion, _Mapping]] = ...) -> None: ...
 
 class RunAttackRequest(_message.Message):
-    __slots__ = ("attack_id", "params", "seed", "images", "proxy_session_id", "origin", "surrogate")
+    __slots__ = ("attack_id", "params", "seed", "images", "proxy_session_id", "origin", "surrogate", "criterion")
     ATTACK_ID_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -368,6 +437,7 @@ class RunAttackRequest(_message.Message):
     PROXY_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     SURROGATE_FIELD_NUMBER: _ClassVar[int]
+    CRITERION_FIELD_NUMBER: _ClassVar[int]
     attack_id: str
     params: _struct_pb2.Struct
     seed: int
@@ -375,10 +445,11 @@ class RunAttackRequest(_message.Message):
     proxy_session_id: str
     origin: str
     surrogate: str
-    def __init__(self, attack_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[LabeledImage, _Mapping]]] = ..., proxy_session_id: _Optional[str] = ..., origin: _Optional[str] = ..., surrogate: _Optional[str] = ...) -> None: ...
+    criterion: AttackCriterion
+    def __init__(self, attack_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[LabeledImage, _Mapping]]] = ..., proxy_session_id: _Optional[str] = ..., origin: _Optional[str] = ..., surrogate: _Optional[str] = ..., criterion: _Optional[_Union[AttackCriterion, _Mapping]] = ...) -> None: ...
 
 class RunAttackResponse(_message.Message):
-    __slots__ = ("image_id", "adversarial", "adversarial_float", "success", "queries", "linf", "l2", "initially_correct", "stop_reason")
+    __slots__ = ("image_id", "adversarial", "adversarial_float", "success", "queries", "linf", "l2", "initially_correct", "stop_reason", "signal", "criterion")
     IMAGE_ID_FIELD_NUMBER: _ClassVar[int]
     ADVERSARIAL_FIELD_NUMBER: _ClassVar[int]
     ADVERSARIAL_FLOAT_FIELD_NUMBER: _ClassVar[int]
@@ -388,6 +459,8 @@ class RunAttackResponse(_message.Message):
     L2_FIELD_NUMBER: _ClassVar[int]
     INITIALLY_CORRECT_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    CRITERION_FIELD_NUMBER: _ClassVar[int]
     image_id: str
     adversarial: _common_pb2.Image
     adversarial_float: _common_pb2.Tensor
@@ -397,4 +470,6 @@ class RunAttackResponse(_message.Message):
     l2: float
     initially_correct: bool
     stop_reason: StopReason
-    def __init__(self, image_id: _Optional[str] = ..., adversarial: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., adversarial_float: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., success: _Optional[bool] = ..., queries: _Optional[int] = ..., linf: _Optional[float] = ..., l2: _Optional[float] = ..., initially_correct: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ...) -> None: ...
+    signal: str
+    criterion: str
+    def __init__(self, image_id: _Optional[str] = ..., adversarial: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., adversarial_float: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., success: _Optional[bool] = ..., queries: _Optional[int] = ..., linf: _Optional[float] = ..., l2: _Optional[float] = ..., initially_correct: _Optional[bool] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., signal: _Optional[str] = ..., criterion: _Optional[str] = ...) -> None: ...

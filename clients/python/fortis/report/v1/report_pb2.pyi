@@ -98,7 +98,7 @@ class Environment(_message.Message):
     def __init__(self, python: _Optional[str] = ..., platform: _Optional[str] = ..., fortis: _Optional[str] = ..., torch: _Optional[str] = ..., numpy: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class TestDefinition(_message.Message):
-    __slots__ = ("name", "kind", "perturbation_id", "family", "refs", "levels", "level_parameters", "params", "characterisation", "surrogate", "epsilon", "norm", "query_budget", "images")
+    __slots__ = ("name", "kind", "perturbation_id", "family", "refs", "levels", "level_parameters", "params", "characterisation", "surrogate", "epsilon", "norm", "query_budget", "images", "signal", "criterion")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PERTURBATION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,8 @@ class TestDefinition(_message.Message):
     NORM_FIELD_NUMBER: _ClassVar[int]
     QUERY_BUDGET_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    CRITERION_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: TestKind
     perturbation_id: str
@@ -127,7 +129,9 @@ class TestDefinition(_message.Message):
     norm: str
     query_budget: int
     images: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TestKind, str]] = ..., perturbation_id: _Optional[str] = ..., family: _Optional[str] = ..., refs: _Optional[_Iterable[str]] = ..., levels: _Optional[_Iterable[int]] = ..., level_parameters: _Optional[_Iterable[_Union[_perturbation_pb2.LevelParameters, _Mapping]]] = ..., params: _Optional[_Iterable[_Union[_perturbation_pb2.NamedValue, _Mapping]]] = ..., characterisation: _Optional[_Union[_perturbation_pb2.Characterisation, _Mapping]] = ..., surrogate: _Optional[str] = ..., epsilon: _Optional[float] = ..., norm: _Optional[str] = ..., query_budget: _Optional[int] = ..., images: _Optional[int] = ...) -> None: ...
+    signal: str
+    criterion: str
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TestKind, str]] = ..., perturbation_id: _Optional[str] = ..., family: _Optional[str] = ..., refs: _Optional[_Iterable[str]] = ..., levels: _Optional[_Iterable[int]] = ..., level_parameters: _Optional[_Iterable[_Union[_perturbation_pb2.LevelParameters, _Mapping]]] = ..., params: _Optional[_Iterable[_Union[_perturbation_pb2.NamedValue, _Mapping]]] = ..., characterisation: _Optional[_Union[_perturbation_pb2.Characterisation, _Mapping]] = ..., surrogate: _Optional[str] = ..., epsilon: _Optional[float] = ..., norm: _Optional[str] = ..., query_budget: _Optional[int] = ..., images: _Optional[int] = ..., signal: _Optional[str] = ..., criterion: _Optional[str] = ...) -> None: ...
 
 class LedgerSummary(_message.Message):
     __slots__ = ("sessions", "total_queries", "aborted_attempt_sessions", "aborted_attempt_queries")
