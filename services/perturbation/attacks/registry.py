@@ -23,11 +23,15 @@ from .fgsm import SPEC as FGSM
 from .geoda import SPEC as GEODA
 from .geoda import SPEC_LINF as GEODA_LINF
 from .hsja import SPEC as HSJA
+from .lowfreq_dct import SPEC as LOWFREQ_DCT
+from .ods import SPEC as ODS
 from .pertknob import SPEC as PERTKNOB
 from .pgd import SPEC as PGD
 from .qeba import SPEC as QEBA
 from .qfool import SPEC as QFOOL
+from .simba import SPEC as SIMBA
 from .square import SPEC as SQUARE
+from .square_l2 import SPEC as SQUARE_L2
 from .surfree import SPEC as SURFREE
 
 __all__ = ["ATTACKS", "attack_spec", "build", "describe_attack", "list_attacks"]
@@ -46,7 +50,8 @@ def build(specs: tuple[AttackSpec, ...]) -> dict[str, AttackSpec]:
 #: id -> spec, in listing order.
 ATTACKS: Mapping[str, AttackSpec] = MappingProxyType(build(
     (FGSM, PGD, SQUARE, HSJA, PERTKNOB,
-     BOUNDARY, QEBA, QFOOL, GEODA, GEODA_LINF, SURFREE)))
+     BOUNDARY, QEBA, QFOOL, GEODA, GEODA_LINF, SURFREE,
+     SIMBA, SQUARE_L2, LOWFREQ_DCT, ODS)))
 
 
 def attack_spec(attack_id: str, field_name: str = "attack_id") -> AttackSpec:
