@@ -159,9 +159,20 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
     p = validate_params(spec, params)
     if not items:
         return []
-    shapes = {it.image.shape for it in items}
-    if len(shapes) != 1:
-        raise InvalidArgument("images", "all images of one attack call must have the same shape")
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, it in enumerate(items):
+        groups.setdefault(tuple(it.image.shape), []).append(i)
+    if len(groups) > 1:
+        # Images of different sizes (e.g. detection photos): one attack run per size, in
+        # order of first appearance; each image's result back in its place.
+        out: list[AttackResult | None] = [None] * len(items)
+        for idx in groups.values():
+            part = run_attack(attack_id, params, seed, [items[i] for i in idx], query=query,
+                              surrogate=surrogate, criterion=criterion,
+                              should_stop=should_stop)
+            for i, r in zip(idx, part, strict=True):
+                out[i] = r
+        return [r for r in out if r is not None]
     task = str(getattr(query, "task", None) or "classification") if spec.is_query_attack \
         else "classification"
     crit = attack_criterion(task, criterion)
@@ -189,8 +200,11 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
         references=references)
     results = spec.run(ctx)
     used = ctx.used_signal() if spec.is_query_attack else ""
-    if spec.kind == "decision" and used in ("scores", "top_k"):
-        used = f"decisions from {used}"
+    if spec.kind == "decision" and used:
+        # a decision-based attack reads only the criterion's verdict (the segmentation
+        # verdict is the class map's, whatever probabilities came with it)
+        used = {"labels": "labels", "probabilities": "decisions from masks"}.get(
+            used, f"decisions from {used}")
     words = crit.describe()
     for r in results:
         r.signal, r.criterion = used, words

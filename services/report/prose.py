@@ -167,6 +167,9 @@ _SIGNALS = {
     "labels": "top-1 labels only",
     "decisions from scores": "decisions judged on full class scores",
     "decisions from top_k": "decisions judged on top-k class scores (weaker than full scores)",
+    "decisions from boxes": "decisions judged on detected boxes with their classes and scores "
+                            "(IEEE-C4)",
+    "decisions from masks": "decisions judged on class maps (IEEE-C5)",
     "boxes": "detected boxes with their classes and scores (IEEE-C4)",
     "masks": "class maps only (IEEE-C5; no per-pixel probabilities)",
     "probabilities": "class maps and per-pixel probabilities (IEEE-C5)",

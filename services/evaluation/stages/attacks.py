@@ -223,7 +223,7 @@ class QueryAttackStage(_AttackStage):
 def _weakest(signals: Any) -> str:
     """The weakest signal the attack read over a chunk (an image that stopped at its clean
     query may have read less; say the least)."""
-    order = ("labels", "decisions from top_k", "top_k", "masks", "decisions from scores",
-             "probabilities", "boxes", "scores")
+    order = ("labels", "decisions from top_k", "top_k", "decisions from masks", "masks",
+             "decisions from scores", "probabilities", "decisions from boxes", "boxes", "scores")
     got = {s for s in signals if s}
     return next((s for s in order if s in got), next(iter(sorted(got)), ""))

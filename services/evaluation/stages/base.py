@@ -197,7 +197,8 @@ class RunContext:
                           adversarial_float: Sequence[np.ndarray]) -> str:
         """Keep an attack chunk's adversarials (uint8 as sent, and float; CAN-9) as the
         artifact ``adversarial/<attack>-<chunk>.npz`` of the evaluation (arrays
-        ``image_ids``, ``adversarial_uint8``, ``adversarial_float``); returns its name.
+        ``image_ids``, ``adversarial_uint8``, ``adversarial_float``; images of different sizes:
+        ``adversarial_uint8_<k>`` / ``adversarial_float_<k>`` per image k); returns its name.
 
         Issue 10: written to the evaluation store (the tenant's view), not to this process's
         disk, so the artifacts of every worker (pods with no shared volume) land in the one
@@ -208,9 +209,14 @@ class RunContext:
         safe = safe_artifact_part(name, default="attack")
         key = f"adversarial/{safe}-{chunk:05d}.npz"
         buf = io.BytesIO()
-        np.savez_compressed(buf, image_ids=np.array(list(ids)),
-                            adversarial_uint8=np.stack(list(adversarial)),
-                            adversarial_float=np.stack(list(adversarial_float)))
+        u8, fl = list(adversarial), list(adversarial_float)
+        if len({np.shape(a) for a in u8}) <= 1:
+            np.savez_compressed(buf, image_ids=np.array(list(ids)),
+                                adversarial_uint8=np.stack(u8), adversarial_float=np.stack(fl))
+        else:       # images of different sizes (detection photos): one array per image
+            arrays: dict[str, Any] = {f"adversarial_uint8_{k:05d}": a for k, a in enumerate(u8)}
+            arrays.update({f"adversarial_float_{k:05d}": a for k, a in enumerate(fl)})
+            np.savez_compressed(buf, image_ids=np.array(list(ids)), **arrays)
         self.store.put_artifact(self.evaluation_id, key, buf.getvalue())
         return key
 
