@@ -13,7 +13,13 @@ when the target still answers "adversarial". Step sizes adapt as the paper says:
 steps grow by ``step_adaptation`` (below 20 %: both shrink); when the last ``STEP_WINDOW``
 full candidates were adversarial more than 25 % of the time the source step grows (below
 10 %: it shrinks). Defaults are the reference implementation's (foolbox 3.3.4
-``BoundaryAttack``: 0.01, 0.01, 1.5, windows 100 / 30, every 10 steps). Targeted: the same
+``BoundaryAttack``: source step 0.01, adaptation 1.5, windows 100 / 30, every 10 steps) but
+for the initial spherical step, 0.1 instead of 0.01: the reference's spherical window
+(100 spherical candidates, one every 10 steps) first adapts the steps after 1000 steps, so
+at budgets of a few hundred to a thousand queries the initial step is all there is, and
+0.01 of the distance moves each pixel by less than one uint8 level (it mostly rounds away):
+measured on the Fashion-MNIST CNN, 10 images, 300 queries, median L2 5.46 with 0.01, 4.29
+with 0.03, 3.77 with 0.05, 3.03 with 0.1 (foolbox 5.27). The plan can set it back. Targeted: the same
 walk under a ``TargetedMisclassification`` criterion, started from an image of the target
 class (the paper's targeted start).
 
@@ -25,9 +31,9 @@ Differences, all on purpose (see ``_decision.py`` for the shared conventions):
   images are the fallback (and the targeted start), each verified with one counted query.
 * **uint8**: every candidate is rounded to the uint8 image the target receives and judged on
   it; a rounded candidate that is not strictly closer than the current point is not asked
-  (it could not be accepted) and, since that means the source step is below the uint8
-  resolution, the source step grows by ``step_adaptation``; identical images are never asked
-  twice. The best adversarial (smallest L2) is returned; success = within ``epsilon``.
+  (it could not be accepted): another is drawn at once, without a query, with this step's
+  source step grown by ``step_adaptation`` (at most ``MAX_REDRAWS`` times; the step sizes
+  the adaptation rules track stay as they were); identical images are never asked twice. The best adversarial (smallest L2) is returned; success = within ``epsilon``.
 * **Budget and stop**: the clean image is the first query (counted); each image stops at its
   first success, at Q_m, when its source step falls below ``SOURCE_STEP_CONVERGENCE`` (the
   reference's convergence test) or after ``MAX_IDLE`` steps in a row that sent nothing
@@ -53,7 +59,7 @@ from .base import (
 )
 
 # Parameters of the reference implementation (foolbox 3.3.4 BoundaryAttack defaults).
-SPHERICAL_STEP = 1e-2            # initial orthogonal (spherical) step, relative to the distance
+SPHERICAL_STEP = 1e-1            # initial orthogonal (spherical) step (reference: 0.01; see above)
 SOURCE_STEP = 1e-2               # initial step towards the original, relative to the distance
 STEP_ADAPTATION = 1.5            # factor by which both steps grow or shrink
 UPDATE_STATS_EVERY = 10          # ask the spherical candidate (and adapt) every k steps
@@ -62,8 +68,9 @@ STEP_WINDOW = 30                 # full candidates the 25 % / 10 % rule looks at
 SPHERICAL_HIGH, SPHERICAL_LOW = 0.5, 0.2
 STEP_HIGH, STEP_LOW = 0.25, 0.1
 SOURCE_STEP_CONVERGENCE = 1e-7   # a source step below this: converged (``iterations``)
-MAX_SOURCE_STEP = 0.5            # the uint8 growth never steps more than half-way
+MAX_SOURCE_STEP = 0.5            # a redrawn candidate never steps more than half-way
 MAX_IDLE = 50                    # steps in a row that sent nothing stop an image
+MAX_REDRAWS = 8                  # candidates redrawn (unasked) when rounding leaves one no closer
 
 
 class _Window:
@@ -149,12 +156,23 @@ def boundary_attack(query: DecisionQuery, images: np.ndarray, labels: np.ndarray
         step += 1
         before = oracle.sent(run)
         spherical, cand = _proposals(oracle.xf[run], cur[run], sph[run], src[run], rng)
+        closer = oracle.distances(np.rint(cand * 255.0), run) < cur_dist[run]
+        # a candidate the rounding made no closer could not be accepted: draw again (no
+        # query), with a source step grown by the adaptation factor for this step only
+        eff = src[run].copy()
+        for _ in range(MAX_REDRAWS):
+            redo = np.flatnonzero(~closer)
+            if not len(redo):
+                break
+            eff[redo] = np.minimum(eff[redo] * a, MAX_SOURCE_STEP)
+            rr = run[redo]
+            spherical[redo], cand[redo] = _proposals(oracle.xf[rr], cur[rr], sph[rr],
+                                                     eff[redo], rng)
+            closer[redo] = oracle.distances(np.rint(cand[redo] * 255.0), rr) < cur_dist[rr]
         check = step % UPDATE_STATS_EVERY == 0
         if check:
             dec_s, _ = oracle.ask(spherical, run)
             stats_sph.add(run, dec_s.astype(np.float64))
-        imgs = np.rint(cand * 255.0)
-        closer = oracle.distances(imgs, run) < cur_dist[run]
         dec = np.zeros(len(run), dtype=bool)
         if closer.any():
             dec[closer], got = oracle.ask(cand[closer], run[closer])
@@ -163,8 +181,6 @@ def boundary_attack(query: DecisionQuery, images: np.ndarray, labels: np.ndarray
             cur_dist[run[ok]] = oracle.distances(got[dec[closer]], run[ok])
         if check:
             stats_step.add(run[closer], dec[closer].astype(np.float64))
-        # a candidate the rounding made no closer: the source step is below one level
-        src[run[~closer]] = np.minimum(src[run[~closer]] * a, MAX_SOURCE_STEP)
         if check:
             full = stats_sph.full(run)
             p = stats_sph.mean(run)
