@@ -17,6 +17,8 @@ from typing import Any
 
 from fortis.services.common.errors import InvalidArgument
 
+from .bandits import SPEC as BANDITS
+from .bandits import SPEC_L2 as BANDITS_L2
 from .base import AttackSpec
 from .boundary import SPEC as BOUNDARY
 from .fgsm import SPEC as FGSM
@@ -24,11 +26,15 @@ from .geoda import SPEC as GEODA
 from .geoda import SPEC_LINF as GEODA_LINF
 from .hsja import SPEC as HSJA
 from .lowfreq_dct import SPEC as LOWFREQ_DCT
+from .nes import SPEC as NES
+from .nes import SPEC_L2 as NES_L2
 from .ods import SPEC as ODS
 from .pertknob import SPEC as PERTKNOB
 from .pgd import SPEC as PGD
 from .qeba import SPEC as QEBA
 from .qfool import SPEC as QFOOL
+from .signhunter import SPEC as SIGNHUNTER
+from .signhunter import SPEC_L2 as SIGNHUNTER_L2
 from .simba import SPEC as SIMBA
 from .square import SPEC as SQUARE
 from .square_l2 import SPEC as SQUARE_L2
@@ -51,7 +57,8 @@ def build(specs: tuple[AttackSpec, ...]) -> dict[str, AttackSpec]:
 ATTACKS: Mapping[str, AttackSpec] = MappingProxyType(build(
     (FGSM, PGD, SQUARE, HSJA, PERTKNOB,
      BOUNDARY, QEBA, QFOOL, GEODA, GEODA_LINF, SURFREE,
-     SIMBA, SQUARE_L2, LOWFREQ_DCT, ODS)))
+     SIMBA, SQUARE_L2, LOWFREQ_DCT, ODS,
+     NES, NES_L2, BANDITS, BANDITS_L2, SIGNHUNTER, SIGNHUNTER_L2)))
 
 
 def attack_spec(attack_id: str, field_name: str = "attack_id") -> AttackSpec:
