@@ -324,6 +324,8 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
     _PERT + "DetectionAttackCriterion.score_threshold": _UNIT,
     _PERT + "DetectionAttackCriterion.min_objects": _int(0, MAX_BOXES_PER_IMAGE,
                                                          note="0 = all objects"),
+    _PERT + "DetectionAttackCriterion.mode": _NAME,
+    _PERT + "DetectionAttackCriterion.k": _int(0, MAX_RANK, note="0 = 5"),
     _PERT + "SegmentationAttackCriterion.classes": _int(0, MAX_CLASS_LABEL,
                                                         MAX_CLASSES_OF_INTEREST),
     _PERT + "SegmentationAttackCriterion.miou_threshold": _UNIT,

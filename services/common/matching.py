@@ -4,7 +4,11 @@ criteria (``perturbation/judges.py``) apply the same rules.
 
 - Boxes (IEEE-C4): :func:`to_xyxy` converts validated boxes in any of
   :data:`~fortis.services.common.criteria.BOX_FORMATS` to pixel xyxy (COCO convention: area =
-  w * h); IoU is :func:`fortis.services.common.arrays.iou_xyxy`.
+  w * h); IoU is :func:`fortis.services.common.arrays.iou_xyxy`; :func:`match_objects` is the
+  IEEE-C4 matching of one image's objects with one answer's boxes (greedy, one-to-one, by
+  decreasing IoU, modes top1 / topk / threshold), the rule the scoring service's batched
+  matching (``scoring/correctness/detection.py``) applies, checked equal on random answers
+  (tests/unit/test_judges.py).
 - Segmentation (IEEE-C5): :func:`iou_per_class` gives the per-image IoU of each class of
   interest between label maps (NaN where a class is absent from both), :func:`mean_iou`
   their mean over the classes present (NaN: none), and :func:`miou_correct` the verdict
@@ -28,8 +32,8 @@ from fortis.services.common.criteria import (
 )
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 
-__all__ = ["check_image_size", "class_slots", "convert_box_rows", "iou_per_class", "mean_iou",
-           "miou_correct", "to_xyxy"]
+__all__ = ["check_image_size", "class_slots", "convert_box_rows", "iou_per_class",
+           "match_objects", "mean_iou", "miou_correct", "to_xyxy"]
 
 
 def check_image_size(size: Any) -> tuple[float, float] | None:
@@ -113,6 +117,46 @@ def to_xyxy(boxes: npt.ArrayLike, box_format: str = "xyxy", *,
     xyxy, violations = convert_box_rows(b, box_format, wh, lambda r: f"{field}[{r}]")
     raise_violations(violations)
     return xyxy
+
+
+def match_objects(iou: np.ndarray, obj_labels: np.ndarray, labels: np.ndarray,
+                  scores: np.ndarray, *, iou_threshold: float,
+                  score_threshold: float | None = None, mode: str = "threshold",
+                  k: int = 5) -> np.ndarray:
+    """IEEE-C4 for one image: which of its s objects are found by the answer's p boxes.
+
+    ``iou`` (s, p) IoU of objects x boxes; ``obj_labels`` (s,) / ``labels`` (p,) 0-based
+    classes; ``scores`` (p,). A box is a candidate for an object when IoU > ``iou_threshold``
+    and (``score_threshold`` set) score >= it. Candidate pairs are visited by decreasing IoU
+    (ties: higher score, lower box index, lower object index); a pair whose object is already
+    matched or whose box is already taken is skipped; otherwise the box is the object's next
+    ranked prediction: it matches (and is taken) when its class agrees and its rank is within
+    1 (``top1``), ``k`` (``topk``) or any (``threshold``); a box of another class is not
+    taken but uses up one of the object's ranks. -> (s,) bool."""
+    s, p = iou.shape
+    found = np.zeros(s, bool)
+    if s == 0 or p == 0:
+        return found
+    sc = np.where(np.isnan(scores), -np.inf, np.asarray(scores, dtype=np.float64))
+    cand = iou > iou_threshold
+    if score_threshold is not None:
+        cand &= (sc >= score_threshold)[None, :]
+    oi, pi = np.nonzero(cand)
+    if not len(oi):
+        return found
+    order = np.lexsort((oi, pi, -sc[pi], -iou[oi, pi]))
+    limit = 1 if mode == "top1" else int(k) if mode == "topk" else p + 1
+    rank = np.zeros(s, np.int64)
+    taken = np.zeros(p, bool)
+    for j in order.tolist():
+        o, b = int(oi[j]), int(pi[j])
+        if found[o] or taken[b]:
+            continue
+        rank[o] += 1
+        if labels[b] == obj_labels[o] and rank[o] <= limit:
+            found[o] = True
+            taken[b] = True
+    return found
 
 
 def class_slots(x: np.ndarray, classes_sorted: np.ndarray) -> np.ndarray:

@@ -103,6 +103,8 @@ def attack_criterion(d: Mapping[str, Any]) -> ppb.AttackCriterion:
     if det:
         msg.detection.iou_threshold = float(det.get("iou_threshold", 0.5))
         msg.detection.min_objects = int(det.get("min_objects", 0))
+        msg.detection.mode = str(det.get("mode", "threshold"))
+        msg.detection.k = int(det.get("k", 5))
         if det.get("score_threshold") is not None:
             msg.detection.score_threshold = float(det["score_threshold"])
     seg = d.get("segmentation")

@@ -489,7 +489,8 @@ def _attack_criterion(v: _V, it: Mapping[str, Any], p: str, task: str, spec: Any
             v.bad(f"{p}.targeted", f"{spec.id} is targeted only: give targeted: {{label: N}}")
     if task == "detection":
         d = {"iou_threshold": float(det.get("iou_threshold", 0.5)),
-             "min_objects": int(det.get("q", 1)) if det.get("aggregate") == "at_least" else 0}
+             "min_objects": int(det.get("q", 1)) if det.get("aggregate") == "at_least" else 0,
+             "mode": str(det.get("mode") or "threshold"), "k": int(det.get("k", 5))}
         if det.get("confidence_threshold") is not None:
             d["score_threshold"] = float(det["confidence_threshold"])
         out["detection"] = d

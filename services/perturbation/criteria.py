@@ -40,7 +40,8 @@ shared in ``services/common/matching.py``):
 - :class:`ObjectMissed` (IEEE-C4, untargeted): an object of interest "disappears or changes
   label": no box of its class with IoU *strictly above* ``iou_threshold`` (the scoring rule)
   and score >= ``score_threshold`` (the plan's ``confidence_threshold``; None: every box
-  counts); with IEEE-C3 ``min_objects`` (at least Q of the s objects; 0 = all) the image is
+  counts), boxes matched to objects one-to-one in the plan's ``mode`` exactly as scoring
+  matches them (``common.matching.match_objects``); with IEEE-C3 ``min_objects`` (at least Q of the s objects; 0 = all) the image is
   incorrect once fewer than Q objects are found. An image with no object of interest is
   incorrect once some box is kept (as scoring judges it). Margin per object: the best
   ``min(score - score_threshold, IoU - iou_threshold)`` over the boxes of its class (the
@@ -81,6 +82,7 @@ import numpy as np
 from fortis.services.common.arrays import iou_xyxy
 from fortis.services.common.criteria import ATTACK_CRITERIA, TARGETED_CRITERIA, TARGETED_DEFAULT
 from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.matching import match_objects
 
 __all__ = [
     "CRITERION_KINDS",
@@ -592,11 +594,19 @@ class ObjectMissed(Criterion):
     iou_threshold: float = 0.5
     score_threshold: float | None = None
     min_objects: int = 0
+    #: The plan's IEEE-C4 matching mode (``top1`` / ``topk`` / ``threshold``) and its k.
+    mode: str = "threshold"
+    k: int = 5
     task: Literal["classification", "detection", "segmentation"] = field(default="detection",
                                                                          init=False)
 
     def __post_init__(self) -> None:
         _check_iou_open(self.iou_threshold, "criterion.iou_threshold")
+        if self.mode not in ("top1", "topk", "threshold"):
+            raise InvalidArgument("criterion.mode", f"must be top1, topk or threshold, got "
+                                  f"{self.mode!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise InvalidArgument("criterion.k", f"must be an integer >= 1, got {self.k!r}")
         if self.score_threshold is not None:
             _check_prob(self.score_threshold, "criterion.score_threshold")
         if isinstance(self.min_objects, bool) or not isinstance(self.min_objects, int) \
@@ -608,8 +618,10 @@ class ObjectMissed(Criterion):
         conf = "" if self.score_threshold is None else f", score >= {self.score_threshold:g}"
         need = "an object of interest" if self.min_objects == 0 else \
             f"objects until fewer than {self.min_objects} are"
+        how = "" if self.mode == "threshold" else \
+            f", {self.mode}{self.k if self.mode == 'topk' else ''} matching"
         return (f"IEEE-C4 object missed: {need} no longer found as its class "
-                f"(IoU > {self.iou_threshold:g}{conf})")
+                f"(IoU > {self.iou_threshold:g}{conf}{how})")
 
     def object_margin(self, boxes: np.ndarray, labels: np.ndarray, scores: np.ndarray,
                       ref_boxes: np.ndarray, ref_labels: np.ndarray) -> float:
@@ -624,8 +636,13 @@ class ObjectMissed(Criterion):
                 return 1.0
             return float(signed_margins(np.array([thr - sc.max()]), np.array([kept.any()]))[0])
         iou = iou_xyxy(ref_boxes, boxes)
-        usable = np.asarray(ref_labels).reshape(-1, 1) == np.asarray(labels).reshape(1, -1)
-        found, presence = _pair_presence(iou, sc, usable, self.iou_threshold, thr)
+        lab = np.asarray(labels).reshape(-1)
+        usable = np.asarray(ref_labels).reshape(-1, 1) == lab.reshape(1, -1)
+        _, presence = _pair_presence(iou, sc, usable, self.iou_threshold, thr)
+        # found: the scoring service's matching (greedy, one-to-one, the plan's mode)
+        found = match_objects(iou, np.asarray(ref_labels).reshape(-1), lab, sc,
+                              iou_threshold=self.iou_threshold,
+                              score_threshold=self.score_threshold, mode=self.mode, k=self.k)
         presence = signed_margins(presence, ~found)        # < 0 where the object is missed
         q = s if self.min_objects == 0 else min(self.min_objects, s)
         qth = float(np.sort(presence)[::-1][q - 1])         # the image holds while >= 0
@@ -661,7 +678,10 @@ class ObjectRelabelled(Criterion):
         iou = iou_xyxy(ref_boxes, boxes)
         usable = np.broadcast_to(np.asarray(labels).reshape(1, -1) == int(self.target),
                                  iou.shape)
-        found, presence = _pair_presence(iou, sc, usable, self.iou_threshold, self.threshold)
+        _, presence = _pair_presence(iou, sc, usable, self.iou_threshold, self.threshold)
+        lab = np.asarray(labels).reshape(-1)
+        found = match_objects(iou, np.full(len(ref_boxes), int(self.target)), lab, sc,
+                              iou_threshold=self.iou_threshold, score_threshold=self.threshold)
         return float(signed_margins(np.array([-presence.min()]), np.array([found.all()]))[0])
 
 
@@ -788,7 +808,8 @@ def criterion_from_spec(task: str, spec: Mapping[str, Any] | None) -> Criterion:
     if kind == "object_missed":
         return ObjectMissed(iou_threshold=iou,
                             score_threshold=None if score is None else float(score),
-                            min_objects=int(det.get("min_objects", 0)))
+                            min_objects=int(det.get("min_objects", 0)),
+                            mode=str(det.get("mode") or "threshold"), k=int(det.get("k", 5)))
     if kind == "object_relabelled":
         cut = thr if thr is not None else score if score is not None else 0.5
         return ObjectRelabelled(tgt, threshold=float(cut), iou_threshold=iou)

@@ -103,7 +103,8 @@ def criterion_spec(msg: pb.AttackCriterion) -> dict[str, Any]:
     if msg.HasField("detection"):
         d = msg.detection
         out["detection"] = {"iou_threshold": float(d.iou_threshold),
-                            "min_objects": int(d.min_objects)}
+                            "min_objects": int(d.min_objects),
+                            "mode": d.mode or "threshold", "k": int(d.k) or 5}
         if d.HasField("score_threshold"):
             out["detection"]["score_threshold"] = float(d.score_threshold)
     if msg.HasField("segmentation"):

@@ -391,14 +391,18 @@ class LabeledImage(_message.Message):
     def __init__(self, image: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., labels: _Optional[_Iterable[int]] = ..., objects: _Optional[_Iterable[_Union[_common_pb2.BoundingBox, _Mapping]]] = ..., mask: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class DetectionAttackCriterion(_message.Message):
-    __slots__ = ("iou_threshold", "score_threshold", "min_objects")
+    __slots__ = ("iou_threshold", "score_threshold", "min_objects", "mode", "k")
     IOU_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     SCORE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     MIN_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
     iou_threshold: float
     score_threshold: float
     min_objects: int
-    def __init__(self, iou_threshold: _Optional[float] = ..., score_threshold: _Optional[float] = ..., min_objects: _Optional[int] = ...) -> None: ...
+    mode: str
+    k: int
+    def __init__(self, iou_threshold: _Optional[float] = ..., score_threshold: _Optional[float] = ..., min_objects: _Optional[int] = ..., mode: _Optional[str] = ..., k: _Optional[int] = ...) -> None: ...
 
 class SegmentationAttackCriterion(_message.Message):
     __slots__ = ("classes", "miou_threshold", "ignore_label", "all_absent_incorrect")
