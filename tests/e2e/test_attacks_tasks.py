@@ -271,3 +271,36 @@ def test_query_attack_on_detector(detection: _Task, attack: str):
 @pytest.mark.parametrize("attack", _registered("segmentation"))
 def test_query_attack_on_segmenter(segmentation: _Task, attack: str):
     _run(segmentation, attack)
+
+
+def test_report_states_a_weaker_classifier_signal(stack, tmp_path):
+    """Classifiers: Square on a top-3 target reads top-k scores and HSJA on a label-only
+    target reads labels; the report says so (IEEE-A8: a weaker signal than full scores)."""
+    from tests.conftest import API_KEY
+
+    plans = {"fmnist-cnn-top3": ("square", '{"epsilon": 0.1, "max_queries": 30}', "top_k"),
+             "fmnist-cnn-label": ("hsja", '{"epsilon": 2.0, "max_queries": 30}', "labels")}
+    with FortisClient(stack.address, api_key=API_KEY) as fc:
+        for target, (attack, params, signal) in plans.items():
+            ev = fc.submit(f"""
+name: signal-{target}
+seed: 2
+target: {{name: {target}, task: classification}}
+dataset: {{source: fashion-mnist, split: test, limit: 4}}
+attacks:
+  - {{id: {attack}, params: {params}}}
+""")
+            final = fc.wait(ev.evaluation_id)
+            assert progress_of(final).state == "SUCCEEDED", final.error.message
+            report = json.loads(fc.write_report(ev.evaluation_id, tmp_path / target)[0]
+                                .read_text())
+            test = next(x for x in report["tests"] if x["id"] == attack)
+            assert test["signal"] == signal, test
+            note = test["signal_note"]
+            assert ("weaker" in note) if signal == "top_k" else ("labels only" in note), note
+            session = f"{ev.evaluation_id}/attack/{attack}/00000/a1"
+            stats = fc.session_stats(session)
+            m = report["metrics"]["attacks"][attack]
+            assert stats.queries_ok == round(m["mean_queries"] * 4) == \
+                report["ledger"]["sessions"][session]
+            assert max(stats.per_image.values()) <= 30
