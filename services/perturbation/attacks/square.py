@@ -1,4 +1,5 @@
-"""Square Attack, score-based, L-inf, untargeted (IEEE-A8; Andriushchenko et al., ECCV 2020).
+"""Square Attack, score-based, L-inf, untargeted and targeted (IEEE-A8; Andriushchenko et al.,
+ECCV 2020).
 
 Follows the reference implementation (``square_attack_linf``): margin loss on the target's
 scores, vertical-stripe initialisation, then random square updates of side
@@ -14,6 +15,9 @@ scores, vertical-stripe initialisation, then random square updates of side
   images still running.
 * Success is the criterion's margin < 0 (``criteria.py``; untargeted misclassification by
   default, a targeted criterion makes it the targeted variant). Registry entry: :data:`SPEC`.
+* Targeted: the loss is the targeted criterion's margin (best other class minus the target
+  class), not the paper's cross-entropy on the target class: the attack reads margins only
+  (``ctx.margin_query()``), so it runs unchanged on top-k scores, detectors and segmenters.
 * Non-square images: the square side is capped by ``min(H, W) - 1`` and its position is drawn
   over the full height and width. The reference's "resample until the window changes" loop is
   bounded.
@@ -184,7 +188,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 
 SPEC = AttackSpec(
     id="square", kind="score", family="score-based", norms=("linf",),
-    refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"),
+    refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"), targeted=True,
     description="Square Attack (L-inf, score-based); every query through the proxy",
     params=(EPSILON_LINF, MAX_QUERIES,
             Param(name="p_init", type="float", default=0.05,
