@@ -87,3 +87,36 @@ def test_one_attack_call_over_images_of_different_sizes():
                        query=_Detector(), criterion=crit)
     for r, s in zip(res, again, strict=True):
         np.testing.assert_array_equal(r.adversarial, s.adversarial)
+
+
+class _Brightness:
+    """A classifier of brightness: class 0 below a mean of 140, 1 below 180, else 2."""
+
+    task, signal = "classification", "scores"
+
+    def scores(self, images: np.ndarray, ids: Sequence[str]) -> np.ndarray:
+        m = images.reshape(len(images), -1).mean(axis=1)
+        cls = np.where(m < 140, 0, np.where(m < 180, 1, 2))
+        return np.eye(3)[cls] * 0.8 + 0.1 / 3
+
+    def labels(self, images: np.ndarray, ids: Sequence[str]) -> np.ndarray:
+        return np.asarray(self.scores(images, ids).argmax(axis=1))
+
+
+def test_pertknob_takes_the_plans_per2_criterion():
+    """PertKnob searches the smallest property level meeting the plan's criterion (PER-2):
+    untargeted stops at class 1, targeted class 2 needs a brighter image; a criterion of
+    another task is refused."""
+    items = [AttackItem(image_id="a", image=np.full((8, 8, 3), 100, np.uint8), labels=(0,))]
+    params = {"property": "per_brightness", "cells": 64, "max_queries": 20}
+    q = _Brightness()
+    plain = run_attack("pertknob", params, 1, items, query=q)[0]
+    tgt = run_attack("pertknob", params, 1, items, query=q,
+                     criterion={"kind": "targeted_misclassification", "target_label": 2})[0]
+    assert plain.success and tgt.success
+    assert q.labels(plain.adversarial[None], ["a"])[0] == 1
+    assert q.labels(tgt.adversarial[None], ["a"])[0] == 2
+    assert tgt.l2 > plain.l2 and "targeted misclassification as class 2" in tgt.criterion
+    with pytest.raises(InvalidArgument):            # a segmentation criterion on a classifier
+        run_attack("pertknob", params, 1, items, query=q,
+                   criterion={"kind": "miou_below", "segmentation": {"classes": [1]}})
