@@ -25,6 +25,7 @@ from .fgsm import SPEC as FGSM
 from .geoda import SPEC as GEODA
 from .geoda import SPEC_LINF as GEODA_LINF
 from .hsja import SPEC as HSJA
+from .local_search import SPEC as LOCAL_SEARCH
 from .lowfreq_dct import SPEC as LOWFREQ_DCT
 from .nes import SPEC as NES
 from .nes import SPEC_L2 as NES_L2
@@ -36,6 +37,7 @@ from .qfool import SPEC as QFOOL
 from .signhunter import SPEC as SIGNHUNTER
 from .signhunter import SPEC_L2 as SIGNHUNTER_L2
 from .simba import SPEC as SIMBA
+from .single_pixel import SPEC as SINGLE_PIXEL
 from .square import SPEC as SQUARE
 from .square_l2 import SPEC as SQUARE_L2
 from .surfree import SPEC as SURFREE
@@ -57,7 +59,7 @@ def build(specs: tuple[AttackSpec, ...]) -> dict[str, AttackSpec]:
 ATTACKS: Mapping[str, AttackSpec] = MappingProxyType(build(
     (FGSM, PGD, SQUARE, HSJA, PERTKNOB,
      BOUNDARY, QEBA, QFOOL, GEODA, GEODA_LINF, SURFREE,
-     SIMBA, SQUARE_L2, LOWFREQ_DCT, ODS,
+     SIMBA, SQUARE_L2, LOWFREQ_DCT, ODS, LOCAL_SEARCH, SINGLE_PIXEL,
      NES, NES_L2, BANDITS, BANDITS_L2, SIGNHUNTER, SIGNHUNTER_L2)))
 
 
