@@ -304,3 +304,44 @@ attacks:
             assert stats.queries_ok == round(m["mean_queries"] * 4) == \
                 report["ledger"]["sessions"][session]
             assert max(stats.per_image.values()) <= 30
+
+
+def test_query_attack_with_a_surrogate_prior(stack, tmp_path):
+    """A query attack that takes a surrogate prior (``AttackSpec.uses_surrogate``, e.g. ODS)
+    gets the plan's ``surrogate:`` next to its proxy session; its queries are the target's,
+    counted in the ledger. Attacks that take none refuse one, naming the field."""
+    from fortis.services.common import errors
+    from fortis.services.perturbation.attacks.registry import ATTACKS
+
+    from tests.conftest import API_KEY
+
+    prior = [s for s in ATTACKS.values() if s.uses_surrogate and s.is_query_attack
+             and "classification" in (s.tasks or ())]
+    if not prior:
+        pytest.skip("no query attack with a surrogate prior is registered")
+    spec = prior[0]
+    eps = 0.1 if spec.norm == "linf" else 2.0
+    plan = f"""
+name: prior
+seed: 2
+target: {{name: fmnist-cnn, task: classification}}
+dataset: {{source: fashion-mnist, split: test, limit: 4}}
+attacks:
+  - {{id: {spec.id}, surrogate: fmnist-surrogate, params: {{epsilon: {eps}, max_queries: 40}}}}
+"""
+    with FortisClient(stack.address, api_key=API_KEY) as fc:
+        ev = fc.submit(plan)
+        final = fc.wait(ev.evaluation_id)
+        assert progress_of(final).state == "SUCCEEDED", final.error.message
+        report = json.loads(fc.write_report(ev.evaluation_id, tmp_path / "p")[0].read_text())
+        session = f"{ev.evaluation_id}/attack/{spec.id}/00000/a1"
+        stats = fc.session_stats(session)
+        with pytest.raises(errors.InvalidArgument) as ei:
+            fc.submit(plan.replace(f"id: {spec.id}", "id: square"))
+        assert "attacks[0].surrogate" in str(ei.value)
+    test = next(x for x in report["tests"] if x["id"] == spec.id)
+    assert test["surrogate"] == "fmnist-surrogate" and test["signal"] == "scores"
+    m = report["metrics"]["attacks"][spec.id]
+    assert stats.queries_ok == round(m["mean_queries"] * 4) == report["ledger"]["sessions"][session]
+    assert max(stats.per_image.values()) <= 40
+    print(f"{spec.id}: successes {m['successes']}/4, queries {dict(stats.per_image)}")
