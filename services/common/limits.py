@@ -314,6 +314,7 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
     _PERT + "LabeledImage.labels": _LABELS,
     _PERT + "LabeledImage.objects": _list(MAX_BOXES_PER_IMAGE),
     _PERT + "LabeledImage.mask": _MSG,
+    _PERT + "LabeledImage.no_objects": Limit("free", note="bool"),
     _PERT + "AttackCriterion.kind": Limit("free", note="enum; an unknown kind is refused"),
     _PERT + "AttackCriterion.target_label": _int(0, MAX_CLASS_LABEL),
     _PERT + "AttackCriterion.threshold": _UNIT,

@@ -126,6 +126,7 @@ def fill_reference(li: ppb.LabeledImage, ref: Any) -> None:
         return
     if isinstance(ref, Mapping):
         boxes = np.asarray(ref["boxes"], dtype=np.float64).reshape(-1, 4)
+        li.no_objects = not len(boxes)
         for (x1, y1, x2, y2), lab in zip(boxes.tolist(), ref["labels"], strict=True):
             b = li.objects.add()
             b.x_min, b.y_min, b.x_max, b.y_max, b.label = x1, y1, x2, y2, int(lab)

@@ -120,7 +120,8 @@ def criterion_spec(msg: pb.AttackCriterion) -> dict[str, Any]:
 def _objects(li: Any, where: str) -> BoxReference | None:
     """A LabeledImage's objects of interest (None: none given, the clean answer's)."""
     if not li.objects:
-        return None
+        return BoxReference.of(np.zeros((0, 4)), np.zeros(0, np.int64)) if li.no_objects \
+            else None
     return BoxReference.of([[b.x_min, b.y_min, b.x_max, b.y_max] for b in li.objects],
                            [int(b.label) for b in li.objects], field=f"{where}.objects")
 

@@ -120,3 +120,23 @@ def test_pertknob_takes_the_plans_per2_criterion():
     with pytest.raises(InvalidArgument):            # a segmentation criterion on a classifier
         run_attack("pertknob", params, 1, items, query=q,
                    criterion={"kind": "miou_below", "segmentation": {"classes": [1]}})
+
+
+def test_ground_truth_without_objects_reaches_the_perturbation_service():
+    """A detection image whose ground truth has no box is judged as scoring judges it (correct
+    while no box is kept), not against the clean answer's detection: the runner's reference
+    travels as ``no_objects`` and comes back as an empty reference."""
+    from fortis.perturbation.v1 import perturbation_pb2 as ppb
+    from fortis.services.evaluation.convert import fill_reference
+    from fortis.services.perturbation.servicer import _objects
+
+    empty, none, some = ppb.LabeledImage(), ppb.LabeledImage(), ppb.LabeledImage()
+    fill_reference(empty, {"boxes": np.zeros((0, 4)), "labels": []})
+    fill_reference(none, None)
+    fill_reference(some, {"boxes": [[1, 2, 5, 6]], "labels": [3]})
+    ref = _objects(empty, "images[0]")
+    assert ref is not None and len(ref.boxes) == 0
+    assert _objects(none, "images[1]") is None                  # the clean answer's
+    got = _objects(some, "images[2]")
+    assert got is not None and got.labels.tolist() == [3] and not some.no_objects
+    np.testing.assert_array_equal(got.boxes, [[1, 2, 5, 6]])

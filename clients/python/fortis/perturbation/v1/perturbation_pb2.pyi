@@ -379,16 +379,18 @@ class ApplyPerturbationStreamResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class LabeledImage(_message.Message):
-    __slots__ = ("image", "labels", "objects", "mask")
+    __slots__ = ("image", "labels", "objects", "mask", "no_objects")
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
     MASK_FIELD_NUMBER: _ClassVar[int]
+    NO_OBJECTS_FIELD_NUMBER: _ClassVar[int]
     image: _common_pb2.Image
     labels: _containers.RepeatedScalarFieldContainer[int]
     objects: _containers.RepeatedCompositeFieldContainer[_common_pb2.BoundingBox]
     mask: _common_pb2.Tensor
-    def __init__(self, image: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., labels: _Optional[_Iterable[int]] = ..., objects: _Optional[_Iterable[_Union[_common_pb2.BoundingBox, _Mapping]]] = ..., mask: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    no_objects: bool
+    def __init__(self, image: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., labels: _Optional[_Iterable[int]] = ..., objects: _Optional[_Iterable[_Union[_common_pb2.BoundingBox, _Mapping]]] = ..., mask: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., no_objects: _Optional[bool] = ...) -> None: ...
 
 class DetectionAttackCriterion(_message.Message):
     __slots__ = ("iou_threshold", "score_threshold", "min_objects", "mode", "k")
