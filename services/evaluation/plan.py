@@ -640,7 +640,7 @@ def check_against_target(plan: Plan, target: TargetDescription, catalogue: Catal
     one of the target's labels. One InvalidArgument listing every problem by field."""
     v = _V()
     if target.task != plan.target.task:
-        v.bad("target.task", f"plan says {plan.target.task} but target '{target.name}' is "
+        v.bad("target.task", f"plan says {plan.target.task} but target '{plan.target.name}' is "
               f"{target.task}")
     labels_only = target.output_kind == "label_only"
     if plan.correctness.get("mode") == "threshold" and labels_only:
@@ -650,11 +650,11 @@ def check_against_target(plan: Plan, target: TargetDescription, catalogue: Catal
     for i, at in enumerate(plan.attacks):
         entry = catalogue.attacks.get(at.id)
         if entry is not None and entry.kind == "score" and labels_only:
-            v.bad(f"attacks[{i}].id", f"{at.id} is score-based, but target '{target.name}' "
+            v.bad(f"attacks[{i}].id", f"{at.id} is score-based, but target '{plan.target.name}' "
                   "returns labels only (output kind label_only): use a decision-based attack")
         if at.criterion_kind in PROBABILITY_CRITERIA and labels_only:
             v.bad(f"attacks[{i}].criterion.kind", f"{at.criterion_kind} is judged on class "
-                  f"probabilities; target '{target.name}' returns labels only")
+                  f"probabilities; target '{plan.target.name}' returns labels only")
         tl = at.criterion.get("target_label")
         if tl is not None and n_labels and int(tl) >= n_labels:
             v.bad(f"attacks[{i}].targeted.label", f"class {tl} is outside the target's "

@@ -106,13 +106,12 @@ def test_cancel_and_errors(stack):
             fc.report_files(ev.evaluation_id)
         with pytest.raises(errors.NotFound):
             fc.get("ev-does-not-exist")
-        # a plan whose attack does not fit the target fails fast with the field named
+        # a plan whose attack does not fit the target is refused at validation, field named
+        # (issue 11: a score-based attack on a label-only target, IEEE-A8)
         bad = PLAN.replace("name: fmnist-cnn,", "name: fmnist-cnn-label,")
-        ev2 = fc.submit(bad)
-        final = fc.wait(ev2.evaluation_id)
-        assert progress_of(final).state == "FAILED"
-        assert final.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-        assert "attacks[1].id" in final.error.message
+        with pytest.raises(errors.InvalidArgument) as ei:
+            fc.submit(bad)
+        assert "attacks[1].id" in str(ei.value) and "fmnist-cnn-label" in str(ei.value)
 
 
 # -- kill and restart ----------------------------------------------------------------------
