@@ -10,6 +10,7 @@ adversarial stops with 1 query (also when the whole batch is), determinism per s
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -46,19 +47,23 @@ Runner = Callable[..., list[AttackResult]]
 
 
 def _attack(name: str) -> Runner:
-    from fortis.services.perturbation.attacks import bandits, nes, signhunter
+    from fortis.services.perturbation.attacks import bandits, nes, rgf, signhunter
     fns: dict[str, Runner] = {"nes": nes.nes_attack, "bandits": bandits.bandits_attack,
-                              "signhunter": signhunter.signhunter_attack}
+                              "signhunter": signhunter.signhunter_attack,
+                              "rgf": rgf.rgf_attack, "prgf": rgf.rgf_attack}
     return fns[name]
 
 
 #: (attack, norm, epsilon used in the tests: L-inf [0,1] scale, L2 [0,1]-scale norm)
 CASES = [("nes", "linf", 0.1), ("nes", "l2", 2.0), ("bandits", "linf", 0.1),
-         ("bandits", "l2", 2.0), ("signhunter", "linf", 0.1), ("signhunter", "l2", 2.0)]
+         ("bandits", "l2", 2.0), ("signhunter", "linf", 0.1), ("signhunter", "l2", 2.0),
+         ("rgf", "l2", 2.0), ("rgf", "linf", 0.15), ("prgf", "l2", 2.0), ("prgf", "linf", 0.1)]
 IDS = [f"{a}-{n}" for a, n, _ in CASES]
 #: Settings for the tiny 16 x 16 images of these tests (the paper's are for 299 x 299): the
-#: Bandits data prior's tile (paper ~6 px: a 3 x 3 prior here).
-TINY: dict[str, dict[str, object]] = {"bandits": {"tile": 2}}
+#: Bandits data prior's tile (paper ~6 px: a 3 x 3 prior here); RGF's L-inf step (the paper's
+#: 0.005 is for ImageNet's thousands of iterations: 1000 queries are 19 iterations here).
+TINY: dict[str, dict[str, object]] = {"bandits": {"tile": 2}, "rgf-linf": {"learning_rate": 0.02},
+                                      "prgf-linf": {"learning_rate": 0.02}}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -102,9 +107,13 @@ def run(name: str, norm: str, target: Target, x: np.ndarray, y: np.ndarray, eps:
         budget: int, seed: int = 0, criterion: Criterion | None = None,
         **kw: object) -> list[AttackResult]:
     margin = margins_of(target.scores, y, criterion or Misclassification())
+    if name == "prgf":  # the prior: the target's own network (a perfect surrogate)
+        kw.setdefault("surrogate", target.net)
+        if isinstance(criterion, TargetedMisclassification):
+            kw.setdefault("target", criterion.target)
     return _attack(name)(margin, x, y, epsilon=eps, max_queries=budget,
                          rng=np.random.default_rng(seed), norm=norm,
-                         **{**TINY.get(name, {}), **kw})
+                         **{**TINY.get(name, {}), **TINY.get(f"{name}-{norm}", {}), **kw})
 
 
 def assert_bound(results: list[AttackResult], x: np.ndarray, norm: str, eps: float) -> None:
@@ -242,7 +251,7 @@ class Client:
 
 
 @pytest.mark.parametrize("attack_id", ["nes", "nes_l2", "bandits", "bandits_l2", "signhunter",
-                                       "signhunter_l2"])
+                                       "signhunter_l2", "rgf", "rgf_linf", "prgf", "prgf_linf"])
 def test_registered_and_run_through_the_context(attack_id: str, gray_net: TinyCNN) -> None:
     spec = ATTACKS[attack_id]
     assert spec.kind == "score" and spec.targeted and spec.untargeted
@@ -251,11 +260,38 @@ def test_registered_and_run_through_the_context(attack_id: str, gray_net: TinyCN
     params.update(epsilon=0.1 if spec.norm == "linf" else 2.0, max_queries=120)
     client = Client(gray_net)
     ids = tuple(f"img{i}" for i in range(len(x)))
+    surrogate = SimpleNamespace(model=gray_net, name="tiny", input_spec=SimpleNamespace(
+        height=GRAY[0], width=GRAY[1], channels=GRAY[2])) if spec.uses_surrogate else None
     ctx = AttackContext(spec=spec, images=x, labels=y, image_ids=ids,
                         label_sets=tuple((int(v),) for v in y), params=params, seed=1,
-                        query=client)
+                        query=client, surrogate=surrogate)
     results = spec.run(ctx)
     assert len(results) == len(x)
     for r in results:
         assert r.queries == client.counts[ids[r.index]] <= 120
     assert_bound(results, x, spec.norm, params["epsilon"])
+
+
+def test_prgf_without_a_surrogate_is_refused(gray_net: TinyCNN) -> None:
+    from fortis.services.common.errors import InvalidArgument
+    spec = ATTACKS["prgf"]
+    x, y = correct_images(gray_net, GRAY, 1, seed=13)
+    params = {p.name: p.default for p in spec.params}
+    params.update(epsilon=2.0, max_queries=10)
+    ctx = AttackContext(spec=spec, images=x, labels=y, image_ids=("a",), label_sets=((0,),),
+                        params=params, query=Client(gray_net))
+    with pytest.raises(InvalidArgument) as e:
+        spec.run(ctx)
+    assert e.value.violations[0].field == "surrogate"
+
+
+def test_optimal_lambda_is_the_papers() -> None:
+    """Cheng et al. 2019, eq. 12: 0 below 1/(D+2q-2), 1 above (2q-1)/(D+2q-2), in (0, 1)
+    between, growing with alpha."""
+    from fortis.services.perturbation.attacks.rgf import optimal_lambda
+    d, q = 1000, 50
+    lo, hi = np.sqrt(1 / (d + 2 * q - 2)), np.sqrt((2 * q - 1) / (d + 2 * q - 2))
+    lam = optimal_lambda(np.array([0.0, lo * 0.99, lo * 1.5, 0.2, hi * 0.99, hi * 1.01, 1.0]),
+                         d, q)
+    assert lam[0] == lam[1] == 0.0 and lam[-1] == lam[-2] == 1.0
+    assert 0 < lam[2] < lam[3] < lam[4] <= 1.0

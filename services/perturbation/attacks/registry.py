@@ -34,6 +34,10 @@ from .pertknob import SPEC as PERTKNOB
 from .pgd import SPEC as PGD
 from .qeba import SPEC as QEBA
 from .qfool import SPEC as QFOOL
+from .rgf import SPEC as RGF
+from .rgf import SPEC_LINF as RGF_LINF
+from .rgf import SPEC_PRIOR as PRGF
+from .rgf import SPEC_PRIOR_LINF as PRGF_LINF
 from .signhunter import SPEC as SIGNHUNTER
 from .signhunter import SPEC_L2 as SIGNHUNTER_L2
 from .simba import SPEC as SIMBA
@@ -60,7 +64,8 @@ ATTACKS: Mapping[str, AttackSpec] = MappingProxyType(build(
     (FGSM, PGD, SQUARE, HSJA, PERTKNOB,
      BOUNDARY, QEBA, QFOOL, GEODA, GEODA_LINF, SURFREE,
      SIMBA, SQUARE_L2, LOWFREQ_DCT, ODS, LOCAL_SEARCH, SINGLE_PIXEL,
-     NES, NES_L2, BANDITS, BANDITS_L2, SIGNHUNTER, SIGNHUNTER_L2)))
+     NES, NES_L2, BANDITS, BANDITS_L2, SIGNHUNTER, SIGNHUNTER_L2,
+     RGF, RGF_LINF, PRGF, PRGF_LINF)))
 
 
 def attack_spec(attack_id: str, field_name: str = "attack_id") -> AttackSpec:
