@@ -639,6 +639,116 @@ def bat_square(job: Job, oracle: Oracle) -> None:
                       p_init=float(job.row.params.get("p_init", 0.05)))
 
 
+def _simba_dims(job: Job) -> tuple[int, int]:
+    """ART SimBA's ``freq_dim`` and ``stride`` for the image side: the paper's 28/224 and 7/224
+    of it (4 and 1 at 28 x 28; 28 and 7 at 224 x 224), as Fortis's defaults."""
+    side = job.x.shape[1]
+    return max(1, round(side / 8)), max(1, round(side / 32))
+
+
+def art_simba(job: Job, oracle: Oracle) -> None:
+    """ART ``SimBA`` (``attack="px"`` or ``"dct"`` as the row's ``basis``; step ``epsilon``
+    0.2 as the paper and Fortis; ``order="random"``), one image at a time (ART loops over
+    images itself), ``max_iter = Q``: the budget stops it. ART has no L2 bound: it is
+    credited only with points within the row's bound."""
+    from art.attacks.evasion import SimBA
+    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
+
+    c, h, w = job.nchw.shape[1:]
+    clf = BlackBoxClassifierNeuralNetwork(oracle.numpy_nchw, input_shape=(c, h, w),
+                                          nb_classes=job.num_classes, channels_first=True,
+                                          clip_values=(0.0, 1.0))
+    freq, stride = _simba_dims(job)
+    basis = "px" if job.row.params.get("basis", "dct") == "pixel" else "dct"
+    y = job.targets if job.targets is not None else job.y
+    with seeded(job.seed):
+        for i in range(job.n):
+            attack = SimBA(clf, attack=basis, max_iter=job.budget,
+                           epsilon=float(job.row.params.get("step_size", 0.2)),
+                           freq_dim=freq, stride=stride, order="random",
+                           targeted=job.targets is not None, verbose=False)
+            with oracle.only(i), contextlib.suppress(Done):
+                attack.generate(job.nchw[i:i + 1], y=np.eye(job.num_classes)[y[i:i + 1]])
+
+
+def art_square_l2(job: Job, oracle: Oracle) -> None:
+    """ART ``SquareAttack(norm=2)``, ``max_iter = 4 Q`` (the budget stops it), one image at a
+    time: its L2 window update divides by a zero norm where a window is blank (NaN points,
+    which no nearest-original charging can attribute); those are never credited."""
+    from art.attacks.evasion import SquareAttack
+    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
+
+    if job.targets is not None:
+        raise Unsupported("ART's SquareAttack is untargeted only")
+    c, h, w = job.nchw.shape[1:]
+    clf = BlackBoxClassifierNeuralNetwork(oracle.numpy_nchw, input_shape=(c, h, w),
+                                          nb_classes=job.num_classes, channels_first=True,
+                                          clip_values=(0.0, 1.0))
+    with seeded(job.seed), np.errstate(divide="ignore", invalid="ignore"):
+        for i in range(job.n):
+            attack = SquareAttack(clf, norm=2, eps=job.epsilon, max_iter=4 * job.budget,
+                                  p_init=float(job.row.params.get("p_init", 0.1)),
+                                  nb_restarts=1, batch_size=1, verbose=False)
+            with oracle.only(i), contextlib.suppress(Done):
+                attack.generate(job.nchw[i:i + 1], y=np.eye(job.num_classes)[job.y[i:i + 1]])
+
+
+def torchattacks_square_l2(job: Job, oracle: Oracle) -> None:
+    """torchattacks ``Square(norm="L2")``, margin loss, ``n_queries = Q - 2``, one image at a
+    time (some of its L2 points leave the ball: they are charged but never credited)."""
+    import torchattacks
+
+    atk = torchattacks.Square(oracle.module(), norm="L2", eps=job.epsilon,
+                              n_queries=max(job.budget - 2, 1), n_restarts=1,
+                              p_init=float(job.row.params.get("p_init", 0.1)), loss="margin",
+                              resc_schedule=True, seed=job.seed, verbose=False)
+    labels = torch.from_numpy(job.y)
+    if job.targets is not None:
+        atk.set_mode_targeted_by_label(quiet=True)
+        labels = torch.from_numpy(job.targets)
+    for i in range(job.n):
+        with oracle.only(i), contextlib.suppress(Done):
+            atk(torch.from_numpy(job.nchw[i:i + 1]), labels[i:i + 1])
+
+
+def art_pixel(job: Job, oracle: Oracle) -> None:
+    """ART ``PixelAttack(th=k, es=1)``: differential evolution, population 400 // dims x dims
+    (about the paper's 400), one image at a time, ``max_iter`` generations to spare: the
+    budget stops it."""
+    from art.attacks.evasion import PixelAttack
+    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
+
+    c, h, w = job.nchw.shape[1:]
+    clf = BlackBoxClassifierNeuralNetwork(oracle.numpy_nchw, input_shape=(c, h, w),
+                                          nb_classes=job.num_classes, channels_first=True,
+                                          clip_values=(0.0, 1.0))
+    y = job.targets if job.targets is not None else job.y
+    with seeded(job.seed):
+        for i in range(job.n):
+            attack = PixelAttack(clf, th=int(job.epsilon), es=1, max_iter=100,
+                                 targeted=job.targets is not None, verbose=False)
+            with oracle.only(i), contextlib.suppress(Done):
+                attack.generate(job.nchw[i:i + 1], y=y[i:i + 1])
+
+
+def torchattacks_onepixel(job: Job, oracle: Oracle) -> None:
+    """torchattacks ``OnePixel(pixels=k)`` (scipy's DE, its default ``popsize=10``: about 10
+    candidates per generation), one image at a time, ``steps`` to spare: the budget stops
+    it."""
+    import torchattacks
+
+    atk = torchattacks.OnePixel(oracle.module(), pixels=int(job.epsilon), steps=1000,
+                                popsize=10)
+    labels = job.y
+    if job.targets is not None:
+        atk.set_mode_targeted_by_label(quiet=True)
+        labels = job.targets
+    with seeded(job.seed):
+        for i in range(job.n):
+            with oracle.only(i), contextlib.suppress(Done):
+                atk(torch.from_numpy(job.nchw[i:i + 1]), torch.from_numpy(labels[i:i + 1]))
+
+
 def art_hsja(job: Job, oracle: Oracle) -> None:
     """ART ``HopSkipJump`` (L2, its defaults ``init_eval=100, max_eval=10000,
     init_size=100``), one image at a time (ART loops over images itself), ``max_iter`` large:
@@ -1004,6 +1114,29 @@ ROWS: tuple[Row, ...] = (
         budgets=(300, 1000), references=HSJA_REFS,
         goals=(Goal(name="hsja_median_l2_0.9x_art", metric="median_norm", factor=0.9,
                     against=("art",)),)),
+    # issue 11, helper C: SimBA, Square L2, single pixel (L0 bound = pixels)
+    Row(name="simba_pixel", attack="simba", norm="l2", params={"basis": "pixel"},
+        epsilon={"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000),
+        references=(Reference(name="art", run=art_simba, owner="single",
+                              note="no L2 bound of its own: credited within the row's"),)),
+    Row(name="simba_dct", attack="simba", norm="l2", params={"basis": "dct"},
+        epsilon={"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000),
+        references=(Reference(name="art", run=art_simba, owner="single",
+                              note="no L2 bound of its own: credited within the row's"),)),
+    Row(name="square_l2", attack="square_l2", norm="l2", params={"p_init": 0.1},
+        epsilon={"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000),
+        references=(Reference(name="art", run=art_square_l2, owner="single"),
+                    Reference(name="art_memo", run=art_square_l2, owner="single", memoise=True,
+                              note="repeated points answered from memory, not charged"),
+                    Reference(name="torchattacks", run=torchattacks_square_l2,
+                              owner="single"))),
+    Row(name="single_pixel", attack="single_pixel", norm="l0", params={"popsize": 400},
+        epsilon={"fmnist": 1, "imagenet": 1}, budgets=(500, 1000),
+        references=(Reference(name="art", run=art_pixel, owner="single"),)),
+    Row(name="single_pixel_p10", attack="single_pixel", norm="l0", params={"popsize": 10},
+        epsilon={"fmnist": 1, "imagenet": 1}, budgets=(500, 1000),
+        references=(Reference(name="torchattacks", run=torchattacks_onepixel,
+                              owner="single"),)),
 )
 
 
