@@ -63,6 +63,7 @@ __all__ = [
     "INIT_TRIES", "MAX_BISECT_STEPS", "MAX_LINE_STEPS", "DecisionOracle", "DistanceNorm",
     "bisect", "block_dct_matrix", "dct_matrix", "find_starts", "line_search",
     "low_frequency_noise", "min_probe_radius", "prepare", "probe_normals", "resize_matrix",
+    "separable",
     "unit", "unit_or_random",
 ]
 
@@ -465,8 +466,15 @@ def low_frequency_noise(rng: np.random.Generator, m: int, shape: tuple[int, ...]
     hh, ww, cc = shape
     h, w = min(size[0], hh), min(size[1], ww)
     coef = rng.standard_normal((m, h, w, cc))
-    return np.einsum("hH,mhwc,wW->mHWc", dct_matrix(hh)[:h], coef, dct_matrix(ww)[:w],
-                     optimize=True)
+    return separable(dct_matrix(hh)[:h].T, coef, dct_matrix(ww)[:w])
+
+
+def separable(left: np.ndarray, v: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """``left @ v[k, :, :, c] @ right`` for every image ``k`` and channel ``c`` of ``v``
+    (m x h x w x C -> m x H x W x C; ``left`` H x h, ``right`` w x W), as two batched BLAS
+    products (an ``einsum`` over four indices is several times slower)."""
+    t = np.matmul(left, np.moveaxis(v, 3, 1))         # m x C x H x w
+    return np.ascontiguousarray(np.moveaxis(np.matmul(t, right), 1, 3))
 
 
 @lru_cache(maxsize=32)

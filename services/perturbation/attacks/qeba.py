@@ -56,6 +56,7 @@ from ._decision import (
     prepare,
     probe_normals,
     resize_matrix,
+    separable,
     unit,
     unit_or_random,
 )
@@ -88,8 +89,7 @@ def subspace_probes(rng: np.random.Generator, m: int, shape: tuple[int, ...], su
     sh, sw = max(1, h // ratio), max(1, w // ratio)
     if subspace == "resize":
         small = rng.standard_normal((m, sh, sw, shape[2]))
-        rv = np.einsum("Hh,mhwc,Ww->mHWc", resize_matrix(h, sh), small, resize_matrix(w, sw),
-                       optimize=True)
+        rv = separable(resize_matrix(h, sh), small, resize_matrix(w, sw).T)
     elif subspace == "dct":
         rv = low_frequency_noise(rng, m, shape, (sh, sw))
     else:

@@ -43,7 +43,15 @@ from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 from fortis.services.perturbation.criteria import Criterion, Misclassification
 
-from ._decision import INIT_TRIES, DecisionOracle, bisect, block_dct_matrix, find_starts, prepare
+from ._decision import (
+    INIT_TRIES,
+    DecisionOracle,
+    bisect,
+    block_dct_matrix,
+    find_starts,
+    prepare,
+    separable,
+)
 from .base import (
     MAX_QUERIES,
     STOP_ITERATIONS,
@@ -91,7 +99,7 @@ class _Directions:
         self.bh, self.bw = block_dct_matrix(h, BLOCK), block_dct_matrix(w, BLOCK)
         zz = zigzag_mask(FREQUENCE_RANGE)
         tile = np.tile(zz, (-(-h // BLOCK), -(-w // BLOCK)))[:h, :w]
-        coef = np.einsum("Hh,nhwc,Ww->nHWc", self.bh, oracle.xf, self.bw, optimize=True)
+        coef = separable(self.bh, oracle.xf, self.bw.T)
         self.mask = (np.abs(coef) > 0) & tile[None, :, :, None]
         per_image = max(1, DIRECTION_MEMORY // max(1, oracle.n * oracle.d * 4))
         self.keep = max(1, min(int(n_ortho), per_image))
@@ -104,7 +112,7 @@ class _Directions:
         m = len(idx)
         signs = self.rng.integers(-1, 2, size=(m, *self.mask.shape[1:]))
         coef = self.mask[idx] * signs
-        v = np.einsum("hH,mhwc,wW->mHWc", self.bh, coef, self.bw, optimize=True).reshape(m, -1)
+        v = separable(self.bh.T, coef.astype(np.float64), self.bw).reshape(m, -1)
         for k, i in enumerate(idx):
             first = self.first[i]
             basis = ([first] if first is not None else []) + self.past[i]
