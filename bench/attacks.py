@@ -786,6 +786,94 @@ def foolbox_hsja(job: Job, oracle: Oracle) -> None:
         attack.run(model, torch.from_numpy(job.nchw), criterion)
 
 
+def foolbox_boundary(job: Job, oracle: Oracle) -> None:
+    """foolbox 3 ``BoundaryAttack`` (L2, its defaults: spherical and source steps 0.01,
+    adaptation 1.5, blended-noise start), the whole batch per call, ``steps`` large: the
+    budget stops it."""
+    import foolbox as fb
+
+    model = fb.PyTorchModel(oracle.module(), bounds=(0.0, 1.0), device="cpu")
+    if job.targets is not None:
+        criterion: Any = fb.criteria.TargetedMisclassification(torch.from_numpy(job.targets))
+    else:
+        criterion = fb.criteria.Misclassification(torch.from_numpy(job.y))
+    with seeded(job.seed):
+        fb.attacks.BoundaryAttack(steps=1_000_000).run(model, torch.from_numpy(job.nchw),
+                                                       criterion)
+
+
+def art_boundary(job: Job, oracle: Oracle) -> None:
+    """ART ``BoundaryAttack`` (L2, its defaults: delta = epsilon = 0.01, 25 trials of 20
+    samples, init_size 100), one image at a time (ART loops over images itself),
+    ``max_iter`` large: the budget stops it."""
+    from art.attacks.evasion import BoundaryAttack
+    from art.estimators.classification import BlackBoxClassifier
+
+    c, h, w = job.nchw.shape[1:]
+    clf = BlackBoxClassifier(oracle.numpy_nchw, input_shape=(c, h, w),
+                             nb_classes=job.num_classes, clip_values=(0.0, 1.0))
+    y = job.targets if job.targets is not None else job.y
+    with seeded(job.seed):
+        for i in range(job.n):
+            attack = BoundaryAttack(clf, targeted=job.targets is not None, max_iter=1_000_000,
+                                    verbose=False)
+            with oracle.only(i), contextlib.suppress(Done):
+                attack.generate(job.nchw[i:i + 1], y=np.eye(job.num_classes)[y[i:i + 1]])
+
+
+def art_geoda(job: Job, oracle: Oracle) -> None:
+    """ART ``GeoDA`` (the row's norm; its defaults sub_dim 10, lambda 0.6, sigma 0.0002;
+    ``max_iter = Q``: the query budget it spreads over its iterations), one image at a time.
+    It writes its DCT basis to the working directory (a temporary one here) and builds it with
+    ``np.mat``, gone in NumPy 2 (``np.asmatrix`` stands in); untargeted only; square images
+    only."""
+    import tempfile
+
+    from art.attacks.evasion import GeoDA
+    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
+
+    if job.targets is not None:
+        raise Unsupported("ART's GeoDA is untargeted only")
+    c, h, w = job.nchw.shape[1:]
+    clf = BlackBoxClassifierNeuralNetwork(oracle.numpy_nchw, input_shape=(c, h, w),
+                                          nb_classes=job.num_classes, channels_first=True,
+                                          clip_values=(0.0, 1.0))
+    had_mat = hasattr(np, "mat")
+    if not had_mat:
+        np.mat = np.asmatrix  # type: ignore[attr-defined]
+    try:
+        with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp), seeded(job.seed):
+            for i in range(job.n):
+                try:
+                    attack = GeoDA(clf, norm=np.inf if job.row.norm == "linf" else 2,
+                                   max_iter=job.budget, verbose=False)
+                except (IndexError, RecursionError) as e:  # its query plan needs Q >~ 100
+                    raise Unsupported(f"ART's GeoDA cannot plan {job.budget} queries") from e
+                with oracle.only(i), contextlib.suppress(Done):
+                    attack.generate(job.nchw[i:i + 1],
+                                    y=np.eye(job.num_classes)[job.y[i:i + 1]])
+    finally:
+        if not had_mat:
+            del np.mat  # type: ignore[attr-defined]
+
+
+def fortis_hsja_ref(job: Job, oracle: Oracle) -> None:
+    """Fortis's own HopSkipJump (``hsja.py``) as the yardstick of attacks with no installable
+    reference (QEBA is HopSkipJump with subspace probes; qFool and SurFree are compared with
+    it in their papers): uint8 images, each row charged to its image."""
+    from fortis.services.perturbation.attacks import hop_skip_jump
+
+    def labels(images: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        x = torch.from_numpy(np.asarray(images)).permute(0, 3, 1, 2).to(torch.float32) / 255.0
+        return oracle.forward(x, np.asarray(idx)).numpy().argmax(axis=1)
+
+    criterion: Criterion = Misclassification()
+    if job.targets is not None:
+        criterion = TargetedMisclassification(target=int(job.targets[0]))
+    hop_skip_jump(labels, job.x, job.y, epsilon=job.epsilon, max_queries=job.budget,
+                  rng=np.random.default_rng(job.seed), criterion=criterion)
+
+
 # ------------------------------------------------------------------------------ the models --
 
 
@@ -1137,6 +1225,33 @@ ROWS: tuple[Row, ...] = (
         epsilon={"fmnist": 1, "imagenet": 1}, budgets=(500, 1000),
         references=(Reference(name="torchattacks", run=torchattacks_onepixel,
                               owner="single"),)),
+    # decision-based, minimal-norm (helper D, issue 11): median norm at equal budget
+    Row(name="boundary", attack="boundary", norm="l2", mode="min_norm", epsilon={},
+        budgets=(300, 1000),
+        references=(Reference(name="foolbox", run=foolbox_boundary, owner="rows",
+                              quantise=False, note="float points, whole batch per call"),
+                    Reference(name="art", run=art_boundary, owner="single", quantise=False,
+                              note="float points, one image at a time"))),
+    Row(name="geoda", attack="geoda", norm="l2", mode="min_norm", epsilon={},
+        budgets=(300, 1000),
+        references=(Reference(name="art", run=art_geoda, owner="single", quantise=False,
+                              note="float points, max_iter = Q"),)),
+    Row(name="geoda_linf", attack="geoda_linf", norm="linf", mode="min_norm", epsilon={},
+        budgets=(300, 1000),
+        references=(Reference(name="art", run=art_geoda, owner="single", quantise=False,
+                              note="float points, max_iter = Q"),)),
+    Row(name="qeba", attack="qeba", norm="l2", mode="min_norm", epsilon={},
+        budgets=(300, 1000),
+        references=(Reference(name="fortis_hsja", run=fortis_hsja_ref, owner="nearest",
+                              note="no installable reference: Fortis's HopSkipJump"),)),
+    Row(name="qfool", attack="qfool", norm="l2", mode="min_norm", epsilon={},
+        budgets=(300, 1000),
+        references=(Reference(name="fortis_hsja", run=fortis_hsja_ref, owner="nearest",
+                              note="no installable reference: Fortis's HopSkipJump"),)),
+    Row(name="surfree", attack="surfree", norm="l2", mode="min_norm", epsilon={},
+        budgets=(300, 1000),
+        references=(Reference(name="fortis_hsja", run=fortis_hsja_ref, owner="nearest",
+                              note="no installable reference: Fortis's HopSkipJump"),)),
 )
 
 
