@@ -47,23 +47,27 @@ Runner = Callable[..., list[AttackResult]]
 
 
 def _attack(name: str) -> Runner:
-    from fortis.services.perturbation.attacks import bandits, nes, rgf, signhunter
+    from fortis.services.perturbation.attacks import bandits, nes, rgf, signhunter, zoo
     fns: dict[str, Runner] = {"nes": nes.nes_attack, "bandits": bandits.bandits_attack,
                               "signhunter": signhunter.signhunter_attack,
-                              "rgf": rgf.rgf_attack, "prgf": rgf.rgf_attack}
+                              "rgf": rgf.rgf_attack, "prgf": rgf.rgf_attack,
+                              "zoo": lambda *a, norm, **k: zoo.zoo_attack(*a, **k)}
     return fns[name]
 
 
 #: (attack, norm, epsilon used in the tests: L-inf [0,1] scale, L2 [0,1]-scale norm)
 CASES = [("nes", "linf", 0.1), ("nes", "l2", 2.0), ("bandits", "linf", 0.1),
          ("bandits", "l2", 2.0), ("signhunter", "linf", 0.1), ("signhunter", "l2", 2.0),
-         ("rgf", "l2", 2.0), ("rgf", "linf", 0.15), ("prgf", "l2", 2.0), ("prgf", "linf", 0.1)]
+         ("rgf", "l2", 2.0), ("rgf", "linf", 0.15), ("prgf", "l2", 2.0), ("prgf", "linf", 0.1),
+         ("zoo", "l2", 2.0)]
 IDS = [f"{a}-{n}" for a, n, _ in CASES]
 #: Settings for the tiny 16 x 16 images of these tests (the paper's are for 299 x 299): the
 #: Bandits data prior's tile (paper ~6 px: a 3 x 3 prior here); RGF's L-inf step (the paper's
-#: 0.005 is for ImageNet's thousands of iterations: 1000 queries are 19 iterations here).
+#: 0.005 is for ImageNet's thousands of iterations: 1000 queries are 19 iterations here); ZOO's
+#: ADAM step (0.01: a coordinate is updated about twice in 1000 queries here).
 TINY: dict[str, dict[str, object]] = {"bandits": {"tile": 2}, "rgf-linf": {"learning_rate": 0.02},
-                                      "prgf-linf": {"learning_rate": 0.02}}
+                                      "prgf-linf": {"learning_rate": 0.02},
+                                      "zoo": {"learning_rate": 0.1}}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -251,7 +255,8 @@ class Client:
 
 
 @pytest.mark.parametrize("attack_id", ["nes", "nes_l2", "bandits", "bandits_l2", "signhunter",
-                                       "signhunter_l2", "rgf", "rgf_linf", "prgf", "prgf_linf"])
+                                       "signhunter_l2", "rgf", "rgf_linf", "prgf", "prgf_linf",
+                                       "zoo"])
 def test_registered_and_run_through_the_context(attack_id: str, gray_net: TinyCNN) -> None:
     spec = ATTACKS[attack_id]
     assert spec.kind == "score" and spec.targeted and spec.untargeted
@@ -295,3 +300,23 @@ def test_optimal_lambda_is_the_papers() -> None:
                          d, q)
     assert lam[0] == lam[1] == 0.0 and lam[-1] == lam[-2] == 1.0
     assert 0 < lam[2] < lam[3] < lam[4] <= 1.0
+
+
+def test_zoo_reduced_space_hierarchy_and_importance(rgb_net: TinyCNN) -> None:
+    """ZOO on a 12 x 20 RGB image with an attack space of side 8 (grid 5 x 8), doubled after
+    2 iterations (hierarchy) and importance sampling on the reduced grid: bound, budget,
+    first-success stop, determinism."""
+    from fortis.services.perturbation.attacks.zoo import zoo_attack
+    x, y = correct_images(rgb_net, RGB, 4, seed=14)
+    out = []
+    for _ in range(2):
+        target = CallTarget(rgb_net, len(x))
+        res = zoo_attack(margins_of(target.scores, y, Misclassification()), x, y,
+                         epsilon=2.0, max_queries=400, rng=np.random.default_rng(5),
+                         learning_rate=0.1, batch=16, reduced=8, hierarchy_iterations=(2,))
+        assert_accounting(res, target, 400)
+        assert_bound(res, x, "l2", 2.0)
+        out.append(res)
+    for a, b in zip(*out, strict=True):
+        np.testing.assert_array_equal(a.adversarial, b.adversarial)
+    assert all(r.l2 > 0 for r in out[0] if not r.success)  # the reduced grid moved the image

@@ -45,6 +45,7 @@ from .single_pixel import SPEC as SINGLE_PIXEL
 from .square import SPEC as SQUARE
 from .square_l2 import SPEC as SQUARE_L2
 from .surfree import SPEC as SURFREE
+from .zoo import SPEC as ZOO
 
 __all__ = ["ATTACKS", "attack_spec", "build", "describe_attack", "list_attacks"]
 
@@ -65,7 +66,7 @@ ATTACKS: Mapping[str, AttackSpec] = MappingProxyType(build(
      BOUNDARY, QEBA, QFOOL, GEODA, GEODA_LINF, SURFREE,
      SIMBA, SQUARE_L2, LOWFREQ_DCT, ODS, LOCAL_SEARCH, SINGLE_PIXEL,
      NES, NES_L2, BANDITS, BANDITS_L2, SIGNHUNTER, SIGNHUNTER_L2,
-     RGF, RGF_LINF, PRGF, PRGF_LINF)))
+     RGF, RGF_LINF, PRGF, PRGF_LINF, ZOO)))
 
 
 def attack_spec(attack_id: str, field_name: str = "attack_id") -> AttackSpec:
