@@ -37,6 +37,12 @@ from google.protobuf.message import Message
 # -- transport -------------------------------------------------------------------------------
 #: Largest request message, bytes (``--max-message-bytes``; the server's default).
 MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+#: Answer bytes one Predict call may bring back (half the message limit): a client splits a
+#: segmentation batch so its class maps (int32) and per-pixel probabilities (float16, two
+#: classes) stay under it (:func:`answer_batches`).
+MAX_ANSWER_BYTES_PER_CALL: Final = MAX_MESSAGE_BYTES // 2
+#: Estimated answer bytes per pixel of a segmentation answer (class map + probabilities).
+SEGMENTATION_ANSWER_BYTES_PER_PIXEL: Final = 8
 #: Most characters of a value quoted back in an error message.
 MAX_ECHO_CHARS: Final = 80
 #: Most field violations listed in one error.
@@ -202,6 +208,24 @@ class Limit:
         if self.entries is not None:
             each = f"at most {self.entries:,} entries" + (f", each {each}" if each else "")
         return f"{each}; {self.note}" if self.note else each
+
+
+def answer_batches(task: str, shapes: Any, limit: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges of a Predict batch: at most ``limit`` images each and, for a
+    segmentation target, answers of at most :data:`MAX_ANSWER_BYTES_PER_CALL` (estimated from
+    the images' sizes), so large masks with probabilities never exceed the message limit."""
+    sizes = [int(s[0]) * int(s[1]) for s in shapes]
+    out: list[tuple[int, int]] = []
+    start, used = 0, 0
+    for i, px in enumerate(sizes):
+        b = px * SEGMENTATION_ANSWER_BYTES_PER_PIXEL if task == "segmentation" else 0
+        if i > start and (i - start >= limit or used + b > MAX_ANSWER_BYTES_PER_CALL):
+            out.append((start, i))
+            start, used = i, 0
+        used += b
+    if start < len(sizes):
+        out.append((start, len(sizes)))
+    return out
 
 
 def _fmt(x: float | None) -> str:

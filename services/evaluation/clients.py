@@ -27,6 +27,7 @@ from fortis.services.common.codec import (
     fill_image,
     tensor_to_array,
 )
+from fortis.services.common.limits import answer_batches
 from fortis.services.common.params import Param
 from fortis.services.common.server import error_from_rpc
 from fortis.services.evaluation import convert
@@ -182,8 +183,8 @@ class GrpcProxy:
         its images gives per-image errors (recorded in the ledger, scored as incorrect,
         shown in the report); any other failure ends the evaluation."""
         parts: list[Answers] = []
-        for s in range(0, len(images), self.batch_limit):
-            part = images[s:s + self.batch_limit]
+        for s, e in answer_batches(task, [np.shape(a) for _, a in images], self.batch_limit):
+            part = images[s:e]
             req = proxy_pb2.PredictRequest(session_id=session_id, origin=origin)
             add_images(req.images, part)            # in place (codec: fast under upb)
             try:

@@ -140,3 +140,16 @@ def test_ground_truth_without_objects_reaches_the_perturbation_service():
     got = _objects(some, "images[2]")
     assert got is not None and got.labels.tolist() == [3] and not some.no_objects
     np.testing.assert_array_equal(got.boxes, [[1, 2, 5, 6]])
+
+
+def test_segmentation_predict_batches_stay_under_the_message_limit():
+    """Class maps with per-pixel probabilities double a segmentation answer (8 bytes per
+    pixel): a Predict batch is split so its answers stay under half the message limit."""
+    from fortis.services.common.limits import MAX_ANSWER_BYTES_PER_CALL, answer_batches
+
+    parts = answer_batches("segmentation", [(512, 512, 3)] * 40, 64)
+    assert parts == [(0, 16), (16, 32), (32, 40)]
+    assert all((e - s) * 512 * 512 * 8 <= MAX_ANSWER_BYTES_PER_CALL for s, e in parts)
+    assert answer_batches("segmentation", [(5000, 5000, 3)] * 2, 64) == [(0, 1), (1, 2)]
+    assert answer_batches("classification", [(28, 28, 1)] * 5, 2) == [(0, 2), (2, 4), (4, 5)]
+    assert answer_batches("detection", [], 8) == []
