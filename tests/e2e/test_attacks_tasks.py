@@ -3,9 +3,10 @@ real services and the target proxy, judged per IEEE-C4 / IEEE-C5.
 
 The built-in OpenCV Haar face detector (``haar-face``, what ``fortis demo --task detection``
 evaluates) and U2-Net-p salient-object segmenter (``u2netp``, ``fortis demo --task
-segmentation``) on the demo's offline photos, made small (the astronaut at 160 x 160 and the
-astronaut beside its mirror image at 160 x 320: two image sizes in one attack call; the
-astronaut at 128 x 128 for the segmenter) so each test stays well under 40 s.
+segmentation``) on the demo's offline photos, made small (the astronaut at 160 x 160, the
+astronaut beside its mirror image at 160 x 320 and the coffee cup, no face, at 142 x 213:
+three image sizes in one attack call, an image without objects of interest; the astronaut at
+128 x 128 for the segmenter) so each test stays well under 40 s.
 
 Attacks: the registry's query attacks whose ``SPEC.tasks`` include the task, restricted to
 the issue's list (Square, HSJA, Boundary required; SimBA and Bandits whenever registered).
@@ -78,14 +79,17 @@ def _params(attack: str, task: str, shape: tuple[int, int, int]) -> dict[str, An
 def _detection_data(root: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     from fortis.adapters.vision_demo import ASTRONAUT_FACE, _photos
 
-    a = _photos()["astronaut"]
+    photos = _photos()
+    a = photos["astronaut"]
     s = 160 / a.shape[0]
     face = np.array(ASTRONAUT_FACE) * s
     small = cv2.resize(a, (160, 160), interpolation=cv2.INTER_AREA)
     pair = np.ascontiguousarray(np.concatenate([small, small[:, ::-1]], axis=1))
     mirror = np.array([320 - face[2], face[1], 320 - face[0], face[3]])
-    images = {"astronaut": small, "astronaut-pair": pair}
-    truth = {"astronaut": face[None], "astronaut-pair": np.stack([face, mirror])}
+    coffee = cv2.resize(photos["coffee"], (213, 142), interpolation=cv2.INTER_AREA)
+    images = {"astronaut": small, "astronaut-pair": pair, "coffee": coffee}
+    truth = {"astronaut": face[None], "astronaut-pair": np.stack([face, mirror]),
+             "coffee": np.zeros((0, 4))}
     rows = []
     for name, img in images.items():
         cv2.imwrite(str(root / f"{name}.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
@@ -137,7 +141,7 @@ class _Task:
             self.images, self.truth = _detection_data(data)
             scores = [_detect(self.model, im)[1] for im in self.images.values()]
             # the weakest clean face a little above the threshold: margins move early
-            conf = round(float(min(s.min() for s in scores)) - 0.01, 4)
+            conf = round(float(min(s.min() for s in scores if len(s))) - 0.01, 4)
             self.section = (f"detection: {{mode: threshold, iou_threshold: 0.5, "
                             f"confidence_threshold: {conf}, aggregate: all}}")
             self.rule = {"mode": "threshold", "iou_threshold": 0.5,
