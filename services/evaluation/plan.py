@@ -655,6 +655,12 @@ def check_against_target(plan: Plan, target: TargetDescription, catalogue: Catal
         if at.criterion_kind in PROBABILITY_CRITERIA and labels_only:
             v.bad(f"attacks[{i}].criterion.kind", f"{at.criterion_kind} is judged on class "
                   f"probabilities; target '{plan.target.name}' returns labels only")
+        k = at.criterion.get("k", 5)
+        if at.criterion_kind == "top_k_misclassification" and target.output_kind == "top_k" \
+                and target.top_k and int(k) > target.top_k:
+            v.bad(f"attacks[{i}].criterion.k", f"top-{k} misclassification cannot be judged on "
+                  f"target '{plan.target.name}', which returns its top {target.top_k} classes "
+                  "only")
         tl = at.criterion.get("target_label")
         if tl is not None and n_labels and int(tl) >= n_labels:
             v.bad(f"attacks[{i}].targeted.label", f"class {tl} is outside the target's "

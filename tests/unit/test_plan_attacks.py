@@ -93,6 +93,19 @@ def test_score_attack_refused_on_a_label_only_target(catalogue):
     check_against_target(plan, _target("classification", "top_k", 10), catalogue)
 
 
+def test_top_k_criterion_needs_k_classes_from_the_target(catalogue):
+    plan = load_plan(CLS + """attacks:
+  - {id: square, criterion: {kind: top_k_misclassification, k: 5}, params: {epsilon: 0.1, max_queries: 50}}
+""", catalogue)
+    top3 = TargetDescription(name="t", task="classification", labels=tuple("0123456789"),
+                             output_kind="top_k", top_k=3, input_height=0, input_width=0,
+                             input_channels=0, version="1")
+    with pytest.raises(InvalidArgument) as e:
+        check_against_target(plan, top3, catalogue)
+    assert "top 3 classes" in _fields(e)["attacks[0].criterion.k"]
+    check_against_target(plan, _target("classification", "full_scores", 10), catalogue)
+
+
 def test_query_attacks_on_a_detector_take_the_plan_ieee_c4_rule(catalogue):
     plan = load_plan(DET + """attacks:
   - {id: square, params: {epsilon: 0.05, max_queries: 100}}
