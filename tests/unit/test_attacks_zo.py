@@ -61,11 +61,11 @@ CASES = [("nes", "linf", 0.1), ("nes", "l2", 2.0), ("bandits", "linf", 0.1),
          ("rgf", "l2", 2.0), ("rgf", "linf", 0.15), ("prgf", "l2", 2.0), ("prgf", "linf", 0.1),
          ("zoo", "l2", 2.0)]
 IDS = [f"{a}-{n}" for a, n, _ in CASES]
-#: Settings for the tiny 16 x 16 images of these tests (the paper's are for 299 x 299): the
-#: Bandits data prior's tile (paper ~6 px: a 3 x 3 prior here); RGF's L-inf step (the paper's
-#: 0.005 is for ImageNet's thousands of iterations: 1000 queries are 19 iterations here); ZOO's
-#: ADAM step (0.01: a coordinate is updated about twice in 1000 queries here).
-TINY: dict[str, dict[str, object]] = {"bandits": {"tile": 2}, "rgf-linf": {"learning_rate": 0.02},
+#: Settings for the tiny 16 x 16 images of these tests (the papers' are for 299 x 299): RGF's
+#: L-inf step (the paper's 0.005 is for ImageNet's thousands of iterations: 1000 queries are
+#: 19 iterations here); ZOO's ADAM step (0.01: a coordinate is updated about twice in 1000
+#: queries here).
+TINY: dict[str, dict[str, object]] = {"rgf-linf": {"learning_rate": 0.02},
                                       "prgf-linf": {"learning_rate": 0.02},
                                       "zoo": {"learning_rate": 0.1}}
 
