@@ -25,9 +25,11 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -58,6 +60,12 @@ execution: {{batch_size: 8}}
 KILLS = (("call", 40), ("poll", 70), ("call", 100), ("call", 110), ("poll", 90))
 
 
+def _drain(stream: Any) -> None:
+    """Reads a server's stderr to its end (a full pipe would block its logging)."""
+    for _ in stream or ():
+        pass
+
+
 def _serve(state: Path, target_address: str) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, FORTIS_API_KEYS=f"{API_KEY}=tenant-a",
                FORTIS_INTERNAL_KEY="internal-test-key")
@@ -65,11 +73,13 @@ def _serve(state: Path, target_address: str) -> tuple[subprocess.Popen, str]:
         [sys.executable, "-m", "fortis.cli", "serve", "--address", "127.0.0.1:0",
          "--state-dir", str(state), "--target", f"own=grpc://{target_address}",
          "--no-default-targets", "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline() if proc.stdout else ""
     if not line:
         proc.kill()
-        raise AssertionError("fortis serve did not start")
+        err = proc.stderr.read() if proc.stderr else ""
+        raise AssertionError(f"fortis serve did not start: {err[-2000:]}")
+    threading.Thread(target=_drain, args=(proc.stderr,), daemon=True).start()
     return proc, json.loads(line)["address"]
 
 
