@@ -103,8 +103,10 @@ class _Directions:
         self.mask = (np.abs(coef) > 0) & tile[None, :, :, None]
         per_image = max(1, DIRECTION_MEMORY // max(1, oracle.n * oracle.d * 4))
         self.keep = max(1, min(int(n_ortho), per_image))
-        self.past: list[list[np.ndarray]] = [[] for _ in range(oracle.n)]
-        self.first: list[np.ndarray | None] = [None] * oracle.n
+        # per image: slot 0 the first direction, then a ring of the last ``keep`` drawn
+        # (zero rows: none yet); pages are only touched as directions are stored
+        self.basis = np.zeros((oracle.n, self.keep + 1, oracle.d), dtype=np.float32)
+        self.pos = np.zeros(oracle.n, dtype=np.int64)
 
     def draw(self, idx: np.ndarray, u: np.ndarray) -> np.ndarray:
         """New unit directions (len(idx) x d), orthogonal to ``u`` (rows, unit) and to the
@@ -113,12 +115,9 @@ class _Directions:
         signs = self.rng.integers(-1, 2, size=(m, *self.mask.shape[1:]))
         coef = self.mask[idx] * signs
         v = separable(self.bh.T, coef.astype(np.float64), self.bw).reshape(m, -1)
-        for k, i in enumerate(idx):
-            first = self.first[i]
-            basis = ([first] if first is not None else []) + self.past[i]
-            if basis:
-                o = np.stack(basis).astype(np.float64)
-                v[k] -= (o @ v[k]) @ o
+        o = self.basis[idx]                                       # m x (keep + 1) x d
+        v -= np.matmul(np.matmul(o, v[:, :, None].astype(np.float32))[:, :, 0][:, None, :],
+                       o)[:, 0, :]
         v -= np.einsum("ij,ij->i", v, u)[:, None] * u
         norm = np.sqrt(np.einsum("ij,ij->i", v, v))
         bad = norm < 1e-12
@@ -128,14 +127,12 @@ class _Directions:
             v[bad] = g
             norm[bad] = np.sqrt(np.einsum("ij,ij->i", g, g))
         v /= norm[:, None]
-        for k, i in enumerate(idx):
-            self.past[i].append(v[k].astype(np.float32))
-            if len(self.past[i]) > self.keep:
-                self.past[i].pop(0)
+        self.basis[idx, 1 + self.pos[idx]] = v
+        self.pos[idx] = (self.pos[idx] + 1) % self.keep
         return v
 
     def set_first(self, i: int, u: np.ndarray) -> None:
-        self.first[i] = u.astype(np.float32)
+        self.basis[i, 0] = u
 
 
 def _circle(x: np.ndarray, r: np.ndarray, u: np.ndarray, v: np.ndarray,
