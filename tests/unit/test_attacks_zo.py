@@ -47,11 +47,12 @@ Runner = Callable[..., list[AttackResult]]
 
 
 def _attack(name: str) -> Runner:
-    from fortis.services.perturbation.attacks import bandits, nes, rgf, signhunter, zoo
+    from fortis.services.perturbation.attacks import bandits, nes, ngd, rgf, signhunter, zoo
     fns: dict[str, Runner] = {"nes": nes.nes_attack, "bandits": bandits.bandits_attack,
                               "signhunter": signhunter.signhunter_attack,
                               "rgf": rgf.rgf_attack, "prgf": rgf.rgf_attack,
-                              "zoo": lambda *a, norm, **k: zoo.zoo_attack(*a, **k)}
+                              "zoo": lambda *a, norm, **k: zoo.zoo_attack(*a, **k),
+                              "ngd": ngd.ngd_attack}
     return fns[name]
 
 
@@ -59,7 +60,7 @@ def _attack(name: str) -> Runner:
 CASES = [("nes", "linf", 0.1), ("nes", "l2", 2.0), ("bandits", "linf", 0.1),
          ("bandits", "l2", 2.0), ("signhunter", "linf", 0.1), ("signhunter", "l2", 2.0),
          ("rgf", "l2", 2.0), ("rgf", "linf", 0.15), ("prgf", "l2", 2.0), ("prgf", "linf", 0.1),
-         ("zoo", "l2", 2.0)]
+         ("zoo", "l2", 2.0), ("ngd", "linf", 0.15), ("ngd", "l2", 2.0)]
 IDS = [f"{a}-{n}" for a, n, _ in CASES]
 #: Settings for the tiny 16 x 16 images of these tests (the papers' are for 299 x 299): RGF's
 #: L-inf step (the paper's 0.005 is for ImageNet's thousands of iterations: 1000 queries are
@@ -67,7 +68,8 @@ IDS = [f"{a}-{n}" for a, n, _ in CASES]
 #: queries here).
 TINY: dict[str, dict[str, object]] = {"rgf-linf": {"learning_rate": 0.02},
                                       "prgf-linf": {"learning_rate": 0.02},
-                                      "zoo": {"learning_rate": 0.1}}
+                                      "zoo": {"learning_rate": 0.1},
+                                      "ngd-linf": {"learning_rate": 0.02}}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -256,7 +258,7 @@ class Client:
 
 @pytest.mark.parametrize("attack_id", ["nes", "nes_l2", "bandits", "bandits_l2", "signhunter",
                                        "signhunter_l2", "rgf", "rgf_linf", "prgf", "prgf_linf",
-                                       "zoo"])
+                                       "zoo", "ngd", "ngd_l2"])
 def test_registered_and_run_through_the_context(attack_id: str, gray_net: TinyCNN) -> None:
     spec = ATTACKS[attack_id]
     assert spec.kind == "score" and spec.targeted and spec.untargeted

@@ -29,6 +29,8 @@ from .local_search import SPEC as LOCAL_SEARCH
 from .lowfreq_dct import SPEC as LOWFREQ_DCT
 from .nes import SPEC as NES
 from .nes import SPEC_L2 as NES_L2
+from .ngd import SPEC as NGD
+from .ngd import SPEC_L2 as NGD_L2
 from .ods import SPEC as ODS
 from .pertknob import SPEC as PERTKNOB
 from .pgd import SPEC as PGD
@@ -66,7 +68,7 @@ ATTACKS: Mapping[str, AttackSpec] = MappingProxyType(build(
      BOUNDARY, QEBA, QFOOL, GEODA, GEODA_LINF, SURFREE,
      SIMBA, SQUARE_L2, LOWFREQ_DCT, ODS, LOCAL_SEARCH, SINGLE_PIXEL,
      NES, NES_L2, BANDITS, BANDITS_L2, SIGNHUNTER, SIGNHUNTER_L2,
-     RGF, RGF_LINF, PRGF, PRGF_LINF, ZOO)))
+     RGF, RGF_LINF, PRGF, PRGF_LINF, ZOO, NGD, NGD_L2)))
 
 
 def attack_spec(attack_id: str, field_name: str = "attack_id") -> AttackSpec:
