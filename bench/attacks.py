@@ -874,6 +874,73 @@ def fortis_hsja_ref(job: Job, oracle: Oracle) -> None:
                   rng=np.random.default_rng(job.seed), criterion=criterion)
 
 
+def art_zoo(job: Job, oracle: Oracle) -> None:
+    """ART ``ZooAttack`` (ZOO-ADAM; ``nb_parallel`` and ``learning_rate`` as the row's
+    ``batch`` / ``learning_rate``, one binary-search step with ``initial_const`` = the row's
+    ``const``, ``variable_h`` one uint8 level: ART's 1e-4 rounds away in what a target
+    receives; no resize / importance on images of side <= 32), one image at a time,
+    ``max_iter = Q``: the budget stops it. No L2 bound of its own: credited within the row's."""
+    from art.attacks.evasion import ZooAttack
+    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
+
+    c, h, w = job.nchw.shape[1:]
+    clf = BlackBoxClassifierNeuralNetwork(oracle.numpy_nchw, input_shape=(c, h, w),
+                                          nb_classes=job.num_classes, channels_first=True,
+                                          clip_values=(0.0, 1.0))
+    p = job.row.params
+    y = job.targets if job.targets is not None else job.y
+    large = max(h, w) > 32
+    with seeded(job.seed):
+        for i in range(job.n):
+            attack = ZooAttack(clf, confidence=0.0, targeted=job.targets is not None,
+                               learning_rate=float(p.get("learning_rate", 0.01)),
+                               max_iter=job.budget, binary_search_steps=1,
+                               initial_const=float(p.get("const", 10.0)), abort_early=False,
+                               use_resize=large, use_importance=large,
+                               nb_parallel=int(p.get("batch", 128)), batch_size=1,
+                               variable_h=1.0 / 255, verbose=False)
+            with oracle.only(i), contextlib.suppress(Done):
+                attack.generate(job.nchw[i:i + 1], y=np.eye(job.num_classes)[y[i:i + 1]])
+
+
+def bat_bandits(job: Job, oracle: Oracle) -> None:
+    """bat ``BanditsAttack`` (Bandits-T, L-inf, no data prior, cross-entropy; the paper's
+    fd_eta 0.1, image_lr 0.01, online_lr 100, exploration 1.0; 3 queries per iteration: two
+    probes and the iterate, so ``max_it = Q // 3``; untargeted only). Its probes are not
+    projected onto the ball (so the nearest-original owner cannot be checked): one image at
+    a time, credited only within the row's bound."""
+    attack = _bat_module("bandits_attack").BanditsAttack(_BatClassifier(oracle))
+    with seeded(job.seed), quiet():
+        for i in range(job.n):
+            with oracle.only(i), contextlib.suppress(Done):
+                attack.attack(job.x[i:i + 1].astype(np.float64), job.y[i:i + 1],
+                              epsilon=job.epsilon, max_it=max(job.budget // 3, 1))
+
+
+def fortis_square_ref(job: Job, oracle: Oracle) -> None:
+    """Fortis's own Square Attack (L-inf ``square.py`` or L2 ``square_l2.py`` as the row's
+    norm) as the yardstick of score-based attacks with no installable reference (NES, RGF,
+    SignHunter): uint8 images, each row charged to its image."""
+    from fortis.services.perturbation.attacks.base import margins_of
+    from fortis.services.perturbation.attacks.square import square_attack
+    from fortis.services.perturbation.attacks.square_l2 import square_l2_attack
+
+    def scores(images: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        x = torch.from_numpy(np.asarray(images)).permute(0, 3, 1, 2).to(torch.float32) / 255.0
+        return oracle.forward(x, np.asarray(idx)).numpy()
+
+    criterion: Criterion = Misclassification()
+    if job.targets is not None:
+        criterion = TargetedMisclassification(target=int(job.targets[0]))
+    margin = margins_of(scores, job.y, criterion)
+    if job.row.norm == "l2":
+        square_l2_attack(margin, job.x, job.y, epsilon=job.epsilon, max_queries=job.budget,
+                         rng=np.random.default_rng(job.seed))
+    else:
+        square_attack(None, job.x, job.y, epsilon=job.epsilon, max_queries=job.budget,
+                      rng=np.random.default_rng(job.seed), margin=margin)
+
+
 # ------------------------------------------------------------------------------ the models --
 
 
@@ -1252,6 +1319,55 @@ ROWS: tuple[Row, ...] = (
         budgets=(300, 1000),
         references=(Reference(name="fortis_hsja", run=fortis_hsja_ref, owner="nearest",
                               note="no installable reference: Fortis's HopSkipJump"),)),
+    # score-based gradient estimation (helper B, issue 11); no installable reference for NES,
+    # SignHunter, RGF, ZO-NGD: Fortis's Square (L-inf / L2) is their yardstick. P-RGF needs a
+    # surrogate, which run_fortis does not pass: no row (tests/reference shows its claim).
+    Row(name="zoo", attack="zoo", norm="l2", params={"learning_rate": 0.1},
+        epsilon={"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000), models=("fmnist",),
+        references=(Reference(name="art", run=art_zoo, owner="single",
+                              note="no L2 bound of its own: credited within the row's"),)),
+    Row(name="bandits", attack="bandits", norm="linf",
+        epsilon={"fmnist": 0.1, "imagenet": 0.05}, budgets=(500, 1000),
+        references=(Reference(name="bat", run=bat_bandits, owner="single",
+                              note="probes outside the ball: credited within the bound"),
+                    Reference(name="fortis_square", run=fortis_square_ref, owner="nearest",
+                              note="yardstick: Fortis's Square"))),
+    Row(name="bandits_l2", attack="bandits_l2", norm="l2",
+        epsilon={"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000),
+        references=(Reference(name="fortis_square_l2", run=fortis_square_ref, owner="nearest",
+                              note="no installable reference: Fortis's Square L2"),)),
+    Row(name="nes", attack="nes", norm="linf", epsilon={"fmnist": 0.1, "imagenet": 0.05},
+        budgets=(500, 1000),
+        references=(Reference(name="fortis_square", run=fortis_square_ref, owner="nearest",
+                              note="no installable reference: Fortis's Square"),)),
+    Row(name="nes_l2", attack="nes_l2", norm="l2", epsilon={"fmnist": 2.0, "imagenet": 5.0},
+        budgets=(500, 1000),
+        references=(Reference(name="fortis_square_l2", run=fortis_square_ref, owner="nearest",
+                              note="no installable reference: Fortis's Square L2"),)),
+    Row(name="signhunter", attack="signhunter", norm="linf",
+        epsilon={"fmnist": 0.1, "imagenet": 0.05}, budgets=(500, 1000),
+        references=(Reference(name="fortis_square", run=fortis_square_ref, owner="nearest",
+                              note="no installable reference: Fortis's Square"),)),
+    Row(name="signhunter_l2", attack="signhunter_l2", norm="l2",
+        epsilon={"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000),
+        references=(Reference(name="fortis_square_l2", run=fortis_square_ref, owner="nearest",
+                              note="no installable reference: Fortis's Square L2"),)),
+    Row(name="rgf", attack="rgf", norm="l2", epsilon={"fmnist": 2.0, "imagenet": 5.0},
+        budgets=(500, 1000),
+        references=(Reference(name="fortis_square_l2", run=fortis_square_ref, owner="nearest",
+                              note="no installable reference: Fortis's Square L2"),)),
+    Row(name="rgf_linf", attack="rgf_linf", norm="linf",
+        epsilon={"fmnist": 0.1, "imagenet": 0.05}, budgets=(500, 1000),
+        references=(Reference(name="fortis_square", run=fortis_square_ref, owner="nearest",
+                              note="no installable reference: Fortis's Square"),)),
+    Row(name="ngd", attack="ngd", norm="linf", epsilon={"fmnist": 0.1, "imagenet": 0.05},
+        budgets=(500, 1000),
+        references=(Reference(name="fortis_square", run=fortis_square_ref, owner="nearest",
+                              note="no installable reference: Fortis's Square"),)),
+    Row(name="ngd_l2", attack="ngd_l2", norm="l2", epsilon={"fmnist": 2.0, "imagenet": 5.0},
+        budgets=(500, 1000),
+        references=(Reference(name="fortis_square_l2", run=fortis_square_ref, owner="nearest",
+                              note="no installable reference: Fortis's Square L2"),)),
 )
 
 
