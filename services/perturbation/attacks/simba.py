@@ -99,7 +99,10 @@ def simba_search(run: ScoreRun, directions: Directions, *, step_size: float, eps
             if not len(todo):
                 break
             idx = active[todo]
-            cand = np.clip(delta[idx] + sign * step_lv * q[todo], -xf[idx], 255.0 - xf[idx])
+            cand = delta[idx] + sign * step_lv * q[todo]
+            xi = xf[idx]
+            np.maximum(cand, -xi, out=cand)            # inside [0, 255] (np.clip with array
+            np.minimum(cand, 255.0 - xi, out=cand)     # bounds is several times slower)
             norm = np.sqrt(np.sum(cand.reshape(len(idx), -1) ** 2, axis=1))
             scale = np.where(norm > eps_lv, eps_lv / np.maximum(norm, 1e-300), 1.0)
             cand *= scale.reshape(-1, *([1] * (x.ndim - 1)))

@@ -106,7 +106,10 @@ def _sphere(x: np.ndarray, delta: np.ndarray, eps_lv: float) -> np.ndarray:
     norm = np.sqrt(np.sum(delta.reshape(n, -1) ** 2, axis=1))
     d = delta * (eps_lv / np.maximum(norm, 1e-12)).reshape(n, 1, 1, 1)
     xf = x.astype(np.float64)
-    return np.clip(xf + d, 0.0, 255.0) - xf
+    out = xf + d
+    np.clip(out, 0.0, 255.0, out=out)
+    out -= xf
+    return out
 
 
 def square_l2_attack(margin: MarginQuery, images: np.ndarray, labels: np.ndarray, *,
