@@ -258,13 +258,13 @@ def _bat_bandits():
 
 @pytest.mark.slow
 def test_bandits_not_weaker_than_bat(fmnist_target, correct):
-    """Bandits-TD, L-inf 25/255, 300 queries per image, 16 images, against bat's
+    """Bandits-TD, L-inf 25/255, 300 queries per image, 20 images, against bat's
     ``BanditsAttack`` (L-inf, no data prior, cross-entropy, 3 queries per iteration: two
     probes and the iterate; ``max_it`` = 200; the paper's fd_eta 0.1, image_lr 0.01,
     online_lr 100, exploration 1.0). Charged per nearest original; credited within the bound
     only (bat's probes are not projected onto the ball)."""
     banditsattack = _bat_bandits()
-    x, y = correct[0][:16], correct[1][:16]
+    x, y = correct[0][:20], correct[1][:20]
     budget, eps = 300, 25 / 255
     net = fmnist_target.model.eval()
     ok, q = ours(bandits_attack, fmnist_target, x, y, norm="linf", epsilon=eps, budget=budget)
