@@ -355,3 +355,48 @@ attacks:
     assert stats.queries_ok == round(m["mean_queries"] * 4) == report["ledger"]["sessions"][session]
     assert max(stats.per_image.values()) <= 40
     print(f"{spec.id}: successes {m['successes']}/4, queries {dict(stats.per_image)}")
+
+
+def test_every_query_attack_in_one_classifier_plan(stack, tmp_path):
+    """Issue 11's "a plan can use each of them on a classifier": one plan naming every query
+    attack of the registry (IEEE-A8; PertKnob aside: it needs a property), untargeted, on the
+    Fashion-MNIST CNN with full scores, through the real services and the proxy. The
+    evaluation succeeds; per attack the report lists it with its norm, the ledger's count of its
+    session equals the queries it reports and no image passed its budget Q_m."""
+    from fortis.services.perturbation.attacks.registry import ATTACKS
+
+    from tests.conftest import API_KEY
+
+    budget, n = 12, 3
+    eps = {"linf": 0.1, "l2": 2.0, "l0": 5}
+    lines = []
+    ids = [k for k, s in ATTACKS.items() if s.is_query_attack and k != "pertknob"
+           and "classification" in (s.tasks or ())]
+    assert len(ids) >= 18
+    for k in ids:
+        spec = ATTACKS[k]
+        sur = ", surrogate: fmnist-surrogate" if spec.uses_surrogate else ""
+        lines.append(f"  - {{id: {k}{sur}, params: {{epsilon: {eps[spec.norm]}, "
+                     f"max_queries: {budget}}}}}")
+    plan = f"""
+name: every-query-attack
+seed: 5
+target: {{name: fmnist-cnn, task: classification}}
+dataset: {{source: fashion-mnist, split: test, limit: {n}}}
+attacks:
+""" + "\n".join(lines) + "\n"
+    with FortisClient(stack.address, api_key=API_KEY) as fc:
+        ev = fc.submit(plan)
+        final = fc.wait(ev.evaluation_id)
+        assert progress_of(final).state == "SUCCEEDED", final.error.message
+        report = json.loads(fc.write_report(ev.evaluation_id, tmp_path / "r")[0].read_text())
+        per_image = {k: fc.session_stats(f"{ev.evaluation_id}/attack/{k}/00000/a1").per_image
+                     for k in ids}
+    tests = {x["id"]: x for x in report["tests"]}
+    for k in ids:
+        assert k in tests and k in report["metrics"]["attacks"], k
+        m = report["metrics"]["attacks"][k]
+        session = f"{ev.evaluation_id}/attack/{k}/00000/a1"
+        assert report["ledger"]["sessions"][session] == round(m["mean_queries"] * n), k
+        assert per_image[k] and max(per_image[k].values()) <= budget, (k, per_image[k])
+        assert 0 <= m["successes"] <= n
