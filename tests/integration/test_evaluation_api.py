@@ -5,7 +5,7 @@ from a client written from the protos alone), over a real loopback server with r
   ValidatePlan) with the field named, not accepted and failed later;
 - NOT_FOUND reads "evaluation 'x' not found" (once), for an unknown id and for another
   tenant's id alike;
-- a failed evaluation's ``error`` keeps the status details (BadRequest field violations);
+- an attack that does not fit the target is refused at CreateEvaluation with the field named;
 - WatchEvaluation never goes silent while an evaluation runs (heartbeats) and progress moves
   image by image inside a query attack;
 - after CancelEvaluation no late item overwrites "cancelled by a caller";
@@ -22,7 +22,7 @@ import grpc
 import pytest
 from fortis.evaluation.v1 import evaluation_pb2 as pb
 from fortis.evaluation.v1 import evaluation_pb2_grpc
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2
 
 from tests.conftest import API_KEY, MD, OTHER_KEY, OTHER_MD
 
@@ -111,15 +111,20 @@ def test_not_found_reads_once_and_another_tenants_id_is_unknown(stub):
     assert msgs[0] == msgs[1]       # another tenant's id behaves exactly as an unknown one
 
 
-def test_a_failed_evaluation_keeps_its_status_details(stub):
-    # the score-based attack does not fit a labels-only target: found when the run starts
+def test_an_attack_that_does_not_fit_the_target_is_refused_with_its_field(stub):
+    """A score-based attack on a labels-only target (IEEE-A8) is refused at CreateEvaluation
+    and ValidatePlan (issue 11: it was a FAILED run before) with the BadRequest field violation
+    naming ``attacks[0].id``; nothing is created. (A failed evaluation keeping its status
+    details is checked in test_tenant_quotas.py: RESOURCE_EXHAUSTED with QuotaFailure.)"""
     bad = PLAN.replace("name: fmnist-cnn,", "name: fmnist-cnn-label,")
-    ev = stub.CreateEvaluation(pb.CreateEvaluationRequest(plan=bad), metadata=MD).evaluation
-    final = _wait(stub, ev.evaluation_id)
-    assert final.state == pb.EVALUATION_STATE_FAILED
-    assert final.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    assert _violations(final.error.details) == ["attacks[0].id"]
-    assert isinstance(final.error, status_pb2.Status) and len(final.error.message) < 1024
+    for call, req in ((stub.CreateEvaluation, pb.CreateEvaluationRequest(plan=bad)),
+                      (stub.ValidatePlan, pb.ValidatePlanRequest(plan=bad))):
+        with pytest.raises(grpc.RpcError) as ei:
+            call(req, metadata=MD)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert _violations(_details(ei.value)) == ["attacks[0].id"]
+        assert "fmnist-cnn-label" in ei.value.details() and len(ei.value.details()) < 1024
+    assert stub.ListEvaluations(pb.ListEvaluationsRequest(), metadata=MD).evaluations == []
 
 
 def test_watch_never_goes_silent_and_moves_inside_an_attack(stub):
