@@ -21,9 +21,6 @@ queries, as ``test_attacks_vs_art.py`` does:
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -35,167 +32,20 @@ from fortis.services.perturbation.attacks.simba import simba_attack
 from fortis.services.perturbation.attacks.single_pixel import single_pixel_attack
 from fortis.services.perturbation.attacks.square_l2 import square_l2_attack
 from fortis.services.perturbation.criteria import Misclassification
-from torch import nn
 
+from tests.reference.refkit import (
+    NUM_CLASSES,
+    SHAPE_NCHW,
+    Counting,
+    Done,
+    Oracle,
+    ToolNet,
+    assert_unchanged,
+    check_ours,
+    compare,
+    net_state,
+)
 from tests.reference.test_attacks_vs_art import art_seeded, to_nchw, tolerance
-
-SHAPE_NCHW = (1, 28, 28)
-NUM_CLASSES = 10
-
-
-class Done(Exception):  # noqa: N818 - a signal
-    """Raised into a per-image reference when its image is done (success or budget)."""
-
-
-class Oracle:
-    """The reference tools' view of the target (see the module docstring). ``norm``/``epsilon``:
-    the bound a credited point must lie within ([0, 1] scale, measured on the uint8 image);
-    ``single``: the index of the one image a per-image run attacks (then ``Done`` is raised
-    when it is done), else rows are charged to the nearest original."""
-
-    def __init__(self, net: nn.Module, x: np.ndarray, y: np.ndarray, norm: str,
-                 epsilon: float, budget: int) -> None:
-        self.net, self.x, self.y = net, x, y
-        self.flat = x.reshape(len(x), -1).astype(np.float64) / 255.0
-        self.sq = np.sum(self.flat ** 2, axis=1)
-        self.norm, self.epsilon, self.budget = norm, epsilon, budget
-        self.counts = np.zeros(len(x), dtype=np.int64)
-        self.first = np.full(len(x), -1)
-        self.seen: list[dict[bytes, np.ndarray]] = [{} for _ in range(len(x))]
-        self.single: int | None = None
-
-    def _within(self, u8: np.ndarray, i: int) -> bool:
-        d = (u8.astype(np.int64) - self.x[i].astype(np.int64)) / 255.0
-        if self.norm == "l2":
-            return bool(np.sqrt(np.sum(d * d)) <= self.epsilon + 1e-9)
-        if self.norm == "linf":
-            return bool(np.abs(d).max() <= self.epsilon + 1e-9)
-        return bool(np.sum(np.any(d != 0, axis=2)) <= self.epsilon)
-
-    def done(self, i: int) -> bool:
-        return bool(self.first[i] > 0 or self.counts[i] >= self.budget)
-
-    def __call__(self, batch_nchw: np.ndarray) -> np.ndarray:
-        b = np.asarray(batch_nchw, dtype=np.float64)
-        u8 = np.clip(np.rint(b * 255.0), 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
-        if self.single is not None:
-            owner = np.full(len(b), self.single)
-        else:
-            rows = u8.reshape(len(b), -1).astype(np.float64) / 255.0
-            owner = np.argmin(self.sq[None, :] - 2.0 * rows @ self.flat.T, axis=1)
-        probs = np.zeros((len(b), NUM_CLASSES), dtype=np.float32)
-        todo = []
-        for j, i in enumerate(owner):
-            key = u8[j].tobytes()
-            if key in self.seen[i]:
-                probs[j] = self.seen[i][key]
-            elif self.done(int(i)):
-                probs[j, self.y[i]] = 1.0
-            else:
-                todo.append(j)
-        if todo:
-            with torch.inference_mode():
-                t = torch.from_numpy(np.ascontiguousarray(u8[todo].transpose(0, 3, 1, 2)))
-                fresh = torch.softmax(self.net(t.float() / 255.0), dim=1).numpy()
-            for j, p in zip(todo, fresh, strict=True):
-                i = int(owner[j])
-                if self.done(i):      # spent within this very call
-                    probs[j, self.y[i]] = 1.0
-                    continue
-                probs[j] = self.seen[i][u8[j].tobytes()] = p
-                self.counts[i] += 1
-                if int(p.argmax()) != self.y[i] and self._within(u8[j], i):
-                    self.first[i] = self.counts[i]
-        if self.single is not None and self.done(self.single):
-            raise Done
-        return probs
-
-    @property
-    def success(self) -> np.ndarray:
-        return self.first > 0
-
-
-class ToolNet(nn.Module):
-    """What a torch tool gets: calls the oracle, owns no parameters (its ``.train()`` cannot
-    reach the network)."""
-
-    def __init__(self, oracle: Oracle) -> None:
-        super().__init__()
-        self.oracle = oracle
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self.oracle(x.detach().cpu().numpy())).clamp_min(1e-30).log()
-
-
-class Counting:
-    """Fortis's view of the target: uint8 NHWC in, counted per batch index."""
-
-    def __init__(self, clf, n: int) -> None:
-        self.clf = clf
-        self.counts = np.zeros(n, dtype=np.int64)
-
-    def scores(self, images: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        assert images.dtype == np.uint8
-        np.add.at(self.counts, np.asarray(idx), 1)
-        return self.clf.predict_proba(images)
-
-
-def check_ours(results, target: Counting, clf, x, y, norm: str, epsilon: float,
-               budget: int) -> np.ndarray:
-    ok = np.array([bool(r.success) for r in results])
-    assert np.array_equal(np.array([r.queries for r in results]), target.counts)
-    assert target.counts.max() <= budget
-    advs = np.stack([r.adversarial for r in results])
-    d = (advs.astype(np.int64) - x.astype(np.int64)) / 255.0
-    if norm == "l2":
-        assert np.sqrt(np.sum(d.reshape(len(x), -1) ** 2, axis=1)).max() <= epsilon + 1e-9
-    elif norm == "l0":
-        assert np.sum(np.any(d != 0, axis=3).reshape(len(x), -1), axis=1).max() <= epsilon
-    if ok.any():
-        assert np.all(clf.predict(advs[ok]) != y[ok])
-    return ok
-
-
-def compare(name: str, ours: np.ndarray, ref: np.ndarray, ours_q: np.ndarray,
-            ref_q: np.ndarray) -> None:
-    n = len(ours)
-    a, b = float(ours.mean()), float(ref.mean())
-    tol = tolerance(a, b, n)
-    qa = float(ours_q[ours].mean()) if ours.any() else math.nan
-    qb = float(ref_q[ref].mean()) if ref.any() else math.nan
-    print(f"{name}: ours {a:.3f} (mean queries {qa:.0f}) vs reference {b:.3f} "
-          f"(mean queries {qb:.0f}), tolerance {tol:.3f}, n {n}")
-    assert a >= b - tol, f"{name}: ours {a:.3f} vs reference {b:.3f} (tolerance {tol:.3f})"
-
-
-# ------------------------------------------------------------------------------ fixtures ----
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def correct(fmnist_target, fmnist_test_images):
-    x, y = fmnist_test_images
-    ok = np.flatnonzero(fmnist_target.predict(x) == y)
-    return x[ok], y[ok]
-
-
-def _state(net: nn.Module) -> tuple[tuple[bool, ...], list[torch.Tensor]]:
-    return (tuple(m.training for m in net.modules()),
-            [t.detach().clone() for t in net.state_dict().values()])
-
-
-def _unchanged(net: nn.Module, before: tuple[tuple[bool, ...], list[torch.Tensor]]) -> None:
-    modes, tensors = _state(net)
-    assert modes == before[0]
-    assert all(torch.equal(a, b) for a, b in zip(tensors, before[1], strict=True))
-
 
 # ------------------------------------------------------------------------------- SimBA -------
 
@@ -215,7 +65,7 @@ def test_simba_not_weaker_than_art(basis, fmnist_target, correct):
     x, y = correct[0][:30], correct[1][:30]
     n, budget, eps = len(x), 300, 2.0
     net = fmnist_target.model.eval()
-    before = _state(net)
+    before = net_state(net)
     target = Counting(fmnist_target, n)
     results = simba_attack(margins_of(target.scores, y, Misclassification()), x, y,
                            epsilon=eps, max_queries=budget, rng=np.random.default_rng(0),
@@ -237,7 +87,7 @@ def test_simba_not_weaker_than_art(basis, fmnist_target, correct):
             except Done:
                 pass
     assert oracle.counts.max() <= budget
-    _unchanged(net, before)
+    assert_unchanged(net, before)
     compare(f"SimBA-{basis} vs ART", ours, oracle.success, target.counts, oracle.first)
     assert ours.mean() > 0.3
 
@@ -255,7 +105,7 @@ def test_square_l2_not_weaker_than_references(tool, fmnist_target, correct):
     x, y = correct[0][:30], correct[1][:30]
     n, budget, eps, p_init = len(x), 150, 1.5, 0.1
     net = fmnist_target.model.eval()
-    before = _state(net)
+    before = net_state(net)
     target = Counting(fmnist_target, n)
     results = square_l2_attack(margins_of(target.scores, y, Misclassification()), x, y,
                                epsilon=eps, max_queries=budget, rng=np.random.default_rng(0),
@@ -282,7 +132,7 @@ def test_square_l2_not_weaker_than_references(tool, fmnist_target, correct):
                                   resc_schedule=False, seed=0, verbose=False)
         atk(torch.from_numpy(to_nchw(x)), torch.from_numpy(y))
     assert oracle.counts.max() <= budget
-    _unchanged(net, before)
+    assert_unchanged(net, before)
     compare(f"Square L2 vs {tool}", ours, oracle.success, target.counts, oracle.first)
     assert ours.mean() > 0.15  # not vacuous (26.7 % of 30 images at this budget)
 
@@ -363,7 +213,7 @@ def test_single_pixel_not_weaker_than_references(tool, fmnist_target, correct):
     n = len(x)
     budget, pop = (450, 400) if tool == "art" else (300, 30)
     net = fmnist_target.model.eval()
-    before = _state(net)
+    before = net_state(net)
     target = Counting(fmnist_target, n)
     results = single_pixel_attack(margins_of(target.scores, y, Misclassification()), x, y,
                                   epsilon=1, max_queries=budget, rng=np.random.default_rng(0),
@@ -398,7 +248,7 @@ def test_single_pixel_not_weaker_than_references(tool, fmnist_target, correct):
                 except Done:
                     pass
     assert oracle.counts.max() <= budget
-    _unchanged(net, before)
+    assert_unchanged(net, before)
     compare(f"single pixel vs {tool}", ours, oracle.success, target.counts, oracle.first)
 
 

@@ -203,16 +203,6 @@ class ArtHsjaOracle:
 # ------------------------------------------------------------------------------ fixtures ----
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Small CNN, small batches: a second torch thread only adds overhead on 2 cores, and
-    spin-waiting threads slow to a crawl when the cores are shared (as in tests/unit)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def art_surrogate(fmnist_surrogate) -> PyTorchClassifier:
     """ART's white-box wrapper of the same surrogate network (float NCHW in [0, 1], logits,
@@ -226,14 +216,6 @@ def art_surrogate(fmnist_surrogate) -> PyTorchClassifier:
 def batch64(fmnist_test_images):
     x, y = fmnist_test_images
     return x[:64], y[:64]
-
-
-@pytest.fixture(scope="module")
-def correct(fmnist_target, fmnist_test_images):
-    """Test images the target gets right (both attacks start from the same correct images)."""
-    x, y = fmnist_test_images
-    ok = np.flatnonzero(fmnist_target.predict(x) == y)
-    return x[ok], y[ok]
 
 
 # ---------------------------------------------------------------------- IEEE-A7: FGSM/PGD ----

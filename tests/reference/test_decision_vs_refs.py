@@ -28,8 +28,6 @@ advantage to them).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -140,21 +138,6 @@ def fortis_l2(attack, net: nn.Module, x: np.ndarray, y: np.ndarray, budget: int,
 
 
 # ------------------------------------------------------------------------------ fixtures ----
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def correct(fmnist_target, fmnist_test_images):
-    x, y = fmnist_test_images
-    ok = np.flatnonzero(fmnist_target.predict(x) == y)
-    return x[ok], y[ok]
 
 
 def _median(v: np.ndarray) -> float:
