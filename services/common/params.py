@@ -116,13 +116,14 @@ def validate_params(spec: Any, params: Mapping[str, Any] | None,
         try:
             v = _coerce(p, v)
         except (TypeError, ValueError, OverflowError):
-            problems.append(FieldViolation(f, f"must be a {p.type}, got {_short(v)}"))
+            article = "an" if p.type == "int" else "a"
+            problems.append(FieldViolation(f, f"must be {article} {p.type}, got {_short(v)}"))
             continue
         if p.type == "string" and len(v) > MAX_TEXT_CHARS:
             problems.append(FieldViolation(f, f"{len(v):,} characters; at most {MAX_TEXT_CHARS:,}"))
             continue
         if (p.minimum is not None and v < p.minimum) or (p.maximum is not None and v > p.maximum):
-            problems.append(FieldViolation(f, f"must be in [{p.minimum}, {p.maximum}], got {v}"))
+            problems.append(FieldViolation(f, f"must be in [{p.minimum}, {p.maximum}], got {_short(v)}"))
             continue
         if p.choices and v not in p.choices:
             problems.append(FieldViolation(f, f"must be one of {', '.join(p.choices)}, got {_short(v)}"))
