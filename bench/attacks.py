@@ -1075,7 +1075,7 @@ def judge(row: Row, model: str, budget: int, fortis: dict[str, Any],
 
 def table(rows: list[dict[str, Any]]) -> str:
     """A plain-text table of the JSON rows (one line per reference, Fortis first)."""
-    head = (f"{'attack':<14}{'model':<9}{'Q':>6} {'tool':<16}{'succ':>6}{'q_mean':>8}"
+    head = (f"{'attack':<18}{'model':<9}{'Q':>6} {'tool':<16}{'succ':>6}{'q_mean':>8}"
             f"{'norm_med':>10}{'wall_s':>8}{'model_s':>8}{'comp_ms/img':>12}")
     lines = [head, "-" * len(head)]
     seen: set[tuple[str, str, int]] = set()
@@ -1087,7 +1087,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         for name, s in tools:
             succ = s.get("success_rate", s.get("found_adversarial"))
             q = s.get("mean_queries_successful", s.get("mean_queries_all"))
-            lines.append(f"{r['row']:<14}{r['model']:<9}{r['budget']:>6} {name:<16}"
+            lines.append(f"{r['row']:<18}{r['model']:<9}{r['budget']:>6} {name:<16}"
                          f"{_fmt(succ):>6}{_fmt(q, 1):>8}{_fmt(s.get('median_norm')):>10}"
                          f"{_fmt(s['wall_s'], 2):>8}{_fmt(s['model_s'], 2):>8}"
                          f"{_fmt(s['compute_ms_per_image'], 2):>12}")
