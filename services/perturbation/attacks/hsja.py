@@ -76,7 +76,7 @@ from .base import (
     make_result,
 )
 
-INIT_TRIES = 25             # random-noise images tried before the fallback (each one query)
+INIT_TRIES = 25             # uniform-noise images tried as starts (each one query)
 FALLBACK_TRIES = 8          # other images of the batch tried as starts (each one query)
 STARTS = ("batch", "noise")  # where the search starts: see the module docstring
 MAX_HALVINGS = 30           # geometric step-size search: at most this many halvings
@@ -218,7 +218,8 @@ def _attack_one(oracle: _Oracle, rng: np.random.Generator, init_evals: int,
     d = xf.size
     theta = gamma / (np.sqrt(d) * d)
     delta_min = DELTA_MIN_LEVELS * np.sqrt(d) / 255.0
-    # initialisation: uniform noise until adversarial, then binary search towards the original
+    # initialisation (module docstring, "Start"): the batch's images and uniform noise, in the
+    # order ``start_mode`` says, until one is adversarial; then binary search to the original
     nearest = sorted(starts, key=lambda s: l2_distance(oracle.x, s))[:FALLBACK_TRIES]
 
     def from_batch() -> np.ndarray | None:
