@@ -28,6 +28,7 @@ the test's own that records every image and can hold a call (tests/e2e/_crash_ta
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -332,8 +333,13 @@ def test_perturbation_drains_apply_perturbation(tmp_path) -> None:
                                                images=images)
             return lambda: pt.ApplyPerturbation(req, metadata=MD, timeout=120)
 
-        few = blur(6)         # about 0.4 s an image here: a few seconds
-        many = Call(blur(60))
+        # sized to this machine: "few" takes about 2 s (0.4 s an image on the 2-core CI VM,
+        # much less on a faster one, where 6 images ended before the SIGTERM)
+        t = time.monotonic()
+        blur(1)()
+        n_few = int(min(40, max(6, math.ceil(2.0 / max(time.monotonic() - t, 1e-3)))))
+        few = blur(n_few)
+        many = Call(blur(min(10 * n_few, 120)))
         few_call = Call(few)
         time.sleep(0.5)
         small = ppb.ApplyPerturbationRequest(perturbation_id="contrast", severity=1, seed=1,
@@ -347,7 +353,7 @@ def test_perturbation_drains_apply_perturbation(tmp_path) -> None:
         _stop(served)
     _check_drained(served, d, grace)
     _finished_after(few_call, d)
-    assert len(few_call.result.images) == 6
+    assert len(few_call.result.images) == n_few
     _cut_cleanly(many)
 
 
@@ -359,8 +365,14 @@ def test_scoring_drains_compute(tmp_path) -> None:
     try:
         ch = grpc.insecure_channel(served.address)
         sc = scoring_pb2_grpc.ScoringServiceStub(ch)
+        # a chain of a few seconds on this machine (2,500 on the 2-core CI VM; more on a
+        # faster one, where 2,500 ended before the SIGTERM)
+        t = time.monotonic()
+        sc.Compute(scoring_pb2.ComputeRequest(metric="irt", params=_irt_params(250)),
+                   metadata=MD, timeout=60)
+        chain = int(min(25_000, max(2500, 250 * 3.0 / max(time.monotonic() - t, 1e-3))))
         irt = Call(lambda: sc.Compute(scoring_pb2.ComputeRequest(
-            metric="irt", params=_irt_params(2500)), metadata=MD, timeout=120))
+            metric="irt", params=_irt_params(chain)), metadata=MD, timeout=120))
         time.sleep(0.5)
         d = _sigterm(served, grace, lambda: not irt.done(), lambda: sc.Compute(scoring_pb2.ComputeRequest(
             metric="irt", params=_irt_params(10)), metadata=MD, timeout=10))
