@@ -1259,6 +1259,19 @@ HSJA_REFS = (
               note="float points, whole batch per call"),
 )
 
+def _square_yardstick_row(name: str, norm: NormName) -> Row:
+    """A row for a score-based attack with no installable reference: Fortis's own Square
+    (L-inf or L2, as the row's norm) is its yardstick, at the bench's usual bounds."""
+    linf = norm == "linf"
+    return Row(name=name, attack=name, norm=norm,
+               epsilon={"fmnist": 0.1, "imagenet": 0.05} if linf else
+               {"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000),
+               references=(Reference(name="fortis_square" if linf else "fortis_square_l2",
+                                     run=fortis_square_ref, owner="nearest",
+                                     note="no installable reference: Fortis's Square"
+                                     + ("" if linf else " L2")),))
+
+
 ROWS: tuple[Row, ...] = (
     Row(name="square", attack="square", norm="linf", params={"p_init": 0.05},
         epsilon={"fmnist": 0.1, "imagenet": 0.05}, budgets=(500, 1000),
@@ -1338,42 +1351,10 @@ ROWS: tuple[Row, ...] = (
                               note="probes outside the ball: credited within the bound"),
                     Reference(name="fortis_square", run=fortis_square_ref, owner="nearest",
                               note="yardstick: Fortis's Square"))),
-    Row(name="bandits_l2", attack="bandits_l2", norm="l2",
-        epsilon={"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000),
-        references=(Reference(name="fortis_square_l2", run=fortis_square_ref, owner="nearest",
-                              note="no installable reference: Fortis's Square L2"),)),
-    Row(name="nes", attack="nes", norm="linf", epsilon={"fmnist": 0.1, "imagenet": 0.05},
-        budgets=(500, 1000),
-        references=(Reference(name="fortis_square", run=fortis_square_ref, owner="nearest",
-                              note="no installable reference: Fortis's Square"),)),
-    Row(name="nes_l2", attack="nes_l2", norm="l2", epsilon={"fmnist": 2.0, "imagenet": 5.0},
-        budgets=(500, 1000),
-        references=(Reference(name="fortis_square_l2", run=fortis_square_ref, owner="nearest",
-                              note="no installable reference: Fortis's Square L2"),)),
-    Row(name="signhunter", attack="signhunter", norm="linf",
-        epsilon={"fmnist": 0.1, "imagenet": 0.05}, budgets=(500, 1000),
-        references=(Reference(name="fortis_square", run=fortis_square_ref, owner="nearest",
-                              note="no installable reference: Fortis's Square"),)),
-    Row(name="signhunter_l2", attack="signhunter_l2", norm="l2",
-        epsilon={"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000),
-        references=(Reference(name="fortis_square_l2", run=fortis_square_ref, owner="nearest",
-                              note="no installable reference: Fortis's Square L2"),)),
-    Row(name="rgf", attack="rgf", norm="l2", epsilon={"fmnist": 2.0, "imagenet": 5.0},
-        budgets=(500, 1000),
-        references=(Reference(name="fortis_square_l2", run=fortis_square_ref, owner="nearest",
-                              note="no installable reference: Fortis's Square L2"),)),
-    Row(name="rgf_linf", attack="rgf_linf", norm="linf",
-        epsilon={"fmnist": 0.1, "imagenet": 0.05}, budgets=(500, 1000),
-        references=(Reference(name="fortis_square", run=fortis_square_ref, owner="nearest",
-                              note="no installable reference: Fortis's Square"),)),
-    Row(name="ngd", attack="ngd", norm="linf", epsilon={"fmnist": 0.1, "imagenet": 0.05},
-        budgets=(500, 1000),
-        references=(Reference(name="fortis_square", run=fortis_square_ref, owner="nearest",
-                              note="no installable reference: Fortis's Square"),)),
-    Row(name="ngd_l2", attack="ngd_l2", norm="l2", epsilon={"fmnist": 2.0, "imagenet": 5.0},
-        budgets=(500, 1000),
-        references=(Reference(name="fortis_square_l2", run=fortis_square_ref, owner="nearest",
-                              note="no installable reference: Fortis's Square L2"),)),
+    *(_square_yardstick_row(name, norm) for name, norm in (
+        ("bandits_l2", "l2"), ("nes", "linf"), ("nes_l2", "l2"), ("signhunter", "linf"),
+        ("signhunter_l2", "l2"), ("rgf", "l2"), ("rgf_linf", "linf"), ("ngd", "linf"),
+        ("ngd_l2", "l2"))),
 )
 
 
