@@ -323,7 +323,9 @@ def test_perturbation_drains_apply_perturbation(tmp_path) -> None:
     served = _serve("perturbation", tmp_path / "perturbation", grace=grace)
     rng = np.random.default_rng(0)
     try:
-        ch = grpc.insecure_channel(served.address)
+        # up to 40 224 x 224 images come back: above gRPC's default 4 MiB receive limit
+        ch = grpc.insecure_channel(served.address,
+                                   options=[("grpc.max_receive_message_length", 64 << 20)])
         pt = perturbation_pb2_grpc.PerturbationServiceStub(ch)
 
         def blur(n: int) -> Callable[[], Any]:
