@@ -141,7 +141,8 @@ def check_attack_fits(spec: Any, task: str, signal: str, crit: Criterion) -> Non
 def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequence[AttackItem], *,
                query: QueryClient | None = None, surrogate: Any = None,
                criterion: Criterion | Mapping[str, Any] | None = None,
-               should_stop: StopCheck = never) -> list[AttackResult]:
+               should_stop: StopCheck = never,
+               ensemble: Sequence[Any] = ()) -> list[AttackResult]:
     """Run one attack on a batch of images; one result per image, in order.
 
     Dispatches through the attack registry (``attacks/registry.py``): the id is looked up, the
@@ -154,7 +155,9 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
     ``uses_surrogate`` gets the surrogate when one is given. ``should_stop`` is polled before
     every query a query attack sends and every forward pass of a surrogate, so a caller's
     deadline or cancellation stops any attack within one step (issue 9). Each result carries
-    the signal the attack read and the criterion in words."""
+    the signal the attack read and the criterion in words. A transfer attack's task is its
+    surrogate's (``task``: classification when it does not say); ``ensemble`` are further
+    surrogates it is crafted on together with ``surrogate`` (IEEE-A7 model ensembles)."""
     spec = attack_spec(attack_id)
     p = validate_params(spec, params)
     if not items:
@@ -169,16 +172,15 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
         for idx in groups.values():
             part = run_attack(attack_id, params, seed, [items[i] for i in idx], query=query,
                               surrogate=surrogate, criterion=criterion,
-                              should_stop=should_stop)
+                              should_stop=should_stop, ensemble=ensemble)
             for i, r in zip(idx, part, strict=True):
                 out[i] = r
         return [r for r in out if r is not None]
     task = str(getattr(query, "task", None) or "classification") if spec.is_query_attack \
-        else "classification"
+        else str(getattr(surrogate, "task", None) or "classification")
     crit = attack_criterion(task, criterion)
     signal = str(getattr(query, "signal", None) or "scores") if query is not None else ""
-    if spec.is_query_attack:
-        check_attack_fits(spec, task, signal, crit)
+    check_attack_fits(spec, task, signal, crit)
     references = _references(task, items)
     if spec.needs_surrogate and surrogate is None:
         raise InvalidArgument("surrogate", f"{attack_id} is a transfer attack: name a surrogate model")
@@ -189,6 +191,10 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
         query = _StoppingQuery(query, should_stop)
     if surrogate is not None:
         surrogate = _StoppingSurrogate(surrogate, should_stop)
+    if ensemble and not spec.needs_surrogate:
+        raise InvalidArgument("ensemble", f"{attack_id} is not a transfer attack: it takes no "
+                              "ensemble of surrogates")
+    extra = tuple(_StoppingSurrogate(s, should_stop) for s in ensemble)
     ctx = AttackContext(
         spec=spec, images=np.stack([it.image for it in items]),
         labels=np.array([it.labels[0] if it.labels else 0 for it in items], dtype=np.int64),
@@ -197,7 +203,7 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
         params=MappingProxyType(p), seed=seed, criterion=crit,
         query=query if spec.is_query_attack else None,
         surrogate=surrogate if (spec.needs_surrogate or spec.uses_surrogate) else None,
-        references=references)
+        ensemble=extra, references=references)
     results = spec.run(ctx)
     used = ctx.used_signal() if spec.is_query_attack else ""
     if spec.kind == "decision" and used:

@@ -78,10 +78,13 @@ STOP_REASONS: Final = (STOP_SUCCESS, STOP_BUDGET, STOP_ALREADY_MISCLASSIFIED, ST
                        STOP_ITERATIONS)
 
 AttackKind = Literal["transfer", "score", "decision"]
-Norm = Literal["linf", "l2", "l0"]
+Norm = Literal["linf", "l2", "l0", "l1", "spatial"]
 Task = Literal["classification", "detection", "segmentation"]
 ATTACK_KINDS: Final = ("transfer", "score", "decision")
-NORMS: Final = ("linf", "l2", "l0")
+#: "l1": sum of absolute changes in [0, 1] scale (Sparse L1 Descent); "spatial": not an Lp
+#: ball but a transformation range (rotation / translation, the Spatial attack), recorded in
+#: the attack's parameters (IEEE-A9).
+NORMS: Final = ("linf", "l2", "l0", "l1", "spatial")
 #: The task types of IEEE Std 3129 (IEEE-P3) an attack may declare (``AttackSpec.tasks``).
 TASKS: Final = ("classification", "detection", "segmentation")
 
@@ -349,6 +352,9 @@ class AttackContext:
     #: Transfer attacks: the surrogate they are crafted on; query attacks with
     #: ``spec.uses_surrogate``: an optional local prior (None when the plan names none).
     surrogate: Any = None
+    #: Transfer attacks: further surrogates crafted on together with ``surrogate`` (IEEE-A7
+    #: model ensembles; ``whitebox.WhiteBox`` averages their logits or losses).
+    ensemble: tuple[Any, ...] = ()
     #: Per image, the reference the criterion compares with: detection ``judges.BoxReference``
     #: (objects of interest), segmentation an (H, W) int mask; None or empty = the clean
     #: answer (taken from the first, clean query: no extra query).

@@ -1,7 +1,8 @@
 """FGSM, the Fast Gradient Sign Method (IEEE-A7 transfer, L-inf; Goodfellow et al. 2015):
-one signed-gradient step of size epsilon on the surrogate's cross-entropy, untargeted,
-crafted on a local surrogate and sent to the target afterwards (so the target's answer, not
-this module, decides success). Registry entry: :data:`SPEC`."""
+one signed-gradient step of size epsilon on the surrogate's loss -- cross-entropy on the true
+label, or towards the target class (targeted) -- crafted on a local surrogate (or an
+ensemble, with the DI / TI / SI boosters: ``whitebox.py``) and sent to the target afterwards
+(so the target's answer, not this module, decides success). Registry entry: :data:`SPEC`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import numpy as np
 import torch
 
 from .base import EPSILON_LINF, AttackContext, AttackResult, AttackSpec
-from .gradient import sign_gradient_linf, surrogate_model
+from .gradient import Steps, run_steps, sign_gradient_linf
+from .whitebox import BOOSTER_PARAMS
 
 
 def fgsm(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *,
@@ -21,11 +23,13 @@ def fgsm(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *,
 
 
 def run(ctx: AttackContext) -> list[AttackResult]:
-    return fgsm(surrogate_model(ctx), ctx.images, ctx.labels, epsilon=ctx.params["epsilon"])
+    eps = float(ctx.params["epsilon"])
+    return run_steps(ctx, Steps(epsilon=eps, steps=1, step_size=eps))
 
 
 SPEC = AttackSpec(
     id="fgsm", kind="transfer", family="gradient", norms=("linf",),
-    refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, stochastic=False,
-    description="Fast Gradient Sign Method on the local surrogate, then sent to the target",
-    params=(EPSILON_LINF,), run=run)
+    refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, stochastic=False, targeted=True,
+    description="Fast Gradient Sign Method (Goodfellow et al. 2015): one signed-gradient step "
+                "on the local surrogate, then sent to the target",
+    params=(EPSILON_LINF, *BOOSTER_PARAMS), run=run)

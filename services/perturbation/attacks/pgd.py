@@ -1,7 +1,8 @@
-"""PGD, Projected Gradient Descent (IEEE-A7 transfer, L-inf, untargeted; Madry et al. 2018):
-sign-gradient steps on the surrogate's cross-entropy from a random start in the ball, each
-projected back onto it, crafted on a local surrogate and sent to the target afterwards.
-Registry entry: :data:`SPEC`."""
+"""PGD, Projected Gradient Descent (IEEE-A7 transfer, L-inf or L2; Madry et al. 2018): steps
+on the surrogate's loss from a random start in the ball, each projected back onto it (signed
+steps in L-inf, normalised gradient steps in L2), untargeted or targeted, crafted on a local
+surrogate (or an ensemble, with boosters: ``whitebox.py``) and sent to the target
+afterwards. Without the random start it is BIM with PGD's step. Registry entry: :data:`SPEC`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import torch
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
-from .base import EPSILON_LINF, AttackContext, AttackResult, AttackSpec
-from .gradient import sign_gradient_linf, surrogate_model
+from .base import AttackContext, AttackResult, AttackSpec
+from .gradient import Steps, run_steps, sign_gradient_linf
+from .whitebox import BOOSTER_PARAMS
 
 
 def pgd(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *, epsilon: float,
@@ -36,21 +38,31 @@ def pgd(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *, epsil
 
 def run(ctx: AttackContext) -> list[AttackResult]:
     p = ctx.params
-    return pgd(surrogate_model(ctx), ctx.images, ctx.labels, epsilon=p["epsilon"],
-               steps=p["steps"], step_size=p["step_size"] or None,
-               random_start=p["random_start"], generator=ctx.torch_generator())
+    eps, steps = float(p["epsilon"]), int(p["steps"])
+    if p["norm"] == "linf" and eps > 1.0:
+        raise InvalidArgument("params.epsilon", f"an L-inf bound is at most 1.0 ([0,1] pixel "
+                              f"scale), got {eps:g}")
+    size = float(p["step_size"]) or 2.5 * eps / max(steps, 1)
+    return run_steps(ctx, Steps(epsilon=eps, steps=steps, step_size=size, norm=p["norm"],
+                                random_start=bool(p["random_start"])))
 
 
 SPEC = AttackSpec(
-    id="pgd", kind="transfer", family="gradient", norms=("linf",),
-    refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True,
-    description="Projected Gradient Descent (L-inf) on the local surrogate, then sent to the target",
-    params=(EPSILON_LINF,
+    id="pgd", kind="transfer", family="gradient", norms=("linf", "l2"),
+    refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, targeted=True,
+    description="Projected Gradient Descent (Madry et al. 2018, L-inf or L2) on the local "
+                "surrogate, then sent to the target",
+    params=(Param(name="epsilon", type="float", minimum=0.0, maximum=1000.0,
+                  description="bound in [0,1] pixel scale (IEEE-A9): L-inf <= 1, or the L2 "
+                              "radius with norm l2"),
+            Param(name="norm", type="string", default="linf", choices=("linf", "l2"),
+                  description="the bound's norm"),
             Param(name="steps", type="int", default=10, description="iterations",
                   minimum=1, maximum=1000),
             Param(name="step_size", type="float", default=0.0,
                   description="step in [0,1] scale; 0 = 2.5*epsilon/steps",
-                  minimum=0.0, maximum=1.0),
+                  minimum=0.0, maximum=1000.0),
             Param(name="random_start", type="bool", default=True,
-                  description="start at a random point in the ball")),
+                  description="start at a random point in the ball"),
+            *BOOSTER_PARAMS),
     run=run)

@@ -20,6 +20,7 @@ from fortis.services.common.errors import InvalidArgument
 from .bandits import SPEC as BANDITS
 from .bandits import SPEC_L2 as BANDITS_L2
 from .base import AttackSpec
+from .bim import SPEC as BIM
 from .boundary import SPEC as BOUNDARY
 from .fgsm import SPEC as FGSM
 from .geoda import SPEC as GEODA
@@ -27,6 +28,7 @@ from .geoda import SPEC_LINF as GEODA_LINF
 from .hsja import SPEC as HSJA
 from .local_search import SPEC as LOCAL_SEARCH
 from .lowfreq_dct import SPEC as LOWFREQ_DCT
+from .mifgsm import SPEC as MI_FGSM
 from .nes import SPEC as NES
 from .nes import SPEC_L2 as NES_L2
 from .ngd import SPEC as NGD
@@ -64,7 +66,8 @@ def build(specs: tuple[AttackSpec, ...]) -> dict[str, AttackSpec]:
 
 #: id -> spec, in listing order.
 ATTACKS: Mapping[str, AttackSpec] = MappingProxyType(build(
-    (FGSM, PGD, SQUARE, HSJA, PERTKNOB,
+    (FGSM, BIM, PGD, MI_FGSM,
+     SQUARE, HSJA, PERTKNOB,
      BOUNDARY, QEBA, QFOOL, GEODA, GEODA_LINF, SURFREE,
      SIMBA, SQUARE_L2, LOWFREQ_DCT, ODS, LOCAL_SEARCH, SINGLE_PIXEL,
      NES, NES_L2, BANDITS, BANDITS_L2, SIGNHUNTER, SIGNHUNTER_L2,
