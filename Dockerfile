@@ -25,6 +25,7 @@ COPY services /src/services
 COPY adapters /src/adapters
 COPY clients/cli /src/clients/cli
 RUN /opt/fortis/bin/pip install /src \
+    && /opt/fortis/bin/pip install --no-deps "onnx2torch==1.5.15" \
     && /opt/fortis/bin/python -m compileall -q -x "torch/testing/_internal/py3" /opt/fortis/lib
 
 FROM ${PYTHON_IMAGE} AS runtime

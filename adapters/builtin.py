@@ -2,7 +2,10 @@
 
     fmnist-cnn        Fashion-MNIST CNN trained by the project (target)
     fmnist-surrogate  a second, different Fashion-MNIST CNN (the tester's surrogate)
+    fmnist-mlp        a third Fashion-MNIST model, an MLP (a second surrogate: ensembles)
     mobilenet-v2      ImageNet MobileNetV2 with torchvision's weights (offline package)
+    efficientnet-lite0  ImageNet EfficientNet-Lite0 (offline packages): a second ImageNet
+                      architecture, surrogate or target next to mobilenet-v2 (IEEE-A7)
 
 Built-in targets that are not classifiers (fortis.adapters.vision_targets; installed on
 first use by scripts/setup_vision.sh):
@@ -37,10 +40,17 @@ def _mobilenet() -> Any:
     return mobilenet_classifier()
 
 
+def _efficientnet() -> Any:
+    from fortis.adapters.torch_models.classifier import efficientnet_lite0_classifier
+    return efficientnet_lite0_classifier()
+
+
 BUILTIN_MODELS: dict[str, Callable[[], Any]] = {
     "fmnist-cnn": _fmnist("target"),
     "fmnist-surrogate": _fmnist("surrogate"),
+    "fmnist-mlp": _fmnist("mlp"),
     "mobilenet-v2": _mobilenet,
+    "efficientnet-lite0": _efficientnet,
 }
 
 #: Built-in targets that are not classifiers (detectors, segmenters): name -> factory of an

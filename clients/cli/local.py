@@ -369,6 +369,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             metrics_host=metrics_host,
             ledger_synchronous=ns.ledger_sync,
             data_root=Path(ns.data_root) if ns.data_root else None,
+            surrogate_dir=Path(ns.surrogate_dir) if getattr(ns, "surrogate_dir", "") else None,
             tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
             evaluation_workers=_evaluation_workers(ns), server_workers=_server_workers(ns),
             redis_url=getattr(ns, "redis_url", None) or os.environ.get("FORTIS_REDIS_URL") or None,

@@ -159,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="evaluations running at once on this server (default 2)")
     sp.add_argument("--data-root", help="folder of server-side datasets: manifest plans name "
                     "paths relative to it (default: none, manifest plans are refused)")
+    sp.add_argument("--surrogate-dir", default=os.environ.get("FORTIS_SURROGATE_DIR", ""),
+                    metavar="DIR",
+                    help="folder of operator surrogates: <name>.json manifests (the plan's "
+                    "surrogates schema, model = a file in DIR) named in plans like the "
+                    "built-ins (default: $FORTIS_SURROGATE_DIR, else none)")
     sp.add_argument("--upload-quota-bytes", type=int, default=2 * 1024 ** 3, metavar="N",
                     help="bytes each tenant may keep in uploaded images, manifests and models "
                     "(fortis upload; default 2 GiB)")

@@ -86,6 +86,10 @@ _MEDIA_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+\-]*/[A-Za-z0-9][A-Za-z0
 _PART = ".part"
 _PNG = b"\x89PNG\r\n\x1a\n"
 _ZIP = b"PK\x03\x04"
+#: Tags that may follow an ONNX ModelProto's ir_version: producer_name (2), producer_version
+#: (3), domain (4), model_version (5), doc_string (6), graph (7), opset_import (8),
+#: metadata_props (14), and the first byte of training_info (20) / functions (25).
+_ONNX_SECOND_TAGS = frozenset({0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72, 0xA2, 0xCA})
 
 
 def is_blob_id(raw: object) -> bool:
@@ -235,6 +239,7 @@ class UploadChecks:
         self.width = self.height = 0
         self._hash = hashlib.sha256()
         self._head = b""
+        self._model_head = b""
         self._header_done = kind != "image"
 
     def accept(self, chunk: bytes) -> None:
@@ -245,14 +250,26 @@ class UploadChecks:
         if self.received + len(chunk) > self.size:
             raise InvalidArgument("chunk", f"more bytes than the declared header.size "
                                            f"({self.size:,})")
-        if self.received == 0 and chunk and self.kind == "model" and \
-                not chunk.startswith(_ZIP[:len(chunk)]):
-            raise InvalidArgument("chunk", "a model is a TorchScript file (torch.jit.save "
-                                           "writes a zip archive)")
+        if self.kind == "model" and self.received < 3 and chunk:
+            self._model_head = (self._model_head + chunk)[:3]
+            self._check_model_head(self._model_head)
         self.received += len(chunk)
         self._hash.update(chunk)
         if not self._header_done:
             self._sniff(chunk)
+
+    def _check_model_head(self, head: bytes) -> None:
+        """A model is TorchScript (torch.jit.save writes a zip archive) or ONNX (a ModelProto:
+        its first field is ir_version, tag 0x08 and a small varint, then another field of
+        ModelProto), told from its first bytes as they arrive."""
+        if head.startswith(_ZIP[:len(head)]):
+            return
+        onnx = head[:1] == b"\x08" and (len(head) < 2 or 1 <= head[1] <= 0x7F) and (
+            len(head) < 3 or head[2] in _ONNX_SECOND_TAGS)
+        if not onnx:
+            raise InvalidArgument("chunk", "a model is a TorchScript file (torch.jit.save "
+                                           "writes a zip archive) or an ONNX model "
+                                           "(a ModelProto starting with its ir_version)")
 
     def _sniff(self, chunk: bytes) -> None:
         """Check an image's format and pixel count as soon as its header has arrived (never

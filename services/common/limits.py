@@ -95,6 +95,23 @@ MAX_BLOB_ID_CHARS: Final = 71
 #: A blob's media type.
 MAX_MEDIA_TYPE_CHARS: Final = 128
 
+# -- tenant surrogates (services/common/surrogates.py; IEEE-A7, IEEE-P6) ----------------------
+#: Input height or width of a tenant's surrogate model, pixels (its gradient is computed on
+#: images of that size).
+MAX_SURROGATE_SIDE: Final = 1024
+#: Classes of a tenant's surrogate (its ``labels``, entries of its ``label_map``).
+MAX_SURROGATE_CLASSES: Final = 100_000
+#: Characters of one surrogate class name.
+MAX_SURROGATE_LABEL_CHARS: Final = 256
+#: Surrogates a plan (``surrogates``) or a RunAttack request (``surrogate_models``) defines.
+MAX_SURROGATES: Final = 16
+#: Further surrogates of one attack's ensemble (IEEE-A7 model ensembles).
+MAX_ENSEMBLE: Final = 8
+#: Largest |mean| and std of a surrogate's input normalisation (x in [0, 1]).
+MAX_SURROGATE_NORM: Final = 1000.0
+#: Smallest std of a surrogate's input normalisation.
+MIN_SURROGATE_STD: Final = 1e-6
+
 # -- evaluation artifacts (services/evaluation/store.py; issue 10, one shared store) ----------
 #: An artifact's name (``adversarial/<attack>-<chunk>.npz``): '/'-separated parts of letters,
 #: digits, '_', '-', '.', none starting with '.'.
@@ -334,6 +351,25 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
     _PERT + "RunAttackRequest.origin": _ID,
     _PERT + "RunAttackRequest.surrogate": _NAME,
     _PERT + "RunAttackRequest.criterion": _MSG,
+    _PERT + "RunAttackRequest.ensemble": Limit("text", length=MAX_NAME_CHARS,
+                                               entries=MAX_ENSEMBLE),
+    _PERT + "RunAttackRequest.surrogate_models": _list(MAX_SURROGATES),
+    _PERT + "SurrogateModel.name": _NAME,
+    _PERT + "SurrogateModel.model": _text(MAX_BLOB_ID_CHARS, note="an uploaded model's id"),
+    _PERT + "SurrogateModel.format": Limit("free", note="enum; an unknown format is refused"),
+    _PERT + "SurrogateModel.height": _int(1, MAX_SURROGATE_SIDE),
+    _PERT + "SurrogateModel.width": _int(1, MAX_SURROGATE_SIDE),
+    _PERT + "SurrogateModel.channels": _int(1, 3, note="1 or 3"),
+    _PERT + "SurrogateModel.mean": _num(-MAX_SURROGATE_NORM, MAX_SURROGATE_NORM, 3,
+                                        note="one per channel"),
+    _PERT + "SurrogateModel.std": _num(MIN_SURROGATE_STD, MAX_SURROGATE_NORM, 3,
+                                       note="one per channel"),
+    _PERT + "SurrogateModel.labels": Limit("text", length=MAX_SURROGATE_LABEL_CHARS,
+                                           entries=MAX_SURROGATE_CLASSES),
+    _PERT + "SurrogateModel.label_map": _list(MAX_SURROGATE_CLASSES),
+    _PERT + "SurrogateModel.target_classes": _int(1, MAX_CLASS_LABEL),
+    _PERT + "SurrogateLabelMapping.surrogate_label": _int(0, MAX_SURROGATE_CLASSES - 1),
+    _PERT + "SurrogateLabelMapping.target_label": _int(0, MAX_CLASS_LABEL - 1),
     _PERT + "LabeledImage.image": _MSG,
     _PERT + "LabeledImage.labels": _LABELS,
     _PERT + "LabeledImage.objects": _list(MAX_BOXES_PER_IMAGE),

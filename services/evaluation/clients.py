@@ -30,6 +30,7 @@ from fortis.services.common.codec import (
 from fortis.services.common.limits import answer_batches
 from fortis.services.common.params import Param
 from fortis.services.common.server import error_from_rpc
+from fortis.services.common.surrogates import SurrogateSpec
 from fortis.services.evaluation import convert
 from fortis.services.evaluation.answers import (
     Answers,
@@ -286,10 +287,13 @@ class GrpcPerturbation:
                on_result: Callable[[AttackOutcome], None] | None = None,
                cancelled: Callable[[], bool] | None = None,
                criterion: Mapping[str, Any] | None = None,
-               references: Sequence[AttackReference] | None = None) -> list[AttackOutcome]:
+               references: Sequence[AttackReference] | None = None,
+               ensemble: Sequence[str] = (),
+               surrogate_models: Sequence[SurrogateSpec] = ()) -> list[AttackOutcome]:
         req = ppb.RunAttackRequest(
             attack_id=attack_id, seed=seed, proxy_session_id=session_id,
-            origin=origin, surrogate=surrogate)
+            origin=origin, surrogate=surrogate, ensemble=list(ensemble),
+            surrogate_models=[surrogate_model(s) for s in surrogate_models])
         refs = list(references) if references is not None else [None] * len(images)
         for (i, im, lab), ref in zip(images, refs, strict=True):
             li = req.images.add()
@@ -321,6 +325,21 @@ class GrpcPerturbation:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         return outs
+
+
+_MODEL_FORMATS = {"": ppb.MODEL_FORMAT_UNSPECIFIED, "torchscript": ppb.MODEL_FORMAT_TORCHSCRIPT,
+                  "onnx": ppb.MODEL_FORMAT_ONNX}
+
+
+def surrogate_model(spec: SurrogateSpec) -> ppb.SurrogateModel:
+    """A plan's surrogate, resolved against the target's labels, as its message."""
+    return ppb.SurrogateModel(
+        name=spec.name, model=spec.model, format=_MODEL_FORMATS[spec.format],
+        height=spec.height, width=spec.width, channels=spec.channels, mean=list(spec.mean),
+        std=list(spec.std), labels=list(spec.labels),
+        label_map=[ppb.SurrogateLabelMapping(surrogate_label=s, target_label=t)
+                   for s, t in spec.mapping],
+        target_classes=spec.target_classes)
 
 
 class GrpcScoring:

@@ -34,14 +34,23 @@ from fortis.services.common.limits import (
     MAX_BATCH_SIZE,
     MAX_DATASET_IMAGES,
     MAX_DATASET_OFFSET,
+    MAX_ENSEMBLE,
     MAX_LABEL_MAP,
     MAX_PLAN_ATTACKS,
     MAX_PLAN_DEPTH,
     MAX_PLAN_STRING_CHARS,
     MAX_RANK,
     MAX_SEED,
+    MAX_SURROGATES,
 )
 from fortis.services.common.params import validate_params
+from fortis.services.common.surrogates import (
+    SurrogateDefinition,
+    SurrogateSpec,
+    parse_definition,
+    resolve_label_map,
+    spec_of,
+)
 from fortis.services.evaluation.ports import Catalogue, TargetDescription
 
 DATASETS = ("fashion-mnist", "imagenet-photos", "manifest", "uploads")
@@ -54,7 +63,8 @@ MAX_DEPTH = MAX_PLAN_DEPTH
 _SETTING_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,59}$")
 __all__ = ["CORRECTNESS_MODES", "DATASETS", "MAX_PLAN_BYTES", "TASKS", "AttackTest",
            "CorruptionTest", "DatasetRef", "DegradationTest", "Plan", "Role", "TargetRef",
-           "check_against_target", "load_plan", "parse_plan_text", "validate_plan"]
+           "check_against_target", "check_surrogate_labels", "load_plan", "parse_plan_text",
+           "surrogate_specs", "validate_plan"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +119,9 @@ class AttackTest:
     name: str               # distinct label in the report (default: the id)
     params: Mapping[str, Any]
     surrogate: str = ""
+    #: Further surrogates crafted on together with ``surrogate`` (the plan's ``surrogate: [a,
+    #: b, ...]``: an IEEE-A7 model ensemble whose first is the primary).
+    ensemble: tuple[str, ...] = ()
     limit: int = 0          # attack only the first N images (0 = all)
     #: The success criterion as plain data (RunAttackRequest.criterion): ``kind`` (see
     #: ``common.criteria.ATTACK_CRITERIA``), ``target_label`` (the plan's ``targeted:
@@ -144,6 +157,8 @@ class Plan:
     #: services/common/criteria (DetectionCriterion / SegmentationCriterion).
     detection: Mapping[str, Any] = field(default_factory=dict)
     segmentation: Mapping[str, Any] = field(default_factory=dict)
+    #: The tenant's own surrogates (IEEE-A7, IEEE-P6): uploaded models the attacks may name.
+    surrogates: tuple[SurrogateDefinition, ...] = ()
     raw: Mapping[str, Any]
 
 
@@ -547,15 +562,97 @@ def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue, task: str = "classif
                       f"surrogate; transfer attacks on a {task} target are not available yet "
                       "(issue 12): use a query attack")
         crit = _attack_criterion(v, it, p, task, spec, det or {}, seg or {})
+        names = _surrogate_names(v, it.get("surrogate"), f"{p}.surrogate")
+        if len(names) > 1 and spec is not None and not spec.needs_surrogate:
+            v.bad(f"{p}.surrogate", f"{aid} is not a transfer attack: it takes one surrogate, "
+                  "not an ensemble")
         if label in seen:
             v.bad(f"{p}.name", f"attack name {_short(label)} is used twice; give each a distinct name")
         seen.add(label)
         out.append(AttackTest(id=aid, name=label, params=dict(params),
-                              surrogate=v.string(it, "surrogate", p),
+                              surrogate=names[0] if names else "", ensemble=tuple(names[1:]),
                               limit=v.integer(it, "limit", p, default=0, lo=0,
                                                     hi=MAX_DATASET_IMAGES),
                               criterion=crit))
     return out
+
+
+def _surrogate_names(v: _V, raw: Any, p: str) -> list[str]:
+    """An attack's ``surrogate``: a name, or a list of names (an ensemble, the first the
+    primary: IEEE-A7)."""
+    if raw is None:
+        return []
+    items = raw if isinstance(raw, list) else [raw]
+    if isinstance(raw, list) and not 1 <= len(raw) <= 1 + MAX_ENSEMBLE:
+        v.bad(p, f"an ensemble lists 1 to {1 + MAX_ENSEMBLE} surrogates, got {len(raw)}")
+        return []
+    out: list[str] = []
+    for j, x in enumerate(items):
+        where = f"{p}[{j}]" if isinstance(raw, list) else p
+        if not isinstance(x, str) or not x.strip() or len(x) > MAX_PLAN_STRING_CHARS:
+            v.bad(where, f"must be a surrogate's name, got {_short(x)}")
+        elif x in out:
+            v.bad(where, f"'{_short(x, 60)}' is already in the ensemble")
+        else:
+            out.append(x)
+    return out
+
+
+def _surrogates(v: _V, doc: Mapping[str, Any]) -> list[SurrogateDefinition]:
+    """The tenant's own surrogates (IEEE-A7, IEEE-P6; schema: services/common/surrogates.py):
+    uploaded models by id, never a path on the server."""
+    raw = doc.get("surrogates")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        v.bad("surrogates", "must be a list of surrogate definitions")
+        return []
+    if len(raw) > MAX_SURROGATES:
+        v.bad("surrogates", f"{len(raw)} surrogates; at most {MAX_SURROGATES}")
+        raw = raw[:MAX_SURROGATES]
+    out: list[SurrogateDefinition] = []
+    for k, item in enumerate(raw):
+        defn, problems = parse_definition(item, f"surrogates[{k}]")
+        v.problems.extend(problems)
+        if defn is None:
+            continue
+        if any(d.name == defn.name for d in out):
+            v.bad(f"surrogates[{k}].name", f"'{defn.name}' is defined twice")
+            continue
+        out.append(defn)
+    return out
+
+
+def surrogate_specs(plan: Plan, target_labels: list[str] | tuple[str, ...]
+                    ) -> dict[str, SurrogateSpec]:
+    """The plan's surrogates resolved against the target's labels (IEEE-P6), by name."""
+    return {d.name: spec_of(d, target_labels, f"surrogates[{k}]")
+            for k, d in enumerate(plan.surrogates)}
+
+
+def check_surrogate_labels(plan: Plan, target_labels: list[str] | tuple[str, ...],
+                           images: Any, n_images: int) -> None:
+    """Every image a transfer attack covers must have a true label that each of its tenant
+    surrogates maps a class to (IEEE-P6), or the surrogate has no loss to follow."""
+    specs = surrogate_specs(plan, target_labels)
+    index = {d.name: k for k, d in enumerate(plan.surrogates)}
+    v = _V()
+    for at in plan.attacks:
+        n = min(n_images, at.limit) if at.limit else n_images
+        for name in (at.surrogate, *at.ensemble):
+            if name not in specs:
+                continue
+            mapped = specs[name].mapped_targets()
+            for image_id, _, labels in list(images)[:n]:
+                if labels and int(labels[0]) not in mapped:
+                    lab = int(labels[0])
+                    shown = target_labels[lab] if 0 <= lab < len(target_labels) else lab
+                    v.bad(f"surrogates[{index[name]}].label_map", f"image '{image_id}' has "
+                          f"target label {lab} ({shown}), which no class of surrogate "
+                          f"'{name}' maps to")
+                    break
+    if v.problems:
+        raise InvalidArgument.from_violations(v.problems[:100])
 
 
 def _degradation(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[DegradationTest]:
@@ -606,7 +703,7 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
     v = _V()
     v.unknown(doc, "", {"name", "seed", "roles", "target", "dataset", "correctness",
                         "corruptions", "attacks", "execution", "description", "degradation",
-                        "detection", "segmentation"})
+                        "detection", "segmentation", "surrogates"})
     name = v.string(doc, "name", "", required=True)
     seed = v.integer(doc, "seed", "", default=0, lo=0, hi=MAX_SEED)
     roles = _roles(v, doc)
@@ -615,6 +712,7 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
     correctness, det, seg = _criteria(v, doc, target.task)
     corruptions = _corruptions(v, doc, catalogue)
     attacks = _attacks(v, doc, catalogue, target.task, det, seg)
+    surrogates = _surrogates(v, doc)
     degradation = _degradation(v, doc, catalogue)
     e = v.mapping(doc.get("execution"), "execution", required=False)
     v.unknown(e, "execution", {"batch_size"})
@@ -629,7 +727,7 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
                 provider=roles["provider"], target=target, dataset=dataset,
                 correctness=correctness, corruptions=tuple(corruptions), attacks=tuple(attacks),
                 batch_size=batch, raw=dict(doc), degradation=tuple(degradation),
-                detection=det, segmentation=seg)
+                detection=det, segmentation=seg, surrogates=tuple(surrogates))
 
 
 def check_against_target(plan: Plan, target: TargetDescription, catalogue: Catalogue) -> None:
@@ -665,6 +763,8 @@ def check_against_target(plan: Plan, target: TargetDescription, catalogue: Catal
         if tl is not None and n_labels and int(tl) >= n_labels:
             v.bad(f"attacks[{i}].targeted.label", f"class {tl} is outside the target's "
                   f"{n_labels} labels")
+    for k, sd in enumerate(plan.surrogates):     # IEEE-P6: the label map, by index or name
+        v.problems.extend(resolve_label_map(sd, target.labels, f"surrogates[{k}]")[1])
     if v.problems:
         raise InvalidArgument.from_violations(v.problems[:100])
 

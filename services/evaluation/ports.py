@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from fortis.services.common.params import Param
+from fortis.services.common.surrogates import SurrogateSpec
 from fortis.services.evaluation.answers import Answers
 
 __all__ = ["AttackEntry", "AttackOutcome", "Catalogue", "CataloguePort", "LedgerSummary",
@@ -141,10 +142,14 @@ class PerturbationPort(CataloguePort, Protocol):
                on_result: Callable[[AttackOutcome], None] | None = None,
                cancelled: Callable[[], bool] | None = None,
                criterion: Mapping[str, Any] | None = None,
-               references: Sequence[AttackReference] | None = None) -> list[AttackOutcome]:
+               references: Sequence[AttackReference] | None = None,
+               ensemble: Sequence[str] = (),
+               surrogate_models: Sequence[SurrogateSpec] = ()) -> list[AttackOutcome]:
         """Run an attack; ``criterion`` its success criterion as plain data (kind,
         target_label, threshold, k, detection / segmentation parameters; None: the task's
-        default), ``references`` one per image (detection / segmentation)."""
+        default), ``references`` one per image (detection / segmentation), ``ensemble``
+        further surrogates crafted on with ``surrogate`` (IEEE-A7), ``surrogate_models``
+        the tenant's surrogates those names may refer to (IEEE-P6)."""
         ...
 
 

@@ -22,7 +22,7 @@ from fortis.services.common.errors import FailedPrecondition, InvalidArgument, U
 from fortis.services.evaluation.answers import SegmentationAnswers
 from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.keys import SessionId
-from fortis.services.evaluation.plan import Plan, check_against_target
+from fortis.services.evaluation.plan import Plan, check_against_target, check_surrogate_labels
 from fortis.services.evaluation.ports import (
     Catalogue,
     LedgerSummary,
@@ -101,6 +101,7 @@ def check_target(plan: Plan, target: TargetDescription, images: Sequence[Labeled
         for lab in labels:
             if not 0 <= lab < n_labels:
                 raise InvalidArgument("dataset.label_map", f"image '{image_id}' has label {lab}, outside the target's {n_labels} labels")
+    check_surrogate_labels(plan, list(target.labels), images, len(images))
 
 
 def _fit_masks(setting: Setting, truths: Sequence[Any]) -> Setting:

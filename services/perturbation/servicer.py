@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from fortis.services.common.server import (
 )
 from fortis.services.common.status import status_for
 from fortis.services.common.stopping import StopCheck, caller_stop
+from fortis.services.common.surrogates import SurrogateSpec
 from fortis.services.perturbation import engine, registry
 from fortis.services.perturbation.attacks.base import AttackSpec
 from fortis.services.perturbation.attacks.registry import ATTACKS, attack_spec
@@ -45,6 +46,7 @@ from fortis.services.perturbation.judges import BoxReference
 from fortis.services.perturbation.proxy_client import ProxyQueryClient
 from fortis.services.perturbation.registry import PERTURBATIONS, perturbation_spec
 from fortis.services.perturbation.spec import PerturbationSpec
+from fortis.services.perturbation.surrogates import check_mapped_labels, resolve_surrogates
 from google.protobuf import json_format
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["PerturbationService"].full_name
@@ -115,6 +117,22 @@ def criterion_spec(msg: pb.AttackCriterion) -> dict[str, Any]:
                                if g.HasField("ignore_label") else None,
                                "all_absent_incorrect": bool(g.all_absent_incorrect)}
     return out
+
+
+_MODEL_FORMATS = {pb.MODEL_FORMAT_UNSPECIFIED: "", pb.MODEL_FORMAT_TORCHSCRIPT: "torchscript",
+                  pb.MODEL_FORMAT_ONNX: "onnx"}
+
+
+def surrogate_spec(msg: pb.SurrogateModel, where: str) -> SurrogateSpec:
+    """A SurrogateModel message as the domain's definition (checked when resolved)."""
+    if msg.format not in _MODEL_FORMATS:
+        raise errors.InvalidArgument(f"{where}.format", f"unknown model format {msg.format}")
+    return SurrogateSpec(
+        name=msg.name, model=msg.model, format=_MODEL_FORMATS[msg.format], height=msg.height,
+        width=msg.width, channels=msg.channels, mean=tuple(msg.mean), std=tuple(msg.std),
+        labels=tuple(msg.labels),
+        mapping=tuple((int(m.surrogate_label), int(m.target_label)) for m in msg.label_map),
+        target_classes=msg.target_classes)
 
 
 def _objects(li: Any, where: str) -> BoxReference | None:
@@ -232,9 +250,17 @@ def _page(items: Sequence[Any], kind: str, request: Any) -> tuple[list[Any], str
 
 class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
     def __init__(self, *, proxy_stub: proxy_pb2_grpc.TargetProxyServiceStub | None,
-                 surrogate_loader: Callable[[str, str], Any]) -> None:
+                 surrogate_loader: Callable[[str, str], Any],
+                 tenant_surrogates: Callable[[SurrogateSpec, str], Any] | None = None,
+                 surrogate_names: Callable[[], Collection[str]] = tuple) -> None:
+        """``surrogate_loader``: (name, field) -> a built-in or operator surrogate;
+        ``tenant_surrogates``: (definition, its field) -> the calling tenant's uploaded
+        surrogate (None: refused); ``surrogate_names``: the names the first resolves, which
+        no definition may take (IEEE-A7)."""
         self.proxy_stub = proxy_stub
         self.surrogate_loader = surrogate_loader
+        self.tenant_surrogates = tenant_surrogates
+        self.surrogate_names = surrogate_names
 
     def ListPerturbations(self, request: Any, context: Any) -> pb.ListPerturbationsResponse:
         specs = [s for s in PERTURBATIONS.values()
@@ -313,11 +339,20 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         query = surrogate = None
         if spec.is_query_attack:
             query = self._query_client(request, spec.id)
-        if request.surrogate and (spec.needs_surrogate or spec.uses_surrogate):
-            surrogate = self.surrogate_loader(request.surrogate, "surrogate")
+        ensemble: list[Any] = []
+        if (request.surrogate or request.ensemble) and (spec.needs_surrogate
+                                                        or spec.uses_surrogate):
+            surrogate, ensemble = resolve_surrogates(
+                request.surrogate, list(request.ensemble),
+                [surrogate_spec(m, f"surrogate_models[{i}]")
+                 for i, m in enumerate(request.surrogate_models)],
+                builtin=self.surrogate_loader, tenant=self.tenant_surrogates,
+                reserved=self.surrogate_names())
+            check_mapped_labels([s for s in (surrogate, *ensemble) if s is not None],
+                                [it.labels for it in items])
         results = engine.run_attack(spec.id, params, request.seed, items, query=query,
                                     surrogate=surrogate, criterion=crit,
-                                    should_stop=_stop_check(context))
+                                    should_stop=_stop_check(context), ensemble=ensemble)
         for it, r in zip(items, results, strict=True):
             resp = pb.RunAttackResponse(
                 image_id=it.image_id, queries=int(r.queries), linf=float(r.linf),

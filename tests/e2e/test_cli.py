@@ -134,14 +134,18 @@ def test_perturbations_listing_and_sheets(tmp_path):
     attacks = json.loads(r.stdout)
     from fortis.services.perturbation.attacks.registry import ATTACKS
     assert [a["id"] for a in attacks] == list(ATTACKS)        # every entry, registry order
-    assert [a["id"] for a in attacks][:5] == ["fgsm", "pgd", "square", "hsja", "pertknob"]
+    assert [a["id"] for a in attacks][:4] == ["fgsm", "bim", "pgd", "mi_fgsm"]
+    mi = next(a for a in attacks if a["id"] == "mi_fgsm")
+    assert {"DI", "TI", "SI", "NI", "VMI", "ensemble"} <= set(mi["boosters"])
     assert all(a["parameters"] and a["norms"] for a in attacks)
     eps = next(p for p in attacks[0]["parameters"] if p["name"] == "epsilon")
     assert (eps["minimum"], eps["maximum"]) == (0.0, 1.0)
     r = fortis("attacks", "--kind", "transfer", cwd=tmp_path)
     assert r.returncode == 0
     listed = [line.split()[0] for line in r.stdout.splitlines()[1:] if line.strip()]
-    assert listed[:2] == ["fgsm", "pgd"] and "square" not in listed
+    assert listed[:4] == ["fgsm", "bim", "pgd", "mi_fgsm"] and "square" not in listed
+    assert "Boosters of the transfer attacks" in r.stdout
+    assert {"DI", "TI", "SI", "NI", "VMI", "ensemble"} <= set(listed)
     r = fortis("sheets", "--out", str(tmp_path / "sheets"), "--image", "fashion-mnist",
                "--kind", "style", "--size", "32", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -216,7 +220,7 @@ def test_serve_without_target_serves_the_builtins(served):
         resp = proxy_pb2_grpc.TargetProxyServiceStub(ch).ListTargets(
             proxy_pb2.ListTargetsRequest(), metadata=(("x-api-key", key),), timeout=30)
     assert {t.name for t in resp.targets} == {"fmnist-cnn", "fmnist-cnn-label", "fmnist-cnn-top3",
-                                              "mobilenet-v2"}
+                                              "mobilenet-v2", "efficientnet-lite0"}
 
 
 def test_serve_on_a_busy_port_is_one_clear_line(tmp_path):

@@ -27,10 +27,11 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from fortis.services.common.arrays import l2_distance, linf_distance
 from fortis.services.common.matching import to_xyxy
 from fortis.services.evaluation.answers import ClassAnswers, concat, unpack
 from fortis.services.evaluation.keys import SessionId, StageName, WorkItemKey
-from fortis.services.evaluation.plan import AttackTest, Plan
+from fortis.services.evaluation.plan import AttackTest, Plan, surrogate_specs
 from fortis.services.evaluation.ports import AttackOutcome, Catalogue, Setting, TestDefinition
 from fortis.services.evaluation.stages.base import RunContext, chunks
 
@@ -75,11 +76,28 @@ def attack_tests(plan: Plan, n_images: int, catalogue: Catalogue,
         signal, words = seen.get(at.name, ("", ""))
         out.append(TestDefinition(
             name=at.name, kind=f"{e.kind}_attack", perturbation_id=at.id, family=e.family,
-            refs=e.refs, params=dict(at.params), surrogate=at.surrogate,
+            refs=e.refs, params=dict(at.params),
+            surrogate=" + ".join((at.surrogate, *at.ensemble)) if at.surrogate else "",
             epsilon=float(eps) if isinstance(eps, int | float) else None, norm=e.norm,
             query_budget=int(at.params["max_queries"]) if e.is_query_attack else None,
             images=_n(plan, at, n_images), signal=signal,
             criterion=words or str(at.criterion.get("kind", "")).replace("_", " ")))
+    return out
+
+
+def surrogate_args(plan: Plan, ctx: RunContext, at: AttackTest) -> dict[str, Any]:
+    """An attack's ensemble and the definitions of the plan's own surrogates it names,
+    resolved against the target's labels (IEEE-A7, IEEE-P6); nothing when it names none."""
+    names = [n for n in (at.surrogate, *at.ensemble) if n]
+    if not names:
+        return {}
+    specs = surrogate_specs(plan, ctx.target.labels) if plan.surrogates else {}
+    out: dict[str, Any] = {}
+    if at.ensemble:
+        out["ensemble"] = tuple(at.ensemble)
+    used = [specs[n] for n in names if n in specs]
+    if used:
+        out["surrogate_models"] = used
     return out
 
 
@@ -137,15 +155,25 @@ class TransferAttackStage(_AttackStage):
 
     def _item(self, ctx: RunContext, session: str, rows: list[Any], at: AttackTest, c: int,
               _attempt: int) -> tuple[dict[str, Any], int]:
-        outs = ctx.perturbation.attack(at.id, at.params, self.plan.seed, rows,
-                                       surrogate=at.surrogate, criterion=at.criterion)
-        answers = ctx.answers(session, at.name, [(o.image_id, o.adversarial) for o in outs])
-        ctx.save_adversarials(at.name, c, [o.image_id for o in outs],
-                              [o.adversarial for o in outs], [o.adversarial_float for o in outs])
-        return ({"answers": answers, "linf": np.array([o.linf for o in outs]),
-                 "l2": np.array([o.l2 for o in outs]),
-                 "initially_correct": np.array([bool(o.initially_correct) for o in outs])},
-                len(outs))
+        # Crafted once per (attack, surrogate, image) and kept before anything is sent: a
+        # resumed attempt at this chunk sends the stored images instead of crafting again
+        # (CAN-9); the target's answers come from the proxy session as for any attempt.
+        ids = [str(r[0]) for r in rows]
+        kept = ctx.load_adversarials(at.name, c, ids)
+        if kept is None:
+            outs = ctx.perturbation.attack(at.id, at.params, self.plan.seed, rows,
+                                           surrogate=at.surrogate, criterion=at.criterion,
+                                           **surrogate_args(self.plan, ctx, at))
+            u8 = [o.adversarial for o in outs]
+            ctx.save_adversarials(at.name, c, ids, u8, [o.adversarial_float for o in outs])
+        else:
+            u8 = kept[0]
+            ctx.progress.images(0, f"{at.name}: chunk {c} crafted before, sent as stored")
+        answers = ctx.answers(session, at.name, list(zip(ids, u8, strict=True)))
+        return ({"answers": answers,
+                 "linf": np.array([linf_distance(r[1], a) for r, a in zip(rows, u8, strict=True)]),
+                 "l2": np.array([l2_distance(r[1], a) for r, a in zip(rows, u8, strict=True)]),
+                 "crafted": kept is None}, len(u8))
 
 
 @dataclass
@@ -206,7 +234,8 @@ class QueryAttackStage(_AttackStage):
         outs = ctx.perturbation.attack(at.id, at.params, self.plan.seed, rows, session_id=session,
                                        origin=at.name, on_result=on_result,
                                        cancelled=ctx.cancelled, surrogate=at.surrogate,
-                                       criterion=at.criterion, references=refs)
+                                       criterion=at.criterion, references=refs,
+                                       **surrogate_args(self.plan, ctx, at))
         total, per_image = ctx.proxy.session_queries(session)
         ctx.save_adversarials(at.name, c, [o.image_id for o in outs],
                               [o.adversarial for o in outs], [o.adversarial_float for o in outs])

@@ -220,6 +220,28 @@ class RunContext:
         self.store.put_artifact(self.evaluation_id, key, buf.getvalue())
         return key
 
+    def load_adversarials(self, name: str, chunk: int,
+                          ids: Sequence[str]) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+        """The adversarials :meth:`save_adversarials` kept for this chunk (uint8, float), when
+        they are there and are of exactly these images, in order; else None. A transfer
+        attack crafts once per (attack, surrogate, image) and a resumed evaluation sends what
+        was crafted instead of crafting again (CAN-9)."""
+        safe = safe_artifact_part(name, default="attack")
+        data = self.store.artifact(self.evaluation_id, f"adversarial/{safe}-{chunk:05d}.npz")
+        if data is None:
+            return None
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                if [str(i) for i in z["image_ids"]] != [str(i) for i in ids]:
+                    return None
+                if "adversarial_uint8" in z.files:
+                    return list(z["adversarial_uint8"]), list(z["adversarial_float"])
+                n = len(ids)
+                return ([z[f"adversarial_uint8_{k:05d}"] for k in range(n)],
+                        [z[f"adversarial_float_{k:05d}"] for k in range(n)])
+        except (OSError, ValueError, KeyError):
+            return None       # unreadable: craft again (never send a broken image)
+
 
 def safe_artifact_part(name: str, *, default: str) -> str:
     """``name`` as one part of an artifact name: ASCII letters, digits, '-', '_', '.' kept,

@@ -84,6 +84,12 @@ class CriterionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CRITERION_KIND_OBJECT_RELABELLED: _ClassVar[CriterionKind]
     CRITERION_KIND_MIOU_BELOW: _ClassVar[CriterionKind]
 
+class ModelFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODEL_FORMAT_UNSPECIFIED: _ClassVar[ModelFormat]
+    MODEL_FORMAT_TORCHSCRIPT: _ClassVar[ModelFormat]
+    MODEL_FORMAT_ONNX: _ClassVar[ModelFormat]
+
 class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     STOP_REASON_UNSPECIFIED: _ClassVar[StopReason]
@@ -135,6 +141,9 @@ CRITERION_KIND_TARGET_CLASS_PROB_BOOST: CriterionKind
 CRITERION_KIND_OBJECT_MISSED: CriterionKind
 CRITERION_KIND_OBJECT_RELABELLED: CriterionKind
 CRITERION_KIND_MIOU_BELOW: CriterionKind
+MODEL_FORMAT_UNSPECIFIED: ModelFormat
+MODEL_FORMAT_TORCHSCRIPT: ModelFormat
+MODEL_FORMAT_ONNX: ModelFormat
 STOP_REASON_UNSPECIFIED: StopReason
 STOP_REASON_SUCCESS: StopReason
 STOP_REASON_BUDGET: StopReason
@@ -435,7 +444,7 @@ class AttackCriterion(_message.Message):
     def __init__(self, kind: _Optional[_Union[CriterionKind, str]] = ..., target_label: _Optional[int] = ..., threshold: _Optional[float] = ..., k: _Optional[int] = ..., detection: _Optional[_Union[DetectionAttackCriterion, _Mapping]] = ..., segmentation: _Optional[_Union[SegmentationAttackCriterion, _Mapping]] = ...) -> None: ...
 
 class RunAttackRequest(_message.Message):
-    __slots__ = ("attack_id", "params", "seed", "images", "proxy_session_id", "origin", "surrogate", "criterion")
+    __slots__ = ("attack_id", "params", "seed", "images", "proxy_session_id", "origin", "surrogate", "criterion", "ensemble", "surrogate_models")
     ATTACK_ID_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -444,6 +453,8 @@ class RunAttackRequest(_message.Message):
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     SURROGATE_FIELD_NUMBER: _ClassVar[int]
     CRITERION_FIELD_NUMBER: _ClassVar[int]
+    ENSEMBLE_FIELD_NUMBER: _ClassVar[int]
+    SURROGATE_MODELS_FIELD_NUMBER: _ClassVar[int]
     attack_id: str
     params: _struct_pb2.Struct
     seed: int
@@ -452,7 +463,43 @@ class RunAttackRequest(_message.Message):
     origin: str
     surrogate: str
     criterion: AttackCriterion
-    def __init__(self, attack_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[LabeledImage, _Mapping]]] = ..., proxy_session_id: _Optional[str] = ..., origin: _Optional[str] = ..., surrogate: _Optional[str] = ..., criterion: _Optional[_Union[AttackCriterion, _Mapping]] = ...) -> None: ...
+    ensemble: _containers.RepeatedScalarFieldContainer[str]
+    surrogate_models: _containers.RepeatedCompositeFieldContainer[SurrogateModel]
+    def __init__(self, attack_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[LabeledImage, _Mapping]]] = ..., proxy_session_id: _Optional[str] = ..., origin: _Optional[str] = ..., surrogate: _Optional[str] = ..., criterion: _Optional[_Union[AttackCriterion, _Mapping]] = ..., ensemble: _Optional[_Iterable[str]] = ..., surrogate_models: _Optional[_Iterable[_Union[SurrogateModel, _Mapping]]] = ...) -> None: ...
+
+class SurrogateLabelMapping(_message.Message):
+    __slots__ = ("surrogate_label", "target_label")
+    SURROGATE_LABEL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LABEL_FIELD_NUMBER: _ClassVar[int]
+    surrogate_label: int
+    target_label: int
+    def __init__(self, surrogate_label: _Optional[int] = ..., target_label: _Optional[int] = ...) -> None: ...
+
+class SurrogateModel(_message.Message):
+    __slots__ = ("name", "model", "format", "height", "width", "channels", "mean", "std", "labels", "label_map", "target_classes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    STD_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    LABEL_MAP_FIELD_NUMBER: _ClassVar[int]
+    TARGET_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    format: ModelFormat
+    height: int
+    width: int
+    channels: int
+    mean: _containers.RepeatedScalarFieldContainer[float]
+    std: _containers.RepeatedScalarFieldContainer[float]
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    label_map: _containers.RepeatedCompositeFieldContainer[SurrogateLabelMapping]
+    target_classes: int
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., format: _Optional[_Union[ModelFormat, str]] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., channels: _Optional[int] = ..., mean: _Optional[_Iterable[float]] = ..., std: _Optional[_Iterable[float]] = ..., labels: _Optional[_Iterable[str]] = ..., label_map: _Optional[_Iterable[_Union[SurrogateLabelMapping, _Mapping]]] = ..., target_classes: _Optional[int] = ...) -> None: ...
 
 class RunAttackResponse(_message.Message):
     __slots__ = ("image_id", "adversarial", "adversarial_float", "success", "queries", "linf", "l2", "initially_correct", "stop_reason", "signal", "criterion")
