@@ -6,6 +6,10 @@
     mobilenet-v2      ImageNet MobileNetV2 with torchvision's weights (offline package)
     efficientnet-lite0  ImageNet EfficientNet-Lite0 (offline packages): a second ImageNet
                       architecture, surrogate or target next to mobilenet-v2 (IEEE-A7)
+    mtcnn-surrogate   MTCNN's P-, R-, O-Net in torch: a differentiable surrogate detector
+                      (transfer attacks on detection targets; not a classifier)
+    u2netp-surrogate  U2-Net-p converted from its ONNX file to torch: a differentiable
+                      surrogate segmenter (transfer attacks on segmentation targets)
 
 Built-in targets that are not classifiers (fortis.adapters.vision_targets; installed on
 first use by scripts/setup_vision.sh):
@@ -45,12 +49,22 @@ def _efficientnet() -> Any:
     return efficientnet_lite0_classifier()
 
 
+def _vision_surrogate(name: str) -> Callable[[], Any]:
+    def load() -> Any:
+        from fortis.adapters.vision_targets.surrogates import SURROGATES
+        return SURROGATES[name]()
+    return load
+
+
 BUILTIN_MODELS: dict[str, Callable[[], Any]] = {
     "fmnist-cnn": _fmnist("target"),
     "fmnist-surrogate": _fmnist("surrogate"),
     "fmnist-mlp": _fmnist("mlp"),
     "mobilenet-v2": _mobilenet,
     "efficientnet-lite0": _efficientnet,
+    # surrogates of detectors / segmenters (``task``, ``task_loss``; whitebox.py)
+    "mtcnn-surrogate": _vision_surrogate("mtcnn-surrogate"),
+    "u2netp-surrogate": _vision_surrogate("u2netp-surrogate"),
 }
 
 #: Built-in targets that are not classifiers (detectors, segmenters): name -> factory of an

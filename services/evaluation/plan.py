@@ -45,6 +45,8 @@ from fortis.services.common.limits import (
 )
 from fortis.services.common.params import validate_params
 from fortis.services.common.surrogates import (
+    BUILTIN_SURROGATE_NAMES,
+    BUILTIN_SURROGATE_TASKS,
     SurrogateDefinition,
     SurrogateSpec,
     parse_definition,
@@ -554,15 +556,13 @@ def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue, task: str = "classif
                 v.bad(f"{p}.surrogate", f"{aid} is a transfer attack: name the surrogate model")
             if it.get("surrogate") and not (spec.needs_surrogate or spec.uses_surrogate):
                 v.bad(f"{p}.surrogate", f"{aid} takes no surrogate model")
-            if spec.is_query_attack and task not in spec.tasks:
+            if task not in spec.tasks:
                 v.bad(f"{p}.id", f"{aid} does not attack {task} targets (it attacks: "
                       f"{', '.join(spec.tasks)})")
-            if not spec.is_query_attack and task != "classification":
-                v.bad(f"{p}.id", f"{aid} is a transfer attack, crafted on a classifier "
-                      f"surrogate; transfer attacks on a {task} target are not available yet "
-                      "(issue 12): use a query attack")
         crit = _attack_criterion(v, it, p, task, spec, det or {}, seg or {})
         names = _surrogate_names(v, it.get("surrogate"), f"{p}.surrogate")
+        if spec is not None and spec.needs_surrogate:
+            _check_surrogate_tasks(v, names, it.get("surrogate"), f"{p}.surrogate", task, doc)
         if len(names) > 1 and spec is not None and not spec.needs_surrogate:
             v.bad(f"{p}.surrogate", f"{aid} is not a transfer attack: it takes one surrogate, "
                   "not an ensemble")
@@ -575,6 +575,31 @@ def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue, task: str = "classif
                                                     hi=MAX_DATASET_IMAGES),
                               criterion=crit))
     return out
+
+
+def _check_surrogate_tasks(v: _V, names: list[str], raw: Any, p: str, task: str,
+                           doc: Mapping[str, Any]) -> None:
+    """A transfer attack is crafted on surrogates of the target's task (IEEE-A7 on IEEE-C4 /
+    C5 targets: a detector's or segmenter's ``task_loss``): each name whose task is known --
+    a built-in (``BUILTIN_SURROGATE_TASKS``; the others classify) or one of the plan's own
+    surrogates (classifiers) -- must match; an operator's surrogate is checked when it runs."""
+    raw_own = doc.get("surrogates")
+    own = {d.get("name") for d in (raw_own if isinstance(raw_own, list) else [])
+           if isinstance(d, Mapping) and isinstance(d.get("name"), str)}
+    for j, name in enumerate(names):
+        if name in BUILTIN_SURROGATE_TASKS:
+            known = BUILTIN_SURROGATE_TASKS[name]
+        elif name in BUILTIN_SURROGATE_NAMES or name in own:
+            known = "classification"
+        else:
+            continue
+        if known != task:
+            fitting = [n for n in BUILTIN_SURROGATE_NAMES
+                       if BUILTIN_SURROGATE_TASKS.get(n, "classification") == task]
+            where = f"{p}[{j}]" if isinstance(raw, list) else p
+            v.bad(where, f"{_short(name, 60)} is a {known} surrogate; a transfer attack on a "
+                  f"{task} target is crafted on a {task} surrogate (built-in: "
+                  f"{', '.join(fitting) or 'none'})")
 
 
 def _surrogate_names(v: _V, raw: Any, p: str) -> list[str]:

@@ -59,7 +59,7 @@ class AttackEntry:
     kind: str                        # "transfer" | "score" | "decision"
     family: str
     refs: tuple[str, ...]
-    norms: tuple[str, ...]           # "linf" | "l2" | "l0"
+    norms: tuple[str, ...]           # "linf" | "l2" | "l0" | "l1" | "spatial"
     needs_surrogate: bool
     params: tuple[Param, ...]
     targeted: bool = False           # has a targeted variant

@@ -289,8 +289,14 @@ class _StoppingSurrogate:
 
     def __init__(self, inner: Any, should_stop: StopCheck) -> None:
         self._inner = inner
+        self._should_stop = should_stop
         self.model = inner.model if should_stop is never else _StoppingModule(inner.model,
                                                                                should_stop)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+    def task_loss(self, x: Any, references: Any, criterion: Any) -> Any:
+        """A detector's or segmenter's loss (its own forward passes), polled as the model."""
+        raise_if_stopped(self._should_stop, "the computation")
+        return self._inner.task_loss(x, references, criterion)

@@ -63,7 +63,8 @@ _PARAM_TYPES = {"float": pb.PARAMETER_TYPE_FLOAT, "int": pb.PARAMETER_TYPE_INT,
                 "bool": pb.PARAMETER_TYPE_BOOL, "string": pb.PARAMETER_TYPE_STRING}
 _ATTACK_KINDS = {"transfer": pb.ATTACK_KIND_TRANSFER, "score": pb.ATTACK_KIND_SCORE,
                  "decision": pb.ATTACK_KIND_DECISION}
-_NORMS = {"l0": pb.NORM_L0, "l2": pb.NORM_L2, "linf": pb.NORM_LINF}
+_NORMS = {"l0": pb.NORM_L0, "l2": pb.NORM_L2, "linf": pb.NORM_LINF, "l1": pb.NORM_L1,
+          "spatial": pb.NORM_SPATIAL}
 _STOP_REASONS = {"success": pb.STOP_REASON_SUCCESS, "budget": pb.STOP_REASON_BUDGET,
                  "already_misclassified": pb.STOP_REASON_ALREADY_MISCLASSIFIED,
                  "budget_exhausted_by_proxy": pb.STOP_REASON_BUDGET_EXHAUSTED_BY_PROXY,

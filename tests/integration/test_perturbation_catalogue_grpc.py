@@ -93,13 +93,15 @@ def test_list_attacks_reads_the_registry_with_typed_schemas(pt, channel):
     by_id = {a.id: a for a in items}
     pgd, hsja, pk = by_id["pgd"], by_id["hsja"], by_id["pertknob"]
     assert pgd.kind == ppb.ATTACK_KIND_TRANSFER and pgd.needs_surrogate
-    assert list(pgd.norms) == [ppb.NORM_LINF] and pgd.untargeted and not pgd.targeted
+    assert list(pgd.norms) == [ppb.NORM_LINF, ppb.NORM_L2] and pgd.untargeted and pgd.targeted
+    assert list(by_id["sparse_l1"].norms) == [ppb.NORM_L1]
+    assert list(by_id["spatial"].norms) == [ppb.NORM_SPATIAL]
     assert list(hsja.norms) == [ppb.NORM_L2] and hsja.kind == ppb.ATTACK_KIND_DECISION
     assert by_id["square"].kind == ppb.ATTACK_KIND_SCORE
     assert pgd.refs[0] == "IEEE-A7" and pk.refs[0] == "PER-3" and "IEEE-M6" in hsja.refs
     eps = next(p for p in pgd.parameters if p.name == "epsilon")
     assert eps.type == ppb.PARAMETER_TYPE_FLOAT and eps.required
-    assert not eps.HasField("default_value") and (eps.minimum, eps.maximum) == (0.0, 1.0)
+    assert not eps.HasField("default_value") and (eps.minimum, eps.maximum) == (0.0, 1000.0)
     steps = next(p for p in pgd.parameters if p.name == "steps")
     assert steps.type == ppb.PARAMETER_TYPE_INT and steps.default_value.integer == 10
     start = next(p for p in pgd.parameters if p.name == "random_start")
@@ -109,7 +111,9 @@ def test_list_attacks_reads_the_registry_with_typed_schemas(pt, channel):
     assert list(mode.choices) == ["bisection", "linear"] and not mode.HasField("minimum")
     transfer = pt.ListAttacks(ppb.ListAttacksRequest(kind=ppb.ATTACK_KIND_TRANSFER),
                               metadata=MD).attacks
-    assert [a.id for a in transfer] == ["fgsm", "pgd"]
+    assert [a.id for a in transfer] == [k for k, s in ATTACKS.items() if s.kind == "transfer"]
+    assert {"fgsm", "bim", "pgd", "mi_fgsm", "spatial", "ddn", "dispersion_reduction",
+            "cw_l2", "ead", "fab", "sparse_l1", "fast_feature"} <= {a.id for a in transfer}
     with pytest.raises(grpc.RpcError) as ei:
         pt.ListAttacks(ppb.ListAttacksRequest(page_token="not-a-token"), metadata=MD)
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -126,8 +126,9 @@ def test_transfer_attacks_and_wrong_task_criteria_refused_on_a_detector(catalogu
   - {id: hsja, criterion: {kind: miou_below}, params: {epsilon: 5.0, max_queries: 100}}
 """, catalogue)
     f = _fields(e)
-    assert "fgsm is a transfer attack" in f["attacks[0].id"]
-    assert "detection" in f["attacks[0].id"] and "issue 12" in f["attacks[0].id"]
+    # a transfer attack on a detector is crafted on a detection surrogate (IEEE-A7 on IEEE-C4)
+    assert "'fmnist-surrogate' is a classification surrogate" in f["attacks[0].surrogate"]
+    assert "mtcnn-surrogate" in f["attacks[0].surrogate"] and "attacks[0].id" not in f
     assert "attacks[1].criterion.kind" in f and "attacks[2].criterion.kind" in f
 
 
@@ -147,4 +148,35 @@ def test_query_attacks_on_a_segmenter(catalogue):
     f = _fields(e)
     assert "IEEE-C5 defines none" in f["attacks[0].targeted"]
     assert "attacks[1].criterion.kind" in f
-    assert "transfer attack" in f["attacks[2].id"]
+    assert "u2netp-surrogate" in f["attacks[2].surrogate"]
+
+
+def test_transfer_attacks_on_detectors_and_segmenters(catalogue):
+    """IEEE-A7 on IEEE-C4 / C5 targets: the gradient transfer attacks take a surrogate of the
+    target's task, with the plan's task criterion; a surrogate of another task is refused,
+    naming the field (an ensemble's member by its index)."""
+    plan = load_plan(DET + """attacks:
+  - {id: pgd, surrogate: mtcnn-surrogate, params: {epsilon: 0.05, steps: 5}}
+  - {id: fgsm, surrogate: my-detector, params: {epsilon: 0.05}}
+""", catalogue)
+    assert plan.attacks[0].surrogate == "mtcnn-surrogate"
+    assert plan.attacks[0].criterion["kind"] == "object_missed"
+    assert plan.attacks[1].surrogate == "my-detector"      # an operator's: checked when run
+    plan = load_plan(SEG + """attacks:
+  - {id: mi_fgsm, surrogate: u2netp-surrogate, params: {epsilon: 0.03}}
+  - {id: bim, surrogate: u2netp-surrogate, params: {epsilon: 0.03}}
+""", catalogue)
+    assert [a.criterion["kind"] for a in plan.attacks] == ["miou_below", "miou_below"]
+    with pytest.raises(InvalidArgument) as e:
+        load_plan(SEG + """attacks:
+  - {id: pgd, surrogate: mtcnn-surrogate, params: {epsilon: 0.03}}
+  - {id: pgd, name: ens, surrogate: [u2netp-surrogate, mobilenet-v2], params: {epsilon: 0.03}}
+""", catalogue)
+    f = _fields(e)
+    assert "'mtcnn-surrogate' is a detection surrogate" in f["attacks[0].surrogate"]
+    assert "mobilenet-v2" in f["attacks[1].surrogate[1]"]
+    with pytest.raises(InvalidArgument) as e:
+        load_plan(CLS + """attacks:
+  - {id: fgsm, surrogate: u2netp-surrogate, params: {epsilon: 0.1}}
+""", catalogue)
+    assert "fmnist-surrogate" in _fields(e)["attacks[0].surrogate"]

@@ -2,7 +2,9 @@
 
 - :class:`TransferAttackStage`: adversarials crafted white-box on the plan's surrogate
   (IEEE-A7), bounded before the attack (IEEE-A9), quantised to uint8 and sent to the target
-  through the proxy; judged on the target's answer to the image it received.
+  through the proxy; judged on the target's answer to the image it received (IEEE-C1..C3,
+  or IEEE-C4 / C5 on a detector or segmenter: crafted on a surrogate of that task, with each
+  image's ground truth as the reference its task loss moves away from).
 - :class:`QueryAttackStage`: score- and decision-based attacks (IEEE-A8) that query the
   target only through the proxy, in one proxy session per chunk (``.../<chunk>/a1``, opened
   by the first attempt and continued by every resumed one), with the per-image budget Q_m
@@ -161,8 +163,13 @@ class TransferAttackStage(_AttackStage):
         ids = [str(r[0]) for r in rows]
         kept = ctx.load_adversarials(at.name, c, ids)
         if kept is None:
+            # detection / segmentation: each image's ground truth is what the surrogate's
+            # task loss moves away from (None: the surrogate's own answer)
+            refs = attack_references(self.plan.target.task, ctx.truths, ids) \
+                if ctx.truths and self.plan.target.task != "classification" else None
             outs = ctx.perturbation.attack(at.id, at.params, self.plan.seed, rows,
                                            surrogate=at.surrogate, criterion=at.criterion,
+                                           references=refs,
                                            **surrogate_args(self.plan, ctx, at))
             u8 = [o.adversarial for o in outs]
             ctx.save_adversarials(at.name, c, ids, u8, [o.adversarial_float for o in outs])

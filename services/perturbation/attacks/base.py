@@ -250,8 +250,11 @@ def project_l2(adv: np.ndarray, x: np.ndarray, epsilon: float) -> np.ndarray:
 
 def check_surrogate_input(classifier: Any, shape: tuple[int, ...]) -> None:
     """A surrogate (``.input_spec``: height, width, channels) must take the images as they are:
-    resizing would attack a different image than the one the target receives."""
-    spec = classifier.input_spec
+    resizing would attack a different image than the one the target receives. A surrogate
+    whose ``input_spec`` is None (a detector or segmenter) takes any size."""
+    spec = getattr(classifier, "input_spec", None)
+    if spec is None:
+        return
     if (shape[0], shape[1], shape[2]) != (spec.height, spec.width, spec.channels):
         raise InvalidArgument(
             "images", f"surrogate '{classifier.name}' takes {spec.height}x{spec.width}x"

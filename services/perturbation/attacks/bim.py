@@ -31,6 +31,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 SPEC = AttackSpec(
     id="bim", kind="transfer", family="gradient", norms=("linf",),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, stochastic=False, targeted=True,
+    tasks=("classification", "detection", "segmentation"),
     description="Basic Iterative Method (Kurakin et al. 2017): iterated FGSM from the clean "
                 "image on the local surrogate, then sent to the target",
     params=(EPSILON_LINF,

@@ -30,6 +30,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 SPEC = AttackSpec(
     id="fgsm", kind="transfer", family="gradient", norms=("linf",),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, stochastic=False, targeted=True,
+    tasks=("classification", "detection", "segmentation"),
     description="Fast Gradient Sign Method (Goodfellow et al. 2015): one signed-gradient step "
                 "on the local surrogate, then sent to the target",
     params=(EPSILON_LINF, *BOOSTER_PARAMS), run=run)

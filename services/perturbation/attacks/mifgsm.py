@@ -29,6 +29,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 SPEC = AttackSpec(
     id="mi_fgsm", kind="transfer", family="gradient", norms=("linf",),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, targeted=True,
+    tasks=("classification", "detection", "segmentation"),
     description="Momentum Iterative FGSM (Dong et al. 2018) on the local surrogate, with the "
                 "NI / VMI / DI / TI / SI boosters, then sent to the target",
     params=(EPSILON_LINF,

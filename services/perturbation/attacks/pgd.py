@@ -50,6 +50,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 SPEC = AttackSpec(
     id="pgd", kind="transfer", family="gradient", norms=("linf", "l2"),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, targeted=True,
+    tasks=("classification", "detection", "segmentation"),
     description="Projected Gradient Descent (Madry et al. 2018, L-inf or L2) on the local "
                 "surrogate, then sent to the target",
     params=(Param(name="epsilon", type="float", minimum=0.0, maximum=1000.0,

@@ -65,6 +65,8 @@ class Norm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NORM_L0: _ClassVar[Norm]
     NORM_L2: _ClassVar[Norm]
     NORM_LINF: _ClassVar[Norm]
+    NORM_L1: _ClassVar[Norm]
+    NORM_SPATIAL: _ClassVar[Norm]
 
 class ImageEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -129,6 +131,8 @@ NORM_UNSPECIFIED: Norm
 NORM_L0: Norm
 NORM_L2: Norm
 NORM_LINF: Norm
+NORM_L1: Norm
+NORM_SPATIAL: Norm
 IMAGE_ENCODING_UNSPECIFIED: ImageEncoding
 IMAGE_ENCODING_PNG: ImageEncoding
 CRITERION_KIND_UNSPECIFIED: CriterionKind

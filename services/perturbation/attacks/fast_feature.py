@@ -1,0 +1,116 @@
+"""The Fast Feature attack (IEEE-A7 transfer, feature layer, L-inf; the feature-space attack of
+Sabour et al. 2016, "Adversarial manipulation of deep representations", as IBM ART's
+``FeatureAdversariesPyTorch`` implements it with its PGD optimiser): make the image's
+representation at one layer of the local surrogate match a *guide* image's, within the L-inf
+ball, so the image still looks like itself but the surrogate "sees" the guide.
+
+Each step, per image: ``adv <- clip_[x-eps, x+eps] & [0,1] (adv - step_size * sign(d))`` with
+``d`` the gradient of ``||features(adv, layer) - features(guide, layer)||_2^2`` (ART's loss,
+summed over the feature map, ``lambda_ = 0``).
+
+**The guide** is another image of the batch of a different class, chosen deterministically
+from the seed (:func:`choose_guides`, from ``ctx.rng()``): untargeted, uniformly among the
+batch's images whose label differs from the image's; targeted (``TargetedMisclassification``),
+among the batch's images of the target class (targeted in the sense of the guide's class:
+a batch with no image of the target class is InvalidArgument naming
+``criterion.target_label``). A batch whose images are all of one class is InvalidArgument
+naming ``images``.
+
+**The layer** (``params.layer``): a module name of the surrogate (unknown: InvalidArgument
+naming ``params.layer`` with the layer list); empty = the penultimate representation, the
+input of the surrogate's last Linear layer (the paper attacks deep layers such as fc7) --
+``classifier.2`` on the built-in ``fmnist-surrogate`` (``dispersion.default_layer``). Only
+the first surrogate of an ensemble is used (its feature space).
+
+**The bound (IEEE-A9)** is enforced on the uint8 output (round, then ``clip_to_linf``).
+Nothing here queries the target: ``success`` is None, ``queries`` 0, stop reason
+``iterations``. Registry entry: :data:`SPEC`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.params import Param
+
+from .base import (
+    EPSILON_LINF,
+    STOP_ITERATIONS,
+    AttackContext,
+    AttackResult,
+    AttackSpec,
+    check_batch,
+    make_result,
+)
+from .dispersion import LAYER_PARAM, feature_pgd, resolve_layer
+from .whitebox import WhiteBox, to_tensor
+
+__all__ = ["SPEC", "choose_guides", "run"]
+
+log = logging.getLogger("fortis.attacks.fast_feature")
+
+
+def choose_guides(labels: np.ndarray, rng: np.random.Generator,
+                  target: int | None = None) -> np.ndarray:
+    """Per image, the index of its guide in the batch (see the module doc)."""
+    labels = np.asarray(labels, dtype=np.int64)
+    n = labels.shape[0]
+    if target is not None:
+        pool = np.flatnonzero(labels == int(target))
+        if pool.size == 0:
+            raise InvalidArgument("criterion.target_label",
+                                  f"fast_feature takes its guide from the batch: no image of "
+                                  f"class {target} in it")
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        cand = pool[pool != i] if target is not None else np.flatnonzero(labels != labels[i])
+        if target is not None and cand.size == 0:
+            cand = pool  # the only image of the target class guides itself (already there)
+        if cand.size == 0:
+            raise InvalidArgument("images", "fast_feature needs a guide of a different class "
+                                  "in the batch: every image has the same label")
+        out[i] = int(cand[int(rng.integers(cand.size))])
+    return out
+
+
+def run(ctx: AttackContext) -> list[AttackResult]:
+    images, labels = check_batch(ctx.images, ctx.labels)
+    if images.shape[0] == 0:
+        return []
+    p = ctx.params
+    eps, steps = float(p["epsilon"]), int(p["steps"])
+    size = float(p["step_size"]) or max(1.0 / 255.0, 2.5 * eps / steps)
+    wb = WhiteBox.from_ctx(ctx)
+    layer = resolve_layer(wb, str(p["layer"]), where="last")
+    guides = choose_guides(labels, ctx.rng(), wb.target)
+    log.info("fast feature attack on layer %s of %s", layer, getattr(ctx.surrogate, "name", "?"))
+    with wb, torch.no_grad():  # not inference_mode: the features enter the autograd loss
+        guide_feats = torch.cat([wb.features(to_tensor(images[guides[k:k + 64]]), layer)
+                                 for k in range(0, len(guides), 64)])
+
+    def objective(f: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+        g = guide_feats[torch.from_numpy(rows)]
+        return (f - g).flatten(1).pow(2).sum(dim=1)
+
+    advs, correct = feature_pgd(wb, images, layer=layer, epsilon=eps, steps=steps,
+                                step_size=size, objective=objective)
+    return [make_result(i, images[i], advs[i], success=None, queries=0,
+                        initially_correct=bool(correct[i]), stop_reason=STOP_ITERATIONS)
+            for i in range(images.shape[0])]
+
+
+SPEC = AttackSpec(
+    id="fast_feature", kind="transfer", family="feature-layer", norms=("linf",),
+    refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, stochastic=True, targeted=True,
+    description="Fast Feature attack (Sabour et al. 2016; ART's FeatureAdversaries): moves a "
+                "layer's representation onto a guide image's of another class within the "
+                "L-inf ball, on the local surrogate, then sent to the target",
+    params=(EPSILON_LINF, LAYER_PARAM,
+            Param(name="steps", type="int", default=40, minimum=1, maximum=1000,
+                  description="iterations"),
+            Param(name="step_size", type="float", default=0.0, minimum=0.0, maximum=1.0,
+                  description="step in [0,1] scale; 0 = max(1/255, 2.5*epsilon/steps)")),
+    run=run)
