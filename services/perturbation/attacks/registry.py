@@ -22,7 +22,14 @@ from .bandits import SPEC_L2 as BANDITS_L2
 from .base import AttackSpec
 from .bim import SPEC as BIM
 from .boundary import SPEC as BOUNDARY
+from .cw import SPEC as CW
+from .ddn import SPEC as DDN
+from .dispersion import SPEC as DISPERSION
+from .ead import SPEC as EAD
+from .fab import SPEC as FAB
+from .fast_feature import SPEC as FAST_FEATURE
 from .fgsm import SPEC as FGSM
+from .generative import SPEC as ADVGAN
 from .geoda import SPEC as GEODA
 from .geoda import SPEC_LINF as GEODA_LINF
 from .hsja import SPEC as HSJA
@@ -46,12 +53,16 @@ from .signhunter import SPEC as SIGNHUNTER
 from .signhunter import SPEC_L2 as SIGNHUNTER_L2
 from .simba import SPEC as SIMBA
 from .single_pixel import SPEC as SINGLE_PIXEL
+from .sparse_l1 import SPEC as SPARSE_L1
+from .spatial import SPEC as SPATIAL
 from .square import SPEC as SQUARE
 from .square_l2 import SPEC as SQUARE_L2
 from .surfree import SPEC as SURFREE
+from .whitebox import BOOSTERS
 from .zoo import SPEC as ZOO
 
-__all__ = ["ATTACKS", "attack_spec", "build", "describe_attack", "list_attacks"]
+__all__ = ["ATTACKS", "attack_boosters", "attack_spec", "build", "describe_attack",
+           "list_attacks", "list_boosters"]
 
 
 def build(specs: tuple[AttackSpec, ...]) -> dict[str, AttackSpec]:
@@ -67,6 +78,8 @@ def build(specs: tuple[AttackSpec, ...]) -> dict[str, AttackSpec]:
 #: id -> spec, in listing order.
 ATTACKS: Mapping[str, AttackSpec] = MappingProxyType(build(
     (FGSM, BIM, PGD, MI_FGSM,
+     SPATIAL, SPARSE_L1, DISPERSION, FAST_FEATURE, ADVGAN,
+     CW, EAD, DDN, FAB,
      SQUARE, HSJA, PERTKNOB,
      BOUNDARY, QEBA, QFOOL, GEODA, GEODA_LINF, SURFREE,
      SIMBA, SQUARE_L2, LOWFREQ_DCT, ODS, LOCAL_SEARCH, SINGLE_PIXEL,
@@ -82,6 +95,21 @@ def attack_spec(attack_id: str, field_name: str = "attack_id") -> AttackSpec:
     return spec
 
 
+def attack_boosters(spec: AttackSpec) -> list[str]:
+    """The boosters (``whitebox.BOOSTERS``: DI, TI, SI, NI, VMI, ensemble) a transfer attack
+    composes with: those whose parameters it declares."""
+    names = {p.name for p in spec.params}
+    return [b for b, (_paper, _what, params) in BOOSTERS.items() if names & set(params)]
+
+
+def list_boosters() -> list[dict[str, Any]]:
+    """The boosters as plain data (``fortis attacks``): id, paper, what it does, parameters,
+    and the attacks that take it."""
+    return [{"id": b, "paper": paper, "description": what, "parameters": list(params),
+             "attacks": [s.id for s in ATTACKS.values() if b in attack_boosters(s)]}
+            for b, (paper, what, params) in BOOSTERS.items()]
+
+
 def describe_attack(spec: AttackSpec) -> dict[str, Any]:
     """An entry as plain JSON-able data (``ListAttacks``, ``fortis attacks --json``)."""
     return {
@@ -89,7 +117,7 @@ def describe_attack(spec: AttackSpec) -> dict[str, Any]:
         "targeted": spec.targeted, "untargeted": spec.untargeted, "refs": list(spec.refs),
         "description": spec.description, "needs_surrogate": spec.needs_surrogate,
         "stochastic": spec.stochastic, "tasks": list(spec.tasks or ()),
-        "uses_surrogate": spec.uses_surrogate,
+        "uses_surrogate": spec.uses_surrogate, "boosters": attack_boosters(spec),
         "parameters": [{"name": p.name, "type": p.type, "default": p.default,
                         "description": p.description, "minimum": p.minimum,
                         "maximum": p.maximum, "choices": list(p.choices),
