@@ -401,3 +401,56 @@ attacks:
         assert report["ledger"]["sessions"][session] == round(m["mean_queries"] * n), k
         assert per_image[k] and max(per_image[k].values()) <= budget, (k, per_image[k])
         assert 0 <= m["successes"] <= n
+
+
+def test_every_transfer_attack_in_one_classifier_plan(stack, tmp_path):
+    """Issue 12's "a plan can use each with a built-in surrogate, on classifiers": one plan
+    naming every transfer attack of the registry (IEEE-A7: the twelve and the generator) on
+    the Fashion-MNIST CNN, crafted on fmnist-surrogate, the images sent through the real
+    services and the proxy. The evaluation succeeds; each attack is in the report with its
+    surrogate and norm, scored on the target's answers (IEEE-M3), and the proxy's transfer
+    session of each received exactly its images."""
+    from fortis.services.perturbation.attacks.registry import ATTACKS
+
+    from tests.conftest import API_KEY
+
+    n = 3
+    quick = {"bim": {"epsilon": 0.1, "steps": 3}, "pgd": {"epsilon": 0.1, "steps": 3},
+             "mi_fgsm": {"epsilon": 0.1, "steps": 3, "di_prob": 0.5, "ti_kernel": 3},
+             "fgsm": {"epsilon": 0.1},
+             "spatial": {"rotation_steps": 5, "translation_steps": 3},
+             "sparse_l1": {"steps": 5},
+             "dispersion_reduction": {"epsilon": 0.1, "steps": 5},
+             "fast_feature": {"epsilon": 0.1, "steps": 5},
+             "advgan": {"epsilon": 0.1, "epochs": 2},
+             "cw_l2": {"steps": 10, "binary_search_steps": 2, "initial_const": 0.1},
+             "ead": {"steps": 10, "binary_search_steps": 2, "initial_const": 0.1},
+             "ddn": {"steps": 10}, "fab": {"steps": 5}}
+    ids = [k for k, s in ATTACKS.items() if s.kind == "transfer"]
+    assert set(ids) == set(quick), "a new transfer attack: give it quick params here"
+    lines = [f"  - {{id: {k}, surrogate: fmnist-surrogate, params: {json.dumps(quick[k])}}}"
+             for k in ids]
+    plan = f"""
+name: every-transfer-attack
+seed: 5
+target: {{name: fmnist-cnn, task: classification}}
+dataset: {{source: fashion-mnist, split: test, limit: {n}}}
+attacks:
+""" + "\n".join(lines) + "\n"
+    with FortisClient(stack.address, api_key=API_KEY) as fc:
+        ev = fc.submit(plan)
+        final = fc.wait(ev.evaluation_id, timeout_s=600)
+        assert progress_of(final).state == "SUCCEEDED", final.error.message
+        report = json.loads(fc.write_report(ev.evaluation_id, tmp_path / "r")[0].read_text())
+        sessions = {k: fc.session_stats(f"{ev.evaluation_id}/attack/{k}").per_image
+                    for k in ids}
+    tests = {x["id"]: x for x in report["tests"]}
+    for k in ids:
+        assert k in tests, k
+        assert tests[k].get("surrogate") == "fmnist-surrogate", tests[k]
+        assert tests[k].get("norm") == ATTACKS[k].norm, (k, tests[k].get("norm"))
+        # the target received each of the attack's images once (its ledger)
+        assert sorted(sessions[k].values()) == [1] * n, (k, sessions[k])
+    text = json.dumps(report["metrics"])
+    for k in ids:
+        assert k in text, k
