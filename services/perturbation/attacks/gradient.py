@@ -101,7 +101,10 @@ def iterate(wb: WhiteBox, images: np.ndarray, s: Steps,
             xs = images[start:start + CHUNK]
             rows = np.arange(start, start + xs.shape[0])
             x = to_tensor(xs)
-            correct = wb.check_classifier(x, rows)
+            # initially_correct from the first gradient step's clean forward pass when it is
+            # one (no random start, no DI / SI transform): no forward pass spent on it
+            correct = None if (s.steps and not s.random_start and wb.task == "classification") \
+                else wb.check_classifier(x, rows)
             adv = x.clone()
             if s.random_start:
                 if s.norm == "linf":
@@ -113,12 +116,14 @@ def iterate(wb: WhiteBox, images: np.ndarray, s: Steps,
                 adv = (x + noise).clamp(0.0, 1.0)
             momentum = torch.zeros_like(x)
             variance = torch.zeros_like(x)
-            for _ in range(s.steps):
+            for t in range(s.steps):
                 if s.decay is None:
                     d = wb.grad(adv, rows)
+                    clean = wb.last_plain if t == 0 else None
                 else:
                     point = adv + s.decay * s.step_size * momentum if s.nesterov else adv
                     g_hat = wb.grad(point, rows)
+                    clean = wb.last_plain if t == 0 else None   # the look-ahead is adv at t=0
                     g = g_hat + variance if s.vmi_samples else g_hat
                     g = g / torch.mean(torch.abs(g), dim=(1, 2, 3), keepdim=True).clamp_min(1e-30)
                     d = g + momentum * s.decay
@@ -130,7 +135,12 @@ def iterate(wb: WhiteBox, images: np.ndarray, s: Steps,
                             u = torch.rand(x.shape, generator=gen, dtype=x.dtype) * (2 * r) - r
                             acc = acc + wb.grad(adv + u, rows)
                         variance = acc / s.vmi_samples - g_hat
+                if correct is None:
+                    correct = wb.correct_from(clean, wb.labels[torch.from_numpy(rows)]) \
+                        if clean is not None else wb.check_classifier(x, rows)
                 adv = _project(adv.detach() + s.step_size * _step(d, s.norm), x, eps, s.norm)
+            if correct is None:
+                correct = wb.check_classifier(x, rows)
             if s.norm == "linf":
                 out = quantise(adv, xs, e)
             else:

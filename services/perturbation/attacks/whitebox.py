@@ -191,6 +191,9 @@ class WhiteBox:
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
         self._kernel: torch.Tensor | None = None
         self._modes: list[bool] = []
+        #: The un-boosted logits of the last :meth:`loss` call when it computed them on the
+        #: input itself (no DI / SI transform), detached; else None.
+        self.last_plain: torch.Tensor | None = None
 
     @classmethod
     def from_ctx(cls, ctx: AttackContext) -> WhiteBox:
@@ -231,15 +234,13 @@ class WhiteBox:
         y = self._y(rows, x.shape[0])
         with torch.inference_mode():
             logits = self.plain_logits(x)
-        if logits.ndim != 2:
-            raise InvalidArgument("surrogate", f"model must return N x classes logits, got "
-                                  f"{tuple(logits.shape)}")
-        if x.shape[0] and int(y.max()) >= logits.shape[1]:
-            raise InvalidArgument("labels", f"label {int(y.max())} out of range for a "
-                                  f"{logits.shape[1]}-class surrogate")
-        if self.target is not None and not 0 <= self.target < logits.shape[1]:
-            raise InvalidArgument("criterion.target_label", f"{self.target} out of range for a "
-                                  f"{logits.shape[1]}-class surrogate")
+        return self.correct_from(logits, y)
+
+    def correct_from(self, logits: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+        """:meth:`check_classifier` on logits already computed (the first gradient step's
+        clean forward pass: :attr:`last_plain`), so no forward pass is spent on it."""
+        logits = logits.detach()
+        self._check_logits(logits, y)
         return (logits.argmax(dim=1) == y).numpy()
 
     def _diverse(self, x: torch.Tensor) -> torch.Tensor:
@@ -294,17 +295,36 @@ class WhiteBox:
             return self._task_loss(x, rows)
         y = self._y(rows, x.shape[0])
         self._smooth_hook(x)
+        self.last_plain = None
         by_loss = self.boosters.ensemble_mode == "loss" and len(self.models) > 1
         total = None
         for i in range(self.boosters.si_copies):
-            xd = self._diverse(x if i == 0 else x / float(2 ** i))
+            xi = x if i == 0 else x / float(2 ** i)
+            xd = self._diverse(xi)
             if by_loss:
                 part = torch.stack([self._ce(m(xd), y) for m in self.models]).mean(dim=0)
             else:
-                part = self._ce(self.plain_logits(xd), y)
+                out = self.plain_logits(xd)
+                self._check_logits(out, y)
+                if i == 0 and xd is x:
+                    self.last_plain = out.detach()
+                part = self._ce(out, y)
             total = part if total is None else total + part
         assert total is not None
         return total if self.boosters.si_copies == 1 else total / self.boosters.si_copies
+
+    def _check_logits(self, logits: torch.Tensor, y: torch.Tensor) -> None:
+        """Refuse, naming the field, what cross-entropy would fail on: logits that are not
+        N x classes, a label or a target label out of the surrogate's range."""
+        if logits.ndim != 2:
+            raise InvalidArgument("surrogate", f"model must return N x classes logits, got "
+                                  f"{tuple(logits.shape)}")
+        if y.numel() and int(y.max()) >= logits.shape[1]:
+            raise InvalidArgument("labels", f"label {int(y.max())} out of range for a "
+                                  f"{logits.shape[1]}-class surrogate")
+        if self.target is not None and not 0 <= self.target < logits.shape[1]:
+            raise InvalidArgument("criterion.target_label", f"{self.target} out of range for a "
+                                  f"{logits.shape[1]}-class surrogate")
 
     def _ce(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.target is not None:
