@@ -392,14 +392,27 @@ def test_report_drains_render_report(tmp_path) -> None:
     """RenderReport of a large report (20,000 ranked settings: a few seconds) finishes."""
     grace = 10.0
     served = _serve("report", tmp_path / "report", grace=grace)
-    parts = make_parts()
-    for n in range(20_000):
-        parts.metrics.ranking.settings.add(name=f"c{n}@1", kind=1, m=6, ndcg_1=0.5,
-                                           ndcg_at=[0.5] * 10, drr=0.3, drr_n=6, applicable=True)
+
+    def ranked(count: int) -> Any:
+        parts = make_parts()
+        for n in range(count):
+            parts.metrics.ranking.settings.add(name=f"c{n}@1", kind=1, m=6, ndcg_1=0.5,
+                                               ndcg_at=[0.5] * 10, drr=0.3, drr_n=6,
+                                               applicable=True)
+        return parts
+
     try:
         ch = grpc.insecure_channel(served.address, options=[
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024)])    # the HTML: 10 MB
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024)])    # the HTML: 10-30 MB
         rp = report_pb2_grpc.ReportServiceStub(ch)
+        # sized to this machine: the big render takes about 3 s (20,000 settings took a few
+        # seconds on the 2-core CI VM, ~1 s on a faster one: it ended before the SIGTERM)
+        t = time.monotonic()
+        rp.RenderReport(report_pb2.RenderReportRequest(parts=ranked(2_000)), metadata=MD,
+                        timeout=60)
+        count = int(min(60_000, max(20_000, math.ceil(2_000 * 3.0 /
+                                                       max(time.monotonic() - t, 1e-3)))))
+        parts = ranked(count)
         big = Call(lambda: rp.RenderReport(report_pb2.RenderReportRequest(parts=parts),
                                            metadata=MD, timeout=120))
         time.sleep(0.3)
