@@ -189,7 +189,7 @@ def speed(d: dict[str, Any], eps: float, rounds: int = 5) -> list[dict[str, Any]
             run_attack(attack, {**params, "epsilon": eps}, 0, items, surrogate=d["surrogate"])
             ours_t.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            for s in range(0, len(x), 32):       # the batch Fortis crafts in (gradient.CHUNK)
+            for s in range(0, len(x), 32):       # the batch Fortis crafts in (whitebox.CHUNK)
                 atk(xt[s:s + 32], yt[s:s + 32])
             theirs_t.append(time.perf_counter() - t0)
             net.eval()

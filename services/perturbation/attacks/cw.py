@@ -30,7 +30,7 @@ Domain code: no gRPC.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -46,12 +46,11 @@ from .base import (
     check_batch,
     make_result,
 )
-from .whitebox import BOOSTER_PARAMS, WhiteBox, quantise, to_tensor
+from .whitebox import BOOSTER_PARAMS, WhiteBox, chunks, quantise, to_tensor
 
-__all__ = ["CHUNK", "SPEC", "Best", "check_int", "check_number", "chunks", "distances", "margins",
+__all__ = ["SPEC", "Best", "check_int", "check_number", "distances", "margins",
            "run", "update_consts"]
 
-CHUNK = 32  # images per forward/backward pass (bounds memory on large batches)
 
 
 # --------------------------------------------------------------------------------------------
@@ -81,12 +80,6 @@ def check_number(params: Mapping[str, Any], name: str, *, minimum: float | None 
 def check_int(params: Mapping[str, Any], name: str, *, minimum: int) -> int:
     """``params[name]`` as an integer >= ``minimum`` (:func:`check_number`)."""
     return int(check_number(params, name, minimum=minimum, integer=True))
-
-
-def chunks(n: int, size: int = CHUNK) -> Iterator[tuple[int, np.ndarray]]:
-    """(start, batch rows) of the chunks of a batch of ``n`` images."""
-    for start in range(0, n, size):
-        yield start, np.arange(start, min(n, start + size))
 
 
 def margins(logits: torch.Tensor, y: torch.Tensor, target: int | None) -> torch.Tensor:

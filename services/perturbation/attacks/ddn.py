@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from fortis.services.common.params import Param
 
 from .base import AttackContext, AttackResult, AttackSpec, check_batch
-from .cw import Best, check_int, check_number, chunks
-from .whitebox import BOOSTER_PARAMS, WhiteBox, to_tensor
+from .cw import Best, check_int, check_number
+from .whitebox import BOOSTER_PARAMS, WhiteBox, chunks, to_tensor
 
 
 def _norms(t: torch.Tensor) -> torch.Tensor:

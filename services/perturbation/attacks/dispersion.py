@@ -33,20 +33,17 @@ from fortis.services.common.params import Param
 
 from .base import (
     EPSILON_LINF,
-    STOP_ITERATIONS,
     AttackContext,
     AttackResult,
     AttackSpec,
     check_batch,
     linf_levels,
-    make_result,
 )
-from .whitebox import WhiteBox, quantise, to_tensor
+from .whitebox import WhiteBox, chunks, crafted, quantise, to_tensor
 
 __all__ = ["LAYER_PARAM", "SPEC", "default_layer", "feature_pgd", "resolve_layer", "run"]
 
 log = logging.getLogger("fortis.attacks.dispersion")
-CHUNK = 32
 _HEADS = (torch.nn.Flatten, torch.nn.Linear)
 _FOLLOWERS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.ReLU, torch.nn.ReLU6,
               torch.nn.LeakyReLU, torch.nn.GELU, torch.nn.SiLU, torch.nn.Hardswish,
@@ -110,9 +107,8 @@ def feature_pgd(wb: WhiteBox, images: np.ndarray, *, layer: str, epsilon: float,
     advs = np.empty_like(images)
     correct = np.zeros(n, dtype=bool)
     with wb:
-        for start in range(0, n, CHUNK):
-            xs = images[start:start + CHUNK]
-            rows = np.arange(start, start + xs.shape[0])
+        for _start, rows in chunks(n):
+            xs = images[rows]
             x = to_tensor(xs)
             correct[rows] = wb.check_classifier(x, rows)
             adv = x.clone()
@@ -143,9 +139,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
              getattr(ctx.surrogate, "name", "?"))
     advs, correct = feature_pgd(wb, images, layer=layer, epsilon=eps, steps=steps,
                                 step_size=size, objective=_dispersion)
-    return [make_result(i, images[i], advs[i], success=None, queries=0,
-                        initially_correct=bool(correct[i]), stop_reason=STOP_ITERATIONS)
-            for i in range(images.shape[0])]
+    return crafted(images, advs, correct)
 
 
 SPEC = AttackSpec(

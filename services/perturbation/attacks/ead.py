@@ -35,8 +35,8 @@ from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
 from .base import AttackContext, AttackResult, AttackSpec, check_batch
-from .cw import Best, check_int, check_number, chunks, margins, update_consts
-from .whitebox import BOOSTER_PARAMS, WhiteBox, to_tensor
+from .cw import Best, check_int, check_number, margins, update_consts
+from .whitebox import BOOSTER_PARAMS, WhiteBox, chunks, to_tensor
 
 
 def shrink(z: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor:

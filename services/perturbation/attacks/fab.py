@@ -38,8 +38,8 @@ from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
 from .base import AttackContext, AttackResult, AttackSpec, check_batch
-from .cw import Best, check_int, check_number, chunks
-from .whitebox import BOOSTER_PARAMS, WhiteBox, to_tensor
+from .cw import Best, check_int, check_number
+from .whitebox import BOOSTER_PARAMS, WhiteBox, chunks, to_tensor
 
 #: The norm's default radius of random restarts when no epsilon and no adversarial yet
 #: (torchattacks' / the authors' defaults for L-inf and L2).

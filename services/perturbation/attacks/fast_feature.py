@@ -38,15 +38,13 @@ from fortis.services.common.params import Param
 
 from .base import (
     EPSILON_LINF,
-    STOP_ITERATIONS,
     AttackContext,
     AttackResult,
     AttackSpec,
     check_batch,
-    make_result,
 )
 from .dispersion import LAYER_PARAM, feature_pgd, resolve_layer
-from .whitebox import WhiteBox, to_tensor
+from .whitebox import WhiteBox, crafted, to_tensor
 
 __all__ = ["SPEC", "choose_guides", "run"]
 
@@ -97,9 +95,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 
     advs, correct = feature_pgd(wb, images, layer=layer, epsilon=eps, steps=steps,
                                 step_size=size, objective=objective)
-    return [make_result(i, images[i], advs[i], success=None, queries=0,
-                        initially_correct=bool(correct[i]), stop_reason=STOP_ITERATIONS)
-            for i in range(images.shape[0])]
+    return crafted(images, advs, correct)
 
 
 SPEC = AttackSpec(

@@ -50,15 +50,13 @@ from torch import nn
 
 from .base import (
     EPSILON_LINF,
-    STOP_ITERATIONS,
     AttackContext,
     AttackResult,
     AttackSpec,
     check_batch,
     linf_levels,
-    make_result,
 )
-from .whitebox import BOOSTER_PARAMS, WhiteBox, quantise, to_tensor
+from .whitebox import BOOSTER_PARAMS, WhiteBox, chunks, crafted, quantise, to_tensor
 
 __all__ = ["CACHE_SIZE", "SPEC", "STATS", "Generator", "clear_cache", "run"]
 
@@ -67,7 +65,7 @@ CACHE_SIZE = 8
 STATS: dict[str, int] = {"trainings": 0, "hits": 0}
 _CACHE: OrderedDict[tuple[Any, ...], dict[str, torch.Tensor]] = OrderedDict()
 _LOCK = threading.Lock()
-CHUNK = 64
+CHUNK = 64  # generator passes are cheap: bigger chunks than whitebox.CHUNK
 
 
 class Generator(nn.Module):
@@ -181,13 +179,11 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     e = linf_levels(eps)
     wb = WhiteBox.from_ctx(ctx)
     key = _key(ctx, wb, images, labels)
-    results: list[AttackResult] = []
     with wb:
         x_all = to_tensor(images)
-        correct = np.concatenate([wb.check_classifier(x_all[k:k + CHUNK],
-                                                      np.arange(k, min(k + CHUNK, len(images))))
-                                  for k in range(0, len(images), CHUNK)]) \
-            if len(images) else np.zeros(0, dtype=bool)
+        parts = list(chunks(len(images), CHUNK))
+        correct = np.concatenate([wb.check_classifier(x_all[rows], rows) for _, rows in parts]) \
+            if parts else np.zeros(0, dtype=bool)
         with _LOCK:
             state = _CACHE.get(key)
             if state is not None:
@@ -206,14 +202,9 @@ def run(ctx: AttackContext) -> list[AttackResult]:
             g.eval()
         with torch.inference_mode():
             advs = np.concatenate([
-                quantise((x + eps * torch.tanh(g(x))).clamp(0.0, 1.0), images[k:k + CHUNK], e)
-                for k in range(0, len(images), CHUNK) for x in (x_all[k:k + CHUNK],)]) \
-                if len(images) else images.copy()
-    for i in range(images.shape[0]):
-        results.append(make_result(i, images[i], advs[i], success=None, queries=0,
-                                   initially_correct=bool(correct[i]),
-                                   stop_reason=STOP_ITERATIONS))
-    return results
+                quantise((x + eps * torch.tanh(g(x))).clamp(0.0, 1.0), images[rows], e)
+                for _, rows in parts for x in (x_all[rows],)]) if parts else images.copy()
+    return crafted(images, advs, correct)
 
 
 SPEC = AttackSpec(

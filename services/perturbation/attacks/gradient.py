@@ -30,18 +30,14 @@ import torch
 from fortis.services.common.errors import InvalidArgument
 
 from .base import (
-    STOP_ITERATIONS,
     AttackContext,
     AttackResult,
     check_batch,
     check_l2_epsilon,
     linf_levels,
-    make_result,
     project_l2,
 )
-from .whitebox import WhiteBox, quantise, to_tensor
-
-CHUNK = 32  # images per forward/backward pass (bounds memory on large batches)
+from .whitebox import WhiteBox, chunks, crafted, quantise, to_tensor
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,11 +91,11 @@ def iterate(wb: WhiteBox, images: np.ndarray, s: Steps,
     else:
         eps = check_l2_epsilon(s.epsilon)
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    results: list[AttackResult] = []
+    advs = np.empty_like(images)
+    correct_all = np.zeros(n, dtype=bool)
     with wb:
-        for start in range(0, n, CHUNK):
-            xs = images[start:start + CHUNK]
-            rows = np.arange(start, start + xs.shape[0])
+        for _start, rows in chunks(n):
+            xs = images[rows]
             x = to_tensor(xs)
             # initially_correct from the first gradient step's clean forward pass when it is
             # one (no random start, no DI / SI transform): no forward pass spent on it
@@ -146,11 +142,9 @@ def iterate(wb: WhiteBox, images: np.ndarray, s: Steps,
             else:
                 out = np.stack([project_l2(o.astype(np.float64), xk, eps) for o, xk in
                                 zip(_float_levels(adv), xs, strict=True)])
-            for k in range(xs.shape[0]):
-                results.append(make_result(start + k, xs[k], out[k], success=None, queries=0,
-                                           initially_correct=bool(correct[k]),
-                                           stop_reason=STOP_ITERATIONS))
-    return results
+            advs[rows] = out
+            correct_all[rows] = correct
+    return crafted(images, advs, correct_all)
 
 
 def _float_levels(adv: torch.Tensor) -> np.ndarray:

@@ -35,12 +35,11 @@ import torch
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
-from .base import STOP_ITERATIONS, AttackContext, AttackResult, AttackSpec, check_batch, make_result
-from .whitebox import BOOSTER_PARAMS, WhiteBox, to_tensor
+from .base import AttackContext, AttackResult, AttackSpec, check_batch
+from .whitebox import BOOSTER_PARAMS, WhiteBox, chunks, crafted, to_tensor
 
 __all__ = ["SPEC", "l1_distance", "project_l1", "run", "sparse_l1_descent"]
 
-CHUNK = 32
 
 
 def l1_distance(x: np.ndarray, adv: np.ndarray) -> float:
@@ -95,9 +94,8 @@ def sparse_l1_descent(wb: WhiteBox, images: np.ndarray, *, epsilon: float, steps
     advs = np.empty_like(images)
     correct = np.zeros(n, dtype=bool)
     with wb:
-        for start in range(0, n, CHUNK):
-            xs = images[start:start + CHUNK]
-            rows = np.arange(start, start + xs.shape[0])
+        for _start, rows in chunks(n):
+            xs = images[rows]
             x = to_tensor(xs)
             correct[rows] = wb.check_classifier(x, rows)
             adv = x.clone()
@@ -122,9 +120,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     wb = WhiteBox.from_ctx(ctx)
     advs, correct = sparse_l1_descent(wb, images, epsilon=eps, steps=steps, step_size=size,
                                       percentile=float(p["percentile"]))
-    return [make_result(i, images[i], advs[i], success=None, queries=0,
-                        initially_correct=bool(correct[i]), stop_reason=STOP_ITERATIONS)
-            for i in range(images.shape[0])]
+    return crafted(images, advs, correct)
 
 
 SPEC = AttackSpec(

@@ -36,12 +36,11 @@ import torch.nn.functional as F
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
-from .base import STOP_ITERATIONS, AttackContext, AttackResult, AttackSpec, check_batch, make_result
-from .whitebox import WhiteBox, to_tensor
+from .base import AttackContext, AttackResult, AttackSpec, check_batch
+from .whitebox import WhiteBox, chunks, crafted, to_tensor
 
 __all__ = ["SPEC", "Grid", "run", "transform", "worst_transforms"]
 
-CHUNK = 32  # images per search pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,9 +112,8 @@ def worst_transforms(wb: WhiteBox, images: np.ndarray, grid: Grid
     chosen = np.zeros((n, 3), dtype=np.float64)
     correct = np.zeros(n, dtype=bool)
     with wb, torch.inference_mode():
-        for start in range(0, n, CHUNK):
-            xs = images[start:start + CHUNK]
-            rows = np.arange(start, start + xs.shape[0])
+        for _start, rows in chunks(n):
+            xs = images[rows]
             x = to_tensor(xs)
             correct[rows] = wb.check_classifier(x, rows)
             best = torch.full((xs.shape[0],), -math.inf, dtype=torch.float64)
@@ -152,9 +150,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     images, _ = check_batch(ctx.images, ctx.labels)
     wb = WhiteBox.from_ctx(ctx)
     advs, _, correct = worst_transforms(wb, images, _grid(ctx.params))
-    return [make_result(i, images[i], advs[i], success=None, queries=0,
-                        initially_correct=bool(correct[i]), stop_reason=STOP_ITERATIONS)
-            for i in range(images.shape[0])]
+    return crafted(images, advs, correct)
 
 
 SPEC = AttackSpec(

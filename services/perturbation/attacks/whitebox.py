@@ -41,7 +41,7 @@ Domain code: no gRPC.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,10 +50,20 @@ import torch.nn.functional as F
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
-from .base import AttackContext, check_surrogate_input, clip_to_linf
+from .base import (
+    STOP_ITERATIONS,
+    AttackContext,
+    AttackResult,
+    check_surrogate_input,
+    clip_to_linf,
+    make_result,
+)
 
-__all__ = ["BOOSTERS", "BOOSTER_PARAMS", "MOMENTUM_PARAMS", "Boosters", "WhiteBox",
-           "gaussian_kernel", "quantise", "to_tensor"]
+__all__ = ["BOOSTERS", "BOOSTER_PARAMS", "CHUNK", "MOMENTUM_PARAMS", "Boosters", "WhiteBox",
+           "chunks", "crafted", "gaussian_kernel", "quantise", "to_tensor"]
+
+#: Images per forward/backward pass of a transfer attack (bounds memory on large batches).
+CHUNK = 32
 
 #: The input-transformation and ensemble boosters (``fortis attacks`` lists them): id ->
 #: (paper, what it does, the parameters that switch it on).
@@ -119,6 +129,22 @@ def quantise(adv: torch.Tensor, x: np.ndarray, e: int | None = None) -> np.ndarr
     if e is None:
         return np.clip(levels, 0, 255).astype(np.uint8)
     return clip_to_linf(levels, x, e)
+
+
+def chunks(n: int, size: int = CHUNK) -> Iterator[tuple[int, np.ndarray]]:
+    """(start, batch rows) of the chunks of a batch of ``n`` images."""
+    for start in range(0, n, size):
+        yield start, np.arange(start, min(n, start + size))
+
+
+def crafted(images: np.ndarray, advs: Sequence[np.ndarray] | np.ndarray,
+            correct: Sequence[bool] | np.ndarray) -> list[AttackResult]:
+    """A transfer attack's results: one per image, the uint8 adversarial crafted for it, the
+    surrogate's verdict on the clean image; nothing sent to the target yet (success None,
+    no queries), stopped after its iterations."""
+    return [make_result(i, images[i], advs[i], success=None, queries=0,
+                        initially_correct=bool(correct[i]), stop_reason=STOP_ITERATIONS)
+            for i in range(len(images))]
 
 
 def gaussian_kernel(size: int, nsig: float = 3.0) -> torch.Tensor:
