@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import torch
+from fortis.adapters.stand_ins import package, temporary_modules
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from fortis.services.common.surrogates import (
     SurrogateSpec,
@@ -78,31 +79,16 @@ def import_onnx2torch() -> Any:
                                             "(pip install onnx onnx2torch)")
         stand_ins: dict[str, types.ModuleType] = {}
         if importlib.util.find_spec("torchvision") is None:
-            tv = types.ModuleType("torchvision")
-            ops = types.ModuleType("torchvision.ops")
 
             def _absent(*_a: Any, **_k: Any) -> Any:
                 raise NotImplementedError("torchvision ops (NMS, RoIAlign) are not available "
                                           "to ONNX surrogates: a surrogate is a classifier")
 
-            for name in ("nms", "box_convert", "roi_align", "batched_nms"):
-                setattr(ops, name, _absent)
-            tv.__path__ = []  # type: ignore[attr-defined]
-            ops.__path__ = []  # type: ignore[attr-defined]
-            tv.ops = ops  # type: ignore[attr-defined]
-            stand_ins = {"torchvision": tv, "torchvision.ops": ops}
-        before = set(sys.modules)
-        for name, mod in stand_ins.items():
-            sys.modules.setdefault(name, mod)
-        try:
+            ops = package("torchvision.ops", **{n: _absent for n in (
+                "nms", "box_convert", "roi_align", "batched_nms")})
+            stand_ins = {"torchvision": package("torchvision", ops=ops), "torchvision.ops": ops}
+        with temporary_modules(stand_ins, ("torchvision",)):
             return importlib.import_module("onnx2torch")
-        finally:
-            for name in list(sys.modules):
-                if name not in before and name.split(".")[0] == "torchvision":
-                    del sys.modules[name]
-            for name, mod in stand_ins.items():
-                if sys.modules.get(name) is mod:
-                    del sys.modules[name]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ import types
 from typing import Any
 
 import numpy as np
+from fortis.adapters.stand_ins import package, temporary_modules
 from fortis.adapters.vision_targets.base import (
     DEFAULT_MAX_BATCH,
     SETUP_HINT,
@@ -70,32 +71,17 @@ def _load_mtcnn_module() -> Any:
         return importlib.import_module("facenet_pytorch.models.mtcnn")
     stand_ins: dict[str, types.ModuleType] = {}
     if importlib.util.find_spec("torchvision") is None:
-        tv = types.ModuleType("torchvision")
-        ops = types.ModuleType("torchvision.ops")
         boxes = types.ModuleType("torchvision.ops.boxes")
-        transforms = types.ModuleType("torchvision.transforms")
-        functional = types.ModuleType("torchvision.transforms.functional")
         boxes.batched_nms = batched_nms  # type: ignore[attr-defined]
-        for m in (tv, ops, transforms):
-            m.__path__ = []
-        stand_ins = {m.__name__: m for m in (tv, ops, boxes, transforms, functional)}
+        stand_ins = {m.__name__: m for m in (
+            package("torchvision"), package("torchvision.ops"), boxes,
+            package("torchvision.transforms"),
+            types.ModuleType("torchvision.transforms.functional"))}
     pkg = types.ModuleType("facenet_pytorch")
     pkg.__path__ = list(spec.submodule_search_locations)
-    added = {"facenet_pytorch": pkg, **stand_ins}
-    before = set(sys.modules)
-    for name, mod in added.items():
-        sys.modules.setdefault(name, mod)
-    try:
+    prefixes = ("facenet_pytorch", "torchvision") if stand_ins else ("facenet_pytorch",)
+    with temporary_modules({"facenet_pytorch": pkg, **stand_ins}, prefixes):
         return importlib.import_module("facenet_pytorch.models.mtcnn")
-    finally:
-        # Leave no stand-in behind: a later real import must not find them.
-        prefixes = ("facenet_pytorch", "torchvision") if stand_ins else ("facenet_pytorch",)
-        for name in list(sys.modules):
-            if name not in before and name.split(".")[0] in prefixes:
-                del sys.modules[name]
-        for name, mod in added.items():
-            if sys.modules.get(name) is mod:
-                del sys.modules[name]
 
 
 class MtcnnTarget(_Detector):
