@@ -21,6 +21,18 @@ MD = (("x-api-key", API_KEY),)
 OTHER_MD = (("x-api-key", OTHER_KEY),)
 
 
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One torch thread for a module's tests (tiny models, small batches: a second thread only
+    adds overhead on 2 cores, and spin-waiting threads crawl when the cores are shared). A
+    module opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def fmnist_target():
     """The project's Fashion-MNIST CNN (trained on first use, then cached)."""

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
-import torch
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Small CNN, small batches: a second torch thread only adds overhead on 2 cores, and
-    spin-waiting threads slow to a crawl when the cores are shared (as in tests/unit)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread_everywhere(one_thread: None) -> None:
+    """Every reference test runs on one torch thread (tests/conftest.py ``one_thread``)."""
 
 
 @pytest.fixture(scope="module")

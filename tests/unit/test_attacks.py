@@ -7,8 +7,6 @@ Square on an all-misclassified batch or non-square images, examples that fail af
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -26,6 +24,8 @@ from fortis.services.perturbation.attacks.base import linf_levels
 from fortis.services.perturbation.attacks.square import p_selection
 from fortis.services.perturbation.criteria import margins
 from torch import nn
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 NUM_CLASSES = 3
 GRAY = (16, 16, 1)
@@ -94,13 +94,6 @@ def predict(net: nn.Module, images: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return net(to_input(images)).argmax(1).numpy()
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add overhead on 2 cores
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

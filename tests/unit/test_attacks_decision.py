@@ -17,7 +17,6 @@ same run; the targeted variant (``SPEC.targeted``) reaches the target class.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import MappingProxyType
 
 import numpy as np
@@ -42,6 +41,8 @@ from fortis.services.perturbation.criteria import (
 from torch import nn
 
 from tests.unit.test_attacks import TinyCNN, make_images, predict, to_input
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 DECISION = [s for s in ATTACKS.values() if s.kind == "decision" and s.family == "decision-based"]
 IDS = [s.id for s in DECISION]
@@ -166,13 +167,6 @@ def check_invariants(spec: AttackSpec, results: list[AttackResult], target: Labe
 
 # ------------------------------------------------------------------------------ fixtures ----
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ proxy refusal stops cleanly, and the targeted variant reaches the target class.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
@@ -49,6 +49,8 @@ from tests.unit.test_attacks import (
     to_input,
     train,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # ------------------------------------------------------------------------------ the target --
 
@@ -166,13 +168,6 @@ def assert_first_success_stops(results: list[AttackResult], oracle: Oracle, y: n
 
 # ------------------------------------------------------------------------------ fixtures ----
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

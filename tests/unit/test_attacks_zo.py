@@ -9,7 +9,7 @@ adversarial stops with 1 query (also when the whole batch is), determinism per s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -43,6 +43,8 @@ from tests.unit.test_attacks import (
     train,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 Runner = Callable[..., list[AttackResult]]
 
 
@@ -71,13 +73,6 @@ TINY: dict[str, dict[str, object]] = {"rgf-linf": {"learning_rate": 0.02},
                                       "zoo": {"learning_rate": 0.1},
                                       "ngd-linf": {"learning_rate": 0.02}}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,9 @@ counts and parameters, operator by operator, are tests/unit/test_degradation_ope
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import cv2
 import numpy as np
 import pytest
-import torch
 from fortis.adapters.builtin import load_model
 from fortis.adapters.torch_models.datasets import load_fashion_mnist
 from fortis.services.common.errors import InvalidArgument
@@ -31,6 +28,8 @@ from fortis.services.perturbation.degradation import (
 )
 from fortis.services.perturbation.spec import ApplyContext, PerturbationSpec
 from skimage import data
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 BY_ID: dict[str, PerturbationSpec] = {s.id: s for s in SPECS}
 STOCHASTIC = [s.id for s in SPECS if s.stochastic]
@@ -77,13 +76,6 @@ def _changed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     d = a != b
     return d.any(axis=2) if d.ndim == 3 else d
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one 28x28 image per call: threads only add overhead on 2 cores
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

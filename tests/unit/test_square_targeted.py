@@ -9,6 +9,7 @@ budget, within the bound and the budget, success judged on the uint8 image."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from fortis.services.perturbation.attacks import square_attack
 from fortis.services.perturbation.attacks.registry import ATTACKS
 from fortis.services.perturbation.criteria import TargetedMisclassification
@@ -20,10 +21,11 @@ from tests.unit.test_attacks import (
     assert_linf_bound,
     assert_query_accounting,
     correct_images,
-    one_thread,  # noqa: F401  (autouse fixture)
     predict,
     train,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_square_targeted_reaches_the_target_class():

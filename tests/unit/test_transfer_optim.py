@@ -6,7 +6,6 @@ with the reference libraries: ``tests/reference/test_transfer_optim_vs_refs.py``
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import MappingProxyType
 
 import numpy as np
@@ -18,6 +17,8 @@ from fortis.services.perturbation.attacks.fab import box_projection
 from fortis.services.perturbation.attacks.registry import ATTACKS
 from fortis.services.perturbation.engine import AttackItem, run_attack
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 IDS = ("cw_l2", "ead", "ddn", "fab")
 #: Small but effective settings (unit tests run on 2 shared cores).
 FAST = {"cw_l2": {"steps": 30, "binary_search_steps": 3, "initial_const": 1.0,
@@ -26,13 +27,6 @@ FAST = {"cw_l2": {"steps": 30, "binary_search_steps": 3, "initial_const": 1.0,
         "ddn": {"steps": 30},
         "fab": {"steps": 10}}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
