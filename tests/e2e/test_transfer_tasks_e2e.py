@@ -27,51 +27,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import pytest
 from fortis.client import FortisClient, progress_of
 
+# the same photos, ground truth and manifests as the query-attack e2e tests
+from tests.e2e.test_attacks_tasks import _detection_data, _segmentation_data
+
 KEY = "test-key-transfer-tasks"
 EPS = {"detection": 0.05, "segmentation": 0.03}
 STEPS = {"detection": 20, "segmentation": 3}
-
-
-def _detection_data(root: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    from fortis.adapters.vision_demo import ASTRONAUT_FACE, _photos
-
-    photos = _photos()
-    a = photos["astronaut"]
-    s = 160 / a.shape[0]
-    face = np.array(ASTRONAUT_FACE) * s
-    small = cv2.resize(a, (160, 160), interpolation=cv2.INTER_AREA)
-    pair = np.ascontiguousarray(np.concatenate([small, small[:, ::-1]], axis=1))
-    mirror = np.array([320 - face[2], face[1], 320 - face[0], face[3]])
-    coffee = cv2.resize(photos["coffee"], (213, 142), interpolation=cv2.INTER_AREA)
-    images = {"astronaut": small, "astronaut-pair": pair, "coffee": coffee}
-    truth = {"astronaut": face[None], "astronaut-pair": np.stack([face, mirror]),
-             "coffee": np.zeros((0, 4))}
-    rows = []
-    for name, img in images.items():
-        cv2.imwrite(str(root / f"{name}.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
-        rows.append({"id": name, "image": f"{name}.png", "boxes": truth[name].tolist(),
-                     "labels": [0] * len(truth[name]), "box_format": "xyxy"})
-    (root / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return images, truth
-
-
-def _segmentation_data(root: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    from fortis.adapters.vision_demo import ASTRONAUT_POLYGON, _photos
-
-    a = _photos()["astronaut"]
-    mask = cv2.fillPoly(np.zeros((512, 512), np.uint8), [np.array(ASTRONAUT_POLYGON, np.int32)], 1)
-    img = cv2.resize(a, (128, 128), interpolation=cv2.INTER_AREA)
-    m = cv2.resize(mask, (128, 128), interpolation=cv2.INTER_NEAREST)
-    cv2.imwrite(str(root / "astronaut.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
-    cv2.imwrite(str(root / "astronaut-mask.png"), m)
-    (root / "manifest.jsonl").write_text(json.dumps(
-        {"id": "astronaut", "image": "astronaut.png", "mask": "astronaut-mask.png"}) + "\n")
-    return {"astronaut": img}, {"astronaut": m.astype(np.int64)}
 
 
 class _Stack:
