@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests.reference.refkit
 
 from fortis.services.perturbation.engine import AttackItem, run_attack  # noqa: E402
 
@@ -158,15 +159,8 @@ def speed(d: dict[str, Any], eps: float, rounds: int = 5) -> list[dict[str, Any]
     ``ratio`` > 1: Fortis faster). Fortis's time includes everything ``run_attack`` does
     (parameter validation, uint8 quantisation within the bound, per-image results)."""
     import torchattacks
-    from torch import nn
 
-    class Wrap(nn.Module):
-        def __init__(self, net: nn.Module) -> None:
-            super().__init__()
-            self.__dict__["net"] = net
-
-        def forward(self, t: torch.Tensor) -> torch.Tensor:
-            return self.net(t)
+    from tests.reference.refkit import Frozen
 
     net = d["surrogate"].model.eval()
     x, y = d["x"], d["y"]
@@ -182,7 +176,7 @@ def speed(d: dict[str, Any], eps: float, rounds: int = 5) -> list[dict[str, Any]
               lambda m: torchattacks.MIFGSM(m, eps=eps, alpha=eps / 10, steps=10, decay=1.0))]
     out = []
     for attack, params, make in cases:
-        atk = make(Wrap(net).eval())
+        atk = make(Frozen(net))
         ours_t, theirs_t = [], []
         for _ in range(rounds):     # alternated, best of ``rounds``: robust to a shared CPU
             t0 = time.perf_counter()

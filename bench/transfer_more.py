@@ -25,7 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -41,6 +43,11 @@ from fortis.services.perturbation.attacks.fast_feature import choose_guides
 from fortis.services.perturbation.attacks.registry import ATTACKS
 from fortis.services.perturbation.attacks.sparse_l1 import l1_distance
 from fortis.services.perturbation.attacks.whitebox import to_tensor
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:     # tests/reference/refkit.py: what the reference tests use too
+    sys.path.insert(0, str(ROOT))
+from tests.reference.refkit import Normalise  # noqa: E402
 
 #: attack id -> (params, the bound in words)
 SETTINGS: dict[str, tuple[dict[str, Any], str]] = {
@@ -61,15 +68,6 @@ def _predict(model: torch.nn.Module, t: torch.Tensor) -> np.ndarray:
 def _rates(sur: torch.nn.Module, tgt: torch.nn.Module, adv: torch.Tensor, y: np.ndarray
            ) -> tuple[float, float]:
     return (float(np.mean(_predict(sur, adv) != y)), float(np.mean(_predict(tgt, adv) != y)))
-
-
-class _Normalise(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.fn = model.normalize
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)
 
 
 def _reference(attack_id: str, params: dict[str, Any], sur: torch.nn.Module,
@@ -96,7 +94,7 @@ def _reference(attack_id: str, params: dict[str, Any], sur: torch.nn.Module,
         import art
         from art.attacks.evasion import FeatureAdversariesPyTorch
         from art.estimators.classification import PyTorchClassifier
-        flat = torch.nn.Sequential(_Normalise(sur), *sur.features, *sur.classifier).eval()
+        flat = torch.nn.Sequential(Normalise(sur), *sur.features, *sur.classifier).eval()
         clf = PyTorchClassifier(model=flat, loss=torch.nn.CrossEntropyLoss(),
                                 input_shape=(1, 28, 28), nb_classes=10, clip_values=(0.0, 1.0))
         eps, steps = params["epsilon"], params["steps"]

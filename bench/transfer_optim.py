@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,36 +32,18 @@ from fortis.adapters.torch_models.datasets import load_fashion_mnist
 from fortis.services.perturbation.engine import AttackItem, run_attack
 from torch import nn
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:     # tests/reference/refkit.py: what the reference tests use too
+    sys.path.insert(0, str(ROOT))
+from tests.reference.refkit import Frozen, to_uint8  # noqa: E402
+
 EAD_BETA = 0.01
 C0 = 0.1          # initial c of C&W / EAD for every tool (see tests/reference)
 LR = 0.01
 
 
-class Frozen(nn.Module):
-    """The surrogate for a reference tool (torchattacks calls ``.train()``): always eval."""
-
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net.eval()
-        self.training = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def train(self, mode: bool = True) -> Frozen:  # noqa: ARG002
-        self.training = False
-        self.net.eval()
-        return self
-
-
 def to_nchw(u8: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(u8.transpose(0, 3, 1, 2))).float() / 255.0
-
-
-def to_uint8(adv: Any) -> np.ndarray:
-    a = adv.detach().cpu().numpy() if isinstance(adv, torch.Tensor) else np.asarray(adv)
-    return np.clip(np.rint(a.astype(np.float64) * 255.0), 0, 255).astype(np.uint8) \
-        .transpose(0, 2, 3, 1)
 
 
 def distance(adv: np.ndarray, x: np.ndarray, norm: str) -> np.ndarray:

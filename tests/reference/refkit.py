@@ -17,6 +17,47 @@ from torch import nn
 from tests.reference.test_attacks_vs_art import tolerance
 
 SHAPE_NCHW = (1, 28, 28)
+
+
+class Frozen(nn.Module):
+    """A surrogate as a reference tool gets it (transfer attacks): the network's forward,
+    always in eval mode (torchattacks calls ``.train()`` on the model it is given when it
+    finishes; DESIGN.md). ``first_channel``: the tool is given three copies of a grey image
+    (torchattacks' TI-FGSM smooths three channels) and the network reads the first."""
+
+    def __init__(self, net: nn.Module, first_channel: bool = False) -> None:
+        super().__init__()
+        self.net = net.eval()
+        self.first_channel = first_channel
+        self.training = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x[:, :1] if self.first_channel else x)
+
+    def train(self, mode: bool = True) -> Frozen:  # noqa: ARG002 - always eval
+        self.training = False
+        self.net.eval()
+        return self
+
+
+class Normalise(nn.Module):
+    """A built-in Fashion-MNIST model's input normalisation as a layer (a tool that needs
+    the network as a flat Sequential, e.g. ART's feature attack, gets it first)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.fn = model.normalize
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+def to_uint8(adv: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A reference's float NCHW output in [0, 1], rounded to uint8 NHWC as Fortis rounds
+    (nearest level): what a target receives."""
+    a = adv.detach().cpu().numpy() if isinstance(adv, torch.Tensor) else np.asarray(adv)
+    return np.clip(np.rint(a.astype(np.float64) * 255.0), 0, 255).astype(np.uint8) \
+        .transpose(0, 2, 3, 1)
 NUM_CLASSES = 10
 
 

@@ -30,6 +30,7 @@ from fortis.services.perturbation.attacks.registry import ATTACKS
 from fortis.services.perturbation.attacks.sparse_l1 import l1_distance
 from fortis.services.perturbation.attacks.whitebox import to_tensor
 
+from tests.reference.refkit import Normalise
 from tests.reference.test_attacks_vs_art import tolerance
 
 N = 64
@@ -41,15 +42,6 @@ def right(fmnist_surrogate, fmnist_test_images):
     x, y = fmnist_test_images
     ok = np.flatnonzero(_predict(fmnist_surrogate.model, to_tensor(x)) == y)[:N]
     return x[ok], y[ok]
-
-
-class _Normalise(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.fn = model.normalize
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)
 
 
 def _predict(model: torch.nn.Module, t: torch.Tensor) -> np.ndarray:
@@ -125,7 +117,7 @@ def test_fast_feature_vs_art(right, fmnist_surrogate) -> None:
     # ART names only a model's top-level children: the same layers, flattened (after the
     # model's input normalisation), so that classifier.2 (the ReLU after the first Linear)
     # is child "8"
-    flat = torch.nn.Sequential(_Normalise(model), *model.features, *model.classifier).eval()
+    flat = torch.nn.Sequential(Normalise(model), *model.features, *model.classifier).eval()
     with torch.inference_mode():
         assert torch.equal(flat(to_tensor(x[:4])), model(to_tensor(x[:4])))
     assert flat[8] is model.classifier[2]

@@ -39,38 +39,15 @@ import torch
 from fortis.services.perturbation.engine import AttackItem, run_attack
 from torch import nn
 
+from tests.reference.refkit import Frozen, to_uint8
 from tests.reference.test_attacks_vs_art import tolerance
 
 N_IMAGES = 16
 EAD_BETA = 0.01
 
 
-class Frozen(nn.Module):
-    """The surrogate for a reference tool: ``train()`` cannot switch it out of eval mode."""
-
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net.eval()
-        self.training = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def train(self, mode: bool = True) -> Frozen:  # noqa: ARG002 - always eval
-        self.training = False
-        self.net.eval()
-        return self
-
-
 def to_nchw(images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))).float() / 255.0
-
-
-def to_uint8(adv: torch.Tensor | np.ndarray) -> np.ndarray:
-    """A reference's float NCHW output, rounded to uint8 NHWC (what a target receives)."""
-    a = adv.detach().cpu().numpy() if isinstance(adv, torch.Tensor) else np.asarray(adv)
-    return np.clip(np.rint(a.astype(np.float64) * 255.0), 0, 255).astype(np.uint8) \
-        .transpose(0, 2, 3, 1)
 
 
 def predict(net: nn.Module, u8: np.ndarray) -> np.ndarray:

@@ -7,8 +7,8 @@ Fortis rounds (nearest level), since what the target receives is uint8.
 
 The surrogate is the project's Fashion-MNIST CNN (normalisation inside the model: both tools
 get the same float NCHW [0, 1] input). torchattacks calls ``.train()`` on the model it is
-given when it finishes (DESIGN.md), so it gets a parameterless wrapper and the network's mode
-and weights are checked after.
+given when it finishes (DESIGN.md), so it gets ``refkit.Frozen`` (always eval) and the
+network's mode and weights are checked after.
 """
 
 from __future__ import annotations
@@ -19,26 +19,12 @@ import torch
 from fortis.services.perturbation.engine import AttackItem, run_attack
 from torch import nn
 
-from .refkit import assert_unchanged, net_state
+from .refkit import Frozen, assert_unchanged, net_state, to_uint8
 
 torchattacks = pytest.importorskip("torchattacks")
 
 N = 32           # a power of two: torchattacks' mean loss is the per-image sum scaled exactly
 EPS = 8 / 255
-
-
-class _Wrap(nn.Module):
-    """What torchattacks gets: the surrogate's forward, no parameters of its own. ``rgb``:
-    it is given three copies of the grey image (torchattacks' TI-FGSM smooths three
-    channels) and the network reads the first, so that channel's gradient is Fortis's."""
-
-    def __init__(self, net: nn.Module, rgb: bool = False) -> None:
-        super().__init__()
-        self.__dict__["net"] = net   # not a submodule: .train() cannot reach it
-        self.rgb = rgb
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x[:, :1] if self.rgb else x)
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +51,7 @@ def _theirs(atk, x: np.ndarray, y: np.ndarray, target: int | None = None,
     if target is not None:
         atk.set_mode_targeted_by_function(lambda images, labels: torch.full_like(labels, target))
     adv = atk(xt, yt)
-    if rgb:
-        adv = adv[:, :1]
-    return np.clip(np.rint(adv.permute(0, 2, 3, 1).numpy().astype(np.float64) * 255.0),
-                   0, 255).astype(np.uint8)
+    return to_uint8(adv[:, :1] if rgb else adv)
 
 
 CASES = [
@@ -104,7 +87,7 @@ def test_same_uint8_images_as_torchattacks(case, targeted, batch, fmnist_surroga
     net = fmnist_surrogate.model
     before = net_state(net)
     rgb = "ti_kernel" in params
-    theirs = _theirs(make(_Wrap(net, rgb).eval()), x, y, target, rgb)
+    theirs = _theirs(make(Frozen(net, rgb).eval()), x, y, target, rgb)
     assert_unchanged(net, before)
     ours = _ours(attack, params, x, y, fmnist_surrogate, target)
     assert_unchanged(net, before)
@@ -123,18 +106,14 @@ def test_fgsm_and_bim_equal_art(batch, fmnist_surrogate) -> None:
     from art.estimators.classification import PyTorchClassifier
     x, y = batch
     net = fmnist_surrogate.model
-    clf = PyTorchClassifier(model=_Wrap(net).eval(), loss=nn.CrossEntropyLoss(),
+    clf = PyTorchClassifier(model=Frozen(net).eval(), loss=nn.CrossEntropyLoss(),
                             input_shape=(1, 28, 28), nb_classes=10, clip_values=(0.0, 1.0))
     xt = (x.transpose(0, 3, 1, 2).astype(np.float32) / np.float32(255.0))
 
-    def u8(a: np.ndarray) -> np.ndarray:
-        return np.clip(np.rint(a.transpose(0, 2, 3, 1).astype(np.float64) * 255.0),
-                       0, 255).astype(np.uint8)
-
-    fg = u8(FastGradientMethod(clf, eps=EPS, batch_size=N).generate(xt, y=y))
+    fg = to_uint8(FastGradientMethod(clf, eps=EPS, batch_size=N).generate(xt, y=y))
     ours = _ours("fgsm", {"epsilon": EPS}, x, y, fmnist_surrogate)
     assert np.array_equal(ours, fg)
-    bim = u8(BasicIterativeMethod(clf, eps=EPS, eps_step=1 / 255, max_iter=10, batch_size=N,
+    bim = to_uint8(BasicIterativeMethod(clf, eps=EPS, eps_step=1 / 255, max_iter=10, batch_size=N,
                                   verbose=False).generate(xt, y=y))
     ours = _ours("bim", {"epsilon": EPS, "steps": 10, "step_size": 1 / 255}, x, y,
                  fmnist_surrogate)
