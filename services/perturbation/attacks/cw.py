@@ -46,7 +46,7 @@ from .base import (
     check_batch,
     make_result,
 )
-from .whitebox import BOOSTER_PARAMS, WhiteBox, chunks, quantise, to_tensor
+from .whitebox import BOOSTER_PARAMS, WhiteBox, quantise, to_tensor
 
 __all__ = ["SPEC", "Best", "check_int", "check_number", "distances", "margins",
            "run", "update_consts"]
@@ -204,11 +204,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     wb = WhiteBox.from_ctx(ctx)
     results: list[AttackResult] = []
     with wb:
-        for start, rows in chunks(len(images)):
-            xs = images[rows]
-            x = to_tensor(xs)
-            correct = wb.check_classifier(x, rows)
-            y = wb.labels[torch.from_numpy(rows)]
+        for start, rows, xs, x, y, correct in wb.batches(images):
             best = Best(wb, xs, rows, norm="l2", kappa=kappa)
             n = len(xs)
             const = torch.full((n,), c0, dtype=torch.float32)

@@ -29,7 +29,7 @@ from fortis.services.common.params import Param
 
 from .base import AttackContext, AttackResult, AttackSpec, check_batch
 from .cw import Best, check_int, check_number
-from .whitebox import BOOSTER_PARAMS, WhiteBox, chunks, to_tensor
+from .whitebox import BOOSTER_PARAMS, WhiteBox
 
 
 def _norms(t: torch.Tensor) -> torch.Tensor:
@@ -50,11 +50,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     sign = -1.0 if wb.target is not None else 1.0
     results: list[AttackResult] = []
     with wb:
-        for start, rows in chunks(len(images)):
-            xs = images[rows]
-            x = to_tensor(xs)
-            correct = wb.check_classifier(x, rows)
-            y = wb.labels[torch.from_numpy(rows)]
+        for start, rows, xs, x, y, correct in wb.batches(images):
             cls = y if wb.target is None else torch.full_like(y, wb.target)
             best = Best(wb, xs, rows, norm="l2", bound=max_norm or None)
             n = len(xs)

@@ -36,7 +36,7 @@ from fortis.services.common.params import Param
 
 from .base import AttackContext, AttackResult, AttackSpec, check_batch
 from .cw import Best, check_int, check_number, margins, update_consts
-from .whitebox import BOOSTER_PARAMS, WhiteBox, chunks, to_tensor
+from .whitebox import BOOSTER_PARAMS, WhiteBox
 
 
 def shrink(z: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor:
@@ -66,11 +66,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     wb = WhiteBox.from_ctx(ctx)
     results: list[AttackResult] = []
     with wb:
-        for start, rows in chunks(len(images)):
-            xs = images[rows]
-            x = to_tensor(xs)
-            correct = wb.check_classifier(x, rows)
-            y = wb.labels[torch.from_numpy(rows)]
+        for start, rows, xs, x, y, correct in wb.batches(images):
             best = Best(wb, xs, rows, norm="en" if rule == "EN" else "l1", kappa=kappa,
                         beta=beta)
             n = len(xs)

@@ -39,7 +39,7 @@ from fortis.services.common.params import Param
 
 from .base import AttackContext, AttackResult, AttackSpec, check_batch
 from .cw import Best, check_int, check_number
-from .whitebox import BOOSTER_PARAMS, WhiteBox, chunks, to_tensor
+from .whitebox import BOOSTER_PARAMS, WhiteBox
 
 #: The norm's default radius of random restarts when no epsilon and no adversarial yet
 #: (torchattacks' / the authors' defaults for L-inf and L2).
@@ -155,11 +155,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     gen = ctx.torch_generator()
     results: list[AttackResult] = []
     with wb:
-        for start, rows in chunks(len(images)):
-            xs = images[rows]
-            x = to_tensor(xs)
-            correct = wb.check_classifier(x, rows)
-            y = wb.labels[torch.from_numpy(rows)]
+        for start, rows, xs, x, y, correct in wb.batches(images):
             best = Best(wb, xs, rows, norm=norm, bound=epsilon or None)
             n = len(xs)
             shape = x.shape

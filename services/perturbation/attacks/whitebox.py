@@ -245,6 +245,16 @@ class WhiteBox:
     def targeted(self) -> bool:
         return self.target is not None
 
+    def batches(self, images: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray,
+                                                            torch.Tensor, torch.Tensor,
+                                                            np.ndarray]]:
+        """Per chunk of the batch's uint8 ``images``: (start, rows, uint8 images, float
+        tensor, true labels, whether the surrogate gets each clean image right)."""
+        for start, rows in chunks(len(images)):
+            xs = images[rows]
+            x = to_tensor(xs)
+            yield start, rows, xs, x, self._y(rows, len(rows)), self.check_classifier(x, rows)
+
     # -- forward passes -------------------------------------------------------------------
 
     def plain_logits(self, x: torch.Tensor) -> torch.Tensor:
