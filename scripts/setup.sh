@@ -43,6 +43,18 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   fi
 fi
 
+# 1d. Chromium (Debian chromium): the report's PDF export (`fortis run --pdf`) and the tests
+#     that open report.html in a real headless browser (issue 13). Not needed by `make demo`.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing chromium (Debian) ..." >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "setup: please run: sudo apt-get install chromium" >&2
+  fi
+fi
+
 # 2. Python venv with both distributions (editable) and their pinned dependencies (torch==2.13.0
 #    CPU): fortis-client (clients/python: fortis.client + the contract stubs; grpcio + protobuf
 #    only) and fortis (the server: services, adapters, the CLI), which depends on the former.

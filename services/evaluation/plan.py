@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from fortis.services.common.acceptance import Criterion, parse_acceptance
 from fortis.services.common.blobs import is_blob_id
 from fortis.services.common.criteria import (
     ATTACK_CRITERIA,
@@ -61,10 +62,13 @@ from fortis.services.common.limits import MAX_PLAN_BYTES  # noqa: E402 - re-expo
 
 #: Nesting depth of a plan document (docs/limits.md, issue 9).
 MAX_DEPTH = MAX_PLAN_DEPTH
+#: An evaluation id (as ``service.check_evaluation_id`` accepts).
+_EVALUATION_ID = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}$")
 #: An attack's name in the plan: it becomes part of proxy session ids and artifact file names.
 _SETTING_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,59}$")
-__all__ = ["CORRECTNESS_MODES", "DATASETS", "MAX_PLAN_BYTES", "TASKS", "AttackTest",
-           "CorruptionTest", "DatasetRef", "DegradationTest", "Plan", "Role", "TargetRef",
+__all__ = ["CORRECTNESS_MODES", "DATASETS", "MAX_MEMBERS", "MAX_PLAN_BYTES", "TASKS",
+           "AttackTest", "CorruptionTest", "DatasetRef", "DegradationTest", "Member", "Plan",
+           "Role", "TargetRef",
            "check_against_target", "check_surrogate_labels", "load_plan", "parse_plan_text",
            "surrogate_specs", "validate_plan"]
 
@@ -81,6 +85,22 @@ class TargetRef:
     task: str = "classification"
     endpoint: str = ""
     credentials_ref: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Member:
+    """One model of a multi-target plan (CANARY benchmark, CAN-7): a target on this server,
+    the surrogate that stands for it when transfer attacks are crafted (its white-box twin;
+    "" = attacks are not crafted on it) and, for CAN-5, the member it is the defended version
+    of."""
+
+    name: str
+    surrogate: str = ""
+    defends: str = ""
+
+
+#: Models in one multi-target plan (each runs every test of the plan).
+MAX_MEMBERS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,7 +181,22 @@ class Plan:
     segmentation: Mapping[str, Any] = field(default_factory=dict)
     #: The tenant's own surrogates (IEEE-A7, IEEE-P6): uploaded models the attacks may name.
     surrogates: tuple[SurrogateDefinition, ...] = ()
+    #: Acceptance criteria (issue 13): the report's verdict and ``fortis run``'s exit code.
+    acceptance: tuple[Criterion, ...] = ()
+    #: CANARY metrics per attack in the report (CAN-1..CAN-4), the plan's ``canary: true``.
+    canary: bool = False
+    #: Multi-target plans (the plan's ``targets:``; CAN-5/7/8): every model, the first being
+    #: ``target``. Empty for a single-target plan.
+    members: tuple[Member, ...] = ()
+    #: CAN-10 fast mode: a finished multi-target evaluation of this tenant whose models this
+    #: plan's target is ranked against, without re-running them (``baseline: {evaluation:}``).
+    baseline: str = ""
     raw: Mapping[str, Any]
+
+    @property
+    def is_benchmark(self) -> bool:
+        """A multi-target plan or a fast-mode ranking against a baseline (CANARY)."""
+        return len(self.members) > 1 or bool(self.baseline)
 
 
 class _V:
@@ -351,6 +386,48 @@ def _roles(v: _V, doc: Mapping[str, Any]) -> dict[str, Role]:
     return out
 
 
+def _members(v: _V, doc: Mapping[str, Any]) -> tuple[TargetRef, list[Member]]:
+    """``targets:`` (a multi-target plan) instead of ``target:``; the first is the primary."""
+    if "target" in doc:
+        v.bad("targets", "give either target (one model) or targets (several), not both")
+    items = v.items(doc, "targets")
+    if not items:
+        v.bad("targets", "must list at least one target")
+        return TargetRef(name=""), []
+    if len(items) > MAX_MEMBERS:
+        v.bad("targets", f"{len(items):,} targets; at most {MAX_MEMBERS} in one plan")
+        items = items[:MAX_MEMBERS]
+    members: list[Member] = []
+    refs: list[TargetRef] = []
+    for i, item in enumerate(items):
+        p = f"targets[{i}]"
+        t = v.mapping(item, p)
+        v.unknown(t, p, {"name", "task", "endpoint", "credentials_ref", "surrogate", "defends"})
+        ref = TargetRef(name=v.string(t, "name", p, required=True),
+                        task=v.string(t, "task", p, default="classification", choices=TASKS),
+                        endpoint=v.string(t, "endpoint", p),
+                        credentials_ref=v.string(t, "credentials_ref", p))
+        sur = t.get("surrogate")
+        if sur is not None and not isinstance(sur, str):
+            v.bad(f"{p}.surrogate", "must be the name of one surrogate model")
+            sur = ""
+        members.append(Member(name=ref.name, surrogate=sur or "",
+                              defends=v.string(t, "defends", p)))
+        refs.append(ref)
+    names = [m.name for m in members]
+    for i, m in enumerate(members):
+        if m.name and names.index(m.name) != i:
+            v.bad(f"targets[{i}].name", f"target {_short(m.name)} is listed twice")
+        if m.defends and m.defends not in names:
+            v.bad(f"targets[{i}].defends", f"{_short(m.defends)} is not one of the plan's targets")
+        if m.defends and m.defends == m.name:
+            v.bad(f"targets[{i}].defends", "a model cannot be its own baseline")
+        if refs[i].task != refs[0].task:
+            v.bad(f"targets[{i}].task", f"every target of one plan has the same task "
+                  f"({refs[0].task})")
+    return refs[0], members
+
+
 def _target(v: _V, doc: Mapping[str, Any]) -> TargetRef:
     t = v.mapping(doc.get("target"), "target")
     v.unknown(t, "target", {"name", "task", "endpoint", "credentials_ref"})
@@ -521,7 +598,7 @@ def _attack_criterion(v: _V, it: Mapping[str, Any], p: str, task: str, spec: Any
 
 def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue, task: str = "classification",
              det: Mapping[str, Any] | None = None,
-             seg: Mapping[str, Any] | None = None) -> list[AttackTest]:
+             seg: Mapping[str, Any] | None = None, *, benchmark: bool = False) -> list[AttackTest]:
     out: list[AttackTest] = []
     seen: set[str] = set()
     items = v.items(doc, "attacks")
@@ -552,8 +629,9 @@ def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue, task: str = "classif
                     prop not in cat.perturbations or cat.perturbations[prop].kind != "property"):
                 v.bad(f"{p}.params.property", f"{_short(prop)} is not a PER-1 safety property; "
                       "see `fortis perturbations --kind property`")
-            if spec.needs_surrogate and not it.get("surrogate"):
-                v.bad(f"{p}.surrogate", f"{aid} is a transfer attack: name the surrogate model")
+            if spec.needs_surrogate and not it.get("surrogate") and not benchmark:
+                v.bad(f"{p}.surrogate", f"{aid} is a transfer attack: name the surrogate model"
+                      " (or list targets with their surrogates: it is then crafted on each)")
             if it.get("surrogate") and not (spec.needs_surrogate or spec.uses_surrogate):
                 v.bad(f"{p}.surrogate", f"{aid} takes no surrogate model")
             if task not in spec.tasks:
@@ -722,22 +800,55 @@ def _task_limits(v: _V, task: str, corruptions: list[CorruptionTest], attacks: l
                   "truth; geometric corruptions are for classification plans only")
 
 
+def _baseline(v: _V, doc: Mapping[str, Any], members: list[Member]) -> str:
+    """CAN-10 fast mode: ``baseline: {evaluation: ID}`` with one target and its surrogate."""
+    if "baseline" not in doc:
+        return ""
+    b = v.mapping(doc.get("baseline"), "baseline")
+    v.unknown(b, "baseline", {"evaluation"})
+    eid = v.string(b, "evaluation", "baseline", required=True)
+    if eid and not _EVALUATION_ID.fullmatch(eid):
+        v.bad("baseline.evaluation", "not an evaluation id (letters, digits, '-', '_', '.')")
+    if len(members) != 1 or not members[0].surrogate:
+        v.bad("baseline", "fast mode ranks one new model: list exactly one entry under "
+              "targets, with its surrogate")
+    return eid
+
+
 def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
     """Check a plan document against the catalogue; raise one InvalidArgument listing every
     problem."""
     v = _V()
     v.unknown(doc, "", {"name", "seed", "roles", "target", "dataset", "correctness",
                         "corruptions", "attacks", "execution", "description", "degradation",
-                        "detection", "segmentation", "surrogates"})
+                        "detection", "segmentation", "surrogates", "acceptance", "canary",
+                        "targets", "baseline"})
     name = v.string(doc, "name", "", required=True)
     seed = v.integer(doc, "seed", "", default=0, lo=0, hi=MAX_SEED)
     roles = _roles(v, doc)
-    target = _target(v, doc)
+    members: list[Member] = []
+    if "targets" in doc:
+        target, members = _members(v, doc)
+    else:
+        target = _target(v, doc)
+    baseline = _baseline(v, doc, members)
     dataset = _dataset(v, doc, target.task)
     correctness, det, seg = _criteria(v, doc, target.task)
     corruptions = _corruptions(v, doc, catalogue)
-    attacks = _attacks(v, doc, catalogue, target.task, det, seg)
+    attacks = _attacks(v, doc, catalogue, target.task, det, seg,
+                       benchmark=len(members) > 1 or bool(baseline))
+    if members and target.task != "classification" and len(members) > 1:
+        v.bad("targets", "multi-target plans (CANARY benchmarks) are for classification "
+              "targets")
     surrogates = _surrogates(v, doc)
+    acceptance, problems = parse_acceptance(
+        doc.get("acceptance"), corruptions={c.id for c in corruptions},
+        attacks={a.name for a in attacks})
+    v.problems.extend(problems)
+    canary = doc.get("canary", False)
+    if not isinstance(canary, bool):
+        v.bad("canary", f"must be true or false, got {_short(canary)}")
+        canary = False
     degradation = _degradation(v, doc, catalogue)
     e = v.mapping(doc.get("execution"), "execution", required=False)
     v.unknown(e, "execution", {"batch_size"})
@@ -752,7 +863,8 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
                 provider=roles["provider"], target=target, dataset=dataset,
                 correctness=correctness, corruptions=tuple(corruptions), attacks=tuple(attacks),
                 batch_size=batch, raw=dict(doc), degradation=tuple(degradation),
-                detection=det, segmentation=seg, surrogates=tuple(surrogates))
+                detection=det, segmentation=seg, surrogates=tuple(surrogates),
+                acceptance=acceptance, canary=canary, members=tuple(members), baseline=baseline)
 
 
 def check_against_target(plan: Plan, target: TargetDescription, catalogue: Catalogue) -> None:

@@ -230,6 +230,24 @@ class LedgerSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Example:
+    """One example image for the report (issue 13): ``kind`` "corruption" (a severity on a
+    sample image), "attack" (original / adversarial) or "degradation" (a DEG-4 failure
+    point's level). Images are uint8 H x W x C (C 1 or 3) as the target received them."""
+
+    kind: str
+    setting: str
+    level: int
+    image_id: str
+    original: np.ndarray
+    perturbed: np.ndarray
+    original_answer: str = ""
+    perturbed_answer: str = ""
+    note: str = ""
+    target: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReportInput:
     plan: Any                        # the validated Plan
     plan_text: str
@@ -243,6 +261,12 @@ class ReportInput:
     finished: float
     images: int
     resumed_count: int
+    #: Example images (issue 13; ``examples.py``).
+    examples: Sequence[Example] = ()
+    #: CANARY metrics per attack (CAN-1..4) when the plan asks for them: plain JSON data.
+    canary: Mapping[str, Any] | None = None
+    #: Multi-target plans (CAN-5/7/8/10): plain JSON data (``benchmark.py``).
+    benchmark: Mapping[str, Any] | None = None
 
 
 class ReportPort(Protocol):

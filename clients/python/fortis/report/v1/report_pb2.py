@@ -26,10 +26,11 @@ from fortis.common.v1 import common_pb2 as fortis_dot_common_dot_v1_dot_common__
 from fortis.perturbation.v1 import perturbation_pb2 as fortis_dot_perturbation_dot_v1_dot_perturbation__pb2
 from fortis.scoring.v1 import scoring_pb2 as fortis_dot_scoring_dot_v1_dot_scoring__pb2
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66ortis/report/v1/report.proto\x12\x10\x66ortis.report.v1\x1a\x1d\x66ortis/common/v1/common.proto\x1a)fortis/perturbation/v1/perturbation.proto\x1a\x1f\x66ortis/scoring/v1/scoring.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"+\n\x05Party\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0corganisation\x18\x02 \x01(\t\"\x87\x01\n\x05Roles\x12*\n\trequester\x18\x01 \x01(\x0b\x32\x17.fortis.report.v1.Party\x12\'\n\x06tester\x18\x02 \x01(\x0b\x32\x17.fortis.report.v1.Party\x12)\n\x08provider\x18\x03 \x01(\x0b\x32\x17.fortis.report.v1.Party\"\xe7\x03\n\x0cTargetReport\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12(\n\x04task\x18\x03 \x01(\x0e\x32\x1a.fortis.common.v1.TaskType\x12\x10\n\x08\x65ndpoint\x18\x04 \x01(\t\x12\x31\n\x0boutput_kind\x18\x05 \x01(\x0e\x32\x1c.fortis.common.v1.OutputKind\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x14\n\x0clabels_count\x18\x07 \x01(\x05\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x14\n\x0cinput_height\x18\t \x01(\x05\x12\x13\n\x0binput_width\x18\n \x01(\x05\x12\x16\n\x0einput_channels\x18\x0b \x01(\x05\x12\x39\n\x0b\x63orrectness\x18\x0c \x01(\x0b\x32\".fortis.scoring.v1.CorrectnessRuleH\x00\x12:\n\tdetection\x18\r \x01(\x0b\x32%.fortis.scoring.v1.DetectionCriterionH\x00\x12@\n\x0csegmentation\x18\x0e \x01(\x0b\x32(.fortis.scoring.v1.SegmentationCriterionH\x00\x42\x14\n\x12service_parameters\"k\n\x0b\x45nvironment\x12\x0e\n\x06python\x18\x01 \x01(\t\x12\x10\n\x08platform\x18\x02 \x01(\t\x12\x0e\n\x06\x66ortis\x18\x03 \x01(\t\x12\r\n\x05torch\x18\x04 \x01(\t\x12\r\n\x05numpy\x18\x05 \x01(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x04\"\xf2\x03\n\x0eTestDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.fortis.report.v1.TestKind\x12\x17\n\x0fperturbation_id\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x0c\n\x04refs\x18\x05 \x03(\t\x12\x0e\n\x06levels\x18\x06 \x03(\x05\x12\x41\n\x10level_parameters\x18\x07 \x03(\x0b\x32\'.fortis.perturbation.v1.LevelParameters\x12\x32\n\x06params\x18\x0f \x03(\x0b\x32\".fortis.perturbation.v1.NamedValue\x12\x42\n\x10\x63haracterisation\x18\t \x01(\x0b\x32(.fortis.perturbation.v1.Characterisation\x12\x11\n\tsurrogate\x18\n \x01(\t\x12\x14\n\x07\x65psilon\x18\x0b \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04norm\x18\x0c \x01(\t\x12\x19\n\x0cquery_budget\x18\r \x01(\x03H\x01\x88\x01\x01\x12\x0e\n\x06images\x18\x0e \x01(\x03\x12\x0e\n\x06signal\x18\x10 \x01(\t\x12\x11\n\tcriterion\x18\x11 \x01(\tB\n\n\x08_epsilonB\x0f\n\r_query_budgetJ\x04\x08\x08\x10\t\"\xd7\x02\n\rLedgerSummary\x12?\n\x08sessions\x18\x01 \x03(\x0b\x32-.fortis.report.v1.LedgerSummary.SessionsEntry\x12\x15\n\rtotal_queries\x18\x02 \x01(\x03\x12]\n\x18\x61\x62orted_attempt_sessions\x18\x03 \x03(\x0b\x32;.fortis.report.v1.LedgerSummary.AbortedAttemptSessionsEntry\x12\x1f\n\x17\x61\x62orted_attempt_queries\x18\x04 \x01(\x03\x1a/\n\rSessionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a=\n\x1b\x41\x62ortedAttemptSessionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"K\n\x0b\x44\x61tasetInfo\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05limit\x18\x04 \x01(\x03\"\xdc\x01\n\x0e\x45valuationInfo\x12\x15\n\revaluation_id\x18\x01 \x01(\t\x12.\n\nstart_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06images\x18\x04 \x01(\x03\x12.\n\x07\x64\x61taset\x18\x05 \x01(\x0b\x32\x1d.fortis.report.v1.DatasetInfo\x12\x15\n\rresumed_count\x18\x06 \x01(\x05\"\x81\x03\n\x0bReportParts\x12\x11\n\tplan_text\x18\x01 \x01(\t\x12.\n\x06target\x18\x02 \x01(\x0b\x32\x1e.fortis.report.v1.TargetReport\x12&\n\x05roles\x18\x03 \x01(\x0b\x32\x17.fortis.report.v1.Roles\x12\x32\n\x0b\x65nvironment\x18\x04 \x01(\x0b\x32\x1d.fortis.report.v1.Environment\x12;\n\x07metrics\x18\x05 \x01(\x0b\x32*.fortis.scoring.v1.ScoreEvaluationResponse\x12/\n\x05tests\x18\x06 \x03(\x0b\x32 .fortis.report.v1.TestDefinition\x12/\n\x06ledger\x18\x07 \x01(\x0b\x32\x1f.fortis.report.v1.LedgerSummary\x12\x34\n\nevaluation\x18\x08 \x01(\x0b\x32 .fortis.report.v1.EvaluationInfo\"I\n\x13RenderReportRequest\x12\x32\n\x05parts\x18\x01 \x01(\x0b\x32\x1d.fortis.report.v1.ReportPartsB\x04\xe2\x41\x01\x02\"@\n\x14RenderReportResponse\x12\x13\n\x0breport_json\x18\x01 \x01(\t\x12\x13\n\x0breport_html\x18\x02 \x01(\t*\xc9\x01\n\x08TestKind\x12\x19\n\x15TEST_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14TEST_KIND_CORRUPTION\x10\x01\x12\x19\n\x15TEST_KIND_DEGRADATION\x10\x02\x12\x1d\n\x19TEST_KIND_TRANSFER_ATTACK\x10\x03\x12\x1a\n\x16TEST_KIND_SCORE_ATTACK\x10\x04\x12\x1d\n\x19TEST_KIND_DECISION_ATTACK\x10\x05\x12\x13\n\x0fTEST_KIND_STYLE\x10\x06\x32n\n\rReportService\x12]\n\x0cRenderReport\x12%.fortis.report.v1.RenderReportRequest\x1a&.fortis.report.v1.RenderReportResponseB\xab\x01\n\x13\x61i.fortis.report.v1B\x0bReportProtoP\x01ZDgithub.com/fortis-robustness/fortis/gen/go/fortis/report/v1;reportv1\xa2\x02\x03\x46RP\xaa\x02\x10\x46ortis.Report.V1\xca\x02\x10\x46ortis\\Report\\V1\xea\x02\x12\x46ortis::Report::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66ortis/report/v1/report.proto\x12\x10\x66ortis.report.v1\x1a\x1d\x66ortis/common/v1/common.proto\x1a)fortis/perturbation/v1/perturbation.proto\x1a\x1f\x66ortis/scoring/v1/scoring.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"+\n\x05Party\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0corganisation\x18\x02 \x01(\t\"\x87\x01\n\x05Roles\x12*\n\trequester\x18\x01 \x01(\x0b\x32\x17.fortis.report.v1.Party\x12\'\n\x06tester\x18\x02 \x01(\x0b\x32\x17.fortis.report.v1.Party\x12)\n\x08provider\x18\x03 \x01(\x0b\x32\x17.fortis.report.v1.Party\"\xe7\x03\n\x0cTargetReport\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12(\n\x04task\x18\x03 \x01(\x0e\x32\x1a.fortis.common.v1.TaskType\x12\x10\n\x08\x65ndpoint\x18\x04 \x01(\t\x12\x31\n\x0boutput_kind\x18\x05 \x01(\x0e\x32\x1c.fortis.common.v1.OutputKind\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x14\n\x0clabels_count\x18\x07 \x01(\x05\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x14\n\x0cinput_height\x18\t \x01(\x05\x12\x13\n\x0binput_width\x18\n \x01(\x05\x12\x16\n\x0einput_channels\x18\x0b \x01(\x05\x12\x39\n\x0b\x63orrectness\x18\x0c \x01(\x0b\x32\".fortis.scoring.v1.CorrectnessRuleH\x00\x12:\n\tdetection\x18\r \x01(\x0b\x32%.fortis.scoring.v1.DetectionCriterionH\x00\x12@\n\x0csegmentation\x18\x0e \x01(\x0b\x32(.fortis.scoring.v1.SegmentationCriterionH\x00\x42\x14\n\x12service_parameters\"k\n\x0b\x45nvironment\x12\x0e\n\x06python\x18\x01 \x01(\t\x12\x10\n\x08platform\x18\x02 \x01(\t\x12\x0e\n\x06\x66ortis\x18\x03 \x01(\t\x12\r\n\x05torch\x18\x04 \x01(\t\x12\r\n\x05numpy\x18\x05 \x01(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x04\"\xf2\x03\n\x0eTestDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.fortis.report.v1.TestKind\x12\x17\n\x0fperturbation_id\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x0c\n\x04refs\x18\x05 \x03(\t\x12\x0e\n\x06levels\x18\x06 \x03(\x05\x12\x41\n\x10level_parameters\x18\x07 \x03(\x0b\x32\'.fortis.perturbation.v1.LevelParameters\x12\x32\n\x06params\x18\x0f \x03(\x0b\x32\".fortis.perturbation.v1.NamedValue\x12\x42\n\x10\x63haracterisation\x18\t \x01(\x0b\x32(.fortis.perturbation.v1.Characterisation\x12\x11\n\tsurrogate\x18\n \x01(\t\x12\x14\n\x07\x65psilon\x18\x0b \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04norm\x18\x0c \x01(\t\x12\x19\n\x0cquery_budget\x18\r \x01(\x03H\x01\x88\x01\x01\x12\x0e\n\x06images\x18\x0e \x01(\x03\x12\x0e\n\x06signal\x18\x10 \x01(\t\x12\x11\n\tcriterion\x18\x11 \x01(\tB\n\n\x08_epsilonB\x0f\n\r_query_budgetJ\x04\x08\x08\x10\t\"\xd7\x02\n\rLedgerSummary\x12?\n\x08sessions\x18\x01 \x03(\x0b\x32-.fortis.report.v1.LedgerSummary.SessionsEntry\x12\x15\n\rtotal_queries\x18\x02 \x01(\x03\x12]\n\x18\x61\x62orted_attempt_sessions\x18\x03 \x03(\x0b\x32;.fortis.report.v1.LedgerSummary.AbortedAttemptSessionsEntry\x12\x1f\n\x17\x61\x62orted_attempt_queries\x18\x04 \x01(\x03\x1a/\n\rSessionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a=\n\x1b\x41\x62ortedAttemptSessionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"K\n\x0b\x44\x61tasetInfo\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\r\n\x05split\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05limit\x18\x04 \x01(\x03\"\xdc\x01\n\x0e\x45valuationInfo\x12\x15\n\revaluation_id\x18\x01 \x01(\t\x12.\n\nstart_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06images\x18\x04 \x01(\x03\x12.\n\x07\x64\x61taset\x18\x05 \x01(\x0b\x32\x1d.fortis.report.v1.DatasetInfo\x12\x15\n\rresumed_count\x18\x06 \x01(\x05\"\xeb\x01\n\x0c\x45xampleImage\x12+\n\x04kind\x18\x01 \x01(\x0e\x32\x1d.fortis.report.v1.ExampleKind\x12\x0f\n\x07setting\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\x05\x12\x10\n\x08image_id\x18\x04 \x01(\t\x12\x14\n\x0coriginal_png\x18\x05 \x01(\x0c\x12\x15\n\rperturbed_png\x18\x06 \x01(\x0c\x12\x17\n\x0foriginal_answer\x18\x07 \x01(\t\x12\x18\n\x10perturbed_answer\x18\x08 \x01(\t\x12\x0c\n\x04note\x18\t \x01(\t\x12\x0e\n\x06target\x18\n \x01(\t\"\x88\x04\n\x0bReportParts\x12\x11\n\tplan_text\x18\x01 \x01(\t\x12.\n\x06target\x18\x02 \x01(\x0b\x32\x1e.fortis.report.v1.TargetReport\x12&\n\x05roles\x18\x03 \x01(\x0b\x32\x17.fortis.report.v1.Roles\x12\x32\n\x0b\x65nvironment\x18\x04 \x01(\x0b\x32\x1d.fortis.report.v1.Environment\x12;\n\x07metrics\x18\x05 \x01(\x0b\x32*.fortis.scoring.v1.ScoreEvaluationResponse\x12/\n\x05tests\x18\x06 \x03(\x0b\x32 .fortis.report.v1.TestDefinition\x12/\n\x06ledger\x18\x07 \x01(\x0b\x32\x1f.fortis.report.v1.LedgerSummary\x12\x34\n\nevaluation\x18\x08 \x01(\x0b\x32 .fortis.report.v1.EvaluationInfo\x12\x30\n\x08\x65xamples\x18\t \x03(\x0b\x32\x1e.fortis.report.v1.ExampleImage\x12\'\n\x06\x63\x61nary\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12*\n\tbenchmark\x18\x0b \x01(\x0b\x32\x17.google.protobuf.Struct\"I\n\x13RenderReportRequest\x12\x32\n\x05parts\x18\x01 \x01(\x0b\x32\x1d.fortis.report.v1.ReportPartsB\x04\xe2\x41\x01\x02\"@\n\x14RenderReportResponse\x12\x13\n\x0breport_json\x18\x01 \x01(\t\x12\x13\n\x0breport_html\x18\x02 \x01(\t*\xc9\x01\n\x08TestKind\x12\x19\n\x15TEST_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14TEST_KIND_CORRUPTION\x10\x01\x12\x19\n\x15TEST_KIND_DEGRADATION\x10\x02\x12\x1d\n\x19TEST_KIND_TRANSFER_ATTACK\x10\x03\x12\x1a\n\x16TEST_KIND_SCORE_ATTACK\x10\x04\x12\x1d\n\x19TEST_KIND_DECISION_ATTACK\x10\x05\x12\x13\n\x0fTEST_KIND_STYLE\x10\x06*\x7f\n\x0b\x45xampleKind\x12\x1c\n\x18\x45XAMPLE_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x45XAMPLE_KIND_CORRUPTION\x10\x01\x12\x17\n\x13\x45XAMPLE_KIND_ATTACK\x10\x02\x12\x1c\n\x18\x45XAMPLE_KIND_DEGRADATION\x10\x03\x32n\n\rReportService\x12]\n\x0cRenderReport\x12%.fortis.report.v1.RenderReportRequest\x1a&.fortis.report.v1.RenderReportResponseB\xab\x01\n\x13\x61i.fortis.report.v1B\x0bReportProtoP\x01ZDgithub.com/fortis-robustness/fortis/gen/go/fortis/report/v1;reportv1\xa2\x02\x03\x46RP\xaa\x02\x10\x46ortis.Report.V1\xca\x02\x10\x46ortis\\Report\\V1\xea\x02\x12\x46ortis::Report::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,34 +44,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEDGERSUMMARY_ABORTEDATTEMPTSESSIONSENTRY']._serialized_options = b'8\001'
   _globals['_RENDERREPORTREQUEST'].fields_by_name['parts']._loaded_options = None
   _globals['_RENDERREPORTREQUEST'].fields_by_name['parts']._serialized_options = b'\342A\001\002'
-  _globals['_TESTKIND']._serialized_start=2683
-  _globals['_TESTKIND']._serialized_end=2884
-  _globals['_PARTY']._serialized_start=224
-  _globals['_PARTY']._serialized_end=267
-  _globals['_ROLES']._serialized_start=270
-  _globals['_ROLES']._serialized_end=405
-  _globals['_TARGETREPORT']._serialized_start=408
-  _globals['_TARGETREPORT']._serialized_end=895
-  _globals['_ENVIRONMENT']._serialized_start=897
-  _globals['_ENVIRONMENT']._serialized_end=1004
-  _globals['_TESTDEFINITION']._serialized_start=1007
-  _globals['_TESTDEFINITION']._serialized_end=1505
-  _globals['_LEDGERSUMMARY']._serialized_start=1508
-  _globals['_LEDGERSUMMARY']._serialized_end=1851
-  _globals['_LEDGERSUMMARY_SESSIONSENTRY']._serialized_start=1741
-  _globals['_LEDGERSUMMARY_SESSIONSENTRY']._serialized_end=1788
-  _globals['_LEDGERSUMMARY_ABORTEDATTEMPTSESSIONSENTRY']._serialized_start=1790
-  _globals['_LEDGERSUMMARY_ABORTEDATTEMPTSESSIONSENTRY']._serialized_end=1851
-  _globals['_DATASETINFO']._serialized_start=1853
-  _globals['_DATASETINFO']._serialized_end=1928
-  _globals['_EVALUATIONINFO']._serialized_start=1931
-  _globals['_EVALUATIONINFO']._serialized_end=2151
-  _globals['_REPORTPARTS']._serialized_start=2154
-  _globals['_REPORTPARTS']._serialized_end=2539
-  _globals['_RENDERREPORTREQUEST']._serialized_start=2541
-  _globals['_RENDERREPORTREQUEST']._serialized_end=2614
-  _globals['_RENDERREPORTRESPONSE']._serialized_start=2616
-  _globals['_RENDERREPORTRESPONSE']._serialized_end=2680
-  _globals['_REPORTSERVICE']._serialized_start=2886
-  _globals['_REPORTSERVICE']._serialized_end=2996
+  _globals['_TESTKIND']._serialized_start=3086
+  _globals['_TESTKIND']._serialized_end=3287
+  _globals['_EXAMPLEKIND']._serialized_start=3289
+  _globals['_EXAMPLEKIND']._serialized_end=3416
+  _globals['_PARTY']._serialized_start=254
+  _globals['_PARTY']._serialized_end=297
+  _globals['_ROLES']._serialized_start=300
+  _globals['_ROLES']._serialized_end=435
+  _globals['_TARGETREPORT']._serialized_start=438
+  _globals['_TARGETREPORT']._serialized_end=925
+  _globals['_ENVIRONMENT']._serialized_start=927
+  _globals['_ENVIRONMENT']._serialized_end=1034
+  _globals['_TESTDEFINITION']._serialized_start=1037
+  _globals['_TESTDEFINITION']._serialized_end=1535
+  _globals['_LEDGERSUMMARY']._serialized_start=1538
+  _globals['_LEDGERSUMMARY']._serialized_end=1881
+  _globals['_LEDGERSUMMARY_SESSIONSENTRY']._serialized_start=1771
+  _globals['_LEDGERSUMMARY_SESSIONSENTRY']._serialized_end=1818
+  _globals['_LEDGERSUMMARY_ABORTEDATTEMPTSESSIONSENTRY']._serialized_start=1820
+  _globals['_LEDGERSUMMARY_ABORTEDATTEMPTSESSIONSENTRY']._serialized_end=1881
+  _globals['_DATASETINFO']._serialized_start=1883
+  _globals['_DATASETINFO']._serialized_end=1958
+  _globals['_EVALUATIONINFO']._serialized_start=1961
+  _globals['_EVALUATIONINFO']._serialized_end=2181
+  _globals['_EXAMPLEIMAGE']._serialized_start=2184
+  _globals['_EXAMPLEIMAGE']._serialized_end=2419
+  _globals['_REPORTPARTS']._serialized_start=2422
+  _globals['_REPORTPARTS']._serialized_end=2942
+  _globals['_RENDERREPORTREQUEST']._serialized_start=2944
+  _globals['_RENDERREPORTREQUEST']._serialized_end=3017
+  _globals['_RENDERREPORTRESPONSE']._serialized_start=3019
+  _globals['_RENDERREPORTRESPONSE']._serialized_end=3083
+  _globals['_REPORTSERVICE']._serialized_start=3418
+  _globals['_REPORTSERVICE']._serialized_end=3528
 # @@protoc_insertion_point(module_scope)

@@ -4,6 +4,7 @@ from fortis.common.v1 import common_pb2 as _common_pb2
 from fortis.perturbation.v1 import perturbation_pb2 as _perturbation_pb2
 from fortis.scoring.v1 import scoring_pb2 as _scoring_pb2
 from google.api import field_behavior_pb2 as _field_behavior_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -23,6 +24,13 @@ class TestKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TEST_KIND_SCORE_ATTACK: _ClassVar[TestKind]
     TEST_KIND_DECISION_ATTACK: _ClassVar[TestKind]
     TEST_KIND_STYLE: _ClassVar[TestKind]
+
+class ExampleKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXAMPLE_KIND_UNSPECIFIED: _ClassVar[ExampleKind]
+    EXAMPLE_KIND_CORRUPTION: _ClassVar[ExampleKind]
+    EXAMPLE_KIND_ATTACK: _ClassVar[ExampleKind]
+    EXAMPLE_KIND_DEGRADATION: _ClassVar[ExampleKind]
 TEST_KIND_UNSPECIFIED: TestKind
 TEST_KIND_CORRUPTION: TestKind
 TEST_KIND_DEGRADATION: TestKind
@@ -30,6 +38,10 @@ TEST_KIND_TRANSFER_ATTACK: TestKind
 TEST_KIND_SCORE_ATTACK: TestKind
 TEST_KIND_DECISION_ATTACK: TestKind
 TEST_KIND_STYLE: TestKind
+EXAMPLE_KIND_UNSPECIFIED: ExampleKind
+EXAMPLE_KIND_CORRUPTION: ExampleKind
+EXAMPLE_KIND_ATTACK: ExampleKind
+EXAMPLE_KIND_DEGRADATION: ExampleKind
 
 class Party(_message.Message):
     __slots__ = ("name", "organisation")
@@ -187,8 +199,32 @@ class EvaluationInfo(_message.Message):
     resumed_count: int
     def __init__(self, evaluation_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., images: _Optional[int] = ..., dataset: _Optional[_Union[DatasetInfo, _Mapping]] = ..., resumed_count: _Optional[int] = ...) -> None: ...
 
+class ExampleImage(_message.Message):
+    __slots__ = ("kind", "setting", "level", "image_id", "original_png", "perturbed_png", "original_answer", "perturbed_answer", "note", "target")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SETTING_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_PNG_FIELD_NUMBER: _ClassVar[int]
+    PERTURBED_PNG_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_ANSWER_FIELD_NUMBER: _ClassVar[int]
+    PERTURBED_ANSWER_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    kind: ExampleKind
+    setting: str
+    level: int
+    image_id: str
+    original_png: bytes
+    perturbed_png: bytes
+    original_answer: str
+    perturbed_answer: str
+    note: str
+    target: str
+    def __init__(self, kind: _Optional[_Union[ExampleKind, str]] = ..., setting: _Optional[str] = ..., level: _Optional[int] = ..., image_id: _Optional[str] = ..., original_png: _Optional[bytes] = ..., perturbed_png: _Optional[bytes] = ..., original_answer: _Optional[str] = ..., perturbed_answer: _Optional[str] = ..., note: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+
 class ReportParts(_message.Message):
-    __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation")
+    __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation", "examples", "canary", "benchmark")
     PLAN_TEXT_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +233,9 @@ class ReportParts(_message.Message):
     TESTS_FIELD_NUMBER: _ClassVar[int]
     LEDGER_FIELD_NUMBER: _ClassVar[int]
     EVALUATION_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FIELD_NUMBER: _ClassVar[int]
+    BENCHMARK_FIELD_NUMBER: _ClassVar[int]
     plan_text: str
     target: TargetReport
     roles: Roles
@@ -205,7 +244,10 @@ class ReportParts(_message.Message):
     tests: _containers.RepeatedCompositeFieldContainer[TestDefinition]
     ledger: LedgerSummary
     evaluation: EvaluationInfo
-    def __init__(self, plan_text: _Optional[str] = ..., target: _Optional[_Union[TargetReport, _Mapping]] = ..., roles: _Optional[_Union[Roles, _Mapping]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., metrics: _Optional[_Union[_scoring_pb2.ScoreEvaluationResponse, _Mapping]] = ..., tests: _Optional[_Iterable[_Union[TestDefinition, _Mapping]]] = ..., ledger: _Optional[_Union[LedgerSummary, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationInfo, _Mapping]] = ...) -> None: ...
+    examples: _containers.RepeatedCompositeFieldContainer[ExampleImage]
+    canary: _struct_pb2.Struct
+    benchmark: _struct_pb2.Struct
+    def __init__(self, plan_text: _Optional[str] = ..., target: _Optional[_Union[TargetReport, _Mapping]] = ..., roles: _Optional[_Union[Roles, _Mapping]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., metrics: _Optional[_Union[_scoring_pb2.ScoreEvaluationResponse, _Mapping]] = ..., tests: _Optional[_Iterable[_Union[TestDefinition, _Mapping]]] = ..., ledger: _Optional[_Union[LedgerSummary, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationInfo, _Mapping]] = ..., examples: _Optional[_Iterable[_Union[ExampleImage, _Mapping]]] = ..., canary: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., benchmark: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class RenderReportRequest(_message.Message):
     __slots__ = ("parts",)

@@ -342,7 +342,7 @@ class WorstCase(_message.Message):
     def __init__(self, rate: _Optional[_Union[Rate, _Mapping]] = ..., n_settings: _Optional[int] = ..., over: _Optional[str] = ...) -> None: ...
 
 class AttackMetrics(_message.Message):
-    __slots__ = ("name", "kind", "robustness_adv", "success", "mean_queries", "median_queries", "mean_queries_successful", "query_budget", "errors", "error_images", "clean_mismatches", "mean_linf", "max_linf", "mean_l2", "mean_l2_successful", "median_l2_successful")
+    __slots__ = ("name", "kind", "robustness_adv", "success", "mean_queries", "median_queries", "mean_queries_successful", "query_budget", "errors", "error_images", "clean_mismatches", "mean_linf", "max_linf", "mean_l2", "mean_l2_successful", "median_l2_successful", "success_by_queries", "fooling_rate", "fooling_threshold", "never_fooled")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ROBUSTNESS_ADV_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +359,10 @@ class AttackMetrics(_message.Message):
     MEAN_L2_FIELD_NUMBER: _ClassVar[int]
     MEAN_L2_SUCCESSFUL_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_L2_SUCCESSFUL_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_BY_QUERIES_FIELD_NUMBER: _ClassVar[int]
+    FOOLING_RATE_FIELD_NUMBER: _ClassVar[int]
+    FOOLING_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    NEVER_FOOLED_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: AttackScoring
     robustness_adv: Rate
@@ -375,7 +379,19 @@ class AttackMetrics(_message.Message):
     mean_l2: float
     mean_l2_successful: float
     median_l2_successful: float
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[AttackScoring, str]] = ..., robustness_adv: _Optional[_Union[Rate, _Mapping]] = ..., success: _Optional[_Union[Rate, _Mapping]] = ..., mean_queries: _Optional[float] = ..., median_queries: _Optional[float] = ..., mean_queries_successful: _Optional[float] = ..., query_budget: _Optional[int] = ..., errors: _Optional[int] = ..., error_images: _Optional[_Iterable[str]] = ..., clean_mismatches: _Optional[int] = ..., mean_linf: _Optional[float] = ..., max_linf: _Optional[float] = ..., mean_l2: _Optional[float] = ..., mean_l2_successful: _Optional[float] = ..., median_l2_successful: _Optional[float] = ...) -> None: ...
+    success_by_queries: _containers.RepeatedCompositeFieldContainer[QueryCurvePoint]
+    fooling_rate: float
+    fooling_threshold: float
+    never_fooled: float
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[AttackScoring, str]] = ..., robustness_adv: _Optional[_Union[Rate, _Mapping]] = ..., success: _Optional[_Union[Rate, _Mapping]] = ..., mean_queries: _Optional[float] = ..., median_queries: _Optional[float] = ..., mean_queries_successful: _Optional[float] = ..., query_budget: _Optional[int] = ..., errors: _Optional[int] = ..., error_images: _Optional[_Iterable[str]] = ..., clean_mismatches: _Optional[int] = ..., mean_linf: _Optional[float] = ..., max_linf: _Optional[float] = ..., mean_l2: _Optional[float] = ..., mean_l2_successful: _Optional[float] = ..., median_l2_successful: _Optional[float] = ..., success_by_queries: _Optional[_Iterable[_Union[QueryCurvePoint, _Mapping]]] = ..., fooling_rate: _Optional[float] = ..., fooling_threshold: _Optional[float] = ..., never_fooled: _Optional[float] = ...) -> None: ...
+
+class QueryCurvePoint(_message.Message):
+    __slots__ = ("queries", "success_rate")
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_RATE_FIELD_NUMBER: _ClassVar[int]
+    queries: int
+    success_rate: float
+    def __init__(self, queries: _Optional[int] = ..., success_rate: _Optional[float] = ...) -> None: ...
 
 class IeeeMetrics(_message.Message):
     __slots__ = ("m", "accuracy", "corruptions", "average_robustness_corr", "worstcase_robustness_corr", "by_severity", "attacks", "average_robustness_adv", "m_per_attack", "worstcase_robustness_adv")
