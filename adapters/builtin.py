@@ -2,7 +2,10 @@
 
     fmnist-cnn        Fashion-MNIST CNN trained by the project (target)
     fmnist-surrogate  a second, different Fashion-MNIST CNN (the tester's surrogate)
-    fmnist-mlp        a third Fashion-MNIST model, an MLP (a second surrogate: ensembles)
+    fmnist-mlp        a third Fashion-MNIST model, an MLP (a second surrogate: ensembles;
+                      also a target)
+    fmnist-cnn-at     fmnist-cnn's architecture adversarially trained (FGSM with a random
+                      start, L-inf 0.1): the defended model of benchmarks across models
     mobilenet-v2      ImageNet MobileNetV2 with torchvision's weights (offline package)
     efficientnet-lite0  ImageNet EfficientNet-Lite0 (offline packages): a second ImageNet
                       architecture, surrogate or target next to mobilenet-v2 (IEEE-A7)
@@ -60,6 +63,7 @@ BUILTIN_MODELS: dict[str, Callable[[], Any]] = {
     "fmnist-cnn": _fmnist("target"),
     "fmnist-surrogate": _fmnist("surrogate"),
     "fmnist-mlp": _fmnist("mlp"),
+    "fmnist-cnn-at": _fmnist("robust"),
     "mobilenet-v2": _mobilenet,
     "efficientnet-lite0": _efficientnet,
     # surrogates of detectors / segmenters (``task``, ``task_loss``; whitebox.py)

@@ -123,6 +123,8 @@ DEFAULT_TARGETS = (
     "fmnist-cnn=builtin:fmnist-cnn",
     "fmnist-cnn-label=builtin:fmnist-cnn?output=label_only",
     "fmnist-cnn-top3=builtin:fmnist-cnn?output=top_k&top_k=3",
+    "fmnist-mlp=builtin:fmnist-mlp",
+    "fmnist-cnn-at=builtin:fmnist-cnn-at",
     "mobilenet-v2=builtin:mobilenet-v2?output=top_k&top_k=5",
     "efficientnet-lite0=builtin:efficientnet-lite0?output=top_k&top_k=5",
 )

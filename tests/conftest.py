@@ -21,6 +21,21 @@ MD = (("x-api-key", API_KEY),)
 OTHER_MD = (("x-api-key", OTHER_KEY),)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Train the built-in Fashion-MNIST models not cached yet, before any test and outside every
+    test's timeout: `fortis serve` without --target loads every default target at start
+    (fmnist-cnn, fmnist-mlp, fmnist-cnn-at: the adversarially trained one takes minutes on 2
+    cores), and a training inside a test's subprocess would count against the test. Once
+    cached (``$FORTIS_CACHE/models``) this is a few file checks."""
+    if session.config.option.collectonly:
+        return
+    from fortis.adapters.torch_models.fmnist import KINDS, load_fmnist_model, model_paths
+
+    for kind in KINDS:
+        if not all(p.is_file() for p in model_paths(kind)):
+            load_fmnist_model(kind, log=lambda s: print(s, file=sys.__stderr__, flush=True))
+
+
 @pytest.fixture(scope="module")
 def one_thread() -> Iterator[None]:
     """One torch thread for a module's tests (tiny models, small batches: a second thread only

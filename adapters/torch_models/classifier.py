@@ -131,7 +131,8 @@ class TorchClassifier:
 
 
 def fmnist_classifier(kind: str = "target") -> TorchClassifier:
-    """The Fashion-MNIST target or surrogate CNN (trained on first use, then cached)."""
+    """A Fashion-MNIST model of ``kind`` (fmnist.KINDS: target, surrogate, mlp, robust; trained
+    on first use, then cached), named ``fmnist-<kind>`` in its target info."""
     model, _metrics = load_fmnist_model(kind)
     return TorchClassifier(
         model, input_spec=InputSpec(height=28, width=28, channels=1),

@@ -38,8 +38,8 @@ __all__ = ["BUILTIN_SURROGATE_NAMES", "BUILTIN_SURROGATE_TASKS", "FORMATS",
 #: The built-in models' names (fortis.adapters.builtin.BUILTIN_MODELS; a test keeps the two
 #: equal): a tenant's surrogate may not take one.
 BUILTIN_SURROGATE_NAMES: Final = ("fmnist-cnn", "fmnist-surrogate", "fmnist-mlp",
-                                  "mobilenet-v2", "efficientnet-lite0", "mtcnn-surrogate",
-                                  "u2netp-surrogate")
+                                  "fmnist-cnn-at", "mobilenet-v2", "efficientnet-lite0",
+                                  "mtcnn-surrogate", "u2netp-surrogate")
 #: The task of the built-in models that are not classifiers (surrogates of a detector or a
 #: segmenter, with a ``task_loss``: fortis.adapters.vision_targets.surrogates); every other
 #: built-in and every tenant surrogate is a classifier. A transfer attack is crafted on a

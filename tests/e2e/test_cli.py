@@ -220,6 +220,7 @@ def test_serve_without_target_serves_the_builtins(served):
         resp = proxy_pb2_grpc.TargetProxyServiceStub(ch).ListTargets(
             proxy_pb2.ListTargetsRequest(), metadata=(("x-api-key", key),), timeout=30)
     assert {t.name for t in resp.targets} == {"fmnist-cnn", "fmnist-cnn-label", "fmnist-cnn-top3",
+                                              "fmnist-mlp", "fmnist-cnn-at",
                                               "mobilenet-v2", "efficientnet-lite0"}
 
 

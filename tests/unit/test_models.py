@@ -92,7 +92,9 @@ def test_surrogate_accuracy(surrogate_model, test_set) -> None:
 
 def test_cache_reload_identical(target_model, surrogate_model, test_set) -> None:
     x = torch.from_numpy(test_set[0][:256]).permute(0, 3, 1, 2).float() / 255
-    for kind, (model, metrics) in (("target", target_model), ("surrogate", surrogate_model)):
+    robust_model = load_fmnist_model("robust", log=print)
+    for kind, (model, metrics) in (("target", target_model), ("surrogate", surrogate_model),
+                                   ("robust", robust_model)):
         weights, metrics_path = model_paths(kind)
         assert weights.is_file() and metrics_path.is_file()
         again, metrics2 = load_fmnist_model(kind)
@@ -117,6 +119,40 @@ def test_training_is_deterministic(kind: str) -> None:
     assert not torch.equal(sa[last], c.state_dict()[last])
     # training leaves global torch settings as they were
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_robust_kind_is_the_target_cnn_trained_on_fgsm_rs_examples() -> None:
+    """"robust" (built-in fmnist-cnn-at): the target's architecture; its training batches are
+    FGSM examples from a random start (Wong et al. 2020), within the bound and [0, 1], drawn
+    from the training generator (deterministic), and different from the clean batch."""
+    target, robust = fmnist.build_model("target"), fmnist.build_model("robust")
+    assert type(robust) is type(target) is fmnist.FashionCNN
+    assert {k: v.shape for k, v in robust.state_dict().items()} == {
+        k: v.shape for k, v in target.state_dict().items()}
+    assert fmnist.AT_STEP == pytest.approx(1.25 * fmnist.AT_EPSILON)
+    assert fmnist.ADVERSARIAL_KINDS == {"robust"} <= set(fmnist.KINDS)
+    x, y = load_fashion_mnist("train", limit=64)
+    xb = torch.from_numpy(x).permute(0, 3, 1, 2).float() / 255
+    yb = torch.from_numpy(y)
+    torch.manual_seed(0)
+    robust.train()
+
+    def craft(seed: int) -> torch.Tensor:
+        torch.manual_seed(0)      # dropout masks
+        return fmnist._fgsm_rs(robust, xb, yb, torch.Generator().manual_seed(seed))
+
+    adv = craft(5)
+    assert adv.shape == xb.shape and not adv.requires_grad
+    assert float((adv - xb).abs().max()) <= fmnist.AT_EPSILON + 1e-6
+    assert float(adv.min()) >= 0.0 and float(adv.max()) <= 1.0
+    assert float((adv - xb).abs().mean()) > fmnist.AT_EPSILON / 4   # a real perturbation
+    assert torch.equal(adv, craft(5)) and not torch.equal(adv, craft(6))
+    assert all(p.grad is None for p in robust.parameters())       # crafting trains nothing
+    _, metrics = train("robust", seed=0, epochs=1, n_train=256, n_test=64)
+    assert metrics["adversarial_training"] == {"method": "fgsm-rs", "epsilon": fmnist.AT_EPSILON,
+                                               "step": fmnist.AT_STEP}
+    assert "adversarial_training" not in train("target", seed=0, epochs=1, n_train=256,
+                                               n_test=64)[1]
 
 
 def test_cache_trains_once_and_atomically(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
