@@ -173,6 +173,13 @@ MAX_REPORT_PLAN_BYTES: Final = 1 << 20
 #: Entries of any list of a report's parts.
 MAX_REPORT_ENTRIES: Final = 100_000
 
+# -- Report examples (issue 13) --------------------------------------------------------------
+#: Example images one report carries (corruptions, attacks, DEG-4 failure points).
+MAX_REPORT_EXAMPLES: Final = 200
+#: Bytes of one example PNG, and its largest side in pixels.
+MAX_EXAMPLE_PNG_BYTES: Final = 1 << 20
+MAX_EXAMPLE_SIDE: Final = 4096
+
 # -- Struct parameters -----------------------------------------------------------------------
 #: Nesting depth of a ``google.protobuf.Struct`` of parameters (Struct = 1).
 MAX_STRUCT_DEPTH: Final = 16
@@ -430,6 +437,19 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
     "fortis.report.v1.RenderReportRequest.parts": _MSG,
     "fortis.report.v1.ReportParts.plan_text": _text(
         MAX_REPORT_PLAN_BYTES, note="UTF-8 bytes; at most 200,000 values once parsed"),
+    "fortis.report.v1.ReportParts.canary": Limit(
+        "struct", note="CAN-1..4 results as the scoring service's Compute returned them"),
+    "fortis.report.v1.ReportParts.benchmark": Limit(
+        "struct", note="multi-target results (CAN-5/7/8/10) as Compute returned them"),
+    "fortis.report.v1.ReportParts.examples": _list(
+        MAX_REPORT_EXAMPLES, note="example images printed in the report"),
+    "fortis.report.v1.ExampleImage.original_png": Limit(
+        "bytes", length=MAX_EXAMPLE_PNG_BYTES,
+        note=f"a PNG of at most {MAX_EXAMPLE_SIDE} x {MAX_EXAMPLE_SIDE} pixels, read from its "
+             "header before decoding; re-encoded before it reaches the page"),
+    "fortis.report.v1.ExampleImage.perturbed_png": Limit(
+        "bytes", length=MAX_EXAMPLE_PNG_BYTES,
+        note="as original_png, and of the same size"),
     # scoring: ScoreEvaluation
     _SC + "ScoreEvaluationRequest.setup": _MSG,
     _SC + "ScoreEvaluationRequest.setting": _MSG,
@@ -537,7 +557,8 @@ ECHO_MESSAGES: Final = frozenset({
     _SC + "DegradationProfile", _SC + "ProfilePoint", _SC + "FailurePoint",
     _SC + "DegradationProfile.FractionOfPixelsChangedEntry", _SC + "QueryErrors",
     _SC + "SettingErrors", _PERT + "LevelParameters", _PERT + "NamedValue",
-    _PERT + "NumberList", _PERT + "Characterisation",
+    _PERT + "NumberList", _PERT + "Characterisation", _SC + "QueryCurvePoint",
+    "fortis.report.v1.ExampleImage",
 })
 ECHO_TEXT: Final = _text(MAX_TEXT_CHARS, note="printed in the report")
 ECHO_LIST: Final = _list(MAX_REPORT_ENTRIES, note="printed in the report")

@@ -8,6 +8,7 @@ writes the prose).
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,12 +18,19 @@ from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.report.v1 import report_pb2 as rpb
 from fortis.scoring.v1 import scoring_pb2 as spb
 from fortis.services.common.codec import array_to_tensor, fill_tensor
+from fortis.services.common.limits import (
+    MAX_EXAMPLE_PNG_BYTES,
+    MAX_EXAMPLE_SIDE,
+    MAX_REPORT_EXAMPLES,
+)
 from fortis.services.evaluation.answers import ClassAnswers, DetectionAnswers, SegmentationAnswers
-from fortis.services.evaluation.ports import ReportInput, ScoringSetup, Setting, Summary
-from google.protobuf import timestamp_pb2
+from fortis.services.evaluation.ports import Example, ReportInput, ScoringSetup, Setting, Summary
+from google.protobuf import json_format, timestamp_pb2
+from PIL import Image
 
-__all__ = ["attack_criterion", "correctness_rule", "detection_criterion", "fill_reference",
-           "report_parts", "scoring_setup", "segmentation_criterion", "setting", "summary"]
+__all__ = ["attack_criterion", "correctness_rule", "detection_criterion", "example_image",
+           "example_images", "fill_reference", "png_bytes", "report_parts", "scoring_setup",
+           "segmentation_criterion", "setting", "summary"]
 
 _MODES = {"top1": spb.CORRECTNESS_MODE_TOP1, "topk": spb.CORRECTNESS_MODE_TOPK,
           "threshold": spb.CORRECTNESS_MODE_THRESHOLD}
@@ -275,4 +283,106 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
             msg.query_budget = test.query_budget
         msg.signal = test.signal
         msg.criterion = test.criterion
+    parts.examples.extend(example_images(r.examples))
+    if r.canary is not None:    # CAN-1..4 per attack (canary_metrics.py): Compute's results
+        json_format.ParseDict(dict(r.canary), parts.canary)
+    if r.benchmark:     # multi-target plans (CAN-5/7/8/10): Compute results, open by design
+        json_format.ParseDict(dict(r.benchmark), parts.benchmark)
     return parts
+
+
+# -- example images (issue 13) -----------------------------------------------------------------
+
+#: The report service's bounds on example images (``services/report/convert.py``, which a
+#: service may not import): each PNG at most 1 MiB and 4096 x 4096 pixels, at most 200.
+EXAMPLE_PNG_BYTES = MAX_EXAMPLE_PNG_BYTES
+EXAMPLE_MAX_SIDE = MAX_EXAMPLE_SIDE
+EXAMPLE_COUNT = MAX_REPORT_EXAMPLES
+#: Every example PNG of one report together. RenderReport's messages are bounded (64 MiB):
+#: its answer carries each image twice (report.json and report.html), base64, plus the
+#: difference images, so about 4 x this.
+EXAMPLES_TOTAL_BYTES = 8 << 20
+_EXAMPLE_KINDS = {"corruption": rpb.EXAMPLE_KIND_CORRUPTION, "attack": rpb.EXAMPLE_KIND_ATTACK,
+                  "degradation": rpb.EXAMPLE_KIND_DEGRADATION}
+_EXAMPLE_TEXT = 1000
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """Lossless PNG of a uint8 H x W (x 1 | 3) image: grayscale for one channel, RGB for
+    three. Deterministic (Pillow, fixed compression, no metadata): the same image gives the
+    same bytes."""
+    arr = np.asarray(image)
+    if arr.dtype != np.uint8:
+        arr = np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    if not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] == 3)):
+        raise ValueError(f"an image of shape {arr.shape}: H x W x 1 or 3 expected")
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(arr)).save(buf, format="PNG", compress_level=6)
+    return buf.getvalue()
+
+
+def _shrunk(image: np.ndarray, factor: int) -> np.ndarray:
+    """``image`` reduced ``factor`` times on each side (box filter); itself for 1."""
+    if factor == 1:
+        return image
+    arr = np.asarray(image)
+    grey = arr.ndim == 3 and arr.shape[2] == 1
+    pil = Image.fromarray(np.ascontiguousarray(arr[:, :, 0] if grey else arr))
+    w, h = pil.size
+    out = np.asarray(pil.resize((max(1, -(-w // factor)), max(1, -(-h // factor))),
+                                Image.Resampling.BOX))
+    return out[:, :, None] if grey else out
+
+
+def example_image(e: Example) -> rpb.ExampleImage | None:
+    """An example as the report's ExampleImage: both images as PNG within the report
+    service's bounds. An image over them is shown reduced (both alike, and the note says
+    so); an example whose two images differ in size, or that cannot be encoded, is None."""
+    original, perturbed = np.asarray(e.original), np.asarray(e.perturbed)
+    if original.shape[:2] != perturbed.shape[:2] or original.ndim < 2:
+        return None
+    h, w = original.shape[:2]
+    factor = max(1, -(-max(h, w) // EXAMPLE_MAX_SIDE))
+    while factor <= 64:
+        o, p = png_bytes(_shrunk(original, factor)), png_bytes(_shrunk(perturbed, factor))
+        if len(o) <= EXAMPLE_PNG_BYTES and len(p) <= EXAMPLE_PNG_BYTES:
+            note = e.note
+            if factor > 1:
+                note += (f"{'; ' if note else ''}shown reduced {factor} times "
+                         f"(the target received {w}x{h} pixels)")
+            return rpb.ExampleImage(
+                kind=_EXAMPLE_KINDS[e.kind], setting=e.setting[:_EXAMPLE_TEXT],
+                level=int(e.level), image_id=e.image_id[:_EXAMPLE_TEXT],
+                original_png=o, perturbed_png=p,
+                original_answer=e.original_answer[:_EXAMPLE_TEXT],
+                perturbed_answer=e.perturbed_answer[:_EXAMPLE_TEXT],
+                note=note[:_EXAMPLE_TEXT], target=e.target[:_EXAMPLE_TEXT])
+        factor *= 2
+    return None
+
+
+def example_images(examples: Sequence[Example]) -> list[rpb.ExampleImage]:
+    """The examples that fit the report, in their order: at most :data:`EXAMPLE_COUNT` and
+    :data:`EXAMPLES_TOTAL_BYTES` of PNG together, attacks first, then failure points, then
+    corruptions when not all fit (a corruption sweep of large photos must not crowd out the
+    attacks); one that cannot be made is left out."""
+    first = {"attack": 0, "degradation": 1}
+    kept: dict[int, rpb.ExampleImage] = {}
+    total = 0
+    for k in sorted(range(len(examples)), key=lambda k: (first.get(examples[k].kind, 2), k)):
+        if len(kept) >= EXAMPLE_COUNT:
+            break
+        try:
+            msg = example_image(examples[k])
+        except (ValueError, KeyError, OSError):
+            continue
+        if msg is None:
+            continue
+        size = len(msg.original_png) + len(msg.perturbed_png)
+        if total + size > EXAMPLES_TOTAL_BYTES:
+            continue
+        total += size
+        kept[k] = msg
+    return [kept[k] for k in sorted(kept)]

@@ -68,7 +68,7 @@ _EVALUATION_ID = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}$")
 _SETTING_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,59}$")
 __all__ = ["CORRECTNESS_MODES", "DATASETS", "MAX_MEMBERS", "MAX_PLAN_BYTES", "TASKS",
            "AttackTest", "CorruptionTest", "DatasetRef", "DegradationTest", "Member", "Plan",
-           "Role", "TargetRef",
+           "Role", "TargetRef", "crafted_on",
            "check_against_target", "check_surrogate_labels", "load_plan", "parse_plan_text",
            "surrogate_specs", "validate_plan"]
 
@@ -101,6 +101,13 @@ class Member:
 
 #: Models in one multi-target plan (each runs every test of the plan).
 MAX_MEMBERS = 8
+
+
+def crafted_on(attack: str, surrogate: str) -> str:
+    """The setting name of a multi-target plan's transfer attack crafted on one model's
+    surrogate (CAN-7): ``<attack>.<surrogate>``, e.g. ``pgd.fmnist-cnn-at`` (it names proxy
+    sessions and artifacts, so it keeps their charset)."""
+    return f"{attack}.{surrogate}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -841,9 +848,17 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
         v.bad("targets", "multi-target plans (CANARY benchmarks) are for classification "
               "targets")
     surrogates = _surrogates(v, doc)
+    attack_names = {a.name for a in attacks}
+    for a in attacks:       # multi-target plans: a transfer attack per model surrogate (CAN-7)
+        entry = catalogue.attacks.get(a.id)
+        if members and entry is not None and entry.needs_surrogate and not a.surrogate:
+            expanded = {crafted_on(a.name, m.surrogate) for m in members if m.surrogate}
+            for name in sorted(expanded & attack_names):
+                v.bad("attacks", f"attack name {_short(name)} is also the name of "
+                      f"{a.name} crafted on a model's surrogate; rename it")
+            attack_names |= expanded
     acceptance, problems = parse_acceptance(
-        doc.get("acceptance"), corruptions={c.id for c in corruptions},
-        attacks={a.name for a in attacks})
+        doc.get("acceptance"), corruptions={c.id for c in corruptions}, attacks=attack_names)
     v.problems.extend(problems)
     canary = doc.get("canary", False)
     if not isinstance(canary, bool):

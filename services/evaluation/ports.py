@@ -199,6 +199,13 @@ class Scored:
 class ScoringPort(Protocol):
     def score(self, setup: ScoringSetup, settings: Iterable[Setting]) -> Scored: ...
 
+    def compute(self, metric: str, arrays: Mapping[str, np.ndarray],
+                params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One entry of the scoring service's metric catalogue (the Compute RPC), e.g. the
+        CANARY metrics (CAN-1..4, ``canary_metrics.py``): its JSON result (numbers are
+        doubles, NaN is None)."""
+        ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class TestDefinition:

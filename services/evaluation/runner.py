@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from fortis.services.evaluation.answers import SegmentationAnswers
+from fortis.services.evaluation.canary_metrics import canary_metrics
+from fortis.services.evaluation.examples import build_examples
 from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.keys import SessionId
 from fortis.services.evaluation.plan import Plan, check_against_target, check_surrogate_labels
@@ -145,6 +147,9 @@ class EvaluationRunner:
     #: Workers that run the items first (issue 10; ``executors.py``). None: this process
     #: runs them all.
     executor: Executor | None = None
+    #: Multi-target plans (``benchmark.py``): called with (scored, settings, images, target)
+    #: after scoring; what it returns is the report's cross-model section (CAN-5/7/8/10).
+    on_scored: Callable[..., Any] | None = None
 
     def run(self) -> Scored:
         plan, store, eid = self.plan, self.store, self.evaluation_id
@@ -188,6 +193,12 @@ class EvaluationRunner:
         if plan.target.task == "segmentation":
             settings = [_fit_masks(s, setup.truth) for s in settings]
         scored = self.scoring.score(setup, settings)
+        # example images (issue 13): answers read from the settings, no target query
+        examples = build_examples(ctx, settings, scored.metrics)
+        benchmark = self.on_scored(scored, settings, images, target) \
+            if self.on_scored is not None else None
+        # CANARY per attack (CAN-1..4) through the scoring service's Compute, when asked
+        canary = canary_metrics(ctx, settings, self.catalogue) if plan.canary else None
 
         progress.stage("report")
         finished_at = time.time()
@@ -204,7 +215,8 @@ class EvaluationRunner:
                          "numpy": _version("numpy")},
             metrics=scored.metrics, tests=tests, ledger=self._ledger(stages, ctx),
             evaluation_id=eid, started=started, finished=finished_at, images=len(images),
-            resumed_count=current.resumed_count if current else 0))
+            resumed_count=current.resumed_count if current else 0, examples=examples,
+            benchmark=benchmark, canary=canary))
         store.finish(eid, report_json=report_json, report_html=report_html,
                      summary=scored.summary, finished_at=finished_at)
         return scored

@@ -16,12 +16,13 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 from fortis.services.common import errors
 from fortis.services.common.quotas import QuotaSettings
 from fortis.services.common.status import status_for
+from fortis.services.evaluation.benchmark import BenchmarkRunner, check_baseline
 from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.plan import Plan, check_against_target, load_plan
 from fortis.services.evaluation.ports import (
@@ -124,17 +125,27 @@ class EvaluationManager:
         plan = load_plan(plan_text, catalogue, fmt)
         proxy = self.ports_for(tenant).proxy
         targets = proxy.target_names()
-        if plan.target.name not in targets:
-            shown = ", ".join(sorted(targets)[:20]) or "none"
+        shown = ", ".join(sorted(targets)[:20]) or "none"
+        if not plan.members and plan.target.name not in targets:
             raise errors.InvalidArgument("target.name", f"no target '{plan.target.name[:100]}' "
                                          f"on this server; available: {shown}")
-        if plan.attacks:     # the signal each attack needs (IEEE-A8), before anything runs
+        missing = [errors.FieldViolation(f"targets[{i}].name", f"no target '{m.name[:100]}' "
+                                         f"on this server; available: {shown}")
+                   for i, m in enumerate(plan.members) if m.name not in targets]
+        if missing:
+            raise errors.InvalidArgument.from_violations(missing)
+        if plan.baseline:
+            check_baseline(self.store.for_tenant(tenant), plan.baseline)
+        for name in [m.name for m in plan.members] or [plan.target.name]:
+            if not plan.attacks:  # the signal each attack needs (IEEE-A8), before anything runs
+                break
             try:
-                target = proxy.target_info(plan.target.name)
+                target = proxy.target_info(name)
             except (errors.Unavailable, errors.DeadlineExceeded, errors.TargetFailed):
                 target = None    # the target is down now: the run checks again when it starts
             if target is not None:
-                check_against_target(plan, target, catalogue)
+                check_against_target(replace(plan, target=replace(plan.target, name=name)),
+                                     target, catalogue)
         return plan
 
     def create(self, *, tenant: str, plan_text: str, fmt: str = "", evaluation_id: str = "") -> EvaluationRow:
@@ -290,12 +301,13 @@ class EvaluationManager:
             plan = load_plan(row.plan_text, catalogue)
             target = plan.target.name
             log.info("evaluation_started", target=target, resumed=row.resumed_count > 0)
-            EvaluationRunner(evaluation_id=evaluation_id, plan=plan, plan_text=row.plan_text,
-                             store=store, proxy=ports.proxy,
-                             perturbation=ports.perturbation, scoring=ports.scoring,
-                             report=ports.report, datasets=self.datasets.for_tenant(row.tenant),
-                             catalogue=catalogue,
-                             cancelled=cancel.is_set, executor=self.executor).run()
+            runner = BenchmarkRunner if plan.is_benchmark else EvaluationRunner
+            runner(evaluation_id=evaluation_id, plan=plan, plan_text=row.plan_text,
+                   store=store, proxy=ports.proxy,
+                   perturbation=ports.perturbation, scoring=ports.scoring,
+                   report=ports.report, datasets=self.datasets.for_tenant(row.tenant),
+                   catalogue=catalogue,
+                   cancelled=cancel.is_set, executor=self.executor).run()
             final = store.get(evaluation_id)
             log.info("evaluation_finished", target=target,
                      state=final.state if final is not None else "UNKNOWN",

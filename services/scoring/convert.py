@@ -322,7 +322,11 @@ def _attack(name: str, a: Mapping[str, Any]) -> pb.AttackMetrics:
          query_budget=a.get("query_budget"), mean_linf=a.get("mean_linf"),
          max_linf=a.get("max_linf"), mean_l2=a.get("mean_l2"),
          mean_l2_successful=a.get("mean_l2_successful"),
-         median_l2_successful=a.get("median_l2_successful"))
+         median_l2_successful=a.get("median_l2_successful"),
+         fooling_rate=a.get("fooling_rate"), fooling_threshold=a.get("fooling_threshold"),
+         never_fooled=a.get("never_fooled"))
+    out.success_by_queries.extend(pb.QueryCurvePoint(queries=int(q), success_rate=float(r))
+                                  for q, r in a.get("success_by_queries") or ())
     return out
 
 

@@ -1,6 +1,7 @@
 """The parts of an evaluation's scoring beyond IEEE-M1..M8, on answers held as arrays: ranking
-metrics per setting (RANK-1..3), degradation profiles per operator (DEG-2..4) and the failed
-queries per setting. Domain code: no gRPC.
+metrics per setting (RANK-1..3), degradation profiles per operator (DEG-2..4), the failed
+queries per setting, and per query attack its success-vs-queries curve (IEEE-M6, from the
+ledger's per-image counts) and PER-4 fooling rate. Domain code: no gRPC.
 
 They reproduce what the evaluation runner computed through the catalogue before answers
 travelled as arrays (``Compute("ndcg")``, ``Compute("drr")``, ``Compute("degradation_profile")``
@@ -22,9 +23,11 @@ from fortis.services.scoring.evaluation_data import (
     EvaluationSetup,
     SettingData,
 )
+from fortis.services.scoring.pertknob import SearchRecord, property_robustness
 
-__all__ = ["DRR_K", "GAMMA_A", "GAMMA_B", "check_class_answers", "degradation", "dense_scores",
-           "query_errors", "ranking"]
+__all__ = ["DRR_K", "GAMMA_A", "GAMMA_B", "MAX_CURVE_POINTS", "check_class_answers",
+           "degradation", "dense_scores", "fooling", "query_errors", "ranking",
+           "success_by_queries"]
 
 #: RANK-1 probability floors and the DRR cut-off used for every evaluation.
 GAMMA_B: Final = 0.01
@@ -34,6 +37,8 @@ DRR_K: Final = 5
 MAX_EXAMPLES: Final = 20
 MAX_MESSAGE: Final = 300
 LABELS_ONLY: Final = "the target returns labels only; NDCG and DRR need scores (RANK-3)"
+#: Most points of one attack's success-vs-queries curve (a report chart, not a raw dump).
+MAX_CURVE_POINTS: Final = 100
 
 
 def dense_scores(a: ClassificationAnswers, rows: np.ndarray, num_classes: int,
@@ -203,3 +208,52 @@ def query_errors(setup: EvaluationSetup, settings: Sequence[SettingData]) -> dic
                             "examples": [{"image_id": i, "error": e[:MAX_MESSAGE]}
                                          for i, e in bad[:MAX_EXAMPLES]]}
     return {"total": sum(v["errors"] for v in out.values()), "settings": out}
+
+
+def success_by_queries(success: np.ndarray, queries: np.ndarray, attacked: np.ndarray,
+                       budget: int) -> list[list[float]]:
+    """A query attack's success rate against queries (IEEE-M6): ``[[q, rate], ...]`` with
+    ``rate`` the share of the attacked images (``attacked``: initially right and answered,
+    the success rate's denominator) misled within ``q`` queries, ``queries`` being the
+    ledger's per-image counts. A point at each count where the rate changes, and the budget
+    Q_m (when above them): the last point is the success rate at the budget. At most
+    :data:`MAX_CURVE_POINTS`, evenly spaced over the change points, the last one kept
+    (deterministic). Empty when no image was attacked."""
+    n0 = int(attacked.sum())
+    if n0 == 0:
+        return []
+    q = queries[attacked & success].astype(np.int64)
+    steps, counts = np.unique(q, return_counts=True)
+    rates = np.cumsum(counts) / n0
+    points = [[int(a), float(b)] for a, b in zip(steps.tolist(), rates.tolist(), strict=True)]
+    end = float(q.size / n0)
+    if budget > 0 and (not points or budget > points[-1][0]):
+        points.append([int(budget), end])
+    elif not points:                         # no budget and no success: the largest count
+        points.append([int(queries[attacked].max(initial=0)), 0.0])
+    if len(points) > MAX_CURVE_POINTS:
+        keep = np.unique(np.round(np.linspace(0, len(points) - 1, MAX_CURVE_POINTS))
+                         .astype(np.int64))
+        points = [points[i] for i in keep.tolist()]
+    return points
+
+
+def fooling(success: np.ndarray, l2: np.ndarray, queries: np.ndarray | None,
+            attacked: np.ndarray, threshold: float | None = None) -> dict[str, Any]:
+    """PER-4 over an attack's attacked images (initially right, answered): each is "found"
+    when the attack misled the target (its L2 the smallest perturbation the search found:
+    the minimal ||delta||_2 for PertKnob, PER-3) and "never fooled" otherwise (not misled
+    within the search's budget or range). ``fooling_rate`` at T (``threshold``; default the
+    mean L2 of the found images, as ``pertknob.property_robustness``, whose definition it
+    reuses: fooled at T when L2 < T), ``never_fooled`` the share never misled; None when
+    nothing was attacked (or, for the rate, nothing was found)."""
+    idx = np.flatnonzero(attacked)
+    if idx.size == 0:
+        return {"fooling_rate": None, "fooling_threshold": None, "never_fooled": None}
+    qs = queries[idx].tolist() if queries is not None else [0] * idx.size
+    stats = property_robustness(
+        [SearchRecord(status="found" if success[i] else "never_fooled", l2=float(l2[i]),
+                      queries=int(q)) for i, q in zip(idx.tolist(), qs, strict=True)],
+        threshold=threshold)
+    return {"fooling_rate": stats.fooling_rate, "fooling_threshold": stats.threshold,
+            "never_fooled": stats.never_fooled_share}

@@ -12,6 +12,10 @@ compute them through ``Compute``:
 
 - attack perturbation sizes (IEEE-A9, PER-4): mean/max L-inf, mean L2, and mean/median L2 of
   the adversarials that misled the target (query attacks, which report success);
+- per query attack, its success rate against queries (``success_by_queries``, from the
+  ledger's per-image counts, IEEE-M6) and the PER-4 fooling rate at T, its threshold and the
+  share never fooled over the images attacked (``fooling_rate``, ``fooling_threshold``,
+  ``never_fooled``; None for transfer attacks and attacks without L2 sizes);
 - NDCG@1..10 and DRR@5 of every corruption and transfer-attack setting against the clean
   answers (RANK-1..3), via the ``ndcg`` / ``drr`` catalogue entries
   (:mod:`~fortis.services.scoring.evaluation_extras`);
@@ -53,8 +57,10 @@ from fortis.services.scoring.evaluation_data import (
 from fortis.services.scoring.evaluation_extras import (
     check_class_answers,
     degradation,
+    fooling,
     query_errors,
     ranking,
+    success_by_queries,
 )
 from fortis.services.scoring.ieee import AttackImageOutcome, CorrectnessRule, compute_ieee_metrics
 
@@ -103,6 +109,7 @@ def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData],
     for s in settings:
         if s.kind in ATTACK_KINDS:
             _add_attack_distances(tree["attacks"][s.name], s)
+            _add_query_curves(tree["attacks"][s.name], s, clean[s.covered(m)])
     raise_if_stopped(should_stop, "scoring")
     ranks = ranking(setup, settings)
     raise_if_stopped(should_stop, "scoring")
@@ -318,3 +325,21 @@ def _add_attack_distances(node: dict[str, Any], s: SettingData) -> None:
     ok = s.l2[s.query.success] if s.query is not None else s.l2[:0]
     node["mean_l2_successful"] = float(np.mean(ok)) if ok.size else None
     node["median_l2_successful"] = float(np.median(ok)) if ok.size else None
+
+
+def _add_query_curves(node: dict[str, Any], s: SettingData, initially: np.ndarray) -> None:
+    """A query attack's success-vs-queries curve and PER-4 fooling rate (module docstring),
+    over the images it attacked: right on the clean image (Clean_Result) and answered, the
+    success rate's denominator (IEEE-M6). ``initially``: Clean_Result of its covered images.
+    """
+    node["success_by_queries"] = None
+    node.update(fooling_rate=None, fooling_threshold=None, never_fooled=None)
+    q = s.query
+    if q is None:
+        return
+    attacked = initially.astype(bool) & ~s.failed(int(initially.size))
+    if q.queries is not None:
+        node["success_by_queries"] = success_by_queries(q.success, q.queries, attacked,
+                                                        q.budget) or None
+    if s.l2 is not None:
+        node.update(fooling(q.success, s.l2, q.queries, attacked))

@@ -397,9 +397,20 @@ class TwoLayerResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able tree: per subject the overall theta, score and rank, plus both layers."""
+        fit = self.overall if self.overall is not None else (
+            next(iter(self.layer1.values())) if len(self.layer1) == 1 else None)
+        sd = fit.theta_sd if fit is not None else np.full(len(self.subjects), np.nan)
+
+        def interval(i: int) -> list[float] | None:     # CAN-8: posterior mean +- 1.96 sd
+            if not np.isfinite(sd[i]):
+                return None
+            return [float(self.theta[i] - 1.96 * sd[i]), float(self.theta[i] + 1.96 * sd[i])]
+
         return {
             "subjects": {s: {"theta": float(self.theta[i]), "score": float(self.score[i]),
-                             "rank": int(self.rank[i])} for i, s in enumerate(self.subjects)},
+                             "rank": int(self.rank[i]),
+                             "theta_sd": float(sd[i]) if np.isfinite(sd[i]) else None,
+                             "interval95": interval(i)} for i, s in enumerate(self.subjects)},
             "layer1": {cat: fit.to_dict(self.subjects, self.layer1_items[cat])
                        for cat, fit in self.layer1.items()},
             "layer2": (self.overall.to_dict(self.subjects, self.layer2_items)

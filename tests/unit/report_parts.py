@@ -70,7 +70,10 @@ def _ieee(attack_names: tuple[str, str]) -> scoring_pb2.IeeeMetrics:
                      robustness_adv=rate(2, 4), success=rate(2, 4), mean_queries=120.5,
                      median_queries=100.0, mean_queries_successful=40.0, query_budget=500,
                      errors=1, error_images=["img3"], mean_linf=0.03, max_linf=0.03,
-                     mean_l2=1.1, mean_l2_successful=0.9, median_l2_successful=0.85)
+                     mean_l2=1.1, mean_l2_successful=0.9, median_l2_successful=0.85,
+                     success_by_queries=[scoring_pb2.QueryCurvePoint(queries=10, success_rate=0.25),
+                                         scoring_pb2.QueryCurvePoint(queries=500, success_rate=0.5)],
+                     fooling_rate=0.25, fooling_threshold=0.9, never_fooled=0.5)
     ieee.average_robustness_adv.CopyFrom(scoring_pb2.Average(
         value=(3 / M + 2 / 4) / 2, n=2, definition="mean over the K attacks of Robustness_Adv"))
     ieee.m_per_attack[transfer] = M

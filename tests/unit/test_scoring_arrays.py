@@ -130,6 +130,43 @@ def _ref_degradation(case: Case, answers: dict[str, dict[str, Any]]) -> dict[str
                             {"image_ids": ids, "changes": changes, "num_classes": c})}
 
 
+def _ref_curves(tree: dict[str, Any], case: Case, rule: CorrectnessRule) -> None:
+    """IEEE-M6 success-vs-queries and PER-4, image by image: an image attacked is right on
+    its clean record (``is_correct``) and answered; at q, the share misled within q queries;
+    fooled at T when its L2 < T (T = mean L2 of those misled)."""
+    ids = list(case.setup.image_ids)
+    clean = next(s for s in case.settings if s.kind == "clean")
+    assert isinstance(clean.answers, ClassificationAnswers)
+    right = [is_correct(p, case.label_sets[i], rule)
+             for i, p in enumerate(predictions(clean.answers, clean.errors))]
+    for s in case.settings:
+        if s.kind not in ("transfer_attack", "query_attack"):
+            continue
+        node = tree["attacks"][s.name]
+        node.update(success_by_queries=None, fooling_rate=None, fooling_threshold=None,
+                    never_fooled=None)
+        if s.query is None:
+            continue
+        idx = s.covered(len(ids)).tolist()
+        err = list(s.errors) or [""] * len(idx)
+        att = [r for r, i in enumerate(idx) if right[i] and not err[r]]
+        won = [r for r in att if s.query.success[r]]
+        if not att:
+            continue
+        if s.query.queries is not None:
+            qs = [int(s.query.queries[r]) for r in won]
+            pts = [[q, sum(x <= q for x in qs) / len(att)] for q in sorted(set(qs))]
+            if s.query.budget and (not pts or s.query.budget > pts[-1][0]):
+                pts.append([s.query.budget, len(won) / len(att)])
+            node["success_by_queries"] = pts or None
+        if s.l2 is not None:
+            found = [float(s.l2[r]) for r in won]
+            t = sum(found) / len(found) if found else None
+            node["fooling_threshold"] = t
+            node["fooling_rate"] = sum(v < t for v in found) / len(att) if found else None
+            node["never_fooled"] = (len(att) - len(won)) / len(att)
+
+
 def _ref_distances(tree: dict[str, Any], case: Case) -> None:
     for s in case.settings:
         if s.linf is None or s.l2 is None:
@@ -171,7 +208,8 @@ def test_arrays_give_the_per_record_metrics(rule: CorrectnessRule, seed: int) ->
     labels = {i: s for i, s in zip(case.setup.image_ids, case.label_sets, strict=True)}
     ref = score_classification(rule, labels, tests)
     _ref_distances(ref, case)
-    assert out["ieee"] == ref
+    _ref_curves(ref, case, rule)
+    _close(out["ieee"], ref)
     assert out["ranking"]["applicable"] is True
     _close(out["ranking"]["settings"], _ref_ranking(case, answers))
     _close(out["degradation"], _ref_degradation(case, answers))
@@ -195,7 +233,8 @@ def test_label_only_targets(rule: CorrectnessRule) -> None:
     ref = score_classification(rule, dict(zip(case.setup.image_ids, case.label_sets,
                                               strict=True)), tests)
     _ref_distances(ref, case)
-    assert out["ieee"] == ref
+    _ref_curves(ref, case, rule)
+    _close(out["ieee"], ref)
     assert out["ranking"] == {"applicable": False, "settings": {},
                               "reason": "the target returns labels only; NDCG and DRR need "
                                         "scores (RANK-3)"}

@@ -23,6 +23,7 @@ Domain code.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -167,20 +168,26 @@ class TransferAttackStage(_AttackStage):
             # task loss moves away from (None: the surrogate's own answer)
             refs = attack_references(self.plan.target.task, ctx.truths, ids) \
                 if ctx.truths and self.plan.target.task != "classification" else None
+            t0 = time.perf_counter()
             outs = ctx.perturbation.attack(at.id, at.params, self.plan.seed, rows,
                                            surrogate=at.surrogate, criterion=at.criterion,
                                            references=refs,
                                            **surrogate_args(self.plan, ctx, at))
+            seconds: float | None = time.perf_counter() - t0      # CAN-3 CTC
             u8 = [o.adversarial for o in outs]
             ctx.save_adversarials(at.name, c, ids, u8, [o.adversarial_float for o in outs])
         else:
+            seconds = None          # crafted by an earlier attempt: its time is unknown
             u8 = kept[0]
             ctx.progress.images(0, f"{at.name}: chunk {c} crafted before, sent as stored")
         answers = ctx.answers(session, at.name, list(zip(ids, u8, strict=True)))
-        return ({"answers": answers,
-                 "linf": np.array([linf_distance(r[1], a) for r, a in zip(rows, u8, strict=True)]),
-                 "l2": np.array([l2_distance(r[1], a) for r, a in zip(rows, u8, strict=True)]),
-                 "crafted": kept is None}, len(u8))
+        result = {"answers": answers,
+                  "linf": np.array([linf_distance(r[1], a) for r, a in zip(rows, u8, strict=True)]),
+                  "l2": np.array([l2_distance(r[1], a) for r, a in zip(rows, u8, strict=True)]),
+                  "crafted": kept is None}
+        if seconds is not None:
+            result["seconds"] = seconds
+        return result, len(u8)
 
 
 @dataclass
@@ -238,6 +245,7 @@ class QueryAttackStage(_AttackStage):
 
         refs = attack_references(self.plan.target.task, ctx.truths, [r[0] for r in rows]) \
             if ctx.truths else None
+        t0 = time.perf_counter()
         outs = ctx.perturbation.attack(at.id, at.params, self.plan.seed, rows, session_id=session,
                                        origin=at.name, on_result=on_result,
                                        cancelled=ctx.cancelled, surrogate=at.surrogate,
@@ -253,7 +261,9 @@ class QueryAttackStage(_AttackStage):
                  "linf": np.array([o.linf for o in outs]), "l2": np.array([o.l2 for o in outs]),
                  "stop_reason": [o.stop_reason for o in outs], "session": session,
                  "signal": _weakest(o.signal for o in outs),
-                 "criterion": next((o.criterion for o in outs if o.criterion), "")}, total)
+                 "criterion": next((o.criterion for o in outs if o.criterion), ""),
+                 # CAN-3 CTC: the attack's wall time for the chunk, queries included
+                 "seconds": time.perf_counter() - t0}, total)
 
 
 def _weakest(signals: Any) -> str:
