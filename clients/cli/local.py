@@ -567,10 +567,108 @@ def cmd_score(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train(ns: argparse.Namespace) -> int:
-    from fortis.adapters.torch_models.fmnist import load_fmnist_model
+def _read_report(path: str) -> dict[str, Any]:
+    """A report.json (ValueError when it is not one)."""
+    doc = json.loads(Path(path).read_text())
+    if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict):
+        raise ValueError("not a Fortis report.json (no metrics)")
+    return doc
 
-    for kind in ("target", "surrogate"):
+
+def _gate_criteria(specs: list[str]) -> tuple[dict[str, str], list[Any]]:
+    """``--criterion 'METRIC OP NUMBER'`` options as an acceptance mapping (the plan's
+    grammar, services/common/acceptance.py), and a FieldViolation for each malformed one."""
+    import re
+
+    from fortis.services.common.errors import FieldViolation
+
+    out: dict[str, str] = {}
+    bad: list[Any] = []
+    for n, spec in enumerate(specs):
+        m = re.match(r"^\s*([^<>=\s]+)\s*((?:>=|<=|>|<).*)$", spec[:300])
+        if m is None:
+            bad.append(FieldViolation(f"criterion[{n}]", "must read 'METRIC OP NUMBER', e.g. "
+                                      "'accuracy >= 0.9'"))
+        else:
+            out[m.group(1)] = m.group(2)
+    return out, bad
+
+
+def cmd_gate(ns: argparse.Namespace) -> int:
+    """Re-check a report.json against its plan's acceptance criteria (or ``--criterion``)
+    offline: the verdict recomputed from the report's metrics (services/report/verdict.py),
+    exit 3 when it fails (``--strict``: or is inconclusive)."""
+    from fortis.cli.junit import write_junit
+    from fortis.services.common.errors import InvalidArgument
+    from fortis.services.report.verdict import report_verdict
+
+    try:
+        report = _read_report(ns.report)
+    except (OSError, ValueError) as exc:
+        err(f"report: cannot read {ns.report}: {exc}")
+        return EXIT_BAD_INPUT
+    acceptance, bad = _gate_criteria(ns.criterion) if ns.criterion else (None, [])
+    try:
+        verdict = report_verdict(report, acceptance=acceptance,
+                                 path="criterion" if ns.criterion else "plan.acceptance")
+    except InvalidArgument as exc:
+        bad += exc.violations
+    if bad:
+        err("invalid acceptance criteria:")
+        print_violations(InvalidArgument.from_violations(bad))
+        return EXIT_BAD_INPUT
+    remote.print_verdict(verdict, strict=ns.strict)
+    if ns.junit:
+        try:
+            write_junit(Path(ns.junit), report, verdict, strict=ns.strict)
+        except OSError as exc:
+            err(f"--junit: cannot write {ns.junit}: {exc}")
+            return EXIT_FAILED
+        print(f"JUnit: {ns.junit}")
+    return remote.verdict_exit(verdict, strict=ns.strict)
+
+
+def cmd_mlflow_export(ns: argparse.Namespace) -> int:
+    """Log an existing report.json, and the report files beside it, to an MLflow store."""
+    from fortis.cli.mlflow_export import MlflowExportError, export_report
+
+    try:
+        report = _read_report(ns.report)
+    except (OSError, ValueError) as exc:
+        err(f"report: cannot read {ns.report}: {exc}")
+        return EXIT_BAD_INPUT
+    here = Path(ns.report)
+    files = [here] + [here.with_name(n) for n in ("report.html", "report.pdf", "junit.xml")
+                      if here.with_name(n).is_file()]
+    for extra in ns.artifact or []:
+        if not Path(extra).is_file():
+            err(f"artifact: no file {extra}")
+            return EXIT_BAD_INPUT
+        files.append(Path(extra))
+    verdict = report.get("verdict")
+    if not isinstance(verdict, dict):
+        from fortis.services.common.errors import InvalidArgument
+        from fortis.services.report.verdict import report_verdict
+        try:
+            verdict = report_verdict(report)
+        except InvalidArgument:
+            verdict = None
+    try:
+        exp_id, run_id = export_report(report, uri=ns.mlflow_uri,
+                                       experiment=ns.mlflow_experiment, artifacts=files,
+                                       verdict=verdict)
+    except MlflowExportError as exc:
+        err(str(exc))
+        return EXIT_FAILED
+    print(json.dumps({"experiment_id": exp_id, "run_id": run_id, "uri": ns.mlflow_uri,
+                      "artifacts": [str(f) for f in files]}))
+    return 0
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from fortis.adapters.torch_models.fmnist import KINDS, load_fmnist_model
+
+    for kind in KINDS:     # target, surrogate, mlp, robust (fmnist-cnn-at, adversarially trained)
         t0 = time.time()
         _, meta = load_fmnist_model(kind, log=lambda s: print(s, file=sys.stderr))
         print(f"fmnist {kind}: test accuracy {meta['test_accuracy']:.4f} ({time.time() - t0:.1f} s)")

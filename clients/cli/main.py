@@ -12,7 +12,18 @@ import os
 import sys
 from importlib import metadata
 
-from fortis.cli import artifacts, catalogue, db, health, keys, local, remote, upload, worker
+from fortis.cli import (
+    artifacts,
+    catalogue,
+    compare,
+    db,
+    health,
+    keys,
+    local,
+    remote,
+    upload,
+    worker,
+)
 
 
 def _version() -> str:
@@ -48,6 +59,23 @@ def _tls_client_opts(sp: argparse.ArgumentParser) -> None:
                     help="the name to verify in the server's certificate (default: the host)")
 
 
+def _pipeline_opts(sp: argparse.ArgumentParser) -> None:
+    """What a pipeline does with a finished report (issue 13; docs/pipelines.md)."""
+    g = sp.add_argument_group("pipelines: the acceptance gate and exports")
+    g.add_argument("--strict", action="store_true",
+                   help="inconclusive acceptance criteria (the 95%% CI straddles the "
+                        "threshold) fail too (exit 3)")
+    g.add_argument("--junit", metavar="FILE", help="write JUnit XML: one test case per "
+                   "setting and per acceptance criterion")
+    g.add_argument("--pdf", metavar="FILE", help="also print the HTML report to PDF "
+                   "(headless Chromium)")
+    g.add_argument("--mlflow-uri", metavar="URI", help="log metrics, parameters and the "
+                   "report files to this MLflow tracking store (file:///DIR/mlruns, "
+                   "sqlite:///mlflow.db, http://HOST:PORT; needs fortis[mlflow])")
+    g.add_argument("--mlflow-experiment", metavar="NAME",
+                   help="the MLflow experiment (default: the plan's name)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fortis", description="Robustness testing of image-recognition services (IEEE Std 3129-2023)")
     p.add_argument("--version", action="version", version=f"fortis {_version()}")
@@ -68,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--id", help="evaluation id (default: generated)")
     sp.add_argument("--quiet", action="store_true")
     client_opts(sp)
+    _pipeline_opts(sp)
     sp.set_defaults(fn=local.cmd_demo)
 
     sp = sub.add_parser("run", help="run a test plan and write its report")
@@ -76,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--id", help="evaluation id (idempotent: the same id returns the same evaluation)")
     sp.add_argument("--quiet", action="store_true")
     client_opts(sp)
+    _pipeline_opts(sp)
     sp.set_defaults(fn=local.cmd_run)
 
     sp = sub.add_parser("validate", help="check a plan (locally, or by a running Fortis with "
@@ -248,7 +278,33 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("evaluation_id")
     sp.add_argument("--out", required=True, help="folder for report.json and report.html")
     _remote_opts(sp, required=True)
+    _pipeline_opts(sp)
     sp.set_defaults(fn=remote.cmd_report)
+
+    sp = sub.add_parser("gate", help="re-check a report.json against its plan's acceptance "
+                        "criteria offline (exit 3 when they fail)")
+    sp.add_argument("report", help="a report.json")
+    sp.add_argument("--strict", action="store_true",
+                    help="inconclusive criteria (the 95%% CI straddles the threshold) fail too")
+    sp.add_argument("--criterion", action="append", metavar="'METRIC OP NUMBER'",
+                    help="judge these criteria instead of the plan's (repeatable), e.g. "
+                    "'accuracy >= 0.9' or 'attacks.square.success_rate <= 30%%'")
+    sp.add_argument("--junit", metavar="FILE", help="also write JUnit XML")
+    sp.set_defaults(fn=local.cmd_gate)
+
+    compare.add_parser(sub)
+
+    sp = sub.add_parser("mlflow-export", help="log an existing report.json (and the files "
+                        "beside it) to an MLflow tracking store")
+    sp.add_argument("report", help="a report.json")
+    sp.add_argument("--mlflow-uri", required=True, metavar="URI",
+                    help="file:///DIR/mlruns, sqlite:///mlflow.db or http://HOST:PORT")
+    sp.add_argument("--mlflow-experiment", metavar="NAME",
+                    help="the experiment (default: the plan's name)")
+    sp.add_argument("--artifact", action="append", metavar="FILE",
+                    help="another file to log (repeatable; report.json, and report.html / "
+                    "report.pdf / junit.xml beside it, are logged anyway)")
+    sp.set_defaults(fn=local.cmd_mlflow_export)
 
     sp = sub.add_parser("list", help="the evaluations of a running Fortis, newest first")
     sp.add_argument("--json", action="store_true")

@@ -9,6 +9,11 @@ of a running Fortis would.
     fortis cancel ID --address A
     fortis ledger --session ID --address A   query counts of one proxy session
     fortis perturbations|attacks --address A the server's catalogue
+
+``run``, ``demo`` and ``report`` end with :func:`finish_report`: the verdict against the
+plan's acceptance criteria (exit 3 when it fails; ``--strict``: inconclusive ones fail too),
+``--pdf``, ``--junit`` and ``--mlflow-uri`` (docs/pipelines.md). The verdict is the one the
+server's report carries; the JUnit and MLflow writers are client-side modules of this package.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ from fortis.cli.output import (
 from fortis.client import FortisClient, FortisError, InvalidArgument, Perturbation, State
 
 Command = Callable[[argparse.Namespace], int]
+
+#: Exit code of a finished evaluation whose acceptance criteria fail (docs/pipelines.md).
+EXIT_ACCEPTANCE = 3
 
 
 def api_key_of(ns: argparse.Namespace) -> str:
@@ -103,8 +111,7 @@ def submit_and_follow(address: str, api_key: str, plan_text: str, out: Path,
             return EXIT_FAILED
         client.write_report(ev.evaluation_id, out)
         report = client.report(ev.evaluation_id)
-    print_summary(report, out)
-    return 0
+    return finish_report(report, out, ns)
 
 
 @guarded
@@ -122,8 +129,86 @@ def cmd_report(ns: argparse.Namespace) -> int:
     with _client(ns) as client:
         client.write_report(ns.evaluation_id, out)
         report = client.report(ns.evaluation_id)
+    return finish_report(report, out, ns)
+
+
+def print_verdict(verdict: dict[str, Any], *, strict: bool = False) -> None:
+    """The verdict's lines: the status, then one line per criterion with its sentence."""
+    criteria = [c for c in verdict.get("criteria") or [] if isinstance(c, dict)]
+    if verdict.get("status") == "no_criteria" or not criteria:
+        print("Verdict: no acceptance criteria in the plan (add `acceptance:` to gate on it)")
+        return
+    ok = verdict_exit(verdict, strict=strict) == 0
+    bad = [c for c in criteria if c.get("outcome") != "pass"
+           or (strict and c.get("confidence") == "inconclusive")]
+    print(f"Verdict{' (strict)' if strict else ''}: {'PASS' if ok else 'FAIL'} "
+          f"({len(criteria) - len(bad)} of {len(criteria)} criteria met; the point estimate "
+          "decides, the 95% CI says whether it is conclusive)")
+    for c in criteria:
+        mark = ("FAIL" if c in bad else "pass") + (
+            "?" if c.get("confidence") == "inconclusive" else "")
+        print(f"  {mark:<5} {c.get('text') or c.get('metric')}")
+
+
+def verdict_exit(verdict: dict[str, Any] | None, *, strict: bool = False) -> int:
+    """0 when the verdict passes (``strict``: strict_passed), else EXIT_ACCEPTANCE."""
+    if not verdict:
+        return 0
+    return 0 if (verdict.get("strict_passed") if strict else verdict.get("passed")) is True \
+        else EXIT_ACCEPTANCE
+
+
+def finish_report(report: dict[str, Any], out: Path, ns: argparse.Namespace) -> int:
+    """After a report is written to ``out``: the summary and the verdict, then ``--pdf``,
+    ``--junit`` and ``--mlflow-uri``; the exit code: 1 when an export failed, else 3 when
+    the acceptance criteria fail (``--strict``: or are inconclusive), else 0."""
+    strict = bool(getattr(ns, "strict", False))
     print_summary(report, out)
-    return 0
+    verdict = report.get("verdict")
+    if isinstance(verdict, dict):
+        print_verdict(verdict, strict=strict)
+    else:
+        print("Verdict: this server's report carries none (check it with `fortis gate "
+              f"{out / 'report.json'}`)")
+    code = 0
+    written = [out / "report.json", out / "report.html"]
+    pdf = getattr(ns, "pdf", None)
+    if pdf:
+        try:
+            from fortis.cli.pdf import export_pdf
+        except ImportError:
+            err("--pdf: the PDF export is not available in this installation")
+            code = EXIT_FAILED
+        else:
+            try:
+                written.append(export_pdf(out / "report.html", Path(pdf)))
+                print(f"PDF: {written[-1]}")
+            except Exception as exc:  # a browser failure: one line, not a traceback
+                err(f"--pdf: {type(exc).__name__}: {str(exc)[:500]}")
+                code = EXIT_FAILED
+    junit = getattr(ns, "junit", None)
+    if junit:
+        from fortis.cli.junit import write_junit
+
+        try:
+            written.append(write_junit(Path(junit), report, verdict or {}, strict=strict))
+            print(f"JUnit: {junit}")
+        except OSError as exc:
+            err(f"--junit: cannot write {junit}: {exc}")
+            code = EXIT_FAILED
+    uri = getattr(ns, "mlflow_uri", None)
+    if uri:
+        from fortis.cli.mlflow_export import MlflowExportError, export_report
+
+        try:
+            _, run_id = export_report(report, uri=uri,
+                                      experiment=getattr(ns, "mlflow_experiment", None),
+                                      artifacts=written, verdict=verdict)
+            print(f"MLflow: run {run_id} at {uri}")
+        except MlflowExportError as exc:
+            err(f"--mlflow-uri: {exc}")
+            code = EXIT_FAILED
+    return code or verdict_exit(verdict if isinstance(verdict, dict) else None, strict=strict)
 
 
 @guarded

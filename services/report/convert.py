@@ -26,6 +26,8 @@ applicable" stays distinguishable from "zero". Sentences come from
     ledger              query totals per session, as the proxy's ledger recorded them
     evaluation          id, started, finished, started_at, ended_at, duration_s, images, ...
     repeat              command, plan_file, seeds, instructions                IEEE-P4
+    examples            example images: kind, setting, level, image_id, target, original,
+                        perturbed, difference (PNG data URIs), answers, note  (issue 13)
 
 Pure domain code: protobuf messages in, dicts out; no gRPC. Bad or missing parts raise
 ``InvalidArgument`` naming the field (``parts.metrics.ieee``), which the server maps to
@@ -34,21 +36,34 @@ INVALID_ARGUMENT.
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
+import io
 import math
 import re
-from collections.abc import Mapping
+import struct
+import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import numpy as np
 import yaml
 from fortis.common.v1 import common_pb2
 from fortis.report.v1 import report_pb2
 from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.limits import (
+    MAX_EXAMPLE_PNG_BYTES,
+    MAX_EXAMPLE_SIDE,
+    MAX_REPORT_EXAMPLES,
+)
 from fortis.services.report import prose
 from fortis.services.report.metrics_tree import metrics_tree
 from fortis.services.report.values import enum_text, message_dict, optional
+from fortis.services.report.verdict import criteria_of_plan, verdict
 from google.protobuf.message import Message
+from google.protobuf.struct_pb2 import Struct
+from PIL import Image
 
 __all__ = ["MAX_PLAN_BYTES", "SCHEMA_VERSION", "build_report", "plan_document"]
 
@@ -166,14 +181,27 @@ def redact_endpoint(endpoint: str) -> str:
 
 
 def _criterion(target: report_pb2.TargetReport) -> dict[str, Any]:
-    """The service-type parameters (IEEE-P3): the correctness criterion, by task type."""
+    """The service-type parameters (IEEE-P3): the correctness criterion, by task type, with
+    only the fields its mode uses (issue 13: a top-1 rule showed "k 5, threshold 0.5"): top1
+    -> mode; topk -> mode, k; threshold -> mode, threshold (IEEE-C1/C2); detection's k only
+    in topk mode, q only when aggregating "at_least" (IEEE-C3/C4)."""
     which = target.WhichOneof("service_parameters")
     if which is None:
         return {}
     msg = getattr(target, which)
     out = message_dict(msg)
+    if which in ("correctness", "detection"):
+        if out.get("mode") != "topk":
+            out.pop("k", None)
+        if which == "correctness" and out.get("mode") != "threshold":
+            out.pop("threshold", None)
     if which == "detection":
-        out["aggregate"] = {"mode": out.pop("aggregate"), "q": out.pop("q")}
+        agg = {"mode": out.pop("aggregate"), "q": out.pop("q")}
+        if agg["mode"] != "at_least":
+            agg.pop("q")
+        out["aggregate"] = agg
+        if out.get("confidence_threshold") is None:
+            out.pop("confidence_threshold", None)
     return {which: out}
 
 
@@ -304,6 +332,168 @@ def _service_parameters(plan: Mapping[str, Any], typed: Mapping[str, Any]) -> di
     return out
 
 
+# --------------------------------------------------------------------------------------------
+# example images (issue 13)
+# --------------------------------------------------------------------------------------------
+
+#: Example images are caller bytes put into a page (RenderReport is a public RPC): at most
+#: this many, each PNG at most this many bytes and pixels on a side, read from the header
+#: before anything is decoded.
+MAX_EXAMPLES: Final = MAX_REPORT_EXAMPLES      # services/common/limits.py
+_PNG_SIGNATURE: Final = b"\x89PNG\r\n\x1a\n"
+_EXAMPLE_KINDS: Final = {report_pb2.EXAMPLE_KIND_CORRUPTION: "corruption",
+                         report_pb2.EXAMPLE_KIND_ATTACK: "attack",
+                         report_pb2.EXAMPLE_KIND_DEGRADATION: "degradation"}
+_EXAMPLE_TEXT: Final = 4096
+_GREY_MODES: Final = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "F"})
+
+
+def _decode_png(data: bytes, field: str) -> np.ndarray:
+    """A caller's PNG as uint8 H x W (grey) or H x W x 3 (RGB), checked in this order: its
+    size in bytes, the PNG signature, the IHDR header's width and height (before any
+    decoding: no decompression bomb), then a full decode (Pillow, PNG only, its
+    decompression-bomb guard as an error). Anything else names ``field``."""
+    if not data:
+        raise InvalidArgument(field, "a PNG image is required")
+    if len(data) > MAX_EXAMPLE_PNG_BYTES:
+        raise InvalidArgument(field, f"{len(data)} bytes; at most {MAX_EXAMPLE_PNG_BYTES} "
+                                     "are accepted")
+    if len(data) < 33 or data[:8] != _PNG_SIGNATURE or data[12:16] != b"IHDR":
+        raise InvalidArgument(field, "not a PNG image (no PNG signature and IHDR header)")
+    width, height = struct.unpack(">II", data[16:24])
+    if not (0 < width <= MAX_EXAMPLE_SIDE and 0 < height <= MAX_EXAMPLE_SIDE):
+        raise InvalidArgument(field, f"the header declares {width}x{height} pixels; at most "
+                                     f"{MAX_EXAMPLE_SIDE}x{MAX_EXAMPLE_SIDE} are accepted")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data), formats=["PNG"]) as im:
+                if im.size != (width, height):
+                    raise ValueError(f"decoded size {im.size} is not the header's")
+                im.load()
+                arr = np.asarray(im.convert("L" if im.mode in _GREY_MODES else "RGB"))
+    except Exception as exc:     # hostile bytes: any decoder failure is the caller's
+        raise InvalidArgument(field, f"not a valid PNG image: {type(exc).__name__}: "
+                                     f"{str(exc)[:200]}") from None
+    return np.ascontiguousarray(arr, dtype=np.uint8)
+
+
+def _png_uri(image: np.ndarray) -> str:
+    """A ``data:image/png;base64,...`` URI of an image this module decoded (re-encoded, so
+    nothing but a valid PNG reaches the page)."""
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG", compress_level=6)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _difference(original: np.ndarray, perturbed: np.ndarray) -> np.ndarray:
+    """|perturbed - original| per pixel and channel, amplified so the largest difference is
+    255 (all black when the two are the same); RGB when either image is."""
+    o, p = original.astype(np.int16), perturbed.astype(np.int16)
+    if o.ndim != p.ndim:
+        o = o if o.ndim == 3 else np.repeat(o[:, :, None], 3, axis=2)
+        p = p if p.ndim == 3 else np.repeat(p[:, :, None], 3, axis=2)
+    d = np.abs(p - o)
+    top = int(d.max()) if d.size else 0
+    if top == 0:
+        return np.zeros(d.shape, dtype=np.uint8)
+    return np.rint(d.astype(np.float64) * (255.0 / top)).astype(np.uint8)
+
+
+def _example_text(value: str, field: str) -> str | None:
+    if len(value) > _EXAMPLE_TEXT:
+        raise InvalidArgument(field, f"{len(value)} characters; at most {_EXAMPLE_TEXT}")
+    return value or None
+
+
+def _examples(examples: Sequence[report_pb2.ExampleImage]) -> list[dict[str, Any]]:
+    """The report's example images (issue 13): corruptions per severity (IEEE-A1..A6), attack
+    original / adversarial / amplified difference (IEEE-A7, A8), DEG-4 failure points. Each:
+    ``{kind, setting, level (None for attacks), image_id, target, original, perturbed,
+    difference (data URIs of PNGs), original_answer, perturbed_answer, note}``. The bytes
+    are a caller's: bounded, decoded and re-encoded (``_decode_png``); a bad one raises
+    InvalidArgument naming it (``parts.examples[3].perturbed_png``)."""
+    if len(examples) > MAX_EXAMPLES:
+        raise InvalidArgument("parts.examples", f"{len(examples)} examples; at most "
+                                                f"{MAX_EXAMPLES} are accepted")
+    out = []
+    for n, e in enumerate(examples):
+        path = f"parts.examples[{n}]"
+        kind = _EXAMPLE_KINDS.get(e.kind)
+        if kind is None:
+            raise InvalidArgument(f"{path}.kind", f"must be a known ExampleKind; got {e.kind}")
+        if not e.setting:
+            raise InvalidArgument(f"{path}.setting", "the example's setting is required")
+        original = _decode_png(e.original_png, f"{path}.original_png")
+        perturbed = _decode_png(e.perturbed_png, f"{path}.perturbed_png")
+        if original.shape[:2] != perturbed.shape[:2]:
+            raise InvalidArgument(f"{path}.perturbed_png",
+                                  f"{perturbed.shape[1]}x{perturbed.shape[0]} pixels; the "
+                                  f"original is {original.shape[1]}x{original.shape[0]} "
+                                  "(the two must be the same size)")
+        out.append({
+            "kind": kind, "setting": _example_text(e.setting, f"{path}.setting"),
+            "level": None if kind == "attack" else int(e.level),
+            "image_id": _example_text(e.image_id, f"{path}.image_id"),
+            "target": _example_text(e.target, f"{path}.target"),
+            "original": _png_uri(original), "perturbed": _png_uri(perturbed),
+            "difference": _png_uri(_difference(original, perturbed)),
+            "original_answer": _example_text(e.original_answer, f"{path}.original_answer"),
+            "perturbed_answer": _example_text(e.perturbed_answer, f"{path}.perturbed_answer"),
+            "note": _example_text(e.note, f"{path}.note"),
+        })
+    return out
+
+
+#: An open (Struct) part of the report is bounded: values copied and nesting depth.
+_MAX_OPEN_VALUES: Final = 500_000
+_MAX_OPEN_DEPTH: Final = 32
+
+
+def open_part(msg: Struct, path: str) -> dict[str, Any]:
+    """A ``google.protobuf.Struct`` part (Compute results: open by design) as plain data,
+    bounded in values and depth (a caller of RenderReport is not trusted); non-finite
+    numbers become None. InvalidArgument naming ``path`` beyond the bounds."""
+    budget = [_MAX_OPEN_VALUES]
+
+    def value(v: Any, depth: int) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise InvalidArgument(path, f"more than {_MAX_OPEN_VALUES} values")
+        if depth > _MAX_OPEN_DEPTH:
+            raise InvalidArgument(path, f"nested deeper than {_MAX_OPEN_DEPTH}")
+        kind = v.WhichOneof("kind")
+        if kind == "struct_value":
+            return {k: value(x, depth + 1) for k, x in v.struct_value.fields.items()}
+        if kind == "list_value":
+            return [value(x, depth + 1) for x in v.list_value.values]
+        if kind == "number_value":
+            n = v.number_value
+            return (int(n) if n.is_integer() and abs(n) < 2 ** 53 else n) \
+                if math.isfinite(n) else None
+        if kind == "string_value":
+            return v.string_value
+        if kind == "bool_value":
+            return v.bool_value
+        return None
+
+    return {k: value(x, 1) for k, x in msg.fields.items()}
+
+
+def _canary(parts: report_pb2.ReportParts, report: dict[str, Any]) -> None:
+    """``report["canary"]``: the CANARY metrics per attack when the plan asked for them
+    (CAN-1..4: ``{"model", "attacks": {NAME: {"effect", "cost", "perturbation"}}, "notes"}``,
+    as the scoring service's Compute returned them); and the metrics_used entries of the
+    success-vs-queries curves (IEEE-M6), the PER-4 fooling rate and CANARY, when present."""
+    if parts.HasField("canary"):
+        report["canary"] = open_part(parts.canary, "parts.canary")
+    attacks = report["metrics"]["attacks"].values()
+    report["metrics_used"] += prose.attack_metrics_used(
+        success_curve=any(a.get("success_by_queries") for a in attacks),
+        fooling_rate=any(a.get("fooling_rate") is not None for a in attacks),
+        canary="canary" in report)
+
+
 def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
     """The IEEE 3129 4.6 report document (IEEE-P1, P3, P4; metrics IEEE-M1..M8) of ``parts``.
 
@@ -337,4 +527,11 @@ def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
                    "seeds_in_plan": True,
                    "instructions": prose.repeat_instructions(_PLAN_FILE, _REPEAT_COMMAND)},
     }
+    report["examples"] = _examples(parts.examples)      # issue 13: example images
+    if parts.HasField("benchmark"):     # multi-target plans (CAN-5/7/8/10)
+        report["benchmark"] = open_part(parts.benchmark, "parts.benchmark")
+    _canary(parts, report)      # CAN-1..4 when the plan asked; PER-4 / curves metrics_used
+    # the plan's acceptance criteria judged on the metrics (issue 13; services/report/verdict)
+    report["verdict"] = verdict(criteria_of_plan(plan, path="parts.plan_text.acceptance"),
+                                metrics)
     return report

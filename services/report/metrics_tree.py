@@ -17,7 +17,9 @@ strings so it survives a JSON round trip)::
                                            mean_queries_successful, query_budget, errors,
                                            error_images, clean_mismatches, mean_linf,
                                            max_linf, mean_l2, mean_l2_successful,
-                                           median_l2_successful}                      IEEE-M3, M6
+                                           median_l2_successful, success_by_queries,
+                                           fooling_rate, fooling_threshold,
+                                           never_fooled}                     IEEE-M3, M6, PER-4
     average_robustness_adv                {value, ci95: null, n, m, definition, m_per_attack}
     worstcase_robustness_adv              {value, ci95, m, correct, n_settings, over}  IEEE-M5
     ranking                               {applicable, reason?, gamma_b, gamma_a, drr_k,
@@ -30,7 +32,12 @@ strings so it survives a JSON round trip)::
                                            examples: [{image_id, error}]}}}
 
 Every rate's interval is ``[low, high]`` or ``null``; averages carry no interval on purpose
-(IEEE-M8). Pure domain code (no gRPC).
+(IEEE-M8). An attack's ``success_by_queries`` is ``[[queries, success rate], ...]`` (query
+attacks: the share of the images attacked misled within that many queries, from the ledger's
+per-image counts; the last point is the success rate at the budget Q_m); ``fooling_rate`` at
+``fooling_threshold`` (L2, [0, 1] scale) and ``never_fooled`` are PER-4 over the images
+attacked; each ``null`` where not applicable (transfer attacks, no L2 sizes, nothing
+attacked). Pure domain code (no gRPC).
 """
 
 from __future__ import annotations
@@ -111,7 +118,24 @@ def _attack(a: scoring_pb2.AttackMetrics, path: str) -> dict[str, Any]:
             "mean_linf", "max_linf", "mean_l2", "mean_l2_successful", "median_l2_successful")},
         "errors": a.errors, "error_images": list(a.error_images),
         "clean_mismatches": a.clean_mismatches,
+        "success_by_queries": _curve(a, path),
+        **{key: optional(a, key) for key in ("fooling_rate", "fooling_threshold",
+                                             "never_fooled")},
     }
+
+
+def _curve(a: scoring_pb2.AttackMetrics, path: str) -> list[list[float]] | None:
+    """``[[queries, rate], ...]`` in increasing queries, rates in [0, 1]; None when empty."""
+    out: list[list[float]] = []
+    for k, p in enumerate(a.success_by_queries):
+        rate = finite(p.success_rate)
+        if p.queries < 0 or rate is None or not 0.0 <= rate <= 1.0 or \
+                (out and p.queries <= out[-1][0]):
+            raise InvalidArgument(f"{path}.success_by_queries[{k}]",
+                                  "points need queries >= 0 in increasing order and a success "
+                                  f"rate in [0, 1]; got ({p.queries}, {p.success_rate})")
+        out.append([p.queries, rate])
+    return out or None
 
 
 def _ieee(ieee: scoring_pb2.IeeeMetrics) -> dict[str, Any]:

@@ -16,6 +16,7 @@ __all__ = [
     "DEGRADATION_DEFINITIONS",
     "LEDGER_NOTE",
     "METRICS_USED",
+    "attack_metrics_used",
     "extra_metrics_used",
     "image_source",
     "repeat_instructions",
@@ -144,6 +145,39 @@ def extra_metrics_used(*, ranking: bool, degradation: bool,
         out.append(dict(_DEGRADATION_USED))
     if perturbation_size:
         out.append(dict(_PERTURBATION_SIZE_USED))
+    return out
+
+
+_SUCCESS_CURVE_USED: Final = {
+    "name": "Attack success rate against queries (the share of the images attacked misled "
+            "within q queries, from the ledger's per-image counts; last point at the budget Q_m)",
+    "ref": "IEEE 3129 5.4, IEEE-M6"}
+_FOOLING_USED: Final = {
+    "name": "Fooling rate at threshold T (share of the images attacked misled by a "
+            "perturbation with L2 < T; T the mean L2 of those misled) and share never fooled; "
+            "the L2 is the minimal one for PertKnob, the L2 the attack found otherwise",
+    "ref": "Zhong, Hu, Chen 2020 (PER-4)"}
+_CANARY_USED: Final = (
+    {"name": "CANARY model capability: CA, CF (macro F1), CC (mean true-class confidence)",
+     "ref": "Sun et al. 2023, CANARY 3.1.1 (CAN-1)"},
+    {"name": "CANARY attack effect on the images the model got right: MR, TAS, AIAC, ARTC",
+     "ref": "Sun et al. 2023, CANARY 3.1.2 (CAN-2)"},
+    {"name": "CANARY attack cost: CTC (seconds per example), QNC-F / QNC-B (queries per "
+             "example, from the ledger)", "ref": "Sun et al. 2023, CANARY 3.1.3 (CAN-3)"},
+    {"name": "CANARY perturbation cost: AMD, AED, APCR, AED-FD, ALMS, ADMS",
+     "ref": "Sun et al. 2023, CANARY 3.1.3 (CAN-4)"},
+)
+
+
+def attack_metrics_used(*, success_curve: bool, fooling_rate: bool,
+                        canary: bool) -> list[dict[str, str]]:
+    """The per-attack metric families this evaluation computed beyond IEEE 3129's:
+    success-vs-queries curves (IEEE-M6), the PER-4 fooling rate, CANARY (CAN-1..4)."""
+    out = [dict(_SUCCESS_CURVE_USED)] if success_curve else []
+    if fooling_rate:
+        out.append(dict(_FOOLING_USED))
+    if canary:
+        out += [dict(m) for m in _CANARY_USED]
     return out
 
 

@@ -39,7 +39,7 @@ def _report(parts: report_pb2.ReportParts | None = None) -> dict[str, Any]:
 
 REQUIRED_TOP = {"schema_version", "plan", "plan_text", "target", "tester", "environment",
                 "service_parameters", "metrics_used", "metrics", "tests", "ledger", "evaluation",
-                "repeat"}
+                "repeat", "verdict", "examples"}
 
 
 def _get(tree: dict, dotted: str) -> object:
@@ -63,8 +63,8 @@ def test_build_report_has_every_required_key() -> None:
     assert r["target"]["task_type"] == "classification"
     assert r["target"]["output_kind"] == "full_scores"
     assert r["target"]["input"] == "28x28x1"
-    assert r["target"]["service_type_parameters"] == {
-        "correctness": {"mode": "top1", "k": 5, "threshold": 0.5}}
+    # only the fields the rule's mode uses (issue 13: top1 showed k 5 and threshold 0.5)
+    assert r["target"]["service_type_parameters"] == {"correctness": {"mode": "top1"}}
     assert set(r["tester"]["roles"]) == {"requester", "tester", "provider"}  # IEEE-P1
     assert r["tester"]["roles"]["provider"] == {"name": "Vision Inc.", "organisation": "Vision"}
     assert r["tester"]["name"] == "Dana <QA>" and r["tester"]["organization"] == "QA Lab"
@@ -155,7 +155,8 @@ ATTACK_KEYS = {"robustness_adv", "ci95", "m", "correct", "kind", "success_rate",
                "success_rate_ci95", "success_rate_n", "successes", "mean_queries",
                "median_queries", "mean_queries_successful", "query_budget", "errors",
                "error_images", "clean_mismatches", "mean_linf", "max_linf", "mean_l2",
-               "mean_l2_successful", "median_l2_successful"}
+               "mean_l2_successful", "median_l2_successful", "success_by_queries",
+               "fooling_rate", "fooling_threshold", "never_fooled"}
 INT_KEYS = {"m", "correct", "n", "n_settings", "success_rate_n", "successes", "query_budget",
             "errors", "clean_mismatches", "drr_k", "drr_n", "m_used", "level", "censored",
             "missing", "total", "of", "total_queries", "aborted_attempt_queries", "images",
@@ -164,7 +165,8 @@ FLOAT_KEYS = {"value", "robustness", "robustness_adv", "success_rate", "mean_que
               "median_queries", "mean_queries_successful", "mean_linf", "max_linf", "mean_l2",
               "mean_l2_successful", "median_l2_successful", "ndcg_1", "drr_5", "gamma_b",
               "gamma_a", "accuracy", "threshold", "fraction_of_pixels_changed", "at_least",
-              "duration_s", "started", "finished"}
+              "duration_s", "started", "finished", "fooling_rate", "fooling_threshold",
+              "never_fooled"}
 
 
 def _walk_types(node: Any, path: str = "") -> None:
@@ -221,6 +223,10 @@ def test_metric_tree_keeps_its_shape_and_types(tmp_path: Path) -> None:
     assert sq["error_images"] == ["img3"] and sq["median_l2_successful"] == 0.85
     assert fg["mean_queries"] is None and fg["query_budget"] is None
     assert fg["mean_l2_successful"] is None
+    # IEEE-M6 curve and PER-4 as the scoring service sent them; none for a transfer attack
+    assert sq["success_by_queries"] == [[10, 0.25], [500, 0.5]]
+    assert sq["fooling_rate"] == 0.25 and sq["never_fooled"] == 0.5
+    assert fg["success_by_queries"] is None and fg["fooling_rate"] is None
     rk = m["ranking"]
     assert rk["applicable"] is True and rk["drr_k"] == 5
     assert set(rk["settings"]) == {f"{c}@{s}" for c in CORRUPTIONS for s in (1, 2)} | {TRANSFER}
@@ -275,7 +281,10 @@ def _html(parts: report_pb2.ReportParts | None = None) -> str:
 def test_html_is_self_contained() -> None:
     page = _html()
     p = _parse(page)
-    assert "script" not in p.tags and "link" not in p.tags and "img" not in p.tags
+    assert "script" not in p.tags and "link" not in p.tags
+    # figures are <img> with data: URIs only (issue 13; the CSP allows img-src data:)
+    srcs = [v for k, v in p.attrs if k == "src"]
+    assert srcs and all(v is not None and v.startswith("data:image/") for v in srcs), srcs
     for name, value in p.attrs:
         if name in ("src", "href", "action", "xmlns", "srcset", "data"):
             assert value is not None and not re.match(r"\s*(https?:)?//", value), (name, value)
@@ -303,7 +312,7 @@ def test_html_without_urls_in_user_text_has_none_at_all() -> None:
 
 def test_html_escapes_user_text() -> None:
     page = _html(make_parts(transfer="<script>", query='q"><img src=x onerror=alert(1)>'))
-    assert "<script" not in page.lower() and "<img" not in page.lower()
+    assert "<script" not in page.lower() and "<img src=x" not in page.lower()
     assert "&lt;script&gt;alert(&#34;pwned&#34;)&lt;/script&gt;" in page
     assert "</title><script>" not in page
     assert "mobilenet &lt;b&gt;v2&lt;/b&gt;" in page
@@ -311,7 +320,9 @@ def test_html_escapes_user_text() -> None:
     assert "<tr><th>&lt;script&gt;</th>" in page  # the attack's row, its name as text
     assert "target unreachable &lt;after retries&gt;" in page
     p = _parse(page)
-    assert "b" not in p.tags and "script" not in p.tags and "img" not in p.tags
+    assert "b" not in p.tags and "script" not in p.tags
+    assert all(k != "onerror" for k, _ in p.attrs)  # the figures' <img> only, data: URIs
+    assert all(v is not None and v.startswith("data:image/") for k, v in p.attrs if k == "src")
     assert "<script>" in "".join(p.text)  # shown to the reader, as text
 
 
@@ -334,8 +345,11 @@ def test_html_sections_and_names() -> None:
         assert anchor in p.ids, anchor
     for name in [*CORRUPTIONS, *ATTACKS, OPERATOR]:
         assert name in page, name
-    assert page.count("<svg") == len(CORRUPTIONS)  # one chart per corruption
-    assert "<polyline" in page
+    # figures as data: images (issue 13): the corruption overview, the degradation profile,
+    # the NDCG curves; the per-corruption inline SVG charts are gone
+    assert "<svg" not in page
+    assert f'alt="Robustness against severity for {len(CORRUPTIONS)} corruption(s)' in page
+    assert f'alt="Degradation profile of {OPERATOR}' in page and 'alt="NDCG@i curves' in page
     assert "fortis run plan.yaml" in page
     assert "<pre>" in page
     assert "Vision Inc." in page and "Acme Retail" in page

@@ -1,0 +1,187 @@
+"""The verdict of an evaluation against the acceptance criteria its plan declares (issue 13).
+
+Policy (stated in every criterion's sentence and in docs/pipelines.md):
+
+- The **point estimate decides** pass or fail: ``accuracy = 0.924`` meets ``>= 0.9``.
+- The **95 % Wilson interval** the report gives with every rate (IEEE-M8: a smaller M is honest
+  about its uncertainty) says whether that outcome is **conclusive** (the whole interval lies on
+  the same side of the threshold) or **inconclusive** (the interval straddles the threshold:
+  more images could change the outcome).
+- Metrics without an interval (averages of rates, query counts, the mean over a corruption's
+  severities) are judged on their value alone: confidence ``no_ci``.
+- A criterion whose metric the evaluation did not produce is ``missing`` and fails.
+
+``passed`` is false iff some criterion fails or is missing; ``strict_passed`` (``--strict``)
+also requires every criterion that has an interval to be conclusive. A plan without criteria
+gives status ``no_criteria`` and passes.
+
+The verdict document (``report.json`` ``verdict``)::
+
+    {"status": "pass" | "fail" | "no_criteria", "passed": bool, "strict_passed": bool,
+     "criteria": [{"metric", "op", "threshold", "value": float | null,
+                   "ci95": [lo, hi] | null, "outcome": "pass" | "fail" | "missing",
+                   "confidence": "conclusive" | "inconclusive" | "no_ci", "text"}]}
+
+Pure domain code: dicts in, dicts out; no gRPC.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from fortis.services.common.acceptance import Criterion, parse_acceptance
+from fortis.services.common.errors import InvalidArgument
+
+__all__ = ["POLICY", "criteria_of_plan", "report_verdict", "verdict"]
+
+#: One paragraph for readers of the verdict (report, CLI, JUnit properties).
+POLICY: Final = ("The point estimate decides pass or fail; the 95% Wilson interval (IEEE-M8) "
+                 "says whether that is conclusive (the whole interval on the same side of the "
+                 "threshold) or inconclusive (it straddles the threshold); averages and query "
+                 "counts have no interval. A metric the evaluation did not produce fails. "
+                 "--strict also fails inconclusive criteria.")
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def _interval(value: Any) -> list[float] | None:
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2:
+        return None
+    lo, hi = _finite(value[0]), _finite(value[1])
+    if lo is None or hi is None or lo > hi:
+        return None
+    return [lo, hi]
+
+
+def _node(tree: Any, *keys: str) -> Mapping[str, Any]:
+    for k in keys:
+        if not isinstance(tree, Mapping):
+            return {}
+        tree = tree.get(k)
+    return tree if isinstance(tree, Mapping) else {}
+
+
+def measured(c: Criterion, metrics: Mapping[str, Any]) -> tuple[float | None, list[float] | None]:
+    """The value of ``c``'s metric in a report's ``metrics`` tree and its 95 % interval (None
+    where the tree has none)."""
+    if c.scope == "global":
+        node = _node(metrics, c.metric)
+        return _finite(node.get("value")), _interval(node.get("ci95"))
+    if c.scope == "corruption":
+        node = _node(metrics, "corruptions", c.setting,
+                     "mean" if c.measure == "mean" else str(c.severity))
+        return _finite(node.get("robustness")), _interval(node.get("ci95"))
+    node = _node(metrics, "attacks", c.setting)
+    if c.measure == "success_rate":
+        return _finite(node.get("success_rate")), _interval(node.get("success_rate_ci95"))
+    if c.measure == "robustness_adv":
+        return _finite(node.get("robustness_adv")), _interval(node.get("ci95"))
+    return _finite(node.get(c.measure)), None          # mean_queries, median_queries
+
+
+def _num(c: Criterion, v: float) -> str:
+    return f"{v:.3f}" if c.is_rate else f"{v:.1f}"
+
+
+def _judge(c: Criterion, value: float | None, ci: list[float] | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"metric": c.metric, "op": c.op, "threshold": c.threshold,
+                             "value": value, "ci95": ci}
+    rule = f"{c.op} {c.threshold:g}"
+    if value is None:
+        entry.update(outcome="missing", confidence="no_ci",
+                     text=f"{c.metric}: the evaluation produced no value for this metric (no "
+                          f"images scored, or the setting did not run), so '{rule}' fails.")
+        return entry
+    ok = c.holds(value)
+    entry["outcome"] = "pass" if ok else "fail"
+    shown = f"{c.metric} = {_num(c, value)}"
+    if ci is None:
+        entry["confidence"] = "no_ci"
+        entry["text"] = (f"{shown} {'meets' if ok else 'fails'} {rule}; it has no confidence "
+                         "interval (an average or a count), so the point estimate alone "
+                         "decides.")
+        return entry
+    shown += f" (95% CI {_num(c, ci[0])}-{_num(c, ci[1])})"
+    side = "above" if c.op in (">=", ">") else "below"
+    if c.holds(ci[0]) == ok and c.holds(ci[1]) == ok:
+        entry["confidence"] = "conclusive"
+        entry["text"] = (f"{shown} meets {rule}: the whole interval is {side} "
+                         f"{c.threshold:g}, so the pass is conclusive." if ok else
+                         f"{shown} fails {rule}: the whole interval is on the wrong side of "
+                         f"{c.threshold:g}, so the failure is conclusive.")
+    else:
+        entry["confidence"] = "inconclusive"
+        entry["text"] = (f"{shown} meets {rule} on the point estimate, but the interval "
+                         f"straddles {c.threshold:g}: inconclusive (fails with --strict)." if ok
+                         else f"{shown} fails {rule} on the point estimate; the interval "
+                         f"straddles {c.threshold:g}, so the failure is inconclusive (more "
+                         "images could change it).")
+    return entry
+
+
+def verdict(criteria: Iterable[Criterion], metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The verdict (module docstring) of ``criteria`` on a report's ``metrics`` tree: the point
+    estimate decides, the 95 % Wilson interval (IEEE-M8) says whether it is conclusive."""
+    judged = [_judge(c, *measured(c, metrics)) for c in criteria]
+    if not judged:
+        return {"status": "no_criteria", "passed": True, "strict_passed": True, "criteria": []}
+    passed = all(j["outcome"] == "pass" for j in judged)
+    strict = passed and all(j["confidence"] != "inconclusive" for j in judged)
+    return {"status": "pass" if passed else "fail", "passed": passed, "strict_passed": strict,
+            "criteria": judged}
+
+
+def _plan_names(plan: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+    """The corruption ids and attack names a plan document tests (as plan validation names
+    them: an attack's ``name``, else its ``id``)."""
+    corruptions: set[str] = set()
+    attacks: set[str] = set()
+    for item in plan.get("corruptions") or ():
+        cid = item.get("id") if isinstance(item, Mapping) else item
+        if isinstance(cid, str):
+            corruptions.add(cid)
+    # multi-target plans (CAN-7): an attack without a surrogate runs as ``<name>.<surrogate>``
+    # per model surrogate (the evaluation's ``plan.crafted_on``)
+    surrogates = [t.get("surrogate") for t in plan.get("targets") or ()
+                  if isinstance(t, Mapping) and isinstance(t.get("surrogate"), str)]
+    for item in plan.get("attacks") or ():
+        if isinstance(item, Mapping):
+            name = item.get("name") or item.get("id")
+            if isinstance(name, str):
+                attacks.add(name)
+                if not item.get("surrogate"):
+                    attacks.update(f"{name}.{s}" for s in surrogates)
+    return corruptions, attacks
+
+
+def criteria_of_plan(plan: Mapping[str, Any], *, acceptance: Any = None,
+                     path: str = "plan.acceptance") -> tuple[Criterion, ...]:
+    """The acceptance criteria of a plan document (``acceptance`` overrides the plan's own).
+    Raises InvalidArgument naming every bad criterion (``path.<metric>``)."""
+    raw = plan.get("acceptance") if acceptance is None else acceptance
+    corruptions, attacks = _plan_names(plan)
+    criteria, problems = parse_acceptance(raw, corruptions=corruptions, attacks=attacks,
+                                          path=path)
+    if problems:
+        raise InvalidArgument.from_violations(problems)
+    return criteria
+
+
+def report_verdict(report: Mapping[str, Any], *, acceptance: Any = None,
+                   path: str = "plan.acceptance") -> dict[str, Any]:
+    """The verdict of a finished report document (``report.json``), recomputed from its plan's
+    criteria (or ``acceptance``) and its metrics: ``fortis gate`` re-checks offline."""
+    plan = report.get("plan")
+    metrics = report.get("metrics")
+    if not isinstance(plan, Mapping):
+        raise InvalidArgument("plan", "the report has no plan document")
+    if not isinstance(metrics, Mapping):
+        raise InvalidArgument("metrics", "the report has no metrics tree")
+    return verdict(criteria_of_plan(plan, acceptance=acceptance, path=path), metrics)
