@@ -35,15 +35,20 @@ def _state_dir(ns: argparse.Namespace) -> Path:
 def _targets_for_plan(plan: Any) -> list[Any]:
     from fortis.services.app import DEFAULT_TARGETS, TargetConfig
 
-    if plan.target.endpoint:
+    if plan.target.endpoint and not plan.members:
         return [TargetConfig.parse(f"{plan.target.name}={plan.target.endpoint}")]
-    for spec in DEFAULT_TARGETS:
-        cfg = TargetConfig.parse(spec)
-        if cfg.name == plan.target.name:
-            return [cfg]
-    from fortis.services.common.errors import InvalidArgument
-    raise InvalidArgument("target.endpoint", f"target '{plan.target.name}' is not built in; give target.endpoint "
-                          "(builtin:MODEL or grpc://HOST:PORT) or run against a Fortis that serves it (--address)")
+    builtin = {cfg.name: cfg for cfg in map(TargetConfig.parse, DEFAULT_TARGETS)}
+    out = []
+    # a multi-target plan (CANARY benchmark): every model it names, the first first
+    for i, name in enumerate([m.name for m in plan.members] or [plan.target.name]):
+        if name not in builtin:
+            from fortis.services.common.errors import InvalidArgument
+            field = f"targets[{i}].name" if plan.members else "target.endpoint"
+            raise InvalidArgument(field, f"target '{name}' is not built in; give target.endpoint "
+                                  "(builtin:MODEL or grpc://HOST:PORT) or run against a Fortis "
+                                  "that serves it (--address)")
+        out.append(builtin[name])
+    return out
 
 
 def _load_plan(text: str) -> Any:
