@@ -131,3 +131,15 @@ def test_member_store_prefixes_items_and_shares_transfer_examples(tmp_path):
         "adversarial/pgd.fmnist-cnn-00000.npz", "m1/adversarial/square-00000.npz"]
     m1.finish("ev.m1", report_json="{}", report_html="", summary=None, finished_at=1.0)
     assert m1.finished is not None and inner.get("ev").state != "SUCCEEDED"
+
+
+def test_embedded_run_serves_every_model_of_a_multi_target_plan(catalogue):
+    from fortis.cli.local import _targets_for_plan
+
+    plan = load_plan(MULTI, catalogue)
+    assert [t.name for t in _targets_for_plan(plan)] == ["fmnist-cnn", "fmnist-cnn-at"]
+    unknown = load_plan(MULTI.replace("name: fmnist-cnn-at,", "name: my-remote-model,"),
+                        catalogue)
+    with pytest.raises(InvalidArgument) as exc:
+        _targets_for_plan(unknown)
+    assert exc.value.violations[0].field == "targets[1].name"
