@@ -21,6 +21,18 @@ MD = (("x-api-key", API_KEY),)
 OTHER_MD = (("x-api-key", OTHER_KEY),)
 
 
+@pytest.fixture(autouse=True)
+def _structlog_restored() -> Iterator[None]:
+    """Each test leaves structlog as it found it: an in-process ``fortis`` command
+    (``fortis.cli.main``) configures a WARNING filter that would otherwise hide the info lines
+    a later test reads (the audit log)."""
+    import structlog
+
+    old = structlog.get_config()
+    yield
+    structlog.configure(**old)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Train the built-in Fashion-MNIST models not cached yet, before any test and outside every
     test's timeout: `fortis serve` without --target loads every default target at start

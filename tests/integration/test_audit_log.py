@@ -5,6 +5,7 @@ API key."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -39,8 +40,10 @@ def captured() -> Iterator[list[dict[str, Any]]]:
         raise structlog.DropEvent
 
     old = structlog.get_config()
+    # every level (an earlier in-process `fortis` command may have set a WARNING filter)
     structlog.configure(processors=[structlog.contextvars.merge_contextvars,
                                     structlog.processors.add_log_level, keep],
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
                         cache_logger_on_first_use=False)
     try:
         yield lines
