@@ -21,16 +21,20 @@ MD = (("x-api-key", API_KEY),)
 OTHER_MD = (("x-api-key", OTHER_KEY),)
 
 
+_STRUCTLOG_AT_START: dict = {}
+
+
 @pytest.fixture(autouse=True)
 def _structlog_restored() -> Iterator[None]:
-    """Each test leaves structlog as it found it: an in-process ``fortis`` command
-    (``fortis.cli.main``) configures a WARNING filter that would otherwise hide the info lines
-    a later test reads (the audit log)."""
+    """After each test structlog is configured as it was when the session started: an
+    in-process ``fortis`` command (``fortis.cli.main``, also from a module-scoped fixture)
+    configures a WARNING filter that would otherwise hide the info lines a later test reads
+    (the audit log, the HTTP/JSON adapter's log)."""
     import structlog
 
-    old = structlog.get_config()
     yield
-    structlog.configure(**old)
+    if _STRUCTLOG_AT_START:
+        structlog.configure(**_STRUCTLOG_AT_START)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -39,6 +43,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     (fmnist-cnn, fmnist-mlp, fmnist-cnn-at: the adversarially trained one takes minutes on 2
     cores), and a training inside a test's subprocess would count against the test. Once
     cached (``$FORTIS_CACHE/models``) this is a few file checks."""
+    import structlog
+
+    _STRUCTLOG_AT_START.update(structlog.get_config())
     if session.config.option.collectonly:
         return
     from fortis.adapters.torch_models.fmnist import KINDS, load_fmnist_model, model_paths
