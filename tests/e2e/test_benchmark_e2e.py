@@ -69,16 +69,21 @@ def bench_stack(tmp_path, fmnist_target, fmnist_surrogate):
     s.stop(0)
 
 
-def _run(fc: FortisClient, plan: str) -> dict:
+def _run(fc: FortisClient, plan: str) -> tuple[dict, str]:
     ev = fc.submit(plan)
     final = fc.wait(ev.evaluation_id)
     assert progress_of(final).state == "SUCCEEDED", getattr(final.error, "message", "")
-    return json.loads(fc.report_files(ev.evaluation_id)[0])
+    js, html = fc.report_files(ev.evaluation_id)
+    return json.loads(js), html
 
 
 def test_multi_target_benchmark_and_fast_mode(bench_stack, tmp_path):
     with FortisClient(bench_stack.address, api_key=API_KEY) as fc:
-        report = _run(fc, PLAN)
+        report, html = _run(fc, PLAN)
+        # the page carries the cross-model sections (rendered by the report service)
+        for anchor in ("benchmark-models", "benchmark-transfer", "benchmark-rankings",
+                       "benchmark-irt", "benchmark-defence"):
+            assert f'id="{anchor}"' in html, anchor
         eid = report["evaluation"]["id"]
         b = report["benchmark"]
         models = ["fmnist-cnn", "fmnist-cnn-at", "fmnist-mlp"]
@@ -135,7 +140,8 @@ def test_multi_target_benchmark_and_fast_mode(bench_stack, tmp_path):
         assert any(a.startswith("m1/adversarial/square") for a in arts)
 
         # CAN-10 fast mode: a new model ranked against the stored evaluation
-        fast = _run(fc, FAST.replace("BASELINE", eid))
+        fast, fast_html = _run(fc, FAST.replace("BASELINE", eid))
+        assert 'id="benchmark-fast"' in fast_html
         fb = fast["benchmark"]
         assert fb["mode"] == "fast" and fb["baseline_evaluation"] == eid
         assert 1 <= fb["fast"]["rank"] <= fb["fast"]["of"] == 4
