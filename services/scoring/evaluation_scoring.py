@@ -108,7 +108,7 @@ def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData],
                                 attack_budgets=budgets, image_ids=ids, attack_coverage=coverage)
     for s in settings:
         if s.kind in ATTACK_KINDS:
-            _add_attack_distances(tree["attacks"][s.name], s)
+            _add_attack_distances(tree["attacks"][s.name], s, clean[s.covered(m)])
             _add_query_curves(tree["attacks"][s.name], s, clean[s.covered(m)])
     raise_if_stopped(should_stop, "scoring")
     ranks = ranking(setup, settings)
@@ -313,16 +313,19 @@ def _attack_outcomes(s: SettingData, idx: np.ndarray, ids: list[str], clean: np.
             for i, c0, w, q, e in zip(names, init, succ, queries, errors, strict=True)]
 
 
-def _add_attack_distances(node: dict[str, Any], s: SettingData) -> None:
-    """IEEE-A9 / PER-4 sizes of an attack's adversarials, as the evaluation report has always
-    shown them: over every covered image, and the L2 of those a query attack reports as
-    successful (transfer attacks report no success flag: null)."""
+def _add_attack_distances(node: dict[str, Any], s: SettingData, initially: np.ndarray) -> None:
+    """IEEE-A9 / PER-3 sizes of an attack's adversarials: over every covered image, and the
+    L2 of those a query attack misled among the images it attacked (right on the clean image
+    and answered, as the success rate and PER-4's fooling rate count them: an image already
+    wrong is no success with a zero perturbation; transfer attacks report no success flag:
+    null)."""
     if s.linf is None or s.l2 is None:
         return
     node["mean_linf"] = float(np.mean(s.linf))
     node["max_linf"] = float(np.max(s.linf))
     node["mean_l2"] = float(np.mean(s.l2))
-    ok = s.l2[s.query.success] if s.query is not None else s.l2[:0]
+    attacked = initially.astype(bool) & ~s.failed(int(initially.size))
+    ok = s.l2[s.query.success & attacked] if s.query is not None else s.l2[:0]
     node["mean_l2_successful"] = float(np.mean(ok)) if ok.size else None
     node["median_l2_successful"] = float(np.median(ok)) if ok.size else None
 

@@ -167,14 +167,22 @@ def _ref_curves(tree: dict[str, Any], case: Case, rule: CorrectnessRule) -> None
             node["never_fooled"] = (len(att) - len(won)) / len(att)
 
 
-def _ref_distances(tree: dict[str, Any], case: Case) -> None:
+def _ref_distances(tree: dict[str, Any], case: Case, rule: CorrectnessRule) -> None:
+    ids = list(case.setup.image_ids)
+    clean = next(s for s in case.settings if s.kind == "clean")
+    assert isinstance(clean.answers, ClassificationAnswers)
+    right = [is_correct(p, case.label_sets[i], rule)
+             for i, p in enumerate(predictions(clean.answers, clean.errors))]
     for s in case.settings:
         if s.linf is None or s.l2 is None:
             continue
         node = tree["attacks"][s.name]
         node.update(mean_linf=float(np.mean(s.linf)), max_linf=float(np.max(s.linf)),
                     mean_l2=float(np.mean(s.l2)))
-        ok = s.l2[s.query.success] if s.query is not None else []
+        idx = s.covered(len(ids)).tolist()
+        err = list(s.errors) or [""] * len(idx)
+        ok = [float(s.l2[r]) for r, i in enumerate(idx)
+              if s.query is not None and s.query.success[r] and right[i] and not err[r]]
         node["mean_l2_successful"] = float(np.mean(ok)) if len(ok) else None
         node["median_l2_successful"] = float(np.median(ok)) if len(ok) else None
 
@@ -207,7 +215,7 @@ def test_arrays_give_the_per_record_metrics(rule: CorrectnessRule, seed: int) ->
     tests, answers = _records(case)
     labels = {i: s for i, s in zip(case.setup.image_ids, case.label_sets, strict=True)}
     ref = score_classification(rule, labels, tests)
-    _ref_distances(ref, case)
+    _ref_distances(ref, case, rule)
     _ref_curves(ref, case, rule)
     _close(out["ieee"], ref)
     assert out["ranking"]["applicable"] is True
@@ -232,7 +240,7 @@ def test_label_only_targets(rule: CorrectnessRule) -> None:
     tests, answers = _records(case)
     ref = score_classification(rule, dict(zip(case.setup.image_ids, case.label_sets,
                                               strict=True)), tests)
-    _ref_distances(ref, case)
+    _ref_distances(ref, case, rule)
     _ref_curves(ref, case, rule)
     _close(out["ieee"], ref)
     assert out["ranking"] == {"applicable": False, "settings": {},
