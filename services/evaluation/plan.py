@@ -12,6 +12,7 @@ Domain code.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -158,6 +159,9 @@ class AttackTest:
     #: IEEE-C4 / C5 parameters taken from the plan's ``detection`` / ``segmentation``
     #: sections (one definition with scoring).
     criterion: Mapping[str, Any] = field(default_factory=dict)
+    #: CAN-6 evaluation example selection (``select_budget: true`` or its settings: factor,
+    #: max_steps, images, alpha; ``selection.py``); empty: the plan's epsilon as given.
+    select_budget: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def targeted(self) -> bool:
@@ -616,7 +620,7 @@ def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue, task: str = "classif
         p = f"attacks[{i}]"
         it = v.mapping(item, p)
         v.unknown(it, p, {"id", "params", "surrogate", "limit", "name", "targeted",
-                          "criterion"})
+                          "criterion", "select_budget"})
         aid = v.string(it, "id", p, required=True)
         params: Mapping[str, Any] = v.mapping(it.get("params", {}), f"{p}.params", required=False)
         spec = cat.attacks.get(aid)
@@ -654,11 +658,45 @@ def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue, task: str = "classif
         if label in seen:
             v.bad(f"{p}.name", f"attack name {_short(label)} is used twice; give each a distinct name")
         seen.add(label)
-        out.append(AttackTest(id=aid, name=label, params=dict(params),
+        select = _select_budget(v, it.get("select_budget"), f"{p}.select_budget", spec,
+                                params)
+        out.append(AttackTest(id=aid, name=label, params=dict(params), select_budget=select,
                               surrogate=names[0] if names else "", ensemble=tuple(names[1:]),
                               limit=v.integer(it, "limit", p, default=0, lo=0,
                                                     hi=MAX_DATASET_IMAGES),
                               criterion=crit))
+    return out
+
+
+def _select_budget(v: _V, raw: Any, p: str, spec: Any, params: Any) -> dict[str, Any]:
+    """CAN-6 settings of one attack: ``true`` (the defaults) or a mapping of factor (1 < f
+    <= 4), max_steps (1..6), images (1..1024), alpha (0 < a < 1); only for a transfer attack
+    bounded by an epsilon."""
+    if raw is None or raw is False:
+        return {}
+    if spec is not None and (not spec.needs_surrogate or not isinstance(params, Mapping)
+                             or not isinstance(params.get("epsilon"), int | float)):
+        v.bad(p, "budget selection (CAN-6) is for transfer attacks bounded by an epsilon")
+        return {}
+    if raw is True:
+        return {"enabled": True}
+    if not isinstance(raw, Mapping):
+        v.bad(p, "must be true or a mapping of factor, max_steps, images, alpha")
+        return {}
+    v.unknown(raw, p, {"factor", "max_steps", "images", "alpha"})
+    out: dict[str, Any] = {"enabled": True}
+    for key, lo, hi, kind in (("factor", 1.0, 4.0, float), ("alpha", 0.0, 1.0, float),
+                              ("max_steps", 1, 6, int), ("images", 1, 1024, int)):
+        if key not in raw:
+            continue
+        x = raw[key]
+        ok = not isinstance(x, bool) and isinstance(x, int | float) and math.isfinite(x) and (
+            lo < x <= hi if kind is float else (float(x).is_integer() and lo <= x <= hi))
+        if not ok:
+            v.bad(f"{p}.{key}", f"must be {'a number in (' if kind is float else 'an integer in ['}"
+                  f"{lo}, {hi}], got {_short(x)}")
+            continue
+        out[key] = kind(x)
     return out
 
 
@@ -844,6 +882,12 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
     corruptions = _corruptions(v, doc, catalogue)
     attacks = _attacks(v, doc, catalogue, target.task, det, seg,
                        benchmark=len(members) > 1 or bool(baseline))
+    if len(members) > 1 or "baseline" in doc:
+        for i, a in enumerate(attacks):
+            if a.select_budget:
+                v.bad(f"attacks[{i}].select_budget", "budget selection (CAN-6) runs on one "
+                      "target; not in a multi-target plan (every model must see the same "
+                      "examples)")
     if members and target.task != "classification" and len(members) > 1:
         v.bad("targets", "multi-target plans (CANARY benchmarks) are for classification "
               "targets")

@@ -206,7 +206,9 @@ class EvaluationRunner:
         tests += [t for s in stages for t in s.tests() if t.kind == "degradation"]
         observed = {k: v for s in stages if isinstance(s, QueryAttackStage)
                     for k, v in s.observed.items()}
-        tests += attack_tests(plan, len(images), self.catalogue, observed)
+        selected = {k: v for s in stages if isinstance(s, TransferAttackStage)
+                    for k, v in s.selected.items()}
+        tests += attack_tests(plan, len(images), self.catalogue, observed, selected)
         current = store.get(eid)
         report_json, report_html = self.report.render(ReportInput(
             plan=plan, plan_text=self.plan_text, target=target,
@@ -289,6 +291,8 @@ class EvaluationRunner:
             names.append(SessionId.degradation(eid))
         names += [SessionId.transfer(eid, at.name) for at in plan.attacks
                   if not self.catalogue.attacks[at.id].is_query_attack]
+        names += [SessionId.transfer(eid, f"{at.name}.select") for at in plan.attacks
+                  if at.select_budget]      # CAN-6 budget selection's queries
         sessions = {str(s): self.proxy.session_queries(str(s))[0] for s in names}
         for stage in stages:
             if isinstance(stage, QueryAttackStage):

@@ -143,3 +143,45 @@ def test_embedded_run_serves_every_model_of_a_multi_target_plan(catalogue):
     with pytest.raises(InvalidArgument) as exc:
         _targets_for_plan(unknown)
     assert exc.value.violations[0].field == "targets[1].name"
+
+
+def test_can6_selection_moves_the_budget_until_mr_stops_changing(catalogue):
+    """CAN-6 (seed 003, 3.2.1): raise epsilon while MR rises significantly, else lower it while
+    MR does not fall significantly; a synthetic MR curve with a plateau."""
+    from fortis.services.evaluation.selection import select_epsilon, significant_change
+
+    assert significant_change(40, 100, 60, 100, 0.05)        # p ~ 0.005
+    assert not significant_change(50, 100, 55, 100, 0.05)
+    plan = load_plan(BASE + """target: {name: fmnist-cnn}
+attacks: [{id: pgd, surrogate: fmnist-surrogate, params: {epsilon: 0.02}, select_budget: true}]
+""", catalogue)
+    at = plan.attacks[0]
+    assert at.select_budget == {"enabled": True}
+
+    def plateau(eps: float) -> tuple[int, int]:      # MR climbs to 0.9 at eps 0.08, then flat
+        return round(200 * min(0.9, 0.1 + 10 * eps)), 200
+
+    tried: list[float] = []
+
+    def measure(eps: float) -> tuple[int, int]:
+        tried.append(eps)
+        return plateau(eps)
+
+    eps, trace = select_epsilon(at, measure, 1.0)
+    assert eps == pytest.approx(0.08) and tried == pytest.approx([0.02, 0.04, 0.08, 0.16])
+    assert trace[-1]["decision"].startswith("kept")
+    # starting on the plateau: lowered while MR does not fall significantly
+    high = load_plan(BASE + """target: {name: fmnist-cnn}
+attacks: [{id: pgd, surrogate: fmnist-surrogate, params: {epsilon: 0.3},
+           select_budget: {factor: 2, max_steps: 4}}]
+""", catalogue).attacks[0]
+    eps, _ = select_epsilon(high, plateau, 1.0)
+    assert eps == pytest.approx(0.075)
+    bad = _fields(BASE + """target: {name: fmnist-cnn}
+attacks: [{id: square, params: {epsilon: 0.1, max_queries: 10}, select_budget: true},
+          {id: pgd, surrogate: fmnist-surrogate, params: {epsilon: 0.1},
+           select_budget: {factor: 9, images: 0, alpha: .nan, bogus: 1}}]
+""", catalogue)
+    assert {"attacks[0].select_budget", "attacks[1].select_budget.factor",
+            "attacks[1].select_budget.images", "attacks[1].select_budget.alpha",
+            "attacks[1].select_budget.bogus"} <= set(bad)

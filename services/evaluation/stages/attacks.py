@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -36,6 +36,7 @@ from fortis.services.evaluation.answers import ClassAnswers, concat, unpack
 from fortis.services.evaluation.keys import SessionId, StageName, WorkItemKey
 from fortis.services.evaluation.plan import AttackTest, Plan, surrogate_specs
 from fortis.services.evaluation.ports import AttackOutcome, Catalogue, Setting, TestDefinition
+from fortis.services.evaluation.selection import SELECT_DEFAULTS, select_epsilon, trace_text
 from fortis.services.evaluation.stages.base import RunContext, chunks
 
 __all__ = ["QueryAttackStage", "TransferAttackStage", "attack_references", "attack_tests"]
@@ -68,13 +69,20 @@ def attack_references(task: str, truths: Mapping[str, Any], ids: Sequence[str]) 
 
 
 def attack_tests(plan: Plan, n_images: int, catalogue: Catalogue,
-                 observed: Mapping[str, tuple[str, str]] | None = None) -> list[TestDefinition]:
+                 observed: Mapping[str, tuple[str, str]] | None = None,
+                 selected: Mapping[str, tuple[float, str]] | None = None) -> list[TestDefinition]:
     """The plan's attacks as the report lists them, in plan order; ``observed``: per attack
-    name, (signal, criterion in words) as the perturbation service reported them."""
+    name, (signal, criterion in words) as the perturbation service reported them;
+    ``selected``: per attack name, the epsilon CAN-6 selected and how."""
     out = []
     seen = observed or {}
     for at in plan.attacks:
         e = catalogue.attacks[at.id]
+        if selected and at.name in selected:
+            eps_sel, how = selected[at.name]
+            at = replace(at, params={**at.params, "epsilon": eps_sel,
+                                     "epsilon_planned": at.params.get("epsilon"),
+                                     "epsilon_selection": how})
         eps = at.params.get("epsilon")
         signal, words = seen.get(at.name, ("", ""))
         out.append(TestDefinition(
@@ -132,10 +140,71 @@ class _AttackStage:
 @dataclass
 class TransferAttackStage(_AttackStage):
     progress_stage: str = "transfer_attacks"
+    #: CAN-6: per attack name, the epsilon selected and the trace of the points tried.
+    selected: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+    def keys(self) -> list[WorkItemKey]:
+        """The chunks, after each attack's CAN-6 budget selection where the plan asks."""
+        out = []
+        for at in self._attacks():
+            if at.select_budget:
+                out.append(WorkItemKey(StageName.ATTACKS, f"{at.name}.select", chunk=0))
+            out += [WorkItemKey(StageName.ATTACKS, at.name, chunk=c) for c, _ in
+                    enumerate(chunks(_n(self.plan, at, self.n_images), self.plan.batch_size))]
+        return out
+
+    def _select(self, ctx: RunContext, at: AttackTest) -> AttackTest:
+        """The attack at the epsilon CAN-6 selects (``selection.py``): CANARY's MR (top-1
+        misclassification among the images the target gets right) measured on the target
+        through the proxy, in the attack's own session ``<name>.select`` (every query in the
+        ledger); stored as a work item, so a resumed evaluation reuses it."""
+        if not at.select_budget:
+            return at
+        cfg = {**SELECT_DEFAULTS, **at.select_budget}
+        rows = list(ctx.images[:min(int(cfg["images"]), _n(self.plan, at, self.n_images))])
+        upper = 1.0 if self.catalogue.attacks[at.id].norm == "linf" else float(
+            np.sqrt(np.prod(rows[0][1].shape))) if rows else 1.0
+        session = SessionId.transfer(ctx.evaluation_id, f"{at.name}.select").format()
+        ids = [str(r[0]) for r in rows]
+        used = [0]
+
+        def work(_attempt: int) -> tuple[dict[str, Any], int]:
+            ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
+                                   description=f"CAN-6 budget selection of {at.name}")
+            clean = ctx.answers(session, f"{at.name}.select/clean", [(r[0], r[1]) for r in rows])
+            top = clean.top1() if isinstance(clean, ClassAnswers) else None
+            right = [i for i, r in enumerate(rows)
+                     if top is not None and not clean.errors[i] and int(top[i]) in r[2]]
+            used[0] += len(rows)
+
+            def measure(eps: float) -> tuple[int, int]:
+                if not right:
+                    return 0, 0
+                outs = ctx.perturbation.attack(at.id, {**at.params, "epsilon": eps},
+                                               self.plan.seed, [rows[i] for i in right],
+                                               surrogate=at.surrogate, criterion=at.criterion,
+                                               **surrogate_args(self.plan, ctx, at))
+                adv = ctx.answers(session, f"{at.name}.select/{eps:.6g}",
+                                  [(ids[i], o.adversarial) for i, o in zip(right, outs,
+                                                                            strict=True)])
+                used[0] += len(outs)
+                t = adv.top1() if isinstance(adv, ClassAnswers) else None
+                misled = sum(1 for j, i in enumerate(right) if t is not None
+                             and not adv.errors[j] and int(t[j]) not in rows[i][2])
+                return misled, len(right)
+
+            eps, trace = select_epsilon(at, measure, upper)
+            return {"epsilon": eps, "trace": trace_text(trace)}, used[0]
+
+        res = ctx.item(WorkItemKey(StageName.ATTACKS, f"{at.name}.select", chunk=0), 0, work)
+        eps = float(res["epsilon"])
+        self.selected[at.name] = (eps, str(res["trace"]))
+        return replace(at, params={**at.params, "epsilon": eps})
 
     def run(self, ctx: RunContext) -> list[Setting]:
         settings = []
         for at in self._attacks():
+            at = self._select(ctx, at)
             session = SessionId.transfer(ctx.evaluation_id, at.name).format()
             ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
                                    description=f"transfer attack {at.name}")
