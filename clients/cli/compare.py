@@ -32,6 +32,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from fortis.cli.report_doc import number as _f
+
 __all__ = ["EXIT_REGRESSION", "cmd_compare", "compare_reports", "two_proportion_z"]
 
 #: Exit code of ``--fail-on-regression`` when B is significantly worse on some metric.
@@ -52,12 +54,6 @@ def two_proportion_z(x1: int, n1: int, x2: int, n2: int) -> tuple[float, float]:
         return 0.0, 1.0
     z = (x2 / n2 - x1 / n1) / se
     return z, math.erfc(abs(z) / math.sqrt(2.0))
-
-
-def _f(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def _count(value: Any) -> int | None:

@@ -19,12 +19,14 @@ from plans, which are hostile input.
 
 from __future__ import annotations
 
-import math
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
+
+from fortis.cli.report_doc import mapping as _mapping
+from fortis.cli.report_doc import number as _f
 
 __all__ = ["junit_xml", "write_junit"]
 
@@ -40,16 +42,6 @@ def _clean(text: Any, limit: int = _MAX_TEXT) -> str:
     s = str(text)
     s = _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
     return s if len(s) <= limit else s[:limit - 3] + "..."
-
-
-def _f(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _rate(value: Any, ci: Any, correct: Any = None, m: Any = None) -> str:

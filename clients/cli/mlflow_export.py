@@ -24,7 +24,6 @@ folder) is MLflow's file store, which MLflow 3 keeps in maintenance mode and ref
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import time
@@ -32,6 +31,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Final
+
+from fortis.cli.report_doc import mapping as _mapping
+from fortis.cli.report_doc import number as _f
 
 __all__ = ["MlflowExportError", "export_report", "metrics_of", "params_of", "sanitize"]
 
@@ -53,16 +55,6 @@ def sanitize(name: str) -> str:
     while ".." in s:
         s = s.replace("..", "._")
     return "_" + s[1:] if s.startswith(".") else s
-
-
-def _f(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def metrics_of(report: Mapping[str, Any]) -> dict[str, float]:
