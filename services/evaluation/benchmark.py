@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,19 +42,14 @@ import numpy as np
 import structlog
 from fortis.services.common import errors
 from fortis.services.evaluation.answers import ClassAnswers
-from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.plan import AttackTest, Member, Plan, TargetRef, crafted_on
 from fortis.services.evaluation.ports import (
     Catalogue,
-    PerturbationPort,
-    ProxyPort,
-    ReportPort,
     Scored,
-    ScoringPort,
     Setting,
     TargetDescription,
 )
-from fortis.services.evaluation.runner import DatasetPort, EvaluationRunner
+from fortis.services.evaluation.runner import EvaluationRunner
 from fortis.services.evaluation.stages import LabeledImage
 from fortis.services.evaluation.stages.base import safe_artifact_part
 from fortis.services.evaluation.store import EvaluationStorage
@@ -336,21 +331,11 @@ def _jsonable(x: Any) -> Any:
 
 
 @dataclass(kw_only=True)
-class BenchmarkRunner:
-    """Runs a multi-target plan (or a fast-mode plan) model by model; see the module doc."""
+class BenchmarkRunner(EvaluationRunner):
+    """Runs a multi-target plan (or a fast-mode plan) model by model, each as an
+    :class:`EvaluationRunner` over its own single-target plan; see the module doc. Takes the
+    same arguments (``executor`` is not used: the models run in this process)."""
 
-    evaluation_id: str
-    plan: Plan
-    plan_text: str
-    store: EvaluationStorage
-    proxy: ProxyPort
-    perturbation: PerturbationPort
-    scoring: ScoringPort
-    report: ReportPort
-    datasets: DatasetPort
-    catalogue: Catalogue
-    cancelled: Callable[[], bool] = lambda: False
-    executor: Executor | None = None
     #: IRT sampler length (CAN-8); the seed's 7000/3000 by default.
     irt_chain: int = 7000
     irt_burn_in: int = 3000
@@ -555,7 +540,6 @@ class BenchmarkRunner:
         bench = baseline["bench"]
         b_attacks = [str(a) for a in bench.get("attacks") or []]
         b_models = list(bench.get("twoway_models") or [])
-        twoway = bench.get("twoway") or {}
         cube = np.array(bench.get("matrix_square") or [], dtype=np.float64)
         if not b_models or cube.ndim != 3:
             notes.append("CAN-10: the baseline has no square matrix")
@@ -576,10 +560,9 @@ class BenchmarkRunner:
             for i, s in enumerate(b_sources):
                 if s in sources:
                     on_new[k, i] = values[kk, sources.index(s), 0]
-        del twoway
         return self._compute(
             "twoway.fast_rank",
-            {"values": np.where(np.isnan(cube), np.nan, cube), "white_box": white,
+            {"values": cube, "white_box": white,
              "evaluated_on_new": on_new},
             {"attacks": b_attacks, "models": b_models, "metric": MATRIX_METRIC,
              "higher_is_more_effective": True, "new_name": new.member.name,
