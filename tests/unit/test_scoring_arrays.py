@@ -130,15 +130,20 @@ def _ref_degradation(case: Case, answers: dict[str, dict[str, Any]]) -> dict[str
                             {"image_ids": ids, "changes": changes, "num_classes": c})}
 
 
+def _clean_right(case: Case, rule: CorrectnessRule) -> list[bool]:
+    """Clean_Result per image, judged record by record (``is_correct``)."""
+    clean = next(s for s in case.settings if s.kind == "clean")
+    assert isinstance(clean.answers, ClassificationAnswers)
+    return [is_correct(p, case.label_sets[i], rule)
+            for i, p in enumerate(predictions(clean.answers, clean.errors))]
+
+
 def _ref_curves(tree: dict[str, Any], case: Case, rule: CorrectnessRule) -> None:
     """IEEE-M6 success-vs-queries and PER-4, image by image: an image attacked is right on
     its clean record (``is_correct``) and answered; at q, the share misled within q queries;
     fooled at T when its L2 < T (T = mean L2 of those misled)."""
     ids = list(case.setup.image_ids)
-    clean = next(s for s in case.settings if s.kind == "clean")
-    assert isinstance(clean.answers, ClassificationAnswers)
-    right = [is_correct(p, case.label_sets[i], rule)
-             for i, p in enumerate(predictions(clean.answers, clean.errors))]
+    right = _clean_right(case, rule)
     for s in case.settings:
         if s.kind not in ("transfer_attack", "query_attack"):
             continue
@@ -169,10 +174,7 @@ def _ref_curves(tree: dict[str, Any], case: Case, rule: CorrectnessRule) -> None
 
 def _ref_distances(tree: dict[str, Any], case: Case, rule: CorrectnessRule) -> None:
     ids = list(case.setup.image_ids)
-    clean = next(s for s in case.settings if s.kind == "clean")
-    assert isinstance(clean.answers, ClassificationAnswers)
-    right = [is_correct(p, case.label_sets[i], rule)
-             for i, p in enumerate(predictions(clean.answers, clean.errors))]
+    right = _clean_right(case, rule)
     for s in case.settings:
         if s.linf is None or s.l2 is None:
             continue
