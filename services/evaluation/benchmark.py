@@ -381,7 +381,7 @@ class BenchmarkRunner(EvaluationRunner):
                 plan_text=self.plan_text, store=mstore,  # type: ignore[arg-type]
                 proxy=self.proxy, perturbation=self.perturbation, scoring=self.scoring,
                 report=self.report, datasets=self.datasets, catalogue=self.catalogue,
-                cancelled=self.cancelled, on_scored=hook)
+                cancelled=self.cancelled, on_scored=hook, with_examples=primary)
             scored = runner.run()
         assert scored is not None
         self.results = [by_index[k] for k in range(len(members))]

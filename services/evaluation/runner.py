@@ -150,6 +150,9 @@ class EvaluationRunner:
     #: Multi-target plans (``benchmark.py``): called with (scored, settings, images, target)
     #: after scoring; what it returns is the report's cross-model section (CAN-5/7/8/10).
     on_scored: Callable[..., Any] | None = None
+    #: Example images for the report (issue 13); off for the models of a multi-target plan
+    #: whose own report is not kept (``benchmark.py``).
+    with_examples: bool = True
 
     def run(self) -> Scored:
         plan, store, eid = self.plan, self.store, self.evaluation_id
@@ -194,7 +197,7 @@ class EvaluationRunner:
             settings = [_fit_masks(s, setup.truth) for s in settings]
         scored = self.scoring.score(setup, settings)
         # example images (issue 13): answers read from the settings, no target query
-        examples = build_examples(ctx, settings, scored.metrics)
+        examples = build_examples(ctx, settings, scored.metrics) if self.with_examples else []
         benchmark = self.on_scored(scored, settings, images, target) \
             if self.on_scored is not None else None
         # CANARY per attack (CAN-1..4) through the scoring service's Compute, when asked
