@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlparse
 import structlog
 from fortis.services.common import errors, grpc_options
 from fortis.services.common.api_keys import KeyEntry, KeyFileWatcher, KeyTable, new_api_key
+from fortis.services.common.limits import MAX_IMAGES_PER_REQUEST
 from fortis.services.common.quotas import CallSlots, QuotaSettings
 from fortis.services.common.server import (
     SERVICE_TENANT,
@@ -75,6 +76,9 @@ class TargetConfig:
     top_k: int = 5
     images_per_second: float = 0.0
     tenants: frozenset[str] = frozenset()
+    #: Most images the proxy sends the target in one call (``?max_batch=N``); a target that
+    #: declares a smaller ``max_batch_size`` in its info gets that.
+    max_batch: int = 64
     #: ``grpcs://``: TLS to the target (issue 9, transport security): the CA that signs its
     #: certificate (empty: the system roots), an optional client certificate and key (mTLS),
     #: and the name to verify when the certificate does not name the address.
@@ -96,25 +100,32 @@ class TargetConfig:
         try:
             rate = float(q.get("rate", 0))
             top_k = int(q.get("top_k", 5))
+            max_batch = int(q.get("max_batch", 64))
         except ValueError:
-            raise errors.InvalidArgument("target", f"bad rate or top_k in '{spec}'") from None
+            raise errors.InvalidArgument("target", f"bad rate, top_k or max_batch in "
+                                         f"'{spec[:200]}'") from None
+        if not 1 <= max_batch <= MAX_IMAGES_PER_REQUEST:
+            raise errors.InvalidArgument("target", f"max_batch must be in 1..."
+                                         f"{MAX_IMAGES_PER_REQUEST}, got {max_batch}")
         tenants = _parse_tenants(q["tenants"], spec) if "tenants" in q else frozenset()
+        common: dict[str, Any] = {"images_per_second": rate, "tenants": tenants,
+                                  "max_batch": max_batch}
         if u.scheme == "builtin":
             return cls(name=name, builtin=u.path or u.netloc, output=q.get("output", "full_scores"),
-                       top_k=top_k, images_per_second=rate, tenants=tenants)
+                       top_k=top_k, **common)
         if u.scheme == "grpc":
-            return cls(name=name, address=u.netloc, images_per_second=rate, tenants=tenants)
+            return cls(name=name, address=u.netloc, **common)
         if u.scheme == "grpcs":     # ?ca=FILE&cert=FILE&key=FILE&server_name=NAME
             if bool(q.get("cert")) != bool(q.get("key")):
                 raise errors.InvalidArgument("target", f"'{spec[:200]}': cert= and key= go "
                                              "together (the client certificate for mTLS)")
-            return cls(name=name, address=u.netloc, images_per_second=rate, tenants=tenants,
-                       tls=True, tls_ca=q.get("ca", ""), tls_cert=q.get("cert", ""),
-                       tls_key=q.get("key", ""), tls_server_name=q.get("server_name", ""))
+            return cls(name=name, address=u.netloc, tls=True, tls_ca=q.get("ca", ""),
+                       tls_cert=q.get("cert", ""), tls_key=q.get("key", ""),
+                       tls_server_name=q.get("server_name", ""), **common)
         from fortis.adapters.registry import SCHEMES
         if u.scheme in SCHEMES:
-            return cls(name=name, url=_without_param(rest, "tenants"), images_per_second=rate,
-                       tenants=tenants)
+            return cls(name=name, url=_without_param(_without_param(rest, "tenants"),
+                                                     "max_batch"), **common)
         raise errors.InvalidArgument("target", f"unknown target scheme '{u.scheme}' in '{spec}'; "
                                      f"known: builtin, grpc, grpcs, {', '.join(sorted(SCHEMES))}")
 
@@ -500,7 +511,7 @@ def start_stack(settings: StackSettings) -> Stack:
                                        limiter=RateLimiter(
                                            t.images_per_second, key=f"target:{t.name}",
                                            store=redis_store and redis_store.limiter),
-                                       tenants=t.tenants))
+                                       tenants=t.tenants, max_batch=t.max_batch))
         ledger = pg_ledger if pg_ledger is not None else Ledger(
             state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
         closers.append(ledger.close)

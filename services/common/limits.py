@@ -26,7 +26,7 @@ Pure code: protobuf messages, no gRPC.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -39,10 +39,14 @@ from google.protobuf.message import Message
 MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 #: Answer bytes one Predict call may bring back (half the message limit): a client splits a
 #: segmentation batch so its class maps (int32) and per-pixel probabilities (float16, two
-#: classes) stay under it (:func:`answer_batches`).
+#: classes) stay under it (:func:`request_batches`).
 MAX_ANSWER_BYTES_PER_CALL: Final = MAX_MESSAGE_BYTES // 2
 #: Estimated answer bytes per pixel of a segmentation answer (class map + probabilities).
 SEGMENTATION_ANSWER_BYTES_PER_PIXEL: Final = 8
+#: Raw image bytes one request may carry (half the message limit, the rest for framing,
+#: ids and the answers a perturbation call streams back): a client splits a batch of large
+#: images at it (:func:`request_batches`).
+MAX_IMAGE_BYTES_PER_CALL: Final = MAX_MESSAGE_BYTES // 2
 #: Most characters of a value quoted back in an error message.
 MAX_ECHO_CHARS: Final = 80
 #: Most field violations listed in one error.
@@ -234,21 +238,46 @@ class Limit:
         return f"{each}; {self.note}" if self.note else each
 
 
-def answer_batches(task: str, shapes: Any, limit: int) -> list[tuple[int, int]]:
-    """[start, stop) ranges of a Predict batch: at most ``limit`` images each and, for a
-    segmentation target, answers of at most :data:`MAX_ANSWER_BYTES_PER_CALL` (estimated from
-    the images' sizes), so large masks with probabilities never exceed the message limit."""
-    sizes = [int(s[0]) * int(s[1]) for s in shapes]
+def request_batches(shapes: Any, *, max_images: int = 0, task: str = "",
+                    answer_bytes_per_pixel: int = 0) -> list[tuple[int, int]]:
+    """[start, stop) ranges that split one batch of images (their H x W x C shapes) into
+    requests every service accepts, whatever the plan's batch size or the attack's rows per
+    image (:func:`byte_batches`): raw uint8 image bytes, and answers of a segmentation
+    target's class maps and probabilities (estimated from the images' sizes) or
+    ``answer_bytes_per_pixel`` given by the caller (a perturbation returns images)."""
+    per_px = answer_bytes_per_pixel or (SEGMENTATION_ANSWER_BYTES_PER_PIXEL
+                                        if task == "segmentation" else 0)
+    raw, ans = [], []
+    for s in shapes:
+        dims = [int(d) for d in s]
+        px = dims[0] * dims[1] if len(dims) >= 2 else (dims[0] if dims else 1)
+        raw.append(px * (dims[2] if len(dims) >= 3 else 1))
+        ans.append(px * per_px)
+    return byte_batches(raw, max_images=max_images, answer_bytes=ans)
+
+
+def byte_batches(request_bytes: Sequence[int], *, max_images: int = 0,
+                 answer_bytes: Sequence[int] | None = None) -> list[tuple[int, int]]:
+    """[start, stop) ranges of consecutive images, each range one request: at most
+    ``max_images`` images (0: no limit of the caller's) and never more than
+    :data:`MAX_IMAGES_PER_REQUEST`, at most :data:`MAX_IMAGE_BYTES_PER_CALL` of
+    ``request_bytes`` and :data:`MAX_ANSWER_BYTES_PER_CALL` of ``answer_bytes``. An image
+    larger than a bound alone is a request of its own (the server then names what it
+    refuses)."""
+    cap = MAX_IMAGES_PER_REQUEST if max_images <= 0 else min(int(max_images),
+                                                            MAX_IMAGES_PER_REQUEST)
+    answers = answer_bytes if answer_bytes is not None else [0] * len(request_bytes)
     out: list[tuple[int, int]] = []
-    start, used = 0, 0
-    for i, px in enumerate(sizes):
-        b = px * SEGMENTATION_ANSWER_BYTES_PER_PIXEL if task == "segmentation" else 0
-        if i > start and (i - start >= limit or used + b > MAX_ANSWER_BYTES_PER_CALL):
+    start, sent, answered = 0, 0, 0
+    for i, (raw, ans) in enumerate(zip(request_bytes, answers, strict=True)):
+        if i > start and (i - start >= cap or sent + raw > MAX_IMAGE_BYTES_PER_CALL
+                          or answered + ans > MAX_ANSWER_BYTES_PER_CALL):
             out.append((start, i))
-            start, used = i, 0
-        used += b
-    if start < len(sizes):
-        out.append((start, len(sizes)))
+            start, sent, answered = i, 0, 0
+        sent += raw
+        answered += ans
+    if start < len(request_bytes):
+        out.append((start, len(request_bytes)))
     return out
 
 

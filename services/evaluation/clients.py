@@ -27,7 +27,7 @@ from fortis.services.common.codec import (
     fill_image,
     tensor_to_array,
 )
-from fortis.services.common.limits import answer_batches
+from fortis.services.common.limits import request_batches
 from fortis.services.common.params import Param
 from fortis.services.common.server import error_from_rpc
 from fortis.services.common.surrogates import SurrogateSpec
@@ -184,7 +184,8 @@ class GrpcProxy:
         its images gives per-image errors (recorded in the ledger, scored as incorrect,
         shown in the report); any other failure ends the evaluation."""
         parts: list[Answers] = []
-        for s, e in answer_batches(task, [np.shape(a) for _, a in images], self.batch_limit):
+        for s, e in request_batches([np.shape(a) for _, a in images], max_images=self.batch_limit,
+                                    task=task):
             part = images[s:e]
             req = proxy_pb2.PredictRequest(session_id=session_id, origin=origin)
             add_images(req.images, part)            # in place (codec: fast under upb)
@@ -272,14 +273,22 @@ class GrpcPerturbation:
                 images: Sequence[tuple[str, np.ndarray]],
                 params: Mapping[str, Any] | None = None, *, surrogate: str = "",
                 labels: Sequence[int] | None = None) -> list[np.ndarray]:
-        req = ppb.ApplyPerturbationRequest(
-            perturbation_id=perturbation_id, severity=level, seed=seed, surrogate=surrogate,
-            labels=[int(x) for x in labels or ()])
-        add_images(req.images, images)
-        if params:
-            json_format.ParseDict(dict(params), req.params)
-        resp = _call(self.stub.ApplyPerturbation, req, self.md, 600)
-        return [decode_image(m, f"images[{k}]") for k, m in enumerate(resp.images)]
+        """The perturbed images, in order; a batch of large images goes as several requests
+        (``limits.request_batches``: each image's randomness is its own, so the split
+        changes no pixel)."""
+        out: list[np.ndarray] = []
+        labs = [int(x) for x in labels or ()]
+        for s, e in request_batches([np.shape(a) for _, a in images],
+                                    answer_bytes_per_pixel=4):
+            req = ppb.ApplyPerturbationRequest(
+                perturbation_id=perturbation_id, severity=level, seed=seed,
+                surrogate=surrogate, labels=labs[s:e])
+            add_images(req.images, images[s:e])
+            if params:
+                json_format.ParseDict(dict(params), req.params)
+            resp = _call(self.stub.ApplyPerturbation, req, self.md, 600)
+            out += [decode_image(m, f"images[{s + k}]") for k, m in enumerate(resp.images)]
+        return out
 
     def attack(self, attack_id: str, params: Mapping[str, Any], seed: int,
                images: Sequence[tuple[str, np.ndarray, Sequence[int]]], *,
@@ -290,11 +299,21 @@ class GrpcPerturbation:
                references: Sequence[AttackReference] | None = None,
                ensemble: Sequence[str] = (),
                surrogate_models: Sequence[SurrogateSpec] = ()) -> list[AttackOutcome]:
+        """One outcome per image, in order. A batch whose images would pass a request's
+        size goes as several RunAttack calls (``limits.request_batches``), in the same proxy
+        session."""
+        refs = list(references) if references is not None else [None] * len(images)
+        parts = request_batches([np.shape(im) for _, im, _ in images])
+        if len(parts) > 1:
+            return [o for s, e in parts for o in self.attack(
+                attack_id, params, seed, images[s:e], session_id=session_id, origin=origin,
+                surrogate=surrogate, on_result=on_result, cancelled=cancelled,
+                criterion=criterion, references=refs[s:e], ensemble=ensemble,
+                surrogate_models=surrogate_models)]
         req = ppb.RunAttackRequest(
             attack_id=attack_id, seed=seed, proxy_session_id=session_id,
             origin=origin, surrogate=surrogate, ensemble=list(ensemble),
             surrogate_models=[surrogate_model(s) for s in surrogate_models])
-        refs = list(references) if references is not None else [None] * len(images)
         for (i, im, lab), ref in zip(images, refs, strict=True):
             li = req.images.add()
             fill_image(li.image, i, im, raw=True)

@@ -21,7 +21,7 @@ from fortis.common.v1 import common_pb2
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors
 from fortis.services.common.codec import add_images, dense_scores, tensor_to_array
-from fortis.services.common.limits import answer_batches
+from fortis.services.common.limits import request_batches
 from fortis.services.common.server import error_from_rpc
 from fortis.services.perturbation.judges import (
     Answer,
@@ -85,11 +85,13 @@ class ProxyQueryClient:
         self.signal = signal_of_output(output_kind)
 
     def _predict(self, images: np.ndarray, image_ids: Sequence[str]) -> list:
-        """One Predict call; a segmentation batch whose answers would pass the message limit
-        is split (``limits.answer_batches``; a refusal of a later call stops the whole batch,
-        the earlier answers stay in the ledger as answered)."""
+        """Predict calls for one query of an attack: split where the rows would pass a
+        request's image count or size, or a segmentation batch's answers the message limit
+        (``limits.request_batches``: an attack asking for images x rows per image beyond
+        them still runs); a refusal of a later call stops the whole batch, the earlier
+        answers stay in the ledger as answered."""
         out: list = []
-        for s, e in answer_batches(self.task, [im.shape for im in images], len(images) or 1):
+        for s, e in request_batches([im.shape for im in images], task=self.task):
             req = proxy_pb2.PredictRequest(session_id=self.session_id, origin=self.origin)
             add_images(req.images, zip(image_ids[s:e], images[s:e], strict=True))  # in place
             try:

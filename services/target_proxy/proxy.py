@@ -47,6 +47,7 @@ from fortis.common.v1 import common_pb2
 from fortis.services.common import errors
 from fortis.services.common.codec import image_sha256, summarize
 from fortis.services.common.errors import code_for
+from fortis.services.common.limits import byte_batches
 from fortis.services.common.stopping import StopCheck, never
 from fortis.services.target_proxy.ledger import (
     IN_FLIGHT,
@@ -136,12 +137,29 @@ class TargetEntry:
     name: str
     backend: TargetBackend
     limiter: RateLimiter
+    #: Most images in one call to the target: the operator's cap (``?max_batch=N``), lowered
+    #: to what the target declares (``TargetInfo.input.max_batch_size``) once known.
     max_batch: int = 64
-    #: Tenants allowed to use this target (issue 9); empty = every tenant.
+    #: Tenants allowed to use this target; empty = every tenant.
     tenants: frozenset[str] = frozenset()
+    #: The target's own ``max_batch_size`` (0: it declares none), read from its info on the
+    #: first call that needs it; None until then.
+    declared_batch: int | None = None
 
     def allows(self, tenant: str) -> bool:
         return not self.tenants or tenant in self.tenants
+
+    def batch_limit(self) -> int:
+        """Images per call to the target: the operator's cap and the target's declared
+        maximum, whichever is smaller. The declared one is read once; a target that cannot
+        be asked now is sent the operator's cap and asked again at the next call."""
+        if self.declared_batch is None:
+            try:
+                self.declared_batch = max(0, int(self.backend.info().input.max_batch_size))
+            except errors.FortisError:
+                return max(1, self.max_batch)
+        declared = self.declared_batch
+        return max(1, min(self.max_batch, declared) if declared else self.max_batch)
 
 
 @dataclass
@@ -439,7 +457,7 @@ class TargetProxy:
         tenant_limiter = self.tenant_limits.limiter_for(rec.tenant)
         limiter: Limiter = entry.limiter if tenant_limiter.unlimited else \
             CompositeLimiter(entry.limiter, tenant_limiter)
-        chunk = max(1, min(entry.max_batch, limiter.max_chunk()))
+        chunk = max(1, min(entry.batch_limit(), limiter.max_chunk()))
         sent = 0
 
         def sent_up_to(k: int) -> Callable[[], None]:
@@ -449,11 +467,10 @@ class TargetProxy:
             return mark
 
         try:
-            for start in range(0, n, chunk):
-                part = images[start:start + chunk]
-                predictions += self._send(entry, budget, origin, part,
-                                          sent_up_to(start + len(part)), limiter, hold,
-                                          should_stop)
+            for start, stop in byte_batches([img.ByteSize() for img in images],
+                                            max_images=chunk):
+                predictions += self._send(entry, budget, origin, images[start:stop],
+                                          sent_up_to(stop), limiter, hold, should_stop)
         finally:
             hold.release()      # what was held for images never sent
             if sent < n:

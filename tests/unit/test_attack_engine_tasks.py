@@ -145,11 +145,33 @@ def test_ground_truth_without_objects_reaches_the_perturbation_service():
 def test_segmentation_predict_batches_stay_under_the_message_limit():
     """Class maps with per-pixel probabilities double a segmentation answer (8 bytes per
     pixel): a Predict batch is split so its answers stay under half the message limit."""
-    from fortis.services.common.limits import MAX_ANSWER_BYTES_PER_CALL, answer_batches
+    from fortis.services.common.limits import MAX_ANSWER_BYTES_PER_CALL, request_batches
 
-    parts = answer_batches("segmentation", [(512, 512, 3)] * 40, 64)
+    parts = request_batches([(512, 512, 3)] * 40, max_images=64, task="segmentation")
     assert parts == [(0, 16), (16, 32), (32, 40)]
     assert all((e - s) * 512 * 512 * 8 <= MAX_ANSWER_BYTES_PER_CALL for s, e in parts)
-    assert answer_batches("segmentation", [(5000, 5000, 3)] * 2, 64) == [(0, 1), (1, 2)]
-    assert answer_batches("classification", [(28, 28, 1)] * 5, 2) == [(0, 2), (2, 4), (4, 5)]
-    assert answer_batches("detection", [], 8) == []
+    assert request_batches([(5000, 5000, 3)] * 2, max_images=64, task="segmentation") == \
+        [(0, 1), (1, 2)]
+    assert request_batches([(28, 28, 1)] * 5, max_images=2) == [(0, 2), (2, 4), (4, 5)]
+    assert request_batches([], max_images=8, task="detection") == []
+
+
+def test_batches_never_pass_the_request_limits():
+    """An attack's query of images x rows per image, or a plan's largest batch of large
+    images, is split at the per-request image count and the request's byte bound, whatever
+    the caller's own limit (1,150 Fashion-MNIST rows of NES used to be one refused call)."""
+    from fortis.services.common.limits import (
+        MAX_IMAGE_BYTES_PER_CALL,
+        MAX_IMAGES_PER_REQUEST,
+        byte_batches,
+        request_batches,
+    )
+
+    rows = request_batches([(28, 28, 1)] * 1150)
+    assert rows == [(0, MAX_IMAGES_PER_REQUEST), (MAX_IMAGES_PER_REQUEST, 1150)]
+    big = request_batches([(224, 224, 3)] * 1024, max_images=1024)
+    assert len(big) > 1 and big[-1][1] == 1024
+    assert all((e - s) * 224 * 224 * 3 <= MAX_IMAGE_BYTES_PER_CALL for s, e in big)
+    assert [e - s for s, e in byte_batches([10] * 10, max_images=4)] == [4, 4, 2]
+    huge = MAX_IMAGE_BYTES_PER_CALL + 1          # alone in its request: the server names it
+    assert byte_batches([huge, 1, 1]) == [(0, 1), (1, 3)]
