@@ -110,7 +110,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         return _run_plan(demo_plan_text(), Path(ns.out), ns)
     import subprocess
 
-    from fortis.adapters.vision_demo import demo_plan, write_demo_manifest
+    from fortis.adapters.vision_demo import demo_plan, describe, write_demo_manifest
 
     # The detection/segmentation models install on first use (about 30 s).
     setup = Path(__file__).resolve().parents[2] / "scripts" / "setup_vision.sh"
@@ -123,6 +123,8 @@ def cmd_demo(ns: argparse.Namespace) -> int:
             err(f"installing the vision models failed:\n{r.stderr[-2000:]}")
             return EXIT_FAILED
     manifest = write_demo_manifest(ns.task, Path(ns.out) / "data")
+    if not ns.quiet:
+        print(f"Demo data: {describe(ns.task)}; written to {manifest.parent}", file=sys.stderr)
     # the demo's data folder is the embedded server's data root; the plan names the manifest in it
     return _run_plan(demo_plan(ns.task, Path(manifest.name)), Path(ns.out), ns,
                      data_root=manifest.parent)

@@ -183,6 +183,10 @@ MAX_REPORT_EXAMPLES: Final = 200
 #: Bytes of one example PNG, and its largest side in pixels.
 MAX_EXAMPLE_PNG_BYTES: Final = 1 << 20
 MAX_EXAMPLE_SIDE: Final = 4096
+#: Boxes one example draws per list (ground truth, clean answer, perturbed answer).
+MAX_EXAMPLE_BOXES: Final = 200
+#: Classes of interest one segmentation example's masks name (values 1..255 of an 8-bit PNG).
+MAX_EXAMPLE_MASK_CLASSES: Final = 255
 
 # -- Struct parameters -----------------------------------------------------------------------
 #: Nesting depth of a ``google.protobuf.Struct`` of parameters (Struct = 1).
@@ -479,6 +483,26 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
     "fortis.report.v1.ExampleImage.perturbed_png": Limit(
         "bytes", length=MAX_EXAMPLE_PNG_BYTES,
         note="as original_png, and of the same size"),
+    "fortis.report.v1.ExampleImage.truth_mask_png": Limit(
+        "bytes", length=MAX_EXAMPLE_PNG_BYTES,
+        note="an 8-bit grey PNG the images' size, values at most the number of mask_classes"),
+    "fortis.report.v1.ExampleImage.original_mask_png": Limit(
+        "bytes", length=MAX_EXAMPLE_PNG_BYTES, note="as truth_mask_png"),
+    "fortis.report.v1.ExampleImage.perturbed_mask_png": Limit(
+        "bytes", length=MAX_EXAMPLE_PNG_BYTES, note="as truth_mask_png"),
+    "fortis.report.v1.ExampleImage.mask_classes": Limit(
+        "text", length=MAX_TEXT_CHARS, entries=MAX_EXAMPLE_MASK_CLASSES,
+        note="printed in the report"),
+    "fortis.report.v1.ExampleImage.truth_boxes": _list(
+        MAX_EXAMPLE_BOXES, note="drawn on the example; finite, x_min <= x_max, y_min <= y_max"),
+    "fortis.report.v1.ExampleImage.original_boxes": _list(
+        MAX_EXAMPLE_BOXES, note="as truth_boxes"),
+    "fortis.report.v1.ExampleImage.perturbed_boxes": _list(
+        MAX_EXAMPLE_BOXES, note="as truth_boxes"),
+    _SC + "SettingVerdicts.correct": Limit(
+        "bytes", length=MAX_EVALUATION_IMAGES // 8,
+        note="one bit per image; not read by the report service (the evaluation service "
+             "sends none)"),
     # scoring: ScoreEvaluation
     _SC + "ScoreEvaluationRequest.setup": _MSG,
     _SC + "ScoreEvaluationRequest.setting": _MSG,
@@ -588,6 +612,7 @@ ECHO_MESSAGES: Final = frozenset({
     _SC + "SettingErrors", _PERT + "LevelParameters", _PERT + "NamedValue",
     _PERT + "NumberList", _PERT + "Characterisation", _SC + "QueryCurvePoint",
     "fortis.report.v1.ExampleImage",
+    "fortis.report.v1.ExampleBox", _SC + "SettingVerdicts",
 })
 ECHO_TEXT: Final = _text(MAX_TEXT_CHARS, note="printed in the report")
 ECHO_LIST: Final = _list(MAX_REPORT_ENTRIES, note="printed in the report")

@@ -24,13 +24,20 @@ from fortis.services.common.limits import (
     MAX_REPORT_EXAMPLES,
 )
 from fortis.services.evaluation.answers import ClassAnswers, DetectionAnswers, SegmentationAnswers
-from fortis.services.evaluation.ports import Example, ReportInput, ScoringSetup, Setting, Summary
+from fortis.services.evaluation.ports import (
+    Example,
+    ExampleBox,
+    ReportInput,
+    ScoringSetup,
+    Setting,
+    Summary,
+)
 from google.protobuf import json_format, timestamp_pb2
 from PIL import Image
 
 __all__ = ["attack_criterion", "correctness_rule", "detection_criterion", "example_image",
            "example_images", "fill_reference", "png_bytes", "report_parts", "scoring_setup",
-           "segmentation_criterion", "setting", "summary"]
+           "segmentation_criterion", "setting", "setting_verdicts", "summary"]
 
 _MODES = {"top1": spb.CORRECTNESS_MODE_TOP1, "topk": spb.CORRECTNESS_MODE_TOPK,
           "threshold": spb.CORRECTNESS_MODE_THRESHOLD}
@@ -239,6 +246,32 @@ def _level_rows(info: Any, levels: Sequence[int]) -> list[Any]:
     return [rows[lv] for lv in levels if lv in rows]
 
 
+def setting_verdicts(metrics: Any) -> dict[tuple[str, str, int], np.ndarray]:
+    """The scoring service's per-image verdicts (``ScoreEvaluationResponse.verdicts``) by
+    setting ``(kind, name, level)``: (n,) bool over the setting's covered images. Empty
+    when the answer carries none (e.g. an older scoring service)."""
+    out: dict[tuple[str, str, int], np.ndarray] = {}
+    names = {v: k for k, v in _KINDS.items()}
+    for v in getattr(metrics, "verdicts", None) or ():
+        kind = names.get(v.kind)
+        if kind is None or v.count < 0 or len(v.correct) != -(-v.count // 8):
+            continue
+        bits = np.unpackbits(np.frombuffer(v.correct, dtype=np.uint8), count=v.count)
+        out[(kind, v.name, int(v.level))] = bits.astype(bool)
+    return out
+
+
+def _without_verdicts(metrics: Any) -> Any:
+    """The scoring answer as the report gets it: the per-image verdicts stay here (the
+    examples carry the few the page shows)."""
+    if not isinstance(metrics, spb.ScoreEvaluationResponse) or not metrics.verdicts:
+        return metrics
+    out = spb.ScoreEvaluationResponse()
+    out.CopyFrom(metrics)
+    out.ClearField("verdicts")
+    return out
+
+
 def report_parts(r: ReportInput) -> rpb.ReportParts:
     plan, t = r.plan, r.target
     target = rpb.TargetReport(
@@ -258,7 +291,7 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
                                         organisation=getattr(plan, k).organisation)
                            for k in ("requester", "tester", "provider")}),
         environment=rpb.Environment(seed=int(plan.seed), **dict(r.environment)),
-        metrics=r.metrics,
+        metrics=_without_verdicts(r.metrics),
         ledger=rpb.LedgerSummary(sessions=dict(r.ledger.sessions),
                                  total_queries=sum(r.ledger.sessions.values()),
                                  aborted_attempt_sessions=dict(r.ledger.aborted),
@@ -336,17 +369,54 @@ def _shrunk(image: np.ndarray, factor: int) -> np.ndarray:
     return out[:, :, None] if grey else out
 
 
-def example_image(e: Example) -> rpb.ExampleImage | None:
+_VERDICTS = {None: rpb.EXAMPLE_VERDICT_UNSPECIFIED, True: rpb.EXAMPLE_VERDICT_CORRECT,
+             False: rpb.EXAMPLE_VERDICT_INCORRECT}
+#: An example is shown reduced, rather than left out, down to this many pixels on its longer
+#: side when the report's byte budget runs short.
+_MIN_REDUCED_SIDE = 32
+
+
+def _boxes(boxes: Sequence[ExampleBox], factor: int) -> list[rpb.ExampleBox]:
+    out = []
+    for b in boxes:
+        x1, y1, x2, y2 = (float(v) / factor for v in b.box)
+        msg = rpb.ExampleBox(x_min=x1, y_min=y1, x_max=x2, y_max=y2, label=b.label[:200])
+        if b.score is not None and np.isfinite(b.score):
+            msg.score = float(b.score)
+        out.append(msg)
+    return out
+
+
+def _mask_png(mask: np.ndarray | None, factor: int, shape: tuple[int, ...]) -> bytes:
+    """A class-slot map reduced as its images are (every ``factor``-th pixel: no new
+    values), as an 8-bit grey PNG; b"" when absent or not on the image's grid."""
+    if mask is None:
+        return b""
+    m = np.asarray(mask)
+    if m.ndim != 2 or m.dtype != np.uint8:
+        return b""
+    m = m[::factor, ::factor]
+    return png_bytes(m) if m.shape == tuple(shape[:2]) else b""
+
+
+def _size(msg: rpb.ExampleImage) -> int:
+    return len(msg.original_png) + len(msg.perturbed_png) + len(msg.truth_mask_png) + \
+        len(msg.original_mask_png) + len(msg.perturbed_mask_png)
+
+
+def example_image(e: Example, *, factor: int = 1) -> rpb.ExampleImage | None:
     """An example as the report's ExampleImage: both images as PNG within the report
-    service's bounds. An image over them is shown reduced (both alike, and the note says
-    so); an example whose two images differ in size, or that cannot be encoded, is None."""
+    service's bounds, reduced ``factor`` times at least. An image over them is shown reduced
+    (both alike, with the boxes and masks drawn on them, and the note says so); an example
+    whose two images differ in size, or that cannot be encoded, is None."""
     original, perturbed = np.asarray(e.original), np.asarray(e.perturbed)
     if original.shape[:2] != perturbed.shape[:2] or original.ndim < 2:
         return None
     h, w = original.shape[:2]
-    factor = max(1, -(-max(h, w) // EXAMPLE_MAX_SIDE))
+    factor = max(1, factor, -(-max(h, w) // EXAMPLE_MAX_SIDE))
     while factor <= 64:
-        o, p = png_bytes(_shrunk(original, factor)), png_bytes(_shrunk(perturbed, factor))
+        small = _shrunk(original, factor)
+        o, p = png_bytes(small), png_bytes(_shrunk(perturbed, factor))
         if len(o) <= EXAMPLE_PNG_BYTES and len(p) <= EXAMPLE_PNG_BYTES:
             note = e.note
             if factor > 1:
@@ -358,31 +428,72 @@ def example_image(e: Example) -> rpb.ExampleImage | None:
                 original_png=o, perturbed_png=p,
                 original_answer=e.original_answer[:_EXAMPLE_TEXT],
                 perturbed_answer=e.perturbed_answer[:_EXAMPLE_TEXT],
-                note=note[:_EXAMPLE_TEXT], target=e.target[:_EXAMPLE_TEXT])
+                note=note[:_EXAMPLE_TEXT], target=e.target[:_EXAMPLE_TEXT],
+                original_verdict=_VERDICTS[e.original_correct],
+                perturbed_verdict=_VERDICTS[e.perturbed_correct],
+                truth_boxes=_boxes(e.truth_boxes, factor),
+                original_boxes=_boxes(e.original_boxes, factor),
+                perturbed_boxes=_boxes(e.perturbed_boxes, factor),
+                truth_mask_png=_mask_png(e.truth_mask, factor, small.shape),
+                original_mask_png=_mask_png(e.original_mask, factor, small.shape),
+                perturbed_mask_png=_mask_png(e.perturbed_mask, factor, small.shape),
+                mask_classes=[c[:200] for c in e.mask_classes])
         factor *= 2
     return None
 
 
+def _reduction(msg: rpb.ExampleImage, e: Example) -> int:
+    """How many times ``msg`` shows ``e``'s images reduced."""
+    with Image.open(io.BytesIO(msg.original_png)) as im:
+        shown = im.size[0]
+    return max(1, round(np.asarray(e.original).shape[1] / max(shown, 1)))
+
+
+def _encoded(e: Example, factor: int) -> rpb.ExampleImage | None:
+    try:
+        return example_image(e, factor=factor)
+    except (ValueError, KeyError, OSError):
+        return None
+
+
+def _side(e: Example) -> int:
+    return int(max(np.asarray(e.original).shape[:2], default=0))
+
+
 def example_images(examples: Sequence[Example]) -> list[rpb.ExampleImage]:
     """The examples that fit the report, in their order: at most :data:`EXAMPLE_COUNT` and
-    :data:`EXAMPLES_TOTAL_BYTES` of PNG together, attacks first, then failure points, then
-    corruptions when not all fit (a corruption sweep of large photos must not crowd out the
-    attacks); one that cannot be made is left out."""
+    :data:`EXAMPLES_TOTAL_BYTES` of PNG together. Attacks first, then failure points, each
+    at full size unless what is left of the budget needs it reduced; then the corruption
+    sweep, all its examples reduced alike (2, 4, ... times, down to a 32-pixel side) until
+    they fit together, so every setting the report's tables list keeps its picture (the
+    same clean photo on every cell used to crowd out the last corruptions). One that cannot
+    be made, or fits in no size, is left out."""
     first = {"attack": 0, "degradation": 1}
+    order = sorted(range(len(examples)), key=lambda k: (first.get(examples[k].kind, 2), k))
     kept: dict[int, rpb.ExampleImage] = {}
     total = 0
-    for k in sorted(range(len(examples)), key=lambda k: (first.get(examples[k].kind, 2), k)):
-        if len(kept) >= EXAMPLE_COUNT:
+    for k in [k for k in order if examples[k].kind in first][:EXAMPLE_COUNT]:
+        e, factor = examples[k], 1
+        while (msg := _encoded(e, factor)) is not None:
+            if total + _size(msg) <= EXAMPLES_TOTAL_BYTES:
+                total += _size(msg)
+                kept[k] = msg
+                break
+            factor = 2 * _reduction(msg, e)
+            if _side(e) // factor < _MIN_REDUCED_SIDE:
+                break
+    sweep = [k for k in order if examples[k].kind not in first][:EXAMPLE_COUNT - len(kept)]
+    factor = 1
+    while sweep:
+        msgs = {k: _encoded(examples[k], factor) for k in sweep}
+        size = sum(_size(m) for m in msgs.values() if m is not None)
+        if total + size <= EXAMPLES_TOTAL_BYTES or \
+                max(_side(examples[k]) for k in sweep) // (2 * factor) < _MIN_REDUCED_SIDE:
             break
-        try:
-            msg = example_image(examples[k])
-        except (ValueError, KeyError, OSError):
-            continue
-        if msg is None:
-            continue
-        size = len(msg.original_png) + len(msg.perturbed_png)
-        if total + size > EXAMPLES_TOTAL_BYTES:
-            continue
-        total += size
-        kept[k] = msg
+        factor *= 2
+    for k in sweep:
+        msg = msgs[k]
+        if msg is not None and total + _size(msg) <= EXAMPLES_TOTAL_BYTES:
+            total += _size(msg)
+            kept[k] = msg
     return [kept[k] for k in sorted(kept)]

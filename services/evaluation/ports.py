@@ -17,7 +17,8 @@ from fortis.services.common.params import Param
 from fortis.services.common.surrogates import SurrogateSpec
 from fortis.services.evaluation.answers import Answers
 
-__all__ = ["AttackEntry", "AttackOutcome", "Catalogue", "CataloguePort", "LedgerSummary",
+__all__ = ["AttackEntry", "AttackOutcome", "Catalogue", "CataloguePort", "ExampleBox",
+           "LedgerSummary",
            "PerturbationEntry", "PerturbationPort", "ProxyPort", "ReportInput", "ReportPort",
            "Scored", "ScoringPort", "ScoringSetup", "Setting", "Summary", "TargetDescription",
            "TestDefinition"]
@@ -237,10 +238,26 @@ class LedgerSummary:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExampleBox:
+    """A box drawn on an example image: pixel ``(x_min, y_min, x_max, y_max)`` in the
+    example's images, its class in words, the target's confidence (None: ground truth, or a
+    target that gives none)."""
+
+    box: tuple[float, float, float, float]
+    label: str = ""
+    score: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Example:
     """One example image for the report (issue 13): ``kind`` "corruption" (a severity on a
     sample image), "attack" (original / adversarial) or "degradation" (a DEG-4 failure
-    point's level). Images are uint8 H x W x C (C 1 or 3) as the target received them."""
+    point's level). Images are uint8 H x W x C (C 1 or 3) as the target received them.
+
+    ``original_correct`` / ``perturbed_correct``: how the plan's correctness rule judged the
+    two answers (the scoring service's per-image verdicts; None: not judged). Detection
+    examples carry the ground truth and both answers' boxes; segmentation examples H x W
+    maps the images' size (0: no class of interest, k: ``mask_classes[k - 1]``)."""
 
     kind: str
     setting: str
@@ -252,6 +269,15 @@ class Example:
     perturbed_answer: str = ""
     note: str = ""
     target: str = ""
+    original_correct: bool | None = None
+    perturbed_correct: bool | None = None
+    truth_boxes: tuple[ExampleBox, ...] = ()
+    original_boxes: tuple[ExampleBox, ...] = ()
+    perturbed_boxes: tuple[ExampleBox, ...] = ()
+    truth_mask: np.ndarray | None = None
+    original_mask: np.ndarray | None = None
+    perturbed_mask: np.ndarray | None = None
+    mask_classes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

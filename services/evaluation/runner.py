@@ -197,7 +197,8 @@ class EvaluationRunner:
             settings = [_fit_masks(s, setup.truth) for s in settings]
         scored = self.scoring.score(setup, settings)
         # example images (issue 13): answers read from the settings, no target query
-        examples = build_examples(ctx, settings, scored.metrics) if self.with_examples else []
+        examples = build_examples(ctx, settings, scored.metrics, truths=setup.truth) \
+            if self.with_examples else []
         benchmark = self.on_scored(scored, settings, images, target) \
             if self.on_scored is not None else None
         # CANARY per attack (CAN-1..4) through the scoring service's Compute, when asked

@@ -27,7 +27,9 @@ applicable" stays distinguishable from "zero". Sentences come from
     evaluation          id, started, finished, started_at, ended_at, duration_s, images, ...
     repeat              command, plan_file, seeds, instructions                IEEE-P4
     examples            example images: kind, setting, level, image_id, target, original,
-                        perturbed, difference (PNG data URIs), answers, note  (issue 13)
+                        perturbed, difference (PNG data URIs), answers, note  (issue 13);
+                        the rule's verdicts on both answers (IEEE-C1..C5), detection boxes
+                        (ground truth, clean and perturbed answers), segmentation masks
 
 Pure domain code: protobuf messages in, dicts out; no gRPC. Bad or missing parts raise
 ``InvalidArgument`` naming the field (``parts.metrics.ieee``), which the server maps to
@@ -53,6 +55,8 @@ from fortis.common.v1 import common_pb2
 from fortis.report.v1 import report_pb2
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import (
+    MAX_EXAMPLE_BOXES,
+    MAX_EXAMPLE_MASK_CLASSES,
     MAX_EXAMPLE_PNG_BYTES,
     MAX_EXAMPLE_SIDE,
     MAX_REPORT_EXAMPLES,
@@ -406,13 +410,98 @@ def _example_text(value: str, field: str) -> str | None:
     return value or None
 
 
-def _examples(examples: Sequence[report_pb2.ExampleImage]) -> list[dict[str, Any]]:
+_VERDICTS: Final = {report_pb2.EXAMPLE_VERDICT_UNSPECIFIED: None,
+                    report_pb2.EXAMPLE_VERDICT_CORRECT: "correct",
+                    report_pb2.EXAMPLE_VERDICT_INCORRECT: "incorrect"}
+
+
+def _example_boxes(boxes: Sequence[report_pb2.ExampleBox], field: str) -> list[dict[str, Any]]:
+    """Boxes to draw: at most :data:`MAX_EXAMPLE_BOXES`, finite, x_max >= x_min and y_max >=
+    y_min; ``{box: [x_min, y_min, x_max, y_max], label, score (None: not given)}``."""
+    if len(boxes) > MAX_EXAMPLE_BOXES:
+        raise InvalidArgument(field, f"{len(boxes)} boxes; at most {MAX_EXAMPLE_BOXES} are "
+                                     "accepted")
+    out = []
+    for n, b in enumerate(boxes):
+        xyxy = [float(b.x_min), float(b.y_min), float(b.x_max), float(b.y_max)]
+        if not all(math.isfinite(v) for v in xyxy) or xyxy[2] < xyxy[0] or xyxy[3] < xyxy[1]:
+            raise InvalidArgument(f"{field}[{n}]", f"a box needs finite x_min <= x_max and "
+                                                   f"y_min <= y_max, got {xyxy}")
+        score = float(b.score) if b.HasField("score") else None
+        if score is not None and not math.isfinite(score):
+            raise InvalidArgument(f"{field}[{n}].score", "must be finite")
+        out.append({"box": xyxy, "label": _example_text(b.label, f"{field}[{n}].label") or "",
+                    "score": score})
+    return out
+
+
+def _example_mask(data: bytes, field: str, shape: tuple[int, ...], classes: int) -> str | None:
+    """A class-slot mask (0: no class of interest, k: the k-th): an 8-bit grey PNG the
+    images' size with no value above ``classes``, re-encoded; None when not given."""
+    if not data:
+        return None
+    mask = _decode_png(data, field)
+    if mask.ndim != 2:
+        raise InvalidArgument(field, "an 8-bit grey PNG (one value per pixel) is needed")
+    if mask.shape != tuple(shape[:2]):
+        raise InvalidArgument(field, f"{mask.shape[1]}x{mask.shape[0]} pixels; the images are "
+                                     f"{shape[1]}x{shape[0]}")
+    top = int(mask.max()) if mask.size else 0
+    if top > classes:
+        raise InvalidArgument(field, f"value {top} but {classes} mask_classes")
+    return _png_uri(mask)
+
+
+def _example_marks(e: report_pb2.ExampleImage, path: str, shape: tuple[int, ...],
+                   task: str | None) -> dict[str, Any]:
+    """How the rule judged an example's answers (both keys when either is judged) and what
+    the page draws on it: boxes in a detection report, masks in a segmentation report
+    (masks and boxes another task's example carries are refused: nothing draws them)."""
+    if len(e.mask_classes) > MAX_EXAMPLE_MASK_CLASSES:
+        raise InvalidArgument(f"{path}.mask_classes", f"{len(e.mask_classes)} classes; at "
+                                                      f"most {MAX_EXAMPLE_MASK_CLASSES} are "
+                                                      "accepted")
+    classes = [_example_text(c, f"{path}.mask_classes[{n}]") or ""
+               for n, c in enumerate(e.mask_classes)]
+    out: dict[str, Any] = {}
+    verdicts = (_VERDICTS.get(e.original_verdict), _VERDICTS.get(e.perturbed_verdict))
+    if any(verdicts):
+        out["original_verdict"], out["perturbed_verdict"] = verdicts
+    for side in ("truth", "original", "perturbed"):
+        boxes = _example_boxes(getattr(e, f"{side}_boxes"), f"{path}.{side}_boxes")
+        if boxes and task != "detection":
+            raise InvalidArgument(f"{path}.{side}_boxes", f"boxes are drawn in detection "
+                                                          f"reports; this target's task is {task}")
+        if task == "detection":
+            out[f"{side}_boxes"] = boxes
+    for side in ("truth", "original", "perturbed"):
+        mask = _example_mask(getattr(e, f"{side}_mask_png"), f"{path}.{side}_mask_png", shape,
+                             len(classes))
+        if mask is not None and task != "segmentation":
+            raise InvalidArgument(f"{path}.{side}_mask_png", f"masks are drawn in segmentation "
+                                                             f"reports; this target's task is "
+                                                             f"{task}")
+        if task == "segmentation":
+            out[f"{side}_mask"] = mask
+    if task == "segmentation":
+        out["mask_classes"] = classes
+    return out
+
+
+def _examples(examples: Sequence[report_pb2.ExampleImage],
+              task: str | None = None) -> list[dict[str, Any]]:
     """The report's example images (issue 13): corruptions per severity (IEEE-A1..A6), attack
     original / adversarial / amplified difference (IEEE-A7, A8), DEG-4 failure points. Each:
     ``{kind, setting, level (None for attacks), image_id, target, original, perturbed,
-    difference (data URIs of PNGs), original_answer, perturbed_answer, note}``. The bytes
-    are a caller's: bounded, decoded and re-encoded (``_decode_png``); a bad one raises
-    InvalidArgument naming it (``parts.examples[3].perturbed_png``)."""
+    difference (data URIs of PNGs), original_answer, perturbed_answer, note}``; when the
+    rule's verdicts are given, ``original_verdict`` and ``perturbed_verdict`` ("correct" /
+    "incorrect" by the plan's rule, None: not judged); in a detection report (``task``)
+    ``truth_boxes``, ``original_boxes``, ``perturbed_boxes`` ([{box: pixel xyxy, label,
+    score}]); in a segmentation report ``truth_mask``, ``original_mask``, ``perturbed_mask``
+    (data URIs of 8-bit PNGs, 0: no class of interest, k: ``mask_classes[k - 1]``; None: not
+    given) and ``mask_classes``. The bytes are a caller's: bounded, decoded and re-encoded
+    (``_decode_png``); a bad one raises InvalidArgument naming it
+    (``parts.examples[3].perturbed_png``)."""
     if len(examples) > MAX_EXAMPLES:
         raise InvalidArgument("parts.examples", f"{len(examples)} examples; at most "
                                                 f"{MAX_EXAMPLES} are accepted")
@@ -441,6 +530,7 @@ def _examples(examples: Sequence[report_pb2.ExampleImage]) -> list[dict[str, Any
             "original_answer": _example_text(e.original_answer, f"{path}.original_answer"),
             "perturbed_answer": _example_text(e.perturbed_answer, f"{path}.perturbed_answer"),
             "note": _example_text(e.note, f"{path}.note"),
+            **_example_marks(e, path, original.shape, task),
         })
     return out
 
@@ -527,7 +617,8 @@ def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
                    "seeds_in_plan": True,
                    "instructions": prose.repeat_instructions(_PLAN_FILE, _REPEAT_COMMAND)},
     }
-    report["examples"] = _examples(parts.examples)      # issue 13: example images
+    report["examples"] = _examples(parts.examples,      # issue 13: example images
+                                   enum_text(parts.target, "task"))
     if parts.HasField("benchmark"):     # multi-target plans (CAN-5/7/8/10)
         report["benchmark"] = open_part(parts.benchmark, "parts.benchmark")
     _canary(parts, report)      # CAN-1..4 when the plan asked; PER-4 / curves metrics_used

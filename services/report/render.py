@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Final, TypeGuard
 
 import jinja2
-from fortis.services.report import figures
+from fortis.services.report import annotate, figures
 
 __all__ = ["render_html", "report_json", "write_report"]
 
@@ -331,7 +331,8 @@ def _corruptions(corruptions: Mapping[str, Any], accuracy: Any,
                [(int(s), _map(nodes[name].get(s)).get("robustness"),
                  *(_map(nodes[name].get(s)).get("ci95") or [None, None])[:2])
                 for s in _severity_keys(nodes[name])]) for name in order]
-    grid = _corruption_grid(order, examples.get("corruption") or {})
+    grid = _corruption_grid(order, examples.get("corruption") or {},
+                            {name: set(_severity_keys(node)) for name, node in nodes.items()})
     return {"severities": sevs, "rows": rows,
             "figure": _chart(figures.corruption_overview(series, accuracy)),
             "grid": grid}
@@ -353,13 +354,77 @@ def _changed(original: Any, perturbed: Any) -> bool:
     return _answer_label(original) != _answer_label(perturbed)
 
 
-def _example(ex: Mapping[str, Any]) -> dict[str, Any] | None:
-    """One example image as the page shows it; None when its perturbed image is unusable."""
+def _boxes(value: Any) -> tuple[Mapping[str, Any], ...]:
+    return tuple(b for b in _list(value) if isinstance(b, Mapping))
+
+
+def _drawn_uri(image: str, boxes: str, truth_boxes: str, mask: str | None,
+               truth_mask: str | None, truth_labels: bool) -> str | None:
+    """One drawn example image (:func:`annotate.draw`) as a data URI; None when the image
+    does not decode."""
+    arr = annotate.decode_uri(image)
+    if arr is None:
+        return None
+    m = annotate.decode_uri(mask) if mask else None
+    t = annotate.decode_uri(truth_mask) if truth_mask else None
+    return annotate.png_uri(annotate.draw(
+        arr, boxes=json.loads(boxes), truth_boxes=json.loads(truth_boxes),
+        mask=m if m is not None and m.ndim == 2 else None,
+        truth_mask=t if t is not None and t.ndim == 2 else None, truth_labels=truth_labels))
+
+
+def _drawn(ex: Mapping[str, Any], cache: dict[tuple[Any, ...], str | None]
+           ) -> dict[str, str | None] | None:
+    """A detection / segmentation example's three panels as the page shows them: the
+    ground truth on the clean image, the clean answer and the answer on the image the
+    target received (each over the ground truth's outline); None for an example without
+    boxes or masks (classification). ``cache``: the page's panels drawn so far (a sample
+    image's clean panels repeat on every corruption)."""
+    truth = _boxes(ex.get("truth_boxes"))
+    answers = {side: _boxes(ex.get(f"{side}_boxes")) for side in ("original", "perturbed")}
+    masks = {side: ex.get(f"{side}_mask") if _image(ex.get(f"{side}_mask")) else None
+             for side in ("truth", "original", "perturbed")}
+    if not any(f"{side}_{what}" in ex for side in ("truth", "original", "perturbed")
+               for what in ("boxes", "mask")):
+        return None
+    original, perturbed = _image(ex.get("original")), _image(ex.get("perturbed"))
+
+    def one(image: str | None, boxes: tuple[Mapping[str, Any], ...], mask: str | None,
+            truth_labels: bool = False) -> str | None:
+        if image is None:
+            return None
+        try:
+            key = (image, json.dumps(boxes, default=str), json.dumps(truth, default=str),
+                   mask, masks["truth"], truth_labels)
+            if key not in cache:
+                cache[key] = _drawn_uri(*key)
+            return cache[key]
+        except (TypeError, ValueError, OSError):       # a malformed caller document
+            return None
+
+    return {"truth": one(original, (), None, truth_labels=True),
+            "original": one(original, answers["original"], masks["original"]),
+            "perturbed": one(perturbed, answers["perturbed"], masks["perturbed"])}
+
+
+def _verdict_word(value: Any) -> str | None:
+    return value if value in ("correct", "incorrect") else None
+
+
+def _example(ex: Mapping[str, Any],
+             cache: dict[tuple[Any, ...], str | None] | None = None) -> dict[str, Any] | None:
+    """One example image as the page shows it; None when its perturbed image is unusable.
+
+    ``marked`` (the answer drawn in red): the plan's correctness rule judges the answer on
+    the perturbed image incorrect, when the document carries the rule's verdicts (IEEE-C1..
+    C5); without them, the answer differs from the clean one (``changed``)."""
     perturbed = _image(ex.get("perturbed"))
     if perturbed is None:
         return None
     original_answer, perturbed_answer = ex.get("original_answer"), ex.get("perturbed_answer")
     changed = _changed(original_answer, perturbed_answer)
+    verdict = _verdict_word(ex.get("perturbed_verdict"))
+    original_verdict = _verdict_word(ex.get("original_verdict"))
     level = ex.get("level")
     return {"setting": str(ex.get("setting") or ""), "level": level,
             "level_key": str(level) if _is_number(level) else "",
@@ -367,25 +432,66 @@ def _example(ex: Mapping[str, Any]) -> dict[str, Any] | None:
             "original": _image(ex.get("original")), "perturbed": perturbed,
             "difference": _image(ex.get("difference")),
             "original_answer": original_answer, "perturbed_answer": perturbed_answer,
-            "changed": changed, "note": ex.get("note")}
+            "changed": changed, "note": ex.get("note"),
+            "verdict": verdict, "original_verdict": original_verdict,
+            "marked": verdict == "incorrect" if verdict else changed,
+            "original_marked": original_verdict == "incorrect",
+            "drawn": _drawn(ex, {} if cache is None else cache)}
 
 
-def _examples(examples: Any) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """report["examples"] grouped: kind -> setting -> examples (in document order)."""
+def _rule_words(target: Mapping[str, Any]) -> str:
+    """The plan's correctness rule in words, as the examples' pass / fail apply it."""
+    params = _map(target.get("service_type_parameters"))
+    if "detection" in params:
+        d = _map(params["detection"])
+        agg = _map(d.get("aggregate"))
+        who = f"at least {agg.get('q')} ground-truth objects" if agg.get("mode") == "at_least" \
+            else "every ground-truth object"
+        how = {"top1": " (its best-overlapping box)",
+               "topk": f" (among its {d.get('k')} best-overlapping boxes)"}.get(
+                   str(d.get("mode")), "")
+        conf = d.get("confidence_threshold")
+        score = f", score at least {conf}" if _is_number(conf) else ""
+        return (f"IEEE-C4: {who} matched by a box of its class with IoU above "
+                f"{d.get('iou_threshold')}{how}{score}; an image without objects passes "
+                "when no box is given")
+    if "segmentation" in params:
+        g = _map(params["segmentation"])
+        classes = ", ".join(str(c) for c in _list(g.get("classes")))
+        return (f"IEEE-C5: mIoU over the classes of interest ({classes}) above "
+                f"{g.get('miou_threshold')}")
+    if "correctness" in params:
+        c = _map(params["correctness"])
+        mode = c.get("mode")
+        if mode == "topk":
+            return f"IEEE-C2: a true label among the top {c.get('k')}"
+        if mode == "threshold":
+            return f"IEEE-C2: a true label with confidence above {c.get('threshold')}"
+        return "IEEE-C2: the top-1 label is a true label"
+    return "the plan's correctness rule"
+
+
+def _examples(examples: Any, rule: str = "") -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """report["examples"] grouped: kind -> setting -> examples (in document order); each
+    with ``rule``, the words its pass / fail applies."""
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    cache: dict[tuple[Any, ...], str | None] = {}
     for ex in _list(examples):
         if not isinstance(ex, Mapping) or ex.get("kind") not in ("corruption", "attack",
                                                                   "degradation"):
             continue
-        shown = _example(ex)
+        shown = _example(ex, cache)
         if shown is not None:
+            shown["rule"] = rule
             out.setdefault(str(ex["kind"]), {}).setdefault(shown["setting"], []).append(shown)
     return out
 
 
-def _corruption_grid(order: Sequence[str],
-                     by_setting: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
-    """Rows = corruptions (the table's order), columns = severities, the clean sample first."""
+def _corruption_grid(order: Sequence[str], by_setting: Mapping[str, list[dict[str, Any]]],
+                     tested: Mapping[str, set[str]] | None = None) -> dict[str, Any] | None:
+    """Rows = corruptions (the table's order), columns = severities, the clean sample first.
+    ``tested``: the severities the table has per corruption; a cell without an example at a
+    severity the plan did not test says so (``untested``) rather than "n/a"."""
     if not by_setting:
         return None
     names = [n for n in order if n in by_setting] + sorted(n for n in by_setting
@@ -397,11 +503,17 @@ def _corruption_grid(order: Sequence[str],
         cells = {e["level_key"]: e for e in by_setting[name]}
         sample = next((e for e in by_setting[name] if e["original"]), None)
         rows.append({"name": name, "sample": sample,
-                     "cells": [cells.get(lv) for lv in levels]})
+                     "cells": [cells.get(lv) for lv in levels],
+                     "untested": [tested is not None and name in tested and lv not in cells
+                                  and lv not in tested[name] for lv in levels]})
     one_image = len({r["sample"]["image_id"] for r in rows if r["sample"]}) == 1 and \
         all(r["sample"] for r in rows)
+    examples = [e for n in names for e in by_setting[n]]
     return {"levels": levels, "rows": rows, "image_id": first["image_id"],
-            "original_answer": first["original_answer"], "one_image": one_image}
+            "original_answer": first["original_answer"], "one_image": one_image,
+            "drawn": any(e["drawn"] for e in examples),
+            "judged": any(e["verdict"] or e["original_verdict"] for e in examples),
+            "rule": first.get("rule") or ""}
 
 
 # --------------------------------------------------------------------------------------------
@@ -960,7 +1072,7 @@ def render_html(report: Mapping[str, Any]) -> str:
     evaluation = _map(report.get("evaluation"))
     tests = [t for t in _list(report.get("tests")) if isinstance(t, Mapping)]
     accuracy = _map(metrics.get("accuracy"))
-    examples = _examples(report.get("examples"))
+    examples = _examples(report.get("examples"), _rule_words(target))
     corruptions = _corruptions(_map(metrics.get("corruptions")), accuracy.get("value"),
                                examples)
     attacks = _attacks(_map(metrics.get("attacks")), tests, examples.get("attack") or {})

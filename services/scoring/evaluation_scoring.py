@@ -74,7 +74,10 @@ MAX_LEVEL = 1000
 def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData],
                      should_stop: StopCheck = never) -> dict[str, Any]:
     """The metrics of one evaluation: ``{"ieee": IEEE-M1..M8 tree with attack distances,
-    "ranking": RANK-1..3, "degradation": {operator: DEG-2..4 profile}, "query_errors": ...}``.
+    "ranking": RANK-1..3, "degradation": {operator: DEG-2..4 profile}, "query_errors": ...,
+    "verdicts": [{kind, name, level, correct: (n,) bool}, ...]}``, the last one per setting
+    in the order given: the per-image verdicts the tree counts (query attacks: the IEEE-M3
+    outcome), so a caller showing single answers never judges them a second way.
 
     ``settings`` holds exactly one clean setting; corruption severities are 1..5 and each
     (name, severity) appears once; attack names are unique; degradation (classification only)
@@ -95,15 +98,23 @@ def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData],
     attacks: dict[str, list[AttackImageOutcome]] = {}
     budgets: dict[str, int | None] = {}
     coverage: dict[str, list[str]] = {}
+    verdicts: list[dict[str, Any]] = []
     for s in settings:
         raise_if_stopped(should_stop, "scoring")
-        if s.kind == "corruption":
-            corruptions.setdefault(s.name, {})[s.level] = judge(s)
+        if s.kind == "clean":
+            correct = clean
+        elif s.kind == "corruption":
+            correct = corruptions.setdefault(s.name, {})[s.level] = judge(s)
         elif s.kind in ATTACK_KINDS:
             idx = s.covered(m)
             coverage[s.name] = [ids[i] for i in idx.tolist()]
             attacks[s.name] = _attack_outcomes(s, idx, ids, clean, judge)
             budgets[s.name] = (s.query.budget or None) if s.query is not None else None
+            correct = np.array([o.correct for o in attacks[s.name]], dtype=bool)
+        else:                               # degradation: its answers under the same rule
+            correct = judge(s)
+        verdicts.append({"kind": s.kind, "name": s.name, "level": s.level,
+                         "correct": np.asarray(correct, dtype=bool)})
     tree = compute_ieee_metrics(clean=clean, corruptions=corruptions, attacks=attacks,
                                 attack_budgets=budgets, image_ids=ids, attack_coverage=coverage)
     for s in settings:
@@ -115,7 +126,7 @@ def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData],
     raise_if_stopped(should_stop, "scoring")
     profiles = degradation(setup, settings)
     return {"ieee": tree, "ranking": ranks, "degradation": profiles,
-            "query_errors": query_errors(setup, settings)}
+            "query_errors": query_errors(setup, settings), "verdicts": verdicts}
 
 
 def judge_setting(setup: EvaluationSetup, s: SettingData) -> np.ndarray:

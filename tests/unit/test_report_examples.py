@@ -163,7 +163,8 @@ def test_an_example_over_the_bounds_is_shown_reduced_and_says_so():
 
 def test_example_images_are_bounded_attacks_first():
     """At most 200, and at most EXAMPLES_TOTAL_BYTES of PNG: attacks are kept before a
-    corruption sweep; the order of those kept is the builder's."""
+    corruption sweep, at full size; a sweep past the budget is shown reduced, all alike,
+    rather than left out; the order of those kept is the builder's."""
     img = np.zeros((8, 8, 1), np.uint8)
     many = [Example(kind=k, setting=f"{k}{i}", level=1, image_id=str(i), original=img,
                     perturbed=img) for k, n in (("corruption", 30), ("attack", 200))
@@ -180,8 +181,9 @@ def test_example_images_are_bounded_attacks_first():
     total = sum(len(m.original_png) + len(m.perturbed_png) for m in out)
     assert total <= EXAMPLES_TOTAL_BYTES
     kept = [m.setting for m in out]
-    assert kept[-3:] == ["attack0", "attack1", "attack2"] and 0 < len(kept) - 3 < 4
-    assert kept[:-3] == [f"corruption{i}" for i in range(len(kept) - 3)]
+    assert kept == [f"corruption{i}" for i in range(4)] + ["attack0", "attack1", "attack2"]
+    assert not any("shown reduced" in m.note for m in out[-3:])
+    assert all("shown reduced" in m.note and "900x900" in m.note for m in out[:4])
 
 
 # -- the report service: decoding, difference, hostile bytes -------------------------------------

@@ -31,6 +31,12 @@ class ExampleKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXAMPLE_KIND_CORRUPTION: _ClassVar[ExampleKind]
     EXAMPLE_KIND_ATTACK: _ClassVar[ExampleKind]
     EXAMPLE_KIND_DEGRADATION: _ClassVar[ExampleKind]
+
+class ExampleVerdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXAMPLE_VERDICT_UNSPECIFIED: _ClassVar[ExampleVerdict]
+    EXAMPLE_VERDICT_CORRECT: _ClassVar[ExampleVerdict]
+    EXAMPLE_VERDICT_INCORRECT: _ClassVar[ExampleVerdict]
 TEST_KIND_UNSPECIFIED: TestKind
 TEST_KIND_CORRUPTION: TestKind
 TEST_KIND_DEGRADATION: TestKind
@@ -42,6 +48,9 @@ EXAMPLE_KIND_UNSPECIFIED: ExampleKind
 EXAMPLE_KIND_CORRUPTION: ExampleKind
 EXAMPLE_KIND_ATTACK: ExampleKind
 EXAMPLE_KIND_DEGRADATION: ExampleKind
+EXAMPLE_VERDICT_UNSPECIFIED: ExampleVerdict
+EXAMPLE_VERDICT_CORRECT: ExampleVerdict
+EXAMPLE_VERDICT_INCORRECT: ExampleVerdict
 
 class Party(_message.Message):
     __slots__ = ("name", "organisation")
@@ -199,8 +208,24 @@ class EvaluationInfo(_message.Message):
     resumed_count: int
     def __init__(self, evaluation_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., images: _Optional[int] = ..., dataset: _Optional[_Union[DatasetInfo, _Mapping]] = ..., resumed_count: _Optional[int] = ...) -> None: ...
 
+class ExampleBox(_message.Message):
+    __slots__ = ("x_min", "y_min", "x_max", "y_max", "label", "score")
+    X_MIN_FIELD_NUMBER: _ClassVar[int]
+    Y_MIN_FIELD_NUMBER: _ClassVar[int]
+    X_MAX_FIELD_NUMBER: _ClassVar[int]
+    Y_MAX_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    x_min: float
+    y_min: float
+    x_max: float
+    y_max: float
+    label: str
+    score: float
+    def __init__(self, x_min: _Optional[float] = ..., y_min: _Optional[float] = ..., x_max: _Optional[float] = ..., y_max: _Optional[float] = ..., label: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
+
 class ExampleImage(_message.Message):
-    __slots__ = ("kind", "setting", "level", "image_id", "original_png", "perturbed_png", "original_answer", "perturbed_answer", "note", "target")
+    __slots__ = ("kind", "setting", "level", "image_id", "original_png", "perturbed_png", "original_answer", "perturbed_answer", "note", "target", "original_verdict", "perturbed_verdict", "truth_boxes", "original_boxes", "perturbed_boxes", "truth_mask_png", "original_mask_png", "perturbed_mask_png", "mask_classes")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SETTING_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +236,15 @@ class ExampleImage(_message.Message):
     PERTURBED_ANSWER_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    PERTURBED_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    TRUTH_BOXES_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_BOXES_FIELD_NUMBER: _ClassVar[int]
+    PERTURBED_BOXES_FIELD_NUMBER: _ClassVar[int]
+    TRUTH_MASK_PNG_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_MASK_PNG_FIELD_NUMBER: _ClassVar[int]
+    PERTURBED_MASK_PNG_FIELD_NUMBER: _ClassVar[int]
+    MASK_CLASSES_FIELD_NUMBER: _ClassVar[int]
     kind: ExampleKind
     setting: str
     level: int
@@ -221,7 +255,16 @@ class ExampleImage(_message.Message):
     perturbed_answer: str
     note: str
     target: str
-    def __init__(self, kind: _Optional[_Union[ExampleKind, str]] = ..., setting: _Optional[str] = ..., level: _Optional[int] = ..., image_id: _Optional[str] = ..., original_png: _Optional[bytes] = ..., perturbed_png: _Optional[bytes] = ..., original_answer: _Optional[str] = ..., perturbed_answer: _Optional[str] = ..., note: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+    original_verdict: ExampleVerdict
+    perturbed_verdict: ExampleVerdict
+    truth_boxes: _containers.RepeatedCompositeFieldContainer[ExampleBox]
+    original_boxes: _containers.RepeatedCompositeFieldContainer[ExampleBox]
+    perturbed_boxes: _containers.RepeatedCompositeFieldContainer[ExampleBox]
+    truth_mask_png: bytes
+    original_mask_png: bytes
+    perturbed_mask_png: bytes
+    mask_classes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[_Union[ExampleKind, str]] = ..., setting: _Optional[str] = ..., level: _Optional[int] = ..., image_id: _Optional[str] = ..., original_png: _Optional[bytes] = ..., perturbed_png: _Optional[bytes] = ..., original_answer: _Optional[str] = ..., perturbed_answer: _Optional[str] = ..., note: _Optional[str] = ..., target: _Optional[str] = ..., original_verdict: _Optional[_Union[ExampleVerdict, str]] = ..., perturbed_verdict: _Optional[_Union[ExampleVerdict, str]] = ..., truth_boxes: _Optional[_Iterable[_Union[ExampleBox, _Mapping]]] = ..., original_boxes: _Optional[_Iterable[_Union[ExampleBox, _Mapping]]] = ..., perturbed_boxes: _Optional[_Iterable[_Union[ExampleBox, _Mapping]]] = ..., truth_mask_png: _Optional[bytes] = ..., original_mask_png: _Optional[bytes] = ..., perturbed_mask_png: _Optional[bytes] = ..., mask_classes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReportParts(_message.Message):
     __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation", "examples", "canary", "benchmark")

@@ -556,16 +556,32 @@ class QueryErrors(_message.Message):
     def __init__(self, total: _Optional[int] = ..., settings: _Optional[_Iterable[_Union[SettingErrors, _Mapping]]] = ...) -> None: ...
 
 class ScoreEvaluationResponse(_message.Message):
-    __slots__ = ("ieee", "ranking", "degradation", "query_errors")
+    __slots__ = ("ieee", "ranking", "degradation", "query_errors", "verdicts")
     IEEE_FIELD_NUMBER: _ClassVar[int]
     RANKING_FIELD_NUMBER: _ClassVar[int]
     DEGRADATION_FIELD_NUMBER: _ClassVar[int]
     QUERY_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
     ieee: IeeeMetrics
     ranking: Ranking
     degradation: _containers.RepeatedCompositeFieldContainer[DegradationProfile]
     query_errors: QueryErrors
-    def __init__(self, ieee: _Optional[_Union[IeeeMetrics, _Mapping]] = ..., ranking: _Optional[_Union[Ranking, _Mapping]] = ..., degradation: _Optional[_Iterable[_Union[DegradationProfile, _Mapping]]] = ..., query_errors: _Optional[_Union[QueryErrors, _Mapping]] = ...) -> None: ...
+    verdicts: _containers.RepeatedCompositeFieldContainer[SettingVerdicts]
+    def __init__(self, ieee: _Optional[_Union[IeeeMetrics, _Mapping]] = ..., ranking: _Optional[_Union[Ranking, _Mapping]] = ..., degradation: _Optional[_Iterable[_Union[DegradationProfile, _Mapping]]] = ..., query_errors: _Optional[_Union[QueryErrors, _Mapping]] = ..., verdicts: _Optional[_Iterable[_Union[SettingVerdicts, _Mapping]]] = ...) -> None: ...
+
+class SettingVerdicts(_message.Message):
+    __slots__ = ("kind", "name", "level", "count", "correct")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    kind: SettingKind
+    name: str
+    level: int
+    count: int
+    correct: bytes
+    def __init__(self, kind: _Optional[_Union[SettingKind, str]] = ..., name: _Optional[str] = ..., level: _Optional[int] = ..., count: _Optional[int] = ..., correct: _Optional[bytes] = ...) -> None: ...
 
 class MetricInput(_message.Message):
     __slots__ = ("name", "kind", "description", "required")
