@@ -10,13 +10,27 @@ is the misclassification ratio (MR, the success rate over the images the model g
 attack k's examples crafted on model i and evaluated on model j. A query attack runs against
 each target itself (the matrix's diagonal).
 
+Classifiers, detectors and segmenters alike (every model of one plan does one task): "got
+right" is the plan's own correctness rule as the scoring service judged it -- IEEE-C1..C3, or
+IEEE-C4 / IEEE-C5 for detection and segmentation targets, whose transfer attacks are crafted
+on surrogates of that task (``mtcnn-surrogate``, ``u2netp-surrogate``, or a tenant's own
+detector / segmenter) -- so the matrix entry is the share of the images a model answered
+correctly that the transfer examples make it answer wrongly, read from the scoring service
+(its success rate, which counts its per-image verdicts; this module never judges an answer).
+CANARY metrics defined only for classifiers (class F1, confidences) are reported as "not
+applicable" with the reason for the other tasks, never as 0; the CAN-5 ratios of a
+detection or segmentation pair count the scoring service's per-image verdicts.
+
 How it runs, with no new machinery: each model is one :class:`EvaluationRunner` over a derived
 single-target plan (:func:`member_plan`); models other than the first keep their work items
 and query-attack artifacts under their own prefix in the evaluation's store
 (:class:`MemberStore`), their proxy sessions under ``<evaluation>.m<k>/...``; the adversarial
 examples of the expanded transfer settings are shared by name, so each (attack, surrogate,
 chunk) is crafted once and sent to every target (CAN-9's stored examples are the ones every
-model sees). The first model runs last and its report is the evaluation's report, with the
+model sees). With an executor (``fortis serve --executor processes|kubernetes``) the workers
+run every model's items first, model by model in the same order (:func:`member_runs`,
+``worker.py``), and the models' runners then find them finished, as a single-target plan's
+runner does. The first model runs last and its report is the evaluation's report, with the
 cross-model section this module computes through the scoring service (``Compute``: the
 two-way squeeze and transfer heat maps, IRT abilities, defence effects, fast ranks) -- never
 by importing scoring code.
@@ -42,6 +56,7 @@ import numpy as np
 import structlog
 from fortis.services.common import errors
 from fortis.services.evaluation.answers import ClassAnswers
+from fortis.services.evaluation.convert import setting_verdicts
 from fortis.services.evaluation.plan import AttackTest, Member, Plan, TargetRef, crafted_on
 from fortis.services.evaluation.ports import (
     Catalogue,
@@ -49,18 +64,21 @@ from fortis.services.evaluation.ports import (
     Setting,
     TargetDescription,
 )
-from fortis.services.evaluation.runner import EvaluationRunner
+from fortis.services.evaluation.runner import EvaluationRunner, build_stages
 from fortis.services.evaluation.stages import LabeledImage
 from fortis.services.evaluation.stages.base import safe_artifact_part
 from fortis.services.evaluation.store import EvaluationStorage
 
-__all__ = ["BenchmarkRunner", "MemberStore", "check_baseline", "expanded_attack_names",
-           "member_plan", "transfer_matrix"]
+__all__ = ["BenchmarkRunner", "MemberRun", "MemberStore", "benchmark_sources",
+           "check_baseline", "expanded_attack_names", "member_plan", "member_runs",
+           "member_store", "shared_settings", "transfer_matrix"]
 
 log = structlog.get_logger("fortis.evaluation.benchmark")
 
 #: The metric of the data matrix: CANARY's misclassification ratio (CAN-2), our success rate.
 MATRIX_METRIC = "MR"
+#: A metric that has no meaning for the target's task (CANARY's node status).
+NOT_APPLICABLE = "not applicable"
 
 
 def _is_transfer(at: AttackTest, catalogue: Catalogue) -> bool:
@@ -77,7 +95,7 @@ def member_plan(plan: Plan, member: Member, surrogates: Sequence[str], catalogue
     for at in plan.attacks:
         if _is_transfer(at, catalogue) and not at.surrogate:
             attacks += [replace(at, name=crafted_on(at.name, s), surrogate=s, ensemble=())
-                        for s in surrogates]
+                        for s in dict.fromkeys(surrogates)]
         else:
             attacks.append(at)
     target = TargetRef(name=member.name, task=plan.target.task,
@@ -89,10 +107,78 @@ def member_plan(plan: Plan, member: Member, surrogates: Sequence[str], catalogue
 
 def expanded_attack_names(plan: Plan, catalogue: Catalogue) -> list[str]:
     """The attack names of a multi-target plan after expansion (what acceptance may name)."""
-    surrogates = [m.surrogate for m in plan.members if m.surrogate]
+    surrogates = _own_sources(plan)
     return [a.name for a in member_plan(plan, plan.members[0] if plan.members else
                                         Member(name=plan.target.name), surrogates, catalogue,
                                         primary=True).attacks]
+
+
+def _own_sources(plan: Plan) -> list[str]:
+    """The plan's models' surrogates, each once (two models may share a white-box twin: its
+    examples are crafted once and its row of the matrix stands for both)."""
+    return list(dict.fromkeys(m.surrogate for m in plan.members if m.surrogate))
+
+
+def benchmark_sources(plan: Plan, baseline: Mapping[str, Any] | None) -> list[str]:
+    """The surrogates transfer attacks are crafted on (the matrix's source rows): the models'
+    own, then (CAN-10 fast mode) the baseline's."""
+    sources = _own_sources(plan)
+    if baseline is not None:
+        sources += [s for s in baseline["sources"] if s not in sources]
+    return sources
+
+
+def shared_settings(plan: Plan, catalogue: Catalogue, sources: Sequence[str]) -> set[str]:
+    """The artifact stems of the expanded transfer settings, shared by every model."""
+    return {safe_artifact_part(crafted_on(a.name, s), default="attack")
+            for a in plan.attacks if _is_transfer(a, catalogue) and not a.surrogate
+            for s in sources}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemberRun:
+    """One model's part of a multi-target evaluation: its index in ``targets``, its
+    single-target plan, the evaluation id its proxy sessions are named by, the prefix of its
+    work items and artifacts, and how progress names it."""
+
+    index: int
+    member: Member
+    plan: Plan
+    evaluation_id: str
+    prefix: str
+    label: str
+
+    @property
+    def primary(self) -> bool:
+        return self.index == 0
+
+
+def member_runs(plan: Plan, catalogue: Catalogue, evaluation_id: str,
+                sources: Sequence[str]) -> list[MemberRun]:
+    """The models of a multi-target plan in the order they run -- the others first, the
+    primary (whose report is the evaluation's) last -- the same in the evaluation service and
+    in every worker, so the transfer examples a model crafts are stored before the next
+    model is sent them."""
+    members = list(plan.members)
+    order = list(range(1, len(members))) + [0]
+    out = []
+    for pos, k in enumerate(order):
+        m = members[k]
+        out.append(MemberRun(
+            index=k, member=m,
+            plan=member_plan(plan, m, sources, catalogue, primary=k == 0),
+            evaluation_id=evaluation_id if k == 0 else f"{evaluation_id}.m{k}",
+            prefix="" if k == 0 else f"m{k}/",
+            label=f"model {pos + 1} of {len(members)} ({m.name})"))
+    return out
+
+
+def member_store(store: EvaluationStorage, run: MemberRun, *, evaluation_id: str,
+                 shared: set[str], baseline: str) -> MemberStore:
+    """The store as ``run``'s model sees it (``MemberStore``)."""
+    return MemberStore(store, evaluation_id=evaluation_id, member_id=evaluation_id,
+                       prefix=run.prefix, shared=shared, label=run.label, fallback=baseline,
+                       keep_finish=not run.primary)
 
 
 class MemberStore:
@@ -177,6 +263,25 @@ class MemberStore:
     def add_items(self, evaluation_id: str, keys: Any) -> int:
         return self._inner.add_items(self._eid, [self._key(k) for k in keys])
 
+    # claims of fan-out workers (``claims.py``): the model's items, on the parent's row ------
+    def claim_key(self, evaluation_id: str, key: str, worker_id: str, *,
+                  lease_s: float) -> str:
+        return self._inner.claim_key(self._eid, self._key(key), worker_id, lease_s=lease_s)
+
+    def finish_claimed(self, evaluation_id: str, key: str, worker_id: str, result: bytes, *,
+                       images: int, queries: int, message: str) -> bool:
+        return self._inner.finish_claimed(self._eid, self._key(key), worker_id, result,
+                                          images=images, queries=queries,
+                                          message=f"{self._label}: {message}")
+
+    def renew_leases(self, evaluation_id: str, worker_id: str, *, lease_s: float) -> int:
+        return self._inner.renew_leases(self._eid, worker_id, lease_s=lease_s)
+
+    def release_items(self, evaluation_id: str, worker_id: str,
+                      keys: Any = None) -> int:
+        return self._inner.release_items(
+            self._eid, worker_id, None if keys is None else [self._key(k) for k in keys])
+
     # artifacts ---------------------------------------------------------------------------
     def put_artifact(self, evaluation_id: str, name: str, data: bytes) -> Any:
         return self._inner.put_artifact(self._eid, self._artifact_name(name), data)
@@ -209,6 +314,23 @@ def check_baseline(store: EvaluationStorage, evaluation_id: str) -> Mapping[str,
                                      "multi-target evaluation of at least two models with "
                                      "surrogates (its report has no benchmark matrix)")
     return bench
+
+
+def baseline_of(store: EvaluationStorage, plan: Plan) -> dict[str, Any]:
+    """The stored multi-target evaluation a fast-mode plan is ranked against (its benchmark
+    section, model names and surrogates); InvalidArgument naming ``baseline.evaluation`` when
+    it is of another task (its matrix counts another correctness rule)."""
+    bench = check_baseline(store, plan.baseline)
+    task = str(bench.get("task") or "classification")
+    if task != plan.target.task:
+        raise errors.InvalidArgument("baseline.evaluation", f"the baseline evaluated {task} "
+                                     f"targets; this plan's target is a {plan.target.task} "
+                                     "target")
+    models = [m for m in bench.get("models") or [] if isinstance(m, Mapping)]
+    return {"evaluation": plan.baseline, "bench": bench,
+            "names": [str(m.get("name")) for m in models],
+            "sources": list(dict.fromkeys(str(m["surrogate"]) for m in models
+                                          if m.get("surrogate")))}
 
 
 def _member_key(key: str) -> bool:
@@ -334,7 +456,7 @@ def _jsonable(x: Any) -> Any:
 class BenchmarkRunner(EvaluationRunner):
     """Runs a multi-target plan (or a fast-mode plan) model by model, each as an
     :class:`EvaluationRunner` over its own single-target plan; see the module doc. Takes the
-    same arguments (``executor`` is not used: the models run in this process)."""
+    same arguments; with an ``executor`` the workers run every model's items first."""
 
     #: IRT sampler length (CAN-8); the seed's 7000/3000 by default.
     irt_chain: int = 7000
@@ -343,32 +465,27 @@ class BenchmarkRunner(EvaluationRunner):
 
     def run(self) -> Scored:
         plan, eid = self.plan, self.evaluation_id
-        if self.executor is not None:
-            log.info("multi-target plan runs in the evaluation service's process",
-                     executor=type(self.executor).__name__)
         baseline = self._baseline() if plan.baseline else None
         members = list(plan.members)
-        sources = [m.surrogate for m in members if m.surrogate]
-        if baseline is not None:
-            sources += [s for s in baseline["sources"] if s not in sources]
-        shared = {safe_artifact_part(crafted_on(a.name, s), default="attack")
-                  for a in plan.attacks if _is_transfer(a, self.catalogue) and not a.surrogate
-                  for s in sources}
-        order = list(range(1, len(members))) + [0]
+        sources = benchmark_sources(plan, baseline)
+        shared = shared_settings(plan, self.catalogue, sources)
+        runs = member_runs(plan, self.catalogue, eid, sources)
+        if self.executor is not None:
+            # the workers run every model's items (each model's keys under its prefix, in
+            # the order below); the runners that follow find them finished and score
+            images = self.datasets.images(plan)
+            self._fan_out([r.prefix + k.format() for r in runs
+                           for st in build_stages(r.plan, len(images), self.catalogue)
+                           for k in st.keys()])
         by_index: dict[int, MemberResult] = {}
         scored: Scored | None = None
-        for k in order:
-            m = members[k]
-            primary = k == 0
-            sub = member_plan(plan, m, sources, self.catalogue, primary=primary)
-            label = f"model {order.index(k) + 1} of {len(members)} ({m.name})"
-            mstore = MemberStore(self.store, evaluation_id=eid, member_id=eid,
-                                 prefix="" if primary else f"m{k}/", shared=shared,
-                                 label=label, fallback=plan.baseline,
-                                 keep_finish=not primary)
+        for r in runs:
+            mstore = member_store(self.store, r, evaluation_id=eid, shared=shared,
+                                  baseline=plan.baseline)
 
             def hook(sc: Scored, settings: Sequence[Setting], images: Sequence[LabeledImage],
-                     target: TargetDescription, *, _m: Member = m, _k: int = k) -> Any:
+                     target: TargetDescription, *, _m: Member = r.member, _k: int = r.index
+                     ) -> Any:
                 labels = np.array([lab[0] if len(lab) else -1 for _, _, lab in images])
                 by_index[_k] = MemberResult(member=_m, scored=sc, settings=settings,
                                             labels=labels, target=target)
@@ -377,11 +494,11 @@ class BenchmarkRunner(EvaluationRunner):
                 return self._section(by_index, sources, baseline)
 
             runner = EvaluationRunner(
-                evaluation_id=eid if primary else f"{eid}.m{k}", plan=sub,
+                evaluation_id=r.evaluation_id, plan=r.plan,
                 plan_text=self.plan_text, store=mstore,  # type: ignore[arg-type]
                 proxy=self.proxy, perturbation=self.perturbation, scoring=self.scoring,
                 report=self.report, datasets=self.datasets, catalogue=self.catalogue,
-                cancelled=self.cancelled, on_scored=hook, with_examples=primary)
+                cancelled=self.cancelled, on_scored=hook, with_examples=r.primary)
             scored = runner.run()
         assert scored is not None
         self.results = [by_index[k] for k in range(len(members))]
@@ -390,12 +507,7 @@ class BenchmarkRunner(EvaluationRunner):
     # ----------------------------------------------------------------------------------
     def _baseline(self) -> dict[str, Any]:
         """The stored multi-target evaluation a fast-mode plan is ranked against."""
-        plan = self.plan
-        bench = check_baseline(self.store, plan.baseline)
-        models = [m for m in bench.get("models") or [] if isinstance(m, Mapping)]
-        return {"evaluation": plan.baseline, "bench": bench,
-                "names": [str(m.get("name")) for m in models],
-                "sources": [str(m["surrogate"]) for m in models if m.get("surrogate")]}
+        return baseline_of(self.store, self.plan)
 
     def _compute(self, metric: str, arrays: Mapping[str, np.ndarray],
                  params: Mapping[str, Any], notes: list[str]) -> Any:
@@ -418,9 +530,14 @@ class BenchmarkRunner(EvaluationRunner):
         notes: list[str] = []
         names, values = transfer_matrix(plan, cat, results, sources)
         model_names = [m.name for m in members]
+        if plan.target.task != "classification":
+            notes.append(f"MR on {plan.target.task} targets: the share of the images a model "
+                         "answered correctly under the plan's IEEE-"
+                         f"{'C4' if plan.target.task == 'detection' else 'C5'} rule that the "
+                         "attack's examples make it answer wrongly")
         out: dict[str, Any] = {
             "mode": "fast" if baseline is not None else "benchmark", "metric": MATRIX_METRIC,
-            "attacks": names, "model_names": model_names,
+            "task": plan.target.task, "attacks": names, "model_names": model_names,
             "sources": sources, "models": [_summary(r) for r in results],
             "matrix": _jsonable(values), "baseline_evaluation": plan.baseline or None,
             "notes": notes}
@@ -485,29 +602,46 @@ class BenchmarkRunner(EvaluationRunner):
                                          "chain_length": self.irt_chain,
                                          "burn_in": self.irt_burn_in}, notes)
 
+    def _judged(self, res: MemberResult, kind: str, name: str = "") -> np.ndarray | None:
+        """One model's answers of a setting as CAN-5 reads them: a classifier's N x C
+        probabilities; for a detector or segmenter, whether each image was answered
+        correctly under the plan's IEEE-C4 / C5 rule (the scoring service's verdicts, as
+        0/1 "labels" against a truth of all 1s, so CA, RR and SR count correct answers).
+        None: not available (labels-only classifiers, no verdicts)."""
+        s = _setting(res, kind, name)
+        if s is None:
+            return None
+        if self.plan.target.task == "classification":
+            return _probabilities(s.answers, len(res.target.labels))
+        v = setting_verdicts(res.scored.metrics).get((kind, name, 0))
+        return None if v is None else v.astype(np.int64)
+
     def _defence(self, by_index: Mapping[int, MemberResult], members: Sequence[Member],
                  sources: Sequence[str], notes: list[str]) -> list[dict[str, Any]]:
         """CAN-5 for every model named the defended version of another: capability deltas,
         rectify/sacrifice ratios overall, and per transfer attack the attack-metric deltas
-        with each model attacked through its own surrogate (white-box)."""
+        with each model attacked through its own surrogate (white-box). Detection and
+        segmentation pairs: from the per-image verdicts (``_judged``); the metrics defined
+        on class labels or confidences are not applicable there (``_not_for_task``)."""
         out = []
         names = [m.name for m in members]
+        task = self.plan.target.task
         for d, m in enumerate(members):
             if not m.defends:
                 continue
             b = names.index(m.defends)
             rb, rd = by_index[b], by_index[d]
-            n_classes = len(rb.target.labels)
-            cb, cd = _setting(rb, "clean"), _setting(rd, "clean")
-            pb = _probabilities(cb.answers, n_classes) if cb else None
-            pd = _probabilities(cd.answers, n_classes) if cd else None
-            if pb is None or pd is None:
-                notes.append(f"CAN-5 {m.name} vs {m.defends}: needs both targets' scores")
+            pb, pd = self._judged(rb, "clean"), self._judged(rd, "clean")
+            if pb is None or pd is None or len(pb) != len(pd):
+                notes.append(f"CAN-5 {m.name} vs {m.defends}: " + (
+                    "needs both targets' scores" if task == "classification" else
+                    "needs the scoring service's per-image verdicts of both targets"))
                 continue
+            labels = rb.labels if task == "classification" else np.ones(len(pb), np.int64)
             entry: dict[str, Any] = {"baseline": m.defends, "defended": m.name}
-            entry["result"] = self._compute(
+            entry["result"] = self._not_for_task(self._compute(
                 "canary.defence_effect",
-                {"labels": rb.labels, "baseline_clean": pb, "defended_clean": pd}, {}, notes)
+                {"labels": labels, "baseline_clean": pb, "defended_clean": pd}, {}, notes))
             per_attack: dict[str, Any] = {}
             for at in self.plan.attacks:
                 if not _is_transfer(at, self.catalogue) or at.surrogate:
@@ -519,19 +653,54 @@ class BenchmarkRunner(EvaluationRunner):
                 ad = _setting(rd, "transfer_attack", crafted_on(at.name, sd))
                 if ab is None or ad is None or ab.image_index != ad.image_index:
                     continue
-                idx = np.array(ab.image_index or range(len(rb.labels)), dtype=np.int64)
-                qb = _probabilities(ab.answers, n_classes)
-                qd = _probabilities(ad.answers, n_classes)
-                if qb is None or qd is None:
-                    continue
-                per_attack[at.name] = self._compute(
-                    "canary.defence_effect",
-                    {"labels": rb.labels[idx], "baseline_clean": pb[idx],
-                     "defended_clean": pd[idx], "baseline_adv": qb, "defended_adv": qd},
+                idx = np.array(ab.image_index or range(len(labels)), dtype=np.int64)
+                arrays = {"labels": labels[idx], "baseline_clean": pb[idx],
+                          "defended_clean": pd[idx]}
+                if task == "classification":
+                    qb = self._judged(rb, "transfer_attack", crafted_on(at.name, sb))
+                    qd = self._judged(rd, "transfer_attack", crafted_on(at.name, sd))
+                    if qb is None or qd is None:
+                        continue
+                    arrays.update(baseline_adv=qb, defended_adv=qd)
+                per_attack[at.name] = self._not_for_task(self._compute(
+                    "canary.defence_effect", arrays,
                     {"baseline_attack": {"MR": _success(rb, crafted_on(at.name, sb))},
-                     "defended_attack": {"MR": _success(rd, crafted_on(at.name, sd))}}, notes)
+                     "defended_attack": {"MR": _success(rd, crafted_on(at.name, sd))}},
+                    notes))
             entry["attacks"] = per_attack
             out.append(entry)
+        if out and task != "classification":
+            notes.append(f"CAN-5 on {task} targets: CA, RR and SR count the images answered "
+                         f"correctly under the plan's IEEE-{'C4' if task == 'detection' else 'C5'}"
+                         " rule (the scoring service's per-image verdicts); the metrics of "
+                         "class F1 and confidences are not applicable")
+        return out
+
+    def _not_for_task(self, node: Any) -> Any:
+        """A CAN-5 result of a detection or segmentation pair with the metrics defined on
+        class labels and confidences (CF, CC and their deltas FV / CV, ARAC, AITC) marked
+        "not applicable" with the reason: never a number computed from verdicts."""
+        task = self.plan.target.task
+        if task == "classification" or not isinstance(node, dict):
+            return node
+        why = {"CF": "macro F1 over the classes of a classifier's top-1 answers",
+               "CC": "the mean confidence of the true class",
+               "ARAC": "the adversarial class's confidence",
+               "AITC": "the true class's confidence"}
+        rule = "IEEE-C4" if task == "detection" else "IEEE-C5"
+
+        def missing(what: str) -> dict[str, Any]:
+            return {"value": None, "status": NOT_APPLICABLE,
+                    "reason": f"{what} is defined for image classifiers; a {task} target's "
+                              f"answers are judged right or wrong under {rule}"}
+
+        out = dict(node)
+        for side in ("baseline", "defended"):
+            if isinstance(out.get(side), Mapping):
+                out[side] = {**out[side], "CF": missing(why["CF"]), "CC": missing(why["CC"])}
+        for key, base in (("FV", "CF"), ("CV", "CC"), ("ARAC", "ARAC"), ("AITC", "AITC")):
+            if key in out:
+                out[key] = {**missing(why[base]), "baseline": None, "defended": None}
         return out
 
     def _fast(self, new: MemberResult, baseline: Mapping[str, Any], values: np.ndarray,

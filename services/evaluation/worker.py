@@ -10,6 +10,13 @@ the evaluation service runs the runner, which finds every item finished and goes
 scoring and the report, so the metrics equal a single-process run's (CAN-9's determinism:
 every random draw comes from the plan's seed and the item's identity).
 
+A multi-target plan (CANARY benchmark, ``benchmark.py``) is run model by model in the order
+the evaluation service's ``BenchmarkRunner`` runs them (``benchmark.member_runs``): each
+model's items under its prefix (``m<k>/``), its proxy sessions under ``<evaluation>.m<k>``,
+its transfer examples shared by name, so the workers compute what the one-process run
+computes; a worker goes on to the next model once every item of this one is finished (by
+any worker), because the next model is sent the examples this one crafted.
+
 A worker stops at its next item boundary when asked to (SIGTERM: ``stop``) or when the
 evaluation was cancelled or ended, and gives back the leases of what it did not finish.
 Failures are classified for the Job's backoff: a transient one (the proxy or the database
@@ -30,8 +37,15 @@ from typing import Any
 import structlog
 from fortis.services.common import errors
 from fortis.services.common.status import status_for
+from fortis.services.evaluation.benchmark import (
+    baseline_of,
+    benchmark_sources,
+    member_runs,
+    member_store,
+    shared_settings,
+)
 from fortis.services.evaluation.claims import DEFAULT_LEASE_S, ItemClaims
-from fortis.services.evaluation.plan import load_plan
+from fortis.services.evaluation.plan import Plan, load_plan
 from fortis.services.evaluation.ports import Catalogue, PerturbationPort, ProxyPort
 from fortis.services.evaluation.runner import (
     DatasetPort,
@@ -98,6 +112,8 @@ class EvaluationWorker:
     def __post_init__(self) -> None:
         self._checked = 0.0
         self._ended = False
+        #: the claims of the parts (models) this worker finished
+        self._done: list[ItemClaims] = []
 
     def _cancelled(self) -> bool:
         if self.stop() or self._ended:
@@ -109,6 +125,21 @@ class EvaluationWorker:
             self._ended = row is None or row.state not in ACTIVE_STATES
         return self._ended
 
+    def _parts(self, plan: Plan) -> list[tuple[Plan, str, Any]]:
+        """(single-target plan, evaluation id of its sessions, store as it sees it) of each
+        part of the evaluation in run order: the plan itself, or each model of a
+        multi-target plan (module doc)."""
+        eid = self.evaluation_id
+        if not plan.is_benchmark:
+            return [(plan, eid, self.store)]
+        baseline = baseline_of(self.store, plan) if plan.baseline else None
+        sources = benchmark_sources(plan, baseline)
+        shared = shared_settings(plan, self.catalogue, sources)
+        return [(r.plan, r.evaluation_id,
+                 member_store(self.store, r, evaluation_id=eid, shared=shared,
+                              baseline=plan.baseline))
+                for r in member_runs(plan, self.catalogue, eid, sources)]
+
     def run(self) -> WorkerResult:
         t0 = time.monotonic()
         eid = self.evaluation_id
@@ -119,28 +150,36 @@ class EvaluationWorker:
             return WorkerResult("stopped", message=f"the evaluation is {row.state}")
         claims = ItemClaims(self.store, eid, self.worker_id, lease_s=self.lease_s,
                             poll_s=self.poll_s)
+        self._done = []
         try:
             plan = load_plan(row.plan_text, self.catalogue)
             images = self.datasets.images(plan)
             if not images:
                 raise errors.FailedPrecondition("the plan's dataset selection is empty")
-            target = self.proxy.target_info(plan.target.name)
-            check_target(plan, target, images, self.catalogue)
-            stages = build_stages(plan, len(images), self.catalogue)
-            ctx = RunContext(evaluation_id=eid, plan=plan, plan_text=row.plan_text,
-                             store=self.store, proxy=self.proxy,  # type: ignore[arg-type]
-                             perturbation=self.perturbation,
-                             scoring=_NotHere("scoring"),  # type: ignore[arg-type]
-                             report=_NotHere("report"),  # type: ignore[arg-type]
-                             images=images, target=target,
-                             progress=WorkerProgress(self.store, eid),  # type: ignore[arg-type]
-                             cancelled=self._cancelled, parallel=self.parallel,
-                             chunk_ranges=chunks(len(images), plan.batch_size),
-                             claims=claims.start(), truths=attack_truths(plan, self.datasets))
-            log.info("worker_started", evaluation_id=eid, worker=self.worker_id,
-                     items=sum(len(s.keys()) for s in stages))
-            for stage in stages:
-                stage.run(ctx)
+            for part, part_eid, store in self._parts(plan):
+                target = self.proxy.target_info(part.target.name)
+                check_target(part, target, images, self.catalogue)
+                stages = build_stages(part, len(images), self.catalogue)
+                # one set of claims per model: its keys are prefixed by its store
+                claims = ItemClaims(store, part_eid, self.worker_id, lease_s=self.lease_s,
+                                    poll_s=self.poll_s)
+                ctx = RunContext(evaluation_id=part_eid, plan=part, plan_text=row.plan_text,
+                                 store=store, proxy=self.proxy,
+                                 perturbation=self.perturbation,
+                                 scoring=_NotHere("scoring"),  # type: ignore[arg-type]
+                                 report=_NotHere("report"),  # type: ignore[arg-type]
+                                 images=images, target=target,
+                                 progress=WorkerProgress(store, part_eid),
+                                 cancelled=self._cancelled, parallel=self.parallel,
+                                 chunk_ranges=chunks(len(images), part.batch_size),
+                                 claims=claims.start(),
+                                 truths=attack_truths(part, self.datasets))
+                log.info("worker_started", evaluation_id=eid, worker=self.worker_id,
+                         target=part.target.name, items=sum(len(s.keys()) for s in stages))
+                for stage in stages:
+                    stage.run(ctx)
+                claims.close()
+                self._done.append(claims)
         except Cancelled:
             claims.close()
             why = "asked to stop" if self.stop() else "the evaluation ended or was cancelled"
@@ -158,11 +197,13 @@ class EvaluationWorker:
             log.error("worker_failed", evaluation_id=eid, worker=self.worker_id,
                       error=status.message)
             return self._result("failed", claims, t0, status.message)
-        claims.close()
-        return self._result("done", claims, t0, "")
+        return self._result("done", claims, t0, "")      # every part's claims are closed
 
     def _result(self, state: str, claims: ItemClaims, t0: float, message: str) -> WorkerResult:
-        res = WorkerResult(state, ran=claims.ran, reused=claims.reused, waited=claims.waited,
+        every = [*self._done, claims] if claims not in self._done else self._done
+        res = WorkerResult(state, ran=sum(c.ran for c in every),
+                           reused=sum(c.reused for c in every),
+                           waited=sum(c.waited for c in every),
                            seconds=round(time.monotonic() - t0, 3), message=message)
         log.info("worker_finished", evaluation_id=self.evaluation_id, worker=self.worker_id,
                  state=state, ran=res.ran, reused=res.reused, waited=res.waited,
