@@ -37,7 +37,7 @@ def _constant_docs() -> list[tuple[str, str]]:
             name = node.target.id
             if not name.startswith("MAX_"):
                 continue
-            doc = []
+            doc: list[str] = []
             i = node.lineno - 2
             while i >= 0 and lines[i].startswith("#:"):
                 doc.insert(0, lines[i][2:].strip())
@@ -143,6 +143,16 @@ def render() -> str:
         "| `attacks[].name` | at most 60 letters, digits, `-`, `_`, `.` |",
         "| `attacks[].params` | as the attack's schema below (e.g. `max_queries` = Q_m) |",
         f"| `execution.batch_size` | integer in [1, {limits.MAX_BATCH_SIZE:,}] |",
+        f"| `surrogates[]` | at most {limits.MAX_SURROGATES} |",
+        f"| `surrogates[].input.height`, `.width` | integer in [1, "
+        f"{limits.MAX_SURROGATE_SIDE:,}] |",
+        f"| `surrogates[].labels[]` | at most {limits.MAX_SURROGATE_CLASSES:,}, each at most "
+        f"{limits.MAX_SURROGATE_LABEL_CHARS} characters |",
+        "| `surrogates[].task` | classification (default), detection or segmentation |",
+        f"| `surrogates[].outputs.<name>.output` | integer in [0, "
+        f"{limits.MAX_SURROGATE_OUTPUT}], distinct (detection: boxes, scores, labels or "
+        "class_logits; segmentation: mask); checked on the model when loaded: at most "
+        f"{limits.MAX_SURROGATE_DETECTIONS:,} boxes per image |",
         "",
         "## Perturbation parameters", "",
         "ApplyPerturbation's `params` and a plan's `corruptions[].params`, checked against "

@@ -1,5 +1,7 @@
 """Tenant and operator surrogates (IEEE-A7, IEEE-P6): a TorchScript or ONNX classifier loaded
-as a differentiable torch module, wrapped as normalisation -> model -> label mapping.
+as a differentiable torch module, wrapped as normalisation -> model -> label mapping; a
+detector or segmenter (``task`` and ``outputs`` in its definition) is wrapped with its task
+loss by ``task_surrogate.py``.
 
 - Formats: TorchScript (``torch.jit.load``) and ONNX, converted to torch with ``onnx2torch``
   so gradients flow through it (white-box attacks on the surrogate). The format is detected
@@ -223,11 +225,17 @@ class LoadedSurrogate:
                 f"labels={len(self.class_names)}, target_classes={self.spec.target_classes})")
 
 
-def load_surrogate(path: Path, spec: SurrogateSpec, field: str) -> LoadedSurrogate:
+def load_surrogate(path: Path, spec: SurrogateSpec, field: str) -> Any:
     """Load and wrap the model file at ``path`` for ``spec``; its output width is checked on
     one blank image (InvalidArgument on ``field`` when it does not take the declared input
-    or does not return one logit per label)."""
+    or does not return one logit per label). A detector or segmenter (``spec.task``) is
+    wrapped with its task loss and its declared outputs are checked the same way
+    (``task_surrogate.py``; problems name ``<definition>.outputs.<name>``)."""
     net = load_network(path, spec.format, field)
+    if spec.task != "classification":
+        from .task_surrogate import task_surrogate
+
+        return task_surrogate(net, spec, field.removesuffix(".model"))
     model = MappedSurrogate(net, mean=spec.mean, std=spec.std, channels=spec.channels,
                             num_labels=len(spec.labels), mapping=spec.mapping,
                             target_classes=spec.target_classes, name=spec.name)
@@ -251,11 +259,13 @@ class SurrogateCache:
 
     def __init__(self, size: int = DEFAULT_CACHE_SIZE) -> None:
         self.size = max(1, int(size))
-        self._items: OrderedDict[tuple[Any, ...], LoadedSurrogate] = OrderedDict()
+        self._items: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._lock = threading.Lock()
         self.loads = 0
 
-    def get(self, key: tuple[Any, ...], load: Callable[[], LoadedSurrogate]) -> LoadedSurrogate:
+    def get(self, key: tuple[Any, ...], load: Callable[[], Any]) -> Any:
+        """The loaded surrogate of ``key`` (a classifier's :class:`LoadedSurrogate`, or a
+        detector's / segmenter's task surrogate)."""
         with self._lock:
             hit = self._items.get(key)
             if hit is not None:
@@ -327,7 +337,7 @@ class OperatorSurrogates:
                                                "surrogate folder")
         return spec, path
 
-    def load(self, name: str, field: str = "surrogate") -> LoadedSurrogate:
+    def load(self, name: str, field: str = "surrogate") -> Any:
         spec, path = self.spec(name)
         st = path.stat()
         key = ("operator", str(path), st.st_mtime_ns, st.st_size, spec.key())
@@ -344,7 +354,7 @@ class TenantSurrogates:
         self.path_of = path_of
         self.cache = cache if cache is not None else SurrogateCache()
 
-    def load(self, tenant: str, spec: SurrogateSpec, field: str) -> LoadedSurrogate:
+    def load(self, tenant: str, spec: SurrogateSpec, field: str) -> Any:
         """``field``: the definition's field (``surrogate_models[0]``)."""
         path = self.path_of(tenant, spec.model, f"{field}.model")
         key = ("tenant", tenant, spec.model, spec.key())

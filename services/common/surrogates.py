@@ -10,6 +10,26 @@ class maps to the target class of the same name. :func:`resolve_label_map` turns
 pairs once the target's labels are known (the evaluation service knows them from
 GetTargetInfo); the perturbation service receives the resolved pairs
 (:class:`SurrogateSpec`) and never needs the target's names.
+
+A surrogate of a detector or a segmenter (``task: detection | segmentation``; IEEE-A7 on
+IEEE-C4 / C5 targets) also declares where its outputs are (``outputs``, :class:`SurrogateOutputs`:
+positions in the model's output tuple), because no output convention is shared by detectors
+or segmenters::
+
+    task: detection                       # boxes N x K x 4 xyxy, scores N x K,
+    outputs:                              # and labels N x K or class logits N x K x C
+      boxes: {output: 0, units: pixels}   # pixels of the declared input, or normalised
+      scores: {output: 1, kind: probability}          # or logit
+      labels: {output: 2}                 # or class_logits: {output: 2}; neither: one class
+
+    task: segmentation
+    outputs:
+      mask: {output: 0, kind: class_logits}   # N x C x h x w; or probability / logit of the
+                                              # foreground, N x 1 x h x w (labels: 2 names)
+
+A bare number is the output alone (``boxes: 0``). The declared positions are checked here;
+the shapes behind them when the model is loaded (the perturbation service runs it on a
+blank image of the declared input size).
 """
 
 from __future__ import annotations
@@ -27,13 +47,14 @@ from fortis.services.common.limits import (
     MAX_SURROGATE_CLASSES,
     MAX_SURROGATE_LABEL_CHARS,
     MAX_SURROGATE_NORM,
+    MAX_SURROGATE_OUTPUT,
     MAX_SURROGATE_SIDE,
     MIN_SURROGATE_STD,
 )
 
-__all__ = ["BUILTIN_SURROGATE_NAMES", "BUILTIN_SURROGATE_TASKS", "FORMATS",
-           "SurrogateDefinition", "SurrogateSpec", "check_name", "parse_definition",
-           "resolve_label_map", "spec_of"]
+__all__ = ["BUILTIN_SURROGATE_NAMES", "BUILTIN_SURROGATE_TASKS", "FORMATS", "MASK_KINDS",
+           "SURROGATE_TASKS", "SurrogateDefinition", "SurrogateOutputs", "SurrogateSpec",
+           "check_name", "check_outputs", "parse_definition", "resolve_label_map", "spec_of"]
 
 #: The built-in models' names (fortis.adapters.builtin.BUILTIN_MODELS; a test keeps the two
 #: equal): a tenant's surrogate may not take one.
@@ -50,7 +71,99 @@ BUILTIN_SURROGATE_TASKS: Final[Mapping[str, str]] = {"mtcnn-surrogate": "detecti
 FORMATS: Final = ("torchscript", "onnx")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _KEYS: Final = frozenset({"name", "model", "format", "input", "mean", "std", "labels",
-                          "label_map"})
+                          "label_map", "task", "outputs"})
+#: What a surrogate does (a transfer attack on a target is crafted on one of its task).
+SURROGATE_TASKS: Final = ("classification", "detection", "segmentation")
+#: What a segmenter surrogate's mask output holds: per-pixel class logits (N x C x h x w), or
+#: the foreground's probability or logit (N x 1 x h x w; its labels: background, foreground).
+MASK_KINDS: Final = ("class_logits", "probability", "logit")
+#: The outputs each task declares.
+_OUTPUT_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
+    "detection": ("boxes", "scores", "labels", "class_logits"), "segmentation": ("mask",)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SurrogateOutputs:
+    """Where a detector's or segmenter's outputs are: positions in the model's output tuple
+    (None: not given) and how the values read (module doc)."""
+
+    boxes: int | None = None
+    #: boxes are fractions of the input's width and height (else pixels of the input)
+    boxes_normalised: bool = False
+    scores: int | None = None
+    #: scores are logits (else probabilities)
+    scores_are_logits: bool = False
+    labels: int | None = None
+    class_logits: int | None = None
+    mask: int | None = None
+    mask_kind: str = ""
+
+    def positions(self) -> dict[str, int]:
+        """The declared outputs by name."""
+        return {k: int(v) for k in ("boxes", "scores", "labels", "class_logits", "mask")
+                if (v := getattr(self, k)) is not None}
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.boxes, self.boxes_normalised, self.scores, self.scores_are_logits,
+                self.labels, self.class_logits, self.mask, self.mask_kind)
+
+
+def check_outputs(task: str, outputs: SurrogateOutputs, n_labels: int, path: str,
+                  bad: Any) -> None:
+    """The outputs a surrogate of ``task`` with ``n_labels`` classes must declare, each
+    problem naming ``path.outputs.<name>`` (or ``path.task`` / ``path.labels``)."""
+    if task not in SURROGATE_TASKS:
+        bad(FieldViolation(f"{path}.task", f"must be one of {', '.join(SURROGATE_TASKS)}, got "
+                                           f"{_short(task)}"))
+        return
+    pos = outputs.positions()
+    where = f"{path}.outputs"
+    if task == "classification":
+        if pos or outputs.mask_kind:
+            bad(FieldViolation(where, "only for detection and segmentation surrogates: a "
+                                      "classifier's one output is its logits"))
+        return
+    allowed = _OUTPUT_KEYS[task]
+    for k in pos:
+        if k not in allowed:
+            bad(FieldViolation(f"{where}.{k}", f"not an output of a {task} surrogate "
+                                               f"(it declares {', '.join(allowed)})"))
+    for k, v in pos.items():
+        if not 0 <= v <= MAX_SURROGATE_OUTPUT:
+            bad(FieldViolation(f"{where}.{k}", f"output position must be an integer in "
+                                               f"0..{MAX_SURROGATE_OUTPUT}, got {v}"))
+    seen: dict[int, str] = {}
+    for k, v in pos.items():
+        if v in seen:
+            bad(FieldViolation(f"{where}.{k}", f"output {v} is already the {seen[v]}"))
+        seen.setdefault(v, k)
+    if task == "detection":
+        for k in ("boxes", "scores"):
+            if k not in pos:
+                bad(FieldViolation(f"{where}.{k}", "required for a detection surrogate: "
+                                                   "{output: N}"))
+        if "labels" in pos and "class_logits" in pos:
+            bad(FieldViolation(f"{where}.class_logits", "give labels or class_logits, not "
+                                                        "both"))
+        if "labels" not in pos and "class_logits" not in pos and n_labels != 1:
+            bad(FieldViolation(where, f"a detector of {n_labels} classes says each box's "
+                                      "class: declare labels (N x K) or class_logits "
+                                      "(N x K x C); only a one-class detector needs neither"))
+        if outputs.mask_kind:
+            bad(FieldViolation(f"{where}.mask", "a detection surrogate has no mask output"))
+        return
+    if "mask" not in pos:
+        bad(FieldViolation(f"{where}.mask", "required for a segmentation surrogate: {output: "
+                                            "N, kind: class_logits | probability | logit}"))
+    if outputs.mask_kind not in MASK_KINDS:
+        bad(FieldViolation(f"{where}.mask.kind", f"must be one of {', '.join(MASK_KINDS)}"))
+    elif outputs.mask_kind != "class_logits" and n_labels != 2:
+        bad(FieldViolation(f"{path}.labels", f"a foreground {outputs.mask_kind} has two "
+                                             "classes: name the background, then the "
+                                             "foreground"))
+    elif outputs.mask_kind == "class_logits" and n_labels < 2:
+        bad(FieldViolation(f"{path}.labels", "per-pixel class logits need at least two "
+                                             "classes"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +181,10 @@ class SurrogateDefinition:
     labels: tuple[str, ...] = ()
     #: (surrogate label, target label) as written: an int index or a name each; empty: by name.
     label_map: tuple[tuple[int | str, int | str], ...] = ()
+    #: classification, detection or segmentation
+    task: str = "classification"
+    #: a detector's or segmenter's outputs (empty for a classifier)
+    outputs: SurrogateOutputs = field(default_factory=SurrogateOutputs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,11 +204,14 @@ class SurrogateSpec:
     mapping: tuple[tuple[int, int], ...]
     target_classes: int
     extra: Mapping[str, Any] = field(default_factory=dict)
+    task: str = "classification"
+    outputs: SurrogateOutputs = field(default_factory=SurrogateOutputs)
 
     def key(self) -> tuple[Any, ...]:
         """What identifies the loaded model (cache key, with the tenant and the blob)."""
         return (self.name, self.model, self.format, self.height, self.width, self.channels,
-                self.mean, self.std, self.labels, self.mapping, self.target_classes)
+                self.mean, self.std, self.labels, self.mapping, self.target_classes,
+                self.task, self.outputs.key())
 
     def mapped_targets(self) -> frozenset[int]:
         """The target classes some surrogate class maps to."""
@@ -130,6 +250,7 @@ class SurrogateSpec:
                                    f"{t} is outside the target's {self.target_classes} classes"))
         if len({s for s, _ in self.mapping}) != len(self.mapping):
             bad(FieldViolation(f"{path}.label_map", "a surrogate class is mapped twice"))
+        check_outputs(self.task, self.outputs, len(self.labels), path, bad)
         if problems:
             raise InvalidArgument.from_violations(problems[:100])
 
@@ -276,13 +397,78 @@ def parse_definition(doc: Any, path: str, *, model_kind: str = "blob") -> tuple[
                         break
                 else:
                     pairs.append((k, val))
+    task = doc.get("task", "classification")
+    if task not in SURROGATE_TASKS:
+        bad(FieldViolation(f"{path}.task", f"must be one of {', '.join(SURROGATE_TASKS)}, got "
+                                           f"{_short(task)}"))
+        task = "classification"
+    outputs = _parse_outputs(doc.get("outputs"), str(task), f"{path}.outputs", bad)
+    if not problems:
+        check_outputs(str(task), outputs, len(labels), path, bad)
     if problems:
         return None, problems
     return SurrogateDefinition(
         name=str(name), model=str(model), format=str(fmt), height=height, width=width,
         channels=channels, mean=tuple(float(x) for x in mean),
         std=tuple(float(x) for x in std), labels=tuple(str(x) for x in labels),
-        label_map=tuple(pairs)), []
+        label_map=tuple(pairs), task=str(task), outputs=outputs), []
+
+
+#: Per declared output: its options and their choices (the first the default).
+_OUTPUT_OPTIONS: Final[Mapping[str, tuple[str, tuple[str, ...]] | None]] = {
+    "boxes": ("units", ("pixels", "normalised")), "scores": ("kind", ("probability", "logit")),
+    "labels": None, "class_logits": None, "mask": ("kind", MASK_KINDS)}
+
+
+def _parse_outputs(raw: Any, task: str, where: str, bad: Any) -> SurrogateOutputs:
+    """The plan's ``outputs`` section (module doc) as typed positions; the combinations are
+    checked by :func:`check_outputs`."""
+    if raw is None:
+        return SurrogateOutputs()
+    if not isinstance(raw, Mapping):
+        bad(FieldViolation(where, "must be a mapping of output name -> {output: N, ...}"))
+        return SurrogateOutputs()
+    allowed = _OUTPUT_KEYS.get(task, ())
+    got: dict[str, Any] = {}
+    for k, entry in raw.items():
+        p = f"{where}.{str(k)[:60]}"
+        if k not in _OUTPUT_OPTIONS or (allowed and k not in allowed):
+            bad(FieldViolation(p, f"unknown output; a {task} surrogate declares "
+                                  f"{', '.join(allowed) or 'none (its one output is its logits)'}"))
+            continue
+        option = _OUTPUT_OPTIONS[k]
+        item = {"output": entry} if isinstance(entry, int) and not isinstance(entry, bool) \
+            else entry
+        if not isinstance(item, Mapping):
+            bad(FieldViolation(p, "must be the output's position, or {output: N"
+                                  + (f", {option[0]}: {' | '.join(option[1])}" if option
+                                     else "") + "}"))
+            continue
+        keys = {"output", *([option[0]] if option else [])}
+        for extra in item:
+            if extra not in keys:
+                bad(FieldViolation(f"{p}.{str(extra)[:60]}", f"unknown field; allowed: "
+                                                            f"{', '.join(sorted(keys))}"))
+        pos = item.get("output")
+        if isinstance(pos, bool) or not isinstance(pos, int) \
+                or not 0 <= pos <= MAX_SURROGATE_OUTPUT:
+            bad(FieldViolation(f"{p}.output", f"must be an integer in 0..{MAX_SURROGATE_OUTPUT}"
+                                              f" (the output's position), got {_short(pos)}"))
+            continue
+        got[k] = pos
+        if option:
+            name, choices = option
+            value = item.get(name, choices[0] if k != "mask" else None)
+            if value not in choices:
+                bad(FieldViolation(f"{p}.{name}", f"must be one of {', '.join(choices)}, got "
+                                                  f"{_short(value)}"))
+                continue
+            got[f"{k}.{name}"] = value
+    return SurrogateOutputs(
+        boxes=got.get("boxes"), boxes_normalised=got.get("boxes.units") == "normalised",
+        scores=got.get("scores"), scores_are_logits=got.get("scores.kind") == "logit",
+        labels=got.get("labels"), class_logits=got.get("class_logits"), mask=got.get("mask"),
+        mask_kind=str(got.get("mask.kind") or ""))
 
 
 def _index(x: int | str, names: Sequence[str], lookup: Mapping[str, int]) -> int | None:
@@ -338,4 +524,5 @@ def spec_of(defn: SurrogateDefinition, target_labels: Sequence[str], path: str) 
     return SurrogateSpec(name=defn.name, model=defn.model, format=defn.format,
                          height=defn.height, width=defn.width, channels=defn.channels,
                          mean=defn.mean, std=defn.std, labels=defn.labels, mapping=mapping,
-                         target_classes=max(1, len(target_labels)))
+                         target_classes=max(1, len(target_labels)), task=defn.task,
+                         outputs=defn.outputs)
