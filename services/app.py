@@ -298,7 +298,13 @@ def builtin_target(cfg: TargetConfig) -> Any:
     from fortis.adapters.builtin import BUILTIN_TARGETS, load_model
     from fortis.adapters.torch_target import ClassifierTarget
     if cfg.builtin in BUILTIN_TARGETS:      # detection / segmentation models (their own adapters)
-        return BUILTIN_TARGETS[cfg.builtin]()
+        target = BUILTIN_TARGETS[cfg.builtin]()
+        if cfg.output == "masks":           # a segmenter answering class maps alone
+            if not hasattr(target, "probabilities"):
+                raise errors.InvalidArgument("target", f"output=masks is for a segmenter; "
+                                             f"'{cfg.builtin}' is not one")
+            target.probabilities = False
+        return target
     return ClassifierTarget(load_model(cfg.builtin, "target.builtin"), output=cfg.output,
                             top_k=cfg.top_k)
 

@@ -153,6 +153,9 @@ class _Detector(_VisionTarget):
 class _Segmenter(_VisionTarget):
     task_type = common_pb2.TASK_TYPE_SEGMENTATION
     output_kind = common_pb2.OUTPUT_KIND_MASKS
+    #: Whether answers carry the per-pixel probabilities with the class map (``False``:
+    #: class maps only, as a segmentation API that returns masks alone: ``output=masks``).
+    probabilities: bool = True
 
     def __init__(self, *, threshold: float = 0.5, max_batch: int = DEFAULT_MAX_BATCH) -> None:
         super().__init__(max_batch=max_batch)
@@ -160,7 +163,8 @@ class _Segmenter(_VisionTarget):
 
     def _answer(self, image: np.ndarray) -> common_pb2.Segmentation:
         h, w = image.shape[:2]
-        return segmentation_message(self._confidence(image), h, w, self.threshold)
+        return segmentation_message(self._confidence(image), h, w, self.threshold,
+                                    probabilities=self.probabilities)
 
     def _confidence(self, image: np.ndarray) -> np.ndarray:
         raise NotImplementedError

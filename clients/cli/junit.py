@@ -3,15 +3,17 @@
 One ``<testsuite>`` per kind of result, in this order:
 
     acceptance    one <testcase> per acceptance criterion: a <failure> with the verdict's
-                  sentence when it fails or its metric is missing; an inconclusive criterion
-                  passes with the sentence in <system-out>, and fails with --strict
+                  sentence when it fails or its metric is missing; an inconclusive or a not
+                  evaluated criterion passes with the sentence in <system-out>, and fails
+                  with --strict
     overall       accuracy (IEEE-M1), the averages and worst cases (IEEE-M2..M5)
     corruptions   one per corruption and severity (``fog/3``) and per corruption mean
     attacks       one per attack (robustness, success rate, queries; IEEE-M3, M6)
     degradation   one per operator and level (DEG-2)
 
 A setting's test case passes unless an acceptance criterion on it failed; its value and 95 %
-interval are in <system-out>. The document validates against the Jenkins/Surefire JUnit schema
+interval are in <system-out>. A setting that failed to run (the report's ``failed_settings``)
+is a test case of its suite with an <error> carrying the setting's error. The document validates against the Jenkins/Surefire JUnit schema
 (junit-10.xsd, tests/fixtures/junit/). Every text is escaped, and characters XML 1.0 cannot
 carry (control characters, lone surrogates) are written as ``\\xNN``: setting names come
 from plans, which are hostile input.
@@ -72,10 +74,17 @@ _WHY: Final = {("missing", "no_ci"): "the metric is missing",
                ("fail", "conclusive"): "fails (conclusive)",
                ("fail", "inconclusive"): "fails (inconclusive: the 95% CI straddles it)",
                ("fail", "no_ci"): "fails (no interval: the value decides)",
-               ("pass", "inconclusive"): "inconclusive, failed by --strict"}
+               ("pass", "inconclusive"): "inconclusive, failed by --strict",
+               ("not_evaluated", "no_ci"): "not evaluated (a setting failed), failed by "
+                                           "--strict"}
+#: The JUnit suite of each kind of failed setting.
+_SUITE_OF: Final = {"corruption": "corruptions", "degradation": "degradation",
+                    "transfer_attack": "attacks", "query_attack": "attacks"}
 
 
 def _fails(c: Mapping[str, Any], strict: bool) -> bool:
+    if c.get("outcome") == "not_evaluated":
+        return strict
     return c.get("outcome") != "pass" or (strict and c.get("confidence") == "inconclusive")
 
 
@@ -92,10 +101,15 @@ class _Suites:
             self.suites[name] = ET.SubElement(self.root, "testsuite", attrs)
         return self.suites[name]
 
-    def case(self, suite: str, name: str, out: str, failures: list[tuple[str, str]]) -> None:
+    def case(self, suite: str, name: str, out: str, failures: list[tuple[str, str]],
+             error: tuple[str, str] | None = None) -> None:
         s = self.suite(suite)
         tc = ET.SubElement(s, "testcase", {"classname": suite, "name": _clean(name, _MAX_NAME),
                                            "time": "0"})
+        if error is not None:
+            e = ET.SubElement(tc, "error", {"type": _clean(error[0], 100),
+                                           "message": _clean(error[1], 500)})
+            e.text = _clean(error[1])
         for message, text in failures:
             f = ET.SubElement(tc, "failure", {"type": "acceptance",
                                              "message": _clean(message, 500)})
@@ -103,7 +117,9 @@ class _Suites:
         if out:
             ET.SubElement(tc, "system-out").text = _clean(out)
         s.set("tests", str(int(s.get("tests", "0")) + 1))
-        if failures:
+        if error is not None:
+            s.set("errors", str(int(s.get("errors", "0")) + 1))
+        elif failures:
             s.set("failures", str(int(s.get("failures", "0")) + 1))
 
 
@@ -167,11 +183,22 @@ def junit_xml(report: Mapping[str, Any], verdict: Mapping[str, Any], *,
             if p:
                 value = _rate(p.get("value"), p.get("ci95"), p.get("correct"), p.get("m"))
                 suites.case("degradation", f"{op}/{p.get('level')}", f"accuracy {value}", [])
+    for f in report.get("failed_settings") or ():
+        f = _mapping(f)
+        suite = _SUITE_OF.get(str(f.get("kind")), "settings")
+        name = str(f.get("setting") or f.get("name") or "?")
+        if suite == "corruptions" and f.get("level") is not None:
+            name = f"{f.get('name')}/{f.get('level')}"
+        suites.case(suite, name,
+                    f"failed to run: {f.get('images_done')} of {f.get('images_planned')} "
+                    "images done", [], error=(str(f.get("code") or "ERROR"),
+                                              str(f.get("message") or "")))
     total = sum(int(s.get("tests", "0")) for s in suites.suites.values())
     failed = sum(int(s.get("failures", "0")) for s in suites.suites.values())
+    errored = sum(int(s.get("errors", "0")) for s in suites.suites.values())
     root.set("tests", str(total))
     root.set("failures", str(failed))
-    root.set("errors", "0")
+    root.set("errors", str(errored))
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 

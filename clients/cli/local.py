@@ -489,7 +489,10 @@ def cmd_ledger(ns: argparse.Namespace) -> int:
                     "queries_attempted": st.attempts, "queries_in_flight": st.in_flight,
                     "queries_interrupted": st.interrupted,
                     "query_budget": rec.query_budget, "per_image_budget": rec.per_image_budget,
+                    # answered queries per image (IEEE-M6) and, beside them, every attempt
+                    # the target received (retries, failures, interrupted rows: Q_m)
                     "per_image": {k: v[0] for k, v in sorted(st.per_image.items())},
+                    "per_image_attempted": dict(sorted(st.per_image_attempts.items())),
                     "per_origin": {k: v[0] for k, v in sorted(st.per_origin.items())}})
         finally:
             led.close()
@@ -604,7 +607,7 @@ def _gate_criteria(specs: list[str]) -> tuple[dict[str, str], list[Any]]:
 def cmd_gate(ns: argparse.Namespace) -> int:
     """Re-check a report.json against its plan's acceptance criteria (or ``--criterion``)
     offline: the verdict recomputed from the report's metrics (services/report/verdict.py),
-    exit 3 when it fails (``--strict``: or is inconclusive)."""
+    exit 3 when it fails (``--strict``: or is inconclusive, or a setting failed to run)."""
     from fortis.cli.junit import write_junit
     from fortis.services.common.errors import InvalidArgument
     from fortis.services.report.verdict import report_verdict
@@ -632,7 +635,7 @@ def cmd_gate(ns: argparse.Namespace) -> int:
             err(f"--junit: cannot write {ns.junit}: {exc}")
             return EXIT_FAILED
         print(f"JUnit: {ns.junit}")
-    return remote.verdict_exit(verdict, strict=ns.strict)
+    return remote.verdict_exit(verdict, strict=ns.strict, report=report)
 
 
 def cmd_mlflow_export(ns: argparse.Namespace) -> int:

@@ -40,6 +40,14 @@ def print_summary(report: dict[str, Any], out: Path) -> None:
             extra = (f", success rate {a['success_rate']:.3f}, mean queries "
                      f"{a['mean_queries']:.1f} (budget {a['query_budget']})")
         print(f"  attack {name}: robustness {a['robustness_adv']:.4f}{extra}")
+    failed = [f for f in report.get("failed_settings") or () if isinstance(f, dict)]
+    if failed:
+        print(f"{len(failed)} setting{'s' if len(failed) != 1 else ''} failed to run (no "
+              "results; listed in the report):", file=sys.stderr)
+        for f in failed:
+            print(f"  {f.get('setting')}: {f.get('code')}: {str(f.get('message'))[:300]} "
+                  f"({f.get('images_done')} of {f.get('images_planned')} images done)",
+                  file=sys.stderr)
     print(f"Report: {out / 'report.json'}  {out / 'report.html'}")
 
 

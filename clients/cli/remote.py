@@ -139,19 +139,27 @@ def print_verdict(verdict: dict[str, Any], *, strict: bool = False) -> None:
         print("Verdict: no acceptance criteria in the plan (add `acceptance:` to gate on it)")
         return
     ok = verdict_exit(verdict, strict=strict) == 0
-    bad = [c for c in criteria if c.get("outcome") != "pass"
-           or (strict and c.get("confidence") == "inconclusive")]
-    print(f"Verdict{' (strict)' if strict else ''}: {'PASS' if ok else 'FAIL'} "
-          f"({len(criteria) - len(bad)} of {len(criteria)} criteria met; the point estimate "
-          "decides, the 95% CI says whether it is conclusive)")
+    unrun = [c for c in criteria if c.get("outcome") == "not_evaluated"]
+    bad = [c for c in criteria if c.get("outcome") not in ("pass", "not_evaluated")
+           or (strict and (c in unrun or c.get("confidence") == "inconclusive"))]
+    word = "FAIL" if not ok else "INCOMPLETE" if unrun else "PASS"
+    met = len(criteria) - len(bad) - (0 if strict else len(unrun))
+    print(f"Verdict{' (strict)' if strict else ''}: {word} "
+          f"({met} of {len(criteria)} criteria met"
+          f"{f', {len(unrun)} not evaluated (a setting failed)' if unrun else ''}; the point "
+          "estimate decides, the 95% CI says whether it is conclusive)")
     for c in criteria:
-        mark = ("FAIL" if c in bad else "pass") + (
+        mark = ("FAIL" if c in bad else "n/e" if c in unrun else "pass") + (
             "?" if c.get("confidence") == "inconclusive" else "")
         print(f"  {mark:<5} {c.get('text') or c.get('metric')}")
 
 
-def verdict_exit(verdict: dict[str, Any] | None, *, strict: bool = False) -> int:
-    """0 when the verdict passes (``strict``: strict_passed), else EXIT_ACCEPTANCE."""
+def verdict_exit(verdict: dict[str, Any] | None, *, strict: bool = False,
+                 report: dict[str, Any] | None = None) -> int:
+    """0 when the verdict passes (``strict``: strict_passed, and no setting of ``report``
+    failed to run), else EXIT_ACCEPTANCE."""
+    if strict and report is not None and report.get("failed_settings"):
+        return EXIT_ACCEPTANCE
     if not verdict:
         return 0
     return 0 if (verdict.get("strict_passed") if strict else verdict.get("passed")) is True \
@@ -161,7 +169,8 @@ def verdict_exit(verdict: dict[str, Any] | None, *, strict: bool = False) -> int
 def finish_report(report: dict[str, Any], out: Path, ns: argparse.Namespace) -> int:
     """After a report is written to ``out``: the summary and the verdict, then ``--pdf``,
     ``--junit`` and ``--mlflow-uri``; the exit code: 1 when an export failed, else 3 when
-    the acceptance criteria fail (``--strict``: or are inconclusive), else 0."""
+    the acceptance criteria fail (``--strict``: or are inconclusive or not evaluated, or a
+    setting failed to run), else 0."""
     strict = bool(getattr(ns, "strict", False))
     print_summary(report, out)
     verdict = report.get("verdict")
@@ -208,7 +217,8 @@ def finish_report(report: dict[str, Any], out: Path, ns: argparse.Namespace) -> 
         except MlflowExportError as exc:
             err(f"--mlflow-uri: {exc}")
             code = EXIT_FAILED
-    return code or verdict_exit(verdict if isinstance(verdict, dict) else None, strict=strict)
+    return code or verdict_exit(verdict if isinstance(verdict, dict) else None, strict=strict,
+                                report=report)
 
 
 @guarded
@@ -248,8 +258,13 @@ def cmd_ledger(ns: argparse.Namespace) -> int:
         st = client.session_stats(ns.session)
     result = {"session_id": ns.session, "target": st.target, "queries_ok": st.queries_ok,
               "queries_failed": st.queries_failed, "calls_refused": st.calls_refused,
+              "queries_attempted": int(st.raw.queries_attempted),
+              "queries_in_flight": int(st.raw.queries_in_flight),
               "query_budget": st.query_budget, "per_image_budget": st.per_image_budget,
-              "per_image": st.per_image, "per_origin": st.per_origin}
+              "per_image": st.per_image,
+              "per_image_attempted": {i.image_id: int(i.attempts)
+                                      for i in sorted(st.raw.images, key=lambda i: i.image_id)},
+              "per_origin": st.per_origin}
     print_ledger([result], ns)
     return 0
 

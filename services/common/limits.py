@@ -115,6 +115,11 @@ MAX_ENSEMBLE: Final = 8
 MAX_SURROGATE_NORM: Final = 1000.0
 #: Smallest std of a surrogate's input normalisation.
 MIN_SURROGATE_STD: Final = 1e-6
+#: Largest output position a detector or segmenter surrogate's ``outputs`` may name (its
+#: outputs 0..15).
+MAX_SURROGATE_OUTPUT: Final = 15
+#: Boxes (K) a detector surrogate may return per image (checked when it is loaded).
+MAX_SURROGATE_DETECTIONS: Final = 20_000
 
 # -- evaluation artifacts (services/evaluation/store.py; issue 10, one shared store) ----------
 #: An artifact's name (``adversarial/<attack>-<chunk>.npz``): '/'-separated parts of letters,
@@ -394,6 +399,11 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
     _PERT + "RunAttackRequest.ensemble": Limit("text", length=MAX_NAME_CHARS,
                                                entries=MAX_ENSEMBLE),
     _PERT + "RunAttackRequest.surrogate_models": _list(MAX_SURROGATES),
+    _PERT + "ValidateAttackRequest.attack_id": _NAME,
+    _PERT + "ValidateAttackRequest.params": _STRUCT,
+    _PERT + "ValidateAttackRequest.criterion": _MSG,
+    _PERT + "ValidateAttackRequest.task": Limit("free", note="enum; unset = classification"),
+    _PERT + "ValidateAttackRequest.output_kind": Limit("free", note="enum; unset = unknown"),
     _PERT + "SurrogateModel.name": _NAME,
     _PERT + "SurrogateModel.model": _text(MAX_BLOB_ID_CHARS, note="an uploaded model's id"),
     _PERT + "SurrogateModel.format": Limit("free", note="enum; an unknown format is refused"),
@@ -408,6 +418,20 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
                                            entries=MAX_SURROGATE_CLASSES),
     _PERT + "SurrogateModel.label_map": _list(MAX_SURROGATE_CLASSES),
     _PERT + "SurrogateModel.target_classes": _int(1, MAX_CLASS_LABEL),
+    _PERT + "SurrogateModel.task": Limit("free", note="enum; unset = classification"),
+    _PERT + "SurrogateModel.outputs": _MSG,
+    _PERT + "SurrogateOutputs.boxes": _int(0, MAX_SURROGATE_OUTPUT),
+    _PERT + "SurrogateOutputs.boxes_normalised": Limit("free", note="bool"),
+    _PERT + "SurrogateOutputs.scores": _int(0, MAX_SURROGATE_OUTPUT),
+    _PERT + "SurrogateOutputs.scores_are_logits": Limit("free", note="bool"),
+    _PERT + "SurrogateOutputs.labels": _int(0, MAX_SURROGATE_OUTPUT),
+    _PERT + "SurrogateOutputs.class_logits": _int(0, MAX_SURROGATE_OUTPUT),
+    _PERT + "SurrogateOutputs.mask": _int(
+        0, MAX_SURROGATE_OUTPUT, note=f"the model's outputs are checked when it is loaded: "
+        f"at most {MAX_SURROGATE_DETECTIONS:,} boxes per image, masks at most "
+        f"{MAX_SURROGATE_SIDE:,} pixels a side"),
+    _PERT + "SurrogateOutputs.mask_kind": Limit("free", note="enum; unset is refused for a "
+                                                 "segmenter"),
     _PERT + "SurrogateLabelMapping.surrogate_label": _int(0, MAX_SURROGATE_CLASSES - 1),
     _PERT + "SurrogateLabelMapping.target_label": _int(0, MAX_CLASS_LABEL - 1),
     _PERT + "LabeledImage.image": _MSG,
@@ -553,6 +577,9 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
     _SC + "SettingAnswers.segmentation": _MSG,
     _SC + "SettingAnswers.query_attack": _MSG,
     _SC + "SettingAnswers.sizes": _MSG,
+    _SC + "SettingAnswers.excluded": _list(MAX_EVALUATION_IMAGES,
+                                           note="one flag per covered image, or none"),
+    _SC + "SettingAnswers.excluded_reason": _text(MAX_TEXT_CHARS, note="printed in the report"),
     _SC + "SettingAnswers.fraction_of_pixels_changed": _UNIT,
     _SC + "ClassificationAnswers.labels": _MSG,
     _SC + "ClassificationAnswers.scores": _MSG,
@@ -611,7 +638,7 @@ ECHO_MESSAGES: Final = frozenset({
     _SC + "DegradationProfile.FractionOfPixelsChangedEntry", _SC + "QueryErrors",
     _SC + "SettingErrors", _PERT + "LevelParameters", _PERT + "NamedValue",
     _PERT + "NumberList", _PERT + "Characterisation", _SC + "QueryCurvePoint",
-    "fortis.report.v1.ExampleImage",
+    "fortis.report.v1.ExampleImage", "fortis.report.v1.FailedSetting",
     "fortis.report.v1.ExampleBox", _SC + "SettingVerdicts",
 })
 ECHO_TEXT: Final = _text(MAX_TEXT_CHARS, note="printed in the report")

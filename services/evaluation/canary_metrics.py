@@ -133,12 +133,12 @@ class _Canary:
         entry = self.catalogue.attacks[at.id]
         n = len(s.image_index) if s.image_index else self.labels.size
         results = self._results(at, n)
-        attacked = np.ones(n, dtype=bool)
+        attacked = ~np.asarray(s.excluded, dtype=bool) if s.excluded else np.ones(n, dtype=bool)
         if s.kind == "query_attack":
             reasons = [r for res in results for r in res.get("stop_reason", ())] \
                 if results is not None else []
             if len(reasons) == n:
-                attacked = np.array([r != _ALREADY for r in reasons], dtype=bool)
+                attacked &= np.array([r != _ALREADY for r in reasons], dtype=bool)
         return {"effect": self._effect(at, s, n),
                 "cost": self._cost(at, s, n, entry.kind, results, attacked),
                 "perturbation": self._perturbation(at, n, attacked)}

@@ -30,7 +30,7 @@ from fortis.services.common.codec import (
 from fortis.services.common.limits import request_batches
 from fortis.services.common.params import Param
 from fortis.services.common.server import error_from_rpc
-from fortis.services.common.surrogates import SurrogateSpec
+from fortis.services.common.surrogates import SurrogateOutputs, SurrogateSpec
 from fortis.services.evaluation import convert
 from fortis.services.evaluation.answers import (
     Answers,
@@ -62,6 +62,8 @@ _OUTPUT = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
 _TASK = {common_pb2.TASK_TYPE_CLASSIFICATION: "classification",
          common_pb2.TASK_TYPE_DETECTION: "detection",
          common_pb2.TASK_TYPE_SEGMENTATION: "segmentation"}
+_OUTPUT_ENUM = {v: k for k, v in _OUTPUT.items()}
+_TASK_ENUM = {v: k for k, v in _TASK.items()}
 
 
 def _call(fn: Any, req: Any, md: Sequence[tuple[str, str]], timeout: float | None = None) -> Any:
@@ -152,9 +154,15 @@ class GrpcProxy:
         self.stub = proxy_pb2_grpc.TargetProxyServiceStub(ch)
         self.md = tuple(metadata)
         self.batch_limit = batch_limit
+        #: Per target, the largest batch the proxy sends it in one call (its info); per
+        #: session opened here, its target's. A Predict call kept within it fails, when the
+        #: target fails, on its own images only (the ledger's rows and the answers agree).
+        self._target_batch: dict[str, int] = {}
+        self._session_batch: dict[str, int] = {}
 
     def target_info(self, target: str) -> TargetDescription:
         info = _call(self.stub.GetTargetInfo, proxy_pb2.GetTargetInfoRequest(target=target), self.md, 60).info
+        self._target_batch[target] = int(info.input.max_batch_size)
         return TargetDescription(name=info.name, task=_TASK.get(info.task_type, "unspecified"),
                                  labels=tuple(info.labels), output_kind=_OUTPUT.get(info.output_kind, "unspecified"),
                                  top_k=info.top_k, input_height=info.input.height,
@@ -177,6 +185,9 @@ class GrpcProxy:
         _call(self.stub.CreateSession, proxy_pb2.CreateSessionRequest(
             target=target, session_id=session_id, query_budget=query_budget,
             per_image_budget=per_image_budget, description=description), self.md, 60)
+        if target not in self._target_batch:
+            self.target_info(target)
+        self._session_batch[session_id] = self._target_batch[target]
 
     def predict(self, *, session_id: str, origin: str, task: str,
                 images: Sequence[tuple[str, np.ndarray]]) -> Answers:
@@ -184,7 +195,8 @@ class GrpcProxy:
         its images gives per-image errors (recorded in the ledger, scored as incorrect,
         shown in the report); any other failure ends the evaluation."""
         parts: list[Answers] = []
-        for s, e in request_batches([np.shape(a) for _, a in images], max_images=self.batch_limit,
+        limit = min(self.batch_limit, self._session_batch.get(session_id) or self.batch_limit)
+        for s, e in request_batches([np.shape(a) for _, a in images], max_images=limit,
                                     task=task):
             part = images[s:e]
             req = proxy_pb2.PredictRequest(session_id=session_id, origin=origin)
@@ -290,6 +302,18 @@ class GrpcPerturbation:
             out += [decode_image(m, f"images[{s + k}]") for k, m in enumerate(resp.images)]
         return out
 
+    def validate_attack(self, attack_id: str, params: Mapping[str, Any], *, task: str,
+                        output_kind: str = "",
+                        criterion: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        req = ppb.ValidateAttackRequest(
+            attack_id=attack_id, task=_TASK_ENUM.get(task, 0),
+            output_kind=_OUTPUT_ENUM.get(output_kind, 0))
+        json_format.ParseDict(dict(params), req.params)
+        if criterion:
+            req.criterion.CopyFrom(convert.attack_criterion(criterion))
+        resp = _call(self.stub.ValidateAttack, req, self.md, 60)
+        return dict(json_format.MessageToDict(resp.params))
+
     def attack(self, attack_id: str, params: Mapping[str, Any], seed: int,
                images: Sequence[tuple[str, np.ndarray, Sequence[int]]], *,
                session_id: str = "", origin: str = "", surrogate: str = "",
@@ -358,7 +382,22 @@ def surrogate_model(spec: SurrogateSpec) -> ppb.SurrogateModel:
         std=list(spec.std), labels=list(spec.labels),
         label_map=[ppb.SurrogateLabelMapping(surrogate_label=s, target_label=t)
                    for s, t in spec.mapping],
-        target_classes=spec.target_classes)
+        target_classes=spec.target_classes,
+        task={v: k for k, v in _TASK.items()}[spec.task],
+        outputs=_surrogate_outputs(spec.outputs) if spec.task != "classification" else None)
+
+
+_MASK_KINDS = {"class_logits": ppb.SURROGATE_MASK_KIND_CLASS_LOGITS,
+               "probability": ppb.SURROGATE_MASK_KIND_FOREGROUND_PROBABILITY,
+               "logit": ppb.SURROGATE_MASK_KIND_FOREGROUND_LOGIT}
+
+
+def _surrogate_outputs(o: SurrogateOutputs) -> ppb.SurrogateOutputs:
+    """A detector's or segmenter's declared outputs as their message."""
+    return ppb.SurrogateOutputs(
+        boxes=o.boxes, boxes_normalised=o.boxes_normalised, scores=o.scores,
+        scores_are_logits=o.scores_are_logits, labels=o.labels, class_logits=o.class_logits,
+        mask=o.mask, mask_kind=_MASK_KINDS.get(o.mask_kind, ppb.SURROGATE_MASK_KIND_UNSPECIFIED))
 
 
 class GrpcScoring:

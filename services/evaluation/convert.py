@@ -202,6 +202,9 @@ def setting(s: Setting) -> spb.SettingAnswers:
         msg.sizes.CopyFrom(spb.PerturbationSizes(linf=list(s.linf), l2=list(s.l2)))
     if s.fraction_changed is not None:
         msg.fraction_of_pixels_changed = s.fraction_changed
+    if any(s.excluded):
+        msg.excluded.extend(s.excluded)
+        msg.excluded_reason = s.excluded_reason
     return msg
 
 
@@ -317,6 +320,12 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
         msg.signal = test.signal
         msg.criterion = test.criterion
     parts.examples.extend(example_images(r.examples))
+    for f in r.failed:
+        assert f.failure is not None
+        parts.failed_settings.add(
+            kind=f.kind, name=f.name, level=f.level,
+            code=f.failure.code, message=f.failure.message,
+            images_done=f.failure.images_done, images_planned=f.failure.images_planned)
     if r.canary is not None:    # CAN-1..4 per attack (canary_metrics.py): Compute's results
         json_format.ParseDict(dict(r.canary), parts.canary)
     if r.benchmark:     # multi-target plans (CAN-5/7/8/10): Compute results, open by design

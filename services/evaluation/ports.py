@@ -20,8 +20,8 @@ from fortis.services.evaluation.answers import Answers
 __all__ = ["AttackEntry", "AttackOutcome", "Catalogue", "CataloguePort", "ExampleBox",
            "LedgerSummary",
            "PerturbationEntry", "PerturbationPort", "ProxyPort", "ReportInput", "ReportPort",
-           "Scored", "ScoringPort", "ScoringSetup", "Setting", "Summary", "TargetDescription",
-           "TestDefinition"]
+           "Scored", "ScoringPort", "ScoringSetup", "Setting", "SettingFailure", "Summary",
+           "TargetDescription", "TestDefinition"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +153,15 @@ class PerturbationPort(CataloguePort, Protocol):
         the tenant's surrogates those names may refer to (IEEE-P6)."""
         ...
 
+    def validate_attack(self, attack_id: str, params: Mapping[str, Any], *, task: str,
+                        output_kind: str = "",
+                        criterion: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Whether the attack can run with these parameters and criterion against a target
+        of ``task`` returning ``output_kind`` ("" = not known), before any image: the
+        perturbation service's every rule (InvalidArgument naming ``params.<name>``,
+        ``criterion...`` or ``attack_id``). Returns the parameters it would run with."""
+        ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class ScoringSetup:
@@ -166,8 +175,20 @@ class ScoringSetup:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SettingFailure:
+    """Why a setting could not be run to its end: the ``google.rpc.Code`` and message of the
+    error (as a caller may see it: internals never), and how far it got."""
+
+    code: int
+    message: str
+    images_done: int
+    images_planned: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Setting:
-    """One test setting's recorded answers, for the scoring service."""
+    """One test setting's recorded answers, for the scoring service; or, with ``failure``,
+    a setting that failed (no answers: the report lists it with its error)."""
 
     kind: str                        # clean | corruption | transfer_attack | query_attack | degradation
     name: str = ""
@@ -181,6 +202,17 @@ class Setting:
     linf: tuple[float, ...] = ()
     l2: tuple[float, ...] = ()
     fraction_changed: float | None = None
+    failure: SettingFailure | None = None
+    #: Attacks: per covered image, left out by the plan's success criterion before the
+    #: attack (a targeted attack's image already of the target class), and why.
+    excluded: tuple[bool, ...] = ()
+    excluded_reason: str = ""
+
+    @property
+    def label(self) -> str:
+        """The setting as reports name it: ``fog@3``, ``square``."""
+        return f"{self.name}@{self.level}" if self.kind in ("corruption", "degradation") \
+            else self.name or self.kind
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,6 +221,8 @@ class Summary:
     average_robustness_corr: float | None
     average_robustness_adv: float | None
     m: int
+    #: Settings that failed (``Setting.label``), listed with their errors in the report.
+    failed_settings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -298,6 +332,8 @@ class ReportInput:
     examples: Sequence[Example] = ()
     #: CANARY metrics per attack (CAN-1..4) when the plan asks for them: plain JSON data.
     canary: Mapping[str, Any] | None = None
+    #: Settings that failed (``Setting.failure``), in plan order.
+    failed: Sequence[Setting] = ()
     #: Multi-target plans (CAN-5/7/8/10): plain JSON data (``benchmark.py``).
     benchmark: Mapping[str, Any] | None = None
 

@@ -192,6 +192,10 @@ class EvaluationRunner:
         # results are committed, scoring and the report are for the run that resumes it.
         ctx.check_cancelled()
         progress.stage("scoring")
+        # Settings that failed are listed in the report with their errors (IEEE-P4); the
+        # metrics are those of the settings that ran.
+        failed = [s for s in settings if s.failure is not None]
+        settings = [s for s in settings if s.failure is None]
         setup = self._scoring_setup(target, images)
         if plan.target.task == "segmentation":
             settings = [_fit_masks(s, setup.truth) for s in settings]
@@ -222,7 +226,9 @@ class EvaluationRunner:
             metrics=scored.metrics, tests=tests, ledger=self._ledger(stages, ctx),
             evaluation_id=eid, started=started, finished=finished_at, images=len(images),
             resumed_count=current.resumed_count if current else 0, examples=examples,
-            benchmark=benchmark, canary=canary))
+            benchmark=benchmark, canary=canary, failed=failed))
+        scored = replace(scored, summary=replace(
+            scored.summary, failed_settings=tuple(s.label for s in failed)))
         store.finish(eid, report_json=report_json, report_html=report_html,
                      summary=scored.summary, finished_at=finished_at)
         return scored

@@ -4,11 +4,12 @@ while the misclassification ratio (MR) rises significantly (the bound held the a
 else lowered while MR does not fall significantly (D~ spent budget for nothing, degrading the
 examples); the attack is then run at the point where MR stops changing significantly.
 
-MR is measured on the attack's own white-box surrogate, on the first ``images`` of the plan's
-images: the selection sends nothing to the target (no query, no ledger row), and it is
-deterministic (the attack's seed is the plan's). "Significantly": a pooled two-proportion z
-test at ``alpha`` on the counts (misled / right on the surrogate), the test ``fortis compare``
-states. The result is stored as a work item of the evaluation, so a resumed evaluation uses
+MR is measured on the target, through the proxy, on the first ``images`` of the plan's
+images: the clean images and the examples crafted at each point tried are sent in the
+attack's own session ``<attack>.select`` (every query ledgered; the stage that calls
+:func:`select_epsilon` owns the sending), and it is deterministic (the attack's seed is the
+plan's). "Significantly": a pooled two-proportion z test at ``alpha`` on the counts (misled
+/ right on the clean image), the test ``fortis compare`` states. The result is stored as a work item of the evaluation, so a resumed evaluation uses
 the same epsilon (CAN-9). Domain code: the perturbation port only.
 """
 

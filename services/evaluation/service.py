@@ -45,6 +45,24 @@ EVALUATION_ID_MAX = 100
 _EVALUATION_ID = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
 
 
+def check_attacks(plan: Plan, perturbation: PerturbationPort, output_kind: str = "") -> None:
+    """Every attack of the plan as the perturbation service would run it (ValidateAttack):
+    its rules between parameters, its task and targeted support, the signal it needs from a
+    target returning ``output_kind`` ("" = not known). One InvalidArgument naming each
+    problem by its plan field (``attacks[i].params.epsilon``), before anything runs."""
+    found: list[errors.FieldViolation] = []
+    for i, at in enumerate(plan.attacks):
+        try:
+            perturbation.validate_attack(at.id, at.params, task=plan.target.task,
+                                         output_kind=output_kind, criterion=at.criterion)
+        except errors.InvalidArgument as exc:
+            for v in exc.violations:
+                where = "id" if v.field in ("attack_id", "") else v.field
+                found.append(errors.FieldViolation(f"attacks[{i}].{where}", v.description))
+    if found:
+        raise errors.InvalidArgument.from_violations(found[:100])
+
+
 def check_evaluation_id(evaluation_id: str) -> None:
     """InvalidArgument (field ``evaluation_id``, never echoing the id) unless safe."""
     if len(evaluation_id) > EVALUATION_ID_MAX or not _EVALUATION_ID.fullmatch(evaluation_id):
@@ -136,6 +154,7 @@ class EvaluationManager:
             raise errors.InvalidArgument.from_violations(missing)
         if plan.baseline:
             check_baseline(self.store.for_tenant(tenant), plan.baseline)
+        perturbation = self.ports_for(tenant).perturbation
         for name in [m.name for m in plan.members] or [plan.target.name]:
             if not plan.attacks:  # the signal each attack needs (IEEE-A8), before anything runs
                 break
@@ -146,6 +165,7 @@ class EvaluationManager:
             if target is not None:
                 check_against_target(replace(plan, target=replace(plan.target, name=name)),
                                      target, catalogue)
+            check_attacks(plan, perturbation, target.output_kind if target else "")
         return plan
 
     def create(self, *, tenant: str, plan_text: str, fmt: str = "", evaluation_id: str = "") -> EvaluationRow:

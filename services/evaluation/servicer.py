@@ -44,7 +44,8 @@ def _summary(row: EvaluationRow) -> pb.EvaluationSummary | None:
     if not row.summary_json:
         return None
     d = json.loads(row.summary_json)
-    s = pb.EvaluationSummary(m=int(d.get("m") or 0))
+    s = pb.EvaluationSummary(m=int(d.get("m") or 0),
+                             failed_settings=[str(x) for x in d.get("failed_settings") or ()])
     for key in ("accuracy", "average_robustness_corr", "average_robustness_adv"):
         if d.get(key) is not None:
             setattr(s, key, float(d[key]))

@@ -98,6 +98,15 @@ ACTIVE_STATES = ("PENDING", "RUNNING")
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
+def summary_json(summary: Any) -> str:
+    """The stored form of an evaluation's headline results (``ports.Summary``)."""
+    return json.dumps({"accuracy": summary.accuracy,
+                       "average_robustness_corr": summary.average_robustness_corr,
+                       "average_robustness_adv": summary.average_robustness_adv,
+                       "m": summary.m,
+                       "failed_settings": list(getattr(summary, "failed_settings", ()))})
+
+
 @dataclass(frozen=True)
 class EvaluationRow:
     evaluation_id: str
@@ -370,10 +379,7 @@ class EvaluationStore:
         return self.update_running(
             evaluation_id, state="SUCCEEDED", stage="done", report_json=report_json,
             report_html=report_html, finished_at=finished_at, message="",
-            summary_json=json.dumps({"accuracy": summary.accuracy,
-                                     "average_robustness_corr": summary.average_robustness_corr,
-                                     "average_robustness_adv": summary.average_robustness_adv,
-                                     "m": summary.m}))
+            summary_json=summary_json(summary))
 
     def mark_resumed(self, evaluation_id: str) -> None:
         with self._lock:

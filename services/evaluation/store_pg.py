@@ -21,7 +21,6 @@ the same chunk at once leave one consistent artifact, and the same bytes again w
 from __future__ import annotations
 
 import builtins
-import json
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -37,6 +36,7 @@ from fortis.services.evaluation.store import (
     check_artifact,
     check_claim,
     joined_artifact,
+    summary_json,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -238,10 +238,7 @@ class PgEvaluationStore:
         return self.update_running(
             evaluation_id, state="SUCCEEDED", stage="done", report_json=report_json,
             report_html=report_html, finished_at=finished_at, message="",
-            summary_json=json.dumps({"accuracy": summary.accuracy,
-                                     "average_robustness_corr": summary.average_robustness_corr,
-                                     "average_robustness_adv": summary.average_robustness_adv,
-                                     "m": summary.m}))
+            summary_json=summary_json(summary))
 
     def mark_resumed(self, evaluation_id: str) -> None:
         self._run(lambda c: c.execute(evaluations.update().where(self._key(evaluation_id))

@@ -37,7 +37,7 @@ from fortis.services.perturbation.registry import (
 from fortis.services.perturbation.spec import ApplyContext, PerturbationSpec
 
 __all__ = ["AttackItem", "AttackResult", "QueryClient", "SurrogateLoader",
-           "perturb", "perturbation_rng", "run_attack"]
+           "attack_params", "perturb", "perturbation_rng", "run_attack", "validate_attack"]
 
 
 SurrogateLoader = Callable[[str], Any]   # name -> TorchClassifier-like (model, to_model_input)
@@ -138,6 +138,33 @@ def check_attack_fits(spec: Any, task: str, signal: str, crit: Criterion) -> Non
                               "attack")
 
 
+def attack_params(spec: Any, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An attack's parameters as it runs with them: checked against its schema (defaults
+    filled in), against its rules between parameters (``AttackSpec.check``) and, for the
+    gradient attacks' boosters, theirs; each problem names ``params.<name>``."""
+    from fortis.services.perturbation.attacks.whitebox import Boosters
+
+    p = validate_params(spec, params)
+    if spec.check is not None:
+        spec.check(p)
+    if any(q.name == "ti_kernel" for q in spec.params):
+        Boosters(p)
+    return p
+
+
+def validate_attack(attack_id: str, params: Mapping[str, Any] | None, *,
+                    task: str = "classification", signal: str = "",
+                    criterion: Criterion | Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Whether an attack can run with these parameters and this criterion against a target of
+    ``task`` giving ``signal`` ("" = not known: not checked), before any image: every rule
+    :func:`run_attack` applies first. Returns the parameters it would run with."""
+    spec = attack_spec(attack_id)
+    p = attack_params(spec, params)
+    crit = attack_criterion(task, criterion)
+    check_attack_fits(spec, task, signal or "scores", crit)
+    return p
+
+
 def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequence[AttackItem], *,
                query: QueryClient | None = None, surrogate: Any = None,
                criterion: Criterion | Mapping[str, Any] | None = None,
@@ -159,7 +186,7 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
     surrogate's (``task``: classification when it does not say); ``ensemble`` are further
     surrogates it is crafted on together with ``surrogate`` (IEEE-A7 model ensembles)."""
     spec = attack_spec(attack_id)
-    p = validate_params(spec, params)
+    p = attack_params(spec, params)
     if not items:
         return []
     groups: dict[tuple[int, ...], list[int]] = {}

@@ -38,11 +38,11 @@ from fortis.services.common.server import (
 )
 from fortis.services.common.status import status_for
 from fortis.services.common.stopping import StopCheck, caller_stop
-from fortis.services.common.surrogates import SurrogateSpec
+from fortis.services.common.surrogates import SurrogateOutputs, SurrogateSpec
 from fortis.services.perturbation import engine, registry
 from fortis.services.perturbation.attacks.base import AttackSpec
 from fortis.services.perturbation.attacks.registry import ATTACKS, attack_spec
-from fortis.services.perturbation.judges import BoxReference
+from fortis.services.perturbation.judges import BoxReference, signal_of_output
 from fortis.services.perturbation.proxy_client import ProxyQueryClient
 from fortis.services.perturbation.registry import PERTURBATIONS, perturbation_spec
 from fortis.services.perturbation.spec import PerturbationSpec
@@ -124,16 +124,37 @@ _MODEL_FORMATS = {pb.MODEL_FORMAT_UNSPECIFIED: "", pb.MODEL_FORMAT_TORCHSCRIPT: 
                   pb.MODEL_FORMAT_ONNX: "onnx"}
 
 
+_MASK_KINDS = {pb.SURROGATE_MASK_KIND_UNSPECIFIED: "",
+               pb.SURROGATE_MASK_KIND_CLASS_LOGITS: "class_logits",
+               pb.SURROGATE_MASK_KIND_FOREGROUND_PROBABILITY: "probability",
+               pb.SURROGATE_MASK_KIND_FOREGROUND_LOGIT: "logit"}
+
+
 def surrogate_spec(msg: pb.SurrogateModel, where: str) -> SurrogateSpec:
     """A SurrogateModel message as the domain's definition (checked when resolved)."""
     if msg.format not in _MODEL_FORMATS:
         raise errors.InvalidArgument(f"{where}.format", f"unknown model format {msg.format}")
+    task = "classification" if msg.task == common_pb2.TASK_TYPE_UNSPECIFIED else \
+        _TASK_NAMES.get(msg.task)
+    if task is None:
+        raise errors.InvalidArgument(f"{where}.task", f"unknown task {msg.task}")
+    o = msg.outputs
+    if o.mask_kind not in _MASK_KINDS:
+        raise errors.InvalidArgument(f"{where}.outputs.mask_kind",
+                                     f"unknown mask kind {o.mask_kind}")
+    outputs = SurrogateOutputs(
+        boxes=o.boxes if o.HasField("boxes") else None, boxes_normalised=o.boxes_normalised,
+        scores=o.scores if o.HasField("scores") else None,
+        scores_are_logits=o.scores_are_logits,
+        labels=o.labels if o.HasField("labels") else None,
+        class_logits=o.class_logits if o.HasField("class_logits") else None,
+        mask=o.mask if o.HasField("mask") else None, mask_kind=_MASK_KINDS[o.mask_kind])
     return SurrogateSpec(
         name=msg.name, model=msg.model, format=_MODEL_FORMATS[msg.format], height=msg.height,
         width=msg.width, channels=msg.channels, mean=tuple(msg.mean), std=tuple(msg.std),
         labels=tuple(msg.labels),
         mapping=tuple((int(m.surrogate_label), int(m.target_label)) for m in msg.label_map),
-        target_classes=msg.target_classes)
+        target_classes=msg.target_classes, task=task, outputs=outputs)
 
 
 def _objects(li: Any, where: str) -> BoxReference | None:
@@ -231,7 +252,8 @@ def attack_info(spec: AttackSpec) -> pb.AttackInfo:
         untargeted=spec.untargeted, parameters=[parameter_spec(p) for p in spec.params],
         refs=list(spec.refs), description=spec.description,
         needs_surrogate=spec.needs_surrogate, stochastic=spec.stochastic,
-        tasks=[_TASKS[t] for t in spec.tasks or ()], uses_surrogate=spec.uses_surrogate)
+        tasks=[_TASKS[t] for t in spec.tasks or ()], uses_surrogate=spec.uses_surrogate,
+        minimal_norm=spec.minimal_norm)
 
 
 def _stop_check(context: Any) -> StopCheck:
@@ -366,6 +388,18 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
             if r.initially_correct is not None:
                 resp.initially_correct = bool(r.initially_correct)
             yield resp
+
+    def ValidateAttack(self, request: Any, context: Any) -> pb.ValidateAttackResponse:
+        params = json_format.MessageToDict(request.params) if request.HasField("params") else {}
+        crit = criterion_spec(request.criterion) if request.HasField("criterion") else None
+        task = _TASK_NAMES.get(request.task, "classification")
+        signal = signal_of_output(_OUTPUT_NAMES[request.output_kind]) \
+            if request.output_kind in _OUTPUT_NAMES else ""
+        p = engine.validate_attack(request.attack_id, params, task=task, signal=signal,
+                                   criterion=crit)
+        out = pb.ValidateAttackResponse()
+        json_format.ParseDict(p, out.params)
+        return out
 
     def _query_client(self, request: Any, attack_id: str) -> ProxyQueryClient:
         if self.proxy_stub is None:

@@ -67,6 +67,7 @@ from fortis.services.report.values import enum_text, message_dict, optional
 from fortis.services.report.verdict import criteria_of_plan, verdict
 from google.protobuf.message import Message
 from google.protobuf.struct_pb2 import Struct
+from google.rpc import code_pb2
 from PIL import Image
 
 __all__ = ["MAX_PLAN_BYTES", "SCHEMA_VERSION", "build_report", "plan_document"]
@@ -262,6 +263,17 @@ def _evaluation(ev: report_pb2.EvaluationInfo, m: int) -> dict[str, Any]:
             "dataset": {"source": ds.source, "split": ds.split, "offset": ds.offset,
                         "limit": ds.limit},
             "resumed_count": ev.resumed_count}
+
+
+def _failed_setting(f: report_pb2.FailedSetting) -> dict[str, Any]:
+    """A setting that failed to run, as report.json lists it (IEEE-P4: every test with its
+    outcome)."""
+    graded = f.kind in ("corruption", "degradation")
+    code = code_pb2.Code.Name(f.code) if f.code in code_pb2.Code.values() else str(f.code)
+    return {"kind": f.kind, "name": f.name, "level": f.level if graded else None,
+            "setting": f"{f.name}@{f.level}" if graded else f.name, "code": code,
+            "message": f.message, "images_done": f.images_done,
+            "images_planned": f.images_planned}
 
 
 def _ledger(ledger: report_pb2.LedgerSummary) -> dict[str, Any]:
@@ -619,10 +631,11 @@ def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
     }
     report["examples"] = _examples(parts.examples,      # issue 13: example images
                                    enum_text(parts.target, "task"))
+    report["failed_settings"] = [_failed_setting(f) for f in parts.failed_settings]
     if parts.HasField("benchmark"):     # multi-target plans (CAN-5/7/8/10)
         report["benchmark"] = open_part(parts.benchmark, "parts.benchmark")
     _canary(parts, report)      # CAN-1..4 when the plan asked; PER-4 / curves metrics_used
     # the plan's acceptance criteria judged on the metrics (issue 13; services/report/verdict)
     report["verdict"] = verdict(criteria_of_plan(plan, path="parts.plan_text.acceptance"),
-                                metrics)
+                                metrics, report["failed_settings"])
     return report

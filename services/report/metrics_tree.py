@@ -19,7 +19,9 @@ strings so it survives a JSON round trip)::
                                            max_linf, mean_l2, mean_l2_successful,
                                            median_l2_successful, success_by_queries,
                                            fooling_rate, fooling_threshold,
-                                           never_fooled}                     IEEE-M3, M6, PER-4
+                                           never_fooled, excluded, excluded_reason,
+                                           unsuccessful_mean_l2,
+                                           unsuccessful_max_linf}            IEEE-M3, M6, PER-4
     average_robustness_adv                {value, ci95: null, n, m, definition, m_per_attack}
     worstcase_robustness_adv              {value, ci95, m, correct, n_settings, over}  IEEE-M5
     ranking                               {applicable, reason?, gamma_b, gamma_a, drr_k,
@@ -34,7 +36,10 @@ strings so it survives a JSON round trip)::
 Every rate's interval is ``[low, high]`` or ``null``; averages carry no interval on purpose
 (IEEE-M8). An attack's ``success_by_queries`` is ``[[queries, success rate], ...]`` (query
 attacks: the share of the images attacked misled within that many queries, from the ledger's
-per-image counts; the last point is the success rate at the budget Q_m); ``fooling_rate`` at
+per-image counts; the last point is the success rate at the budget Q_m); ``mean_linf``,
+``max_linf`` and ``mean_l2`` are the sizes of the successful adversarials (IEEE-M6, PER-3),
+``unsuccessful_*`` those of the attacked images not misled; ``excluded`` images (with the
+reason) were left out by the plan's criterion before the attack; ``fooling_rate`` at
 ``fooling_threshold`` (L2, [0, 1] scale) and ``never_fooled`` are PER-4 over the images
 attacked; each ``null`` where not applicable (transfer attacks, no L2 sizes, nothing
 attacked). Pure domain code (no gRPC).
@@ -120,7 +125,9 @@ def _attack(a: scoring_pb2.AttackMetrics, path: str) -> dict[str, Any]:
         "clean_mismatches": a.clean_mismatches,
         "success_by_queries": _curve(a, path),
         **{key: optional(a, key) for key in ("fooling_rate", "fooling_threshold",
-                                             "never_fooled")},
+                                             "never_fooled", "unsuccessful_mean_l2",
+                                             "unsuccessful_max_linf")},
+        "excluded": a.excluded, "excluded_reason": a.excluded_reason,
     }
 
 

@@ -225,7 +225,7 @@ def _verdict(verdict: Any) -> dict[str, Any]:
     v = _map(verdict)
     rows = [_criterion_row(c) for c in _list(v.get("criteria")) if isinstance(c, Mapping)]
     status = v.get("status")
-    if status not in ("pass", "fail") or not rows:
+    if status not in ("pass", "fail", "incomplete") or not rows:
         return {"cls": "none", "word": "NO CRITERIA",
                 "headline": "No acceptance criteria in the plan",
                 "detail": "The plan declares no acceptance criteria, so there is no pass/fail "
@@ -248,6 +248,15 @@ def _verdict(verdict: Any) -> dict[str, Any]:
                           + (f" {len(shaky)} passing "
                              f"{'criterion is' if len(shaky) == 1 else 'criteria are'} "
                              "inconclusive." if shaky else ""), "rows": rows}
+    unrun = [r for r in rows if r["outcome"] == "not_evaluated"]
+    if unrun:
+        names = ", ".join(r["metric"] for r in unrun[:4]) + (" ..." if len(unrun) > 4 else "")
+        return {"cls": "warn", "word": "INCOMPLETE",
+                "headline": f"{n - len(unrun)} of {n} acceptance criteria met; {len(unrun)} "
+                            f"not evaluated because a setting failed to run: {names}",
+                "detail": "The failed settings are listed with their errors below; a strict "
+                          "gate counts criteria that were not evaluated as failed.",
+                "rows": rows}
     if v.get("strict_passed") is False or unsure:
         return {"cls": "warn", "word": "PASS, INCONCLUSIVE",
                 "headline": f"All {n} acceptance criteria met on the measured value; "
@@ -1093,6 +1102,7 @@ def render_html(report: Mapping[str, Any]) -> str:
     return _environment().get_template("report.html.j2").render(
         report=report, target=target, tester=tester, metrics=metrics, evaluation=evaluation,
         accuracy=accuracy, verdict=_verdict(report.get("verdict")),
+        failed=[f for f in _list(report.get("failed_settings")) if isinstance(f, Mapping)],
         cards=_key_figures(metrics, accuracy), worst=worst, strongest=strongest,
         scope=_scope(corruptions, attacks, degradation, ranking),
         metrics_used=[m for m in _list(report.get("metrics_used")) if isinstance(m, Mapping)],

@@ -9,17 +9,23 @@ Policy (stated in every criterion's sentence and in docs/pipelines.md):
   more images could change the outcome).
 - Metrics without an interval (averages of rates, query counts, the mean over a corruption's
   severities) are judged on their value alone: confidence ``no_ci``.
-- A criterion whose metric the evaluation did not produce is ``missing`` and fails.
+- A criterion whose metric depends on a setting that failed to run (the report's
+  ``failed_settings``: the attack or corruption it names, or any attack / corruption for the
+  averages and worst cases over them) is ``not_evaluated``: it does not fail the verdict, but
+  the status says the evaluation is ``incomplete`` and ``--strict`` fails it.
+- A criterion whose metric the evaluation did not produce otherwise is ``missing`` and fails.
 
 ``passed`` is false iff some criterion fails or is missing; ``strict_passed`` (``--strict``)
-also requires every criterion that has an interval to be conclusive. A plan without criteria
-gives status ``no_criteria`` and passes.
+also requires every criterion that has an interval to be conclusive and every criterion to be
+evaluated. A plan without criteria gives status ``no_criteria`` and passes.
 
 The verdict document (``report.json`` ``verdict``)::
 
-    {"status": "pass" | "fail" | "no_criteria", "passed": bool, "strict_passed": bool,
+    {"status": "pass" | "fail" | "incomplete" | "no_criteria", "passed": bool,
+     "strict_passed": bool, "not_evaluated": int,
      "criteria": [{"metric", "op", "threshold", "value": float | null,
-                   "ci95": [lo, hi] | null, "outcome": "pass" | "fail" | "missing",
+                   "ci95": [lo, hi] | null,
+                   "outcome": "pass" | "fail" | "missing" | "not_evaluated",
                    "confidence": "conclusive" | "inconclusive" | "no_ci", "text"}]}
 
 Pure domain code: dicts in, dicts out; no gRPC.
@@ -40,8 +46,9 @@ __all__ = ["POLICY", "criteria_of_plan", "report_verdict", "verdict"]
 POLICY: Final = ("The point estimate decides pass or fail; the 95% Wilson interval (IEEE-M8) "
                  "says whether that is conclusive (the whole interval on the same side of the "
                  "threshold) or inconclusive (it straddles the threshold); averages and query "
-                 "counts have no interval. A metric the evaluation did not produce fails. "
-                 "--strict also fails inconclusive criteria.")
+                 "counts have no interval. A metric the evaluation did not produce fails; one "
+                 "that depends on a setting that failed to run is not evaluated. --strict also "
+                 "fails inconclusive and not evaluated criteria.")
 
 
 def _finite(value: Any) -> float | None:
@@ -126,16 +133,51 @@ def _judge(c: Criterion, value: float | None, ci: list[float] | None) -> dict[st
     return entry
 
 
-def verdict(criteria: Iterable[Criterion], metrics: Mapping[str, Any]) -> dict[str, Any]:
+def _blocked_by(c: Criterion, failed: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The failed settings ``c``'s metric depends on (see the module docstring)."""
+    attacks = [f for f in failed if str(f.get("kind", "")).endswith("_attack")]
+    corruptions = [f for f in failed if f.get("kind") == "corruption"]
+    if c.scope == "attack":
+        return [f for f in attacks if f.get("name") == c.setting]
+    if c.scope == "corruption":
+        return [f for f in corruptions if f.get("name") == c.setting
+                and (c.measure == "mean" or f.get("level") == c.severity)]
+    if c.metric.endswith("_adv"):
+        return attacks
+    if c.metric.endswith("_corr"):
+        return corruptions
+    return []
+
+
+def _not_evaluated(c: Criterion, blocked: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    names = ", ".join(str(f.get("setting") or f.get("name")) for f in blocked[:5])
+    more = f" and {len(blocked) - 5} more" if len(blocked) > 5 else ""
+    first = blocked[0]
+    return {"metric": c.metric, "op": c.op, "threshold": c.threshold, "value": None,
+            "ci95": None, "outcome": "not_evaluated", "confidence": "no_ci",
+            "text": f"{c.metric}: not evaluated: {names}{more} failed to run "
+                    f"({first.get('code', 'error')}: {str(first.get('message', ''))[:200]}); "
+                    f"'{c.op} {c.threshold:g}' fails with --strict."}
+
+
+def verdict(criteria: Iterable[Criterion], metrics: Mapping[str, Any],
+            failed: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The verdict (module docstring) of ``criteria`` on a report's ``metrics`` tree: the point
-    estimate decides, the 95 % Wilson interval (IEEE-M8) says whether it is conclusive."""
-    judged = [_judge(c, *measured(c, metrics)) for c in criteria]
+    estimate decides, the 95 % Wilson interval (IEEE-M8) says whether it is conclusive;
+    criteria on ``failed`` settings (the report's ``failed_settings``) are not evaluated."""
+    judged = []
+    for c in criteria:
+        blocked = _blocked_by(c, failed)
+        judged.append(_not_evaluated(c, blocked) if blocked else _judge(c, *measured(c, metrics)))
     if not judged:
-        return {"status": "no_criteria", "passed": True, "strict_passed": True, "criteria": []}
-    passed = all(j["outcome"] == "pass" for j in judged)
-    strict = passed and all(j["confidence"] != "inconclusive" for j in judged)
-    return {"status": "pass" if passed else "fail", "passed": passed, "strict_passed": strict,
-            "criteria": judged}
+        return {"status": "no_criteria", "passed": True, "strict_passed": True,
+                "not_evaluated": 0, "criteria": []}
+    open_ = sum(j["outcome"] == "not_evaluated" for j in judged)
+    passed = all(j["outcome"] in ("pass", "not_evaluated") for j in judged)
+    strict = passed and not open_ and all(j["confidence"] != "inconclusive" for j in judged)
+    status = "fail" if not passed else "incomplete" if open_ else "pass"
+    return {"status": status, "passed": passed, "strict_passed": strict,
+            "not_evaluated": open_, "criteria": judged}
 
 
 def _plan_names(plan: Mapping[str, Any]) -> tuple[set[str], set[str]]:
@@ -184,4 +226,5 @@ def report_verdict(report: Mapping[str, Any], *, acceptance: Any = None,
         raise InvalidArgument("plan", "the report has no plan document")
     if not isinstance(metrics, Mapping):
         raise InvalidArgument("metrics", "the report has no metrics tree")
-    return verdict(criteria_of_plan(plan, acceptance=acceptance, path=path), metrics)
+    failed = [f for f in report.get("failed_settings") or () if isinstance(f, Mapping)]
+    return verdict(criteria_of_plan(plan, acceptance=acceptance, path=path), metrics, failed)

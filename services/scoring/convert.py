@@ -266,9 +266,20 @@ def setting_from_message(msg: pb.SettingAnswers, index: int, m: int) -> SettingD
         fraction = float(msg.fraction_of_pixels_changed)
         if not math.isfinite(fraction):
             raise InvalidArgument(f"{field}.fraction_of_pixels_changed", "must be a number")
+    excluded = None
+    if msg.excluded:
+        n = m if index_arr is None else int(index_arr.size)
+        if len(msg.excluded) != n:
+            raise InvalidArgument(f"{field}.excluded", f"{len(msg.excluded)} entries for {n} "
+                                                       "covered images (or none)")
+        if kind not in ("transfer_attack", "query_attack"):
+            raise InvalidArgument(f"{field}.excluded", "only an attack leaves images out")
+        excluded = np.asarray(msg.excluded, dtype=bool)
     return SettingData(kind=kind, name=msg.name, level=msg.level, image_index=index_arr,
                        errors=tuple(msg.errors), answers=_answers(msg, field), query=query,
-                       linf=linf, l2=l2, fraction_changed=fraction, field=field)
+                       linf=linf, l2=l2, fraction_changed=fraction, excluded=excluded,
+                       excluded_reason=msg.excluded_reason if excluded is not None else "",
+                       field=field)
 
 
 # -- metric trees -> response ---------------------------------------------------------------
@@ -316,7 +327,8 @@ def _attack(name: str, a: Mapping[str, Any]) -> pb.AttackMetrics:
         success=_rate(a["success_rate"], a["success_rate_ci95"], a["success_rate_n"],
                       a["successes"]),
         errors=int(a["errors"]), error_images=list(a["error_images"]),
-        clean_mismatches=int(a["clean_mismatches"]))
+        clean_mismatches=int(a["clean_mismatches"]), excluded=int(a.get("excluded") or 0),
+        excluded_reason=str(a.get("excluded_reason") or ""))
     _opt(out, mean_queries=a.get("mean_queries"), median_queries=a.get("median_queries"),
          mean_queries_successful=a.get("mean_queries_successful"),
          query_budget=a.get("query_budget"), mean_linf=a.get("mean_linf"),
@@ -324,7 +336,9 @@ def _attack(name: str, a: Mapping[str, Any]) -> pb.AttackMetrics:
          mean_l2_successful=a.get("mean_l2_successful"),
          median_l2_successful=a.get("median_l2_successful"),
          fooling_rate=a.get("fooling_rate"), fooling_threshold=a.get("fooling_threshold"),
-         never_fooled=a.get("never_fooled"))
+         never_fooled=a.get("never_fooled"),
+         unsuccessful_mean_l2=a.get("unsuccessful_mean_l2"),
+         unsuccessful_max_linf=a.get("unsuccessful_max_linf"))
     out.success_by_queries.extend(pb.QueryCurvePoint(queries=int(q), success_rate=float(r))
                                   for q, r in a.get("success_by_queries") or ())
     return out

@@ -126,6 +126,10 @@ class SettingData:
     linf: np.ndarray | None = None
     l2: np.ndarray | None = None
     fraction_changed: float | None = None
+    #: Attacks: per covered image, left out by the plan's success criterion before any
+    #: attack (a targeted attack's image already of the target class); None: none.
+    excluded: np.ndarray | None = None
+    excluded_reason: str = ""
     field: str = "setting"
 
     @property
@@ -143,6 +147,10 @@ class SettingData:
     def covered(self, m: int) -> np.ndarray:
         """The images it covers as indices into the setup's M image ids (all by default)."""
         return np.arange(m) if self.image_index is None else self.image_index
+
+    def left_out(self, n: int) -> np.ndarray:
+        """(n,) bool: the covered images the plan's criterion excluded before the attack."""
+        return np.zeros(n, dtype=bool) if self.excluded is None else self.excluded
 
     def failed(self, n: int) -> np.ndarray:
         """(n,) bool: the covered images whose query failed."""

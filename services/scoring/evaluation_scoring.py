@@ -119,8 +119,12 @@ def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData],
                                 attack_budgets=budgets, image_ids=ids, attack_coverage=coverage)
     for s in settings:
         if s.kind in ATTACK_KINDS:
-            _add_attack_distances(tree["attacks"][s.name], s, clean[s.covered(m)])
-            _add_query_curves(tree["attacks"][s.name], s, clean[s.covered(m)])
+            attacked = np.array([o.attacked for o in attacks[s.name]], dtype=bool)
+            misled = np.array([o.misled for o in attacks[s.name]], dtype=bool)
+            node = tree["attacks"][s.name]
+            node["excluded_reason"] = s.excluded_reason if node.get("excluded") else ""
+            _add_attack_distances(node, s, attacked, misled)
+            _add_query_curves(node, s, attacked)
     raise_if_stopped(should_stop, "scoring")
     ranks = ranking(setup, settings)
     raise_if_stopped(should_stop, "scoring")
@@ -306,52 +310,56 @@ class _Judge:
 def _attack_outcomes(s: SettingData, idx: np.ndarray, ids: list[str], clean: np.ndarray,
                      judge: _Judge) -> list[AttackImageOutcome]:
     """IEEE-M3/M6 outcome per covered image. Transfer: judged on the target's answer to the
-    adversarial. Query: right on the clean image and not misled within the budget."""
+    adversarial. Query: right on the clean image and not misled within the budget. An image
+    the plan's criterion left out (``SettingData.excluded``) keeps its clean verdict."""
     n = int(idx.size)
     errors = s.errors or ("",) * n
     init = clean[idx].tolist()
     names = [ids[i] for i in idx.tolist()]
+    out_ = s.left_out(n).tolist()
     if s.kind == "transfer_attack":
         ok = judge(s).tolist()
         return [AttackImageOutcome(image_id=i, correct=c, initially_correct=c0, success=None,
-                                   queries=None, error=e or None)
-                for i, c, c0, e in zip(names, ok, init, errors, strict=True)]
+                                   queries=None, error=e or None, excluded=x)
+                for i, c, c0, e, x in zip(names, ok, init, errors, out_, strict=True)]
     assert s.query is not None
     succ = s.query.success.tolist()
     queries = s.query.queries.tolist() if s.query.queries is not None else [None] * n
-    return [AttackImageOutcome(image_id=i, correct=c0 and not w, initially_correct=c0,
-                               success=bool(w) if c0 else None, queries=q, error=e or None)
-            for i, c0, w, q, e in zip(names, init, succ, queries, errors, strict=True)]
+    return [AttackImageOutcome(image_id=i, correct=c0 and (x or not w), initially_correct=c0,
+                               success=bool(w) if c0 and not x else None, queries=q,
+                               error=e or None, excluded=x)
+            for i, c0, w, q, e, x in zip(names, init, succ, queries, errors, out_, strict=True)]
 
 
-def _add_attack_distances(node: dict[str, Any], s: SettingData, initially: np.ndarray) -> None:
-    """IEEE-A9 / PER-3 sizes of an attack's adversarials: over every covered image, and the
-    L2 of those a query attack misled among the images it attacked (right on the clean image
-    and answered, as the success rate and PER-4's fooling rate count them: an image already
-    wrong is no success with a zero perturbation; transfer attacks report no success flag:
-    null)."""
+def _add_attack_distances(node: dict[str, Any], s: SettingData, attacked: np.ndarray,
+                          misled: np.ndarray) -> None:
+    """IEEE-A9 / IEEE-M6 / PER-3 sizes of an attack's adversarials, over the images it
+    misled among those it attacked (answered, right on the clean image, not left out: as the
+    success rate and PER-4's fooling rate count them; an image already wrong is no success
+    with a zero perturbation), and apart from them the sizes of the attacked images it did
+    not mislead (a minimal-norm attack's last point lies outside the bound when it fails:
+    it must not pass for the size of a success)."""
     if s.linf is None or s.l2 is None:
         return
-    node["mean_linf"] = float(np.mean(s.linf))
-    node["max_linf"] = float(np.max(s.linf))
-    node["mean_l2"] = float(np.mean(s.l2))
-    attacked = initially.astype(bool) & ~s.failed(int(initially.size))
-    ok = s.l2[s.query.success & attacked] if s.query is not None else s.l2[:0]
-    node["mean_l2_successful"] = float(np.mean(ok)) if ok.size else None
-    node["median_l2_successful"] = float(np.median(ok)) if ok.size else None
+    won, lost = misled, attacked & ~misled
+    node["mean_linf"] = float(np.mean(s.linf[won])) if won.any() else None
+    node["max_linf"] = float(np.max(s.linf[won])) if won.any() else None
+    node["mean_l2"] = node["mean_l2_successful"] = \
+        float(np.mean(s.l2[won])) if won.any() else None
+    node["median_l2_successful"] = float(np.median(s.l2[won])) if won.any() else None
+    node["unsuccessful_mean_l2"] = float(np.mean(s.l2[lost])) if lost.any() else None
+    node["unsuccessful_max_linf"] = float(np.max(s.linf[lost])) if lost.any() else None
 
 
-def _add_query_curves(node: dict[str, Any], s: SettingData, initially: np.ndarray) -> None:
+def _add_query_curves(node: dict[str, Any], s: SettingData, attacked: np.ndarray) -> None:
     """A query attack's success-vs-queries curve and PER-4 fooling rate (module docstring),
-    over the images it attacked: right on the clean image (Clean_Result) and answered, the
-    success rate's denominator (IEEE-M6). ``initially``: Clean_Result of its covered images.
-    """
+    over the images it attacked: right on the clean image (Clean_Result), answered and not
+    left out by the criterion, the success rate's denominator (IEEE-M6)."""
     node["success_by_queries"] = None
     node.update(fooling_rate=None, fooling_threshold=None, never_fooled=None)
     q = s.query
     if q is None:
         return
-    attacked = initially.astype(bool) & ~s.failed(int(initially.size))
     if q.queries is not None:
         node["success_by_queries"] = success_by_queries(q.success, q.queries, attacked,
                                                         q.budget) or None

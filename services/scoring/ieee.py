@@ -152,6 +152,9 @@ class AttackImageOutcome:
     ``queries`` comes from the proxy's ledger (``None`` for transfer attacks). An outcome with
     ``error`` counts as incorrect for Robustness_Adv and is left out of the success rate and
     query statistics (neither success nor failure is known); it is counted under ``errors``.
+    An ``excluded`` outcome was left out by the plan's success criterion before the attack (a
+    targeted attack's image already of the target class): its Adv_Result is its
+    Clean_Result, and it is no part of the success rate or the query statistics.
     """
 
     image_id: str
@@ -160,6 +163,20 @@ class AttackImageOutcome:
     success: bool | None
     queries: int | None
     error: str | None = None
+    excluded: bool = False
+
+    @property
+    def attacked(self) -> bool:
+        """Answered, right on the clean image and not left out: the images whose outcome the
+        success rate counts (IEEE-M6)."""
+        return self.error is None and bool(self.initially_correct) and not self.excluded
+
+    @property
+    def misled(self) -> bool:
+        """Attacked and misled (query attacks: within the budget; transfer attacks: wrong on
+        the adversarial the target received)."""
+        return self.attacked and bool(self.success if self.success is not None
+                                      else not self.correct)
 
 
 def _rate(correct: int, m: int, value_key: str = "value") -> dict[str, Any]:
@@ -432,9 +449,8 @@ def _attack_metrics(by_id: Mapping[str, AttackImageOutcome], ids: Sequence[str],
     node["kind"] = "query" if is_query else "transfer"
 
     ok = [o for o in outcomes if o.error is None]
-    attacked = [o for o in ok if o.initially_correct]
-    successes = [o for o in attacked
-                 if (o.success if o.success is not None else not o.correct)]
+    attacked = [o for o in ok if o.attacked]
+    successes = [o for o in attacked if o.misled]
     n0 = len(attacked)
     node["success_rate"] = len(successes) / n0 if n0 else None
     node["success_rate_ci95"] = list(wilson_interval(len(successes), n0)) if n0 else None
@@ -454,4 +470,5 @@ def _attack_metrics(by_id: Mapping[str, AttackImageOutcome], ids: Sequence[str],
     # (a non-deterministic target or a different encoding would show up here).
     node["clean_mismatches"] = sum(
         1 for o in ok if bool(o.initially_correct) != bool(clean[o.image_id]))
+    node["excluded"] = sum(1 for o in outcomes if o.excluded)
     return node

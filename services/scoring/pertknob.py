@@ -9,7 +9,11 @@ Over the images: the mean and median of the minimal ||delta||_2 of the images th
 the share never fooled, and the fooling rate at a threshold T (an image counts as fooled at T
 when its minimal ||delta||_2 < T; the seed takes T = the mean minimal L2 over all models for a
 property, so pass one common T when comparing models; by default T = this set's mean).
-``already_met`` and ``budget_exhausted`` images are counted but left out of the statistics.
+A ``budget_exhausted`` image whose search met the criterion before the budget ran out (it has
+an L2: the perturbation at the smallest epsilon seen to fool) counts as fooled, with that L2 as
+an upper bound of its minimal one (``n_upper_bound`` of the ``n_found``): its image does fool
+the target. ``already_met`` images and a ``budget_exhausted`` one with no hit are counted but
+left out of the statistics.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class PropertyRobustness:
     n_never_fooled: int
     n_already_met: int
     n_undetermined: int
+    n_upper_bound: int
     mean_l2: float | None
     median_l2: float | None
     never_fooled_share: float | None
@@ -81,7 +86,8 @@ def property_robustness(results: Sequence[SearchOutcome], *,
     the fooling rate at ``threshold`` T (default: this set's mean minimal L2) (PER-4)."""
     if threshold is not None and not (math.isfinite(threshold) and threshold >= 0):
         raise InvalidArgument("threshold", f"must be a finite number >= 0, got {threshold!r}")
-    found = [r.l2 for r in results if r.status == "found" and r.l2 is not None]
+    cut = [r.l2 for r in results if r.status == "budget_exhausted" and r.l2 is not None]
+    found = [r.l2 for r in results if r.status == "found" and r.l2 is not None] + cut
     never = sum(r.status == "never_fooled" for r in results)
     decided = len(found) + never
     mean = statistics.fmean(found) if found else None
@@ -91,7 +97,8 @@ def property_robustness(results: Sequence[SearchOutcome], *,
     return PropertyRobustness(
         n_images=len(results), n_found=len(found), n_never_fooled=never,
         n_already_met=sum(r.status == "already_met" for r in results),
-        n_undetermined=sum(r.status == "budget_exhausted" for r in results),
+        n_undetermined=sum(r.status == "budget_exhausted" and r.l2 is None for r in results),
+        n_upper_bound=len(cut),
         mean_l2=mean, median_l2=median,
         never_fooled_share=(never / decided) if decided else None,
         threshold=t, threshold_source=source, fooling_rate=rate,

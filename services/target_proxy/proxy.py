@@ -286,8 +286,17 @@ class TargetProxy:
         return sorted((t for t in self.targets.values() if t.allows(tenant)), key=lambda t: t.name)
 
     def target_info(self, name: str, tenant: str | None = None) -> target_pb2.TargetInfo:
+        """The target's description, with the largest batch the proxy sends it in one call
+        (its declared ``max_batch_size`` capped by the operator's ``max_batch``): a caller
+        that keeps its calls within it gets each target failure on its own images only."""
         entry = self.target(name, tenant)
-        return self._with_retries(lambda: entry.backend.info())[0]
+        info = self._with_retries(lambda: entry.backend.info())[0]
+        if entry.declared_batch is None:
+            entry.declared_batch = max(0, int(info.input.max_batch_size))
+        out = target_pb2.TargetInfo()
+        out.CopyFrom(info)
+        out.input.max_batch_size = entry.batch_limit()
+        return out
 
     # -- sessions ---------------------------------------------------------------------------
     def create_session(self, *, tenant: str, target: str, session_id: str = "",

@@ -359,10 +359,15 @@ corruptions:
             stats = fc.session_stats(f"{ev.evaluation_id}/clean")
         report = json.loads(js.read_text())
         qe = report["metrics"]["query_errors"]
-        assert qe["total"] > 0 and qe["settings"]["clean"]["errors"] == stats.queries_failed > 0
+        # the proxy sends the target at most the 4 images it declares per call, so a failure
+        # is confined to those images: the report's errors are exactly the images the ledger
+        # has no answer for (a retried image has several failed rows, one error)
+        unanswered = [i for i in stats.raw.images if i.queries == 0]
+        assert qe["total"] > 0 and qe["settings"]["clean"]["errors"] == len(unanswered) > 0
+        assert stats.queries_failed >= len(unanswered)
         errs = " ".join(x["error"] for x in qe["settings"]["clean"]["examples"])
         assert "UNAVAILABLE" in errs or "500" in errs or "not valid JSON" in errs
-        assert stats.queries_ok + stats.queries_failed == 24
+        assert stats.queries_ok + len(unanswered) == 24 and stats.queries_ok > 0
         assert report["metrics"]["accuracy"]["m"] == 24            # failures scored as incorrect
         assert "Failed queries" in html.read_text()
     finally:

@@ -560,6 +560,23 @@ def _run_attack(draw: st.DrawFn) -> pt.RunAttackRequest:
     return req
 
 
+def _base_validate() -> pt.ValidateAttackRequest:
+    req = pt.ValidateAttackRequest(attack_id="pgd", task=common_pb2.TASK_TYPE_CLASSIFICATION,
+                                   output_kind=common_pb2.OUTPUT_KIND_LABEL_ONLY)
+    req.params.update({"epsilon": 0.1, "norm": "linf"})
+    return req
+
+
+@st.composite
+def _validate_attack(draw: st.DrawFn) -> pt.ValidateAttackRequest:
+    req = pt.ValidateAttackRequest(
+        attack_id=draw(ids("square", "pgd", "fab", "mi_fgsm", "hsja", "pertknob")),
+        task=draw(enum_values(0, 1, 2, 3)), output_kind=draw(enum_values(0, 1, 2, 3, 4, 5)))
+    req.params.CopyFrom(draw(structs("epsilon", "norm", "ti_kernel", "max_queries",
+                                     "property")))
+    return draw(mutated(req, 2))
+
+
 @st.composite
 def _compute(draw: st.DrawFn) -> sc.ComputeRequest:
     req = sc.ComputeRequest(metric=draw(ids(*_METRICS)))
@@ -788,6 +805,8 @@ RPCS: dict[str, RpcCase] = dict([
                   [_base_apply(pt.ApplyPerturbationStreamRequest)] * 2),
           pt.ApplyPerturbationStreamResponse),
     _case(_PT, "RunAttack", "us", _either(_run_attack(), _base_attack()), pt.RunAttackResponse),
+    _case(_PT, "ValidateAttack", "uu", _either(_validate_attack(), _base_validate()),
+          pt.ValidateAttackResponse),
     _case(_PX, "ListTargets", "uu", st.builds(px.ListTargetsRequest, page_size=int32s,
                                               page_token=page_tokens()),
           px.ListTargetsResponse),

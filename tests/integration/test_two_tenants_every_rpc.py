@@ -563,6 +563,23 @@ def _run_attack(w: World) -> None:
     assert w.a_state() == before
 
 
+@case(f"{PT}/ValidateAttack")
+def _validate_attack(w: World) -> None:
+    """Holds no tenant state: B's answer to A's request is A's; a refusal is the same too."""
+    pt = w.stub("perturbation", "PerturbationService")
+    ok = pt_pb.ValidateAttackRequest(attack_id="pgd")
+    ok.params.update({"epsilon": 0.1})
+    _same_for_both(lambda md: pt.ValidateAttack(ok, metadata=md))
+    bad = pt_pb.ValidateAttackRequest(attack_id="pgd")
+    bad.params.update({"epsilon": 5.0})
+    answers = []
+    for md in (MD_A, MD_B):
+        with pytest.raises(grpc.RpcError) as e:
+            pt.ValidateAttack(bad, metadata=md)
+        answers.append((e.value.code(), e.value.details()))
+    assert answers[0] == answers[1] and answers[0][0] == grpc.StatusCode.INVALID_ARGUMENT
+
+
 @case(f"{SC}/ListMetrics")
 def _list_metrics(w: World) -> None:
     sc = w.stub("scoring", "ScoringService")

@@ -31,6 +31,15 @@ def test_property_robustness_statistics() -> None:
     assert empty.mean_l2 is None and empty.never_fooled_share == 1.0 and empty.fooling_rate is None
 
 
+def test_a_search_cut_by_the_budget_after_a_hit_counts_as_fooled() -> None:
+    """PER-3: the budget ran out after the criterion was met; the image at the smallest
+    epsilon seen to fool does fool the target, its L2 an upper bound of the minimal one."""
+    s = property_robustness([_res("found", 1.0), _res("budget_exhausted", 3.0),
+                             _res("budget_exhausted", None), _res("never_fooled", None)])
+    assert s.n_found == 2 and s.n_upper_bound == 1 and s.n_undetermined == 1
+    assert s.mean_l2 == pytest.approx(2.0) and s.never_fooled_share == pytest.approx(1 / 3)
+
+
 
 
 def test_the_search_result_is_read_as_recorded() -> None:

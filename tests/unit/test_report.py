@@ -39,7 +39,7 @@ def _report(parts: report_pb2.ReportParts | None = None) -> dict[str, Any]:
 
 REQUIRED_TOP = {"schema_version", "plan", "plan_text", "target", "tester", "environment",
                 "service_parameters", "metrics_used", "metrics", "tests", "ledger", "evaluation",
-                "repeat", "verdict", "examples"}
+                "repeat", "verdict", "examples", "failed_settings"}
 
 
 def _get(tree: dict, dotted: str) -> object:
@@ -156,8 +156,10 @@ ATTACK_KEYS = {"robustness_adv", "ci95", "m", "correct", "kind", "success_rate",
                "median_queries", "mean_queries_successful", "query_budget", "errors",
                "error_images", "clean_mismatches", "mean_linf", "max_linf", "mean_l2",
                "mean_l2_successful", "median_l2_successful", "success_by_queries",
-               "fooling_rate", "fooling_threshold", "never_fooled"}
+               "fooling_rate", "fooling_threshold", "never_fooled", "excluded",
+               "excluded_reason", "unsuccessful_mean_l2", "unsuccessful_max_linf"}
 INT_KEYS = {"m", "correct", "n", "n_settings", "success_rate_n", "successes", "query_budget",
+            "excluded",
             "errors", "clean_mismatches", "drr_k", "drr_n", "m_used", "level", "censored",
             "missing", "total", "of", "total_queries", "aborted_attempt_queries", "images",
             "resumed_count", "seed", "labels_count", "top_k", "offset", "limit"}

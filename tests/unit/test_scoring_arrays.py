@@ -173,20 +173,39 @@ def _ref_curves(tree: dict[str, Any], case: Case, rule: CorrectnessRule) -> None
 
 
 def _ref_distances(tree: dict[str, Any], case: Case, rule: CorrectnessRule) -> None:
+    """IEEE-A9 / M6 / PER-3 sizes, image by image: those of the adversarials that misled the
+    target among the images attacked (right on the clean record, answered; a transfer attack
+    misleads when its adversarial's record is wrong), apart from those that did not."""
     ids = list(case.setup.image_ids)
     right = _clean_right(case, rule)
     for s in case.settings:
-        if s.linf is None or s.l2 is None:
+        if s.kind not in ("transfer_attack", "query_attack"):
             continue
         node = tree["attacks"][s.name]
-        node.update(mean_linf=float(np.mean(s.linf)), max_linf=float(np.max(s.linf)),
-                    mean_l2=float(np.mean(s.l2)))
+        node["excluded_reason"] = ""
+        if s.linf is None or s.l2 is None:
+            continue
         idx = s.covered(len(ids)).tolist()
         err = list(s.errors) or [""] * len(idx)
-        ok = [float(s.l2[r]) for r, i in enumerate(idx)
-              if s.query is not None and s.query.success[r] and right[i] and not err[r]]
-        node["mean_l2_successful"] = float(np.mean(ok)) if len(ok) else None
-        node["median_l2_successful"] = float(np.median(ok)) if len(ok) else None
+        if s.query is not None:
+            misled = [bool(x) for x in s.query.success]
+        else:
+            assert isinstance(s.answers, ClassificationAnswers)
+            misled = [not is_correct(p, case.label_sets[i], rule) for p, i in
+                      zip(predictions(s.answers, s.errors), idx, strict=True)]
+        att = [r for r, i in enumerate(idx) if right[i] and not err[r]]
+        won = [r for r in att if misled[r]]
+        lost = [r for r in att if not misled[r]]
+        linf, l2 = [float(s.linf[r]) for r in won], [float(s.l2[r]) for r in won]
+        node.update(mean_linf=float(np.mean(linf)) if won else None,
+                    max_linf=max(linf) if won else None,
+                    mean_l2=float(np.mean(l2)) if won else None,
+                    mean_l2_successful=float(np.mean(l2)) if won else None,
+                    median_l2_successful=float(np.median(l2)) if won else None,
+                    unsuccessful_mean_l2=float(np.mean([float(s.l2[r]) for r in lost]))
+                    if lost else None,
+                    unsuccessful_max_linf=max(float(s.linf[r]) for r in lost)
+                    if lost else None)
 
 
 def _close(a: Any, b: Any, path: str = "") -> None:

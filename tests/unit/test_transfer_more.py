@@ -237,7 +237,7 @@ def test_default_layers_and_a_named_layer(batch, fmnist_surrogate) -> None:
 
 def test_fast_feature_guides(batch, fmnist_surrogate) -> None:
     """Guides: another image of a different class, from the seed; targeted: of the target
-    class; a one-class batch or a batch without the target class is refused."""
+    class; where the batch holds none, the surrogate's own image of a class."""
     _, y = batch
     g1 = choose_guides(y, np.random.default_rng(5))
     assert np.array_equal(g1, choose_guides(y, np.random.default_rng(5)))
@@ -245,12 +245,13 @@ def test_fast_feature_guides(batch, fmnist_surrogate) -> None:
     t = int(y[3])
     gt = choose_guides(y, np.random.default_rng(5), target=t)
     assert np.all(y[gt] == t)
-    with pytest.raises(InvalidArgument) as err:
-        choose_guides(np.zeros(4, dtype=np.int64), np.random.default_rng(0))
-    assert err.value.violations[0].field == "images"
-    with pytest.raises(InvalidArgument) as err:
-        choose_guides(np.zeros(4, dtype=np.int64), np.random.default_rng(0), target=3)
-    assert err.value.violations[0].field == "criterion.target_label"
+    # a batch with no guide for an image (one class, no image of the target class, one
+    # image: the plan's batch size decides) is guided by the surrogate's own class image
+    one = choose_guides(np.zeros(4, dtype=np.int64), np.random.default_rng(0), num_classes=10)
+    assert np.all(one < 0) and np.all(-1 - one != 0) and np.all(-1 - one < 10)
+    assert np.all(choose_guides(np.zeros(4, dtype=np.int64), np.random.default_rng(0),
+                                target=3) == -1 - 3)
+    assert choose_guides(y[:1], np.random.default_rng(0), num_classes=10)[0] < 0
     x, _ = batch
     res = ATTACKS["fast_feature"].run(context(
         "fast_feature", x, y, fmnist_surrogate, {"epsilon": 0.15, "steps": 20},
@@ -258,6 +259,13 @@ def test_fast_feature_guides(batch, fmnist_surrogate) -> None:
     hit = predict(fmnist_surrogate, np.stack([r.adversarial for r in res])) == t
     print(f"\nfast_feature targeted at class {t}: {hit[y != t].mean():.2f} reach it")
     assert hit[y != t].mean() >= 0.3
+    # one image at a time (batch 1): guided by the surrogate's image of the target class
+    solo = [ATTACKS["fast_feature"].run(context(
+        "fast_feature", x[k:k + 1], y[k:k + 1], fmnist_surrogate,
+        {"epsilon": 0.15, "steps": 20}, criterion=TargetedMisclassification(target=t)))[0]
+        for k in range(8)]
+    hit1 = predict(fmnist_surrogate, np.stack([r.adversarial for r in solo])) == t
+    assert hit1[y[:8] != t].mean() >= 0.3
 
 
 def test_generator_cache_hit_is_observable(batch, fmnist_surrogate) -> None:

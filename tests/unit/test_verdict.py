@@ -2,8 +2,9 @@
 
 Policy under test: the point estimate decides pass/fail; the 95 % Wilson interval (IEEE-M8)
 makes the outcome conclusive or inconclusive; averages and counts are "no_ci"; a metric the
-evaluation did not produce is "missing" and fails; ``strict_passed`` also needs every
-criterion with an interval to be conclusive."""
+evaluation did not produce is "missing" and fails; one that depends on a setting that
+failed to run is "not_evaluated" (it fails only under --strict); ``strict_passed`` also needs
+every criterion with an interval to be conclusive."""
 
 from __future__ import annotations
 
@@ -150,7 +151,48 @@ def test_boundaries_of_the_operators():
 
 def test_no_criteria_passes():
     v = verdict((), metrics())
-    assert v == {"status": "no_criteria", "passed": True, "strict_passed": True, "criteria": []}
+    assert v == {"status": "no_criteria", "passed": True, "strict_passed": True,
+                 "not_evaluated": 0, "criteria": []}
+
+
+def _failed(kind: str, name: str, level: int | None = None) -> dict:
+    return {"kind": kind, "name": name, "level": level,
+            "setting": f"{name}@{level}" if level is not None else name,
+            "code": "INVALID_ARGUMENT", "message": "params.model: the model failed",
+            "images_done": 0, "images_planned": 200}
+
+
+def test_criteria_on_failed_settings_are_not_evaluated():
+    """A criterion whose metric depends on a setting that failed to run is not evaluated:
+    the verdict passes without --strict (status incomplete) and fails with it."""
+    rules = {"accuracy": ">= 0.9", "attacks.square.success_rate": "<= 0.5",
+             "attacks.sq.v2.success_rate": "<= 0.5", "corruptions.fog.2": ">= 0.5",
+             "corruptions.fog.1": ">= 0.5", "corruptions.fog.mean": ">= 0.5",
+             "average_robustness_adv": ">= 0.1", "average_robustness_corr": ">= 0.1"}
+    criteria, problems = parse_acceptance(rules, corruptions=CORR, attacks=ATT)
+    assert not problems
+    failed = [_failed("query_attack", "square"), _failed("corruption", "fog", 2)]
+    v = verdict(criteria, metrics(), failed)
+    out = {c["metric"]: c["outcome"] for c in v["criteria"]}
+    assert out == {"accuracy": "pass", "attacks.square.success_rate": "not_evaluated",
+                   "attacks.sq.v2.success_rate": "pass", "corruptions.fog.2": "not_evaluated",
+                   "corruptions.fog.1": "pass", "corruptions.fog.mean": "not_evaluated",
+                   "average_robustness_adv": "not_evaluated",
+                   "average_robustness_corr": "not_evaluated"}
+    assert v["status"] == "incomplete" and v["passed"] and not v["strict_passed"]
+    assert v["not_evaluated"] == 5
+    text = next(c["text"] for c in v["criteria"] if c["metric"] == "corruptions.fog.2")
+    assert "fog@2" in text and "INVALID_ARGUMENT" in text and "--strict" in text
+    # a criterion that fails still fails the verdict, whatever else was not evaluated
+    criteria, _ = parse_acceptance({**rules, "accuracy": ">= 0.99"}, corruptions=CORR,
+                                   attacks=ATT)
+    assert verdict(criteria, metrics(), failed)["status"] == "fail"
+    # a transfer attack's failure blocks the adversarial averages, not the corruption ones
+    criteria, _ = parse_acceptance({"average_robustness_corr": ">= 0.1",
+                                    "worstcase_robustness_adv": ">= 0.0"},
+                                   corruptions=CORR, attacks=ATT)
+    v = verdict(criteria, metrics(), [_failed("transfer_attack", "hsja")])
+    assert [c["outcome"] for c in v["criteria"]] == ["pass", "not_evaluated"]
 
 
 def test_report_verdict_reads_the_plan_and_names_bad_criteria():

@@ -32,18 +32,38 @@ from typing import Any
 import numpy as np
 from fortis.services.common.arrays import l2_distance, linf_distance
 from fortis.services.common.matching import to_xyxy
-from fortis.services.evaluation.answers import ClassAnswers, concat, unpack
+from fortis.services.evaluation.answers import ClassAnswers, concat
 from fortis.services.evaluation.keys import SessionId, StageName, WorkItemKey
 from fortis.services.evaluation.plan import AttackTest, Plan, surrogate_specs
 from fortis.services.evaluation.ports import AttackOutcome, Catalogue, Setting, TestDefinition
 from fortis.services.evaluation.selection import SELECT_DEFAULTS, select_epsilon, trace_text
-from fortis.services.evaluation.stages.base import RunContext, chunks
+from fortis.services.evaluation.stages.base import (
+    RunContext,
+    chunks,
+    guarded,
+    is_failed,
+    setting_failure,
+)
 
 __all__ = ["QueryAttackStage", "TransferAttackStage", "attack_references", "attack_tests"]
 
 
 def _n(plan: Plan, at: AttackTest, n_images: int) -> int:
     return min(n_images, at.limit) if at.limit else n_images
+
+
+def left_out(plan: Plan, at: AttackTest, rows: Sequence[Any]) -> tuple[tuple[bool, ...], str]:
+    """Per image of ``rows``, whether the attack's success criterion leaves it out before the
+    attack, and why: a targeted attack on a classifier cannot move an image whose true label
+    set holds the target class "to" that class (the target classifying it correctly already
+    meets the criterion: a success that is not one). Such images are not attacked (no
+    query is spent on them) and are no part of its success rate, queries, curve or PER-3/4."""
+    target = at.criterion.get("target_label") if plan.target.task == "classification" else None
+    if target is None:
+        return (False,) * len(rows), ""
+    flags = tuple(int(target) in tuple(r[2]) for r in rows)
+    return flags, (f"their true class is the target class {int(target)}: a targeted attack "
+                   "cannot move them there" if any(flags) else "")
 
 
 def attack_references(task: str, truths: Mapping[str, Any], ids: Sequence[str]) -> list[Any]:
@@ -196,7 +216,10 @@ class TransferAttackStage(_AttackStage):
             eps, trace = select_epsilon(at, measure, upper)
             return {"epsilon": eps, "trace": trace_text(trace)}, used[0]
 
-        res = ctx.item(WorkItemKey(StageName.ATTACKS, f"{at.name}.select", chunk=0), 0, work)
+        key = WorkItemKey(StageName.ATTACKS, f"{at.name}.select", chunk=0)
+        res = ctx.item(key, 0, guarded(key.format(), work))
+        if is_failed(res):
+            raise _SelectionFailed(res)
         eps = float(res["epsilon"])
         self.selected[at.name] = (eps, str(res["trace"]))
         return replace(at, params={**at.params, "epsilon": eps})
@@ -204,25 +227,38 @@ class TransferAttackStage(_AttackStage):
     def run(self, ctx: RunContext) -> list[Setting]:
         settings = []
         for at in self._attacks():
-            at = self._select(ctx, at)
+            n = _n(self.plan, at, self.n_images)
+            ranges = chunks(n, self.plan.batch_size)
+            try:
+                at = self._select(ctx, at)
+            except _SelectionFailed as exc:
+                settings.append(Setting(kind="transfer_attack", name=at.name, failure=(
+                    setting_failure([exc.result], [n]))))
+                continue
             session = SessionId.transfer(ctx.evaluation_id, at.name).format()
             ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
                                    description=f"transfer attack {at.name}")
-            n = _n(self.plan, at, self.n_images)
             parts, linf, l2 = [], [], []
             # One chunk at a time in this process (as before); workers share them (issue 10).
+            keys = [WorkItemKey(StageName.ATTACKS, at.name, chunk=c) for c in range(len(ranges))]
             results = ctx.items([
-                (WorkItemKey(StageName.ATTACKS, at.name, chunk=c), b - a,
-                 partial(self._item, ctx, session, list(ctx.images[a:b]), at, c))
-                for c, (a, b) in enumerate(chunks(n, self.plan.batch_size))], parallel=1)
+                (key, b - a, guarded(key.format(), partial(
+                    self._item, ctx, session, list(ctx.images[a:b]), at, c)))
+                for c, (key, (a, b)) in enumerate(zip(keys, ranges, strict=True))], parallel=1)
+            failure = setting_failure(results, [b - a for a, b in ranges])
+            if failure is not None:
+                settings.append(Setting(kind="transfer_attack", name=at.name, failure=failure))
+                continue
             for res in results:
                 parts.append(res["answers"])
                 linf += [float(x) for x in res["linf"]]
                 l2 += [float(x) for x in res["l2"]]
             answers = concat(parts) if parts else ClassAnswers.from_rows([], [], [])
+            excluded, why = left_out(self.plan, at, ctx.images[:n])
             settings.append(Setting(kind="transfer_attack", name=at.name,
                                     image_index=tuple(range(n)), answers=answers,
-                                    linf=tuple(linf), l2=tuple(l2)))
+                                    linf=tuple(linf), l2=tuple(l2), excluded=excluded,
+                                    excluded_reason=why))
         return settings
 
     def _item(self, ctx: RunContext, session: str, rows: list[Any], at: AttackTest, c: int,
@@ -267,12 +303,14 @@ class QueryAttackStage(_AttackStage):
     observed: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def sessions(self, ctx: RunContext) -> list[str]:
-        """The session of the attempt that finished each chunk (counted in the results)."""
+        """The proxy session of each chunk that finished, or failed after it was opened
+        (every attempt at a chunk shares one session)."""
         out = []
         for key in self.keys():
             done, _, blob = ctx.store.item(ctx.evaluation_id, key.format())
             if done and blob is not None:
-                out.append(str(unpack(blob)["session"]))
+                out.append(SessionId.query(ctx.evaluation_id, key.setting, key.chunk,
+                                           1).format())
         return out
 
     def run(self, ctx: RunContext) -> list[Setting]:
@@ -284,10 +322,17 @@ class QueryAttackStage(_AttackStage):
             queries: list[int] = []
             linf: list[float] = []
             l2: list[float] = []
+            ranges = chunks(n, self.plan.batch_size)
+            keys = [WorkItemKey(StageName.ATTACKS, at.name, chunk=c) for c in range(len(ranges))]
             results = ctx.items([
-                (WorkItemKey(StageName.ATTACKS, at.name, chunk=c), b - a,
-                 partial(self._item, ctx, list(ctx.images[a:b]), at, c, budget))
-                for c, (a, b) in enumerate(chunks(n, self.plan.batch_size))], parallel=1)
+                (key, b - a, guarded(key.format(), partial(
+                    self._item, ctx, list(ctx.images[a:b]), at, c, budget)))
+                for c, (key, (a, b)) in enumerate(zip(keys, ranges, strict=True))], parallel=1)
+            failure = setting_failure(results, [b - a for a, b in ranges])
+            if failure is not None:
+                settings.append(Setting(kind="query_attack", name=at.name, failure=failure,
+                                        query_budget=budget))
+                continue
             for res in results:
                 success += [bool(x) for x in res["success"]]
                 queries += [int(x) for x in res["ledger_queries"]]
@@ -295,10 +340,12 @@ class QueryAttackStage(_AttackStage):
                 l2 += [float(x) for x in res["l2"]]
                 if "signal" in res:
                     self.observed[at.name] = (str(res["signal"]), str(res["criterion"]))
+            excluded, why = left_out(self.plan, at, ctx.images[:n])
             settings.append(Setting(kind="query_attack", name=at.name,
                                     image_index=tuple(range(n)), success=tuple(success),
                                     queries=tuple(queries), query_budget=budget,
-                                    linf=tuple(linf), l2=tuple(l2)))
+                                    linf=tuple(linf), l2=tuple(l2), excluded=excluded,
+                                    excluded_reason=why))
         return settings
 
     def _item(self, ctx: RunContext, rows: list[Any], at: AttackTest, c: int, budget: int,
@@ -314,12 +361,17 @@ class QueryAttackStage(_AttackStage):
 
         refs = attack_references(self.plan.target.task, ctx.truths, [r[0] for r in rows]) \
             if ctx.truths else None
+        skip, _ = left_out(self.plan, at, rows)
+        todo = [k for k, x in enumerate(skip) if not x]
         t0 = time.perf_counter()
-        outs = ctx.perturbation.attack(at.id, at.params, self.plan.seed, rows, session_id=session,
-                                       origin=at.name, on_result=on_result,
-                                       cancelled=ctx.cancelled, surrogate=at.surrogate,
-                                       criterion=at.criterion, references=refs,
-                                       **surrogate_args(self.plan, ctx, at))
+        attacked = ctx.perturbation.attack(
+            at.id, at.params, self.plan.seed, [rows[k] for k in todo], session_id=session,
+            origin=at.name, on_result=on_result, cancelled=ctx.cancelled,
+            surrogate=at.surrogate, criterion=at.criterion,
+            references=[refs[k] for k in todo] if refs is not None else None,
+            **surrogate_args(self.plan, ctx, at)) if todo else []
+        by_row = dict(zip(todo, attacked, strict=True))
+        outs = [by_row[k] if k in by_row else _not_attacked(rows[k]) for k in range(len(rows))]
         total, per_image = ctx.proxy.session_queries(session)
         ctx.save_adversarials(at.name, c, [o.image_id for o in outs],
                               [o.adversarial for o in outs], [o.adversarial_float for o in outs])
@@ -333,6 +385,24 @@ class QueryAttackStage(_AttackStage):
                  "criterion": next((o.criterion for o in outs if o.criterion), ""),
                  # CAN-3 CTC: the attack's wall time for the chunk, queries included
                  "seconds": time.perf_counter() - t0}, total)
+
+
+def _not_attacked(row: Any) -> AttackOutcome:
+    """The outcome of an image the criterion leaves out (``left_out``): the clean image,
+    no query sent."""
+    image = np.asarray(row[1])
+    return AttackOutcome(image_id=str(row[0]), adversarial=image,
+                         adversarial_float=image.astype(np.float32) / np.float32(255.0),
+                         success=False, queries=0, linf=0.0, l2=0.0,
+                         stop_reason="excluded", initially_correct=None)
+
+
+class _SelectionFailed(Exception):
+    """CAN-6's budget selection of an attack failed: the attack fails with its error."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        super().__init__(str(result.get("message", "")))
+        self.result = result
 
 
 def _weakest(signals: Any) -> str:

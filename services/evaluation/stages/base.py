@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import structlog
 from fortis.services.common import errors
 from fortis.services.evaluation.answers import Answers, pack, unpack
 from fortis.services.evaluation.keys import WorkItemKey
@@ -29,6 +30,7 @@ from fortis.services.evaluation.ports import (
     ReportPort,
     ScoringPort,
     Setting,
+    SettingFailure,
     TargetDescription,
     TestDefinition,
 )
@@ -38,7 +40,9 @@ if TYPE_CHECKING:
     from fortis.services.evaluation.claims import ItemClaims
 
 __all__ = ["Cancelled", "LabeledImage", "Progress", "RunContext", "Stage", "chunks",
-           "safe_artifact_part"]
+           "failed_result", "guarded", "is_failed", "safe_artifact_part", "setting_failure"]
+
+log = structlog.get_logger("fortis.evaluation.stages")
 
 #: (image id, uint8 HxWxC image, acceptable labels)
 LabeledImage = tuple[str, np.ndarray, tuple[int, ...]]
@@ -46,6 +50,59 @@ LabeledImage = tuple[str, np.ndarray, tuple[int, ...]]
 
 class Cancelled(errors.Cancelled):
     """The evaluation was cancelled by a caller (CANCELLED, from the one error mapping)."""
+
+
+#: Errors that end the whole evaluation (resumable: its finished items are kept) instead of
+#: one setting: a stop asked for, the target or a service out of reach after the proxy's
+#: retries, the tenant's quota or credentials (an outage every later setting would meet
+#: too). Anything else a setting's work raises, a target's error on that setting's images
+#: included, fails that setting alone (IEEE-P4: every test is listed with its outcome) and
+#: the evaluation goes on with the others.
+_EVALUATION_ERRORS: tuple[type[BaseException], ...] = (
+    errors.Cancelled, errors.Unavailable, errors.DeadlineExceeded, errors.QuotaExceeded,
+    errors.Unauthenticated, errors.PermissionDenied)
+
+Work = Callable[[int], tuple[dict[str, Any], int]]
+
+
+def failed_result(exc: BaseException) -> dict[str, Any]:
+    """A work item's result when its setting failed: the error as a caller may see it
+    (``google.rpc`` code and message; an unexpected exception is "internal error")."""
+    message = str(exc) if isinstance(exc, errors.FortisError) else "internal error"
+    return {"failed": True, "code": int(errors.code_for(exc)), "message": message[:2000]}
+
+
+def is_failed(result: Mapping[str, Any]) -> bool:
+    return bool(result.get("failed"))
+
+
+def guarded(name: str, work: Work) -> Work:
+    """``work`` with a failure of its setting committed as the item's result (see
+    ``_EVALUATION_ERRORS`` for what still ends the evaluation): a rerun does not retry it,
+    the same seeds would fail the same way."""
+    def run(attempt: int) -> tuple[dict[str, Any], int]:
+        try:
+            return work(attempt)
+        except _EVALUATION_ERRORS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the setting fails, the evaluation goes on
+            log.warning("setting_failed", item=name, error=str(exc)[:300],
+                        exc_info=not isinstance(exc, errors.FortisError))
+            return failed_result(exc), 0
+    return run
+
+
+def setting_failure(results: Sequence[Mapping[str, Any]],
+                    sizes: Sequence[int]) -> SettingFailure | None:
+    """The failure of a setting whose work items gave ``results`` (of ``sizes`` images each):
+    its first failed item's error, and the images of the items that finished; None when
+    every item finished."""
+    bad = [r for r in results if is_failed(r)]
+    if not bad:
+        return None
+    done = sum(n for r, n in zip(results, sizes, strict=True) if not is_failed(r))
+    return SettingFailure(code=int(bad[0]["code"]), message=str(bad[0]["message"]),
+                          images_done=done, images_planned=sum(sizes))
 
 
 def chunks(n: int, size: int) -> list[tuple[int, int]]:

@@ -16,7 +16,12 @@ from fortis.services.evaluation.answers import concat
 from fortis.services.evaluation.keys import SessionId, StageName, WorkItemKey
 from fortis.services.evaluation.plan import Plan
 from fortis.services.evaluation.ports import Catalogue, Setting, TestDefinition
-from fortis.services.evaluation.stages.base import RunContext, chunks
+from fortis.services.evaluation.stages.base import (
+    RunContext,
+    chunks,
+    guarded,
+    setting_failure,
+)
 
 __all__ = ["CleanStage", "CorruptionStage", "DegradationStage"]
 
@@ -93,15 +98,22 @@ class CorruptionStage:
         # fan-out (issue 10) share the whole stage, not one setting at a time (a setting of
         # one chunk would otherwise go to whichever worker reached it first, every time).
         order = [(ct, sev) for ct in self.plan.corruptions for sev in ct.severities]
+        keys = [(WorkItemKey(StageName.CORRUPTIONS, ct.id, sev, c), ct, sev, a, b)
+                for ct, sev in order for c, (a, b) in enumerate(ctx.chunk_ranges)]
         results = ctx.items([
-            (WorkItemKey(StageName.CORRUPTIONS, ct.id, sev, c), b - a,
-             partial(self._item, ctx, session, [(i, im) for i, im, _ in ctx.images[a:b]],
-                     ct.id, sev, dict(ct.params)))
-            for ct, sev in order for c, (a, b) in enumerate(ctx.chunk_ranges)])
+            (key, b - a, guarded(key.format(), partial(
+                self._item, ctx, session, [(i, im) for i, im, _ in ctx.images[a:b]],
+                ct.id, sev, dict(ct.params))))
+            for key, ct, sev, a, b in keys])
         n = len(ctx.chunk_ranges)
-        return [Setting(kind="corruption", name=ct.id, level=sev,
-                        answers=concat([r["answers"] for r in results[k * n:(k + 1) * n]]))
-                for k, (ct, sev) in enumerate(order)]
+        sizes = [b - a for a, b in ctx.chunk_ranges]
+        out = []
+        for k, (ct, sev) in enumerate(order):
+            mine = results[k * n:(k + 1) * n]
+            failure = setting_failure(mine, sizes)
+            out.append(Setting(kind="corruption", name=ct.id, level=sev, failure=failure,
+                               answers=None if failure else concat([r["answers"] for r in mine])))
+        return out
 
     def _item(self, ctx: RunContext, session: str, part: list[tuple[str, Any]], cid: str,
               sev: int, params: dict[str, Any], _attempt: int) -> tuple[dict[str, Any], int]:
@@ -152,15 +164,22 @@ class DegradationStage:
         ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
                                description="degraded images")
         order = [(dt, lv) for dt in self.plan.degradation for lv in dt.levels]
+        keys = [(WorkItemKey(StageName.DEGRADATION, dt.id, lv, c), dt, lv, a, b)
+                for dt, lv in order for c, (a, b) in enumerate(ctx.chunk_ranges)]
         results = ctx.items([      # one call for the whole stage, as CorruptionStage
-            (WorkItemKey(StageName.DEGRADATION, dt.id, lv, c), b - a,
-             partial(self._item, ctx, session, list(ctx.images[a:b]), dt.id, lv,
-                     dt.surrogate))
-            for dt, lv in order for c, (a, b) in enumerate(ctx.chunk_ranges)])
+            (key, b - a, guarded(key.format(), partial(
+                self._item, ctx, session, list(ctx.images[a:b]), dt.id, lv, dt.surrogate)))
+            for key, dt, lv, a, b in keys])
         n = len(ctx.chunk_ranges)
+        sizes = [b - a for a, b in ctx.chunk_ranges]
         settings = []
         for k, (dt, lv) in enumerate(order):
             mine = results[k * n:(k + 1) * n]
+            failure = setting_failure(mine, sizes)
+            if failure is not None:
+                settings.append(Setting(kind="degradation", name=dt.id, level=lv,
+                                        failure=failure))
+                continue
             changed = [np.asarray(r["changed"], dtype=np.float64) for r in mine]
             settings.append(Setting(kind="degradation", name=dt.id, level=lv,
                                     answers=concat([r["answers"] for r in mine]),

@@ -65,7 +65,8 @@ __all__ = [
     "AttackContext", "AttackKind", "AttackResult", "AttackSpec", "Criterion", "DecisionQuery",
     "LabelQuery", "MarginQuery",
     "Misclassification", "Norm", "QueryBudget", "QueryClient", "RunFn", "ScoreQuery",
-    "TargetedMisclassification", "check_batch", "check_l2_epsilon", "check_max_queries", "check_surrogate_input",
+    "TargetedMisclassification", "check_batch", "check_l2_epsilon", "check_linf_epsilon",
+    "check_max_queries", "check_surrogate_input",
     "clip_to_linf", "decisions_of", "linf_levels", "make_result", "margins_of", "project_l2",
 ]
 
@@ -227,6 +228,15 @@ def check_batch(images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.
     return images, labels.astype(np.int64)
 
 
+def check_linf_epsilon(params: Mapping[str, Any]) -> None:
+    """An attack whose ``epsilon`` bounds L-inf or L2 (by its ``norm``): as an L-inf bound it
+    is at most 1.0 in [0, 1] pixel scale (IEEE-A9)."""
+    eps = float(params.get("epsilon") or 0.0)
+    if str(params.get("norm", "linf")) == "linf" and eps > 1.0:
+        raise InvalidArgument("params.epsilon", f"an L-inf bound is at most 1.0 ([0,1] pixel "
+                              f"scale), got {eps:g}; give norm: l2 for an L2 bound")
+
+
 def clip_to_linf(adv_levels: np.ndarray, x: np.ndarray, e: int) -> np.ndarray:
     """Project integer-valued ``adv_levels`` onto the uint8 L-inf ball: ``[x-e, x+e] & [0, 255]``."""
     xi = x.astype(np.int16)
@@ -353,7 +363,7 @@ class AttackContext:
     criterion: Criterion = field(default_factory=Misclassification)
     query: QueryClient | None = None
     #: Transfer attacks: the surrogate they are crafted on; query attacks with
-    #: ``spec.uses_surrogate``: an optional local prior (None when the plan names none).
+    #: ``spec.uses_surrogate``: the local prior the plan names.
     surrogate: Any = None
     #: Transfer attacks: further surrogates crafted on together with ``surrogate`` (IEEE-A7
     #: model ensembles; ``whitebox.WhiteBox`` averages their logits or losses).
@@ -478,9 +488,17 @@ class AttackSpec:
     #: through ``ctx.margin_query()`` / ``ctx.decision_query()``, which serve them all),
     #: classification for a transfer attack.
     tasks: tuple[Task, ...] | None = None
-    #: A query attack that can take a local surrogate as a prior (P-RGF, ODS): the plan's
-    #: ``surrogate`` reaches it as ``ctx.surrogate`` (optional; None when not named).
+    #: A query attack that takes a local surrogate as a prior (P-RGF, ODS): the plan's
+    #: ``surrogate`` reaches it as ``ctx.surrogate``; a plan must name one.
     uses_surrogate: bool = False
+    #: A minimal-norm attack: it searches the smallest perturbation that meets the criterion,
+    #: succeeds when that lies within the bound (if any), and returns its best point even when
+    #: it does not. Any other attack with a bound returns every image within it (IEEE-A9).
+    minimal_norm: bool = False
+    #: Rules between parameters that the schema's per-parameter bounds cannot say (e.g. an
+    #: L-inf epsilon <= 1 where epsilon also serves L2): called with the validated
+    #: parameters before the attack runs and by ValidateAttack; raises InvalidArgument.
+    check: Callable[[Mapping[str, Any]], None] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ATTACK_KINDS:

@@ -215,7 +215,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 
 
 SPEC = AttackSpec(
-    id="boundary", kind="decision", family="decision-based", norms=("l2",),
+    id="boundary", minimal_norm=True, kind="decision", family="decision-based", norms=("l2",),
     refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"),
     description="Boundary Attack (Brendel et al. 2018; L2, decision-based, minimal-norm): "
                 "random walk along the decision boundary with orthogonal and source steps; "

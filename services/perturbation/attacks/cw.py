@@ -243,7 +243,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 
 
 SPEC = AttackSpec(
-    id="cw_l2", kind="transfer", family="optimisation", norms=("l2",),
+    id="cw_l2", minimal_norm=True, kind="transfer", family="optimisation", norms=("l2",),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, stochastic=False, targeted=True,
     description="Carlini & Wagner L2 (2017) on the local surrogate: tanh change of variables, "
                 "Adam, binary search over c, confidence kappa; the smallest-L2 image "

@@ -91,7 +91,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 
 
 SPEC = AttackSpec(
-    id="ddn", kind="transfer", family="minimal-norm", norms=("l2",),
+    id="ddn", minimal_norm=True, kind="transfer", family="minimal-norm", norms=("l2",),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, stochastic=False, targeted=True,
     description="Decoupled Direction and Norm (Rony et al. 2019, L2) on the local surrogate: "
                 "normalised-gradient steps, the norm shrunk or grown by gamma, 8-bit "

@@ -105,7 +105,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 
 
 SPEC = AttackSpec(
-    id="ead", kind="transfer", family="optimisation", norms=("l1", "l2"),
+    id="ead", minimal_norm=True, kind="transfer", family="optimisation", norms=("l1", "l2"),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, stochastic=False, targeted=True,
     description="EAD, elastic-net attack (Chen et al. 2018) on the local surrogate: "
                 "FISTA/ISTA with L1 shrinkage beta, binary search over c, EN or L1 decision "

@@ -37,7 +37,7 @@ import torch
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
-from .base import AttackContext, AttackResult, AttackSpec, check_batch
+from .base import AttackContext, AttackResult, AttackSpec, check_batch, check_linf_epsilon
 from .cw import Best, check_int, check_number
 from .whitebox import BOOSTER_PARAMS, WhiteBox
 
@@ -147,9 +147,6 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     eta = check_number(p, "eta", minimum=1.0)
     beta = check_number(p, "beta", minimum=0.0, maximum=1.0)
     epsilon = check_number(p, "epsilon", minimum=0.0)
-    if norm == "linf" and epsilon > 1.0:
-        raise InvalidArgument("params.epsilon", f"an L-inf bound is at most 1.0 ([0,1] pixel "
-                              f"scale), got {epsilon:g}")
     images, _ = check_batch(ctx.images, ctx.labels)
     wb = WhiteBox.from_ctx(ctx)
     gen = ctx.torch_generator()
@@ -202,7 +199,8 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 
 
 SPEC = AttackSpec(
-    id="fab", kind="transfer", family="minimal-norm", norms=("linf", "l2"),
+    check=check_linf_epsilon,
+    id="fab", minimal_norm=True, kind="transfer", family="minimal-norm", norms=("linf", "l2"),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, targeted=True,
     description="Fast Adaptive Boundary attack (Croce and Hein 2020, L-inf or L2) on the local "
                 "surrogate: projections onto the closest linearised boundary within the box, "

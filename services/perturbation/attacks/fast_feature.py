@@ -11,10 +11,12 @@ summed over the feature map, ``lambda_ = 0``).
 **The guide** is another image of the batch of a different class, chosen deterministically
 from the seed (:func:`choose_guides`, from ``ctx.rng()``): untargeted, uniformly among the
 batch's images whose label differs from the image's; targeted (``TargetedMisclassification``),
-among the batch's images of the target class (targeted in the sense of the guide's class:
-a batch with no image of the target class is InvalidArgument naming
-``criterion.target_label``). A batch whose images are all of one class is InvalidArgument
-naming ``images``.
+among the batch's images of the target class (targeted in the sense of the guide's class).
+Where the batch holds no such image (a batch of one image, of one class, without the target
+class: what the batch holds depends on the plan's batch size, never on what the attack
+needs), the guide is the surrogate's own image of a class (:func:`class_image`: gradient
+ascent of the class's log-probability from mid-grey, deterministic): the target class, or a
+class other than the image's drawn from the seed.
 
 **The layer** (``params.layer``): a module name of the surrogate (unknown: InvalidArgument
 naming ``params.layer`` with the layer list); empty = the penultimate representation, the
@@ -33,7 +35,6 @@ import logging
 
 import numpy as np
 import torch
-from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
 from .base import (
@@ -52,26 +53,45 @@ log = logging.getLogger("fortis.attacks.fast_feature")
 
 
 def choose_guides(labels: np.ndarray, rng: np.random.Generator,
-                  target: int | None = None) -> np.ndarray:
-    """Per image, the index of its guide in the batch (see the module doc)."""
+                  target: int | None = None, num_classes: int = 0) -> np.ndarray:
+    """Per image, the index of its guide in the batch, or ``-1 - c`` where the batch holds
+    none and the surrogate's own image of class ``c`` guides it (see the module doc;
+    ``num_classes``: the surrogate's, for drawing such a class; 0: the batch's labels)."""
     labels = np.asarray(labels, dtype=np.int64)
     n = labels.shape[0]
-    if target is not None:
-        pool = np.flatnonzero(labels == int(target))
-        if pool.size == 0:
-            raise InvalidArgument("criterion.target_label",
-                                  f"fast_feature takes its guide from the batch: no image of "
-                                  f"class {target} in it")
+    pool = np.flatnonzero(labels == int(target)) if target is not None else np.empty(0, int)
+    classes = max(int(num_classes), int(labels.max(initial=0)) + 1, 2)
     out = np.empty(n, dtype=np.int64)
     for i in range(n):
         cand = pool[pool != i] if target is not None else np.flatnonzero(labels != labels[i])
         if target is not None and cand.size == 0:
             cand = pool  # the only image of the target class guides itself (already there)
-        if cand.size == 0:
-            raise InvalidArgument("images", "fast_feature needs a guide of a different class "
-                                  "in the batch: every image has the same label")
-        out[i] = int(cand[int(rng.integers(cand.size))])
+        if cand.size:
+            out[i] = int(cand[int(rng.integers(cand.size))])
+        elif target is not None:
+            out[i] = -1 - int(target)
+        else:
+            other = [c for c in range(classes) if c != int(labels[i])]
+            out[i] = -1 - int(other[int(rng.integers(len(other)))])
     return out
+
+
+#: Steps and step size of :func:`class_image` (gradient ascent in [0, 1] pixel scale).
+CLASS_IMAGE_STEPS = 60
+CLASS_IMAGE_STEP = 0.02
+
+
+def class_image(wb: WhiteBox, shape: tuple[int, ...], cls: int) -> torch.Tensor:
+    """The surrogate's own image of class ``cls`` (1 x C x H x W in [0, 1]): signed gradient
+    ascent of its log-probability from mid-grey. Deterministic (no draw), so a guide made
+    for one chunk is the one any batching would make."""
+    x = torch.full((1, shape[2], shape[0], shape[1]), 0.5)
+    for _ in range(CLASS_IMAGE_STEPS):
+        x.requires_grad_(True)
+        logp = torch.log_softmax(wb.plain_logits(x), dim=1)[0, int(cls)]
+        (g,) = torch.autograd.grad(logp, x)
+        x = (x.detach() + CLASS_IMAGE_STEP * g.sign()).clamp(0.0, 1.0)
+    return x.detach()
 
 
 def run(ctx: AttackContext) -> list[AttackResult]:
@@ -83,10 +103,16 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     size = float(p["step_size"]) or max(1.0 / 255.0, 2.5 * eps / steps)
     wb = WhiteBox.from_ctx(ctx)
     layer = resolve_layer(wb, str(p["layer"]), where="last")
-    guides = choose_guides(labels, ctx.rng(), wb.target)
+    with wb:
+        num_classes = int(wb.plain_logits(to_tensor(images[:1])).shape[1])
+        guides = choose_guides(labels, ctx.rng(), wb.target, num_classes)
+        made = {c: class_image(wb, images.shape[1:], c) for c in
+                sorted({-1 - int(g) for g in guides if g < 0})}
     log.info("fast feature attack on layer %s of %s", layer, getattr(ctx.surrogate, "name", "?"))
     with wb, torch.no_grad():  # not inference_mode: the features enter the autograd loss
-        guide_feats = torch.cat([wb.features(to_tensor(images[guides[k:k + 64]]), layer)
+        x = torch.cat([to_tensor(images[[int(g)]]) if g >= 0 else made[-1 - int(g)]
+                       for g in guides])
+        guide_feats = torch.cat([wb.features(x[k:k + 64], layer)
                                  for k in range(0, len(guides), 64)])
 
     def objective(f: torch.Tensor, rows: np.ndarray) -> torch.Tensor:

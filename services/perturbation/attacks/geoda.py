@@ -195,7 +195,7 @@ SUB_DIM = Param(name="sub_dim", type="int", default=0, minimum=0, maximum=4096,
                             "authors' 75/224 of the image side")
 
 SPEC = AttackSpec(
-    id="geoda", kind="decision", family="decision-based", norms=("l2",),
+    id="geoda", minimal_norm=True, kind="decision", family="decision-based", norms=("l2",),
     refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"),
     description="GeoDA (Rahmati et al. 2020; L2, decision-based, minimal-norm): local "
                 "hyperplane approximation of the boundary from DCT-subspace probes; success = "
@@ -205,7 +205,7 @@ SPEC = AttackSpec(
     run=run)
 
 SPEC_LINF = AttackSpec(
-    id="geoda_linf", kind="decision", family="decision-based", norms=("linf",),
+    id="geoda_linf", minimal_norm=True, kind="decision", family="decision-based", norms=("linf",),
     refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"),
     description="GeoDA (Rahmati et al. 2020; L-inf, decision-based, minimal-norm): sign of the "
                 "estimated boundary normal; success = the criterion holds within L-inf <= "

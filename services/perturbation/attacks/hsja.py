@@ -350,7 +350,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 
 
 SPEC = AttackSpec(
-    id="hsja", kind="decision", family="decision-based", norms=("l2",),
+    id="hsja", minimal_norm=True, kind="decision", family="decision-based", norms=("l2",),
     refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"), targeted=True,
     tasks=("classification", "detection", "segmentation"),
     description="HopSkipJumpAttack (L2, decision-based, untargeted and targeted); success = "

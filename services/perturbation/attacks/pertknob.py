@@ -102,14 +102,17 @@ def run(ctx: AttackContext) -> list[AttackResult]:
                                    initially_correct=None, stop_reason=STOP_PROXY_BUDGET))
             continue
         adv = r.perturbed if r.perturbed is not None else x
-        out.append(make_result(n, x, adv, success=r.status == "found", queries=r.queries,
+        # a search the budget cut after the criterion was met returns an image that fools
+        # the target: a success, its epsilon an upper bound of the minimal one (PER-3)
+        hit = r.status == "found" or (r.status == "budget_exhausted" and r.perturbed is not None)
+        out.append(make_result(n, x, adv, success=hit, queries=r.queries,
                                initially_correct=r.status != "already_met",
                                stop_reason=_STOP.get(r.status, STOP_ITERATIONS)))
     return out
 
 
 SPEC = AttackSpec(
-    id="pertknob", kind="decision", family="minimal-perturbation", norms=("l2",),
+    id="pertknob", minimal_norm=True, kind="decision", family="minimal-perturbation", norms=("l2",),
     refs=("PER-3", "PER-2", "PER-4", "IEEE-M6"), targeted=True,
     tasks=("classification", "detection", "segmentation"),
     description="PertKnob (Zhong et al.): the smallest epsilon of a real-world safety "

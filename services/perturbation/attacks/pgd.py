@@ -11,7 +11,7 @@ import torch
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
-from .base import AttackContext, AttackResult, AttackSpec
+from .base import AttackContext, AttackResult, AttackSpec, check_linf_epsilon
 from .gradient import Steps, run_steps, sign_gradient_linf
 from .whitebox import BOOSTER_PARAMS
 
@@ -39,15 +39,13 @@ def pgd(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, *, epsil
 def run(ctx: AttackContext) -> list[AttackResult]:
     p = ctx.params
     eps, steps = float(p["epsilon"]), int(p["steps"])
-    if p["norm"] == "linf" and eps > 1.0:
-        raise InvalidArgument("params.epsilon", f"an L-inf bound is at most 1.0 ([0,1] pixel "
-                              f"scale), got {eps:g}")
     size = float(p["step_size"]) or 2.5 * eps / max(steps, 1)
     return run_steps(ctx, Steps(epsilon=eps, steps=steps, step_size=size, norm=p["norm"],
                                 random_start=bool(p["random_start"])))
 
 
 SPEC = AttackSpec(
+    check=check_linf_epsilon,
     id="pgd", kind="transfer", family="gradient", norms=("linf", "l2"),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, targeted=True,
     tasks=("classification", "detection", "segmentation"),

@@ -187,7 +187,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 
 
 SPEC = AttackSpec(
-    id="qeba", kind="decision", family="decision-based", norms=("l2",),
+    id="qeba", minimal_norm=True, kind="decision", family="decision-based", norms=("l2",),
     refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"),
     description="QEBA (Li et al. 2020; L2, decision-based, minimal-norm): HopSkipJump with "
                 "the gradient estimated in a spatial (resize) or frequency (DCT) subspace; "

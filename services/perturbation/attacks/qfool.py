@@ -173,7 +173,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 
 
 SPEC = AttackSpec(
-    id="qfool", kind="decision", family="decision-based", norms=("l2",),
+    id="qfool", minimal_norm=True, kind="decision", family="decision-based", norms=("l2",),
     refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"),
     description="qFool (Liu et al. 2019; L2, decision-based, minimal-norm): boundary normal "
                 "estimated at one boundary point from many probes (low curvature), searched "

@@ -204,8 +204,8 @@ SPEC = AttackSpec(
     description="Square Attack (L-inf, score-based); every query through the proxy",
     params=(EPSILON_LINF, MAX_QUERIES,
             Param(name="p_init", type="float", default=0.05,
-                  description="initial fraction of pixels changed per square",
-                  minimum=0.0, maximum=1.0),
+                  description="initial fraction of pixels changed per square (> 0)",
+                  minimum=1e-6, maximum=1.0),
             Param(name="n_iters", type="int", default=N_ITERS,
                   description="iterations the square-size schedule is laid over (the "
                               "reference's 10,000); max_queries when that is larger",

@@ -206,8 +206,8 @@ SPEC = AttackSpec(
                   description="L2 bound in [0,1] pixel scale (IEEE-A9)"),
             MAX_QUERIES,
             Param(name="p_init", type="float", default=DEFAULTS["p_init"],
-                  description="initial fraction of pixels a square covers (paper L2: 0.1)",
-                  minimum=0.0, maximum=1.0),
+                  description="initial fraction of pixels a square covers (paper L2: 0.1; "
+                              "> 0)", minimum=1e-6, maximum=1.0),
             Param(name="n_iters", type="int", default=N_ITERS,
                   description="iterations the square-size schedule is laid over (the "
                               "reference's 10,000); max_queries when that is larger",

@@ -263,7 +263,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 
 
 SPEC = AttackSpec(
-    id="surfree", kind="decision", family="decision-based", norms=("l2",),
+    id="surfree", minimal_norm=True, kind="decision", family="decision-based", norms=("l2",),
     refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"),
     description="SurFree (Maho et al. 2021; L2, decision-based, minimal-norm): circular "
                 "search on the boundary along random DCT directions, no gradient estimate; "

@@ -78,16 +78,18 @@ class Progress(_message.Message):
     def __init__(self, stage: _Optional[_Union[Stage, str]] = ..., items_done: _Optional[int] = ..., items_total: _Optional[int] = ..., queries: _Optional[int] = ..., message: _Optional[str] = ..., images_done: _Optional[int] = ..., images_total: _Optional[int] = ...) -> None: ...
 
 class EvaluationSummary(_message.Message):
-    __slots__ = ("accuracy", "average_robustness_corr", "average_robustness_adv", "m")
+    __slots__ = ("accuracy", "average_robustness_corr", "average_robustness_adv", "m", "failed_settings")
     ACCURACY_FIELD_NUMBER: _ClassVar[int]
     AVERAGE_ROBUSTNESS_CORR_FIELD_NUMBER: _ClassVar[int]
     AVERAGE_ROBUSTNESS_ADV_FIELD_NUMBER: _ClassVar[int]
     M_FIELD_NUMBER: _ClassVar[int]
+    FAILED_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     accuracy: float
     average_robustness_corr: float
     average_robustness_adv: float
     m: int
-    def __init__(self, accuracy: _Optional[float] = ..., average_robustness_corr: _Optional[float] = ..., average_robustness_adv: _Optional[float] = ..., m: _Optional[int] = ...) -> None: ...
+    failed_settings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, accuracy: _Optional[float] = ..., average_robustness_corr: _Optional[float] = ..., average_robustness_adv: _Optional[float] = ..., m: _Optional[int] = ..., failed_settings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Evaluation(_message.Message):
     __slots__ = ("evaluation_id", "tenant", "state", "progress", "plan_text", "plan_name", "create_time", "update_time", "error", "resumed_count", "summary")

@@ -92,6 +92,13 @@ class ModelFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_FORMAT_TORCHSCRIPT: _ClassVar[ModelFormat]
     MODEL_FORMAT_ONNX: _ClassVar[ModelFormat]
 
+class SurrogateMaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SURROGATE_MASK_KIND_UNSPECIFIED: _ClassVar[SurrogateMaskKind]
+    SURROGATE_MASK_KIND_CLASS_LOGITS: _ClassVar[SurrogateMaskKind]
+    SURROGATE_MASK_KIND_FOREGROUND_PROBABILITY: _ClassVar[SurrogateMaskKind]
+    SURROGATE_MASK_KIND_FOREGROUND_LOGIT: _ClassVar[SurrogateMaskKind]
+
 class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     STOP_REASON_UNSPECIFIED: _ClassVar[StopReason]
@@ -148,6 +155,10 @@ CRITERION_KIND_MIOU_BELOW: CriterionKind
 MODEL_FORMAT_UNSPECIFIED: ModelFormat
 MODEL_FORMAT_TORCHSCRIPT: ModelFormat
 MODEL_FORMAT_ONNX: ModelFormat
+SURROGATE_MASK_KIND_UNSPECIFIED: SurrogateMaskKind
+SURROGATE_MASK_KIND_CLASS_LOGITS: SurrogateMaskKind
+SURROGATE_MASK_KIND_FOREGROUND_PROBABILITY: SurrogateMaskKind
+SURROGATE_MASK_KIND_FOREGROUND_LOGIT: SurrogateMaskKind
 STOP_REASON_UNSPECIFIED: StopReason
 STOP_REASON_SUCCESS: StopReason
 STOP_REASON_BUDGET: StopReason
@@ -282,7 +293,7 @@ class ListPerturbationsResponse(_message.Message):
     def __init__(self, perturbations: _Optional[_Iterable[_Union[PerturbationInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class AttackInfo(_message.Message):
-    __slots__ = ("id", "kind", "family", "norms", "targeted", "untargeted", "parameters", "refs", "description", "needs_surrogate", "stochastic", "tasks", "uses_surrogate")
+    __slots__ = ("id", "kind", "family", "norms", "targeted", "untargeted", "parameters", "refs", "description", "needs_surrogate", "stochastic", "tasks", "uses_surrogate", "minimal_norm")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
@@ -296,6 +307,7 @@ class AttackInfo(_message.Message):
     STOCHASTIC_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     USES_SURROGATE_FIELD_NUMBER: _ClassVar[int]
+    MINIMAL_NORM_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: AttackKind
     family: str
@@ -309,7 +321,8 @@ class AttackInfo(_message.Message):
     stochastic: bool
     tasks: _containers.RepeatedScalarFieldContainer[_common_pb2.TaskType]
     uses_surrogate: bool
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[AttackKind, str]] = ..., family: _Optional[str] = ..., norms: _Optional[_Iterable[_Union[Norm, str]]] = ..., targeted: _Optional[bool] = ..., untargeted: _Optional[bool] = ..., parameters: _Optional[_Iterable[_Union[ParameterSpec, _Mapping]]] = ..., refs: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ..., needs_surrogate: _Optional[bool] = ..., stochastic: _Optional[bool] = ..., tasks: _Optional[_Iterable[_Union[_common_pb2.TaskType, str]]] = ..., uses_surrogate: _Optional[bool] = ...) -> None: ...
+    minimal_norm: bool
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[AttackKind, str]] = ..., family: _Optional[str] = ..., norms: _Optional[_Iterable[_Union[Norm, str]]] = ..., targeted: _Optional[bool] = ..., untargeted: _Optional[bool] = ..., parameters: _Optional[_Iterable[_Union[ParameterSpec, _Mapping]]] = ..., refs: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ..., needs_surrogate: _Optional[bool] = ..., stochastic: _Optional[bool] = ..., tasks: _Optional[_Iterable[_Union[_common_pb2.TaskType, str]]] = ..., uses_surrogate: _Optional[bool] = ..., minimal_norm: _Optional[bool] = ...) -> None: ...
 
 class ListAttacksRequest(_message.Message):
     __slots__ = ("kind", "page_size", "page_token")
@@ -471,6 +484,26 @@ class RunAttackRequest(_message.Message):
     surrogate_models: _containers.RepeatedCompositeFieldContainer[SurrogateModel]
     def __init__(self, attack_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[LabeledImage, _Mapping]]] = ..., proxy_session_id: _Optional[str] = ..., origin: _Optional[str] = ..., surrogate: _Optional[str] = ..., criterion: _Optional[_Union[AttackCriterion, _Mapping]] = ..., ensemble: _Optional[_Iterable[str]] = ..., surrogate_models: _Optional[_Iterable[_Union[SurrogateModel, _Mapping]]] = ...) -> None: ...
 
+class ValidateAttackRequest(_message.Message):
+    __slots__ = ("attack_id", "params", "criterion", "task", "output_kind")
+    ATTACK_ID_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    CRITERION_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_KIND_FIELD_NUMBER: _ClassVar[int]
+    attack_id: str
+    params: _struct_pb2.Struct
+    criterion: AttackCriterion
+    task: _common_pb2.TaskType
+    output_kind: _common_pb2.OutputKind
+    def __init__(self, attack_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., criterion: _Optional[_Union[AttackCriterion, _Mapping]] = ..., task: _Optional[_Union[_common_pb2.TaskType, str]] = ..., output_kind: _Optional[_Union[_common_pb2.OutputKind, str]] = ...) -> None: ...
+
+class ValidateAttackResponse(_message.Message):
+    __slots__ = ("params",)
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    params: _struct_pb2.Struct
+    def __init__(self, params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
 class SurrogateLabelMapping(_message.Message):
     __slots__ = ("surrogate_label", "target_label")
     SURROGATE_LABEL_FIELD_NUMBER: _ClassVar[int]
@@ -480,7 +513,7 @@ class SurrogateLabelMapping(_message.Message):
     def __init__(self, surrogate_label: _Optional[int] = ..., target_label: _Optional[int] = ...) -> None: ...
 
 class SurrogateModel(_message.Message):
-    __slots__ = ("name", "model", "format", "height", "width", "channels", "mean", "std", "labels", "label_map", "target_classes")
+    __slots__ = ("name", "model", "format", "height", "width", "channels", "mean", "std", "labels", "label_map", "target_classes", "task", "outputs")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -492,6 +525,8 @@ class SurrogateModel(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     LABEL_MAP_FIELD_NUMBER: _ClassVar[int]
     TARGET_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     format: ModelFormat
@@ -503,7 +538,29 @@ class SurrogateModel(_message.Message):
     labels: _containers.RepeatedScalarFieldContainer[str]
     label_map: _containers.RepeatedCompositeFieldContainer[SurrogateLabelMapping]
     target_classes: int
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., format: _Optional[_Union[ModelFormat, str]] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., channels: _Optional[int] = ..., mean: _Optional[_Iterable[float]] = ..., std: _Optional[_Iterable[float]] = ..., labels: _Optional[_Iterable[str]] = ..., label_map: _Optional[_Iterable[_Union[SurrogateLabelMapping, _Mapping]]] = ..., target_classes: _Optional[int] = ...) -> None: ...
+    task: _common_pb2.TaskType
+    outputs: SurrogateOutputs
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., format: _Optional[_Union[ModelFormat, str]] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., channels: _Optional[int] = ..., mean: _Optional[_Iterable[float]] = ..., std: _Optional[_Iterable[float]] = ..., labels: _Optional[_Iterable[str]] = ..., label_map: _Optional[_Iterable[_Union[SurrogateLabelMapping, _Mapping]]] = ..., target_classes: _Optional[int] = ..., task: _Optional[_Union[_common_pb2.TaskType, str]] = ..., outputs: _Optional[_Union[SurrogateOutputs, _Mapping]] = ...) -> None: ...
+
+class SurrogateOutputs(_message.Message):
+    __slots__ = ("boxes", "boxes_normalised", "scores", "scores_are_logits", "labels", "class_logits", "mask", "mask_kind")
+    BOXES_FIELD_NUMBER: _ClassVar[int]
+    BOXES_NORMALISED_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    SCORES_ARE_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    CLASS_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    MASK_FIELD_NUMBER: _ClassVar[int]
+    MASK_KIND_FIELD_NUMBER: _ClassVar[int]
+    boxes: int
+    boxes_normalised: bool
+    scores: int
+    scores_are_logits: bool
+    labels: int
+    class_logits: int
+    mask: int
+    mask_kind: SurrogateMaskKind
+    def __init__(self, boxes: _Optional[int] = ..., boxes_normalised: _Optional[bool] = ..., scores: _Optional[int] = ..., scores_are_logits: _Optional[bool] = ..., labels: _Optional[int] = ..., class_logits: _Optional[int] = ..., mask: _Optional[int] = ..., mask_kind: _Optional[_Union[SurrogateMaskKind, str]] = ...) -> None: ...
 
 class RunAttackResponse(_message.Message):
     __slots__ = ("image_id", "adversarial", "adversarial_float", "success", "queries", "linf", "l2", "initially_correct", "stop_reason", "signal", "criterion")

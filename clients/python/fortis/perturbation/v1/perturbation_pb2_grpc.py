@@ -64,6 +64,11 @@ class PerturbationServiceStub:
                 request_serializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.RunAttackRequest.SerializeToString,
                 response_deserializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.RunAttackResponse.FromString,
                 _registered_method=True)
+        self.ValidateAttack = channel.unary_unary(
+                '/fortis.perturbation.v1.PerturbationService/ValidateAttack',
+                request_serializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ValidateAttackRequest.SerializeToString,
+                response_deserializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ValidateAttackResponse.FromString,
+                _registered_method=True)
 
 
 class PerturbationServiceServicer:
@@ -115,6 +120,16 @@ class PerturbationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ValidateAttack(self, request, context):
+        """Checks an attack's parameters and criterion against a target's task and signal without
+        running it: every rule RunAttack applies before it touches an image (the schema, rules
+        between parameters such as an L-inf epsilon <= 1, the task types, targeted support, a
+        score-based attack on a labels-only target). A plan names its problems before it runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PerturbationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +157,11 @@ def add_PerturbationServiceServicer_to_server(servicer, server):
                     servicer.RunAttack,
                     request_deserializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.RunAttackRequest.FromString,
                     response_serializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.RunAttackResponse.SerializeToString,
+            ),
+            'ValidateAttack': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateAttack,
+                    request_deserializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ValidateAttackRequest.FromString,
+                    response_serializer=fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ValidateAttackResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -284,6 +304,33 @@ class PerturbationService:
             '/fortis.perturbation.v1.PerturbationService/RunAttack',
             fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.RunAttackRequest.SerializeToString,
             fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.RunAttackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateAttack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fortis.perturbation.v1.PerturbationService/ValidateAttack',
+            fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ValidateAttackRequest.SerializeToString,
+            fortis_dot_perturbation_dot_v1_dot_perturbation__pb2.ValidateAttackResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ from fortis.scoring.v1 import scoring_pb2 as _scoring_pb2
 from google.api import field_behavior_pb2 as _field_behavior_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.rpc import code_pb2 as _code_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -266,8 +267,26 @@ class ExampleImage(_message.Message):
     mask_classes: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, kind: _Optional[_Union[ExampleKind, str]] = ..., setting: _Optional[str] = ..., level: _Optional[int] = ..., image_id: _Optional[str] = ..., original_png: _Optional[bytes] = ..., perturbed_png: _Optional[bytes] = ..., original_answer: _Optional[str] = ..., perturbed_answer: _Optional[str] = ..., note: _Optional[str] = ..., target: _Optional[str] = ..., original_verdict: _Optional[_Union[ExampleVerdict, str]] = ..., perturbed_verdict: _Optional[_Union[ExampleVerdict, str]] = ..., truth_boxes: _Optional[_Iterable[_Union[ExampleBox, _Mapping]]] = ..., original_boxes: _Optional[_Iterable[_Union[ExampleBox, _Mapping]]] = ..., perturbed_boxes: _Optional[_Iterable[_Union[ExampleBox, _Mapping]]] = ..., truth_mask_png: _Optional[bytes] = ..., original_mask_png: _Optional[bytes] = ..., perturbed_mask_png: _Optional[bytes] = ..., mask_classes: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class FailedSetting(_message.Message):
+    __slots__ = ("kind", "name", "level", "code", "message", "images_done", "images_planned")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_DONE_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_PLANNED_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    level: int
+    code: _code_pb2.Code
+    message: str
+    images_done: int
+    images_planned: int
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., level: _Optional[int] = ..., code: _Optional[_Union[_code_pb2.Code, str]] = ..., message: _Optional[str] = ..., images_done: _Optional[int] = ..., images_planned: _Optional[int] = ...) -> None: ...
+
 class ReportParts(_message.Message):
-    __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation", "examples", "canary", "benchmark")
+    __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation", "examples", "canary", "benchmark", "failed_settings")
     PLAN_TEXT_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
@@ -279,6 +298,7 @@ class ReportParts(_message.Message):
     EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     CANARY_FIELD_NUMBER: _ClassVar[int]
     BENCHMARK_FIELD_NUMBER: _ClassVar[int]
+    FAILED_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     plan_text: str
     target: TargetReport
     roles: Roles
@@ -290,7 +310,8 @@ class ReportParts(_message.Message):
     examples: _containers.RepeatedCompositeFieldContainer[ExampleImage]
     canary: _struct_pb2.Struct
     benchmark: _struct_pb2.Struct
-    def __init__(self, plan_text: _Optional[str] = ..., target: _Optional[_Union[TargetReport, _Mapping]] = ..., roles: _Optional[_Union[Roles, _Mapping]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., metrics: _Optional[_Union[_scoring_pb2.ScoreEvaluationResponse, _Mapping]] = ..., tests: _Optional[_Iterable[_Union[TestDefinition, _Mapping]]] = ..., ledger: _Optional[_Union[LedgerSummary, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationInfo, _Mapping]] = ..., examples: _Optional[_Iterable[_Union[ExampleImage, _Mapping]]] = ..., canary: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., benchmark: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    failed_settings: _containers.RepeatedCompositeFieldContainer[FailedSetting]
+    def __init__(self, plan_text: _Optional[str] = ..., target: _Optional[_Union[TargetReport, _Mapping]] = ..., roles: _Optional[_Union[Roles, _Mapping]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., metrics: _Optional[_Union[_scoring_pb2.ScoreEvaluationResponse, _Mapping]] = ..., tests: _Optional[_Iterable[_Union[TestDefinition, _Mapping]]] = ..., ledger: _Optional[_Union[LedgerSummary, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationInfo, _Mapping]] = ..., examples: _Optional[_Iterable[_Union[ExampleImage, _Mapping]]] = ..., canary: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., benchmark: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., failed_settings: _Optional[_Iterable[_Union[FailedSetting, _Mapping]]] = ...) -> None: ...
 
 class RenderReportRequest(_message.Message):
     __slots__ = ("parts",)

@@ -242,7 +242,7 @@ class PerturbationSizes(_message.Message):
     def __init__(self, linf: _Optional[_Iterable[float]] = ..., l2: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SettingAnswers(_message.Message):
-    __slots__ = ("kind", "name", "level", "image_index", "errors", "classification", "detection", "segmentation", "query_attack", "sizes", "fraction_of_pixels_changed")
+    __slots__ = ("kind", "name", "level", "image_index", "errors", "classification", "detection", "segmentation", "query_attack", "sizes", "fraction_of_pixels_changed", "excluded", "excluded_reason")
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +254,8 @@ class SettingAnswers(_message.Message):
     QUERY_ATTACK_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     FRACTION_OF_PIXELS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_REASON_FIELD_NUMBER: _ClassVar[int]
     kind: SettingKind
     name: str
     level: int
@@ -265,7 +267,9 @@ class SettingAnswers(_message.Message):
     query_attack: QueryAttackOutcomes
     sizes: PerturbationSizes
     fraction_of_pixels_changed: float
-    def __init__(self, kind: _Optional[_Union[SettingKind, str]] = ..., name: _Optional[str] = ..., level: _Optional[int] = ..., image_index: _Optional[_Iterable[int]] = ..., errors: _Optional[_Iterable[str]] = ..., classification: _Optional[_Union[ClassificationAnswers, _Mapping]] = ..., detection: _Optional[_Union[DetectionAnswers, _Mapping]] = ..., segmentation: _Optional[_Union[SegmentationAnswers, _Mapping]] = ..., query_attack: _Optional[_Union[QueryAttackOutcomes, _Mapping]] = ..., sizes: _Optional[_Union[PerturbationSizes, _Mapping]] = ..., fraction_of_pixels_changed: _Optional[float] = ...) -> None: ...
+    excluded: _containers.RepeatedScalarFieldContainer[bool]
+    excluded_reason: str
+    def __init__(self, kind: _Optional[_Union[SettingKind, str]] = ..., name: _Optional[str] = ..., level: _Optional[int] = ..., image_index: _Optional[_Iterable[int]] = ..., errors: _Optional[_Iterable[str]] = ..., classification: _Optional[_Union[ClassificationAnswers, _Mapping]] = ..., detection: _Optional[_Union[DetectionAnswers, _Mapping]] = ..., segmentation: _Optional[_Union[SegmentationAnswers, _Mapping]] = ..., query_attack: _Optional[_Union[QueryAttackOutcomes, _Mapping]] = ..., sizes: _Optional[_Union[PerturbationSizes, _Mapping]] = ..., fraction_of_pixels_changed: _Optional[float] = ..., excluded: _Optional[_Iterable[bool]] = ..., excluded_reason: _Optional[str] = ...) -> None: ...
 
 class ScoreEvaluationRequest(_message.Message):
     __slots__ = ("setup", "setting")
@@ -342,7 +346,7 @@ class WorstCase(_message.Message):
     def __init__(self, rate: _Optional[_Union[Rate, _Mapping]] = ..., n_settings: _Optional[int] = ..., over: _Optional[str] = ...) -> None: ...
 
 class AttackMetrics(_message.Message):
-    __slots__ = ("name", "kind", "robustness_adv", "success", "mean_queries", "median_queries", "mean_queries_successful", "query_budget", "errors", "error_images", "clean_mismatches", "mean_linf", "max_linf", "mean_l2", "mean_l2_successful", "median_l2_successful", "success_by_queries", "fooling_rate", "fooling_threshold", "never_fooled")
+    __slots__ = ("name", "kind", "robustness_adv", "success", "mean_queries", "median_queries", "mean_queries_successful", "query_budget", "errors", "error_images", "clean_mismatches", "mean_linf", "max_linf", "mean_l2", "mean_l2_successful", "median_l2_successful", "success_by_queries", "fooling_rate", "fooling_threshold", "never_fooled", "excluded", "excluded_reason", "unsuccessful_mean_l2", "unsuccessful_max_linf")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ROBUSTNESS_ADV_FIELD_NUMBER: _ClassVar[int]
@@ -363,6 +367,10 @@ class AttackMetrics(_message.Message):
     FOOLING_RATE_FIELD_NUMBER: _ClassVar[int]
     FOOLING_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     NEVER_FOOLED_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_REASON_FIELD_NUMBER: _ClassVar[int]
+    UNSUCCESSFUL_MEAN_L2_FIELD_NUMBER: _ClassVar[int]
+    UNSUCCESSFUL_MAX_LINF_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: AttackScoring
     robustness_adv: Rate
@@ -383,7 +391,11 @@ class AttackMetrics(_message.Message):
     fooling_rate: float
     fooling_threshold: float
     never_fooled: float
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[AttackScoring, str]] = ..., robustness_adv: _Optional[_Union[Rate, _Mapping]] = ..., success: _Optional[_Union[Rate, _Mapping]] = ..., mean_queries: _Optional[float] = ..., median_queries: _Optional[float] = ..., mean_queries_successful: _Optional[float] = ..., query_budget: _Optional[int] = ..., errors: _Optional[int] = ..., error_images: _Optional[_Iterable[str]] = ..., clean_mismatches: _Optional[int] = ..., mean_linf: _Optional[float] = ..., max_linf: _Optional[float] = ..., mean_l2: _Optional[float] = ..., mean_l2_successful: _Optional[float] = ..., median_l2_successful: _Optional[float] = ..., success_by_queries: _Optional[_Iterable[_Union[QueryCurvePoint, _Mapping]]] = ..., fooling_rate: _Optional[float] = ..., fooling_threshold: _Optional[float] = ..., never_fooled: _Optional[float] = ...) -> None: ...
+    excluded: int
+    excluded_reason: str
+    unsuccessful_mean_l2: float
+    unsuccessful_max_linf: float
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[AttackScoring, str]] = ..., robustness_adv: _Optional[_Union[Rate, _Mapping]] = ..., success: _Optional[_Union[Rate, _Mapping]] = ..., mean_queries: _Optional[float] = ..., median_queries: _Optional[float] = ..., mean_queries_successful: _Optional[float] = ..., query_budget: _Optional[int] = ..., errors: _Optional[int] = ..., error_images: _Optional[_Iterable[str]] = ..., clean_mismatches: _Optional[int] = ..., mean_linf: _Optional[float] = ..., max_linf: _Optional[float] = ..., mean_l2: _Optional[float] = ..., mean_l2_successful: _Optional[float] = ..., median_l2_successful: _Optional[float] = ..., success_by_queries: _Optional[_Iterable[_Union[QueryCurvePoint, _Mapping]]] = ..., fooling_rate: _Optional[float] = ..., fooling_threshold: _Optional[float] = ..., never_fooled: _Optional[float] = ..., excluded: _Optional[int] = ..., excluded_reason: _Optional[str] = ..., unsuccessful_mean_l2: _Optional[float] = ..., unsuccessful_max_linf: _Optional[float] = ...) -> None: ...
 
 class QueryCurvePoint(_message.Message):
     __slots__ = ("queries", "success_rate")
