@@ -1,0 +1,111 @@
+"""The quick slice of the catalogue matrix (``tests/matrix/catalogue.py``; the whole matrix is
+``bench/matrix.py``): every perturbation and every attack of the registries, generated from
+them, on the full-score classifier at the default batch size; every query attack on the
+label-only (decision-based) or top-3 (score-based) classifier at batch 1; every query attack
+on the Haar face detector at the largest batch; a few on the U2-Net-p segmenter with and
+without per-pixel probabilities. Each cell: the evaluation succeeds, no image exceeds Q_m
+(the ledger), the stored uint8 images respect the bound where the attack is bound-limited,
+every reported success is confirmed by the target model itself, the report renders.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.matrix.catalogue import TARGETS, CellResult, Matrix, quick_profile, summary
+
+# the module's fixture runs the whole slice within the first test: its time is that test's
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow,
+              pytest.mark.timeout(3000)]
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory, vision_setup: None,
+           fmnist_target, fmnist_surrogate) -> Iterator[tuple[Matrix, list[CellResult]]]:
+    import time
+
+    t0 = time.monotonic()
+    m = Matrix(quick_profile(), Path(tmp_path_factory.mktemp("matrix")))
+    try:
+        results = m.run()
+        print(json.dumps(summary(results, time.monotonic() - t0, m.profile))[:3000])
+        yield m, results
+    finally:
+        m.close()
+
+
+def test_the_cells_come_from_the_registries(matrix) -> None:
+    """Every registry entry has a cell on the full-score classifier; every query attack has
+    one on a weaker classifier signal and on the detector (nothing hand-listed)."""
+    from fortis.services.perturbation.attacks.registry import ATTACKS
+    from fortis.services.perturbation.registry import PERTURBATIONS
+
+    m, _ = matrix
+    on = {(c.target, c.entry) for c in m.cells}
+    for p in PERTURBATIONS.values():
+        assert ("cnn", p.id) in on, p.id
+    for a in ATTACKS.values():
+        if a.id != "pertknob":
+            assert ("cnn", a.id) in on, a.id
+        if a.is_query_attack and a.id != "pertknob":
+            weaker = "cnn-label" if a.kind == "decision" else "cnn-top3"
+            assert (weaker, a.id) in on, a.id
+            if a.supports_task("detection"):
+                assert ("haar", a.id) in on, a.id
+    targeted = {c.entry for c in m.cells if c.name.endswith("-targeted")}
+    assert targeted == {a.id for a in ATTACKS.values() if a.targeted and a.id != "pertknob"}
+    assert {c.batch for c in m.cells} == {"default", "1", "max"}
+
+
+@pytest.mark.parametrize("target", [t.key for t in TARGETS])
+def test_every_cell_of_the_slice_passes(matrix, target: str) -> None:
+    _, results = matrix
+    mine = [r for r in results if r.cell.target == target]
+    assert mine, f"no cell on {target}"
+    bad = [f"{r.cell.id}: {'; '.join(r.problems)}" for r in mine if not r.ok]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checks_fail_on_tampered_results(matrix) -> None:
+    """The checks have teeth: a stored adversarial pushed past the bound, a budget smaller
+    than what the ledger recorded, and a model that confirms no success are each caught."""
+    import io
+
+    import numpy as np
+    from fortis.services.perturbation.attacks.registry import ATTACKS
+
+    from tests.matrix.catalogue import TENANT
+
+    m, results = matrix
+    run = m.runs[("cnn", "default", "attacks")]
+    cell = next(r.cell for r in results if r.cell.id == "cnn/default/square")
+    store = run.stack.manager.store.for_tenant(TENANT)
+    key = "adversarial/square-00000.npz"
+    original = store.artifact(run.eid, key)
+    with np.load(io.BytesIO(original)) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["adversarial_uint8"] = np.clip(
+        arrays["adversarial_uint8"].astype(np.int16) + 60, 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    store.put_artifact(run.eid, key, buf.getvalue())
+    try:
+        assert any("bound" in p for p in run.check(cell))
+    finally:
+        store.put_artifact(run.eid, key, original)
+    assert run.check(cell) == []
+    assert run._budget(cell, 1), "the ledger holds more than one query per image"
+    ids, adv = run._adversarials("square")
+    spec = ATTACKS["square"]
+    node = run.report["metrics"]["attacks"]["square"]
+    assert node["successes"] > 0
+    judge = run.data.judge
+    run.data.judge = lambda *a: False
+    try:
+        assert run._successes(cell, spec, node, ids, adv)
+    finally:
+        run.data.judge = judge
