@@ -643,6 +643,9 @@ def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue, task: str = "classif
             if spec.needs_surrogate and not it.get("surrogate") and not benchmark:
                 v.bad(f"{p}.surrogate", f"{aid} is a transfer attack: name the surrogate model"
                       " (or list targets with their surrogates: it is then crafted on each)")
+            if spec.uses_surrogate and not it.get("surrogate") and not benchmark:
+                v.bad(f"{p}.surrogate", f"{aid} is a query attack with a transfer-based prior: "
+                      "name the local surrogate model it takes the prior from")
             if it.get("surrogate") and not (spec.needs_surrogate or spec.uses_surrogate):
                 v.bad(f"{p}.surrogate", f"{aid} takes no surrogate model")
             if task not in spec.tasks:
@@ -705,14 +708,18 @@ def _check_surrogate_tasks(v: _V, names: list[str], raw: Any, p: str, task: str,
     """A transfer attack is crafted on surrogates of the target's task (IEEE-A7 on IEEE-C4 /
     C5 targets: a detector's or segmenter's ``task_loss``): each name whose task is known --
     a built-in (``BUILTIN_SURROGATE_TASKS``; the others classify) or one of the plan's own
-    surrogates (classifiers) -- must match; an operator's surrogate is checked when it runs."""
+    surrogates (its ``task``, classification by default) -- must match; an operator's
+    surrogate is checked when it runs."""
     raw_own = doc.get("surrogates")
-    own = {d.get("name") for d in (raw_own if isinstance(raw_own, list) else [])
+    own = {str(d["name"]): d.get("task") if d.get("task") in TASKS else "classification"
+           for d in (raw_own if isinstance(raw_own, list) else [])
            if isinstance(d, Mapping) and isinstance(d.get("name"), str)}
     for j, name in enumerate(names):
         if name in BUILTIN_SURROGATE_TASKS:
             known = BUILTIN_SURROGATE_TASKS[name]
-        elif name in BUILTIN_SURROGATE_NAMES or name in own:
+        elif name in own:
+            known = str(own[name])
+        elif name in BUILTIN_SURROGATE_NAMES:
             known = "classification"
         else:
             continue
@@ -722,7 +729,8 @@ def _check_surrogate_tasks(v: _V, names: list[str], raw: Any, p: str, task: str,
             where = f"{p}[{j}]" if isinstance(raw, list) else p
             v.bad(where, f"{_short(name, 60)} is a {known} surrogate; a transfer attack on a "
                   f"{task} target is crafted on a {task} surrogate (built-in: "
-                  f"{', '.join(fitting) or 'none'})")
+                  f"{', '.join(fitting) or 'none'}; or one of the plan's surrogates with "
+                  f"task: {task})")
 
 
 def _surrogate_names(v: _V, raw: Any, p: str) -> list[str]:
@@ -888,9 +896,10 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
                 v.bad(f"attacks[{i}].select_budget", "budget selection (CAN-6) runs on one "
                       "target; not in a multi-target plan (every model must see the same "
                       "examples)")
-    if members and target.task != "classification" and len(members) > 1:
-        v.bad("targets", "multi-target plans (CANARY benchmarks) are for classification "
-              "targets")
+    for i, m in enumerate(members):     # a model's white-box twin does the target's task
+        if m.surrogate:
+            _check_surrogate_tasks(v, [m.surrogate], m.surrogate, f"targets[{i}].surrogate",
+                                   target.task, doc)
     surrogates = _surrogates(v, doc)
     attack_names = {a.name for a in attacks}
     for a in attacks:       # multi-target plans: a transfer attack per model surrogate (CAN-7)

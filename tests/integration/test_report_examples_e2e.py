@@ -70,11 +70,28 @@ def _sha(image_id: str, arr: np.ndarray) -> str:
     return image_sha256(image_msg(image_id, np.ascontiguousarray(arr), raw=True))
 
 
-def _words(summary: str, labels: list[str]) -> str:
-    """A ledger output summary ("top1=3 p=0.9876") as the report words it."""
-    m = re.fullmatch(r"top1=(\d+) p=([0-9.]+)", summary)
-    assert m, summary
-    return f"{labels[int(m.group(1))]} ({float(m.group(2)):.2f})"
+class _Words(str):
+    """A ledger output summary ("top1=3 p=0.9876") as the report words it ("Bag (0.99)"). The
+    ledger keeps 4 decimals and the report prints 2 from the full score, so 0.52495 is "0.52"
+    in the report and "0.5250" in the ledger: equal when the labels are and the scores agree
+    within the report's rounding."""
+
+    def __new__(cls, summary: str, labels: list[str]) -> _Words:
+        m = re.fullmatch(r"top1=(\d+) p=([0-9.]+)", summary)
+        assert m, summary
+        out = super().__new__(cls, f"{labels[int(m.group(1))]} ({float(m.group(2)):.2f})")
+        out.label, out.p = labels[int(m.group(1))], float(m.group(2))
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        m = re.fullmatch(r"(.*) \(([0-9.]+)\)", str(other))
+        return bool(m) and m.group(1) == self.label and abs(float(m.group(2)) - self.p) <= 0.0051
+
+    __hash__ = str.__hash__
+
+
+def _words(summary: str, labels: list[str]) -> _Words:
+    return _Words(summary, labels)
 
 
 def test_report_examples_are_what_the_target_received(stack, fmnist_target,
