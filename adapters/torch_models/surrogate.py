@@ -49,6 +49,7 @@ from torch import nn
 from .classifier import InputSpec
 
 __all__ = ["DEFAULT_CACHE_SIZE", "UNMAPPED_LOGIT", "LoadedSurrogate", "MappedSurrogate",
+           "register_normalisation",
            "OperatorSurrogates", "SurrogateCache", "TenantSurrogates", "detect_format", "import_onnx2torch",
            "load_network", "load_surrogate"]
 
@@ -156,6 +157,20 @@ def load_network(path: Path, fmt: str, field: str) -> nn.Module:
     return net
 
 
+def register_normalisation(module: nn.Module, mean: Sequence[float], std: Sequence[float],
+                           channels: int) -> None:
+    """The ``(x - mean) / std`` buffers of a tenant's surrogate, one value per channel (one
+    value given: every channel's), not saved with the module's state."""
+    m = list(mean) or [0.0]
+    s = list(std) or [1.0]
+    m = m * channels if len(m) == 1 else m
+    s = s * channels if len(s) == 1 else s
+    module.register_buffer("mean", torch.tensor(m, dtype=torch.float32).view(1, -1, 1, 1),
+                           persistent=False)
+    module.register_buffer("std", torch.tensor(s, dtype=torch.float32).view(1, -1, 1, 1),
+                           persistent=False)
+
+
 class MappedSurrogate(nn.Module):
     """normalisation -> network -> target-space logits (see the module doc). ``mapping``:
     (surrogate class, target class) pairs; ``target_classes``: the output width."""
@@ -167,14 +182,7 @@ class MappedSurrogate(nn.Module):
         self.net = net
         self.name = name
         self.num_labels = int(num_labels)
-        m = list(mean) or [0.0]
-        s = list(std) or [1.0]
-        m = m * channels if len(m) == 1 else m
-        s = s * channels if len(s) == 1 else s
-        self.register_buffer("mean", torch.tensor(m, dtype=torch.float32).view(1, -1, 1, 1),
-                             persistent=False)
-        self.register_buffer("std", torch.tensor(s, dtype=torch.float32).view(1, -1, 1, 1),
-                             persistent=False)
+        register_normalisation(self, mean, std, channels)
         mask = torch.zeros(target_classes, num_labels, dtype=torch.bool)
         for si, ti in mapping:
             mask[ti, si] = True

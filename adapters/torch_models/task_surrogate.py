@@ -49,6 +49,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 import torch.nn.functional as F
+from fortis.adapters.torch_models.surrogate import register_normalisation
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import MAX_SURROGATE_DETECTIONS, MAX_SURROGATE_SIDE
 from fortis.services.common.surrogates import SurrogateSpec
@@ -77,14 +78,7 @@ class TaskNet(nn.Module):
         super().__init__()
         self.net = net
         self.height, self.width, self.channels = int(height), int(width), int(channels)
-        m = list(mean) or [0.0]
-        s = list(std) or [1.0]
-        m = m * channels if len(m) == 1 else m
-        s = s * channels if len(s) == 1 else s
-        self.register_buffer("mean", torch.tensor(m, dtype=torch.float32).view(1, -1, 1, 1),
-                             persistent=False)
-        self.register_buffer("std", torch.tensor(s, dtype=torch.float32).view(1, -1, 1, 1),
-                             persistent=False)
+        register_normalisation(self, mean, std, channels)
 
     def forward(self, x: torch.Tensor) -> tuple[Any, ...]:
         if x.ndim != 4 or x.shape[1] not in (1, 3):
@@ -149,10 +143,12 @@ def _refs(references: Sequence[Any], n: int) -> list[Any]:
     return refs + [None] * (n - len(refs))
 
 
-class DetectorSurrogate:
-    """A detector as the surrogate of transfer attacks on a detection target (module doc)."""
+class _TaskSurrogate:
+    """What a tenant's detector and segmenter surrogates share: the network, the plan's
+    definition, its labels and outputs, and which surrogate classes map to which target
+    class."""
 
-    task = "detection"
+    task = ""
     input_spec = None
 
     def __init__(self, model: TaskNet, spec: SurrogateSpec) -> None:
@@ -162,6 +158,15 @@ class DetectorSurrogate:
         self.labels = tuple(spec.labels)
         self.outputs = spec.outputs
         self._mask = _class_mask(len(spec.labels), spec.mapping, spec.target_classes)
+
+
+class DetectorSurrogate(_TaskSurrogate):
+    """A detector as the surrogate of transfer attacks on a detection target (module doc)."""
+
+    task = "detection"
+
+    def __init__(self, model: TaskNet, spec: SurrogateSpec) -> None:
+        super().__init__(model, spec)
         #: the target class of each surrogate class (-1: unmapped), for class-label outputs
         self._target_of = np.full(len(spec.labels), -1, dtype=np.int64)
         for si, ti in spec.mapping:
@@ -275,20 +280,14 @@ class DetectorSurrogate:
         return torch.stack(out)
 
 
-class SegmenterSurrogate:
+class SegmenterSurrogate(_TaskSurrogate):
     """A segmenter as the surrogate of transfer attacks on a segmentation target (module
     doc)."""
 
     task = "segmentation"
-    input_spec = None
 
     def __init__(self, model: TaskNet, spec: SurrogateSpec) -> None:
-        self.model = model.eval()
-        self.spec = spec
-        self.name = spec.name
-        self.labels = tuple(spec.labels)
-        self.outputs = spec.outputs
-        self._mask = _class_mask(len(spec.labels), spec.mapping, spec.target_classes)
+        super().__init__(model, spec)
         self.mapped = frozenset(t for _, t in spec.mapping)
 
     def __repr__(self) -> str:
