@@ -38,6 +38,7 @@ from typing import Any, Final
 
 import torch
 from fortis.adapters.stand_ins import package, temporary_modules
+from fortis.adapters.torch_models.normalisation import register_normalisation
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from fortis.services.common.surrogates import (
     SurrogateSpec,
@@ -49,7 +50,6 @@ from torch import nn
 from .classifier import InputSpec
 
 __all__ = ["DEFAULT_CACHE_SIZE", "UNMAPPED_LOGIT", "LoadedSurrogate", "MappedSurrogate",
-           "register_normalisation",
            "OperatorSurrogates", "SurrogateCache", "TenantSurrogates", "detect_format", "import_onnx2torch",
            "load_network", "load_surrogate"]
 
@@ -155,20 +155,6 @@ def load_network(path: Path, fmt: str, field: str) -> nn.Module:
     for p in net.parameters():
         p.requires_grad_(False)
     return net
-
-
-def register_normalisation(module: nn.Module, mean: Sequence[float], std: Sequence[float],
-                           channels: int) -> None:
-    """The ``(x - mean) / std`` buffers of a tenant's surrogate, one value per channel (one
-    value given: every channel's), not saved with the module's state."""
-    m = list(mean) or [0.0]
-    s = list(std) or [1.0]
-    m = m * channels if len(m) == 1 else m
-    s = s * channels if len(s) == 1 else s
-    module.register_buffer("mean", torch.tensor(m, dtype=torch.float32).view(1, -1, 1, 1),
-                           persistent=False)
-    module.register_buffer("std", torch.tensor(s, dtype=torch.float32).view(1, -1, 1, 1),
-                           persistent=False)
 
 
 class MappedSurrogate(nn.Module):

@@ -49,7 +49,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 import torch.nn.functional as F
-from fortis.adapters.torch_models.surrogate import register_normalisation
+from fortis.adapters.torch_models.normalisation import register_normalisation
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import MAX_SURROGATE_DETECTIONS, MAX_SURROGATE_SIDE
 from fortis.services.common.surrogates import SurrogateSpec
