@@ -1,35 +1,43 @@
 #!/usr/bin/env python3
-"""Fortis's query attacks (IEEE-A8) against reference implementations, measured fairly (issue 11).
+"""Fortis's query attacks (IEEE-A8) against reference implementations, measured fairly.
 
-One JSON row per (attack, model, budget, reference): Fortis and the reference on the same images,
-model, bound and per-image query budget; success rate, mean/median queries, median norm (the
-attack's own: L-inf, L2 or L0, in [0, 1] pixel scale; L0 = pixels changed), wall time, model
-time, attack compute time and the ratios Fortis / reference; then the issue's goals as
-pass/fail fields. Never part of the test run (tests/reference holds the small, fast checks).
+One JSON row per (attack, model, budget, reference configuration): Fortis and the reference on
+the same images, model, bound and per-image query budget; success rate with its standard error
+sqrt(p (1 - p) / n), mean/median queries, median norm (the attack's own: L-inf, L2 or L0, in
+[0, 1] pixel scale; L0 = pixels changed), wall time, model time, attack compute time and the
+ratios Fortis / reference; then the goals as pass/fail fields. Never part of the test run
+(tests/reference holds the small, fast checks). ``docs/benchmarks.md`` holds the last results.
 
     python bench/attacks.py [--rows square,hsja] [--models fmnist,imagenet] [--n 100]
                             [--budgets 500,1000] [--seed 0] [--out result.json]
 
 ADDING A ROW (other attacks: one entry in ``ROWS`` at the bottom of this file)
 ------------------------------------------------------------------------------
-A row is a :class:`Row`: the Fortis attack id in the registry and its parameters (without the
-bound and the budget, which the bench sets), the norm it is judged in, targeted or not, the
+A row is a :class:`Row`: the Fortis attack id in the registry and its variant choices (e.g.
+SimBA's ``basis``; Fortis otherwise runs at its registry defaults, and the bench sets the bound
+and the budget; ``fortis.params`` / ``fortis.non_default_params`` in the JSON say what it ran
+with), the norm it is judged in, targeted or not, the
 budgets, the bound per model (``epsilon={"fmnist": ..., "imagenet": ...}``, [0, 1] scale;
 for ``linf`` the bench passes ``floor(eps*255)/255`` to every tool so float and uint8 balls
 coincide), ``mode`` ("success": success rate within the bound; "min_norm": the bound is 0 and
 the median smallest adversarial norm found within the budget is compared) and its references:
-:class:`Reference` (a name, a function ``run(job, oracle)`` that runs the tool, and how its
-queries are charged: ``owner``, ``quantise``, ``memoise``). Fortis itself runs through the
+:class:`Reference` (a name, a function ``run(job, oracle, params)`` that runs the tool with
+``params``, its settings, and how its queries are charged: ``owner``, ``quantise``,
+``memoise``); :func:`both` makes the two configurations of a tool (SETTINGS below). Fortis
+itself runs through the
 registry (``AttackSpec.run(AttackContext)``, queries through ``ctx.margin_query()`` /
 ``ctx.decision_query()`` as in production). Example::
 
-    Row(name="simba_dct", attack="simba_dct", params={"freq_dims": 14}, norm="l2",
+    Row(name="simba_dct", attack="simba", params={"basis": "dct"}, norm="l2",
         epsilon={"fmnist": 3.0, "imagenet": 5.0}, budgets=(500, 1000),
-        references=(Reference(name="bat", run=bat_simba),))
+        references=both("art", art_simba, owner="single",
+                        defaults={"epsilon": 0.1, "freq_dim": 4, "stride": 1},
+                        matched={"epsilon": fortis_default("simba", "step_size")}))
 
-A reference's ``run(job, oracle)`` gets the images (``job.x`` uint8 N x H x W x C,
+A reference's ``run(job, oracle, params)`` gets the images (``job.x`` uint8 N x H x W x C,
 ``job.y`` labels, ``job.targets`` for targeted rows, ``job.epsilon``, ``job.budget``,
-``job.seed``) and must make every model call through one of the oracle's adapters:
+``job.seed``) and ``params``, its settings for this configuration (passed to the tool as
+they are), and must make every model call through one of the oracle's adapters:
 ``oracle.module()`` (an ``nn.Module``: torchattacks, foolbox, anything torch; float NCHW in
 [0, 1] -> probabilities), ``oracle.numpy_nchw`` (a function float NCHW numpy -> numpy
 probabilities: ART's ``BlackBoxClassifier``), ``oracle.numpy_nhwc255`` (list/array of
@@ -37,8 +45,27 @@ H x W x C in [0, 255] -> probabilities: bat). It returns nothing: what counts is
 oracle saw (the reference's own return value is never trusted). Seed the tool's randomness from
 ``job.seed`` (torch / numpy global generators: see :func:`seeded`).
 
-FAIRNESS (the issue's "Fair comparison")
-----------------------------------------
+SETTINGS (both reported, never only the one that flatters Fortis)
+---------------------------------------------------------------
+Every reference tool runs at its own documented defaults (its constructor's, read from the
+installed source), ``"settings": "reference_defaults"``, and again given Fortis's values
+wherever the two differ, ``"settings": "matched"`` (e.g. Square's ``p_init`` 0.8 vs
+Fortis's 0.05 and the horizon of its p schedule). Where they coincide it runs once,
+``"settings": "defaults=matched"``. Both configurations share what a comparison must fix: the
+bound, the query budget (counted by the oracle; a tool's iteration knob is set so the budget,
+not its iterations, stops it, except where that knob is also the horizon of the tool's
+schedule: ART's ``max_iter`` and bat's ``max_it`` in Square are the budget at their defaults,
+as the tools lay the schedule over their run, and Fortis's 10,000 iterations when matched;
+memoised ART may then end before its budget, its repeats being free), the model, the seed and
+targeting. ``reference_params`` in each
+row is what the tool was given. Fortis runs at its registry defaults (what ``fortis attacks
+--json`` lists); a row's variant choice, if any, shows in ``fortis.non_default_params``.
+Fortis's own attacks standing in where no installable reference exists are marked
+``"settings": "fortis_defaults"``. A configuration the tool cannot run is listed under
+``skipped`` with the reason.
+
+FAIRNESS
+--------
 * **One model function.** Every tool, Fortis included, reaches the network through
   :class:`Oracle`: its input is turned into the same contiguous float32 NCHW tensor in
   [0, 1] (``quantise``: rounded to uint8 levels first, what a real target receives), the
@@ -52,8 +79,10 @@ FAIRNESS (the issue's "Fair comparison")
   clocks start.
 * **Counted per image.** Every row of a batched call is charged to its image (``owner``:
   Fortis's query index; ``"nearest"`` = the original the point perturbs, checked to lie within
-  the bound; ``"rows"`` = row k is image k, the call has N rows; ``"single"`` = the tool runs
-  one image at a time). A point is credited when the criterion holds and it lies within the
+  the bound; ``"nearest_unbounded"`` = the same without that check, for tools that ask points
+  outside the ball by design (Bandits' finite-difference probes; still never credited);
+  ``"rows"`` = row k is image k, the call has N rows; ``"single"`` = the tool runs one image
+  at a time). A point is credited when the criterion holds and it lies within the
   bound, only within the image's first ``budget`` charged queries; an image that succeeded or
   spent its budget stops being charged: later rows are answered (so the tool behaves as
   usual) but never counted or credited, and the run is stopped when every image is done.
@@ -105,7 +134,7 @@ from fortis.services.perturbation.criteria import (
 )
 from torch import nn
 
-Owner = Literal["nearest", "rows", "single"]
+Owner = Literal["nearest", "nearest_unbounded", "rows", "single"]
 CHUNK = 64  # rows per distance computation (bounded memory on 224 x 224 photos)
 NormName = Literal["linf", "l2", "l0"]
 Mode = Literal["success", "min_norm"]
@@ -147,19 +176,54 @@ class Job:
         return np.ascontiguousarray(self.x.transpose(0, 3, 1, 2), dtype=np.float32) / np.float32(255)
 
 
-RunRef = Callable[[Job, "Oracle"], None]
+RunRef = Callable[[Job, "Oracle", Mapping[str, Any]], None]
+Settings = Literal["reference_defaults", "matched", "defaults=matched", "fortis_defaults"]
+#: a tool setting: a value, or a function of the job (e.g. the budget or the image side)
+Setting = Any | Callable[[Job], Any]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Reference:
-    """A reference tool for a row. ``run(job, oracle)`` runs it (see the module docstring)."""
+    """A reference tool for a row, in one configuration. ``run(job, oracle, params)`` runs it
+    with ``params`` (``self.params`` resolved for the job; see the module docstring)."""
 
     name: str
     run: RunRef
     owner: Owner = "nearest"
     quantise: bool = True    # points rounded to uint8 before the model (what a target receives)
     memoise: bool = False    # an identical point re-asked for the same image: answered, not charged
+    settings: Settings = "defaults=matched"
+    params: Mapping[str, Setting] = field(default_factory=dict)
     note: str = ""
+
+    @property
+    def key(self) -> str:
+        """Unique within a row: the name, with ``@defaults`` / ``@matched`` where the tool runs
+        in both configurations."""
+        suffix = {"reference_defaults": "@defaults", "matched": "@matched"}.get(self.settings, "")
+        return self.name + suffix
+
+    def resolve(self, job: Job) -> dict[str, Any]:
+        return {k: v(job) if callable(v) else v for k, v in self.params.items()}
+
+
+def both(name: str, run: RunRef, *, defaults: Mapping[str, Setting],
+         matched: Mapping[str, Setting], note: str = "", **how: Any) -> tuple[Reference, ...]:
+    """A tool whose documented defaults differ from Fortis's settings: one configuration at
+    the tool's constructor defaults, one given Fortis's values where the two differ (both
+    with the same bound, budget, model, seed and targeting)."""
+    return (Reference(name=name, run=run, settings="reference_defaults", params=defaults,
+                      note=note, **how),
+            Reference(name=name, run=run, settings="matched", params={**defaults, **matched},
+                      note=note, **how))
+
+
+def fortis_default(attack: str, param: str) -> Any:
+    """Fortis's registry default of one parameter (what a plan that omits it runs with)."""
+    for p in attack_spec(attack).params:
+        if p.name == param:
+            return p.default
+    raise KeyError(f"{attack} has no parameter {param!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,7 +250,7 @@ class Row:
     epsilon: Mapping[str, float]                 # model -> bound ([0, 1] scale); min_norm: unused
     budgets: tuple[int, ...]
     references: tuple[Reference, ...]
-    params: Mapping[str, Any] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)  # Fortis variant, else defaults
     targeted: bool = False
     mode: Mode = "success"
     models: tuple[str, ...] = ("fmnist", "imagenet")
@@ -380,7 +444,8 @@ class Oracle:
         for s in range(0, b, CHUNK):
             rows = x[s:s + CHUNK].reshape(min(CHUNK, b - s), -1).to(torch.float64)
             own[s:s + CHUNK] = (self.sq[None, :] - 2.0 * rows @ self.flat.T).argmin(dim=1).numpy()
-        if self.job.row.mode == "success":  # the point must perturb its owner within the bound
+        if self.job.row.mode == "success" and self.owner == "nearest":
+            # the point must perturb its owner within the bound
             d = self._norms(x, lev, own, np.arange(b))
             if not all(self._within(v, slack=lev is None) for v in d):
                 raise AssertionError(f"a query of {self.job.row.name} lies outside the "
@@ -432,6 +497,7 @@ class Oracle:
         out: dict[str, Any] = {"n": n}
         if job.row.mode == "success":
             out["success_rate"] = _r(ok.mean())
+            out["success_rate_se"] = _se(ok.mean(), n)
             out["mean_queries_successful"] = _r(queries[ok].mean()) if ok.any() else None
             out["median_queries_successful"] = _r(np.median(queries[ok])) if ok.any() else None
             out["mean_queries_all"] = _r(queries.mean())
@@ -439,6 +505,7 @@ class Oracle:
         else:
             found = np.isfinite(self.best)
             out["found_adversarial"] = _r(found.mean())
+            out["found_adversarial_se"] = _se(found.mean(), n)
             out["median_norm"] = _r(np.median(self.best))  # inf where none was found
             out["mean_queries_all"] = _r(np.minimum(self.counts, job.budget).mean())
         compute = wall_s - self.model_s - self.oracle_s
@@ -453,6 +520,11 @@ class Oracle:
             "compute_ms_per_image": _r(1000 * compute_cpu / max(n, 1), 2),
             "compute_wall_ms_per_image": _r(1000 * compute / max(n, 1), 2)})
         return out
+
+
+def _se(p: float, n: int) -> float | None:
+    """Standard error of a rate over n images, sqrt(p (1 - p) / n)."""
+    return _r(math.sqrt(max(float(p) * (1.0 - float(p)), 0.0) / n)) if n else None
 
 
 def _r(v: float, nd: int = 4) -> float | None:
@@ -517,12 +589,29 @@ class _QueryClient:
         return self.scores(images, image_ids).argmax(axis=1)
 
 
+def fortis_params(job: Job) -> dict[str, Any]:
+    """What Fortis runs with: its registry defaults, the row's variant choices (``Row.params``)
+    and the bench's bound and budget."""
+    row = job.row
+    return validate_params(attack_spec(row.attack), {**row.params, row.bound_param: job.epsilon,
+                                                     row.budget_param: job.budget})
+
+
+def fortis_non_default(job: Job) -> dict[str, Any]:
+    """The parameters Fortis runs with that are not its registry defaults (bound and budget
+    aside): empty when the row runs Fortis as a plan that names none would."""
+    row = job.row
+    used = fortis_params(job)
+    return {p.name: used[p.name] for p in attack_spec(row.attack).params
+            if p.name not in (row.bound_param, row.budget_param) and p.name in used
+            and used[p.name] != p.default}
+
+
 def run_fortis(job: Job, oracle: Oracle) -> dict[str, Any]:
     """Fortis through its registry, as the perturbation engine runs it. Returns checks."""
     row = job.row
     spec = attack_spec(row.attack)
-    params = validate_params(spec, {**row.params, row.bound_param: job.epsilon,
-                                    row.budget_param: job.budget})
+    params = fortis_params(job)
     ids = tuple(f"img{i}" for i in range(job.n))
     criterion: Criterion = Misclassification()
     if job.targets is not None:
@@ -567,36 +656,50 @@ def timed(job: Job, net: nn.Module, *, owner: Owner | Literal["index"], quantise
 
 
 # ------------------------------------------------------------------------------ references --
+# Every function gets ``p``: the tool's settings for this configuration (``Reference.params``
+# resolved). The rows below state, per tool, its constructor defaults and the values Fortis
+# uses where they differ; the function passes ``p`` through and fixes only what a comparison
+# must: the bound, the budget (through the oracle, and the tool's own iteration knob set so the
+# budget, not the iterations, can stop it), the model, the seed and targeting.
 
 
-def art_square(job: Job, oracle: Oracle) -> None:
-    """ART ``SquareAttack`` (L-inf), batch 128, ``max_iter = 4 Q`` (it spends iterations on
-    candidates equal to its current image; the budget, not the iterations, stops it)."""
-    from art.attacks.evasion import SquareAttack
+def _art_scores(job: Job, oracle: Oracle) -> Any:
     from art.estimators.classification import BlackBoxClassifierNeuralNetwork
+
+    c, h, w = job.nchw.shape[1:]
+    return BlackBoxClassifierNeuralNetwork(oracle.numpy_nchw, input_shape=(c, h, w),
+                                           nb_classes=job.num_classes, channels_first=True,
+                                           clip_values=(0.0, 1.0))
+
+
+def _art_labels(job: Job, oracle: Oracle) -> Any:
+    from art.estimators.classification import BlackBoxClassifier
+
+    c, h, w = job.nchw.shape[1:]
+    return BlackBoxClassifier(oracle.numpy_nchw, input_shape=(c, h, w),
+                              nb_classes=job.num_classes, clip_values=(0.0, 1.0))
+
+
+def art_square(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """ART ``SquareAttack`` (L-inf). ``max_iter`` both sets its iterations and lays its p
+    schedule over them (``i / max_iter``)."""
+    from art.attacks.evasion import SquareAttack
 
     if job.targets is not None:
         raise Unsupported("ART's SquareAttack is untargeted only")
-    c, h, w = job.nchw.shape[1:]
-    clf = BlackBoxClassifierNeuralNetwork(oracle.numpy_nchw, input_shape=(c, h, w),
-                                          nb_classes=job.num_classes, channels_first=True,
-                                          clip_values=(0.0, 1.0))
     with seeded(job.seed):
-        SquareAttack(clf, norm=np.inf, eps=job.epsilon, max_iter=4 * job.budget,
-                     p_init=float(job.row.params.get("p_init", 0.05)), nb_restarts=1,
-                     batch_size=128, verbose=False).generate(job.nchw,
-                                                             y=np.eye(job.num_classes)[job.y])
+        SquareAttack(_art_scores(job, oracle), norm=np.inf, eps=job.epsilon, verbose=False,
+                     **p).generate(job.nchw, y=np.eye(job.num_classes)[job.y])
 
 
-def torchattacks_square(job: Job, oracle: Oracle) -> None:
-    """torchattacks ``Square`` (L-inf, margin loss, ``n_queries = Q - 2``: it also asks the
-    clean and the stripe-initialised images)."""
+def torchattacks_square(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """torchattacks ``Square`` (L-inf), ``n_queries = Q - 2``: it also asks the clean and the
+    stripe-initialised images."""
     import torchattacks
 
     atk = torchattacks.Square(oracle.module(), norm="Linf", eps=job.epsilon,
-                              n_queries=max(job.budget - 2, 1), n_restarts=1,
-                              p_init=float(job.row.params.get("p_init", 0.05)), loss="margin",
-                              resc_schedule=True, seed=job.seed, verbose=False)
+                              n_queries=max(job.budget - 2, 1), seed=job.seed, verbose=False,
+                              **p)
     labels = torch.from_numpy(job.y)
     if job.targets is not None:
         atk.set_mode_targeted_by_label(quiet=True)
@@ -627,81 +730,70 @@ class _BatClassifier:
         self.predict = oracle.numpy_nhwc255
 
 
-def bat_square(job: Job, oracle: Oracle) -> None:
-    """bat ``SquareAttack`` (L-inf, margin loss, images in [0, 255] HWC; ``max_it = Q - 1``:
-    clean + stripes + ``max_it - 1`` iterations = Q; it seeds numpy with 0 itself)."""
+def bat_square(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """bat ``SquareAttack`` (L-inf, images in [0, 255] HWC; clean + stripes + ``max_it - 1``
+    iterations; ``max_it`` is also the horizon of its p schedule; it seeds numpy with 0
+    itself)."""
     attack = _bat_module("square_attack").SquareAttack(_BatClassifier(oracle))
     y = job.targets if job.targets is not None else job.y
     with seeded(job.seed), quiet():
         attack.attack(job.x.astype(np.float32), np.eye(job.num_classes, dtype=bool)[y],
-                      targeted=job.targets is not None, epsilon=job.epsilon,
-                      max_it=max(job.budget - 1, 2),
-                      p_init=float(job.row.params.get("p_init", 0.05)))
+                      targeted=job.targets is not None, epsilon=job.epsilon, **p)
+
+
+def _side(job: Job) -> int:
+    return int(min(job.x.shape[1:3]))
 
 
 def _simba_dims(job: Job) -> tuple[int, int]:
-    """ART SimBA's ``freq_dim`` and ``stride`` for the image side: the paper's 28/224 and 7/224
-    of it (4 and 1 at 28 x 28; 28 and 7 at 224 x 224), as Fortis's defaults."""
-    side = job.x.shape[1]
-    return max(1, round(side / 8)), max(1, round(side / 32))
+    """Fortis's SimBA-DCT block and stride for the image side, from its registry defaults
+    (``freq_ratio`` 1/8, ``stride_ratio`` 1/32: 4 and 1 at 28 x 28, 28 and 7 at 224 x 224)."""
+    side = _side(job)
+    return (max(1, round(side * fortis_default("simba", "freq_ratio"))),
+            max(1, round(side * fortis_default("simba", "stride_ratio"))))
 
 
-def art_simba(job: Job, oracle: Oracle) -> None:
-    """ART ``SimBA`` (``attack="px"`` or ``"dct"`` as the row's ``basis``; step ``epsilon``
-    0.2 as the paper and Fortis; ``order="random"``), one image at a time (ART loops over
-    images itself), ``max_iter = Q``: the budget stops it. ART has no L2 bound: it is
-    credited only with points within the row's bound."""
+def art_simba(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """ART ``SimBA`` (``attack="px"`` or ``"dct"`` as the row's ``basis``), one image at a time
+    (ART loops over images itself), ``max_iter = Q``: the budget stops it. ART has no L2 bound:
+    it is credited only with points within the row's bound."""
     from art.attacks.evasion import SimBA
-    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
 
-    c, h, w = job.nchw.shape[1:]
-    clf = BlackBoxClassifierNeuralNetwork(oracle.numpy_nchw, input_shape=(c, h, w),
-                                          nb_classes=job.num_classes, channels_first=True,
-                                          clip_values=(0.0, 1.0))
-    freq, stride = _simba_dims(job)
+    clf = _art_scores(job, oracle)
     basis = "px" if job.row.params.get("basis", "dct") == "pixel" else "dct"
     y = job.targets if job.targets is not None else job.y
     with seeded(job.seed):
         for i in range(job.n):
             attack = SimBA(clf, attack=basis, max_iter=job.budget,
-                           epsilon=float(job.row.params.get("step_size", 0.2)),
-                           freq_dim=freq, stride=stride, order="random",
-                           targeted=job.targets is not None, verbose=False)
+                           targeted=job.targets is not None, verbose=False, **p)
             with oracle.only(i), contextlib.suppress(Done):
                 attack.generate(job.nchw[i:i + 1], y=np.eye(job.num_classes)[y[i:i + 1]])
 
 
-def art_square_l2(job: Job, oracle: Oracle) -> None:
-    """ART ``SquareAttack(norm=2)``, ``max_iter = 4 Q`` (the budget stops it), one image at a
-    time: its L2 window update divides by a zero norm where a window is blank (NaN points,
-    which no nearest-original charging can attribute); those are never credited."""
+def art_square_l2(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """ART ``SquareAttack(norm=2)``, one image at a time: its L2 window update divides by a
+    zero norm where a window is blank (NaN points, which no nearest-original charging can
+    attribute); those are never credited."""
     from art.attacks.evasion import SquareAttack
-    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
 
     if job.targets is not None:
         raise Unsupported("ART's SquareAttack is untargeted only")
-    c, h, w = job.nchw.shape[1:]
-    clf = BlackBoxClassifierNeuralNetwork(oracle.numpy_nchw, input_shape=(c, h, w),
-                                          nb_classes=job.num_classes, channels_first=True,
-                                          clip_values=(0.0, 1.0))
+    clf = _art_scores(job, oracle)
     with seeded(job.seed), np.errstate(divide="ignore", invalid="ignore"):
         for i in range(job.n):
-            attack = SquareAttack(clf, norm=2, eps=job.epsilon, max_iter=4 * job.budget,
-                                  p_init=float(job.row.params.get("p_init", 0.1)),
-                                  nb_restarts=1, batch_size=1, verbose=False)
+            attack = SquareAttack(clf, norm=2, eps=job.epsilon, verbose=False, **p)
             with oracle.only(i), contextlib.suppress(Done):
                 attack.generate(job.nchw[i:i + 1], y=np.eye(job.num_classes)[job.y[i:i + 1]])
 
 
-def torchattacks_square_l2(job: Job, oracle: Oracle) -> None:
-    """torchattacks ``Square(norm="L2")``, margin loss, ``n_queries = Q - 2``, one image at a
-    time (some of its L2 points leave the ball: they are charged but never credited)."""
+def torchattacks_square_l2(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """torchattacks ``Square(norm="L2")``, ``n_queries = Q - 2``, one image at a time (some of
+    its L2 points leave the ball: they are charged but never credited)."""
     import torchattacks
 
     atk = torchattacks.Square(oracle.module(), norm="L2", eps=job.epsilon,
-                              n_queries=max(job.budget - 2, 1), n_restarts=1,
-                              p_init=float(job.row.params.get("p_init", 0.1)), loss="margin",
-                              resc_schedule=True, seed=job.seed, verbose=False)
+                              n_queries=max(job.budget - 2, 1), seed=job.seed, verbose=False,
+                              **p)
     labels = torch.from_numpy(job.y)
     if job.targets is not None:
         atk.set_mode_targeted_by_label(quiet=True)
@@ -711,34 +803,34 @@ def torchattacks_square_l2(job: Job, oracle: Oracle) -> None:
             atk(torch.from_numpy(job.nchw[i:i + 1]), labels[i:i + 1])
 
 
-def art_pixel(job: Job, oracle: Oracle) -> None:
-    """ART ``PixelAttack(th=k, es=1)``: differential evolution, population 400 // dims x dims
-    (about the paper's 400), one image at a time, ``max_iter`` generations to spare: the
-    budget stops it."""
+def art_pixel(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """ART ``PixelAttack(th=k)``, one image at a time. ``es=1`` is differential evolution with
+    a population of ``400 // dims`` x dims (about the paper's and Fortis's 400); ``es=0`` (its
+    default) is CMA-ES from the ``cma`` package. Its ``max_iter`` generations outlast the
+    budget at either setting."""
     from art.attacks.evasion import PixelAttack
-    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
 
-    c, h, w = job.nchw.shape[1:]
-    clf = BlackBoxClassifierNeuralNetwork(oracle.numpy_nchw, input_shape=(c, h, w),
-                                          nb_classes=job.num_classes, channels_first=True,
-                                          clip_values=(0.0, 1.0))
+    if p.get("es", 0) == 0 and importlib.util.find_spec("cma") is None:
+        raise Unsupported("ART's default es=0 (CMA-ES) needs the cma package, not installed")
+    clf = _art_scores(job, oracle)
     y = job.targets if job.targets is not None else job.y
     with seeded(job.seed):
         for i in range(job.n):
-            attack = PixelAttack(clf, th=int(job.epsilon), es=1, max_iter=100,
-                                 targeted=job.targets is not None, verbose=False)
+            attack = PixelAttack(clf, th=int(job.epsilon), targeted=job.targets is not None,
+                                 verbose=False, **p)
             with oracle.only(i), contextlib.suppress(Done):
                 attack.generate(job.nchw[i:i + 1], y=y[i:i + 1])
 
 
-def torchattacks_onepixel(job: Job, oracle: Oracle) -> None:
-    """torchattacks ``OnePixel(pixels=k)`` (scipy's DE, its default ``popsize=10``: about 10
-    candidates per generation), one image at a time, ``steps`` to spare: the budget stops
-    it."""
+def torchattacks_onepixel(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """torchattacks ``OnePixel(pixels=k)`` (scipy's DE; ``popsize`` is the whole population,
+    divided among the dimensions), one image at a time. ``steps`` (generations) is how it
+    spends a budget: set so the budget, not the steps, stops it (its default 10 generations of
+    ~9 candidates would stop near 100 queries)."""
     import torchattacks
 
-    atk = torchattacks.OnePixel(oracle.module(), pixels=int(job.epsilon), steps=1000,
-                                popsize=10)
+    atk = torchattacks.OnePixel(oracle.module(), pixels=int(job.epsilon),
+                                steps=max(job.budget, 10), **p)
     labels = job.y
     if job.targets is not None:
         atk.set_mode_targeted_by_label(quiet=True)
@@ -749,95 +841,78 @@ def torchattacks_onepixel(job: Job, oracle: Oracle) -> None:
                 atk(torch.from_numpy(job.nchw[i:i + 1]), torch.from_numpy(labels[i:i + 1]))
 
 
-def art_hsja(job: Job, oracle: Oracle) -> None:
-    """ART ``HopSkipJump`` (L2, its defaults ``init_eval=100, max_eval=10000,
-    init_size=100``), one image at a time (ART loops over images itself), ``max_iter`` large:
-    the budget stops it."""
+def art_hsja(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """ART ``HopSkipJump`` (L2), one image at a time (ART loops over images itself). Its
+    default 50 iterations ask at least 100 x sqrt(t) points each: the budget stops it first."""
     from art.attacks.evasion import HopSkipJump
-    from art.estimators.classification import BlackBoxClassifier
 
-    c, h, w = job.nchw.shape[1:]
-    clf = BlackBoxClassifier(oracle.numpy_nchw, input_shape=(c, h, w),
-                             nb_classes=job.num_classes, clip_values=(0.0, 1.0))
-    x = job.nchw
-    with seeded(job.seed):
-        for i in range(job.n):
-            attack = HopSkipJump(clf, norm=2, max_iter=100_000, max_eval=10_000, init_eval=100,
-                                 init_size=100, batch_size=10_000, verbose=False,
-                                 targeted=job.targets is not None)
-            y = job.targets if job.targets is not None else job.y
-            with oracle.only(i), contextlib.suppress(Done):
-                attack.generate(x[i:i + 1], y=np.eye(job.num_classes)[y[i:i + 1]])
-
-
-def foolbox_hsja(job: Job, oracle: Oracle) -> None:
-    """foolbox 3 ``HopSkipJumpAttack`` (L2, defaults: 100 initial / 10,000 max gradient
-    evaluations, geometric step size, blended-noise start), the whole batch at once as foolbox
-    runs (every call has the N images in order), ``steps`` large: the budget stops it."""
-    import foolbox as fb
-
-    model = fb.PyTorchModel(oracle.module(), bounds=(0.0, 1.0), device="cpu")
-    if job.targets is not None:
-        criterion: Any = fb.criteria.TargetedMisclassification(torch.from_numpy(job.targets))
-    else:
-        criterion = fb.criteria.Misclassification(torch.from_numpy(job.y))
-    attack = fb.attacks.HopSkipJumpAttack(steps=100_000)
-    with seeded(job.seed):
-        attack.run(model, torch.from_numpy(job.nchw), criterion)
-
-
-def foolbox_boundary(job: Job, oracle: Oracle) -> None:
-    """foolbox 3 ``BoundaryAttack`` (L2, its defaults: spherical and source steps 0.01,
-    adaptation 1.5, blended-noise start), the whole batch per call, ``steps`` large: the
-    budget stops it."""
-    import foolbox as fb
-
-    model = fb.PyTorchModel(oracle.module(), bounds=(0.0, 1.0), device="cpu")
-    if job.targets is not None:
-        criterion: Any = fb.criteria.TargetedMisclassification(torch.from_numpy(job.targets))
-    else:
-        criterion = fb.criteria.Misclassification(torch.from_numpy(job.y))
-    with seeded(job.seed):
-        fb.attacks.BoundaryAttack(steps=1_000_000).run(model, torch.from_numpy(job.nchw),
-                                                       criterion)
-
-
-def art_boundary(job: Job, oracle: Oracle) -> None:
-    """ART ``BoundaryAttack`` (L2, its defaults: delta = epsilon = 0.01, 25 trials of 20
-    samples, init_size 100), one image at a time (ART loops over images itself),
-    ``max_iter`` large: the budget stops it."""
-    from art.attacks.evasion import BoundaryAttack
-    from art.estimators.classification import BlackBoxClassifier
-
-    c, h, w = job.nchw.shape[1:]
-    clf = BlackBoxClassifier(oracle.numpy_nchw, input_shape=(c, h, w),
-                             nb_classes=job.num_classes, clip_values=(0.0, 1.0))
+    clf = _art_labels(job, oracle)
     y = job.targets if job.targets is not None else job.y
     with seeded(job.seed):
         for i in range(job.n):
-            attack = BoundaryAttack(clf, targeted=job.targets is not None, max_iter=1_000_000,
-                                    verbose=False)
+            attack = HopSkipJump(clf, norm=2, verbose=False, targeted=job.targets is not None,
+                                 **p)
             with oracle.only(i), contextlib.suppress(Done):
                 attack.generate(job.nchw[i:i + 1], y=np.eye(job.num_classes)[y[i:i + 1]])
 
 
-def art_geoda(job: Job, oracle: Oracle) -> None:
-    """ART ``GeoDA`` (the row's norm; its defaults sub_dim 10, lambda 0.6, sigma 0.0002;
-    ``max_iter = Q``: the query budget it spreads over its iterations), one image at a time.
-    It writes its DCT basis to the working directory (a temporary one here) and builds it with
-    ``np.mat``, gone in NumPy 2 (``np.asmatrix`` stands in); untargeted only; square images
-    only."""
+def _foolbox(job: Job, oracle: Oracle) -> tuple[Any, Any]:
+    import foolbox as fb
+
+    model = fb.PyTorchModel(oracle.module(), bounds=(0.0, 1.0), device="cpu")
+    if job.targets is not None:
+        return model, fb.criteria.TargetedMisclassification(torch.from_numpy(job.targets))
+    return model, fb.criteria.Misclassification(torch.from_numpy(job.y))
+
+
+def foolbox_hsja(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """foolbox 3 ``HopSkipJumpAttack`` (L2, blended-noise start), the whole batch at once as
+    foolbox runs (every call has the N images in order). Its default 64 steps ask at least
+    100 x sqrt(t) points each: the budget stops it first."""
+    import foolbox as fb
+
+    model, criterion = _foolbox(job, oracle)
+    with seeded(job.seed):
+        fb.attacks.HopSkipJumpAttack(**p).run(model, torch.from_numpy(job.nchw), criterion)
+
+
+def foolbox_boundary(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """foolbox 3 ``BoundaryAttack`` (L2, blended-noise start), the whole batch per call; its
+    default 25,000 steps outlast the budget."""
+    import foolbox as fb
+
+    model, criterion = _foolbox(job, oracle)
+    with seeded(job.seed):
+        fb.attacks.BoundaryAttack(**p).run(model, torch.from_numpy(job.nchw), criterion)
+
+
+def art_boundary(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """ART ``BoundaryAttack`` (L2), one image at a time (ART loops over images itself); its
+    default 5,000 iterations outlast the budget. Its default ``targeted=True`` is set to the
+    row's targeting (a comparison fixes it)."""
+    from art.attacks.evasion import BoundaryAttack
+
+    clf = _art_labels(job, oracle)
+    y = job.targets if job.targets is not None else job.y
+    with seeded(job.seed):
+        for i in range(job.n):
+            attack = BoundaryAttack(clf, targeted=job.targets is not None, verbose=False, **p)
+            with oracle.only(i), contextlib.suppress(Done):
+                attack.generate(job.nchw[i:i + 1], y=np.eye(job.num_classes)[y[i:i + 1]])
+
+
+def art_geoda(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """ART ``GeoDA`` (the row's norm; ``max_iter = Q``: the query budget it spreads over its
+    iterations), one image at a time. It writes its DCT basis to the working directory (a
+    temporary one here) and builds it with ``np.mat``, gone in NumPy 2 (``np.asmatrix`` stands
+    in); untargeted only; square images only."""
     import tempfile
 
     from art.attacks.evasion import GeoDA
-    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
 
     if job.targets is not None:
         raise Unsupported("ART's GeoDA is untargeted only")
-    c, h, w = job.nchw.shape[1:]
-    clf = BlackBoxClassifierNeuralNetwork(oracle.numpy_nchw, input_shape=(c, h, w),
-                                          nb_classes=job.num_classes, channels_first=True,
-                                          clip_values=(0.0, 1.0))
+    clf = _art_scores(job, oracle)
     had_mat = hasattr(np, "mat")
     if not had_mat:
         np.mat = np.asmatrix  # type: ignore[attr-defined]
@@ -846,7 +921,7 @@ def art_geoda(job: Job, oracle: Oracle) -> None:
             for i in range(job.n):
                 try:
                     attack = GeoDA(clf, norm=np.inf if job.row.norm == "linf" else 2,
-                                   max_iter=job.budget, verbose=False)
+                                   max_iter=job.budget, verbose=False, **p)
                 except (IndexError, RecursionError) as e:  # its query plan needs Q >~ 100
                     raise Unsupported(f"ART's GeoDA cannot plan {job.budget} queries") from e
                 with oracle.only(i), contextlib.suppress(Done):
@@ -857,7 +932,7 @@ def art_geoda(job: Job, oracle: Oracle) -> None:
             del np.mat  # type: ignore[attr-defined]
 
 
-def fortis_hsja_ref(job: Job, oracle: Oracle) -> None:
+def fortis_hsja_ref(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
     """Fortis's own HopSkipJump (``hsja.py``) as the yardstick of attacks with no installable
     reference (QEBA is HopSkipJump with subspace probes; qFool and SurFree are compared with
     it in their papers), with the paper's noise start as those attacks have (``start="noise"``;
@@ -876,53 +951,44 @@ def fortis_hsja_ref(job: Job, oracle: Oracle) -> None:
                   rng=np.random.default_rng(job.seed), criterion=criterion, start="noise")
 
 
-def art_zoo(job: Job, oracle: Oracle) -> None:
-    """ART ``ZooAttack`` (ZOO-ADAM; ``nb_parallel`` and ``learning_rate`` as the row's
-    ``batch`` / ``learning_rate``, one binary-search step with ``initial_const`` = the row's
-    ``const``, ``variable_h`` one uint8 level: ART's 1e-4 rounds away in what a target
-    receives; no resize / importance on images of side <= 32), one image at a time,
-    ``max_iter = Q``: the budget stops it. No L2 bound of its own: credited within the row's."""
+def art_zoo(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """ART ``ZooAttack`` (ZOO-ADAM), one image at a time; no L2 bound of its own: credited
+    within the row's. Its default 10 iterations of ``2 x nb_parallel`` points outlast a budget
+    of 1,000 queries."""
     from art.attacks.evasion import ZooAttack
-    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
 
-    c, h, w = job.nchw.shape[1:]
-    clf = BlackBoxClassifierNeuralNetwork(oracle.numpy_nchw, input_shape=(c, h, w),
-                                          nb_classes=job.num_classes, channels_first=True,
-                                          clip_values=(0.0, 1.0))
-    p = job.row.params
+    clf = _art_scores(job, oracle)
     y = job.targets if job.targets is not None else job.y
-    large = max(h, w) > 32
     with seeded(job.seed):
         for i in range(job.n):
-            attack = ZooAttack(clf, confidence=0.0, targeted=job.targets is not None,
-                               learning_rate=float(p.get("learning_rate", 0.01)),
-                               max_iter=job.budget, binary_search_steps=1,
-                               initial_const=float(p.get("const", 10.0)), abort_early=False,
-                               use_resize=large, use_importance=large,
-                               nb_parallel=int(p.get("batch", 128)), batch_size=1,
-                               variable_h=1.0 / 255, verbose=False)
+            attack = ZooAttack(clf, targeted=job.targets is not None, batch_size=1,
+                               verbose=False, **p)
             with oracle.only(i), contextlib.suppress(Done):
                 attack.generate(job.nchw[i:i + 1], y=np.eye(job.num_classes)[y[i:i + 1]])
 
 
-def bat_bandits(job: Job, oracle: Oracle) -> None:
-    """bat ``BanditsAttack`` (Bandits-T, L-inf, no data prior, cross-entropy; the paper's
-    fd_eta 0.1, image_lr 0.01, online_lr 100, exploration 1.0; 3 queries per iteration: two
-    probes and the iterate, so ``max_it = Q // 3``; untargeted only). Its probes are not
-    projected onto the ball (so the nearest-original owner cannot be checked): one image at
-    a time, credited only within the row's bound."""
+def bat_bandits(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
+    """bat ``BanditsAttack`` (Bandits-T, L-inf, no data prior, cross-entropy; 3 queries per
+    iteration: two probes and the iterate, so ``max_it = Q // 3``; untargeted only), the whole
+    batch at once. Given one image, bat takes another path ("vertical") that adds the clipped
+    perturbation to the iterate a second time instead of projecting it, so its iterates leave
+    the ball (measured: bat reports successes the bound does not allow); with several images
+    it projects correctly. Its probes are not projected onto the ball by design: owners are
+    the nearest originals without the bound check, and only points within it are credited."""
+    if job.targets is not None:
+        raise Unsupported("bat's BanditsAttack is untargeted only")
     attack = _bat_module("bandits_attack").BanditsAttack(_BatClassifier(oracle))
+    if job.n < 2:
+        raise Unsupported("bat's BanditsAttack projects correctly only on two or more images")
     with seeded(job.seed), quiet():
-        for i in range(job.n):
-            with oracle.only(i), contextlib.suppress(Done):
-                attack.attack(job.x[i:i + 1].astype(np.float64), job.y[i:i + 1],
-                              epsilon=job.epsilon, max_it=max(job.budget // 3, 1))
+        attack.attack(job.x.astype(np.float64), job.y, epsilon=job.epsilon,
+                      max_it=max(job.budget // 3, 1), **p)
 
 
-def fortis_square_ref(job: Job, oracle: Oracle) -> None:
+def fortis_square_ref(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
     """Fortis's own Square Attack (L-inf ``square.py`` or L2 ``square_l2.py`` as the row's
-    norm) as the yardstick of score-based attacks with no installable reference (NES, RGF,
-    SignHunter): uint8 images, each row charged to its image."""
+    norm, at its defaults) as the yardstick of score-based attacks with no installable
+    reference (NES, RGF, SignHunter): uint8 images, each row charged to its image."""
     from fortis.services.perturbation.attacks.base import margins_of
     from fortis.services.perturbation.attacks.square import square_attack
     from fortis.services.perturbation.attacks.square_l2 import square_l2_attack
@@ -1034,7 +1100,8 @@ RATIO_KEYS = ("success_rate", "found_adversarial", "mean_queries_successful",
               "compute_ms_per_image")
 
 
-def _matches(name: str, against: tuple[str, ...]) -> bool:
+def _matches(key: str, against: tuple[str, ...]) -> bool:
+    name = key.split("@", 1)[0]  # either configuration of a tool counts
     return not against or any(name == a or name.startswith(a + "_") for a in against)
 
 
@@ -1074,22 +1141,25 @@ def judge(row: Row, model: str, budget: int, fortis: dict[str, Any],
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """A plain-text table of the JSON rows (one line per reference, Fortis first)."""
-    head = (f"{'attack':<18}{'model':<9}{'Q':>6} {'tool':<16}{'succ':>6}{'q_mean':>8}"
-            f"{'norm_med':>10}{'wall_s':>8}{'model_s':>8}{'comp_ms/img':>12}")
+    """A plain-text table of the JSON rows (one line per reference configuration, Fortis
+    first; success or found rate with its standard error)."""
+    head = (f"{'attack':<18}{'model':<9}{'Q':>6} {'tool':<22}{'settings':<19}{'succ':>6}"
+            f"{'se':>6}{'q_mean':>8}{'norm_med':>10}{'wall_s':>8}{'comp_ms/img':>12}")
     lines = [head, "-" * len(head)]
     seen: set[tuple[str, str, int]] = set()
     for r in rows:
         key = (r["row"], r["model"], r["budget"])
-        tools = ([("fortis", r["fortis"])] if key not in seen else []) + \
-            [(r["reference"], r["ref"])]
+        fortis = "defaults" if not r["fortis"].get("non_default_params") else "variant"
+        tools = ([("fortis", fortis, r["fortis"])] if key not in seen else []) + \
+            [(r["reference"], r["settings"], r["ref"])]
         seen.add(key)
-        for name, s in tools:
+        for name, setting, s in tools:
             succ = s.get("success_rate", s.get("found_adversarial"))
+            se = s.get("success_rate_se", s.get("found_adversarial_se"))
             q = s.get("mean_queries_successful", s.get("mean_queries_all"))
-            lines.append(f"{r['row']:<18}{r['model']:<9}{r['budget']:>6} {name:<16}"
-                         f"{_fmt(succ):>6}{_fmt(q, 1):>8}{_fmt(s.get('median_norm')):>10}"
-                         f"{_fmt(s['wall_s'], 2):>8}{_fmt(s['model_s'], 2):>8}"
+            lines.append(f"{r['row']:<18}{r['model']:<9}{r['budget']:>6} {name:<22}"
+                         f"{setting:<19}{_fmt(succ):>6}{_fmt(se):>6}{_fmt(q, 1):>8}"
+                         f"{_fmt(s.get('median_norm')):>10}{_fmt(s['wall_s'], 2):>8}"
                          f"{_fmt(s['compute_ms_per_image'], 2):>12}")
     return "\n".join(lines)
 
@@ -1103,7 +1173,9 @@ def _fmt(v: Any, nd: int = 3) -> str:
 
 def run_row(row: Row, model: str, budgets: Sequence[int], net: nn.Module, x: np.ndarray,
             y: np.ndarray, num_classes: int, seed: int, log: Callable[[str], None],
-            only_refs: set[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            only_refs: set[str] | None = None,
+            skipped: list[dict[str, Any]] | None = None,
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     targets = None
     if row.targeted:  # one target class for the batch (a criterion has one); not the true one
         t = int(np.random.default_rng(seed).integers(num_classes))
@@ -1111,6 +1183,7 @@ def run_row(row: Row, model: str, budgets: Sequence[int], net: nn.Module, x: np.
         x, y = x[keep], y[keep]
         targets = np.full(len(y), t, dtype=np.int64)
     rows_out, goals_out = [], []
+    skipped = [] if skipped is None else skipped
     for budget in budgets:
         if row.mode == "min_norm":
             eps = 0.0
@@ -1123,26 +1196,37 @@ def run_row(row: Row, model: str, budgets: Sequence[int], net: nn.Module, x: np.
         fortis, checks = timed(job, net, owner="index", quantise=True, memoise=False,
                                body=lambda o, j=job: run_fortis(j, o))
         fortis["checks"].update(checks or {})
+        fortis["params"] = {k: v for k, v in fortis_params(job).items()
+                            if k not in (row.bound_param, row.budget_param)}
+        fortis["non_default_params"] = fortis_non_default(job)
         log(f"{row.name} {model} Q={budget} fortis: {_brief(fortis)}")
         refs: dict[str, dict[str, Any]] = {}
+        used: dict[str, Reference] = {}
         for ref in row.references:
-            if only_refs and ref.name not in only_refs:
+            if only_refs and ref.name not in only_refs and ref.key not in only_refs:
                 continue
+            params = ref.resolve(job)
             try:
                 s, _ = timed(job, net, owner=ref.owner, quantise=ref.quantise,
-                             memoise=ref.memoise, body=lambda o, j=job, r=ref: r.run(j, o))
+                             memoise=ref.memoise,
+                             body=lambda o, j=job, r=ref, kw=params: r.run(j, o, kw))
             except (ImportError, Unsupported) as e:
-                log(f"  {ref.name}: skipped ({e})")
+                log(f"  {ref.key}: skipped ({e})")
+                skipped.append({"row": row.name, "model": model, "budget": budget,
+                                "reference": ref.name, "settings": ref.settings,
+                                "reference_params": params, "why": str(e)})
                 continue
-            refs[ref.name] = s
-            log(f"  {ref.name}: {_brief(s)}")
-        for name, s in refs.items():
-            ref = next(r for r in row.references if r.name == name)
+            s["params"] = params
+            refs[ref.key], used[ref.key] = s, ref
+            log(f"  {ref.key}: {_brief(s)}")
+        for key, s in refs.items():
+            ref = used[key]
             rows_out.append({
                 "row": row.name, "attack": row.attack, "model": model, "budget": budget,
                 "epsilon": eps, "epsilon_levels": round(eps * 255) if row.norm == "linf" else None,
                 "norm": row.norm, "targeted": row.targeted, "mode": row.mode,
-                "n_images": job.n, "reference": name,
+                "n_images": job.n, "reference": ref.name, "settings": ref.settings,
+                "reference_params": s.pop("params"),
                 "reference_setup": {"owner": ref.owner, "quantised": ref.quantise,
                                     "memoised": ref.memoise, "note": ref.note},
                 "fortis": fortis, "ref": s,
@@ -1206,7 +1290,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     report: dict[str, Any] = {"setup": {"versions": _versions(), "seed": args.seed,
                                         "torch_threads": torch.get_num_threads(),
                                         "models": {}},
-                              "rows": [], "goals": []}
+                              "rows": [], "goals": [], "skipped": []}
     _warm_imports()
     t0 = time.perf_counter()
     for model in models:
@@ -1222,7 +1306,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         num_classes = 1000 if model == "imagenet" else 10
         for row in rows:
             r, g = run_row(row, model, budgets_override or row.budgets, net, x, y, num_classes,
-                           args.seed, log, only_refs)
+                           args.seed, log, only_refs, report["skipped"])
             report["rows"] += r
             report["goals"] += g
     report["setup"]["total_wall_s"] = round(time.perf_counter() - t0, 1)
@@ -1240,42 +1324,172 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 # -------------------------------------------------------------------------------- ROWS ----
 # One entry per attack row (see ADDING A ROW in the module docstring). Keep Square and HSJA
-# first; append yours below them.
+# first; append yours below them. Every tool whose constructor defaults differ from Fortis's
+# settings runs twice (``both``): at those defaults and given Fortis's values; the dicts
+# below are the tools' documented defaults (their installed source) and the matched values.
 
-SQUARE_REFS = (
-    Reference(name="art", run=art_square, note="every forward charged (3 per iteration)"),
-    Reference(name="art_memo", run=art_square, memoise=True,
-              note="repeated points answered from memory, not charged"),
-    Reference(name="torchattacks", run=torchattacks_square),
-    Reference(name="bat", run=bat_square),
-)
+
+def _q(job: Job) -> int:
+    return job.budget
+
+
+def _q_at_least_n_iters(attack: str) -> Callable[[Job], int]:
+    """Fortis lays the Square schedule over ``max(n_iters, Q)`` iterations."""
+    return lambda job: max(int(fortis_default(attack, "n_iters")), job.budget)
+
+
+def _square_refs(attack: str) -> tuple[Reference, ...]:
+    """ART (every forward charged, and memoised), torchattacks and bat (L-inf only) for
+    Square. Each tool lays the p schedule over its own run by default (ART and bat over their
+    ``max_iter``/``max_it`` = the budget, torchattacks ``resc_schedule`` over ``n_queries``);
+    Fortis over ``n_iters`` = 10,000 iterations (the paper's), so matched runs lay it there."""
+    p_fortis = fortis_default(attack, "p_init")
+    horizon = _q_at_least_n_iters(attack)
+    art_defaults = {"p_init": 0.8, "max_iter": _q, "nb_restarts": 1}
+    art_matched = {"p_init": p_fortis, "max_iter": horizon}
+    if attack == "square":
+        art_defaults["batch_size"] = 128
+    run_art = art_square if attack == "square" else art_square_l2
+    owner: Owner = "nearest" if attack == "square" else "single"
+    refs = (*both("art", run_art, defaults=art_defaults, matched=art_matched, owner=owner,
+                  note="every forward charged (3 per iteration)"),
+            *both("art_memo", run_art, defaults=art_defaults, matched=art_matched, owner=owner,
+                  memoise=True, note="repeated points answered from memory, not charged"),
+            *both("torchattacks", torchattacks_square if attack == "square"
+                  else torchattacks_square_l2,
+                  defaults={"p_init": 0.8, "resc_schedule": True, "loss": "margin",
+                            "n_restarts": 1},
+                  matched={"p_init": p_fortis, "resc_schedule": False}, owner=owner))
+    if attack == "square":  # bat's p_init default is Fortis's; its schedule horizon is not
+        refs += both("bat", bat_square,
+                     defaults={"p_init": 0.05, "max_it": lambda j: max(j.budget - 1, 2),
+                               "loss_type": "margin_loss"},
+                     matched={"p_init": p_fortis, "max_it": horizon})
+    return refs
+
 
 HSJA_REFS = (
+    # ART's and foolbox's defaults are Fortis's gradient-estimation settings (100 initial /
+    # 10,000 max evaluations, geometric step search, gamma 1): one run each. The start is not
+    # a setting of theirs (noise); hsja_noise_start runs Fortis from noise.
     Reference(name="art_float", run=art_hsja, owner="single", quantise=False,
+              params={"max_iter": 50, "max_eval": 10_000, "init_eval": 100, "init_size": 100,
+                      "batch_size": 64},
               note="ART's own regime: float points reach the network"),
     Reference(name="art_uint8", run=art_hsja, owner="single", quantise=True,
+              params={"max_iter": 50, "max_eval": 10_000, "init_eval": 100, "init_size": 100,
+                      "batch_size": 64},
               note="points rounded to uint8 (what a target receives), as Fortis"),
     Reference(name="foolbox", run=foolbox_hsja, owner="rows", quantise=False,
+              params={"steps": 64, "initial_gradient_eval_steps": 100,
+                      "max_gradient_eval_steps": 10_000,
+                      "stepsize_search": "geometric_progression", "gamma": 1.0},
               note="float points, whole batch per call"),
 )
 
+
 def _square_yardstick_row(name: str, norm: NormName) -> Row:
     """A row for a score-based attack with no installable reference: Fortis's own Square
-    (L-inf or L2, as the row's norm) is its yardstick, at the bench's usual bounds."""
+    (L-inf or L2, as the row's norm, at its defaults) is its yardstick."""
     linf = norm == "linf"
     return Row(name=name, attack=name, norm=norm,
                epsilon={"fmnist": 0.1, "imagenet": 0.05} if linf else
                {"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000),
                references=(Reference(name="fortis_square" if linf else "fortis_square_l2",
                                      run=fortis_square_ref, owner="nearest",
+                                     settings="fortis_defaults",
                                      note="no installable reference: Fortis's Square"
                                      + ("" if linf else " L2")),))
 
 
+def _simba_refs() -> tuple[Reference, ...]:
+    return both("art", art_simba, owner="single",
+                defaults={"epsilon": 0.1, "freq_dim": 4, "stride": 1, "order": "random"},
+                matched={"epsilon": fortis_default("simba", "step_size"),
+                         "freq_dim": lambda j: _simba_dims(j)[0],
+                         "stride": lambda j: _simba_dims(j)[1]},
+                note="no L2 bound of its own: credited within the row's")
+
+
+def _geoda_refs() -> tuple[Reference, ...]:
+    from fortis.services.perturbation.attacks.geoda import SUB_DIM_FRACTION
+
+    return both("art", art_geoda, owner="single", quantise=False,
+                defaults={"sub_dim": 10, "bin_search_tol": 0.1, "lambda_param": 0.6,
+                          "sigma": 0.0002, "batch_size": 64},
+                matched={"sub_dim": lambda j: max(1, round(_side(j) * SUB_DIM_FRACTION))},
+                note="float points, max_iter = Q; Fortis's probe radius is floored to survive "
+                     "uint8 rounding, not a setting ART takes")
+
+
+BOUNDARY_REFS = (
+    *both("foolbox", foolbox_boundary, owner="rows", quantise=False,
+          defaults={"steps": 25_000, "spherical_step": 0.01, "source_step": 0.01,
+                    "step_adaptation": 1.5, "update_stats_every_k": 10},
+          matched={"spherical_step": fortis_default("boundary", "spherical_step"),
+                   "source_step": fortis_default("boundary", "source_step"),
+                   "step_adaptation": fortis_default("boundary", "step_adaptation")},
+          note="float points, whole batch per call"),
+    *both("art", art_boundary, owner="single", quantise=False,
+          defaults={"delta": 0.01, "epsilon": 0.01, "step_adapt": 0.667, "max_iter": 5000,
+                    "num_trial": 25, "sample_size": 20, "init_size": 100, "batch_size": 64},
+          matched={"delta": fortis_default("boundary", "spherical_step"),
+                   "epsilon": fortis_default("boundary", "source_step"),
+                   "step_adapt": round(1.0 / fortis_default("boundary", "step_adaptation"), 4)},
+          note="float points, one image at a time"),
+)
+
+
+def _zoo_large(job: Job) -> bool:
+    """Fortis reduces the attack space (and samples by importance) only on images larger than
+    its ``reduced`` grid."""
+    return _side(job) > int(fortis_default("zoo", "reduced"))
+
+
+ZOO_REFS = both(
+    "art", art_zoo, owner="single",
+    defaults={"confidence": 0.0, "learning_rate": 0.01, "max_iter": 10,
+              "binary_search_steps": 1, "initial_const": 1e-3, "abort_early": True,
+              "use_resize": True, "use_importance": True, "nb_parallel": 128,
+              "variable_h": 1e-4},
+    # Fortis probes one uint8 level (ART's 1e-4 rounds away in what a target receives), fixes
+    # c (no search), never stops early and works in the image space up to its reduced side
+    matched={"learning_rate": fortis_default("zoo", "learning_rate"), "max_iter": _q,
+             "initial_const": fortis_default("zoo", "const"), "abort_early": False,
+             "use_resize": _zoo_large, "use_importance": _zoo_large,
+             "nb_parallel": fortis_default("zoo", "batch"), "variable_h": 1.0 / 255},
+    note="no L2 bound of its own: credited within the row's")
+
+BANDITS_REFS = (
+    # bat scales its exploration noise by 255 (its images are in [0, 255]) but not the
+    # parameter: its ``exploration`` e is Fortis's 255 e. fd_eta and image_lr it scales.
+    *both("bat", bat_bandits, owner="nearest_unbounded",
+          defaults={"fd_eta": 0.1, "image_lr": 0.01, "online_lr": 100, "exploration": 1.0},
+          matched={"fd_eta": fortis_default("bandits", "fd_eta"),
+                   "image_lr": fortis_default("bandits", "image_lr"),
+                   "online_lr": fortis_default("bandits", "online_lr"),
+                   "exploration": round(fortis_default("bandits", "exploration") / 255, 6)},
+          note="probes outside the ball: credited within the bound; no tiling prior option"),
+    Reference(name="fortis_square", run=fortis_square_ref, owner="nearest",
+              settings="fortis_defaults", note="yardstick: Fortis's Square"),
+)
+
+PIXEL_REFS = (
+    *both("art", art_pixel, owner="single", defaults={"es": 0, "max_iter": 100},
+          matched={"es": 1},
+          note="es=1: differential evolution, population ~400 as Fortis's popsize"),
+    *both("torchattacks", torchattacks_onepixel, owner="single", defaults={"popsize": 10},
+          matched={"popsize": fortis_default("single_pixel", "popsize")}),
+)
+
+_MIN_NORM_HSJA = (Reference(name="fortis_hsja", run=fortis_hsja_ref, owner="nearest",
+                            settings="fortis_defaults",
+                            note="no installable reference: Fortis's HopSkipJump"),)
+
 ROWS: tuple[Row, ...] = (
-    Row(name="square", attack="square", norm="linf", params={"p_init": 0.05},
+    Row(name="square", attack="square", norm="linf",
         epsilon={"fmnist": 0.1, "imagenet": 0.05}, budgets=(500, 1000),
-        references=SQUARE_REFS,
+        references=_square_refs("square"),
         goals=(Goal(name="square_success_1.2x_best_reference", metric="success_rate",
                     factor=1.2),)),
     Row(name="hsja", attack="hsja", norm="l2", epsilon={"fmnist": 1.5, "imagenet": 5.0},
@@ -1288,69 +1502,40 @@ ROWS: tuple[Row, ...] = (
     # image: hsja.py): the like-for-like algorithm comparison with ART and foolbox
     Row(name="hsja_noise_start", attack="hsja", norm="l2", mode="min_norm", epsilon={},
         params={"start": "noise"}, budgets=(300, 1000), references=HSJA_REFS),
-    # issue 11, helper C: SimBA, Square L2, single pixel (L0 bound = pixels)
+    # SimBA's basis is which attack runs (pixel or DCT), not a tuning
     Row(name="simba_pixel", attack="simba", norm="l2", params={"basis": "pixel"},
         epsilon={"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000),
-        references=(Reference(name="art", run=art_simba, owner="single",
-                              note="no L2 bound of its own: credited within the row's"),)),
+        references=_simba_refs()),
     Row(name="simba_dct", attack="simba", norm="l2", params={"basis": "dct"},
         epsilon={"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000),
-        references=(Reference(name="art", run=art_simba, owner="single",
-                              note="no L2 bound of its own: credited within the row's"),)),
-    Row(name="square_l2", attack="square_l2", norm="l2", params={"p_init": 0.1},
+        references=_simba_refs()),
+    Row(name="square_l2", attack="square_l2", norm="l2",
         epsilon={"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000),
-        references=(Reference(name="art", run=art_square_l2, owner="single"),
-                    Reference(name="art_memo", run=art_square_l2, owner="single", memoise=True,
-                              note="repeated points answered from memory, not charged"),
-                    Reference(name="torchattacks", run=torchattacks_square_l2,
-                              owner="single"))),
-    Row(name="single_pixel", attack="single_pixel", norm="l0", params={"popsize": 400},
-        epsilon={"fmnist": 1, "imagenet": 1}, budgets=(500, 1000),
-        references=(Reference(name="art", run=art_pixel, owner="single"),)),
-    Row(name="single_pixel_p10", attack="single_pixel", norm="l0", params={"popsize": 10},
-        epsilon={"fmnist": 1, "imagenet": 1}, budgets=(500, 1000),
-        references=(Reference(name="torchattacks", run=torchattacks_onepixel,
-                              owner="single"),)),
-    # decision-based, minimal-norm (helper D, issue 11): median norm at equal budget
+        references=_square_refs("square_l2")),
+    Row(name="single_pixel", attack="single_pixel", norm="l0",
+        epsilon={"fmnist": 1, "imagenet": 1}, budgets=(500, 1000), references=PIXEL_REFS),
+    # decision-based, minimal-norm: median norm at equal budget
     Row(name="boundary", attack="boundary", norm="l2", mode="min_norm", epsilon={},
-        budgets=(300, 1000),
-        references=(Reference(name="foolbox", run=foolbox_boundary, owner="rows",
-                              quantise=False, note="float points, whole batch per call"),
-                    Reference(name="art", run=art_boundary, owner="single", quantise=False,
-                              note="float points, one image at a time"))),
+        budgets=(300, 1000), references=BOUNDARY_REFS),
     Row(name="geoda", attack="geoda", norm="l2", mode="min_norm", epsilon={},
-        budgets=(300, 1000),
-        references=(Reference(name="art", run=art_geoda, owner="single", quantise=False,
-                              note="float points, max_iter = Q"),)),
+        budgets=(300, 1000), references=_geoda_refs()),
     Row(name="geoda_linf", attack="geoda_linf", norm="linf", mode="min_norm", epsilon={},
-        budgets=(300, 1000),
-        references=(Reference(name="art", run=art_geoda, owner="single", quantise=False,
-                              note="float points, max_iter = Q"),)),
+        budgets=(300, 1000), references=_geoda_refs()),
     Row(name="qeba", attack="qeba", norm="l2", mode="min_norm", epsilon={},
-        budgets=(300, 1000),
-        references=(Reference(name="fortis_hsja", run=fortis_hsja_ref, owner="nearest",
-                              note="no installable reference: Fortis's HopSkipJump"),)),
+        budgets=(300, 1000), references=_MIN_NORM_HSJA),
     Row(name="qfool", attack="qfool", norm="l2", mode="min_norm", epsilon={},
-        budgets=(300, 1000),
-        references=(Reference(name="fortis_hsja", run=fortis_hsja_ref, owner="nearest",
-                              note="no installable reference: Fortis's HopSkipJump"),)),
+        budgets=(300, 1000), references=_MIN_NORM_HSJA),
     Row(name="surfree", attack="surfree", norm="l2", mode="min_norm", epsilon={},
-        budgets=(300, 1000),
-        references=(Reference(name="fortis_hsja", run=fortis_hsja_ref, owner="nearest",
-                              note="no installable reference: Fortis's HopSkipJump"),)),
-    # score-based gradient estimation (helper B, issue 11); no installable reference for NES,
-    # SignHunter, RGF, ZO-NGD: Fortis's Square (L-inf / L2) is their yardstick. P-RGF needs a
-    # surrogate, which run_fortis does not pass: no row (tests/reference shows its claim).
-    Row(name="zoo", attack="zoo", norm="l2", params={"learning_rate": 0.1},
+        budgets=(300, 1000), references=_MIN_NORM_HSJA),
+    # score-based gradient estimation; no installable reference for NES, SignHunter, RGF,
+    # ZO-NGD: Fortis's Square (L-inf / L2) is their yardstick. P-RGF needs a surrogate, which
+    # run_fortis does not pass: no row (tests/reference shows its claim).
+    Row(name="zoo", attack="zoo", norm="l2",
         epsilon={"fmnist": 2.0, "imagenet": 5.0}, budgets=(500, 1000), models=("fmnist",),
-        references=(Reference(name="art", run=art_zoo, owner="single",
-                              note="no L2 bound of its own: credited within the row's"),)),
+        references=ZOO_REFS),
     Row(name="bandits", attack="bandits", norm="linf",
         epsilon={"fmnist": 0.1, "imagenet": 0.05}, budgets=(500, 1000),
-        references=(Reference(name="bat", run=bat_bandits, owner="single",
-                              note="probes outside the ball: credited within the bound"),
-                    Reference(name="fortis_square", run=fortis_square_ref, owner="nearest",
-                              note="yardstick: Fortis's Square"))),
+        references=BANDITS_REFS),
     *(_square_yardstick_row(name, norm) for name, norm in (
         ("bandits_l2", "l2"), ("nes", "linf"), ("nes_l2", "l2"), ("signhunter", "linf"),
         ("signhunter_l2", "l2"), ("rgf", "l2"), ("rgf_linf", "linf"), ("ngd", "linf"),

@@ -3,14 +3,22 @@
 
 FGSM and PGD (IEEE-A7, white-box on the Fashion-MNIST surrogate, then sent to the target) on
 the first N test images the target classifies correctly: success rate on the target and on the
-surrogate, mean L2 / L-inf of the adversarials ([0, 1] scale), wall seconds, the ratios
-ours / ART and the share of identical pixels. Prints JSON. Never part of the test run.
+surrogate (each with its standard error), mean L2 / L-inf of the adversarials ([0, 1] scale),
+wall seconds, the ratios ours / ART and the share of identical pixels. Prints JSON. Never part
+of the test run.
+
+Fortis runs at its registry defaults (PGD: 10 steps of 2.5 eps / 10, random start). ART runs at
+its constructor defaults (``"settings": "reference_defaults"``; PGD: ``eps_step`` 0.1,
+``max_iter`` 100, no random start) and again given Fortis's values where they differ
+(``"matched"``); FGSM's defaults coincide with Fortis's (``"defaults=matched"``). ``exactness``
+compares the two PGD without a random start at Fortis's steps (the same uint8 images are
+expected; tests/reference checks it too).
 
 The query attacks (Square, HopSkipJump and the other IEEE-A8 attacks) are compared with ART,
 torchattacks, foolbox and bat in ``bench/attacks.py`` (one counting model function for every
-tool; issue 11).
+tool).
 
-    python bench/attacks_vs_art.py [--n 100] [--eps 0.1] [--pgd-steps 10]
+    python bench/attacks_vs_art.py [--n 100] [--eps 0.1]
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from art.estimators.classification import PyTorchClassifier
 from fortis.adapters.builtin import load_model
 from fortis.adapters.torch_models.datasets import load_fashion_mnist
 from fortis.services.perturbation.attacks import fgsm, pgd
+from fortis.services.perturbation.attacks.registry import attack_spec
 from torch import nn
 
 SHAPE_NCHW = (1, 28, 28)
@@ -72,10 +81,18 @@ def ratios(ours: dict, art: dict) -> dict:
 # ----------------------------------------------------------------------------- attacks ----
 
 
+def _se(ok: np.ndarray) -> float:
+    p = float(np.mean(ok))
+    return round(math.sqrt(p * (1 - p) / len(ok)), 4)
+
+
 def transfer_summary(advs: np.ndarray, x, y, target, surrogate, seconds: float) -> dict:
     l2, linf = distances(advs, x)
-    return {"success_rate_target": round(float(np.mean(target.predict(advs) != y)), 4),
-            "success_rate_surrogate": round(float(np.mean(surrogate.predict(advs) != y)), 4),
+    hit_t, hit_s = target.predict(advs) != y, surrogate.predict(advs) != y
+    return {"success_rate_target": round(float(np.mean(hit_t)), 4),
+            "success_rate_target_se": _se(hit_t),
+            "success_rate_surrogate": round(float(np.mean(hit_s)), 4),
+            "success_rate_surrogate_se": _se(hit_s),
             "mean_l2": mean_or_none(l2), "mean_linf": mean_or_none(linf),
             "wall_s": round(seconds, 3)}
 
@@ -84,41 +101,64 @@ def bench_fgsm(x, y, target, surrogate, art_sur, eps: float) -> dict:
     t = time.perf_counter()
     ours = np.stack([r.adversarial for r in fgsm(surrogate.model, x, y, epsilon=eps)])
     t_ours = time.perf_counter() - t
+    setting = {"norm": "inf", "eps_step": 0.1, "num_random_init": 0, "minimal": False,
+               "batch_size": 32}   # ART's defaults: eps_step acts only with a random init
     t = time.perf_counter()
-    a = FastGradientMethod(art_sur, norm=np.inf, eps=eps, batch_size=32).generate(to_nchw(x), y=y)
+    a = FastGradientMethod(art_sur, eps=eps, **{**setting, "norm": np.inf}).generate(
+        to_nchw(x), y=y)
     t_art = time.perf_counter() - t
     ref = quantise(a, x, eps)
     o = transfer_summary(ours, x, y, target, surrogate, t_ours)
     r = transfer_summary(ref, x, y, target, surrogate, t_art)
-    return {"epsilon": eps, "ours": o, "art": r, "ratio": ratios(o, r),
-            "pixels_identical": round(float(np.mean(ours == ref)), 6)}
+    return {"epsilon": eps, "ours": o, "art": [{"settings": "defaults=matched",
+                                                 "setting": setting, **r}],
+            "ratio": ratios(o, r), "pixels_identical": round(float(np.mean(ours == ref)), 6)}
 
 
-def bench_pgd(x, y, target, surrogate, art_sur, eps: float, steps: int, step: float) -> dict:
+def _art_pgd(art_sur, x, y, eps: float, setting: dict) -> tuple[np.ndarray, float]:
     t = time.perf_counter()
-    ours = np.stack([r.adversarial for r in pgd(surrogate.model, x, y, epsilon=eps, steps=steps,
-                                                step_size=step, random_start=False)])
+    a = ProjectedGradientDescent(art_sur, norm=np.inf, eps=eps, verbose=False,
+                                 **setting).generate(to_nchw(x), y=y)
+    return quantise(a, x, eps), time.perf_counter() - t
+
+
+def bench_pgd(x, y, target, surrogate, art_sur, eps: float, seed: int) -> dict:
+    steps = int(fortis_default("pgd", "steps"))
+    step = float(fortis_default("pgd", "step_size")) or 2.5 * eps / steps
+    t = time.perf_counter()
+    ours = np.stack([r.adversarial for r in pgd(surrogate.model, x, y, epsilon=eps,
+                                                generator=torch.Generator().manual_seed(seed))])
     t_ours = time.perf_counter() - t
-    t = time.perf_counter()
-    a = ProjectedGradientDescent(art_sur, norm=np.inf, eps=eps, eps_step=step, max_iter=steps,
-                                 num_random_init=0, batch_size=32,
-                                 verbose=False).generate(to_nchw(x), y=y)
-    t_art = time.perf_counter() - t
-    ref = quantise(a, x, eps)
     o = transfer_summary(ours, x, y, target, surrogate, t_ours)
-    r = transfer_summary(ref, x, y, target, surrogate, t_art)
-    return {"epsilon": eps, "steps": steps, "step_size": step, "random_start": False,
-            "ours": o, "art": r, "ratio": ratios(o, r),
-            "pixels_identical": round(float(np.mean(ours == ref)), 6),
-            "max_level_difference": int(np.abs(ours.astype(int) - ref).max())}
+    defaults = {"eps_step": 0.1, "max_iter": 100, "num_random_init": 0, "decay": None,
+                "random_eps": False, "batch_size": 32}
+    matched = {**defaults, "eps_step": step, "max_iter": steps, "num_random_init": 1}
+    arts = []
+    for settings, setting in (("reference_defaults", defaults), ("matched", matched)):
+        np.random.seed(seed)   # ART's random init draws from numpy's global generator
+        ref, secs = _art_pgd(art_sur, x, y, eps, setting)
+        r = transfer_summary(ref, x, y, target, surrogate, secs)
+        arts.append({"settings": settings, "setting": setting, **r, "ratio": ratios(o, r)})
+    # exactness: both without a random start, at Fortis's steps and step size
+    exact = np.stack([r.adversarial for r in pgd(surrogate.model, x, y, epsilon=eps,
+                                                 random_start=False)])
+    ref, _ = _art_pgd(art_sur, x, y, eps, {**matched, "num_random_init": 0})
+    return {"epsilon": eps, "fortis_params": {"steps": steps, "step_size": step,
+                                              "random_start": True},
+            "ours": o, "art": arts,
+            "exactness": {"steps": steps, "step_size": step, "random_start": False,
+                          "pixels_identical": round(float(np.mean(exact == ref)), 6),
+                          "max_level_difference": int(np.abs(exact.astype(int) - ref).max())}}
+
+
+def fortis_default(attack: str, param: str):
+    return next(p.default for p in attack_spec(attack).params if p.name == param)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=100, help="images (correct on the target)")
     ap.add_argument("--eps", type=float, default=0.1, help="L-inf bound of FGSM/PGD")
-    ap.add_argument("--pgd-steps", type=int, default=10)
-    ap.add_argument("--pgd-step-size", type=float, default=0.025)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (0: torch default; 1 is fastest for this small CNN)")
@@ -142,8 +182,7 @@ def main() -> None:
                   "python": platform.python_version(), "machine": platform.machine(),
                   "seed": args.seed},
         "fgsm": bench_fgsm(x, y, target, surrogate, art_sur, args.eps),
-        "pgd": bench_pgd(x, y, target, surrogate, art_sur, args.eps, args.pgd_steps,
-                         args.pgd_step_size),
+        "pgd": bench_pgd(x, y, target, surrogate, art_sur, args.eps, args.seed),
     }
     report["setup"]["total_wall_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(report, indent=2))

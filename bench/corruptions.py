@@ -19,6 +19,10 @@ per-corruption speedup is over all its severities; ``geomean_speedup`` is the ge
 of the 15 per-corruption speedups, ``min_speedup`` the smallest. Prints JSON. Never part of
 the test run.
 
+Settings: ``imagecorruptions.corrupt`` takes nothing but the corruption and the severity, and
+Fortis's corruptions use its parameter tables per severity, so the reference runs once at its
+defaults, which are Fortis's (``"settings": "defaults=matched"``).
+
     python bench/corruptions.py [--n 64] [--severities 1,3,5] [--corruptions a,b,...]
 """
 
@@ -169,6 +173,7 @@ def main() -> None:
     slowest = min(speedups, key=lambda c: speedups[c])
     out = {
         "benchmark": "corruptions_vs_imagecorruptions",
+        "settings": "defaults=matched",
         "n_images": len(images), "image_shape": [SIZE, SIZE, 3], "severities": severities,
         "photos": sorted(set(names)),
         "geomean_speedup": round(math.exp(float(np.mean(np.log(list(speedups.values()))))), 2),

@@ -5,8 +5,10 @@
 Prints one JSON object: ``rows`` (one per model: ``fmnist-cnn``, ``fmnist-mlp``,
 ``fmnist-cnn-at``), each with the clean accuracy and the accuracy under white-box attacks
 crafted on the model itself (IEEE-A7 white box, bound ``--eps`` in [0, 1] scale, IEEE-A9):
-Fortis's FGSM, PGD (10 steps, random start, step 2.5 eps / 10) and PGD with 50 steps, and
-torchattacks' PGD (same bound, steps and step size; the reference attack) side by side; then
+Fortis's FGSM, PGD at its registry defaults (10 steps, random start, step 2.5 eps / 10) and
+PGD with 50 steps, and torchattacks' PGD side by side at its constructor defaults
+(``pgd10_torchattacks_defaults``: alpha 2/255, 10 steps, random start) and given Fortis's step
+(``pgd10_torchattacks_matched``: alpha 2.5 eps / 10); then
 the accuracy under PGD crafted on ``fmnist-surrogate`` and transferred (a defended model whose
 white-box accuracy were higher than its transfer accuracy would be masking its gradients).
 Every rate comes with its standard error. ``meta`` holds each model's training record (epochs,
@@ -90,14 +92,22 @@ def main(argv: list[str] | None = None) -> int:
             timings[label] = round(time.perf_counter() - t0, 2)
             return np.asarray(out)
 
-        torch.manual_seed(args.seed)
-        ref = torchattacks.PGD(Frozen(clf.model), eps=eps, alpha=2.5 * eps / 10, steps=10,
-                               random_start=True)
+        ref_defaults = torchattacks.PGD(Frozen(clf.model), eps=eps, alpha=2 / 255, steps=10,
+                                        random_start=True)
+        ref_matched = torchattacks.PGD(Frozen(clf.model), eps=eps, alpha=2.5 * eps / 10,
+                                       steps=10, random_start=True)
+
+        def seeded(atk: Any) -> Any:
+            torch.manual_seed(args.seed)   # torchattacks' random start: torch's generator
+            return atk(xt, yt)
         attacks = {
             "fgsm": timed("fgsm", lambda m=clf.model: stack(fgsm(m, x, y, epsilon=eps))),
             "pgd10": timed("pgd10", lambda m=clf.model: stack(
                 pgd(m, x, y, epsilon=eps, steps=10, generator=gen()))),
-            "pgd10_torchattacks": timed("pgd10_torchattacks", lambda a=ref: to_uint8(a(xt, yt))),
+            "pgd10_torchattacks_defaults": timed(
+                "pgd10_torchattacks_defaults", lambda a=ref_defaults: to_uint8(seeded(a))),
+            "pgd10_torchattacks_matched": timed(
+                "pgd10_torchattacks_matched", lambda a=ref_matched: to_uint8(seeded(a))),
             "pgd50": timed("pgd50", lambda m=clf.model: stack(
                 pgd(m, x, y, epsilon=eps, steps=50, generator=gen()))),
         }
@@ -120,7 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         },
         "meta": {"n": len(x), "offset": args.offset, "epsilon": eps, "seed": args.seed,
                  "torch": torch.__version__, "threads": torch.get_num_threads(),
-                 "torchattacks": torchattacks.__version__, "models": meta},
+                 "torchattacks": torchattacks.__version__, "models": meta,
+                 "settings": {"pgd10": "Fortis's registry defaults",
+                              "pgd10_torchattacks_defaults": {"alpha": 2 / 255, "steps": 10,
+                                                              "random_start": True},
+                              "pgd10_torchattacks_matched": {"alpha": 2.5 * eps / 10,
+                                                             "steps": 10,
+                                                             "random_start": True}}},
     }
     text = json.dumps(out, indent=2)
     if args.out:

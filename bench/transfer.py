@@ -2,8 +2,9 @@
 """Transfer rates of Fortis's gradient transfer attacks (IEEE-A7), with and without each
 booster and with a model ensemble, and crafting speed against torchattacks (issue 12).
 
-Prints one JSON object: ``rows`` (one per setting), ``speed`` (Fortis vs torchattacks on the
-same surrogate, images/s, same attack and iterations) and ``meta``. Never part of the test
+Prints one JSON object: ``rows`` (one per setting), ``speed`` (Fortis at its defaults vs
+torchattacks at its own defaults and at Fortis's steps and step size, same surrogate, images/s
+and white-box success) and ``meta``. Never part of the test
 run: tests/reference holds the exactness checks (same uint8 images as torchattacks / ART).
 
     python bench/transfer.py [--n 500] [--models fmnist,imagenet] [--eps-fmnist 0.1]
@@ -155,43 +156,60 @@ def run(d: dict[str, Any], eps: float, seed: int, targeted: bool = False) -> lis
 
 
 def speed(d: dict[str, Any], eps: float, rounds: int = 5) -> list[dict[str, Any]]:
-    """Crafting speed, Fortis vs torchattacks, same surrogate, same iterations (images/s;
-    ``ratio`` > 1: Fortis faster). Fortis's time includes everything ``run_attack`` does
-    (parameter validation, uint8 quantisation within the bound, per-image results)."""
+    """Crafting speed and white-box success, Fortis vs torchattacks, same surrogate (images/s;
+    ``ratio`` > 1: Fortis faster). Fortis at its registry defaults; torchattacks at its
+    constructor defaults (``"settings": "reference_defaults"``: alpha 2/255, 10 steps) and
+    given Fortis's steps and step size (``"matched"``); FGSM has no setting but the bound
+    (``"defaults=matched"``). Fortis's time includes everything ``run_attack`` does (parameter
+    validation, uint8 quantisation within the bound, per-image results)."""
     import torchattacks
+    from fortis.services.perturbation.attacks.bim import kurakin_steps
 
-    from tests.reference.refkit import Frozen
+    from tests.reference.refkit import Frozen, to_uint8
 
     net = d["surrogate"].model.eval()
     x, y = d["x"], d["y"]
     items = [AttackItem(image_id=f"s{k}", image=x[k], labels=(int(y[k]),)) for k in range(len(x))]
     xt = torch.from_numpy(x).permute(0, 3, 1, 2).float() / 255.0
     yt = torch.from_numpy(y.astype(np.int64))
-    cases = [("fgsm", {}, lambda m: torchattacks.FGSM(m, eps=eps)),
-             ("bim", {"steps": 10, "step_size": eps / 10},
-              lambda m: torchattacks.BIM(m, eps=eps, alpha=eps / 10, steps=10)),
-             ("pgd", {"steps": 10, "step_size": eps / 4, "random_start": False},
-              lambda m: torchattacks.PGD(m, eps=eps, alpha=eps / 4, steps=10, random_start=False)),
-             ("mi_fgsm", {"steps": 10, "decay": 1.0},
-              lambda m: torchattacks.MIFGSM(m, eps=eps, alpha=eps / 10, steps=10, decay=1.0))]
+    bim_steps = kurakin_steps(eps)
+    ta_defaults = {"alpha": 2 / 255, "steps": 10}
+    # (attack, torchattacks class, its defaults, Fortis's values where they differ or None)
+    cases: list[tuple[str, Any, dict[str, Any], dict[str, Any] | None]] = [
+        ("fgsm", torchattacks.FGSM, {}, None),
+        ("bim", torchattacks.BIM, ta_defaults, {"alpha": 1 / 255, "steps": bim_steps}),
+        ("pgd", torchattacks.PGD, {**ta_defaults, "random_start": True},
+         {"alpha": 2.5 * eps / 10}),
+        ("mi_fgsm", torchattacks.MIFGSM, {**ta_defaults, "decay": 1.0}, {"alpha": eps / 10}),
+    ]
     out = []
-    for attack, params, make in cases:
-        atk = make(Frozen(net))
-        ours_t, theirs_t = [], []
-        for _ in range(rounds):     # alternated, best of ``rounds``: robust to a shared CPU
-            t0 = time.perf_counter()
-            run_attack(attack, {**params, "epsilon": eps}, 0, items, surrogate=d["surrogate"])
-            ours_t.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            for s in range(0, len(x), 32):       # the batch Fortis crafts in (whitebox.CHUNK)
-                atk(xt[s:s + 32], yt[s:s + 32])
-            theirs_t.append(time.perf_counter() - t0)
-            net.eval()
-        ours, theirs = min(ours_t), min(theirs_t)
-        out.append({"model": d["name"], "attack": attack, "n": len(x), "rounds": rounds,
-                    "fortis_images_per_s": round(len(x) / ours, 1),
-                    "torchattacks_images_per_s": round(len(x) / theirs, 1),
-                    "ratio": round(theirs / ours, 3)})
+    for attack, cls, defaults, matched in cases:
+        configs = [("defaults=matched", defaults)] if matched is None else \
+            [("reference_defaults", defaults), ("matched", {**defaults, **matched})]
+        for settings, setting in configs:
+            atk = cls(Frozen(net), eps=eps, **setting)
+            ours_t, theirs_t = [], []
+            for _ in range(rounds):     # alternated, best of ``rounds``: robust to a shared CPU
+                t0 = time.perf_counter()
+                res = run_attack(attack, {"epsilon": eps}, 0, items, surrogate=d["surrogate"])
+                ours_t.append(time.perf_counter() - t0)
+                torch.manual_seed(0)
+                t0 = time.perf_counter()
+                theirs = np.concatenate([to_uint8(atk(xt[s:s + 32], yt[s:s + 32]))
+                                         for s in range(0, len(x), 32)])  # whitebox.CHUNK
+                theirs_t.append(time.perf_counter() - t0)
+                net.eval()
+            ours, tim = min(ours_t), min(theirs_t)
+            adv = np.stack([r.adversarial for r in res])
+            wb, wb_se = _rate(d["surrogate"].predict(adv) != y)
+            rb, rb_se = _rate(d["surrogate"].predict(theirs) != y)
+            out.append({"model": d["name"], "attack": attack, "n": len(x), "rounds": rounds,
+                        "settings": settings, "torchattacks_setting": setting,
+                        "fortis_images_per_s": round(len(x) / ours, 1),
+                        "torchattacks_images_per_s": round(len(x) / tim, 1),
+                        "ratio": round(tim / ours, 3),
+                        "fortis_white_box": wb, "fortis_white_box_se": wb_se,
+                        "torchattacks_white_box": rb, "torchattacks_white_box_se": rb_se})
     return out
 
 
@@ -204,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--targeted", action="store_true", help="also the targeted rows (class 0)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--speed-only", action="store_true",
+                    help="only the Fortis vs torchattacks comparison (no transfer rows)")
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     rows: list[dict[str, Any]] = []
@@ -217,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         eps = a.eps_fmnist if m == "fmnist" else a.eps_imagenet
         meta[f"{m}_images"] = int(len(d["x"]))
-        rows += run(d, eps, a.seed)
-        if a.targeted:
+        if not a.speed_only:
+            rows += run(d, eps, a.seed)
+        if a.targeted and not a.speed_only:
             rows += run(d, eps, a.seed, targeted=True)
         speeds += speed(d, eps)
     result = {"rows": rows, "speed": speeds, "meta": meta}

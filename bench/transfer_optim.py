@@ -1,22 +1,29 @@
 #!/usr/bin/env python3
 """C&W L2, EAD, DDN and FAB (IEEE-A7 transfer attacks, crafted on the Fashion-MNIST surrogate)
-against the reference libraries, side by side, at the same iterations and hyper-parameters:
-foolbox 3.3.4 (C&W, EAD, DDN), ART 1.20.1 (C&W, EAD), torchattacks 3.5.1 (EAD-EN, FAB).
+against the reference libraries, side by side: foolbox 3.3.4 (C&W, EAD, DDN), ART 1.20.1 (C&W,
+EAD), torchattacks 3.5.1 (EAD-EN, FAB).
+
+Fortis runs at its registry defaults (``fortis attacks --json``). Every reference runs at its
+own documented defaults (its constructor's; ``"settings": "reference_defaults"``) and again
+given Fortis's values wherever they differ (``"settings": "matched"``); where they coincide,
+once (``"defaults=matched"``). Each row's ``setting`` is what the tool was given. Only the
+batch size of ART's C&W / EAD is not its default (1): it changes no result, only the speed.
 
 On the first ``n_images`` test images the surrogate classifies correctly, per attack and tool:
 success rate on the surrogate judged on the uint8 images (a reference's float output rounded
-to nearest; foolbox's all-zero "nothing found" sentinel counted as a failure), the median
-distance in the attack's norm with failures counted as infinite (``null`` when more than half
-fail), the median over the successful images only, and crafting speed (images / s, wall
-clock, torch's default threads). Prints JSON. Never part of the test run.
+to nearest; foolbox's all-zero "nothing found" sentinel counted as a failure) with its standard
+error, the median distance in the attack's norm with failures counted as infinite (``null``
+when more than half fail), the median over the successful images only, and crafting speed
+(images / s, wall clock). Prints JSON. Never part of the test run.
 
-    python bench/transfer_optim.py [--n 100] [--steps 100] [--search 5]
+    python bench/transfer_optim.py [--n 100] [--skip "cw_l2/art@matched" ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 import time
@@ -29,6 +36,7 @@ import numpy as np
 import torch
 from fortis.adapters.builtin import load_model
 from fortis.adapters.torch_models.datasets import load_fashion_mnist
+from fortis.services.perturbation.attacks.registry import attack_spec
 from fortis.services.perturbation.engine import AttackItem, run_attack
 from torch import nn
 
@@ -37,9 +45,7 @@ if str(ROOT) not in sys.path:     # tests/reference/refkit.py: what the referenc
     sys.path.insert(0, str(ROOT))
 from tests.reference.refkit import Frozen, to_uint8  # noqa: E402
 
-EAD_BETA = 0.01
-C0 = 0.1          # initial c of C&W / EAD for every tool (see tests/reference)
-LR = 0.01
+EAD_BETA = 0.01   # Fortis's EAD beta (its registry default; the distance of the EN norm)
 
 
 def to_nchw(u8: np.ndarray) -> torch.Tensor:
@@ -55,9 +61,10 @@ def distance(adv: np.ndarray, x: np.ndarray, norm: str) -> np.ndarray:
     return EAD_BETA * np.abs(d).sum(axis=1) + (d * d).sum(axis=1)
 
 
-def row(attack: str, tool: str, norm: str, net: nn.Module, x: np.ndarray, y: np.ndarray,
-        make: Callable[[], np.ndarray], sentinel: bool = False, **setting: Any) -> dict:
-    """Run one tool and measure it (``setting``: the hyper-parameters, reported)."""
+def row(attack: str, tool: str, settings: str, norm: str, net: nn.Module, x: np.ndarray,
+        y: np.ndarray, make: Callable[[], np.ndarray], sentinel: bool = False,
+        setting: dict[str, Any] | None = None) -> dict:
+    """Run one tool and measure it (``setting``: the hyper-parameters it was given)."""
     t0 = time.perf_counter()
     adv = make()
     wall = time.perf_counter() - t0
@@ -69,21 +76,66 @@ def row(attack: str, tool: str, norm: str, net: nn.Module, x: np.ndarray, y: np.
     d = distance(adv, x, norm)
     all_d = np.where(ok, d, np.inf)
     med = float(np.median(all_d))
-    out = {"attack": attack, "tool": tool,
+    p = float(ok.mean())
+    out = {"attack": attack, "tool": tool, "settings": settings,
            "norm": "en (beta*L1+L2^2)" if norm == "en" else norm,
-           "n_images": len(x), "success_rate": round(float(ok.mean()), 4),
+           "n_images": len(x), "success_rate": round(p, 4),
+           "success_rate_se": round(math.sqrt(p * (1 - p) / len(x)), 4),
            "median_norm": round(med, 4) if np.isfinite(med) else None,
            "median_norm_successes": round(float(np.median(d[ok])), 4) if ok.any() else None,
            "images_per_s": round(len(x) / wall, 2), "wall_s": round(wall, 2),
-           "setting": setting}
+           "setting": setting or {}}
     print(json.dumps(out), file=sys.stderr, flush=True)
     return out
 
 
-def rows(n_images: int = 100, steps: int = 100, search: int = 5,
-         skip: tuple[str, ...] = ()) -> list[dict]:
-    """One dict per (attack, tool); every tool at the same iterations. ``skip``: "attack/tool"
-    pairs left out (ART's C&W and EAD take minutes: ~0.4 images / s at 50 steps)."""
+def fortis_defaults(attack: str) -> dict[str, Any]:
+    """Fortis's registry defaults of an attack (the boosters left out: off by default)."""
+    boosters = {"di_prob", "di_resize", "ti_kernel", "si_copies", "ensemble_mode"}
+    return {p.name: p.default for p in attack_spec(attack).params
+            if p.name not in boosters and p.default is not None}
+
+
+#: (attack, tool) -> (the tool's constructor defaults, the values Fortis uses where they
+#: differ, or None where they coincide). Read from the installed sources.
+REFERENCE_SETTINGS: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any] | None]] = {
+    ("cw_l2", "foolbox"): ({"binary_search_steps": 9, "steps": 10_000, "stepsize": 0.01,
+                            "confidence": 0.0, "initial_const": 1e-3, "abort_early": True},
+                           {"steps": 1000}),
+    ("cw_l2", "art"): ({"confidence": 0.0, "learning_rate": 0.01, "binary_search_steps": 10,
+                        "max_iter": 10, "initial_const": 0.01, "max_halving": 5,
+                        "max_doubling": 5},
+                       {"binary_search_steps": 9, "max_iter": 1000, "initial_const": 1e-3}),
+    ("ead", "foolbox"): ({"binary_search_steps": 9, "steps": 10_000, "initial_stepsize": 0.01,
+                          "confidence": 0.0, "initial_const": 1e-3, "regularization": 0.01,
+                          "decision_rule": "EN", "abort_early": True},
+                         {"steps": 1000}),
+    ("ead", "art"): ({"confidence": 0.0, "learning_rate": 0.01, "binary_search_steps": 9,
+                      "max_iter": 100, "beta": 1e-3, "initial_const": 1e-3,
+                      "decision_rule": "EN"},
+                     {"max_iter": 1000, "beta": EAD_BETA}),
+    ("ead", "torchattacks"): ({"kappa": 0, "lr": 0.01, "binary_search_steps": 9,
+                               "max_iterations": 100, "abort_early": True,
+                               "initial_const": 1e-3, "beta": 1e-3},
+                              {"max_iterations": 1000, "beta": EAD_BETA}),
+    ("ddn", "foolbox"): ({"init_epsilon": 1.0, "steps": 100, "gamma": 0.05}, None),
+    # eps is FAB's bound (a comparison fixes it: unbounded here, as Fortis's epsilon 0)
+    ("fab", "torchattacks"): ({"steps": 10, "n_restarts": 1, "alpha_max": 0.1, "eta": 1.05,
+                               "beta": 0.9, "seed": 0, "multi_targeted": False},
+                              {"steps": 100}),
+}
+
+
+def configurations(attack: str, tool: str) -> list[tuple[str, dict[str, Any]]]:
+    defaults, matched = REFERENCE_SETTINGS[(attack, tool)]
+    if matched is None:
+        return [("defaults=matched", defaults)]
+    return [("reference_defaults", defaults), ("matched", {**defaults, **matched})]
+
+
+def rows(n_images: int = 100, skip: tuple[str, ...] = ()) -> list[dict]:
+    """One dict per (attack, tool, settings). ``skip``: "attack/tool@settings" (or
+    "attack/tool") left out: ART's C&W and EAD run at ~0.4 images / s at 250 iterations."""
     import foolbox as fb
     import torchattacks
     from art.attacks.evasion import CarliniL2Method, ElasticNet
@@ -108,47 +160,48 @@ def rows(n_images: int = 100, steps: int = 100, search: int = 5,
         return lambda: np.stack([r.adversarial for r in run_attack(
             aid, params, 0, items, surrogate=surrogate)])
 
-    cw = {"binary_search_steps": search, "steps": steps, "initial_const": C0,
-          "learning_rate": LR}
-    ead = dict(cw, beta=EAD_BETA, decision_rule="EN")
-    ddn = {"steps": steps}
-    plan: list[tuple[str, str, str, Callable[[], np.ndarray], bool, dict]] = [
-        ("cw_l2", "fortis", "l2", fortis("cw_l2", cw), False, cw),
-        ("cw_l2", "foolbox", "l2", lambda: to_uint8(fb.attacks.L2CarliniWagnerAttack(
-            binary_search_steps=search, steps=steps, stepsize=LR, initial_const=C0)(
-            fmodel, xt, crit, epsilons=None)[0]), True, cw),
-        ("cw_l2", "art", "l2", lambda: to_uint8(CarliniL2Method(
-            art_clf, learning_rate=LR, binary_search_steps=search, max_iter=steps,
-            initial_const=C0, batch_size=32, verbose=False).generate(xt.numpy(), y=onehot)),
-         False, cw),
-        ("ead", "fortis", "en", fortis("ead", ead), False, ead),
-        ("ead", "foolbox", "en", lambda: to_uint8(fb.attacks.EADAttack(
-            binary_search_steps=search, steps=steps, initial_stepsize=LR, initial_const=C0,
-            regularization=EAD_BETA, decision_rule="EN")(fmodel, xt, crit, epsilons=None)[0]),
-         True, ead),
-        ("ead", "art", "en", lambda: to_uint8(ElasticNet(
-            art_clf, learning_rate=LR, binary_search_steps=search, max_iter=steps,
-            beta=EAD_BETA, initial_const=C0, batch_size=32, decision_rule="EN",
-            verbose=False).generate(xt.numpy(), y=onehot)), False, ead),
-        ("ead", "torchattacks", "en", lambda: to_uint8(torchattacks.EADEN(
-            Frozen(net), kappa=0, lr=LR, binary_search_steps=search, max_iterations=steps,
-            initial_const=C0, beta=EAD_BETA)(xt, yt)), False, ead),
-        ("ddn", "fortis", "l2", fortis("ddn", ddn), False, ddn),
-        ("ddn", "foolbox", "l2", lambda: to_uint8(fb.attacks.DDNAttack(
-            init_epsilon=1.0, steps=steps, gamma=0.05)(fmodel, xt, crit, epsilons=None)[0]),
-         True, ddn),
-    ]
+    makers: dict[tuple[str, str], Callable[[dict[str, Any]], Callable[[], np.ndarray]]] = {
+        ("cw_l2", "foolbox"): lambda p: lambda: to_uint8(fb.attacks.L2CarliniWagnerAttack(**p)(
+            fmodel, xt, crit, epsilons=None)[0]),
+        ("cw_l2", "art"): lambda p: lambda: to_uint8(CarliniL2Method(
+            art_clf, batch_size=32, verbose=False, **p).generate(xt.numpy(), y=onehot)),
+        ("ead", "foolbox"): lambda p: lambda: to_uint8(fb.attacks.EADAttack(**p)(
+            fmodel, xt, crit, epsilons=None)[0]),
+        ("ead", "art"): lambda p: lambda: to_uint8(ElasticNet(
+            art_clf, batch_size=32, verbose=False, **p).generate(xt.numpy(), y=onehot)),
+        ("ead", "torchattacks"): lambda p: lambda: to_uint8(torchattacks.EADEN(
+            Frozen(net), **p)(xt, yt)),
+        ("ddn", "foolbox"): lambda p: lambda: to_uint8(fb.attacks.DDNAttack(**p)(
+            fmodel, xt, crit, epsilons=None)[0]),
+    }
+    sentinel = {"foolbox"}
+    norms = {"cw_l2": "l2", "ead": "en", "ddn": "l2"}
+    plan: list[tuple[str, str, str, str, Callable[[], np.ndarray], bool, dict]] = []
+    for attack in ("cw_l2", "ead", "ddn"):
+        fp = fortis_defaults(attack)
+        plan.append((attack, "fortis", "fortis_defaults", norms[attack], fortis(attack, fp),
+                     False, fp))
+        for (a, tool), make in makers.items():
+            if a != attack:
+                continue
+            for settings, p in configurations(attack, tool):
+                plan.append((attack, tool, settings, norms[attack], make(p), tool in sentinel,
+                             p))
     for norm in ("linf", "l2"):
-        fab = {"steps": steps, "fab_norm": norm}
-        plan.append((f"fab_{norm}", "fortis", norm,
-                     fortis("fab", {"steps": steps, "norm": norm}), False, fab))
-        plan.append((f"fab_{norm}", "torchattacks", norm, lambda norm=norm: to_uint8(
-            torchattacks.FAB(Frozen(net), norm="Linf" if norm == "linf" else "L2",
-                             eps=1.0 if norm == "linf" else 100.0, steps=steps, n_restarts=1,
-                             seed=0, n_classes=10)(xt, yt)), False, fab))
-    out = [row(attack, tool, norm, net, x, y, make, sentinel=sentinel, **setting)
-           for attack, tool, norm, make, sentinel, setting in plan
-           if f"{attack}/{tool}" not in skip]
+        fp = {**fortis_defaults("fab"), "norm": norm}
+        plan.append((f"fab_{norm}", "fortis", "fortis_defaults", norm, fortis("fab", fp),
+                     False, fp))
+        for settings, p in configurations("fab", "torchattacks"):
+            plan.append((f"fab_{norm}", "torchattacks", settings, norm,
+                         lambda norm=norm, p=p: to_uint8(torchattacks.FAB(
+                             Frozen(net), norm="Linf" if norm == "linf" else "L2",
+                             eps=1.0 if norm == "linf" else 100.0, n_classes=10, **p)(xt, yt)),
+                         False, p))
+    short = {"reference_defaults": "defaults", "matched": "matched"}
+    out = [row(attack, tool, settings, norm, net, x, y, make, sentinel=snt, setting=setting)
+           for attack, tool, settings, norm, make, snt, setting in plan
+           if f"{attack}/{tool}" not in skip
+           and f"{attack}/{tool}@{short.get(settings, settings)}" not in skip]
     assert not net.training
     return out
 
@@ -156,10 +209,8 @@ def rows(n_images: int = 100, steps: int = 100, search: int = 5,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=100)
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--search", type=int, default=5)
     ap.add_argument("--skip", nargs="*", default=[],
-                    help='attack/tool pairs to leave out, e.g. "ead/art"')
+                    help='attack/tool[@defaults|@matched] to leave out, e.g. "ead/art@matched"')
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: no spin-waiting when the cores are shared)")
     a = ap.parse_args()
@@ -169,7 +220,7 @@ def main() -> None:
                     "threads": torch.get_num_threads(), "foolbox": version("foolbox"),
                     "art": version("adversarial-robustness-toolbox"),
                     "torchattacks": version("torchattacks")},
-        "rows": rows(a.n, a.steps, a.search, tuple(a.skip))}, indent=1))
+        "rows": rows(a.n, tuple(a.skip))}, indent=1))
 
 
 if __name__ == "__main__":
