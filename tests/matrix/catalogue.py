@@ -139,6 +139,9 @@ def quick_profile() -> Profile:
             return c.batch == "1" and c.group == "attacks" and c.kind != "transfer" \
                 and c.target == wanted
         if c.target == "haar":
+            if c.kind == "property":
+                return c.batch == "max" and c.entry in ("per_brightness", "per_fog",
+                                                        "per_rotation")
             return c.batch == "max" and (c.group == "attacks" or c.entry in (
                 "gaussian_noise", "fog", "oil_painting", "rotate"))
         if c.target == "u2netp":
@@ -153,12 +156,12 @@ def quick_profile() -> Profile:
         images={"classification": {"default": 12, "1": 3, "max": 12},
                 "detection": {"default": 3, "1": 3, "max": 3},
                 "segmentation": {"default": 1, "1": 1, "max": 1}},
-        max_queries={"classification": 40, "detection": 30, "segmentation": 4},
+        max_queries={"classification": 40, "detection": 20, "segmentation": 4},
         severities={"classification": (3,), "detection": (3,), "segmentation": (3,)},
         levels=(2,), targets=tuple(t.key for t in TARGETS), batches=BATCHES, only=only,
         param_caps={"steps": 20, "binary_search_steps": 2, "epochs": 5, "generations": 5,
                     "rotation_steps": 7},
-        notes=("a slice of the matrix: budgets capped (Q_m 40 / 30 / 4), iterations capped, "
+        notes=("a slice of the matrix: budgets capped (Q_m 40 / 20 / 4), iterations capped, "
                "one severity, one degradation level; bench/matrix.py runs the whole matrix "
                "at the defaults",))
 
