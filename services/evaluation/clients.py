@@ -383,7 +383,7 @@ def surrogate_model(spec: SurrogateSpec) -> ppb.SurrogateModel:
         label_map=[ppb.SurrogateLabelMapping(surrogate_label=s, target_label=t)
                    for s, t in spec.mapping],
         target_classes=spec.target_classes,
-        task={v: k for k, v in _TASK.items()}[spec.task],
+        task=_TASK_ENUM[spec.task],
         outputs=_surrogate_outputs(spec.outputs) if spec.task != "classification" else None)
 
 
