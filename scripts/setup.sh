@@ -55,6 +55,13 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+# 1e. Container tools (Debian buildah, podman, mmdebstrap, runc): `make test` builds the image
+#     and runs it, and runs the Helm chart's pods with `podman kube play`
+#     (scripts/setup_containers.sh; skipped with a visible reason where they cannot run).
+if [ -f scripts/setup_containers.sh ]; then
+  bash scripts/setup_containers.sh || echo "setup: container tools unavailable; the image tests will skip" >&2
+fi
+
 # 2. Python venv with both distributions (editable) and their pinned dependencies (torch==2.13.0
 #    CPU): fortis-client (clients/python: fortis.client + the contract stubs; grpcio + protobuf
 #    only) and fortis (the server: services, adapters, the CLI), which depends on the former.
