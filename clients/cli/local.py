@@ -198,11 +198,6 @@ def _address_in_use(address: str) -> bool:
     return False
 
 
-def _cannot_listen(address: str) -> int:
-    err(f"cannot listen on {address}: address in use")
-    return EXIT_BAD_INPUT
-
-
 def _tenant_rates(pairs: list[str]) -> dict[str, float]:
     from fortis.services.common.errors import InvalidArgument
     from fortis.services.target_proxy.ratelimit import parse_tenant_rates
@@ -344,55 +339,61 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     from fortis.cli.logs import configure
     from fortis.services.app import DEFAULT_TARGETS, StackSettings, TargetConfig, start_stack
     from fortis.services.common.api_keys import new_api_key, parse_api_keys
-    from fortis.services.common.errors import FortisError
+    from fortis.services.common.startup import EXIT_LISTEN, StartupError, step
 
     configure(ns.log_level)
-    if _address_in_use(ns.address):
-        return _cannot_listen(ns.address)
+    # Every step of the start names itself when it fails, with the exit code of its class
+    # (services/common/startup.py; docs/pipelines.md "Exit codes of fortis serve").
     try:
-        # Keys are hashed as they are parsed: the server never holds them in plain text.
-        keys = parse_api_keys(os.environ.get("FORTIS_API_KEYS", ""), "FORTIS_API_KEYS")
-        for k in ns.api_key or []:
-            keys += parse_api_keys(k, "api_key")
+        with step("gRPC address", EXIT_LISTEN):
+            if _address_in_use(ns.address):
+                raise StartupError("gRPC address", f"cannot listen on {ns.address}: address "
+                                   "in use", EXIT_LISTEN)
+        with step("API keys"):
+            # Keys are hashed as they are parsed: the server never holds them in plain text.
+            keys = parse_api_keys(os.environ.get("FORTIS_API_KEYS", ""), "FORTIS_API_KEYS")
+            for k in ns.api_key or []:
+                keys += parse_api_keys(k, "api_key")
         generated = ""
         if not keys and not ns.api_keys_file and not ns.no_auth:
             generated = new_api_key()
             keys = parse_api_keys(f"{generated}=default")
-        tls = _tls_settings(ns)
-        metrics_host, metrics_port = _metrics_address(ns)
-        targets = [TargetConfig.parse(t) for t in (ns.target or [])]
-        # The built-in targets, unless told otherwise, wherever a proxy runs: all services
-        # (no --service; argparse leaves it None) or the proxy alone.
-        if not targets and ns.service in (None, "", "proxy") and not ns.no_default_targets:
-            targets = [TargetConfig.parse(t) for t in DEFAULT_TARGETS]
-        stack = start_stack(StackSettings(
-            address=ns.address, state_dir=_state_dir(ns), key_entries=keys, targets=targets,
-            api_keys_file=Path(ns.api_keys_file) if ns.api_keys_file else None,
-            api_keys_reload_s=max(0.0, float(ns.api_keys_reload)), tls=tls,
-            only=ns.service or "", proxy_address=ns.proxy_address or "",
-            perturbation_address=ns.perturbation_address or "",
-            scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
-            internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=metrics_port,
-            metrics_host=metrics_host,
-            ledger_synchronous=ns.ledger_sync,
-            data_root=Path(ns.data_root) if ns.data_root else None,
-            surrogate_dir=Path(ns.surrogate_dir) if getattr(ns, "surrogate_dir", "") else None,
-            tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
-            evaluation_workers=_evaluation_workers(ns), server_workers=_server_workers(ns),
-            redis_url=getattr(ns, "redis_url", None) or os.environ.get("FORTIS_REDIS_URL") or None,
-            redis_namespace=getattr(ns, "redis_namespace", None)
-            or os.environ.get("FORTIS_REDIS_NAMESPACE") or "default",
-            database_url=getattr(ns, "database_url", None)
-            or os.environ.get("FORTIS_DATABASE_URL") or None,
-            upload_quota_bytes=max(0, int(getattr(ns, "upload_quota_bytes", 2 * 1024 ** 3))),
-            **_executor_settings(ns)))
-    except FortisError as exc:     # a bad setting, or the port taken after the check
+        with step("TLS material"):
+            tls = _tls_settings(ns)
+        with step("metrics address"):
+            metrics_host, metrics_port = _metrics_address(ns)
+        with step("targets configuration"):
+            targets = [TargetConfig.parse(t) for t in (ns.target or [])]
+            # The built-in targets, unless told otherwise, wherever a proxy runs: all services
+            # (no --service; argparse leaves it None) or the proxy alone.
+            if not targets and ns.service in (None, "", "proxy") and not ns.no_default_targets:
+                targets = [TargetConfig.parse(t) for t in DEFAULT_TARGETS]
+        with step("options"):
+            settings = StackSettings(
+                address=ns.address, state_dir=_state_dir(ns), key_entries=keys, targets=targets,
+                api_keys_file=Path(ns.api_keys_file) if ns.api_keys_file else None,
+                api_keys_reload_s=max(0.0, float(ns.api_keys_reload)), tls=tls,
+                only=ns.service or "", proxy_address=ns.proxy_address or "",
+                perturbation_address=ns.perturbation_address or "",
+                scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
+                internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=metrics_port,
+                metrics_host=metrics_host,
+                ledger_synchronous=ns.ledger_sync,
+                data_root=Path(ns.data_root) if ns.data_root else None,
+                surrogate_dir=Path(ns.surrogate_dir) if getattr(ns, "surrogate_dir", "") else None,
+                tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
+                evaluation_workers=_evaluation_workers(ns), server_workers=_server_workers(ns),
+                redis_url=getattr(ns, "redis_url", None) or os.environ.get("FORTIS_REDIS_URL") or None,
+                redis_namespace=getattr(ns, "redis_namespace", None)
+                or os.environ.get("FORTIS_REDIS_NAMESPACE") or "default",
+                database_url=getattr(ns, "database_url", None)
+                or os.environ.get("FORTIS_DATABASE_URL") or None,
+                upload_quota_bytes=max(0, int(getattr(ns, "upload_quota_bytes", 2 * 1024 ** 3))),
+                **_executor_settings(ns))
+        stack = start_stack(settings)
+    except StartupError as exc:
         err(str(exc))
-        return EXIT_BAD_INPUT
-    except OSError as exc:        # the metrics port
-        err(f"cannot listen on metrics address {metrics_host}:{metrics_port}: "
-            f"{exc.strerror or exc}")
-        return EXIT_BAD_INPUT
+        return exc.exit_code
     done = threading.Event()       # before the address line: a SIGTERM right after it drains
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -331,8 +331,9 @@ def test_serve_on_a_busy_port_is_one_clear_line(tmp_path):
         port = busy.getsockname()[1]
         r = fortis("serve", "--address", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "s"),
                    cwd=tmp_path)
-    assert r.returncode == 2
-    assert r.stderr.strip() == f"fortis: cannot listen on 127.0.0.1:{port}: address in use"
+    assert r.returncode == 6            # docs/pipelines.md: exit codes of fortis serve
+    assert r.stderr.strip() == (f"fortis: startup failed at 'gRPC address': cannot listen on "
+                                f"127.0.0.1:{port}: address in use")
     assert "Traceback" not in r.stderr and r.stdout == ""
 
 
