@@ -481,8 +481,9 @@ def start_stack(settings: StackSettings) -> Stack:
         with step("TLS material"):
             load_pem(settings.tls)
     state = Path(settings.state_dir)
-    with step("state"):
+    with step("state", subject=f"state folder '{str(state)[:200]}'"):
         state.mkdir(parents=True, exist_ok=True)
+    with step("state"):
         pg_ledger, pg_store = _open_database(settings, wanted)     # issue 10; None: SQLite
     internal_key = settings.internal_key or new_api_key()
     closers: list[Any] = []
@@ -620,6 +621,11 @@ def start_stack(settings: StackSettings) -> Stack:
         )
         sur_cache = SurrogateCache()
         with step("surrogates"):
+            # Its manifests are read when a plan names them (added without a restart), but a
+            # folder that is not there is a typo or a missing mount: said now.
+            if settings.surrogate_dir is not None and not Path(settings.surrogate_dir).is_dir():
+                raise errors.InvalidArgument("surrogate_dir", f"'{str(settings.surrogate_dir)[:200]}'"
+                                             " is not a folder")
             operator_surrogates = OperatorSurrogates(settings.surrogate_dir, sur_cache)
         tenant_surrogates = TenantSurrogates(
             lambda tenant, blob_id, field: model_blobs.path_of(tenant, blob_id, field,

@@ -60,9 +60,9 @@ def step(name: str, exit_code: int = EXIT_CONFIG, *, hint: str = "",
          subject: str = "") -> Iterator[None]:
     """Run a start-up step: any failure inside becomes a :class:`StartupError` naming ``name``.
 
-    ``exit_code`` is the class of the step's failures; an InvalidArgument (a bad setting) is
-    always EXIT_CONFIG and a bind error (address in use, not available) EXIT_LISTEN, whatever
-    the step. ``hint`` (e.g. the command that installs a missing package) is appended to
+    ``exit_code`` is the class of the step's failures; whatever the step, an InvalidArgument
+    (a bad setting) is EXIT_CONFIG, a module that is not installed EXIT_MODELS and a bind
+    error (address in use, not available) EXIT_LISTEN. ``hint`` (e.g. the command that installs a missing package) is appended to
     failures of the step's own class; ``subject`` (e.g. which target) prefixes every
     failure."""
     try:
@@ -73,6 +73,8 @@ def step(name: str, exit_code: int = EXIT_CONFIG, *, hint: str = "",
         code = exit_code
         if isinstance(exc, errors.InvalidArgument):
             code = EXIT_CONFIG
+        elif isinstance(exc, ModuleNotFoundError):      # whichever step imports it first
+            code = EXIT_MODELS
         elif isinstance(exc, OSError) and exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
             code = EXIT_LISTEN
         detail = f"{subject}: {describe(exc)}" if subject else describe(exc)
