@@ -74,7 +74,8 @@ def _open(ns: argparse.Namespace) -> tuple[Any, str]:
     if not path.is_file():
         raise InvalidArgument("state_dir", f"no evaluation store at {path} (give the "
                               "evaluation service's --state-dir, or --database-url)")
-    return EvaluationStore(path), str(path)
+    # a reader never migrates the store of a service that may be running on it
+    return EvaluationStore(path, migrate=False), str(path)
 
 
 def _run(ns: argparse.Namespace, action: Any) -> int:

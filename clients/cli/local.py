@@ -452,7 +452,9 @@ def _open_ledger(ns: argparse.Namespace) -> tuple[Any, str]:
     if not path.exists():
         raise errors.InvalidArgument("state_dir", f"no ledger at {path} (use --state-dir, "
                                      "--database-url, or --address of a running Fortis)")
-    return Ledger(path, synchronous="NORMAL"), str(path)
+    # a reader never migrates the file of a proxy that may be running on it: an older
+    # ledger is refused naming `fortis db upgrade --state-dir DIR`
+    return Ledger(path, synchronous="NORMAL", migrate=False), str(path)
 
 
 def cmd_ledger(ns: argparse.Namespace) -> int:

@@ -40,7 +40,6 @@ import builtins
 import hashlib
 import os
 import re
-import sqlite3
 import threading
 import time
 import uuid
@@ -49,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final, Protocol
 
+from fortis.services.common import sqlite_schema
 from fortis.services.common.codec import check_image_header, image_header_size
 from fortis.services.common.errors import (
     InvalidArgument,
@@ -320,6 +320,21 @@ def same_kind(existing: BlobInfo, kind: str) -> BlobInfo:
     return existing
 
 
+#: The index's versioned schema (``services/common/sqlite_schema.py``): version 1 is what
+#: Fortis 0.2.0 wrote, unchanged since uploads exist.
+INDEX_SCHEMA = sqlite_schema.Schema(
+    kind="blob index",
+    application_id=sqlite_schema.BLOB_INDEX_ID,
+    baseline=[
+        "CREATE TABLE IF NOT EXISTS blobs (tenant TEXT NOT NULL, hex TEXT NOT NULL, "
+        "kind TEXT NOT NULL, size INTEGER NOT NULL, created REAL NOT NULL, "
+        "media_type TEXT NOT NULL, width INTEGER NOT NULL, height INTEGER NOT NULL, "
+        "PRIMARY KEY (tenant, hex))",
+        "CREATE INDEX IF NOT EXISTS blobs_by_time ON blobs (tenant, created DESC, hex)",
+    ],
+)
+
+
 class BlobStore:
     """The blobs of every tenant under ``root``; thread-safe."""
 
@@ -335,17 +350,12 @@ class BlobStore:
         self.max_blobs = int(max_blobs)
         self._lock = threading.Lock()
         self._reserved = Reservations()      # tenant -> bytes of uploads in progress
-        self._db = sqlite3.connect(str(self.root / "blobs.sqlite"), check_same_thread=False,
-                                   isolation_level=None)
+        # a reader (sweep=False) never changes another process's index: an older one is
+        # refused naming `fortis db upgrade --state-dir DIR`, not migrated under its owner
+        self._db = sqlite_schema.open_db(self.root / "blobs.sqlite", INDEX_SCHEMA,
+                                         migrate=sweep)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS blobs (tenant TEXT NOT NULL, hex TEXT NOT NULL, "
-            "kind TEXT NOT NULL, size INTEGER NOT NULL, created REAL NOT NULL, "
-            "media_type TEXT NOT NULL, width INTEGER NOT NULL, height INTEGER NOT NULL, "
-            "PRIMARY KEY (tenant, hex))")
-        self._db.execute("CREATE INDEX IF NOT EXISTS blobs_by_time ON blobs "
-                         "(tenant, created DESC, hex)")
         if sweep:
             self._sweep()
 

@@ -9,8 +9,12 @@ depends on; :class:`EvaluationStore` (SQLite, the embedded default) and
 ``store_pg.PgEvaluationStore`` (PostgreSQL) implement it. Several workers share an
 evaluation's items through leases (:meth:`EvaluationStore.claim_items`: ``BEGIN IMMEDIATE``
 here, ``FOR UPDATE SKIP LOCKED`` in PostgreSQL): a claimed item is its worker's until the
-lease expires or is released, so two workers never run the same item. Files written before
-the lease columns get them added when opened.
+lease expires or is released, so two workers never run the same item.
+
+Schema versions (``services/common/sqlite_schema.py``): the file records its version; an
+older one (Fortis 0.2.0 wrote files without a version; earlier builds keyed evaluations and
+items without the tenant, or had no lease columns) is migrated in place when opened, after a
+copy is taken, in one transaction; a newer or damaged one is refused naming ``state_dir``.
 
 Artifacts (issue 10): what an evaluation keeps besides its item results, such as the
 adversarial examples of its attack stages (CAN-9: kept as float arrays as well as the images
@@ -26,7 +30,6 @@ import builtins
 import hashlib
 import json
 import re
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from fortis.services.common import errors
+from fortis.services.common import errors, sqlite_schema
 from fortis.services.common.limits import MAX_ARTIFACT_BYTES, MAX_ARTIFACT_NAME_CHARS
 
 SCHEMA = """
@@ -93,6 +96,22 @@ CREATE TABLE IF NOT EXISTS artifact_parts (
     PRIMARY KEY (tenant, evaluation_id, name, seq)
 );
 """
+
+#: The file's versioned schema: version 1 is :data:`SCHEMA` (what Fortis 0.2.0 wrote).
+STORE_SCHEMA = sqlite_schema.Schema(
+    kind="evaluation store",
+    application_id=sqlite_schema.EVALUATION_STORE_ID,
+    baseline=sqlite_schema.statements(SCHEMA),
+    steps=(
+        # the pending and running evaluations are looked up by state when a service starts
+        # (active()); PostgreSQL has had this index since its first revision
+        sqlite_schema.Step(2, "index evaluations_state", lambda conn: conn.execute(
+            "CREATE INDEX IF NOT EXISTS evaluations_state ON evaluations(state)")),
+    ),
+    # a file from before tenant namespaces: an item belongs to its evaluation's tenant
+    derived={("items", "tenant"): "COALESCE((SELECT e.tenant FROM evaluations e WHERE"
+                                  " e.evaluation_id = {old}.evaluation_id), '')"},
+)
 
 ACTIVE_STATES = ("PENDING", "RUNNING")
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -256,26 +275,21 @@ _COLS = ("evaluation_id, tenant, state, plan_text, plan_name, created_at, update
 class _Db:
     """What the views of one store share: the connection, its lock, the change signal."""
 
-    def __init__(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
+        self.conn = sqlite_schema.open_db(path, STORE_SCHEMA, migrate=migrate)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.executescript(SCHEMA)
-        cols = {r[1] for r in self.conn.execute("PRAGMA table_info(items)")}
-        if "lease_owner" not in cols:       # a file from before issue 10's leases
-            self.conn.execute("ALTER TABLE items ADD COLUMN lease_owner TEXT NOT NULL"
-                              " DEFAULT ''")
-            self.conn.execute("ALTER TABLE items ADD COLUMN lease_expires REAL NOT NULL"
-                              " DEFAULT 0")
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.version = 0
 
 
 class EvaluationStore:
-    def __init__(self, path: str | Path) -> None:
-        self._db = _Db(path)
+    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
+        """Open (or create) the store at ``path``, migrating an older file in place;
+        ``migrate=False`` (a reader that must not change the file): refuse an older file
+        naming ``fortis db upgrade --state-dir DIR``."""
+        self._db = _Db(path, migrate=migrate)
         self._conn = self._db.conn
         self._lock = self._db.lock
         self.tenant: str | None = None

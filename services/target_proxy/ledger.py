@@ -33,15 +33,22 @@ are answered from the ledger instead of reaching the target again (CAN-9 resume,
 Tenancy (issue 9, finding 4): sessions live in their tenant's namespace, keyed by
 (tenant, session_id); two tenants may each own a session "X" and see only their own rows.
 Every read the proxy makes names the tenant; ``tenant=None`` on a read is the operator's
-view over all tenants (``fortis ledger --state-dir``). Schema: ledger files are created
-fresh (tests, a new state dir); a ledger written before tenant-scoped keys is not migrated.
+view over all tenants (``fortis ledger --state-dir``).
+
+Schema versions (``services/common/sqlite_schema.py``): the file records its version and is
+migrated in place when opened (a copy taken first, one transaction), including files
+written before versions were recorded: Fortis 0.2.0's, and earlier ones keyed by the
+session id alone (before tenant-scoped keys: the sessions table is rebuilt with the
+(tenant, session_id) key, every row kept) or without ``position`` (below). A newer or
+damaged file is refused naming ``state_dir``; a reader (``fortis ledger``) refuses an older
+one naming ``fortis db upgrade --state-dir DIR``.
 
 Idempotent writes (issue 10, "Pluggable state"): a row's key is (tenant, call_id, attempts,
 position), ``position`` being the image's place in the ``reserve`` call (one call attempt):
 reserving the same attempt twice (a retried worker, a commit whose answer was lost) is one
 row, and the second ``reserve`` returns the first one's entry ids. A file written before
-that key gets the column and the unique index in place when opened (old rows get
-``-entry_id``, never an attempt's 0..n-1, so they keep working).
+that key gets the column and the unique index when migrated (old rows get ``-entry_id``,
+never an attempt's 0..n-1, so they keep working).
 
 Two implementations of :class:`LedgerStorage`, the interface the proxy depends on: this
 SQLite :class:`Ledger` (the embedded default) and ``ledger_pg.PgLedger`` (PostgreSQL, shared
@@ -60,7 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from fortis.services.common import errors
+from fortis.services.common import errors, sqlite_schema
 
 #: Status of a reserved row whose answer is not recorded yet (deliberately not a
 #: ``google.rpc.Code`` name: the gRPC ``LedgerEntry`` shows it as UNKNOWN, with ``error``
@@ -117,9 +124,25 @@ CREATE TABLE IF NOT EXISTS replies (
     prediction BLOB NOT NULL
 );
 """
-#: The idempotency key of a row (issue 10), made after :func:`_add_attempt_key` on old files.
+#: The idempotency key of a row (issue 10).
 _ATTEMPT_KEY = ("CREATE UNIQUE INDEX IF NOT EXISTS queries_attempt_key"
                 " ON queries(tenant, call_id, attempts, position)")
+
+#: The file's versioned schema: version 1 is :data:`SCHEMA` (what Fortis 0.2.0 wrote).
+LEDGER_SCHEMA = sqlite_schema.Schema(
+    kind="proxy ledger",
+    application_id=sqlite_schema.LEDGER_ID,
+    baseline=[*sqlite_schema.statements(SCHEMA), _ATTEMPT_KEY],
+    steps=(
+        # the day's query count per tenant is read by send time when a proxy starts
+        # (attempts_since); PostgreSQL has had this index since its first revision
+        sqlite_schema.Step(2, "index queries_sent_at", lambda conn: conn.execute(
+            "CREATE INDEX IF NOT EXISTS queries_sent_at ON queries(sent_at)")),
+    ),
+    # rows written before the attempt key: their id as position, unique and never an
+    # attempt's 0..n-1 (so they keep counting and new rows stay idempotent)
+    filled={("queries", "position"): "UPDATE queries SET position = -entry_id"},
+)
 
 _T = TypeVar("_T")
 
@@ -201,23 +224,6 @@ def _closing() -> errors.Unavailable:
     return errors.Unavailable("the proxy ledger is closed: the server is shutting down")
 
 
-def _add_attempt_key(conn: sqlite3.Connection) -> None:
-    """Give a ledger file from before issue 10 the ``position`` column (old rows:
-    ``-entry_id``, unique and never a real position) and the unique attempt key, in one
-    transaction (two processes opening the file at once: the second sees it done)."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        cols = {r[1] for r in conn.execute("PRAGMA table_info(queries)")}
-        if "position" not in cols:
-            conn.execute("ALTER TABLE queries ADD COLUMN position INTEGER NOT NULL DEFAULT 0")
-            conn.execute("UPDATE queries SET position = -entry_id")
-        conn.execute(_ATTEMPT_KEY)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
 def _scope(tenant: str | None) -> tuple[str, tuple[str, ...]]:
     """SQL condition and arguments for an optional tenant (None = every tenant)."""
     return ("", ()) if tenant is None else (" AND tenant=?", (tenant,))
@@ -260,16 +266,15 @@ class LedgerStorage(Protocol):
 class Ledger:
     """SQLite ledger with write-ahead rows and group commit. Thread-safe."""
 
-    def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
+    def __init__(self, path: str | Path, *, synchronous: str = "FULL",
+                 migrate: bool = True) -> None:
+        """Open (or create) the ledger at ``path``, migrating an older file in place;
+        ``migrate=False`` (a reader): refuse an older file naming ``fortis db upgrade``."""
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._conn = sqlite_schema.open_db(self.path, LEDGER_SCHEMA, migrate=migrate)
         wal = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
         self._conn.execute(f"PRAGMA synchronous={synchronous}")
         self._conn.execute("PRAGMA busy_timeout=10000")
-        self._conn.executescript(SCHEMA)
-        _add_attempt_key(self._conn)
         self._lock = threading.Lock()            # guards the connection
         #: Transactions committed by :meth:`_group` (fewer than writers: group commit).
         self.commits = 0
