@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the Helm chart's pods for real with podman, as far as one machine without a cluster allows.
 
-    python scripts/kube_play.py --workdir DIR [--values FILE] [--tls none|require]
+    python scripts/kube_play.py --workdir DIR [--values FILE] [--tls off|none|require]
                                 [--image TAG] [--release NAME] [--namespace NS] [--helm-test]
     python scripts/kube_play.py --down --workdir DIR
 
@@ -41,7 +41,9 @@ What this driver converts first, and why:
   ``~/.cache/fortis/models``) are copied, world-readable, into the workdir and mounted
   read-only at ``/var/cache/fortis/models`` inside the chart's cache volume, so the built-in
   targets load in seconds instead of training for minutes in each pod.
-- persistentVolumeClaim -> the podman named volume of the claim's name (podman's own mapping).
+- persistentVolumeClaim -> the podman named volume of the claim's name (podman's own
+  mapping), created when missing and kept by ``--down`` (helm uninstall keeps no PVC either,
+  but a re-play should find the state, as a Recreate rollout does).
 - fieldRef ``metadata.namespace`` -> its value (podman has no namespace to give).
 - ``ports`` are dropped: a containerPort publishes nothing in Kubernetes, but podman 4.3.1
   binds it on the host; every pod is reached at its own address on the network instead.
@@ -52,8 +54,9 @@ ServiceAccount/Role/RoleBinding (no API server; no token is mounted), the migrat
 (only rendered with a database; its pod is not run). Probes are run by this driver, not a
 kubelet: once at start-up until ready (startup then readiness, with their period, timeout and
 failure threshold), never again after; a gRPC probe is a gRPC health check from the host to the
-pod's address (as the kubelet dials the pod IP), an exec probe is ``podman exec``. Nothing
-restarts a failed container.
+pod's address (as the kubelet dials the pod IP), an exec probe is ``podman exec``. podman
+restarts a container that exits (restartPolicy Always), with no back-off; a restart before
+the pod is ready fails ``up``. Nothing replaces a pod that is removed.
 """
 
 from __future__ import annotations
@@ -78,7 +81,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "fortis"
-SERVICES = ("evaluation", "perturbation", "proxy", "scoring", "report")
 DROPPED = {
     "NetworkPolicy": "not enforced: every pod on the podman network reaches every other pod "
                      "and the host, and the host reaches every pod",
@@ -541,6 +543,11 @@ def up(a: argparse.Namespace) -> dict[str, Any]:
         state["secrets"].append(pname)
         (workdir / "state.json").write_text(json.dumps(state))
 
+    for claim in sorted({v["persistentVolumeClaim"]["claimName"] for p in pods
+                         for v in p["spec"].get("volumes", []) if "persistentVolumeClaim" in v}):
+        if podman("volume", "exists", claim, check=False).returncode != 0:
+            podman("volume", "create", claim)
+        notes.append(f"PersistentVolumeClaim {claim}: podman volume {claim} (kept by --down)")
     models = stage_models(workdir)
     if models is None:
         notes.append("no trained Fashion-MNIST models on this host: the pods train them on "
