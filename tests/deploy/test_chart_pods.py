@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "scripts" / "kube_play.py"
 RELEASE, NAMESPACE = "fortis-kp", "kp-team"
 EVALUATION = f"{RELEASE}-evaluation"
+CLAIM = f"{RELEASE}-evaluation-state"
 # the first test of a variant waits for its pods (image build included when not cached)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 PLAN = """
@@ -106,12 +107,21 @@ def _driver(*args: str, timeout: float) -> dict[str, Any]:
 def played(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """The tenant's pods, up and ready: ``mtls`` with secrets.tls and clientAuth require
     (the probes are then exec ``fortis health`` with the pod's certificate), ``plain``
-    without TLS (the probes are Kubernetes' gRPC probes)."""
+    without TLS (the probes are Kubernetes' gRPC probes) and with evaluation.persistence
+    (the PersistentVolumeClaim's stand-in, a named volume)."""
     image = _image()
     workdir = tmp_path_factory.mktemp(f"kube-play-{request.param}")
     tls = "require" if request.param == "mtls" else "off"
+    extra: list[str] = []
+    if request.param == "plain":
+        # the evaluation's SQLite state on the chart's PersistentVolumeClaim (a named volume)
+        values = workdir / "values.yaml"
+        values.write_text("evaluation: {persistence: {enabled: true}}\n")
+        extra = ["--values", str(values)]
+        subprocess.run(["podman", "volume", "rm", "-f", CLAIM], capture_output=True,
+                       env=_podman_env(), timeout=60)
     t0 = time.monotonic()
-    up = _driver("--workdir", str(workdir), "--tls", tls, "--image", image,
+    up = _driver("--workdir", str(workdir), "--tls", tls, "--image", image, *extra,
                  "--release", RELEASE, "--namespace", NAMESPACE, "--helm-test", timeout=600)
     up["up_s"] = round(time.monotonic() - t0, 1)
     up["workdir"] = str(workdir)
@@ -120,6 +130,9 @@ def played(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
           f"{json.dumps({k: up[k] for k in ('up_s', 'times_s')})}")
     yield up
     _driver("--down", "--workdir", str(workdir), timeout=300)
+    if request.param == "plain":       # --down keeps a claim's volume, as a PVC outlives pods
+        subprocess.run(["podman", "volume", "rm", "-f", CLAIM], capture_output=True,
+                       env=_podman_env(), timeout=60)
 
 
 def _pem(up: dict[str, Any], name: str) -> bytes:
@@ -179,6 +192,10 @@ def test_every_pod_runs_the_rendered_spec_restricted(played) -> None:
         assert {"/tmp", "/var/lib/fortis", "/var/cache/fortis", "/var/cache/fortis/models",
                 "/etc/fortis/api-keys"} <= mounts, (name, mounts)
         assert ("/etc/fortis/tls" in mounts) == (played["variant"] == "mtls"), mounts
+        state, = [m for m in c["Mounts"] if m["Destination"] == "/var/lib/fortis"]
+        # each pod's own emptyDir; the plain variant's evaluation state on the claim's volume
+        assert state["Name"] == (CLAIM if played["variant"] == "plain"
+                                 and name.startswith(EVALUATION) else f"{name}-state"), state
         inside = _podman("exec", p["container"], "sh", "-c",
                          "id -u; grep CapEff /proc/1/status; "
                          "test -n \"$FORTIS_INTERNAL_KEY\" && echo internal-key; "
