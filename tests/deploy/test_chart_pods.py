@@ -6,8 +6,11 @@ submits a plan through them over mTLS.
 
 The tenant: the built-in Fashion-MNIST CNN as its only target (no model server), SQLite state
 on the pods' volumes (no PostgreSQL, no Redis, so one proxy replica: the chart refuses more
-without Redis), ``secrets.tls`` with ``clientAuth: require``; every other value the chart's
-default, perturbation's 2 replicas included. The Fashion-MNIST models trained on this host
+without Redis); every other value the chart's default, perturbation's 2 replicas included.
+Two variants: ``mtls`` (``secrets.tls`` with ``clientAuth: require``; the probes are exec
+``fortis health`` with the pod's certificate) and ``plain`` (no TLS, Kubernetes' gRPC probes,
+``evaluation.persistence`` on). The image is ``tests/deploy/image.py``'s (``ensure_image``),
+or ``FORTIS_KUBE_PLAY_IMAGE``. The Fashion-MNIST models trained on this host
 (``$FORTIS_CACHE/models``, the conftest trains them once) are mounted read-only into the pods'
 cache volume: otherwise each pod would train them on first use (about 5 minutes here).
 
@@ -18,18 +21,22 @@ What differs from a cluster (the driver's docstring says how each is converted):
 - NetworkPolicy: not enforced. Every pod reaches every other pod and the host, and the host
   (the "client outside", like a pod of any namespace) reaches every pod.
 - Probes: run by the driver, not a kubelet, until every pod is ready, then never again; a
-  liveness failure restarts nothing. gRPC probes dial the pod's address from the host as the
+  liveness failure restarts nothing (podman does restart a container that exits). gRPC probes dial the pod's address from the host as the
   kubelet does; exec probes (the TLS variant's) go through ``podman exec``.
 - Replicas: each Deployment's replicas are played as that many pods (``<deployment>-<i>``);
   no ReplicaSet replaces a pod that dies; the HPA and the PodDisruptionBudget are left out.
 - Volumes: emptyDirs are podman named volumes, one per pod and volume, with no sizeLimit;
-  a PVC (evaluation.persistence) would be a named volume; nothing here uses one.
+  the PVC (evaluation.persistence, plain variant) is a named volume of the claim's name, kept
+  by ``--down``, with no storage class, size or access mode. Image VOLUMEs the pod spec does
+  not mount get writable anonymous volumes (Kubernetes ignores them).
 - Jobs: the migration hook Job is only rendered with a database (none here); executor
   kubernetes' worker Jobs need an API server: not run. ServiceAccount, Role and RoleBinding
   are left out, and no token is mounted (the chart mounts none for this tenant either).
 - Secrets are podman secrets named ``<namespace>.<name>`` (podman has no namespaces), made by
   the driver as ``kubectl create secret`` would be; the API key by ``fortis keys new``.
 - Resources: limits become cgroup limits; requests schedule nothing (one node).
+- ``$(VAR)`` in args is expanded by the driver, the namespace fieldRef written in, and
+  ``ports`` dropped (podman 4.3.1 would bind every containerPort on the host).
 """
 
 from __future__ import annotations
