@@ -459,7 +459,6 @@ def start_stack(settings: StackSettings) -> Stack:
         from fortis.services.evaluation.datasets import PlanDatasets
         from fortis.services.evaluation.service import EvaluationManager, Ports
         from fortis.services.evaluation.store import EvaluationStorage, EvaluationStore
-        from fortis.services.perturbation import servicer as pt_servicer
         from fortis.services.report import servicer as rp_servicer
         from fortis.services.scoring import servicer as sc_servicer
         from fortis.services.target_proxy import servicer as px_servicer
@@ -605,20 +604,24 @@ def start_stack(settings: StackSettings) -> Stack:
                                     quota_bytes=settings.upload_quota_bytes)
         closers.append(blob_store.close)
     if "perturbation" in wanted:
+        # The one service that needs torch: imported only when it runs, so the slim image
+        # (no torch) serves the proxy, scoring and report services.
+        with step("modules", EXIT_MODELS, hint=BUILTIN_MODELS_HINT):
+            from fortis.adapters.builtin import BUILTIN_MODELS
+            from fortis.adapters.torch_models.surrogate import (
+                OperatorSurrogates,
+                SurrogateCache,
+                TenantSurrogates,
+            )
+            from fortis.services.perturbation import servicer as pt_servicer
+            from fortis.services.perturbation import styles as pt_styles
         from fortis.services.common.server import current_tenant
-        from fortis.services.perturbation import styles as pt_styles
         model_blobs = blob_store
         assert model_blobs is not None
         pt_styles.set_model_blobs(lambda blob_id, field: model_blobs.path_of(
             current_tenant.get(), blob_id, field, kind="model"))
         # Surrogates (IEEE-A7): built-ins, the operator's folder (named like built-ins) and
         # the calling tenant's uploaded models (by blob id, never a path; IEEE-P6 mapping).
-        from fortis.adapters.builtin import BUILTIN_MODELS
-        from fortis.adapters.torch_models.surrogate import (
-            OperatorSurrogates,
-            SurrogateCache,
-            TenantSurrogates,
-        )
         sur_cache = SurrogateCache()
         with step("surrogates"):
             # Its manifests are read when a plan names them (added without a restart), but a
