@@ -55,6 +55,25 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             load_fmnist_model(kind, log=lambda s: print(s, file=sys.__stderr__, flush=True))
 
 
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """The container image tests run last and their build starts now, in the background: a
+    cold build of the images overlaps with the rest of the suite instead of adding to it."""
+    from tests.deploy.image import IMAGE_MODULES, start_background_build
+
+    def needs_image(item: pytest.Item) -> bool:
+        return any(item.nodeid.startswith(m) for m in IMAGE_MODULES)
+    if config.option.collectonly or not any(needs_image(i) for i in items):
+        return
+    items.sort(key=needs_image)      # stable: the order within each group is kept
+    start_background_build()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests.deploy.image import stop_background_build
+    stop_background_build()
+
+
 @pytest.fixture(scope="module")
 def one_thread() -> Iterator[None]:
     """One torch thread for a module's tests (tiny models, small batches: a second thread only

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -152,3 +153,42 @@ def image_size(tag: str) -> int:
 def exec_in(name: str, argv: Sequence[str], timeout: float = 120,
             check: bool = True) -> subprocess.CompletedProcess[str]:
     return podman("exec", name, *argv, timeout=timeout, check=check)
+
+
+# ---- the build, overlapped with the rest of the suite ----------------------------------------
+#: Test modules that need the images: run last, so the build started at collection overlaps
+#: with everything before them (a cold build is minutes; on 2 cores most of it is pip and
+#: file copying, which leaves the other tests a core).
+IMAGE_MODULES = ("tests/deploy/test_image.py", "tests/deploy/test_chart_pods.py")
+_background: list[subprocess.Popen] = []
+
+
+def start_background_build() -> None:
+    """Warm podman's layer cache for both roles in a child process holding the build lock;
+    ``ensure_image`` then waits on the lock and its own build finds every layer cached.
+    Its log: /tmp/fortis-image-background.log. Nothing starts where podman cannot run."""
+    if _background or unavailable():
+        return
+    log = open("/tmp/fortis-image-background.log", "w")  # noqa: SIM115 - the child owns it
+    script = (
+        "import fcntl, subprocess, sys\n"
+        f"lock = open({str(_LOCK)!r}, 'a')\n"
+        "fcntl.flock(lock.fileno(), fcntl.LOCK_EX)\n"
+        f"sys.exit(subprocess.call(['bash', {str(BUILD_SCRIPT)!r}, '--target', 'all', "
+        f"'--no-check', {tag_for('full')!r}]))\n")
+    _LOCK.touch(exist_ok=True)
+    _background.append(subprocess.Popen(
+        ["nice", "-n", "5", sys.executable, "-c", script],
+        stdout=log, stderr=subprocess.STDOUT, env=podman_env(), cwd=ROOT,
+        start_new_session=True))
+
+
+def stop_background_build() -> None:
+    """At the session's end: a build still running (the session was cut short) is stopped."""
+    for proc in _background:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, 15)
+                proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
