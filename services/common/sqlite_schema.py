@@ -39,6 +39,7 @@ import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fortis.services.common import errors
 
@@ -92,6 +93,8 @@ class Schema:
     steps: Sequence[Step] = ()
     derived: Mapping[tuple[str, str], str] = field(default_factory=dict)
     filled: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    #: What is computed once from the above (the head layout).
+    cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def head(self) -> int:
@@ -151,21 +154,18 @@ def layout_of(conn: sqlite3.Connection) -> Layout:
     return Layout({t: columns(conn, t) for t in tables(conn)}, indexes(conn))
 
 
-_HEAD_LAYOUTS: dict[int, Layout] = {}
-
-
 def head_layout(schema: Schema) -> Layout:
     """The layout of a file created fresh at the head (by the same code path as a
-    migration's: the baseline, then every step)."""
-    key = id(schema)
-    if key not in _HEAD_LAYOUTS:
+    migration's: the baseline, then every step); made once per schema."""
+    if "head" not in schema.cache:
         conn = sqlite3.connect(":memory:", isolation_level=None)
         try:
             _create(conn, schema)
-            _HEAD_LAYOUTS[key] = layout_of(conn)
+            schema.cache["head"] = layout_of(conn)
         finally:
             conn.close()
-    return _HEAD_LAYOUTS[key]
+    layout: Layout = schema.cache["head"]
+    return layout
 
 
 def differences(conn: sqlite3.Connection, schema: Schema) -> list[str]:
@@ -350,14 +350,23 @@ def _refuse_unknown(path: Path, schema: Schema, version: int, app_id: int) -> No
             f"release, or restore the copy the upgrade left ({backup_path(path, schema.head)})")
 
 
-def _check(conn: sqlite3.Connection, path: Path, schema: Schema, version: int,
-           when: str) -> None:
+def _check(conn: sqlite3.Connection, path: Path, schema: Schema,
+           migrated_from: int | None = None) -> None:
+    """Refuse a file at the head version that lacks part of the head schema (checked on every
+    open, and after a migration before its COMMIT)."""
     problems = differences(conn, schema)
-    if problems:
+    if not problems:
+        return
+    what = "; ".join(problems[:5])
+    if migrated_from is None:
         raise SchemaError(
-            f"the {schema.kind} {path} {when} schema version {version} but does not match "
-            f"it ({'; '.join(problems[:5])}): the file is damaged or was changed by hand; "
-            "restore it from a backup (a migration leaves <file>.v<old version>.bak)")
+            f"the {schema.kind} {path} claims schema version {schema.head} but does not match "
+            f"it ({what}): the file is damaged or was changed by hand; restore it from a "
+            "backup (a migration leaves <file>.v<old version>.bak)")
+    raise SchemaError(
+        f"the {schema.kind} {path} does not match schema version {schema.head} after "
+        f"migrating it from version {migrated_from} ({what}): its layout is one this Fortis "
+        "cannot migrate; nothing was changed")
 
 
 def _describe(version: int) -> str:
@@ -381,7 +390,7 @@ def ensure(conn: sqlite3.Connection, path: str | Path, schema: Schema, *,
         version, app_id = _header(conn)
         _refuse_unknown(path, schema, version, app_id)
         if version == schema.head:
-            _check(conn, path, schema, version, "claims")
+            _check(conn, path, schema)
             return version, version
         if not migrate and (version or tables(conn)):
             raise SchemaError(
@@ -395,7 +404,7 @@ def ensure(conn: sqlite3.Connection, path: str | Path, schema: Schema, *,
             _refuse_unknown(path, schema, version, app_id)
             if version == schema.head:
                 conn.execute("COMMIT")
-                _check(conn, path, schema, version, "claims")
+                _check(conn, path, schema)
                 return version, version
             fresh = version == 0 and not tables(conn)
             if not fresh and str(path) != ":memory:":
@@ -412,7 +421,7 @@ def ensure(conn: sqlite3.Connection, path: str | Path, schema: Schema, *,
                     step.run(conn)
             conn.execute(f"PRAGMA application_id={schema.application_id}")
             conn.execute(f"PRAGMA user_version={schema.head}")
-            _check(conn, path, schema, version, "migrated from")
+            _check(conn, path, schema, migrated_from=version)
             conn.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
@@ -460,7 +469,7 @@ def inspect(path: str | Path, schema: Schema) -> dict[str, object]:
             try:
                 _refuse_unknown(path, schema, version, app_id)
                 if version == schema.head:
-                    _check(conn, path, schema, version, "claims")
+                    _check(conn, path, schema)
             except SchemaError as exc:
                 problem = exc.violations[0].description
         finally:

@@ -528,3 +528,31 @@ def test_two_processes_opening_an_old_file_at_once_migrate_it_once(tmp_path: Pat
     assert header(path) == (STORE_SCHEMA.head, sqlite_schema.EVALUATION_STORE_ID)
     assert [p.name for p in state.glob("*.bak")] == ["evaluations.sqlite.v0.bak"]
     shutil.rmtree(state)
+
+
+def test_a_file_at_an_older_version_runs_only_the_steps_after_it(tmp_path: Path) -> None:
+    """Version 1 (0.2.0's layout, recorded) to the head: the numbered steps alone run."""
+    state = previous_state(tmp_path)
+    close_all(*open_sqlite(state))
+    path = state / "ledger.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX queries_sent_at")          # what step 2 adds
+    conn.execute("PRAGMA user_version=1")
+    conn.close()
+    with pytest.raises(sqlite_schema.SchemaError, match=f"is at schema version 1; this Fortis "
+                       f"needs version {LEDGER_SCHEMA.head}: run `fortis db upgrade "
+                       f"--state-dir {state}`"):
+        Ledger(path, migrate=False)
+    assert header(path)[0] == 1
+    led = Ledger(path)
+    try:
+        assert led.last_entry_id() == expected("sqlite")["ledger"]["last_entry_id"]
+    finally:
+        led.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert "queries_sent_at" in sqlite_schema.indexes(conn)
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == LEDGER_SCHEMA.head
+    finally:
+        conn.close()
+    assert sqlite_schema.backup_path(path, 1).is_file()
