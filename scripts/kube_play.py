@@ -686,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--values", help="a values file merged over this driver's tenant")
     ap.add_argument("--tls", choices=("off", "none", "require"), default="off",
                     help="make a TLS secret; none|require: secrets.tls.clientAuth")
-    ap.add_argument("--image", default="localhost/fortis:0.1.0")
+    ap.add_argument("--image", default="localhost/fortis:0.3.0")
     ap.add_argument("--release", default="fortis-team-a")
     ap.add_argument("--namespace", default="team-a", help="also the tenant of the API key")
     ap.add_argument("--network", help="podman network (default kp-<namespace>)")

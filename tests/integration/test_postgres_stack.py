@@ -153,7 +153,9 @@ def test_serve_refuses_a_bad_or_unready_database(tmp_path: Path,
         assert proc.returncode == 2, out
         assert secret not in out and "Traceback" not in out, out
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("fortis: ")]
-        assert len(errors) == 1 and errors[0].startswith("fortis: database_url: "), out
+        # the step that failed, then the field
+        assert len(errors) == 1, out
+        assert errors[0].startswith("fortis: startup failed at 'state': database_url: "), out
         assert mentions in errors[0], errors[0]
     assert not (tmp_path / "state" / "ledger.sqlite").exists()     # no fallback to SQLite
 
