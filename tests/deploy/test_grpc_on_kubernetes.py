@@ -124,11 +124,13 @@ def test_the_stack_takes_the_age_from_the_environment(monkeypatch, tmp_path):
     """fortis serve's servers read $FORTIS_MAX_CONNECTION_AGE_S (the chart's ConfigMap);
     a bad value stops the start naming the setting."""
     from fortis.services.app import StackSettings, start_stack
+    from fortis.services.common.startup import EXIT_CONFIG, StartupError
 
     monkeypatch.setenv("FORTIS_MAX_CONNECTION_AGE_S", "never")
-    with pytest.raises(InvalidArgument) as info:
+    with pytest.raises(StartupError) as info:
         start_stack(StackSettings(state_dir=tmp_path, only="scoring", targets=[]))
-    assert "max_connection_age_s" in str(info.value)
+    assert "max_connection_age_s" in info.value.detail
+    assert info.value.exit_code == EXIT_CONFIG
 
 
 def test_concurrent_clients_survive_ageing(aged_server):

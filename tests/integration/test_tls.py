@@ -32,6 +32,7 @@ import pytest
 from fortis.client import FortisClient, InvalidArgument, State, Unauthenticated, Unavailable
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.errors import InvalidArgument as ServerInvalidArgument
+from fortis.services.common.startup import StartupError
 from fortis.services.common.tls import TlsSettings
 
 from tests.conftest import API_KEY, MD
@@ -224,19 +225,21 @@ def test_settings_that_cannot_work_are_refused_at_start(tmp_path: Path, pki: Pki
         TlsSettings(cert_file=pki.server_crt, key_file=pki.server_key, client_auth="optional")
     assert ei.value.violations[0].field == "tls_client_auth"
     mismatched = TlsSettings(cert_file=pki.server_crt, key_file=pki.client_key)
-    with pytest.raises(ServerInvalidArgument) as ei:
+    # start_stack names the step (StartupError) and keeps the field's error as its cause
+    with pytest.raises(StartupError) as se:
         _stack(tmp_path, mismatched)
-    assert ei.value.violations[0].field == "tls_cert"
-    assert "PRIVATE KEY" not in str(ei.value)
-    with pytest.raises(ServerInvalidArgument) as ei:
+    assert se.value.step == "TLS material"
+    assert se.value.__cause__.violations[0].field == "tls_cert"
+    assert "PRIVATE KEY" not in str(se.value)
+    with pytest.raises(StartupError) as se:
         _stack(tmp_path, TlsSettings(cert_file=tmp_path / "none.crt", key_file=pki.server_key))
-    assert ei.value.violations[0].field == "tls_cert"
+    assert se.value.__cause__.violations[0].field == "tls_cert"
 
     # Embedded mode: the services call each other at 127.0.0.1; a certificate naming only
     # fortis.internal fails that check at start, naming the setting that fixes it ...
-    with pytest.raises(ServerInvalidArgument) as ei:
+    with pytest.raises(StartupError) as se:
         _stack(tmp_path, _tls(pki, cert="internal"))
-    assert ei.value.violations[0].field == "tls_server_name"
+    assert se.value.__cause__.violations[0].field == "tls_server_name"
     # ... and works with it; a client verifies that name the same way.
     s = _stack(tmp_path, _tls(pki, cert="internal", server_name="fortis.internal"))
     try:
