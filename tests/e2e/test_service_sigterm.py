@@ -369,10 +369,14 @@ def test_scoring_drains_compute(tmp_path) -> None:
         sc = scoring_pb2_grpc.ScoringServiceStub(ch)
         # a chain of a few seconds on this machine (2,500 on the 2-core CI VM; more on a
         # faster one, where 2,500 ended before the SIGTERM)
-        t = time.monotonic()
+        # timed after a first call: the first one pays the service's warm-up, which made
+        # the chain look slow and end before the SIGTERM's announce period
         sc.Compute(scoring_pb2.ComputeRequest(metric="irt", params=_irt_params(250)),
                    metadata=MD, timeout=60)
-        chain = int(min(25_000, max(2500, 250 * 3.0 / max(time.monotonic() - t, 1e-3))))
+        t = time.monotonic()
+        sc.Compute(scoring_pb2.ComputeRequest(metric="irt", params=_irt_params(2500)),
+                   metadata=MD, timeout=60)
+        chain = int(min(40_000, max(2500, 2500 * 4.0 / max(time.monotonic() - t, 1e-3))))
         irt = Call(lambda: sc.Compute(scoring_pb2.ComputeRequest(
             metric="irt", params=_irt_params(chain)), metadata=MD, timeout=120))
         time.sleep(0.5)
