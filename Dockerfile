@@ -99,6 +99,14 @@ EXPOSE 50051
 
 FROM runtime AS slim
 COPY --from=venv-slim /opt/fortis /opt/fortis
+# What this build is, in a file as well as in the labels. Its RUN reads the build args, so a new
+# revision or date misses the layer cache here and every LABEL below is written again (podman
+# 4.3 reuses a cached LABEL layer when only the build args it reads changed).
+ARG FORTIS_VERSION=unknown
+ARG VCS_REF=unknown
+ARG BUILD_DATE=unknown
+RUN printf 'version=%s\nrevision=%s\ncreated=%s\n' "${FORTIS_VERSION}" "${VCS_REF}" "${BUILD_DATE}" \
+    > /opt/fortis/BUILD_INFO
 # state (SQLite files when no database URL is given) and the models cache: volumes
 VOLUME ["/var/lib/fortis", "/var/cache/fortis"]
 USER 10001:10001
@@ -106,11 +114,8 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["fortis", "health", "--address", "127.0.0.1:50051"]
 ENTRYPOINT ["fortis"]
 CMD ["serve", "--service", "proxy", "--address", "0.0.0.0:50051", "--api-keys-file", "/etc/fortis/api-keys"]
-# Last, so a new revision or date changes only this metadata, never a cached layer.
-ARG FORTIS_VERSION=unknown
-ARG VCS_REF=unknown
+# The labels: written again on every build, after BUILD_INFO's RUN above.
 ARG SOURCE_URL=unknown
-ARG BUILD_DATE=unknown
 ARG BASE_NAME=unknown
 ARG BASE_DIGEST=unknown
 LABEL org.opencontainers.image.title="fortis-slim" \
@@ -131,16 +136,19 @@ RUN apt-get update \
        dataset-fashion-mnist=0.0~git20200523.55506a9-1 \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=venv-full /opt/fortis /opt/fortis
+# What this build is (see the slim stage): a new revision or date misses the cache here.
+ARG FORTIS_VERSION=unknown
+ARG VCS_REF=unknown
+ARG BUILD_DATE=unknown
+RUN printf 'version=%s\nrevision=%s\ncreated=%s\n' "${FORTIS_VERSION}" "${VCS_REF}" "${BUILD_DATE}" \
+    > /opt/fortis/BUILD_INFO
 VOLUME ["/var/lib/fortis", "/var/cache/fortis"]
 USER 10001:10001
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["fortis", "health", "--address", "127.0.0.1:50051"]
 ENTRYPOINT ["fortis"]
 CMD ["serve", "--address", "0.0.0.0:50051", "--api-keys-file", "/etc/fortis/api-keys"]
-ARG FORTIS_VERSION=unknown
-ARG VCS_REF=unknown
 ARG SOURCE_URL=unknown
-ARG BUILD_DATE=unknown
 ARG BASE_NAME=unknown
 ARG BASE_DIGEST=unknown
 ARG TORCH_VARIANT=cpu

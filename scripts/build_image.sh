@@ -83,14 +83,6 @@ build_args=(--build-arg "PYTHON_IMAGE=${BASE%:*}@$base_digest"
             --build-arg "SOURCE_URL=$source_url"
             --build-arg "BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
             --build-arg "PIP_CERT=/run/host-ca.crt" -v "$CA:/run/host-ca.crt:ro")
-# The same values again as --label: podman (buildah 1.28) reuses a cached LABEL layer when only
-# the build args it reads changed, which would leave an earlier revision and date on the image.
-build_args+=(--label "org.opencontainers.image.version=$VERSION"
-             --label "org.opencontainers.image.revision=$revision"
-             --label "org.opencontainers.image.source=$source_url"
-             --label "org.opencontainers.image.created=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-             --label "org.opencontainers.image.base.name=$BASE"
-             --label "org.opencontainers.image.base.digest=$base_digest")
 if ls "$WHEELS"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then
   # the local +cpu wheel: pip finds nothing else named torch==2.13.0+cpu on PyPI
   build_args+=(--build-arg "TORCH_INDEX_URL=https://pypi.org/simple"
