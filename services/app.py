@@ -483,7 +483,8 @@ def start_stack(settings: StackSettings) -> Stack:
     with step("state", subject=f"state folder '{str(state)[:200]}'"):
         state.mkdir(parents=True, exist_ok=True)
     with step("state"):
-        pg_ledger, pg_store = _open_database(settings, wanted)     # issue 10; None: SQLite
+        # PostgreSQL when a database URL is given (replicas share it); None: SQLite files
+        pg_ledger, pg_store = _open_database(settings, wanted)
     internal_key = settings.internal_key or new_api_key()
     closers: list[Any] = []
     with step("API keys"):

@@ -124,7 +124,8 @@ CREATE TABLE IF NOT EXISTS replies (
     prediction BLOB NOT NULL
 );
 """
-#: The idempotency key of a row (issue 10).
+#: The idempotency key of a row: one row per (tenant, call, attempt, image position), so a
+#: retried write is the same row, never a second one.
 _ATTEMPT_KEY = ("CREATE UNIQUE INDEX IF NOT EXISTS queries_attempt_key"
                 " ON queries(tenant, call_id, attempts, position)")
 
