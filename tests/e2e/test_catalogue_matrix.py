@@ -109,3 +109,34 @@ def test_the_checks_fail_on_tampered_results(matrix) -> None:
         assert run._successes(cell, spec, node, ids, adv)
     finally:
         run.data.judge = judge
+
+
+def test_bench_matrix_runs_in_parts_with_a_progress_file(tmp_path: Path, fmnist_target,
+                                                         fmnist_surrogate) -> None:
+    """The whole matrix is hours: ``bench/matrix.py --progress FILE`` records each finished
+    evaluation, and a second run with the same FILE reruns only what FILE lacks (here: the
+    evaluation whose cells changed), printing one document over every cell."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    progress = tmp_path / "progress.jsonl"
+
+    def run(entries: str) -> tuple[dict, str]:
+        r = subprocess.run([sys.executable, str(root / "bench" / "matrix.py"), "--targets",
+                            "cnn", "--batches", "1", "--entries", entries,
+                            "--progress", str(progress)], capture_output=True, text=True,
+                           timeout=600, cwd=root)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout), r.stderr
+
+    first, _ = run("gaussian_noise,fgsm")
+    assert (first["cells"], first["failing"]) == (2, 0)
+    assert len(progress.read_text().splitlines()) == 2
+    second, log = run("gaussian_noise,fgsm,square")
+    assert (second["cells"], second["failing"]) == (3, 0)
+    assert "cnn batch=1 perturb: recorded" in log and "attacks: recorded" not in log
+    lines = [json.loads(x) for x in progress.read_text().splitlines()]
+    assert [x["group"] for x in lines] == [["cnn", "1", "perturb"], ["cnn", "1", "attacks"],
+                                           ["cnn", "1", "attacks"]]
+    assert len({x["commit"] for x in lines}) == 1
