@@ -8,6 +8,7 @@ section 1), so a bad request never takes a service down and internals never leak
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import re
 import threading
 import time
@@ -25,6 +26,13 @@ from fortis.client.errors import from_rpc_error
 from fortis.services.common import errors, grpc_options, limits
 from fortis.services.common.api_keys import KeyTable
 from fortis.services.common.health import HealthServicer as FortisHealthServicer
+from fortis.services.common.memory import (
+    CallHold,
+    MemoryBudget,
+    MemoryLimits,
+    current_hold,
+    stream_holding,
+)
 from fortis.services.common.quotas import CallSlots
 from fortis.services.common.status import status_for
 from fortis.services.common.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
@@ -83,6 +91,9 @@ class ServerSettings:
     #: Close each connection after this long so clients re-resolve and rebalance (issue 10,
     #: grpc_options); 0: never. Calls in flight are not cut.
     max_connection_age_s: float = grpc_options.DEFAULT_MAX_CONNECTION_AGE_S
+    #: Decoded bytes per request and per tenant in flight, and the answer's size, checked
+    #: before a servicer decodes anything (``services/common/memory.py``). None: unchecked.
+    memory: MemoryLimits | None = field(default_factory=MemoryLimits)
 
 
 #: Seconds health says NOT_SERVING before a draining server refuses new calls: clients that
@@ -264,12 +275,38 @@ def _on_end(context: grpc.ServicerContext, release: Callable[[], None]) -> None:
 def _wrap_handler(handler: grpc.RpcMethodHandler,
                   before: Before,
                   method: str = "", observe: Observer | None = None,
-                  request_id: str = "") -> grpc.RpcMethodHandler:
+                  request_id: str = "",
+                  hold_for: Callable[[], CallHold | None] | None = None
+                  ) -> grpc.RpcMethodHandler:
     """Wrap every behaviour of a handler: run ``before`` then map domain errors (a request
-    that does not parse is INVALID_ARGUMENT on ``request``)."""
+    that does not parse is INVALID_ARGUMENT on ``request``). ``hold_for`` (after ``before``)
+    gives the call's memory hold: a unary request is held whole before the servicer runs, a
+    client stream message by message; a bidirectional stream's servicer holds each message
+    itself (``memory.holding``), answering refusals in band."""
     check: Callable[[Any], Any] = _decoded_stream if handler.request_streaming else _decoded
     if not (handler.request_streaming and handler.response_streaming):
         check = _bounded(check)     # a bidirectional stream's servicer answers it in band
+    bidi = handler.request_streaming and handler.response_streaming
+
+    def admitted(request: Any, context: grpc.ServicerContext,
+                 holds: list[CallHold]) -> Any:
+        """The checked request, held in the call's memory budget (released at its end)."""
+        request = check(request)
+        hold = hold_for() if hold_for is not None else None
+        if hold is None:
+            return request
+        holds.append(hold)
+        current_hold.set(hold)
+        _on_end(context, hold.close)
+        if not handler.request_streaming:
+            hold.hold(request)
+        elif not bidi:
+            request = stream_holding(hold, request)
+        return request
+
+    def let_go(holds: list[CallHold]) -> None:
+        for hold in holds:
+            hold.close()
 
     def done(context: grpc.ServicerContext, exc: BaseException | None, t0: float) -> None:
         if observe is not None:
@@ -283,18 +320,22 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             t0 = time.perf_counter()
             current_tenant.set("")      # a worker thread's last caller is not this one's
+            current_hold.set(None)
             release = _once(None)
+            holds: list[CallHold] = []
             try:
                 release = _once(before(context))
                 _on_end(context, release)
-                result = fn(check(request), context)
+                result = fn(admitted(request, context, holds), context)
             except Exception as exc:  # noqa: BLE001 - mapped to a status
                 release()
+                let_go(holds)
                 done(context, exc, t0)
                 if isinstance(exc, grpc.RpcError) or _aborted(context):
                     raise
                 _abort(context, exc, request_id)
             release()
+            let_go(holds)
             done(context, None, t0)
             return result
         return call
@@ -303,19 +344,23 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
         def call(request: Any, context: grpc.ServicerContext) -> Iterable[Any]:
             t0 = time.perf_counter()
             current_tenant.set("")      # a worker thread's last caller is not this one's
+            current_hold.set(None)
             release = _once(None)
+            holds: list[CallHold] = []
             try:
                 release = _once(before(context))
                 _on_end(context, release)
-                yield from fn(check(request), context)
+                yield from fn(admitted(request, context, holds), context)
             except Exception as exc:  # noqa: BLE001 - mapped to a status
                 release()
+                let_go(holds)
                 done(context, exc, t0)
                 if isinstance(exc, grpc.RpcError) or _aborted(context):
                     raise
                 _abort(context, exc, request_id)
             finally:
                 release()
+                let_go(holds)
             done(context, None, t0)
         return call
 
@@ -343,12 +388,13 @@ class FortisInterceptor(grpc.ServerInterceptor):
 
     def __init__(self, api_keys: Mapping[str, str] | KeyTable,
                  observe: Observer | None = None, call_slots: CallSlots | None = None,
-                 drain: Drain | None = None) -> None:
+                 drain: Drain | None = None, memory: MemoryBudget | None = None) -> None:
         # Hashed keys only (issue 9): a plain mapping is hashed here and not kept.
         self._keys = api_keys if isinstance(api_keys, KeyTable) else KeyTable.from_plain(api_keys)
         self._observe = observe
         self._slots = call_slots
         self._drain = drain
+        self._memory = memory
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
@@ -362,6 +408,13 @@ class FortisInterceptor(grpc.ServerInterceptor):
         slots = self._slots
         drain = self._drain
         request_id = request_id_from(md)
+        memory = self._memory
+        who: dict[str, Any] = {}
+
+        def hold_for() -> CallHold | None:
+            if memory is None or "tenant" not in who:
+                return None
+            return CallHold(memory, who["tenant"], method, counted=not who["internal"])
 
         def before(context: grpc.ServicerContext) -> Callable[[], None] | None:
             # A handler thread serves many calls: start each from a clean log context.
@@ -395,6 +448,7 @@ class FortisInterceptor(grpc.ServerInterceptor):
                     internal = True
             current_tenant.set(tenant)
             current_api_key.set(api_key)
+            who.update(tenant=tenant, internal=internal)
             structlog.contextvars.bind_contextvars(tenant=tenant)
             if slots is None or internal:
                 return None
@@ -407,7 +461,7 @@ class FortisInterceptor(grpc.ServerInterceptor):
                     "(--max-calls-per-tenant); retry when one has finished")])
             return lambda: slots.leave(tenant)
 
-        return _wrap_handler(handler, before, method, self._observe, request_id)
+        return _wrap_handler(handler, before, method, self._observe, request_id, hold_for)
 
 
 def _peer(context: grpc.ServicerContext) -> str:
@@ -634,9 +688,15 @@ def build_server(settings: ServerSettings,
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0), *grpc_options.server_options(settings.max_connection_age_s)]
     drain = Drain()
+    memory = None
+    if settings.memory is not None:     # no answer past the message limit is ever worked on
+        cap = settings.memory.max_response_bytes
+        memory = MemoryBudget(dataclasses.replace(
+            settings.memory, max_response_bytes=min(cap, settings.max_message_bytes)
+            if cap else settings.max_message_bytes))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers),
                          interceptors=[FortisInterceptor(settings.api_keys, settings.observe,
-                                                       settings.call_slots, drain)],
+                                                       settings.call_slots, drain, memory)],
                          options=opts)
     health_servicer = FortisHealthServicer()   # no deadlock on Watch close (common/health.py)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -28,6 +28,7 @@ from fortis.services.common.codec import (
     fill_tensor,
     tensor_to_array,
 )
+from fortis.services.common.memory import holding
 from fortis.services.common.pagination import page_of, page_size
 from fortis.services.common.params import Param
 from fortis.services.common.server import (
@@ -338,7 +339,8 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
             try:
                 limits.check_message(req)   # in band: the stream goes on (issue 9)
                 resp = pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256])
-                self._apply(req, context, resp.images)
+                with holding(req):          # its decoded size, held while it is worked on
+                    self._apply(req, context, resp.images)
                 yield resp
             except (errors.DeadlineExceeded, errors.Cancelled):
                 raise                       # the call is over: no answer in band

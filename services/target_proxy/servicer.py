@@ -12,6 +12,7 @@ from typing import Any
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors, limits
 from fortis.services.common.codec import add_messages
+from fortis.services.common.memory import holding
 from fortis.services.common.pagination import (
     decode_token,
     encode_token,
@@ -98,9 +99,10 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         for req in request_iterator:
             try:
                 limits.check_message(req)   # in band: the stream goes on (issue 9 limits)
-                res = self.proxy.predict(tenant=tenant, session_id=req.session_id,
-                                         origin=req.origin, images=req.images,
-                                         should_stop=should_stop)
+                with holding(req):          # its decoded size, held while it is answered
+                    res = self.proxy.predict(tenant=tenant, session_id=req.session_id,
+                                             origin=req.origin, images=req.images,
+                                             should_stop=should_stop)
                 resp = proxy_pb2.PredictStreamResponse(request_id=req.request_id,
                                                        queries_left=res.queries_left)
                 add_messages(resp.predictions, res.predictions)
