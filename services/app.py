@@ -18,6 +18,7 @@ import structlog
 from fortis.services.common import errors, grpc_options
 from fortis.services.common.api_keys import KeyEntry, KeyFileWatcher, KeyTable, new_api_key
 from fortis.services.common.limits import MAX_IMAGES_PER_REQUEST
+from fortis.services.common.memory import MemoryLimits
 from fortis.services.common.quotas import CallSlots, QuotaSettings
 from fortis.services.common.server import (
     SERVICE_TENANT,
@@ -193,6 +194,10 @@ class StackSettings:
     #: Bytes each tenant may keep in uploaded blobs (``fortis serve --upload-quota-bytes``;
     #: issue 9, the upload API: services/common/blobs.py).
     upload_quota_bytes: int = 2 * 1024 ** 3
+    #: Decoded bytes per request and per tenant in flight (``fortis serve
+    #: --max-request-decoded-bytes/--max-tenant-decoded-bytes``; services/common/memory.py):
+    #: checked from headers and shapes before anything is decoded.
+    memory: MemoryLimits = field(default_factory=MemoryLimits)
     #: The server's worker threads: every call in progress holds one (a Predict waiting for
     #: its rate-limit turn, a Watch stream), so ``quotas.max_calls`` per tenant keeps one
     #: tenant from holding them all (``fortis serve --server-workers``).
@@ -694,6 +699,7 @@ def start_stack(settings: StackSettings) -> Stack:
                                              max_message_bytes=settings.max_message_bytes,
                                              max_workers=settings.server_workers,
                                              observe=rpc_metrics.observe, call_slots=slots,
+                                             memory=settings.memory,
                                              max_connection_age_s=grpc_options.max_connection_age_s(
                                                  settings.max_connection_age_s)),
                               register)

@@ -240,6 +240,23 @@ def _quota_settings(ns: argparse.Namespace) -> Any:
                          tenants=tenants)
 
 
+def _memory_limits(ns: argparse.Namespace) -> Any:
+    """``fortis serve``'s decoded-size limits (services/common/memory.py); InvalidArgument
+    naming the option when one is out of range."""
+    from fortis.services.common import limits
+    from fortis.services.common.errors import InvalidArgument
+    from fortis.services.common.memory import MemoryLimits
+
+    values = {}
+    for opt, default in (("max_request_decoded_bytes", limits.MAX_REQUEST_DECODED_BYTES),
+                         ("max_tenant_decoded_bytes", limits.MAX_TENANT_DECODED_BYTES)):
+        values[opt] = int(getattr(ns, opt, default))
+        if not 0 <= values[opt] <= 1 << 50:
+            raise InvalidArgument(opt, "must be from 0 (no limit) to 2^50 bytes")
+    return MemoryLimits(max_request_bytes=values["max_request_decoded_bytes"],
+                        max_tenant_bytes=values["max_tenant_decoded_bytes"])
+
+
 def _server_workers(ns: argparse.Namespace) -> int:
     from fortis.services.common.errors import InvalidArgument
 
@@ -389,6 +406,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                 database_url=getattr(ns, "database_url", None)
                 or os.environ.get("FORTIS_DATABASE_URL") or None,
                 upload_quota_bytes=max(0, int(getattr(ns, "upload_quota_bytes", 2 * 1024 ** 3))),
+                memory=_memory_limits(ns),
                 **_executor_settings(ns))
         stack = start_stack(settings)
     except StartupError as exc:

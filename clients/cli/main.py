@@ -197,6 +197,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--upload-quota-bytes", type=int, default=2 * 1024 ** 3, metavar="N",
                     help="bytes each tenant may keep in uploaded images, manifests and models "
                     "(fortis upload; default 2 GiB)")
+    sp.add_argument("--max-request-decoded-bytes", type=int, default=128 * 1024 ** 2,
+                    metavar="N",
+                    help="bytes the images and arrays of one request may take once decoded, "
+                    "read from their PNG/JPEG headers and tensor shapes before anything is "
+                    "decoded (default 128 MiB: one 40 M-pixel RGB image; 0: no limit); more "
+                    "is RESOURCE_EXHAUSTED naming the field")
+    sp.add_argument("--max-tenant-decoded-bytes", type=int, default=256 * 1024 ** 2,
+                    metavar="N",
+                    help="decoded bytes one tenant's calls in progress may hold together on "
+                    "this server (default 256 MiB; 0: no limit); a call past it is "
+                    "RESOURCE_EXHAUSTED at once, the bytes given back when each call ends")
     sp.add_argument("--metrics-address", metavar="HOST:PORT",
                     help="serve Prometheus metrics (RPCs and proxy queries, labelled by tenant) "
                     "at http://HOST:PORT/metrics; bind 0.0.0.0 only on purpose")
