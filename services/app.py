@@ -184,6 +184,10 @@ class StackSettings:
     #: ``FORTIS_SURROGATE_DIR``): ``<name>.json`` manifests and their model files, named in
     #: plans like the built-in surrogates (IEEE-A7). None: only the built-ins.
     surrogate_dir: Path | None = None
+    #: White-box grants (``fortis serve --whitebox-grant TENANT=TARGET[,TARGET]``): tenant ->
+    #: the targets whose twin surrogates it may use ("*": all; services/common/whitebox.py).
+    #: Empty: no tenant may use a surrogate that shares a target's weights.
+    whitebox_grants: Mapping[str, frozenset[str]] = field(default_factory=dict)
     #: Per-tenant images/s across every target (``fortis serve --tenant-rate TENANT=N``).
     tenant_rates: Mapping[str, float] = field(default_factory=dict)
     #: Per-tenant quotas (issue 9): running/queued evaluations, queries per UTC day
@@ -645,6 +649,18 @@ def start_stack(settings: StackSettings) -> Stack:
                 return operator_surrogates.load(name, field)
             return load_model(name, field)
 
+        from fortis.services.common.whitebox import WhiteboxPolicy
+        served: dict[str, list[str]] = {}
+        for t in settings.targets:
+            if t.builtin:
+                served.setdefault(t.builtin, []).append(t.name)
+        whitebox = WhiteboxPolicy(
+            grants=settings.whitebox_grants, builtin_models=tuple(BUILTIN_MODELS),
+            # no target configuration here (a perturbation service alone): fail closed
+            builtin_targets=served if (settings.targets or "proxy" in wanted) else None,
+            declared_twins=lambda name: () if name in BUILTIN_MODELS
+            else operator_surrogates.twin_of(name))
+
         register.append((perturbation_pb2_grpc.add_PerturbationServiceServicer_to_server,
                          pt_servicer.PerturbationServicer(
                              proxy_stub=_LazyProxyStub(),  # type: ignore[arg-type]
@@ -652,7 +668,9 @@ def start_stack(settings: StackSettings) -> Stack:
                              tenant_surrogates=lambda spec, field: tenant_surrogates.load(
                                  current_tenant.get(), spec, field),
                              surrogate_names=lambda: (*BUILTIN_MODELS,
-                                                      *operator_surrogates.names())),
+                                                      *operator_surrogates.names()),
+                             surrogate_access=lambda name, field, rpc: whitebox.check(
+                                 current_tenant.get(), name, field, audit=rpc)),
                          pt_servicer.SERVICE_NAME))
     if "scoring" in wanted:
         register.append((scoring_pb2_grpc.add_ScoringServiceServicer_to_server,

@@ -92,9 +92,11 @@ def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace,
             print("First run: training the Fashion-MNIST target and surrogate (about 2 minutes"
                   " on 2 cores; cached afterwards)", file=sys.stderr)
     try:
+        # one user, its own models: white-box access to its targets' twins is granted
         stack = start_stack(StackSettings(state_dir=_state_dir(ns), api_keys={api_key: "local"},
                                           targets=targets, resume=False,
-                                          data_root=data_root))
+                                          data_root=data_root,
+                                          whitebox_grants={"local": frozenset({"*"})}))
     except FortisError as exc:
         err(str(exc))
         return EXIT_FAILED
@@ -375,6 +377,12 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         if not keys and not ns.api_keys_file and not ns.no_auth:
             generated = new_api_key()
             keys = parse_api_keys(f"{generated}=default")
+        with step("options"):
+            from fortis.services.common.whitebox import parse_grants
+            grants = parse_grants(getattr(ns, "whitebox_grant", None) or [])
+            if (generated or ns.no_auth) and not grants:
+                # single-user default: its one tenant is the operator, who owns the targets
+                grants = {"default": frozenset({"*"})}
         with step("TLS material"):
             tls = _tls_settings(ns)
         with step("metrics address"):
@@ -398,6 +406,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                 ledger_synchronous=ns.ledger_sync,
                 data_root=Path(ns.data_root) if ns.data_root else None,
                 surrogate_dir=Path(ns.surrogate_dir) if getattr(ns, "surrogate_dir", "") else None,
+                whitebox_grants=grants,
                 tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
                 evaluation_workers=_evaluation_workers(ns), server_workers=_server_workers(ns),
                 redis_url=getattr(ns, "redis_url", None) or os.environ.get("FORTIS_REDIS_URL") or None,

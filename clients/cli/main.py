@@ -194,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="folder of operator surrogates: <name>.json manifests (the plan's "
                     "surrogates schema, model = a file in DIR) named in plans like the "
                     "built-ins (default: $FORTIS_SURROGATE_DIR, else none)")
+    sp.add_argument("--whitebox-grant", action="append", metavar="TENANT=TARGET[,TARGET]",
+                    help="let TENANT use surrogates that share those targets' weights (a "
+                    "built-in twin such as fmnist-cnn, or an operator surrogate declared "
+                    "twin_of them; TENANT=* for every target; repeatable). Default: no tenant, "
+                    "except the one tenant of --no-auth or of the generated key")
     sp.add_argument("--upload-quota-bytes", type=int, default=2 * 1024 ** 3, metavar="N",
                     help="bytes each tenant may keep in uploaded images, manifests and models "
                     "(fortis upload; default 2 GiB)")

@@ -54,11 +54,33 @@ def check_attacks(plan: Plan, perturbation: PerturbationPort, output_kind: str =
     for i, at in enumerate(plan.attacks):
         try:
             perturbation.validate_attack(at.id, at.params, task=plan.target.task,
-                                         output_kind=output_kind, criterion=at.criterion)
+                                         output_kind=output_kind, criterion=at.criterion,
+                                         surrogate=at.surrogate, ensemble=at.ensemble)
         except errors.InvalidArgument as exc:
             for v in exc.violations:
                 where = "id" if v.field in ("attack_id", "") else v.field
                 found.append(errors.FieldViolation(f"attacks[{i}].{where}", v.description))
+        except errors.PermissionDenied as exc:
+            # a target's twin as surrogate without the operator's white-box grant: refused
+            # before anything runs, naming the plan's field
+            raise errors.PermissionDenied(exc.description or exc.message,
+                                          field=f"attacks[{i}].{exc.field or 'surrogate'}"
+                                          ) from None
+    # A benchmark crafts its transfer attacks that name no surrogate on each model's own
+    # surrogate: each model's surrogate is checked as such an attack would name it.
+    expanded = next((at for at in plan.attacks if not at.surrogate), None)
+    for k, m in enumerate(plan.members):
+        if expanded is None or not m.surrogate:
+            continue
+        try:
+            perturbation.validate_attack(expanded.id, expanded.params, task=plan.target.task,
+                                         output_kind=output_kind, criterion=expanded.criterion,
+                                         surrogate=m.surrogate)
+        except errors.InvalidArgument:
+            pass        # the attack's own problems are reported above by its field
+        except errors.PermissionDenied as exc:
+            raise errors.PermissionDenied(exc.description or exc.message,
+                                          field=f"targets[{k}].surrogate") from None
     if found:
         raise errors.InvalidArgument.from_violations(found[:100])
 
