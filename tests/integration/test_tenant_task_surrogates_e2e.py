@@ -107,6 +107,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, vision_setup: None) -> Itera
     seg = _segmentation_data(root / "seg")
     s = start_stack(StackSettings(
         state_dir=root / "state", api_keys={API_KEY: "tenant-a", OTHER_KEY: "tenant-b"},
+        whitebox_grants={"tenant-a": frozenset({"*"})},  # twins: granted
         data_root=root, targets=[TargetConfig.parse(f"{t}=builtin:{t}")
                                  for t in ("haar-face", "mtcnn", "u2netp")]))
     yield s, root, det, seg
