@@ -155,6 +155,14 @@ class StackSettings:
     #: every ``api_keys_reload_s`` seconds when it changed (rotation without restart).
     api_keys_file: Path | None = None
     api_keys_reload_s: float = 2.0
+    #: OpenID Connect / JWT issuers whose bearer tokens are accepted beside API keys
+    #: (``fortis serve --oidc-issuer``; services/common/identity.py). Empty: none.
+    oidc_issuers: Sequence[Any] = ()
+    #: Least seconds between two JWKS fetches of one issuer (an unknown ``kid`` asks for one).
+    oidc_refresh_min_s: float = 5.0
+    #: The tenant from a verified client certificate: "CN", "O" or "SAN-URI=PREFIX"
+    #: (``fortis serve --tls-tenant-from``; needs ``--tls-client-auth require``). "": off.
+    tls_tenant_from: str = ""
     #: TLS for the server and mTLS for the internal channels (issue 9); None: plain text.
     tls: TlsSettings | None = None
     targets: Sequence[TargetConfig] = ()
@@ -345,9 +353,24 @@ def _key_table(settings: StackSettings, internal_key: str
     if settings.api_keys_file is not None:
         watcher = KeyFileWatcher(settings.api_keys_file, table,
                                  interval_s=settings.api_keys_reload_s).start()
-    if table.enabled:
+    if table.enabled or settings.oidc_issuers or settings.tls_tenant_from:
         table.add_key("internal", internal_key, SERVICE_TENANT)
     return table, watcher
+
+
+def _identity(settings: StackSettings) -> tuple[Any, Any]:
+    """The bearer-token verifier and the certificate-tenant rule of a stack (None when off)."""
+    from fortis.services.common.identity import CertTenant, TokenVerifier
+
+    tokens = TokenVerifier(settings.oidc_issuers, min_refresh_s=settings.oidc_refresh_min_s) \
+        if settings.oidc_issuers else None
+    cert_tenant = None
+    if settings.tls_tenant_from:
+        if settings.tls is None or settings.tls.client_auth != "require":
+            raise errors.InvalidArgument("tls_tenant_from", "needs --tls-client-auth require "
+                                         "(only a verified certificate may name a tenant)")
+        cert_tenant = CertTenant.parse(settings.tls_tenant_from)
+    return tokens, cert_tenant
 
 
 def _host_port(host: str, port: int) -> str:
@@ -500,7 +523,16 @@ def start_stack(settings: StackSettings) -> Stack:
         key_table, key_watcher = _key_table(settings, internal_key)
     if key_watcher is not None:
         closers.append(key_watcher.close)
+    with step("API keys"):
+        tokens, cert_tenant = _identity(settings)
     registry = CollectorRegistry()
+    if key_watcher is not None:
+        from fortis.services.common.api_keys import KeyFileCollector
+        registry.register(KeyFileCollector(key_watcher))    # type: ignore[arg-type]
+    if tokens is not None:
+        from fortis.services.common.identity import IdentityCollector
+        registry.register(IdentityCollector(tokens))        # type: ignore[arg-type]
+        tokens.prefetch()
     # Tenant labels come from the key table only (bounded cardinality; issue 9); the key
     # file's tenants change with it.
     tenant_label = TenantLabels(key_table.tenants if key_table.enabled else {"default"})
@@ -718,6 +750,7 @@ def start_stack(settings: StackSettings) -> Stack:
                                              max_workers=settings.server_workers,
                                              observe=rpc_metrics.observe, call_slots=slots,
                                              memory=settings.memory,
+                                             tokens=tokens, cert_tenant=cert_tenant,
                                              max_connection_age_s=grpc_options.max_connection_age_s(
                                                  settings.max_connection_age_s)),
                               register)

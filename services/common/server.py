@@ -26,6 +26,7 @@ from fortis.client.errors import from_rpc_error
 from fortis.services.common import errors, grpc_options, limits
 from fortis.services.common.api_keys import KeyTable
 from fortis.services.common.health import HealthServicer as FortisHealthServicer
+from fortis.services.common.identity import AuditLog, CertTenant, Identity, TokenVerifier
 from fortis.services.common.memory import (
     CallHold,
     MemoryBudget,
@@ -46,6 +47,8 @@ log = structlog.get_logger("fortis.server")
 
 #: Metadata key carrying the API key.
 API_KEY_HEADER = "x-api-key"
+#: Metadata key carrying an OpenID Connect / JWT bearer token (``Bearer <jwt>``).
+AUTHORIZATION_HEADER = "authorization"
 #: Metadata key with which an internal service key acts for a tenant.
 TENANT_HEADER = "x-fortis-tenant"
 #: Tenant value of an internal service key (may act for any tenant).
@@ -70,6 +73,9 @@ def request_id_from(metadata: Mapping[str, str]) -> str:
 
 current_tenant: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_tenant", default="")
 current_api_key: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_api_key", default="")
+#: The caller's bearer token, forwarded like its API key when a service calls another on the
+#: caller's behalf (perturbation -> proxy for a query attack) so the callee sees the same tenant.
+current_bearer: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_bearer", default="")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +97,10 @@ class ServerSettings:
     #: Close each connection after this long so clients re-resolve and rebalance (issue 10,
     #: grpc_options); 0: never. Calls in flight are not cut.
     max_connection_age_s: float = grpc_options.DEFAULT_MAX_CONNECTION_AGE_S
+    #: Bearer tokens accepted beside API keys (OIDC issuers, services/common/identity.py).
+    tokens: TokenVerifier | None = None
+    #: The tenant taken from a verified client certificate (``--tls-tenant-from``).
+    cert_tenant: CertTenant | None = None
     #: Decoded bytes per request and per tenant in flight, and the answer's size, checked
     #: before a servicer decodes anything (``services/common/memory.py``). None: unchecked.
     memory: MemoryLimits | None = field(default_factory=MemoryLimits)
@@ -384,17 +394,27 @@ def _aborted(context: grpc.ServicerContext) -> bool:
 
 
 class FortisInterceptor(grpc.ServerInterceptor):
-    """API-key auth (health and reflection exempt), tenant binding, error mapping."""
+    """Auth (health and reflection exempt), tenant binding, error mapping.
+
+    A caller proves who it is with, in this order: an API key (``x-api-key``), a bearer token
+    (``authorization: Bearer <jwt>``, when OIDC issuers are configured), or its verified
+    client certificate (when ``--tls-tenant-from`` is set). Each gives a tenant name; what
+    follows (namespaces, quotas, metrics) does not know which."""
 
     def __init__(self, api_keys: Mapping[str, str] | KeyTable,
                  observe: Observer | None = None, call_slots: CallSlots | None = None,
-                 drain: Drain | None = None, memory: MemoryBudget | None = None) -> None:
+                 drain: Drain | None = None, memory: MemoryBudget | None = None, *,
+                 tokens: TokenVerifier | None = None,
+                 cert_tenant: CertTenant | None = None) -> None:
         # Hashed keys only (issue 9): a plain mapping is hashed here and not kept.
         self._keys = api_keys if isinstance(api_keys, KeyTable) else KeyTable.from_plain(api_keys)
         self._observe = observe
         self._slots = call_slots
         self._drain = drain
         self._memory = memory
+        self._tokens = tokens
+        self._cert_tenant = cert_tenant
+        self._audit = AuditLog()
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
@@ -403,8 +423,10 @@ class FortisInterceptor(grpc.ServerInterceptor):
             return handler
         md = dict(handler_call_details.invocation_metadata or ())
         api_key = md.get(API_KEY_HEADER, "")
+        authorization = md.get(AUTHORIZATION_HEADER, "")
         acting_for = md.get(TENANT_HEADER, "")
         keys = self._keys
+        tokens, cert_tenant, audit = self._tokens, self._cert_tenant, self._audit
         slots = self._slots
         drain = self._drain
         request_id = request_id_from(md)
@@ -427,8 +449,14 @@ class FortisInterceptor(grpc.ServerInterceptor):
             if drain is not None:   # SIGTERM: no new work (UNAVAILABLE), the rest counted
                 drain.enter(context)
             internal = False
-            if not keys.enabled:  # auth disabled (single-user local mode)
-                tenant = acting_for or "default"
+            bearer = ""
+            if not keys.enabled and tokens is None and cert_tenant is None:
+                tenant = acting_for or "default"    # auth disabled (single-user local mode)
+            elif not api_key and (tokens is not None or cert_tenant is not None):
+                ident, bearer = _other_identity(context, authorization, tokens, cert_tenant,
+                                                method)
+                tenant = ident.tenant       # a token or certificate never acts for another
+                audit.note(ident, method, _peer(context))
             else:
                 reason = ""
                 tenant = keys.tenant_of(api_key) if api_key else ""
@@ -446,8 +474,11 @@ class FortisInterceptor(grpc.ServerInterceptor):
                 if tenant == SERVICE_TENANT:
                     tenant = acting_for or "default"
                     internal = True
+                else:
+                    audit.note(Identity(tenant=tenant, kind="api_key"), method, _peer(context))
             current_tenant.set(tenant)
             current_api_key.set(api_key)
+            current_bearer.set(bearer)
             who.update(tenant=tenant, internal=internal)
             structlog.contextvars.bind_contextvars(tenant=tenant)
             if slots is None or internal:
@@ -462,6 +493,36 @@ class FortisInterceptor(grpc.ServerInterceptor):
             return lambda: slots.leave(tenant)
 
         return _wrap_handler(handler, before, method, self._observe, request_id, hold_for)
+
+
+def _other_identity(context: grpc.ServicerContext, authorization: str,
+                    tokens: TokenVerifier | None, cert_tenant: CertTenant | None,
+                    method: str) -> tuple[Identity, str]:
+    """The identity of a call without an API key: its bearer token, else its client
+    certificate; (identity, the token to forward). Refusals are logged with their reason,
+    never with the token."""
+    try:
+        if authorization and tokens is not None:
+            scheme, _, token = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise errors.Unauthenticated(
+                    f"metadata '{AUTHORIZATION_HEADER}' must be 'Bearer <token>'")
+            return tokens.verify(token.strip()), token.strip()
+        if cert_tenant is not None:
+            try:
+                auth = context.auth_context()
+            except Exception:  # noqa: BLE001 - test doubles of the context may lack it
+                auth = {}
+            return cert_tenant.tenant_of(auth), ""
+        raise errors.Unauthenticated(
+            f"missing credentials: send metadata '{API_KEY_HEADER}' or "
+            f"'{AUTHORIZATION_HEADER}: Bearer <token>'")
+    except (errors.Unauthenticated, errors.Unavailable) as exc:
+        kind = "oidc" if authorization and tokens is not None else (
+            "mtls" if cert_tenant is not None else "none")
+        log.warning("auth_failed", method=method, kind=kind, reason=exc.message[:200],
+                    peer=_peer(context))
+        raise
 
 
 def _peer(context: grpc.ServicerContext) -> str:
@@ -696,7 +757,9 @@ def build_server(settings: ServerSettings,
             if cap else settings.max_message_bytes))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers),
                          interceptors=[FortisInterceptor(settings.api_keys, settings.observe,
-                                                       settings.call_slots, drain, memory)],
+                                                       settings.call_slots, drain, memory,
+                                                       tokens=settings.tokens,
+                                                       cert_tenant=settings.cert_tenant)],
                          options=opts)
     health_servicer = FortisHealthServicer()   # no deadlock on Watch close (common/health.py)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -741,9 +804,13 @@ def channel(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 
 
 def call_metadata(api_key: str, tenant: str = "") -> tuple[tuple[str, str], ...]:
+    """Metadata of a call made with ``api_key`` (for ``tenant`` when it is the internal key).
+    Without a key, inside a call that came with a bearer token, that token is forwarded."""
     md: list[tuple[str, str]] = []
     if api_key:
         md.append((API_KEY_HEADER, api_key))
+    elif current_bearer.get():
+        md.append((AUTHORIZATION_HEADER, f"Bearer {current_bearer.get()}"))
     if tenant:
         md.append((TENANT_HEADER, tenant))
     return tuple(md)
