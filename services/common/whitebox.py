@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import structlog
-
 from fortis.services.common.errors import InvalidArgument, PermissionDenied
 
 __all__ = ["ALL_TARGETS", "BUILTIN_TWIN_MODELS", "WhiteboxPolicy", "parse_grants"]
