@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -316,7 +317,7 @@ class MemoryBudget:
         if cfg.max_request_bytes and total > cfg.max_request_bytes:
             alone = [s for s in sizes if s.bytes > cfg.max_request_bytes]
             if alone:
-                s = alone[0]
+                s = min(alone, key=lambda x: _natural(x.field))     # the first, as sent
                 raise QuotaExceeded([QuotaViolation(
                     s.field, f"declares {_mib(s.bytes)} once decoded; at most "
                     f"{_mib(cfg.max_request_bytes)} per request (--max-request-decoded-bytes)")])
@@ -363,6 +364,12 @@ class MemoryBudget:
                 self._held[tenant] = left
             else:
                 self._held.pop(tenant, None)
+
+
+def _natural(field: str) -> tuple[Any, ...]:
+    """Sort key of a field path in the order a caller wrote it (``images[2]`` before
+    ``images[10]``)."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", field))
 
 
 def _nothing() -> None:

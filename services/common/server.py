@@ -687,6 +687,8 @@ class RunningServer:
     health: health.HealthServicer
     address: str
     drain: Drain = field(default_factory=Drain)
+    #: The decoded bytes each tenant's calls hold (None: unchecked).
+    memory: MemoryBudget | None = None
 
     def begin_drain(self, grace: float) -> None:
         """First step of a graceful stop (issue 10, SIGTERM): health NOT_SERVING at once (to
@@ -785,7 +787,7 @@ def build_server(settings: ServerSettings,
     log.info("server started", address=address, services=names[len(REFLECTION_SERVICES) + 1:],
              tls="off" if settings.tls is None else f"client_auth={settings.tls.client_auth}")
     return RunningServer(server=server, port=port, health=health_servicer, address=address,
-                         drain=drain)
+                         drain=drain, memory=memory)
 
 
 def channel(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,

@@ -101,6 +101,13 @@ def judge_status(code: int, message: str, details: Sequence[Any], inputs: Sequen
     echoed = echo_of(message, inputs)
     if echoed:
         problems.append(f"{where}: message echoes >= {echoed} characters of the input")
+    if code == code_pb2.RESOURCE_EXHAUSTED and details:
+        # Fortis's own refusals (budgets, quotas, decoded sizes) name what was limited.
+        subjects = [v.subject for d in details if d.Is(error_details_pb2.QuotaFailure.DESCRIPTOR)
+                    for v in _unpack_quota_failure(d).violations]
+        if not subjects or not all(subjects):
+            problems.append(f"{where}: RESOURCE_EXHAUSTED without a QuotaFailure subject: "
+                            f"{message[:200]!r}")
     if code == code_pb2.INVALID_ARGUMENT:
         fields = [v.field for d in details if d.Is(error_details_pb2.BadRequest.DESCRIPTOR)
                   for v in _unpack_bad_request(d).field_violations]
@@ -108,6 +115,12 @@ def judge_status(code: int, message: str, details: Sequence[Any], inputs: Sequen
             problems.append(f"{where}: INVALID_ARGUMENT without a BadRequest field: "
                             f"{message[:200]!r}")
     return problems
+
+
+def _unpack_quota_failure(a: Any) -> error_details_pb2.QuotaFailure:
+    m = error_details_pb2.QuotaFailure()
+    a.Unpack(m)
+    return m
 
 
 def _unpack_bad_request(a: Any) -> error_details_pb2.BadRequest:

@@ -188,6 +188,11 @@ ENCODED = (png_header(100000, 100000), png_header(20000, 20000), png_header(0, 0
            png_header(28, 28, colour=6), jpeg_header(65500, 65500), jpeg_header(0, 0),
            jpeg_header(65535, 65535), SMALL_PNG, SMALL_PNG[:40], b"\x89PNG\r\n\x1a\n",
            b"\xff\xd8\xff", b"GIF89a" + b"\x00" * 20, b"", b"\x00" * 100, b"BM" + b"\xff" * 60)
+#: Headers within the pixel limit that decode large (36 MB grey, 108 MB RGB, 144 MB RGBA):
+#: a few of them pass each image's check but not the request's decoded-size budget
+#: (services/common/memory.py), refused from the headers alone.
+LARGE_ENCODED = (png_header(6000, 6000), png_header(6000, 6000, colour=2),
+                 png_header(6000, 6000, colour=6), jpeg_header(6000, 6000))
 
 
 @st.composite
@@ -204,8 +209,17 @@ def images(draw: st.DrawFn) -> common_pb2.Image:
     return img                                     # kind 3: no content at all
 
 
+@st.composite
+def large_image_lists(draw: st.DrawFn) -> list[common_pb2.Image]:
+    """Up to 32 images whose headers declare large (each valid alone), as the memory
+    amplification was sent: many small messages decoding to gigabytes."""
+    data = draw(st.sampled_from(LARGE_ENCODED))
+    return [common_pb2.Image(image_id=f"big-{i}", encoded=data)
+            for i in range(draw(st.integers(1, 32)))]
+
+
 def image_lists(max_size: int = 4) -> st.SearchStrategy[list[common_pb2.Image]]:
-    return st.lists(images(), max_size=max_size)
+    return st.one_of(st.lists(images(), max_size=max_size), large_image_lists())
 
 
 # -- structured documents ---------------------------------------------------------------------
