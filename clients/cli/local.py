@@ -305,6 +305,28 @@ def _tls_settings(ns: argparse.Namespace) -> Any:
                        client_auth=ns.tls_client_auth, server_name=ns.tls_server_name or "")
 
 
+def _identity_options(ns: argparse.Namespace) -> tuple[list[Any], str]:
+    """``fortis serve``'s OIDC issuers and ``--tls-tenant-from``, each flag falling back to
+    its environment variable (the Helm chart's ConfigMap can set them)."""
+    from fortis.services.common.identity import parse_issuer_spec
+
+    env = os.environ.get
+    specs = getattr(ns, "oidc_issuer", None) or env("FORTIS_OIDC_ISSUER", "").split()
+    audiences = getattr(ns, "oidc_audience", None) or env("FORTIS_OIDC_AUDIENCE", "").split()
+    defaults = {"audiences": audiences,
+                "tenant_claim": getattr(ns, "oidc_tenant_claim", None)
+                or env("FORTIS_OIDC_TENANT_CLAIM", ""),
+                "jwks_url": getattr(ns, "oidc_jwks_url", None) or env("FORTIS_OIDC_JWKS_URL", ""),
+                "ca_file": getattr(ns, "oidc_ca_file", None) or env("FORTIS_OIDC_CA_FILE", "")}
+    if defaults["jwks_url"] and len(specs) > 1:
+        from fortis.services.common.errors import InvalidArgument
+        raise InvalidArgument("oidc_jwks_url", "with several issuers, give each its own "
+                              "(--oidc-issuer URL,jwks-url=...)")
+    issuers = [parse_issuer_spec(s, **defaults) for s in specs]
+    tenant_from = getattr(ns, "tls_tenant_from", None) or env("FORTIS_TLS_TENANT_FROM", "")
+    return issuers, tenant_from
+
+
 def _executor_settings(ns: argparse.Namespace) -> dict[str, Any]:
     """StackSettings of the work fan-out (issue 10): --executor, --worker-processes, --job-*."""
     from fortis.services.common.errors import InvalidArgument
@@ -373,8 +395,10 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             keys = parse_api_keys(os.environ.get("FORTIS_API_KEYS", ""), "FORTIS_API_KEYS")
             for k in ns.api_key or []:
                 keys += parse_api_keys(k, "api_key")
+        with step("API keys"):
+            oidc, tenant_from = _identity_options(ns)
         generated = ""
-        if not keys and not ns.api_keys_file and not ns.no_auth:
+        if not keys and not ns.api_keys_file and not ns.no_auth and not oidc and not tenant_from:
             generated = new_api_key()
             keys = parse_api_keys(f"{generated}=default")
         with step("options"):
@@ -398,6 +422,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                 address=ns.address, state_dir=_state_dir(ns), key_entries=keys, targets=targets,
                 api_keys_file=Path(ns.api_keys_file) if ns.api_keys_file else None,
                 api_keys_reload_s=max(0.0, float(ns.api_keys_reload)), tls=tls,
+                oidc_issuers=oidc, tls_tenant_from=tenant_from,
                 only=ns.service or "", proxy_address=ns.proxy_address or "",
                 perturbation_address=ns.perturbation_address or "",
                 scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",

@@ -126,6 +126,29 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--api-keys-reload", type=float, default=2.0, metavar="SECONDS",
                     help="how often the key file is checked for changes (default 2; 0: "
                          "only on SIGHUP)")
+    sp.add_argument("--oidc-issuer", action="append", metavar="URL[,KEY=VALUE...]",
+                    help="accept bearer tokens (authorization: Bearer <jwt>) of this OpenID "
+                    "Connect issuer, e.g. the corporate IdP or the Kubernetes API server's "
+                    "service-account issuer (repeatable; also $FORTIS_OIDC_ISSUER, several "
+                    "separated by spaces). Per issuer, overriding the flags below: "
+                    "audience=A, tenant-claim=C, jwks-url=U, ca-file=F, algorithms=RS256:ES256, "
+                    "leeway=S")
+    sp.add_argument("--oidc-audience", action="append", metavar="AUD",
+                    help="the audience (aud) tokens must be made for (repeatable; also "
+                    "$FORTIS_OIDC_AUDIENCE)")
+    sp.add_argument("--oidc-tenant-claim", metavar="CLAIM",
+                    help="the claim naming the tenant, dotted for nested claims (e.g. "
+                    "kubernetes.io.namespace; also $FORTIS_OIDC_TENANT_CLAIM)")
+    sp.add_argument("--oidc-jwks-url", metavar="URL",
+                    help="the issuer's JWKS (default: jwks_uri of its "
+                    "/.well-known/openid-configuration; also $FORTIS_OIDC_JWKS_URL)")
+    sp.add_argument("--oidc-ca-file", metavar="FILE",
+                    help="CA bundle verifying the JWKS host (default: the system's; also "
+                    "$FORTIS_OIDC_CA_FILE)")
+    sp.add_argument("--tls-tenant-from", metavar="CN|O|SAN-URI=PREFIX",
+                    help="take the tenant of a call without an API key or token from its "
+                    "verified client certificate (needs --tls-client-auth require; also "
+                    "$FORTIS_TLS_TENANT_FROM)")
     sp.add_argument("--tls-cert", metavar="FILE", help="serve TLS only, with this certificate "
                     "(PEM; re-read when it changes)")
     sp.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
