@@ -52,7 +52,7 @@ def _pem_key(key: Any) -> bytes:
 class Ca:
     def __init__(self) -> None:
         self.key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         self.name = _name("fortis test CA")
         self.cert = (x509.CertificateBuilder().subject_name(self.name).issuer_name(self.name)
                      .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
@@ -66,7 +66,7 @@ class Ca:
 
     def leaf(self, subject: x509.Name, sans: list[x509.GeneralName], *, server: bool) -> Leaf:
         key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         b = (x509.CertificateBuilder().subject_name(subject).issuer_name(self.name)
              .public_key(key.public_key()).serial_number(x509.random_serial_number())
              .not_valid_before(now - dt.timedelta(minutes=5))
