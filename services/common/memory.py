@@ -48,8 +48,8 @@ from fortis.services.common.errors import QuotaExceeded, QuotaViolation
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-__all__ = ["CallHold", "MemoryBudget", "MemoryLimits", "Sized", "decoded_sizes", "holding",
-           "image_bytes", "response_bytes"]
+__all__ = ["CallHold", "MemoryBudget", "MemoryLimits", "Sized", "check_answer", "decoded_sizes",
+           "holding", "image_bytes", "response_bytes"]
 
 _IMAGE: Final = "fortis.common.v1.Image"
 _TENSOR: Final = "fortis.common.v1.Tensor"
@@ -442,6 +442,25 @@ def holding(msg: Message) -> Iterator[None]:
         yield
     finally:
         release()
+
+
+def check_answer(msg: Message, bytes_per_pixel: int) -> None:
+    """Refuse, before any work, a request whose answer would carry ``bytes_per_pixel`` for
+    every pixel of its images (a segmentation target's class maps and probabilities) and so
+    be past the largest message: QuotaExceeded naming ``images``. Only the servicer knows the
+    answer's form (the target's task); no budget installed: nothing is checked."""
+    hold = current_hold.get()
+    limit = hold.budget.settings.max_response_bytes if hold is not None else 0
+    if not limit or bytes_per_pixel <= 0:
+        return
+    sizes = [s for s in decoded_sizes(msg) if s.hwc is not None]
+    n = sum(h * w * bytes_per_pixel + _ANSWER_OVERHEAD
+            for h, w, _ in (s.hwc for s in sizes if s.hwc is not None))
+    if n > limit:
+        raise QuotaExceeded([QuotaViolation(
+            sizes[0].top, f"the answer would be about {_mib(n)} ({bytes_per_pixel} bytes a "
+            f"pixel), more than the largest message of {_mib(limit)} (--max-message-bytes); "
+            "nothing was sent: send fewer or smaller images in each request")])
 
 
 def stream_holding(hold: CallHold, requests: Iterator[Any]) -> Iterator[Any]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from fortis.common.v1 import common_pb2
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors, limits
 from fortis.services.common.codec import add_messages
-from fortis.services.common.memory import holding
+from fortis.services.common.limits import SEGMENTATION_ANSWER_BYTES_PER_PIXEL
+from fortis.services.common.memory import check_answer, holding
 from fortis.services.common.pagination import (
     decode_token,
     encode_token,
@@ -83,7 +85,18 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         rec = self.proxy.session(current_tenant.get(), request.session_id)
         return proxy_pb2.GetSessionResponse(session=self._session_msg(rec))
 
+    def _check_answer(self, tenant: str, request: Any) -> None:
+        """A segmentation target answers per pixel: an answer past the largest message is
+        refused before anything is sent to the target (or charged to the session)."""
+        if not request.images or not request.session_id:
+            return                      # predict names what is missing
+        rec = self.proxy.session(tenant, request.session_id)
+        if self.proxy.target_info(rec.target, tenant).task_type == \
+                common_pb2.TASK_TYPE_SEGMENTATION:
+            check_answer(request, SEGMENTATION_ANSWER_BYTES_PER_PIXEL)
+
     def Predict(self, request: Any, context: Any) -> proxy_pb2.PredictResponse:
+        self._check_answer(current_tenant.get(), request)
         res = self.proxy.predict(tenant=current_tenant.get(), session_id=request.session_id,
                                  origin=request.origin, images=request.images,
                                  should_stop=caller_stop(context.is_active,
@@ -100,6 +113,7 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
             try:
                 limits.check_message(req)   # in band: the stream goes on (issue 9 limits)
                 with holding(req):          # its decoded size, held while it is answered
+                    self._check_answer(tenant, req)
                     res = self.proxy.predict(tenant=tenant, session_id=req.session_id,
                                              origin=req.origin, images=req.images,
                                              should_stop=should_stop)

@@ -8,8 +8,8 @@ PNGs made here, called through the generated stubs alone (no fortis.client SDK).
   3 GiB and the work was refused only once done);
 - with small limits on an in-process stack: a request just under the per-request limit
   works, one more image is refused naming ``images``, one image alone past it names
-  ``images[k]``; an answer past the message limit (RunAttack's adversarials) is refused
-  before the work, naming the image; Compute arrays and report examples are sized the same;
+  ``images[k]``; an answer past the message limit (RunAttack's adversarials, a segmenter's
+  per-pixel answers through the proxy) is refused before the work, naming the field; Compute arrays and report examples are sized the same;
   a bidirectional stream answers a refusal in band and goes on;
 - a tenant's second large call is refused while its first one holds the budget (blocked at a
   gated target), another tenant's call of the same size goes through;
@@ -208,15 +208,44 @@ def gated() -> Iterator[tuple[GatedTarget, str]]:
     server.stop(0)
 
 
+class SegmentationTarget(target_pb2_grpc.TargetServiceServicer):
+    """A segmenter (its answers are per pixel) that counts the calls it receives."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def GetTargetInfo(self, request: Any, context: Any) -> target_pb2.GetTargetInfoResponse:
+        return target_pb2.GetTargetInfoResponse(info=target_pb2.TargetInfo(
+            name="seg", task_type=common_pb2.TASK_TYPE_SEGMENTATION, labels=["bg", "fg"],
+            output_kind=common_pb2.OUTPUT_KIND_FULL_SCORES,
+            input=target_pb2.InputSpec(height=SIDE, width=SIDE, channels=1, max_batch_size=64)))
+
+    def Predict(self, request: Any, context: Any) -> target_pb2.PredictResponse:
+        self.calls += 1
+        context.abort(grpc.StatusCode.UNAVAILABLE, "not expected in this test")
+
+
 @pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory, gated: tuple[GatedTarget, str]
-          ) -> Iterator[Any]:
+def seg() -> Iterator[tuple[SegmentationTarget, str]]:
+    servicer = SegmentationTarget()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory, gated: tuple[GatedTarget, str],
+          seg: tuple[SegmentationTarget, str]) -> Iterator[Any]:
     from fortis.services.app import StackSettings, TargetConfig, start_stack
     from fortis.services.common.memory import MemoryLimits
     s = start_stack(StackSettings(
         state_dir=tmp_path_factory.mktemp("small") / "state",
         api_keys={API_KEY: "tenant-a", OTHER_KEY: "tenant-b"},
-        targets=[TargetConfig.parse(f"gated=grpc://{gated[1]}")],
+        targets=[TargetConfig.parse(f"gated=grpc://{gated[1]}"),
+                 TargetConfig.parse(f"seg=grpc://{seg[1]}")],
         max_message_bytes=MESSAGE_LIMIT, evaluation_workers=1,
         memory=MemoryLimits(max_request_bytes=REQUEST_LIMIT, max_tenant_bytes=TENANT_LIMIT)))
     yield s
@@ -268,6 +297,27 @@ def test_an_answer_past_the_message_limit_is_refused_before_the_work(ch: grpc.Ch
     why = _refused(lambda: list(pert.RunAttack(req, metadata=MD, timeout=60)),
                    "images[0].image")
     assert "largest message" in why and time.perf_counter() - t0 < 10
+
+
+def test_a_segmenters_answer_past_the_message_limit_is_refused_before_it_is_asked(
+        ch: grpc.Channel, seg: tuple[SegmentationTarget, str]) -> None:
+    """A segmentation answer is about 8 bytes a pixel (class map and probabilities): one
+    600x600 image would answer 2.9 MB, past the 2 MiB message limit though its request
+    (360 KB decoded) is under every limit. Refused with nothing sent or charged."""
+    proxy = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+    proxy.CreateSession(proxy_pb2.CreateSessionRequest(target="seg", session_id="seg"),
+                        metadata=MD, timeout=30)
+    why = _refused(lambda: proxy.Predict(proxy_pb2.PredictRequest(
+        session_id="seg", images=_images(_png(600, 600), 1)), metadata=MD, timeout=60),
+        "images")
+    assert "largest message" in why
+    stream = list(proxy.PredictStream(iter([proxy_pb2.PredictStreamRequest(
+        request_id="r", session_id="seg", images=_images(_png(600, 600), 1))]),
+        metadata=MD, timeout=60))
+    assert stream[0].error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    stats = proxy.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id="seg"),
+                                  metadata=MD, timeout=30)
+    assert seg[0].calls == 0 and stats.queries_attempted == 0
 
 
 def test_compute_arrays_and_report_examples_are_sized_too(ch: grpc.Channel) -> None:
