@@ -185,6 +185,8 @@ def decoded_sizes(msg: Message) -> list[Sized]:
     """Every image and tensor of a request with its decoded size, from headers and shapes
     alone. Iterative (a deeply nested message must not exhaust the stack)."""
     out: list[Sized] = []
+    if not isinstance(msg, Message):
+        return out                  # raw bytes of a handler without a deserializer
     if msg.DESCRIPTOR.full_name == _UPLOAD:
         # An upload's chunk is held while it is hashed and written (its image is checked
         # from its header by the blob store, and decoded only by a later request).

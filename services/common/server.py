@@ -249,6 +249,8 @@ def _bounded(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
         if isinstance(request, Message):
             limits.check_message(request)
             return request
+        if isinstance(request, (bytes, bytearray)):
+            return request          # a raw handler (no deserializer): nothing typed to bound
         return (limits.checked(message) for message in request)
     return run
 
