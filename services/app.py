@@ -297,6 +297,52 @@ class Stack:
         return busy
 
 
+class _ProxyBuiltinTargets(Mapping[str, Sequence[str]]):
+    """Built-in model -> the proxy's targets serving it, asked of the proxy over its contract
+    (``ListBuiltinTargets``, with the internal key) and kept a minute: the proxy's targets
+    change only when it restarts. A proxy that cannot be asked fails the check (UNAVAILABLE),
+    so no surrogate is let through because the answer was missing."""
+
+    TTL_S = 60.0
+
+    def __init__(self, stub: Any, internal_key: str) -> None:
+        self._stub_factory = stub
+        self._stub: Any = None
+        self._key = internal_key
+        self._cache: dict[str, list[str]] = {}
+        self._at = float("-inf")
+
+    def _table(self) -> dict[str, list[str]]:
+        now = time.monotonic()
+        if now - self._at > self.TTL_S:
+            import grpc
+            from fortis.proxy.v1 import proxy_pb2
+            from fortis.services.common.server import call_metadata
+            if self._stub is None:
+                self._stub = self._stub_factory()
+            try:
+                resp = self._stub.ListBuiltinTargets(proxy_pb2.ListBuiltinTargetsRequest(),
+                                                     metadata=call_metadata(self._key),
+                                                     timeout=10)
+            except grpc.RpcError as exc:
+                log.warning("builtin_targets_unavailable", code=str(exc.code()))
+                raise errors.Unavailable(
+                    "the target proxy could not be asked which targets share a surrogate's "
+                    "weights; try again") from None
+            self._cache = {m.model: list(m.targets) for m in resp.models}
+            self._at = now
+        return self._cache
+
+    def __getitem__(self, model: str) -> Sequence[str]:
+        return self._table()[model]
+
+    def __iter__(self) -> Any:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
 def local_catalogue() -> Any:
     """The catalogue as the evaluation service sees it, built in-process from the perturbation
     service's own List answers (for `fortis validate` without a server)."""
@@ -600,7 +646,8 @@ def start_stack(settings: StackSettings) -> Stack:
                                        limiter=RateLimiter(
                                            t.images_per_second, key=f"target:{t.name}",
                                            store=redis_store and redis_store.limiter),
-                                       tenants=t.tenants, max_batch=t.max_batch))
+                                       tenants=t.tenants, max_batch=t.max_batch,
+                                       builtin_model=t.builtin or ""))
         with step("state"):
             ledger = pg_ledger if pg_ledger is not None else Ledger(
                 state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
@@ -688,8 +735,11 @@ def start_stack(settings: StackSettings) -> Stack:
                 served.setdefault(t.builtin, []).append(t.name)
         whitebox = WhiteboxPolicy(
             grants=settings.whitebox_grants, builtin_models=tuple(BUILTIN_MODELS),
-            # no target configuration here (a perturbation service alone): fail closed
-            builtin_targets=served if (settings.targets or "proxy" in wanted) else None,
+            # Run apart from the proxy, this service asks it which targets serve each
+            # built-in model (the targets are the proxy's configuration, not this one's).
+            builtin_targets=served if (settings.targets or "proxy" in wanted)
+            else _ProxyBuiltinTargets(lambda: proxy_pb2_grpc.TargetProxyServiceStub(
+                lazy_channel(addr("proxy", settings.proxy_address))), internal_key),
             declared_twins=lambda name: () if name in BUILTIN_MODELS
             else operator_surrogates.twin_of(name))
 

@@ -76,6 +76,9 @@ current_api_key: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_ap
 #: The caller's bearer token, forwarded like its API key when a service calls another on the
 #: caller's behalf (perturbation -> proxy for a query attack) so the callee sees the same tenant.
 current_bearer: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_bearer", default="")
+#: True when the call came with the internal service key (one Fortis service calling another).
+current_internal: contextvars.ContextVar[bool] = contextvars.ContextVar("fortis_internal",
+                                                                        default=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -481,6 +484,7 @@ class FortisInterceptor(grpc.ServerInterceptor):
             current_tenant.set(tenant)
             current_api_key.set(api_key)
             current_bearer.set(bearer)
+            current_internal.set(internal)
             who.update(tenant=tenant, internal=internal)
             structlog.contextvars.bind_contextvars(tenant=tenant)
             if slots is None or internal:

@@ -59,10 +59,11 @@ def parse_grants(texts: Iterable[str], where: str = "whitebox_grant"
 class WhiteboxPolicy:
     """Who may use which twin surrogate.
 
-    ``builtin_targets``: built-in model -> the names of this server's targets serving it;
-    None when this process has no target configuration (a perturbation service run alone
-    without ``--target``): then every built-in model counts as a twin of a target of its own
-    name, so nothing opens by a missing flag. ``declared_twins``: an operator surrogate's
+    ``builtin_targets``: built-in model -> the names of this server's targets serving it
+    (a perturbation service run apart from the proxy passes a mapping that asks the proxy;
+    its lookups may raise Unavailable, which fails the check); None when nothing can tell:
+    then every built-in model counts as a twin of a target of its own name, so nothing opens
+    by a missing answer. ``declared_twins``: an operator surrogate's
     ``twin_of`` targets (empty for other names)."""
 
     grants: Mapping[str, frozenset[str]] = field(default_factory=dict)

@@ -204,6 +204,8 @@ class TargetEntry:
     max_batch: int = 64
     #: Tenants allowed to use this target; empty = every tenant.
     tenants: frozenset[str] = frozenset()
+    #: The built-in model this target serves (``builtin:<model>``); "" for any other target.
+    builtin_model: str = ""
     #: The target's own ``max_batch_size`` (0: it declares none), read from its info on the
     #: first call that needs it; None until then.
     declared_batch: int | None = None
@@ -346,6 +348,15 @@ class TargetProxy:
     def visible_targets(self, tenant: str) -> list[TargetEntry]:
         """The targets ``tenant`` may use, by name (what ListTargets shows it)."""
         return sorted((t for t in self.targets.values() if t.allows(tenant)), key=lambda t: t.name)
+
+    def builtin_targets(self) -> dict[str, list[str]]:
+        """Built-in model -> the names of every target serving it (all tenants' targets: a
+        twin surrogate is white-box access to the model whoever may query it)."""
+        out: dict[str, list[str]] = {}
+        for t in sorted(self.targets.values(), key=lambda t: t.name):
+            if t.builtin_model:
+                out.setdefault(t.builtin_model, []).append(t.name)
+        return out
 
     def target_info(self, name: str, tenant: str | None = None) -> target_pb2.TargetInfo:
         """The target's description, with the largest batch the proxy sends it in one call

@@ -22,7 +22,7 @@ from fortis.services.common.pagination import (
     page_size,
     tenant_list,
 )
-from fortis.services.common.server import current_tenant
+from fortis.services.common.server import current_internal, current_tenant
 from fortis.services.common.status import status_for
 from fortis.services.common.stopping import caller_stop
 from fortis.services.target_proxy.ledger import SessionRecord
@@ -69,6 +69,15 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         return proxy_pb2.ListTargetsResponse(targets=[
             proxy_pb2.TargetSummary(name=t.name, images_per_second=t.limiter.limit)
             for t in page], next_page_token=token)
+
+    def ListBuiltinTargets(self, request: Any, context: Any
+                           ) -> proxy_pb2.ListBuiltinTargetsResponse:
+        if not current_internal.get():
+            raise errors.PermissionDenied("ListBuiltinTargets is for Fortis's own services "
+                                          "(the internal service key)")
+        return proxy_pb2.ListBuiltinTargetsResponse(models=[
+            proxy_pb2.BuiltinModelTargets(model=m, targets=names)
+            for m, names in sorted(self.proxy.builtin_targets().items())])
 
     def GetTargetInfo(self, request: Any, context: Any) -> proxy_pb2.GetTargetInfoResponse:
         return proxy_pb2.GetTargetInfoResponse(

@@ -12,6 +12,7 @@ partial grant, a surrogate that is no twin, and an operator surrogate declared `
 from __future__ import annotations
 
 import json
+import time
 import logging
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
@@ -228,3 +229,49 @@ def test_operator_surrogate_declared_twin(tmp_path):
     # twin_of is no field of the model's definition: the manifest still reads
     (tmp_path / "m.pt").write_bytes(b"PK")
     assert ops.spec("twin")[0].name == "twin"
+
+
+def test_perturbation_service_apart_asks_the_proxy(tmp_path, fmnist_test_images, fmnist_target,
+                                                   fmnist_surrogate):
+    """The perturbation service run alone (its pods apart from the proxy's) has no target
+    configuration: it asks the proxy, with the internal key, which targets serve each built-in
+    model (``ListBuiltinTargets``). A twin still needs the grant; a surrogate no target serves
+    (the demo's ``fmnist-surrogate``) needs none; a proxy that cannot be asked refuses the
+    twin with UNAVAILABLE rather than letting it through."""
+    keys = {API_KEY: "tenant-a", OTHER_KEY: "tenant-b"}
+    proxy = start_stack(StackSettings(
+        state_dir=tmp_path / "proxy", api_keys=keys, only="proxy", internal_key="ik-apart",
+        targets=[TargetConfig.parse(t) for t in TARGETS]))
+    pert = start_stack(StackSettings(
+        state_dir=tmp_path / "pert", api_keys=keys, only="perturbation", internal_key="ik-apart",
+        proxy_address=proxy.address,
+        whitebox_grants={"tenant-a": frozenset({"fmnist-cnn", "fmnist-cnn-label"})}))
+    ch = grpc.insecure_channel(pert.address)
+    pt = pt_grpc.PerturbationServiceStub(ch)
+    images, _ = fmnist_test_images
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            _label_oracle(pt, OTHER_MD, images[:1])
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert _refused_field(info.value) == "surrogate"
+        assert all(v is not None for v in _label_oracle(pt, MD, images[:1])[0])
+        assert all(v is not None for v in _label_oracle(pt, OTHER_MD, images[:1],
+                                                         surrogate="fmnist-surrogate")[0])
+        proxy.stop(0)
+        time.sleep(0.5)
+        # a fresh perturbation service (nothing cached) with the proxy gone
+        pert2 = start_stack(StackSettings(
+            state_dir=tmp_path / "pert2", api_keys=keys, only="perturbation",
+            internal_key="ik-apart", proxy_address=proxy.address))
+        try:
+            pt2 = pt_grpc.PerturbationServiceStub(grpc.insecure_channel(pert2.address))
+            with pytest.raises(grpc.RpcError) as info:
+                _label_oracle(pt2, OTHER_MD, images[:1])
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+            assert proxy.address not in info.value.details()
+        finally:
+            pert2.stop(0)
+    finally:
+        ch.close()
+        pert.stop(0)
+        proxy.stop(0)

@@ -79,6 +79,11 @@ class TargetProxyServiceStub:
                 request_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesRequest.SerializeToString,
                 response_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesResponse.FromString,
                 _registered_method=True)
+        self.ListBuiltinTargets = channel.unary_unary(
+                '/fortis.proxy.v1.TargetProxyService/ListBuiltinTargets',
+                request_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListBuiltinTargetsRequest.SerializeToString,
+                response_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListBuiltinTargetsResponse.FromString,
+                _registered_method=True)
 
 
 class TargetProxyServiceServicer:
@@ -147,6 +152,16 @@ class TargetProxyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListBuiltinTargets(self, request, context):
+        """For Fortis's own services only (the internal key; a tenant's call is PERMISSION_DENIED):
+        which of this proxy's targets serve each built-in model. The perturbation service, run
+        apart from the proxy, asks it to tell a surrogate that is a target's twin (white-box
+        access is granted per target); tenants never learn which model a target runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetProxyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -189,6 +204,11 @@ def add_TargetProxyServiceServicer_to_server(servicer, server):
                     servicer.ListLedgerEntries,
                     request_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesRequest.FromString,
                     response_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesResponse.SerializeToString,
+            ),
+            'ListBuiltinTargets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBuiltinTargets,
+                    request_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListBuiltinTargetsRequest.FromString,
+                    response_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListBuiltinTargetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -412,6 +432,33 @@ class TargetProxyService:
             '/fortis.proxy.v1.TargetProxyService/ListLedgerEntries',
             fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesRequest.SerializeToString,
             fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBuiltinTargets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fortis.proxy.v1.TargetProxyService/ListBuiltinTargets',
+            fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListBuiltinTargetsRequest.SerializeToString,
+            fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListBuiltinTargetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
