@@ -209,6 +209,8 @@ class TargetEntry:
     #: The target's own ``max_batch_size`` (0: it declares none), read from its info on the
     #: first call that needs it; None until then.
     declared_batch: int | None = None
+    #: The task the target declares (a TaskType value), read once; None until then.
+    task_type: int | None = None
 
     def allows(self, tenant: str) -> bool:
         return not self.tenants or tenant in self.tenants
@@ -357,6 +359,18 @@ class TargetProxy:
             if t.builtin_model:
                 out.setdefault(t.builtin_model, []).append(t.name)
         return out
+
+    def task_type(self, name: str, tenant: str | None = None) -> int:
+        """The target's task as it describes itself, asked once without retries; 0 (unknown)
+        when it cannot answer now: a target that is down then fails the query itself, with
+        its attempts in the ledger, rather than failing before anything is recorded."""
+        entry = self.target(name, tenant)
+        if entry.task_type is None:
+            try:
+                entry.task_type = int(entry.backend.info().task_type)
+            except errors.FortisError:
+                return 0
+        return entry.task_type
 
     def target_info(self, name: str, tenant: str | None = None) -> target_pb2.TargetInfo:
         """The target's description, with the largest batch the proxy sends it in one call

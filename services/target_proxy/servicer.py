@@ -100,8 +100,7 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         if not request.images or not request.session_id:
             return                      # predict names what is missing
         rec = self.proxy.session(tenant, request.session_id)
-        if self.proxy.target_info(rec.target, tenant).task_type == \
-                common_pb2.TASK_TYPE_SEGMENTATION:
+        if self.proxy.task_type(rec.target, tenant) == common_pb2.TASK_TYPE_SEGMENTATION:
             check_answer(request, SEGMENTATION_ANSWER_BYTES_PER_PIXEL)
 
     def Predict(self, request: Any, context: Any) -> proxy_pb2.PredictResponse:
