@@ -12,8 +12,8 @@ partial grant, a surrogate that is no twin, and an operator surrogate declared `
 from __future__ import annotations
 
 import json
-import time
 import logging
+import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
