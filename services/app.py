@@ -299,7 +299,7 @@ class Stack:
 
 class _ProxyBuiltinTargets(Mapping[str, Sequence[str]]):
     """Built-in model -> the proxy's targets serving it, asked of the proxy over its contract
-    (``ListBuiltinTargets``, with the internal key) and kept a minute: the proxy's targets
+    (``GetBuiltinTargets``, with the internal key) and kept a minute: the proxy's targets
     change only when it restarts. A proxy that cannot be asked fails the check (UNAVAILABLE),
     so no surrogate is let through because the answer was missing."""
 
@@ -321,7 +321,7 @@ class _ProxyBuiltinTargets(Mapping[str, Sequence[str]]):
             if self._stub is None:
                 self._stub = self._stub_factory()
             try:
-                resp = self._stub.ListBuiltinTargets(proxy_pb2.ListBuiltinTargetsRequest(),
+                resp = self._stub.GetBuiltinTargets(proxy_pb2.GetBuiltinTargetsRequest(),
                                                      metadata=call_metadata(self._key),
                                                      timeout=10)
             except grpc.RpcError as exc:

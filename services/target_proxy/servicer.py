@@ -70,12 +70,12 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
             proxy_pb2.TargetSummary(name=t.name, images_per_second=t.limiter.limit)
             for t in page], next_page_token=token)
 
-    def ListBuiltinTargets(self, request: Any, context: Any
-                           ) -> proxy_pb2.ListBuiltinTargetsResponse:
+    def GetBuiltinTargets(self, request: Any, context: Any
+                           ) -> proxy_pb2.GetBuiltinTargetsResponse:
         if not current_internal.get():
-            raise errors.PermissionDenied("ListBuiltinTargets is for Fortis's own services "
+            raise errors.PermissionDenied("GetBuiltinTargets is for Fortis's own services "
                                           "(the internal service key)")
-        return proxy_pb2.ListBuiltinTargetsResponse(models=[
+        return proxy_pb2.GetBuiltinTargetsResponse(models=[
             proxy_pb2.BuiltinModelTargets(model=m, targets=names)
             for m, names in sorted(self.proxy.builtin_targets().items())])
 

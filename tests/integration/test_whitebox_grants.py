@@ -235,7 +235,7 @@ def test_perturbation_service_apart_asks_the_proxy(tmp_path, fmnist_test_images,
                                                    fmnist_surrogate):
     """The perturbation service run alone (its pods apart from the proxy's) has no target
     configuration: it asks the proxy, with the internal key, which targets serve each built-in
-    model (``ListBuiltinTargets``). A twin still needs the grant; a surrogate no target serves
+    model (``GetBuiltinTargets``). A twin still needs the grant; a surrogate no target serves
     (the demo's ``fmnist-surrogate``) needs none; a proxy that cannot be asked refuses the
     twin with UNAVAILABLE rather than letting it through."""
     keys = {API_KEY: "tenant-a", OTHER_KEY: "tenant-b"}

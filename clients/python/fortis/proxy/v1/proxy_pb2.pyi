@@ -14,11 +14,11 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class ListBuiltinTargetsRequest(_message.Message):
+class GetBuiltinTargetsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
-class ListBuiltinTargetsResponse(_message.Message):
+class GetBuiltinTargetsResponse(_message.Message):
     __slots__ = ("models",)
     MODELS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[BuiltinModelTargets]

@@ -30,7 +30,8 @@ class TargetProxyServiceStub:
 
     Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
     Sessions and ledger entries belong to the tenant that created them: another tenant's id
-    behaves as an unknown one (NOT_FOUND).
+    behaves as an unknown one (NOT_FOUND). GetBuiltinTargets answers Fortis's own services
+    only (the internal service key).
     """
 
     def __init__(self, channel):
@@ -79,10 +80,10 @@ class TargetProxyServiceStub:
                 request_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesRequest.SerializeToString,
                 response_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesResponse.FromString,
                 _registered_method=True)
-        self.ListBuiltinTargets = channel.unary_unary(
-                '/fortis.proxy.v1.TargetProxyService/ListBuiltinTargets',
-                request_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListBuiltinTargetsRequest.SerializeToString,
-                response_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListBuiltinTargetsResponse.FromString,
+        self.GetBuiltinTargets = channel.unary_unary(
+                '/fortis.proxy.v1.TargetProxyService/GetBuiltinTargets',
+                request_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsRequest.SerializeToString,
+                response_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsResponse.FromString,
                 _registered_method=True)
 
 
@@ -91,7 +92,8 @@ class TargetProxyServiceServicer:
 
     Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
     Sessions and ledger entries belong to the tenant that created them: another tenant's id
-    behaves as an unknown one (NOT_FOUND).
+    behaves as an unknown one (NOT_FOUND). GetBuiltinTargets answers Fortis's own services
+    only (the internal service key).
     """
 
     def ListTargets(self, request, context):
@@ -152,7 +154,7 @@ class TargetProxyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def ListBuiltinTargets(self, request, context):
+    def GetBuiltinTargets(self, request, context):
         """For Fortis's own services only (the internal key; a tenant's call is PERMISSION_DENIED):
         which of this proxy's targets serve each built-in model. The perturbation service, run
         apart from the proxy, asks it to tell a surrogate that is a target's twin (white-box
@@ -205,10 +207,10 @@ def add_TargetProxyServiceServicer_to_server(servicer, server):
                     request_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesRequest.FromString,
                     response_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesResponse.SerializeToString,
             ),
-            'ListBuiltinTargets': grpc.unary_unary_rpc_method_handler(
-                    servicer.ListBuiltinTargets,
-                    request_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListBuiltinTargetsRequest.FromString,
-                    response_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListBuiltinTargetsResponse.SerializeToString,
+            'GetBuiltinTargets': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBuiltinTargets,
+                    request_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsRequest.FromString,
+                    response_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,7 +225,8 @@ class TargetProxyService:
 
     Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
     Sessions and ledger entries belong to the tenant that created them: another tenant's id
-    behaves as an unknown one (NOT_FOUND).
+    behaves as an unknown one (NOT_FOUND). GetBuiltinTargets answers Fortis's own services
+    only (the internal service key).
     """
 
     @staticmethod
@@ -443,7 +446,7 @@ class TargetProxyService:
             _registered_method=True)
 
     @staticmethod
-    def ListBuiltinTargets(request,
+    def GetBuiltinTargets(request,
             target,
             options=(),
             channel_credentials=None,
@@ -456,9 +459,9 @@ class TargetProxyService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/fortis.proxy.v1.TargetProxyService/ListBuiltinTargets',
-            fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListBuiltinTargetsRequest.SerializeToString,
-            fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListBuiltinTargetsResponse.FromString,
+            '/fortis.proxy.v1.TargetProxyService/GetBuiltinTargets',
+            fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsRequest.SerializeToString,
+            fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
