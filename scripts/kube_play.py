@@ -56,7 +56,9 @@ kubelet: once at start-up until ready (startup then readiness, with their period
 failure threshold), never again after; a gRPC probe is a gRPC health check from the host to the
 pod's address (as the kubelet dials the pod IP), an exec probe is ``podman exec``. podman
 restarts a container that exits (restartPolicy Always), with no back-off; a restart before
-the pod is ready fails ``up``. Nothing replaces a pod that is removed.
+the pod is ready fails ``up``, and a failed ``up`` removes what it made. Nothing replaces a
+pod that is removed. Pod, network, secret and volume names are the host's: two drivers
+playing the same release and namespace at once collide (the tests hold a lock).
 """
 
 from __future__ import annotations
@@ -418,8 +420,12 @@ def wait_ready(pods: list[dict[str, Any]], deadline_s: float) -> dict[str, Any]:
             # podman restarts an exited container (restartPolicy Always) as a kubelet would;
             # a restart before the pod is ready is a crash: fail now, with its logs
             if st_["State"]["Status"] != "running" or st_.get("RestartCount", 0):
-                raise RuntimeError(f"{name}: container {st_['State']['Status']}, "
-                                   f"{st_.get('RestartCount', 0)} restarts; " + logs_tail(p))
+                s = st_["State"]
+                raise RuntimeError(f"{name}: container {s['Status']}, "
+                                   f"{st_.get('RestartCount', 0)} restarts (last exit code "
+                                   f"{s.get('ExitCode')}, OOM-killed {s.get('OOMKilled')}"
+                                   f"{', error ' + s['Error'] if s.get('Error') else ''}); "
+                                   + logs_tail(p))
             probe = p["probes"].get(st["stage"])
             if probe is None:
                 ok, took = True, 0.0
@@ -564,8 +570,9 @@ def up(a: argparse.Namespace) -> dict[str, Any]:
             pod["spec"].get("terminationGracePeriodSeconds", 30))
         state["volumes"] += [v["name"] for v in pod["spec"]["volumes"] if "emptyDir" in v]
         (workdir / "state.json").write_text(json.dumps(state))
-        podman("kube", "play", "--network", net, "--ip", p["ip"], "--configmap", str(cm_file),
-               str(f))
+        # --replace: a pod of this name left by a run that was killed is replaced, not an error
+        podman("kube", "play", "--replace", "--network", net, "--ip", p["ip"],
+               "--configmap", str(cm_file), str(f))
         c0 = pod["spec"]["containers"][0]
         p["container"] = f"{p['name']}-{c0['name']}"        # podman's <pod>-<container>
         p["probes"] = {k: c0[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")
@@ -704,6 +711,13 @@ def main(argv: list[str] | None = None) -> int:
         result = down(a) if a.down else up(a)
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         log(str(exc))
+        if not a.down:
+            # a failed up leaves nothing behind: pod names and the network are the host's,
+            # and a later up of another workdir would collide with them
+            try:
+                down(a)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc2:
+                log(f"tearing down after the failure also failed: {exc2}")
         return 1
     for n in result.get("notes", []):
         log(n)

@@ -41,6 +41,7 @@ What differs from a cluster (the driver's docstring says how each is converted):
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -58,6 +59,7 @@ DRIVER = ROOT / "scripts" / "kube_play.py"
 RELEASE, NAMESPACE = "fortis-kp", "kp-team"
 EVALUATION = f"{RELEASE}-evaluation"
 CLAIM = f"{RELEASE}-evaluation-state"
+_PLAY_LOCK = Path("/tmp/fortis-kube-play.lock")
 # the first test of a variant waits for its pods (image build included when not cached)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 PLAN = """
@@ -110,6 +112,36 @@ def _driver(*args: str, timeout: float) -> dict[str, Any]:
     return json.loads(r.stdout)
 
 
+def _hold_play_lock(request: pytest.FixtureRequest) -> None:
+    _PLAY_LOCK.touch(exist_ok=True)
+    lock = open(_PLAY_LOCK, "a")  # noqa: SIM115 - held until the requester's teardown
+    fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    request.addfinalizer(lock.close)
+
+
+def test_a_failed_up_leaves_nothing_behind(request: pytest.FixtureRequest,
+                                           tmp_path: Path) -> None:
+    """A pod that cannot start (here: its image does not exist) fails ``up`` with podman's
+    reason, and the driver removes what it had made: no pod, secret or network of the
+    release stays to collide with the next ``up``."""
+    _image()                      # the same skips as the played variants
+    _hold_play_lock(request)
+    net = f"kp-{NAMESPACE}-failed"
+    r = subprocess.run([sys.executable, str(DRIVER), "--workdir", str(tmp_path / "w"),
+                        "--image", "localhost/fortis-no-such-image:0", "--release", RELEASE,
+                        "--namespace", NAMESPACE, "--network", net],
+                       capture_output=True, text=True, timeout=300, env=_podman_env(), cwd=ROOT)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "fortis-no-such-image" in r.stderr, r.stderr[-3000:]
+    pods = _podman("pod", "ls", "--format", "{{.Name}}").split()
+    assert not [p for p in pods if p.startswith(RELEASE + "-")], pods
+    assert subprocess.run(["podman", "network", "exists", net], env=_podman_env(),
+                          capture_output=True, timeout=60).returncode != 0
+    secrets = _podman("secret", "ls", "--format", "{{.Name}}").split()
+    assert not [s for s in secrets if s.startswith(NAMESPACE + ".")], secrets
+    assert not (tmp_path / "w" / "state.json").exists()
+
+
 @pytest.fixture(scope="module", params=["mtls", "plain"])
 def played(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """The tenant's pods, up and ready: ``mtls`` with secrets.tls and clientAuth require
@@ -127,6 +159,9 @@ def played(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         extra = ["--values", str(values)]
         subprocess.run(["podman", "volume", "rm", "-f", CLAIM], capture_output=True,
                        env=_podman_env(), timeout=60)
+    # the pods', network's and secrets' names are the host's: another session playing the
+    # same release (a second checkout's tests, a CI run on this machine) waits for this one
+    _hold_play_lock(request)
     t0 = time.monotonic()
     up = _driver("--workdir", str(workdir), "--tls", tls, "--image", image, *extra,
                  "--release", RELEASE, "--namespace", NAMESPACE, "--helm-test", timeout=600)
