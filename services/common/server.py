@@ -76,7 +76,8 @@ current_api_key: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_ap
 #: The caller's bearer token, forwarded like its API key when a service calls another on the
 #: caller's behalf (perturbation -> proxy for a query attack) so the callee sees the same tenant.
 current_bearer: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_bearer", default="")
-#: True when the call came with the internal service key (one Fortis service calling another).
+#: True when the call came with the internal service key (one Fortis service calling another),
+#: or when authentication is off (the single-user mode: its one user holds every trust).
 current_internal: contextvars.ContextVar[bool] = contextvars.ContextVar("fortis_internal",
                                                                         default=False)
 
@@ -484,7 +485,8 @@ class FortisInterceptor(grpc.ServerInterceptor):
             current_tenant.set(tenant)
             current_api_key.set(api_key)
             current_bearer.set(bearer)
-            current_internal.set(internal)
+            current_internal.set(internal or (not keys.enabled and tokens is None
+                                              and cert_tenant is None))
             who.update(tenant=tenant, internal=internal)
             structlog.contextvars.bind_contextvars(tenant=tenant)
             if slots is None or internal:
