@@ -275,3 +275,22 @@ def test_perturbation_service_apart_asks_the_proxy(tmp_path, fmnist_test_images,
         ch.close()
         pert.stop(0)
         proxy.stop(0)
+
+
+def test_apart_without_authentication(tmp_path, fmnist_test_images, fmnist_target):
+    """With authentication off (the single-user mode, every caller the one user holding every
+    grant) the perturbation service apart from the proxy still learns the twins and serves."""
+    proxy = start_stack(StackSettings(state_dir=tmp_path / "proxy", only="proxy",
+                                      targets=[TargetConfig.parse(t) for t in TARGETS]))
+    pert = start_stack(StackSettings(state_dir=tmp_path / "pert", only="perturbation",
+                                     proxy_address=proxy.address,
+                                     whitebox_grants={"default": frozenset({"*"})}))
+    ch = grpc.insecure_channel(pert.address)
+    try:
+        images, _ = fmnist_test_images
+        row = _label_oracle(pt_grpc.PerturbationServiceStub(ch), (), images[:1])[0]
+        assert all(v is not None for v in row)
+    finally:
+        ch.close()
+        pert.stop(0)
+        proxy.stop(0)
