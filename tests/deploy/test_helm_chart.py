@@ -721,6 +721,7 @@ def test_rendered_identity_grants_and_limits_hold_in_real_services(tmp_path: Pat
       audience is UNAUTHENTICATED;
     - a request declaring more decoded bytes than ``limits.maxRequestDecodedBytes`` is
       RESOURCE_EXHAUSTED with a QuotaFailure, before anything is decoded."""
+    import grpc
     import jwt
     import numpy as np
     from cryptography.hazmat.primitives.asymmetric import rsa
@@ -730,8 +731,6 @@ def test_rendered_identity_grants_and_limits_hold_in_real_services(tmp_path: Pat
     from google.rpc import error_details_pb2
     from grpc_status import rpc_status
     from jwt.algorithms import RSAAlgorithm
-
-    import grpc
 
     signing = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     jwk = {**RSAAlgorithm.to_jwk(signing.public_key(), as_dict=True), "kid": "k1",
