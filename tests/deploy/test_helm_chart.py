@@ -560,10 +560,10 @@ def test_identity_grants_and_limits_render_into_the_services_that_use_them(monke
         if svc == "perturbation":
             assert grants == {"team-a": frozenset({"classifier"}),
                               "red-team": frozenset({"*"})}
-            assert [t.partition("=")[0] for t in ns.target] == ["classifier"]
         else:
             assert grants == {}, svc
-            assert bool(ns.target) == (svc == "proxy"), svc
+        # only the proxy has the targets; the perturbation service asks it for the twins
+        assert bool(ns.target) == (svc == "proxy"), svc
     for d in by_kind(objs, "Deployment"):
         spec = d["spec"]["template"]["spec"]
         c, = spec["containers"]
@@ -632,10 +632,6 @@ def test_values_schema_rejects_bad_identity_grant_and_memory_values(patch, setti
     ({"identity": {"oidc": {"issuers": [{k: v for k, v in CORP.items()
                                          if k != "networkPolicyTo"}]}}},
      "identity.oidc.issuers[https://login.corp.example/realms/ml].networkPolicyTo is required"),
-    # a target the perturbation service would not know of: its built-in model's twin there
-    # would need no grant
-    ({"proxy": {"extraArgs": ["--target=x=builtin:fmnist-cnn"]}},
-     "proxy.extraArgs: declare targets in `targets`"),
 ])
 def test_identity_and_grant_settings_that_cannot_work_fail_naming_the_setting(patch, message):
     with pytest.raises(helm.HelmError) as info:

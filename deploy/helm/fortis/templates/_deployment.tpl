@@ -103,13 +103,8 @@ spec:
             {{- end }}
             {{- end }}
             {{- if eq $c "perturbation" }}
-            {{- /* the targets as the proxy has them (nothing is loaded or dialled here): a
-                   built-in model is a twin of the targets serving it by name, so grants name
-                   targets as operators see them; without any, every built-in model would
-                   count as the twin of a target of its own name */}}
-            {{- range $i, $_ := $v.targets }}
-            - --target=$(FORTIS_TARGET_{{ $i }})
-            {{- end }}
+            {{- /* which targets serve each built-in model, this pod asks the proxy over its
+                   contract (GetBuiltinTargets, with the internal key) */}}
             {{- range $i, $_ := $v.whiteboxGrants }}
             - --whitebox-grant=$(FORTIS_WHITEBOX_GRANT_{{ $i }})
             {{- end }}

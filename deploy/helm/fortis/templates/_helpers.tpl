@@ -82,11 +82,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- fail "identity.tlsTenantFrom needs secrets.tls.clientAuth: require (only a verified client certificate may name a tenant)" -}}
 {{- end -}}
 {{- end -}}
-{{- range $v.proxy.extraArgs -}}
-{{- if hasPrefix "--target" . -}}
-{{- fail "proxy.extraArgs: declare targets in `targets`, not as --target arguments (the perturbation service is given the same list, to know which built-in models are a target's twin)" -}}
-{{- end -}}
-{{- end -}}
 {{- $names := list "*" -}}
 {{- range $v.targets }}{{ $names = append $names .name }}{{ end -}}
 {{- range $v.whiteboxGrants -}}
