@@ -317,7 +317,11 @@ def _identity_options(ns: argparse.Namespace) -> tuple[list[Any], str]:
                 "tenant_claim": getattr(ns, "oidc_tenant_claim", None)
                 or env("FORTIS_OIDC_TENANT_CLAIM", ""),
                 "jwks_url": getattr(ns, "oidc_jwks_url", None) or env("FORTIS_OIDC_JWKS_URL", ""),
-                "ca_file": getattr(ns, "oidc_ca_file", None) or env("FORTIS_OIDC_CA_FILE", "")}
+                "ca_file": getattr(ns, "oidc_ca_file", None) or env("FORTIS_OIDC_CA_FILE", ""),
+                "tenants": [t for t in (getattr(ns, "oidc_tenants", None)
+                                        or env("FORTIS_OIDC_TENANTS", "")).split(":") if t],
+                "tenant_prefix": getattr(ns, "oidc_tenant_prefix", None)
+                or env("FORTIS_OIDC_TENANT_PREFIX", "")}
     if defaults["jwks_url"] and len(specs) > 1:
         from fortis.services.common.errors import InvalidArgument
         raise InvalidArgument("oidc_jwks_url", "with several issuers, give each its own "

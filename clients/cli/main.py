@@ -131,14 +131,22 @@ def build_parser() -> argparse.ArgumentParser:
                     "Connect issuer, e.g. the corporate IdP or the Kubernetes API server's "
                     "service-account issuer (repeatable; also $FORTIS_OIDC_ISSUER, several "
                     "separated by spaces). Per issuer, overriding the flags below: "
-                    "audience=A, tenant-claim=C, jwks-url=U, ca-file=F, algorithms=RS256:ES256, "
-                    "leeway=S")
+                    "audience=A, tenant-claim=C, tenants=T1:T2, tenant-prefix=P, jwks-url=U, "
+                    "ca-file=F, algorithms=RS256:ES256, leeway=S. Each issuer needs tenants= "
+                    "and/or tenant-prefix=")
     sp.add_argument("--oidc-audience", action="append", metavar="AUD",
                     help="the audience (aud) tokens must be made for (repeatable; also "
                     "$FORTIS_OIDC_AUDIENCE)")
     sp.add_argument("--oidc-tenant-claim", metavar="CLAIM",
                     help="the claim naming the tenant, dotted for nested claims (e.g. "
                     "kubernetes.io.namespace; also $FORTIS_OIDC_TENANT_CLAIM)")
+    sp.add_argument("--oidc-tenants", metavar="T1:T2",
+                    help="the tenants tokens may name, ':'-separated ('*': any; tenant names "
+                    "are shared with API keys, so say which; also $FORTIS_OIDC_TENANTS)")
+    sp.add_argument("--oidc-tenant-prefix", metavar="PREFIX",
+                    help="put in front of the claim's value, so tokens' tenants are apart from "
+                    "every other name (e.g. k8s- for namespaces; also "
+                    "$FORTIS_OIDC_TENANT_PREFIX)")
     sp.add_argument("--oidc-jwks-url", metavar="URL",
                     help="the issuer's JWKS (default: jwks_uri of its "
                     "/.well-known/openid-configuration; also $FORTIS_OIDC_JWKS_URL)")

@@ -23,7 +23,14 @@ Tokens (:class:`TokenVerifier`), checked by PyJWT (no hand-written crypto):
 - the tenant is a configured claim (a dotted path into nested claims, matching names that
   contain dots themselves, so ``kubernetes.io.namespace`` reads a projected
   service-account token's ``{"kubernetes.io": {"namespace": ...}}``), and must be a valid
-  tenant name; a token can never act as the internal service (``*``).
+  tenant name; a token can never act as the internal service (``*``);
+- tenant names are one space for every identity (an API key's tenant ``acme`` and a token
+  naming ``acme`` are the same tenant), so each issuer says which tenants its tokens may name:
+  an allow-list (``tenants=a:b``; ``*`` trusts it with every name) and/or a prefix added to
+  the claim (``tenant-prefix=k8s-``: a namespace ``acme`` is the tenant ``k8s-acme``, never the
+  key holder ``acme``). An issuer with neither is refused at start-up: a cluster's
+  service-account issuer would otherwise let any namespace, named as its owner likes, be any
+  tenant.
 
 JWKS (:class:`JwksCache`): fetched over HTTP(S) from ``jwks_url``, or from the issuer's
 ``/.well-known/openid-configuration`` (``jwks_uri``), bounded in size and time, cached.
@@ -113,9 +120,26 @@ class OidcIssuer:
     ca_file: Path | None = None
     algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
     leeway_s: float = DEFAULT_LEEWAY_S
+    #: The tenants its tokens may name (after the prefix); ("*",): any.
+    tenants: tuple[str, ...] = ()
+    #: Added in front of the claim's value (its tokens' tenants are apart from other names).
+    tenant_prefix: str = ""
 
     def __post_init__(self) -> None:
         field = "oidc_issuer"
+        if not self.tenants and not self.tenant_prefix:
+            raise errors.InvalidArgument("oidc_tenants", f"issuer '{self.issuer[:200]}': say "
+                                         "which tenants its tokens may name (tenants=A:B, or "
+                                         "tenants=* to trust it with any) or keep its tenants "
+                                         "apart with tenant-prefix=P: tenant names are shared "
+                                         "with API keys and other issuers")
+        bad_t = [t for t in self.tenants if t != "*" and not TENANT_RE.fullmatch(t)]
+        if bad_t:
+            raise errors.InvalidArgument("oidc_tenants", f"'{_safe(bad_t[0], 64)}' is not a "
+                                         "tenant name (1-64 letters, digits, '-', '_' or '.')")
+        if self.tenant_prefix and not _PREFIX_RE.fullmatch(self.tenant_prefix):
+            raise errors.InvalidArgument("oidc_tenant_prefix", "1-32 letters, digits, '-', '_' "
+                                         "or '.', starting with a letter or digit")
         u = urllib.parse.urlsplit(self.issuer)
         if u.scheme not in ("https", "http") or not u.netloc:
             raise errors.InvalidArgument(field, f"'{self.issuer[:200]}' is not an http(s) URL")
@@ -140,15 +164,20 @@ class OidcIssuer:
             raise errors.InvalidArgument("oidc_leeway", "0..300 seconds")
 
 
-_SPEC_KEYS = {"audience", "tenant-claim", "jwks-url", "ca-file", "algorithms", "leeway"}
+_SPEC_KEYS = {"audience", "tenant-claim", "jwks-url", "ca-file", "algorithms", "leeway",
+              "tenants", "tenant-prefix"}
+#: A tenant prefix: the start of a tenant name.
+_PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 
 
 def parse_issuer_spec(spec: str, *, audiences: Sequence[str] = (), tenant_claim: str = "",
                       jwks_url: str = "", ca_file: str = "", algorithms: Sequence[str] = (),
-                      leeway_s: float = DEFAULT_LEEWAY_S) -> OidcIssuer:
-    """``URL[,audience=A][,tenant-claim=C][,jwks-url=U][,ca-file=F][,algorithms=RS256:ES256]
-    [,leeway=S]`` (``--oidc-issuer``), the keyword arguments being the defaults that the
-    global flags give (``--oidc-audience`` and so on). ``audience=`` may repeat."""
+                      leeway_s: float = DEFAULT_LEEWAY_S, tenants: Sequence[str] = (),
+                      tenant_prefix: str = "") -> OidcIssuer:
+    """``URL[,audience=A][,tenant-claim=C][,tenants=T1:T2][,tenant-prefix=P][,jwks-url=U]
+    [,ca-file=F][,algorithms=RS256:ES256][,leeway=S]`` (``--oidc-issuer``), the keyword
+    arguments being the defaults that the global flags give (``--oidc-audience`` and so on).
+    ``audience=`` may repeat."""
     parts = [p.strip() for p in spec.split(",")]
     url, opts = parts[0], parts[1:]
     aud: list[str] = []
@@ -174,7 +203,10 @@ def parse_issuer_spec(spec: str, *, audiences: Sequence[str] = (), tenant_claim:
                       ca_file=Path(ca) if ca else None,
                       algorithms=tuple(filter(None, algs.split(":"))) if algs
                       else tuple(algorithms) or DEFAULT_ALGORITHMS,
-                      leeway_s=leeway)
+                      leeway_s=leeway,
+                      tenants=tuple(filter(None, values["tenants"].split(":")))
+                      if "tenants" in values else tuple(tenants),
+                      tenant_prefix=values.get("tenant-prefix", tenant_prefix))
 
 
 # -- JWKS -------------------------------------------------------------------------------------
@@ -411,10 +443,14 @@ class TokenVerifier:
             raise _refused("its signature does not verify with the issuer's key") from None
         except jwt.InvalidTokenError as exc:
             raise _refused(f"invalid ({type(exc).__name__})") from None
-        tenant = claim_value(claims, conf.tenant_claim)
-        if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
+        named = claim_value(claims, conf.tenant_claim)
+        tenant = conf.tenant_prefix + named if isinstance(named, str) and named else ""
+        if not TENANT_RE.fullmatch(tenant):
             raise _refused(f"its tenant claim '{_safe(conf.tenant_claim, 64)}' is missing or "
                            "not a tenant name (1-64 letters, digits, '-', '_' or '.')")
+        if "*" not in conf.tenants and conf.tenants and tenant not in conf.tenants:
+            raise _refused("its tenant is not one this issuer's tokens may name "
+                           "(the operator's tenants= for the issuer)")
         sub = claims.get("sub")
         return Identity(tenant=tenant, kind="oidc", issuer=conf.issuer,
                         subject=str(sub)[:200] if sub is not None else "")

@@ -466,11 +466,11 @@ def test_the_readme_examples_render_and_validate(tenant: str) -> None:
 # -- identity (OIDC, the client certificate), white-box grants, memory limits ----------------
 
 CORP = {"url": "https://login.corp.example/realms/ml", "audiences": ["fortis", "fortis-ci"],
-        "tenantClaim": "tenant",
+        "tenantClaim": "tenant", "tenants": ["team-a", "team-b"],
         "networkPolicyTo": [{"ipBlock": {"cidr": "203.0.113.10/32"}}]}
 #: the cluster's own service-account issuer: the documented Kubernetes example of values.yaml
 K8S = {"url": "https://kubernetes.default.svc.cluster.local", "audiences": ["fortis"],
-       "tenantClaim": "kubernetes.io.namespace",
+       "tenantClaim": "kubernetes.io.namespace", "tenantPrefix": "k8s-",
        "jwksUrl": "https://kubernetes.default.svc/openid/v1/jwks",
        "caConfigMap": "kube-root-ca.crt", "algorithms": ["RS256"], "leewaySeconds": 10,
        "networkPolicyTo": [{"ipBlock": {"cidr": "10.0.0.10/32"}}], "networkPolicyPort": 6443}
@@ -554,6 +554,8 @@ def test_identity_grants_and_limits_render_into_the_services_that_use_them(monke
                 k8s.algorithms, k8s.leeway_s) == (
             K8S["url"], ("fortis",), "kubernetes.io.namespace", K8S["jwksUrl"], ca_path,
             ("RS256",), 10.0)
+        assert (corp.tenants, corp.tenant_prefix, k8s.tenants, k8s.tenant_prefix) == (
+            ("team-a", "team-b"), "", (), "k8s-")
         mem = _memory_limits(ns)
         assert (mem.max_request_bytes, mem.max_tenant_bytes) == (64 * 2 ** 20, 512 * 2 ** 20)
         grants = parse_grants(ns.whitebox_grant or [])
@@ -591,6 +593,11 @@ def test_identity_grants_and_limits_render_into_the_services_that_use_them(monke
     ({"identity": {"oidc": {"issuers": [{k: v for k, v in CORP.items() if k != "audiences"}]}}},
      "audiences"),
     ({"identity": {"oidc": {"issuers": [{**CORP, "audiences": []}]}}}, "audiences"),
+    # tenant names are shared with keys: an issuer says which it may give, or keeps apart
+    ({"identity": {"oidc": {"issuers": [{k: v for k, v in CORP.items() if k != "tenants"}]}}},
+     "tenants"),
+    ({"identity": {"oidc": {"issuers": [{**CORP, "tenants": ["a/b"]}]}}}, "tenants"),
+    ({"identity": {"oidc": {"issuers": [{**K8S, "tenantPrefix": "k8s-,x=y"}]}}}, "tenantPrefix"),
     ({"identity": {"oidc": {"issuers": [{**CORP, "algorithms": ["HS256"]}]}}}, "algorithms"),
     ({"identity": {"oidc": {"issuers": [{**CORP, "leewaySeconds": 3600}]}}}, "leewaySeconds"),
     # one flag holds an issuer's options separated by commas: a value with a comma would
@@ -747,7 +754,7 @@ def test_rendered_identity_grants_and_limits_hold_in_real_services(tmp_path: Pat
              "targets": [{"name": "fmnist", "builtin": "fmnist-cnn", "rate": 100}],
              "identity": {"oidc": {"issuers": [{
                  "url": issuer, "audiences": ["fortis"], "tenantClaim": "tenant",
-                 "jwksUrl": jwks_url, "caConfigMap": "corp-idp-ca",
+                 "tenants": ["team-c"], "jwksUrl": jwks_url, "caConfigMap": "corp-idp-ca",
                  "networkPolicyTo": [{"ipBlock": {"cidr": "127.0.0.1/32"}}]}]}},
              "whiteboxGrants": [{"tenant": "team-a", "target": "fmnist"}],
              "limits": {"maxRequestDecodedBytes": 2 ** 20},

@@ -140,13 +140,16 @@ def oidc_stack(idp: Idp, tmp_path_factory: pytest.TempPathFactory, fmnist_target
 
     b = idp.base
     issuers = [
-        parse_issuer_spec(f"{b}/corp", audiences=[AUD], tenant_claim="tenant"),
+        # the corporate IdP is trusted to name the key holder's tenant acme (and only it)
+        parse_issuer_spec(f"{b}/corp,tenants=acme", audiences=[AUD], tenant_claim="tenant"),
+        # a namespace is a tenant apart from every other name: k8s-<namespace>
         parse_issuer_spec(f"{b}/k8s,jwks-url={b}/k8s/openid/v1/jwks,"
-                          "tenant-claim=kubernetes.io.namespace", audiences=[AUD]),
-        parse_issuer_spec(f"{b}/rot,jwks-url={b}/rot/jwks", audiences=[AUD],
+                          "tenant-claim=kubernetes.io.namespace,tenant-prefix=k8s-",
+                          audiences=[AUD]),
+        parse_issuer_spec(f"{b}/rot,jwks-url={b}/rot/jwks,tenants=rotor", audiences=[AUD],
                           tenant_claim="tenant"),
         # an IdP that is down: nothing listens on its port
-        parse_issuer_spec(f"{b}/down,jwks-url=http://127.0.0.1:{_free_port()}/jwks",
+        parse_issuer_spec(f"{b}/down,jwks-url=http://127.0.0.1:{_free_port()}/jwks,tenants=*",
                           audiences=[AUD], tenant_claim="tenant"),
     ]
     s = start_stack(StackSettings(
@@ -243,15 +246,15 @@ def test_a_token_tenant_sees_only_its_evaluations(idp, ev, captured) -> None:
     assert _list(ev, _bearer(sa_tok)) == []
     sa = ev.CreateEvaluation(pb.CreateEvaluationRequest(plan=PLAN, evaluation_id="ev-tok"),
                              metadata=_bearer(sa_tok), timeout=60).evaluation
-    assert sa.tenant == "team-k"        # its own "ev-tok", in its own namespace
+    assert sa.tenant == "k8s-team-k"    # its own "ev-tok", in its own namespace
     # A token never acts for another tenant: x-fortis-tenant is ignored, its own is seen.
     got = ev.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="ev-tok"),
                            metadata=(*_bearer(sa_tok), ("x-fortis-tenant", "acme")),
                            timeout=20).evaluation
-    assert got.tenant == "team-k"
+    assert got.tenant == "k8s-team-k"
     seen = [ln for ln in captured if ln.get("event") == "authenticated"]
     kinds = {(ln["kind"], ln["tenant"]) for ln in seen}
-    assert {("oidc", "acme"), ("oidc", "team-k"), ("api_key", "acme"),
+    assert {("oidc", "acme"), ("oidc", "k8s-team-k"), ("api_key", "acme"),
             ("api_key", "tenant-b")} <= kinds
     assert any(ln.get("issuer") == f"{idp.base}/k8s"
                and ln.get("subject") == "system:serviceaccount:team-k:runner" for ln in seen)
@@ -352,8 +355,9 @@ def test_fortis_serve_takes_the_oidc_flags(idp, tmp_path: Path) -> None:
          "serve", "--service", "evaluation", "--address", "127.0.0.1:0",
          "--state-dir", str(tmp_path / "state"),
          "--oidc-issuer", f"{b}/corp", "--oidc-audience", AUD, "--oidc-tenant-claim", "tenant",
+         "--oidc-tenants", "acme",
          "--oidc-issuer", f"{b}/k8s,jwks-url={b}/k8s/openid/v1/jwks,"
-         "tenant-claim=kubernetes.io.namespace"],
+         "tenant-claim=kubernetes.io.namespace,tenant-prefix=k8s-,tenants=*"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -373,3 +377,31 @@ def test_fortis_serve_takes_the_oidc_flags(idp, tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
+
+
+def test_a_namespace_named_like_a_tenant_is_not_that_tenant(idp, ev) -> None:
+    """Tenant names are one space for keys and tokens: a pod in a namespace its owner named
+    ``acme`` gets the tenant ``k8s-acme`` (the issuer's prefix) and reads nothing of the key
+    holder ``acme``; the corporate issuer, trusted with ``acme`` only, cannot name another
+    tenant; an issuer configured with neither an allow-list nor a prefix is refused."""
+    from fortis.services.common.errors import InvalidArgument
+    from fortis.services.common.identity import parse_issuer_spec
+
+    ev.CreateEvaluation(pb.CreateEvaluationRequest(plan=PLAN, evaluation_id="acme-private"),
+                        metadata=(("x-api-key", K_ACME),), timeout=60)
+    ns_acme = _token(idp, "k8s-1", "k8s", tenant=None,
+                     **{"kubernetes.io": {"namespace": "acme"}})
+    assert ("acme-private", "acme") not in _list(ev, _bearer(ns_acme))
+    with pytest.raises(grpc.RpcError) as got:
+        ev.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="acme-private"),
+                         metadata=_bearer(ns_acme), timeout=20)
+    assert got.value.code() == grpc.StatusCode.NOT_FOUND, got.value
+    other = _refused(ev, _bearer(_token(idp, tenant="tenant-b")))
+    assert other.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "not one this issuer's tokens may name" in other.details()
+    with pytest.raises(InvalidArgument) as info:
+        parse_issuer_spec(f"{idp.base}/corp", audiences=[AUD], tenant_claim="tenant")
+    assert info.value.violations[0].field == "oidc_tenants"
+    for bad in ("tenants=a/b", "tenant-prefix=-x", "tenant-prefix=" + "p" * 40):
+        with pytest.raises(InvalidArgument):
+            parse_issuer_spec(f"{idp.base}/corp,{bad}", audiences=[AUD], tenant_claim="tenant")

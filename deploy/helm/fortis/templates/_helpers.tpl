@@ -126,13 +126,16 @@ app.kubernetes.io/component: {{ .component }}
 {{- if $q }}?{{ join "&" $q }}{{ end -}}
 {{- end -}}
 
-{{/* --oidc-issuer spec of one issuer: URL,audience=A[,audience=B],tenant-claim=C[,jwks-url=U]
+{{/* --oidc-issuer spec of one issuer: URL,audience=A[,audience=B],tenant-claim=C[,tenants=T1:T2]
+     [,tenant-prefix=P][,jwks-url=U]
      [,ca-file=F][,algorithms=A:B][,leeway=S] (dict "issuer" $iss "index" $i). */}}
 {{- define "fortis.oidcIssuerSpec" -}}
 {{- $iss := .issuer -}}
 {{- $q := list $iss.url -}}
 {{- range $iss.audiences }}{{ $q = append $q (printf "audience=%s" .) }}{{ end -}}
 {{- $q = append $q (printf "tenant-claim=%s" $iss.tenantClaim) -}}
+{{- with $iss.tenants }}{{ $q = append $q (printf "tenants=%s" (join ":" .)) }}{{ end -}}
+{{- with $iss.tenantPrefix }}{{ $q = append $q (printf "tenant-prefix=%s" .) }}{{ end -}}
 {{- with $iss.jwksUrl }}{{ $q = append $q (printf "jwks-url=%s" .) }}{{ end -}}
 {{- if $iss.caConfigMap }}{{ $q = append $q (printf "ca-file=/etc/fortis/oidc/%v/ca.crt" .index) }}{{ end -}}
 {{- with $iss.algorithms }}{{ $q = append $q (printf "algorithms=%s" (join ":" .)) }}{{ end -}}
