@@ -827,6 +827,9 @@ RPCS: dict[str, RpcCase] = dict([
     _case(_PX, "GetTargetInfo", "uu", st.builds(px.GetTargetInfoRequest,
                                                 target=ids(FUZZ_TARGET)),
           px.GetTargetInfoResponse),
+    # internal-key only: a tenant's call, whatever it sends, is PERMISSION_DENIED
+    _case(_PX, "GetBuiltinTargets", "uu", st.just(px.GetBuiltinTargetsRequest()),
+          px.GetBuiltinTargetsResponse),
     _case(_PX, "CreateSession", "uu", st.builds(
         px.CreateSessionRequest, target=ids(FUZZ_TARGET), session_id=ids("fuzz-s2", ""),
         query_budget=int64s, per_image_budget=int64s, description=texts("")),
