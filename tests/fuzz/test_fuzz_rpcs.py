@@ -188,6 +188,13 @@ def test_the_harness_catches_what_it_must(fuzz_channel: grpc.Channel) -> None:
     assert judge_status(code_pb2.INVALID_ARGUMENT, "no detail", [], [], "s")
     assert not judge_status(code_pb2.NOT_FOUND, f"target '{huge[:99]}…' not found", [], [huge],
                             "s")
+    # a credential is never quoted, not even a piece of it
+    from tests.fuzz.harness import Outcome, quoted_secrets
+    token = "Bearer eyJhbGciOiJSUzI1NiJ9." + "c" * 40 + ".sig"
+    assert quoted_secrets(Outcome(code=grpc.StatusCode.UNAUTHENTICATED,
+                                  message=f"token {token[7:40]} refused"), [token])
+    assert not quoted_secrets(Outcome(code=grpc.StatusCode.UNAUTHENTICATED,
+                                      message="bearer token refused: expired (exp)"), [token])
 
 
 def test_every_rpc_of_the_contracts_is_fuzzed() -> None:
