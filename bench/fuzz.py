@@ -111,7 +111,7 @@ class Server:
         if issuer:
             from tests.fuzz.idp import AUDIENCE, TENANT_CLAIM
             cmd += ["--oidc-issuer", issuer, "--oidc-audience", AUDIENCE,
-                    "--oidc-tenant-claim", TENANT_CLAIM]
+                    "--oidc-tenant-claim", TENANT_CLAIM, "--oidc-tenants", "tenant-a"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                                      stderr=self.log.open("wb"), cwd=ROOT)
         self.pid = self.proc.pid

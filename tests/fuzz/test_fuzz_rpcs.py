@@ -154,7 +154,7 @@ def oidc_fuzz(tmp_path_factory: pytest.TempPathFactory, fmnist_target: Any
     idp = FuzzIdp()
     s = start_stack(StackSettings(
         state_dir=tmp_path_factory.mktemp("fuzz-oidc") / "state", api_keys={API_KEY: "tenant-a"},
-        oidc_issuers=[parse_issuer_spec(idp.issuer, audiences=[AUDIENCE],
+        oidc_issuers=[parse_issuer_spec(idp.issuer, audiences=[AUDIENCE], tenants=["tenant-a"],
                                         tenant_claim=TENANT_CLAIM)],
         targets=[TargetConfig.parse(f"{FUZZ_TARGET}=builtin:fmnist-cnn")]))
     ch = grpc.insecure_channel(s.address)
