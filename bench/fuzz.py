@@ -262,9 +262,11 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
             raise SystemExit("server died")
 
     served = {**RPCS, **SERVED_RPCS, **(auth_cases(idp, API_KEY) if idp is not None else {})}
-    # TargetService.GetTargetInfo takes no input: one case; the others share the rest.
-    n_rpcs = len(served) + len(TARGET_RPCS) - 1
-    each = max(1, -(-(ns.cases - 1) // n_rpcs))
+    # RPCs whose request has no field (TargetService.GetTargetInfo, the proxy's
+    # GetBuiltinTargets) make one case each; the others share the rest.
+    fixed = 1 + sum(1 for k in served if k.endswith("TargetProxyService.GetBuiltinTargets"))
+    n_rpcs = len(served) + len(TARGET_RPCS) - fixed
+    each = max(1, -(-(ns.cases - fixed) // n_rpcs))
     died = False
     try:
         run_cases(channel, served, each, ns.seed, record, after=check_alive)
