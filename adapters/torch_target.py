@@ -15,6 +15,7 @@ from fortis.adapters.torch_models.classifier import TorchClassifier
 from fortis.common.v1 import common_pb2
 from fortis.services.common import errors, limits
 from fortis.services.common.codec import add_messages, classification_from_proba, decode_images
+from fortis.services.common.memory import holding
 from fortis.services.common.status import status_for
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
@@ -91,7 +92,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             try:
                 limits.check_message(req)   # in band, like the proxy (issue 9 limits)
                 resp = target_pb2.PredictStreamResponse(request_id=req.request_id)
-                add_messages(resp.predictions, self.target.predict(req.images))
+                with holding(req):          # its decoded size, held while it is answered
+                    add_messages(resp.predictions, self.target.predict(req.images))
                 yield resp
             except errors.FortisError as exc:
                 yield target_pb2.PredictStreamResponse(request_id=limits.echoed_id(req.request_id),

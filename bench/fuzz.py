@@ -5,18 +5,29 @@ finding 8 and the "Done when" fuzz bullet).
 The requests come from ``tests/fuzz/strategies.py`` (hypothesis; boundary numbers, NaN/Inf,
 huge/unicode/control-character strings, tensors with bad shapes, PNG/JPEG bombs, plans nested
 100k deep, YAML aliases, Struct params nested 90+ deep, forged page tokens, unknown enum
-values) and go over real loopback gRPC to ``fortis serve`` in a subprocess (``--serve``,
-the default: a crash is a dead process) or to a stack in this process (``--in-process``), as
-tenant "tenant-a". Each answer is judged by ``tests/fuzz/harness.py`` (never INTERNAL/UNKNOWN,
-no transport-made status, message <= 1 KB without echoing the input, INVALID_ARGUMENT with a
-BadRequest field). The built-in TargetService adapter is fuzzed on its own loopback port.
+values; valid requests whose images decode large -- PNG/JPEG headers declaring 6000x6000,
+16-bit, up to 64 of them, tensors whose data match a large shape -- for the decoded-size
+budget; surrogates, ensembles and tenant surrogate definitions of RunAttack/ValidateAttack)
+and go over real loopback gRPC to ``fortis serve`` in a subprocess (``--serve``, the default:
+a crash is a dead process) or to a stack in this process (``--in-process``), as tenant
+"tenant-a". The server also accepts OpenID Connect bearer tokens of a real JWKS endpoint on
+loopback (``tests/fuzz/idp.py``, keys made at start; ``--no-oidc`` leaves it out): the
+``Auth.*`` cases send valid requests with fuzzed credentials (valid tokens, expired, wrong
+audience/issuer/key, ``alg: none``, HS256 keyed with the public key, malformed JWTs, hostile
+claims signed by the issuer, garbage, 9-20 KB values, other schemes, unknown API keys, a forged
+x-fortis-tenant). gRPC health and reflection, which every server carries beside the
+contracts, are fuzzed too. Each answer is judged by ``tests/fuzz/harness.py`` (never
+INTERNAL/UNKNOWN, no transport-made status but gRPC's own size limits, message <= 1 KB without
+echoing the input or any piece of a credential, INVALID_ARGUMENT with a BadRequest field,
+RESOURCE_EXHAUSTED with a QuotaFailure subject). The built-in TargetService adapter is fuzzed
+on its own loopback port.
 
 Prints JSON: cases, per-RPC counts, the status-code histogram, INTERNAL answers and other rule
 breaks (first examples), crashes, the server's peak RSS, seconds, and whether the server
 answered health and a normal call afterwards. Exit status 1 when INTERNAL > 0, a rule was
 broken or the server crashed. Never part of the test run.
 
-    python bench/fuzz.py [--cases 10000] [--in-process] [--seed 0]
+    python bench/fuzz.py [--cases 10000] [--in-process] [--seed 0] [--no-oidc]
 """
 
 from __future__ import annotations
@@ -69,17 +80,23 @@ def _rss_kb(pid: int) -> int:
 
 
 class Server:
-    """``fortis serve`` in a subprocess (or a stack in this process)."""
+    """``fortis serve`` in a subprocess (or a stack in this process), accepting the API key
+    of tenant-a and, with ``issuer`` (an OpenID Connect issuer URL), its bearer tokens."""
 
-    def __init__(self, state: Path, in_process: bool) -> None:
+    def __init__(self, state: Path, in_process: bool, issuer: str = "") -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.stack: Any = None
         self.log = state / "serve.log"
         if in_process:
             from fortis.services.app import StackSettings, TargetConfig, start_stack
+            from fortis.services.common.identity import parse_issuer_spec
+
+            from tests.fuzz.idp import AUDIENCE, TENANT_CLAIM
             self.stack = start_stack(StackSettings(
                 state_dir=state / "state", api_keys={API_KEY: "tenant-a"},
                 targets=[TargetConfig.parse(t) for t in TARGETS],
+                oidc_issuers=[parse_issuer_spec(issuer, audiences=[AUDIENCE],
+                                                tenant_claim=TENANT_CLAIM)] if issuer else [],
                 max_message_bytes=8 * 1024 * 1024))
             self.address = self.stack.address
             self.pid = os.getpid()
@@ -91,6 +108,10 @@ class Server:
                "--no-default-targets", "--log-level", "error", "--shutdown-grace", "2"]
         for t in TARGETS:
             cmd += ["--target", t]
+        if issuer:
+            from tests.fuzz.idp import AUDIENCE, TENANT_CLAIM
+            cmd += ["--oidc-issuer", issuer, "--oidc-audience", AUDIENCE,
+                    "--oidc-tenant-claim", TENANT_CLAIM, "--oidc-tenants", "tenant-a"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                                      stderr=self.log.open("wb"), cwd=ROOT)
         self.pid = self.proc.pid
@@ -166,7 +187,8 @@ def run_cases(channel: Any, rpcs: dict[str, Any], per_rpc: int, seed: int,
         @given(st.data())
         def one(data: Any) -> None:
             req = data.draw(case.requests)
-            out = call(channel, case, req, metadata=md, timeout=60.0)
+            meta = data.draw(case.metadata) if case.metadata is not None else md
+            out = call(channel, case, req, metadata=meta, timeout=60.0)
             record(name, req, out)
             if after is not None:
                 after()
@@ -181,6 +203,8 @@ def main() -> int:
     ap.add_argument("--cases", type=int, default=10_000, help="total cases (spread over RPCs)")
     ap.add_argument("--in-process", action="store_true", help="stack in this process")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-oidc", action="store_true",
+                    help="no identity provider: API keys only, no bearer-token cases")
     ns = ap.parse_args()
     with contextlib.redirect_stdout(sys.stderr):      # server log lines are not the JSON
         out, rc = fuzz(ns)
@@ -193,9 +217,13 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
     import grpc
 
     from tests.fuzz.harness import healthy
-    from tests.fuzz.strategies import RPCS, TARGET_RPCS
+    from tests.fuzz.strategies import RPCS, SERVED_RPCS, TARGET_RPCS, auth_cases
     tmp = Path(tempfile.mkdtemp(prefix="fortis-fuzz-"))
-    server = Server(tmp, ns.in_process)
+    idp = None
+    if not ns.no_oidc:
+        from tests.fuzz.idp import FuzzIdp
+        idp = FuzzIdp()        # a real JWKS endpoint on loopback, keys made here
+    server = Server(tmp, ns.in_process, idp.issuer if idp is not None else "")
     channel = grpc.insecure_channel(server.address, options=[
         ("grpc.max_send_message_length", 16 * 1024 * 1024),
         ("grpc.max_receive_message_length", 16 * 1024 * 1024)])
@@ -233,12 +261,15 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
             crashes += 1
             raise SystemExit("server died")
 
-    # TargetService.GetTargetInfo takes no input: one case; the others share the rest.
-    n_rpcs = len(RPCS) + len(TARGET_RPCS) - 1
-    each = max(1, -(-(ns.cases - 1) // n_rpcs))
+    served = {**RPCS, **SERVED_RPCS, **(auth_cases(idp, API_KEY) if idp is not None else {})}
+    # RPCs whose request has no field (TargetService.GetTargetInfo, the proxy's
+    # GetBuiltinTargets) make one case each; the others share the rest.
+    fixed = 1 + sum(1 for k in served if k.endswith("TargetProxyService.GetBuiltinTargets"))
+    n_rpcs = len(served) + len(TARGET_RPCS) - fixed
+    each = max(1, -(-(ns.cases - fixed) // n_rpcs))
     died = False
     try:
-        run_cases(channel, RPCS, each, ns.seed, record, after=check_alive)
+        run_cases(channel, served, each, ns.seed, record, after=check_alive)
         # The built-in TargetService adapter, served on its own port for this run.
         from fortis.services.app import TargetConfig, start_target_server
         target_server = start_target_server(TargetConfig.parse("t=builtin:fmnist-cnn"),
@@ -257,6 +288,9 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
     normal_after = (not died) and _normal_call_ok(channel)
     channel.close()
     rc = server.stop()
+    idp_hits = idp.hits if idp is not None else 0
+    if idp is not None:
+        idp.close()
     out = {
         "cases": per_rpc.total(), "rpcs": len(per_rpc), "per_rpc": dict(per_rpc),
         "status_codes": dict(codes.most_common()),
@@ -264,6 +298,13 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
         "internal": internal, "rule_breaks": sum(1 for _ in problems),
         "examples": problems[:10], "crashes": crashes + (1 if died else 0),
         "server": "in-process stack" if ns.in_process else "fortis serve (subprocess)",
+        "oidc": None if idp is None else {
+            "issuer": "a JWKS server on loopback (tests/fuzz/idp.py), keys made at start",
+            "auth_cases": sum(v for k, v in per_rpc.items() if k.startswith("Auth.")),
+            "auth_codes": dict(sum((by_rpc_code[k] for k in by_rpc_code
+                                    if k.startswith("Auth.")), Counter()).most_common()),
+            "jwks_fetches": idp_hits},
+        "not_in_contracts": sorted(SERVED_RPCS),
         "server_exit_code": rc, "peak_rss_mb": round(peak_rss / 1024, 1),
         "slowest_call_s": {k: round(v, 2) for k, v in sorted(slowest.items(),
                                                             key=lambda kv: -kv[1])[:6]},

@@ -181,6 +181,33 @@ def render() -> str:
     for metric, bounds in PARAM_BOUNDS.items():
         for name, b in bounds.items():
             out.append(f"| `{metric}` | `params.{name}` | {_cell(b.text())} |")
+    out += ["", "## Memory", "",
+            "Each request's decoded size -- the sum over its images of width x height x "
+            "channels x bytes per sample, read from the PNG/JPEG headers, and over its tensors "
+            "(raw images, Compute arrays, masks) of elements x dtype size; a report's example "
+            "PNGs likewise -- is computed from the message alone, before anything is decoded "
+            "(`services/common/memory.py`, run by the server for every service; a "
+            "bidirectional stream checks each message and answers a refusal in band). It is "
+            "refused with `RESOURCE_EXHAUSTED` and a `google.rpc.QuotaFailure` whose subject "
+            "names the field (`images`, `images[3]`, `arrays.x`, "
+            "`parts.examples[0].original_png`):", "",
+            "| Limit | Default | `fortis serve` flag |", "|---|---|---|",
+            f"| decoded bytes of one request | {limits.MAX_REQUEST_DECODED_BYTES:,} (128 MiB: "
+            "one 40 M-pixel RGB image) | `--max-request-decoded-bytes N` (0: none) |",
+            f"| decoded bytes one tenant's calls in progress hold together | "
+            f"{limits.MAX_TENANT_DECODED_BYTES:,} (256 MiB) | `--max-tenant-decoded-bytes N` "
+            "(0: none) |",
+            f"| the largest answer message, sized before the work for the answers that carry "
+            f"images (ApplyPerturbation and its stream: the images out; RunAttack: each "
+            f"image's uint8 and float32 adversarial) | {limits.MAX_MESSAGE_BYTES:,} (64 MiB) | "
+            "`--max-message-bytes N` |", "",
+            "A tenant's bytes are held from when its call is admitted until the call ends "
+            "(answered, failed or cancelled); a call past the tenant's limit is refused at "
+            "once, never queued. Calls between Fortis's own services (an evaluation's work, "
+            "made with the internal key) are held to the per-request and answer limits but "
+            "not counted in the tenant's: the evaluation workers bound them. An upload holds "
+            "the chunk being written. Images past the pixel limit alone, or whose header does "
+            "not parse, are refused by the decoder's own header check (`INVALID_ARGUMENT`)."]
     out += ["", "## Deadlines and cancellation", "",
             "Every long computation polls a stop check built from its call (the caller's "
             "deadline and whether the call is still active; `services/common/stopping.py`) "

@@ -18,6 +18,7 @@ import structlog
 from fortis.services.common import errors, grpc_options
 from fortis.services.common.api_keys import KeyEntry, KeyFileWatcher, KeyTable, new_api_key
 from fortis.services.common.limits import MAX_IMAGES_PER_REQUEST
+from fortis.services.common.memory import MemoryLimits
 from fortis.services.common.quotas import CallSlots, QuotaSettings
 from fortis.services.common.server import (
     SERVICE_TENANT,
@@ -154,6 +155,14 @@ class StackSettings:
     #: every ``api_keys_reload_s`` seconds when it changed (rotation without restart).
     api_keys_file: Path | None = None
     api_keys_reload_s: float = 2.0
+    #: OpenID Connect / JWT issuers whose bearer tokens are accepted beside API keys
+    #: (``fortis serve --oidc-issuer``; services/common/identity.py). Empty: none.
+    oidc_issuers: Sequence[Any] = ()
+    #: Least seconds between two JWKS fetches of one issuer (an unknown ``kid`` asks for one).
+    oidc_refresh_min_s: float = 5.0
+    #: The tenant from a verified client certificate: "CN", "O" or "SAN-URI=PREFIX"
+    #: (``fortis serve --tls-tenant-from``; needs ``--tls-client-auth require``). "": off.
+    tls_tenant_from: str = ""
     #: TLS for the server and mTLS for the internal channels (issue 9); None: plain text.
     tls: TlsSettings | None = None
     targets: Sequence[TargetConfig] = ()
@@ -183,6 +192,10 @@ class StackSettings:
     #: ``FORTIS_SURROGATE_DIR``): ``<name>.json`` manifests and their model files, named in
     #: plans like the built-in surrogates (IEEE-A7). None: only the built-ins.
     surrogate_dir: Path | None = None
+    #: White-box grants (``fortis serve --whitebox-grant TENANT=TARGET[,TARGET]``): tenant ->
+    #: the targets whose twin surrogates it may use ("*": all; services/common/whitebox.py).
+    #: Empty: no tenant may use a surrogate that shares a target's weights.
+    whitebox_grants: Mapping[str, frozenset[str]] = field(default_factory=dict)
     #: Per-tenant images/s across every target (``fortis serve --tenant-rate TENANT=N``).
     tenant_rates: Mapping[str, float] = field(default_factory=dict)
     #: Per-tenant quotas (issue 9): running/queued evaluations, queries per UTC day
@@ -193,6 +206,10 @@ class StackSettings:
     #: Bytes each tenant may keep in uploaded blobs (``fortis serve --upload-quota-bytes``;
     #: issue 9, the upload API: services/common/blobs.py).
     upload_quota_bytes: int = 2 * 1024 ** 3
+    #: Decoded bytes per request and per tenant in flight (``fortis serve
+    #: --max-request-decoded-bytes/--max-tenant-decoded-bytes``; services/common/memory.py):
+    #: checked from headers and shapes before anything is decoded.
+    memory: MemoryLimits = field(default_factory=MemoryLimits)
     #: The server's worker threads: every call in progress holds one (a Predict waiting for
     #: its rate-limit turn, a Watch stream), so ``quotas.max_calls`` per tenant keeps one
     #: tenant from holding them all (``fortis serve --server-workers``).
@@ -280,6 +297,52 @@ class Stack:
         return busy
 
 
+class _ProxyBuiltinTargets(Mapping[str, Sequence[str]]):
+    """Built-in model -> the proxy's targets serving it, asked of the proxy over its contract
+    (``GetBuiltinTargets``, with the internal key) and kept a minute: the proxy's targets
+    change only when it restarts. A proxy that cannot be asked fails the check (UNAVAILABLE),
+    so no surrogate is let through because the answer was missing."""
+
+    TTL_S = 60.0
+
+    def __init__(self, stub: Any, internal_key: str) -> None:
+        self._stub_factory = stub
+        self._stub: Any = None
+        self._key = internal_key
+        self._cache: dict[str, list[str]] = {}
+        self._at = float("-inf")
+
+    def _table(self) -> dict[str, list[str]]:
+        now = time.monotonic()
+        if now - self._at > self.TTL_S:
+            import grpc
+            from fortis.proxy.v1 import proxy_pb2
+            from fortis.services.common.server import call_metadata
+            if self._stub is None:
+                self._stub = self._stub_factory()
+            try:
+                resp = self._stub.GetBuiltinTargets(proxy_pb2.GetBuiltinTargetsRequest(),
+                                                     metadata=call_metadata(self._key),
+                                                     timeout=10)
+            except grpc.RpcError as exc:
+                log.warning("builtin_targets_unavailable", code=str(exc.code()))
+                raise errors.Unavailable(
+                    "the target proxy could not be asked which targets share a surrogate's "
+                    "weights; try again") from None
+            self._cache = {m.model: list(m.targets) for m in resp.models}
+            self._at = now
+        return self._cache
+
+    def __getitem__(self, model: str) -> Sequence[str]:
+        return self._table()[model]
+
+    def __iter__(self) -> Any:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
 def local_catalogue() -> Any:
     """The catalogue as the evaluation service sees it, built in-process from the perturbation
     service's own List answers (for `fortis validate` without a server)."""
@@ -336,9 +399,24 @@ def _key_table(settings: StackSettings, internal_key: str
     if settings.api_keys_file is not None:
         watcher = KeyFileWatcher(settings.api_keys_file, table,
                                  interval_s=settings.api_keys_reload_s).start()
-    if table.enabled:
+    if table.enabled or settings.oidc_issuers or settings.tls_tenant_from:
         table.add_key("internal", internal_key, SERVICE_TENANT)
     return table, watcher
+
+
+def _identity(settings: StackSettings) -> tuple[Any, Any]:
+    """The bearer-token verifier and the certificate-tenant rule of a stack (None when off)."""
+    from fortis.services.common.identity import CertTenant, TokenVerifier
+
+    tokens = TokenVerifier(settings.oidc_issuers, min_refresh_s=settings.oidc_refresh_min_s) \
+        if settings.oidc_issuers else None
+    cert_tenant = None
+    if settings.tls_tenant_from:
+        if settings.tls is None or settings.tls.client_auth != "require":
+            raise errors.InvalidArgument("tls_tenant_from", "needs --tls-client-auth require "
+                                         "(only a verified certificate may name a tenant)")
+        cert_tenant = CertTenant.parse(settings.tls_tenant_from)
+    return tokens, cert_tenant
 
 
 def _host_port(host: str, port: int) -> str:
@@ -491,7 +569,16 @@ def start_stack(settings: StackSettings) -> Stack:
         key_table, key_watcher = _key_table(settings, internal_key)
     if key_watcher is not None:
         closers.append(key_watcher.close)
+    with step("API keys"):
+        tokens, cert_tenant = _identity(settings)
     registry = CollectorRegistry()
+    if key_watcher is not None:
+        from fortis.services.common.api_keys import KeyFileCollector
+        registry.register(KeyFileCollector(key_watcher))    # type: ignore[arg-type]
+    if tokens is not None:
+        from fortis.services.common.identity import IdentityCollector
+        registry.register(IdentityCollector(tokens))        # type: ignore[arg-type]
+        tokens.prefetch()
     # Tenant labels come from the key table only (bounded cardinality; issue 9); the key
     # file's tenants change with it.
     tenant_label = TenantLabels(key_table.tenants if key_table.enabled else {"default"})
@@ -559,7 +646,8 @@ def start_stack(settings: StackSettings) -> Stack:
                                        limiter=RateLimiter(
                                            t.images_per_second, key=f"target:{t.name}",
                                            store=redis_store and redis_store.limiter),
-                                       tenants=t.tenants, max_batch=t.max_batch))
+                                       tenants=t.tenants, max_batch=t.max_batch,
+                                       builtin_model=t.builtin or ""))
         with step("state"):
             ledger = pg_ledger if pg_ledger is not None else Ledger(
                 state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
@@ -640,6 +728,21 @@ def start_stack(settings: StackSettings) -> Stack:
                 return operator_surrogates.load(name, field)
             return load_model(name, field)
 
+        from fortis.services.common.whitebox import WhiteboxPolicy
+        served: dict[str, list[str]] = {}
+        for t in settings.targets:
+            if t.builtin:
+                served.setdefault(t.builtin, []).append(t.name)
+        whitebox = WhiteboxPolicy(
+            grants=settings.whitebox_grants, builtin_models=tuple(BUILTIN_MODELS),
+            # Run apart from the proxy, this service asks it which targets serve each
+            # built-in model (the targets are the proxy's configuration, not this one's).
+            builtin_targets=served if (settings.targets or "proxy" in wanted)
+            else _ProxyBuiltinTargets(lambda: proxy_pb2_grpc.TargetProxyServiceStub(
+                lazy_channel(addr("proxy", settings.proxy_address))), internal_key),
+            declared_twins=lambda name: () if name in BUILTIN_MODELS
+            else operator_surrogates.twin_of(name))
+
         register.append((perturbation_pb2_grpc.add_PerturbationServiceServicer_to_server,
                          pt_servicer.PerturbationServicer(
                              proxy_stub=_LazyProxyStub(),  # type: ignore[arg-type]
@@ -647,7 +750,9 @@ def start_stack(settings: StackSettings) -> Stack:
                              tenant_surrogates=lambda spec, field: tenant_surrogates.load(
                                  current_tenant.get(), spec, field),
                              surrogate_names=lambda: (*BUILTIN_MODELS,
-                                                      *operator_surrogates.names())),
+                                                      *operator_surrogates.names()),
+                             surrogate_access=lambda name, field, rpc: whitebox.check(
+                                 current_tenant.get(), name, field, audit=rpc)),
                          pt_servicer.SERVICE_NAME))
     if "scoring" in wanted:
         register.append((scoring_pb2_grpc.add_ScoringServiceServicer_to_server,
@@ -694,6 +799,8 @@ def start_stack(settings: StackSettings) -> Stack:
                                              max_message_bytes=settings.max_message_bytes,
                                              max_workers=settings.server_workers,
                                              observe=rpc_metrics.observe, call_slots=slots,
+                                             memory=settings.memory,
+                                             tokens=tokens, cert_tenant=cert_tenant,
                                              max_connection_age_s=grpc_options.max_connection_age_s(
                                                  settings.max_connection_age_s)),
                               register)

@@ -308,6 +308,7 @@ class OperatorSurrogates:
             raise InvalidArgument("surrogate", f"{where}: must be a JSON object")
         doc = dict(doc)
         target_labels = doc.pop("target_labels", None)
+        doc.pop("twin_of", None)        # read by twin_of(): who may use it, not how it runs
         doc.setdefault("name", name)
         defn, problems = parse_definition(doc, where, model_kind="file")
         if target_labels is not None and (not isinstance(target_labels, list) or not all(
@@ -330,6 +331,26 @@ class OperatorSurrogates:
             raise InvalidArgument("surrogate", f"{where}.model: no file '{defn.model}' in the "
                                                "surrogate folder")
         return spec, path
+
+    def twin_of(self, name: str) -> tuple[str, ...]:
+        """The targets whose weights the manifest says this surrogate shares (``"twin_of":
+        ["target", ...]``; a tenant needs the operator's white-box grant for each:
+        services/common/whitebox.py). A manifest that cannot be read, or a ``twin_of`` that
+        is not a list of names, counts as a twin of every target ("*"): a typo never opens
+        a target's weights."""
+        if name not in self:
+            return ()
+        assert self.folder is not None
+        try:
+            doc = json.loads((self.folder / f"{name}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return ("*",)
+        raw = doc.get("twin_of", []) if isinstance(doc, dict) else None
+        if isinstance(raw, str):
+            raw = [raw]
+        if not isinstance(raw, list) or not all(isinstance(x, str) and x for x in raw):
+            return ("*",)
+        return tuple(raw)
 
     def load(self, name: str, field: str = "surrogate") -> Any:
         spec, path = self.spec(name)

@@ -92,9 +92,11 @@ def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace,
             print("First run: training the Fashion-MNIST target and surrogate (about 2 minutes"
                   " on 2 cores; cached afterwards)", file=sys.stderr)
     try:
+        # one user, its own models: white-box access to its targets' twins is granted
         stack = start_stack(StackSettings(state_dir=_state_dir(ns), api_keys={api_key: "local"},
                                           targets=targets, resume=False,
-                                          data_root=data_root))
+                                          data_root=data_root,
+                                          whitebox_grants={"local": frozenset({"*"})}))
     except FortisError as exc:
         err(str(exc))
         return EXIT_FAILED
@@ -240,6 +242,23 @@ def _quota_settings(ns: argparse.Namespace) -> Any:
                          tenants=tenants)
 
 
+def _memory_limits(ns: argparse.Namespace) -> Any:
+    """``fortis serve``'s decoded-size limits (services/common/memory.py); InvalidArgument
+    naming the option when one is out of range."""
+    from fortis.services.common import limits
+    from fortis.services.common.errors import InvalidArgument
+    from fortis.services.common.memory import MemoryLimits
+
+    values = {}
+    for opt, default in (("max_request_decoded_bytes", limits.MAX_REQUEST_DECODED_BYTES),
+                         ("max_tenant_decoded_bytes", limits.MAX_TENANT_DECODED_BYTES)):
+        values[opt] = int(getattr(ns, opt, default))
+        if not 0 <= values[opt] <= 1 << 50:
+            raise InvalidArgument(opt, "must be from 0 (no limit) to 2^50 bytes")
+    return MemoryLimits(max_request_bytes=values["max_request_decoded_bytes"],
+                        max_tenant_bytes=values["max_tenant_decoded_bytes"])
+
+
 def _server_workers(ns: argparse.Namespace) -> int:
     from fortis.services.common.errors import InvalidArgument
 
@@ -284,6 +303,32 @@ def _tls_settings(ns: argparse.Namespace) -> Any:
     return TlsSettings(cert_file=Path(ns.tls_cert), key_file=Path(ns.tls_key),
                        ca_file=Path(ns.tls_ca) if ns.tls_ca else None,
                        client_auth=ns.tls_client_auth, server_name=ns.tls_server_name or "")
+
+
+def _identity_options(ns: argparse.Namespace) -> tuple[list[Any], str]:
+    """``fortis serve``'s OIDC issuers and ``--tls-tenant-from``, each flag falling back to
+    its environment variable (the Helm chart's ConfigMap can set them)."""
+    from fortis.services.common.identity import parse_issuer_spec
+
+    env = os.environ.get
+    specs = getattr(ns, "oidc_issuer", None) or env("FORTIS_OIDC_ISSUER", "").split()
+    audiences = getattr(ns, "oidc_audience", None) or env("FORTIS_OIDC_AUDIENCE", "").split()
+    defaults = {"audiences": audiences,
+                "tenant_claim": getattr(ns, "oidc_tenant_claim", None)
+                or env("FORTIS_OIDC_TENANT_CLAIM", ""),
+                "jwks_url": getattr(ns, "oidc_jwks_url", None) or env("FORTIS_OIDC_JWKS_URL", ""),
+                "ca_file": getattr(ns, "oidc_ca_file", None) or env("FORTIS_OIDC_CA_FILE", ""),
+                "tenants": [t for t in (getattr(ns, "oidc_tenants", None)
+                                        or env("FORTIS_OIDC_TENANTS", "")).split(":") if t],
+                "tenant_prefix": getattr(ns, "oidc_tenant_prefix", None)
+                or env("FORTIS_OIDC_TENANT_PREFIX", "")}
+    if defaults["jwks_url"] and len(specs) > 1:
+        from fortis.services.common.errors import InvalidArgument
+        raise InvalidArgument("oidc_jwks_url", "with several issuers, give each its own "
+                              "(--oidc-issuer URL,jwks-url=...)")
+    issuers = [parse_issuer_spec(s, **defaults) for s in specs]
+    tenant_from = getattr(ns, "tls_tenant_from", None) or env("FORTIS_TLS_TENANT_FROM", "")
+    return issuers, tenant_from
 
 
 def _executor_settings(ns: argparse.Namespace) -> dict[str, Any]:
@@ -354,10 +399,18 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             keys = parse_api_keys(os.environ.get("FORTIS_API_KEYS", ""), "FORTIS_API_KEYS")
             for k in ns.api_key or []:
                 keys += parse_api_keys(k, "api_key")
+        with step("API keys"):
+            oidc, tenant_from = _identity_options(ns)
         generated = ""
-        if not keys and not ns.api_keys_file and not ns.no_auth:
+        if not keys and not ns.api_keys_file and not ns.no_auth and not oidc and not tenant_from:
             generated = new_api_key()
             keys = parse_api_keys(f"{generated}=default")
+        with step("options"):
+            from fortis.services.common.whitebox import parse_grants
+            grants = parse_grants(getattr(ns, "whitebox_grant", None) or [])
+            if (generated or ns.no_auth) and not grants:
+                # single-user default: its one tenant is the operator, who owns the targets
+                grants = {"default": frozenset({"*"})}
         with step("TLS material"):
             tls = _tls_settings(ns)
         with step("metrics address"):
@@ -373,6 +426,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                 address=ns.address, state_dir=_state_dir(ns), key_entries=keys, targets=targets,
                 api_keys_file=Path(ns.api_keys_file) if ns.api_keys_file else None,
                 api_keys_reload_s=max(0.0, float(ns.api_keys_reload)), tls=tls,
+                oidc_issuers=oidc, tls_tenant_from=tenant_from,
                 only=ns.service or "", proxy_address=ns.proxy_address or "",
                 perturbation_address=ns.perturbation_address or "",
                 scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
@@ -381,6 +435,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                 ledger_synchronous=ns.ledger_sync,
                 data_root=Path(ns.data_root) if ns.data_root else None,
                 surrogate_dir=Path(ns.surrogate_dir) if getattr(ns, "surrogate_dir", "") else None,
+                whitebox_grants=grants,
                 tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
                 evaluation_workers=_evaluation_workers(ns), server_workers=_server_workers(ns),
                 redis_url=getattr(ns, "redis_url", None) or os.environ.get("FORTIS_REDIS_URL") or None,
@@ -389,6 +444,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                 database_url=getattr(ns, "database_url", None)
                 or os.environ.get("FORTIS_DATABASE_URL") or None,
                 upload_quota_bytes=max(0, int(getattr(ns, "upload_quota_bytes", 2 * 1024 ** 3))),
+                memory=_memory_limits(ns),
                 **_executor_settings(ns))
         stack = start_stack(settings)
     except StartupError as exc:

@@ -126,6 +126,37 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--api-keys-reload", type=float, default=2.0, metavar="SECONDS",
                     help="how often the key file is checked for changes (default 2; 0: "
                          "only on SIGHUP)")
+    sp.add_argument("--oidc-issuer", action="append", metavar="URL[,KEY=VALUE...]",
+                    help="accept bearer tokens (authorization: Bearer <jwt>) of this OpenID "
+                    "Connect issuer, e.g. the corporate IdP or the Kubernetes API server's "
+                    "service-account issuer (repeatable; also $FORTIS_OIDC_ISSUER, several "
+                    "separated by spaces). Per issuer, overriding the flags below: "
+                    "audience=A, tenant-claim=C, tenants=T1:T2, tenant-prefix=P, jwks-url=U, "
+                    "ca-file=F, algorithms=RS256:ES256, leeway=S. Each issuer needs tenants= "
+                    "and/or tenant-prefix=")
+    sp.add_argument("--oidc-audience", action="append", metavar="AUD",
+                    help="the audience (aud) tokens must be made for (repeatable; also "
+                    "$FORTIS_OIDC_AUDIENCE)")
+    sp.add_argument("--oidc-tenant-claim", metavar="CLAIM",
+                    help="the claim naming the tenant, dotted for nested claims (e.g. "
+                    "kubernetes.io.namespace; also $FORTIS_OIDC_TENANT_CLAIM)")
+    sp.add_argument("--oidc-tenants", metavar="T1:T2",
+                    help="the tenants tokens may name, ':'-separated ('*': any; tenant names "
+                    "are shared with API keys, so say which; also $FORTIS_OIDC_TENANTS)")
+    sp.add_argument("--oidc-tenant-prefix", metavar="PREFIX",
+                    help="put in front of the claim's value, so tokens' tenants are apart from "
+                    "every other name (e.g. k8s- for namespaces; also "
+                    "$FORTIS_OIDC_TENANT_PREFIX)")
+    sp.add_argument("--oidc-jwks-url", metavar="URL",
+                    help="the issuer's JWKS (default: jwks_uri of its "
+                    "/.well-known/openid-configuration; also $FORTIS_OIDC_JWKS_URL)")
+    sp.add_argument("--oidc-ca-file", metavar="FILE",
+                    help="CA bundle verifying the JWKS host (default: the system's; also "
+                    "$FORTIS_OIDC_CA_FILE)")
+    sp.add_argument("--tls-tenant-from", metavar="CN|O|SAN-URI=PREFIX",
+                    help="take the tenant of a call without an API key or token from its "
+                    "verified client certificate (needs --tls-client-auth require; also "
+                    "$FORTIS_TLS_TENANT_FROM)")
     sp.add_argument("--tls-cert", metavar="FILE", help="serve TLS only, with this certificate "
                     "(PEM; re-read when it changes)")
     sp.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
@@ -194,9 +225,25 @@ def build_parser() -> argparse.ArgumentParser:
                     help="folder of operator surrogates: <name>.json manifests (the plan's "
                     "surrogates schema, model = a file in DIR) named in plans like the "
                     "built-ins (default: $FORTIS_SURROGATE_DIR, else none)")
+    sp.add_argument("--whitebox-grant", action="append", metavar="TENANT=TARGET[,TARGET]",
+                    help="let TENANT use surrogates that share those targets' weights (a "
+                    "built-in twin such as fmnist-cnn, or an operator surrogate declared "
+                    "twin_of them; TENANT=* for every target; repeatable). Default: no tenant, "
+                    "except the one tenant of --no-auth or of the generated key")
     sp.add_argument("--upload-quota-bytes", type=int, default=2 * 1024 ** 3, metavar="N",
                     help="bytes each tenant may keep in uploaded images, manifests and models "
                     "(fortis upload; default 2 GiB)")
+    sp.add_argument("--max-request-decoded-bytes", type=int, default=128 * 1024 ** 2,
+                    metavar="N",
+                    help="bytes the images and arrays of one request may take once decoded, "
+                    "read from their PNG/JPEG headers and tensor shapes before anything is "
+                    "decoded (default 128 MiB: one 40 M-pixel RGB image; 0: no limit); more "
+                    "is RESOURCE_EXHAUSTED naming the field")
+    sp.add_argument("--max-tenant-decoded-bytes", type=int, default=256 * 1024 ** 2,
+                    metavar="N",
+                    help="decoded bytes one tenant's calls in progress may hold together on "
+                    "this server (default 256 MiB; 0: no limit); a call past it is "
+                    "RESOURCE_EXHAUSTED at once, the bytes given back when each call ends")
     sp.add_argument("--metrics-address", metavar="HOST:PORT",
                     help="serve Prometheus metrics (RPCs and proxy queries, labelled by tenant) "
                     "at http://HOST:PORT/metrics; bind 0.0.0.0 only on purpose")

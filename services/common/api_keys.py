@@ -16,9 +16,18 @@ Pure code, no gRPC (the interceptor that asks :class:`KeyTable` who a caller is 
   a lookup sees either the old or the new set, never a mix, and needs no lock.
 - :class:`KeyFileWatcher` re-reads the key file when it changes (device, inode, size or
   mtime; a Kubernetes secret update swaps a symlink, which changes the inode), on a poll or
-  on demand (SIGHUP). A file that does not parse, or that has no keys, is refused as a whole
-  and the previous keys stay in force (never everyone locked out); the error is logged with
-  a line number, never with a key or a hash.
+  on demand (SIGHUP). What a file means is stated here and in the README ("Security
+  model"), and tested against a real server:
+
+  * a file with no key lines (empty, or comments and blank lines only) **revokes every key
+    it held**: emptying the file is how an operator cuts all access at once, so it must
+    work, not be mistaken for an accident;
+  * a file that does not parse (a bad line, not UTF-8, too large), or that cannot be read
+    (deleted, unreadable), is refused as a whole and **the last good keys stay in force**:
+    a half-written or mistyped file must not lock every tenant out. The error is logged
+    (``api_keys_reload_failed``, with the line number, never a key or a hash) and counted
+    (``fortis_api_keys_reload_errors_total``; ``fortis_api_keys_last_reload_success_
+    timestamp_seconds`` stops moving), so an alert can fire.
 
 Several keys per tenant are allowed (old and new overlap during a rotation).
 """
@@ -31,6 +40,7 @@ import os
 import re
 import secrets
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +48,7 @@ from pathlib import Path
 import structlog
 from fortis.services.common import errors
 
-__all__ = ["KeyEntry", "KeyFileWatcher", "KeyTable", "hash_api_key", "key_file_line",
+__all__ = ["KeyEntry", "KeyFileCollector", "KeyFileWatcher", "KeyTable", "hash_api_key", "key_file_line",
            "load_key_file", "new_api_key", "parse_api_keys", "parse_key_file"]
 
 log = structlog.get_logger("fortis.api_keys")
@@ -109,8 +119,9 @@ def parse_api_keys(text: str, field: str = "api_keys") -> list[KeyEntry]:
 
 def parse_key_file(text: str, field: str = "api_keys_file") -> list[KeyEntry]:
     """Parse a key file: one ``TENANT sha256:<64 hex>`` per line; blank lines and lines
-    starting with ``#`` are ignored. Raises InvalidArgument naming the first bad line by
-    number (never its text: it may be a key pasted by mistake)."""
+    starting with ``#`` are ignored, so a file of comments only holds no key (every key
+    revoked). Raises InvalidArgument naming the first bad line by number (never its text: it
+    may be a key pasted by mistake)."""
     entries: list[KeyEntry] = []
     seen: dict[bytes, str] = {}
     for n, raw in enumerate(text.splitlines(), 1):
@@ -132,8 +143,6 @@ def parse_key_file(text: str, field: str = "api_keys_file") -> list[KeyEntry]:
             raise errors.InvalidArgument(field, f"line {n}: this key is already given to "
                                          "another tenant")
         entries.append(KeyEntry(tenant, digest))
-    if not entries:
-        raise errors.InvalidArgument(field, "no keys in the file")
     return entries
 
 
@@ -235,8 +244,10 @@ class KeyFileWatcher:
 
     :meth:`start` loads the file (a bad file at start is an error: the server does not start)
     and polls it every ``interval_s`` seconds in a daemon thread; :meth:`check` reloads when
-    the file changed and :meth:`reload` unconditionally (SIGHUP). A reload that fails keeps
-    the previous entries and logs ``api_keys_reload_failed``."""
+    the file changed and :meth:`reload` unconditionally (SIGHUP). A file without keys
+    revokes them all (``api_keys_revoked_all``, a warning); a reload that fails keeps the
+    previous entries, logs ``api_keys_reload_failed`` and counts in ``failures`` (exported
+    by :class:`KeyFileCollector`)."""
 
     def __init__(self, path: Path, table: KeyTable, *, source: str = "file",
                  interval_s: float = 2.0) -> None:
@@ -246,6 +257,8 @@ class KeyFileWatcher:
         self.interval_s = interval_s
         self.reloads = 0            # successful loads, the first included
         self.failures = 0
+        #: Wall-clock time of the last successful load (0 before the first).
+        self.last_success_time = 0.0
         self._sig: tuple[int, int, int, int] | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -256,7 +269,12 @@ class KeyFileWatcher:
         entries = load_key_file(self.path)
         self.table.set_source(self.source, entries)
         self.reloads += 1
-        log.info("api_keys_loaded", keys=len(entries), tenants=len({e.tenant for e in entries}))
+        self.last_success_time = time.time()
+        if entries:
+            log.info("api_keys_loaded", keys=len(entries),
+                     tenants=len({e.tenant for e in entries}))
+        else:
+            log.warning("api_keys_revoked_all", reason="the key file holds no key")
         if self.interval_s > 0:
             self._thread = threading.Thread(target=self._run, name="api-key-file-watcher",
                                             daemon=True)
@@ -293,11 +311,40 @@ class KeyFileWatcher:
                 return False
             self.table.set_source(self.source, entries)
             self.reloads += 1
-            log.info("api_keys_reloaded", keys=len(entries),
-                     tenants=len({e.tenant for e in entries}))
+            self.last_success_time = time.time()
+            if entries:
+                log.info("api_keys_reloaded", keys=len(entries),
+                         tenants=len({e.tenant for e in entries}))
+            else:
+                log.warning("api_keys_revoked_all", reason="the key file holds no key")
             return True
 
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
+
+
+class KeyFileCollector:
+    """Prometheus view of a :class:`KeyFileWatcher` (registered on the stack's registry):
+    refused reloads, the time of the last good one and the keys the file holds now. A
+    collector reads the watcher when scraped, so the watcher needs no registry."""
+
+    def __init__(self, watcher: KeyFileWatcher) -> None:
+        self._watcher = watcher
+
+    def collect(self) -> Iterable[object]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        w = self._watcher
+        yield CounterMetricFamily(
+            "fortis_api_keys_reload_errors",
+            "Reloads of the API key file refused (bad line, unreadable); the last good keys "
+            "stay in force", value=w.failures)
+        yield GaugeMetricFamily(
+            "fortis_api_keys_last_reload_success_timestamp_seconds",
+            "Unix time of the last successful load of the API key file",
+            value=w.last_success_time)
+        yield GaugeMetricFamily(
+            "fortis_api_keys_file_keys", "Keys in force from the API key file",
+            value=len(w.table.source(w.source)))

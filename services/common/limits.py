@@ -88,6 +88,17 @@ MAX_TENSOR_DIM: Final = 1 << 31
 #: Width or height of an image, pixels.
 MAX_IMAGE_SIDE: Final = 100_000
 
+# -- memory (services/common/memory.py): decoded sizes, known before anything is decoded -----
+#: Decoded bytes of one request: the sum over its images of width x height x channels x bytes
+#: per sample (PNG/JPEG headers) and over its tensors of elements x dtype size
+#: (``fortis serve --max-request-decoded-bytes``). One largest RGB image (MAX_PIXELS x 3)
+#: fits; sixteen 6000x6000 grey images (576 MB) do not.
+MAX_REQUEST_DECODED_BYTES: Final = 128 * 1024 * 1024
+#: Decoded bytes one tenant's calls in progress may hold on one server together
+#: (``--max-tenant-decoded-bytes``); a call past it is refused at once, released when each
+#: call ends (answered, failed or cancelled). Calls between Fortis's services are not counted.
+MAX_TENANT_DECODED_BYTES: Final = 256 * 1024 * 1024
+
 # -- uploads (services/common/blobs.py; issue 9, "No plan reads the server's disk") ----------
 #: Bytes of one UploadBlob data chunk (``blobs.MAX_CHUNK_BYTES``).
 MAX_UPLOAD_CHUNK_BYTES: Final = 1024 * 1024
@@ -404,6 +415,9 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
     _PERT + "ValidateAttackRequest.criterion": _MSG,
     _PERT + "ValidateAttackRequest.task": Limit("free", note="enum; unset = classification"),
     _PERT + "ValidateAttackRequest.output_kind": Limit("free", note="enum; unset = unknown"),
+    _PERT + "ValidateAttackRequest.surrogate": _NAME,
+    _PERT + "ValidateAttackRequest.ensemble": Limit("text", length=MAX_NAME_CHARS,
+                                               entries=MAX_ENSEMBLE),
     _PERT + "SurrogateModel.name": _NAME,
     _PERT + "SurrogateModel.model": _text(MAX_BLOB_ID_CHARS, note="an uploaded model's id"),
     _PERT + "SurrogateModel.format": Limit("free", note="enum; an unknown format is refused"),

@@ -8,6 +8,7 @@ section 1), so a bad request never takes a service down and internals never leak
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import re
 import threading
 import time
@@ -25,6 +26,14 @@ from fortis.client.errors import from_rpc_error
 from fortis.services.common import errors, grpc_options, limits
 from fortis.services.common.api_keys import KeyTable
 from fortis.services.common.health import HealthServicer as FortisHealthServicer
+from fortis.services.common.identity import AuditLog, CertTenant, Identity, TokenVerifier
+from fortis.services.common.memory import (
+    CallHold,
+    MemoryBudget,
+    MemoryLimits,
+    current_hold,
+    stream_holding,
+)
 from fortis.services.common.quotas import CallSlots
 from fortis.services.common.status import status_for
 from fortis.services.common.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
@@ -38,6 +47,8 @@ log = structlog.get_logger("fortis.server")
 
 #: Metadata key carrying the API key.
 API_KEY_HEADER = "x-api-key"
+#: Metadata key carrying an OpenID Connect / JWT bearer token (``Bearer <jwt>``).
+AUTHORIZATION_HEADER = "authorization"
 #: Metadata key with which an internal service key acts for a tenant.
 TENANT_HEADER = "x-fortis-tenant"
 #: Tenant value of an internal service key (may act for any tenant).
@@ -62,6 +73,13 @@ def request_id_from(metadata: Mapping[str, str]) -> str:
 
 current_tenant: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_tenant", default="")
 current_api_key: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_api_key", default="")
+#: The caller's bearer token, forwarded like its API key when a service calls another on the
+#: caller's behalf (perturbation -> proxy for a query attack) so the callee sees the same tenant.
+current_bearer: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_bearer", default="")
+#: True when the call came with the internal service key (one Fortis service calling another),
+#: or when authentication is off (the single-user mode: its one user holds every trust).
+current_internal: contextvars.ContextVar[bool] = contextvars.ContextVar("fortis_internal",
+                                                                        default=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +101,13 @@ class ServerSettings:
     #: Close each connection after this long so clients re-resolve and rebalance (issue 10,
     #: grpc_options); 0: never. Calls in flight are not cut.
     max_connection_age_s: float = grpc_options.DEFAULT_MAX_CONNECTION_AGE_S
+    #: Bearer tokens accepted beside API keys (OIDC issuers, services/common/identity.py).
+    tokens: TokenVerifier | None = None
+    #: The tenant taken from a verified client certificate (``--tls-tenant-from``).
+    cert_tenant: CertTenant | None = None
+    #: Decoded bytes per request and per tenant in flight, and the answer's size, checked
+    #: before a servicer decodes anything (``services/common/memory.py``). None: unchecked.
+    memory: MemoryLimits | None = field(default_factory=MemoryLimits)
 
 
 #: Seconds health says NOT_SERVING before a draining server refuses new calls: clients that
@@ -228,6 +253,8 @@ def _bounded(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
         if isinstance(request, Message):
             limits.check_message(request)
             return request
+        if isinstance(request, (bytes, bytearray)):
+            return request          # a raw handler (no deserializer): nothing typed to bound
         return (limits.checked(message) for message in request)
     return run
 
@@ -264,12 +291,38 @@ def _on_end(context: grpc.ServicerContext, release: Callable[[], None]) -> None:
 def _wrap_handler(handler: grpc.RpcMethodHandler,
                   before: Before,
                   method: str = "", observe: Observer | None = None,
-                  request_id: str = "") -> grpc.RpcMethodHandler:
+                  request_id: str = "",
+                  hold_for: Callable[[], CallHold | None] | None = None
+                  ) -> grpc.RpcMethodHandler:
     """Wrap every behaviour of a handler: run ``before`` then map domain errors (a request
-    that does not parse is INVALID_ARGUMENT on ``request``)."""
+    that does not parse is INVALID_ARGUMENT on ``request``). ``hold_for`` (after ``before``)
+    gives the call's memory hold: a unary request is held whole before the servicer runs, a
+    client stream message by message; a bidirectional stream's servicer holds each message
+    itself (``memory.holding``), answering refusals in band."""
     check: Callable[[Any], Any] = _decoded_stream if handler.request_streaming else _decoded
     if not (handler.request_streaming and handler.response_streaming):
         check = _bounded(check)     # a bidirectional stream's servicer answers it in band
+    bidi = handler.request_streaming and handler.response_streaming
+
+    def admitted(request: Any, context: grpc.ServicerContext,
+                 holds: list[CallHold]) -> Any:
+        """The checked request, held in the call's memory budget (released at its end)."""
+        request = check(request)
+        hold = hold_for() if hold_for is not None else None
+        if hold is None:
+            return request
+        holds.append(hold)
+        current_hold.set(hold)
+        _on_end(context, hold.close)
+        if not handler.request_streaming:
+            hold.hold(request)
+        elif not bidi:
+            request = stream_holding(hold, request)
+        return request
+
+    def let_go(holds: list[CallHold]) -> None:
+        for hold in holds:
+            hold.close()
 
     def done(context: grpc.ServicerContext, exc: BaseException | None, t0: float) -> None:
         if observe is not None:
@@ -283,18 +336,22 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             t0 = time.perf_counter()
             current_tenant.set("")      # a worker thread's last caller is not this one's
+            current_hold.set(None)
             release = _once(None)
+            holds: list[CallHold] = []
             try:
                 release = _once(before(context))
                 _on_end(context, release)
-                result = fn(check(request), context)
+                result = fn(admitted(request, context, holds), context)
             except Exception as exc:  # noqa: BLE001 - mapped to a status
                 release()
+                let_go(holds)
                 done(context, exc, t0)
                 if isinstance(exc, grpc.RpcError) or _aborted(context):
                     raise
                 _abort(context, exc, request_id)
             release()
+            let_go(holds)
             done(context, None, t0)
             return result
         return call
@@ -303,19 +360,23 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
         def call(request: Any, context: grpc.ServicerContext) -> Iterable[Any]:
             t0 = time.perf_counter()
             current_tenant.set("")      # a worker thread's last caller is not this one's
+            current_hold.set(None)
             release = _once(None)
+            holds: list[CallHold] = []
             try:
                 release = _once(before(context))
                 _on_end(context, release)
-                yield from fn(check(request), context)
+                yield from fn(admitted(request, context, holds), context)
             except Exception as exc:  # noqa: BLE001 - mapped to a status
                 release()
+                let_go(holds)
                 done(context, exc, t0)
                 if isinstance(exc, grpc.RpcError) or _aborted(context):
                     raise
                 _abort(context, exc, request_id)
             finally:
                 release()
+                let_go(holds)
             done(context, None, t0)
         return call
 
@@ -339,16 +400,27 @@ def _aborted(context: grpc.ServicerContext) -> bool:
 
 
 class FortisInterceptor(grpc.ServerInterceptor):
-    """API-key auth (health and reflection exempt), tenant binding, error mapping."""
+    """Auth (health and reflection exempt), tenant binding, error mapping.
+
+    A caller proves who it is with, in this order: an API key (``x-api-key``), a bearer token
+    (``authorization: Bearer <jwt>``, when OIDC issuers are configured), or its verified
+    client certificate (when ``--tls-tenant-from`` is set). Each gives a tenant name; what
+    follows (namespaces, quotas, metrics) does not know which."""
 
     def __init__(self, api_keys: Mapping[str, str] | KeyTable,
                  observe: Observer | None = None, call_slots: CallSlots | None = None,
-                 drain: Drain | None = None) -> None:
+                 drain: Drain | None = None, memory: MemoryBudget | None = None, *,
+                 tokens: TokenVerifier | None = None,
+                 cert_tenant: CertTenant | None = None) -> None:
         # Hashed keys only (issue 9): a plain mapping is hashed here and not kept.
         self._keys = api_keys if isinstance(api_keys, KeyTable) else KeyTable.from_plain(api_keys)
         self._observe = observe
         self._slots = call_slots
         self._drain = drain
+        self._memory = memory
+        self._tokens = tokens
+        self._cert_tenant = cert_tenant
+        self._audit = AuditLog()
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
@@ -357,11 +429,20 @@ class FortisInterceptor(grpc.ServerInterceptor):
             return handler
         md = dict(handler_call_details.invocation_metadata or ())
         api_key = md.get(API_KEY_HEADER, "")
+        authorization = md.get(AUTHORIZATION_HEADER, "")
         acting_for = md.get(TENANT_HEADER, "")
         keys = self._keys
+        tokens, cert_tenant, audit = self._tokens, self._cert_tenant, self._audit
         slots = self._slots
         drain = self._drain
         request_id = request_id_from(md)
+        memory = self._memory
+        who: dict[str, Any] = {}
+
+        def hold_for() -> CallHold | None:
+            if memory is None or "tenant" not in who:
+                return None
+            return CallHold(memory, who["tenant"], method, counted=not who["internal"])
 
         def before(context: grpc.ServicerContext) -> Callable[[], None] | None:
             # A handler thread serves many calls: start each from a clean log context.
@@ -374,8 +455,14 @@ class FortisInterceptor(grpc.ServerInterceptor):
             if drain is not None:   # SIGTERM: no new work (UNAVAILABLE), the rest counted
                 drain.enter(context)
             internal = False
-            if not keys.enabled:  # auth disabled (single-user local mode)
-                tenant = acting_for or "default"
+            bearer = ""
+            if not keys.enabled and tokens is None and cert_tenant is None:
+                tenant = acting_for or "default"    # auth disabled (single-user local mode)
+            elif not api_key and (tokens is not None or cert_tenant is not None):
+                ident, bearer = _other_identity(context, authorization, tokens, cert_tenant,
+                                                method)
+                tenant = ident.tenant       # a token or certificate never acts for another
+                audit.note(ident, method, _peer(context))
             else:
                 reason = ""
                 tenant = keys.tenant_of(api_key) if api_key else ""
@@ -393,8 +480,14 @@ class FortisInterceptor(grpc.ServerInterceptor):
                 if tenant == SERVICE_TENANT:
                     tenant = acting_for or "default"
                     internal = True
+                else:
+                    audit.note(Identity(tenant=tenant, kind="api_key"), method, _peer(context))
             current_tenant.set(tenant)
             current_api_key.set(api_key)
+            current_bearer.set(bearer)
+            current_internal.set(internal or (not keys.enabled and tokens is None
+                                              and cert_tenant is None))
+            who.update(tenant=tenant, internal=internal)
             structlog.contextvars.bind_contextvars(tenant=tenant)
             if slots is None or internal:
                 return None
@@ -407,7 +500,37 @@ class FortisInterceptor(grpc.ServerInterceptor):
                     "(--max-calls-per-tenant); retry when one has finished")])
             return lambda: slots.leave(tenant)
 
-        return _wrap_handler(handler, before, method, self._observe, request_id)
+        return _wrap_handler(handler, before, method, self._observe, request_id, hold_for)
+
+
+def _other_identity(context: grpc.ServicerContext, authorization: str,
+                    tokens: TokenVerifier | None, cert_tenant: CertTenant | None,
+                    method: str) -> tuple[Identity, str]:
+    """The identity of a call without an API key: its bearer token, else its client
+    certificate; (identity, the token to forward). Refusals are logged with their reason,
+    never with the token."""
+    try:
+        if authorization and tokens is not None:
+            scheme, _, token = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise errors.Unauthenticated(
+                    f"metadata '{AUTHORIZATION_HEADER}' must be 'Bearer <token>'")
+            return tokens.verify(token.strip()), token.strip()
+        if cert_tenant is not None:
+            try:
+                auth = context.auth_context()
+            except Exception:  # noqa: BLE001 - test doubles of the context may lack it
+                auth = {}
+            return cert_tenant.tenant_of(auth), ""
+        raise errors.Unauthenticated(
+            f"missing credentials: send metadata '{API_KEY_HEADER}' or "
+            f"'{AUTHORIZATION_HEADER}: Bearer <token>'")
+    except (errors.Unauthenticated, errors.Unavailable) as exc:
+        kind = "oidc" if authorization and tokens is not None else (
+            "mtls" if cert_tenant is not None else "none")
+        log.warning("auth_failed", method=method, kind=kind, reason=exc.message[:200],
+                    peer=_peer(context))
+        raise
 
 
 def _peer(context: grpc.ServicerContext) -> str:
@@ -572,6 +695,8 @@ class RunningServer:
     health: health.HealthServicer
     address: str
     drain: Drain = field(default_factory=Drain)
+    #: The decoded bytes each tenant's calls hold (None: unchecked).
+    memory: MemoryBudget | None = None
 
     def begin_drain(self, grace: float) -> None:
         """First step of a graceful stop (issue 10, SIGTERM): health NOT_SERVING at once (to
@@ -634,9 +759,17 @@ def build_server(settings: ServerSettings,
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.so_reuseport", 0), *grpc_options.server_options(settings.max_connection_age_s)]
     drain = Drain()
+    memory = None
+    if settings.memory is not None:     # no answer past the message limit is ever worked on
+        cap = settings.memory.max_response_bytes
+        memory = MemoryBudget(dataclasses.replace(
+            settings.memory, max_response_bytes=min(cap, settings.max_message_bytes)
+            if cap else settings.max_message_bytes))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers),
                          interceptors=[FortisInterceptor(settings.api_keys, settings.observe,
-                                                       settings.call_slots, drain)],
+                                                       settings.call_slots, drain, memory,
+                                                       tokens=settings.tokens,
+                                                       cert_tenant=settings.cert_tenant)],
                          options=opts)
     health_servicer = FortisHealthServicer()   # no deadlock on Watch close (common/health.py)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -662,7 +795,7 @@ def build_server(settings: ServerSettings,
     log.info("server started", address=address, services=names[len(REFLECTION_SERVICES) + 1:],
              tls="off" if settings.tls is None else f"client_auth={settings.tls.client_auth}")
     return RunningServer(server=server, port=port, health=health_servicer, address=address,
-                         drain=drain)
+                         drain=drain, memory=memory)
 
 
 def channel(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
@@ -681,9 +814,13 @@ def channel(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 
 
 def call_metadata(api_key: str, tenant: str = "") -> tuple[tuple[str, str], ...]:
+    """Metadata of a call made with ``api_key`` (for ``tenant`` when it is the internal key).
+    Without a key, inside a call that came with a bearer token, that token is forwarded."""
     md: list[tuple[str, str]] = []
     if api_key:
         md.append((API_KEY_HEADER, api_key))
+    elif current_bearer.get():
+        md.append((AUTHORIZATION_HEADER, f"Bearer {current_bearer.get()}"))
     if tenant:
         md.append((TENANT_HEADER, tenant))
     return tuple(md)

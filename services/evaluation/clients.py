@@ -304,10 +304,12 @@ class GrpcPerturbation:
 
     def validate_attack(self, attack_id: str, params: Mapping[str, Any], *, task: str,
                         output_kind: str = "",
-                        criterion: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                        criterion: Mapping[str, Any] | None = None, surrogate: str = "",
+                        ensemble: Sequence[str] = ()) -> dict[str, Any]:
         req = ppb.ValidateAttackRequest(
             attack_id=attack_id, task=_TASK_ENUM.get(task, 0),
-            output_kind=_OUTPUT_ENUM.get(output_kind, 0))
+            output_kind=_OUTPUT_ENUM.get(output_kind, 0), surrogate=surrogate,
+            ensemble=list(ensemble))
         json_format.ParseDict(dict(params), req.params)
         if criterion:
             req.criterion.CopyFrom(convert.attack_criterion(criterion))

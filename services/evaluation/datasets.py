@@ -238,6 +238,46 @@ def read_manifest(plan: Plan, data_root: Path | None, uploads: Uploads | None = 
     return rows
 
 
+def check_manifest(plan: Plan, data_root: Path | None, uploads: Uploads | None = None
+                   ) -> None:
+    """What reading the plan's manifest would refuse, without decoding an image: no data
+    root, a path absolute, with ``..`` or outside the root, a missing file, a blob that is
+    not this tenant's (or not of its kind), a line that is not JSON or names no image. For
+    ValidatePlan: a plan it accepts does not fail on these when the run reads them."""
+    if plan.dataset.source not in ("manifest", "uploads"):
+        return
+    ds = plan.dataset
+    if ds.source == "uploads":
+        if uploads is None:
+            raise FailedPrecondition("dataset.manifest: uploads are not available on this "
+                                     "server")
+        blobs, tenant = uploads
+
+        def locate(raw: object, field: str) -> None:
+            blobs.path_of(tenant, str(raw), field, kind="image")
+    else:
+        if data_root is None:
+            raise FailedPrecondition("dataset.path: manifests are not available on this "
+                                     "server: the operator has not configured a data root "
+                                     "(fortis serve --data-root DIR)")
+        root, base = data_root, PurePosixPath(ds.path).parent
+
+        def locate(raw: object, field: str) -> None:
+            confined_file(root, base, raw, field)
+    lines, field, _load = _opened(plan, data_root, uploads)
+    for n, line in lines:
+        where = f"{field}:{n}"
+        try:
+            row = json.loads(line)
+        except (RecursionError, ValueError):
+            raise InvalidArgument(where, "not readable JSON") from None
+        if not isinstance(row, dict) or not isinstance(row.get("image"), str):
+            raise InvalidArgument(f"{where}.image", "each line needs an 'image'")
+        locate(row["image"], f"{where}.image")
+        if isinstance(row.get("mask"), str):
+            locate(row["mask"], f"{where}.mask")
+
+
 def load_plan_truths(plan: Plan, data_root: Path | None, uploads: Uploads | None = None,
                      ) -> dict[str, Any]:
     """Ground truth of a detection or segmentation plan, per image id: detection
@@ -294,6 +334,16 @@ class PlanDatasets(DatasetPort):
 
     def truths(self, plan: Plan) -> dict[str, Any]:
         return load_plan_truths(plan, self.data_root, self._uploads)
+
+    def check(self, plan: Plan) -> None:
+        """The first stage's refusals of the plan's data, no image decoded (check_manifest),
+        and the uploaded models its surrogates name (this tenant's, of kind model)."""
+        check_manifest(plan, self.data_root, self._uploads)
+        for k, sd in enumerate(plan.surrogates):
+            if self.blobs is None or not self.tenant:
+                raise FailedPrecondition(f"surrogates[{k}].model: uploaded models are not "
+                                         "available on this server")
+            self.blobs.path_of(self.tenant, sd.model, f"surrogates[{k}].model", kind="model")
 
     def images(self, plan: Plan) -> list[LabeledImage]:
         ds = plan.dataset

@@ -155,11 +155,14 @@ class PerturbationPort(CataloguePort, Protocol):
 
     def validate_attack(self, attack_id: str, params: Mapping[str, Any], *, task: str,
                         output_kind: str = "",
-                        criterion: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                        criterion: Mapping[str, Any] | None = None, surrogate: str = "",
+                        ensemble: Sequence[str] = ()) -> dict[str, Any]:
         """Whether the attack can run with these parameters and criterion against a target
         of ``task`` returning ``output_kind`` ("" = not known), before any image: the
         perturbation service's every rule (InvalidArgument naming ``params.<name>``,
-        ``criterion...`` or ``attack_id``). Returns the parameters it would run with."""
+        ``criterion...`` or ``attack_id``; PermissionDenied naming ``surrogate`` or
+        ``ensemble[j]`` for a target's twin the tenant holds no white-box grant for).
+        Returns the parameters it would run with."""
         ...
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+import numpy as np
 import structlog
 from fortis.services.common import errors
 from fortis.services.common.quotas import QuotaSettings
@@ -54,13 +55,70 @@ def check_attacks(plan: Plan, perturbation: PerturbationPort, output_kind: str =
     for i, at in enumerate(plan.attacks):
         try:
             perturbation.validate_attack(at.id, at.params, task=plan.target.task,
-                                         output_kind=output_kind, criterion=at.criterion)
+                                         output_kind=output_kind, criterion=at.criterion,
+                                         surrogate=at.surrogate, ensemble=at.ensemble)
         except errors.InvalidArgument as exc:
             for v in exc.violations:
                 where = "id" if v.field in ("attack_id", "") else v.field
                 found.append(errors.FieldViolation(f"attacks[{i}].{where}", v.description))
+        except errors.PermissionDenied as exc:
+            # a target's twin as surrogate without the operator's white-box grant: refused
+            # before anything runs, naming the plan's field
+            raise errors.PermissionDenied(exc.description or exc.message,
+                                          field=f"attacks[{i}].{exc.field or 'surrogate'}"
+                                          ) from None
+    # A benchmark crafts its transfer attacks that name no surrogate on each model's own
+    # surrogate: each model's surrogate is checked as such an attack would name it.
+    expanded = next((at for at in plan.attacks if not at.surrogate), None)
+    for k, m in enumerate(plan.members):
+        if expanded is None or not m.surrogate:
+            continue
+        try:
+            perturbation.validate_attack(expanded.id, expanded.params, task=plan.target.task,
+                                         output_kind=output_kind, criterion=expanded.criterion,
+                                         surrogate=m.surrogate)
+        except errors.InvalidArgument:
+            pass        # the attack's own problems are reported above by its field
+        except errors.PermissionDenied as exc:
+            raise errors.PermissionDenied(exc.description or exc.message,
+                                          field=f"targets[{k}].surrogate") from None
     if found:
         raise errors.InvalidArgument.from_violations(found[:100])
+
+
+#: A probe image for the perturbations whose refusals only running them shows (a model
+#: file under the perturbation service's model root): small, so the check costs little.
+_PROBE = np.zeros((32, 32, 3), dtype=np.uint8)
+
+
+def check_models(plan: Plan, perturbation: PerturbationPort) -> None:
+    """The plan's perturbations that load a model (neural_style's ``model`` / ``model_path``)
+    run once on a small probe image, so a model the run could not load (no model root, a path
+    outside it, another tenant's upload) is refused now, naming ``corruptions[i].params.*``;
+    degradation operators on a surrogate are checked for the tenant's white-box grant
+    (``degradation[i].surrogate``)."""
+    for i, c in enumerate(plan.corruptions):
+        if c.id != "neural_style" and not ({"model", "model_path"} & set(c.params)):
+            continue
+        try:
+            perturbation.perturb(c.id, min(c.severities or (1,)), plan.seed,
+                                 [("validate", _PROBE)], params=c.params)
+        except errors.InvalidArgument as exc:
+            raise errors.InvalidArgument.from_violations(
+                [errors.FieldViolation(f"corruptions[{i}].{v.field}", v.description)
+                 for v in exc.violations]) from None
+    for i, d in enumerate(plan.degradation):
+        if not d.surrogate:
+            continue
+        try:
+            perturbation.perturb(d.id, min(d.levels or (1,)), plan.seed,
+                                 [("validate", _PROBE[:1, :1, :1])], surrogate=d.surrogate,
+                                 labels=[0])
+        except errors.PermissionDenied as exc:
+            raise errors.PermissionDenied(exc.description or exc.message,
+                                          field=f"degradation[{i}].surrogate") from None
+        except errors.FortisError:
+            pass        # the probe is no image for this surrogate: only its grant is asked
 
 
 def check_evaluation_id(evaluation_id: str) -> None:
@@ -155,6 +213,11 @@ class EvaluationManager:
         if plan.baseline:
             check_baseline(self.store.for_tenant(tenant), plan.baseline)
         perturbation = self.ports_for(tenant).perturbation
+        # what the first stage would refuse, found now: the data it reads, the models the
+        # plan names (another tenant's upload, no model root), the surrogates' grants
+        if hasattr(self.datasets, "check") and hasattr(self.datasets, "for_tenant"):
+            self.datasets.for_tenant(tenant).check(plan)
+        check_models(plan, perturbation)
         for name in [m.name for m in plan.members] or [plan.target.name]:
             if not plan.attacks:  # the signal each attack needs (IEEE-A8), before anything runs
                 break

@@ -28,6 +28,7 @@ from fortis.services.common.codec import (
     fill_tensor,
     tensor_to_array,
 )
+from fortis.services.common.memory import holding
 from fortis.services.common.pagination import page_of, page_size
 from fortis.services.common.params import Param
 from fortis.services.common.server import (
@@ -275,7 +276,8 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
     def __init__(self, *, proxy_stub: proxy_pb2_grpc.TargetProxyServiceStub | None,
                  surrogate_loader: Callable[[str, str], Any],
                  tenant_surrogates: Callable[[SurrogateSpec, str], Any] | None = None,
-                 surrogate_names: Callable[[], Collection[str]] = tuple) -> None:
+                 surrogate_names: Callable[[], Collection[str]] = tuple,
+                 surrogate_access: Callable[[str, str, str], Any] | None = None) -> None:
         """``surrogate_loader``: (name, field) -> a built-in or operator surrogate;
         ``tenant_surrogates``: (definition, its field) -> the calling tenant's uploaded
         surrogate (None: refused); ``surrogate_names``: the names the first resolves, which
@@ -284,6 +286,10 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         self.surrogate_loader = surrogate_loader
         self.tenant_surrogates = tenant_surrogates
         self.surrogate_names = surrogate_names
+        #: (name, field, rpc) -> PermissionDenied naming ``field`` unless the calling tenant
+        #: may use this server surrogate (a target's twin needs the operator's white-box
+        #: grant: services/common/whitebox.py); rpc "" checks without an audit line.
+        self.surrogate_access = surrogate_access or (lambda name, field, rpc: ())
 
     def ListPerturbations(self, request: Any, context: Any) -> pb.ListPerturbationsResponse:
         specs = [s for s in PERTURBATIONS.values()
@@ -318,6 +324,7 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         if spec.needs_model:
             if not req.surrogate:
                 raise errors.InvalidArgument("surrogate", f"{spec.id} is white-box: name a surrogate model")
+            self.surrogate_access(req.surrogate, "surrogate", "ApplyPerturbation")
             surrogate = self.surrogate_loader(req.surrogate, "surrogate")
             labels = list(req.labels)
         out = engine.perturb(spec.id, level, req.seed,
@@ -338,7 +345,8 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
             try:
                 limits.check_message(req)   # in band: the stream goes on (issue 9)
                 resp = pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256])
-                self._apply(req, context, resp.images)
+                with holding(req):          # its decoded size, held while it is worked on
+                    self._apply(req, context, resp.images)
                 yield resp
             except (errors.DeadlineExceeded, errors.Cancelled):
                 raise                       # the call is over: no answer in band
@@ -365,6 +373,7 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         ensemble: list[Any] = []
         if (request.surrogate or request.ensemble) and (spec.needs_surrogate
                                                         or spec.uses_surrogate):
+            self._check_surrogates(request, "RunAttack")
             surrogate, ensemble = resolve_surrogates(
                 request.surrogate, list(request.ensemble),
                 [surrogate_spec(m, f"surrogate_models[{i}]")
@@ -389,7 +398,18 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
                 resp.initially_correct = bool(r.initially_correct)
             yield resp
 
+    def _check_surrogates(self, request: Any, rpc: str) -> None:
+        """The server surrogates a request names (not its own definitions), each checked
+        before anything is loaded or computed on it."""
+        own = {m.name for m in getattr(request, "surrogate_models", ())}
+        if request.surrogate and request.surrogate not in own:
+            self.surrogate_access(request.surrogate, "surrogate", rpc)
+        for j, name in enumerate(request.ensemble):
+            if name and name not in own:
+                self.surrogate_access(name, f"ensemble[{j}]", rpc)
+
     def ValidateAttack(self, request: Any, context: Any) -> pb.ValidateAttackResponse:
+        self._check_surrogates(request, "")
         params = json_format.MessageToDict(request.params) if request.HasField("params") else {}
         crit = criterion_spec(request.criterion) if request.HasField("criterion") else None
         task = _TASK_NAMES.get(request.task, "classification")

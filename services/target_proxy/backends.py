@@ -81,13 +81,18 @@ class GrpcTargetBackend:
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED and any(m in text for m in _TOO_LARGE):
             # gRPC's own limit, not the target's quota: an answer or error trailers too large
             # to receive is a malformed answer, the same on every retry (issue 9 finding 8).
-            return errors.FortisError(f"target {self.address}: answer too large ({text})")
+            return _detailed(errors.FortisError("answer too large to receive"),
+                             f"target {self.address}: answer too large ({text})")
         if code in _RETRYABLE:
-            return errors.Unavailable(f"target {self.address}: {code.name}: {exc.details()}")
+            return _detailed(errors.Unavailable(f"{code.name} from the target"),
+                             f"target {self.address}: {code.name}: {exc.details()}")
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             # Keep the target's own field violations (e.g. images[3].encoded).
             return error_from_rpc(exc)
-        return errors.FortisError(f"target {self.address}: {code.name}: {exc.details()}")
+        # The target's own text (its address, paths, traces) is for the operator's log only
+        # (the proxy's target_failure logs operator_detail); the message is the code alone.
+        return _detailed(errors.FortisError(f"{code.name} from the target"),
+                         f"target {self.address}: {code.name}: {exc.details()}")
 
     def info(self) -> target_pb2.TargetInfo:
         if self._info is None:
@@ -108,3 +113,9 @@ class GrpcTargetBackend:
         except grpc.RpcError as exc:
             raise self._map(exc) from None
         return list(resp.predictions)
+
+
+def _detailed(exc: errors.FortisError, detail: str) -> errors.FortisError:
+    """``exc`` carrying ``detail`` for the operator's log (never in its message)."""
+    exc.operator_detail = detail[:4000]  # type: ignore[attr-defined]
+    return exc

@@ -40,7 +40,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from fortis.common.v1 import common_pb2
@@ -100,14 +100,76 @@ def check_session_id(session_id: str) -> None:
 TargetFailed = errors.TargetFailed
 
 
+#: The target's field names kept in a scrubbed INVALID_ARGUMENT (``images[3].encoded``);
+#: anything else is reported as ``images``.
+_SAFE_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}(\[[0-9]{1,6}\])?(\.[A-Za-z_][A-Za-z0-9_]{0,40}"
+                         r"(\[[0-9]{1,6}\])?){0,4}")
+#: What a tenant is told of a target's failure, by class: fixed words, never the target's
+#: own text (it may quote addresses, URLs, file paths, stack traces or secrets).
+_REASONS: dict[int, str] = {
+    code_pb2.UNAVAILABLE: "the target did not answer (down, overloaded or timed out)",
+    code_pb2.DEADLINE_EXCEEDED: "the target did not answer in time",
+    code_pb2.INVALID_ARGUMENT: "the target refused this input",
+    code_pb2.INTERNAL: "the target failed or gave an answer that could not be used",
+}
+
+
+#: What a reason may not carry to a tenant, each replaced by a placeholder: a stack trace
+#: (everything from it on), URLs, addresses (IPv4/IPv6/host with a port), file paths and
+#: credentials written as name=value.
+_SCRUB: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"Traceback \(most recent call last\).*|^\s*File \".*",
+                re.DOTALL | re.MULTILINE), ""),
+    (re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]{1,15}://\S+"), "[url]"),
+    (re.compile(r"(?i)\b(api[_-]?key|x-api-key|token|secret|password|passwd|authorization|"
+                r"bearer|credentials?)\b(\s*[:=]\s*|\s+)\S+"), r"\1=[redacted]"),
+    (re.compile(r"\[[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\](?::\d+)?|\b(?:\d{1,3}\.){3}\d{1,3}"
+                r"(?::\d+)?\b|\b[A-Za-z0-9][A-Za-z0-9.-]*:\d{2,5}\b"), "[address]"),
+    (re.compile(r"(?<![\w.\]])(?:[A-Za-z]:)?[/\\](?:[\w.~-]+[/\\])*[\w.~-]+"), "[path]"),
+)
+#: Longest reason a tenant reads.
+REASON_MAX = 200
+
+
+def scrub_reason(text: str) -> str:
+    """``text`` without stack traces, URLs, addresses, file paths or name=value credentials,
+    on one line and at most REASON_MAX characters ("" when nothing is left)."""
+    for pattern, repl in _SCRUB:
+        text = pattern.sub(repl, text)
+    text = " ".join(text.split())
+    return text if len(text) <= REASON_MAX else text[:REASON_MAX - 1] + "\u2026"
+
+
 def target_failure(target: str, exc: errors.FortisError) -> errors.FortisError:
-    """What the caller gets for a back end's error: ``Unavailable`` stays (retried), errors
-    with a precise code of their own (the target's INVALID_ARGUMENT naming the image) are
-    kept, and everything else the target did wrong (INTERNAL-coded: ``TargetResponseError``,
-    the target's own INTERNAL/UNKNOWN) is ``TargetFailed`` naming the target."""
-    if code_for(exc) != code_pb2.INTERNAL:
-        return exc
-    return TargetFailed(f"target '{target}' failed (not retried): {_bounded(exc)}")
+    """What a tenant gets for a back end's error: the target's NAME, a status code and a
+    fixed, bounded reason with a correlation id; the error itself (which quotes the target's
+    address, URL or its own exception text) goes to the operator's log under that id
+    (``target_error``). ``Unavailable`` stays Unavailable (retried, Retry-After kept), the
+    target's INVALID_ARGUMENT keeps its field names (``images[3].encoded``), and everything
+    else the target did wrong is ``TargetFailed`` (FAILED_PRECONDITION, not retried)."""
+    code = code_for(exc)
+    cid = uuid.uuid4().hex[:16]
+    log.warning("target_error", target=target, correlation_id=cid,
+                code=code_pb2.Code.Name(code), error_class=type(exc).__name__,
+                detail=str(getattr(exc, "operator_detail", "") or exc)[:4000])
+    reason = scrub_reason(str(exc)) or _REASONS.get(code, "the target answered with an error")
+    said = f"target '{target}': {code_pb2.Code.Name(code)}: {reason} (correlation id {cid})"
+    out: errors.FortisError
+    if isinstance(exc, errors.Unavailable):
+        out = errors.Unavailable(said)
+        if getattr(exc, "retry_after_s", None) is not None:
+            out.retry_after_s = exc.retry_after_s  # type: ignore[attr-defined]
+    elif isinstance(exc, errors.DeadlineExceeded):
+        out = errors.DeadlineExceeded(said)
+    elif isinstance(exc, errors.InvalidArgument):
+        fields = list(dict.fromkeys(v.field if _SAFE_FIELD.fullmatch(v.field) else "images"
+                                    for v in exc.violations[:20]))
+        out = errors.InvalidArgument.from_violations(
+            [errors.FieldViolation(f, said) for f in fields])
+    else:
+        out = TargetFailed(f"{said}; not retried")
+    out.correlation_id = cid  # type: ignore[attr-defined]
+    return out
 
 
 class TargetBackend(Protocol):
@@ -142,9 +204,13 @@ class TargetEntry:
     max_batch: int = 64
     #: Tenants allowed to use this target; empty = every tenant.
     tenants: frozenset[str] = frozenset()
+    #: The built-in model this target serves (``builtin:<model>``); "" for any other target.
+    builtin_model: str = ""
     #: The target's own ``max_batch_size`` (0: it declares none), read from its info on the
     #: first call that needs it; None until then.
     declared_batch: int | None = None
+    #: The task the target declares (a TaskType value), read once; None until then.
+    task_type: int | None = None
 
     def allows(self, tenant: str) -> bool:
         return not self.tenants or tenant in self.tenants
@@ -285,12 +351,33 @@ class TargetProxy:
         """The targets ``tenant`` may use, by name (what ListTargets shows it)."""
         return sorted((t for t in self.targets.values() if t.allows(tenant)), key=lambda t: t.name)
 
+    def builtin_targets(self) -> dict[str, list[str]]:
+        """Built-in model -> the names of every target serving it (all tenants' targets: a
+        twin surrogate is white-box access to the model whoever may query it)."""
+        out: dict[str, list[str]] = {}
+        for t in sorted(self.targets.values(), key=lambda t: t.name):
+            if t.builtin_model:
+                out.setdefault(t.builtin_model, []).append(t.name)
+        return out
+
+    def task_type(self, name: str, tenant: str | None = None) -> int:
+        """The target's task as it describes itself, asked once without retries; 0 (unknown)
+        when it cannot answer now: a target that is down then fails the query itself, with
+        its attempts in the ledger, rather than failing before anything is recorded."""
+        entry = self.target(name, tenant)
+        if entry.task_type is None:
+            try:
+                entry.task_type = int(entry.backend.info().task_type)
+            except errors.FortisError:
+                return 0
+        return entry.task_type
+
     def target_info(self, name: str, tenant: str | None = None) -> target_pb2.TargetInfo:
         """The target's description, with the largest batch the proxy sends it in one call
         (its declared ``max_batch_size`` capped by the operator's ``max_batch``): a caller
         that keeps its calls within it gets each target failure on its own images only."""
         entry = self.target(name, tenant)
-        info = self._with_retries(lambda: entry.backend.info())[0]
+        info = self._with_retries(lambda: _info_of(entry))[0]
         if entry.declared_batch is None:
             entry.declared_batch = max(0, int(info.input.max_batch_size))
         out = target_pb2.TargetInfo()
@@ -592,7 +679,11 @@ class TargetProxy:
         except errors.FortisError as exc:
             return [], target_failure(entry.name, exc)
         except Exception as exc:  # noqa: BLE001 - recorded, then INTERNAL to the caller
-            return [], errors.Internal(f"target back end failed ({type(exc).__name__})")
+            cid = uuid.uuid4().hex[:16]
+            log.error("target_error", target=entry.name, correlation_id=cid, code="INTERNAL",
+                      error_class=type(exc).__name__, detail=str(exc)[:4000], exc_info=True)
+            return [], errors.Internal(f"target '{entry.name}' back end failed "
+                                       f"(correlation id {cid})")
         if len(preds) != len(images):
             return [], TargetFailed(
                 f"target '{entry.name}' answered {len(preds)} predictions for {len(images)} "
@@ -626,6 +717,14 @@ def _replies(entry_ids: Sequence[int], preds: Sequence[common_pb2.Prediction]
         if len(blob) <= REPLY_MAX_BYTES:
             out.append((eid, blob))
     return out
+
+
+def _info_of(entry: TargetEntry) -> Any:
+    """The target's description; its errors scrubbed as a query's are (target_failure)."""
+    try:
+        return entry.backend.info()
+    except errors.FortisError as exc:
+        raise target_failure(entry.name, exc) from None
 
 
 def _bounded(exc: BaseException) -> str:

@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from fortis.common.v1 import common_pb2
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors, limits
 from fortis.services.common.codec import add_messages
+from fortis.services.common.limits import SEGMENTATION_ANSWER_BYTES_PER_PIXEL
+from fortis.services.common.memory import check_answer, holding
 from fortis.services.common.pagination import (
     decode_token,
     encode_token,
@@ -19,7 +22,7 @@ from fortis.services.common.pagination import (
     page_size,
     tenant_list,
 )
-from fortis.services.common.server import current_tenant
+from fortis.services.common.server import current_internal, current_tenant
 from fortis.services.common.status import status_for
 from fortis.services.common.stopping import caller_stop
 from fortis.services.target_proxy.ledger import SessionRecord
@@ -67,6 +70,15 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
             proxy_pb2.TargetSummary(name=t.name, images_per_second=t.limiter.limit)
             for t in page], next_page_token=token)
 
+    def GetBuiltinTargets(self, request: Any, context: Any
+                           ) -> proxy_pb2.GetBuiltinTargetsResponse:
+        if not current_internal.get():
+            raise errors.PermissionDenied("GetBuiltinTargets is for Fortis's own services "
+                                          "(the internal service key)")
+        return proxy_pb2.GetBuiltinTargetsResponse(models=[
+            proxy_pb2.BuiltinModelTargets(model=m, targets=names)
+            for m, names in sorted(self.proxy.builtin_targets().items())])
+
     def GetTargetInfo(self, request: Any, context: Any) -> proxy_pb2.GetTargetInfoResponse:
         return proxy_pb2.GetTargetInfoResponse(
             info=self.proxy.target_info(request.target, current_tenant.get()))
@@ -82,7 +94,17 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         rec = self.proxy.session(current_tenant.get(), request.session_id)
         return proxy_pb2.GetSessionResponse(session=self._session_msg(rec))
 
+    def _check_answer(self, tenant: str, request: Any) -> None:
+        """A segmentation target answers per pixel: an answer past the largest message is
+        refused before anything is sent to the target (or charged to the session)."""
+        if not request.images or not request.session_id:
+            return                      # predict names what is missing
+        rec = self.proxy.session(tenant, request.session_id)
+        if self.proxy.task_type(rec.target, tenant) == common_pb2.TASK_TYPE_SEGMENTATION:
+            check_answer(request, SEGMENTATION_ANSWER_BYTES_PER_PIXEL)
+
     def Predict(self, request: Any, context: Any) -> proxy_pb2.PredictResponse:
+        self._check_answer(current_tenant.get(), request)
         res = self.proxy.predict(tenant=current_tenant.get(), session_id=request.session_id,
                                  origin=request.origin, images=request.images,
                                  should_stop=caller_stop(context.is_active,
@@ -98,9 +120,11 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         for req in request_iterator:
             try:
                 limits.check_message(req)   # in band: the stream goes on (issue 9 limits)
-                res = self.proxy.predict(tenant=tenant, session_id=req.session_id,
-                                         origin=req.origin, images=req.images,
-                                         should_stop=should_stop)
+                with holding(req):          # its decoded size, held while it is answered
+                    self._check_answer(tenant, req)
+                    res = self.proxy.predict(tenant=tenant, session_id=req.session_id,
+                                             origin=req.origin, images=req.images,
+                                             should_stop=should_stop)
                 resp = proxy_pb2.PredictStreamResponse(request_id=req.request_id,
                                                        queries_left=res.queries_left)
                 add_messages(resp.predictions, res.predictions)

@@ -15,6 +15,7 @@ check: the chart's command lines are ones the CLI accepts.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -23,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +96,10 @@ def objs() -> list[dict[str, Any]]:
     return render(tenant_values("team-a"))
 
 
-def test_lint_is_clean():
-    report = helm.lint(CHART, tenant_values("team-a"), strict=True, namespace="team-a",
+@pytest.mark.parametrize("values", ["tenant", "identity"])
+def test_lint_is_clean(values):
+    made = tenant_values if values == "tenant" else identity_values
+    report = helm.lint(CHART, made("team-a"), strict=True, namespace="team-a",
                        kube_version="v1.30.0")
     # severity: 1 info, 2 warning, 3 error (Helm's lint levels)
     bad = [m for m in report["messages"] if m["severity"] >= 2]
@@ -363,30 +367,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_rendered_command_lines_start_every_service(tmp_path: Path) -> None:
-    """Each rendered Deployment's args, expanded from the rendered ConfigMap as Kubernetes
-    would, start the real ``fortis serve --service NAME``; the services reach each other at
-    the addresses the chart gives (rewritten from the cluster DNS names to loopback ports)
-    and each answers the gRPC health check the probes and ``helm test`` use."""
-    v = {"secrets": {"apiKeys": {"existingSecret": "k"}, "internalKey": {"existingSecret": "i"}},
-         "proxy": {"replicas": 1},
-         "targets": [{"name": "fmnist", "builtin": "fmnist-cnn", "rate": 100}],
-         "limits": {"tenantRates": {"team-a": 20}, "tenantQuotas": {"team-a": "running:2"}},
-         "shutdownGraceSeconds": 2}
-    objs = render(v)
+@contextlib.contextmanager
+def _rendered_services(objs: list[dict[str, Any]], tmp_path: Path, key_lines: list[str],
+                       services: tuple[str, ...] = SERVICES,
+                       files: dict[str, str] | None = None) -> Iterator[dict[str, int]]:
+    """Start ``fortis serve`` of each of ``services`` with its rendered Deployment's args,
+    expanded from the rendered ConfigMap as Kubernetes would; the addresses the chart gives
+    (cluster DNS names) are rewritten to loopback ports, the mounted files' paths to local
+    ones (``files``: mount path -> local path). Yields each service's loopback port once
+    every one answers the gRPC health check the probes and ``helm test`` use."""
     cm, = by_kind(objs, "ConfigMap")
     ports = {s: _free_port() for s in SERVICES}
     keys = tmp_path / "api-keys"
-    line = json.loads(subprocess.run(
-        [sys.executable, "-m", "fortis.cli", "keys", "new", "--tenant", "team-a", "--json"],
-        capture_output=True, text=True, check=True).stdout)["line"]
-    keys.write_text(line + "\n")         # the secret's file, as the chart mounts it
+    keys.write_text("".join(line + "\n" for line in key_lines))  # the secret's file
     procs: dict[str, subprocess.Popen[bytes]] = {}
     env = {**os.environ, **cm["data"], "FORTIS_INTERNAL_KEY": "internal-test-key"}
     try:
         for d in by_kind(objs, "Deployment"):
             c = d["spec"]["template"]["spec"]["containers"][0]
             svc = c["name"]
+            if svc not in services:
+                continue
             args = []
             for a in c["args"]:
                 a = _expand(a, cm["data"])
@@ -398,11 +399,15 @@ def test_rendered_command_lines_start_every_service(tmp_path: Path) -> None:
                 a = a.replace("/etc/fortis/api-keys/api-keys", str(keys))
                 a = a.replace("/var/lib/fortis", str(tmp_path / svc))
                 a = a.replace("0.0.0.0:9090", f"127.0.0.1:{_free_port()}")
+                for mount, local in (files or {}).items():
+                    a = a.replace(mount, local)
                 args.append(a)
             procs[svc] = subprocess.Popen([sys.executable, "-m", "fortis.cli", *args], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert set(procs) == set(services)
         deadline = time.monotonic() + 120
-        for svc, p in ports.items():
+        for svc in services:
+            p = ports[svc]
             while True:
                 assert procs[svc].poll() is None, \
                     f"{svc} exited: {procs[svc].stdout.read().decode()[-2000:]}"  # type: ignore[union-attr]
@@ -414,6 +419,7 @@ def test_rendered_command_lines_start_every_service(tmp_path: Path) -> None:
                     break
                 assert time.monotonic() < deadline, f"{svc} not SERVING: {r.stdout}"
                 time.sleep(0.5)
+        yield ports
     finally:
         for proc in procs.values():
             proc.terminate()
@@ -422,6 +428,28 @@ def test_rendered_command_lines_start_every_service(tmp_path: Path) -> None:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def _key_line(tenant: str) -> tuple[str, str]:
+    """A new API key of ``tenant``: (the key, its key-file line), from ``fortis keys new``."""
+    out = json.loads(subprocess.run(
+        [sys.executable, "-m", "fortis.cli", "keys", "new", "--tenant", tenant, "--json"],
+        capture_output=True, text=True, check=True).stdout)
+    return out["api_key"], out["line"]
+
+
+def test_rendered_command_lines_start_every_service(tmp_path: Path) -> None:
+    """Each rendered Deployment's args, expanded from the rendered ConfigMap as Kubernetes
+    would, start the real ``fortis serve --service NAME``; the services reach each other at
+    the addresses the chart gives (rewritten from the cluster DNS names to loopback ports)
+    and each answers the gRPC health check the probes and ``helm test`` use."""
+    v = {"secrets": {"apiKeys": {"existingSecret": "k"}, "internalKey": {"existingSecret": "i"}},
+         "proxy": {"replicas": 1},
+         "targets": [{"name": "fmnist", "builtin": "fmnist-cnn", "rate": 100}],
+         "limits": {"tenantRates": {"team-a": 20}, "tenantQuotas": {"team-a": "running:2"}},
+         "shutdownGraceSeconds": 2}
+    with _rendered_services(render(v), tmp_path, [_key_line("team-a")[1]]):
+        pass
 
 
 @pytest.mark.parametrize("tenant", ["team-a", "team-b"])
@@ -433,3 +461,355 @@ def test_the_readme_examples_render_and_validate(tenant: str) -> None:
     for o in objs:
         kubernetes_validate.validate(o, "1.30.0", strict=True)
     assert {o["metadata"]["namespace"] for o in objs} == {tenant}
+
+
+# -- identity (OIDC, the client certificate), white-box grants, memory limits ----------------
+
+CORP = {"url": "https://login.corp.example/realms/ml", "audiences": ["fortis", "fortis-ci"],
+        "tenantClaim": "tenant", "tenants": ["team-a", "team-b"],
+        "networkPolicyTo": [{"ipBlock": {"cidr": "203.0.113.10/32"}}]}
+#: the cluster's own service-account issuer: the documented Kubernetes example of values.yaml
+K8S = {"url": "https://kubernetes.default.svc.cluster.local", "audiences": ["fortis"],
+       "tenantClaim": "kubernetes.io.namespace", "tenantPrefix": "k8s-",
+       "jwksUrl": "https://kubernetes.default.svc/openid/v1/jwks",
+       "caConfigMap": "kube-root-ca.crt", "algorithms": ["RS256"], "leewaySeconds": 10,
+       "networkPolicyTo": [{"ipBlock": {"cidr": "10.0.0.10/32"}}], "networkPolicyPort": 6443}
+SPIFFE = "SAN-URI=spiffe://corp.example/tenant/"
+
+
+def identity_values(tenant: str) -> dict[str, Any]:
+    return _merge(tenant_values(tenant), {
+        "secrets": {"tls": {"existingSecret": f"{tenant}-tls", "clientAuth": "require"}},
+        "identity": {"oidc": {"issuers": [CORP, K8S]}, "tlsTenantFrom": SPIFFE},
+        "whiteboxGrants": [{"tenant": tenant, "target": "classifier"},
+                           {"tenant": "red-team", "target": "*"}],
+        "limits": {"maxRequestDecodedBytes": 64 * 2 ** 20,
+                   "maxTenantDecodedBytes": 512 * 2 ** 20}})
+
+
+def _serve_args(objs: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Each service's container args, ``$(VAR)`` expanded from the rendered ConfigMap."""
+    cm, = by_kind(objs, "ConfigMap")
+    out = {}
+    for d in by_kind(objs, "Deployment"):
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        out[c["name"]] = [_expand(a, cm["data"]) for a in c["args"]]
+    return out
+
+
+def _parsed(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    from fortis.cli.main import build_parser
+    for var in ("FORTIS_OIDC_ISSUER", "FORTIS_OIDC_AUDIENCE", "FORTIS_OIDC_TENANT_CLAIM",
+                "FORTIS_OIDC_JWKS_URL", "FORTIS_OIDC_CA_FILE", "FORTIS_TLS_TENANT_FROM"):
+        monkeypatch.delenv(var, raising=False)      # the flags alone, as rendered
+    return build_parser().parse_args(args)
+
+
+def test_defaults_add_no_identity_no_grants_and_the_cli_memory_limits(objs, monkeypatch):
+    """Without the new values a release behaves as before: API keys only, no white-box
+    grant, and the decoded-size limits ``fortis serve`` has by default."""
+    from fortis.cli.local import _identity_options, _memory_limits
+    from fortis.services.common import limits
+
+    cm, = by_kind(objs, "ConfigMap")
+    assert int(cm["data"]["FORTIS_MAX_REQUEST_DECODED_BYTES"]) == limits.MAX_REQUEST_DECODED_BYTES
+    assert int(cm["data"]["FORTIS_MAX_TENANT_DECODED_BYTES"]) == limits.MAX_TENANT_DECODED_BYTES
+    assert not [k for k in cm["data"] if k.startswith(("FORTIS_OIDC", "FORTIS_TLS_TENANT",
+                                                       "FORTIS_WHITEBOX"))]
+    for svc, args in _serve_args(objs).items():
+        assert not [a for a in args if a.startswith(("--oidc", "--tls-tenant-from",
+                                                     "--whitebox-grant"))], svc
+        ns = _parsed(args, monkeypatch)
+        assert _identity_options(ns) == ([], ""), svc
+        mem = _memory_limits(ns)
+        assert (mem.max_request_bytes, mem.max_tenant_bytes) == (
+            limits.MAX_REQUEST_DECODED_BYTES, limits.MAX_TENANT_DECODED_BYTES), svc
+    for d in by_kind(objs, "Deployment"):
+        vols = {v["name"] for v in d["spec"]["template"]["spec"]["volumes"]}
+        assert not [v for v in vols if v.startswith("oidc-ca")]
+
+
+def test_identity_grants_and_limits_render_into_the_services_that_use_them(monkeypatch):
+    """Every service authenticates its own callers, so each gets the issuers, the
+    certificate rule and the memory limits; only the perturbation service (the one that
+    loads surrogates) gets the grants, with the targets as the proxy has them (a built-in
+    model is a twin of the targets that serve it, by their names). The rendered flags are
+    what the real CLI parses into the settings the server runs with."""
+    from fortis.cli.local import _identity_options, _memory_limits
+    from fortis.services.common.whitebox import parse_grants
+
+    objs = render(identity_values("team-a"))
+    for o in objs:
+        kubernetes_validate.validate(o, "1.30.0", strict=True)
+    ca_path = "/etc/fortis/oidc/1/ca.crt"
+    for svc, args in _serve_args(objs).items():
+        ns = _parsed(args, monkeypatch)
+        issuers, tenant_from = _identity_options(ns)
+        assert tenant_from == SPIFFE, svc
+        corp, k8s = issuers
+        assert (corp.issuer, corp.audiences, corp.tenant_claim, corp.jwks_url, corp.ca_file,
+                corp.algorithms, corp.leeway_s) == (
+            CORP["url"], ("fortis", "fortis-ci"), "tenant", "", None, ("RS256", "ES256"), 30.0)
+        assert (k8s.issuer, k8s.audiences, k8s.tenant_claim, k8s.jwks_url, str(k8s.ca_file),
+                k8s.algorithms, k8s.leeway_s) == (
+            K8S["url"], ("fortis",), "kubernetes.io.namespace", K8S["jwksUrl"], ca_path,
+            ("RS256",), 10.0)
+        assert (corp.tenants, corp.tenant_prefix, k8s.tenants, k8s.tenant_prefix) == (
+            ("team-a", "team-b"), "", (), "k8s-")
+        mem = _memory_limits(ns)
+        assert (mem.max_request_bytes, mem.max_tenant_bytes) == (64 * 2 ** 20, 512 * 2 ** 20)
+        grants = parse_grants(ns.whitebox_grant or [])
+        if svc == "perturbation":
+            assert grants == {"team-a": frozenset({"classifier"}),
+                              "red-team": frozenset({"*"})}
+        else:
+            assert grants == {}, svc
+        # only the proxy has the targets; the perturbation service asks it for the twins
+        assert bool(ns.target) == (svc == "proxy"), svc
+    for d in by_kind(objs, "Deployment"):
+        spec = d["spec"]["template"]["spec"]
+        c, = spec["containers"]
+        # the cluster's CA from the kube-root-ca.crt ConfigMap every namespace holds; the
+        # pods still mount no service-account token
+        assert {"name": "oidc-ca-1", "mountPath": "/etc/fortis/oidc/1", "readOnly": True} \
+            in c["volumeMounts"]
+        vol, = [v for v in spec["volumes"] if v["name"] == "oidc-ca-1"]
+        assert vol["configMap"] == {"name": "kube-root-ca.crt",
+                                    "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+        assert spec["automountServiceAccountToken"] is False
+    pols = {p["metadata"]["name"]: p["spec"] for p in by_kind(objs, "NetworkPolicy")}
+    egress = pols["fortis-team-a-services"]["egress"]
+    for iss, port in ((CORP, 443), (K8S, 6443)):
+        assert {"to": iss["networkPolicyTo"], "ports": [{"port": port, "protocol": "TCP"}]} \
+            in egress
+
+
+@pytest.mark.parametrize("patch,setting", [
+    # an issuer fetched over plain http could be answered by anyone on the path: its keys
+    # would then sign tokens for any tenant
+    ({"identity": {"oidc": {"issuers": [{**CORP, "url": "http://idp.example"}]}}}, "url"),
+    ({"identity": {"oidc": {"issuers": [{**CORP, "jwksUrl": "http://idp.example/k"}]}}},
+     "jwksUrl"),
+    ({"identity": {"oidc": {"issuers": [{k: v for k, v in CORP.items() if k != "audiences"}]}}},
+     "audiences"),
+    ({"identity": {"oidc": {"issuers": [{**CORP, "audiences": []}]}}}, "audiences"),
+    # tenant names are shared with keys: an issuer says which it may give, or keeps apart
+    ({"identity": {"oidc": {"issuers": [{k: v for k, v in CORP.items() if k != "tenants"}]}}},
+     "tenants"),
+    ({"identity": {"oidc": {"issuers": [{**CORP, "tenants": ["a/b"]}]}}}, "tenants"),
+    ({"identity": {"oidc": {"issuers": [{**K8S, "tenantPrefix": "k8s-,x=y"}]}}}, "tenantPrefix"),
+    ({"identity": {"oidc": {"issuers": [{**CORP, "algorithms": ["HS256"]}]}}}, "algorithms"),
+    ({"identity": {"oidc": {"issuers": [{**CORP, "leewaySeconds": 3600}]}}}, "leewaySeconds"),
+    # one flag holds an issuer's options separated by commas: a value with a comma would
+    # smuggle in another option (here its own JWKS)
+    ({"identity": {"oidc": {"issuers": [
+        {**CORP, "url": "https://idp.example,jwks-url=https://evil.example/k"}]}}}, "url"),
+    ({"identity": {"oidc": {"issuers": [
+        {**CORP, "audiences": ["fortis,jwks-url=https://evil.example/k"]}]}}}, "audiences"),
+    ({"identity": {"oidc": {"issuers": [
+        {**CORP, "tenantClaim": "tenant,jwks-url=https://evil.example/k"}]}}}, "tenantClaim"),
+    ({"identity": {"oidc": {"issuers": [{**CORP, "tenant": "x"}]}}}, "tenant"),
+    ({"identity": {"tlsTenantFrom": "CN=alice"}}, "tlsTenantFrom"),
+    ({"identity": {"tlsTenantFrom": "email"}}, "tlsTenantFrom"),
+    ({"whiteboxGrants": [{"tenant": "team-a"}]}, "target"),
+    ({"whiteboxGrants": [{"tenant": "team a", "target": "classifier"}]}, "tenant"),
+    ({"whiteboxGrants": [{"tenant": "team-a=red-team", "target": "classifier"}]}, "tenant"),
+    ({"whiteboxGrants": [{"tenant": "team-a", "target": "classifier,other"}]}, "target"),
+    ({"limits": {"maxRequestDecodedBytes": -1}}, "maxRequestDecodedBytes"),
+    ({"limits": {"maxTenantDecodedBytes": "256Mi"}}, "maxTenantDecodedBytes"),
+])
+def test_values_schema_rejects_bad_identity_grant_and_memory_values(patch, setting):
+    chart = helm.Chart.load(CHART)
+    chart.validate_schema(identity_values("team-a"))            # the good values pass
+    bad = _merge(identity_values("team-a"), patch)
+    with pytest.raises(helm.HelmError) as info:
+        chart.validate_schema(bad)
+    assert setting in str(info.value)
+    with pytest.raises(helm.HelmError):
+        chart.render(bad, name="fortis-team-a", namespace="team-a")
+
+
+@pytest.mark.parametrize("patch,message", [
+    ({"secrets": {"tls": {"existingSecret": ""}}},
+     "identity.tlsTenantFrom needs secrets.tls.existingSecret"),
+    ({"secrets": {"tls": {"clientAuth": "none"}}},
+     "identity.tlsTenantFrom needs secrets.tls.clientAuth: require"),
+    ({"whiteboxGrants": [{"tenant": "team-a", "target": "clasifier"}]},
+     "target 'clasifier', which is not in targets"),
+    ({"identity": {"oidc": {"issuers": [{k: v for k, v in CORP.items()
+                                         if k != "networkPolicyTo"}]}}},
+     "identity.oidc.issuers[https://login.corp.example/realms/ml].networkPolicyTo is required"),
+])
+def test_identity_and_grant_settings_that_cannot_work_fail_naming_the_setting(patch, message):
+    with pytest.raises(helm.HelmError) as info:
+        render(_merge(identity_values("team-a"), patch))
+    assert message in str(info.value)
+
+
+@contextlib.contextmanager
+def _https_jwks(tmp_path: Path, jwks: dict[str, Any]) -> Iterator[tuple[str, Path]]:
+    """A JWKS over HTTPS on loopback (a CA and a certificate for 127.0.0.1 made here):
+    yields its URL and the CA file a ``caConfigMap`` would hold."""
+    import datetime as dt
+    import http.server
+    import ipaddress
+    import ssl
+    import threading
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "idp test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - dt.timedelta(minutes=5))
+          .not_valid_after(now + dt.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "idp")]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .sign(ca_key, hashes.SHA256()))
+    ca_file, cert_file, key_file = (tmp_path / n for n in ("idp-ca.crt", "idp.crt", "idp.key"))
+    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    body = json.dumps(jwks).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path == "/jwks" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert_file, key_file)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}/jwks", ca_file
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_rendered_identity_grants_and_limits_hold_in_real_services(tmp_path: Path) -> None:
+    """The proxy and perturbation services started from what the chart renders for an
+    OIDC issuer (its JWKS over HTTPS, its CA from a ``caConfigMap``), a white-box grant and
+    a small request memory limit, called with generated stubs as any client would:
+
+    - the grant names the target as the operator sees it (``fmnist``, serving the built-in
+      ``fmnist-cnn``): the granted tenant may craft on the ``fmnist-cnn`` surrogate, another
+      tenant is PERMISSION_DENIED naming ``surrogate`` (the perturbation pod knows which
+      target serves which model because the chart gives it the targets too);
+    - a bearer token of the issuer names its tenant at the proxy; one made for another
+      audience is UNAUTHENTICATED;
+    - a request declaring more decoded bytes than ``limits.maxRequestDecodedBytes`` is
+      RESOURCE_EXHAUSTED with a QuotaFailure, before anything is decoded."""
+    import grpc
+    import jwt
+    import numpy as np
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from fortis.common.v1 import common_pb2
+    from fortis.perturbation.v1 import perturbation_pb2, perturbation_pb2_grpc
+    from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+    from jwt.algorithms import RSAAlgorithm
+
+    signing = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwk = {**RSAAlgorithm.to_jwk(signing.public_key(), as_dict=True), "kid": "k1",
+           "alg": "RS256", "use": "sig"}
+    issuer = "https://login.corp.example/realms/ml"
+
+    def token(aud: str) -> str:
+        t = int(time.time())
+        return jwt.encode({"iss": issuer, "aud": aud, "sub": "ci-bot", "tenant": "team-c",
+                           "iat": t, "exp": t + 300}, signing, algorithm="RS256",
+                          headers={"kid": "k1"})
+
+    (key_a, line_a), (key_b, line_b) = _key_line("team-a"), _key_line("team-b")
+    with _https_jwks(tmp_path, {"keys": [jwk]}) as (jwks_url, ca_file):
+        v = {"secrets": {"apiKeys": {"existingSecret": "k"},
+                         "internalKey": {"existingSecret": "i"}},
+             "proxy": {"replicas": 1},
+             "targets": [{"name": "fmnist", "builtin": "fmnist-cnn", "rate": 100}],
+             "identity": {"oidc": {"issuers": [{
+                 "url": issuer, "audiences": ["fortis"], "tenantClaim": "tenant",
+                 "tenants": ["team-c"], "jwksUrl": jwks_url, "caConfigMap": "corp-idp-ca",
+                 "networkPolicyTo": [{"ipBlock": {"cidr": "127.0.0.1/32"}}]}]}},
+             "whiteboxGrants": [{"tenant": "team-a", "target": "fmnist"}],
+             "limits": {"maxRequestDecodedBytes": 2 ** 20},
+             "shutdownGraceSeconds": 2}
+        objs = render(v)
+        with _rendered_services(objs, tmp_path, [line_a, line_b], ("proxy", "perturbation"),
+                                files={"/etc/fortis/oidc/0/ca.crt": str(ca_file)}) as ports:
+            pt_ch = grpc.insecure_channel(f"127.0.0.1:{ports['perturbation']}")
+            px_ch = grpc.insecure_channel(f"127.0.0.1:{ports['proxy']}")
+            try:
+                pt = perturbation_pb2_grpc.PerturbationServiceStub(pt_ch)
+                va = perturbation_pb2.ValidateAttackRequest(attack_id="fgsm",
+                                                            surrogate="fmnist-cnn")
+                va.params.update({"epsilon": 0.1})
+                pt.ValidateAttack(va, metadata=(("x-api-key", key_a),), timeout=60)
+                with pytest.raises(grpc.RpcError) as denied:
+                    pt.ValidateAttack(va, metadata=(("x-api-key", key_b),), timeout=60)
+                assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                st = rpc_status.from_call(denied.value)
+                assert st is not None
+                fields = []
+                for d in st.details:
+                    if d.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                        br = error_details_pb2.BadRequest()
+                        d.Unpack(br)
+                        fields += [fv.field for fv in br.field_violations]
+                assert fields == ["surrogate"], (fields, denied.value.details())
+                assert "fmnist" not in denied.value.details().replace("'fmnist-cnn'", "")
+
+                px = proxy_pb2_grpc.TargetProxyServiceStub(px_ch)
+                bearer = (("authorization", f"Bearer {token('fortis')}"),)
+                session = px.CreateSession(proxy_pb2.CreateSessionRequest(target="fmnist"),
+                                           metadata=bearer, timeout=30).session
+                assert session.tenant == "team-c"
+                with pytest.raises(grpc.RpcError) as unauth:
+                    px.CreateSession(proxy_pb2.CreateSessionRequest(target="fmnist"),
+                                     metadata=(("authorization",
+                                                f"Bearer {token('another-service')}"),),
+                                     timeout=30)
+                assert unauth.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                assert "audience" in unauth.value.details()
+
+                big = np.zeros((1100, 1100, 1), dtype=np.uint8)      # 1.15 MiB > 1 MiB
+                req = proxy_pb2.PredictRequest(session_id=session.session_id, origin="chart")
+                req.images.add().CopyFrom(common_pb2.Image(
+                    image_id="big", tensor=common_pb2.Tensor(
+                        dtype=common_pb2.D_TYPE_UINT8, shape=list(big.shape),
+                        data=big.tobytes())))
+                with pytest.raises(grpc.RpcError) as refused:
+                    px.Predict(req, metadata=bearer, timeout=30)
+                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, \
+                    refused.value.details()
+                st = rpc_status.from_call(refused.value)
+                assert st is not None and any(
+                    d.Is(error_details_pb2.QuotaFailure.DESCRIPTOR) for d in st.details)
+            finally:
+                pt_ch.close()
+                px_ch.close()

@@ -118,6 +118,7 @@ def _start(root: Path, targets: tuple[str, ...]) -> Any:
 
     return start_stack(StackSettings(
         state_dir=root / "state", api_keys={KEY: "tenant-a"}, data_root=root / "data",
+        whitebox_grants={"tenant-a": frozenset({"*"})},  # twins: granted
         targets=[TargetConfig.parse(t) for t in targets]))
 
 

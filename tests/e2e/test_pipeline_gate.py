@@ -84,7 +84,10 @@ def runs(tmp_path_factory, fmnist_target, fmnist_surrogate) -> Iterator[Runs]:
     stack = start_stack(StackSettings(
         state_dir=root / "state", api_keys={KEY: "tenant-gate"},
         targets=[TargetConfig.parse("fmnist-cnn=builtin:fmnist-cnn"),
-                 TargetConfig.parse("model-b=builtin:fmnist-surrogate")]))
+                 TargetConfig.parse("model-b=builtin:fmnist-surrogate")],
+        # model-b is the surrogate's own weights: its operator grants the tenant white-box
+        # access, as the plans attack fmnist-cnn through fmnist-surrogate
+        whitebox_grants={"tenant-gate": frozenset({"*"})}))
     r = Runs(root, stack.address)
     remote = ("--address", stack.address, "--api-key", KEY)
     try:

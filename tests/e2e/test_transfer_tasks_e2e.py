@@ -56,6 +56,7 @@ class _Stack:
             self.section = "segmentation: {classes: [1], miou_threshold: 0.5}"
         self.stack = start_stack(StackSettings(
             state_dir=root / "state", api_keys={KEY: "tenant-a"}, data_root=data,
+            whitebox_grants={"tenant-a": frozenset({"*"})},  # twins: granted
             targets=[TargetConfig.parse(f"{t}=builtin:{t}") for t in targets],
             metrics_port=0, metrics_host="127.0.0.1"))
 

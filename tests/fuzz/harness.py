@@ -5,8 +5,11 @@ The rules every answer must keep, whatever the request:
 - the status is never INTERNAL or UNKNOWN (INTERNAL is for bugs only);
 - a non-OK status from Fortis carries its ErrorInfo (domain ``fortis``); a status without it
   came from the transport (e.g. "Stream removed" when trailers overflowed) and is only allowed
-  for gRPC's own message-size limit (RESOURCE_EXHAUSTED "larger than max") and the harness's
-  deadline;
+  for gRPC's own message-size and metadata-size limits (RESOURCE_EXHAUSTED "larger than max",
+  "metadata size exceeds") and the harness's deadline; health and reflection, gRPC's own
+  services, answer with gRPC's statuses;
+- no message quotes a piece (24 characters) of a credential the call carried (API key,
+  bearer token);
 - the message is at most 1 KB (UTF-8) and echoes no more than a short piece (< 128
   characters) of any long string of the request;
 - every INVALID_ARGUMENT has a ``google.rpc.BadRequest`` naming at least one field;
@@ -38,6 +41,9 @@ MAX_ECHO = 128
 _LONG = 160             # request strings at least this long are checked for echoes
 _WINDOW, _STEP = MAX_ECHO - 32, 32
 _FORBIDDEN = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+#: Metadata that carries credentials, and the shortest piece of one a message may not quote.
+_CREDENTIALS = ("authorization", "x-api-key")
+_SECRET_PIECE = 24
 
 
 @dataclass
@@ -101,6 +107,13 @@ def judge_status(code: int, message: str, details: Sequence[Any], inputs: Sequen
     echoed = echo_of(message, inputs)
     if echoed:
         problems.append(f"{where}: message echoes >= {echoed} characters of the input")
+    if code == code_pb2.RESOURCE_EXHAUSTED and details:
+        # Fortis's own refusals (budgets, quotas, decoded sizes) name what was limited.
+        subjects = [v.subject for d in details if d.Is(error_details_pb2.QuotaFailure.DESCRIPTOR)
+                    for v in _unpack_quota_failure(d).violations]
+        if not subjects or not all(subjects):
+            problems.append(f"{where}: RESOURCE_EXHAUSTED without a QuotaFailure subject: "
+                            f"{message[:200]!r}")
     if code == code_pb2.INVALID_ARGUMENT:
         fields = [v.field for d in details if d.Is(error_details_pb2.BadRequest.DESCRIPTOR)
                   for v in _unpack_bad_request(d).field_violations]
@@ -108,6 +121,12 @@ def judge_status(code: int, message: str, details: Sequence[Any], inputs: Sequen
             problems.append(f"{where}: INVALID_ARGUMENT without a BadRequest field: "
                             f"{message[:200]!r}")
     return problems
+
+
+def _unpack_quota_failure(a: Any) -> error_details_pb2.QuotaFailure:
+    m = error_details_pb2.QuotaFailure()
+    a.Unpack(m)
+    return m
 
 
 def _unpack_bad_request(a: Any) -> error_details_pb2.BadRequest:
@@ -128,14 +147,16 @@ def _has_error_info(status: status_pb2.Status) -> bool:
 
 def call(channel: grpc.Channel, case: RpcCase, request: Any, *,
          metadata: Sequence[tuple[str, str]] = (), timeout: float = 30.0,
-         max_stream_items: int = 64) -> Outcome:
+         max_stream_items: int | None = None) -> Outcome:
     """Make the call ``case`` describes with ``request`` (a list for client-streaming
     methods) and judge what comes back."""
     requests = list(request) if case.streaming[0] == "s" else [request]
     ser = type(requests[0]).SerializeToString if requests else (lambda m: m.SerializeToString())
     des = case.response.FromString  # type: ignore[attr-defined]
-    inputs = long_strings(requests)
+    inputs = long_strings(requests) + [v for _, v in metadata if len(v) >= _LONG]
+    secrets = [v for k, v in metadata if k in _CREDENTIALS and len(v) >= _SECRET_PIECE]
     items: list[status_pb2.Status] = []
+    max_stream_items = max_stream_items or case.max_items
     t0 = time.perf_counter()
     try:
         if case.streaming == "uu":
@@ -158,8 +179,24 @@ def call(channel: grpc.Channel, case: RpcCase, request: Any, *,
         out = _failed(exc)
     out.seconds = time.perf_counter() - t0
     out.items = items
-    _judge(out, inputs)
+    _judge(out, inputs, case.fortis_errors)
+    out.problems += quoted_secrets(out, secrets)
     return out
+
+
+def quoted_secrets(out: Outcome, secrets: Sequence[str]) -> list[str]:
+    """A credential (API key, bearer token) is never quoted, not even a piece of it: no
+    ``_SECRET_PIECE`` characters of one may appear in any message of the answer."""
+    messages = [out.message, *(i.message for i in out.items)]
+    found = []
+    for secret in secrets:
+        for value in (secret, secret.partition(" ")[2]):
+            pieces = {value[i:i + _SECRET_PIECE]
+                      for i in range(0, max(1, len(value) - _SECRET_PIECE + 1), 8)}
+            if any(p and p in m for m in messages for p in pieces if len(p) == _SECRET_PIECE):
+                found.append(f"a message quotes part of the credential '{value[:12]}...'")
+                break
+    return found
 
 
 def _cancel_created(channel: grpc.Channel, case: RpcCase, metadata: Sequence[tuple[str, str]]
@@ -201,13 +238,16 @@ def _failed(exc: grpc.RpcError) -> Outcome:
     return Outcome(code=code, message=message, status=status)
 
 
-def _judge(out: Outcome, inputs: Sequence[str]) -> None:
+def _judge(out: Outcome, inputs: Sequence[str], fortis_errors: bool = True) -> None:
     code = out.code
     if code != grpc.StatusCode.OK and code != grpc.StatusCode.CANCELLED:
         details = out.status.details if out.status is not None else []
         out.problems += judge_status(code.value[0], out.message, details, inputs, "status")
-        transport = out.status is None or not _has_error_info(out.status)
-        allowed = (code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in out.message
+        transport = fortis_errors and (out.status is None or not _has_error_info(out.status))
+        # gRPC's own limits refuse before Fortis sees the call: the message size, and the
+        # metadata size (a 16 KB bearer token: soft limit 8 KiB, hard 16 KiB)
+        allowed = (code == grpc.StatusCode.RESOURCE_EXHAUSTED and (
+            "larger than max" in out.message or "metadata size exceeds" in out.message)
                    ) or code == grpc.StatusCode.DEADLINE_EXCEEDED
         if transport and not allowed and code not in _FORBIDDEN:
             out.problems.append(f"status: {code.name} from the transport, not Fortis: "

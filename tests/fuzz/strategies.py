@@ -7,12 +7,16 @@ down. The strategies mix hostile values (boundary ints 0, -1, 2^31, 2^63-1; NaN,
 overflowing or mismatched shapes and unknown dtypes; PNG/JPEG headers declaring 100000x100000
 or truncated; plans nested 100k deep, YAML aliases, ``severities: [[1]]``; Struct params nested
 90+ deep; page tokens "nan"/"inf"/2^70; unknown enum values) with valid-looking ones, so a
-request gets past its first check as often as it is refused by it.
+request gets past its first check as often as it is refused by it. Valid requests whose
+images decode large (headers declaring 6000x6000, tensors whose data match a large shape)
+reach the decoded-size budget rather than the field checks.
 
 ``RPCS`` names every case: the full method path, its streaming shape, the request (or, for
-client-streaming methods, the list of requests) strategy and the response class. Used by
-``tests/fuzz/test_fuzz_rpcs.py`` (a quick derandomized run) and ``bench/fuzz.py`` (>= 10,000
-cases). Pure test code: no server here.
+client-streaming methods, the list of requests) strategy and the response class.
+``SERVED_RPCS`` are gRPC's health and reflection, which every Fortis server carries;
+``auth_cases(idp, api_key)`` sends valid requests with fuzzed credentials (bearer tokens of
+``tests/fuzz/idp.py``'s issuer, API keys). Used by ``tests/fuzz/test_fuzz_rpcs.py`` (a quick
+derandomized run) and ``bench/fuzz.py`` (>= 10,000 cases). Pure test code: no server here.
 """
 
 from __future__ import annotations
@@ -128,11 +132,35 @@ def _valid_image_tensor(seed: int, h: int = 28, w: int = 28, c: int = 1) -> comm
     return common_pb2.Tensor(dtype=common_pb2.D_TYPE_UINT8, shape=[h, w, c], data=data)
 
 
+_BIG_TENSORS: dict[tuple[int, tuple[int, ...]], common_pb2.Tensor] = {}
+
+
+def big_tensor(dtype: int, shape: tuple[int, ...]) -> common_pb2.Tensor:
+    """A tensor whose data match a large shape (zeros; made once and kept): it reaches the
+    decoded-size budget and the decoder with real bytes, not a refused lie."""
+    key = (dtype, shape)
+    if key not in _BIG_TENSORS:
+        n = int(np.prod(shape)) * _ITEMSIZE[dtype]
+        _BIG_TENSORS[key] = common_pb2.Tensor(dtype=dtype, shape=list(shape), data=bytes(n))
+    return _BIG_TENSORS[key]
+
+
+#: Large tensors within one 16 MiB message: a 12 MiB float32 RGB image, a 2048 x 2048 x 3
+#: uint8 image, a float64 batch of 28 x 28 images (6 MiB), a long float16 vector.
+BIG_TENSOR_SHAPES = ((common_pb2.D_TYPE_FLOAT32, (1024, 1024, 3)),
+                     (common_pb2.D_TYPE_UINT8, (2048, 2048, 3)),
+                     (common_pb2.D_TYPE_FLOAT64, (1000, 28, 28, 1)),
+                     (common_pb2.D_TYPE_FLOAT16, (4_000_000,)))
+
+
 @st.composite
 def tensors(draw: st.DrawFn) -> common_pb2.Tensor:
-    """A tensor: valid 28x28x1 uint8, or a bad shape/dtype/data combination."""
+    """A tensor: valid 28x28x1 uint8, or a bad shape/dtype/data combination, or (rarely) a
+    large one whose data match its shape."""
     kind = draw(st.integers(0, 5))
     if kind == 0:
+        if draw(st.integers(0, 15)) == 0:
+            return big_tensor(*draw(st.sampled_from(BIG_TENSOR_SHAPES)))
         return _valid_image_tensor(draw(st.integers(0, 255)))
     dtype = draw(enum_values(*_DTYPES))
     shape = draw(st.one_of(st.sampled_from(_BAD_SHAPES),
@@ -160,17 +188,20 @@ def _png_chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
 
-def png_header(width: int, height: int, *, truncated: bool = False, colour: int = 0) -> bytes:
+def png_header(width: int, height: int, *, truncated: bool = False, colour: int = 0,
+               depth: int = 8) -> bytes:
     """A PNG whose IHDR declares ``width`` x ``height`` (its IDAT is a few bytes only)."""
-    ihdr = _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, colour, 0, 0, 0))
+    ihdr = _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 0))
     idat = _png_chunk(b"IDAT", zlib.compress(b"\x00" * 64))
     out = b"\x89PNG\r\n\x1a\n" + ihdr + idat + _png_chunk(b"IEND", b"")
     return out[: len(out) // 2] if truncated else out
 
 
-def jpeg_header(width: int, height: int) -> bytes:
+def jpeg_header(width: int, height: int, components: int = 1) -> bytes:
     """A JPEG with an SOF0 frame declaring ``width`` x ``height`` and no scan data."""
-    sof = b"\xff\xc0" + struct.pack(">HBHHB", 11, 8, height, width, 1) + b"\x01\x11\x00"
+    sof = b"\xff\xc0" + struct.pack(">HBHHB", 8 + 3 * components, 8, height, width,
+                                     components) + \
+        b"".join(bytes((i + 1, 0x11, 0)) for i in range(components))
     return b"\xff\xd8" + b"\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00" + sof + \
         b"\xff\xd9"
 
@@ -188,6 +219,17 @@ ENCODED = (png_header(100000, 100000), png_header(20000, 20000), png_header(0, 0
            png_header(28, 28, colour=6), jpeg_header(65500, 65500), jpeg_header(0, 0),
            jpeg_header(65535, 65535), SMALL_PNG, SMALL_PNG[:40], b"\x89PNG\r\n\x1a\n",
            b"\xff\xd8\xff", b"GIF89a" + b"\x00" * 20, b"", b"\x00" * 100, b"BM" + b"\xff" * 60)
+#: Headers within the pixel limit that decode large (36 MB grey, 108 MB RGB, 144 MB RGBA):
+#: a few of them pass each image's check but not the request's decoded-size budget
+#: (services/common/memory.py), refused from the headers alone.
+LARGE_ENCODED = (png_header(6000, 6000), png_header(6000, 6000, colour=2),
+                 png_header(6000, 6000, colour=6), jpeg_header(6000, 6000),
+                 # 16-bit samples (2 bytes each: 288 MB alone, past the per-request budget),
+                 # grey+alpha, palette (decoded as RGB), a CMYK JPEG, a 40 M-pixel strip
+                 png_header(6000, 6000, colour=6, depth=16), png_header(6000, 6000, colour=4),
+                 png_header(6000, 6000, colour=3), jpeg_header(6000, 6000, components=4),
+                 jpeg_header(6000, 6000, components=3), png_header(40_000_000, 1),
+                 png_header(6324, 6324, colour=2))
 
 
 @st.composite
@@ -204,8 +246,17 @@ def images(draw: st.DrawFn) -> common_pb2.Image:
     return img                                     # kind 3: no content at all
 
 
+@st.composite
+def large_image_lists(draw: st.DrawFn) -> list[common_pb2.Image]:
+    """Up to 32 images whose headers declare large (each valid alone), as the memory
+    amplification was sent: many small messages decoding to gigabytes."""
+    data = draw(st.sampled_from(LARGE_ENCODED))
+    return [common_pb2.Image(image_id=f"big-{i}", encoded=data)
+            for i in range(draw(st.integers(1, 32)))]
+
+
 def image_lists(max_size: int = 4) -> st.SearchStrategy[list[common_pb2.Image]]:
-    return st.lists(images(), max_size=max_size)
+    return st.one_of(st.lists(images(), max_size=max_size), large_image_lists())
 
 
 # -- structured documents ---------------------------------------------------------------------
@@ -520,6 +571,59 @@ def _base_report() -> Any:
 
 # -- requests per RPC ---------------------------------------------------------------------------
 
+#: Surrogate names: built-ins (twins of a built-in target among them: fmnist-cnn, and the ports
+#: mtcnn-surrogate and u2netp-surrogate, which a tenant without a white-box grant may not
+#: name), other tasks' surrogates, a tenant's own name, names a surrogate may not have.
+_SURROGATE_NAMES = ("fmnist-surrogate", "fmnist-mlp", "fmnist-cnn", "fmnist-cnn-at",
+                    "mobilenet-v2", "efficientnet-lite0", "mtcnn-surrogate", "u2netp-surrogate",
+                    "mine", "nope", "", "fmnist-cnn ", "FMNIST-CNN", "fmnist-cnn/../x", "*")
+
+
+def surrogate_names() -> st.SearchStrategy[str]:
+    return st.one_of(st.sampled_from(_SURROGATE_NAMES), texts(huge=False),
+                     st.sampled_from(_HUGE[:3]))
+
+
+def ensembles() -> st.SearchStrategy[list[str]]:
+    """Further surrogates of an ensemble: up to 12 (more than the bound of 8), repeats, the
+    primary again, twins, hostile strings."""
+    return st.one_of(st.lists(surrogate_names(), max_size=4),
+                     st.lists(st.sampled_from(_SURROGATE_NAMES), min_size=8, max_size=12),
+                     st.just(["fmnist-cnn"] * 9))
+
+
+_MANY_LABELS = [f"c{i}" for i in range(100_001)]
+
+
+@st.composite
+def surrogate_models(draw: st.DrawFn) -> pt.SurrogateModel:
+    """A tenant's surrogate definition: hostile sizes (a 100,000 x 100,000 input, 2^31
+    classes), a blob id that is not one or names nothing, built-in names, label maps out of
+    range, NaN normalisation, 100,001 labels."""
+    m = pt.SurrogateModel(
+        name=draw(st.one_of(st.sampled_from(("mine", "fmnist-cnn", "fmnist-surrogate", "", "a" * 200)),
+                            texts(huge=False))),
+        model=draw(_blob_ids), format=draw(enum_values(0, 1, 2)),
+        height=draw(st.one_of(st.sampled_from((28, 0, -1, 1025, 100_000)), int32s)),
+        width=draw(st.one_of(st.sampled_from((28, 0, 1_000_000)), int32s)),
+        channels=draw(st.one_of(st.sampled_from((1, 3, 0, 2, 4)), int32s)),
+        mean=draw(st.lists(floats, max_size=4)), std=draw(st.lists(floats, max_size=4)),
+        target_classes=draw(st.one_of(st.sampled_from((10, 0, 2**31 - 1)), int32s)),
+        task=draw(enum_values(0, 1, 2, 3)))
+    if draw(st.integers(0, 20)) == 0:
+        m.labels.extend(_MANY_LABELS)
+    else:
+        m.labels.extend(draw(st.lists(texts("shirt", huge=False), max_size=4)))
+    for _ in range(draw(st.integers(0, 3))):
+        m.label_map.add(surrogate_label=draw(int32s), target_label=draw(int32s))
+    if draw(st.booleans()):
+        o = m.outputs
+        o.boxes = draw(int32s)
+        o.scores = draw(int32s)
+        o.mask_kind = draw(enum_values(0, 1, 2, 3))
+    return m
+
+
 _PERTURBATIONS = ("gaussian_noise", "brightness", "rotation", "occlusion", "neural_style",
                   "global_blur", "per_brightness", "model_gradient_descent", "jpeg_compression")
 _ATTACKS = ("fgsm", "pgd", "square", "hsja", "pertknob")
@@ -551,7 +655,8 @@ def _run_attack(draw: st.DrawFn) -> pt.RunAttackRequest:
         images=[pt.LabeledImage(image=img, labels=draw(st.lists(int32s, max_size=3)))
                 for img in draw(image_lists(3))],
         proxy_session_id=draw(texts(FUZZ_SESSION, "")), origin=draw(texts("", "fuzz")),
-        surrogate=draw(texts("", "fmnist-surrogate")))
+        surrogate=draw(surrogate_names()), ensemble=draw(ensembles()),
+        surrogate_models=draw(st.lists(surrogate_models(), max_size=2)))
     p = draw(structs(*_ATTACK_PARAMS))
     if draw(st.booleans()):      # small budgets keep a valid attack quick
         p["max_queries"] = float(draw(st.sampled_from((1, 2, 4))))
@@ -570,11 +675,33 @@ def _base_validate() -> pt.ValidateAttackRequest:
 @st.composite
 def _validate_attack(draw: st.DrawFn) -> pt.ValidateAttackRequest:
     req = pt.ValidateAttackRequest(
-        attack_id=draw(ids("square", "pgd", "fab", "mi_fgsm", "hsja", "pertknob")),
-        task=draw(enum_values(0, 1, 2, 3)), output_kind=draw(enum_values(0, 1, 2, 3, 4, 5)))
+        attack_id=draw(ids("square", "pgd", "fab", "mi_fgsm", "hsja", "pertknob", "fgsm")),
+        task=draw(enum_values(0, 1, 2, 3)), output_kind=draw(enum_values(0, 1, 2, 3, 4, 5)),
+        surrogate=draw(surrogate_names()), ensemble=draw(ensembles()))
     req.params.CopyFrom(draw(structs("epsilon", "norm", "ti_kernel", "max_queries",
                                      "property")))
     return draw(mutated(req, 2))
+
+
+def _base_validate_surrogate() -> st.SearchStrategy[pt.ValidateAttackRequest]:
+    """A valid transfer attack on a built-in surrogate (none of them a twin a tenant without
+    a white-box grant may not name, unless the draw picks one), its ensemble mutated."""
+    req = pt.ValidateAttackRequest(attack_id="pgd", task=common_pb2.TASK_TYPE_CLASSIFICATION,
+                                   output_kind=common_pb2.OUTPUT_KIND_LABEL_ONLY,
+                                   surrogate="fmnist-surrogate", ensemble=["fmnist-mlp"])
+    req.params.update({"epsilon": 0.1, "norm": "linf"})
+    return st.one_of(mutated(req, 2), st.builds(
+        lambda s, e: _with_surrogates(req, s, e), surrogate_names(), ensembles()))
+
+
+def _with_surrogates(base: pt.ValidateAttackRequest, surrogate: str, ensemble: list[str]
+                     ) -> pt.ValidateAttackRequest:
+    out = pt.ValidateAttackRequest()
+    out.CopyFrom(base)
+    out.surrogate = surrogate
+    del out.ensemble[:]
+    out.ensemble.extend(ensemble)
+    return out
 
 
 @st.composite
@@ -585,6 +712,20 @@ def _compute(draw: st.DrawFn) -> sc.ComputeRequest:
                                         texts(huge=False)), max_size=3)):
         req.arrays[name].CopyFrom(draw(tensors()))
     req.params.CopyFrom(draw(structs(*_METRIC_PARAMS)))
+    return req
+
+
+@st.composite
+def _compute_large(draw: st.DrawFn) -> sc.ComputeRequest:
+    """A metric's arrays as large as one message carries (tensors whose data match their
+    shape), under the names the metrics read: the decoded-size budget and the decoder."""
+    req = sc.ComputeRequest(metric=draw(st.sampled_from(("drr", "ndcg", "degradation_profile",
+                                                         "canary.perturbation_cost"))))
+    names = draw(st.lists(st.sampled_from(("perturbed_probs", "benign_class", "clean",
+                                           "adversarial", "scores", "labels")),
+                          min_size=1, max_size=2, unique=True))
+    for name in names:
+        req.arrays[name].CopyFrom(big_tensor(*draw(st.sampled_from(BIG_TENSOR_SHAPES))))
     return req
 
 
@@ -680,6 +821,15 @@ def _report(draw: st.DrawFn) -> rp.RenderReportRequest:
     parts.evaluation.evaluation_id = draw(texts("ev-1"))
     parts.evaluation.images = draw(int64s)
     parts.evaluation.dataset.limit = draw(int64s)
+    for i in range(draw(st.sampled_from((0, 0, 1, 3, 8, 16)))):
+        # example pictures whose headers declare large images: the renderer's decoded-size
+        # budget (parts.examples), before any PNG is decoded
+        pngs = st.one_of(st.sampled_from((*LARGE_ENCODED, *ENCODED)), st.binary(max_size=40))
+        parts.examples.add(image_id=f"x{i}", setting=draw(texts("gaussian_noise", huge=False)),
+                           kind=draw(enum_values(0, 1, 2, 3)), level=draw(int32s),
+                           original_png=draw(pngs), perturbed_png=draw(pngs),
+                           truth_mask_png=draw(st.one_of(st.just(b""), pngs)),
+                           mask_classes=draw(st.lists(texts(huge=False), max_size=3)))
     return rp.RenderReportRequest(parts=parts)
 
 
@@ -706,6 +856,14 @@ class RpcCase:
     streaming: str
     requests: st.SearchStrategy[Any]
     response: Callable[..., Any]
+    #: Call metadata drawn for each case (None: the runner's own, a valid API key).
+    metadata: st.SearchStrategy[tuple[tuple[str, str], ...]] | None = None
+    #: Answers of a server-streaming call read before it is cancelled (health's Watch never
+    #: ends by itself: its first answer is enough).
+    max_items: int = 64
+    #: False for the standard services every gRPC server may carry (health, reflection):
+    #: their errors are gRPC's own, without Fortis's ErrorInfo; every other rule holds.
+    fortis_errors: bool = True
 
 
 def _case(service: str, method: str, streaming: str, requests: st.SearchStrategy[Any],
@@ -724,9 +882,51 @@ _TG = "fortis.target.v1.TargetService"
 _ev_ids = ids("ev-1", "fuzz-eval")
 
 def _either(scratch: st.SearchStrategy[Any], base: Any) -> st.SearchStrategy[Any]:
-    """Half built from scratch, half a valid request (or stream) with hostile fields."""
+    """Built from scratch, or a valid request (or stream) with hostile fields; for requests
+    that carry images, also the valid request with large ones (the decoded-size budget)."""
     mut = _mutated_stream(base) if isinstance(base, list) else mutated(base)
+    first = base[0] if isinstance(base, list) and base else base
+    if isinstance(first, Message) and "images" in first.DESCRIPTOR.fields_by_name:
+        return st.one_of(scratch, mut, _with_large_images(base))
     return st.one_of(scratch, mut)
+
+
+def _put_images(msg: Message, images: list[common_pb2.Image]) -> None:
+    field = msg.images  # type: ignore[attr-defined]
+    del field[:]
+    if msg.DESCRIPTOR.fields_by_name["images"].message_type.full_name.endswith("LabeledImage"):
+        field.extend(pt.LabeledImage(image=img, labels=[0]) for img in images)
+    else:
+        field.extend(images)
+
+
+@st.composite
+def _with_large_images(draw: st.DrawFn, base: Any) -> Any:
+    """``base`` (a request, or each message of a stream) whose images are replaced by ones
+    that decode large: headers declaring 6000 x 6000 (up to 32 of them: 36 MB to 4.6 GB in
+    all, each valid alone), a few small valid images beside them, or tensors whose data match
+    a large shape; the request is otherwise valid, so the budget is what answers."""
+    def one(msg: Message) -> Message:
+        out = type(msg)()
+        out.CopyFrom(msg)
+        kind = draw(st.integers(0, 3))
+        if kind == 0:
+            imgs = draw(large_image_lists())
+        elif kind == 1:
+            imgs = draw(large_image_lists())[:draw(st.integers(1, 4))] + _valid_images(2)
+        elif kind == 2:
+            imgs = [common_pb2.Image(image_id=f"t{i}", tensor=big_tensor(*shape))
+                    for i, shape in enumerate(draw(st.lists(
+                        st.sampled_from(BIG_TENSOR_SHAPES[:2]), min_size=1, max_size=1)))]
+        else:       # the same large header many times over: each alone fits, the sum not
+            data = draw(st.sampled_from(LARGE_ENCODED[:4]))
+            imgs = [common_pb2.Image(image_id=f"r{i}", encoded=data) for i in range(64)]
+        _put_images(out, imgs)
+        return out
+
+    if isinstance(base, list):
+        return [one(m) for m in base]
+    return one(base)
 
 
 def _plans(cls: Any, **kw: Any) -> st.SearchStrategy[Any]:
@@ -805,7 +1005,8 @@ RPCS: dict[str, RpcCase] = dict([
                   [_base_apply(pt.ApplyPerturbationStreamRequest)] * 2),
           pt.ApplyPerturbationStreamResponse),
     _case(_PT, "RunAttack", "us", _either(_run_attack(), _base_attack()), pt.RunAttackResponse),
-    _case(_PT, "ValidateAttack", "uu", _either(_validate_attack(), _base_validate()),
+    _case(_PT, "ValidateAttack", "uu", st.one_of(_either(_validate_attack(), _base_validate()),
+                                                 _base_validate_surrogate()),
           pt.ValidateAttackResponse),
     _case(_PX, "ListTargets", "uu", st.builds(px.ListTargetsRequest, page_size=int32s,
                                               page_token=page_tokens()),
@@ -813,6 +1014,9 @@ RPCS: dict[str, RpcCase] = dict([
     _case(_PX, "GetTargetInfo", "uu", st.builds(px.GetTargetInfoRequest,
                                                 target=ids(FUZZ_TARGET)),
           px.GetTargetInfoResponse),
+    # internal-key only: a tenant's call, whatever it sends, is PERMISSION_DENIED
+    _case(_PX, "GetBuiltinTargets", "uu", st.just(px.GetBuiltinTargetsRequest()),
+          px.GetBuiltinTargetsResponse),
     _case(_PX, "CreateSession", "uu", st.builds(
         px.CreateSessionRequest, target=ids(FUZZ_TARGET), session_id=ids("fuzz-s2", ""),
         query_budget=int64s, per_image_budget=int64s, description=texts("")),
@@ -840,7 +1044,8 @@ RPCS: dict[str, RpcCase] = dict([
     _case(_SC, "ListMetrics", "uu", st.builds(sc.ListMetricsRequest, page_size=int32s,
                                               page_token=page_tokens()),
           sc.ListMetricsResponse),
-    _case(_SC, "Compute", "uu", _either(_compute(), _base_compute()), sc.ComputeResponse),
+    _case(_SC, "Compute", "uu", st.one_of(_either(_compute(), _base_compute()),
+                                          _compute_large()), sc.ComputeResponse),
     _case(_RP, "RenderReport", "uu", _either(_report(), _base_report()),
           rp.RenderReportResponse),
 ])
@@ -857,3 +1062,206 @@ TARGET_RPCS: dict[str, RpcCase] = dict([
         tg.PredictStreamRequest, request_id=texts("r1"), images=image_lists())),
           tg.PredictStreamResponse),
 ])
+
+
+# -- identity: API keys and bearer tokens -------------------------------------------------------
+# A server with OpenID Connect (``--oidc-issuer``) reads ``authorization: Bearer <jwt>`` when a
+# call has no API key. Every credential below must be refused UNAUTHENTICATED (or, when the
+# identity provider cannot be reached, UNAVAILABLE), precisely and without quoting it, or
+# accepted as exactly the tenant a valid token names; never INTERNAL.
+
+_ASCII = st.characters(min_codepoint=0x20, max_codepoint=0x7E)
+
+
+def _ascii(max_size: int) -> st.SearchStrategy[str]:
+    """Printable ASCII: what gRPC lets a client put in a text metadata value at all."""
+    return st.text(alphabet=_ASCII, max_size=max_size)
+
+
+def _nested(open_: str, close: str, n: int) -> str:
+    return open_ * n + close * n
+
+
+def _malformed_jwts(idp: Any) -> list[str]:
+    """Tokens shaped like JWTs that are not valid ones: wrong part counts, bad base64/JSON,
+    headers that are not objects, deep nesting, huge numbers, NaN/Infinity, unknown or
+    absurd kid/alg/crit, embedded keys (jwk/jku/x5u) that must be ignored."""
+    from tests.fuzz.idp import b64
+    head = b64(json.dumps({"alg": "RS256", "kid": "k-rsa"}))
+    body = b64(json.dumps(idp.claims()))
+    deep_obj = '{"a":' * 900 + "1" + "}" * 900
+    huge_alg = '{"alg": 1' + "0" * 3000 + "}"
+    nan_claims = '{"iss": NaN, "exp": Infinity}'
+    out = ["", ".", "..", "...", "a", "a.b", "a.b.c", "a.b.c.d", f"{head}.{body}",
+           f"{head}.{body}.", f"{head}..", f".{body}.", f"{head}.{body}.!!!!",
+           f"{head}.{body}.{'A' * 342}", "!!!.###.$$$", "e30.e30.", "e30.e30.e30",
+           f"{b64('[1]')}.{body}.", f"{b64('null')}.{body}.", f"{b64('1')}.{body}.",
+           f"{b64(_nested('[', ']', 2000))}.{body}.", f"{head}.{b64(_nested('[', ']', 2000))}.",
+           f"{b64(deep_obj)}.{body}.", f"{b64(huge_alg)}.{body}.", f"{head}.{b64(nan_claims)}.",
+           f"{b64(bytes([0xff, 0xfe, 0x00]))}.{body}.", f"{head}.{b64(bytes([0xc3]))}.",
+           head + "." + body + "." + "=" * 20, (head + ".") * 3]
+    for header in ({"alg": "none"}, {"alg": "None"}, {"alg": "NONE"}, {"alg": ""},
+                   {"alg": "HS256", "kid": "k-rsa"}, {"alg": "RS1"}, {"alg": ["RS256"]},
+                   {"alg": None}, {"alg": "RS256", "kid": 5}, {"alg": "RS256", "kid": "k" * 300},
+                   {"alg": "RS256", "kid": "../../etc/passwd"}, {"alg": "RS256", "kid": ""},
+                   {"alg": "RS256", "crit": ["exp"]}, {"alg": "RS256", "crit": 5},
+                   {"alg": "RS256", "b64": False, "crit": ["b64"]},
+                   {"alg": "RS256", "kid": "k-rsa", "jwk": {"kty": "oct", "k": "AAAA"}},
+                   {"alg": "RS256", "kid": "k-rsa", "jku": "http://127.0.0.1:1/keys"},
+                   {"alg": "RS256", "kid": "k-rsa", "x5u": "file:///etc/passwd"},
+                   {"alg": "ES256", "kid": "k-rsa"}, {"alg": "EdDSA", "kid": "k-rsa"}):
+        out.append(f"{b64(json.dumps(header))}.{body}.")
+        out.append(f"{b64(json.dumps(header))}.{body}.{b64(b'x' * 256)}")
+    return out
+
+
+def _signed_hostile(idp: Any) -> list[str]:
+    """Tokens the issuer's own key signed whose claims are hostile (a broken or compromised
+    IdP): non-numeric, NaN, infinite and 4000-digit times, odd audiences and issuers, tenant
+    claims that are not tenant names (the internal service's ``*`` among them), a payload
+    nested 900 deep, duplicate keys, lone surrogates; and valid tokens of other kinds
+    (expired, not yet valid, wrong audience or issuer, another key, an EC key)."""
+    def raw(field: str, text: str, **extra: Any) -> str:
+        claims = idp.claims(**extra)
+        claims[field] = "@@"
+        return idp.raw_signed({}, json.dumps(claims).replace('"@@"', text))
+
+    out = [raw("exp", v) for v in ("Infinity", "-Infinity", "NaN", "1e400", "1" + "0" * 4000,
+                                   "1e300", "[1]", "{}", "true", '"1"', "null")]
+    out += [raw("iat", v) for v in ("Infinity", "NaN", "1" + "0" * 400, '"x"')]
+    out += [raw("nbf", v) for v in ("Infinity", "-Infinity", "NaN", "-1" + "0" * 400,
+                                    "99999999999")]
+    out += [raw("aud", v) for v in ("{}", "[]", "[1, 2]", '[["fortis"]]', "5", '"other"',
+                                    '"' + "a" * 3000 + '"')]
+    out += [raw("iss", v) for v in ("[1]", "5", '"http://127.0.0.1:1/other"', '""')]
+    out += [raw("tenant", v) for v in ('"*"', '""', '"../x"', '"' + "t" * 65 + '"',
+                                       '"tenant-a\\n"', '"\\ud800"', "5", '["tenant-a"]',
+                                       '{"a": 1}', "null", '"tenant-b"', '"default"')]
+    out += [raw("sub", v) for v in ('"' + "s" * 5000 + '"', '{"a": [1]}', "1e308")]
+    claims = json.dumps(idp.claims())
+    out += [idp.raw_signed({}, claims[:-1] + ', "x": ' + _nested("[", "]", 900) + "}"),
+            idp.raw_signed({}, claims[:-1] + ', "x": ' + _nested("[", "]", 3000) + "}"),
+            idp.raw_signed({}, claims[:-1] + ', "tenant": "tenant-b"}'),
+            idp.raw_signed({}, "[1, 2]"), idp.raw_signed({}, '"x"'),
+            idp.raw_signed({"kid": "zzz-unknown"}, claims), idp.raw_signed('{"alg":"RS256"}', claims),
+            idp.raw_signed({"kid": "k-ec"}, claims)]
+    now = int(__import__("time").time())
+    out += [idp.token(exp=now - 3600), idp.token(nbf=now + 3600), idp.token(aud="other"),
+            idp.token(iss=idp.issuer + "/"), idp.token(key=idp.stranger), idp.token("k-ec"),
+            idp.token(tenant=None), idp.token(exp=None), idp.token(aud=None), idp.token(iss=None),
+            idp.unsigned({"alg": "none", "kid": "k-rsa"}),
+            idp.unsigned({"alg": "HS256", "kid": "k-rsa"}, hmac_key=idp.public_pem())]
+    return out
+
+
+def auth_metadata(idp: Any, api_key: str) -> st.SearchStrategy[tuple[tuple[str, str], ...]]:
+    """Metadata of one call: an ``authorization`` value (valid tokens, tokens refused for each
+    reason, malformed JWTs, garbage, 9 to 20 KB values, other schemes), sometimes an API key
+    (valid, unknown, huge, empty) beside or instead of it, and a forged ``x-fortis-tenant``."""
+    valid = [idp.token(), idp.token("k-ec"), idp.token(tenant="tenant-b"),
+             idp.token(tenant="t-" + "x" * 62)]
+    tokens = st.one_of(
+        st.sampled_from(valid), st.sampled_from(_signed_hostile(idp)),
+        st.sampled_from(_malformed_jwts(idp)), _ascii(60),
+        st.sampled_from(("A" * 9000, "A" * 16_000, "A" * 16_385, "A" * 20_000,
+                         "a." * 4000 + "a")),
+        st.builds(lambda t, n: t + "." + "B" * n, st.sampled_from(valid),
+                  st.sampled_from((10, 4000, 12_000))))
+    schemes = st.sampled_from(("Bearer ", "bearer ", "BEARER ", "Bearer  ", "Basic ", "",
+                               "Bearer", "Token ", "Bearer x ", "Bearer Bearer "))
+
+    @st.composite
+    def build(draw: st.DrawFn) -> tuple[tuple[str, str], ...]:
+        md: list[tuple[str, str]] = []
+        if draw(st.integers(0, 9)):
+            md.append(("authorization", draw(schemes) + draw(tokens)))
+            if draw(st.integers(0, 15)) == 0:      # a second authorization header
+                md.append(("authorization", "Bearer " + draw(tokens)))
+        if draw(st.integers(0, 4)) == 0:
+            md.append(("x-api-key", draw(st.one_of(
+                st.sampled_from((api_key, "", "x" * 9000, "fuzz-key-tenant-b", api_key + " ")),
+                _ascii(40)))))
+        if draw(st.integers(0, 5)) == 0:
+            md.append(("x-fortis-tenant", draw(st.one_of(
+                st.sampled_from(("tenant-b", "*", "default", "x" * 300)), _ascii(20)))))
+        return tuple(md)
+
+    return build()
+
+
+#: Valid requests of a few RPCs of each service for the credential cases: the identity checks
+#: run before any request is read, so the request stays valid (and a valid token's call runs).
+_AUTH_REQUESTS: dict[str, tuple[str, str, str, Message, Any]] = {
+    "EvaluationService.ListEvaluations": (_EV, "ListEvaluations", "uu",
+                                          ev.ListEvaluationsRequest(page_size=5),
+                                          ev.ListEvaluationsResponse),
+    "EvaluationService.ValidatePlan": (_EV, "ValidatePlan", "uu",
+                                       ev.ValidatePlanRequest(plan=PLAN_BASE),
+                                       ev.ValidatePlanResponse),
+    "EvaluationService.WatchEvaluation": (_EV, "WatchEvaluation", "us",
+                                          ev.WatchEvaluationRequest(evaluation_id="ev-1"),
+                                          ev.WatchEvaluationResponse),
+    "UploadService.ListBlobs": (_UP, "ListBlobs", "uu", up.ListBlobsRequest(),
+                                up.ListBlobsResponse),
+    "TargetProxyService.GetTargetInfo": (_PX, "GetTargetInfo", "uu",
+                                         px.GetTargetInfoRequest(target=FUZZ_TARGET),
+                                         px.GetTargetInfoResponse),
+    "PerturbationService.ValidateAttack": (_PT, "ValidateAttack", "uu", _base_validate(),
+                                           pt.ValidateAttackResponse),
+    "ScoringService.Compute": (_SC, "Compute", "uu", _base_compute(), sc.ComputeResponse),
+    "ReportService.RenderReport": (_RP, "RenderReport", "uu", rp.RenderReportRequest(),
+                                   rp.RenderReportResponse),
+}
+#: Names of the credential cases (``auth_cases``).
+AUTH_RPC_NAMES = tuple(f"Auth.{name}" for name in _AUTH_REQUESTS)
+
+
+def auth_cases(idp: Any, api_key: str) -> dict[str, RpcCase]:
+    """The RPCs of ``_AUTH_REQUESTS``, each sent with ``auth_metadata`` of ``idp``'s tokens
+    and tenant-a's ``api_key``."""
+    md = auth_metadata(idp, api_key)
+    return {f"Auth.{name}": RpcCase(f"/{svc}/{method}", shape, st.just(req), resp, md)
+            for name, (svc, method, shape, req, resp) in _AUTH_REQUESTS.items()}
+
+
+# -- what every Fortis server serves besides its contracts ----------------------------------------
+
+def _served_cases() -> dict[str, RpcCase]:
+    """gRPC health (Check, Watch) and server reflection, which every Fortis server registers:
+    unknown service names, huge names, symbols that do not exist, bad file names."""
+    from grpc_health.v1 import health_pb2
+    from grpc_reflection.v1alpha import reflection_pb2 as rf
+
+    names = texts("", "fortis.evaluation.v1.EvaluationService", "grpc.health.v1.Health")
+    reflect = st.one_of(
+        st.builds(rf.ServerReflectionRequest, host=texts("", huge=False),
+                  list_services=texts("", "*", huge=False)),
+        st.builds(rf.ServerReflectionRequest, file_by_filename=texts(
+            "fortis/evaluation/v1/evaluation.proto", "google/protobuf/struct.proto")),
+        st.builds(rf.ServerReflectionRequest, file_containing_symbol=texts(
+            "fortis.evaluation.v1.EvaluationService", "fortis.common.v1.Tensor",
+            "google.rpc.Status")),
+        st.builds(rf.ServerReflectionRequest, all_extension_numbers_of_type=texts(
+            "google.protobuf.Struct")),
+        st.builds(rf.ServerReflectionRequest, file_containing_extension=st.builds(
+            rf.ExtensionRequest, containing_type=texts("fortis.common.v1.Tensor"),
+            extension_number=int32s)))
+    health = st.builds(health_pb2.HealthCheckRequest, service=names)
+    reflections = st.lists(reflect, max_size=4)
+    return {
+        "Health.Check": RpcCase("/grpc.health.v1.Health/Check", "uu", health,
+                                health_pb2.HealthCheckResponse, fortis_errors=False),
+        "Health.Watch": RpcCase("/grpc.health.v1.Health/Watch", "us", health,
+                                health_pb2.HealthCheckResponse, max_items=1,
+                                fortis_errors=False),
+        "ServerReflection.ServerReflectionInfo": RpcCase(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", "ss",
+            reflections, rf.ServerReflectionResponse, fortis_errors=False),
+        # v1 has v1alpha's messages under another package name: the same bytes on the wire
+        "ServerReflection.v1.ServerReflectionInfo": RpcCase(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "ss",
+            reflections, rf.ServerReflectionResponse, fortis_errors=False)}
+
+
+#: Health and reflection, served by every Fortis server beside the contracts.
+SERVED_RPCS: dict[str, RpcCase] = _served_cases()

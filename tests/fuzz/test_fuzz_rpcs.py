@@ -24,7 +24,15 @@ from hypothesis import strategies as st
 
 from tests.conftest import API_KEY, MD, OTHER_KEY
 from tests.fuzz.harness import call, healthy
-from tests.fuzz.strategies import FUZZ_SESSION, FUZZ_TARGET, RPCS, TARGET_RPCS
+from tests.fuzz.strategies import (
+    AUTH_RPC_NAMES,
+    FUZZ_SESSION,
+    FUZZ_TARGET,
+    RPCS,
+    SERVED_RPCS,
+    TARGET_RPCS,
+    auth_cases,
+)
 
 #: Cases per RPC in the quick run (bench/fuzz.py runs hundreds per RPC).
 EXAMPLES = 50
@@ -90,9 +98,12 @@ def _fuzz(channel: grpc.Channel, case: Any, md: Any) -> list[str]:
     @given(st.data())
     def one(data: Any) -> None:
         request = data.draw(case.requests)
-        out = call(channel, case, request, metadata=md, timeout=60.0)
+        meta = data.draw(case.metadata) if case.metadata is not None else md
+        out = call(channel, case, request, metadata=meta, timeout=60.0)
         if out.problems:
-            broken.append(f"{out.code.name}: {out.problems[:2]} <- {str(request)[:200]!r}")
+            shown = [(k, v[:40]) for k, v in meta]
+            broken.append(f"{out.code.name}: {out.problems[:2]} <- {str(request)[:200]!r} "
+                          f"{shown}")
 
     one()
     return broken
@@ -122,6 +133,49 @@ def test_fuzzed_requests_to_the_builtin_target_adapter(name: str, target_channel
     assert [p.image_id for p in ok.predictions] == ["ok"]
 
 
+@pytest.mark.parametrize("name", sorted(SERVED_RPCS))
+def test_fuzzed_health_and_reflection(name: str, fuzz_channel: grpc.Channel) -> None:
+    """gRPC's own services on every Fortis server: unknown and hostile service names and
+    reflection symbols get gRPC's precise statuses, never INTERNAL."""
+    broken = _fuzz(fuzz_channel, SERVED_RPCS[name], ())
+    assert not broken, "\n".join(broken[:8])
+    assert healthy(fuzz_channel)
+
+
+@pytest.fixture(scope="module")
+def oidc_fuzz(tmp_path_factory: pytest.TempPathFactory, fmnist_target: Any
+              ) -> Iterator[tuple[grpc.Channel, dict[str, Any]]]:
+    """A stack accepting tenant-a's API key and the bearer tokens of a real local identity
+    provider (tests/fuzz/idp.py), and the credential-fuzzing cases made with its keys."""
+    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.services.common.identity import parse_issuer_spec
+
+    from tests.fuzz.idp import AUDIENCE, TENANT_CLAIM, FuzzIdp
+    idp = FuzzIdp()
+    s = start_stack(StackSettings(
+        state_dir=tmp_path_factory.mktemp("fuzz-oidc") / "state", api_keys={API_KEY: "tenant-a"},
+        oidc_issuers=[parse_issuer_spec(idp.issuer, audiences=[AUDIENCE], tenants=["tenant-a"],
+                                        tenant_claim=TENANT_CLAIM)],
+        targets=[TargetConfig.parse(f"{FUZZ_TARGET}=builtin:fmnist-cnn")]))
+    ch = grpc.insecure_channel(s.address)
+    yield ch, auth_cases(idp, API_KEY)
+    ch.close()
+    s.stop(0)
+    idp.close()
+
+
+@pytest.mark.parametrize("name", AUTH_RPC_NAMES)
+def test_fuzzed_credentials(name: str, oidc_fuzz: tuple[grpc.Channel, dict[str, Any]]) -> None:
+    """Bearer tokens (valid, expired, wrong audience or key, alg none, HS256 keyed with the
+    public key, malformed JWTs, hostile claims signed by the issuer, garbage, 9-20 KB values),
+    API keys and a forged x-fortis-tenant: UNAUTHENTICATED with a precise reason that quotes
+    no piece of the credential, or the call answered for the token's tenant; never INTERNAL."""
+    channel, cases = oidc_fuzz
+    broken = _fuzz(channel, cases[name], ())
+    assert not broken, "\n".join(broken[:8])
+    assert healthy(channel)
+
+
 def test_the_harness_catches_what_it_must(fuzz_channel: grpc.Channel) -> None:
     """The rules are not vacuous: a status a careless server could send breaks them."""
     from google.rpc import code_pb2
@@ -134,6 +188,13 @@ def test_the_harness_catches_what_it_must(fuzz_channel: grpc.Channel) -> None:
     assert judge_status(code_pb2.INVALID_ARGUMENT, "no detail", [], [], "s")
     assert not judge_status(code_pb2.NOT_FOUND, f"target '{huge[:99]}…' not found", [], [huge],
                             "s")
+    # a credential is never quoted, not even a piece of it
+    from tests.fuzz.harness import Outcome, quoted_secrets
+    token = "Bearer eyJhbGciOiJSUzI1NiJ9." + "c" * 40 + ".sig"
+    assert quoted_secrets(Outcome(code=grpc.StatusCode.UNAUTHENTICATED,
+                                  message=f"token {token[7:40]} refused"), [token])
+    assert not quoted_secrets(Outcome(code=grpc.StatusCode.UNAUTHENTICATED,
+                                      message="bearer token refused: expired (exp)"), [token])
 
 
 def test_every_rpc_of_the_contracts_is_fuzzed() -> None:

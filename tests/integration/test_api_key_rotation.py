@@ -7,8 +7,10 @@ with hashlib):
 
 - a key added to the file works on the next calls, no restart; a key removed is
   UNAUTHENTICATED on the next call while a stream opened with it runs to its end;
-- a malformed or empty file keeps the previous keys (and says so in the log, with neither
-  keys nor hashes);
+- a malformed file keeps the previous keys, says so in the log (the line number, neither
+  keys nor hashes) and counts on the real /metrics endpoint
+  (``fortis_api_keys_reload_errors_total``); an emptied file (or comments only) revokes
+  every key: the next call is UNAUTHENTICATED;
 - the table the server holds has digests only;
 - ``fortis serve --api-keys-file`` (a real process, over TLS) re-reads the file on SIGHUP,
   and the CLI's remote commands reach it with ``--tls-ca``.
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,6 +84,7 @@ def rot_stack(tmp_path: Path, key_file: Path, fmnist_target) -> Iterator[Any]:
 
     s = start_stack(StackSettings(
         state_dir=tmp_path / "state", api_keys_file=key_file, api_keys_reload_s=0.1,
+        metrics_port=0, metrics_host="127.0.0.1",
         targets=[TargetConfig.parse("fmnist-cnn=builtin:fmnist-cnn"),
                  TargetConfig.parse("fmnist-slow=builtin:fmnist-cnn?rate=20")],
         watch_heartbeat_s=0.3))
@@ -107,33 +111,47 @@ def test_added_key_works_removed_key_refused_without_restart(rot_stack, key_file
     assert rot_stack.key_table.tenants() == frozenset({"tenant-a", "tenant-b"})
 
 
-def test_malformed_or_empty_file_keeps_the_previous_keys(rot_stack, key_file, ch) -> None:
+def _metric(stack: Any, name: str) -> float:
+    """``name``'s value scraped from the stack's real /metrics endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port}/metrics",
+                                timeout=10) as r:
+        for ln in r.read().decode().splitlines():
+            if ln.startswith(name + " "):
+                return float(ln.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_malformed_file_keeps_the_previous_keys_and_counts(rot_stack, key_file, ch) -> None:
     lines: list[dict[str, Any]] = []
 
     def keep(_l: Any, _n: str, event: Any) -> Any:
         lines.append(dict(event))
         raise structlog.DropEvent
 
+    errors_total = "fortis_api_keys_reload_errors_total"
+    last_ok = "fortis_api_keys_last_reload_success_timestamp_seconds"
+    assert _metric(rot_stack, errors_total) == 0 and _metric(rot_stack, last_ok) > 0
+    ok_before = _metric(rot_stack, last_ok)
     old = structlog.get_config()
     structlog.configure(processors=[keep], cache_logger_on_first_use=False)
     try:
         watcher = rot_stack.key_watcher
         for n, bad in enumerate(("tenant-a sha256:" + "0" * 10,      # truncated hash
-                                 f"tenant-a {K2}",                     # a plain key pasted
-                                 "# everyone removed"), 1):
-            path_text = bad if bad.startswith("#") else f"{_line('tenant-a', K1)}\n{bad}"
-            _write(key_file, *path_text.split("\n"))
+                                 f"tenant-a {K2}"), 1):               # a plain key pasted
+            _write(key_file, _line("tenant-a", K1), bad)
             deadline = time.monotonic() + 10
             while watcher.failures < n:
                 assert time.monotonic() < deadline, "the bad file was never read"
                 time.sleep(0.05)
             assert _call(ch, K1) == grpc.StatusCode.OK      # previous keys still in force
+            assert _metric(rot_stack, errors_total) == n
         assert _call(ch, K2) == grpc.StatusCode.UNAUTHENTICATED
     finally:
         structlog.configure(**old)
+    assert _metric(rot_stack, last_ok) == ok_before      # no good reload since
     failed = [ln for ln in lines if ln.get("event") == "api_keys_reload_failed"]
-    assert len(failed) == 3 and all(ev["kept_keys"] == 1 for ev in failed)
-    assert "line 3" in failed[0]["reason"] and "no keys" in failed[2]["reason"]
+    assert len(failed) == 2 and all(ev["kept_keys"] == 1 for ev in failed)
+    assert all("line 3" in ev["reason"] for ev in failed)
     text = json.dumps(lines, default=str)
     digest = hashlib.sha256(K1.encode()).hexdigest()
     assert K1 not in text and K2 not in text and digest not in text and digest[:16] not in text
@@ -141,6 +159,21 @@ def test_malformed_or_empty_file_keeps_the_previous_keys(rot_stack, key_file, ch
     _write(key_file, _line("tenant-a", K2))
     _until(ch, K2, grpc.StatusCode.OK)
     assert _call(ch, K1) == grpc.StatusCode.UNAUTHENTICATED
+    assert _metric(rot_stack, last_ok) >= ok_before
+
+
+def test_an_emptied_file_revokes_every_key(rot_stack, key_file, ch) -> None:
+    _write(key_file, _line("tenant-a", K1), _line("tenant-b", K3))
+    _until(ch, K3, grpc.StatusCode.OK)
+    key_file.write_text("")                # the operator empties the file: all access cut
+    _until(ch, K1, grpc.StatusCode.UNAUTHENTICATED)
+    assert _call(ch, K3) == grpc.StatusCode.UNAUTHENTICATED
+    assert _metric(rot_stack, "fortis_api_keys_reload_errors_total") == 0
+    assert _metric(rot_stack, "fortis_api_keys_file_keys") == 0
+    _write(key_file, _line("tenant-b", K3))   # comments only is the same: check, then back
+    _until(ch, K3, grpc.StatusCode.OK)
+    _write(key_file)                           # "# fortis api keys" and nothing else
+    _until(ch, K3, grpc.StatusCode.UNAUTHENTICATED)
 
 
 def test_a_call_in_flight_survives_the_removal_of_its_key(rot_stack, key_file, ch) -> None:

@@ -55,6 +55,7 @@ def _start(tmp: Path, **kw: Any) -> Any:
     return start_stack(StackSettings(
         state_dir=tmp / "state", api_keys={API_KEY: "tenant-a"},
         targets=[TargetConfig.parse(t) for t in DEFAULT_TARGETS],
+        whitebox_grants={"tenant-a": frozenset({"*"})},  # twins: granted
         internal_key="internal-test-key", **kw))
 
 

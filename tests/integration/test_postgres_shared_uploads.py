@@ -132,6 +132,7 @@ def reference(tmp_path_factory: Any) -> tuple[dict, dict[str, dict[str, np.ndarr
     tmp = tmp_path_factory.mktemp("reference")
     stack = start_stack(StackSettings(
         state_dir=tmp / "state", api_keys={API_KEY: "tenant-a"},
+        whitebox_grants={"tenant-a": frozenset({"*"})},  # mobilenet-v2 is its own twin
         targets=[TargetConfig.parse("mobilenet-v2=builtin:mobilenet-v2")]))
     try:
         plan, _, _ = _upload(stack.address, tmp)
@@ -151,6 +152,7 @@ def test_workers_without_a_shared_disk_run_an_uploaded_dataset(
 
     migrate(postgres_url)
     common: dict[str, Any] = {"api_keys": {API_KEY: "tenant-a"}, "internal_key": INTERNAL,
+                              "whitebox_grants": {"tenant-a": frozenset({"*"})},
                               "database_url": postgres_url}
     # the evaluation service (with the proxy, scoring and report) and, apart, the
     # perturbation service: two "pods", each with its own state folder

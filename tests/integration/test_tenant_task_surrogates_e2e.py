@@ -13,8 +13,8 @@ IEEE-C4 / IEEE-C5 targets), end to end over real loopback gRPC with the upload A
   output 0 is the foreground probability, attacks the ``u2netp`` target; the report's verdicts
   are re-judged with the IEEE-C5 rule.
 - Every example is within the plan's L-inf bound; tenant B naming A's blob gets exactly what
-  an unknown id gets (the transfer setting fails with "no such upload", naming
-  ``surrogate_models[0].model``).
+  an unknown id gets (CreateEvaluation refuses the plan with "no such upload", naming
+  ``surrogates[0].model``, before anything runs).
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, vision_setup: None) -> Itera
     seg = _segmentation_data(root / "seg")
     s = start_stack(StackSettings(
         state_dir=root / "state", api_keys={API_KEY: "tenant-a", OTHER_KEY: "tenant-b"},
+        whitebox_grants={"tenant-a": frozenset({"*"})},  # twins: granted
         data_root=root, targets=[TargetConfig.parse(f"{t}=builtin:{t}")
                                  for t in ("haar-face", "mtcnn", "u2netp")]))
     yield s, root, det, seg
@@ -183,12 +184,14 @@ attacks:
           + "; P-Net face probability near the faces, clean -> example: "
           + ", ".join(f"{k} {kind} {v:.3f}" for (k, kind), v in evidence.items()))
 
-    # tenant B naming A's blob: the same refusal as an unknown id
+    # tenant B naming A's blob: refused before anything runs, exactly as an unknown id
+    from fortis.client.errors import InvalidArgument
     unknown = "sha256:" + "0" * 64
     failures = []
     with FortisClient(s.address, api_key=OTHER_KEY) as other:
         for blob_id in (blob.blob_id, unknown):
-            r, _ = _report(other, f"""
+            with pytest.raises(InvalidArgument) as info:
+                other.submit(f"""
 name: foreign-surrogate
 seed: 1
 target: {{name: haar-face, task: detection}}
@@ -197,11 +200,9 @@ dataset: {{source: manifest, path: det/manifest.jsonl, limit: 1}}
 surrogates: [{json.dumps(_pnet_definition(blob_id))}]
 attacks: [{{id: fgsm, surrogate: my-pnet, params: {{epsilon: 0.05}}}}]
 """)
-            (f,) = r["failed_settings"]
-            failures.append((f["name"], f["code"], f["message"]))
+            failures.append([(v.field, v.description) for v in info.value.violations])
     assert failures[0] == failures[1], failures
-    assert failures[0][1] == "INVALID_ARGUMENT"
-    assert "surrogate_models[0].model" in failures[0][2] and "no such upload" in failures[0][2]
+    assert failures[0][0][0] == "surrogates[0].model" and "no such upload" in failures[0][0][1]
 
 
 def test_a_tenant_segmenter_surrogate_attacks_the_segmenter(stack):

@@ -492,6 +492,16 @@ def _get_session_stats(w: World) -> None:
                                                    metadata=MD_B), "sess-a-only", "zz-none-9")
 
 
+@case(f"{PX}/GetBuiltinTargets")
+def _list_builtin_targets(w: World) -> None:
+    """For the services' own key only: a tenant learns nothing of which model a target runs."""
+    for md in (MD_A, MD_B):
+        with pytest.raises(grpc.RpcError) as exc:
+            w.px.GetBuiltinTargets(px_pb.GetBuiltinTargetsRequest(), metadata=md)
+        assert exc.value.code() == grpc.StatusCode.PERMISSION_DENIED, exc.value
+        assert "internal" in exc.value.details()
+
+
 @case(f"{PX}/ListLedgerEntries")
 def _list_ledger(w: World) -> None:
     same_as_unknown(lambda i: w.px.ListLedgerEntries(px_pb.ListLedgerEntriesRequest(

@@ -476,6 +476,8 @@ class Matrix:
                        if t.key in profile.targets and t.task == task]
             self.stacks[task] = start_stack(StackSettings(
                 state_dir=root / f"state-{task}", api_keys={API_KEY: TENANT},
+                # u2netp's surrogate is its own weights: the operator grants it
+                whitebox_grants={TENANT: frozenset({"*"})},
                 data_root=self.roots.get(task), targets=targets, metrics_port=0,
                 metrics_host="127.0.0.1"))
         self.style_model = self._upload_style_model()

@@ -4,8 +4,8 @@ SPEC section 0: many tenants on one Fortis).
 
 Pure code, real files: parsing of both formats (errors name the line, never quote it),
 lookups, several keys per tenant, the watcher's reload on change (rewrite, atomic rename,
-Kubernetes-style symlink swap), a malformed, empty or missing file keeping the previous
-keys, the ``fortis keys`` command, and that no plain key is reachable from the key table.
+Kubernetes-style symlink swap), a malformed or missing file keeping the previous keys, an
+empty file revoking them all, the ``fortis keys`` command, and that no plain key is reachable from the key table.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ def _line(tenant: str, key: str) -> str:
     return f"{tenant} sha256:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: Path, text: str | bytes) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
+    tmp.write_bytes(text if isinstance(text, bytes) else text.encode())
     os.replace(tmp, path)
 
 
@@ -111,9 +111,9 @@ def test_parse_key_file_names_the_line_never_its_text(bad_line: str, why: str) -
     assert "fk_plainKey" not in str(exc.value)
 
 
-def test_key_file_without_keys_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(InvalidArgument, match="no keys"):
-        parse_key_file("# only a comment\n\n")
+def test_key_file_without_keys_holds_none(tmp_path: Path) -> None:
+    # Emptying the file is how an operator revokes every key: no key, not an error.
+    assert parse_key_file("") == [] and parse_key_file("# only a comment\n\n") == []
     big = tmp_path / "big"
     big.write_bytes(b"#" * (4 * 1024 * 1024 + 1))
     with pytest.raises(InvalidArgument, match="larger than"):
@@ -204,7 +204,7 @@ def test_watcher_reloads_on_change_and_keeps_keys_on_bad_files(tmp_path: Path) -
     assert watcher.check() is True
     assert table.tenant_of("old") == "" and table.tenant_of("new") == "tenant-a"
 
-    for bad in ("tenant-a sha256:nothex\n", "# nobody\n", "tenant-a\n"):
+    for bad in ("tenant-a sha256:nothex\n", "tenant-a\n", b"tenant-a \xff\n"):
         _write_atomic(path, bad)
         assert watcher.check() is False
         assert table.tenant_of("new") == "tenant-a", f"keys lost after bad file {bad!r}"
@@ -220,6 +220,13 @@ def test_watcher_reloads_on_change_and_keeps_keys_on_bad_files(tmp_path: Path) -
     path.write_text(_line("tenant-b", "newer") + "\n# rotated\n")
     assert watcher.check() is True
     assert watcher.reload() is True
+
+    # Emptied (or comments only): every key of the file revoked, not kept.
+    before = watcher.last_success_time
+    _write_atomic(path, "# access withdrawn\n")
+    assert watcher.check() is True and watcher.failures == 4      # 3 bad files + 1 deleted
+    assert table.tenant_of("newer") == "" and table.source("file") == ()
+    assert watcher.last_success_time >= before > 0
 
 
 def test_watcher_follows_a_kubernetes_secret_symlink_swap(tmp_path: Path) -> None:

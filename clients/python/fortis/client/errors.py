@@ -272,7 +272,28 @@ class Unauthenticated(FortisError):
 
 
 class PermissionDenied(FortisError):
-    """The caller is known but may not do this (another tenant's resource)."""
+    """The caller is known but may not do this (another tenant's resource). ``field``, when
+    given, names the request's or plan's field that asked for it (a BadRequest detail)."""
+
+    def __init__(self, message: str = "", *, field: str = "") -> None:
+        self.field = field
+        self.description = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+    def details(self) -> list[Message]:
+        if not self.field:
+            return []
+        return [error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(
+                field=_clip(self.field), description=_clip(self.description))])]
+
+    @classmethod
+    def rebuild(cls, message: str, details: Sequence[Message]) -> PermissionDenied:
+        for d in details:
+            if isinstance(d, error_details_pb2.BadRequest) and d.field_violations:
+                v = d.field_violations[0]
+                return cls(v.description, field=v.field)
+        return cls(message)
 
 
 class DeadlineExceeded(FortisError):

@@ -64,6 +64,15 @@ spec:
             - --log-level={{ $v.logLevel }}
             - --max-calls-per-tenant=$(FORTIS_MAX_CALLS_PER_TENANT)
             - --server-workers=$(FORTIS_SERVER_WORKERS)
+            - --max-request-decoded-bytes=$(FORTIS_MAX_REQUEST_DECODED_BYTES)
+            - --max-tenant-decoded-bytes=$(FORTIS_MAX_TENANT_DECODED_BYTES)
+            {{- /* identity: every service authenticates its own callers */}}
+            {{- range $i, $_ := $v.identity.oidc.issuers }}
+            - --oidc-issuer=$(FORTIS_OIDC_ISSUER_{{ $i }})
+            {{- end }}
+            {{- if $v.identity.tlsTenantFrom }}
+            - --tls-tenant-from=$(FORTIS_TLS_TENANT_FROM)
+            {{- end }}
             {{- range $i, $_ := keys $v.limits.tenantQuotas }}
             - --tenant-quota=$(FORTIS_TENANT_QUOTA_{{ $i }})
             {{- end }}
@@ -91,6 +100,13 @@ spec:
             {{- end }}
             {{- range $i, $_ := keys $v.limits.tenantRates }}
             - --tenant-rate=$(FORTIS_TENANT_RATE_{{ $i }})
+            {{- end }}
+            {{- end }}
+            {{- if eq $c "perturbation" }}
+            {{- /* which targets serve each built-in model, this pod asks the proxy over its
+                   contract (GetBuiltinTargets, with the internal key) */}}
+            {{- range $i, $_ := $v.whiteboxGrants }}
+            - --whitebox-grant=$(FORTIS_WHITEBOX_GRANT_{{ $i }})
             {{- end }}
             {{- end }}
             {{- if eq $c "evaluation" }}
@@ -181,6 +197,11 @@ spec:
             {{- if $tls }}
             - {name: tls, mountPath: /etc/fortis/tls, readOnly: true}
             {{- end }}
+            {{- range $i, $iss := $v.identity.oidc.issuers }}
+            {{- if $iss.caConfigMap }}
+            - {name: oidc-ca-{{ $i }}, mountPath: /etc/fortis/oidc/{{ $i }}, readOnly: true}
+            {{- end }}
+            {{- end }}
             {{- if eq $c "proxy" }}
             {{- range $v.targets }}
             {{- if .credentialsSecret }}
@@ -208,6 +229,14 @@ spec:
         - name: tls
           secret:
             secretName: {{ $tls }}
+        {{- end }}
+        {{- range $i, $iss := $v.identity.oidc.issuers }}
+        {{- if $iss.caConfigMap }}
+        - name: oidc-ca-{{ $i }}
+          configMap:
+            name: {{ $iss.caConfigMap }}
+            items: [{key: {{ default "ca.crt" $iss.caKey }}, path: ca.crt}]
+        {{- end }}
         {{- end }}
         {{- if eq $c "proxy" }}
         {{- range $v.targets }}

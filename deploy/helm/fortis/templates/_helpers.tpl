@@ -74,6 +74,28 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- if $v.identity.tlsTenantFrom -}}
+{{- if not $v.secrets.tls.existingSecret -}}
+{{- fail "identity.tlsTenantFrom needs secrets.tls.existingSecret with clientAuth: require (only a verified client certificate may name a tenant)" -}}
+{{- end -}}
+{{- if ne $v.secrets.tls.clientAuth "require" -}}
+{{- fail "identity.tlsTenantFrom needs secrets.tls.clientAuth: require (only a verified client certificate may name a tenant)" -}}
+{{- end -}}
+{{- end -}}
+{{- $names := list "*" -}}
+{{- range $v.targets }}{{ $names = append $names .name }}{{ end -}}
+{{- range $v.whiteboxGrants -}}
+{{- if not (has .target $names) -}}
+{{- fail (printf "whiteboxGrants: tenant %s is granted target '%s', which is not in targets (give a target's name, or \"*\")" .tenant .target) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.networkPolicy.enabled -}}
+{{- range $v.identity.oidc.issuers -}}
+{{- if not .networkPolicyTo -}}
+{{- fail (printf "identity.oidc.issuers[%s].networkPolicyTo is required with networkPolicy.enabled (where its JWKS is fetched from)" .url) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- range $v.targets -}}
 {{- if and .address .builtin -}}
 {{- fail (printf "targets[%s]: give address or builtin, not both" .name) -}}
@@ -102,4 +124,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s=grpc://%s" .name .address -}}
 {{- end -}}
 {{- if $q }}?{{ join "&" $q }}{{ end -}}
+{{- end -}}
+
+{{/* --oidc-issuer spec of one issuer: URL,audience=A[,audience=B],tenant-claim=C[,tenants=T1:T2]
+     [,tenant-prefix=P][,jwks-url=U]
+     [,ca-file=F][,algorithms=A:B][,leeway=S] (dict "issuer" $iss "index" $i). */}}
+{{- define "fortis.oidcIssuerSpec" -}}
+{{- $iss := .issuer -}}
+{{- $q := list $iss.url -}}
+{{- range $iss.audiences }}{{ $q = append $q (printf "audience=%s" .) }}{{ end -}}
+{{- $q = append $q (printf "tenant-claim=%s" $iss.tenantClaim) -}}
+{{- with $iss.tenants }}{{ $q = append $q (printf "tenants=%s" (join ":" .)) }}{{ end -}}
+{{- with $iss.tenantPrefix }}{{ $q = append $q (printf "tenant-prefix=%s" .) }}{{ end -}}
+{{- with $iss.jwksUrl }}{{ $q = append $q (printf "jwks-url=%s" .) }}{{ end -}}
+{{- if $iss.caConfigMap }}{{ $q = append $q (printf "ca-file=/etc/fortis/oidc/%v/ca.crt" .index) }}{{ end -}}
+{{- with $iss.algorithms }}{{ $q = append $q (printf "algorithms=%s" (join ":" .)) }}{{ end -}}
+{{- if hasKey $iss "leewaySeconds" }}{{ $q = append $q (printf "leeway=%v" $iss.leewaySeconds) }}{{ end -}}
+{{- join "," $q -}}
 {{- end -}}

@@ -485,18 +485,22 @@ class RunAttackRequest(_message.Message):
     def __init__(self, attack_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., seed: _Optional[int] = ..., images: _Optional[_Iterable[_Union[LabeledImage, _Mapping]]] = ..., proxy_session_id: _Optional[str] = ..., origin: _Optional[str] = ..., surrogate: _Optional[str] = ..., criterion: _Optional[_Union[AttackCriterion, _Mapping]] = ..., ensemble: _Optional[_Iterable[str]] = ..., surrogate_models: _Optional[_Iterable[_Union[SurrogateModel, _Mapping]]] = ...) -> None: ...
 
 class ValidateAttackRequest(_message.Message):
-    __slots__ = ("attack_id", "params", "criterion", "task", "output_kind")
+    __slots__ = ("attack_id", "params", "criterion", "task", "output_kind", "surrogate", "ensemble")
     ATTACK_ID_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     CRITERION_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_KIND_FIELD_NUMBER: _ClassVar[int]
+    SURROGATE_FIELD_NUMBER: _ClassVar[int]
+    ENSEMBLE_FIELD_NUMBER: _ClassVar[int]
     attack_id: str
     params: _struct_pb2.Struct
     criterion: AttackCriterion
     task: _common_pb2.TaskType
     output_kind: _common_pb2.OutputKind
-    def __init__(self, attack_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., criterion: _Optional[_Union[AttackCriterion, _Mapping]] = ..., task: _Optional[_Union[_common_pb2.TaskType, str]] = ..., output_kind: _Optional[_Union[_common_pb2.OutputKind, str]] = ...) -> None: ...
+    surrogate: str
+    ensemble: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, attack_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., criterion: _Optional[_Union[AttackCriterion, _Mapping]] = ..., task: _Optional[_Union[_common_pb2.TaskType, str]] = ..., output_kind: _Optional[_Union[_common_pb2.OutputKind, str]] = ..., surrogate: _Optional[str] = ..., ensemble: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ValidateAttackResponse(_message.Message):
     __slots__ = ("params",)

@@ -14,6 +14,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GetBuiltinTargetsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetBuiltinTargetsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[BuiltinModelTargets]
+    def __init__(self, models: _Optional[_Iterable[_Union[BuiltinModelTargets, _Mapping]]] = ...) -> None: ...
+
+class BuiltinModelTargets(_message.Message):
+    __slots__ = ("model", "targets")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    targets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class TargetSummary(_message.Message):
     __slots__ = ("name", "images_per_second")
     NAME_FIELD_NUMBER: _ClassVar[int]

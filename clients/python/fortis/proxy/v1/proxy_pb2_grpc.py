@@ -30,7 +30,8 @@ class TargetProxyServiceStub:
 
     Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
     Sessions and ledger entries belong to the tenant that created them: another tenant's id
-    behaves as an unknown one (NOT_FOUND).
+    behaves as an unknown one (NOT_FOUND). GetBuiltinTargets answers Fortis's own services
+    only (the internal service key).
     """
 
     def __init__(self, channel):
@@ -79,6 +80,11 @@ class TargetProxyServiceStub:
                 request_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesRequest.SerializeToString,
                 response_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesResponse.FromString,
                 _registered_method=True)
+        self.GetBuiltinTargets = channel.unary_unary(
+                '/fortis.proxy.v1.TargetProxyService/GetBuiltinTargets',
+                request_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsRequest.SerializeToString,
+                response_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsResponse.FromString,
+                _registered_method=True)
 
 
 class TargetProxyServiceServicer:
@@ -86,7 +92,8 @@ class TargetProxyServiceServicer:
 
     Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
     Sessions and ledger entries belong to the tenant that created them: another tenant's id
-    behaves as an unknown one (NOT_FOUND).
+    behaves as an unknown one (NOT_FOUND). GetBuiltinTargets answers Fortis's own services
+    only (the internal service key).
     """
 
     def ListTargets(self, request, context):
@@ -147,6 +154,16 @@ class TargetProxyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetBuiltinTargets(self, request, context):
+        """For Fortis's own services only (the internal key; a tenant's call is PERMISSION_DENIED):
+        which of this proxy's targets serve each built-in model. The perturbation service, run
+        apart from the proxy, asks it to tell a surrogate that is a target's twin (white-box
+        access is granted per target); tenants never learn which model a target runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetProxyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -190,6 +207,11 @@ def add_TargetProxyServiceServicer_to_server(servicer, server):
                     request_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesRequest.FromString,
                     response_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesResponse.SerializeToString,
             ),
+            'GetBuiltinTargets': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBuiltinTargets,
+                    request_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsRequest.FromString,
+                    response_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'fortis.proxy.v1.TargetProxyService', rpc_method_handlers)
@@ -203,7 +225,8 @@ class TargetProxyService:
 
     Auth: every call needs an API key in the "x-api-key" metadata; the key decides the tenant.
     Sessions and ledger entries belong to the tenant that created them: another tenant's id
-    behaves as an unknown one (NOT_FOUND).
+    behaves as an unknown one (NOT_FOUND). GetBuiltinTargets answers Fortis's own services
+    only (the internal service key).
     """
 
     @staticmethod
@@ -412,6 +435,33 @@ class TargetProxyService:
             '/fortis.proxy.v1.TargetProxyService/ListLedgerEntries',
             fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesRequest.SerializeToString,
             fortis_dot_proxy_dot_v1_dot_proxy__pb2.ListLedgerEntriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBuiltinTargets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fortis.proxy.v1.TargetProxyService/GetBuiltinTargets',
+            fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsRequest.SerializeToString,
+            fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
