@@ -140,3 +140,43 @@ def test_bench_matrix_runs_in_parts_with_a_progress_file(tmp_path: Path, fmnist_
     assert [x["group"] for x in lines] == [["cnn", "1", "perturb"], ["cnn", "1", "attacks"],
                                            ["cnn", "1", "attacks"]]
     assert len({x["commit"] for x in lines}) == 1
+
+
+def test_every_plan_of_the_whole_matrix_passes_validation(tmp_path: Path, vision_setup: None
+                                                           ) -> None:
+    """Every evaluation of the whole matrix (bench/matrix.py), generated from the registries,
+    is a plan the evaluation service accepts: an entry a task's plans refuse (geometric
+    corruptions on a detector or segmenter move the objects but not the ground truth) is not
+    generated for that task, rather than failing a whole evaluation hours into the run."""
+    from fortis.services.app import local_catalogue
+    from fortis.services.evaluation.plan import load_plan
+
+    from tests.matrix.catalogue import (
+        FULL,
+        classification_data,
+        detection_data,
+        generate,
+        plan_text,
+        segmentation_data,
+        target_kind,
+    )
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "s").mkdir()
+    datas = {"classification": classification_data(8), "detection": detection_data(tmp_path / "d"),
+             "segmentation": segmentation_data(tmp_path / "s")}
+    shapes = {k: max((im.shape for im in d.images.values()), key=lambda s: s[0] * s[1])
+              for k, d in datas.items()}
+    groups: dict[tuple[str, str, str], list] = {}
+    for cell in generate(FULL, shapes, "sha256:" + "0" * 64):
+        groups.setdefault((cell.target, cell.batch, cell.group), []).append(cell)
+    assert len(groups) == 36
+    catalogue = local_catalogue()
+    refused = {}
+    for (key, batch, group), cells in groups.items():
+        t = target_kind(key)
+        try:
+            load_plan(plan_text(cells, t, datas[t.task], 4, batch), catalogue)
+        except Exception as exc:  # noqa: BLE001 - every refusal is listed
+            refused[(key, batch, group)] = str(exc)[:300]
+    assert not refused, refused

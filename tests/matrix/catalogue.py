@@ -241,6 +241,11 @@ def generate(profile: Profile, shapes: Mapping[str, tuple[int, ...]],
                     out.append(c)
 
             for p in PERTURBATIONS.values():
+                if p.kind in ("corruption", "style") and p.family == "geometric" \
+                        and t.task != "classification":
+                    # they move the objects but not the boxes or masks: a detection or
+                    # segmentation plan refuses them (plan validation, by the same family)
+                    continue
                 if p.kind in ("corruption", "style"):
                     item: dict[str, Any] = {"id": p.id}
                     sev = profile.severities.get(t.task)
