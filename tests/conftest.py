@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -142,3 +143,29 @@ def vision_setup() -> None:
     if r.returncode != 0:
         pytest.fail(f"scripts/setup_vision.sh failed ({r.returncode}):\n{r.stderr[-4000:]}")
     importlib.invalidate_caches()       # packages may have been installed just now
+
+
+@pytest.fixture
+def captured() -> Iterator[list[dict[str, Any]]]:
+    """Every log line, at every level, as the event dict ``fortis serve`` would render as JSON
+    (an earlier in-process ``fortis`` command may have set a WARNING filter)."""
+    import logging
+    from collections.abc import Mapping, MutableMapping
+
+    import structlog
+
+    lines: list[dict[str, Any]] = []
+
+    def keep(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+        lines.append(dict(event))
+        raise structlog.DropEvent
+
+    old = structlog.get_config()
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars,
+                                    structlog.processors.add_log_level, keep],
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+                        cache_logger_on_first_use=False)
+    try:
+        yield lines
+    finally:
+        structlog.configure(**old)

@@ -5,13 +5,10 @@ API key."""
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import grpc
 import pytest
-import structlog
 from fortis.client import FortisClient, progress_of
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.codec import image_msg
@@ -30,25 +27,6 @@ corruptions:
 """
 
 
-@pytest.fixture
-def captured() -> Iterator[list[dict[str, Any]]]:
-    """Every log line as the event dict ``fortis serve`` would render as JSON."""
-    lines: list[dict[str, Any]] = []
-
-    def keep(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
-        lines.append(dict(event))
-        raise structlog.DropEvent
-
-    old = structlog.get_config()
-    # every level (an earlier in-process `fortis` command may have set a WARNING filter)
-    structlog.configure(processors=[structlog.contextvars.merge_contextvars,
-                                    structlog.processors.add_log_level, keep],
-                        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
-                        cache_logger_on_first_use=False)
-    try:
-        yield lines
-    finally:
-        structlog.configure(**old)
 
 
 def _events(lines: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:

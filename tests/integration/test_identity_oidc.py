@@ -23,14 +23,13 @@ import base64
 import hashlib
 import hmac
 import json
-import logging
 import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,6 @@ from typing import Any
 import grpc
 import jwt
 import pytest
-import structlog
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from fortis.evaluation.v1 import evaluation_pb2 as pb
@@ -211,22 +209,6 @@ def _refused(ev: Any, md: Any) -> grpc.RpcError:
     return exc.value
 
 
-@pytest.fixture()
-def captured() -> Iterator[list[dict[str, Any]]]:
-    lines: list[dict[str, Any]] = []
-
-    def keep(_l: Any, _n: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
-        lines.append(dict(event))
-        raise structlog.DropEvent
-
-    old = structlog.get_config()
-    structlog.configure(processors=[structlog.contextvars.merge_contextvars, keep],
-                        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
-                        cache_logger_on_first_use=False)
-    try:
-        yield lines
-    finally:
-        structlog.configure(**old)
 
 
 # -- tests --------------------------------------------------------------------------------------

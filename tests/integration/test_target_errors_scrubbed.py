@@ -7,16 +7,14 @@ none of that text; the operator's log line under the same correlation id has all
 from __future__ import annotations
 
 import json
-import logging
 import re
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-import structlog
 from fortis.client import FortisClient
 from fortis.common.v1 import common_pb2
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
@@ -56,23 +54,6 @@ def _leaks(text: str, address: str) -> list[str]:
                         "Traceback", "serve.py", "CUDA") if n in text]
 
 
-@pytest.fixture()
-def captured() -> Iterator[list[dict[str, Any]]]:
-    lines: list[dict[str, Any]] = []
-
-    def keep(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
-        lines.append(dict(event))
-        raise structlog.DropEvent
-
-    old = structlog.get_config()
-    structlog.configure(processors=[structlog.contextvars.merge_contextvars,
-                                    structlog.processors.add_log_level, keep],
-                        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
-                        cache_logger_on_first_use=False)
-    try:
-        yield lines
-    finally:
-        structlog.configure(**old)
 
 
 @pytest.fixture()

@@ -12,15 +12,13 @@ partial grant, a surrogate that is no twin, and an operator surrogate declared `
 from __future__ import annotations
 
 import json
-import logging
 import time
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
-import structlog
 from fortis.common.v1 import common_pb2 as common
 from fortis.evaluation.v1 import evaluation_pb2 as ev_pb
 from fortis.evaluation.v1 import evaluation_pb2_grpc as ev_grpc
@@ -66,23 +64,6 @@ def world(tmp_path_factory, fmnist_target, fmnist_surrogate) -> Iterator[Any]:
 MD_C = (("x-api-key", "test-key-tenant-c"),)
 
 
-@pytest.fixture
-def captured() -> Iterator[list[dict[str, Any]]]:
-    lines: list[dict[str, Any]] = []
-
-    def keep(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
-        lines.append(dict(event))
-        raise structlog.DropEvent
-
-    old = structlog.get_config()
-    structlog.configure(processors=[structlog.contextvars.merge_contextvars,
-                                    structlog.processors.add_log_level, keep],
-                        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
-                        cache_logger_on_first_use=False)
-    try:
-        yield lines
-    finally:
-        structlog.configure(**old)
 
 
 def _image(image_id: str, pixels: np.ndarray) -> Any:
