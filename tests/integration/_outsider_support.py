@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from fortis.common.v1 import common_pb2
 from fortis.evaluation.v1 import evaluation_pb2 as pb
+from fortis.target.v1 import target_pb2, target_pb2_grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
@@ -93,3 +95,27 @@ def wait_final(ev: Any, evaluation_id: str, md: Sequence[tuple[str, str]] = (),
             return e
         assert time.monotonic() < deadline, f"{evaluation_id} still {e.state}"
         time.sleep(0.3)
+
+
+def ten_class_answer(request: Any) -> Any:
+    """The same 10-class full-score answer for every image of a target's PredictRequest."""
+    classes = [common_pb2.ClassScore(label=i, name=f"c{i}", score=(i + 1) / 55.0)
+               for i in range(10)]
+    return target_pb2.PredictResponse(predictions=[common_pb2.Prediction(
+        image_id=img.image_id, classification=common_pb2.Classification(classes=classes))
+        for img in request.images])
+
+
+@contextlib.contextmanager
+def serving_target(servicer: Any) -> Iterator[str]:
+    """``servicer`` as a TargetService on a loopback port: yields its address."""
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)

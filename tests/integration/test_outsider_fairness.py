@@ -33,7 +33,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,12 @@ from fortis.evaluation.v1 import evaluation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
-from tests.integration._outsider_support import fortis_serve, wait_final
+from tests.integration._outsider_support import (
+    fortis_serve,
+    serving_target,
+    ten_class_answer,
+    wait_final,
+)
 
 RATE = 20
 #: the most images one request may carry (docs/limits.md; services/common/limits.py)
@@ -75,22 +79,14 @@ class RecordingTarget(target_pb2_grpc.TargetServiceServicer):
         with self._lock:
             self.arrivals += [(img.image_id, now) for img in request.images]
             self.calls.append((request.images[0].image_id, len(request.images), now))
-        classes = [common_pb2.ClassScore(label=i, name=f"c{i}", score=(i + 1) / 55.0)
-                   for i in range(10)]
-        return target_pb2.PredictResponse(predictions=[common_pb2.Prediction(
-            image_id=img.image_id, classification=common_pb2.Classification(classes=classes))
-            for img in request.images])
+        return ten_class_answer(request)
 
 
 @pytest.fixture()
 def target() -> Iterator[tuple[RecordingTarget, str]]:
     servicer = RecordingTarget()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-    target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield servicer, f"127.0.0.1:{port}"
-    server.stop(0)
+    with serving_target(servicer) as address:
+        yield servicer, address
 
 
 def most_in_one_second(times: list[float]) -> int:

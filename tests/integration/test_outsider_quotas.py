@@ -33,7 +33,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,8 @@ from tests.integration._outsider_support import (
     fortis_serve,
     quota_violations,
     refused,
+    serving_target,
+    ten_class_answer,
     wait_final,
 )
 
@@ -100,23 +101,15 @@ class GatedTarget(target_pb2_grpc.TargetServiceServicer):
         self.gate.wait(120)
         with self._lock:
             self.images.update(self.owner(img.image_id) for img in request.images)
-        classes = [common_pb2.ClassScore(label=i, name=f"c{i}", score=(i + 1) / 55.0)
-                   for i in range(10)]
-        return target_pb2.PredictResponse(predictions=[common_pb2.Prediction(
-            image_id=img.image_id, classification=common_pb2.Classification(classes=classes))
-            for img in request.images])
+        return ten_class_answer(request)
 
 
 @pytest.fixture()
 def target() -> Iterator[tuple[GatedTarget, str]]:
     servicer = GatedTarget()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-    target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield servicer, f"127.0.0.1:{port}"
-    servicer.gate.set()
-    server.stop(0)
+    with serving_target(servicer) as address:
+        yield servicer, address
+        servicer.gate.set()
 
 
 def _image(image_id: str) -> common_pb2.Image:
