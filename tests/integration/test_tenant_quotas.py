@@ -38,7 +38,6 @@ from typing import Any
 
 import grpc
 import pytest
-import structlog
 from fortis.common.v1 import common_pb2
 from fortis.evaluation.v1 import evaluation_pb2 as pb
 from fortis.evaluation.v1 import evaluation_pb2_grpc
@@ -131,23 +130,6 @@ def make_stack(tmp_path: Path, target: tuple[GatedTarget, str]
         s.stop(0, worker_wait=5.0)
 
 
-@pytest.fixture()
-def captured() -> Iterator[list[dict[str, Any]]]:
-    """Every log line as the event dict ``fortis serve`` would render as JSON."""
-    lines: list[dict[str, Any]] = []
-
-    def keep(_logger: Any, _name: str, event: Any) -> Any:
-        lines.append(dict(event))
-        raise structlog.DropEvent
-
-    old = structlog.get_config()
-    structlog.configure(processors=[structlog.contextvars.merge_contextvars,
-                                    structlog.processors.add_log_level, keep],
-                        cache_logger_on_first_use=False)
-    try:
-        yield lines
-    finally:
-        structlog.configure(**old)
 
 
 def _create(stub: Any, eid: str, md: Any = MD) -> pb.Evaluation:
