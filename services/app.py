@@ -30,6 +30,7 @@ from fortis.services.common.server import (
 )
 from fortis.services.common.startup import EXIT_LISTEN, EXIT_MODELS, step
 from fortis.services.common.tls import TlsSettings, load_pem
+from fortis.services.common.workshare import WorkShare, default_slots
 
 log = structlog.get_logger("fortis.app")
 
@@ -214,6 +215,10 @@ class StackSettings:
     #: its rate-limit turn, a Watch stream), so ``quotas.max_calls`` per tenant keeps one
     #: tenant from holding them all (``fortis serve --server-workers``).
     server_workers: int = 64
+    #: CPU-heavy pieces of work run at once, shared fairly between the tenants that want
+    #: them (``fortis serve --work-slots``; services/common/workshare.py). None: one per core
+    #: this process may use; 0: no sharing (every piece starts at once).
+    work_slots: int | None = None
     #: Redis shared by proxy replicas (issue 10): per-target and per-tenant rate limits,
     #: session budgets and queries per day hold in total across every proxy using it
     #: (``fortis serve --redis-url``/``$FORTIS_REDIS_URL``). None: all in this process (the
@@ -257,6 +262,8 @@ class Stack:
     #: The hashed API keys in force (KeyTable), and the key file's watcher (if any).
     key_table: Any = None
     key_watcher: Any = None
+    #: The tenant-fair share of this process's CPU-heavy work.
+    work: WorkShare | None = None
 
     @property
     def address(self) -> str:
@@ -609,6 +616,9 @@ def start_stack(settings: StackSettings) -> Stack:
             return addr_box["self"]
         raise errors.InvalidArgument(f"{name}_address", f"running only '{settings.only}': give the {name} service's address")
 
+    # One share per process: the servicers' costly calls and the proxy's built-in targets
+    # draw on the same cores.
+    work = WorkShare(default_slots() if settings.work_slots is None else settings.work_slots)
     if "proxy" in wanted:
         entries = []
         redis_store: Any = None     # limits and budgets shared by replicas (issue 10)
@@ -662,7 +672,8 @@ def start_stack(settings: StackSettings) -> Stack:
                              daily_quotas=DailyQueryQuotas(
                                  settings.quotas.queries_per_day_limit) if redis_store is None
                              else redis_store.daily_quotas(settings.quotas.queries_per_day_limit),
-                             shared_budgets=redis_store and redis_store.budgets)),
+                             shared_budgets=redis_store and redis_store.budgets,
+                             work=work)),
                          px_servicer.SERVICE_NAME))
 
     lazy_channels: dict[str, Any] = {}
@@ -799,7 +810,7 @@ def start_stack(settings: StackSettings) -> Stack:
                                              max_message_bytes=settings.max_message_bytes,
                                              max_workers=settings.server_workers,
                                              observe=rpc_metrics.observe, call_slots=slots,
-                                             memory=settings.memory,
+                                             memory=settings.memory, work=work,
                                              tokens=tokens, cert_tenant=cert_tenant,
                                              max_connection_age_s=grpc_options.max_connection_age_s(
                                                  settings.max_connection_age_s)),
@@ -816,4 +827,4 @@ def start_stack(settings: StackSettings) -> Stack:
     return Stack(server=server, target_servers=target_servers, settings=settings,
                  internal_key=internal_key, closers=closers, metrics_port=metrics_port,
                  key_table=key_table, key_watcher=key_watcher,
-                 manager=manager)
+                 manager=manager, work=work)

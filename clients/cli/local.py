@@ -268,6 +268,15 @@ def _server_workers(ns: argparse.Namespace) -> int:
     return workers
 
 
+def _work_slots(ns: argparse.Namespace) -> int | None:
+    from fortis.services.common.errors import InvalidArgument
+
+    slots = getattr(ns, "work_slots", None)
+    if slots is not None and not 0 <= int(slots) <= 4096:
+        raise InvalidArgument("work_slots", "must be from 0 (no sharing) to 4096")
+    return None if slots is None else int(slots)
+
+
 def _metrics_address(ns: argparse.Namespace) -> tuple[str, int | None]:
     """Where /metrics listens: ``--metrics-address HOST:PORT``, else ``--metrics-port`` on
     127.0.0.1 (issue 9: loopback unless the operator says otherwise), else nowhere."""
@@ -438,6 +447,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                 whitebox_grants=grants,
                 tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
                 evaluation_workers=_evaluation_workers(ns), server_workers=_server_workers(ns),
+                work_slots=_work_slots(ns),
                 redis_url=getattr(ns, "redis_url", None) or os.environ.get("FORTIS_REDIS_URL") or None,
                 redis_namespace=getattr(ns, "redis_namespace", None)
                 or os.environ.get("FORTIS_REDIS_NAMESPACE") or "default",

@@ -212,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--server-workers", type=int, default=64, metavar="N",
                     help="the server's worker threads; each call in progress holds one "
                     "(default 64)")
+    sp.add_argument("--work-slots", type=int, default=None, metavar="N",
+                    help="CPU-heavy pieces of work (perturbations, white-box attacks, "
+                    "built-in targets' inference, metrics, reports) run at once, shared "
+                    "fairly between the tenants that want them (default: one per core; "
+                    "0: no sharing)")
     sp.add_argument("--tenant-quota", action="append",
                     metavar="TENANT=running:N,queued:N,queries_per_day:N,calls:N",
                     help="one tenant's quotas, overriding the defaults above (repeatable; "

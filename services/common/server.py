@@ -7,6 +7,7 @@ section 1), so a bad request never takes a service down and internals never leak
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import re
@@ -36,7 +37,9 @@ from fortis.services.common.memory import (
 )
 from fortis.services.common.quotas import CallSlots
 from fortis.services.common.status import status_for
+from fortis.services.common.stopping import caller_stop
 from fortis.services.common.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
+from fortis.services.common.workshare import WorkShare
 from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -80,6 +83,24 @@ current_bearer: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_bea
 #: or when authentication is off (the single-user mode: its one user holds every trust).
 current_internal: contextvars.ContextVar[bool] = contextvars.ContextVar("fortis_internal",
                                                                         default=False)
+#: This server's work share, for the servicers' :func:`work_slot` (set per call).
+current_work: contextvars.ContextVar[WorkShare | None] = contextvars.ContextVar(
+    "fortis_work", default=None)
+
+
+@contextlib.contextmanager
+def work_slot(context: Any) -> Iterator[None]:
+    """Run a servicer's costly part in the calling tenant's share of the server's CPU
+    (``WorkShare``); waiting ends with the call's deadline or cancellation."""
+    share = current_work.get()
+    if share is None or not share.enabled:
+        yield
+        return
+    stop = caller_stop(getattr(context, "is_active", lambda: True),
+                       getattr(context, "time_remaining", lambda: None))
+    with share.slot(current_tenant.get() or "default", stop):
+        yield
+
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +129,9 @@ class ServerSettings:
     #: Decoded bytes per request and per tenant in flight, and the answer's size, checked
     #: before a servicer decodes anything (``services/common/memory.py``). None: unchecked.
     memory: MemoryLimits | None = field(default_factory=MemoryLimits)
+    #: The tenant-fair share of CPU-heavy work (``services/common/workshare.py``), the same
+    #: object the process's other users of it hold (the proxy's built-in targets). None: off.
+    work: WorkShare | None = None
 
 
 #: Seconds health says NOT_SERVING before a draining server refuses new calls: clients that
@@ -337,6 +361,7 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
             t0 = time.perf_counter()
             current_tenant.set("")      # a worker thread's last caller is not this one's
             current_hold.set(None)
+            current_work.set(None)
             release = _once(None)
             holds: list[CallHold] = []
             try:
@@ -361,6 +386,7 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
             t0 = time.perf_counter()
             current_tenant.set("")      # a worker thread's last caller is not this one's
             current_hold.set(None)
+            current_work.set(None)
             release = _once(None)
             holds: list[CallHold] = []
             try:
@@ -411,7 +437,8 @@ class FortisInterceptor(grpc.ServerInterceptor):
                  observe: Observer | None = None, call_slots: CallSlots | None = None,
                  drain: Drain | None = None, memory: MemoryBudget | None = None, *,
                  tokens: TokenVerifier | None = None,
-                 cert_tenant: CertTenant | None = None) -> None:
+                 cert_tenant: CertTenant | None = None,
+                 work: WorkShare | None = None) -> None:
         # Hashed keys only (issue 9): a plain mapping is hashed here and not kept.
         self._keys = api_keys if isinstance(api_keys, KeyTable) else KeyTable.from_plain(api_keys)
         self._observe = observe
@@ -420,6 +447,7 @@ class FortisInterceptor(grpc.ServerInterceptor):
         self._memory = memory
         self._tokens = tokens
         self._cert_tenant = cert_tenant
+        self._work = work
         self._audit = AuditLog()
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
@@ -437,6 +465,7 @@ class FortisInterceptor(grpc.ServerInterceptor):
         drain = self._drain
         request_id = request_id_from(md)
         memory = self._memory
+        work = self._work
         who: dict[str, Any] = {}
 
         def hold_for() -> CallHold | None:
@@ -483,6 +512,7 @@ class FortisInterceptor(grpc.ServerInterceptor):
                 else:
                     audit.note(Identity(tenant=tenant, kind="api_key"), method, _peer(context))
             current_tenant.set(tenant)
+            current_work.set(work)
             current_api_key.set(api_key)
             current_bearer.set(bearer)
             current_internal.set(internal or (not keys.enabled and tokens is None
@@ -769,7 +799,8 @@ def build_server(settings: ServerSettings,
                          interceptors=[FortisInterceptor(settings.api_keys, settings.observe,
                                                        settings.call_slots, drain, memory,
                                                        tokens=settings.tokens,
-                                                       cert_tenant=settings.cert_tenant)],
+                                                       cert_tenant=settings.cert_tenant,
+                                                       work=settings.work)],
                          options=opts)
     health_servicer = FortisHealthServicer()   # no deadlock on Watch close (common/health.py)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -9,6 +9,7 @@ domain code does not.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -36,6 +37,7 @@ from fortis.services.common.server import (
     current_api_key,
     current_tenant,
     error_from_rpc,
+    work_slot,
 )
 from fortis.services.common.status import status_for
 from fortis.services.common.stopping import StopCheck, caller_stop
@@ -336,7 +338,8 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
 
     def ApplyPerturbation(self, request: Any, context: Any) -> pb.ApplyPerturbationResponse:
         resp = pb.ApplyPerturbationResponse()
-        self._apply(request, context, resp.images)
+        with work_slot(context):    # decoding and perturbing: the tenant's share of the CPU
+            self._apply(request, context, resp.images)
         return resp
 
     def ApplyPerturbationStream(self, request_iterator: Any, context: Any
@@ -345,7 +348,7 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
             try:
                 limits.check_message(req)   # in band: the stream goes on (issue 9)
                 resp = pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256])
-                with holding(req):          # its decoded size, held while it is worked on
+                with holding(req), work_slot(context):  # its size, its share of the CPU
                     self._apply(req, context, resp.images)
                 yield resp
             except (errors.DeadlineExceeded, errors.Cancelled):
@@ -356,6 +359,24 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
 
     def RunAttack(self, request: Any, context: Any) -> Iterator[pb.RunAttackResponse]:
         spec = attack_spec(request.attack_id)
+        # A query attack mostly waits for the target (each query takes its own share in the
+        # proxy when the target runs here); any other attack is computation from start to end.
+        with contextlib.nullcontext() if spec.is_query_attack else work_slot(context):
+            items, results = self._run_attack(spec, request, context)
+        for it, r in zip(items, results, strict=True):
+            resp = pb.RunAttackResponse(
+                image_id=it.image_id, queries=int(r.queries), linf=float(r.linf),
+                l2=float(r.l2), stop_reason=_STOP_REASONS[r.stop_reason], signal=r.signal,
+                criterion=r.criterion)
+            fill_image(resp.adversarial, it.image_id, r.adversarial, raw=True)   # in place
+            fill_tensor(resp.adversarial_float, np.asarray(r.adversarial_float, dtype=np.float32))
+            if r.success is not None:
+                resp.success = bool(r.success)
+            if r.initially_correct is not None:
+                resp.initially_correct = bool(r.initially_correct)
+            yield resp
+
+    def _run_attack(self, spec: Any, request: Any, context: Any) -> tuple[list[Any], list[Any]]:
         params = json_format.MessageToDict(request.params) if request.HasField("params") else {}
         items = []
         for i, li in enumerate(request.images):
@@ -385,18 +406,7 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         results = engine.run_attack(spec.id, params, request.seed, items, query=query,
                                     surrogate=surrogate, criterion=crit,
                                     should_stop=_stop_check(context), ensemble=ensemble)
-        for it, r in zip(items, results, strict=True):
-            resp = pb.RunAttackResponse(
-                image_id=it.image_id, queries=int(r.queries), linf=float(r.linf),
-                l2=float(r.l2), stop_reason=_STOP_REASONS[r.stop_reason], signal=r.signal,
-                criterion=r.criterion)
-            fill_image(resp.adversarial, it.image_id, r.adversarial, raw=True)   # in place
-            fill_tensor(resp.adversarial_float, np.asarray(r.adversarial_float, dtype=np.float32))
-            if r.success is not None:
-                resp.success = bool(r.success)
-            if r.initially_correct is not None:
-                resp.initially_correct = bool(r.initially_correct)
-            yield resp
+        return items, list(results)
 
     def _check_surrogates(self, request: Any, rpc: str) -> None:
         """The server surrogates a request names (not its own definitions), each checked

@@ -32,6 +32,7 @@ charset (``check_session_id``). Domain code: the target is reached through the
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -49,6 +50,7 @@ from fortis.services.common.codec import image_sha256, summarize
 from fortis.services.common.errors import code_for
 from fortis.services.common.limits import byte_batches
 from fortis.services.common.stopping import StopCheck, never
+from fortis.services.common.workshare import WorkShare
 from fortis.services.target_proxy.ledger import (
     IN_FLIGHT,
     IN_FLIGHT_NOTE,
@@ -310,8 +312,12 @@ class TargetProxy:
                  metrics: ProxyMetrics | None = None,
                  tenant_limits: TenantLimits | None = None,
                  daily_quotas: DailyQueryQuotas | None = None,
-                 shared_budgets: SharedBudgets | None = None) -> None:
+                 shared_budgets: SharedBudgets | None = None,
+                 work: WorkShare | None = None) -> None:
         self.ledger = ledger
+        #: The process's tenant-fair share of CPU-heavy work: a built-in target's inference
+        #: runs in this process, so each call to one takes a slot of the calling tenant's.
+        self.work = work
         #: Session budgets shared by proxy replicas (issue 10); None: this process only.
         self.shared_budgets = shared_budgets
         self.metrics = metrics
@@ -565,8 +571,9 @@ class TargetProxy:
         try:
             for start, stop in byte_batches([img.ByteSize() for img in images],
                                             max_images=chunk):
-                predictions += self._send(entry, budget, origin, images[start:stop],
-                                          sent_up_to(stop), limiter, hold, should_stop)
+                with self._work_slot(entry, rec.tenant, should_stop):
+                    predictions += self._send(entry, budget, origin, images[start:stop],
+                                              sent_up_to(stop), limiter, hold, should_stop)
         finally:
             hold.release()      # what was held for images never sent
             if sent < n:
@@ -577,6 +584,15 @@ class TargetProxy:
         if rec.query_budget:
             left = max(0, rec.query_budget - budget.used_total)
         return PredictResult(predictions=predictions, queries_left=left)
+
+    def _work_slot(self, entry: TargetEntry, tenant: str,
+                   should_stop: StopCheck) -> contextlib.AbstractContextManager[None]:
+        """A built-in target computes in this process: its calls take the tenant's share of
+        the CPU (taken before the rate limiter's grant, so the grant's time stays the send
+        time). A remote target's calls wait on the network and take none."""
+        if self.work is None or not entry.builtin_model:
+            return contextlib.nullcontext()
+        return self.work.slot(tenant, should_stop)
 
     def _send(self, entry: TargetEntry, budget: _Budget, origin: str,
               images: Sequence[common_pb2.Image], on_sent: Callable[[], None],

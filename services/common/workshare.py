@@ -1,0 +1,209 @@
+"""A tenant-fair share of one server's CPU-heavy work.
+
+Admission (``CallSlots``, the memory budget) bounds how *many* calls a tenant has in progress
+and how much memory they may hold, not what they *cost*: a tenant with a dozen large
+perturbation, scoring or built-in-model calls in progress would otherwise keep every core
+busy while another tenant's evaluation, whose calls are small, waits behind them. So every
+costly piece of work (a perturbation, a white-box attack, a built-in target's inference, a
+metric computation, a report rendering) runs inside :meth:`WorkShare.slot`, which:
+
+- runs at most ``slots`` pieces at once (by default the cores this process may use);
+- gives a tenant at most ``max(1, slots // active)`` of them, where *active* counts the
+  tenants that hold or wait for a slot or held one within the last ``active_window_s``:
+  alone a tenant may use every core, beside others it keeps its share and leaves theirs
+  free for the moment their next small call comes (a tenant's work between two calls is not
+  a reason to give its share away);
+- grants a freed slot to the waiting tenant that has used the least slot time, so a tenant
+  with many calls queued is served in turn with one that has a single call, not after all of
+  its calls (start-time fair queueing: a tenant that arrives starts at the least usage among
+  the active ones, so it neither owes for a past it did not use nor starves the others).
+
+Work done for a tenant by Fortis's own services (an evaluation's calls to the perturbation
+service and the proxy) is counted for that tenant, not for the service. A thread that already
+holds a slot passes through (nested work is one piece). Waiting stops when ``should_stop``
+raises (the caller's deadline or cancellation), so a waiting call holds nothing after it ends.
+
+Pure Python, no gRPC: the transport names the tenant, the domain code never sees this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+__all__ = ["WorkShare", "default_slots"]
+
+#: How long a tenant counts as active after its last piece of work ended (seconds).
+DEFAULT_ACTIVE_WINDOW_S = 1.0
+#: How often a waiting piece looks at its caller's deadline (seconds).
+_POLL_S = 0.05
+
+
+def default_slots() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class _Tenant:
+    running: int = 0
+    #: slot-seconds used (virtual time), the order in which waiting tenants are served
+    used: float = 0.0
+    last_end: float = 0.0
+
+
+@dataclass
+class _Waiter:
+    tenant: str
+    seq: int
+    granted: threading.Event
+
+
+class WorkShare:
+    """See the module docstring. ``slots`` 0 turns sharing off (every piece runs at once)."""
+
+    def __init__(self, slots: int, *, active_window_s: float = DEFAULT_ACTIVE_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
+            raise ValueError("slots must be an integer >= 0 (0 = no sharing)")
+        self.slots = slots
+        self._window = active_window_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tenants: dict[str, _Tenant] = {}
+        self._waiting: list[_Waiter] = []
+        self._running = 0
+        self._seq = itertools.count()
+        self._held = threading.local()
+        #: pieces that had to wait, and the seconds they waited, per tenant (for metrics)
+        self.waited: dict[str, tuple[int, float]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.slots > 0
+
+    # -- the share ---------------------------------------------------------------------------
+
+    def _active(self, now: float) -> int:
+        waiting = {w.tenant for w in self._waiting}
+        return sum(1 for name, t in self._tenants.items()
+                   if t.running or name in waiting or now - t.last_end < self._window)
+
+    def share(self, tenant: str) -> int:
+        """Most slots ``tenant`` may hold now."""
+        with self._lock:
+            return self._share(self._clock())
+
+    def _share(self, now: float) -> int:
+        return max(1, self.slots // max(1, self._active(now)))
+
+    def _forget_idle(self, now: float) -> None:
+        waiting = {w.tenant for w in self._waiting}
+        for name in [n for n, t in self._tenants.items()
+                     if not t.running and n not in waiting
+                     and now - t.last_end >= self._window]:
+            del self._tenants[name]
+
+    def _tenant(self, name: str, now: float) -> _Tenant:
+        t = self._tenants.get(name)
+        if t is None:
+            self._forget_idle(now)
+            floor = min((o.used for o in self._tenants.values()), default=0.0)
+            t = self._tenants[name] = _Tenant(used=floor, last_end=now)
+        return t
+
+    def _dispatch(self, now: float) -> None:
+        """Grant free slots to waiting pieces, least-used tenant first (lock held)."""
+        while self._waiting and self._running < self.slots:
+            share = self._share(now)
+            ready = [w for w in self._waiting if self._tenants[w.tenant].running < share]
+            if not ready:
+                return
+            w = min(ready, key=lambda w: (self._tenants[w.tenant].used, w.seq))
+            self._waiting.remove(w)
+            self._grant(w.tenant)
+            w.granted.set()
+
+    def _grant(self, name: str) -> None:
+        self._tenants[name].running += 1
+        self._running += 1
+
+    @contextlib.contextmanager
+    def slot(self, tenant: str, should_stop: Callable[[], bool] | None = None
+             ) -> Iterator[None]:
+        """Run the body in one of ``tenant``'s slots, waiting for it if the server is busy.
+        ``should_stop`` is called while waiting; what it raises ends the wait."""
+        depth: int = getattr(self._held, "depth", 0)
+        if not self.enabled or depth:
+            self._held.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._held.depth -= 1
+            return
+        t0 = self._clock()
+        waited = self._acquire(tenant, should_stop)
+        self._held.depth = 1
+        start = self._clock()
+        try:
+            yield
+        finally:
+            self._held.depth = 0
+            self._release(tenant, start)
+        if waited:
+            with self._lock:
+                n, s = self.waited.get(tenant, (0, 0.0))
+                self.waited[tenant] = (n + 1, s + (start - t0))
+
+    def _acquire(self, tenant: str, should_stop: Callable[[], bool] | None) -> bool:
+        with self._lock:
+            now = self._clock()
+            self._tenant(tenant, now)
+            w = _Waiter(tenant=tenant, seq=next(self._seq), granted=threading.Event())
+            self._waiting.append(w)
+            self._dispatch(now)     # at once when a slot is free and nobody is owed it first
+            if w.granted.is_set():
+                return False
+        try:
+            while not w.granted.wait(_POLL_S):
+                if should_stop is not None:
+                    should_stop()
+                with self._lock:    # a share held for a tenant gone idle is free again
+                    self._dispatch(self._clock())
+        except BaseException:
+            with self._lock:
+                if w in self._waiting:
+                    self._waiting.remove(w)
+                    self._dispatch(self._clock())
+                    raise
+            # granted between the wait and the lock: give it back
+            self._release(tenant, self._clock())
+            raise
+        return True
+
+    def _release(self, tenant: str, start: float) -> None:
+        with self._lock:
+            now = self._clock()
+            rec = self._tenants[tenant]
+            rec.running -= 1
+            self._running -= 1
+            rec.used += now - start
+            rec.last_end = now
+            self._dispatch(now)
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """Per tenant: slots held, pieces waiting, slot-seconds used (for tests and metrics)."""
+        with self._lock:
+            waiting: dict[str, int] = {}
+            for w in self._waiting:
+                waiting[w.tenant] = waiting.get(w.tenant, 0) + 1
+            return {name: {"running": t.running, "waiting": waiting.get(name, 0),
+                           "used_s": t.used} for name, t in self._tenants.items()}

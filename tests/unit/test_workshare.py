@@ -1,0 +1,242 @@
+"""The tenant-fair share of CPU-heavy work (services/common/workshare.py): who runs, who waits
+and in which order. Pieces are threads held open by events, the clock is the test's: nothing
+here depends on how fast the machine is."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from fortis.services.common.errors import Cancelled
+from fortis.services.common.workshare import WorkShare, default_slots
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Piece:
+    """One piece of work of ``tenant`` in its own thread, held in its slot until ``finish``."""
+
+    def __init__(self, share: WorkShare, tenant: str, order: list[str] | None = None,
+                 should_stop: Callable[[], bool] | None = None, name: str = "") -> None:
+        self.tenant = tenant
+        self.name = name or tenant
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.error: BaseException | None = None
+        self._order = order
+
+        def run() -> None:
+            try:
+                with share.slot(tenant, should_stop):
+                    if self._order is not None:
+                        self._order.append(self.name)
+                    self.started.set()
+                    self.release.wait(30)
+            except BaseException as exc:  # noqa: BLE001 - looked at by the test
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def finish(self) -> None:
+        self.release.set()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+
+
+def until(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def waiting(share: WorkShare, tenant: str) -> int:
+    return int(share.snapshot().get(tenant, {}).get("waiting", 0))
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def pieces() -> Iterator[list[Piece]]:
+    made: list[Piece] = []
+    yield made
+    for p in made:
+        p.release.set()
+    for p in made:
+        p.thread.join(10)
+
+
+def test_a_tenant_alone_uses_every_slot(clock: Clock, pieces: list[Piece]) -> None:
+    share = WorkShare(3, clock=clock)
+    pieces += [Piece(share, "alice") for _ in range(3)]
+    for p in pieces:
+        assert p.started.wait(5)
+    assert share.snapshot()["alice"]["running"] == 3
+    pieces.append(Piece(share, "alice"))      # the fourth waits for a free slot
+    until(lambda: waiting(share, "alice") == 1, "the fourth piece waits")
+    pieces[0].finish()
+    assert pieces[3].started.wait(5)
+
+
+def test_beside_another_tenant_each_keeps_its_share(clock: Clock, pieces: list[Piece]) -> None:
+    """slots 2, two active tenants: each holds at most one, although mallory has many queued
+    and a slot of alice's stands free between two of her pieces."""
+    share = WorkShare(2, clock=clock)
+    mallory = [Piece(share, "mallory", name=f"m{i}") for i in range(4)]
+    pieces += mallory
+    until(lambda: share.snapshot()["mallory"]["running"] == 2, "mallory alone takes both")
+    first = Piece(share, "alice")
+    pieces.append(first)
+    # both slots are mallory's: alice waits for the first to end, then mallory keeps one only
+    until(lambda: waiting(share, "alice") == 1, "alice waits")
+    running = [p for p in mallory if p.started.is_set()]
+    running[0].finish()
+    assert first.started.wait(5)
+    first.finish()                            # alice's piece ends; she is active a while yet
+    clock.now += 0.5
+    running[1].finish()                       # a slot is free, mallory holds one more...
+    time.sleep(0.2)
+    snap = share.snapshot()
+    assert snap["mallory"]["running"] == 1, snap   # ...but not alice's share
+    assert snap["mallory"]["waiting"] == 1, snap
+    second = Piece(share, "alice")            # alice's next small call starts at once
+    pieces.append(second)
+    assert second.started.wait(5)
+    assert waiting(share, "alice") == 0
+    second.finish()
+    clock.now += 5                            # alice has gone: mallory may take both again
+    until(lambda: share.snapshot()["mallory"]["running"] == 2, "mallory gets the idle share")
+
+
+def test_a_freed_slot_goes_to_the_tenant_that_used_least(clock: Clock,
+                                                         pieces: list[Piece]) -> None:
+    """One slot; mallory's first piece runs and five more wait; alice's one piece, queued
+    after all of them, runs next, not sixth."""
+    share = WorkShare(1, clock=clock)
+    order: list[str] = []
+    first = Piece(share, "mallory", order, name="m0")
+    pieces.append(first)
+    assert first.started.wait(5)
+    queued = []
+    for i in range(1, 6):
+        queued.append(Piece(share, "mallory", order, name=f"m{i}"))
+        until(lambda i=i: waiting(share, "mallory") == i, "mallory's pieces queue")
+    pieces += queued
+    alice = Piece(share, "alice", order)
+    pieces.append(alice)
+    until(lambda: waiting(share, "alice") == 1, "alice queues last")
+    clock.now += 2.0                          # mallory's first piece used 2 s of the slot
+    first.finish()
+    assert alice.started.wait(5)
+    assert order == ["m0", "alice"]
+    clock.now += 0.01
+    alice.finish()
+    for p in queued:                          # then mallory's, in the order they came
+        until(lambda p=p: p.started.is_set(), "mallory's next piece")
+        clock.now += 1.0
+        p.finish()
+    assert order == ["m0", "alice", "m1", "m2", "m3", "m4", "m5"]
+
+
+def test_a_newcomer_starts_at_the_least_usage_not_at_zero(clock: Clock,
+                                                          pieces: list[Piece]) -> None:
+    """bob, who used nothing so far, does not take every turn from alice until he has used
+    as much as she did since she started: both are served in turn."""
+    share = WorkShare(1, clock=clock)
+    order: list[str] = []
+    for _ in range(3):                        # alice has used 30 s of the slot
+        p = Piece(share, "alice", order)
+        assert p.started.wait(5)
+        clock.now += 10
+        p.finish()
+    order.clear()
+    hold = Piece(share, "carol", order, name="carol")
+    assert hold.started.wait(5)
+    a = [Piece(share, "alice", order, name=f"a{i}") for i in range(2)]
+    until(lambda: waiting(share, "alice") == 2, "alice queues")
+    b = [Piece(share, "bob", order, name=f"b{i}") for i in range(2)]
+    until(lambda: waiting(share, "bob") == 2, "bob queues")
+    pieces += [hold, *a, *b]
+    clock.now += 1
+    hold.finish()
+    served = []
+    for _ in range(4):
+        until(lambda: len(order) > len(served) + 1, "the next piece")
+        name = order[-1]
+        served.append(name)
+        clock.now += 1
+        next(p for p in pieces if p.name == name).finish()
+    assert [n[0] for n in served] in (["a", "b", "a", "b"], ["b", "a", "b", "a"]), served
+
+
+def test_waiting_ends_with_the_callers_deadline(clock: Clock, pieces: list[Piece]) -> None:
+    share = WorkShare(1, clock=clock)
+    holder = Piece(share, "mallory")
+    pieces.append(holder)
+    assert holder.started.wait(5)
+    gone = threading.Event()
+
+    def stop() -> bool:
+        if gone.is_set():
+            raise Cancelled("the call was cancelled")
+        return False
+
+    late = Piece(share, "alice", should_stop=stop)
+    pieces.append(late)
+    until(lambda: waiting(share, "alice") == 1, "alice waits")
+    gone.set()
+    late.thread.join(5)
+    assert isinstance(late.error, Cancelled)
+    assert waiting(share, "alice") == 0      # nothing left queued or held for her
+    holder.finish()
+    after = Piece(share, "bob")
+    pieces.append(after)
+    assert after.started.wait(5)              # the slot was not lost
+
+
+def test_nested_work_in_one_thread_is_one_piece(clock: Clock) -> None:
+    share = WorkShare(1, clock=clock)
+    with share.slot("alice"), share.slot("alice"):   # would wait for itself if counted twice
+        assert share.snapshot()["alice"]["running"] == 1
+    assert share.snapshot()["alice"]["running"] == 0
+
+
+def test_zero_slots_is_no_sharing(clock: Clock, pieces: list[Piece]) -> None:
+    share = WorkShare(0, clock=clock)
+    pieces += [Piece(share, "mallory") for _ in range(8)]
+    for p in pieces:
+        assert p.started.wait(5)
+    assert share.snapshot() == {}
+
+
+def test_idle_tenants_are_forgotten(clock: Clock) -> None:
+    share = WorkShare(2, clock=clock)
+    for i in range(50):
+        with share.slot(f"tenant-{i}"):
+            pass
+    clock.now += 5
+    with share.slot("alice"):
+        assert set(share.snapshot()) == {"alice"}
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_slots_must_be_a_count(bad: object) -> None:
+    with pytest.raises(ValueError, match="slots"):
+        WorkShare(bad)  # type: ignore[arg-type]
+
+
+def test_default_slots_are_the_cores_this_process_may_use() -> None:
+    import os
+    assert default_slots() == len(os.sched_getaffinity(0))
