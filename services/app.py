@@ -19,7 +19,7 @@ from fortis.services.common import errors, grpc_options
 from fortis.services.common.api_keys import KeyEntry, KeyFileWatcher, KeyTable, new_api_key
 from fortis.services.common.limits import MAX_IMAGES_PER_REQUEST
 from fortis.services.common.memory import MemoryLimits
-from fortis.services.common.quotas import CallSlots, QuotaSettings
+from fortis.services.common.quotas import CallRate, CallSlots, QuotaSettings
 from fortis.services.common.server import (
     SERVICE_TENANT,
     RunningServer,
@@ -262,8 +262,9 @@ class Stack:
     #: The hashed API keys in force (KeyTable), and the key file's watcher (if any).
     key_table: Any = None
     key_watcher: Any = None
-    #: The tenant-fair share of this process's CPU-heavy work.
+    #: The tenant-fair share of this process's CPU-heavy work, and of its call handlers.
     work: WorkShare | None = None
+    seats: WorkShare | None = None
 
     @property
     def address(self) -> str:
@@ -619,6 +620,8 @@ def start_stack(settings: StackSettings) -> Stack:
     # One share per process: the servicers' costly calls and the proxy's built-in targets
     # draw on the same cores.
     work = WorkShare(default_slots() if settings.work_slots is None else settings.work_slots)
+    # and as many seats for tenants' other calls (common/server.py: UNSEATED_METHODS)
+    seats = WorkShare(work.slots)
     if "proxy" in wanted:
         entries = []
         redis_store: Any = None     # limits and budgets shared by replicas (issue 10)
@@ -804,13 +807,17 @@ def start_stack(settings: StackSettings) -> Stack:
     slots = CallSlots(settings.quotas.calls_limit) if (
         settings.quotas.max_calls or any(q.calls for q in settings.quotas.tenants.values())) \
         else None
+    rate = CallRate(settings.quotas.call_rate_limit) if (
+        settings.quotas.max_call_rate
+        or any(q.calls_per_second for q in settings.quotas.tenants.values())) else None
     with step("gRPC address", EXIT_LISTEN):
         server = build_server(ServerSettings(address=settings.address, api_keys=key_table,
                                              tls=settings.tls,
                                              max_message_bytes=settings.max_message_bytes,
                                              max_workers=settings.server_workers,
                                              observe=rpc_metrics.observe, call_slots=slots,
-                                             memory=settings.memory, work=work,
+                                             call_rate=rate,
+                                             memory=settings.memory, work=work, seats=seats,
                                              tokens=tokens, cert_tenant=cert_tenant,
                                              max_connection_age_s=grpc_options.max_connection_age_s(
                                                  settings.max_connection_age_s)),
@@ -827,4 +834,4 @@ def start_stack(settings: StackSettings) -> Stack:
     return Stack(server=server, target_servers=target_servers, settings=settings,
                  internal_key=internal_key, closers=closers, metrics_port=metrics_port,
                  key_table=key_table, key_watcher=key_watcher,
-                 manager=manager, work=work)
+                 manager=manager, work=work, seats=seats)

@@ -231,7 +231,8 @@ def _quota_settings(ns: argparse.Namespace) -> Any:
         raise InvalidArgument("tenant_quota", str(exc)[:200]) from None
     values = {}
     for opt in ("max_running_per_tenant", "max_queued_per_tenant",
-                "max_queries_per_day_per_tenant", "max_calls_per_tenant"):
+                "max_queries_per_day_per_tenant", "max_calls_per_tenant",
+                "max_call_rate_per_tenant"):
         values[opt] = int(getattr(ns, opt, 0) or 0)
         if not 0 <= values[opt] <= MAX_QUOTA:
             raise InvalidArgument(opt, f"must be from 0 (no limit) to {MAX_QUOTA}")
@@ -239,6 +240,7 @@ def _quota_settings(ns: argparse.Namespace) -> Any:
                          max_queued=values["max_queued_per_tenant"],
                          queries_per_day=values["max_queries_per_day_per_tenant"],
                          max_calls=values["max_calls_per_tenant"],
+                         max_call_rate=values["max_call_rate_per_tenant"],
                          tenants=tenants)
 
 

@@ -209,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="calls of one tenant in progress at once on this server (default 16; "
                     "0: no limit); one more is RESOURCE_EXHAUSTED at once, so no tenant can "
                     "hold every worker thread (see --server-workers)")
+    sp.add_argument("--max-call-rate-per-tenant", type=int, default=100, metavar="N",
+                    help="calls one tenant starts per second on this server (default 100; 0: "
+                    "no limit); a call beyond it waits its turn (up to 2 s), else "
+                    "RESOURCE_EXHAUSTED")
     sp.add_argument("--server-workers", type=int, default=64, metavar="N",
                     help="the server's worker threads; each call in progress holds one "
                     "(default 64)")
@@ -218,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "fairly between the tenants that want them (default: one per core; "
                     "0: no sharing)")
     sp.add_argument("--tenant-quota", action="append",
-                    metavar="TENANT=running:N,queued:N,queries_per_day:N,calls:N",
+                    metavar="TENANT=running:N,queued:N,queries_per_day:N,calls:N,calls_per_second:N",
                     help="one tenant's quotas, overriding the defaults above (repeatable; "
                     "each quota may be left out; 0 = no limit)")
     sp.add_argument("--evaluation-workers", type=int, default=2, metavar="N",

@@ -13,6 +13,12 @@ limit:
   RESOURCE_EXHAUSTED (``QuotaExceeded``) and nothing is stored;
 - ``queries_per_day``: images the target proxy sends for the tenant per UTC day, every attempt
   counted (``services/target_proxy/quotas.py``);
+- ``calls_per_second``: the tenant's RPCs started per second on one server
+  (``--max-call-rate-per-tenant``, a token bucket of one second's burst, ``CallRate``): a
+  call beyond it waits for its turn, up to ``CALL_RATE_MAX_WAIT_S``, else RESOURCE_EXHAUSTED;
+  each call costs the server's interpreter and threads something before any handler runs,
+  so a tenant reopening streams or polling as fast as it can would otherwise take that
+  share from everyone. Internal calls are not counted;
 - ``calls``: the tenant's RPCs in progress at once on one server (``--max-calls-per-tenant``),
   counted by the server's interceptor with ``CallSlots``; a call beyond it is
   RESOURCE_EXHAUSTED at once, so one tenant cannot hold every worker thread of a shared
@@ -26,16 +32,20 @@ Pure code, no gRPC (shared by two services, so it lives in ``services/common``).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["MAX_QUOTA", "QUOTA_NAMES", "CallSlots", "QuotaSettings", "TenantQuota",
+__all__ = ["CALL_RATE_MAX_WAIT_S", "MAX_QUOTA", "QUOTA_NAMES", "CallRate", "CallSlots",
+           "QuotaSettings", "TenantQuota",
            "parse_tenant_quota", "parse_tenant_quotas"]
 
 #: The quotas a ``--tenant-quota`` entry may set.
-QUOTA_NAMES = ("running", "queued", "queries_per_day", "calls")
+QUOTA_NAMES = ("running", "queued", "queries_per_day", "calls", "calls_per_second")
 #: Largest value of any quota (a typo of extra digits is refused, not taken as "no limit").
 MAX_QUOTA = 10**12
+#: Longest a call waits for its turn under ``calls_per_second`` before it is refused.
+CALL_RATE_MAX_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class TenantQuota:
     queued: int | None = None
     queries_per_day: int | None = None
     calls: int | None = None
+    calls_per_second: int | None = None
 
 
 @dataclass(frozen=True)
@@ -58,11 +69,14 @@ class QuotaSettings:
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
     #: RPCs of one tenant in progress at once on a server (``fortis serve`` defaults to 16)
     max_calls: int = 0
+    #: RPCs of one tenant started per second on a server (``fortis serve`` defaults to 100)
+    max_call_rate: int = 0
 
     def __post_init__(self) -> None:
         for name, value in (("max_running", self.max_running), ("max_queued", self.max_queued),
                             ("queries_per_day", self.queries_per_day),
-                            ("max_calls", self.max_calls)):
+                            ("max_calls", self.max_calls),
+                            ("max_call_rate", self.max_call_rate)):
             _check_value(name, value)
 
     def running_limit(self, tenant: str) -> int:
@@ -85,6 +99,54 @@ class QuotaSettings:
         """Most RPCs of ``tenant`` in progress at once on one server (0 = no limit)."""
         own = self.tenants.get(tenant)
         return self.max_calls if own is None or own.calls is None else own.calls
+
+    def call_rate_limit(self, tenant: str) -> int:
+        """Most RPCs of ``tenant`` started per second on one server (0 = no limit)."""
+        own = self.tenants.get(tenant)
+        return self.max_call_rate if own is None or own.calls_per_second is None \
+            else own.calls_per_second
+
+
+class CallRate:
+    """Calls each tenant starts per second, against ``limit_of(tenant)`` (0 = no limit): a
+    token bucket holding one second's worth. :meth:`turn` takes a token and says how long the
+    call must wait for it (0: at once), or None when that is longer than ``max_wait_s`` (the
+    call is refused and takes nothing). Full buckets are forgotten, so unknown tenant names
+    grow nothing. Thread-safe; no gRPC; the clock is injectable."""
+
+    def __init__(self, limit_of: Callable[[str], int], *,
+                 max_wait_s: float = CALL_RATE_MAX_WAIT_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._limit_of = limit_of
+        self._max_wait = max_wait_s
+        self._clock = clock
+        self._tokens: dict[str, tuple[float, float]] = {}   # tenant -> (tokens, at)
+        self._lock = threading.Lock()
+
+    def limit(self, tenant: str) -> int:
+        return self._limit_of(tenant)
+
+    def turn(self, tenant: str) -> float | None:
+        rate = self._limit_of(tenant)
+        if not rate:
+            return 0.0
+        with self._lock:
+            now = self._clock()
+            if len(self._tokens) > 1024:
+                self._forget_full(now)
+            tokens, at = self._tokens.get(tenant, (float(rate), now))
+            tokens = min(float(rate), tokens + (now - at) * rate)
+            wait = 0.0 if tokens >= 1.0 else (1.0 - tokens) / rate
+            if wait > self._max_wait:
+                self._tokens[tenant] = (tokens, now)
+                return None
+            self._tokens[tenant] = (tokens - 1.0, now)
+            return wait
+
+    def _forget_full(self, now: float) -> None:
+        for name in [n for n, (tok, at) in self._tokens.items()
+                     if tok + (now - at) * max(1, self._limit_of(n)) >= self._limit_of(n)]:
+            del self._tokens[name]
 
 
 class CallSlots:
@@ -138,7 +200,8 @@ def parse_tenant_quota(spec: str) -> tuple[str, TenantQuota]:
     tenant, sep, body = spec.rpartition("=")
     tenant = tenant.strip()
     if not sep or not tenant or not body.strip():
-        raise ValueError("expected TENANT=running:N,queued:N,queries_per_day:N,calls:N, "
+        raise ValueError("expected TENANT=running:N,queued:N,queries_per_day:N,calls:N,"
+                         "calls_per_second:N, "
                          f"got {shown!r}")
     values: dict[str, int] = {}
     for part in body.split(","):

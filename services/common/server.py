@@ -35,7 +35,7 @@ from fortis.services.common.memory import (
     current_hold,
     stream_holding,
 )
-from fortis.services.common.quotas import CallSlots
+from fortis.services.common.quotas import CallRate, CallSlots
 from fortis.services.common.status import status_for
 from fortis.services.common.stopping import caller_stop
 from fortis.services.common.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
@@ -60,6 +60,20 @@ SERVICE_TENANT = "*"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 _EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+#: Calls that take no seat (``ServerSettings.seats``): their costly part takes a work slot of
+#: its own, or they mostly wait (a Predict for its rate-limit turn, a query attack for its
+#: answers), and a seat held while waiting would keep the tenant's other calls waiting too.
+UNSEATED_METHODS = frozenset({
+    "/fortis.proxy.v1.TargetProxyService/Predict",
+    "/fortis.proxy.v1.TargetProxyService/PredictStream",
+    "/fortis.perturbation.v1.PerturbationService/ApplyPerturbation",
+    "/fortis.perturbation.v1.PerturbationService/ApplyPerturbationStream",
+    "/fortis.perturbation.v1.PerturbationService/RunAttack",
+    "/fortis.scoring.v1.ScoringService/Compute",
+    "/fortis.scoring.v1.ScoringService/ScoreEvaluation",
+    "/fortis.report.v1.ReportService/RenderReport",
+    "/fortis.evaluation.v1.UploadService/UploadBlob",
+})
 #: Metadata key of a per-call request id: taken from the caller when safe, else generated,
 #: returned in the trailing metadata and bound to every log line of the call (issue 9 audit).
 REQUEST_ID_HEADER = "x-request-id"
@@ -83,6 +97,9 @@ current_bearer: contextvars.ContextVar[str] = contextvars.ContextVar("fortis_bea
 #: or when authentication is off (the single-user mode: its one user holds every trust).
 current_internal: contextvars.ContextVar[bool] = contextvars.ContextVar("fortis_internal",
                                                                         default=False)
+#: Gives back the call's seat (a streaming call's after its first message); set per call.
+current_seat: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "fortis_seat", default=None)
 #: This server's work share, for the servicers' :func:`work_slot` (set per call).
 current_work: contextvars.ContextVar[WorkShare | None] = contextvars.ContextVar(
     "fortis_work", default=None)
@@ -119,6 +136,9 @@ class ServerSettings:
     #: Most calls of one tenant in progress at once (``CallSlots``; issue 9: one tenant must
     #: not hold every worker thread). None: no limit. Internal calls are not counted.
     call_slots: CallSlots | None = None
+    #: Calls each tenant starts per second (``CallRate``); a call beyond it waits its turn or
+    #: is refused. None: no limit. Internal calls are not counted.
+    call_rate: CallRate | None = None
     #: Close each connection after this long so clients re-resolve and rebalance (issue 10,
     #: grpc_options); 0: never. Calls in flight are not cut.
     max_connection_age_s: float = grpc_options.DEFAULT_MAX_CONNECTION_AGE_S
@@ -132,6 +152,12 @@ class ServerSettings:
     #: The tenant-fair share of CPU-heavy work (``services/common/workshare.py``), the same
     #: object the process's other users of it hold (the proxy's built-in targets). None: off.
     work: WorkShare | None = None
+    #: Seats: a tenant's calls (other than ``UNSEATED_METHODS``; internal ones and health
+    #: neither) run their handler -- a stream until its first message -- in one of these,
+    #: shared fairly like the work slots, so one tenant's flood of small calls (reopening
+    #: Watch streams, listing) takes its share of the server's threads and interpreter, not
+    #: every turn. None: no seats.
+    seats: WorkShare | None = None
 
 
 #: Seconds health says NOT_SERVING before a draining server refuses new calls: clients that
@@ -362,6 +388,7 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
             current_tenant.set("")      # a worker thread's last caller is not this one's
             current_hold.set(None)
             current_work.set(None)
+            current_seat.set(None)
             release = _once(None)
             holds: list[CallHold] = []
             try:
@@ -387,12 +414,20 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
             current_tenant.set("")      # a worker thread's last caller is not this one's
             current_hold.set(None)
             current_work.set(None)
+            current_seat.set(None)
             release = _once(None)
             holds: list[CallHold] = []
             try:
                 release = _once(before(context))
                 _on_end(context, release)
-                yield from fn(admitted(request, context, holds), context)
+                first = True
+                for item in fn(admitted(request, context, holds), context):
+                    if first:           # a stream's later messages wait, not work: no seat
+                        first = False
+                        seat = current_seat.get()
+                        if seat is not None:
+                            seat()
+                    yield item
             except Exception as exc:  # noqa: BLE001 - mapped to a status
                 release()
                 let_go(holds)
@@ -438,7 +473,8 @@ class FortisInterceptor(grpc.ServerInterceptor):
                  drain: Drain | None = None, memory: MemoryBudget | None = None, *,
                  tokens: TokenVerifier | None = None,
                  cert_tenant: CertTenant | None = None,
-                 work: WorkShare | None = None) -> None:
+                 work: WorkShare | None = None, seats: WorkShare | None = None,
+                 call_rate: CallRate | None = None) -> None:
         # Hashed keys only (issue 9): a plain mapping is hashed here and not kept.
         self._keys = api_keys if isinstance(api_keys, KeyTable) else KeyTable.from_plain(api_keys)
         self._observe = observe
@@ -448,6 +484,8 @@ class FortisInterceptor(grpc.ServerInterceptor):
         self._tokens = tokens
         self._cert_tenant = cert_tenant
         self._work = work
+        self._seats = seats if seats is not None and seats.enabled else None
+        self._rate = call_rate
         self._audit = AuditLog()
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
@@ -466,6 +504,8 @@ class FortisInterceptor(grpc.ServerInterceptor):
         request_id = request_id_from(md)
         memory = self._memory
         work = self._work
+        seats = self._seats if method not in UNSEATED_METHODS else None
+        rate = self._rate
         who: dict[str, Any] = {}
 
         def hold_for() -> CallHold | None:
@@ -519,18 +559,60 @@ class FortisInterceptor(grpc.ServerInterceptor):
                                               and cert_tenant is None))
             who.update(tenant=tenant, internal=internal)
             structlog.contextvars.bind_contextvars(tenant=tenant)
-            if slots is None or internal:
+            if internal:
                 return None
-            if not slots.enter(tenant):
+            if slots is not None and not slots.enter(tenant):
                 limit = slots.limit(tenant)
                 log.warning("call_refused", reason="calls_in_progress", limit=limit)
                 raise errors.QuotaExceeded([errors.QuotaViolation(
                     f"tenant:{tenant}",
                     f"at most {limit} calls of this tenant in progress at once on this server "
                     "(--max-calls-per-tenant); retry when one has finished")])
-            return lambda: slots.leave(tenant)
+            leave = (lambda: slots.leave(tenant)) if slots is not None else None
+            if rate is not None:
+                try:
+                    _wait_for_turn(rate, tenant, context)
+                except BaseException:
+                    if leave is not None:
+                        leave()
+                    raise
+            if seats is None:
+                return leave
+            try:
+                seat = seats.hold(tenant, caller_stop(
+                    getattr(context, "is_active", lambda: True),
+                    getattr(context, "time_remaining", lambda: None)))
+            except BaseException:
+                if leave is not None:
+                    leave()
+                raise
+            current_seat.set(seat)
+
+            def release() -> None:
+                seat()
+                if leave is not None:
+                    leave()
+            return release
 
         return _wrap_handler(handler, before, method, self._observe, request_id, hold_for)
+
+
+def _wait_for_turn(rate: CallRate, tenant: str, context: grpc.ServicerContext) -> None:
+    """The tenant's next call start under ``--max-call-rate-per-tenant``: at once, after a
+    short wait (the call holds its thread, counted in the tenant's calls in progress), or
+    RESOURCE_EXHAUSTED when the turn is further away than the call's deadline or the most a
+    call waits."""
+    wait = rate.turn(tenant)
+    remaining = getattr(context, "time_remaining", lambda: None)()
+    if wait is None or (wait and remaining is not None and remaining < wait):
+        limit = rate.limit(tenant)
+        log.warning("call_refused", reason="call_rate", limit=limit)
+        raise errors.QuotaExceeded([errors.QuotaViolation(
+            f"tenant:{tenant}",
+            f"at most {limit} calls of this tenant started per second on this server "
+            "(--max-call-rate-per-tenant); retry after a short wait")])
+    if wait:
+        time.sleep(wait)
 
 
 def _other_identity(context: grpc.ServicerContext, authorization: str,
@@ -800,7 +882,9 @@ def build_server(settings: ServerSettings,
                                                        settings.call_slots, drain, memory,
                                                        tokens=settings.tokens,
                                                        cert_tenant=settings.cert_tenant,
-                                                       work=settings.work)],
+                                                       work=settings.work,
+                                                       seats=settings.seats,
+                                                       call_rate=settings.call_rate)],
                          options=opts)
     health_servicer = FortisHealthServicer()   # no deadlock on Watch close (common/health.py)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

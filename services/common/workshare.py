@@ -163,6 +163,22 @@ class WorkShare:
                 n, s = self.waited.get(tenant, (0, 0.0))
                 self.waited[tenant] = (n + 1, s + (start - t0))
 
+    def hold(self, tenant: str, should_stop: Callable[[], bool] | None = None
+             ) -> Callable[[], None]:
+        """Take a slot as :meth:`slot` does, for work that does not fit a ``with`` block
+        (a call whose end is seen elsewhere); returns the function that gives it back (once;
+        later calls do nothing)."""
+        if not self.enabled:
+            return lambda: None
+        self._acquire(tenant, should_stop)
+        start = self._clock()
+        once = threading.Lock()
+
+        def release() -> None:
+            if once.acquire(blocking=False):    # never released again
+                self._release(tenant, start)
+        return release
+
     def _acquire(self, tenant: str, should_stop: Callable[[], bool] | None) -> bool:
         with self._lock:
             now = self._clock()

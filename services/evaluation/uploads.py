@@ -17,7 +17,7 @@ from fortis.evaluation.v1 import uploads_pb2_grpc
 from fortis.services.common import errors
 from fortis.services.common.blobs import BlobInfo, BlobStorage, BlobUpload
 from fortis.services.common.pagination import decode_token, encode_token, page_size, tenant_list
-from fortis.services.common.server import current_tenant
+from fortis.services.common.server import current_tenant, work_slot
 from google.protobuf import timestamp_pb2
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["UploadService"].full_name
@@ -67,13 +67,15 @@ class UploadServicer(uploads_pb2_grpc.UploadServiceServicer):
                                               size=h.size, media_type=h.media_type,
                                               expected_sha256=h.expected_sha256)
                 elif part == "chunk":
-                    upload.write(req.chunk)
+                    with work_slot(context):    # hashing and writing: the tenant's share
+                        upload.write(req.chunk)
                 elif part == "header":
                     raise errors.InvalidArgument("header", "only the first message is a header")
                 # an empty message (no part) carries nothing: ignored
             if upload is None:
                 raise errors.InvalidArgument("header", "an upload starts with its header")
-            info, existed = upload.finish()
+            with work_slot(context):
+                info, existed = upload.finish()
         finally:
             if upload is not None:
                 upload.abort()      # no-op after finish(); else nothing partial is kept
