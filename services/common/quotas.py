@@ -69,7 +69,7 @@ class QuotaSettings:
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
     #: RPCs of one tenant in progress at once on a server (``fortis serve`` defaults to 16)
     max_calls: int = 0
-    #: RPCs of one tenant started per second on a server (``fortis serve`` defaults to 100)
+    #: RPCs of one tenant started per second on a server (``fortis serve`` defaults to 50)
     max_call_rate: int = 0
 
     def __post_init__(self) -> None:

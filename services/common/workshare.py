@@ -13,6 +13,10 @@ metric computation, a report rendering) runs inside :meth:`WorkShare.slot`, whic
   alone a tenant may use every core, beside others it keeps its share and leaves theirs
   free for the moment their next small call comes (a tenant's work between two calls is not
   a reason to give its share away);
+- beside other active tenants, holds a tenant to its fair *rate* too (``slots / active``
+  slots on average over the last seconds): whole slots alone would let a tenant keep one
+  busy without pause while two others share the second, and their work between pieces
+  (answering calls, storing results) runs on the same cores;
 - grants a freed slot to the waiting tenant that has used the least slot time, so a tenant
   with many calls queued is served in turn with one that has a single call, not after all of
   its calls (start-time fair queueing: a tenant that arrives starts at the least usage among
@@ -30,16 +34,19 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["WorkShare", "default_slots"]
 
 #: How long a tenant counts as active after its last piece of work ended (seconds).
 DEFAULT_ACTIVE_WINDOW_S = 1.0
+#: Time constant of a tenant's recent use of the slots (seconds), against its fair rate.
+RATE_TAU_S = 2.0
 #: How often a waiting piece looks at its caller's deadline (seconds).
 _POLL_S = 0.05
 
@@ -58,6 +65,11 @@ class _Tenant:
     #: slot-seconds used (virtual time), the order in which waiting tenants are served
     used: float = 0.0
     last_end: float = 0.0
+    #: when each running piece started
+    starts: list[float] = field(default_factory=list)
+    #: slot-seconds of the pieces ended, decayed with ``RATE_TAU_S`` (as of ``recent_at``)
+    recent: float = 0.0
+    recent_at: float = 0.0
 
 
 @dataclass
@@ -65,17 +77,22 @@ class _Waiter:
     tenant: str
     seq: int
     granted: threading.Event
+    #: when the slot was granted (the piece's start, for its release)
+    start: float = 0.0
 
 
 class WorkShare:
     """See the module docstring. ``slots`` 0 turns sharing off (every piece runs at once)."""
 
     def __init__(self, slots: int, *, active_window_s: float = DEFAULT_ACTIVE_WINDOW_S,
+                 rate_tau_s: float | None = RATE_TAU_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
             raise ValueError("slots must be an integer >= 0 (0 = no sharing)")
         self.slots = slots
         self._window = active_window_s
+        #: None: no cap on a tenant's rate, only on its slots (the order alone, in tests)
+        self._tau = rate_tau_s
         self._clock = clock
         self._lock = threading.Lock()
         self._tenants: dict[str, _Tenant] = {}
@@ -120,20 +137,41 @@ class WorkShare:
             t = self._tenants[name] = _Tenant(used=floor, last_end=now)
         return t
 
+    def _rate(self, t: _Tenant, now: float) -> float:
+        """Slots ``t`` has used lately (an exponential average over ``RATE_TAU_S``, its
+        running pieces included)."""
+        tau = self._tau or RATE_TAU_S
+        decayed = t.recent * math.exp(-max(0.0, now - t.recent_at) / tau)
+        return (decayed + sum(now - s for s in t.starts)) / tau
+
+    def _eligible(self, t: _Tenant, now: float, share: int, active: int) -> bool:
+        """Under its share of slots, and -- beside other active tenants -- under its fair
+        rate (slots / active): a tenant that keeps one slot busy while two others come and
+        go would otherwise take a whole core where its fair part is two thirds of one; the
+        others' work between their pieces (answering calls, writing results) needs the rest."""
+        if t.running >= share:
+            return False
+        return active <= 1 or self._tau is None or self._rate(t, now) < self.slots / active
+
     def _dispatch(self, now: float) -> None:
         """Grant free slots to waiting pieces, least-used tenant first (lock held)."""
         while self._waiting and self._running < self.slots:
-            share = self._share(now)
-            ready = [w for w in self._waiting if self._tenants[w.tenant].running < share]
+            active = self._active(now)
+            share = max(1, self.slots // max(1, active))
+            ready = [w for w in self._waiting
+                     if self._eligible(self._tenants[w.tenant], now, share, active)]
             if not ready:
                 return
             w = min(ready, key=lambda w: (self._tenants[w.tenant].used, w.seq))
             self._waiting.remove(w)
-            self._grant(w.tenant)
+            self._grant(w.tenant, now)
+            w.start = now
             w.granted.set()
 
-    def _grant(self, name: str) -> None:
-        self._tenants[name].running += 1
+    def _grant(self, name: str, now: float) -> None:
+        t = self._tenants[name]
+        t.running += 1
+        t.starts.append(now)
         self._running += 1
 
     @contextlib.contextmanager
@@ -150,9 +188,8 @@ class WorkShare:
                 self._held.depth -= 1
             return
         t0 = self._clock()
-        waited = self._acquire(tenant, should_stop)
+        waited, start = self._acquire(tenant, should_stop)
         self._held.depth = 1
-        start = self._clock()
         try:
             yield
         finally:
@@ -170,8 +207,7 @@ class WorkShare:
         later calls do nothing)."""
         if not self.enabled:
             return lambda: None
-        self._acquire(tenant, should_stop)
-        start = self._clock()
+        _, start = self._acquire(tenant, should_stop)
         once = threading.Lock()
 
         def release() -> None:
@@ -179,7 +215,9 @@ class WorkShare:
                 self._release(tenant, start)
         return release
 
-    def _acquire(self, tenant: str, should_stop: Callable[[], bool] | None) -> bool:
+    def _acquire(self, tenant: str, should_stop: Callable[[], bool] | None
+                 ) -> tuple[bool, float]:
+        """(whether the piece had to wait, when its slot was granted)"""
         with self._lock:
             now = self._clock()
             self._tenant(tenant, now)
@@ -187,7 +225,7 @@ class WorkShare:
             self._waiting.append(w)
             self._dispatch(now)     # at once when a slot is free and nobody is owed it first
             if w.granted.is_set():
-                return False
+                return False, w.start
         try:
             while not w.granted.wait(_POLL_S):
                 if should_stop is not None:
@@ -201,9 +239,9 @@ class WorkShare:
                     self._dispatch(self._clock())
                     raise
             # granted between the wait and the lock: give it back
-            self._release(tenant, self._clock())
+            self._release(tenant, w.start)
             raise
-        return True
+        return True, w.start
 
     def _release(self, tenant: str, start: float) -> None:
         with self._lock:
@@ -211,7 +249,12 @@ class WorkShare:
             rec = self._tenants[tenant]
             rec.running -= 1
             self._running -= 1
+            with contextlib.suppress(ValueError):
+                rec.starts.remove(start)
             rec.used += now - start
+            rec.recent = rec.recent * math.exp(
+                -max(0.0, now - rec.recent_at) / (self._tau or RATE_TAU_S)) + (now - start)
+            rec.recent_at = now
             rec.last_end = now
             self._dispatch(now)
 

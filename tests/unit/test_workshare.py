@@ -123,8 +123,8 @@ def test_beside_another_tenant_each_keeps_its_share(clock: Clock, pieces: list[P
 def test_a_freed_slot_goes_to_the_tenant_that_used_least(clock: Clock,
                                                          pieces: list[Piece]) -> None:
     """One slot; mallory's first piece runs and five more wait; alice's one piece, queued
-    after all of them, runs next, not sixth."""
-    share = WorkShare(1, clock=clock)
+    after all of them, runs next, not sixth. (The order alone: no rate cap here.)"""
+    share = WorkShare(1, clock=clock, rate_tau_s=None)
     order: list[str] = []
     first = Piece(share, "mallory", order, name="m0")
     pieces.append(first)
@@ -153,8 +153,8 @@ def test_a_freed_slot_goes_to_the_tenant_that_used_least(clock: Clock,
 def test_a_newcomer_starts_at_the_least_usage_not_at_zero(clock: Clock,
                                                           pieces: list[Piece]) -> None:
     """bob, who used nothing so far, does not take every turn from alice until he has used
-    as much as she did since she started: both are served in turn."""
-    share = WorkShare(1, clock=clock)
+    as much as she did since she started: both are served in turn. (The order alone.)"""
+    share = WorkShare(1, clock=clock, rate_tau_s=None)
     order: list[str] = []
     for _ in range(3):                        # alice has used 30 s of the slot
         p = Piece(share, "alice", order)
@@ -240,3 +240,36 @@ def test_slots_must_be_a_count(bad: object) -> None:
 def test_default_slots_are_the_cores_this_process_may_use() -> None:
     import os
     assert default_slots() == len(os.sched_getaffinity(0))
+
+
+def test_beside_others_a_tenant_is_held_to_its_fair_rate(clock: Clock,
+                                                        pieces: list[Piece]) -> None:
+    """Two slots, three active tenants: mallory, who kept one slot busy for the last seconds,
+    waits although a slot is free and nobody else waits -- her fair rate is 2/3 of a slot --
+    and gets it once her recent use has decayed below that."""
+    share = WorkShare(2, clock=clock)
+    for name in ("alice", "bob"):             # two tenants who come and go
+        with share.slot(name):
+            pass
+    busy = Piece(share, "mallory")
+    pieces.append(busy)
+    assert busy.started.wait(5)
+    clock.now += 0.9                          # alice and bob still active (1 s window)
+    busy.finish()                             # 0.9 s of 2 s: a rate of 0.45 -- under 2/3
+    again = Piece(share, "mallory")
+    pieces.append(again)
+    assert again.started.wait(5)
+    clock.now += 0.9
+    for name in ("alice", "bob"):             # come again: still active
+        with share.slot(name):
+            pass
+    again.finish()                            # about 1.6 slot-s in 2 s: 0.8 > 2/3
+    third = Piece(share, "mallory")
+    pieces.append(third)
+    until(lambda: waiting(share, "mallory") == 1, "mallory is over her fair rate")
+    time.sleep(0.2)
+    assert not third.started.is_set()
+    clock.now += 0.5                          # her use decays (and alice and bob, still active)
+    with share.slot("alice"):
+        pass
+    assert third.started.wait(5)
