@@ -40,6 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 __all__ = ["WorkShare", "default_slots"]
 
@@ -51,12 +52,36 @@ RATE_TAU_S = 2.0
 _POLL_S = 0.05
 
 
-def default_slots() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
+def default_slots(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may use, at least 1: its CPU affinity, lowered to its cgroup's
+    CPU quota rounded up (a Kubernetes pod's CPU limit; the affinity there shows the node's
+    cores, not the pod's)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota(cgroup_root)
+    if quota is not None:
+        cores = min(cores, math.ceil(quota))
+    return max(1, cores)
+
+
+def _cgroup_cpu_quota(root: Path) -> float | None:
+    """CPUs of the cgroup's quota (v2 ``cpu.max``, else v1 ``cpu.cfs_quota_us``); None: none
+    set or not readable."""
+    try:
+        quota, _, period = (root / "cpu.max").read_text().strip().partition(" ")
+        if quota != "max":
+            return int(quota) / int(period or 100000)
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        q = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        p = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return q / p if q > 0 and p > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass

@@ -529,6 +529,27 @@ def test_defaults_add_no_identity_no_grants_and_the_cli_memory_limits(objs, monk
         assert not [v for v in vols if v.startswith("oidc-ca")]
 
 
+@pytest.mark.parametrize("limits,slots,rate", [
+    ({}, None, 50),                                      # the CLI's defaults
+    ({"workSlots": 3, "maxCallRatePerTenant": 20}, 3, 20),
+    ({"workSlots": 0, "maxCallRatePerTenant": 0}, 0, 0)])  # sharing and the rate off
+def test_work_slots_and_call_rate_render_into_every_service(monkeypatch, limits, slots,
+                                                            rate) -> None:
+    """Every service shares its own CPU between tenants and paces their calls: the rendered
+    flags parse, in the real CLI, into the settings the server runs with."""
+    from fortis.cli.local import _quota_settings, _work_slots
+
+    values = tenant_values("team-a")
+    values["limits"] = {**values.get("limits", {}), **limits}
+    objs = render(values)
+    for o in objs:
+        kubernetes_validate.validate(o, "1.30.0", strict=True)
+    for svc, args in _serve_args(objs).items():
+        ns = _parsed(args, monkeypatch)
+        assert _work_slots(ns) == slots, svc
+        assert _quota_settings(ns).max_call_rate == rate, svc
+
+
 def test_identity_grants_and_limits_render_into_the_services_that_use_them(monkeypatch):
     """Every service authenticates its own callers, so each gets the issuers, the
     certificate rule and the memory limits; only the perturbation service (the one that
@@ -617,6 +638,9 @@ def test_identity_grants_and_limits_render_into_the_services_that_use_them(monke
     ({"whiteboxGrants": [{"tenant": "team-a", "target": "classifier,other"}]}, "target"),
     ({"limits": {"maxRequestDecodedBytes": -1}}, "maxRequestDecodedBytes"),
     ({"limits": {"maxTenantDecodedBytes": "256Mi"}}, "maxTenantDecodedBytes"),
+    ({"limits": {"workSlots": -1}}, "workSlots"),
+    ({"limits": {"workSlots": "auto"}}, "workSlots"),
+    ({"limits": {"maxCallRatePerTenant": -1}}, "maxCallRatePerTenant"),
 ])
 def test_values_schema_rejects_bad_identity_grant_and_memory_values(patch, setting):
     chart = helm.Chart.load(CHART)

@@ -459,6 +459,9 @@ def test_fortis_serve_takes_the_quota_flags(tmp_path, fmnist_target) -> None:
     (("--max-queued-per-tenant", "-1"), "max_queued_per_tenant"),
     (("--max-calls-per-tenant", "-2"), "max_calls_per_tenant"),
     (("--server-workers", "1"), "server_workers"),
+    (("--max-call-rate-per-tenant", "-1"), "max_call_rate_per_tenant"),
+    (("--work-slots", "-1"), "work_slots"),
+    (("--tenant-quota", "tenant-a=calls_per_second:-5"), "tenant_quota"),
     (("--tenant-quota", "tenant-a=calls:x"), "tenant_quota"),
     (("--evaluation-workers", "0"), "evaluation_workers")])
 def test_fortis_serve_refuses_a_malformed_quota(tmp_path, args, field) -> None:

@@ -199,3 +199,68 @@ def test_an_evaluations_work_is_counted_for_its_tenant(stack, channel) -> None:
     assert got.state == ev.EVALUATION_STATE_SUCCEEDED, got.error
     assert seen <= {"alice"}, seen            # nothing counted for the service or "default"
     assert stack.work.snapshot()["alice"]["used_s"] > before
+
+
+# -- the pace of a tenant's calls, and seats --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def paced(tmp_path_factory, fmnist_target) -> Iterator[Any]:
+    """Five calls per second per tenant; one seat and one work slot; a slow target (an
+    evaluation that runs a few seconds, to watch)."""
+    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.services.common.quotas import QuotaSettings
+
+    s = start_stack(StackSettings(
+        state_dir=tmp_path_factory.mktemp("paced") / "state", api_keys=dict(KEYS),
+        targets=[TargetConfig.parse("fmnist-slow=builtin:fmnist-cnn?rate=4")], work_slots=1,
+        quotas=QuotaSettings(max_call_rate=5)))
+    yield s
+    s.stop(0)
+
+
+def test_a_flood_of_calls_waits_its_turn_or_is_refused_and_the_other_tenant_is_not(
+        paced) -> None:
+    """Thirty ListTargets of mallory at once: the burst (5) and two seconds of turns (10)
+    are answered, the rest RESOURCE_EXHAUSTED naming her; alice's calls meanwhile are all
+    answered (her own bucket)."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    with grpc.insecure_channel(paced.address) as ch:
+        px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+        flood = [px.ListTargets.future(proxy_pb2.ListTargetsRequest(), metadata=MALLORY,
+                                       timeout=30) for _ in range(30)]
+        mine = [px.ListTargets(proxy_pb2.ListTargetsRequest(), metadata=ALICE, timeout=30)
+                for _ in range(5)]
+        assert len(mine) == 5
+        codes = []
+        for f in flood:
+            exc = f.exception()
+            codes.append(grpc.StatusCode.OK if exc is None else exc.code())
+            if exc is not None:
+                status = rpc_status.from_call(exc)
+                assert status is not None
+                qf = error_details_pb2.QuotaFailure()
+                assert status.details[0].Unpack(qf)
+                assert qf.violations[0].subject == "tenant:mallory"
+                assert "calls of this tenant started per second" in exc.details()
+        answered = codes.count(grpc.StatusCode.OK)
+        assert 15 <= answered <= 17, codes      # 5 + 2 s x 5/s (+ what came back meanwhile)
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+def test_a_watch_stream_gives_its_seat_back_after_its_first_message(paced) -> None:
+    evs = evaluation_pb2_grpc.EvaluationServiceStub(grpc.insecure_channel(paced.address))
+    e = evs.CreateEvaluation(ev.CreateEvaluationRequest(
+        plan=PLAN.replace("fmnist-cnn", "fmnist-slow")), metadata=ALICE, timeout=30).evaluation
+    stream = evs.WatchEvaluation(ev.WatchEvaluationRequest(evaluation_id=e.evaluation_id),
+                                 metadata=ALICE, timeout=120)
+    first = next(stream)
+    assert first.evaluation.state in (ev.EVALUATION_STATE_PENDING, ev.EVALUATION_STATE_RUNNING)
+    time.sleep(0.3)                           # the stream is open, waiting for changes
+    assert paced.seats.snapshot().get("alice", {}).get("running", 0) == 0
+    # with the only seat free, alice's (and anyone's) next call is not held behind it
+    got = evs.GetEvaluation(ev.GetEvaluationRequest(evaluation_id=e.evaluation_id),
+                            metadata=ALICE, timeout=30).evaluation
+    assert got.evaluation_id == e.evaluation_id
+    stream.cancel()

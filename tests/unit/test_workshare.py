@@ -237,9 +237,21 @@ def test_slots_must_be_a_count(bad: object) -> None:
         WorkShare(bad)  # type: ignore[arg-type]
 
 
-def test_default_slots_are_the_cores_this_process_may_use() -> None:
+def test_default_slots_are_the_cores_this_process_may_use(tmp_path) -> None:
     import os
-    assert default_slots() == len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
+    assert default_slots(tmp_path) == cores           # no cgroup quota readable
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert default_slots(tmp_path) == cores           # a cgroup without a quota
+    (tmp_path / "cpu.max").write_text("50000 100000\n")
+    assert default_slots(tmp_path) == 1               # half a CPU: one slot
+    (tmp_path / "cpu.max").write_text(f"{cores * 300000} 100000\n")
+    assert default_slots(tmp_path) == cores           # never more than the affinity
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("150000\n")   # cgroup v1
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert default_slots(tmp_path) == min(cores, 2)
 
 
 def test_beside_others_a_tenant_is_held_to_its_fair_rate(clock: Clock,

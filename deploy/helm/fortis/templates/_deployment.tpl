@@ -63,6 +63,10 @@ spec:
             - --shutdown-grace={{ $v.shutdownGraceSeconds }}
             - --log-level={{ $v.logLevel }}
             - --max-calls-per-tenant=$(FORTIS_MAX_CALLS_PER_TENANT)
+            - --max-call-rate-per-tenant=$(FORTIS_MAX_CALL_RATE_PER_TENANT)
+            {{- if not (kindIs "invalid" $v.limits.workSlots) }}
+            - --work-slots=$(FORTIS_WORK_SLOTS)
+            {{- end }}
             - --server-workers=$(FORTIS_SERVER_WORKERS)
             - --max-request-decoded-bytes=$(FORTIS_MAX_REQUEST_DECODED_BYTES)
             - --max-tenant-decoded-bytes=$(FORTIS_MAX_TENANT_DECODED_BYTES)
