@@ -62,7 +62,7 @@ def _cell(text: str) -> str:
 
 
 def render() -> str:
-    from fortis.services.common import limits
+    from fortis.services.common import limits, quotas
     from fortis.services.evaluation import plan
     from fortis.services.perturbation.attacks.registry import ATTACKS
     from fortis.services.perturbation.registry import PERTURBATIONS
@@ -208,6 +208,33 @@ def render() -> str:
             "not counted in the tenant's: the evaluation workers bound them. An upload holds "
             "the chunk being written. Images past the pixel limit alone, or whose header does "
             "not parse, are refused by the decoder's own header check (`INVALID_ARGUMENT`)."]
+    out += ["", "## CPU and call pace", "",
+            "Memory and calls in progress bound what a tenant *holds*; these bound what it "
+            "*takes* from the others while it stays inside them "
+            "(`services/common/workshare.py`, `services/common/quotas.py`):", "",
+            "| Limit | Default | `fortis serve` flag |", "|---|---|---|",
+            "| work slots: CPU-heavy pieces running at once (a perturbation call, a white-box "
+            "attack, a built-in target's inference, a Compute or ScoreEvaluation, a report, an "
+            "upload chunk) | one per core this process may use (its CPU affinity, lowered to "
+            "its cgroup's CPU quota: a pod's CPU limit) | `--work-slots N` (0: no sharing) |",
+            "| a tenant's share of them | alone, every slot; beside others, `max(1, slots // "
+            "active tenants)` slots and on average no more than `slots / active` of them over "
+            "the last seconds (a tenant is active while it holds or waits for a slot, and 1 s "
+            "after) | -- |",
+            "| seats: other calls' handlers running at once (a stream's until its first "
+            "message) | as many as work slots, shared the same way | `--work-slots N` |",
+            f"| calls a tenant starts per second | {quotas.DEFAULT_CALL_RATE_PER_TENANT} (a "
+            "burst of one second's worth); a call "
+            f"beyond it waits its turn up to {quotas.CALL_RATE_MAX_WAIT_S:g} s, else "
+            "`RESOURCE_EXHAUSTED` naming `tenant:<name>` | `--max-call-rate-per-tenant N` "
+            "(0: none), `--tenant-quota T=calls_per_second:N` |", "",
+            "A freed slot goes to the waiting tenant that has used the least slot time (one "
+            "arriving starts at the least usage among the active ones), so a tenant with many "
+            "costly calls queued is served in turn with one that has a single call. Work done "
+            "for an evaluation counts for its tenant; calls between Fortis's own services take "
+            "no seat and no call-rate turn. A piece waiting for a slot ends with its call's "
+            "deadline or cancellation. Measured with `bench/noisy_neighbour.py` "
+            "(docs/benchmarks.md)."]
     out += ["", "## Deadlines and cancellation", "",
             "Every long computation polls a stop check built from its call (the caller's "
             "deadline and whether the call is still active; `services/common/stopping.py`) "

@@ -223,13 +223,20 @@ def _quota_settings(ns: argparse.Namespace) -> Any:
     """``fortis serve``'s per-tenant quotas (issue 9) as QuotaSettings; InvalidArgument
     naming the option when one is malformed."""
     from fortis.services.common.errors import InvalidArgument
-    from fortis.services.common.quotas import MAX_QUOTA, QuotaSettings, parse_tenant_quotas
+    from fortis.services.common.quotas import (
+        DEFAULT_CALL_RATE_PER_TENANT,
+        MAX_QUOTA,
+        QuotaSettings,
+        parse_tenant_quotas,
+    )
 
     try:
         tenants = parse_tenant_quotas(getattr(ns, "tenant_quota", None) or [])
     except ValueError as exc:
         raise InvalidArgument("tenant_quota", str(exc)[:200]) from None
     values = {}
+    rate = getattr(ns, "max_call_rate_per_tenant", None)
+    ns.max_call_rate_per_tenant = DEFAULT_CALL_RATE_PER_TENANT if rate is None else rate
     for opt in ("max_running_per_tenant", "max_queued_per_tenant",
                 "max_queries_per_day_per_tenant", "max_calls_per_tenant",
                 "max_call_rate_per_tenant"):

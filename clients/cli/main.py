@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="calls of one tenant in progress at once on this server (default 16; "
                     "0: no limit); one more is RESOURCE_EXHAUSTED at once, so no tenant can "
                     "hold every worker thread (see --server-workers)")
-    sp.add_argument("--max-call-rate-per-tenant", type=int, default=50, metavar="N",
+    sp.add_argument("--max-call-rate-per-tenant", type=int, default=None, metavar="N",
                     help="calls one tenant starts per second on this server (default 50; 0: "
                     "no limit); a call beyond it waits its turn (up to 2 s), else "
                     "RESOURCE_EXHAUSTED")

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["CALL_RATE_MAX_WAIT_S", "MAX_QUOTA", "QUOTA_NAMES", "CallRate", "CallSlots",
+__all__ = ["CALL_RATE_MAX_WAIT_S", "DEFAULT_CALL_RATE_PER_TENANT", "MAX_QUOTA", "QUOTA_NAMES", "CallRate", "CallSlots",
            "QuotaSettings", "TenantQuota",
            "parse_tenant_quota", "parse_tenant_quotas"]
 
@@ -44,6 +44,9 @@ __all__ = ["CALL_RATE_MAX_WAIT_S", "MAX_QUOTA", "QUOTA_NAMES", "CallRate", "Call
 QUOTA_NAMES = ("running", "queued", "queries_per_day", "calls", "calls_per_second")
 #: Largest value of any quota (a typo of extra digits is refused, not taken as "no limit").
 MAX_QUOTA = 10**12
+#: ``fortis serve``'s default of ``--max-call-rate-per-tenant``: ten times a dashboard polling
+#: every 0.1 s, far below what reopening streams in a loop reaches (hundreds per second).
+DEFAULT_CALL_RATE_PER_TENANT = 50
 #: Longest a call waits for its turn under ``calls_per_second`` before it is refused.
 CALL_RATE_MAX_WAIT_S = 2.0
 
@@ -69,7 +72,8 @@ class QuotaSettings:
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
     #: RPCs of one tenant in progress at once on a server (``fortis serve`` defaults to 16)
     max_calls: int = 0
-    #: RPCs of one tenant started per second on a server (``fortis serve`` defaults to 50)
+    #: RPCs of one tenant started per second on a server (``fortis serve``:
+    #: DEFAULT_CALL_RATE_PER_TENANT)
     max_call_rate: int = 0
 
     def __post_init__(self) -> None:

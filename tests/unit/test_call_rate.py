@@ -74,3 +74,18 @@ def test_the_quota_is_per_tenant_over_the_server_default() -> None:
 def test_a_malformed_call_rate_quota_is_refused(spec: str) -> None:
     with pytest.raises(ValueError, match="calls_per_second"):
         parse_tenant_quotas([spec])
+
+
+def test_fortis_serve_defaults_to_the_documented_rate() -> None:
+    from fortis.cli.local import _quota_settings
+    from fortis.cli.main import build_parser
+    from fortis.services.common.quotas import DEFAULT_CALL_RATE_PER_TENANT
+
+    parser = build_parser()
+    ns = parser.parse_args(["serve"])
+    assert _quota_settings(ns).max_call_rate == DEFAULT_CALL_RATE_PER_TENANT
+    serve = next(a for a in parser._subparsers._group_actions[0].choices.values()
+                 if "--max-call-rate-per-tenant" in a.format_help())
+    assert f"default {DEFAULT_CALL_RATE_PER_TENANT};" in " ".join(serve.format_help().split())
+    ns = parser.parse_args(["serve", "--max-call-rate-per-tenant", "0"])
+    assert _quota_settings(ns).max_call_rate == 0
