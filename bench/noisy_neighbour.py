@@ -89,67 +89,120 @@ def _log(msg: str) -> None:
 # -- the server --------------------------------------------------------------------------------
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) the process has used."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the server's processes have used."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
-def _rss_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+def _rss_kb(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+#: The services, each a process of its own with ``--split`` (as the Helm chart runs them).
+SERVICES = ("proxy", "perturbation", "scoring", "report", "evaluation")
+#: With ``--split``: the key Fortis's own services call each other with (FORTIS_INTERNAL_KEY).
+INTERNAL_KEY = "bench-noisy-internal-key-0123456789"
 
 
 @contextlib.contextmanager
-def serve(state: Path, upload_quota: int, extra: list[str]) -> Iterator[tuple[str, int]]:
+def serve(state: Path, upload_quota: int, extra: list[str], split: bool = False
+          ) -> Iterator[tuple[dict[str, str], list[int]]]:
     """``fortis serve`` with an API key file of three tenants (hashes only, as `fortis keys
-    new` writes them) and the built-in Fashion-MNIST target; yields (address, pid)."""
+    new` writes them) and the built-in Fashion-MNIST target: one process with every service,
+    or with ``split`` one process per service (``--service NAME``, the other services'
+    addresses, one internal key: the Helm chart's layout on one machine). Yields each
+    service's address and the processes' pids."""
     keys = state / "api-keys.txt"
     keys.write_text("".join(f"{t} sha256:{hashlib.sha256(k.encode()).hexdigest()}\n"
                             for t, k in KEYS.items()))
-    state_dir = state / "state"
-    log = (state / "serve.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fortis.cli", "serve", "--address", "127.0.0.1:0",
-         "--state-dir", str(state_dir), "--api-keys-file", str(keys), "--no-default-targets",
-         "--target", f"{TARGET}=builtin:fmnist-cnn", "--upload-quota-bytes", str(upload_quota),
-         "--log-level", "warning", "--shutdown-grace", "2", *extra],
-        stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
-    try:
+    common = ["--api-keys-file", str(keys), "--log-level", "warning", "--shutdown-grace", "2"]
+    target = ["--target", f"{TARGET}=builtin:fmnist-cnn"]
+    procs: list[subprocess.Popen[str]] = []
+    logs = []
+
+    def start(name: str, args: list[str]) -> str:
+        log = (state / f"serve-{name}.log").open("wb")
+        logs.append(log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fortis.cli", "serve", "--address", "127.0.0.1:0",
+             "--state-dir", str(state / "state" / name), *common, *args, *extra],
+            stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT,
+            env={**os.environ, "FORTIS_INTERNAL_KEY": INTERNAL_KEY})
+        procs.append(proc)
         line = proc.stdout.readline() if proc.stdout else ""
         if not line:
-            raise SystemExit(f"fortis serve did not start: "
-                             f"{(state / 'serve.log').read_text()[-2000:]}")
-        yield json.loads(line)["address"], proc.pid
+            raise SystemExit(f"fortis serve ({name}) did not start: "
+                             f"{(state / f'serve-{name}.log').read_text()[-2000:]}")
+        return str(json.loads(line)["address"])
+
+    try:
+        if not split:
+            address = start("all", ["--no-default-targets", *target,
+                                    "--upload-quota-bytes", str(upload_quota)])
+            yield {svc: address for svc in SERVICES}, [p.pid for p in procs]
+            return
+        addrs: dict[str, str] = {}
+        for svc in SERVICES:     # each service after those it calls
+            others = [f"--{o}-address={addrs[o]}" for o in SERVICES if o in addrs]
+            args = [f"--service={svc}", *others, "--no-default-targets"]
+            if svc == "proxy":
+                args += target
+            if svc == "evaluation":
+                args += ["--upload-quota-bytes", str(upload_quota)]
+            addrs[svc] = start(svc, args)
+        yield addrs, [p.pid for p in procs]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in logs:
+            log.close()
 
 
 class Stubs:
-    """Generated stubs on one channel, and a tenant's metadata."""
+    """Generated stubs, each on a channel to its service's address, and a tenant's
+    metadata."""
 
-    def __init__(self, channel: grpc.Channel, tenant: str) -> None:
+    def __init__(self, addrs: dict[str, str], tenant: str) -> None:
         self.md = (("x-api-key", KEYS[tenant]),)
-        self.ev = evaluation_pb2_grpc.EvaluationServiceStub(channel)
-        self.up = uploads_pb2_grpc.UploadServiceStub(channel)
-        self.pt = perturbation_pb2_grpc.PerturbationServiceStub(channel)
-        self.px = proxy_pb2_grpc.TargetProxyServiceStub(channel)
-        self.sc = scoring_pb2_grpc.ScoringServiceStub(channel)
-        self.health = health_pb2_grpc.HealthStub(channel)
+        self._channels: dict[str, grpc.Channel] = {}
+
+        def ch(svc: str) -> grpc.Channel:
+            a = addrs[svc]
+            if a not in self._channels:
+                self._channels[a] = _channel(a)
+            return self._channels[a]
+        self.ev = evaluation_pb2_grpc.EvaluationServiceStub(ch("evaluation"))
+        self.up = uploads_pb2_grpc.UploadServiceStub(ch("evaluation"))
+        self.pt = perturbation_pb2_grpc.PerturbationServiceStub(ch("perturbation"))
+        self.px = proxy_pb2_grpc.TargetProxyServiceStub(ch("proxy"))
+        self.sc = scoring_pb2_grpc.ScoringServiceStub(ch("scoring"))
+        # the control probes' health check: the service the tenant's client talks to
+        self.health = health_pb2_grpc.HealthStub(ch("evaluation"))
+
+    def close(self) -> None:
+        for c in self._channels.values():
+            c.close()
 
 
 def _channel(address: str) -> grpc.Channel:
@@ -185,14 +238,13 @@ def _latency(xs: list[float]) -> dict[str, Any]:
             "max_ms": round(1000 * max(xs, default=0.0), 1)}
 
 
-def ordinary_run(address: str, tenant: str, plan: str, probe_interval: float, tag: str,
-                 start: threading.Barrier) -> dict[str, Any]:
+def ordinary_run(addrs: dict[str, str], tenant: str, plan: str, probe_interval: float,
+                 tag: str, start: threading.Barrier) -> dict[str, Any]:
     """One ordinary tenant's phase: submit its evaluation, probe the control RPCs until it
     has ended, and time both."""
     from fortis.client import FortisClient
 
-    channel = _channel(address)
-    stubs = Stubs(channel, tenant)
+    stubs = Stubs(addrs, tenant)
     latencies: dict[str, list[float]] = {}
     probe_errors: Counter[str] = Counter()
     done = threading.Event()
@@ -225,7 +277,7 @@ def ordinary_run(address: str, tenant: str, plan: str, probe_interval: float, ta
                 probe_errors[f"{name}:{exc.code().name}"] += 1
             done.wait(probe_interval)
 
-    with FortisClient(address, api_key=KEYS[tenant], timeout_s=120) as fc:
+    with FortisClient(addrs["evaluation"], api_key=KEYS[tenant], timeout_s=120) as fc:
         start.wait()
         prober = threading.Thread(target=probe, name=f"probe-{tenant}", daemon=True)
         t0 = time.perf_counter()
@@ -240,7 +292,7 @@ def ordinary_run(address: str, tenant: str, plan: str, probe_interval: float, ta
         done.set()
         if prober.is_alive():
             prober.join(60)
-    channel.close()
+    stubs.close()
     every = [x for xs in latencies.values() for x in xs]
     return {"evaluation_id": eid, "state": state, "evaluation_s": round(seconds, 2),
             "control_rpcs": _latency(every),
@@ -289,8 +341,8 @@ def largest_predict_images() -> list[common_pb2.Image]:
 class Hostile:
     """Mallory's threads; every call's outcome counted by RPC and status code."""
 
-    def __init__(self, address: str, ns: argparse.Namespace, watch_id: str) -> None:
-        self.address = address
+    def __init__(self, addrs: dict[str, str], ns: argparse.Namespace, watch_id: str) -> None:
+        self.addrs = addrs
         self.ns = ns
         self.watch_id = watch_id
         self.stop = threading.Event()
@@ -355,9 +407,9 @@ class Hostile:
             t.join(120)
         self.threads = []
 
-    def _stubs(self) -> tuple[grpc.Channel, Stubs]:
-        ch = _channel(self.address)
-        return ch, Stubs(ch, HOSTILE)
+    def _stubs(self) -> tuple[Stubs, Stubs]:
+        s = Stubs(self.addrs, HOSTILE)
+        return s, s         # (what to close, the stubs)
 
     def perturb(self, k: int) -> None:
         ch, s = self._stubs()
@@ -458,11 +510,12 @@ class Hostile:
                     "first_refusal_messages": dict(sorted(self.refusals.items()))}
 
 
-def _hostile_process(address: str, options: dict[str, Any], watch_id: str, conn: Any) -> None:
+def _hostile_process(addrs: dict[str, str], options: dict[str, Any], watch_id: str,
+                     conn: Any) -> None:
     """Mallory in a process of its own (as a real neighbour is: its client's threads never
     take the interpreter lock the ordinary tenants' clients need): "ready" once its requests
     are built and its threads run, then its report when told to stop."""
-    hostile = Hostile(address, argparse.Namespace(**options), watch_id)
+    hostile = Hostile(addrs, argparse.Namespace(**options), watch_id)
     hostile.start()
     cpu0 = time.process_time()
     conn.send("ready")
@@ -474,14 +527,15 @@ def _hostile_process(address: str, options: dict[str, Any], watch_id: str, conn:
 
 
 @contextlib.contextmanager
-def neighbour(address: str, ns: argparse.Namespace, watch_id: str) -> Iterator[Callable[[], Any]]:
+def neighbour(addrs: dict[str, str], ns: argparse.Namespace, watch_id: str
+              ) -> Iterator[Callable[[], Any]]:
     """Mallory's process running at full noise; yields a function that stops it and
     returns its report."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_hostile_process, args=(address, vars(ns), watch_id, child),
+    proc = ctx.Process(target=_hostile_process, args=(addrs, vars(ns), watch_id, child),
                        daemon=True)
     proc.start()
     if not parent.poll(300) or parent.recv() != "ready":
@@ -526,35 +580,35 @@ def _struct(d: dict[str, Any]) -> struct_pb2.Struct:
 # -- phases ------------------------------------------------------------------------------------
 
 
-def run_phase(address: str, pid: int, name: str, plans: dict[str, str], ns: argparse.Namespace,
-              noisy: bool) -> dict[str, Any]:
+def run_phase(addrs: dict[str, str], pids: list[int], name: str, plans: dict[str, str],
+              ns: argparse.Namespace, noisy: bool) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
-        stop_neighbour = stack.enter_context(neighbour(address, ns, "mallory-eval")) \
+        stop_neighbour = stack.enter_context(neighbour(addrs, ns, "mallory-eval")) \
             if noisy else None
         if noisy:
             time.sleep(ns.warmup)      # the neighbour at full noise before anyone is timed
-        out = _ordinary_phase(address, pid, name, plans, ns, stop_neighbour)
+        out = _ordinary_phase(addrs, pids, name, plans, ns, stop_neighbour)
     return out
 
 
-def _ordinary_phase(address: str, pid: int, name: str, plans: dict[str, str],
+def _ordinary_phase(addrs: dict[str, str], pids: list[int], name: str, plans: dict[str, str],
                     ns: argparse.Namespace, stop_neighbour: Callable[[], Any] | None
                     ) -> dict[str, Any]:
     load0 = os.getloadavg()[0]
-    cpu0 = _cpu_s(pid)
-    peak = [_rss_kb(pid)]
+    cpu0 = _cpu_s(pids)
+    peak = [_rss_kb(pids)]
     watching = threading.Event()
 
     def rss() -> None:
         while not watching.wait(0.5):
-            peak[0] = max(peak[0], _rss_kb(pid))
+            peak[0] = max(peak[0], _rss_kb(pids))
 
     threading.Thread(target=rss, daemon=True).start()
     barrier = threading.Barrier(len(ORDINARY))
     results: dict[str, Any] = {}
 
     def run(t: str) -> None:
-        results[t] = ordinary_run(address, t, plans[t], ns.probe_interval, name, barrier)
+        results[t] = ordinary_run(addrs, t, plans[t], ns.probe_interval, name, barrier)
 
     threads = [threading.Thread(target=run, args=(t,)) for t in ORDINARY]
     t0 = time.perf_counter()
@@ -568,7 +622,7 @@ def _ordinary_phase(address: str, pid: int, name: str, plans: dict[str, str],
     out = {"phase": name, "noisy": stop_neighbour is not None, "seconds": round(seconds, 1),
            "load_avg_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
            "server_peak_rss_mib": round(peak[0] / 1024, 1),
-           "server_cpu_s": round(_cpu_s(pid) - cpu0, 1),
+           "server_cpu_s": round(_cpu_s(pids) - cpu0, 1),
            "tenants": {t: results[t] for t in ORDINARY}}
     if hostile_out is not None:
         out["hostile"] = hostile_out
@@ -647,6 +701,9 @@ def main() -> None:
     ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                     help="one more argument of fortis serve (repeatable), e.g. "
                     "--serve-arg=--tenant-quota=mallory=calls:2 to try an operator's setting")
+    ap.add_argument("--split", action="store_true", help="one process per service (fortis "
+                    "serve --service NAME, as the Helm chart runs them) instead of one with "
+                    "all five")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 8 images, one "
                     "corruption at one severity, a lighter neighbour")
     ap.add_argument("--out", help="also write the JSON here")
@@ -664,34 +721,35 @@ def main() -> None:
     started = datetime.datetime.now(datetime.UTC)
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fortis-noisy-") as tmp, \
-            serve(Path(tmp), ns.upload_quota_mib * MIB, ns.serve_arg) as (address, pid):
-        _log(f"fortis serve at {address} (pid {pid})")
-        ch = _channel(address)
-        m = Stubs(ch, HOSTILE)
+            serve(Path(tmp), ns.upload_quota_mib * MIB, ns.serve_arg, ns.split) as (addrs, pids):
+        _log(f"fortis serve at {addrs} (pids {pids})")
+        m = Stubs(addrs, HOSTILE)
         # Mallory's own small evaluation, finished before anything is timed: what its Watch
         # streams follow (each ends after the final state, and is opened again at once).
         m.ev.CreateEvaluation(ev.CreateEvaluationRequest(
             plan=plan_text(HOSTILE, 4, ["contrast"], [1], 4), evaluation_id="mallory-eval"),
             metadata=m.md, timeout=60)
         from fortis.client import FortisClient
-        with FortisClient(address, api_key=KEYS[HOSTILE]) as fc:
+        with FortisClient(addrs["evaluation"], api_key=KEYS[HOSTILE]) as fc:
             fc.wait("mallory-eval", timeout_s=600)
         _retried(lambda: m.px.CreateSession(proxy_pb2.CreateSessionRequest(
             target=TARGET, session_id=MALLORY_SESSION), metadata=m.md, timeout=60))
         # warm up: models loaded, the target answered, for every tenant's first timed call
         for t in ORDINARY:
-            s = Stubs(ch, t)
+            s = Stubs(addrs, t)
             s.ev.ValidatePlan(ev.ValidatePlanRequest(plan=plans[t]), metadata=s.md, timeout=60)
-        phases = [run_phase(address, pid, "solo-1", plans, ns, False)]
+            s.close()
+        phases = [run_phase(addrs, pids, "solo-1", plans, ns, False)]
         for r in range(1, ns.rounds + 1):
-            phases.append(run_phase(address, pid, f"noisy-{r}", plans, ns, True))
-            phases.append(run_phase(address, pid, f"solo-{r + 1}", plans, ns, False))
-        ch.close()
+            phases.append(run_phase(addrs, pids, f"noisy-{r}", plans, ns, True))
+            phases.append(run_phase(addrs, pids, f"solo-{r + 1}", plans, ns, False))
+        m.close()
     rows = ratios(phases)
     out = {
         "benchmark": "noisy_neighbour", "started_utc": started.isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - t_all, 1),
-        "server": "fortis serve (subprocess, all services, loopback), API key file of 3 "
+        "server": ("fortis serve, one process per service (--split)" if ns.split else
+                   "fortis serve (subprocess, all services)") + ", loopback, API key file of 3 "
                   "tenants, server default limits, --upload-quota-bytes "
                   f"{ns.upload_quota_mib * MIB}" + "".join(f" {a}" for a in ns.serve_arg),
         "ordinary_workload": {"tenants": list(ORDINARY), "images": ns.images,

@@ -469,6 +469,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     except StartupError as exc:
         err(str(exc))
         return exc.exit_code
+    _freeze_startup_objects()
     done = threading.Event()       # before the address line: a SIGTERM right after it drains
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
@@ -484,6 +485,21 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             target=watcher.reload, name="api-keys-sighup", daemon=True).start())
     done.wait()
     return _shutdown(stack, float(ns.shutdown_grace))
+
+
+def _freeze_startup_objects() -> None:
+    """Leave what the start loaded (models, catalogues, modules: hundreds of thousands of
+    objects that live as long as the process) out of the collector's full passes. Each full
+    pass stops every thread of the server; over those objects it took 90-170 ms here, every
+    few seconds under load, and was the slowest of every tenant's control calls. Young
+    collections are made rarer too (every 10,000 net allocations instead of 700): a busy
+    server allocates that many in milliseconds, and a full pass follows every 100 of them."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    _, g1, g2 = gc.get_threshold()
+    gc.set_threshold(10_000, g1, g2)
 
 
 def _shutdown(stack: Any, grace: float) -> int:
