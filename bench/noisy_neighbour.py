@@ -28,9 +28,14 @@ noisy / solo of p99 latency and of evaluation time with ``within_1_5``; mallory'
 and status code (accepted and refused); the server's peak RSS and the load average. Exit 0
 whatever the ratios (a benchmark, never part of the test run).
 
+Mallory's client process runs at ``--neighbour-nice`` (19 by default: on this shared machine its
+own work would otherwise come out of the server's cores, where a real neighbour's client runs
+on its own machine; 0 charges it to the server too). ``--split`` runs one process per service,
+as the Helm chart does, instead of one with all five.
+
     python bench/noisy_neighbour.py [--images 200] [--rounds 2] [--actions perturb,...]
                                     [--serve-arg=--tenant-quota=mallory=calls:1]
-                                    [--quick] [--out FILE]
+                                    [--split] [--neighbour-nice N] [--quick] [--out FILE]
 """
 
 from __future__ import annotations
@@ -515,6 +520,10 @@ def _hostile_process(addrs: dict[str, str], options: dict[str, Any], watch_id: s
     """Mallory in a process of its own (as a real neighbour is: its client's threads never
     take the interpreter lock the ordinary tenants' clients need): "ready" once its requests
     are built and its threads run, then its report when told to stop."""
+    if options.get("neighbour_nice"):
+        # a real neighbour's client runs on its own machine: here its own work (building
+        # requests, reading 64 MiB answers) is kept from taking the server's cores
+        os.nice(options["neighbour_nice"])
     hostile = Hostile(addrs, argparse.Namespace(**options), watch_id)
     hostile.start()
     cpu0 = time.process_time()
@@ -695,6 +704,10 @@ def main() -> None:
     g.add_argument("--upload-blob-mib", type=int, default=64)
     g.add_argument("--upload-quota-mib", type=int, default=256,
                    help="every tenant's storage quota on this server (--upload-quota-bytes)")
+    g.add_argument("--neighbour-nice", type=int, default=19, metavar="N",
+                   help="the neighbour's client process runs at this nice value (default 19: "
+                   "its own CPU, which a real neighbour spends on its own machine, is not "
+                   "taken from the server on this shared machine; 0: same priority)")
     g.add_argument("--actions", default=",".join(ACTIONS),
                    help=f"what the neighbour does (default all: {','.join(ACTIONS)}); one "
                    "at a time shows which of them slows the others")
@@ -758,7 +771,7 @@ def main() -> None:
                               "probes": ["GetEvaluation", "ListEvaluations", "ValidatePlan",
                                          "Health.Check", "ListTargets"]},
         "hostile_workload": {
-            "tenant": HOSTILE, "actions": ns.actions,
+            "tenant": HOSTILE, "actions": ns.actions, "client_nice": ns.neighbour_nice,
             "apply_perturbation": f"{ns.perturb_threads} threads, {ns.perturb_images} RGB "
                                   "PNGs per call declaring together just under the largest "
                                   "answer (64 MiB), gaussian_noise severity 5",

@@ -119,7 +119,6 @@ def work_slot(context: Any) -> Iterator[None]:
         yield
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class ServerSettings:
     """How a service's server is bound and protected."""
