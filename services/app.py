@@ -622,6 +622,7 @@ def start_stack(settings: StackSettings) -> Stack:
     work = WorkShare(default_slots() if settings.work_slots is None else settings.work_slots)
     # and as many seats for tenants' other calls (common/server.py: UNSEATED_METHODS)
     seats = WorkShare(work.slots)
+    closers.append(work.close)
     if "proxy" in wanted:
         entries = []
         redis_store: Any = None     # limits and budgets shared by replicas (issue 10)

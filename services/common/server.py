@@ -7,7 +7,6 @@ section 1), so a bad request never takes a service down and internals never leak
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
 import re
@@ -19,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import structlog
@@ -58,6 +57,8 @@ TENANT_HEADER = "x-fortis-tenant"
 SERVICE_TENANT = "*"
 #: Default largest message, bytes (a batch of 64 224x224 RGB PNGs is well under this).
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+T = TypeVar("T")
 
 _EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 #: Calls that take no seat (``ServerSettings.seats``): their costly part takes a work slot of
@@ -105,18 +106,16 @@ current_work: contextvars.ContextVar[WorkShare | None] = contextvars.ContextVar(
     "fortis_work", default=None)
 
 
-@contextlib.contextmanager
-def work_slot(context: Any) -> Iterator[None]:
-    """Run a servicer's costly part in the calling tenant's share of the server's CPU
-    (``WorkShare``); waiting ends with the call's deadline or cancellation."""
+def in_work_slot(context: Any, fn: Callable[[], T]) -> T:
+    """A servicer's costly part, ``fn()``, in the calling tenant's share of the server's CPU
+    (``WorkShare.run``: on the share's lower-priority threads); waiting for a slot ends with
+    the call's deadline or cancellation."""
     share = current_work.get()
     if share is None or not share.enabled:
-        yield
-        return
+        return fn()
     stop = caller_stop(getattr(context, "is_active", lambda: True),
                        getattr(context, "time_remaining", lambda: None))
-    with share.slot(current_tenant.get() or "default", stop):
-        yield
+    return share.run(current_tenant.get() or "default", fn, stop)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,23 +33,42 @@ Pure Python, no gRPC: the transport names the tenant, the domain code never sees
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 __all__ = ["WorkShare", "default_slots"]
+
+T = TypeVar("T")
 
 #: How long a tenant counts as active after its last piece of work ended (seconds).
 DEFAULT_ACTIVE_WINDOW_S = 1.0
 #: Time constant of a tenant's recent use of the slots (seconds), against its fair rate.
 RATE_TAU_S = 2.0
+#: How much lower the scheduling priority (nice) of the threads that run the pieces is than
+#: that of the threads answering calls.
+WORK_NICE = 10
 #: How often a waiting piece looks at its caller's deadline (seconds).
 _POLL_S = 0.05
+
+
+def _lower_priority() -> None:
+    """This thread (a Linux task of its own) ``WORK_NICE`` below the priority it was started
+    with (at most nice 19); where that is not supported, it stays as it is."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid,
+                       min(19, os.getpriority(os.PRIO_PROCESS, tid) + WORK_NICE))
+    except (AttributeError, OSError):
+        pass
 
 
 def default_slots(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
@@ -125,6 +144,7 @@ class WorkShare:
         self._running = 0
         self._seq = itertools.count()
         self._held = threading.local()
+        self._pool: ThreadPoolExecutor | None = None
         #: pieces that had to wait, and the seconds they waited, per tenant (for metrics)
         self.waited: dict[str, tuple[int, float]] = {}
 
@@ -224,6 +244,46 @@ class WorkShare:
             with self._lock:
                 n, s = self.waited.get(tenant, (0, 0.0))
                 self.waited[tenant] = (n + 1, s + (start - t0))
+
+    def run(self, tenant: str, fn: Callable[[], T],
+            should_stop: Callable[[], bool] | None = None) -> T:
+        """``fn()`` in one of ``tenant``'s slots, on one of the share's own threads, which run
+        at a lower scheduling priority (``WORK_NICE``) than the threads answering calls: a
+        busy core then still answers a control call, or runs an evaluation's bookkeeping,
+        before it goes on with a costly piece. The caller's context (tenant, log fields)
+        goes with it; what ``fn`` raises is raised here. Nested work runs where it is."""
+        depth: int = getattr(self._held, "depth", 0)
+        if not self.enabled or depth:
+            with self.slot(tenant, should_stop):
+                return fn()
+        with self.slot(tenant, should_stop):
+            ctx = contextvars.copy_context()
+            future = self._executor().submit(ctx.run, self._nested, fn)
+            return future.result()
+
+    def _nested(self, fn: Callable[[], T]) -> T:
+        """``fn`` on a share thread, counted as already holding its slot."""
+        self._held.depth = 1
+        try:
+            return fn()
+        finally:
+            self._held.depth = 0
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                # one thread per slot: a piece that holds a slot always finds one free
+                self._pool = ThreadPoolExecutor(max_workers=self.slots,
+                                                thread_name_prefix="work",
+                                                initializer=_lower_priority)
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the share's threads once their pieces end."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def hold(self, tenant: str, should_stop: Callable[[], bool] | None = None
              ) -> Callable[[], None]:

@@ -9,6 +9,7 @@ nothing partial is kept.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,7 +18,7 @@ from fortis.evaluation.v1 import uploads_pb2_grpc
 from fortis.services.common import errors
 from fortis.services.common.blobs import BlobInfo, BlobStorage, BlobUpload
 from fortis.services.common.pagination import decode_token, encode_token, page_size, tenant_list
-from fortis.services.common.server import current_tenant, work_slot
+from fortis.services.common.server import current_tenant, in_work_slot
 from google.protobuf import timestamp_pb2
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["UploadService"].full_name
@@ -67,15 +68,14 @@ class UploadServicer(uploads_pb2_grpc.UploadServiceServicer):
                                               size=h.size, media_type=h.media_type,
                                               expected_sha256=h.expected_sha256)
                 elif part == "chunk":
-                    with work_slot(context):    # hashing and writing: the tenant's share
-                        upload.write(req.chunk)
+                    # hashing and writing: in the tenant's share of the CPU
+                    in_work_slot(context, functools.partial(upload.write, req.chunk))
                 elif part == "header":
                     raise errors.InvalidArgument("header", "only the first message is a header")
                 # an empty message (no part) carries nothing: ignored
             if upload is None:
                 raise errors.InvalidArgument("header", "an upload starts with its header")
-            with work_slot(context):
-                info, existed = upload.finish()
+            info, existed = in_work_slot(context, upload.finish)
         finally:
             if upload is not None:
                 upload.abort()      # no-op after finish(); else nothing partial is kept

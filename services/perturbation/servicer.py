@@ -9,7 +9,7 @@ domain code does not.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -37,7 +37,7 @@ from fortis.services.common.server import (
     current_api_key,
     current_tenant,
     error_from_rpc,
-    work_slot,
+    in_work_slot,
 )
 from fortis.services.common.status import status_for
 from fortis.services.common.stopping import StopCheck, caller_stop
@@ -338,8 +338,8 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
 
     def ApplyPerturbation(self, request: Any, context: Any) -> pb.ApplyPerturbationResponse:
         resp = pb.ApplyPerturbationResponse()
-        with work_slot(context):    # decoding and perturbing: the tenant's share of the CPU
-            self._apply(request, context, resp.images)
+        # decoding and perturbing: in the tenant's share of the CPU
+        in_work_slot(context, lambda: self._apply(request, context, resp.images))
         return resp
 
     def ApplyPerturbationStream(self, request_iterator: Any, context: Any
@@ -348,8 +348,9 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
             try:
                 limits.check_message(req)   # in band: the stream goes on (issue 9)
                 resp = pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256])
-                with holding(req), work_slot(context):  # its size, its share of the CPU
-                    self._apply(req, context, resp.images)
+                with holding(req):          # its decoded size, held while it is worked on
+                    in_work_slot(context, functools.partial(self._apply, req, context,
+                                                            resp.images))
                 yield resp
             except (errors.DeadlineExceeded, errors.Cancelled):
                 raise                       # the call is over: no answer in band
@@ -361,8 +362,8 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         spec = attack_spec(request.attack_id)
         # A query attack mostly waits for the target (each query takes its own share in the
         # proxy when the target runs here); any other attack is computation from start to end.
-        with contextlib.nullcontext() if spec.is_query_attack else work_slot(context):
-            items, results = self._run_attack(spec, request, context)
+        items, results = self._run_attack(spec, request, context) if spec.is_query_attack \
+            else in_work_slot(context, lambda: self._run_attack(spec, request, context))
         for it, r in zip(items, results, strict=True):
             resp = pb.RunAttackResponse(
                 image_id=it.image_id, queries=int(r.queries), linf=float(r.linf),

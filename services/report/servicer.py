@@ -11,7 +11,7 @@ from typing import Any
 
 from fortis.report.v1 import report_pb2, report_pb2_grpc
 from fortis.services.common.errors import InvalidArgument
-from fortis.services.common.server import work_slot
+from fortis.services.common.server import in_work_slot
 from fortis.services.common.stopping import caller_stop, raise_if_stopped
 from fortis.services.report.convert import build_report
 from fortis.services.report.render import render_html, report_json
@@ -27,10 +27,13 @@ class ReportServicer(report_pb2_grpc.ReportServiceServicer):
         if not request.HasField("parts"):
             raise InvalidArgument("parts", "the report parts are required")
         stop = caller_stop(context.is_active, context.time_remaining)
-        with work_slot(context):    # rendering a large report: the tenant's share of the CPU
+
+        def render() -> tuple[str, str]:
             report = build_report(request.parts)
             raise_if_stopped(stop, "the report")    # the caller's deadline
             text = report_json(report)
             raise_if_stopped(stop, "the report")
-            html = render_html(report)
+            return text, render_html(report)
+        # rendering a large report: in the tenant's share of the CPU
+        text, html = in_work_slot(context, render)
         return report_pb2.RenderReportResponse(report_json=text, report_html=html)

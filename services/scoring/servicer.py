@@ -22,7 +22,7 @@ from typing import Any, Final
 from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
 from fortis.services.common.codec import tensor_to_array
 from fortis.services.common.errors import InvalidArgument
-from fortis.services.common.server import work_slot
+from fortis.services.common.server import in_work_slot
 from fortis.services.scoring.catalogue import compute, list_metrics
 from fortis.services.scoring.convert import read_evaluation, response_from_scores
 from fortis.services.scoring.evaluation_scoring import score_evaluation
@@ -61,9 +61,9 @@ class ScoringServicer(scoring_pb2_grpc.ScoringServiceServicer):
     def ScoreEvaluation(self, request_iterator: Iterable[scoring_pb2.ScoreEvaluationRequest],
                         context: Any) -> scoring_pb2.ScoreEvaluationResponse:
         setup, settings = read_evaluation(request_iterator)
-        with work_slot(context):    # bootstrap intervals and IRT: the tenant's share of the CPU
-            scores = score_evaluation(setup, settings, should_stop=caller_stop(
-                context.is_active, context.time_remaining))
+        # bootstrap intervals and IRT: in the tenant's share of the CPU
+        scores = in_work_slot(context, lambda: score_evaluation(
+            setup, settings, should_stop=caller_stop(context.is_active, context.time_remaining)))
         return response_from_scores(scores)
 
     def ListMetrics(self, request: Any, context: Any) -> scoring_pb2.ListMetricsResponse:
@@ -87,9 +87,10 @@ class ScoringServicer(scoring_pb2_grpc.ScoringServiceServicer):
         check_array_elements((name, tuple(t.shape)) for name, t in request.arrays.items())
         arrays = {name: tensor_to_array(t, f"arrays.{name}") for name, t in request.arrays.items()}
         params = json_format.MessageToDict(request.params) if request.HasField("params") else {}
-        with work_slot(context):    # a metric can be seconds of CPU: the tenant's share of it
-            result = compute(request.metric, arrays, params,
-                             should_stop=caller_stop(context.is_active, context.time_remaining))
+        # a metric can be seconds of CPU: in the tenant's share of it
+        result = in_work_slot(context, lambda: compute(
+            request.metric, arrays, params,
+            should_stop=caller_stop(context.is_active, context.time_remaining)))
         s = struct_pb2.Struct()
         json_format.ParseDict(result, s)
         return scoring_pb2.ComputeResponse(result=s)

@@ -32,7 +32,7 @@ charset (``check_session_id``). Domain code: the target is reached through the
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import re
 import threading
 import time
@@ -571,9 +571,10 @@ class TargetProxy:
         try:
             for start, stop in byte_batches([img.ByteSize() for img in images],
                                             max_images=chunk):
-                with self._work_slot(entry, rec.tenant, should_stop):
-                    predictions += self._send(entry, budget, origin, images[start:stop],
-                                              sent_up_to(stop), limiter, hold, should_stop)
+                predictions += self._in_work_slot(
+                    entry, rec.tenant, should_stop,
+                    functools.partial(self._send, entry, budget, origin, images[start:stop],
+                                      sent_up_to(stop), limiter, hold, should_stop))
         finally:
             hold.release()      # what was held for images never sent
             if sent < n:
@@ -585,14 +586,15 @@ class TargetProxy:
             left = max(0, rec.query_budget - budget.used_total)
         return PredictResult(predictions=predictions, queries_left=left)
 
-    def _work_slot(self, entry: TargetEntry, tenant: str,
-                   should_stop: StopCheck) -> contextlib.AbstractContextManager[None]:
+    def _in_work_slot(self, entry: TargetEntry, tenant: str, should_stop: StopCheck,
+                      send: Callable[[], list[common_pb2.Prediction]]
+                      ) -> list[common_pb2.Prediction]:
         """A built-in target computes in this process: its calls take the tenant's share of
         the CPU (taken before the rate limiter's grant, so the grant's time stays the send
         time). A remote target's calls wait on the network and take none."""
         if self.work is None or not entry.builtin_model:
-            return contextlib.nullcontext()
-        return self.work.slot(tenant, should_stop)
+            return send()
+        return self.work.run(tenant, send, should_stop)
 
     def _send(self, entry: TargetEntry, budget: _Budget, origin: str,
               images: Sequence[common_pb2.Image], on_sent: Callable[[], None],

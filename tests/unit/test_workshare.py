@@ -285,3 +285,37 @@ def test_beside_others_a_tenant_is_held_to_its_fair_rate(clock: Clock,
     with share.slot("alice"):
         pass
     assert third.started.wait(5)
+
+
+def test_run_does_the_work_on_a_lower_priority_thread_with_the_callers_context() -> None:
+    import contextvars
+    import os
+
+    from fortis.services.common.workshare import WORK_NICE
+
+    who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="")
+    share = WorkShare(2)
+    try:
+        who.set("alice")
+        mine = threading.get_native_id()
+
+        def piece() -> tuple[str, int, int, int]:
+            tid = threading.get_native_id()
+            inner = share.run("alice", threading.get_native_id)   # nested: where it is
+            return who.get(), tid, os.getpriority(os.PRIO_PROCESS, tid), inner
+
+        name, tid, nice, inner = share.run("alice", piece)
+        assert name == "alice"                    # the caller's context went with it
+        assert tid != mine and inner == tid
+        # below the priority of the thread that answers the call
+        assert nice == min(19, os.getpriority(os.PRIO_PROCESS, mine) + WORK_NICE)
+        with pytest.raises(ZeroDivisionError):    # what the work raises is raised here
+            share.run("alice", lambda: 1 // 0)
+        assert share.snapshot()["alice"]["running"] == 0
+    finally:
+        share.close()
+
+
+def test_run_without_sharing_is_a_plain_call() -> None:
+    share = WorkShare(0)
+    assert share.run("alice", threading.get_native_id) == threading.get_native_id()
