@@ -5,7 +5,8 @@ and how much memory they may hold, not what they *cost*: a tenant with a dozen l
 perturbation, scoring or built-in-model calls in progress would otherwise keep every core
 busy while another tenant's evaluation, whose calls are small, waits behind them. So every
 costly piece of work (a perturbation, a white-box attack, a built-in target's inference, a
-metric computation, a report rendering) runs inside :meth:`WorkShare.slot`, which:
+metric computation, a report rendering) runs through :meth:`WorkShare.run` (or inside
+:meth:`WorkShare.slot`), which:
 
 - runs at most ``slots`` pieces at once (by default the cores this process may use);
 - gives a tenant at most ``max(1, slots // active)`` of them, where *active* counts the
@@ -20,7 +21,10 @@ metric computation, a report rendering) runs inside :meth:`WorkShare.slot`, whic
 - grants a freed slot to the waiting tenant that has used the least slot time, so a tenant
   with many calls queued is served in turn with one that has a single call, not after all of
   its calls (start-time fair queueing: a tenant that arrives starts at the least usage among
-  the active ones, so it neither owes for a past it did not use nor starves the others).
+  the active ones, so it neither owes for a past it did not use nor starves the others);
+- (``run``) runs the piece on the share's own threads, at a lower scheduling priority than
+  the threads answering calls, so a core busy with a piece still answers a control call or
+  an evaluation's bookkeeping first.
 
 Work done for a tenant by Fortis's own services (an evaluation's calls to the perturbation
 service and the proxy) is counted for that tenant, not for the service. A thread that already
