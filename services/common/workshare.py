@@ -149,8 +149,6 @@ class WorkShare:
         self._seq = itertools.count()
         self._held = threading.local()
         self._pool: ThreadPoolExecutor | None = None
-        #: pieces that had to wait, and the seconds they waited, per tenant (for metrics)
-        self.waited: dict[str, tuple[int, float]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -162,14 +160,6 @@ class WorkShare:
         waiting = {w.tenant for w in self._waiting}
         return sum(1 for name, t in self._tenants.items()
                    if t.running or name in waiting or now - t.last_end < self._window)
-
-    def share(self, tenant: str) -> int:
-        """Most slots ``tenant`` may hold now."""
-        with self._lock:
-            return self._share(self._clock())
-
-    def _share(self, now: float) -> int:
-        return max(1, self.slots // max(1, self._active(now)))
 
     def _forget_idle(self, now: float) -> None:
         waiting = {w.tenant for w in self._waiting}
@@ -236,18 +226,13 @@ class WorkShare:
             finally:
                 self._held.depth -= 1
             return
-        t0 = self._clock()
-        waited, start = self._acquire(tenant, should_stop)
+        start = self._acquire(tenant, should_stop)
         self._held.depth = 1
         try:
             yield
         finally:
             self._held.depth = 0
             self._release(tenant, start)
-        if waited:
-            with self._lock:
-                n, s = self.waited.get(tenant, (0, 0.0))
-                self.waited[tenant] = (n + 1, s + (start - t0))
 
     def run(self, tenant: str, fn: Callable[[], T],
             should_stop: Callable[[], bool] | None = None) -> T:
@@ -296,7 +281,7 @@ class WorkShare:
         later calls do nothing)."""
         if not self.enabled:
             return lambda: None
-        _, start = self._acquire(tenant, should_stop)
+        start = self._acquire(tenant, should_stop)
         once = threading.Lock()
 
         def release() -> None:
@@ -305,8 +290,8 @@ class WorkShare:
         return release
 
     def _acquire(self, tenant: str, should_stop: Callable[[], bool] | None
-                 ) -> tuple[bool, float]:
-        """(whether the piece had to wait, when its slot was granted)"""
+                 ) -> float:
+        """When the piece's slot was granted (its start, for its release)."""
         with self._lock:
             now = self._clock()
             self._tenant(tenant, now)
@@ -314,7 +299,7 @@ class WorkShare:
             self._waiting.append(w)
             self._dispatch(now)     # at once when a slot is free and nobody is owed it first
             if w.granted.is_set():
-                return False, w.start
+                return w.start
         try:
             while not w.granted.wait(_POLL_S):
                 if should_stop is not None:
@@ -330,7 +315,7 @@ class WorkShare:
             # granted between the wait and the lock: give it back
             self._release(tenant, w.start)
             raise
-        return True, w.start
+        return w.start
 
     def _release(self, tenant: str, start: float) -> None:
         with self._lock:
