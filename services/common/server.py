@@ -7,6 +7,7 @@ section 1), so a bad request never takes a service down and internals never leak
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import re
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import structlog
@@ -36,7 +37,7 @@ from fortis.services.common.memory import (
 )
 from fortis.services.common.quotas import CallRate, CallSlots
 from fortis.services.common.status import status_for
-from fortis.services.common.stopping import caller_stop
+from fortis.services.common.stopping import StopCheck, caller_stop
 from fortis.services.common.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
 from fortis.services.common.workshare import WorkShare
 from google.protobuf import descriptor_pb2, descriptor_pool
@@ -113,9 +114,7 @@ def in_work_slot(context: Any, fn: Callable[[], T]) -> T:
     share = current_work.get()
     if share is None or not share.enabled:
         return fn()
-    stop = caller_stop(getattr(context, "is_active", lambda: True),
-                       getattr(context, "time_remaining", lambda: None))
-    return share.run(current_tenant.get() or "default", fn, stop)
+    return share.run(current_tenant.get() or "default", fn, _stop_of(context))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -559,38 +558,23 @@ class FortisInterceptor(grpc.ServerInterceptor):
             structlog.contextvars.bind_contextvars(tenant=tenant)
             if internal:
                 return None
-            if slots is not None and not slots.enter(tenant):
-                limit = slots.limit(tenant)
-                log.warning("call_refused", reason="calls_in_progress", limit=limit)
-                raise errors.QuotaExceeded([errors.QuotaViolation(
-                    f"tenant:{tenant}",
-                    f"at most {limit} calls of this tenant in progress at once on this server "
-                    "(--max-calls-per-tenant); retry when one has finished")])
-            leave = (lambda: slots.leave(tenant)) if slots is not None else None
-            if rate is not None:
-                try:
+            # what the call holds, given back in reverse order when it ends (or here, if
+            # a later step refuses it)
+            admitted = contextlib.ExitStack()
+            if slots is not None:
+                if not slots.enter(tenant):
+                    _refuse(tenant, "calls_in_progress", slots.limit(tenant),
+                            "calls of this tenant in progress at once on this server "
+                            "(--max-calls-per-tenant); retry when one has finished")
+                admitted.callback(slots.leave, tenant)
+            with admitted:
+                if rate is not None:
                     _wait_for_turn(rate, tenant, context)
-                except BaseException:
-                    if leave is not None:
-                        leave()
-                    raise
-            if seats is None:
-                return leave
-            try:
-                seat = seats.hold(tenant, caller_stop(
-                    getattr(context, "is_active", lambda: True),
-                    getattr(context, "time_remaining", lambda: None)))
-            except BaseException:
-                if leave is not None:
-                    leave()
-                raise
-            current_seat.set(seat)
-
-            def release() -> None:
-                seat()
-                if leave is not None:
-                    leave()
-            return release
+                if seats is not None:
+                    seat = seats.hold(tenant, _stop_of(context))
+                    current_seat.set(seat)
+                    admitted.callback(seat)
+                return admitted.pop_all().close
 
         return _wrap_handler(handler, before, method, self._observe, request_id, hold_for)
 
@@ -603,14 +587,24 @@ def _wait_for_turn(rate: CallRate, tenant: str, context: grpc.ServicerContext) -
     wait = rate.turn(tenant)
     remaining = getattr(context, "time_remaining", lambda: None)()
     if wait is None or (wait and remaining is not None and remaining < wait):
-        limit = rate.limit(tenant)
-        log.warning("call_refused", reason="call_rate", limit=limit)
-        raise errors.QuotaExceeded([errors.QuotaViolation(
-            f"tenant:{tenant}",
-            f"at most {limit} calls of this tenant started per second on this server "
-            "(--max-call-rate-per-tenant); retry after a short wait")])
+        _refuse(tenant, "call_rate", rate.limit(tenant),
+                "calls of this tenant started per second on this server "
+                "(--max-call-rate-per-tenant); retry after a short wait")
     if wait:
         time.sleep(wait)
+
+
+def _refuse(tenant: str, reason: str, limit: int, what: str) -> NoReturn:
+    """RESOURCE_EXHAUSTED for a tenant past one of its per-server quotas, with its audit line."""
+    log.warning("call_refused", reason=reason, limit=limit)
+    raise errors.QuotaExceeded([errors.QuotaViolation(f"tenant:{tenant}",
+                                                      f"at most {limit} {what}")])
+
+
+def _stop_of(context: Any) -> StopCheck:
+    """The call's stop check (deadline, cancellation); a test double may lack either."""
+    return caller_stop(getattr(context, "is_active", lambda: True),
+                       getattr(context, "time_remaining", lambda: None))
 
 
 def _other_identity(context: grpc.ServicerContext, authorization: str,
