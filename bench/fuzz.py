@@ -48,6 +48,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from _proc import rss_kb, with_children  # noqa: E402 - bench/ beside this script
 
 API_KEY = "fuzz-key-tenant-a"
 MD = (("x-api-key", API_KEY),)
@@ -58,25 +60,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _rss_kb(pid: int) -> int:
-    """Resident set size of ``pid`` and its children, KiB (from /proc)."""
-    total = 0
-    pids = [pid]
-    try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        pids += [int(k) for k in kids]
-    except OSError:
-        pass
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
 
 
 class Server:
@@ -96,7 +79,8 @@ class Server:
                 state_dir=state / "state", api_keys={API_KEY: "tenant-a"},
                 targets=[TargetConfig.parse(t) for t in TARGETS],
                 oidc_issuers=[parse_issuer_spec(issuer, audiences=[AUDIENCE],
-                                                tenant_claim=TENANT_CLAIM)] if issuer else [],
+                                                tenant_claim=TENANT_CLAIM,
+                                                tenants=["tenant-a"])] if issuer else [],
                 max_message_bytes=8 * 1024 * 1024))
             self.address = self.stack.address
             self.pid = os.getpid()
@@ -236,7 +220,7 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
     problems: list[dict[str, Any]] = []
     internal = 0
     crashes = 0
-    peak_rss = _rss_kb(server.pid)
+    peak_rss = rss_kb(with_children(server.pid))
     slowest: dict[str, float] = {}
     t0 = time.perf_counter()
 
@@ -253,7 +237,7 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
             problems.append({"rpc": name, "code": out.code.name, "problems": out.problems[:3],
                              "request": text[:300] + ("..." if len(text) > 300 else "")})
         if per_rpc.total() % 25 == 0:
-            peak_rss = max(peak_rss, _rss_kb(server.pid))
+            peak_rss = max(peak_rss, rss_kb(with_children(server.pid)))
 
     def check_alive() -> None:
         nonlocal crashes
@@ -283,7 +267,7 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
         died = True
         target_ok = False
     seconds = time.perf_counter() - t0
-    peak_rss = max(peak_rss, _rss_kb(server.pid))
+    peak_rss = max(peak_rss, rss_kb(with_children(server.pid)))
     health_after = (not died) and healthy(channel)
     normal_after = (not died) and _normal_call_ok(channel)
     channel.close()

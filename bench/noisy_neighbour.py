@@ -73,6 +73,9 @@ from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _proc import cpu_s, rss_kb  # noqa: E402 - bench/ beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 ORDINARY = ("alice", "bob")
 HOSTILE = "mallory"
@@ -92,30 +95,6 @@ def _log(msg: str) -> None:
 
 
 # -- the server --------------------------------------------------------------------------------
-
-
-def _cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user + system) the server's processes have used."""
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
-def _rss_kb(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
 
 
 #: The services, each a process of its own with ``--split`` (as the Helm chart runs them).
@@ -604,13 +583,13 @@ def _ordinary_phase(addrs: dict[str, str], pids: list[int], name: str, plans: di
                     ns: argparse.Namespace, stop_neighbour: Callable[[], Any] | None
                     ) -> dict[str, Any]:
     load0 = os.getloadavg()[0]
-    cpu0 = _cpu_s(pids)
-    peak = [_rss_kb(pids)]
+    cpu0 = cpu_s(pids)
+    peak = [rss_kb(pids)]
     watching = threading.Event()
 
     def rss() -> None:
         while not watching.wait(0.5):
-            peak[0] = max(peak[0], _rss_kb(pids))
+            peak[0] = max(peak[0], rss_kb(pids))
 
     threading.Thread(target=rss, daemon=True).start()
     barrier = threading.Barrier(len(ORDINARY))
@@ -631,7 +610,7 @@ def _ordinary_phase(addrs: dict[str, str], pids: list[int], name: str, plans: di
     out = {"phase": name, "noisy": stop_neighbour is not None, "seconds": round(seconds, 1),
            "load_avg_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
            "server_peak_rss_mib": round(peak[0] / 1024, 1),
-           "server_cpu_s": round(_cpu_s(pids) - cpu0, 1),
+           "server_cpu_s": round(cpu_s(pids) - cpu0, 1),
            "tenants": {t: results[t] for t in ORDINARY}}
     if hostile_out is not None:
         out["hostile"] = hostile_out
