@@ -28,8 +28,9 @@ _ENUM_OF = {np.dtype(v).str.lstrip("<|="): k for k, v in _DTYPES.items()}
 MAX_ELEMENTS = 1 << 31
 
 
-def encode_png(image: np.ndarray) -> bytes:
-    """Lossless PNG of a uint8 HxW / HxWx1 / HxWx3 (RGB) image."""
+def png_array(image: np.ndarray) -> np.ndarray:
+    """Lossless PNG of a uint8 HxW / HxWx1 / HxWx3 (RGB) image, as a uint8 array (the
+    encoder's own buffer: copied on only where it is needed)."""
     arr = np.ascontiguousarray(image)
     if arr.ndim == 3 and arr.shape[2] == 3:
         arr = cv2.cvtColor(arr, cv2.COLOR_RGB2BGR)
@@ -38,7 +39,12 @@ def encode_png(image: np.ndarray) -> bytes:
     ok, buf = cv2.imencode(".png", arr, [cv2.IMWRITE_PNG_COMPRESSION, 1])
     if not ok:
         raise InvalidArgument("image", "PNG encoding failed")
-    return buf.tobytes()
+    return buf
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """Lossless PNG of a uint8 HxW / HxWx1 / HxWx3 (RGB) image."""
+    return png_array(image).tobytes()
 
 
 #: JPEG start-of-frame markers (baseline, progressive, lossless, arithmetic): they carry the size.
@@ -169,17 +175,31 @@ def tensor_to_array(t: common_pb2.Tensor, field: str) -> np.ndarray:
 def fill_tensor(msg: common_pb2.Tensor, arr: np.ndarray) -> common_pb2.Tensor:
     """Fill the Tensor ``msg`` (e.g. a field of a message being built) with a numpy array
     (little-endian, row-major); returns ``msg``."""
+    a, enum = _wire_form(arr)
+    msg.dtype = enum
+    del msg.shape[:]
+    msg.shape.extend(a.shape)
+    msg.data = a.tobytes()
+    return msg
+
+
+def _wire_form(arr: np.ndarray) -> tuple[np.ndarray, int]:
+    """``arr`` contiguous and little-endian, and its DType enum value."""
     a = np.ascontiguousarray(arr)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     enum = _ENUM_OF.get(a.dtype.str.lstrip("<|="))
     if enum is None:
         raise InvalidArgument("tensor.dtype", f"dtype {a.dtype} has no wire form")
-    msg.dtype = enum
-    del msg.shape[:]
-    msg.shape.extend(a.shape)
-    msg.data = a.tobytes()
-    return msg
+    return a, enum
+
+
+def tensor_parts(arr: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """A Tensor of ``arr`` in two parts: its serialized fields but ``data``, and the array
+    (contiguous, little-endian) whose bytes are ``data``. For answers built in their wire form
+    (``wire.py``)."""
+    a, enum = _wire_form(arr)
+    return common_pb2.Tensor(dtype=enum, shape=a.shape).SerializeToString(), a
 
 
 def array_to_tensor(arr: np.ndarray) -> common_pb2.Tensor:

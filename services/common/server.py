@@ -39,6 +39,7 @@ from fortis.services.common.quotas import CallRate, CallSlots
 from fortis.services.common.status import status_for
 from fortis.services.common.stopping import StopCheck, caller_stop
 from fortis.services.common.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
+from fortis.services.common.wire import Wire
 from fortis.services.common.workshare import WorkShare
 from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.message import Message
@@ -439,17 +440,27 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
         return call
 
     parse = _tolerant(handler.request_deserializer)
+    send = _passing_wire(handler.response_serializer)
     if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(
-            unary(handler.unary_unary), parse, handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), parse, send)
     if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(
-            streaming(handler.unary_stream), parse, handler.response_serializer)
+        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), parse, send)
     if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(
-            unary(handler.stream_unary), parse, handler.response_serializer)
-    return grpc.stream_stream_rpc_method_handler(
-        streaming(handler.stream_stream), parse, handler.response_serializer)
+        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), parse, send)
+    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), parse, send)
+
+
+def _passing_wire(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """The handler's serializer, but an answer already in its wire form (``wire.Wire``: built
+    without holding the interpreter lock for its pixels) goes out as it is."""
+    if serialize is None:
+        return None
+
+    def send(response: Any) -> bytes:
+        if isinstance(response, Wire):
+            return response.data
+        return serialize(response)
+    return send
 
 
 def _aborted(context: grpc.ServicerContext) -> bool:

@@ -20,13 +20,10 @@ from fortis.common.v1 import common_pb2
 from fortis.perturbation.v1 import perturbation_pb2 as pb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from fortis.services.common import errors, limits
+from fortis.services.common import errors, limits, wire
 from fortis.services.common.codec import (
-    add_images,
     decode_image,
     decode_images,
-    fill_image,
-    fill_tensor,
     tensor_to_array,
 )
 from fortis.services.common.memory import holding
@@ -42,6 +39,7 @@ from fortis.services.common.server import (
 from fortis.services.common.status import status_for
 from fortis.services.common.stopping import StopCheck, caller_stop
 from fortis.services.common.surrogates import SurrogateOutputs, SurrogateSpec
+from fortis.services.common.wire import Wire
 from fortis.services.perturbation import engine, registry
 from fortis.services.perturbation.attacks.base import AttackSpec
 from fortis.services.perturbation.attacks.registry import ATTACKS, attack_spec
@@ -307,9 +305,10 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         return pb.ListAttacksResponse(attacks=[attack_info(s) for s in page],
                                       next_page_token=token)
 
-    def _apply(self, req: Any, context: Any, into: Any) -> None:
-        """Apply the request's perturbation; the images are added to ``into`` (the repeated
-        field of the response being built: in place, see codec)."""
+    def _apply(self, req: Any, context: Any, field: int, prefix: bytes = b"") -> Wire:
+        """Apply the request's perturbation: the answer in its wire form, ``prefix`` (its other
+        fields) then the images as the repeated field ``field`` (see ``wire.py``: a large
+        answer built as a message held every other call of the server up)."""
         spec = perturbation_spec(req.perturbation_id)
         images = req.images
         arrays = decode_images(images)
@@ -334,23 +333,25 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
                              params=params, surrogate=surrogate, labels=labels,
                              should_stop=_stop_check(context))
         raw = req.response_encoding != pb.IMAGE_ENCODING_PNG
-        add_images(into, ((m.image_id, o) for m, o in zip(images, out, strict=True)), raw=raw)
+        return wire.image_list(field, ((m.image_id, o) for m, o in zip(images, out, strict=True)),
+                               raw=raw, prefix=prefix)
 
-    def ApplyPerturbation(self, request: Any, context: Any) -> pb.ApplyPerturbationResponse:
-        resp = pb.ApplyPerturbationResponse()
-        # decoding and perturbing: in the tenant's share of the CPU
-        in_work_slot(context, lambda: self._apply(request, context, resp.images))
-        return resp
+    def ApplyPerturbation(self, request: Any, context: Any) -> Wire:
+        # decoding, perturbing and building the answer: in the tenant's share of the CPU
+        return in_work_slot(context, lambda: self._apply(
+            request, context, pb.ApplyPerturbationResponse.IMAGES_FIELD_NUMBER))
 
     def ApplyPerturbationStream(self, request_iterator: Any, context: Any
                                 ) -> Iterator[pb.ApplyPerturbationStreamResponse]:
         for req in request_iterator:
             try:
                 limits.check_message(req)   # in band: the stream goes on (issue 9)
-                resp = pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256])
+                head = pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256])
                 with holding(req):          # its decoded size, held while it is worked on
-                    in_work_slot(context, functools.partial(self._apply, req, context,
-                                                            resp.images))
+                    resp = in_work_slot(context, functools.partial(
+                        self._apply, req, context,
+                        pb.ApplyPerturbationStreamResponse.IMAGES_FIELD_NUMBER,
+                        head.SerializeToString()))
                 yield resp
             except (errors.DeadlineExceeded, errors.Cancelled):
                 raise                       # the call is over: no answer in band
@@ -358,24 +359,28 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
                 yield pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256],
                                                          error=status_for(exc))
 
-    def RunAttack(self, request: Any, context: Any) -> Iterator[pb.RunAttackResponse]:
+    def RunAttack(self, request: Any, context: Any) -> Iterator[Wire]:
         spec = attack_spec(request.attack_id)
         # A query attack mostly waits for the target (each query takes its own share in the
         # proxy when the target runs here); any other attack is computation from start to end.
         items, results = self._run_attack(spec, request, context) if spec.is_query_attack \
             else in_work_slot(context, lambda: self._run_attack(spec, request, context))
         for it, r in zip(items, results, strict=True):
-            resp = pb.RunAttackResponse(
+            head = pb.RunAttackResponse(
                 image_id=it.image_id, queries=int(r.queries), linf=float(r.linf),
                 l2=float(r.l2), stop_reason=_STOP_REASONS[r.stop_reason], signal=r.signal,
                 criterion=r.criterion)
-            fill_image(resp.adversarial, it.image_id, r.adversarial, raw=True)   # in place
-            fill_tensor(resp.adversarial_float, np.asarray(r.adversarial_float, dtype=np.float32))
             if r.success is not None:
-                resp.success = bool(r.success)
+                head.success = bool(r.success)
             if r.initially_correct is not None:
-                resp.initially_correct = bool(r.initially_correct)
-            yield resp
+                head.initially_correct = bool(r.initially_correct)
+            # the images in their wire form (wire.py): a large one holds no other call up
+            yield wire.message(
+                head.SerializeToString(),
+                wire.image_field(pb.RunAttackResponse.ADVERSARIAL_FIELD_NUMBER, it.image_id,
+                                 r.adversarial, raw=True),
+                wire.tensor_field(pb.RunAttackResponse.ADVERSARIAL_FLOAT_FIELD_NUMBER,
+                                  np.asarray(r.adversarial_float, dtype=np.float32)))
 
     def _run_attack(self, spec: Any, request: Any, context: Any) -> tuple[list[Any], list[Any]]:
         params = json_format.MessageToDict(request.params) if request.HasField("params") else {}

@@ -204,6 +204,18 @@ def test_standard_normal_sampler():
     assert not np.array_equal(a, sampling.standard_normal(np.random.default_rng(6), (50,)))
 
 
+def test_standard_normal_drawn_in_blocks_is_one_stream():
+    """A large image's draws are made a block at a time (the generator holds the interpreter
+    lock while it makes bytes); the values are those of one draw of every byte at once, so a
+    seed gives the same image whatever the block size."""
+    shape = (3 * sampling._BLOCK // 1000 + 7, 1000)        # several blocks and a part of one
+    n = shape[0] * shape[1]
+    bits = np.frombuffer(np.random.default_rng(21).bytes(2 * n), dtype="<u2")
+    whole = sampling._normal_table()[bits].reshape(shape)
+    np.testing.assert_array_equal(sampling.standard_normal(np.random.default_rng(21), shape),
+                                  whole)
+
+
 @pytest.mark.parametrize("photons", [60, 12, 3])
 def test_truncated_poisson_sampler(photons):
     """IEEE-A1 b): the alias-method sampler behind shot noise: min(Poisson(k c / 255), c) per

@@ -27,12 +27,22 @@ def _normal_table() -> np.ndarray:
     return (table / math.sqrt(float(np.mean(table * table)))).astype(np.float32)
 
 
+#: Draws made at once by :func:`standard_normal`: the generator holds the interpreter lock while
+#: it makes random bytes (~20 ms for a 16 MiB image here, every other call of a server waiting),
+#: so a large image's bytes are made a block at a time. The stream of bytes is the same.
+_BLOCK = 1 << 20
+
+
 def standard_normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     """Standard-normal float32 draws: 16 random bits each, through ``_normal_table``
     (inverse transform sampling); ~4x faster than ``rng.standard_normal`` here."""
     n = math.prod(shape)
-    bits = np.frombuffer(rng.bytes(2 * n), dtype="<u2")
-    return np.take(_normal_table(), bits).reshape(shape)
+    table = _normal_table()
+    out = np.empty(n, dtype=np.float32)
+    for start in range(0, n, _BLOCK):
+        k = min(_BLOCK, n - start)
+        np.take(table, np.frombuffer(rng.bytes(2 * k), dtype="<u2"), out=out[start:start + k])
+    return out.reshape(shape)
 
 
 @functools.cache
