@@ -114,12 +114,12 @@ def ensure_image(role: str = "full") -> str:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         try:
             t0 = time.monotonic()
+            if not _background:         # else the background build has looked already
+                prune_if_crowded()
             r = subprocess.run(["bash", str(BUILD_SCRIPT), "--target", role, "--no-check", tag],
                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
                                env=podman_env(), cwd=ROOT)
             wall = time.monotonic() - t0
-            if r.returncode == 0:
-                prune_dangling()
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
     if r.returncode != 0:
@@ -132,14 +132,35 @@ def ensure_image(role: str = "full") -> str:
     return _built[role]
 
 
-def prune_dangling() -> None:
-    """Remove the images no tag points at any more. Every source change leaves the previous
-    build's images dangling (about 3 GB for both roles); on a machine that runs the suite
-    again and again they filled the disk (46 GB after a day). Only untagged images that no
-    container uses go: the layer cache of the current build stays."""
+#: Free bytes on podman's storage below which a session removes the images no tag points at
+#: before it builds. Every source change leaves the previous build's images dangling (about
+#: 3 GB for both roles; a machine that ran the suite again and again filled its disk, 46 GB
+#: after a day). But a prune also drops podman's layer cache -- the intermediate images of the
+#: current build are untagged too: the next build of an unchanged tree took 170 s instead of
+#: 20 s -- so it is done only when the disk needs it, and never between a session's builds.
+PRUNE_BELOW_FREE_BYTES = 25 * 1024 ** 3
+
+#: The same check, as the background build runs it (a child process of its own).
+_PRUNE_IF_CROWDED = f"""
+import shutil, subprocess
+root = subprocess.run(['podman', 'info', '--format', '{{{{.Store.GraphRoot}}}}'],
+                      capture_output=True, text=True, timeout=120).stdout.strip()
+try:
+    crowded = shutil.disk_usage(root or '/var/lib/containers').free < {PRUNE_BELOW_FREE_BYTES}
+except OSError:
+    crowded = False
+if crowded:
+    print('fewer than {PRUNE_BELOW_FREE_BYTES >> 30} GiB free: removing dangling images', flush=True)
+    subprocess.run(['podman', 'image', 'prune', '-f'], stdout=subprocess.DEVNULL, timeout=600)
+"""
+
+
+def prune_if_crowded() -> None:
+    """Remove the dangling images when podman's disk has less than ``PRUNE_BELOW_FREE_BYTES``
+    free (see there)."""
     try:
-        subprocess.run(["podman", "image", "prune", "-f"], capture_output=True, text=True,
-                       timeout=600, env=podman_env())
+        subprocess.run([sys.executable, "-c", _PRUNE_IF_CROWDED], capture_output=True,
+                       text=True, timeout=900, env=podman_env())
     except subprocess.TimeoutExpired:
         pass
 
@@ -188,10 +209,9 @@ def start_background_build() -> None:
         "import fcntl, subprocess, sys\n"
         f"lock = open({str(_LOCK)!r}, 'a')\n"
         "fcntl.flock(lock.fileno(), fcntl.LOCK_EX)\n"
+        f"{_PRUNE_IF_CROWDED}\n"
         f"rc = subprocess.call(['bash', {str(BUILD_SCRIPT)!r}, '--target', 'all', "
         f"'--no-check', {tag_for('full')!r}])\n"
-        "if rc == 0:\n"
-        "    subprocess.call(['podman', 'image', 'prune', '-f'], stdout=subprocess.DEVNULL)\n"
         "sys.exit(rc)\n")
     _LOCK.touch(exist_ok=True)
     _background.append(subprocess.Popen(
