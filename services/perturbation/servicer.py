@@ -342,7 +342,7 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
             request, context, pb.ApplyPerturbationResponse.IMAGES_FIELD_NUMBER))
 
     def ApplyPerturbationStream(self, request_iterator: Any, context: Any
-                                ) -> Iterator[pb.ApplyPerturbationStreamResponse]:
+                                ) -> Iterator[Wire | pb.ApplyPerturbationStreamResponse]:
         for req in request_iterator:
             try:
                 limits.check_message(req)   # in band: the stream goes on (issue 9)
