@@ -140,28 +140,23 @@ def ensure_image(role: str = "full") -> str:
 #: 20 s -- so it is done only when the disk needs it, and never between a session's builds.
 PRUNE_BELOW_FREE_BYTES = 25 * 1024 ** 3
 
-#: The same check, as the background build runs it (a child process of its own).
-_PRUNE_IF_CROWDED = f"""
-import shutil, subprocess
-root = subprocess.run(['podman', 'info', '--format', '{{{{.Store.GraphRoot}}}}'],
-                      capture_output=True, text=True, timeout=120).stdout.strip()
-try:
-    crowded = shutil.disk_usage(root or '/var/lib/containers').free < {PRUNE_BELOW_FREE_BYTES}
-except OSError:
-    crowded = False
-if crowded:
-    print('fewer than {PRUNE_BELOW_FREE_BYTES >> 30} GiB free: removing dangling images', flush=True)
-    subprocess.run(['podman', 'image', 'prune', '-f'], stdout=subprocess.DEVNULL, timeout=600)
-"""
-
 
 def prune_if_crowded() -> None:
     """Remove the dangling images when podman's disk has less than ``PRUNE_BELOW_FREE_BYTES``
-    free (see there)."""
+    free (see there). Run by the background build before it builds, and by ``ensure_image``
+    where there was none."""
+    env = podman_env()
     try:
-        subprocess.run([sys.executable, "-c", _PRUNE_IF_CROWDED], capture_output=True,
-                       text=True, timeout=900, env=podman_env())
-    except subprocess.TimeoutExpired:
+        root = subprocess.run(["podman", "info", "--format", "{{.Store.GraphRoot}}"],
+                              capture_output=True, text=True, timeout=120,
+                              env=env).stdout.strip()
+        if shutil.disk_usage(root or "/var/lib/containers").free >= PRUNE_BELOW_FREE_BYTES:
+            return
+        print(f"fewer than {PRUNE_BELOW_FREE_BYTES >> 30} GiB free: removing dangling images",
+              flush=True)
+        subprocess.run(["podman", "image", "prune", "-f"], capture_output=True, text=True,
+                       timeout=600, env=env)
+    except (OSError, subprocess.TimeoutExpired):
         pass
 
 
@@ -209,7 +204,8 @@ def start_background_build() -> None:
         "import fcntl, subprocess, sys\n"
         f"lock = open({str(_LOCK)!r}, 'a')\n"
         "fcntl.flock(lock.fileno(), fcntl.LOCK_EX)\n"
-        f"{_PRUNE_IF_CROWDED}\n"
+        "from tests.deploy.image import prune_if_crowded\n"
+        "prune_if_crowded()\n"
         f"rc = subprocess.call(['bash', {str(BUILD_SCRIPT)!r}, '--target', 'all', "
         f"'--no-check', {tag_for('full')!r}])\n"
         "sys.exit(rc)\n")
