@@ -30,6 +30,7 @@ from fortis.services.common.server import (
 )
 from fortis.services.common.startup import EXIT_LISTEN, EXIT_MODELS, step
 from fortis.services.common.tls import TlsSettings, load_pem
+from fortis.services.common.workprocs import PieceProcesses
 from fortis.services.common.workshare import WorkShare, default_slots
 
 log = structlog.get_logger("fortis.app")
@@ -219,6 +220,10 @@ class StackSettings:
     #: them (``fortis serve --work-slots``; services/common/workshare.py). None: one per core
     #: this process may use; 0: no sharing (every piece starts at once).
     work_slots: int | None = None
+    #: Worker processes that run the scoring service's metrics (``fortis serve
+    #: --work-processes``; services/common/workprocs.py). None: one per work slot; 0: in this
+    #: process's threads.
+    work_processes: int | None = None
     #: Redis shared by proxy replicas (issue 10): per-target and per-tenant rate limits,
     #: session budgets and queries per day hold in total across every proxy using it
     #: (``fortis serve --redis-url``/``$FORTIS_REDIS_URL``). None: all in this process (the
@@ -770,8 +775,16 @@ def start_stack(settings: StackSettings) -> Stack:
                                  current_tenant.get(), name, field, audit=rpc)),
                          pt_servicer.SERVICE_NAME))
     if "scoring" in wanted:
+        pieces = None
+        if settings.work_processes != 0:
+            # the metrics' chains hold an interpreter lock for seconds: not this process's
+            pieces = PieceProcesses(
+                settings.work_processes or work.slots or default_slots(),
+                preload=["fortis.services.scoring.catalogue",
+                         "fortis.services.scoring.evaluation_scoring"])
+            closers.append(pieces.close)
         register.append((scoring_pb2_grpc.add_ScoringServiceServicer_to_server,
-                         sc_servicer.ScoringServicer(), sc_servicer.SERVICE_NAME))
+                         sc_servicer.ScoringServicer(pieces), sc_servicer.SERVICE_NAME))
     if "report" in wanted:
         register.append((report_pb2_grpc.add_ReportServiceServicer_to_server,
                          rp_servicer.ReportServicer(), rp_servicer.SERVICE_NAME))

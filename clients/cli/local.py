@@ -286,6 +286,15 @@ def _work_slots(ns: argparse.Namespace) -> int | None:
     return None if slots is None else int(slots)
 
 
+def _work_processes(ns: argparse.Namespace) -> int | None:
+    from fortis.services.common.errors import InvalidArgument
+
+    n = getattr(ns, "work_processes", None)
+    if n is not None and not 0 <= int(n) <= 256:
+        raise InvalidArgument("work_processes", "must be from 0 (in this process) to 256")
+    return None if n is None else int(n)
+
+
 def _metrics_address(ns: argparse.Namespace) -> tuple[str, int | None]:
     """Where /metrics listens: ``--metrics-address HOST:PORT``, else ``--metrics-port`` on
     127.0.0.1 (issue 9: loopback unless the operator says otherwise), else nowhere."""
@@ -405,6 +414,12 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     from fortis.services.common.startup import EXIT_LISTEN, StartupError, step
 
     configure(ns.log_level)
+    # before any thread of the server exists: a thread's allocator arena is fixed at its start
+    from fortis.services.common.allocator import keep_freed_memory
+    if keep_freed_memory(max(0, ns.keep_freed_mib) * 1024 ** 2):
+        import structlog
+        structlog.get_logger("fortis.serve").debug("allocator keeps freed memory",
+                                                   keep_freed_mib=ns.keep_freed_mib)
     # Every step of the start names itself when it fails, with the exit code of its class
     # (services/common/startup.py; docs/pipelines.md "Exit codes of fortis serve").
     try:
@@ -456,7 +471,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                 whitebox_grants=grants,
                 tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
                 evaluation_workers=_evaluation_workers(ns), server_workers=_server_workers(ns),
-                work_slots=_work_slots(ns),
+                work_slots=_work_slots(ns), work_processes=_work_processes(ns),
                 redis_url=getattr(ns, "redis_url", None) or os.environ.get("FORTIS_REDIS_URL") or None,
                 redis_namespace=getattr(ns, "redis_namespace", None)
                 or os.environ.get("FORTIS_REDIS_NAMESPACE") or "default",

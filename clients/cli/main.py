@@ -221,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "built-in targets' inference, metrics, reports) run at once, shared "
                     "fairly between the tenants that want them (default: one per core; "
                     "0: no sharing)")
+    sp.add_argument("--work-processes", type=int, default=None, metavar="N",
+                    help="worker processes that run the scoring service's metrics, so a long "
+                    "metric does not hold the interpreter lock other tenants' calls need "
+                    "(default: one per work slot; 0: in the server's own threads)")
     sp.add_argument("--tenant-quota", action="append",
                     metavar="TENANT=running:N,queued:N,queries_per_day:N,calls:N,calls_per_second:N",
                     help="one tenant's quotas, overriding the defaults above (repeatable; "
@@ -253,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="decoded bytes one tenant's calls in progress may hold together on "
                     "this server (default 256 MiB; 0: no limit); a call past it is "
                     "RESOURCE_EXHAUSTED at once, the bytes given back when each call ends")
+    sp.add_argument("--keep-freed-mib", type=int, default=256, metavar="N",
+                    help="free memory the process keeps for reuse instead of giving it back "
+                    "(glibc only): large answers are then copied without faulting in fresh "
+                    "pages while every other call waits (default 256; 0: the C library's "
+                    "defaults; docs/limits.md)")
     sp.add_argument("--metrics-address", metavar="HOST:PORT",
                     help="serve Prometheus metrics (RPCs and proxy queries, labelled by tenant) "
                     "at http://HOST:PORT/metrics; bind 0.0.0.0 only on purpose")

@@ -9,26 +9,30 @@ reads the integers it needs itself). Domain errors become statuses in the shared
 Bounded work (issue 9, finding 2): Compute refuses arrays over ``limits.MAX_ARRAY_ELEMENTS``
 from their shapes before decoding them, and hands the catalogue a stop check built from the
 call (``stopping.caller_stop``), so a long entry ends with DEADLINE_EXCEEDED or CANCELLED as
-soon as its caller's deadline passes or the call is cancelled, instead of working on.
+soon as its caller's deadline passes or the call is cancelled, instead of working on (run
+in a worker process, the worker is killed).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable
-from typing import Any, Final
+from collections.abc import Callable, Iterable
+from typing import Any, Final, TypeVar
 
 from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
 from fortis.services.common.codec import tensor_to_array
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.server import in_work_slot
+from fortis.services.common.workprocs import PieceProcesses
 from fortis.services.scoring.catalogue import compute, list_metrics
 from fortis.services.scoring.convert import read_evaluation, response_from_scores
 from fortis.services.scoring.evaluation_scoring import score_evaluation
 from fortis.services.scoring.limits import check_array_elements
 from fortis.services.scoring.stopping import caller_stop
 from google.protobuf import json_format, struct_pb2
+
+T = TypeVar("T")
 
 SERVICE_NAME = scoring_pb2.DESCRIPTOR.services_by_name["ScoringService"].full_name
 
@@ -58,13 +62,27 @@ def page_offset(token: str, total: int) -> int:
 
 
 class ScoringServicer(scoring_pb2_grpc.ScoringServiceServicer):
+    """``pieces``: worker processes that run the metrics (services/common/workprocs.py: an IRT
+    chain holds the interpreter lock for seconds, which every other tenant's calls in this
+    process would wait on); None: in this process."""
+
+    def __init__(self, pieces: PieceProcesses | None = None) -> None:
+        self._pieces = pieces
+
+    def _run(self, context: Any, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args, should_stop=...)`` in the tenant's share of the CPU, in a worker process
+        when there are any (there the caller's deadline or cancellation kills the worker)."""
+        stop = caller_stop(context.is_active, context.time_remaining)
+        pieces = self._pieces
+        if pieces is None:
+            return in_work_slot(context, lambda: fn(*args, should_stop=stop))
+        return in_work_slot(context, lambda: pieces.call(fn, *args, should_stop=stop))
+
     def ScoreEvaluation(self, request_iterator: Iterable[scoring_pb2.ScoreEvaluationRequest],
                         context: Any) -> scoring_pb2.ScoreEvaluationResponse:
         setup, settings = read_evaluation(request_iterator)
-        # bootstrap intervals and IRT: in the tenant's share of the CPU
-        scores = in_work_slot(context, lambda: score_evaluation(
-            setup, settings, should_stop=caller_stop(context.is_active, context.time_remaining)))
-        return response_from_scores(scores)
+        # bootstrap intervals and IRT
+        return response_from_scores(self._run(context, score_evaluation, setup, settings))
 
     def ListMetrics(self, request: Any, context: Any) -> scoring_pb2.ListMetricsResponse:
         if request.page_size < 0:
@@ -87,10 +105,8 @@ class ScoringServicer(scoring_pb2_grpc.ScoringServiceServicer):
         check_array_elements((name, tuple(t.shape)) for name, t in request.arrays.items())
         arrays = {name: tensor_to_array(t, f"arrays.{name}") for name, t in request.arrays.items()}
         params = json_format.MessageToDict(request.params) if request.HasField("params") else {}
-        # a metric can be seconds of CPU: in the tenant's share of it
-        result = in_work_slot(context, lambda: compute(
-            request.metric, arrays, params,
-            should_stop=caller_stop(context.is_active, context.time_remaining)))
+        # a metric can be seconds of CPU
+        result = self._run(context, compute, request.metric, arrays, params)
         s = struct_pb2.Struct()
         json_format.ParseDict(result, s)
         return scoring_pb2.ComputeResponse(result=s)

@@ -104,6 +104,11 @@ class FortisError(Exception):
         super().__init__(message)
         self.message = message
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled with its attributes, whatever its constructor takes: an error raised where
+        # a server ran a piece of work in another process reaches the call as the same class.
+        return (_unpickle, (type(self), self.args, self.__dict__))
+
     @property
     def code(self) -> int:
         """The google.rpc.Code of this error (the code a foreign status carried, for codes
@@ -119,6 +124,13 @@ class FortisError(Exception):
     def rebuild(cls: type[_E], message: str, details: Sequence[Message]) -> _E:
         """The error a status of this class's code carried (inverse of :meth:`details`)."""
         return cls(message)
+
+
+def _unpickle(cls: type[_E], args: tuple[Any, ...], state: dict[str, Any]) -> _E:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
 
 
 @dataclass(frozen=True)
