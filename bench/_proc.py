@@ -40,3 +40,39 @@ def with_children(pid: int) -> list[int]:
                        Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
     except OSError:
         return [pid]
+
+
+def tree(pids: Iterable[int]) -> list[int]:
+    """``pids`` and every process descended from them (a server's worker processes, started
+    through a fork server, are its grandchildren)."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found = list(dict.fromkeys(pids))
+    seen = set(found)
+    for p in found:                 # grows as children are found
+        for child, ppid in parent.items():
+            if ppid == p and child not in seen:
+                seen.add(child)
+                found.append(child)
+    return found
+
+
+_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def machine_cpu() -> dict[str, float]:
+    """The whole machine's CPU time so far by kind (seconds summed over cores, /proc/stat):
+    what a phase's difference of two readings shows is where the cores' time went, the
+    processes of the benchmark or not (kernel threads writing back to disk, other work)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    return {k: int(v) / tick for k, v in zip(_STAT_FIELDS, fields, strict=False)}

@@ -74,7 +74,7 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _proc import cpu_s, rss_kb  # noqa: E402 - bench/ beside this script
+from _proc import cpu_s, machine_cpu, rss_kb, tree  # noqa: E402 - bench/ beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDINARY = ("alice", "bob")
@@ -583,13 +583,16 @@ def _ordinary_phase(addrs: dict[str, str], pids: list[int], name: str, plans: di
                     ns: argparse.Namespace, stop_neighbour: Callable[[], Any] | None
                     ) -> dict[str, Any]:
     load0 = os.getloadavg()[0]
-    cpu0 = cpu_s(pids)
-    peak = [rss_kb(pids)]
+    # the server's worker processes (metrics run there) are part of its CPU
+    cpu0 = cpu_s(tree(pids))
+    machine0 = machine_cpu()
+    peak = [rss_kb(pids), 0]
     watching = threading.Event()
 
     def rss() -> None:
         while not watching.wait(0.5):
             peak[0] = max(peak[0], rss_kb(pids))
+            peak[1] = max(peak[1], rss_kb(p for p in tree(pids) if p not in pids))
 
     threading.Thread(target=rss, daemon=True).start()
     barrier = threading.Barrier(len(ORDINARY))
@@ -610,7 +613,12 @@ def _ordinary_phase(addrs: dict[str, str], pids: list[int], name: str, plans: di
     out = {"phase": name, "noisy": stop_neighbour is not None, "seconds": round(seconds, 1),
            "load_avg_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
            "server_peak_rss_mib": round(peak[0] / 1024, 1),
-           "server_cpu_s": round(cpu_s(pids) - cpu0, 1),
+           # summed over the processes: pages they share (the fork server's modules) counted
+           # in each
+           "server_worker_processes_peak_rss_mib": round(peak[1] / 1024, 1),
+           "server_cpu_s": round(cpu_s(tree(pids)) - cpu0, 1),
+           "machine_cpu_s": {k: round(v - machine0.get(k, 0.0), 1)
+                             for k, v in machine_cpu().items()},
            "tenants": {t: results[t] for t in ORDINARY}}
     if hostile_out is not None:
         out["hostile"] = hostile_out

@@ -62,6 +62,11 @@ _PNG_CHANNELS: Final = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
 _PNG_SUFFIX: Final = "_png"
 
 
+#: Requests at least this large (bytes, as received) are checked against their tenant's
+#: in-flight limit before they are parsed (:meth:`MemoryBudget.check_carried`).
+CARRIED_CHECK_MIN_BYTES: Final = 1024 * 1024
+
+
 @dataclass(frozen=True)
 class MemoryLimits:
     """The limits one server applies (``fortis serve --max-request-decoded-bytes``,
@@ -359,6 +364,26 @@ class MemoryBudget:
             self._held[tenant] = held + n
         return _Release(self, tenant, n)
 
+    def check_carried(self, tenant: str, n: int) -> None:
+        """Before a request of ``n`` bytes is parsed: refused when ``tenant``'s calls in
+        progress already hold something, and more than the tenant limit less ``n``. Images decode to at least
+        the bytes that carry them, so such a request would be refused once parsed; refused
+        here, its bytes are never copied into a message (a client that retries a refused
+        64 MiB request at once otherwise has the server parse it again each time, holding
+        the interpreter lock every other call needs). Requests under
+        ``CARRIED_CHECK_MIN_BYTES`` are parsed first, whatever the tenant holds."""
+        limit = self.settings.max_tenant_bytes
+        if not limit or n < CARRIED_CHECK_MIN_BYTES:
+            return
+        with self._lock:
+            held = self._held.get(tenant, 0)
+        # a tenant holding nothing gets its request parsed: the refusal then names the field
+        if held and held + n > limit:
+            raise QuotaExceeded([QuotaViolation(
+                "request", f"carries {_mib(n)} while this tenant's calls in progress hold "
+                f"{_mib(held)}; at most {_mib(limit)} in flight per tenant "
+                "(--max-tenant-decoded-bytes): retry when one has finished")])
+
     def _give_back(self, tenant: str, n: int) -> None:
         with self._lock:
             left = self._held.get(tenant, 0) - n
@@ -408,6 +433,12 @@ class CallHold:
         self._releases: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._closed = False
+
+    def check_carried(self, n: int) -> None:
+        """A request of ``n`` bytes, before it is parsed (:meth:`MemoryBudget.check_carried`);
+        calls between Fortis's services are not counted."""
+        if self.counted:
+            self.budget.check_carried(self.tenant, n)
 
     def hold(self, msg: Message) -> Callable[[], None]:
         release = self.budget.admit(self.tenant, self.method, msg, counted=self.counted)

@@ -351,12 +351,21 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
     if not (handler.request_streaming and handler.response_streaming):
         check = _bounded(check)     # a bidirectional stream's servicer answers it in band
     bidi = handler.request_streaming and handler.response_streaming
+    parse = _tolerant(handler.request_deserializer)
+    # A unary request reaches the behaviour as the bytes received and is parsed only once
+    # the caller is known and the bytes fit its tenant's memory: an unauthenticated or
+    # over-budget request is never copied into a message.
+    later = parse if not handler.request_streaming and parse is not None else None
 
     def admitted(request: Any, context: grpc.ServicerContext,
                  holds: list[CallHold]) -> Any:
         """The checked request, held in the call's memory budget (released at its end)."""
-        request = check(request)
         hold = hold_for() if hold_for is not None else None
+        if later is not None:
+            if hold is not None:
+                hold.check_carried(len(request))
+            request = later(request)
+        request = check(request)
         if hold is None:
             return request
         holds.append(hold)
@@ -439,12 +448,11 @@ def _wrap_handler(handler: grpc.RpcMethodHandler,
             done(context, None, t0)
         return call
 
-    parse = _tolerant(handler.request_deserializer)
     send = _passing_wire(handler.response_serializer)
     if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), parse, send)
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), None, send)
     if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), parse, send)
+        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), None, send)
     if handler.stream_unary:
         return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), parse, send)
     return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), parse, send)

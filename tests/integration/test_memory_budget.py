@@ -12,7 +12,10 @@ PNGs made here, called through the generated stubs alone (no fortis.client SDK).
   per-pixel answers through the proxy) is refused before the work, naming the field; Compute arrays and report examples are sized the same;
   a bidirectional stream answers a refusal in band and goes on;
 - a tenant's second large call is refused while its first one holds the budget (blocked at a
-  gated target), another tenant's call of the same size goes through;
+  gated target), another tenant's call of the same size goes through; a request of 1 MiB or
+  more that does not fit the tenant's budget is refused before it is parsed (garbage bytes:
+  RESOURCE_EXHAUSTED for that tenant, INVALID_ARGUMENT for the other, UNAUTHENTICATED without
+  a key);
 - refused, failed and cancelled calls give their bytes back: after many of them a call of
   the whole budget succeeds and nothing is held.
 """
@@ -372,6 +375,20 @@ def test_a_tenants_second_large_call_waits_for_none_and_the_other_tenant_goes_on
         assert len(pert.ApplyPerturbation(_apply(4), metadata=OTHER_MD,
                                           timeout=120).images) == 4
         assert not first.done()
+        # Bytes the tenant could not hold are refused before they are parsed: a 1.2 MiB
+        # request that is not even a message is RESOURCE_EXHAUSTED for the tenant whose
+        # call holds its budget, INVALID_ARGUMENT (parsed, and failed) for the other one,
+        # and an unauthenticated one is refused for that alone.
+        garbage = b"\xff" * (1200 * 1024)
+        raw = ch.unary_unary("/fortis.perturbation.v1.PerturbationService/ApplyPerturbation")
+        why = _refused(lambda: raw(garbage, metadata=MD, timeout=60), "request")
+        assert "carries 1,228,800 bytes" in why and "in flight per tenant" in why
+        with pytest.raises(grpc.RpcError) as ei:
+            raw(garbage, metadata=OTHER_MD, timeout=60)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ei.value.details()
+        with pytest.raises(grpc.RpcError) as ei:
+            raw(garbage, timeout=60)
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED, ei.value.details()
     finally:
         target.gate.set()
     assert len(first.result(timeout=60).predictions) == 4
