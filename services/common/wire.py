@@ -29,6 +29,11 @@ __all__ = ["Piece", "Wire", "image_field", "image_list", "message", "tensor_fiel
 #: and a tiny ``bytes(n)`` may be an interpreter-wide shared object that must never be written).
 _DIRECT_MIN = 1 << 16
 
+#: ``PyBytes_FromStringAndSize(NULL, n)``: a bytes object of ``n`` bytes, not filled in.
+_uninitialized_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+_uninitialized_bytes.restype = ctypes.py_object
+_uninitialized_bytes.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+
 _LEN = 2        # wire type of a length-delimited field
 
 
@@ -100,7 +105,9 @@ def message(*parts: bytes | list[Piece]) -> Wire:
     total = _size(pieces)
     if total < _DIRECT_MIN:
         return Wire(b"".join(p.tobytes() if isinstance(p, np.ndarray) else p for p in pieces))
-    out = bytes(total)      # a new object of its own (see _DIRECT_MIN), no one else sees it yet
+    # A new object of its own (see _DIRECT_MIN), no one else sees it yet; left unfilled
+    # (``bytes(total)`` would zero it while holding the lock), every byte is written below.
+    out = _uninitialized_bytes(None, total)
     at = np.frombuffer(out, dtype=np.uint8).ctypes.data
     for p in pieces:
         if isinstance(p, np.ndarray):
