@@ -10,9 +10,10 @@ other tenant's evaluation by a third (docs/benchmarks.md, "Noisy neighbour"). Th
 (workshare.py) already bounds how many such pieces a tenant runs and at what rate; here they
 run in processes of their own, each with its own lock.
 
-:class:`PieceProcesses` keeps up to ``processes`` worker processes (started from a fork
-server that has imported the modules the pieces need, so one starts in milliseconds), at a
-lower scheduling priority than the server's threads (as the share's threads are). ``call``
+:class:`PieceProcesses` keeps up to ``processes`` worker processes (each a fresh interpreter
+with the server's import path that imports the modules the pieces need: ~0.25 s here, once
+per worker), at a lower scheduling priority than the server's threads (as the share's
+threads are). ``call``
 sends a module-level function and its arguments (pickled) to an idle worker and waits for
 its answer, looking at ``should_stop`` meanwhile: when the caller's deadline passes or the
 call is cancelled the worker is killed (the computation really stops; a new worker takes its
@@ -27,10 +28,14 @@ Pure Python, no gRPC.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
+import importlib
+import json
 import multiprocessing.connection
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,13 +53,27 @@ _POLL_S = 0.05
 WORKER_NICE = 10
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, priority: int) -> None:
-    """A worker's loop: (function, args, kwargs) in, ("ok", value) or ("err", exception) out,
-    until the pipe closes. ``priority``: the nice value to run at (an absolute value: the
-    fork server may have been started from a thread that already runs at a lower one)."""
+#: What a worker interpreter runs: the server's import path, then :func:`_worker_main`.
+_BOOTSTRAP = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+              "from fortis.services.common.workprocs import _worker_entry; _worker_entry()")
+
+
+def _worker_entry() -> None:
+    """argv: the import path (JSON), the socket's descriptor, the nice value to run at (an
+    absolute value: the server thread that starts a worker may already run lower), then the
+    modules to import before the first piece."""
+    fd, priority, preload = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # the server decides when workers end
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, 0, priority)
+    for name in preload:
+        importlib.import_module(name)
+    _worker_main(multiprocessing.connection.Connection(fd))
+
+
+def _worker_main(conn: multiprocessing.connection.Connection) -> None:
+    """A worker's loop: (function, args, kwargs) in, ("ok", value) or ("err", exception) out,
+    until the socket closes (the server ended or let the worker go)."""
     while True:
         try:
             fn, args, kwargs = conn.recv()
@@ -74,22 +93,26 @@ def _worker_main(conn: multiprocessing.connection.Connection, priority: int) -> 
 
 
 def _ended(w: _Worker) -> errors.Internal:
-    w.process.join(5)
-    code = w.process.exitcode
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        w.process.wait(5)
+    code = w.process.returncode
     how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
     return errors.Internal(f"the worker process running this computation ended ({how})")
 
 
 @dataclass
 class _Worker:
-    process: Any
+    process: subprocess.Popen[bytes]
     conn: multiprocessing.connection.Connection
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
 
     def kill(self) -> None:
         with contextlib.suppress(Exception):
             self.process.kill()
         with contextlib.suppress(Exception):
-            self.process.join(5)
+            self.process.wait(5)
         with contextlib.suppress(Exception):
             self.conn.close()
 
@@ -104,9 +127,7 @@ class PieceProcesses:
             raise ValueError("processes must be >= 1")
         self.processes = processes
         self._nice = nice
-        self._ctx = multiprocessing.get_context("forkserver")
-        wanted = ["fortis.services.common.workprocs", *preload]
-        self._ctx.set_forkserver_preload(list(dict.fromkeys(wanted)))
+        self._preload = list(dict.fromkeys(preload))
         self._lock = threading.Condition()
         self._idle: list[_Worker] = []
         self._started = 0
@@ -117,12 +138,21 @@ class PieceProcesses:
             priority = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + self._nice)
         except (OSError, AttributeError):
             priority = self._nice
-        parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_worker_main, args=(child, priority),
-                                 name="fortis-piece", daemon=True)
-        proc.start()
-        child.close()
-        return _Worker(proc, parent)
+        ours, theirs = socket.socketpair()
+        try:
+            # A fresh interpreter with this one's import path (-P: not the working folder's),
+            # never this process's __main__: a server started from a script or a notebook
+            # must not have its top level run again in every worker.
+            proc = subprocess.Popen(
+                [sys.executable, "-P", "-c", _BOOTSTRAP, json.dumps(sys.path),
+                 str(theirs.fileno()), str(priority), *self._preload],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return _Worker(proc, multiprocessing.connection.Connection(ours.detach()))
 
     def _take(self, should_stop: Callable[[], Any] | None) -> _Worker:
         with self._lock:
@@ -131,7 +161,7 @@ class PieceProcesses:
                     raise errors.Unavailable("the server is shutting down")
                 while self._idle:
                     w = self._idle.pop()
-                    if w.process.is_alive():
+                    if w.alive():
                         return w
                     w.kill()
                     self._started -= 1
@@ -171,7 +201,7 @@ class PieceProcesses:
             while not w.conn.poll(_POLL_S):
                 if should_stop is not None:
                     should_stop()
-                if not w.process.is_alive():
+                if not w.alive():
                     raise _ended(w)
             try:
                 status, value = w.conn.recv()

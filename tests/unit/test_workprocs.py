@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -121,3 +123,23 @@ def test_a_closed_pool_refuses_calls_and_ends_its_workers():
             break
         time.sleep(0.1)
     assert not _alive(pid)
+
+
+def test_a_server_started_from_a_script_never_runs_that_script_again(tmp_path):
+    """A script (or a notebook, or stdin) that starts a server has no main guard to rely on:
+    the workers are fresh interpreters that import only what the pieces need."""
+    marks = tmp_path / "runs.txt"
+    script = tmp_path / "start.py"
+    script.write_text(
+        "import os, sys\n"
+        f"open({str(marks)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "from fortis.services.common.workprocs import PieceProcesses\n"
+        "p = PieceProcesses(1)\n"
+        "print(p.call(os.getpid) != os.getpid())\n"
+        "p.close()\n")
+    for how in (["python", str(script)], ["stdin"]):
+        cmd = [sys.executable, str(script)] if how[0] == "python" else [sys.executable, "-"]
+        out = subprocess.run(cmd, input=None if how[0] == "python" else script.read_text(),
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-2000:]
+    assert len(marks.read_text().split()) == 2      # once per run, never in a worker
