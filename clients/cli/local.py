@@ -416,10 +416,11 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     configure(ns.log_level)
     # before any thread of the server exists: a thread's allocator arena is fixed at its start
     from fortis.services.common.allocator import keep_freed_memory
-    if keep_freed_memory(max(0, ns.keep_freed_mib) * 1024 ** 2):
+    keep_mib = int(getattr(ns, "keep_freed_mib", 256))
+    if keep_freed_memory(max(0, keep_mib) * 1024 ** 2):
         import structlog
         structlog.get_logger("fortis.serve").debug("allocator keeps freed memory",
-                                                   keep_freed_mib=ns.keep_freed_mib)
+                                                   keep_freed_mib=keep_mib)
     # Every step of the start names itself when it fails, with the exit code of its class
     # (services/common/startup.py; docs/pipelines.md "Exit codes of fortis serve").
     try:
