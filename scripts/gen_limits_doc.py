@@ -62,7 +62,7 @@ def _cell(text: str) -> str:
 
 
 def render() -> str:
-    from fortis.services.common import limits, quotas
+    from fortis.services.common import allocator, limits, memory, quotas
     from fortis.services.evaluation import plan
     from fortis.services.perturbation.attacks.registry import ATTACKS
     from fortis.services.perturbation.registry import PERTURBATIONS
@@ -207,7 +207,16 @@ def render() -> str:
             "made with the internal key) are held to the per-request and answer limits but "
             "not counted in the tenant's: the evaluation workers bound them. An upload holds "
             "the chunk being written. Images past the pixel limit alone, or whose header does "
-            "not parse, are refused by the decoder's own header check (`INVALID_ARGUMENT`)."]
+            "not parse, are refused by the decoder's own header check (`INVALID_ARGUMENT`).",
+            "",
+            "A unary request is parsed only after its caller is authenticated, and one of "
+            f"{memory.CARRIED_CHECK_MIN_BYTES // 1024 ** 2} MiB or more (as received) is "
+            "refused before it is parsed when its tenant's calls in progress already hold "
+            "something and more than the limit less its size (`RESOURCE_EXHAUSTED` on "
+            "`request`: \"carries N bytes while this tenant's calls in progress hold ...\"): "
+            "images decode to at least the bytes that carry them, so it would be refused once "
+            "parsed, and a client retrying a large request at once would otherwise have the "
+            "server copy it into a message each time."]
     out += ["", "## CPU and call pace", "",
             "Memory and calls in progress bound what a tenant *holds*; these bound what it "
             "*takes* from the others while it stays inside them "
@@ -234,7 +243,27 @@ def render() -> str:
             "for an evaluation counts for its tenant; calls between Fortis's own services take "
             "no seat and no call-rate turn. A piece waiting for a slot ends with its call's "
             "deadline or cancellation. Measured with `bench/noisy_neighbour.py` "
-            "(docs/benchmarks.md)."]
+            "(docs/benchmarks.md).", "",
+            "The scoring service's metrics (Compute, ScoreEvaluation) run in worker processes, "
+            "one per work slot (`--work-processes N`; 0: in the server's own threads; "
+            "`services/common/workprocs.py`), each a fresh interpreter with the server's import "
+            "path (never the script that started the server) at nice +10: an IRT chain is "
+            "thousands of small numpy steps that hold the interpreter lock, which every other "
+            "tenant's calls in the process would otherwise wait on. The slot is held while the "
+            "worker computes; the caller's deadline or cancellation kills the worker (a new "
+            "one starts for the next call), and a worker that dies fails only its own call "
+            "(`INTERNAL`). The workers add their own memory to the server's: about 230 MiB "
+            "each here after an IRT computation (150 MiB of it their own), more for larger "
+            "computations; count it in a scoring pod's memory limit.", "",
+            "`fortis serve` keeps memory it has freed for reuse (`--keep-freed-mib N`, default "
+            f"{allocator.DEFAULT_RETAIN_BYTES // 1024 ** 2}; 0: the C library's defaults; glibc "
+            "only, `services/common/allocator.py`): buffers over 32 MiB are otherwise fresh "
+            "mappings whose pages all fault in again, and gRPC copies each large answer while "
+            "holding the interpreter lock (`bench/answer_copy.py`: 38.9 ms of the process's "
+            "other threads waiting per 64 MiB answer with glibc's defaults, 17.4 ms with "
+            "memory kept). The cost: the process keeps up to that much it no longer uses, and "
+            "its resident size stays near its high-water mark, which the memory budget above "
+            "bounds."]
     out += ["", "## Deadlines and cancellation", "",
             "Every long computation polls a stop check built from its call (the caller's "
             "deadline and whether the call is still active; `services/common/stopping.py`) "
@@ -245,7 +274,9 @@ def render() -> str:
             "(and every surrogate forward pass of the white-box operator); ScoreEvaluation "
             "between settings and stages; Compute's IRT sampler between steps; RenderReport "
             "between stages. The other Compute metrics are vectorised passes over at most "
-            "`MAX_ARRAY_ELEMENTS` elements and are not interrupted. Measured by "
+            "`MAX_ARRAY_ELEMENTS` elements and are not interrupted. Where the metrics run in "
+            "worker processes (the default), the worker is killed instead, whatever the "
+            "metric. Measured by "
             "`tests/integration/test_deadlines_everywhere.py` (the ledger is quiet within "
             "0.01 s of a RunAttack's deadline or cancel on this machine) and "
             "`tests/integration/test_scoring_deadlines.py`.", ""]
