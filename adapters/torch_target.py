@@ -14,7 +14,7 @@ import numpy as np
 from fortis.adapters.torch_models.classifier import TorchClassifier
 from fortis.common.v1 import common_pb2
 from fortis.services.common import errors, limits
-from fortis.services.common.codec import add_messages, classification_from_proba, decode_images
+from fortis.services.common.codec import add_messages, classification_from_proba, decode_image
 from fortis.services.common.memory import holding
 from fortis.services.common.status import status_for
 from fortis.target.v1 import target_pb2, target_pb2_grpc
@@ -56,14 +56,10 @@ class ClassifierTarget:
             raise errors.InvalidArgument("images", "at least one image is required")
         if len(images) > self.max_batch:
             raise errors.InvalidArgument("images", f"{len(images)} images exceed max_batch_size {self.max_batch}")
-        arrays = decode_images(images)
-        # Group equal shapes so one forward pass serves each group.
-        proba = np.zeros((len(arrays), len(self.classifier.class_names)), dtype=np.float32)
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, a in enumerate(arrays):
-            groups.setdefault(a.shape, []).append(i)
-        for idx in groups.values():
-            proba[idx] = self.classifier.predict_proba(np.stack([arrays[i] for i in idx]))
+        # each image fitted to the model's input as it is decoded: one forward pass for all
+        fit = self.classifier.fit_input
+        proba = self.classifier.predict_proba(np.stack(
+            [fit(decode_image(m, f"images[{i}]")) for i, m in enumerate(images)]))
         names = self.classifier.class_names
         return [common_pb2.Prediction(
             image_id=img.image_id,

@@ -67,6 +67,14 @@ class TorchClassifier:
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    def fit_input(self, image: np.ndarray) -> np.ndarray:
+        """One uint8 H x W x C image -> uint8 height x width x channels of the model's input
+        (what :meth:`to_model_input` does to each image of a batch). Fitting a batch's images
+        one at a time before stacking them never holds a stack of full-size images (a request
+        of seven 4096 x 4096 images was a 112 MiB copy made while holding the interpreter
+        lock, to be shrunk to 28 x 28 after)."""
+        return self._convert(image)
+
     def _convert(self, image: np.ndarray) -> np.ndarray:
         """One uint8 H x W x C image -> uint8 height x width x channels."""
         spec = self.input_spec
