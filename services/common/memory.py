@@ -366,11 +366,12 @@ class MemoryBudget:
 
     def check_carried(self, tenant: str, n: int) -> None:
         """Before a request of ``n`` bytes is parsed: refused when ``tenant``'s calls in
-        progress already hold something, and more than the tenant limit less ``n``. Images decode to at least
-        the bytes that carry them, so such a request would be refused once parsed; refused
-        here, its bytes are never copied into a message (a client that retries a refused
-        64 MiB request at once otherwise has the server parse it again each time, holding
-        the interpreter lock every other call needs). Requests under
+        progress already hold something, and more than the tenant limit less ``n``. The
+        request's own bytes are memory its call holds too, and images decode to about as
+        many bytes as carry them or more, so a request of images would be refused once
+        parsed; refused here, its bytes are never copied into a message (a client that
+        retries a refused 64 MiB request at once otherwise has the server parse it again
+        each time, holding the interpreter lock every other call needs). Requests under
         ``CARRIED_CHECK_MIN_BYTES`` are parsed first, whatever the tenant holds."""
         limit = self.settings.max_tenant_bytes
         if not limit or n < CARRIED_CHECK_MIN_BYTES:
