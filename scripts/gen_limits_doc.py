@@ -214,9 +214,10 @@ def render() -> str:
             "refused before it is parsed when its tenant's calls in progress already hold "
             "something and more than the limit less its size (`RESOURCE_EXHAUSTED` on "
             "`request`: \"carries N bytes while this tenant's calls in progress hold ...\"): "
-            "images decode to at least the bytes that carry them, so it would be refused once "
-            "parsed, and a client retrying a large request at once would otherwise have the "
-            "server copy it into a message each time."]
+            "the request's own bytes are memory its call holds too, and images decode to about "
+            "as many bytes as carry them or more, so a request of images would be refused once "
+            "parsed; a client retrying a large request at once would otherwise have the server "
+            "copy it into a message each time."]
     out += ["", "## CPU and call pace", "",
             "Memory and calls in progress bound what a tenant *holds*; these bound what it "
             "*takes* from the others while it stays inside them "
