@@ -1,5 +1,5 @@
-"""Importing a package that imports torchvision, without torchvision (DESIGN.md: avoid it):
-stand-in modules are present in ``sys.modules`` only while the import runs.
+"""Importing a package that imports torchvision, without torchvision (PyPI's torchvision pulls a
+second, CUDA torch): stand-in modules are present in ``sys.modules`` only while the import runs.
 
 Used by ``vision_targets.mtcnn`` (facenet-pytorch's detector imports two torchvision names)
 and ``torch_models.surrogate`` (onnx2torch imports torchvision for its NMS / RoIAlign

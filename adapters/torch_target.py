@@ -86,7 +86,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
                       ) -> Iterator[target_pb2.PredictStreamResponse]:
         for req in request_iterator:
             try:
-                limits.check_message(req)   # in band, like the proxy (issue 9 limits)
+                limits.check_message(req)   # in band, like the proxy's limits
                 resp = target_pb2.PredictStreamResponse(request_id=req.request_id)
                 with holding(req):          # its decoded size, held while it is answered
                     add_messages(resp.predictions, self.target.predict(req.images))

@@ -1026,7 +1026,7 @@ def load_fmnist(n: int) -> tuple[nn.Module, np.ndarray, np.ndarray, dict[str, An
 
 
 def offline_photos() -> list[tuple[str, np.ndarray]]:
-    """Every offline RGB photo: Debian darknet's and scikit-image's (DESIGN.md section 4)."""
+    """Every offline RGB photo: Debian darknet's and scikit-image's."""
     from fortis.adapters.torch_models.datasets import DARKNET_DIR
     from PIL import Image
 

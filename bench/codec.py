@@ -1,12 +1,11 @@
 #!/usr/bin/env python3
-"""What building a request that carries images costs, by how it is built (issue 10,
-"Performance"). Under the upb protobuf runtime, a message built on its own and then passed to
-another message's constructor (or ``append``/``extend``) is copied slowly, in proportion to its
-bytes; filled in place (``repeated.add()`` then the fields: ``codec.add_images``) or copied
-with ``CopyFrom`` it is a memcpy. Every request and answer between Fortis's services carries
-images, so the runner, the perturbation service's query client, the proxy and the targets
-build them in place. Prints JSON (microseconds per request of one image). Never part of the
-test run.
+"""What building a request that carries images costs, by how it is built.
+Under the upb protobuf runtime, a message built on its own and then passed to another message's
+constructor (or ``append``/``extend``) is copied slowly, in proportion to its bytes; filled in
+place (``repeated.add()`` then the fields: ``codec.add_images``) or copied with ``CopyFrom`` it
+is a memcpy. Every request and answer between Fortis's services carries images, so the runner,
+the perturbation service's query client, the proxy and the targets build them in place. Prints
+JSON (microseconds per request of one image). Never part of the test run.
 
     python bench/codec.py [--n 2000] [--size 224]
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Clean and robust accuracy of the built-in Fashion-MNIST models, the defended one included
-(issue 13: benchmarks across models; CAN-5 defence effect, CAN-7 models x attacks).
+(benchmarks across models; CAN-5 defence effect, CAN-7 models x attacks).
 
 Prints one JSON object: ``rows`` (one per model: ``fmnist-cnn``, ``fmnist-mlp``,
 ``fmnist-cnn-at``), each with the clean accuracy and the accuracy under white-box attacks

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Fuzz every Fortis RPC that takes user data with >= 10,000 hostile requests (issue 9,
-finding 8 and the "Done when" fuzz bullet).
+"""Fuzz every Fortis RPC that takes user data with >= 10,000 hostile requests: bad
+input must get INVALID_ARGUMENT naming the field, never INTERNAL.
 
 The requests come from ``tests/fuzz/strategies.py`` (hypothesis; boundary numbers, NaN/Inf,
 huge/unicode/control-character strings, tensors with bad shapes, PNG/JPEG bombs, plans nested

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Two tenants at one rate-limited target: does either slow the other down? (issue 9)
+"""Two tenants at one rate-limited target: does either slow the other down?
 
 ``fortis serve --service proxy`` runs in its own process with one target limited to
 ``--rate`` images/s and two API keys. Tenant **bob** sends single images from

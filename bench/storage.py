@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Proxy ledger throughput, SQLite vs PostgreSQL, durable, with concurrent writers (issue 10,
-"Pluggable state, PostgreSQL at scale": ledger writes group-committed across concurrent calls).
+"""Proxy ledger throughput, SQLite vs PostgreSQL, durable, with concurrent writers
+(ledger writes group-committed across concurrent calls).
 
 Each of ``--threads`` threads makes ``--calls`` proxy-like calls: ``reserve`` the call's
 ``--images`` rows (write-ahead, before the images would go), then ``complete`` them (the

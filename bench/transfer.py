@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Transfer rates of Fortis's gradient transfer attacks (IEEE-A7), with and without each
-booster and with a model ensemble, and crafting speed against torchattacks (issue 12).
+booster and with a model ensemble, and crafting speed against torchattacks.
 
 Prints one JSON object: ``rows`` (one per setting), ``speed`` (Fortis at its defaults vs
 torchattacks at its own defaults and at Fortis's steps and step size, same surrogate, images/s

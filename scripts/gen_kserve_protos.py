@@ -8,8 +8,7 @@ Source: adapters/kserve_v2_protos/grpc_predict_v2.proto (written from the public
 Fortis contract, so it lives beside the adapter rather than under protos/fortis/). It is
 compiled as ``fortis/adapters/kserve_v2_protos/grpc_predict_v2.proto`` so that the generated
 gRPC module imports its messages from ``fortis.adapters.kserve_v2_protos``. Generated with
-grpcio-tools 1.81.1, whose code imports under protobuf 6 and 7 (DESIGN.md section 4). Never
-edit the output by hand.
+grpcio-tools 1.81.1, whose code imports under protobuf 6 and 7. Never edit the output by hand.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 Sources: protos/fortis/**/*.proto (one copy of each). The google/{api,rpc} protos are vendored
 in protos/ for buf and other languages; at run time their Python modules come from
 googleapis-common-protos, so they are not generated here. Generated with grpcio-tools 1.81.1,
-whose code imports under protobuf 6 and 7 (DESIGN.md section 4). Never edit the output by hand.
+whose code imports under protobuf 6 and 7. Never edit the output by hand.
 
 It also writes services/common/fortis_descriptors.binpb: a FileDescriptorSet of the contracts
 *with their comments* (source info, which the _pb2 modules strip) plus google/rpc's status,

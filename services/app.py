@@ -1,5 +1,5 @@
-"""One wiring point for every service (DESIGN.md: ``bootstrap(settings)``; nothing starts at
-import). ``start_stack`` runs all five services in one process on one port (the embedded
+"""One wiring point for every service, the composition root (docs/architecture.md); nothing
+starts at import. ``start_stack`` runs all five services in one process on one port (the embedded
 default) or a single service (``only=``), plus the built-in target adapters it is asked for.
 """
 
@@ -43,7 +43,7 @@ _TENANT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 def _parse_tenants(value: str, spec: str) -> frozenset[str]:
-    """The allow-list of ``?tenants=a,b`` (issue 9: targets declared with the tenants allowed
+    """The allow-list of ``?tenants=a,b`` (targets are declared with the tenants allowed
     to use them); InvalidArgument on ``target`` for an empty list or a name outside the
     tenant charset."""
     names = [t.strip() for t in value.split(",")]
@@ -67,7 +67,7 @@ def _without_param(url: str, key: str) -> str:
 class TargetConfig:
     """A target the proxy may query: a built-in model served in-process, or a gRPC address.
 
-    ``tenants``: the tenants allowed to use it (``?tenants=a,b`` on any scheme, issue 9);
+    ``tenants``: the tenants allowed to use it (``?tenants=a,b`` on any scheme);
     empty = every tenant. For any other tenant the target does not exist (NOT_FOUND, as an
     unknown name; not listed by ListTargets).
     """
@@ -83,7 +83,7 @@ class TargetConfig:
     #: Most images the proxy sends the target in one call (``?max_batch=N``); a target that
     #: declares a smaller ``max_batch_size`` in its info gets that.
     max_batch: int = 64
-    #: ``grpcs://``: TLS to the target (issue 9, transport security): the CA that signs its
+    #: ``grpcs://``: TLS to the target: the CA that signs its
     #: certificate (empty: the system roots), an optional client certificate and key (mTLS),
     #: and the name to verify when the certificate does not name the address.
     tls: bool = False
@@ -151,7 +151,7 @@ class StackSettings:
     state_dir: Path = Path(os.environ.get("FORTIS_STATE", ".fortis-state"))
     api_keys: dict[str, str] = field(default_factory=dict)      # key -> tenant (hashed at start)
     #: Keys already hashed (``fortis serve --api-key``/``$FORTIS_API_KEYS``: the CLI hashes
-    #: them as it parses them, so the server never holds them in plain text; issue 9).
+    #: them as it parses them, so the server never holds them in plain text).
     key_entries: Sequence[KeyEntry] = ()
     #: A key file (``TENANT sha256:<hex>`` per line, e.g. a Kubernetes secret mount), re-read
     #: every ``api_keys_reload_s`` seconds when it changed (rotation without restart).
@@ -165,7 +165,7 @@ class StackSettings:
     #: The tenant from a verified client certificate: "CN", "O" or "SAN-URI=PREFIX"
     #: (``fortis serve --tls-tenant-from``; needs ``--tls-client-auth require``). "": off.
     tls_tenant_from: str = ""
-    #: TLS for the server and mTLS for the internal channels (issue 9); None: plain text.
+    #: TLS for the server and mTLS for the internal channels; None: plain text.
     tls: TlsSettings | None = None
     targets: Sequence[TargetConfig] = ()
     only: str = ""               # run just this service
@@ -180,15 +180,15 @@ class StackSettings:
     resume: bool = True
     metrics_port: int | None = None     # serve Prometheus /metrics of the proxy (0 = any port)
     #: Where /metrics listens (``fortis serve --metrics-address HOST:PORT``): loopback unless
-    #: the operator names another address (issue 9: metrics bound to a configurable address).
+    #: the operator names another address.
     metrics_host: str = "127.0.0.1"
     #: Also serve each built-in target on its own loopback port (benchmarks comparing a direct
     #: call with the proxy). Off by default: built-in targets are reachable through the proxy only.
     expose_builtin_targets: bool = False
     #: WatchEvaluation sends the current state at least this often while an evaluation runs.
     watch_heartbeat_s: float = 5.0
-    #: The operator's folder of server-side datasets: manifest plans read only under it
-    #: (issue 9 finding 1). None: manifest plans are refused.
+    #: The operator's folder of server-side datasets: manifest plans read only under it,
+    #: so no plan reads the rest of the server's disk. None: manifest plans are refused.
     data_root: Path | None = None
     #: The operator's surrogate folder (``fortis serve --surrogate-dir`` /
     #: ``FORTIS_SURROGATE_DIR``): ``<name>.json`` manifests and their model files, named in
@@ -200,13 +200,13 @@ class StackSettings:
     whitebox_grants: Mapping[str, frozenset[str]] = field(default_factory=dict)
     #: Per-tenant images/s across every target (``fortis serve --tenant-rate TENANT=N``).
     tenant_rates: Mapping[str, float] = field(default_factory=dict)
-    #: Per-tenant quotas (issue 9): running/queued evaluations, queries per UTC day
+    #: Per-tenant quotas: running/queued evaluations, queries per UTC day
     #: (``fortis serve --max-running-per-tenant/--max-queued-per-tenant/--tenant-quota``).
     quotas: QuotaSettings = field(default_factory=QuotaSettings)
     #: Worker threads running evaluations (the fair scheduler's capacity).
     evaluation_workers: int = 2
     #: Bytes each tenant may keep in uploaded blobs (``fortis serve --upload-quota-bytes``;
-    #: issue 9, the upload API: services/common/blobs.py).
+    #: the upload API: services/common/blobs.py).
     upload_quota_bytes: int = 2 * 1024 ** 3
     #: Decoded bytes per request and per tenant in flight (``fortis serve
     #: --max-request-decoded-bytes/--max-tenant-decoded-bytes``; services/common/memory.py):
@@ -224,22 +224,22 @@ class StackSettings:
     #: --work-processes``; services/common/workprocs.py). None: one per work slot; 0: in this
     #: process's threads.
     work_processes: int | None = None
-    #: Redis shared by proxy replicas (issue 10): per-target and per-tenant rate limits,
+    #: Redis shared by proxy replicas: per-target and per-tenant rate limits,
     #: session budgets and queries per day hold in total across every proxy using it
     #: (``fortis serve --redis-url``/``$FORTIS_REDIS_URL``). None: all in this process (the
     #: embedded default; no Redis needed). ``redis_namespace`` prefixes every key.
     redis_url: str | None = None
     redis_namespace: str = "default"
-    #: PostgreSQL holding the evaluation store and the proxy ledger (issue 10, "Pluggable
-    #: state"; ``fortis serve --database-url``/``$FORTIS_DATABASE_URL``), shared by replicas
+    #: PostgreSQL holding the evaluation store and the proxy ledger (``fortis serve
+    #: --database-url``/``$FORTIS_DATABASE_URL``), shared by replicas
     #: and workers; its schema must be at head (``fortis db upgrade``). None: SQLite files in
     #: ``state_dir`` (the embedded default; no database server needed).
     database_url: str | None = None
     #: Servers close each connection after this many seconds so clients behind a headless
-    #: Service re-resolve and spread over new replicas (issue 10, grpc_options). None:
+    #: Service re-resolve and spread over new replicas (grpc_options). None:
     #: ``$FORTIS_MAX_CONNECTION_AGE_S`` (the Helm chart's ConfigMap) or 300; 0: never.
     max_connection_age_s: float | None = None
-    #: Who runs an evaluation's work items (issue 10, ``services/evaluation/executors.py``):
+    #: Who runs an evaluation's work items (``services/evaluation/executors.py``):
     #: "local" (the evaluation worker threads; default), "processes" (``worker_processes``
     #: local ``fortis worker`` processes sharing the items through claims in the store) or
     #: "kubernetes" (one Indexed Job per evaluation, made as ``job_settings`` says).
@@ -276,9 +276,9 @@ class Stack:
         return self.server.address
 
     def stop(self, grace: float = 0.5, *, worker_wait: float = 2.0) -> list[str]:
-        """Drain and stop, in an order that keeps in-flight work consistent (issue 9: SIGTERM
-        must end the process in bounded time; issue 10: "every service drains in-flight work
-        and exits within the pod's grace period"): health NOT_SERVING first (probes fail,
+        """Drain and stop, in an order that keeps in-flight work consistent (SIGTERM
+        must end the process in bounded time; every service drains in-flight work
+        and exits within the pod's grace period): health NOT_SERVING first (probes fail,
         clients watching health move to other replicas), the evaluation manager next (running
         evaluations stop at their next item and stay RUNNING, resumed by the next start;
         WatchEvaluation streams end UNAVAILABLE), then new calls refused (UNAVAILABLE) while
@@ -401,7 +401,7 @@ def start_target_server(cfg: TargetConfig, *, max_message_bytes: int = 64 * 1024
 
 def _key_table(settings: StackSettings, internal_key: str
                ) -> tuple[KeyTable, KeyFileWatcher | None]:
-    """The hashed key table of a stack (issue 9): plain keys of ``settings.api_keys`` hashed
+    """The hashed key table of a stack: plain keys of ``settings.api_keys`` hashed
     now, ``key_entries`` as given, the key file loaded and watched, and the internal service
     key (in memory only) when auth is on. No key anywhere: auth off (local mode)."""
     table = KeyTable()
@@ -456,7 +456,7 @@ def _check_loopback_tls(server: RunningServer, ch: Any, tls: TlsSettings) -> Non
 
 def _executor(settings: StackSettings, state: Path, internal_key: str,
               addr_box: dict[str, str]) -> Any:
-    """The evaluation service's executor (issue 10); None for the local worker threads.
+    """The evaluation service's executor; None for the local worker threads.
     Bad settings are refused here, before the server listens."""
     import sys
 
@@ -592,7 +592,7 @@ def start_stack(settings: StackSettings) -> Stack:
         from fortis.services.common.identity import IdentityCollector
         registry.register(IdentityCollector(tokens))        # type: ignore[arg-type]
         tokens.prefetch()
-    # Tenant labels come from the key table only (bounded cardinality; issue 9); the key
+    # Tenant labels come from the key table only (bounded cardinality); the key
     # file's tenants change with it.
     tenant_label = TenantLabels(key_table.tenants if key_table.enabled else {"default"})
     rpc_metrics = RpcMetrics(registry, tenant_label)
@@ -630,7 +630,7 @@ def start_stack(settings: StackSettings) -> Stack:
     closers.append(work.close)
     if "proxy" in wanted:
         entries = []
-        redis_store: Any = None     # limits and budgets shared by replicas (issue 10)
+        redis_store: Any = None     # limits and budgets shared by replicas
         if settings.redis_url:
             with step("state"):
                 from fortis.services.target_proxy.redis_store import RedisStore
@@ -702,9 +702,9 @@ def start_stack(settings: StackSettings) -> Stack:
                 lazy_channel(addr("proxy", settings.proxy_address)))
             return getattr(stub, item)
 
-    # Uploaded blobs (issue 9): stored by the evaluation service's UploadService, read by its
+    # Uploaded blobs: stored by the evaluation service's UploadService, read by its
     # datasets and by the perturbation service (neural_style models) with the caller's tenant;
-    # in the shared PostgreSQL with database_url (issue 10: pods share no disk), else files.
+    # in the shared PostgreSQL with database_url (pods share no disk), else files.
     blob_store = None
     if "evaluation" in wanted or "perturbation" in wanted:
         with step("state"):

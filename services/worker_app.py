@@ -1,4 +1,4 @@
-"""Composition root of ``fortis worker`` (issue 10, "Work fan-out on Kubernetes itself"): one
+"""Composition root of ``fortis worker`` (work fan-out on Kubernetes itself): one
 worker process of an evaluation, as an Indexed Job pod or a local process runs it.
 
 It wires the evaluation store (SQLite files in the state folder shared with the evaluation
@@ -67,7 +67,7 @@ def pick(addresses: str, index: int) -> str:
     """One of a comma-separated list of addresses, by the worker's index (replicas shared
     out among local workers); a single address (e.g. ``dns:///...``, balanced per call by
     gRPC's round_robin) as it is, and so an ``ipv4:``/``ipv6:`` address list, whose commas
-    are gRPC's: every worker reaches every replica, balanced per call (issue 10)."""
+    are gRPC's: every worker reaches every replica, balanced per call."""
     from fortis.services.common.grpc_options import ADDRESS_LIST_SCHEMES
 
     if addresses.strip().lower().startswith(ADDRESS_LIST_SCHEMES):
@@ -113,7 +113,7 @@ def run_worker(settings: WorkerSettings, stop: threading.Event | None = None) ->
         proxy = GrpcProxy(channels[proxy_at], md)
         perturbation = GrpcPerturbation(channels[perturbation_at], md)
         # uploads: the shared PostgreSQL with database_url (pods share no disk), else the
-        # evaluation service's state folder (issue 10)
+        # evaluation service's state folder
         blobs = open_blobs(Path(settings.state_dir), database_url=settings.database_url,
                            reader=True)
         closers.append(blobs.close)

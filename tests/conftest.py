@@ -13,8 +13,8 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.infra.postgres import postgres_server, postgres_url  # noqa: F401  (issue 10)
-from tests.infra.redis_server import redis_factory, redis_server  # noqa: F401  (issue 10)
+from tests.infra.postgres import postgres_server, postgres_url  # noqa: F401  (fixtures)
+from tests.infra.redis_server import redis_factory, redis_server  # noqa: F401  (fixtures)
 
 API_KEY = "test-key-tenant-a"
 OTHER_KEY = "test-key-tenant-b"

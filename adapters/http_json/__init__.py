@@ -32,9 +32,9 @@ requests), ``image_server`` (the loopback file server of image: url), ``response
 predictions) and ``backend`` (``HttpJsonBackend``); HTTP goes through the shared
 ``fortis.adapters.http_client``. Everything is re-exported here.
 
-Domain rule (DESIGN.md section 1): no gRPC here, only HTTP transport and pure transforms; the
-transforms (``box_to_pixels``, ``polygon_to_box``, ``decode_coco_rle``, ``decode_png_mask``,
-``scale_score``, ...) are plain functions, tested without a server.
+Domain rule (docs/architecture.md section 4): no gRPC here, only HTTP transport and pure
+transforms; the transforms (``box_to_pixels``, ``polygon_to_box``, ``decode_coco_rle``,
+``decode_png_mask``, ``scale_score``, ...) are plain functions, tested without a server.
 """
 
 from __future__ import annotations

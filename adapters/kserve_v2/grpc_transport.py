@@ -1,5 +1,5 @@
 """OIP over gRPC (``inference.GRPCInferenceService``): the only module of the adapter that
-imports grpc (DESIGN.md section 1; tests/contract lists it as a transport module).
+imports grpc (docs/architecture.md section 4; tests/contract lists it as a transport module).
 
 gRPC UNAVAILABLE / DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED become ``TargetUnavailable`` (with a
 ``retry-after`` trailer when the server sent one), "larger than max" ``MessageTooLarge``, any

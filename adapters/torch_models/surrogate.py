@@ -68,10 +68,10 @@ def detect_format(head: bytes) -> str:
 
 
 def import_onnx2torch() -> Any:
-    """``onnx2torch`` without torchvision: it imports torchvision at import time for its NMS
-    and RoIAlign converters only (detectors, never classifiers). When torchvision is absent
-    (DESIGN.md: avoid it), stand-ins that refuse those two ops are present while it loads
-    and removed afterwards, as fortis.adapters.vision_targets.mtcnn does."""
+    """``onnx2torch`` without torchvision: it imports torchvision at import time for its NMS and
+    RoIAlign converters only (detectors, never classifiers). When torchvision is absent (PyPI's
+    torchvision pulls a second, CUDA torch), stand-ins that refuse those two ops are present
+    while it loads and removed afterwards, as fortis.adapters.vision_targets.mtcnn does."""
     if "onnx2torch" in sys.modules:
         return sys.modules["onnx2torch"]
     with _import_lock:

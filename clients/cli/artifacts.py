@@ -1,4 +1,4 @@
-"""``fortis artifacts list|export EVALUATION_ID --tenant T`` (issue 10): what an evaluation
+"""``fortis artifacts list|export EVALUATION_ID --tenant T``: what an evaluation
 kept besides its results, such as the adversarial examples of its attack stages
 (``adversarial/<attack>-<chunk>.npz`` with ``image_ids``, ``adversarial_uint8`` and
 ``adversarial_float``; SPEC CAN-9), read out of the evaluation store by an operator.

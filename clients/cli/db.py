@@ -1,6 +1,6 @@
-"""``fortis db upgrade`` and ``fortis db current`` (issue 10, "Pluggable state, PostgreSQL at
-scale"): the schema of a PostgreSQL database shared by Fortis services, managed by the Alembic
-migrations shipped in the package (``services/common/migrations``).
+"""``fortis db upgrade`` and ``fortis db current``: the schema of a PostgreSQL database shared
+by Fortis services, managed by the Alembic migrations shipped in the package
+(``services/common/migrations``).
 
 ``upgrade`` brings the database to this Fortis's head (one transaction, under an advisory
 lock: two at once run one after the other; the Helm chart runs it as a pre-install /

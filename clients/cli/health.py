@@ -1,4 +1,4 @@
-"""``fortis health``: the gRPC health check of a running service (issue 10: the image's
+"""``fortis health``: the gRPC health check of a running service (the image's
 ``HEALTHCHECK``, and what an operator runs by hand). Exit 0 when the service answers
 SERVING, 1 otherwise (NOT_SERVING while draining on SIGTERM, unreachable, timed out)."""
 

@@ -1,5 +1,5 @@
-"""``fortis keys``: make API keys and the key-file lines that admit them (issue 9, "Transport
-security": keys stored hashed, rotated without restart).
+"""``fortis keys``: make API keys and the key-file lines that admit them (keys are
+stored hashed and rotated without restart).
 
     fortis keys new --tenant T     a new key (give it to the tenant) and its key-file line
     fortis keys hash --tenant T    the key-file line of a key read from stdin (an existing key)

@@ -144,7 +144,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 def _embedded_manifest_root(text: str) -> tuple[str, Path | None]:
     """For an embedded run of a manifest plan: the manifest's folder is the data root and the
-    plan names the manifest in it (issue 9 finding 1: the server reads only under a root)."""
+    plan names the manifest in it (the server reads only under a root)."""
     from fortis.services.common.errors import InvalidArgument
     from fortis.services.evaluation.plan import parse_plan_text
 
@@ -220,7 +220,7 @@ def _evaluation_workers(ns: argparse.Namespace) -> int:
 
 
 def _quota_settings(ns: argparse.Namespace) -> Any:
-    """``fortis serve``'s per-tenant quotas (issue 9) as QuotaSettings; InvalidArgument
+    """``fortis serve``'s per-tenant quotas as QuotaSettings; InvalidArgument
     naming the option when one is malformed."""
     from fortis.services.common.errors import InvalidArgument
     from fortis.services.common.quotas import (
@@ -297,7 +297,7 @@ def _work_processes(ns: argparse.Namespace) -> int | None:
 
 def _metrics_address(ns: argparse.Namespace) -> tuple[str, int | None]:
     """Where /metrics listens: ``--metrics-address HOST:PORT``, else ``--metrics-port`` on
-    127.0.0.1 (issue 9: loopback unless the operator says otherwise), else nowhere."""
+    127.0.0.1 (loopback unless the operator says otherwise), else nowhere."""
     from fortis.services.common.errors import InvalidArgument
     from fortis.services.common.metrics import parse_metrics_address
 
@@ -359,7 +359,7 @@ def _identity_options(ns: argparse.Namespace) -> tuple[list[Any], str]:
 
 
 def _executor_settings(ns: argparse.Namespace) -> dict[str, Any]:
-    """StackSettings of the work fan-out (issue 10): --executor, --worker-processes, --job-*."""
+    """StackSettings of the work fan-out: --executor, --worker-processes, --job-*."""
     from fortis.services.common.errors import InvalidArgument
 
     executor = getattr(ns, "executor", "local") or "local"
@@ -389,7 +389,7 @@ def _executor_settings(ns: argparse.Namespace) -> dict[str, Any]:
                              ("FORTIS_PERTURBATION_ADDRESS", ns.perturbation_address or ""))
            if v}
     # The services listen with TLS only when given a certificate: the worker pods then need
-    # it too (issue 10), from the Secret it came from.
+    # it too, from the Secret it came from.
     tls_secret = getattr(ns, "job_tls_secret", "") or ""
     if ns.tls_cert and not tls_secret:
         raise InvalidArgument("job_tls_secret", "with --tls-cert and --executor kubernetes, "
@@ -519,8 +519,8 @@ def _freeze_startup_objects() -> None:
 
 
 def _shutdown(stack: Any, grace: float) -> int:
-    """Drain ``stack`` and end the process within about ``grace`` + 3 seconds (issue 9:
-    Kubernetes sends SIGTERM, then SIGKILL after its own grace period).
+    """Drain ``stack`` and end the process within about ``grace`` + 3 seconds
+    (Kubernetes sends SIGTERM, then SIGKILL after its own grace period).
 
     In-flight calls get ``grace`` seconds; evaluations stop at their next item and stay
     RUNNING, so the next start resumes them. A worker busy inside a long item, or a handler
@@ -546,7 +546,7 @@ def _shutdown(stack: Any, grace: float) -> int:
 
 def _open_ledger(ns: argparse.Namespace) -> tuple[Any, str]:
     """The ledger ``fortis ledger`` reads, and how to name it: PostgreSQL (``--database-url``
-    or ``$FORTIS_DATABASE_URL``; read-only, issue 10) or the SQLite file in the state folder.
+    or ``$FORTIS_DATABASE_URL``; read-only) or the SQLite file in the state folder.
     InvalidArgument naming the setting when there is none."""
     from fortis.services.common import errors, sqldb
 
@@ -595,7 +595,7 @@ def cmd_ledger(ns: argparse.Namespace) -> int:
                     "session_id": sid, "tenant": rec.tenant, "target": rec.target,
                     "queries_ok": st.queries_ok,
                     "queries_failed": st.queries_failed, "calls_refused": st.calls_refused,
-                    # rows never completed: in flight, or interrupted by a crash (issue 9)
+                    # rows never completed: in flight, or interrupted by a crash
                     "queries_attempted": st.attempts, "queries_in_flight": st.in_flight,
                     "queries_interrupted": st.interrupted,
                     "query_budget": rec.query_budget, "per_image_budget": rec.per_image_budget,

@@ -1,4 +1,4 @@
-"""PDF export of ``report.html`` (issue 13) with headless Chromium's print-to-PDF.
+"""PDF export of ``report.html`` with headless Chromium's print-to-PDF.
 
 The report page carries its own print stylesheet (A4, no navigation, figures kept whole);
 this module prints a copy of it in which every collapsed ``<details>`` block (test

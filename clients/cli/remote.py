@@ -59,7 +59,7 @@ class TlsArgs(TypedDict, total=False):
 
 def tls_of(ns: argparse.Namespace) -> TlsArgs:
     """FortisClient's TLS arguments from ``--tls-ca/--tls-cert/--tls-key/--tls-server-name``
-    (or $FORTIS_TLS_CA/_CERT/_KEY/_SERVER_NAME); empty: plain text (issue 9)."""
+    (or $FORTIS_TLS_CA/_CERT/_KEY/_SERVER_NAME); empty: plain text."""
     env = os.environ.get
     args = TlsArgs(tls_ca=getattr(ns, "tls_ca", None) or env("FORTIS_TLS_CA", ""),
                    tls_cert=getattr(ns, "tls_cert", None) or env("FORTIS_TLS_CERT", ""),

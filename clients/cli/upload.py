@@ -1,6 +1,6 @@
 """``fortis upload`` and ``fortis upload-dataset``: send images, manifests and models to a
-running Fortis through ``UploadService`` (issue 9, "No plan reads the server's disk": plans
-name uploaded blobs, never a server path).
+running Fortis through ``UploadService`` (no plan reads the server's disk: plans name
+uploaded blobs, never a server path).
 
     fortis upload FILE... [--kind image|manifest|model] --address A    prints one id per file
     fortis upload-dataset FOLDER_OR_MANIFEST --address A               uploads images + a

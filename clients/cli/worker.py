@@ -1,9 +1,9 @@
-"""``fortis worker``: one worker of an evaluation (issue 10, "Work fan-out on Kubernetes
-itself"). Kubernetes' Indexed Job starts it in every pod with ``JOB_COMPLETION_INDEX``; the
-evaluation service's ``--executor processes`` starts it as local processes. Settings come
-from flags or the environment the Job sets (``FORTIS_EVALUATION_ID``, ``FORTIS_TENANT``,
-``FORTIS_DATABASE_URL``, ``FORTIS_PROXY_ADDRESS``, ``FORTIS_PERTURBATION_ADDRESS``,
-``FORTIS_INTERNAL_KEY``: the key only ever from the environment, a secret).
+"""``fortis worker``: one worker of an evaluation's work fan-out. Kubernetes' Indexed Job starts
+it in every pod with ``JOB_COMPLETION_INDEX``; the evaluation service's ``--executor processes``
+starts it as local processes. Settings come from flags or the environment the Job sets
+(``FORTIS_EVALUATION_ID``, ``FORTIS_TENANT``, ``FORTIS_DATABASE_URL``, ``FORTIS_PROXY_ADDRESS``,
+``FORTIS_PERTURBATION_ADDRESS``, ``FORTIS_INTERNAL_KEY``: the key only ever from the
+environment, a secret).
 
 Exit codes: 0 every item of the evaluation is finished (or it already ended), 1 failed (a
 transient failure: the Job's backoff retries the pod; a permanent one is also recorded on the

@@ -1,4 +1,4 @@
-"""Acceptance criteria of a test plan (issue 13): the grammar, shared by plan validation (the
+"""Acceptance criteria of a test plan: the grammar, shared by plan validation (the
 evaluation service) and the verdict (the report service). Pure data and functions, no gRPC.
 
 A plan declares::

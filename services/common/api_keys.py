@@ -1,6 +1,6 @@
-"""API keys, hashed at rest and in memory, and rotated without a restart (issue 9, "Transport
-security": keys loaded from a file or a Kubernetes secret, stored hashed, rotation without
-restart; SPEC section 0: one Fortis per organisation, many tenants).
+"""API keys, hashed at rest and in memory, and rotated without a restart (keys are loaded
+from a file or a Kubernetes secret; SPEC section 0: one Fortis per organisation, many
+tenants).
 
 Pure code, no gRPC (the interceptor that asks :class:`KeyTable` who a caller is lives in
 ``server.py``):

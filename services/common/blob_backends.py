@@ -1,4 +1,4 @@
-"""Which blob storage a process opens (issue 10): the one composition rule shared by
+"""Which blob storage a process opens: the one composition rule shared by
 ``fortis serve`` (``services/app.py``) and ``fortis worker`` (``services/worker_app.py``), so
 the evaluation service, the perturbation service and every worker read the same uploads.
 
@@ -18,7 +18,7 @@ __all__ = ["open_blobs"]
 
 def open_blobs(state_dir: Path, *, database_url: str | None = None,
                quota_bytes: int = DEFAULT_QUOTA_BYTES, reader: bool = False) -> BlobStorage:
-    """The blob storage of a service or worker (issue 10): with ``database_url`` the blobs
+    """The blob storage of a service or worker: with ``database_url`` the blobs
     shared in that PostgreSQL (a local cache of materialised models under
     ``<state_dir>/blob-cache``), else the file store under ``<state_dir>/blobs`` as always.
     ``reader``: a process that only reads another's folder (``fortis worker``), which must

@@ -1,5 +1,5 @@
-"""Content-addressed blobs stored per tenant: the storage behind ``UploadService`` (issue 9,
-"No plan reads the server's disk": images and tenant models come in through the API, with
+"""Content-addressed blobs stored per tenant: the storage behind ``UploadService`` (no plan
+reads the server's disk: images and tenant models come in through the API, with
 size and pixel limits checked from the header before decoding, referenced from plans by id).
 
 Pure code (no gRPC), shared: the evaluation service stores and reads uploads (its servicer in
@@ -24,7 +24,7 @@ and without ever decoding. An upload writes a temporary file in the tenant folde
 renames it; a failed or cancelled upload removes it, and leftovers of a crash are swept when
 the store opens.
 
-Issue 10 ("Kubernetes per tenant and scale-out"): :class:`BlobStorage` is what the callers
+Scale-out on Kubernetes: :class:`BlobStorage` is what the callers
 use (the upload servicer, the plan datasets, the perturbation service's model resolver,
 ``fortis worker``); :class:`BlobStore` (files + SQLite, the embedded default) and
 ``blobs_pg.PgBlobStore`` (content in chunks of ``bytea`` rows in the shared PostgreSQL, so
@@ -121,7 +121,7 @@ class BlobInfo:
 
 
 def _not_found(blob_id: str) -> NotFound:
-    # One message for unknown and foreign ids alike (issue 9: another tenant's id behaves
+    # One message for unknown and foreign ids alike (another tenant's id behaves
     # exactly as an unknown one).
     return NotFound("blob", blob_id)
 
@@ -208,8 +208,8 @@ class BlobUpload(Protocol):
 
 
 class BlobStorage(Protocol):
-    """What the callers need of the uploaded blobs (issue 9's upload API, issue 10's shared
-    state): the file store (:class:`BlobStore`) or PostgreSQL (``blobs_pg.PgBlobStore``),
+    """What the callers need of the uploaded blobs, wherever they are
+    stored: the file store (:class:`BlobStore`) or PostgreSQL (``blobs_pg.PgBlobStore``),
     the same limits, messages and tenancy."""
 
     quota_bytes: int
@@ -273,7 +273,7 @@ class UploadChecks:
 
     def _sniff(self, chunk: bytes) -> None:
         """Check an image's format and pixel count as soon as its header has arrived (never
-        decoding, issue 9 finding 3)."""
+        decoding: a small file may declare a huge image)."""
         self._head += chunk[:MAX_IMAGE_HEADER_BYTES + 1 - len(self._head)]
         head = self._head
         if len(head) >= 2 and not (head.startswith(_PNG[:len(head)])
@@ -505,7 +505,7 @@ class BlobStore:
         tenant already holds these bytes, keep the existing blob and drop the temp file.
         One ``BEGIN IMMEDIATE`` transaction: another process committing into the same folder
         waits, so the same bytes uploaded twice at once make one blob, and the quota is
-        checked again against what is stored now (issue 10: the same semantics as
+        checked again against what is stored now (the same semantics as
         PostgreSQL's)."""
         final = up.folder / hexd
         with self._lock:

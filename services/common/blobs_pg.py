@@ -1,9 +1,9 @@
-"""Uploaded blobs in PostgreSQL (issue 10, "Kubernetes per tenant and scale-out": separate
-pods and worker Job pods share no disk, so the uploads a plan names must live in the shared
-database, not in one pod's state folder).
+"""Uploaded blobs in PostgreSQL (scale-out on Kubernetes: separate pods and worker Job pods
+share no disk, so the uploads a plan names must live in the shared database, not in one
+pod's state folder).
 
 The same :class:`~.blobs.BlobStorage` surface, limits, messages and tenancy as the file store
-(``blobs.BlobStore``, issue 9's upload API), in SQLAlchemy 2 Core over psycopg 3, on the
+(``blobs.BlobStore``, behind the upload API), in SQLAlchemy 2 Core over psycopg 3, on the
 schema of the Alembic migrations (``services/common/migrations``, 0003; the store refuses a
 database that is not at head and names ``fortis db upgrade``):
 

@@ -6,9 +6,9 @@ The plan's service-type parameters (IEEE-P3) say how an answer is judged: a clas
 (IEEE-C5), and which success criteria an attack may be judged by (:data:`ATTACK_CRITERIA`,
 IEEE-A8 / PER-2). They live here, not in the scoring service, because two services need them: the
 evaluation service validates a plan's criteria before anything runs (and must not import
-scoring, DESIGN.md section 1), and the scoring service judges answers with them. Validation
-only: plain Python, no numpy at import (``AggregationRule.combine`` imports it when called),
-every problem named by its field (``correctness.k``, ``detection.iou_threshold``...).
+scoring: docs/architecture.md, section 4), and the scoring service judges answers with them.
+Validation only: plain Python, no numpy at import (``AggregationRule.combine`` imports it when
+called), every problem named by its field (``correctness.k``, ``detection.iou_threshold``...).
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""gRPC options for running the services behind Kubernetes headless Services (issue 10,
-"gRPC on Kubernetes").
+"""gRPC options for running the services behind Kubernetes headless Services.
 
 HTTP/2 keeps one long-lived connection per client and server, so a client that resolved a
 headless Service once would keep calling the replicas it first found, and a replica added by
@@ -31,7 +30,7 @@ MAX_CONNECTION_AGE_ENV = "FORTIS_MAX_CONNECTION_AGE_S"
 #: Service config of internal channels to ``dns:///`` names: round_robin over the servers
 #: that say SERVING. With ``healthCheckConfig`` each subchannel watches its server's gRPC
 #: health, so a replica that drains on SIGTERM (NOT_SERVING, services/common/server.py) gets
-#: no new call from these channels while it finishes the calls it has (issue 10).
+#: no new call from these channels while it finishes the calls it has.
 ROUND_ROBIN_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}],
                                          "healthCheckConfig": {"serviceName": ""}})
 

@@ -5,7 +5,7 @@ holding its lock, and its stream-close callback takes that lock. The callback ru
 server's one event thread (``_serve``), which is also the thread that must complete the send
 the lock holder waits for: a client that opens a ``Watch`` and goes away while the status
 changes (a channel with client-side health checking reconnecting; the internal round_robin
-channels watch health since issue 10's drain) stops the event thread for good, and with it
+channels watch health to skip a draining server) stops the event thread for good, and with it
 every call of the server, ``Check`` included. Found by the fresh-clone CI (a server whose
 connections age every 0.3 s hung in its stop); ``tests/unit/test_health.py`` reproduces it
 with the stock servicer in a few seconds.

@@ -1,6 +1,6 @@
-"""The documented maximum of every field of every request message (issue 9, "Bounded work":
-"every numeric parameter of every RPC has a documented maximum; plans, strings and nesting
-depth have limits").
+"""The documented maximum of every field of every request message (docs/limits.md): every
+numeric parameter of every RPC has a documented maximum; plans, strings and nesting depth
+have limits.
 
 One source of truth per limit:
 
@@ -99,7 +99,7 @@ MAX_REQUEST_DECODED_BYTES: Final = 128 * 1024 * 1024
 #: call ends (answered, failed or cancelled). Calls between Fortis's services are not counted.
 MAX_TENANT_DECODED_BYTES: Final = 256 * 1024 * 1024
 
-# -- uploads (services/common/blobs.py; issue 9, "No plan reads the server's disk") ----------
+# -- uploads (services/common/blobs.py; no plan reads the server's disk) ----------------------
 #: Bytes of one UploadBlob data chunk (``blobs.MAX_CHUNK_BYTES``).
 MAX_UPLOAD_CHUNK_BYTES: Final = 1024 * 1024
 #: Declared size of the largest blob, a model (``blobs.MAX_BLOB_BYTES``: image 32 MiB,
@@ -132,7 +132,7 @@ MAX_SURROGATE_OUTPUT: Final = 15
 #: Boxes (K) a detector surrogate may return per image (checked when it is loaded).
 MAX_SURROGATE_DETECTIONS: Final = 20_000
 
-# -- evaluation artifacts (services/evaluation/store.py; issue 10, one shared store) ----------
+# -- evaluation artifacts (services/evaluation/store.py; one shared store) --------------------
 #: An artifact's name (``adversarial/<attack>-<chunk>.npz``): '/'-separated parts of letters,
 #: digits, '_', '-', '.', none starting with '.'.
 MAX_ARTIFACT_NAME_CHARS: Final = 200
@@ -193,7 +193,7 @@ MAX_REPORT_PLAN_BYTES: Final = 1 << 20
 #: Entries of any list of a report's parts.
 MAX_REPORT_ENTRIES: Final = 100_000
 
-# -- Report examples (issue 13) --------------------------------------------------------------
+# -- Report examples -------------------------------------------------------------------------
 #: Example images one report carries (corruptions, attacks, DEG-4 failure points).
 MAX_REPORT_EXAMPLES: Final = 200
 #: Bytes of one example PNG, and its largest side in pixels.

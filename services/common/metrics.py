@@ -1,9 +1,9 @@
-"""Prometheus metrics of a Fortis process (DESIGN.md section 3: an endpoint per service).
+"""Prometheus metrics of a Fortis process: an endpoint per service.
 
 Every service counts its RPCs by method, tenant and status code (``fortis_rpc_requests_total``)
 and times them (``fortis_rpc_latency_seconds``); the proxy adds its own counters
 (:mod:`fortis.services.target_proxy.metrics`). Tenant labels are bounded (:class:`TenantLabels`,
-issue 9). Each stack has its own registry, so several stacks can share a process (tests).
+docs/security.md). Each stack has its own registry, so several stacks can share a process (tests).
 ``fortis serve --metrics-address HOST:PORT`` serves it at ``/metrics`` (127.0.0.1 unless
 another host is named). Transport-neutral: the gRPC interceptor calls :meth:`RpcMetrics.observe`.
 """
@@ -28,7 +28,7 @@ OTHER_TENANT = "other"
 
 
 class TenantLabels:
-    """Tenant label values with bounded cardinality (issue 9: metrics labelled by tenant):
+    """Tenant label values with bounded cardinality (metrics are labelled by tenant):
     the configured tenants (the API-key table's) as themselves, ``-`` for no tenant
     (unauthenticated calls) and ``other`` for any other name, so a caller cannot create
     label values (e.g. with ``x-fortis-tenant`` when auth is off)."""
@@ -82,7 +82,7 @@ def parse_metrics_address(value: str) -> tuple[str, int]:
 
 class MetricsServer:
     """``/metrics`` over HTTP for a registry; ``port=0`` picks a free port. Loopback unless the
-    operator names another host (``fortis serve --metrics-address``; issue 9)."""
+    operator names another host (``fortis serve --metrics-address``): the page has no API key."""
 
     def __init__(self, registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0) -> None:
         handler = MetricsHandler.factory(registry)

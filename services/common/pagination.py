@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 def tenant_list(kind: str, tenant: str) -> str:
     """The list name of ``kind`` as ``tenant`` sees it, for lists whose content depends on the
-    caller (issue 9: a page token minted for one tenant is INVALID_ARGUMENT for another, never
+    caller (a page token minted for one tenant is INVALID_ARGUMENT for another, never
     a position in its list). A digest of the tenant, so the token does not spell its name."""
     return f"{kind}@{hashlib.sha256(tenant.encode()).hexdigest()[:16]}"
 

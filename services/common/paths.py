@@ -1,4 +1,4 @@
-"""One rule for every file a request may name on the server (issue 9, finding 1).
+"""One rule for every file a request may name on the server.
 
 A request never names a server path: it names a file *relative to a root the operator
 configured* (the data root for manifests, the model root for style models). The path must be
@@ -25,7 +25,7 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,63}")
 def tenant_dir_name(tenant: str) -> str:
     """A folder name for ``tenant``: the name itself when it is safe, else its safe
     characters plus a digest (two different tenants never share a folder). Used for every
-    per-tenant folder (artifacts, uploaded blobs; issue 9, "tenant-scoped everything")."""
+    per-tenant folder (artifacts, uploaded blobs), so everything stored is tenant-scoped."""
     if _SAFE_NAME.fullmatch(tenant):
         return tenant
     kept = re.sub(r"[^A-Za-z0-9_\-]", "_", tenant)[:40] or "tenant"

@@ -1,6 +1,6 @@
-"""Per-tenant quotas (issue 9, "Bounded work": "Per-tenant quotas: concurrent and queued
-evaluations, ... queries per day"): the settings both the evaluation service and the target
-proxy read, and the parser of ``fortis serve --tenant-quota``.
+"""Per-tenant quotas, so one tenant cannot take all the work: the settings both the
+evaluation service and the target proxy read, and the parser of
+``fortis serve --tenant-quota``.
 
 Three quotas, each a server-wide default (``--max-running-per-tenant``,
 ``--max-queued-per-tenant``, ``--max-queries-per-day-per-tenant``) that a tenant's own entry

@@ -1,8 +1,9 @@
 """Shared gRPC server plumbing: the factory every service uses, auth and error mapping.
 
 Transport only. Domain code raises ``fortis.services.common.errors`` exceptions; the
-``ErrorInterceptor`` maps them to status codes with google.rpc rich details (DESIGN.md
-section 1), so a bad request never takes a service down and internals never leak.
+``ErrorInterceptor`` maps them to status codes with google.rpc rich details (see
+docs/architecture.md, section 4), so a bad request never takes a service down and internals
+never leak.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ UNSEATED_METHODS = frozenset({
     "/fortis.evaluation.v1.UploadService/UploadBlob",
 })
 #: Metadata key of a per-call request id: taken from the caller when safe, else generated,
-#: returned in the trailing metadata and bound to every log line of the call (issue 9 audit).
+#: returned in the trailing metadata and bound to every log line of the call (for the audit).
 REQUEST_ID_HEADER = "x-request-id"
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
 
@@ -126,19 +127,19 @@ class ServerSettings:
     #: Who may call: a KeyTable (hashed keys, reloadable), or ``{key: tenant}`` hashed at
     #: once ("*" = internal). Empty: auth off (single-user local mode).
     api_keys: Mapping[str, str] | KeyTable = field(default_factory=dict)
-    #: Listen with TLS only (issue 9); None: plain text.
+    #: Listen with TLS only; None: plain text.
     tls: TlsSettings | None = None
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_workers: int = 16
     observe: Observer | None = None     # after every call: (method, code, seconds, tenant)
-    #: Most calls of one tenant in progress at once (``CallSlots``; issue 9: one tenant must
+    #: Most calls of one tenant in progress at once (``CallSlots``: one tenant must
     #: not hold every worker thread). None: no limit. Internal calls are not counted.
     call_slots: CallSlots | None = None
     #: Calls each tenant starts per second (``CallRate``); a call beyond it waits its turn or
     #: is refused. None: no limit. Internal calls are not counted.
     call_rate: CallRate | None = None
-    #: Close each connection after this long so clients re-resolve and rebalance (issue 10,
-    #: grpc_options); 0: never. Calls in flight are not cut.
+    #: Close each connection after this long so clients re-resolve and rebalance
+    #: (grpc_options); 0: never. Calls in flight are not cut.
     max_connection_age_s: float = grpc_options.DEFAULT_MAX_CONNECTION_AGE_S
     #: Bearer tokens accepted beside API keys (OIDC issuers, services/common/identity.py).
     tokens: TokenVerifier | None = None
@@ -168,8 +169,8 @@ DRAINING_MESSAGE = ("the server is shutting down (draining its calls in progress
 
 
 class Drain:
-    """The calls in progress on one server, and whether new ones are refused (issue 10,
-    SIGTERM: "every service drains in-flight work and exits within the pod's grace period").
+    """The calls in progress on one server, and whether new ones are refused (on
+    SIGTERM every service drains in-flight work and exits within the pod's grace period).
 
     A call counts from the moment it is admitted until gRPC reports it terminated (its answer
     sent, or cancelled), so a server stopped once the count is 0 cuts no answer in transit.
@@ -242,7 +243,7 @@ class _Status(grpc.Status):
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 
 #: ``observe(method, code_name, seconds, tenant)`` after every call (Prometheus, see
-#: services/common/metrics.py); tenant "" when the call was refused before auth (issue 9).
+#: services/common/metrics.py); tenant "" when the call was refused before auth.
 Observer = Callable[[str, str, float, str], None]
 
 
@@ -266,7 +267,8 @@ _UNDECODABLE = _Undecodable()
 def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
     """``deserializer`` answering ``_UNDECODABLE`` instead of raising: gRPC would turn the
     exception into INTERNAL "Exception deserializing request!" before any handler runs
-    (issue 9 finding 8); the wrapped handler makes it INVALID_ARGUMENT naming ``request``."""
+    (a client's mistake reported as a server fault); the wrapped handler makes it
+    INVALID_ARGUMENT naming ``request``."""
     if deserializer is None:
         return None
 
@@ -293,7 +295,7 @@ def _decoded_stream(requests: Iterable[Any]) -> Iterator[Any]:
 
 def _bounded(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``check``, then every request message against the documented bound of each of its
-    fields (issue 9, bounded work: ``services/common/limits.py``), INVALID_ARGUMENT naming
+    fields (bounded work: ``services/common/limits.py``), INVALID_ARGUMENT naming
     the field before the servicer sees it."""
 
     def run(request: Any) -> Any:
@@ -491,7 +493,7 @@ class FortisInterceptor(grpc.ServerInterceptor):
                  cert_tenant: CertTenant | None = None,
                  work: WorkShare | None = None, seats: WorkShare | None = None,
                  call_rate: CallRate | None = None) -> None:
-        # Hashed keys only (issue 9): a plain mapping is hashed here and not kept.
+        # Hashed keys only: a plain mapping is hashed here and not kept.
         self._keys = api_keys if isinstance(api_keys, KeyTable) else KeyTable.from_plain(api_keys)
         self._observe = observe
         self._slots = call_slots
@@ -556,7 +558,7 @@ class FortisInterceptor(grpc.ServerInterceptor):
                 elif not tenant:
                     reason = "unknown_key"
                 if reason:
-                    # Audit (issue 9): never the key itself, not even a prefix of it.
+                    # Audit: never the key itself, not even a prefix of it.
                     log.warning("auth_failed", method=method, reason=reason,
                                 peer=_peer(context))
                     raise errors.Unauthenticated(
@@ -822,7 +824,7 @@ class RunningServer:
     memory: MemoryBudget | None = None
 
     def begin_drain(self, grace: float) -> None:
-        """First step of a graceful stop (issue 10, SIGTERM): health NOT_SERVING at once (to
+        """First step of a graceful stop (on SIGTERM): health NOT_SERVING at once (to
         ``Check`` and to ``Watch``ers: probes fail, round_robin clients that watch health stop
         picking this server), new calls still served for ``min(ANNOUNCE_S, grace / 4)`` while
         those clients move, then refused with UNAVAILABLE. The listener stays open, so health
@@ -857,7 +859,8 @@ def _certificate_config(pem: PemFiles) -> grpc.ServerCertificateConfiguration:
 
 def _server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:
     """TLS server credentials whose files are re-read when they change: gRPC asks before each
-    new connection's handshake (issue 9; ``fortis.services.common.tls.PemReloader``)."""
+    new connection's handshake, so certificates rotate without a restart
+    (``fortis.services.common.tls.PemReloader``)."""
     reloader = PemReloader(tls)
 
     def fetch() -> grpc.ServerCertificateConfiguration | None:

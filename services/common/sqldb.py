@@ -1,5 +1,5 @@
-"""PostgreSQL plumbing shared by the evaluation store and the proxy ledger (issue 10,
-"Pluggable state, PostgreSQL at scale"): URL checks with the password redacted, the engine
+"""PostgreSQL plumbing shared by the evaluation store and the proxy ledger (pluggable
+state, PostgreSQL at scale): URL checks with the password redacted, the engine
 (SQLAlchemy 2 Core + psycopg 3), the Alembic migrations shipped in
 ``services/common/migrations`` run programmatically (no alembic.ini), and the mapping of a
 lost database to ``Unavailable``.

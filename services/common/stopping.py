@@ -1,6 +1,6 @@
-"""Stopping long computations when their caller has gone (issue 9, finding 2: "one tenant can
-stall every tenant" -- ``Compute("irt")`` went on after the caller's deadline; "long
-computations check the caller's deadline / cancellation and stop").
+"""Stopping long computations when their caller has gone, so one tenant cannot stall every
+tenant (``Compute("irt")`` once went on after the caller's deadline): long computations
+check the caller's deadline or cancellation and stop.
 
 Shared by every service (scoring's metrics and IRT sampler, perturbation's attacks and
 operators, ScoreEvaluation, RenderReport). A long loop of domain code takes

@@ -1,5 +1,5 @@
-"""TLS for clients and mTLS between services (issue 9, "Transport security": ``--tls-cert``,
-``--tls-key``, ``--tls-ca``; SPEC section 0: one shared Fortis, many tenants).
+"""TLS for clients and mTLS between services (``--tls-cert``, ``--tls-key``, ``--tls-ca``;
+SPEC section 0: one shared Fortis, many tenants).
 
 Pure code (no gRPC): the settings, reading and checking the PEM files, and noticing when they
 change. ``server.py`` turns them into gRPC credentials (the server factory, ``channel()``).

@@ -5,7 +5,7 @@ to the scoring service whole (scoring on arrays, not per record). Domain code, n
   ``[n, k]`` (float32, NaN padded; ``None`` for label-only targets). Every label and score
   the target returned is kept (no truncation: a 1000-class full-score target keeps all 1000
   per answer), so NDCG/DRR and degradation rank/probability profiles work on full score
-  vectors (RANK-1..3, DEG-2; issue 11). Stored compactly (:func:`pack`): one array per
+  vectors (RANK-1..3, DEG-2). Stored compactly (:func:`pack`): one array per
   work item (a chunk of one setting), labels in the narrowest integer type that holds them
   (int16 below 32,768 classes: 6 bytes per class and answer instead of 12). Scores stay
   float32 on purpose: float16 would move a score across the plan's threshold rule

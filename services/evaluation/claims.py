@@ -1,6 +1,5 @@
-"""Several workers, one evaluation: work items taken by exclusive, leased claims (issue 10,
-"Work fan-out": each worker "takes a shard of work items from the database and runs the same
-worker entry point").
+"""Several workers, one evaluation: work items taken by exclusive, leased claims. Each worker
+takes a shard of work items from the database and runs the same worker entry point.
 
 A worker walks the stages exactly as the single-process runner does (the same stage code,
 the same item keys, the same seeds: CAN-9's determinism makes any worker's result the one
@@ -18,7 +17,7 @@ the runner would have computed) but, before running an item, it claims it in the
 A heartbeat thread renews this worker's leases every third of the lease, so a long item
 (a query attack chunk) is never taken from a live worker. Queries sent by a worker that died
 mid-item stay in the proxy's ledger; the rerun of a query-attack chunk shares the chunk's
-session and so its Q_m (SPEC IEEE-A8; issue 9's resume), and the ledger's idempotent
+session and so its Q_m (SPEC IEEE-A8, as a resumed attempt does), and the ledger's idempotent
 attempt keys keep a retried call from being counted twice.
 
 Domain code: no gRPC.
@@ -180,7 +179,7 @@ class ItemClaims:
         result, queries = work(attempt)
         # Not checked for a stop here: an item that ran to the end is committed, so a worker
         # told to stop (SIGTERM) stops at the next item boundary and none of the queries it
-        # sent is sent again by the worker that would rerun it (issue 10, IEEE-M6). Work cut
+        # sent is sent again by the worker that would rerun it (IEEE-M6). Work cut
         # by the stop raises instead (a query attack's stream), and its rerun shares the
         # chunk's session (answers replayed from the ledger).
         first = self.store.finish_claimed(eid, name, self.worker_id, pack(result),

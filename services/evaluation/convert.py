@@ -333,7 +333,7 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
     return parts
 
 
-# -- example images (issue 13) -----------------------------------------------------------------
+# -- example images ----------------------------------------------------------------------------
 
 #: The report service's bounds on example images (``services/report/convert.py``, which a
 #: service may not import): each PNG at most 1 MiB and 4096 x 4096 pixels, at most 200.

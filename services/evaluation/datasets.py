@@ -14,18 +14,18 @@
     uploads           the same rows in a manifest the tenant uploaded (``dataset.manifest``:
                       "sha256:..."), naming uploaded images (and masks) by blob id:
                         {"id": "img-1", "image": "sha256:<hex>", "labels": [3]}
-                      (issue 9: no plan reads the server's disk; blobs are the calling
+                      (no plan reads the server's disk; blobs are the calling
                       tenant's own, services/common/blobs.py). Content ids pin the data, so the
                       plan in the report repeats the evaluation exactly (IEEE-P4).
 
-Confinement (issue 9 finding 1: any tenant could read any server file, and its bytes came back
+Confinement (otherwise any tenant could read any server file, and its bytes would come back
 in the error). Manifests exist only under an operator-configured ``data_root``: with none,
 manifests are refused. ``dataset.path`` and every image/mask path must be relative, free of
 ``..``, and resolve (symlinks followed) inside the root; a missing file and one outside the
 root give the same "not found under the data root" (so nothing reveals which server files
 exist), and no message names a resolved server path or quotes file content.
 
-Sizes (issue 9 finding 3): the manifest is read line by line with bounded lines and total, and
+Sizes: the manifest is read line by line with bounded lines and total, and
 an image's width x height is checked from its PNG/JPEG header before it is decoded.
 
 ``dataset.label_map`` (IEEE-P6) maps dataset labels to the service's labels.
@@ -96,12 +96,12 @@ def _read_bounded(path: Path, limit: int, field: str, what: str) -> bytes:
 
 def _read_image(path: Path, field: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
     """Decode one confined image file: its size bounded, its header's pixel count checked
-    before decoding (issue 9 finding 3)."""
+    before decoding (a small file must not decode to a huge image)."""
     return _decode(_read_bounded(path, MAX_IMAGE_BYTES, field, "image file"), field, flags)
 
 
 def _decode(data: bytes, field: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
-    """Decode PNG/JPEG bytes after checking the header's pixel count (issue 9 finding 3)."""
+    """Decode PNG/JPEG bytes after checking the header's pixel count."""
     check_image_header(data, field)
     img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
     if img is None:
@@ -167,7 +167,7 @@ def _lines_of(f: BinaryIO, first: int, count: int, field: str) -> Iterator[tuple
 
 #: Loads one image (or mask) a manifest row names: (value, field, cv2 flags) -> pixels.
 ImageLoader = Callable[[object, str, int], np.ndarray]
-#: Where uploaded data is read: the blob store and the tenant whose plan it is (issue 9).
+#: Where uploaded data is read: the blob store and the tenant whose plan it is.
 Uploads = tuple[BlobStorage, str]
 
 
@@ -207,7 +207,7 @@ def read_manifest(plan: Plan, data_root: Path | None, uploads: Uploads | None = 
                   ) -> list[dict[str, Any]]:
     """The manifest's entries (selected by offset/limit), with images loaded and every problem
     named by line: ``dataset.path:LINE.field`` (``dataset.manifest:LINE.field`` for uploads).
-    Everything is confined to ``data_root`` (issue 9 finding 1; with no root configured,
+    Everything is confined to ``data_root`` (with no root configured,
     manifests are refused) or to the tenant's own uploads."""
     lines, field, load = _opened(plan, data_root, uploads)
     rows = []
@@ -314,7 +314,7 @@ def load_plan_truths(plan: Plan, data_root: Path | None, uploads: Uploads | None
 
 class PlanDatasets(DatasetPort):
     """The plan's images: a built-in source (by name), a manifest under ``data_root`` (the
-    operator's folder of server-side datasets; None = manifests refused, issue 9 finding 1),
+    operator's folder of server-side datasets; None = manifests refused),
     or the tenant's uploads (``blobs``; :meth:`for_tenant` binds the plan's tenant)."""
 
     def __init__(self, builtin: Mapping[str, BuiltinSource], data_root: Path | None = None,

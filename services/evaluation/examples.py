@@ -1,4 +1,4 @@
-"""Example images for the report (issue 13): what a QA lead looks at to see what was tested.
+"""Example images for the report: what a QA lead looks at to see what was tested.
 
 - Corruptions and styles (IEEE-A1..A6): ONE sample image (the first the target got right on
   the clean pass, else the first image), each corruption at each severity of the plan.
@@ -469,7 +469,7 @@ class _Builder:
 
 def build_examples(ctx: RunContext, settings: Sequence[Setting], metrics: Any, *,
                    target: str = "", truths: Sequence[Any] | None = None) -> list[Example]:
-    """The report's example images (issue 13) of a finished run: corruptions at each severity
+    """The report's example images of a finished run: corruptions at each severity
     on one sample image (IEEE-A1..A6), one original / adversarial pair per attack (IEEE-A7,
     A8), and the image of each DEG-4 failure point with a level. ``settings``: the stages'
     recorded settings; ``metrics``: the scoring service's answer (its per-image verdicts

@@ -1,5 +1,4 @@
-"""Where an evaluation's work items run (issue 10, "an executor interface with two back
-ends"): the ``Executor`` protocol and its back ends.
+"""Where an evaluation's work items run: the ``Executor`` protocol and its back ends.
 
 - No executor (``None``, the default ``--executor local``): the evaluation service's own
   worker threads run every item, as always.

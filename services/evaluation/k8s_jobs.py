@@ -1,5 +1,4 @@
-"""Work fan-out on Kubernetes itself: one Indexed Job per evaluation (issue 10, "Work fan-out
-on Kubernetes itself").
+"""Work fan-out on Kubernetes itself: one Indexed Job per evaluation.
 
 The evaluation service, running in a tenant's namespace, creates a ``batch/v1`` Job with
 ``completionMode: Indexed`` and ``completions = parallelism = shards``, with the official
@@ -122,7 +121,7 @@ def job_manifest(settings: JobSettings, *, tenant: str, evaluation_id: str,
     mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": "/tmp"}]
     volumes: list[dict[str, Any]] = [{"name": "scratch",
                                       "emptyDir": {"sizeLimit": settings.scratch_size}}]
-    if settings.tls_secret:     # issue 10: workers reach services that listen with TLS only
+    if settings.tls_secret:     # workers reach services that listen with TLS only
         env += [{"name": "FORTIS_TLS_CERT", "value": f"{TLS_MOUNT}/tls.crt"},
                 {"name": "FORTIS_TLS_KEY", "value": f"{TLS_MOUNT}/tls.key"},
                 {"name": "FORTIS_TLS_CA", "value": f"{TLS_MOUNT}/ca.crt"}]

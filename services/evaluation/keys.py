@@ -8,8 +8,8 @@ parses them, so no other code splits a key apart. Domain code, no gRPC.
                   e.g. "ev-1/clean", "ev-1/attack/square/00000/a1"
 
 A query attack's chunk has one proxy session, opened by its first attempt (``a1``) and
-continued by every resumed one, so the per-image budget Q_m holds across attempts (issue 9;
-CAN-9: the proxy replays a killed attempt's answered queries to the resumed one).
+continued by every resumed one, so the per-image budget Q_m holds across attempts (CAN-9:
+the proxy replays a killed attempt's answered queries to the resumed one).
 """
 
 from __future__ import annotations

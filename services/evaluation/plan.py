@@ -61,7 +61,7 @@ DATASETS = ("fashion-mnist", "imagenet-photos", "manifest", "uploads")
 TASKS = ("classification", "detection", "segmentation")
 from fortis.services.common.limits import MAX_PLAN_BYTES  # noqa: E402 - re-exported
 
-#: Nesting depth of a plan document (docs/limits.md, issue 9).
+#: Nesting depth of a plan document (docs/limits.md).
 MAX_DEPTH = MAX_PLAN_DEPTH
 #: An evaluation id (as ``service.check_evaluation_id`` accepts).
 _EVALUATION_ID = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}$")
@@ -119,7 +119,7 @@ class DatasetRef:
     offset: int = 0
     label_map: Mapping[int, int] = field(default_factory=dict)
     path: str = ""          # source "manifest": a JSON-lines file on the evaluation service's disk
-    manifest: str = ""      # source "uploads": "sha256:..." of the tenant's uploaded manifest (issue 9)
+    manifest: str = ""      # source "uploads": "sha256:..." of the tenant's uploaded manifest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,7 +192,7 @@ class Plan:
     segmentation: Mapping[str, Any] = field(default_factory=dict)
     #: The tenant's own surrogates (IEEE-A7, IEEE-P6): uploaded models the attacks may name.
     surrogates: tuple[SurrogateDefinition, ...] = ()
-    #: Acceptance criteria (issue 13): the report's verdict and ``fortis run``'s exit code.
+    #: Acceptance criteria: the report's verdict and ``fortis run``'s exit code.
     acceptance: tuple[Criterion, ...] = ()
     #: CANARY metrics per attack in the report (CAN-1..CAN-4), the plan's ``canary: true``.
     canary: bool = False
@@ -322,9 +322,9 @@ class _PlanLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses anchors (``&a``) and aliases (``*a``, and so ``<<:``
     merges) as it composes, before anything is built or expanded.
 
-    Why: issue 9 finding 3 -- a 563-byte plan of nested aliases ("billion laughs") cost
-    +792 MB and a 72 MB error string. A plan never needs them: the refusal is cheap (checked
-    per node) and the document is never expanded.
+    Why: a 563-byte plan of nested aliases ("billion laughs") cost +792 MB and a 72 MB
+    error string. A plan never needs them: the refusal is cheap (checked per node) and the
+    document is never expanded.
     """
 
     def compose_node(self, parent: Any, index: Any) -> Any:
@@ -347,7 +347,7 @@ def _load_yaml(text: str) -> Any:
 def parse_plan_text(text: str, fmt: str = "") -> dict[str, Any]:
     """YAML or JSON text -> document (``fmt``: "yaml", "json" or "" to detect).
 
-    Bounded before anything is built (issue 9 finding 3): the size (``MAX_PLAN_BYTES``), YAML
+    Bounded before anything is built: the size (``MAX_PLAN_BYTES``), YAML
     anchors and aliases refused while composing (no expansion), the depth (``MAX_DEPTH``).
     Every error is InvalidArgument on ``plan`` with a short message quoting no plan text.
     """
@@ -475,7 +475,7 @@ def _dataset(v: _V, doc: Mapping[str, Any], task: str) -> DatasetRef:
     if dataset.source == "manifest" and not dataset.path:
         v.bad("dataset.path", "source 'manifest' needs the path of a JSON-lines manifest")
     if dataset.source == "uploads" and not is_blob_id(dataset.manifest):
-        # issue 9: uploaded data is named by content id, never by a server path
+        # uploaded data is named by content id, never by a server path
         v.bad("dataset.manifest", "source 'uploads' needs the id ('sha256:' and 64 lowercase "
               "hex digits) of an uploaded manifest (fortis upload-dataset)")
     if dataset.source != "uploads" and dataset.manifest:

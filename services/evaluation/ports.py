@@ -287,7 +287,7 @@ class ExampleBox:
 
 @dataclass(frozen=True, kw_only=True)
 class Example:
-    """One example image for the report (issue 13): ``kind`` "corruption" (a severity on a
+    """One example image for the report: ``kind`` "corruption" (a severity on a
     sample image), "attack" (original / adversarial) or "degradation" (a DEG-4 failure
     point's level). Images are uint8 H x W x C (C 1 or 3) as the target received them.
 
@@ -331,7 +331,7 @@ class ReportInput:
     finished: float
     images: int
     resumed_count: int
-    #: Example images (issue 13; ``examples.py``).
+    #: Example images (``examples.py``).
     examples: Sequence[Example] = ()
     #: CANARY metrics per attack (CAN-1..4) when the plan asks for them: plain JSON data.
     canary: Mapping[str, Any] | None = None

@@ -59,7 +59,7 @@ __all__ = ["Cancelled", "DatasetPort", "EvaluationRunner", "LabeledImage", "Reco
 
 
 class RecordedFailure(Exception):
-    """A worker already ended the evaluation as FAILED with its own status (issue 10):
+    """A worker already ended the evaluation as FAILED with its own status:
     the service must not overwrite it."""
 
 
@@ -73,7 +73,7 @@ class DatasetPort:
         raise NotImplementedError
 
     def for_tenant(self, tenant: str) -> DatasetPort:
-        """The port as ``tenant``'s plans see it (its own uploads; issue 9). Default: self."""
+        """The port as ``tenant``'s plans see it (its own uploads). Default: self."""
         return self
 
 
@@ -144,13 +144,13 @@ class EvaluationRunner:
     datasets: DatasetPort
     catalogue: Catalogue
     cancelled: Callable[[], bool] = lambda: False
-    #: Workers that run the items first (issue 10; ``executors.py``). None: this process
+    #: Workers that run the items first (``executors.py``). None: this process
     #: runs them all.
     executor: Executor | None = None
     #: Multi-target plans (``benchmark.py``): called with (scored, settings, images, target)
     #: after scoring; what it returns is the report's cross-model section (CAN-5/7/8/10).
     on_scored: Callable[..., Any] | None = None
-    #: Example images for the report (issue 13); off for the models of a multi-target plan
+    #: Example images for the report; off for the models of a multi-target plan
     #: whose own report is not kept (``benchmark.py``).
     with_examples: bool = True
 
@@ -200,7 +200,7 @@ class EvaluationRunner:
         if plan.target.task == "segmentation":
             settings = [_fit_masks(s, setup.truth) for s in settings]
         scored = self.scoring.score(setup, settings)
-        # example images (issue 13): answers read from the settings, no target query
+        # example images: answers read from the settings, no target query
         examples = build_examples(ctx, settings, scored.metrics, truths=setup.truth) \
             if self.with_examples else []
         benchmark = self.on_scored(scored, settings, images, target) \
@@ -291,7 +291,7 @@ class EvaluationRunner:
 
     def _ledger(self, stages: Sequence[Stage], ctx: RunContext) -> LedgerSummary:
         """Answered queries per session, read from the proxy's ledger. Every attempt at a
-        query-attack chunk shares one session (Q_m across resumed attempts, issue 9), so no
+        query-attack chunk shares one session (Q_m across resumed attempts), so no
         session is left aborted; rows a crash interrupted stay in the ledger, unanswered."""
         eid, plan = self.evaluation_id, self.plan
         names = [SessionId.clean(eid)]

@@ -1,5 +1,5 @@
-"""Fair scheduling of evaluations across tenants (issue 9, "Bounded work": "fair scheduling so
-one tenant's queue cannot starve another's"; SPEC CAN-9 for resumed evaluations).
+"""Fair scheduling of evaluations across tenants, so one tenant's queue cannot starve
+another's (SPEC CAN-9 for resumed evaluations).
 
 :class:`FairScheduler` decides which waiting evaluation a free worker starts next:
 

@@ -2,11 +2,11 @@
 resumes unfinished evaluations after a restart (CAN-9), cancels on request. No gRPC here:
 the runner's ports are injected.
 
-Tenancy (issue 9, finding 4): evaluations live in their tenant's namespace (the store's
+Tenancy: evaluations live in their tenant's namespace (the store's
 ``for_tenant`` view): tenant B can neither see nor block tenant A's evaluation ids, and a
 foreign id is NOT_FOUND with the same message as an unknown one. Evaluation ids are
 restricted (``check_evaluation_id``) and artifacts are kept in the store under the
-(tenant, evaluation, name) key (issue 10: one shared store, whichever worker wrote them)."""
+(tenant, evaluation, name) key: one shared store, whichever worker wrote them."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ class Ports:
 class EvaluationManager:
     """Owns the store and the worker threads.
 
-    Scheduling (issue 9, per-tenant quotas and fair scheduling): evaluations wait in a
+    Scheduling (per-tenant quotas and fair scheduling): evaluations wait in a
     :class:`~fortis.services.evaluation.scheduling.FairScheduler` (round-robin across tenants,
     oldest first within one, each tenant's ``running`` quota respected) and a worker starts
     the one it picks; CreateEvaluation beyond the tenant's ``queued`` quota is refused
@@ -151,7 +151,7 @@ class EvaluationManager:
                  catalogue_ttl_s: float = 60.0, quotas: QuotaSettings | None = None,
                  executor: Executor | None = None) -> None:
         self.store = store
-        #: Workers that run the work items (issue 10); None: the worker threads run them.
+        #: Workers that run the work items; None: the worker threads run them.
         self.executor = executor
         self.ports_for = ports_for
         self.datasets = datasets
@@ -250,7 +250,7 @@ class EvaluationManager:
             if existing.plan_text != plan_text:
                 raise errors.AlreadyExists(f"evaluation '{evaluation_id}' exists with another plan")
             return existing
-        # Audit (issue 9): who created what against which target; the request id comes from
+        # Audit: who created what against which target; the request id comes from
         # the call's bound context (the server interceptor).
         log.info("evaluation_created", tenant=tenant, evaluation_id=eid, target=plan.target.name,
                  plan=plan.name)
@@ -300,7 +300,7 @@ class EvaluationManager:
 
     @property
     def closed(self) -> bool:
-        """True once :meth:`close` ran: the service is shutting down (issue 10, SIGTERM)."""
+        """True once :meth:`close` ran: the service is shutting down (SIGTERM)."""
         return self._closed
 
     def wait_idle(self, timeout: float) -> list[str]:

@@ -1,7 +1,7 @@
 """gRPC transport of the evaluation service: decode, call ``EvaluationManager``, encode.
 
 The one place converting evaluation rows to ``fortis.evaluation.v1`` messages. Every
-evaluation is read in the caller's tenant namespace (issue 9, finding 4)."""
+evaluation is read in the caller's tenant namespace."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ class EvaluationServicer(evaluation_pb2_grpc.EvaluationServiceServicer):
     def ListEvaluations(self, request: Any, context: Any) -> pb.ListEvaluationsResponse:
         size = page_size(request.page_size, default=50, maximum=1000)
         tenant = current_tenant.get()
-        kind = tenant_list(_PAGE, tenant)       # one tenant's token is not another's (issue 9)
+        kind = tenant_list(_PAGE, tenant)       # one tenant's token is not another's
         after = None
         if request.page_token:
             pos = decode_token(request.page_token, kind, {"t": float, "id": str})
@@ -132,7 +132,7 @@ class EvaluationServicer(evaluation_pb2_grpc.EvaluationServiceServicer):
                 last, sent_at = key, now
             if row.state in FINAL_STATES:
                 return
-            if self.manager.closed:     # SIGTERM (issue 10): end now, the client watches again
+            if self.manager.closed:     # SIGTERM: end now, the client watches again
                 raise errors.Unavailable("the server is shutting down; the evaluation stays "
                                          f"{row.state} and resumes when the service is back "
                                          "(watch it again)")

@@ -4,7 +4,7 @@ A work item (the clean pass over a chunk of images, one corruption at one severi
 chunk, one attack over a chunk) is committed with its results when it finishes; a restarted
 service skips finished items and redoes the rest. Domain code: no gRPC.
 
-Issue 10 ("Pluggable state"): :class:`EvaluationStorage` is the surface the service's code
+Pluggable state: :class:`EvaluationStorage` is the surface the service's code
 depends on; :class:`EvaluationStore` (SQLite, the embedded default) and
 ``store_pg.PgEvaluationStore`` (PostgreSQL) implement it. Several workers share an
 evaluation's items through leases (:meth:`EvaluationStore.claim_items`: ``BEGIN IMMEDIATE``
@@ -16,7 +16,7 @@ older one (Fortis 0.2.0 wrote files without a version; earlier builds keyed eval
 items without the tenant, or had no lease columns) is migrated in place when opened, after a
 copy is taken, in one transaction; a newer or damaged one is refused naming ``state_dir``.
 
-Artifacts (issue 10): what an evaluation keeps besides its item results, such as the
+Artifacts: what an evaluation keeps besides its item results, such as the
 adversarial examples of its attack stages (CAN-9: kept as float arrays as well as the images
 sent), live in the store too, keyed by (tenant, evaluation id, name) and written by whichever
 worker ran the item, so separate pods need no shared disk (:meth:`EvaluationStore.put_artifact`;
@@ -206,7 +206,7 @@ def joined_artifact(info: ArtifactInfo, parts: Iterable[bytes]) -> bytes:
     return data
 
 
-#: Bounds of a claim (issue 10): items per claim, and the lease in seconds.
+#: Bounds of a claim: items per claim, and the lease in seconds.
 MAX_CLAIM = 10_000
 MAX_LEASE_S = 86_400.0
 
@@ -222,7 +222,7 @@ def check_claim(worker_id: str, limit: int, lease_s: float) -> None:
 
 
 class EvaluationStorage(Protocol):
-    """What the evaluation service needs of its durable state (issue 10: SQLite or
+    """What the evaluation service needs of its durable state (SQLite or
     PostgreSQL behind the same methods and semantics)."""
 
     tenant: str | None
@@ -464,7 +464,7 @@ class EvaluationStore:
         for r in rows:
             yield r[0], int(r[1]), bool(r[2])
 
-    # -- claims: several workers share an evaluation's items (issue 10) ---------------------
+    # -- claims: several workers share an evaluation's items --------------------------------
     def add_items(self, evaluation_id: str, keys: Iterable[str]) -> int:
         """Record the items of an evaluation as pending (those already known are kept as
         they are); the number added."""
@@ -551,7 +551,7 @@ class EvaluationStore:
                 (self._t(), evaluation_id, time.time())).fetchall()
         return {r[0]: r[1] for r in rows}
 
-    # -- one item at a time, for workers walking the stages (issue 10, worker mode) ---------
+    # -- one item at a time, for workers walking the stages (worker mode) -------------------
     def claim_key(self, evaluation_id: str, key: str, worker_id: str, *,
                   lease_s: float) -> str:
         """Try to take the item ``key`` for ``worker_id``: ``"claimed"`` (it is now this
@@ -617,7 +617,7 @@ class EvaluationStore:
             self._bump()
         return first
 
-    # -- artifacts: what an evaluation keeps besides its item results (issue 10) ------------
+    # -- artifacts: what an evaluation keeps besides its item results -----------------------
     def put_artifact(self, evaluation_id: str, name: str, data: bytes) -> ArtifactInfo:
         """Store (or replace) the artifact ``name`` of this tenant's evaluation, in one
         transaction. Idempotent: the same bytes under the same name again (a retried item)

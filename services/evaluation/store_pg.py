@@ -1,4 +1,4 @@
-"""The evaluation store in PostgreSQL (issue 10, "Pluggable state, PostgreSQL at scale").
+"""The evaluation store in PostgreSQL, the pluggable alternative to SQLite at scale.
 
 The same methods and semantics as the SQLite :class:`~.store.EvaluationStore` (the
 :class:`~.store.EvaluationStorage` protocol), in SQLAlchemy 2 Core over psycopg 3, on the
@@ -84,7 +84,7 @@ items = sa.Table(
     sa.PrimaryKeyConstraint("tenant", "evaluation_id", "item_key", name="items_pkey"),
 )
 
-#: What an evaluation keeps besides its item results (migration 0003; issue 10).
+#: What an evaluation keeps besides its item results (migration 0003).
 artifacts = sa.Table(
     "artifacts", metadata,
     sa.Column("tenant", sa.Text(), nullable=False),
@@ -291,7 +291,7 @@ class PgEvaluationStore:
         for r in rows:
             yield r[0], int(r[1]), bool(r[2])
 
-    # -- claims: several workers share an evaluation's items (issue 10) ---------------------
+    # -- claims: several workers share an evaluation's items --------------------------------
     def add_items(self, evaluation_id: str, keys: Iterable[str]) -> int:
         values = [{"tenant": self._t(), "evaluation_id": evaluation_id, "item_key": k}
                   for k in keys]
@@ -349,7 +349,7 @@ class PgEvaluationStore:
                    items.c.lease_owner != "", items.c.lease_expires > _DB_NOW)).all())
         return {r[0]: r[1] for r in rows}
 
-    # -- one item at a time, for workers walking the stages (issue 10, worker mode) ---------
+    # -- one item at a time, for workers walking the stages (worker mode) -------------------
     def claim_key(self, evaluation_id: str, key: str, worker_id: str, *,
                   lease_s: float) -> str:
         """As :meth:`~.store.EvaluationStore.claim_key`: the row is locked ``FOR UPDATE``
@@ -398,7 +398,7 @@ class PgEvaluationStore:
         self._bump()
         return first
 
-    # -- artifacts (issue 10) ---------------------------------------------------------------
+    # -- artifacts --------------------------------------------------------------------------
     def _akey(self, evaluation_id: str, name: str) -> Any:
         return sa.and_(artifacts.c.tenant == self._t(),
                        artifacts.c.evaluation_id == evaluation_id, artifacts.c.name == name)

@@ -1,6 +1,6 @@
-"""gRPC transport of ``fortis.evaluation.v1.UploadService`` (issue 9, "No plan reads the
-server's disk"): decode, call :class:`~fortis.services.common.blobs.BlobStorage` (the file
-store, or PostgreSQL with ``database_url``: issue 10) in the caller's tenant, encode. Every
+"""gRPC transport of ``fortis.evaluation.v1.UploadService`` (tenants upload their data, so no
+plan reads the server's disk): decode, call :class:`~fortis.services.common.blobs.BlobStorage`
+(the file store, or PostgreSQL with ``database_url``) in the caller's tenant, encode. Every
 decision (limits, quota, header checks, tenancy) is the store's.
 
 An upload that ends early (a refused chunk, a client cancel, a broken stream) is aborted, so
@@ -47,7 +47,7 @@ def _kind(value: int, field: str, *, allow_unspecified: bool = False) -> str:
 
 
 class UploadServicer(uploads_pb2_grpc.UploadServiceServicer):
-    """Thin transport over one :class:`BlobStorage` (files, or PostgreSQL: issue 10)."""
+    """Thin transport over one :class:`BlobStorage` (files, or PostgreSQL)."""
 
     def __init__(self, store: BlobStorage) -> None:
         self.store = store
@@ -89,7 +89,7 @@ class UploadServicer(uploads_pb2_grpc.UploadServiceServicer):
         size = page_size(request.page_size, default=_PAGE_DEFAULT, maximum=_PAGE_MAX)
         kind = _kind(request.kind, "kind", allow_unspecified=True)
         tenant = current_tenant.get()
-        # One tenant's (and one filter's) token is not another's (issue 9).
+        # One tenant's (and one filter's) token is not another's.
         name = tenant_list(f"blobs:{kind or 'all'}", tenant)
         after = None
         if request.page_token:

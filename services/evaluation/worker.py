@@ -1,6 +1,5 @@
-"""The worker entry point's domain half (issue 10, "Work fan-out on Kubernetes itself"): one
-of several processes (Indexed Job pods, or local processes) running the work items of one
-evaluation.
+"""The worker entry point's domain half: one of several processes (Indexed Job pods, or
+local processes) running the work items of one evaluation.
 
 A worker loads the evaluation's stored plan, its images and the target's description, and
 runs every stage with the runner's own stage code (``build_stages``) under exclusive claims

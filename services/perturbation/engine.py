@@ -81,8 +81,8 @@ def perturb(perturbation_id: str, level: int | float, seed: int,
     ``level_kind`` says. White-box operators (``needs_model``) take a ``surrogate`` and one
     true label per image. Every problem raises ``InvalidArgument`` naming its field.
     ``should_stop`` is polled before each image and, for the incremental operators (level L
-    is L applications) and white-box ones, inside the operator (issue 9: the caller's
-    deadline / cancellation stops the work).
+    is L applications) and white-box ones, inside the operator, so the caller's deadline or
+    cancellation stops the work.
     """
     spec = perturbation_spec(perturbation_id)
     level_field = "epsilon" if spec.level_kind == "epsilon" else "severity"
@@ -181,7 +181,7 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
     surrogate, a query attack a query client (the proxy, IEEE-M6); a query attack with
     ``uses_surrogate`` gets the surrogate when one is given. ``should_stop`` is polled before
     every query a query attack sends and every forward pass of a surrogate, so a caller's
-    deadline or cancellation stops any attack within one step (issue 9). Each result carries
+    deadline or cancellation stops any attack within one step. Each result carries
     the signal the attack read and the criterion in words. A transfer attack's task is its
     surrogate's (``task``: classification when it does not say); ``ensemble`` are further
     surrogates it is crafted on together with ``surrogate`` (IEEE-A7 model ensembles)."""

@@ -7,8 +7,8 @@ optional per-pixel probabilities) into the judges' domain forms (``judges.py``),
 them into an attack's margins and decisions; ``task`` and ``signal`` (what the target gives)
 come from its TargetInfo.
 ``lost`` reads the session's per-image counts (GetSessionStats) so an attack resumed after a
-crash starts from the queries a killed attempt left charged without an answer (issue 9:
-resumed attempts never push an image past Q_m, IEEE-M6).
+crash starts from the queries a killed attempt left charged without an answer, so resumed
+attempts never push an image past Q_m (IEEE-M6).
 """
 
 from __future__ import annotations

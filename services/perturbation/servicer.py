@@ -2,7 +2,7 @@
 
 The contract is typed (``fortis.perturbation.v1``): parameter schemas with typed defaults and
 bounds, DEG-5 characterisation and stop reasons as enums, level tables as named values, and
-images out as raw uint8 tensors (DESIGN.md section 3: encoded once, where a remote target
+images out as raw uint8 tensors (docs/architecture.md: encoded once, where a remote target
 needs it; a caller may ask ApplyPerturbation for PNG). Nothing here decides anything the
 domain code does not.
 """
@@ -258,7 +258,7 @@ def attack_info(spec: AttackSpec) -> pb.AttackInfo:
 
 
 def _stop_check(context: Any) -> StopCheck:
-    """The call's deadline and cancellation as the engine's stop check (issue 9)."""
+    """The call's deadline and cancellation as the engine's stop check."""
     return caller_stop(context.is_active, context.time_remaining)
 
 
@@ -345,7 +345,7 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
                                 ) -> Iterator[Wire | pb.ApplyPerturbationStreamResponse]:
         for req in request_iterator:
             try:
-                limits.check_message(req)   # in band: the stream goes on (issue 9)
+                limits.check_message(req)   # in band: the stream goes on
                 head = pb.ApplyPerturbationStreamResponse(request_id=req.request_id[:256])
                 with holding(req):          # its decoded size, held while it is worked on
                     resp = in_work_slot(context, functools.partial(

@@ -2,9 +2,9 @@
 
 One PNG per kind (``corruption``, ``style``, ``degradation``, ``property``): a row per
 perturbation, a column per level (the original first), each tile captioned. A person looks
-at them to check that every perturbation does what its name says (issue 3); ``fortis sheets
---out DIR`` writes them. Degradation operators that need a white-box model (DEG-1 model
-gradient descent) are drawn on the Fashion-MNIST sheet only when a surrogate is given.
+at them to check that every perturbation does what its name says; ``fortis sheets --out DIR``
+writes them. Degradation operators that need a white-box model (DEG-1 model gradient descent)
+are drawn on the Fashion-MNIST sheet only when a surrogate is given.
 Domain code: no gRPC.
 """
 

@@ -8,7 +8,8 @@ perturbations exports ``SPECS: tuple[PerturbationSpec, ...]``; ``registry.py`` a
 
 Domain code: no gRPC. Images are uint8 HxW, HxWx1 or HxWx3 (RGB), any size; every
 perturbation returns a new uint8 array of the same shape and never modifies its input.
-All randomness comes from the ``numpy.random.Generator`` passed in (DESIGN.md section 3).
+All randomness comes from the ``numpy.random.Generator`` passed in (docs/architecture.md,
+Determinism).
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ TorchScript file (``torch.jit.save``) whose forward takes a float tensor N x 3 x
 [0, 1] and returns one of the same layout in [0, 1] (a different spatial size is resized back
 bilinearly; values are clipped). Its path is the ``model_path`` parameter, relative to the
 operator's model root (``set_model_root`` or ``FORTIS_MODEL_ROOT``; no root, an absolute path,
-``..`` or a symlink out of the root are refused: issue 9 finding 1). The severity is the
-blend weight between the original and the stylised image (``NEURAL_BLEND``). A missing,
-unreadable or unloadable file, or a model whose output is not N x 3 x h x w, raises
-``InvalidArgument`` on field ``params.model_path``.
+``..`` or a symlink out of the root are refused, so no tenant can make the server open an
+arbitrary file). The severity is the blend weight between the original and the stylised image
+(``NEURAL_BLEND``). A missing, unreadable or unloadable file, or a model whose output is not
+N x 3 x h x w, raises ``InvalidArgument`` on field ``params.model_path``.
 
 Images: uint8 HxW, HxWx1 or HxWx3 (RGB), any size; the result has the same shape and dtype and
 the input is never modified. Grey images are processed as achromatic RGB and the result is
@@ -415,8 +415,8 @@ _MODEL_CACHE_SIZE = 4
 
 
 #: The operator's folder of style models: ``model_path`` is relative to it and never leaves it
-#: (issue 9 finding 1: any tenant could make the server open any file). Set by the composition
-#: root (:func:`set_model_root`), else ``$FORTIS_MODEL_ROOT``; with neither, refused.
+#: (otherwise any tenant could make the server open any file). Set by the composition root
+#: (:func:`set_model_root`), else ``$FORTIS_MODEL_ROOT``; with neither, refused.
 MODEL_ROOT_ENV = "FORTIS_MODEL_ROOT"
 _model_root: Path | None = None
 _MODEL_NOT_FOUND = "not found under the model root"
@@ -436,8 +436,8 @@ def model_root() -> Path | None:
 #: Resolves ``params.model`` ("sha256:...", a MODEL blob the calling tenant uploaded) to its
 #: file: ``(blob id, field) -> Path``, InvalidArgument on the field for a malformed, unknown
 #: or foreign id. Set by the composition root (:func:`set_model_blobs`) with
-#: services/common/blobs.py and the tenant of the call (issue 9: tenant models come in
-#: through the upload API, never from a server path). None: ``model`` is refused.
+#: services/common/blobs.py and the tenant of the call (tenant models come in through the
+#: upload API, never from a server path). None: ``model`` is refused.
 ModelBlobs = Callable[[str, str], Path]
 _model_blobs: ModelBlobs | None = None
 

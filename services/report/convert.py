@@ -27,7 +27,7 @@ applicable" stays distinguishable from "zero". Sentences come from
     evaluation          id, started, finished, started_at, ended_at, duration_s, images, ...
     repeat              command, plan_file, seeds, instructions                IEEE-P4
     examples            example images: kind, setting, level, image_id, target, original,
-                        perturbed, difference (PNG data URIs), answers, note  (issue 13);
+                        perturbed, difference (PNG data URIs), answers, note;
                         the rule's verdicts on both answers (IEEE-C1..C5), detection boxes
                         (ground truth, clean and perturbed answers), segmentation masks
 
@@ -187,9 +187,9 @@ def redact_endpoint(endpoint: str) -> str:
 
 def _criterion(target: report_pb2.TargetReport) -> dict[str, Any]:
     """The service-type parameters (IEEE-P3): the correctness criterion, by task type, with
-    only the fields its mode uses (issue 13: a top-1 rule showed "k 5, threshold 0.5"): top1
-    -> mode; topk -> mode, k; threshold -> mode, threshold (IEEE-C1/C2); detection's k only
-    in topk mode, q only when aggregating "at_least" (IEEE-C3/C4)."""
+    only the fields its mode uses: top1 -> mode; topk -> mode, k; threshold -> mode,
+    threshold (IEEE-C1/C2); detection's k only in topk mode, q only when aggregating
+    "at_least" (IEEE-C3/C4)."""
     which = target.WhichOneof("service_parameters")
     if which is None:
         return {}
@@ -349,7 +349,7 @@ def _service_parameters(plan: Mapping[str, Any], typed: Mapping[str, Any]) -> di
 
 
 # --------------------------------------------------------------------------------------------
-# example images (issue 13)
+# example images
 # --------------------------------------------------------------------------------------------
 
 #: Example images are caller bytes put into a page (RenderReport is a public RPC): at most
@@ -502,8 +502,8 @@ def _example_marks(e: report_pb2.ExampleImage, path: str, shape: tuple[int, ...]
 
 def _examples(examples: Sequence[report_pb2.ExampleImage],
               task: str | None = None) -> list[dict[str, Any]]:
-    """The report's example images (issue 13): corruptions per severity (IEEE-A1..A6), attack
-    original / adversarial / amplified difference (IEEE-A7, A8), DEG-4 failure points. Each:
+    """The report's example images: corruptions per severity (IEEE-A1..A6), attack original /
+    adversarial / amplified difference (IEEE-A7, A8), DEG-4 failure points. Each:
     ``{kind, setting, level (None for attacks), image_id, target, original, perturbed,
     difference (data URIs of PNGs), original_answer, perturbed_answer, note}``; when the
     rule's verdicts are given, ``original_verdict`` and ``perturbed_verdict`` ("correct" /
@@ -629,13 +629,13 @@ def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
                    "seeds_in_plan": True,
                    "instructions": prose.repeat_instructions(_PLAN_FILE, _REPEAT_COMMAND)},
     }
-    report["examples"] = _examples(parts.examples,      # issue 13: example images
+    report["examples"] = _examples(parts.examples,      # example images
                                    enum_text(parts.target, "task"))
     report["failed_settings"] = [_failed_setting(f) for f in parts.failed_settings]
     if parts.HasField("benchmark"):     # multi-target plans (CAN-5/7/8/10)
         report["benchmark"] = open_part(parts.benchmark, "parts.benchmark")
     _canary(parts, report)      # CAN-1..4 when the plan asked; PER-4 / curves metrics_used
-    # the plan's acceptance criteria judged on the metrics (issue 13; services/report/verdict)
+    # the plan's acceptance criteria judged on the metrics (services/report/verdict)
     report["verdict"] = verdict(criteria_of_plan(plan, path="parts.plan_text.acceptance"),
                                 metrics, report["failed_settings"])
     return report

@@ -35,7 +35,7 @@ from fortis.services.report import annotate, figures
 __all__ = ["render_html", "report_json", "write_report"]
 
 #: Table of contents, in page order: (anchor, label). Only the sections a report renders are
-#: listed (issue 13: "Degradation" linked to a missing anchor).
+#: listed, so no entry links to a missing anchor.
 _SECTIONS: Final = (("summary", "Summary"), ("corruptions", "Corruptions"),
                     ("attacks", "Attacks"), ("canary", "CANARY"),
                     ("benchmark", "Benchmark"), ("degradation", "Degradation"),
@@ -1131,8 +1131,8 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def _finite(value: Any) -> Any:
     """``value`` with every non-finite float as None: strict JSON has no NaN/Infinity, and the
-    HTML page prints such a number as "n/a" (issue 9: an Inf anywhere in the report parts a
-    caller sends used to fail json.dumps, INTERNAL)."""
+    HTML page prints such a number as "n/a". Without this, an Inf anywhere in the report parts
+    a caller sends would fail json.dumps (INTERNAL)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):

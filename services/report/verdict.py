@@ -1,4 +1,4 @@
-"""The verdict of an evaluation against the acceptance criteria its plan declares (issue 13).
+"""The verdict of an evaluation against the acceptance criteria its plan declares.
 
 Policy (stated in every criterion's sentence and in docs/pipelines.md):
 

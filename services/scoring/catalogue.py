@@ -10,7 +10,7 @@ target did not return), label vectors M int, images N x H x W x C uint8 or float
 results are JSON-able trees in which "not applicable"/"not available" is an explicit
 ``None`` with a reason, never 0. Every numeric parameter has a documented bound
 (``limits.PARAM_BOUNDS``, shown by ListMetrics) checked before any work, the arrays of one call
-are bounded together, and long entries stop when ``should_stop`` says so (issue 9, finding 2).
+are bounded together, and long entries stop when ``should_stop`` says so.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class MetricSpec:
     inputs: tuple[Input, ...]
     run: Callable[..., dict[str, Any]]      # (arrays, params[, should_stop=] if stoppable)
     params: tuple[str, ...] = field(default_factory=tuple)   # optional params passed through
-    stoppable: bool = False                 # run takes should_stop= (issue 9, finding 2)
+    stoppable: bool = False                 # run takes should_stop=
 
     def as_dict(self) -> dict[str, Any]:
         def text(i: Input) -> str:
@@ -562,7 +562,7 @@ def compute(metric_id: str, arrays: Arrays, params: Params | None = None, *,
             should_stop: StopCheck | None = None) -> dict[str, Any]:
     """Run one catalogue entry; returns a JSON-able tree (NaN/inf become None). Parameters
     and array sizes are checked against ``limits`` before any work; ``should_stop`` (default:
-    never) is handed to the entries that can run long (issue 9, finding 2)."""
+    never) is handed to the entries that can run long."""
     spec = metric_spec(metric_id)
     params = dict(params or {})
     _check_inputs(spec, arrays, params)

@@ -82,7 +82,7 @@ def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData],
     ``settings`` holds exactly one clean setting; corruption severities are 1..5 and each
     (name, severity) appears once; attack names are unique; degradation (classification only)
     levels are >= 1, each (operator, level) once. ``should_stop`` is polled between
-    settings and stages (issue 9: the caller's deadline / cancellation stops the work).
+    settings and stages, so the caller's deadline or cancellation stops the work.
     """
     ids = list(setup.image_ids)
     m = len(ids)

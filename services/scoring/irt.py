@@ -1,8 +1,7 @@
 """IRT scoring of models, attacks and defences (CANARY, seed 003, section 3.3; CAN-8).
 
 Pure domain code (no gRPC), vectorised with numpy. Every random draw comes from the
-``numpy.random.Generator`` passed in (DESIGN.md section 3): same data + same seed -> the same
-scores, bit for bit.
+``numpy.random.Generator`` passed in: same data + same seed -> the same scores, bit for bit.
 
 Model (CAN-8). Three-parameter logistic item response function, subject i, item j::
 
@@ -48,10 +47,10 @@ overall score. The first layer keeps a category with many metrics from outweighi
 few. :func:`two_layer_irt` returns both layers; ``score`` is the overall ability min-max
 normalised to [0, 1] over the subjects (the scale of the paper's Table 9).
 
-Bounded work (issue 9, finding 2): :func:`fit_3pl` and :func:`two_layer_irt` take
-``should_stop`` (default: never) and check it every few steps of the chain and between fits,
-so a caller that has gone (deadline passed, call cancelled) stops the sampler within a few
-steps; the check raises DeadlineExceeded or Cancelled (``stopping.raise_if_stopped``).
+Bounded work: :func:`fit_3pl` and :func:`two_layer_irt` take ``should_stop`` (default: never)
+and check it every few steps of the chain and between fits, so a caller that has gone (deadline
+passed, call cancelled) stops the sampler within a few steps; the check raises DeadlineExceeded
+or Cancelled (``stopping.raise_if_stopped``).
 """
 
 from __future__ import annotations
@@ -278,7 +277,7 @@ def fit_3pl(responses: np.ndarray, rng: np.random.Generator,
     """Fit the 3PL model to a subjects x items matrix of responses in [0, 1] (NaN = missing)
     with the MH-within-Gibbs sampler of seed 003's Algorithm 1 (CAN-8). See the module
     docstring for the likelihood, the priors and the proposals. ``should_stop`` is checked
-    every few steps (issue 9, finding 2: the chain stops when its caller has gone)."""
+    every few steps, so the chain stops when its caller has gone."""
     cfg = config or IRTConfig()
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
@@ -426,7 +425,7 @@ def two_layer_irt(subjects: Sequence[str], metrics: Sequence[Metric],
     category's min-max normalised metrics; then a 3PL fit over the categories' abilities, min-
     max normalised. The fits run in the order the categories first appear in ``metrics``, all
     drawing from ``rng``, so the same inputs and seed give the same scores. ``should_stop``
-    is passed to every fit (issue 9, finding 2)."""
+    is passed to every fit."""
     names = [str(s) for s in subjects]
     n = len(names)
     v: list[FieldViolation] = []

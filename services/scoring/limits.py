@@ -1,6 +1,6 @@
 """Documented bounds of every numeric parameter of the metric catalogue, and of the arrays of
-one ``Compute`` call (issue 9, finding 2: "one tenant can stall every tenant" --
-``Compute("irt")`` accepted ``chain_length: 1e9``).
+one ``Compute`` call, so that one tenant cannot stall every tenant (unbounded,
+``Compute("irt")`` would accept ``chain_length: 1e9``).
 
 :data:`PARAM_BOUNDS` is the one table: per catalogue entry, per parameter path (dotted below
 ``params``: ``rule.k`` is ``params.rule.k``), its kind and its inclusive minimum and maximum.

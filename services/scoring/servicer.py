@@ -6,11 +6,11 @@ with the typed response. ListMetrics pages through the catalogue with an opaque 
 Compute runs one catalogue entry (its params arrive as JSON, numbers as doubles: each entry
 reads the integers it needs itself). Domain errors become statuses in the shared interceptor.
 
-Bounded work (issue 9, finding 2): Compute refuses arrays over ``limits.MAX_ARRAY_ELEMENTS``
-from their shapes before decoding them, and hands the catalogue a stop check built from the
-call (``stopping.caller_stop``), so a long entry ends with DEADLINE_EXCEEDED or CANCELLED as
-soon as its caller's deadline passes or the call is cancelled, instead of working on (run
-in a worker process, the worker is killed).
+Bounded work: Compute refuses arrays over ``limits.MAX_ARRAY_ELEMENTS`` from their shapes
+before decoding them, and hands the catalogue a stop check built from the call
+(``stopping.caller_stop``), so a long entry ends with DEADLINE_EXCEEDED or CANCELLED as soon as
+its caller's deadline passes or the call is cancelled, instead of working on (run in a worker
+process, the worker is killed).
 """
 
 from __future__ import annotations

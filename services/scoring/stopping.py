@@ -1,5 +1,5 @@
-"""The scoring service's stop checks: the shared ones of ``services/common/stopping.py``
-(issue 9, finding 2), re-exported where the IRT sampler and the catalogue first used them."""
+"""The scoring service's stop checks: the shared ones of ``services/common/stopping.py``,
+re-exported where the IRT sampler and the catalogue first used them."""
 
 from fortis.services.common.stopping import StopCheck, caller_stop, never, raise_if_stopped
 

@@ -24,8 +24,8 @@ _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
 
 @dataclass(frozen=True)
 class TargetTls:
-    """TLS to a remote target (``--target NAME=grpcs://HOST:PORT?ca=...``; issue 9, transport
-    security): ``ca`` signs the target's certificate (empty: the system roots), ``cert`` and
+    """TLS to a remote target (``--target NAME=grpcs://HOST:PORT?ca=...``):
+    ``ca`` signs the target's certificate (empty: the system roots), ``cert`` and
     ``key`` are the proxy's client certificate when the target asks for mTLS, ``server_name``
     the name verified when the certificate does not name the address."""
 
@@ -80,7 +80,7 @@ class GrpcTargetBackend:
         text = (exc.details() or "")[:300]
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED and any(m in text for m in _TOO_LARGE):
             # gRPC's own limit, not the target's quota: an answer or error trailers too large
-            # to receive is a malformed answer, the same on every retry (issue 9 finding 8).
+            # to receive is a malformed answer, the same on every retry.
             return _detailed(errors.FortisError("answer too large to receive"),
                              f"target {self.address}: answer too large ({text})")
         if code in _RETRYABLE:

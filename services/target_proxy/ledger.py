@@ -1,18 +1,18 @@
 """The query ledger: every query (one image of one attempt) recorded in SQLite (WAL).
 
-Write-ahead (issue 9, finding 5: "40 images sent, 0 ledger rows"): the proxy *reserves* a
+Write-ahead (no image is sent without its ledger row): the proxy *reserves* a
 row per image, status ``IN_FLIGHT``, before the image is handed to the target, and
 *completes* it after (the ``google.rpc.Code`` name of the outcome, latency, output summary).
 A crash between the two leaves a visible in-flight row, never a silent gap; every retry
 attempt is its own set of rows (``attempts`` = the attempt number, 1 = first), so the ledger
 is what the target saw. Rows are committed before the proxy returns the answer, so counts
 read from the ledger (QNC, success within Q_m, rate) are facts, not an attack's own
-bookkeeping (DESIGN.md section 1). ``synchronous=FULL`` by default: a reservation is on disk
+bookkeeping. ``synchronous=FULL`` by default: a reservation is on disk
 (fsync) before its image is sent, so it survives a power cut. Concurrent writers
 (reservations and completions alike) are grouped into one transaction (group commit) so
 durability costs one fsync per group, not per call.
 
-Durability of outcomes (issue 10, "Performance": the proxy's added latency): a completion is
+Durability of outcomes: a completion is
 committed before the answer is returned (every reader, in any process, sees it at once), but
 without its own fsync: a transaction of completions only runs with ``synchronous=NORMAL``,
 and its WAL frames reach the disk with the next durable commit (the next reservation's fsync
@@ -22,7 +22,7 @@ file); a power cut inside that window can lose an outcome, never a reservation: 
 reads ``INTERRUPTED`` at the next start, still charged (the target may have received it).
 This takes one of the two fsyncs of every call off its path.
 
-Crashes (issue 9, "Done when": the SIGKILL crash test, ``tests/e2e/test_crash_resume.py``):
+Crashes (tested by the SIGKILL crash test, ``tests/e2e/test_crash_resume.py``):
 when a proxy starts, rows a dead process left ``IN_FLIGHT`` become ``INTERRUPTED``
 (:meth:`Ledger.mark_interrupted`): still rows, still charged to the budgets (the target may
 have received them), shown as in flight by the stats and as UNKNOWN with a note by
@@ -30,7 +30,7 @@ have received them), shown as in flight by the stats and as UNKNOWN with a note 
 answer of each answered row is kept (``replies``), so a resumed attempt's repeated queries
 are answered from the ledger instead of reaching the target again (CAN-9 resume, Q_m kept).
 
-Tenancy (issue 9, finding 4): sessions live in their tenant's namespace, keyed by
+Tenancy: sessions live in their tenant's namespace, keyed by
 (tenant, session_id); two tenants may each own a session "X" and see only their own rows.
 Every read the proxy makes names the tenant; ``tenant=None`` on a read is the operator's
 view over all tenants (``fortis ledger --state-dir``).
@@ -43,7 +43,7 @@ session id alone (before tenant-scoped keys: the sessions table is rebuilt with 
 damaged file is refused naming ``state_dir``; a reader (``fortis ledger``) refuses an older
 one naming ``fortis db upgrade --state-dir DIR``.
 
-Idempotent writes (issue 10, "Pluggable state"): a row's key is (tenant, call_id, attempts,
+Idempotent writes: a row's key is (tenant, call_id, attempts,
 position), ``position`` being the image's place in the ``reserve`` call (one call attempt):
 reserving the same attempt twice (a retried worker, a commit whose answer was lost) is one
 row, and the second ``reserve`` returns the first one's entry ids. A file written before
@@ -77,7 +77,7 @@ IN_FLIGHT_NOTE = "in flight: reserved for the target, no outcome recorded (yet)"
 #: Status of a row a previous proxy process reserved and never completed (it was killed or
 #: crashed): the target may or may not have received the image, so the row still counts
 #: against the hard budgets; set by :meth:`Ledger.mark_interrupted` when a proxy starts
-#: (issue 9: "a crash leaves a visible in-flight row, never a silent gap").
+#: (a crash leaves a visible in-flight row, never a silent gap).
 INTERRUPTED = "INTERRUPTED"
 INTERRUPTED_NOTE = ("interrupted: in flight when its proxy process stopped (killed or"
                     " crashed); the target may have received it, no answer was recorded")
@@ -231,7 +231,7 @@ def _scope(tenant: str | None) -> tuple[str, tuple[str, ...]]:
 
 
 class LedgerStorage(Protocol):
-    """What the proxy needs of a ledger (issue 10, "Pluggable state"): :class:`Ledger`
+    """What the proxy needs of a ledger, whichever database holds it: :class:`Ledger`
     (SQLite, the embedded default) and ``ledger_pg.PgLedger`` (PostgreSQL, shared by proxy
     replicas) implement it with the same semantics; ``tests/storage/test_ledger.py`` runs
     the same assertions on both."""
@@ -436,7 +436,7 @@ class Ledger:
     def attempts_since(self, t: float) -> dict[str, int]:
         """Rows per tenant sent at or after wall-clock ``t`` (every attempt the target
         received or may have received; rows completed as ``not sent`` excluded): the start
-        of the proxy's queries-per-day count (issue 9, ``quotas.py``)."""
+        of the proxy's queries-per-day count (``quotas.py``)."""
         with self._db():
             rows = self._conn.execute(
                 "SELECT tenant, COUNT(*) FROM queries WHERE sent_at>=?" + _SENT

@@ -1,4 +1,4 @@
-"""The query ledger in PostgreSQL (issue 10, "Pluggable state, PostgreSQL at scale").
+"""The query ledger in PostgreSQL, shared by proxy replicas at scale.
 
 The same public methods and semantics as the SQLite :class:`~.ledger.Ledger` (the
 :class:`~.ledger.LedgerStorage` protocol the proxy depends on), on the schema of the Alembic
@@ -23,7 +23,7 @@ whichever replica sent the query:
   asynchronous commit (``SET LOCAL synchronous_commit TO OFF``): visible to every replica
   when ``complete`` returns, on disk within 3 x the server's ``wal_writer_delay``; a server
   crash in between leaves the row in flight (INTERRUPTED, still charged), never loses a
-  reservation (issue 10, "Performance": one WAL flush off every call's path).
+  reservation. This takes one WAL flush off every call's path.
 - **Replicas and crashes**: each ledger takes a random ``owner`` number and holds the session
   advisory lock ``(OWNER_LOCK, owner)`` on its own connection while it lives, and writes the
   number into its rows. ``mark_interrupted`` (at a proxy's start) marks ``INTERRUPTED`` only

@@ -4,7 +4,7 @@ Every query to a target passes here. Queries are counted per image; a session's 
 (total and per image id, the Q_m of IEEE-M6) is checked before anything is sent, and a call
 that would exceed it is refused whole (``BudgetExhausted``) with nothing sent.
 
-The ledger is what the target saw (issue 9, finding 5): before images are handed to the
+The ledger is what the target saw: before images are handed to the
 back end their rows are *reserved* (status ``IN_FLIGHT``) and committed; after, they are
 *completed* with the outcome. When the target is unavailable the call is retried with
 exponential backoff; each retry is sent again, so it is its own set of rows (attempt
@@ -16,7 +16,7 @@ unexpected way, completes its rows as failed (bounded message), never missing: a
 error or malformed answer is ``TargetFailed`` (FAILED_PRECONDITION naming the target, not
 retried), a bug in an in-process back end INTERNAL.
 
-After a crash (issue 9: "resumed attempts never push an image past Q_m"): the budgets are
+After a crash, resumed attempts never push an image past Q_m: the budgets are
 rebuilt from the ledger's rows, interrupted ones included, so a query attack's session keeps
 its per-image Q_m across every attempt of a chunk. In such a session (per-image budget set)
 answers are recorded, and a resumed attempt that repeats the previous process's queries (a
@@ -24,7 +24,7 @@ seeded attack redoes the same queries in the same order) gets them from the ledg
 the target being asked again: its results are those of an uninterrupted run, except where an
 interrupted row's unknown answer has to be sent again, and that row stays charged.
 
-Sessions live in their tenant's namespace (issue 9, finding 4): keys are (tenant, id), and
+Sessions live in their tenant's namespace: keys are (tenant, id), and
 another tenant's id behaves exactly like a free one. Session ids are restricted to a safe
 charset (``check_session_id``). Domain code: the target is reached through the
 ``TargetBackend`` protocol, implemented over gRPC in ``backends.py``.
@@ -233,7 +233,7 @@ class TargetEntry:
 @dataclass
 class _Budget:
     """A session's counts: ``used_*`` every attempt the target received (the hard budgets),
-    ``answered`` the queries it answered (IEEE-M6). With ``shared`` (issue 10) the hard
+    ``answered`` the queries it answered (IEEE-M6). With ``shared`` the hard
     budgets are checked and charged in the shared store, so replicas hold them in total;
     ``used_*`` then mirror the store's counts as of this replica's last call."""
 
@@ -318,11 +318,11 @@ class TargetProxy:
         #: The process's tenant-fair share of CPU-heavy work: a built-in target's inference
         #: runs in this process, so each call to one takes a slot of the calling tenant's.
         self.work = work
-        #: Session budgets shared by proxy replicas (issue 10); None: this process only.
+        #: Session budgets shared by proxy replicas; None: this process only.
         self.shared_budgets = shared_budgets
         self.metrics = metrics
-        #: Per-tenant images/s across every target (issue 9: one tenant cannot take another's
-        #: share of a target); tenants without a limit add nothing.
+        #: Per-tenant images/s across every target, so one tenant cannot take another's
+        #: share of a target; tenants without a limit add nothing.
         self.tenant_limits = tenant_limits or TenantLimits()
         self.targets = {t.name: t for t in targets}
         self.retry = retry
@@ -331,10 +331,10 @@ class TargetProxy:
         self._lock = threading.Lock()
         # The ledger's one writer starts: rows a dead process left in flight become
         # INTERRUPTED (still charged to the budgets: the target may have received them), and
-        # answers recorded so far may be replayed to resumed attempts (issue 9, CAN-9).
+        # answers recorded so far may be replayed to resumed attempts (CAN-9).
         self.interrupted_at_start = ledger.mark_interrupted()
         self._replay_up_to = ledger.last_entry_id()
-        #: Queries per UTC day per tenant (issue 9 quotas), counted from the ledger's rows of
+        #: Queries per UTC day per tenant, counted from the ledger's rows of
         #: today at start-up (a restart does not reset it), then in memory (``quotas.py``).
         self.daily_quotas = daily_quotas or DailyQueryQuotas()
         self.daily_quotas.load_from(ledger)
@@ -344,7 +344,7 @@ class TargetProxy:
     # -- targets ----------------------------------------------------------------------------
     def target(self, name: str, tenant: str | None = None) -> TargetEntry:
         """The target ``name`` as ``tenant`` sees it: a target outside the tenant's allow-list
-        is NOT_FOUND exactly like an unknown name (issue 9: targets declared with the tenants
+        is NOT_FOUND exactly like an unknown name (targets are declared with the tenants
         allowed to use them). ``tenant=None``: the operator's view (no allow-list)."""
         if not name:
             raise errors.InvalidArgument("target", "target name is required")
@@ -411,7 +411,7 @@ class TargetProxy:
             stored = self.ledger.get_session(sid, tenant)
             if stored is None:
                 # Insert-or-get: a replica creating the same session at the same moment
-                # (issue 10, replicas on one PostgreSQL) yields one row, and each caller is
+                # (replicas on one PostgreSQL) yields one row, and each caller is
                 # compared with that row, as if it had come second.
                 stored = self.ledger.insert_session(SessionRecord(
                     session_id=sid, tenant=tenant, target=target, query_budget=query_budget,
@@ -680,7 +680,7 @@ class TargetProxy:
             delay = min(delay * self.retry.multiplier, self.retry.max_backoff_s)
 
     def _store_refused(self, tenant: str, session_id: str, target: str, n: int) -> None:
-        """Refused: the shared store (issue 10) cannot answer; nothing was sent."""
+        """Refused: the shared store cannot answer; nothing was sent."""
         self.ledger.add_refused(session_id, tenant=tenant)
         if self.metrics is not None:
             self.metrics.refused_call(target, tenant)
@@ -752,7 +752,7 @@ def _bounded(exc: BaseException) -> str:
 
 def _log_refused(reason: str, *, tenant: str, session_id: str, target: str,
                  **extra: object) -> None:
-    """Audit line of a refused query (issue 9): who, which session and target, and why. The
+    """Audit line of a refused query: who, which session and target, and why. The
     runner names sessions ``<evaluation>/<part>``, so the evaluation is the prefix."""
     evaluation_id = session_id.partition("/")[0] if "/" in session_id else ""
     log.warning("query_refused", reason=reason, tenant=tenant, session=session_id,

@@ -1,10 +1,10 @@
-"""Queries per day per tenant in the target proxy (issue 9, "Bounded work": "Per-tenant
-quotas: ... queries per day").
+"""Queries per day per tenant in the target proxy: a quota that bounds the work each
+tenant may ask of the targets.
 
 What counts: every ledger row of the tenant whose send time falls in the **current UTC day**
 (00:00 to 24:00 UTC; the count starts again at midnight UTC) -- every attempt the target
 received or may have received, retries and in-flight/interrupted rows included, the same
-rows the hard session budgets count (issue 9: "the ledger is what the target saw"). Rows the
+rows the hard session budgets count (the ledger is what the target saw). Rows the
 proxy completed as ``not sent`` (the rate limiter refused before the images went) do not
 count. Answers replayed from the ledger to a resumed attempt are not sent, so not counted.
 

@@ -34,7 +34,7 @@ agree, taking from none of them when one refuses; ``TenantLimits`` holds the per
 limiters (across targets). Domain code: no gRPC. Clock and sleep are injectable so the
 tests can drive a fake clock.
 
-**Fair shares between tenants** (issue 9: no tenant slows another's work). Who gets the
+**Fair shares between tenants** (no tenant slows another's work). Who gets the
 next free slot at a shared limiter is decided by ``FairQueue``, start-time fair queueing
 (Goyal, Vin & Cheng, SIGCOMM 1996) counted in *images*: a call of ``n`` images from tenant
 ``i`` gets the start tag ``S = max(v, F_i)`` and moves ``F_i`` to ``S + n``, where ``v`` is
@@ -50,8 +50,8 @@ set aside until that limit lets it go and keeps its tag, so it neither blocks th
 orders grants; every grant still passes the exact rules above, so the guarantee is
 unchanged.
 
-**Where the state lives** (issue 10, "A global rate limit and budgets across proxy
-replicas"). By default in this process (the embedded mode: ``_grants``/``_tat`` under the
+**Where the state lives** (for a global rate limit across proxy
+replicas). By default in this process (the embedded mode: ``_grants``/``_tat`` under the
 limiter's lock, the code below). A limiter built with a ``store`` (a ``LimiterStore``, e.g.
 ``redis_store.RedisLimiterStore``) keeps the grant log and the GCRA schedule there instead,
 so several proxy replicas share one limit: each try (``_try_grant``) is one atomic
@@ -94,7 +94,7 @@ class Limiter(Protocol):
 
 
 class LimiterStore(Protocol):
-    """Limiter state outside this process, shared by proxy replicas (issue 10).
+    """Limiter state outside this process, shared by proxy replicas.
 
     ``try_grant`` applies both rules of every limiter of one grant at once, atomically, on
     the store's own clock: ``shared`` is the limiter whose wait is reported first (the
@@ -134,7 +134,7 @@ class RateLimiter:
         self._limit = _check_rate(images_per_second)
         if store is not None and not key:
             raise ValueError("a limiter kept in a store needs a key (e.g. 'target:NAME')")
-        #: where the state lives: None = this process (below); else shared (issue 10)
+        #: where the state lives: None = this process (below); else shared
         self.store = store
         #: the limiter's name in the store ("target:NAME" / "tenant:NAME")
         self.key = key
@@ -246,7 +246,7 @@ def _try_grant(shared: RateLimiter, rest: Sequence[RateLimiter], flat: Sequence[
 
     In this process: the locks in one fixed order (by ``id``, so two callers combining the
     same limiters cannot deadlock), the two rules, and nothing taken unless all agree. In a
-    store (issue 10): one atomic operation of the store does the same; ``now`` is then this
+    store: one atomic operation of the store does the same; ``now`` is then this
     process's clock right after the store's answer (the grant's send time).
     """
     if shared.store is not None:
@@ -484,8 +484,8 @@ class TenantLimits:
     One limiter per limited tenant, created on first use and shared by every target, so a
     tenant's limit holds on the sum of its traffic (to the extent the targets'
     grant-to-arrival delays stay within ``jitter_s`` of each other). Tenants without a limit
-    share one unlimited limiter, so unknown tenant names grow nothing. With a ``store``
-    (issue 10) each tenant's limiter keeps its state there, under ``tenant:<name>``, shared
+    share one unlimited limiter, so unknown tenant names grow nothing. With a ``store``,
+    each tenant's limiter keeps its state there, under ``tenant:<name>``, shared
     by every proxy replica using that store.
     """
 
@@ -495,7 +495,7 @@ class TenantLimits:
                  sleep: Callable[[float], None] = time.sleep,
                  store: LimiterStore | None = None) -> None:
         self.rates = dict(rates or {})
-        #: where the tenants' limiters keep their state (None: this process; issue 10)
+        #: where the tenants' limiters keep their state (None: this process)
         self.store = store
         for tenant, rate in self.rates.items():
             if not tenant:

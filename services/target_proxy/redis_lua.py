@@ -1,5 +1,5 @@
-"""The Lua scripts behind the proxy's Redis store (issue 10, "A global rate limit and budgets
-across proxy replicas"; SPEC: the proxy's exact rate limit and query budgets, IEEE-M6 Q_m).
+"""The Lua scripts behind the proxy's Redis store (a global rate limit and budgets
+across proxy replicas; SPEC: the proxy's exact rate limit and query budgets, IEEE-M6 Q_m).
 
 Each script runs atomically in Redis (``EVALSHA``; loaded once per server, again after a
 restart empties the script cache), so proxy replicas sharing one Redis never interleave a

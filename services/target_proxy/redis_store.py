@@ -1,6 +1,6 @@
-"""Rate limits, session budgets and daily quotas shared by proxy replicas, in Redis (issue 10,
-"A global rate limit and budgets across proxy replicas"; SPEC: the proxy counts every query
-per image and enforces budgets and the rate limit before anything is sent).
+"""Rate limits, session budgets and daily quotas shared by proxy replicas, in Redis (SPEC: the
+proxy counts every query per image and enforces budgets and the rate limit before anything is
+sent).
 
 Several ``fortis serve --service proxy --redis-url URL`` processes in front of one target
 hold, *in total*, what one process holds alone:

@@ -1,6 +1,6 @@
 """gRPC transport of the target-proxy service: decode, call ``TargetProxy``, encode.
 
-Every ledger read names the caller's tenant (issue 9, finding 4): sessions, stats and
+Every ledger read names the caller's tenant: sessions, stats and
 entries of another tenant are never seen, whatever the id.
 """
 
@@ -62,7 +62,7 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
 
     def ListTargets(self, request: Any, context: Any) -> proxy_pb2.ListTargetsResponse:
         size = page_size(request.page_size, default=100, maximum=1000)
-        # Only the targets the caller may use (issue 9); the others do not exist for it.
+        # Only the targets the caller may use; the others do not exist for it.
         tenant = current_tenant.get()
         targets = self.proxy.visible_targets(tenant)
         page, token = page_of(targets, tenant_list("targets", tenant), size, request.page_token)
@@ -119,7 +119,7 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         should_stop = caller_stop(context.is_active, context.time_remaining)
         for req in request_iterator:
             try:
-                limits.check_message(req)   # in band: the stream goes on (issue 9 limits)
+                limits.check_message(req)   # in band: the stream goes on
                 with holding(req):          # its decoded size, held while it is answered
                     self._check_answer(tenant, req)
                     res = self.proxy.predict(tenant=tenant, session_id=req.session_id,
@@ -136,7 +136,7 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
     def GetSessionStats(self, request: Any, context: Any) -> proxy_pb2.GetSessionStatsResponse:
         rec = self.proxy.session(current_tenant.get(), request.session_id)
         st = self.proxy.ledger.stats(rec.session_id, rec.tenant)
-        today, per_day = self.proxy.daily_quotas.usage(rec.tenant)    # issue 9 quotas
+        today, per_day = self.proxy.daily_quotas.usage(rec.tenant)
         return proxy_pb2.GetSessionStatsResponse(
             session=self._session_msg(rec), queries_ok=st.queries_ok,
             queries_failed=st.queries_failed, calls_refused=st.calls_refused,
@@ -154,7 +154,7 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         rec = self.proxy.session(current_tenant.get(), request.session_id)
         size = page_size(request.page_size, default=1000, maximum=10000)
         after = 0
-        kind = tenant_list("ledger", rec.tenant)     # A's token is not B's (issue 9)
+        kind = tenant_list("ledger", rec.tenant)     # A's token is not B's
         if request.page_token:
             pos = decode_token(request.page_token, kind, {"s": str, "e": int})
             if pos["s"] != rec.session_id[:256]:

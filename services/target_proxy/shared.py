@@ -1,5 +1,5 @@
-"""What the proxy needs of state shared by its replicas (issue 10, "A global rate limit and
-budgets across proxy replicas"). The rate limiter's side is ``ratelimit.LimiterStore``; this
+"""What the proxy needs of state shared by its replicas, so budgets hold across all of
+them. The rate limiter's side is ``ratelimit.LimiterStore``; this
 is the session budgets' side. Implemented in Redis by ``redis_store.RedisSessionBudgets``;
 without one (the embedded default) the budgets live in the proxy's memory. Domain code."""
 

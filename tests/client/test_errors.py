@@ -129,7 +129,7 @@ def test_from_rpc_error_without_rich_details() -> None:
 
 
 def test_target_failed_keeps_its_own_reason_and_its_base_code() -> None:
-    """Issue 9, "transient vs permanent target errors told apart": a permanent target failure
+    """Transient and permanent target errors are told apart: a permanent target failure
     is FAILED_PRECONDITION (its base's code) but comes back as ``TargetFailed`` (ErrorInfo
     reason TARGET_FAILED), so an evaluation records it per query while a plain
     FailedPrecondition still ends the evaluation."""

@@ -1,4 +1,4 @@
-"""Enforced service boundaries (DESIGN.md section 1; issue "One clear house").
+"""Enforced service boundaries (docs/architecture.md, "Rules that keep the boundaries").
 
 - The import-linter contracts in pyproject.toml ([tool.importlinter]) hold: the five services
   never import each other; services/common imports no service; services import neither the

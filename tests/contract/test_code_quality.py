@@ -1,4 +1,4 @@
-"""DESIGN.md section 3: ruff and mypy clean on our code (generated stubs excluded)."""
+"""Ruff and mypy clean on our code (generated stubs excluded)."""
 
 from __future__ import annotations
 

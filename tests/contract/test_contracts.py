@@ -1,5 +1,5 @@
 """Contracts: Buf STANDARD lint, generated stubs up to date, and the architecture rule that
-domain code never imports gRPC (DESIGN.md section 1)."""
+domain code never imports gRPC (docs/architecture.md, "Rules that keep the boundaries")."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ BUF = ROOT / "node_modules" / ".bin" / "buf"
 #: is domain code. kserve_v2.py is the Open Inference Protocol client (like backends.py).
 TRANSPORT = {"servicer.py", "backends.py", "proxy_client.py", "clients.py", "server.py", "app.py",
              "torch_target.py", "grpc_transport.py"}
-#: Transport modules named otherwise, by path: the UploadService servicer (issue 9), the
-#: composition root of ``fortis worker`` (issue 10; wires channels as app.py does) and the
-#: health servicer every server registers (services/common/health.py).
+#: Transport modules named otherwise, by path: the UploadService servicer, the composition
+#: root of ``fortis worker`` (wires channels as app.py does) and the health servicer every
+#: server registers (services/common/health.py).
 TRANSPORT_PATHS = {"services/evaluation/uploads.py", "services/worker_app.py",
                    "services/common/health.py"}
 
@@ -76,7 +76,7 @@ def test_domain_code_never_imports_grpc():
 
 
 def test_every_proto_field_is_commented():
-    """DESIGN.md: every field commented (Buf STANDARD does not check comments)."""
+    """Every proto field has a comment (Buf STANDARD does not check comments)."""
     missing = []
     for proto in (ROOT / "protos" / "fortis").rglob("*.proto"):
         lines = proto.read_text().splitlines()

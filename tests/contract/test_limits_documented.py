@@ -1,6 +1,6 @@
-"""Every field of every request has a documented limit (issue 9, "Bounded work": "every
-numeric parameter of every RPC has a documented maximum; plans, strings and nesting depth have
-limits"; SPEC IEEE-M6 / IEEE-A9 for the budget and bound parameters).
+"""Every field of every request has a documented limit, so work is bounded: every numeric
+parameter of every RPC has a documented maximum; plans, strings and nesting depth have limits
+(SPEC IEEE-M6 / IEEE-A9 for the budget and bound parameters).
 
 - Walks every request message of every service's descriptor, recursively, and fails on a
   numeric, string, bytes or repeated field without a bound in services/common/limits.py. The

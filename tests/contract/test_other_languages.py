@@ -1,10 +1,10 @@
 """Other languages generate clients in one command: `buf generate` with protos/buf.gen.yaml.
 
-Why: the contracts are the language-neutral seam (DESIGN.md section 1). This builds the Go
-client that `buf generate` writes, plus clients/go/example/main.go, with Debian's Go toolchain
-(scripts/setup_go.sh installs it when missing; GOPATH mode, no module proxy here), and runs it
-against the real stack: it lists the tenant's targets and decodes the google.rpc.BadRequest
-of a refused plan with the error-detail types generated from the vendored protos.
+Why: the contracts are the language-neutral seam. This builds the Go client that `buf generate`
+writes, plus clients/go/example/main.go, with Debian's Go toolchain (scripts/setup_go.sh
+installs it when missing; GOPATH mode, no module proxy here), and runs it against the real
+stack: it lists the tenant's targets and decodes the google.rpc.BadRequest of a refused plan
+with the error-detail types generated from the vendored protos.
 """
 
 from __future__ import annotations

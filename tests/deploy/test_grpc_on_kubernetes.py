@@ -1,6 +1,6 @@
-"""gRPC behind Kubernetes headless Services (issue 10, "gRPC on Kubernetes"): servers close
-each connection after ``max_connection_age`` so clients re-resolve and reach new replicas, and
-internal channels to ``dns:///`` names spread calls with ``round_robin``.
+"""gRPC behind Kubernetes headless Services: servers close each connection after
+``max_connection_age`` so clients re-resolve and reach new replicas, and internal channels to
+``dns:///`` names spread calls with ``round_robin``.
 
 Three servers behind one DNS name cannot be made with random loopback ports, so the channel
 options are checked as built, and the connection ageing with real gRPC: a server built by
@@ -157,7 +157,7 @@ def test_concurrent_clients_survive_ageing(aged_server):
     assert not failures and len(set(peers)) >= 2
 
 
-# -- SIGTERM with replicas (issue 10: "every service drains in-flight work") ---------------
+# -- SIGTERM with replicas: every service drains in-flight work ---------------------------
 
 def _tagged(tag: bytes) -> tuple[Any, None, str]:
     def who(request: bytes, context: grpc.ServicerContext) -> bytes:

@@ -1,11 +1,10 @@
-"""The Helm chart per tenant namespace (issue 10, "A Helm chart per tenant namespace"; SPEC's
-multi-tenancy and deployment requirements): rendered offline with Helm's own Go SDK
-(``helm-python-sdk``, dev extra), linted, and every rendered object validated with
-``kubernetes-validate --strict`` against the Kubernetes 1.30 schemas. Then the objects are
-checked for what a platform team asks of a tenant's install: default-deny NetworkPolicy,
-namespaced RBAC only, no cluster-scoped kinds, restricted containers with probes and
-resources, proxy replicas >= 2 with a PodDisruptionBudget, the migration hook, two tenants
-side by side without clashing names, and values.schema.json refusing bad values.
+"""The Helm chart per tenant namespace (SPEC's multi-tenancy and deployment requirements):
+rendered offline with Helm's own Go SDK (``helm-python-sdk``, dev extra), linted, and every
+rendered object validated with ``kubernetes-validate --strict`` against the Kubernetes 1.30
+schemas. Then the objects are checked for what a platform team asks of a tenant's install:
+default-deny NetworkPolicy, namespaced RBAC only, no cluster-scoped kinds, restricted containers
+with probes and resources, proxy replicas >= 2 with a PodDisruptionBudget, the migration hook,
+two tenants side by side without clashing names, and values.schema.json refusing bad values.
 
 No cluster exists here, so nothing is applied; instead the rendered Deployments' arguments
 (after Kubernetes' ``$(VAR)`` expansion from the rendered ConfigMap) are given to the real
@@ -202,8 +201,8 @@ def test_proxy_replicas_pdb_and_headless_services(objs):
            deps["fortis-team-a-proxy"]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["FORTIS_REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == "team-a-redis"
     assert env["FORTIS_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "team-a-database"
-    # uploads live in PostgreSQL (issue 10): the perturbation pods read neural_style models
-    # there, so they get the database too; scoring and report do not
+    # uploads live in PostgreSQL (pods share no disk): the perturbation pods read neural_style
+    # models there, so they get the database too; scoring and report do not
     for svc, wanted in (("perturbation", True), ("scoring", False), ("report", False)):
         names = {e["name"] for e in
                  deps[f"fortis-team-a-{svc}"]["spec"]["template"]["spec"]["containers"][0]["env"]}
@@ -306,7 +305,7 @@ def test_executor_kubernetes_wires_jobs_and_the_api_token():
 
 
 def test_tls_with_executor_kubernetes_gives_the_worker_pods_the_secret(monkeypatch):
-    """Issue 10: with secrets.tls the services listen with TLS only, so the evaluation
+    """With secrets.tls the services listen with TLS only, so the evaluation
     service is told the Secret its worker Jobs' pods mount (--job-tls-secret); the command
     line is one ``fortis serve`` accepts, and it builds Jobs that mount it."""
     from fortis.cli.local import _executor_settings

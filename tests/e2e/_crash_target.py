@@ -1,4 +1,4 @@
-"""A target of the crash test's own (issue 9, "Done when": the SIGKILL crash test).
+"""A target of the SIGKILL crash test's own (``test_crash_resume.py``).
 
 A real ``fortis.target.v1.TargetService`` gRPC server on loopback, in the test process, that
 wraps the Fashion-MNIST CNN and records every image it receives: the SHA-256 of the bytes it

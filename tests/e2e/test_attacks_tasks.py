@@ -1,4 +1,4 @@
-"""End to end (issue 11): query attacks on a detector and a segmenter, in plans, through the
+"""End to end: query attacks on a detector and a segmenter, in plans, through the
 real services and the target proxy, judged per IEEE-C4 / IEEE-C5.
 
 The built-in OpenCV Haar face detector (``haar-face``, what ``fortis demo --task detection``
@@ -9,7 +9,7 @@ three image sizes in one attack call, an image without objects of interest; the 
 128 x 128 for the segmenter) so each test stays well under 40 s.
 
 Attacks: the registry's query attacks whose ``SPEC.tasks`` include the task, restricted to
-the issue's list (Square, HSJA, Boundary required; SimBA and Bandits whenever registered).
+Square, HSJA and Boundary (required) and SimBA and Bandits (whenever registered).
 Each test runs one plan with one attack and checks:
 
 - the ledger (the proxy's count of answered queries) equals the queries the report states,
@@ -359,7 +359,7 @@ attacks:
 
 
 def test_every_query_attack_in_one_classifier_plan(stack, tmp_path):
-    """Issue 11's "a plan can use each of them on a classifier": one plan naming every query
+    """A plan can use each query attack on a classifier: one plan naming every query
     attack of the registry (IEEE-A8; PertKnob aside: it needs a property), untargeted, on the
     Fashion-MNIST CNN with full scores, through the real services and the proxy. The
     evaluation succeeds; per attack the report lists it with its norm, the ledger's count of its
@@ -404,7 +404,7 @@ attacks:
 
 
 def test_every_transfer_attack_in_one_classifier_plan(stack, tmp_path):
-    """Issue 12's "a plan can use each with a built-in surrogate, on classifiers": one plan
+    """A plan can use each transfer attack with a built-in surrogate, on classifiers: one plan
     naming every transfer attack of the registry (IEEE-A7: the twelve and the generator) on
     the Fashion-MNIST CNN, crafted on fmnist-surrogate, the images sent through the real
     services and the proxy. The evaluation succeeds; each attack is in the report with its

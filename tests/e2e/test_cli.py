@@ -72,7 +72,7 @@ def test_run_embedded_writes_report_and_ledger_agrees(tmp_path, fmnist_target, f
 
 
 def test_run_mobilenet_on_photos_with_the_shipped_plan(tmp_path):
-    """Target (b) of the issue: torchvision's MobileNetV2 served as a top-5 API, evaluated on the
+    """The shipped plan: torchvision's MobileNetV2 served as a top-5 API, evaluated on the
     offline natural photos with their ImageNet labels under the top-K rule (IEEE-C2)."""
     shipped = resources.files("fortis.cli").joinpath("plans/mobilenet-photos.yaml")
     text = shipped.read_text().replace("limit: 8", "limit: 4").replace("max_queries: 100", "max_queries: 20")
@@ -225,7 +225,7 @@ def _judged_again(task: str, report: dict[str, Any], ex: dict[str, Any]) -> bool
 
 
 def test_detection_and_segmentation_demos_run_end_to_end(tmp_path):
-    """Issue 5: the demo runs a detection plan (OpenCV Haar faces, IEEE-C4) and a segmentation
+    """The demo runs a detection plan (OpenCV Haar faces, IEEE-C4) and a segmentation
     plan (U2-Net-p, IEEE-C5) end to end: generated scenes with known ground truth (96 and
     60: a 95% interval narrower than 0.3, IEEE-M8), corruptions through the proxy, IEEE
     metrics with CIs in the report. The example grid shows the answers drawn (the target's

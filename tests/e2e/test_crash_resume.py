@@ -1,8 +1,8 @@
-"""Issue 9, "Done when": a crash test kills the server with SIGKILL several times
-mid-evaluation; after resume, the images the target received equal the ledger's rows, and no
-image exceeds Q_m ("The ledger is what the target saw"; "Resumed attempts never push an
-image past Q_m"). SPEC: IEEE-M6 (Q_m, query counts), CAN-9 (resume), DESIGN.md section 1
-(queries counted per image, at the proxy).
+"""A crash test kills the server with SIGKILL several times mid-evaluation; after resume, the
+images the target received equal the ledger's rows (the ledger is what the target saw), and no
+image exceeds Q_m (resumed attempts never push an image past it). SPEC: IEEE-M6 (Q_m, query
+counts), CAN-9 (resume); queries are counted per image, at the proxy (docs/architecture.md,
+section 2).
 
 A real ``fortis serve`` subprocess queries a real gRPC target served by this test
 (``_crash_target.py``: the Fashion-MNIST CNN, recording each image it receives). The plan has

@@ -82,7 +82,7 @@ def test_evaluation_end_to_end(stack, tmp_path):
     assert 0.0 <= g5["drr_5"] <= 1.0 and g1["m"] == 64
     assert "NDCG" in html.read_text()
     # adversarial examples kept as float arrays and images (CAN-9), in the evaluation
-    # store per tenant (issues 9 and 10)
+    # store per tenant
     import io
 
     import numpy as np
@@ -107,7 +107,7 @@ def test_cancel_and_errors(stack):
         with pytest.raises(errors.NotFound):
             fc.get("ev-does-not-exist")
         # a plan whose attack does not fit the target is refused at validation, field named
-        # (issue 11: a score-based attack on a label-only target, IEEE-A8)
+        # (a score-based attack on a label-only target, IEEE-A8)
         bad = PLAN.replace("name: fmnist-cnn,", "name: fmnist-cnn-label,")
         with pytest.raises(errors.InvalidArgument) as ei:
             fc.submit(bad)
@@ -197,7 +197,7 @@ def test_killed_service_resumes_with_the_same_numbers(tmp_path, fmnist_target, f
         assert resumed["ledger"]["total_queries"] == ref["ledger"]["total_queries"]
         return
     # The kill fell while a call's images were at the target: those rows are INTERRUPTED
-    # (the target may have answered them), stay charged to each image's Q_m (issue 9: never
+    # (the target may have answered them), stay charged to each image's Q_m (never
     # past the budget) and cannot be replayed. Everything but the query attack is identical;
     # the query attack differs by at most one query and one success per interrupted row.
     def without_query_attacks(m: dict) -> dict:
@@ -283,7 +283,7 @@ degradation:
 
 
 def test_a_misbehaving_target_gives_per_query_errors_not_a_crashed_evaluation(tmp_path):
-    """Issue 5: HTTP 500s, malformed JSON and timeouts from a target become per-query errors in
+    """HTTP 500s, malformed JSON and timeouts from a target become per-query errors in
     the ledger and the report, and the evaluation still finishes. The target is an HTTP/JSON
     API reached through the real proxy and the http-json adapter; the service itself is a
     stand-in of the test's own (a local stdlib HTTP server), since no real API can misbehave

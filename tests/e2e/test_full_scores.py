@@ -1,8 +1,8 @@
-"""Answers kept in full (issue 11): an evaluation of the 1000-class ImageNet MobileNetV2 with
-full score vectors keeps every class's score per answer, so NDCG/DRR (RANK-1/RANK-2) are
-applicable and the degradation rank profile (DEG-2) is exact, not censored (the runner used to
-keep the top 20 scores per answer: NDCG came out "not applicable" and ranks beyond 20 were
-only lower bounds)."""
+"""Answers kept in full: an evaluation of the 1000-class ImageNet MobileNetV2 with full score
+vectors keeps every class's score per answer, so NDCG/DRR (RANK-1/RANK-2) are applicable and the
+degradation rank profile (DEG-2) is exact, not censored (the runner used to keep the top 20
+scores per answer: NDCG came out "not applicable" and ranks beyond 20 were only lower
+bounds)."""
 
 from __future__ import annotations
 

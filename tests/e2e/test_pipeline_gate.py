@@ -1,4 +1,4 @@
-"""The pipeline gate end to end (issue 13; docs/pipelines.md), through the CLI entry point
+"""The pipeline gate end to end (docs/pipelines.md), through the CLI entry point
 ``fortis.cli.main`` with real evaluations of the Fashion-MNIST CNN (64 images, one corruption
 at two severities, FGSM from the surrogate):
 

@@ -1,7 +1,7 @@
-"""The report page in a real browser (issue 13, done-when): a Fashion-MNIST plan with
-corruptions, a transfer attack at two epsilons, a query attack, a degradation operator and
-acceptance criteria runs through the real services on loopback; its report.html is opened in
-Debian's headless Chromium, driven over the DevTools protocol (a websocket, no mocks):
+"""The report page in a real browser: a Fashion-MNIST plan with corruptions, a transfer attack
+at two epsilons, a query attack, a degradation operator and acceptance criteria runs through the
+real services on loopback; its report.html is opened in Debian's headless Chromium, driven over
+the DevTools protocol (a websocket, no mocks):
 
 - the page loads with no console error, no exception and no blocked resource (the page's
   Content-Security-Policy forbids everything but inline styles and data: images);
@@ -241,7 +241,7 @@ def _run_plan(stack: Any) -> tuple[dict[str, Any], str]:
 
 
 def test_report_in_a_real_browser(stack, browser: Chromium, tmp_path: Path) -> None:
-    """IEEE-P4 report, issue 13's done-when: loads clean, links resolve, images decode,
+    """IEEE-P4 report: loads clean, links resolve, images decode,
     verdict in the first screen, prints and exports to a PDF with pages."""
     report, html = _run_plan(stack)
     # the plan's parts are in the report (what the page below must show)

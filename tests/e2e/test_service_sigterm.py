@@ -1,5 +1,5 @@
-"""SIGTERM for each of the five services run alone, as the Helm chart runs them (issue 10,
-"SIGTERM: every service drains in-flight work and exits within the pod's grace period").
+"""SIGTERM for each of the five services run alone, as the Helm chart runs them: every service
+drains in-flight work and exits within the pod's grace period.
 
 Each test starts ``fortis serve --service NAME`` as a process, with the other services'
 addresses as the chart gives them, puts a slow call in flight, sends SIGTERM, and checks what

@@ -1,5 +1,5 @@
-"""Issue 9: ``fortis serve`` drains on SIGTERM and exits 0 in bounded time, even with an
-evaluation running; the next start on the same state resumes that evaluation (CAN-9)."""
+"""``fortis serve`` drains on SIGTERM and exits 0 in bounded time, even with an evaluation
+running; the next start on the same state resumes that evaluation (CAN-9)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_a_shutdown_mid_item_sends_nothing_twice_after_the_resume(tmp_path, fmni
     corruption items are at the target commits those items when they end, and the next start
     resumes the evaluation without sending their images again: every image of the clean pass,
     of each corruption setting and of the transfer attack reaches the target once, and the
-    ledger equals what the (counting) target received (issue 10 SIGTERM, IEEE-M6, CAN-9)."""
+    ledger equals what the (counting) target received (IEEE-M6, CAN-9)."""
     import threading
     from collections import Counter
 

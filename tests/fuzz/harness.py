@@ -1,4 +1,4 @@
-"""Send one fuzzed request over real loopback gRPC and judge the answer (issue 9, finding 8).
+"""Send one fuzzed request over real loopback gRPC and judge the answer.
 
 The rules every answer must keep, whatever the request:
 

@@ -1,14 +1,13 @@
 """Hypothesis strategies of hostile requests for every Fortis RPC that takes user data.
 
-Issue 9 (finding 8, "One error mapping", and the "Done when" fuzz bullet): bad input must get a
-precise, bounded status naming the field, never INTERNAL/UNKNOWN, and never take a service
-down. The strategies mix hostile values (boundary ints 0, -1, 2^31, 2^63-1; NaN, +-Inf, -0.0,
-1e308; empty, huge, unicode and control-character strings; tensors with ``[]``, negative,
-overflowing or mismatched shapes and unknown dtypes; PNG/JPEG headers declaring 100000x100000
-or truncated; plans nested 100k deep, YAML aliases, ``severities: [[1]]``; Struct params nested
-90+ deep; page tokens "nan"/"inf"/2^70; unknown enum values) with valid-looking ones, so a
-request gets past its first check as often as it is refused by it. Valid requests whose
-images decode large (headers declaring 6000x6000, tensors whose data match a large shape)
+Bad input must get a precise, bounded status naming the field, never INTERNAL/UNKNOWN, and never
+take a service down. The strategies mix hostile values (boundary ints 0, -1, 2^31, 2^63-1; NaN,
++-Inf, -0.0, 1e308; empty, huge, unicode and control-character strings; tensors with ``[]``,
+negative, overflowing or mismatched shapes and unknown dtypes; PNG/JPEG headers declaring
+100000x100000 or truncated; plans nested 100k deep, YAML aliases, ``severities: [[1]]``; Struct
+params nested 90+ deep; page tokens "nan"/"inf"/2^70; unknown enum values) with valid-looking
+ones, so a request gets past its first check as often as it is refused by it. Valid requests
+whose images decode large (headers declaring 6000x6000, tensors whose data match a large shape)
 reach the decoded-size budget rather than the field checks.
 
 ``RPCS`` names every case: the full method path, its streaming shape, the request (or, for

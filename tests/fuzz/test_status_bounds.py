@@ -1,9 +1,9 @@
-"""The one conversion bounds every error (issue 9 finding 8 and "One error mapping"): a status
-message is at most 1 KB, the whole google.rpc.Status at most 3 KB (so the trailers never pass
-gRPC's 8 KiB soft / 16 KiB hard metadata limit, which turned 32 long field violations into
-RESOURCE_EXHAUSTED "Stream removed"), and a long quoted value or resource name is cut to 100
-characters instead of being echoed. Checked through ``to_status`` and over a real loopback gRPC
-call, since the metadata limit only shows on the wire."""
+"""The one conversion of errors to statuses bounds every error: a status message is at most
+1 KB, the whole google.rpc.Status at most 3 KB (so the trailers never pass gRPC's 8 KiB soft /
+16 KiB hard metadata limit, which turned 32 long field violations into RESOURCE_EXHAUSTED
+"Stream removed"), and a long quoted value or resource name is cut to 100 characters instead
+of being echoed. Checked through ``to_status`` and over a real loopback gRPC call, since the
+metadata limit only shows on the wire."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Real infrastructure for the tests (issue 10): servers started from Debian packages."""
+"""Real infrastructure for the tests: servers started from Debian packages."""

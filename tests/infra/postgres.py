@@ -1,4 +1,4 @@
-"""A real PostgreSQL server for the tests (issue 10, "Pluggable state, PostgreSQL at scale").
+"""A real PostgreSQL server for the tests of the PostgreSQL storage back ends.
 
 Debian's ``postgresql`` (``scripts/setup.sh`` installs it): ``initdb`` + ``pg_ctl`` in a temp
 dir, on a free loopback port (``listen_addresses=127.0.0.1``, the unix socket in the temp

@@ -1,7 +1,7 @@
-"""A real Redis server for the tests (issue 10: proxy replicas share rate limits and budgets
-through Redis). ``redis-server`` from Debian (``scripts/setup.sh`` installs it) on a free
-loopback port, in a temp dir, no persistence (``--save '' --appendonly no``), stopped at the
-end. A missing binary fails the test with the set-up step to run (CI installs it).
+"""A real Redis server for the tests (proxy replicas share rate limits and budgets through
+Redis). ``redis-server`` from Debian (``scripts/setup.sh`` installs it) on a free loopback port,
+in a temp dir, no persistence (``--save '' --appendonly no``), stopped at the end. A missing
+binary fails the test with the set-up step to run (CI installs it).
 
 Fixtures: ``redis_server`` (one per test module; tests use their own ``namespace``) and
 ``redis_factory`` (servers of the test's own, e.g. to kill and restart one).

@@ -1,6 +1,6 @@
-"""API-key rotation without restart (issue 9, "Transport security": API keys loaded from a
-file or secret and stored hashed, key rotation without restart; SPEC section 0: many tenants
-on one Fortis).
+"""API-key rotation without restart (transport security: API keys loaded from a file or
+secret and stored hashed, key rotation without restart; SPEC section 0: many tenants on one
+Fortis).
 
 Real stacks on loopback with a real key file (``TENANT sha256:<hex>`` lines, written here
 with hashlib):

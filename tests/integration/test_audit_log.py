@@ -1,4 +1,4 @@
-"""Issue 9 audit: a real stack's log lines for a refused budget call, an unknown API key and
+"""Audit log: a real stack's log lines for a refused budget call, an unknown API key and
 an evaluation's lifecycle carry tenant, evaluation, target and a request id, and never the
 API key."""
 

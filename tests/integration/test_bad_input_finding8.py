@@ -1,4 +1,4 @@
-"""Issue 9 finding 8, case by case: bad input gets INVALID_ARGUMENT naming the field, never
+"""Case by case: bad input gets INVALID_ARGUMENT naming the field, never
 INTERNAL or another code, over real loopback gRPC to a real stack (tests/conftest.py ``stack``:
 all five services, two tenants).
 

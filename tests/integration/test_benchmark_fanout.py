@@ -1,5 +1,5 @@
 """Multi-target plans (CANARY benchmarks, CAN-7) fanned out to ``fortis worker`` processes, as
-single-target plans are (issue 10): the evaluation service's ``--executor processes`` starts
+single-target plans are: the evaluation service's ``--executor processes`` starts
 real worker processes that run every model's work items (each model's keys under ``m<k>/``,
 its proxy sessions under ``<evaluation>.m<k>``, the transfer examples shared by name) under
 leased claims in the store; the service then scores and reports.

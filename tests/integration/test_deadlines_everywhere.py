@@ -1,7 +1,6 @@
 """Long computations stop at the caller's deadline or cancellation, over real gRPC on loopback
-(issue 9, finding 2 "one tenant can stall every tenant"; "Bounded work": long computations
-check the caller's deadline / cancellation and stop; IEEE-M6 query budgets keep being what the
-ledger counts).
+(so one tenant cannot stall every tenant; bounded work: long computations check the caller's
+deadline / cancellation and stop; IEEE-M6 query budgets keep being what the ledger counts).
 
 - RunAttack (a query attack with the largest budget the test affords) with a 1 s deadline ends
   DEADLINE_EXCEEDED and the proxy ledger stops growing within a bounded time (measured); a

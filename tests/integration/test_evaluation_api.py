@@ -113,7 +113,7 @@ def test_not_found_reads_once_and_another_tenants_id_is_unknown(stub):
 
 def test_an_attack_that_does_not_fit_the_target_is_refused_with_its_field(stub):
     """A score-based attack on a labels-only target (IEEE-A8) is refused at CreateEvaluation
-    and ValidatePlan (issue 11: it was a FAILED run before) with the BadRequest field violation
+    and ValidatePlan (it was a FAILED run before) with the BadRequest field violation
     naming ``attacks[0].id``; nothing is created. (A failed evaluation keeping its status
     details is checked in test_tenant_quotas.py: RESOURCE_EXHAUSTED with QuotaFailure.)"""
     bad = PLAN.replace("name: fmnist-cnn,", "name: fmnist-cnn-label,")

@@ -296,7 +296,7 @@ def test_429_with_retry_after_then_success(px, cloud):
     (p,) = predict(px, sid, {"d": DARK})
     assert time.monotonic() - t0 >= 0.9                   # Retry-After: 1 was honoured
     assert classes(p)[0][:2] == (CAT, "cat")
-    # write-ahead ledger (issue 9): every attempt the target received is its own row
+    # write-ahead ledger: every attempt the target received is its own row
     assert [(r.status, r.attempts) for r in ledger(px, sid)] == [
         (code_pb2.UNAVAILABLE, 1), (code_pb2.OK, 2)]
     st = stats(px, sid)
@@ -347,7 +347,7 @@ def test_answers_that_do_not_fit_the_profile_are_failed_rows(px, target, needle)
     assert needle in ei.value.details()
     assert "'x'" in ei.value.details()                    # names the image
     (row,) = ledger(px, sid)
-    # a TargetResponseError: the target's permanent failure (issue 9, "One error mapping"):
+    # a TargetResponseError: the target's permanent failure (one error mapping):
     # FAILED_PRECONDITION naming the target, to the caller and in the ledger, not retried
     assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"target '{target}'" in ei.value.details()
@@ -365,7 +365,7 @@ def test_rejected_credentials_are_a_failed_row(px):
     assert "HTTP 403" in ei.value.details() and "security token" in ei.value.details()
     (row,) = ledger(px, sid)
     # an HttpTargetError: the target's permanent failure, FAILED_PRECONDITION to the caller
-    # and in the ledger, not retried (issue 9, "One error mapping")
+    # and in the ledger, not retried (one error mapping)
     assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert row.status == code_pb2.FAILED_PRECONDITION and row.attempts == 1
 

@@ -1,4 +1,4 @@
-"""Evaluation Jobs on Kubernetes (issue 10, "Work fan-out on Kubernetes itself").
+"""Evaluation Jobs on Kubernetes: the work fan-out runs on Kubernetes itself.
 
 The manifest ``k8s_jobs.job_manifest`` builds is validated against the Kubernetes 1.30
 schemas in strict mode (``kubernetes-validate``, bundled schemas) and checked field by field
@@ -62,7 +62,7 @@ def test_the_manifest_is_a_valid_indexed_job_in_strict_mode() -> None:
 
 
 def test_with_tls_the_pods_mount_the_secret_and_the_worker_gets_its_files() -> None:
-    """Issue 10: services that listen with TLS only are reached by workers that have the
+    """Services that listen with TLS only are reached by workers that have the
     certificate. The TLS secret is mounted read-only where the chart mounts it for the
     services, and ``fortis worker`` is told where its files are ($FORTIS_TLS_*, the
     variables its flags default to) and which name to verify; still strictly valid."""

@@ -1,6 +1,6 @@
-"""Worker Jobs reach services that listen with TLS only (issue 10, "Work fan-out on
-Kubernetes itself" + the chart's ``secrets.tls``; deploy/README's former "Not covered": "the
-worker Jobs' pods do not mount the TLS secret").
+"""Worker Jobs reach services that listen with TLS only (work fan-out on Kubernetes
+itself, with the chart's ``secrets.tls``; deploy/README's former "Not covered": "the worker
+Jobs' pods do not mount the TLS secret").
 
 The evaluation service runs as the chart runs it with ``secrets.tls`` and ``executor:
 kubernetes``: ``fortis serve --service evaluation`` with its certificate (mTLS required,

@@ -189,7 +189,7 @@ def test_stub_target_through_the_proxy(stub_stack, stub):
     ("stub-closed", grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, 4, "ConnectionRefusedError"),
     ("grpc-closed", grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, 4, "ModelMetadata: UNAVAILABLE"),
     # malformed answers: the target's permanent failure, FAILED_PRECONDITION, not retried
-    # (issue 9, "One error mapping"; INTERNAL is for Fortis's own bugs)
+    # (one error mapping: INTERNAL is for Fortis's own bugs)
     ("stub-garbled", grpc.StatusCode.FAILED_PRECONDITION, code_pb2.FAILED_PRECONDITION, 1,
      "malformed JSON"),
     ("stub-badshape", grpc.StatusCode.FAILED_PRECONDITION, code_pb2.FAILED_PRECONDITION, 1,
@@ -210,7 +210,7 @@ def test_target_failures_become_ledger_rows(stub_stack, target, code, status, at
                        metadata=MD)
         assert ei.value.code() == code and words in ei.value.details()
         rows = ledger(px, sid)
-        # write-ahead ledger (issue 9): each attempt the target received is its own rows
+        # write-ahead ledger: each attempt the target received is its own rows
         assert [r.image_id for r in rows] == ["img-0", "img-1"] * attempts
         assert {(r.status, r.attempts) for r in rows} == {(status, a) for a in range(1, attempts + 1)}
         assert status == code.value[0]           # the ledger and the caller see one code

@@ -1,6 +1,5 @@
-"""Prometheus metrics labelled by tenant, bound to a configurable address (issue 9, "Audit and
-observability": "Prometheus metrics labelled by tenant; metrics bound to a configurable
-address").
+"""Prometheus metrics labelled by tenant, bound to a configurable address (audit and
+observability).
 
 Scraped over real HTTP from a real stack (and from a real ``fortis serve`` subprocess): the
 proxy's query/call/refusal/latency counters and every service's RPC counters carry a

@@ -1,4 +1,4 @@
-"""The contract is language-neutral (issue 5): a TargetService written in Node.js is tested by
+"""The contract is language-neutral: a TargetService written in Node.js is tested by
 Fortis through the proxy like any built-in target; a Node.js client drives an evaluation end to
 end; `buf curl` (no Fortis code at all) talks to the services through reflection.
 

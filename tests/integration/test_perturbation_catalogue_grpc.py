@@ -1,4 +1,4 @@
-"""The whole perturbation catalogue over real gRPC on loopback (issue 3, item 5): listed once
+"""The whole perturbation catalogue over real gRPC on loopback: listed once
 with its characterisation (DEG-5) and level kind, applied to batches unary and streaming, for
 every kind -- corruptions (IEEE-A1..A5), styles (IEEE-A6), incremental degradation operators
 (DEG-1, incl. the white-box one on the real surrogate) and safety properties (PER-1) -- and bad

@@ -1,4 +1,4 @@
-"""Issue 10, end to end: with ``database_url`` the uploads and the adversarial artifacts live in
+"""End to end: with ``database_url`` the uploads and the adversarial artifacts live in
 the shared PostgreSQL, so processes that share no disk (pods: the evaluation service, a
 separate perturbation service, worker Job pods each with their own empty state folder) run an
 evaluation whose dataset is ``source: uploads`` (SPEC IEEE-P3 image source, IEEE-P4: the plan

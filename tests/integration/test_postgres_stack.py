@@ -1,8 +1,8 @@
-"""Issue 10, "Pluggable state, PostgreSQL at scale", end to end: a whole Fortis stack with
+"""Pluggable state, PostgreSQL at scale, end to end: a whole Fortis stack with
 ``database_url`` keeps its evaluation store and its proxy ledger in a real PostgreSQL
 (``tests/infra/postgres.py``) and gives the same results as the embedded SQLite stack.
 SPEC: IEEE-M6 (queries counted per image at the proxy, from the ledger), CAN-9 (state in the
-store); bad settings named precisely (DESIGN.md section 3).
+store); bad settings named precisely.
 
 - The same Fashion-MNIST plan (corruptions, a transfer attack and a query attack) on the
   SQLite stack and on the PostgreSQL stack: equal metrics; the PostgreSQL ledger's rows are

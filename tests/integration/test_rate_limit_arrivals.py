@@ -226,7 +226,7 @@ def test_the_proxy_applies_tenant_limits_it_is_given(tmp_path, target):
     assert len(servicer.times("b-")) > 12                      # bob was never held to alice's rate
 
 
-# -- fair shares between tenants at a shared target (issue 9) --------------------------------
+# -- fair shares between tenants at a shared target ------------------------------------------
 def shares_while(servicer: RecordingTarget, prefix: str) -> tuple[dict[str, int], float]:
     """Images per prefix (first letter) that arrived while ``prefix``'s calls were arriving,
     and the length of that span (s)."""
@@ -241,7 +241,7 @@ def shares_while(servicer: RecordingTarget, prefix: str) -> tuple[dict[str, int]
 
 def test_batches_of_five_get_an_equal_share_against_single_images_from_many_threads(
         tmp_path, target):
-    """Issue 9 finding: without a tenant rate, bob's single images from several threads took
+    """Without a tenant rate, bob's single images from several threads took
     every slot freed at a 40/s target while alice's batches of five waited for five at once
     (her 40 images took 246 s). Fair turns (``FairQueue``) split the target in images."""
     servicer, server = target
@@ -298,8 +298,8 @@ def test_a_tenant_held_by_its_own_limit_does_not_hold_the_others_back(tmp_path, 
 
 def test_a_call_whose_deadline_passes_while_it_waits_is_never_sent(tmp_path, target):
     """A caller gone (deadline or cancel) stops waiting for the rate limit: its images never
-    reach the target, the budget gets them back, and the ledger says "not sent" (issue 9:
-    long waits check the caller's deadline; the ledger is what the target saw)."""
+    reach the target, the budget gets them back, and the ledger says "not sent" (long
+    waits check the caller's deadline; the ledger is what the target saw)."""
     import grpc
     from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
     from fortis.services.app import StackSettings, TargetConfig, start_stack

@@ -1,6 +1,6 @@
-"""Three proxy replicas sharing one Redis hold the limits and budgets in total (issue 10, "A
-global rate limit and budgets across proxy replicas"; SPEC: queries counted per image at the
-proxy, the exact rate limit at the target, session budgets and Q_m).
+"""Three proxy replicas sharing one Redis hold the limits and budgets in total (a global rate
+limit and budgets across proxy replicas; SPEC: queries counted per image at the proxy, the
+exact rate limit at the target, session budgets and Q_m).
 
 Real parts only: a real ``redis-server`` (tests/infra), three ``fortis serve --service proxy
 --redis-url ...`` processes, each with its own state dir and SQLite ledger, in front of one

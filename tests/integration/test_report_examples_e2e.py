@@ -1,4 +1,4 @@
-"""Example images in the report (issue 13), end to end through the real services on loopback:
+"""Example images in the report, end to end through the real services on loopback:
 a Fashion-MNIST plan with two corruptions, one degradation operator, a transfer attack (FGSM
 on the surrogate) and a query attack (Square) runs on the real CNN behind the proxy, and
 report.json carries

@@ -106,7 +106,7 @@ def _float_fields(msg, path=""):  # type: ignore[no-untyped-def]
 
 def test_non_finite_numbers_anywhere_in_the_parts_never_break_the_report(
         rp: report_pb2_grpc.ReportServiceStub) -> None:
-    """Issue 9 fuzz finding: an Inf in a report part's number made json.dumps(allow_nan=False)
+    """Found by fuzzing: an Inf in a report part's number made json.dumps(allow_nan=False)
     fail, INTERNAL. Every float the parts carry, set to +Inf, -Inf or NaN in turn: never
     INTERNAL; a rendered report is strict JSON with null where the value was not finite."""
     paths = [p for _, _, p in _float_fields(make_parts())]

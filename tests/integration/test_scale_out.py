@@ -1,4 +1,4 @@
-"""The scale-out test of issue 10 ("How to test it here"): three proxy replicas, two worker
+"""The scale-out test: three proxy replicas, two worker
 processes (each with ``JOB_COMPLETION_INDEX``), PostgreSQL and Redis on loopback, one
 evaluation of the demo plan. SPEC: IEEE-M6 (queries counted per image at the proxy, read from
 the ledger: QNC and Q_m), CAN-9 (deterministic, resumable work items: the same metrics

@@ -1,6 +1,6 @@
 """The scoring service over real gRPC on loopback: ScoreEvaluation streams a whole evaluation
 as arrays and answers typed metrics (IEEE-M1..M8, RANK-1..3, DEG-2..4) equal to the in-process
-domain, malformed streams get INVALID_ARGUMENT naming the field; the metric catalogue (issue 4):
+domain, malformed streams get INVALID_ARGUMENT naming the field; the metric catalogue:
 ListMetrics lists every family with its inputs; Compute runs one by name on tensors and JSON
 params and gives the same numbers as the domain code in-process; bad input gets a precise
 INVALID_ARGUMENT naming the field and the service keeps serving. Also `fortis score` on a

@@ -1,5 +1,5 @@
-"""Issue 9, finding 2 over real gRPC on loopback ("one tenant can stall every tenant":
-``Compute("irt")`` took ``chain_length: 1e9`` and worked on after the caller's deadline):
+"""One tenant must not stall every tenant, over real gRPC on loopback (``Compute("irt")``
+used to take ``chain_length: 1e9`` and work on after the caller's deadline):
 a parameter past its documented bound is INVALID_ARGUMENT naming ``params.<key>`` before any
 work; a call with the largest allowed chain and a 0.5 s deadline gets DEADLINE_EXCEEDED and
 the server stops working on it (a small call right after answers within 2 s, and the

@@ -146,8 +146,8 @@ def test_bad_input_gets_precise_status_and_service_keeps_serving(channel, fmnist
     br = _detail(ei.value, error_details_pb2.BadRequest)
     assert br.field_violations[0].field == "images[1].encoded"
     st = px.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id=sess.session_id), metadata=MD)
-    # the target received them: recorded as failed and charged to the hard budget (issue 9:
-    # every image the target received counts), never counted as answered (IEEE-M6)
+    # the target received them: recorded as failed and charged to the hard budget (every
+    # image the target received counts), never counted as answered (IEEE-M6)
     assert st.queries_failed == 2 and st.queries_ok == 0
     assert st.session.queries_used == 0
     # missing image id

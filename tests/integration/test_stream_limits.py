@@ -1,5 +1,5 @@
-"""Bidirectional streams check every message against the documented limits in band (issue 9,
-bounded work; ``services/common/limits.py``): the proxy's and the target adapter's
+"""Bidirectional streams check every message against the documented limits in band (bounded
+work; ``services/common/limits.py``): the proxy's and the target adapter's
 ``PredictStream`` answer an over-limit message with an ``error`` naming the field, never echo
 an over-long ``request_id``, and go on answering the next message of the same stream."""
 

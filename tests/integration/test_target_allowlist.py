@@ -1,5 +1,5 @@
-"""Targets declared with the tenants allowed to use them (issue 9, "Tenant-scoped everything":
-"targets declared with the tenants allowed to use them (ListTargets shows only yours)").
+"""Targets declared with the tenants allowed to use them: targets are tenant-scoped like
+everything else, and ListTargets shows only yours.
 
 ``--target NAME=builtin:MODEL?tenants=a,b`` (and ``grpc://``, and every registry scheme); no
 ``tenants`` = every tenant. For a tenant outside the list the target does not exist: ListTargets

@@ -1,6 +1,6 @@
-"""A target's failures told apart, through a real TargetProxy (issue 9, "One error mapping";
-finding 5 "a target answering one prediction too few: ... INTERNAL to the client"; finding 8
-"an oversized target error is retried 4x as if transient").
+"""A target's failures told apart, through a real TargetProxy (one error mapping). The
+proxy used to give INTERNAL to the client for a target answering one prediction too few, and
+to retry an oversized target error 4x as if transient.
 
 The target is a real gRPC ``fortis.target.v1.TargetService`` started by the test on loopback
 (the interface of adapters/torch_target.py), misbehaving as each test asks; the proxy reaches

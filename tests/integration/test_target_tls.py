@@ -1,4 +1,4 @@
-"""TLS from the proxy to a remote target (issue 9, transport security): ``--target
+"""TLS from the proxy to a remote target (transport security): ``--target
 NAME=grpcs://HOST:PORT?ca=FILE[&cert=FILE&key=FILE][&server_name=NAME]``.
 
 The target is a real gRPC ``TargetService`` of the test's own (the Fashion-MNIST CNN) serving

@@ -1,4 +1,4 @@
-"""Two tenants on one real loopback stack (issue 9, finding 4: "Ids are global").
+"""Two tenants on one real loopback stack, where ids used to be global.
 
 Reproduced first, then fixed:
 - tenant B created the proxy session ``<A's evaluation id>/clean`` and made A's evaluation
@@ -9,7 +9,7 @@ Now ids live in the tenant's namespace: another tenant's id behaves exactly like
 (each tenant may create "X", each sees only its own, a foreign id is NOT_FOUND with the
 unknown id's message), ids are restricted to a safe charset (INVALID_ARGUMENT naming the
 field, the id never echoed), and artifacts are kept in the evaluation store under the
-(tenant, evaluation, name) key (issue 10: one shared store; names checked, so an export never
+(tenant, evaluation, name) key (one shared store; names checked, so an export never
 writes outside its folder).
 """
 
@@ -137,7 +137,7 @@ def test_another_tenant_cannot_block_or_see_an_evaluation(stubs, stack):
     """B squats A's future proxy session and evaluation id; A's evaluation still runs, and
     both tenants' "ev-x" run side by side, each with its own items, ledger and artifacts."""
     px, ev = stubs
-    # the squat of finding 4: B's session "<A's evaluation id>/clean" with a budget of 1
+    # the squat of global ids: B's session "<A's evaluation id>/clean" with a budget of 1
     px.CreateSession(proxy_pb2.CreateSessionRequest(
         target="fmnist-cnn", session_id="ev-x/clean", query_budget=1), metadata=OTHER_MD)
     a = ev.CreateEvaluation(pb.CreateEvaluationRequest(plan=PLAN, evaluation_id="ev-x"),
@@ -158,7 +158,7 @@ def test_another_tenant_cannot_block_or_see_an_evaluation(stubs, stack):
     st = px.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id="ev-x/clean"),
                             metadata=MD)
     assert st.queries_ok == 16 and st.session.tenant == "tenant-a"
-    # artifacts per tenant, in the evaluation store (issue 10), none on the disk
+    # artifacts per tenant, in the evaluation store, none on the disk
     store = stack.manager.store
     assert [a.name for a in store.for_tenant("tenant-a").artifacts("ev-x")] == [
         "adversarial/square-00000.npz"]
@@ -174,8 +174,8 @@ def test_another_tenant_cannot_block_or_see_an_evaluation(stubs, stack):
 
 def test_artifacts_never_leave_the_export_folder(tmp_path):
     """Even an id that slipped past validation or an attack name that looks like a path
-    cannot place an artifact outside the folder it is exported to (issue 9 finding 4, now
-    with the artifacts in the store: names are made safe and checked)."""
+    cannot place an artifact outside the folder it is exported to (with the artifacts
+    in the store, names are made safe and checked)."""
     import json
     import os
     import subprocess

@@ -1,6 +1,6 @@
-"""Per-tenant quotas and fair scheduling over a real loopback stack (issue 9, "Bounded work":
-"Per-tenant quotas: concurrent and queued evaluations, images/s across targets, queries per
-day; fair scheduling so one tenant's queue cannot starve another's"; SPEC CAN-9 for resumed
+"""Per-tenant quotas and fair scheduling over a real loopback stack (bounded work:
+per-tenant quotas on concurrent and queued evaluations, images/s across targets and queries
+per day; fair scheduling so one tenant's queue cannot starve another's; SPEC CAN-9 for resumed
 evaluations).
 
 The target is a real gRPC ``fortis.target.v1.TargetService`` started by the test on loopback

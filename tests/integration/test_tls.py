@@ -1,5 +1,5 @@
-"""TLS for clients and mTLS between services (issue 9, "Transport security": ``--tls-cert``,
-``--tls-key``, ``--tls-ca``; "TLS/mTLS tested with certificates generated in the test";
+"""TLS for clients and mTLS between services (transport security: ``--tls-cert``,
+``--tls-key``, ``--tls-ca``; TLS/mTLS tested with certificates generated in the test;
 SPEC section 0: one shared Fortis, many tenants).
 
 Certificates are made here by the ``openssl`` command line (a CA, a second unrelated CA, and

@@ -1,4 +1,4 @@
-"""The upload API over real loopback gRPC (issue 9, "No plan reads the server's disk": images
+"""The upload API over real loopback gRPC (no plan reads the server's disk: images
 and tenant models come in through a client-streaming upload RPC storing content-addressed
 blobs per tenant, with size and pixel limits checked from the header before decoding,
 referenced from plans by id; IEEE-P3 image source, IEEE-P4 a report that repeats the run).

@@ -396,7 +396,7 @@ def test_worker_killed_under_the_proxy_is_retried(px: Any, photos: dict[str, np.
     entries = px.ListLedgerEntries(proxy_pb2.ListLedgerEntriesRequest(session_id=sid),
                                    metadata=MD).entries
     last = [e for e in entries if e.origin == "after-kill"]
-    # write-ahead ledger (issue 9): the attempt that met the dead worker is its own row
+    # write-ahead ledger: the attempt that met the dead worker is its own row
     assert [(e.status, e.attempts) for e in last] == [(code_pb2.UNAVAILABLE, 1), (code_pb2.OK, 2)]
     new = _worker_pids("face")
     assert len(new) == 1 and new[0] != pids[0]

@@ -1,4 +1,4 @@
-"""Issue 10, "Work fan-out": an evaluation's work items run in several worker processes
+"""Work fan-out: an evaluation's work items run in several worker processes
 (``fortis worker``, each with ``JOB_COMPLETION_INDEX`` as an Indexed Job pod has it) that
 share them through exclusive leased claims in the store, and the evaluation service scores
 what they computed. SPEC: CAN-9 (resumable, deterministic work items), IEEE-M6 (queries

@@ -1,6 +1,6 @@
-"""A worker told to stop mid-shard (issue 10, SIGTERM: "a worker pod killed mid-shard leaves
-its items to be claimed again, with no double-counted queries"; CAN-9 resumable work items,
-IEEE-M6 queries counted per image at the proxy).
+"""A worker told to stop mid-shard (SIGTERM: a worker pod killed mid-shard leaves its items to
+be claimed again, with no double-counted queries; CAN-9 resumable work items, IEEE-M6 queries
+counted per image at the proxy).
 
 The evaluation service runs with ``--executor processes``: two ``fortis worker`` processes,
 each with ``JOB_COMPLETION_INDEX`` as an Indexed Job's pod has it, and a failed index

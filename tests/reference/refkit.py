@@ -22,7 +22,7 @@ SHAPE_NCHW = (1, 28, 28)
 class Frozen(nn.Module):
     """A surrogate as a reference tool gets it (transfer attacks): the network's forward,
     always in eval mode (torchattacks calls ``.train()`` on the model it is given when it
-    finishes; DESIGN.md). ``first_channel``: the tool is given three copies of a grey image
+    finishes). ``first_channel``: the tool is given three copies of a grey image
     (torchattacks' TI-FGSM smooths three channels) and the network reads the first."""
 
     def __init__(self, net: nn.Module, first_channel: bool = False) -> None:

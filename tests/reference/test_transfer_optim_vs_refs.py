@@ -20,9 +20,8 @@ the surrogate's top-1 on that uint8 image. Pass:
   chosen norm for FAB), a failed image counting as an infinite distance (so the median also
   punishes failures). No tolerance is given: Fortis keeps the best iterate *after rounding*
   while a reference keeps its best float iterate, which may round to a non-adversarial image
-  (reported as a failure) -- an advantage Fortis has by design (DESIGN.md section 3: success
-  is judged on what the target receives), stated here so it is not mistaken for a better
-  optimiser.
+  (reported as a failure) -- an advantage Fortis has by design (success is judged on what the
+  target receives), stated here so it is not mistaken for a better optimiser.
 
 torchattacks calls ``.train()`` on the model it attacks when it finishes: it gets
 :class:`Frozen`, which keeps the surrogate in eval mode. Small iteration counts keep the file

@@ -1,13 +1,13 @@
 """The deterministic transfer attacks (IEEE-A7) against torchattacks 3.5.1 and IBM ART 1.20.1
 on the same surrogate: FGSM, BIM, PGD without its random start, MI-FGSM, NI-FGSM, TI-FGSM
 (torchattacks' TIFGSM with no input diversity) and SI-NI-FGSM, untargeted and targeted, give
-the same uint8 images as torchattacks (every pixel), and FGSM and BIM the same as ART, as
-issue 12 asks. The reference's float images are rounded to uint8 as
-Fortis rounds (nearest level), since what the target receives is uint8.
+the same uint8 images as torchattacks (every pixel), and FGSM and BIM the same as ART. The
+reference's float images are rounded to uint8 as Fortis rounds (nearest level), since what
+the target receives is uint8.
 
 The surrogate is the project's Fashion-MNIST CNN (normalisation inside the model: both tools
 get the same float NCHW [0, 1] input). torchattacks calls ``.train()`` on the model it is
-given when it finishes (DESIGN.md), so it gets ``refkit.Frozen`` (always eval) and the
+given when it finishes, so it gets ``refkit.Frozen`` (always eval) and the
 network's mode and weights are checked after.
 """
 

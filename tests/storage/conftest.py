@@ -1,7 +1,7 @@
-"""Storage back ends for the parametrised tests (issue 10, "Pluggable state"): every test
-that takes ``backend`` runs once on SQLite files (the embedded default) and once on a real
-PostgreSQL (``tests/infra/postgres.py``: a fresh database per test, migrated to head by
-``fortis db upgrade``'s code path), with the same assertions."""
+"""Storage back ends for the parametrised tests: every test that takes ``backend`` runs once on
+SQLite files (the embedded default) and once on a real PostgreSQL (``tests/infra/postgres.py``:
+a fresh database per test, migrated to head by ``fortis db upgrade``'s code path), with the same
+assertions."""
 
 from __future__ import annotations
 

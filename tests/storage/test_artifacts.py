@@ -1,7 +1,7 @@
 """Evaluation artifacts in the evaluation store, on SQLite and on PostgreSQL, the same
-assertions (issue 10: workers on pods with no shared disk write the adversarial examples of
-their attack items into the one shared store; SPEC CAN-9: adversarial examples kept as float
-arrays as well as the images sent).
+assertions (workers on pods with no shared disk write the adversarial examples of their attack
+items into the one shared store; SPEC CAN-9: adversarial examples kept as float arrays as well
+as the images sent).
 
 - put/list/get, content larger than one stored part, per tenant (another tenant's view sees
   nothing of it), names checked (no path can be built from one that leaves its folder);

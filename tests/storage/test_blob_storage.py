@@ -1,8 +1,8 @@
-"""Uploaded blobs on both back ends, the same assertions (issue 10, "Kubernetes per tenant and
-scale-out": pods share no disk, so with ``database_url`` the uploads live in PostgreSQL;
-issue 9's upload rules hold on either: content-addressed ids, tenant isolation, per-kind
-size limits, the per-tenant quota, header checks as bytes arrive, nothing partial kept,
-idempotent re-uploads; SPEC IEEE-P4: a plan names exactly the data evaluated).
+"""Uploaded blobs on both back ends, the same assertions (pods share no disk, so with
+``database_url`` the uploads live in PostgreSQL; the upload rules hold on either:
+content-addressed ids, tenant isolation, per-kind size limits, the per-tenant quota, header
+checks as bytes arrive, nothing partial kept, idempotent re-uploads; SPEC IEEE-P4: a plan names
+exactly the data evaluated).
 
 Real back ends only: the file store (``BlobStore``: files + SQLite index in the test's temp
 dir) and ``PgBlobStore`` on a real PostgreSQL (``tests/infra/postgres.py``, a fresh database

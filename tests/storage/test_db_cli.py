@@ -1,6 +1,6 @@
-"""``fortis db upgrade`` / ``fortis db current`` against a real PostgreSQL (issue 10,
-"Pluggable state, PostgreSQL at scale": schema managed by Alembic migrations; bad settings get
-a precise error naming the setting, never a traceback, never the password).
+"""``fortis db upgrade`` / ``fortis db current`` against a real PostgreSQL (schema managed by
+Alembic migrations; bad settings get a precise error naming the setting, never a traceback,
+never the password).
 
 The commands run as real processes (``python -m fortis.cli``), the database is the real
 server of ``tests/infra/postgres.py`` (a fresh database per test).

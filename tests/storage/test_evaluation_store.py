@@ -1,6 +1,5 @@
-"""The evaluation store on SQLite and on PostgreSQL, the same assertions (issue 10,
-"Pluggable state, PostgreSQL at scale"; SPEC CAN-9: a restarted service resumes from
-committed items).
+"""The evaluation store on SQLite and on PostgreSQL, the same assertions (SPEC CAN-9: a
+restarted service resumes from committed items).
 
 Real back ends only: SQLite files in the test's temp dir, and a real PostgreSQL server
 (``tests/infra/postgres.py``) with a fresh database per test. The claim tests run two worker

@@ -1,7 +1,7 @@
-"""Claims of one item at a time by workers walking the stages (issue 10, worker mode:
-``claim_key`` / ``finish_claimed`` and ``services/evaluation/claims.py``), on SQLite and on a
-real PostgreSQL, the same assertions. SPEC CAN-9: each item is computed once and its result
-kept; progress counts every item once whatever the number of workers.
+"""Claims of one item at a time by workers walking the stages (worker mode: ``claim_key`` /
+``finish_claimed`` and ``services/evaluation/claims.py``), on SQLite and on a real PostgreSQL,
+the same assertions. SPEC CAN-9: each item is computed once and its result kept; progress counts
+every item once whatever the number of workers.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The proxy ledger on SQLite and on PostgreSQL, the same assertions (issue 10, "Pluggable
-state, PostgreSQL at scale": idempotent ledger writes, group commit across concurrent calls;
-issue 9: write-ahead rows, "not sent" rows are no queries, tenant scoping, crash marking;
-SPEC IEEE-M6: answered queries are counted from the ledger; CAN-9: a resumed attempt is
-answered from recorded replies).
+"""The proxy ledger on SQLite and on PostgreSQL, the same assertions (idempotent ledger writes,
+group commit across concurrent calls, write-ahead rows, "not sent" rows are no queries, tenant
+scoping, crash marking; SPEC IEEE-M6: answered queries are counted from the ledger; CAN-9: a
+resumed attempt is answered from recorded replies).
 
 Real back ends only: SQLite files in the test's temp dir and a real PostgreSQL server
 (``tests/infra/postgres.py``, a fresh database per test migrated to head). A "dead proxy" is
@@ -325,7 +324,7 @@ def test_a_lost_connection_is_unavailable_then_reconnected(postgres_url: str) ->
 
 
 def test_an_old_sqlite_ledger_gets_the_attempt_key_in_place(tmp_path: Path) -> None:
-    """A ledger file from before issue 10 (no ``position``): opened, it gains the column and
+    """A ledger file from an older version (no ``position``): opened, it gains the column and
     the unique key; its rows (two of one attempt) keep counting; new rows are idempotent."""
     path = tmp_path / "old.sqlite"
     conn = sqlite3.connect(path)
@@ -450,7 +449,7 @@ time.sleep(600)
 
 
 def test_an_outcome_is_visible_at_once_and_survives_a_killed_process(backend: Backend) -> None:
-    """Issue 10, "Performance": an outcome is committed without its own fsync (the
+    """For speed, an outcome is committed without its own fsync (the
     reservation before the send had one), but it is committed: another reader sees it as
     soon as ``complete`` returns, and a proxy killed right after answering loses nothing
     (only a power cut before the next fsync could, and then the row reads INTERRUPTED)."""

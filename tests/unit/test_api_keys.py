@@ -1,5 +1,5 @@
-"""API keys hashed at rest and in memory, key files and their reload (issue 9, "Transport
-security": keys loaded from a file or secret and stored hashed, rotation without restart;
+"""API keys hashed at rest and in memory, key files and their reload (transport
+security: keys loaded from a file or secret and stored hashed, rotation without restart;
 SPEC section 0: many tenants on one Fortis).
 
 Pure code, real files: parsing of both formats (errors name the line, never quote it),

@@ -1,4 +1,4 @@
-"""The perturbation engine and query client on detection / segmentation answers (issue 11):
+"""The perturbation engine and query client on detection / segmentation answers:
 raw predictions decoded for the judges (``proxy_client.decode_answer``), and one attack call
 over images of different sizes (one run per size, results in place)."""
 

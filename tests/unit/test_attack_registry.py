@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_attack_is_listed_once_with_a_schema() -> None:
-    assert list(ATTACKS)[:4] == ["fgsm", "bim", "pgd", "mi_fgsm"]  # then issue 12's and 11's
+    assert list(ATTACKS)[:4] == ["fgsm", "bim", "pgd", "mi_fgsm"]  # then the later families
     assert {"square", "hsja", "pertknob"} <= set(ATTACKS)
     assert ATTACKS is registry.ATTACKS
     for spec in ATTACKS.values():

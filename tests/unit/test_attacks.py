@@ -1,6 +1,6 @@
 """Adversarial attacks on a real (tiny, trained here) CNN: transfer attacks on the surrogate
 (IEEE-A7), Square and HopSkipJump through a counting query wrapper (IEEE-A8, IEEE-M6), bounds
-fixed before the attack (IEEE-A9), and the pitfalls of DESIGN.md section 5: uncounted
+fixed before the attack (IEEE-A9), and known pitfalls: uncounted
 queries, no query cap, HSJA from an already-misclassified start, a non-best adversarial,
 Square on an all-misclassified batch or non-square images, examples that fail after uint8.
 """
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 NUM_CLASSES = 3
 GRAY = (16, 16, 1)
-RGB = (12, 20, 3)  # non-square on purpose (DESIGN.md section 5)
+RGB = (12, 20, 3)  # non-square on purpose: attacks must not assume square images
 
 
 # ------------------------------------------------------------------ data, model, target ----
@@ -164,7 +164,7 @@ def assert_linf_bound(results: list[AttackResult], x: np.ndarray, epsilon: float
 
 
 def assert_query_accounting(results: list[AttackResult], target: Target, max_queries: int) -> None:
-    """IEEE-M6 / DESIGN.md 5: every image passed is counted, the clean one included; cap holds."""
+    """IEEE-M6: every image passed is counted, the clean one included; cap holds."""
     assert [r.index for r in results] == list(range(len(results)))
     for r in results:
         assert r.queries == target.counts[r.index]
@@ -407,7 +407,7 @@ def test_square_tiny_budgets(gray_net: TinyCNN) -> None:
 def assert_best_and_adversarial(results: list[AttackResult], target: Target, x: np.ndarray,
                                 y: np.ndarray) -> None:
     """The returned adversarial is the smallest-L2 uint8 image the target answered wrongly for
-    that index (DESIGN.md 5: 'returning a non-best adversarial')."""
+    that index, never a worse one met before it."""
     for r in results:
         adv_seen = [(l2_distance(img, x[r.index]), img)
                     for i, img, lab in target.log if i == r.index and lab != y[r.index]]
@@ -459,7 +459,7 @@ def test_hsja_large_epsilon_succeeds_on_most(shape: tuple[int, int, int], gray_n
 
 
 def test_hsja_already_misclassified_start(gray_net: TinyCNN) -> None:
-    """DESIGN.md 5: HSJA from a misclassified start must not NaN or loop; 1 query."""
+    """HSJA from a misclassified start must not NaN or loop; 1 query."""
     x, y = correct_images(gray_net, GRAY, 3, seed=13)
     y = y.copy()
     y[[0, 2]] = (y[[0, 2]] + 1) % NUM_CLASSES
@@ -517,7 +517,7 @@ def test_square_epsilon_below_one_level_spends_only_the_clean_query(gray_net: Ti
 @pytest.mark.parametrize("attack", ["square", "hsja"])
 def test_spent_queries_of_a_killed_attempt_count_against_q_m(attack: str,
                                                              gray_net: TinyCNN) -> None:
-    """Issue 9: resumed attempts never push an image past Q_m. An attempt resumed after a
+    """Resumed attempts never push an image past Q_m. An attempt resumed after a
     crash starts from the queries the killed one left charged without an answer (``spent``):
     each image gets at most Q_m - spent more, one with nothing left is not queried at all."""
     x, y = correct_images(gray_net, GRAY, 4, seed=3)

@@ -5,7 +5,7 @@ later) run as the engine runs it (``AttackSpec.run(AttackContext)``, queries thr
 attack must never read them), on the project's Fashion-MNIST CNN and, for other shapes, on
 small CNNs trained here on non-square 1- and 3-channel images.
 
-Invariants (DESIGN.md section 5, the issue's rules): every query counted per image, the clean
+Invariants: every query counted per image, the clean
 image first, never more than Q_m; a success lies within the bound (L2 or L-inf, on the uint8
 image sent) and is really adversarial; an image stops at the query call that first sent an
 adversarial within the bound; the returned adversarial is the smallest (in the attack's norm)

@@ -286,7 +286,7 @@ def test_proxy_refusal_and_tiny_budgets(name: str, gray_net: TinyCNN) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_spent_queries_count_against_q_m(name: str, gray_net: TinyCNN) -> None:
-    """Issue 9: a resumed attempt gets only Q_m - spent more per image."""
+    """A resumed attempt gets only Q_m - spent more per image."""
     x, y = correct_images(gray_net, GRAY, 3, seed=27)
     budget, spent = 40, np.array([40, 10, 39])
     oracle = Oracle(gray_net, len(x))

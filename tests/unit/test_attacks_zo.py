@@ -1,7 +1,7 @@
 """Score-based gradient-estimation attacks (IEEE-A8, IEEE-A9, IEEE-M6): NES, Bandits-TD,
 SignHunter (L-inf and L2), ZOO, RGF / P-RGF and NGD, on a real tiny CNN trained here, through a
 counting target (the proxy's per-image accounting) and ``margins_of`` (what
-``ctx.margin_query()`` serves a classifier). The invariants of DESIGN.md section 5: the bound
+``ctx.margin_query()`` serves a classifier). The invariants: the bound
 on every returned image, the budget never exceeded and every image counted (clean included),
 the first success stops an image (its last query is the returned image), an image already
 adversarial stops with 1 query (also when the whole batch is), determinism per seed, non-square

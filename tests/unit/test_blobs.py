@@ -1,5 +1,5 @@
-"""services/common/blobs.py on real files and a real SQLite index (issue 9, "No plan reads
-the server's disk": content-addressed per-tenant blobs, limits checked from the header before
+"""services/common/blobs.py on real files and a real SQLite index (no plan reads
+the server's disk: content-addressed per-tenant blobs, limits checked from the header before
 decoding, nothing partial kept). The gRPC surface is tested in
 tests/integration/test_uploads.py."""
 

@@ -1,4 +1,4 @@
-"""Per-attack metrics an evaluation report adds (issue 13): the success-vs-queries curve of a
+"""Per-attack metrics an evaluation report adds: the success-vs-queries curve of a
 query attack (IEEE-M6, from the ledger's per-image counts) and the PER-4 fooling rate, as
 ScoreEvaluation computes them and the report's metric tree shows them; and the answers
 CANARY's metrics are given (CAN-1/CAN-2 inputs, ``canary_metrics.class_answers``).

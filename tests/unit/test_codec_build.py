@@ -1,5 +1,5 @@
 """Messages that carry images and tensors are built in place (``codec.fill_tensor``,
-``fill_image``, ``add_images``, ``add_messages``; issue 10, "Performance": under upb a message
+``fill_image``, ``add_images``, ``add_messages``; under upb a message
 passed to a constructor is copied slowly, see ``bench/codec.py``). These helpers must build
 exactly what the constructor form built: the same bytes on the wire, the same arrays back."""
 

@@ -1,4 +1,4 @@
-"""``fortis compare`` (issue 13; clients/cli/compare.py): the pooled two-proportion z-test
+"""``fortis compare`` (clients/cli/compare.py): the pooled two-proportion z-test
 against a hand-computed example, the CI-overlap fallback, warnings when the plans or images
 differ, the ordering, and the command's exit codes (through the CLI entry point)."""
 

@@ -1,8 +1,8 @@
 """IEEE Std 3129-2023 4.7.6.3 prediction correctness for object detection (IEEE-C4, with
 IEEE-C3 over the objects and the IEEE-P3 thresholds): box formats and IoU, the three C2
 alternatives with IoU in place of confidence, one-to-one matching, label bases and mappings
-(IEEE-P6), the plan's detection section. Hand-built cases; also the "detection metric bugs" of
-DESIGN.md section 5: 0- vs 1-indexed labels, normalised vs pixel boxes."""
+(IEEE-P6), the plan's detection section. Hand-built cases; also two common detection metric
+bugs: 0- vs 1-indexed labels, normalised vs pixel boxes."""
 
 from __future__ import annotations
 

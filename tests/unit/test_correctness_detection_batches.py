@@ -1,5 +1,5 @@
 """IEEE-C4 over whole batches: every image of a batch is scored (not only the first, a
-"detection metric bug" of DESIGN.md section 5), and the vectorised greedy one-to-one matching
+common detection metric bug), and the vectorised greedy one-to-one matching
 agrees exactly with a plain-Python reference of the documented rule, chunk borders included."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The defended built-in model (issue 13: benchmarks across models, CAN-5 defence effect, CAN-7
+"""The defended built-in model (for benchmarks across models, CAN-5 defence effect, CAN-7
 models x attacks): ``fmnist-cnn-at``, the target's CNN adversarially trained ("fast" FGSM with a
 random start, Wong, Rice & Kolter 2020, L-inf 0.1), measured against the undefended
 ``fmnist-cnn`` on real Fashion-MNIST test images with white-box PGD (IEEE-A7: the project's own

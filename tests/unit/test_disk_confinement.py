@@ -1,7 +1,7 @@
-"""No plan reads the server's disk outside the operator's folders (issue 9, finding 1).
+"""No plan reads the server's disk outside the operator's folders.
 
-Finding 1: a plan with ``dataset: {source: manifest, path: <any server path>}`` made the server
-open that path, a binary file's bytes came back in the error, manifest image paths and
+Before the fix, a plan with ``dataset: {source: manifest, path: <any server path>}`` made the
+server open that path, a binary file's bytes came back in the error, manifest image paths and
 ``neural_style``'s ``model_path`` opened any file, and "no such file" told which files exist.
 Checked here, on the real code (``datasets.PlanDatasets``, ``styles.load_style_model``) and
 real files in tmp_path: manifests exist only under ``data_root`` (none configured: refused);

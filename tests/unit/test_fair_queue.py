@@ -1,6 +1,6 @@
-"""The fair scheduler's pick order and the quota bookkeeping, as pure code (issue 9,
-"Bounded work": "Per-tenant quotas: concurrent and queued evaluations, ... queries per day;
-fair scheduling so one tenant's queue cannot starve another's").
+"""The fair scheduler's pick order and the quota bookkeeping, as pure code (bounded
+work: per-tenant quotas on concurrent and queued evaluations, ... queries per day; fair
+scheduling so one tenant's queue cannot starve another's).
 
 ``services/evaluation/scheduling.py``: least recently started tenant first, oldest first
 within a tenant, the tenant's running quota and the workers respected, cancelled jobs gone.

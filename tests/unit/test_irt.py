@@ -157,7 +157,8 @@ def test_bad_input_names_the_field() -> None:
 
 
 def test_sampler_stops_within_a_few_steps_of_should_stop() -> None:
-    """Issue 9, finding 2: the chain checks ``should_stop`` every few steps and stops."""
+    """The chain checks ``should_stop`` every few steps and stops, so that one tenant's long
+    chain cannot stall every tenant."""
     g, theta, a, b, c = simulated_items(3)
     x = simulate_3pl(theta, a, b, c, g, continuous=True)
     calls = 0

@@ -1,4 +1,4 @@
-"""Task judges (issue 11, ``services/perturbation/judges.py``): how ``ctx.margin_query()`` /
+"""Task judges (``services/perturbation/judges.py``): how ``ctx.margin_query()`` /
 ``ctx.decision_query()`` read a classifier's full or top-k scores or labels, a detector's
 boxes (IEEE-C4) and a segmenter's class maps and probabilities (IEEE-C5).
 

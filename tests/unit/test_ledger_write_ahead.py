@@ -1,5 +1,5 @@
-"""The ledger is what the target saw (issue 9, finding 5) and sessions are per tenant
-(finding 4), at the proxy's domain level: no gRPC.
+"""The ledger is what the target saw and sessions are per tenant, at the proxy's domain
+level: no gRPC.
 
 Findings reproduced: "A target answering one prediction too few: 40 images sent, 0 ledger
 rows, INTERNAL to the client"; "a crash leaves ... never a silent gap"; "Ids are global".
@@ -46,7 +46,7 @@ def test_one_prediction_too_few_is_recorded_as_failed(tmp_path, fmnist_target, f
     images, _ = fmnist_test_images
     proxy, ledger = _proxy(tmp_path, OneShort(fmnist_target))
     s = proxy.create_session(tenant="a", target="t", query_budget=100)
-    # a malformed answer is the target's permanent failure (issue 9, "One error mapping"):
+    # a malformed answer is the target's permanent failure (one error mapping):
     # FAILED_PRECONDITION naming the target, not INTERNAL
     with pytest.raises(errors.FailedPrecondition, match="target 't' answered 39"):
         proxy.predict(tenant="a", session_id=s.session_id, origin="x",
@@ -162,7 +162,7 @@ def test_good_session_ids(tmp_path, fmnist_target):
 
 def test_restart_marks_interrupted_rows_and_replays_a_resumed_attempt(
         tmp_path, fmnist_target, fmnist_test_images):
-    """Issue 9 (the SIGKILL crash test, at the domain level): rows a dead process left in
+    """The SIGKILL crash test, at the domain level: rows a dead process left in
     flight become INTERRUPTED on the next start, still charged; a resumed attempt repeating
     the dead process's answered queries gets the recorded answers (the target is not asked,
     no row added); what the target must see again is sent and counted; Q_m holds."""
@@ -235,7 +235,7 @@ def test_replay_stops_where_a_resumed_attempt_departs(tmp_path, fmnist_target,
 
 def test_a_call_still_running_when_the_ledger_closes_gets_unavailable(
         tmp_path, fmnist_target, fmnist_test_images):
-    """Issue 9 (shutdown): the stack closes the ledger after the server's grace, while a call
+    """Shutdown: the stack closes the ledger after the server's grace, while a call
     may still be running. It used to fail with sqlite's "Cannot operate on a closed database"
     (INTERNAL, logged as a bug); now every later ledger use is UNAVAILABLE, writers waiting
     in a group commit are all released, and the row reserved before the send stays IN_FLIGHT

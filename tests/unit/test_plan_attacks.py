@@ -1,4 +1,4 @@
-"""Plan validation of query attacks (issue 11): targeted variants, task criteria, detection
+"""Plan validation of query attacks: targeted variants, task criteria, detection
 and segmentation targets; every refusal names the field (``attacks[i]....``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Plan sections of issue 13: ``acceptance`` (the verdict's criteria), ``canary``, ``targets``
+"""Plan sections ``acceptance`` (the verdict's criteria), ``canary``, ``targets``
 (multi-target CANARY benchmarks, CAN-7) and ``baseline`` (CAN-10 fast mode). Every refusal
 names its field; a multi-target plan's transfer attacks expand per model surrogate."""
 

@@ -419,7 +419,7 @@ def test_apply_property_fills_defaults():
 
 
 def test_domain_code_does_not_import_grpc():
-    """DESIGN.md section 1: domain code never imports gRPC."""
+    """Domain code never imports gRPC (docs/architecture.md, section 4)."""
     code = ("import sys; import fortis.services.perturbation.properties, "
             "fortis.services.perturbation.styles; "
             "assert not any(m == 'grpc' or m.startswith('grpc.') for m in sys.modules)")

@@ -122,7 +122,7 @@ def test_budget_survives_restart(tmp_path, fmnist_target, fmnist_test_images):
     ledger.close()
     proxy2, ledger2 = _proxy(tmp_path, fmnist_target)      # same ledger file, new process state
     # a resumed attempt repeating the first query gets the recorded answer: the target is
-    # not asked again and no row is added (issue 9: Q_m across resumed attempts, CAN-9)
+    # not asked again and no row is added (Q_m holds across resumed attempts, CAN-9)
     again = proxy2.predict(tenant="a", session_id=s.session_id, origin="x",
                            images=_imgs(images, ["a"]))
     assert len(again.predictions) == 1 and ledger2.stats(s.session_id).attempts == 2
@@ -181,7 +181,7 @@ def test_retries_with_backoff_then_success(tmp_path, fmnist_target, fmnist_test_
     proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a"]))
     assert sleeps == [0.01, 0.02]                       # exponential backoff
     rows = ledger.entries(s.session_id)
-    # write-ahead: every attempt the target received is its own row (issue 9, finding 5)
+    # write-ahead: every attempt the target received is its own row
     assert [(r[9], r[13]) for r in rows] == [("UNAVAILABLE", 1), ("UNAVAILABLE", 2), ("OK", 3)]
     assert len({r[12] for r in rows}) == 1               # one call id
     assert proxy.queries_used("a", s.session_id) == 1    # answered (IEEE-M6)
@@ -190,7 +190,7 @@ def test_retries_with_backoff_then_success(tmp_path, fmnist_target, fmnist_test_
 
 def test_failed_attempts_recorded_and_charged(tmp_path, fmnist_target, fmnist_test_images):
     """Every attempt the target received counts against the hard budget; a retry the budget
-    cannot pay is not sent (issue 9, finding 5)."""
+    cannot pay is not sent."""
     images, _ = fmnist_test_images
     flaky = FlakyTarget(fmnist_target, failures=99)
     proxy, ledger = _proxy(tmp_path, fmnist_target, backend=flaky, sleep=lambda s: None)

@@ -263,7 +263,7 @@ def test_tenant_rates_rejected(pairs):
         parse_tenant_rates(pairs)
 
 
-# -- fair turns between tenants (issue 9) --------------------------------------------------
+# -- fair turns between tenants ------------------------------------------------------------
 def test_start_tags_share_in_images_and_give_no_credit_for_idle_time():
     """Start-time fair queueing: a tenant's tag moves by the images it asked for, and a
     tenant arriving late starts at the virtual time, not at the 0 it would have had."""

@@ -1,5 +1,5 @@
-"""The Redis store's Lua scripts on a real Redis (issue 10, "A global rate limit and budgets
-across proxy replicas"; SPEC: the proxy's exact rate limit, session budgets and Q_m).
+"""The Redis store's Lua scripts on a real Redis (a global rate limit and budgets
+across proxy replicas; SPEC: the proxy's exact rate limit, session budgets and Q_m).
 
 ``redis_server`` is a real ``redis-server`` on a free loopback port (tests/infra). The rate
 limiter's script must do exactly what the in-process ``RateLimiter`` does: driven by the

@@ -1,4 +1,4 @@
-"""Every perturbation of the one catalogue (issue 3): at every severity / level / a grid of
+"""Every perturbation of the one catalogue: at every severity / level / a grid of
 epsilons it keeps shape, dtype and value range, is reproducible for a seed, and the
 incremental operators (DEG-1) move further from the original as the level rises. Also the
 registry's own rules: ids unique, characterisation (DEG-5) set, level tables sized to the

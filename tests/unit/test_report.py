@@ -63,7 +63,7 @@ def test_build_report_has_every_required_key() -> None:
     assert r["target"]["task_type"] == "classification"
     assert r["target"]["output_kind"] == "full_scores"
     assert r["target"]["input"] == "28x28x1"
-    # only the fields the rule's mode uses (issue 13: top1 showed k 5 and threshold 0.5)
+    # only the fields the rule's mode uses (top1 used to show k 5 and threshold 0.5)
     assert r["target"]["service_type_parameters"] == {"correctness": {"mode": "top1"}}
     assert set(r["tester"]["roles"]) == {"requester", "tester", "provider"}  # IEEE-P1
     assert r["tester"]["roles"]["provider"] == {"name": "Vision Inc.", "organisation": "Vision"}
@@ -284,7 +284,7 @@ def test_html_is_self_contained() -> None:
     page = _html()
     p = _parse(page)
     assert "script" not in p.tags and "link" not in p.tags
-    # figures are <img> with data: URIs only (issue 13; the CSP allows img-src data:)
+    # figures are <img> with data: URIs only (the CSP allows img-src data:)
     srcs = [v for k, v in p.attrs if k == "src"]
     assert srcs and all(v is not None and v.startswith("data:image/") for v in srcs), srcs
     for name, value in p.attrs:
@@ -347,8 +347,8 @@ def test_html_sections_and_names() -> None:
         assert anchor in p.ids, anchor
     for name in [*CORRUPTIONS, *ATTACKS, OPERATOR]:
         assert name in page, name
-    # figures as data: images (issue 13): the corruption overview, the degradation profile,
-    # the NDCG curves; the per-corruption inline SVG charts are gone
+    # figures as data: images (the corruption overview, the degradation profile,
+    # the NDCG curves); the per-corruption inline SVG charts are gone
     assert "<svg" not in page
     assert f'alt="Robustness against severity for {len(CORRUPTIONS)} corruption(s)' in page
     assert f'alt="Degradation profile of {OPERATOR}' in page and 'alt="NDCG@i curves' in page

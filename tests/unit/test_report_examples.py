@@ -1,4 +1,4 @@
-"""Example images of the report (issue 13): built from what the stages recorded (no target
+"""Example images of the report: built from what the stages recorded (no target
 query), re-made through the perturbation engine exactly as the stages sent them (IEEE-A1..A6,
 DEG-4), attack originals / adversarials read back from the stored artifacts (IEEE-A7, CAN-9);
 encoded as deterministic PNGs; and in the report service treated as hostile bytes (bounds,

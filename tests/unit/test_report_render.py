@@ -1,4 +1,4 @@
-"""report.html for a QA lead (issue 13; IEEE-P4): summary first (verdict on the acceptance
+"""report.html for a QA lead (IEEE-P4): summary first (verdict on the acceptance
 criteria with their 95 % intervals, IEEE-M8; key figures; the worst corruption and the most
 effective attack), figures as static data: images (services/report/figures.py), example
 images, tables sorted worst first, CANARY metrics (CAN-1..CAN-4) and PER-4, the benchmark
@@ -221,7 +221,7 @@ def _service_block(page: str) -> str:
 
 
 def test_service_parameters_show_only_what_the_mode_uses() -> None:
-    """IEEE-P3: a top-1 rule is shown without k and threshold (issue 13), top-k with k,
+    """IEEE-P3: a top-1 rule is shown without k and threshold, top-k with k,
     threshold with its confidence threshold (IEEE-C1/C2)."""
     top1 = _service_block(render_html(_report()))
     assert "correctness mode" in top1 and "top1" in top1
@@ -272,7 +272,7 @@ def test_per_level_parameters_are_named_and_in_numeric_order() -> None:
 
 
 def test_affine_level_table_is_named_at_the_source() -> None:
-    """The catalogue names each component of a level (issue 13: affine showed the tuple
+    """The catalogue names each component of a level (affine used to show the tuple
     (15.0, 0.15, 9.0, 0.06)); the report's per-severity table shows those names."""
     from fortis.services.perturbation.registry import describe, perturbation_spec
 

@@ -1,4 +1,4 @@
-"""Issue 9, finding 2 ("one tenant can stall every tenant"): every numeric parameter of the
+"""So that one tenant cannot stall every tenant, every numeric parameter of the
 metric catalogue has a documented bound checked before any work, refused as INVALID_ARGUMENT
 naming ``params.<key>``; the arrays of one Compute call are bounded together; ListMetrics shows
 the bounds; the stop check built from a call raises DeadlineExceeded or Cancelled by cause."""

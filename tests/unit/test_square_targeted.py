@@ -1,4 +1,4 @@
-"""Targeted Square (issue 11; Andriushchenko et al. 2020 define a targeted variant): the same
+"""Targeted Square (Andriushchenko et al. 2020 define a targeted variant): the same
 attack given ``TargetedMisclassification``, minimising the margin "best other class minus the
 target class" (the paper's targeted runs use cross-entropy on the target: a deviation, so that
 the attack stays on ``ctx.margin_query()`` for every task and signal). No reference tool runs

@@ -107,7 +107,7 @@ def test_spec_fields(sid):
     assert s.characterisation.randomness in ("deterministic", "stochastic")
     assert s.characterisation.domain in ("colour", "pixel")
     if sid == "neural_style":
-        # one of the two is required at use (issue 9: an uploaded blob or a model-root path)
+        # one of the two is required at use: an uploaded blob or a model-root path
         assert [(p.name, p.type, p.default) for p in s.params] == [
             ("model", "string", ""), ("model_path", "string", "")]
         assert s.level_table == NEURAL_BLEND
@@ -273,7 +273,7 @@ def _save(module: torch.nn.Module, path: Path) -> str:
 
 @pytest.fixture(autouse=True)
 def model_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The operator's model folder (issue 9 finding 1): model paths are relative to it."""
+    """The operator's model folder: model paths are relative to it, never any server path."""
     monkeypatch.delenv(styles.MODEL_ROOT_ENV, raising=False)
     monkeypatch.setattr(styles, "_model_root", tmp_path)
     return tmp_path
@@ -419,7 +419,7 @@ if __name__ == "__main__":   # python tests/unit/test_styles.py OUT_DIR [skimage
 
 
 def test_neural_style_takes_exactly_one_model_source_and_the_contract_says_so():
-    """IEEE-A6 neural_style: ``model`` (an uploaded blob, issue 9) and ``model_path`` (under
+    """IEEE-A6 neural_style: ``model`` (an uploaded blob) and ``model_path`` (under
     the operator's model root) are alternatives, ``one_of`` group "model": neither or both is
     refused at validation naming the fields, and ListPerturbations carries the group so the
     evaluation service (which sees the catalogue only over the contract) refuses it too."""

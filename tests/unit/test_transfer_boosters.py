@@ -1,4 +1,4 @@
-"""The boosters and ensembles of the gradient transfer attacks (IEEE-A7, IEEE-A9; issue 12):
+"""The boosters and ensembles of the gradient transfer attacks (IEEE-A7, IEEE-A9):
 bounds on the uint8 outputs, determinism from the plan's seed, the ensemble objective, the
 targeted form, refusals naming the field, and the transfer stage's crafted-once store (CAN-9).
 

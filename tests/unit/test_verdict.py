@@ -1,4 +1,4 @@
-"""The verdict against a plan's acceptance criteria (issue 13; services/report/verdict.py).
+"""The verdict against a plan's acceptance criteria (services/report/verdict.py).
 
 Policy under test: the point estimate decides pass/fail; the 95 % Wilson interval (IEEE-M8)
 makes the outcome conclusive or inconclusive; averages and counts are "no_ci"; a metric the

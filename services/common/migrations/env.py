@@ -1,4 +1,4 @@
-"""Alembic environment of Fortis (issue 10): run programmatically with a connection handed
+"""Alembic environment of Fortis: run programmatically with a connection handed
 over in ``config.attributes["connection"]`` by ``services/common/sqldb.py`` (no alembic.ini,
 no URL in any file)."""
 

@@ -8,7 +8,7 @@
 - :class:`QueryAttackStage`: score- and decision-based attacks (IEEE-A8) that query the
   target only through the proxy, in one proxy session per chunk (``.../<chunk>/a1``, opened
   by the first attempt and continued by every resumed one), with the per-image budget Q_m
-  enforced by the proxy over all attempts together (issue 9: resumed attempts never push an
+  enforced by the proxy over all attempts together (resumed attempts never push an
   image past Q_m; a killed attempt's unanswered rows stay charged, its answered queries are
   replayed to the resumed attempt, which repeats them: CAN-9); queries per image are the
   ledger's answered rows of that session. Classifiers, detectors and segmenters alike: each
@@ -239,7 +239,7 @@ class TransferAttackStage(_AttackStage):
             ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
                                    description=f"transfer attack {at.name}")
             parts, linf, l2 = [], [], []
-            # One chunk at a time in this process (as before); workers share them (issue 10).
+            # One chunk at a time in this process (as before); workers share them.
             keys = [WorkItemKey(StageName.ATTACKS, at.name, chunk=c) for c in range(len(ranges))]
             results = ctx.items([
                 (key, b - a, guarded(key.format(), partial(

@@ -150,7 +150,7 @@ class Progress:
 
 
 class WorkerProgress(Progress):
-    """Progress of one of several workers on an evaluation (issue 10): it counts its own
+    """Progress of one of several workers on an evaluation: it counts its own
     items but writes nothing absolute to the store (each finished item adds its counts
     there, :meth:`~.store.EvaluationStorage.finish_claimed`); the stage shown is the
     orchestrator's."""
@@ -181,7 +181,7 @@ class RunContext:
     chunk_ranges: list[tuple[int, int]] = field(default_factory=list)
     #: Work items of a measuring stage in flight at once (see ``items``).
     parallel: int = 2
-    #: Worker mode (issue 10): items are claimed in the store before they run, so several
+    #: Worker mode: items are claimed in the store before they run, so several
     #: workers share the evaluation (``claims.py``). None: this process runs every item.
     claims: ItemClaims | None = None
     #: Detection / segmentation ground truth per image id (the dataset port's ``truths``):
@@ -212,7 +212,7 @@ class RunContext:
         result, queries = work(attempt)
         # Not checked for a stop here (as in worker mode, ``claims.py``): an item that ran to
         # its end is committed, so a cancel or a shutdown (SIGTERM) stops at the next item
-        # boundary and a resumed run never sends its images again (issue 10, IEEE-M6, CAN-9).
+        # boundary and a resumed run never sends its images again (IEEE-M6, CAN-9).
         # Work cut by the stop raises instead (a query attack's stream).
         blob = pack(result)
         with self._commit:      # counts and their commit in one order, whatever the thread
@@ -257,12 +257,11 @@ class RunContext:
         ``image_ids``, ``adversarial_uint8``, ``adversarial_float``; images of different sizes:
         ``adversarial_uint8_<k>`` / ``adversarial_float_<k>`` per image k); returns its name.
 
-        Issue 10: written to the evaluation store (the tenant's view), not to this process's
+        Written to the evaluation store (the tenant's view), not to this process's
         disk, so the artifacts of every worker (pods with no shared volume) land in the one
         shared store; a retried item saving the same chunk again stores it once. The attack
-        name is reduced to a safe charset and the store checks the whole name (issue 9,
-        finding 4: no evaluation id or attack name makes an export write outside its
-        folder)."""
+        name is reduced to a safe charset and the store checks the whole name (no
+        evaluation id or attack name makes an export write outside its folder)."""
         safe = safe_artifact_part(name, default="attack")
         key = f"adversarial/{safe}-{chunk:05d}.npz"
         buf = io.BytesIO()

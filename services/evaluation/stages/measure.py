@@ -95,7 +95,7 @@ class CorruptionStage:
         ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
                                description="corrupted images")
         # Every setting's chunks in one call: items are independent, so the workers of a
-        # fan-out (issue 10) share the whole stage, not one setting at a time (a setting of
+        # fan-out share the whole stage, not one setting at a time (a setting of
         # one chunk would otherwise go to whichever worker reached it first, every time).
         order = [(ct, sev) for ct in self.plan.corruptions for sev in ct.severities]
         keys = [(WorkItemKey(StageName.CORRUPTIONS, ct.id, sev, c), ct, sev, a, b)

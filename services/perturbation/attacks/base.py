@@ -5,9 +5,8 @@ added later without each re-deciding those rules.
 
 * **The image the target receives.** Images are uint8 arrays ``N x H x W x C`` (any H, W;
   C = 1 or 3). What the target receives is uint8, so every attack returns uint8 adversarials
-  and judges success on exactly those images (DESIGN.md section 3: success is judged on what
-  the target received). :func:`make_result` measures the distances on them
-  (``common.arrays``).
+  and judges success on exactly those images. :func:`make_result` measures the distances on
+  them (``common.arrays``).
 * **The bound (IEEE-A9)**, fixed before the attack, in [0, 1] pixel scale. L-inf: in uint8
   space ``e = floor(epsilon * 255 + 1e-6)`` levels (:func:`linf_levels`) and every returned
   adversarial satisfies ``|adv - x| <= e`` pixel-wise (:func:`clip_to_linf`). L2: measured on
@@ -18,9 +17,9 @@ added later without each re-deciding those rules.
   or when it has spent Q_m, never later. A call that raises
   :class:`~fortis.services.common.errors.BudgetExhausted` (the proxy refused: nothing was sent)
   is not counted and stops the images of that call with ``budget_exhausted_by_proxy``.
-  Q_m holds across resumed attempts (issue 9, CAN-9): an attempt starts from the queries a
-  previous, killed attempt left charged without an answer (``AttackContext.spent``: the proxy
-  session's interrupted or failed rows), and asks only for images with queries left.
+  Q_m holds across resumed attempts (CAN-9): an attempt starts from the queries a previous,
+  killed attempt left charged without an answer (``AttackContext.spent``: the proxy session's
+  interrupted or failed rows), and asks only for images with queries left.
 * **The success criterion** (``criteria.py``): :class:`Misclassification` (untargeted),
   :class:`TargetedMisclassification` for targeted variants, the PER-2 threat criteria, and
   for detectors and segmenters the IEEE-C4 / IEEE-C5 criteria (``ObjectMissed``,
@@ -396,8 +395,8 @@ class AttackContext:
     def spent(self) -> np.ndarray | None:
         """Per image, queries already charged against Q_m without an answer in this proxy
         session (a killed attempt's interrupted rows, failed rows), from the query client's
-        ``lost`` when it has one; None: nothing known (issue 9: resumed attempts never push
-        an image past Q_m)."""
+        ``lost`` when it has one, so resumed attempts never push an image past Q_m; None:
+        nothing known."""
         lost = getattr(self.query, "lost", None)
         if lost is None:
             return None

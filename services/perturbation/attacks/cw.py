@@ -15,10 +15,10 @@ binary search (``binary_search_steps`` rounds, starting at ``initial_const``; x1
 upper bound is known), and each round can stop early when the loss no longer decreases
 (``abort_early``, as the authors' code: checked every ``steps // 10`` iterations).
 
-Success is judged as the target will receive the image (IEEE-A9, DESIGN.md section 3): every
-iterate is rounded to uint8, and the smallest-L2 rounded image whose *surrogate* margin is at
-most ``-kappa`` (plain logits, no boosters) is returned, else the clean image; the binary
-search also reads success on the rounded images. ``success`` is None and ``queries`` 0: the
+Success is judged as the target will receive the image (IEEE-A9): every iterate is rounded
+to uint8, and the smallest-L2 rounded image whose *surrogate* margin is at most ``-kappa``
+(plain logits, no boosters) is returned, else the clean image; the binary search also reads
+success on the rounded images. ``success`` is None and ``queries`` 0: the
 target judges the images later. Registry entry: :data:`SPEC`.
 
 The helpers shared by the four optimisation attacks (``cw``, ``ead``, ``ddn``, ``fab``)

@@ -5,7 +5,7 @@ IEEE S&P 2020).
 Follows the reference implementation (``hsja.py``, L2, geometric step-size search):
 random-noise initialisation, binary search towards the original, then iterations of
 Monte-Carlo gradient-direction estimation at the boundary, geometric step-size search and
-binary search back to the boundary. Differences, all on purpose (DESIGN.md section 5):
+binary search back to the boundary. Differences, all on purpose:
 
 * Every candidate is rounded to uint8 before it is asked, and success is judged on that uint8
   image: success = the criterion holds on the target's answer (``ctx.decision_query()``: the

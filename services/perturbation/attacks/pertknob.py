@@ -79,7 +79,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
     for n, image_id in enumerate(ctx.image_ids):
         x = ctx.images[n]
         sent = [0]
-        # Q_m across resumed attempts (issue 9): a killed attempt's unanswered rows count
+        # Q_m across resumed attempts: a killed attempt's unanswered rows count
         left = cfg.budget - (int(spent[n]) if spent is not None else 0) if cfg.budget else None
         if left is not None and left < 1:
             out.append(make_result(n, x, x, success=False, queries=0, initially_correct=None,

@@ -8,7 +8,7 @@ scores, vertical-stripe initialisation, then random square updates of side
 the budget is larger. Differences, all on purpose:
 
 * Everything happens in uint8 space with the bound ``e`` levels (IEEE-A9), so success is
-  judged on the exact uint8 image the target received (DESIGN.md section 5).
+  judged on the exact uint8 image the target received.
 * The clean image is the first query and is counted (IEEE-M6); an image already misclassified
   stops there (``already_misclassified``, 1 query), even when every image of the batch is.
 * Each image stops at its first success or when its queries reach ``max_queries``; never more

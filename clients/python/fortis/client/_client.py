@@ -45,7 +45,7 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 WATCH_SEGMENT_S = 300.0
 #: Reconnection attempts in a row after a dropped Watch stream before giving up.
 WATCH_RECONNECTS = 5
-#: Bytes per UploadBlob data message (the server's limit, issue 9).
+#: Bytes per UploadBlob data message (the server's limit).
 UPLOAD_CHUNK_BYTES = 1024 * 1024
 _BLOB_KINDS = {"image": up_pb.BLOB_KIND_IMAGE, "manifest": up_pb.BLOB_KIND_MANIFEST,
                "model": up_pb.BLOB_KIND_MODEL}
@@ -291,7 +291,7 @@ class FortisClient:
             if not token:
                 return items
 
-    # -- uploads (issue 9: no plan reads the server's disk) -------------------------------
+    # -- uploads (no plan reads the server's disk) -----------------------------------------
     def upload(self, data: str | Path | bytes, kind: str = "image", *, media_type: str = "",
                timeout_s: float | None = None) -> Blob:
         """Upload a file (path) or bytes as a blob of ``kind`` ("image", "manifest", "model"),

@@ -204,12 +204,12 @@ class FailedPrecondition(FortisError):
 
 
 class TargetFailed(FailedPrecondition):
-    """A permanent failure of the target (issue 9, "One error mapping"): it answered, but with
-    an error of its own (INTERNAL, UNKNOWN, UNIMPLEMENTED, an error message too large to
-    receive) or a malformed answer (a prediction too few, a body the adapter cannot use).
-    Not retried; FAILED_PRECONDITION naming the target, with ErrorInfo reason
-    ``TARGET_FAILED`` so a caller tells it from other preconditions (an evaluation records
-    it as a failed query of those images). Transient failures are ``Unavailable``."""
+    """A permanent failure of the target: it answered, but with an error of its own (INTERNAL,
+    UNKNOWN, UNIMPLEMENTED, an error message too large to receive) or a malformed answer (a
+    prediction too few, a body the adapter cannot use). Not retried; FAILED_PRECONDITION naming
+    the target, with ErrorInfo reason ``TARGET_FAILED`` so a caller tells it from other
+    preconditions (an evaluation records it as a failed query of those images). Transient
+    failures are ``Unavailable``."""
 
 
 @dataclass(frozen=True)

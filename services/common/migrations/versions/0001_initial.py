@@ -1,4 +1,4 @@
-"""The first PostgreSQL schema (issue 10): the evaluation store's ``evaluations`` and
+"""The first PostgreSQL schema: the evaluation store's ``evaluations`` and
 ``items`` and the proxy ledger's ``sessions``, ``queries`` and ``replies``, column for column
 as the SQLite files of ``services/evaluation/store.py`` and ``services/target_proxy/ledger.py``.
 

@@ -1,4 +1,4 @@
-"""Work-item leases and idempotent ledger rows (issue 10).
+"""Work-item leases and idempotent ledger rows.
 
 ``items``: ``lease_owner``/``lease_expires`` (seconds since the epoch, the database's
 clock), so several workers claim pending items with ``SELECT ... FOR UPDATE SKIP LOCKED`` and

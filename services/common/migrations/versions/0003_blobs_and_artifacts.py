@@ -1,4 +1,4 @@
-"""Shared uploads and artifacts (issue 10: pods and worker Job pods share no disk).
+"""Shared uploads and artifacts (pods and worker Job pods share no disk).
 
 ``blobs`` + ``blob_chunks``: the uploaded blobs of ``services/common/blobs_pg.py``, metadata
 column for column as the file store's SQLite index (``services/common/blobs.py``), content
