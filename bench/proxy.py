@@ -16,15 +16,15 @@ compete for one GIL, which inflates every number).
                           [--mode processes|inprocess] [--rate 0] [--redis-url URL|auto]
                           [--database-url URL|auto]
 
-``--redis-url`` (issue 10) adds a second proxy whose rate limits, session budget and daily
-quota live in Redis (``fortis serve --redis-url``), measured in the same interleaved rounds,
-so its p50 overhead can be compared with the in-process limiter's in one run; ``auto``
-starts a throw-away ``redis-server`` on a free loopback port. Both proxies' sessions then
-have a query budget and their target a rate limit (``--rate``, or 100000/s when 0: far above
-what is measured), so every call goes through the budget check and the limiter.
+``--redis-url`` adds a second proxy whose rate limits, session budget and daily quota live in
+Redis (``fortis serve --redis-url``), measured in the same interleaved rounds, so its p50
+overhead can be compared with the in-process limiter's in one run; ``auto`` starts a throw-away
+``redis-server`` on a free loopback port. Both proxies' sessions then have a query budget and
+their target a rate limit (``--rate``, or 100000/s when 0: far above what is measured), so every
+call goes through the budget check and the limiter.
 
-``--database-url`` (issue 10, "PostgreSQL+Redis mode") adds a third proxy as deployed with
-replicas: its ledger in PostgreSQL (``fortis serve --database-url``; durable: the server's
+``--database-url`` (PostgreSQL+Redis mode) adds a third proxy as deployed with replicas: its
+ledger in PostgreSQL (``fortis serve --database-url``; durable: the server's
 ``synchronous_commit``, on by default) and its limits and budgets in Redis (``--redis-url``,
 ``auto`` when not given); ``auto`` starts a throw-away PostgreSQL with fsync on
 (``bench/storage.py``), migrated to head. Measured in the same interleaved rounds against the
@@ -246,9 +246,9 @@ def main() -> None:
     ap.add_argument("--ledger-sync", choices=["FULL", "NORMAL"], default="FULL",
                     help="the proxy's ledger durability (FULL: fsync before every answer)")
     ap.add_argument("--redis-url", help="also measure a proxy whose limits and budgets are in "
-                    "this Redis (issue 10); 'auto': start a redis-server for the run")
+                    "this Redis; 'auto': start a redis-server for the run")
     ap.add_argument("--database-url", help="also measure a proxy with its ledger in this "
-                    "PostgreSQL and its limits in Redis (issue 10); 'auto': start a durable "
+                    "PostgreSQL and its limits in Redis; 'auto': start a durable "
                     "PostgreSQL for the run")
     ns = ap.parse_args()
     if ns.database_url and not ns.redis_url:

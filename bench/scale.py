@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Scale-out of an evaluation's work items (issue 10, "Performance": ``bench/scale.py``).
+"""Scale-out of an evaluation's work items (work fan-out performance).
 
 One plan of corruptions over Fashion-MNIST is run end to end (clean pass, every corruption
 at every severity, scoring, report) by:
@@ -259,7 +259,7 @@ def main() -> None:
         r["metrics_equal_embedded"] = ref is not None and r.pop("metrics") == ref
         r["speedup_vs_embedded"] = round(rows[0]["seconds"] / r["seconds"], 3) \
             if r["seconds"] else 0.0
-    out = {"benchmark": "work fan-out (issue 10)", "started_utc": started.isoformat(
+    out = {"benchmark": "work fan-out", "started_utc": started.isoformat(
                timespec="seconds"), "images": ns.images, "corruptions": corruptions,
            "severities": severities, "batch": ns.batch,
            "corrupted_images": ns.images * len(corruptions) * len(severities),

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Generate docs/limits.md, the one table of Fortis's documented maxima (issue 9, "Bounded
-work": every numeric parameter of every RPC has a documented maximum).
+"""Generate docs/limits.md, the one table of Fortis's documented maxima (bounded work: every
+numeric parameter of every RPC has a documented maximum).
 
     python scripts/gen_limits_doc.py            # write docs/limits.md
     python scripts/gen_limits_doc.py --check    # exit 1 if docs/limits.md is stale
@@ -75,7 +75,7 @@ def render() -> str:
         "do not edit by hand. -->",
         "",
         "Every field of every request, every plan field and every parameter of every "
-        "perturbation, attack and metric has a documented maximum (issue 9, \"Bounded work\"). "
+        "perturbation, attack and metric has a documented maximum. "
         "A value past its bound is refused before any work with `INVALID_ARGUMENT` and a "
         "`google.rpc.BadRequest` naming the field (`images[3].image_id`, "
         "`attacks[0].params.max_queries`); an error never quotes more than "

@@ -48,7 +48,7 @@ def _remote_opts(sp: argparse.ArgumentParser, *, required: bool = False) -> None
 
 
 def _tls_client_opts(sp: argparse.ArgumentParser) -> None:
-    """TLS to a server started with --tls-cert (issue 9)."""
+    """TLS to a server started with --tls-cert."""
     sp.add_argument("--tls-ca", metavar="FILE",
                     help="connect with TLS, trusting this CA (default: $FORTIS_TLS_CA)")
     sp.add_argument("--tls-cert", metavar="FILE", help="client certificate, when the server "
@@ -60,7 +60,7 @@ def _tls_client_opts(sp: argparse.ArgumentParser) -> None:
 
 
 def _pipeline_opts(sp: argparse.ArgumentParser) -> None:
-    """What a pipeline does with a finished report (issue 13; docs/pipelines.md)."""
+    """What a pipeline does with a finished report (docs/pipelines.md)."""
     g = sp.add_argument_group("pipelines: the acceptance gate and exports")
     g.add_argument("--strict", action="store_true",
                    help="inconclusive acceptance criteria (the 95%% CI straddles the "
@@ -273,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(health says NOT_SERVING meanwhile and new calls are refused, UNAVAILABLE); "
                     "the process ends within about this plus 3 s, running evaluations resume "
                     "on the next start (default 10)")
-    ex = sp.add_argument_group("work fan-out (issue 10): who runs an evaluation's work items")
+    ex = sp.add_argument_group("work fan-out: who runs an evaluation's work items")
     ex.add_argument("--executor", choices=["local", "processes", "kubernetes"],
                     default=os.environ.get("FORTIS_EXECUTOR", "local"),
                     help="local: this service's worker threads (default); processes: "

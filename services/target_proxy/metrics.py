@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 
 class ProxyMetrics:
-    """The proxy's counters, labelled by target and tenant (issue 9: metrics by tenant). Tenant
+    """The proxy's counters, labelled by target and tenant. Tenant
     label values go through ``tenant_label`` (the stack passes a
     :class:`~fortis.services.common.metrics.TenantLabels` of its key table), so their number
     stays bounded whatever a caller sends."""
@@ -31,7 +31,7 @@ class ProxyMetrics:
                                ["target", "tenant"], registry=self.registry)
         self.quota_refused_calls = Counter(
             "fortis_proxy_quota_refused_calls", "Calls refused for a tenant's exhausted quota "
-            "(issue 9: queries per day); nothing was sent", ["target", "tenant", "quota"],
+            "(queries per day); nothing was sent", ["target", "tenant", "quota"],
             registry=self.registry)
         self.retries = Counter("fortis_proxy_retries", "Retries after the target was UNAVAILABLE",
                                ["target", "tenant"], registry=self.registry)

@@ -1,5 +1,5 @@
-"""Two tenants, every RPC (issue 9, "Done when": "a two-tenant adversarial test module covers
-isolation of every RPC"; "Tenant-scoped everything").
+"""Two tenants, every RPC: this adversarial module covers the tenant isolation of every RPC
+(everything is tenant-scoped).
 
 Tenant A owns evaluations (one finished with a report and artifacts, one running, one
 cancelled), proxy sessions with ledger rows, and a target only A may use. Tenant B, with its
@@ -642,7 +642,7 @@ def _render(w: World) -> None:
 @case(f"{TG}/GetTargetInfo", f"{TG}/Predict", f"{TG}/PredictStream")
 def _target_service(w: World) -> None:
     """The target contract is not served by Fortis's port: built-in targets are reachable
-    through the proxy only (issue 9 finding 7), for every tenant alike."""
+    through the proxy only, for every tenant alike."""
     tg = w.stub("target", "TargetService")
     for md in (MD_A, MD_B):
         for fn in (lambda m=md: tg.GetTargetInfo(tg_pb.GetTargetInfoRequest(), metadata=m),
@@ -729,7 +729,7 @@ def test_every_rpc_of_every_contract_is_enumerated():
 @pytest.mark.parametrize("rpc", ALL_RPCS)
 def test_two_tenant_case(rpc: str, world: World) -> None:
     fn = CASES.get(rpc)
-    assert fn is not None, f"{rpc} has no two-tenant case: add one to this module (issue 9)"
+    assert fn is not None, f"{rpc} has no two-tenant case: add one to this module"
     before = world.a_state()
     fn(world)
     after = world.a_state()
