@@ -18,7 +18,7 @@ if [ ! -f /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ] || [ ! -
 fi
 
 # 1b. Redis (Debian redis-server): proxy replicas share rate limits and budgets through it
-#     (issue 10); the tests start their own server on a free loopback port. Not needed by
+#     so limits hold across replicas; the tests start their own server on a free loopback port. Not needed by
 #     `fortis serve` / `make demo`.
 if ! command -v redis-server >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
@@ -30,8 +30,8 @@ if ! command -v redis-server >/dev/null 2>&1; then
   fi
 fi
 
-# 1c. PostgreSQL (Debian postgresql): the evaluation store and proxy ledger at scale (issue 10,
-#     --database-url); the tests start their own cluster (initdb as the postgres user) on a free
+# 1c. PostgreSQL (Debian postgresql): the evaluation store and proxy ledger at scale
+#     (--database-url); the tests start their own cluster (initdb as the postgres user) on a free
 #     loopback port. Not needed by `fortis serve` / `make demo` (SQLite files).
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
@@ -44,7 +44,7 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
 fi
 
 # 1d. Chromium (Debian chromium): the report's PDF export (`fortis run --pdf`) and the tests
-#     that open report.html in a real headless browser (issue 13). Not needed by `make demo`.
+#     that open report.html in a real headless browser. Not needed by `make demo`.
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing chromium (Debian) ..." >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of the Go toolchain that compiles a Go client of Fortis's contracts
 # (clients/go/): go 1.19, protoc, protoc-gen-go, protoc-gen-go-grpc and grpc-go/protobuf-go
-# sources, all from Debian (no Go module proxy is reachable here; DESIGN.md section 4).
+# sources, all from Debian (no Go module proxy is reachable from the build machines).
 # Called by tests/contract/test_other_languages.py on first use; safe to run again.
 #
 #   scripts/setup_go.sh        # install what is missing (needs root or sudo and apt)

