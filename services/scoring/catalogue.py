@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.common.stopping import StopCheck, never
 from fortis.services.scoring.limits import check_array_elements, check_params, describe
-from fortis.services.scoring.stopping import StopCheck, never
 
 Arrays = Mapping[str, np.ndarray]
 Params = Mapping[str, Any]

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 from fortis.services.common.errors import FieldViolation, InvalidArgument
-from fortis.services.scoring.stopping import StopCheck, never, raise_if_stopped
+from fortis.services.common.stopping import StopCheck, never, raise_if_stopped
 
 __all__ = [
     "D_SCALE",

@@ -24,12 +24,12 @@ from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
 from fortis.services.common.codec import tensor_to_array
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.server import in_work_slot
+from fortis.services.common.stopping import caller_stop
 from fortis.services.common.workprocs import PieceProcesses
 from fortis.services.scoring.catalogue import compute, list_metrics
 from fortis.services.scoring.convert import read_evaluation, response_from_scores
 from fortis.services.scoring.evaluation_scoring import score_evaluation
 from fortis.services.scoring.limits import check_array_elements
-from fortis.services.scoring.stopping import caller_stop
 from google.protobuf import json_format, struct_pb2
 
 T = TypeVar("T")

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 from fortis.services.common.errors import Cancelled, DeadlineExceeded, InvalidArgument
+from fortis.services.common.stopping import caller_stop, never, raise_if_stopped
 from fortis.services.scoring import limits
 from fortis.services.scoring.catalogue import METRICS, compute, list_metrics
-from fortis.services.scoring.stopping import caller_stop, never, raise_if_stopped
 
 _IRT: dict[str, Any] = {
     "subjects": ["a", "b", "c"],
