@@ -17,7 +17,8 @@ SCAN_FILES = ("README.md", "Dockerfile", "Makefile")
 SUFFIXES = (".py", ".md", ".proto", ".yaml", ".yml", ".j2", ".sh")
 SKIP_DIRS = {"node_modules", "__pycache__", ".venv", ".git", "build", ".mypy_cache",
              ".pytest_cache", ".ruff_cache", ".hypothesis"}
-#: "issue 9", "Finding 2", "DESIGN.md": written so that this file does not match itself
+#: "issue" or "finding" followed by a number, or the design document's name (the name is split
+#: so that the pattern's own text does not match it)
 REF = re.compile(r"\b(?:[Ii]ssues? #?\d+|[Ff]indings? #?\d+|DESIGN" + r"\.md)")
 
 
