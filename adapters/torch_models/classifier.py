@@ -70,13 +70,9 @@ class TorchClassifier:
     def fit_input(self, image: np.ndarray) -> np.ndarray:
         """One uint8 H x W x C image -> uint8 height x width x channels of the model's input
         (what :meth:`to_model_input` does to each image of a batch). Fitting a batch's images
-        one at a time before stacking them never holds a stack of full-size images (a request
-        of seven 4096 x 4096 images was a 112 MiB copy made while holding the interpreter
-        lock, to be shrunk to 28 x 28 after)."""
-        return self._convert(image)
-
-    def _convert(self, image: np.ndarray) -> np.ndarray:
-        """One uint8 H x W x C image -> uint8 height x width x channels."""
+        one at a time before stacking them never holds a stack of full-size images (seven
+        4096 x 4096 images were stacked into a 112 MiB copy made while holding the
+        interpreter lock, to be shrunk to 28 x 28 after)."""
         spec = self.input_spec
         if image.shape[2] == 4:
             image = image[:, :, :3]
@@ -106,7 +102,7 @@ class TorchClassifier:
         spec = self.input_spec
         out = np.empty((len(arr), spec.height, spec.width, spec.channels), dtype=np.uint8)
         for i, image in enumerate(arr):
-            out[i] = self._convert(image)
+            out[i] = self.fit_input(image)
         return torch.from_numpy(out).permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
 
     def predict_logits(self, images: np.ndarray) -> np.ndarray:
