@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fortis.services.common import errors
+from fortis.services.common.workshare import WORK_NICE
 
 __all__ = ["PieceProcesses"]
 
@@ -49,9 +50,6 @@ T = TypeVar("T")
 
 #: How often a waiting caller looks at its deadline (seconds).
 _POLL_S = 0.05
-#: How much lower the workers' scheduling priority (nice) is than the server's.
-WORKER_NICE = 10
-
 
 #: What a worker interpreter runs: the server's import path, then :func:`_worker_main`.
 _BOOTSTRAP = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
@@ -118,11 +116,12 @@ class _Worker:
 
 
 class PieceProcesses:
-    """See the module docstring. ``preload``: modules the fork server imports once, so each
-    worker starts with them (the modules of the functions it will be sent)."""
+    """See the module docstring. ``preload``: modules each worker imports as it starts (those
+    of the functions it will be sent), so its first piece does not wait for them; ``nice``:
+    how much lower than the server's main thread the workers run (the work share's own)."""
 
     def __init__(self, processes: int, *, preload: Sequence[str] = (),
-                 nice: int = WORKER_NICE) -> None:
+                 nice: int = WORK_NICE) -> None:
         if processes < 1:
             raise ValueError("processes must be >= 1")
         self.processes = processes
@@ -179,14 +178,14 @@ class PieceProcesses:
                 self._lock.notify()
             raise
 
-    def _give_back(self, w: _Worker | None) -> None:
+    def _give_back(self, w: _Worker, keep: bool) -> None:
+        """``w`` back to the idle ones (``keep``), else ended and its place freed."""
         with self._lock:
-            if w is None or self._closed:
-                self._started -= 1
-                if w is not None:
-                    w.kill()
-            else:
+            if keep and not self._closed:
                 self._idle.append(w)
+            else:
+                self._started -= 1
+                w.kill()
             self._lock.notify()
 
     def call(self, fn: Callable[..., T], *args: Any,
@@ -194,27 +193,22 @@ class PieceProcesses:
         """``fn(*args, **kwargs)`` in a worker process (``fn`` a module-level function, its
         arguments and answer picklable). ``should_stop`` is called while waiting; what it
         raises kills the worker and is raised here."""
-        w: _Worker | None = self._take(should_stop)
-        assert w is not None
+        w = self._take(should_stop)
+        answered = False
         try:
             w.conn.send((fn, args, kwargs))
             while not w.conn.poll(_POLL_S):
                 if should_stop is not None:
-                    should_stop()
+                    should_stop()       # what it raises ends the worker below
                 if not w.alive():
                     raise _ended(w)
             try:
                 status, value = w.conn.recv()
             except (EOFError, OSError):     # it died as it answered, or before
                 raise _ended(w) from None
-        except BaseException:
-            w.kill()
-            self._give_back(None)
-            w = None
-            raise
+            answered = True
         finally:
-            if w is not None:
-                self._give_back(w)
+            self._give_back(w, keep=answered)
         if status == "err":
             raise value
         return value  # type: ignore[no-any-return]

@@ -16,7 +16,8 @@ import time
 import numpy as np
 import pytest
 from fortis.services.common import errors
-from fortis.services.common.workprocs import WORKER_NICE, PieceProcesses
+from fortis.services.common.workprocs import PieceProcesses
+from fortis.services.common.workshare import WORK_NICE
 from fortis.services.scoring.catalogue import compute
 
 
@@ -87,7 +88,7 @@ def test_a_worker_that_dies_fails_its_own_call_only(pieces):
 
 def test_workers_run_at_a_lower_priority_than_the_server(pieces):
     mine = os.getpriority(os.PRIO_PROCESS, os.getpid())
-    assert pieces.call(os.getpriority, os.PRIO_PROCESS, 0) == min(19, mine + WORKER_NICE)
+    assert pieces.call(os.getpriority, os.PRIO_PROCESS, 0) == min(19, mine + WORK_NICE)
 
 
 def test_no_more_processes_than_given_run_at_once():
