@@ -33,18 +33,9 @@ def cpu_s(pids: Iterable[int]) -> float:
     return total
 
 
-def with_children(pid: int) -> list[int]:
-    """``pid`` and its direct children."""
-    try:
-        return [pid, *(int(k) for k in
-                       Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
-    except OSError:
-        return [pid]
-
-
 def tree(pids: Iterable[int]) -> list[int]:
-    """``pids`` and every process descended from them (a server's worker processes, started
-    through a fork server, are its grandchildren)."""
+    """``pids`` and every process descended from them (a server's worker processes, and any
+    they start)."""
     parent: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

@@ -49,7 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from _proc import rss_kb, with_children  # noqa: E402 - bench/ beside this script
+from _proc import rss_kb, tree  # noqa: E402 - bench/ beside this script
 
 API_KEY = "fuzz-key-tenant-a"
 MD = (("x-api-key", API_KEY),)
@@ -220,7 +220,7 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
     problems: list[dict[str, Any]] = []
     internal = 0
     crashes = 0
-    peak_rss = rss_kb(with_children(server.pid))
+    peak_rss = rss_kb(tree([server.pid]))
     slowest: dict[str, float] = {}
     t0 = time.perf_counter()
 
@@ -237,7 +237,7 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
             problems.append({"rpc": name, "code": out.code.name, "problems": out.problems[:3],
                              "request": text[:300] + ("..." if len(text) > 300 else "")})
         if per_rpc.total() % 25 == 0:
-            peak_rss = max(peak_rss, rss_kb(with_children(server.pid)))
+            peak_rss = max(peak_rss, rss_kb(tree([server.pid])))
 
     def check_alive() -> None:
         nonlocal crashes
@@ -267,7 +267,7 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
         died = True
         target_ok = False
     seconds = time.perf_counter() - t0
-    peak_rss = max(peak_rss, rss_kb(with_children(server.pid)))
+    peak_rss = max(peak_rss, rss_kb(tree([server.pid])))
     health_after = (not died) and healthy(channel)
     normal_after = (not died) and _normal_call_ok(channel)
     channel.close()

@@ -613,8 +613,7 @@ def _ordinary_phase(addrs: dict[str, str], pids: list[int], name: str, plans: di
     out = {"phase": name, "noisy": stop_neighbour is not None, "seconds": round(seconds, 1),
            "load_avg_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
            "server_peak_rss_mib": round(peak[0] / 1024, 1),
-           # summed over the processes: pages they share (the fork server's modules) counted
-           # in each
+           # summed over the processes: the libraries they map counted in each
            "server_worker_processes_peak_rss_mib": round(peak[1] / 1024, 1),
            "server_cpu_s": round(cpu_s(tree(pids)) - cpu0, 1),
            "machine_cpu_s": {k: round(v - machine0.get(k, 0.0), 1)
