@@ -22,6 +22,9 @@ metric computation, a report rendering) runs through :meth:`WorkShare.run` (or i
   with many calls queued is served in turn with one that has a single call, not after all of
   its calls (start-time fair queueing: a tenant that arrives starts at the least usage among
   the active ones, so it neither owes for a past it did not use nor starves the others);
+- lets a piece give its slot back while it waits for something that is not CPU
+  (:meth:`WorkShare.yielded`: the proxy's wait for a rate limiter's turn) and take it back
+  before it goes on, so sleeping holds no core and costs no share;
 - (``run``) runs the piece on the share's own threads, at a lower scheduling priority than
   the threads answering calls, so a core busy with a piece still answers a control call or
   an evaluation's bookkeeping first.
@@ -118,6 +121,16 @@ class _Tenant:
     #: slot-seconds of the pieces ended, decayed with ``RATE_TAU_S`` (as of ``recent_at``)
     recent: float = 0.0
     recent_at: float = 0.0
+
+
+@dataclass
+class _Held:
+    """A slot taken by :meth:`WorkShare.slot` on one thread (``held`` False while given back
+    by :meth:`WorkShare.yielded`)."""
+    tenant: str
+    start: float
+    should_stop: Callable[[], bool] | None
+    held: bool = True
 
 
 @dataclass
@@ -226,13 +239,33 @@ class WorkShare:
             finally:
                 self._held.depth -= 1
             return
-        start = self._acquire(tenant, should_stop)
-        self._held.depth = 1
+        held = _Held(tenant=tenant, start=self._acquire(tenant, should_stop),
+                     should_stop=should_stop)
+        self._held.depth, self._held.slot = 1, held
         try:
             yield
         finally:
-            self._held.depth = 0
-            self._release(tenant, start)
+            self._held.depth, self._held.slot = 0, None
+            if held.held:
+                self._release(tenant, held.start)
+
+    @contextlib.contextmanager
+    def yielded(self) -> Iterator[None]:
+        """Give this thread's slot back while the body waits for something that is not CPU
+        (a rate limiter's turn), then take it back -- in turn, like any piece -- before going
+        on. A slot held asleep would be a core nobody computes on, and its time would count
+        against the tenant's fair rate as if it had computed. If taking it back is stopped
+        (``should_stop``), nothing is held after. Outside a slot this thread took itself
+        (sharing off, nested work, a piece on the share's threads) it does nothing."""
+        held: _Held | None = getattr(self._held, "slot", None)
+        if held is None or not held.held:
+            yield
+            return
+        held.held = False
+        self._release(held.tenant, held.start)
+        yield           # an exception here leaves the slot given back
+        held.start = self._acquire(held.tenant, held.should_stop)
+        held.held = True
 
     def run(self, tenant: str, fn: Callable[[], T],
             should_stop: Callable[[], bool] | None = None) -> T:
@@ -240,19 +273,27 @@ class WorkShare:
         at a lower scheduling priority (``WORK_NICE``) than the threads answering calls: a
         busy core then still answers a control call, or runs an evaluation's bookkeeping,
         before it goes on with a costly piece. The caller's context (tenant, log fields)
-        goes with it; what ``fn`` raises is raised here. Nested work runs where it is."""
+        goes with it; what ``fn`` raises is raised here. Inside a slot this thread took with
+        :meth:`slot`, ``fn`` runs on a share thread in that slot; other nested work runs where
+        it is."""
         depth: int = getattr(self._held, "depth", 0)
+        held: _Held | None = getattr(self._held, "slot", None)
+        if depth and held is not None and held.held:
+            return self._on_share_thread(fn)
         if not self.enabled or depth:
             with self.slot(tenant, should_stop):
                 return fn()
         with self.slot(tenant, should_stop):
-            ctx = contextvars.copy_context()
-            future = self._executor().submit(ctx.run, self._nested, fn)
-            return future.result()
+            return self._on_share_thread(fn)
+
+    def _on_share_thread(self, fn: Callable[[], T]) -> T:
+        ctx = contextvars.copy_context()
+        return self._executor().submit(ctx.run, self._nested, fn).result()
 
     def _nested(self, fn: Callable[[], T]) -> T:
-        """``fn`` on a share thread, counted as already holding its slot."""
-        self._held.depth = 1
+        """``fn`` on a share thread, counted as already holding its slot (which the caller's
+        thread took, and gives back)."""
+        self._held.depth, self._held.slot = 1, None
         try:
             return fn()
         finally:

@@ -32,6 +32,7 @@ charset (``check_session_id``). Domain code: the target is reached through the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import threading
@@ -39,7 +40,7 @@ import time
 import uuid
 import zlib
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -571,10 +572,8 @@ class TargetProxy:
         try:
             for start, stop in byte_batches([img.ByteSize() for img in images],
                                             max_images=chunk):
-                predictions += self._in_work_slot(
-                    entry, rec.tenant, should_stop,
-                    functools.partial(self._send, entry, budget, origin, images[start:stop],
-                                      sent_up_to(stop), limiter, hold, should_stop))
+                predictions += self._send(entry, budget, origin, images[start:stop],
+                                          sent_up_to(stop), limiter, hold, should_stop)
         finally:
             hold.release()      # what was held for images never sent
             if sent < n:
@@ -586,15 +585,20 @@ class TargetProxy:
             left = max(0, rec.query_budget - budget.used_total)
         return PredictResult(predictions=predictions, queries_left=left)
 
-    def _in_work_slot(self, entry: TargetEntry, tenant: str, should_stop: StopCheck,
-                      send: Callable[[], list[common_pb2.Prediction]]
-                      ) -> list[common_pb2.Prediction]:
+    @contextlib.contextmanager
+    def _work_slot(self, entry: TargetEntry, tenant: str, should_stop: StopCheck
+                   ) -> Iterator[WorkShare | None]:
         """A built-in target computes in this process: its calls take the tenant's share of
-        the CPU (taken before the rate limiter's grant, so the grant's time stays the send
-        time). A remote target's calls wait on the network and take none."""
-        if self.work is None or not entry.builtin_model:
-            return send()
-        return self.work.run(tenant, send, should_stop)
+        the CPU, from before the rate limiter's grant (so the grant's time stays the send
+        time) to its answer; the waits for the grant give the slot back
+        (``WorkShare.yielded``), so a call held by a rate limit holds no core and costs its
+        tenant no share. Yields the share, or None where a call takes none (a remote
+        target's calls wait on the network)."""
+        if self.work is None or not self.work.enabled or not entry.builtin_model:
+            yield None
+            return
+        with self.work.slot(tenant, should_stop):
+            yield self.work
 
     def _send(self, entry: TargetEntry, budget: _Budget, origin: str,
               images: Sequence[common_pb2.Image], on_sent: Callable[[], None],
@@ -620,25 +624,22 @@ class TargetProxy:
                              call_id=call_id, attempts=attempt)
                     for img, h in zip(images, hashes, strict=True)]
             entry_ids = self.ledger.reserve(rows)
-            try:
-                # the target's and the tenant's limits, in fair turns between tenants
-                granted = limiter.acquire(n, rec.tenant, should_stop)
-            except BaseException as exc:
-                if isinstance(exc, errors.FortisError):
-                    _log_refused("rate", tenant=rec.tenant, session_id=rec.session_id,
-                                 target=rec.target, images=n, error=str(exc)[:200])
-                self.ledger.complete([(eid, Outcome(status=code_pb2.Code.Name(code_for(exc)),
-                                                    error=NOT_SENT_PREFIX + _bounded(exc)))
-                                      for eid in entry_ids])
-                if attempt > 1:     # a "not sent" row is not in the tenant's day
-                    self.daily_quotas.refund(rec.tenant, n)
-                raise
-            if attempt == 1:
-                on_sent()
-                hold.take(n)        # sent: these rows count for the tenant's day
-            t0 = time.perf_counter()
-            preds, failure = self._attempt(entry, images)
-            latency = (time.perf_counter() - t0) * 1000.0
+            with self._work_slot(entry, rec.tenant, should_stop) as work:
+                try:
+                    # the target's and the tenant's limits, in fair turns between tenants
+                    granted = limiter.acquire(n, rec.tenant, should_stop,
+                                              idle=None if work is None else work.yielded)
+                except BaseException as exc:
+                    self._not_sent(rec, entry_ids, exc, attempt, n)
+                    raise
+                if attempt == 1:
+                    on_sent()
+                    hold.take(n)        # sent: these rows count for the tenant's day
+                t0 = time.perf_counter()
+                attempt_once = functools.partial(self._attempt, entry, images)
+                preds, failure = attempt_once() if work is None else \
+                    work.run(rec.tenant, attempt_once)
+                latency = (time.perf_counter() - t0) * 1000.0
             status = "OK" if failure is None else code_pb2.Code.Name(code_for(failure))
             error = "" if failure is None else _bounded(failure)
             self.ledger.complete([
@@ -678,6 +679,19 @@ class TargetProxy:
             wait = delay if not hint else min(max(delay, float(hint)), self.retry.max_retry_after_s)
             self._sleep(wait)
             delay = min(delay * self.retry.multiplier, self.retry.max_backoff_s)
+
+    def _not_sent(self, rec: SessionRecord, entry_ids: Sequence[int], exc: BaseException,
+                  attempt: int, n: int) -> None:
+        """The grant never came (a stop, the limiter's store unanswering): the reserved rows
+        say why nothing was sent, and a retry's images leave the tenant's day."""
+        if isinstance(exc, errors.FortisError):
+            _log_refused("rate", tenant=rec.tenant, session_id=rec.session_id,
+                         target=rec.target, images=n, error=str(exc)[:200])
+        self.ledger.complete([(eid, Outcome(status=code_pb2.Code.Name(code_for(exc)),
+                                            error=NOT_SENT_PREFIX + _bounded(exc)))
+                              for eid in entry_ids])
+        if attempt > 1:     # a "not sent" row is not in the tenant's day
+            self.daily_quotas.refund(rec.tenant, n)
 
     def _store_refused(self, tenant: str, session_id: str, target: str, n: int) -> None:
         """Refused: the shared store cannot answer; nothing was sent."""

@@ -68,7 +68,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from typing import Protocol
 
 from fortis.services.common.stopping import StopCheck, never, raise_if_stopped
@@ -77,6 +77,11 @@ from fortis.services.common.stopping import StopCheck, never, raise_if_stopped
 DEFAULT_JITTER_S = 0.1
 #: A grant waits until strictly after an old grant leaves the window (float safety).
 _EPS = 1e-6
+
+
+#: What a waiting call is wrapped in while it waits (``WorkShare.yielded``: the caller's CPU
+#: slot given back while it sleeps, taken back before it tries again).
+Idle = Callable[[], AbstractContextManager[None]]
 
 
 class Limiter(Protocol):
@@ -90,7 +95,8 @@ class Limiter(Protocol):
 
     def max_chunk(self) -> int: ...
 
-    def acquire(self, n: int, tenant: str = "", should_stop: StopCheck = never) -> float: ...
+    def acquire(self, n: int, tenant: str = "", should_stop: StopCheck = never,
+                idle: Idle | None = None) -> float: ...
 
 
 class LimiterStore(Protocol):
@@ -213,16 +219,18 @@ class RateLimiter:
         """Grant ``n`` images now and return 0.0, or take nothing and return the wait (s)."""
         return _attempt((self,), n, self._clock)[0]
 
-    def acquire(self, n: int, tenant: str = "", should_stop: StopCheck = never) -> float:
+    def acquire(self, n: int, tenant: str = "", should_stop: StopCheck = never,
+                idle: Idle | None = None) -> float:
         """Block until ``n`` images may be sent; return the grant time (clock units).
 
         ``n`` must not exceed ``max_chunk()``: callers split larger batches. Waiting calls
         are served fairly between tenants (``FairQueue``), first come first served within one.
         ``should_stop`` is checked while waiting (at least every ``STOP_CHECK_S``): a caller
-        gone or past its deadline gives up its place and takes nothing.
+        gone or past its deadline gives up its place and takes nothing. Each wait runs inside
+        ``idle()`` when given; the grant itself never does.
         """
         return acquire_all((self,), n, clock=self._clock, sleep=self._sleep, tenant=tenant,
-                           should_stop=should_stop)
+                           should_stop=should_stop, idle=idle)
 
 
 def _flatten(limiters: Iterable[RateLimiter | CompositeLimiter]) -> list[RateLimiter]:
@@ -287,7 +295,7 @@ def try_acquire_all(limiters: Iterable[RateLimiter | CompositeLimiter], n: int,
 def acquire_all(limiters: Iterable[RateLimiter | CompositeLimiter], n: int, *,
                 clock: Callable[[], float] = time.monotonic,
                 sleep: Callable[[float], None] = time.sleep, tenant: str = "",
-                should_stop: StopCheck = never) -> float:
+                should_stop: StopCheck = never, idle: Idle | None = None) -> float:
     """Block until every limiter grants ``n`` images; return the grant time.
 
     The first limited limiter given (the shared one: the target's, in the proxy) orders the
@@ -304,7 +312,7 @@ def acquire_all(limiters: Iterable[RateLimiter | CompositeLimiter], n: int, *,
         return clock()
     shared = ordered[0]
     return shared.queue.acquire(tenant, n, shared, flat, clock=clock, sleep=sleep,
-                                should_stop=should_stop)
+                                should_stop=should_stop, idle=idle)
 
 
 class _Ticket:
@@ -382,11 +390,14 @@ class FairQueue:
     # -- public ------------------------------------------------------------------------------
     def acquire(self, tenant: str, n: int, shared: RateLimiter, flat: Sequence[RateLimiter],
                 *, clock: Callable[[], float], sleep: Callable[[float], None],
-                should_stop: StopCheck = never) -> float:
+                should_stop: StopCheck = never, idle: Idle | None = None) -> float:
         """Wait for this call's turn, then for ``flat`` (which includes ``shared``) to grant.
 
         ``should_stop`` (the caller's deadline or cancellation) is checked before each wait;
-        a stopped call leaves the queue having taken nothing (its error is raised)."""
+        a stopped call leaves the queue having taken nothing (its error is raised). With
+        ``idle``, each wait -- for the call's turn, or for the limits to allow it -- runs
+        inside ``idle()``, which may itself take time on the way out (taking a CPU slot back);
+        the try that grants does not."""
         rest = [x for x in flat if x is not shared]
         slice_s = math.inf if should_stop is never else STOP_CHECK_S
         with self._cond:
@@ -395,13 +406,16 @@ class FairQueue:
         try:
             while True:
                 raise_if_stopped(should_stop, "waiting for the rate limit")
+                pause: float | None
                 with self._cond:
                     now = clock()
                     if ticket.not_before > now:
                         pause = ticket.not_before - now      # held by the tenant's own limit
                     elif self._head(now) is not ticket:
-                        self._cond.wait(min(_MAX_IDLE_WAIT_S, slice_s))  # another's turn
-                        continue
+                        if idle is None:
+                            self._cond.wait(min(_MAX_IDLE_WAIT_S, slice_s))  # another's turn
+                            continue
+                        pause = None
                     else:
                         now, own, wait = _try_grant(shared, rest, flat, n, clock)
                         granted = own <= 0.0 and wait <= 0.0
@@ -415,11 +429,33 @@ class FairQueue:
                             pause = own
                         else:
                             pause = wait
-                sleep(min(pause, slice_s))
+                if idle is None:
+                    assert pause is not None
+                    sleep(min(pause, slice_s))
+                else:
+                    with idle():
+                        self._idle_wait(ticket, pause, clock, sleep, should_stop, slice_s)
         finally:
             if not granted:
                 with self._cond:
                     self._leave(ticket, granted=False)
+
+    def _idle_wait(self, ticket: _Ticket, pause: float | None, clock: Callable[[], float],
+                   sleep: Callable[[float], None], should_stop: StopCheck,
+                   slice_s: float) -> None:
+        """One wait of ``acquire`` with ``idle``: the whole ``pause``, or -- ``None`` --
+        until it is ``ticket``'s turn, so what ``idle`` gives back is taken back once per
+        wait rather than at every grant another call gets."""
+        if pause is not None:
+            end = clock() + pause
+            while (left := end - clock()) > 0:
+                sleep(min(left, slice_s))
+                raise_if_stopped(should_stop, "waiting for the rate limit")
+            return
+        with self._cond:
+            while (now := clock()) >= ticket.not_before and self._head(now) is not ticket:
+                self._cond.wait(min(_MAX_IDLE_WAIT_S, slice_s))
+                raise_if_stopped(should_stop, "waiting for the rate limit")
 
 
 class CompositeLimiter:
@@ -453,10 +489,11 @@ class CompositeLimiter:
     def try_acquire(self, n: int) -> float:
         return try_acquire_all(self.parts, n, self._clock)
 
-    def acquire(self, n: int, tenant: str = "", should_stop: StopCheck = never) -> float:
+    def acquire(self, n: int, tenant: str = "", should_stop: StopCheck = never,
+                idle: Idle | None = None) -> float:
         """Block until every part grants; the first limited part's queue orders the waiters."""
         return acquire_all(self.parts, n, clock=self._clock, sleep=self._sleep, tenant=tenant,
-                           should_stop=should_stop)
+                           should_stop=should_stop, idle=idle)
 
 
 def parse_tenant_rates(pairs: Iterable[str]) -> dict[str, float]:

@@ -91,9 +91,10 @@ class GrantLog:
     def max_chunk(self) -> int:
         return self.inner.max_chunk()
 
-    def acquire(self, n: int, tenant: str = "", should_stop: Any = None) -> float:
-        t = self.inner.acquire(n, tenant) if should_stop is None else \
-            self.inner.acquire(n, tenant, should_stop)
+    def acquire(self, n: int, tenant: str = "", should_stop: Any = None,
+                idle: Any = None) -> float:
+        t = self.inner.acquire(n, tenant, idle=idle) if should_stop is None else \
+            self.inner.acquire(n, tenant, should_stop, idle=idle)
         self.grants.setdefault((threading.get_ident(),), []).append(t)
         return t
 

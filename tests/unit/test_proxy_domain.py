@@ -226,3 +226,41 @@ def test_sessions_are_per_tenant_and_idempotent(tmp_path, fmnist_target):
     with pytest.raises(errors.InvalidArgument) as ei:
         proxy.create_session(tenant="a", target="t", query_budget=-1)
     assert ei.value.violations[0].field == "query_budget"
+
+
+def test_a_call_waiting_for_the_rate_limit_holds_no_cpu_slot(tmp_path, fmnist_target,
+                                                             fmnist_test_images):
+    """A built-in target computes in the proxy's process, so each call to it takes a slot of
+    the tenant's CPU share -- but not while it only waits for the rate limiter: with one slot,
+    bob's call held back by the target's rate leaves the slot to alice's work meanwhile, and
+    is still answered (and recorded) after."""
+    from fortis.services.common.workshare import WorkShare
+
+    images, _ = fmnist_test_images
+    share = WorkShare(1)
+    limiter = RateLimiter(2, jitter_s=0.0)
+    proxy = TargetProxy(Ledger(tmp_path / "ledger.sqlite"),
+                        [TargetEntry(name="t", backend=ClassifierTarget(fmnist_target),
+                                     limiter=limiter, builtin_model="fmnist-cnn")],
+                        work=share)
+    try:
+        s = proxy.create_session(tenant="bob", target="t")
+        proxy.predict(tenant="bob", session_id=s.session_id, origin="x",
+                      images=_imgs(images, ["b0", "b1"]))       # this second's two images
+        done: list[object] = []
+        bob = threading.Thread(target=lambda: done.append(proxy.predict(
+            tenant="bob", session_id=s.session_id, origin="x",
+            images=_imgs(images, ["b2", "b3"]))), daemon=True)
+        bob.start()
+        deadline = time.monotonic() + 10
+        while len(limiter.queue) == 0:          # bob's call waits for its grant
+            assert time.monotonic() < deadline and bob.is_alive()
+            time.sleep(0.005)
+        with share.slot("alice"):               # at once: bob's wait holds no slot
+            assert bob.is_alive() and len(limiter.queue) == 1
+        bob.join(10)
+        assert len(done) == 1 and len(done[0].predictions) == 2     # type: ignore[attr-defined]
+        assert [r[9] for r in proxy.ledger.entries(s.session_id)] == ["OK"] * 4   # status
+        assert share.snapshot().get("bob", {}).get("running", 0) == 0
+    finally:
+        share.close()

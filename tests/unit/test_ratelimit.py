@@ -9,6 +9,7 @@ of arrivals may hold more than the limit, and the throughput must stay close to 
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import threading
 import time
@@ -364,3 +365,104 @@ def test_a_waiting_call_stops_when_its_caller_is_gone():
         rl.acquire(1, "alice", stop)        # the slot is ~1 s away
     assert time.monotonic() - start < 0.9   # gone before the slot, not at it
     assert len(rl.queue) == 0 and rl._in_span == 1
+
+
+class IdleProbe:
+    """An ``idle`` hook that records whether each sleep happens inside it."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.inside = False
+        self.entered = 0
+        self.sleeps: list[bool] = []
+        self._clock = clock
+
+    @contextlib.contextmanager
+    def __call__(self):
+        self.entered += 1
+        self.inside = True
+        try:
+            yield
+        finally:
+            self.inside = False
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(self.inside)
+        self._clock.sleep(s)
+
+
+def test_the_waits_run_inside_idle_and_the_grant_does_not():
+    """The proxy gives its CPU slot back (``idle``) while a call waits for the limits and
+    takes it back before the try that grants: every sleep is inside ``idle``, a grant that
+    needs no wait never enters it, and the grant comes after ``idle`` was left."""
+    clock = FakeClock()
+    probe = IdleProbe(clock)
+    rl = RateLimiter(4, jitter_s=0.0, tolerance_s=0.0, clock=clock, sleep=probe.sleep)
+    granted_inside: list[bool] = []
+    for _ in range(3):
+        rl.acquire(2, "alice", idle=probe)
+        granted_inside.append(probe.inside)
+    assert probe.entered >= 1 and probe.sleeps and all(probe.sleeps)
+    assert granted_inside == [False, False, False]
+    first = RateLimiter(4, jitter_s=0.0, clock=clock, sleep=probe.sleep)
+    before = probe.entered
+    first.acquire(1, "bob", idle=probe)          # free at once: no wait, no idle
+    assert probe.entered == before
+
+
+def test_a_wait_inside_idle_still_stops_with_its_caller():
+    from fortis.services.common.errors import DeadlineExceeded
+    from fortis.services.common.stopping import caller_stop
+
+    rl = RateLimiter(1, jitter_s=0.0)
+    rl.acquire(1, "alice")
+    start = time.monotonic()
+    stop = caller_stop(lambda: True, lambda: 0.2 - (time.monotonic() - start))
+    left = []
+
+    @contextlib.contextmanager
+    def idle():
+        yield
+        left.append(True)               # reached only when the wait ended normally
+
+    with pytest.raises(DeadlineExceeded):
+        rl.acquire(1, "alice", stop, idle=idle)
+    assert time.monotonic() - start < 0.9
+    assert len(rl.queue) == 0 and rl._in_span == 1
+
+
+def test_fair_turns_hold_with_waits_inside_idle():
+    """Waiting for another tenant's turn inside ``idle`` (real threads): the shares and the
+    limit are what they are without it."""
+    rl = RateLimiter(50, jitter_s=0.02)
+    got: dict[str, list[float]] = {"alice": [], "bob": []}
+    lock = threading.Lock()
+    alice_done = threading.Event()
+    idles = [0]
+
+    @contextlib.contextmanager
+    def idle():
+        with lock:
+            idles[0] += 1
+        yield
+
+    def worker(tenant: str, batch: int, calls: int) -> None:
+        c = 0
+        while (c < calls) if calls else not alice_done.is_set():
+            t = rl.acquire(batch, tenant, idle=idle)
+            with lock:
+                got[tenant] += [t] * batch
+            c += 1
+        if tenant == "alice":
+            alice_done.set()
+
+    ts = [threading.Thread(target=worker, args=("bob", 1, 0)) for _ in range(4)]
+    ts.append(threading.Thread(target=worker, args=("alice", 5, 12)))
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=30)
+    assert len(got["alice"]) == 60 and idles[0] > 0
+    assert max_in_window(got["alice"] + got["bob"], 1.0 + 0.02) <= 50
+    end = max(got["alice"])
+    bob = sum(1 for t in got["bob"] if t <= end)
+    assert 60 / (60 + bob) >= 0.4, (60, bob)

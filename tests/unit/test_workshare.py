@@ -319,3 +319,113 @@ def test_run_does_the_work_on_a_lower_priority_thread_with_the_callers_context()
 def test_run_without_sharing_is_a_plain_call() -> None:
     share = WorkShare(0)
     assert share.run("alice", threading.get_native_id) == threading.get_native_id()
+
+
+def test_a_slot_given_back_while_waiting_lets_others_compute_and_costs_nothing(
+        clock: Clock, pieces: list[Piece]) -> None:
+    """One slot. Alice's call takes it, then waits for something that is not CPU (a rate
+    limiter's turn) inside ``yielded``: bob's piece runs meanwhile, the 5 s alice slept are
+    not charged to her, and she takes the slot back -- after bob, in turn -- before going on."""
+    share = WorkShare(1, clock=clock)
+    asleep, wake, back, done = (threading.Event() for _ in range(4))
+    errors: list[BaseException] = []
+
+    def alice() -> None:
+        try:
+            with share.slot("alice"):
+                clock.now += 1.0                  # one second of work in the slot
+                with share.yielded():
+                    asleep.set()
+                    wake.wait(10)
+                back.set()                        # the slot is hers again
+                done.wait(10)
+        except BaseException as exc:  # noqa: BLE001 - looked at by the test
+            errors.append(exc)
+
+    t = threading.Thread(target=alice, daemon=True)
+    t.start()
+    assert asleep.wait(5)
+    assert share.snapshot()["alice"]["running"] == 0
+    bob = Piece(share, "bob")
+    pieces.append(bob)
+    assert bob.started.wait(5)                    # the one slot, while alice sleeps
+    clock.now += 5.0
+    wake.set()
+    until(lambda: waiting(share, "alice") == 1, "alice waits to take her slot back")
+    assert not back.is_set()
+    bob.finish()
+    assert back.wait(5)
+    snap = share.snapshot()
+    assert snap["alice"]["running"] == 1 and snap["alice"]["used_s"] == pytest.approx(1.0)
+    assert snap["bob"]["used_s"] == pytest.approx(1.0 + 5.0)   # a newcomer starts at alice's
+    done.set()
+    t.join(5)
+    assert not errors and share.snapshot()["alice"]["running"] == 0
+
+
+def test_a_call_stopped_while_taking_its_slot_back_holds_nothing(clock: Clock,
+                                                                 pieces: list[Piece]) -> None:
+    share = WorkShare(1, clock=clock)
+    gone = threading.Event()
+
+    def stop() -> bool:
+        if gone.is_set():
+            raise Cancelled("the call was cancelled")
+        return False
+
+    asleep = threading.Event()
+    errors: list[BaseException] = []
+
+    def alice() -> None:
+        try:
+            with share.slot("alice", stop), share.yielded():
+                asleep.set()
+                until(lambda: share.snapshot().get("bob", {}).get("running") == 1, "bob runs")
+        except BaseException as exc:  # noqa: BLE001 - looked at by the test
+            errors.append(exc)
+
+    t = threading.Thread(target=alice, daemon=True)
+    t.start()
+    assert asleep.wait(5)
+    bob = Piece(share, "bob")
+    pieces.append(bob)
+    assert bob.started.wait(5)
+    until(lambda: waiting(share, "alice") == 1, "alice waits for her slot")
+    gone.set()
+    t.join(5)
+    assert len(errors) == 1 and isinstance(errors[0], Cancelled)
+    assert share.snapshot()["alice"] == {"running": 0, "waiting": 0, "used_s": 0.0}
+    bob.finish()
+    after = Piece(share, "carol")
+    pieces.append(after)
+    assert after.started.wait(5)                  # no slot was lost or counted twice
+
+
+def test_run_inside_a_held_slot_computes_on_a_share_thread_in_that_slot() -> None:
+    """The proxy holds the slot on the caller's thread across a rate limiter's grant and
+    runs the target's inference with ``run``: on a lower-priority share thread, in the slot
+    already held (with one slot, taking a second would wait for itself)."""
+    share = WorkShare(1)
+    try:
+        with share.slot("alice"):
+            tid = share.run("alice", threading.get_native_id)
+            assert tid != threading.get_native_id()
+            assert share.snapshot()["alice"]["running"] == 1
+        assert share.snapshot()["alice"]["running"] == 0
+    finally:
+        share.close()
+
+
+def test_yielded_outside_a_slot_of_this_thread_does_nothing() -> None:
+    share = WorkShare(1)
+    try:
+        with share.yielded():                     # no slot
+            pass
+
+        def on_share_thread() -> int:
+            with share.yielded():                 # the caller's thread holds the slot
+                return int(share.snapshot()["alice"]["running"])
+
+        assert share.run("alice", on_share_thread) == 1
+    finally:
+        share.close()
