@@ -453,7 +453,7 @@ def test_rendered_command_lines_start_every_service(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("tenant", ["team-a", "team-b"])
 def test_the_readme_examples_render_and_validate(tenant: str) -> None:
-    """deploy/examples/<tenant>.yaml, as the README installs them, in their namespaces."""
+    """deploy/examples/<tenant>.yaml, as docs/kubernetes.md installs them, in their namespaces."""
     values = yaml.safe_load((CHART.parents[1] / "examples" / f"{tenant}.yaml").read_text())
     helm.Chart.load(CHART).validate_schema(values)
     objs = render(values, name=f"fortis-{tenant}", namespace=tenant)

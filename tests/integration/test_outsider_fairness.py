@@ -4,8 +4,8 @@ sizes, from outside: a real ``fortis serve`` subprocess and a real gRPC
 every image; clients written from the protos alone.
 
 What "fair" means here is what the proxy's design promises (services/target_proxy/
-ratelimit.py, ``FairQueue``; README "Fair shares at a shared target"): when calls of several
-tenants wait at one target's limit, the next free slot goes by start-time fair queueing
+ratelimit.py, ``FairQueue``; docs/security.md "Fair shares at a shared target"): when calls
+of several tenants wait at one target's limit, the next free slot goes by start-time fair queueing
 counted in *images*, so tenants with work waiting share the target equally in images per
 second, whatever their batch sizes; calls are not what is shared (one tenant's one call of
 1,024 images is split by the proxy into chunks of at most the limit, and it gets as many

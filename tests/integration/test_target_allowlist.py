@@ -50,7 +50,7 @@ def test_parse_tenants_on_every_scheme():
     u = TargetConfig.parse("k=kserve+grpc://127.0.0.1:8001/m?tenants=tenant-a&rate=2")
     assert u.tenants == frozenset({"tenant-a"}) and "tenants" not in u.url
     assert u.url == "kserve+grpc://127.0.0.1:8001/m?rate=2" and u.images_per_second == 2.0
-    # no tenants: every tenant may use it (the default, documented in the README)
+    # no tenants: every tenant may use it (the default, documented in docs/security.md)
     assert TargetConfig.parse("open=builtin:fmnist-cnn").tenants == frozenset()
 
 
