@@ -39,6 +39,7 @@ RUN python -m venv /opt/sbom-tool \
 FROM deps AS venv-slim
 ARG PIP_CERT
 COPY setup.py README.md /src/
+COPY core /src/core
 COPY services /src/services
 COPY adapters /src/adapters
 COPY clients/cli /src/clients/cli
@@ -70,6 +71,7 @@ RUN /opt/fortis/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open
     && /opt/fortis/bin/python /src/scripts/install_no_deps.py --python /opt/fortis/bin/python runtime \
     && /opt/fortis/bin/python -m compileall -q -j 0 -x "torch/testing/_internal/py3" /opt/fortis/lib
 COPY setup.py README.md /src/
+COPY core /src/core
 COPY services /src/services
 COPY adapters /src/adapters
 COPY clients/cli /src/clients/cli

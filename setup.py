@@ -3,6 +3,7 @@
 The top-level folders are fixed by the product's design card (DESIGN.md section 2), so the
 import packages are mapped onto them here:
 
+    fortis.core       -> core/            (the pure domain kernel: tasks, answers, rules)
     fortis.services   -> services/        (the five gRPC services and their domain code)
     fortis.adapters   -> adapters/        (target adapters)
     fortis.cli        -> clients/cli/     (the `fortis` command line and its demo plans)
@@ -15,6 +16,7 @@ distribution in clients/python/, which this one depends on.
 from setuptools import find_packages, setup
 
 ROOTS = {
+    "fortis.core": ("core", []),
     "fortis.services": ("services", []),
     "fortis.adapters": ("adapters", []),
     "fortis.cli": ("clients/cli", []),

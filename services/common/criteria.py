@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import TYPE_CHECKING, Any, Final
 
+from fortis.core.task import BOX_FORMATS, Task
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 
 if TYPE_CHECKING:
@@ -52,8 +53,6 @@ CORRECTNESS_MODES: Final = ("top1", "topk", "threshold")
 AGGREGATE_MODES: Final = ("all", "at_least")
 #: IEEE-C5: how an image is judged when no class of interest is in prediction or truth.
 ALL_ABSENT_POLICIES: Final = ("correct", "incorrect")
-#: IEEE-C4 box formats; a trailing ``n`` means normalised to [0, 1] by the image size.
-BOX_FORMATS: Final = ("xyxy", "xywh", "cxcywh", "xyxyn", "xywhn", "cxcywhn")
 #: At most this many field violations are listed in one error (the rest are counted).
 MAX_LISTED: Final = 10
 
@@ -262,7 +261,8 @@ class DetectionCriterion:
     @property
     def rank_limit(self) -> int | None:
         """How many of an object's ranked candidates may match it (None: unlimited)."""
-        return {"top1": 1, "topk": self.k}.get(self.mode)
+        from fortis.core.matching import rank_limit  # numpy: only once matching
+        return rank_limit(self.mode, self.k)
 
 
 def _detection_violations(mode: Any, k: Any, iou: Any, conf: Any,
@@ -365,11 +365,11 @@ def _segmentation_violations(classes: Any, th: Any, ign: Any, absent: Any,
 #: ``criteria.criterion_from_spec`` builds them; the evaluation service validates plans with
 #: this table). The first of each task is its default.
 ATTACK_CRITERIA: Final[Mapping[str, tuple[str, ...]]] = {
-    "classification": ("misclassification", "targeted_misclassification",
+    Task.CLASSIFICATION: ("misclassification", "targeted_misclassification",
                        "confident_misclassification", "top_k_misclassification",
                        "original_class_probability", "target_class_prob_boost"),
-    "detection": ("object_missed", "object_relabelled"),
-    "segmentation": ("miou_below",),
+    Task.DETECTION: ("object_missed", "object_relabelled"),
+    Task.SEGMENTATION: ("miou_below",),
 }
 #: Kinds that aim at a class (need ``targeted: {label: N}`` in the plan).
 TARGETED_CRITERIA: Final = frozenset({"targeted_misclassification", "target_class_prob_boost",
@@ -380,5 +380,5 @@ PROBABILITY_CRITERIA: Final = frozenset({"confident_misclassification",
                                          "original_class_probability",
                                          "target_class_prob_boost"})
 #: The targeted kind a plan's ``targeted: {label: N}`` means when it names no kind.
-TARGETED_DEFAULT: Final[Mapping[str, str]] = {"classification": "targeted_misclassification",
-                                              "detection": "object_relabelled"}
+TARGETED_DEFAULT: Final[Mapping[str, str]] = {Task.CLASSIFICATION: "targeted_misclassification",
+                                              Task.DETECTION: "object_relabelled"}

@@ -1,117 +1,38 @@
-"""Recorded answers as arrays: what the target said, kept compactly per work item and handed
-to the scoring service whole (scoring on arrays, not per record). Domain code, no gRPC.
+"""Recorded answers as arrays, stored per work item and handed to the scoring service whole
+(scoring on arrays, not per record). Domain code, no gRPC.
 
-- :class:`ClassAnswers`: ranked labels ``[n, k]`` (int64, -1 padded) and their scores
-  ``[n, k]`` (float32, NaN padded; ``None`` for label-only targets). Every label and score
-  the target returned is kept (no truncation: a 1000-class full-score target keeps all 1000
-  per answer), so NDCG/DRR and degradation rank/probability profiles work on full score
-  vectors (RANK-1..3, DEG-2). Stored compactly (:func:`pack`): one array per
-  work item (a chunk of one setting), labels in the narrowest integer type that holds them
-  (int16 below 32,768 classes: 6 bytes per class and answer instead of 12). Scores stay
-  float32 on purpose: float16 would move a score across the plan's threshold rule
-  (IEEE-C2 Alternative 3, ``score > sigma``) and change verdicts.
-- :class:`DetectionAnswers`: boxes of all images stacked ``[R, 4]`` (pixel xyxy), labels,
-  scores and the count per image (IEEE-C4).
-- :class:`SegmentationAnswers`: class maps ``[n, H, W]`` (int64; a failed answer is -1).
+The answer types are the domain kernel's (:mod:`fortis.core.answers`, one per task, shared
+with the scoring service) and are named here too: :class:`ClassAnswers` (ranked labels and
+scores; every label and score the target returned is kept, so NDCG/DRR and degradation
+rank/probability profiles work on full score vectors, RANK-1..3, DEG-2),
+:class:`DetectionAnswers` (IEEE-C4) and :class:`SegmentationAnswers`. Here, every answer
+carries ``errors``: per image, why its query failed ("" = answered); a failed query is scored
+as incorrect and listed in the report.
 
-Each carries ``errors``: per image, why its query failed ("" = answered); a failed query is
-scored as incorrect and listed in the report. :func:`pack` / :func:`unpack` store a work
-item's result as one ``.npz`` blob (no pickle).
+What is the evaluation service's own: :func:`concat` joins the answers of consecutive
+chunks, and :func:`pack` / :func:`unpack` store a work item's result as one ``.npz`` blob
+(no pickle). Labels are stored in the narrowest integer type that holds them (int16 below
+32,768 classes: 6 bytes per class and answer instead of 12). Scores stay float32 on purpose:
+float16 would move a score across the plan's threshold rule (IEEE-C2 Alternative 3,
+``score > sigma``) and change verdicts.
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from fortis.core.answers import (
+    Answers,
+    ClassAnswers,
+    DetectionAnswers,
+    SegmentationAnswers,
+)
 
 __all__ = ["Answers", "ClassAnswers", "DetectionAnswers", "SegmentationAnswers", "concat",
            "pack", "unpack"]
-
-
-def _pad_stack(rows: Sequence[np.ndarray], k: int, fill: Any, dtype: Any) -> np.ndarray:
-    out = np.full((len(rows), k), fill, dtype=dtype)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = r
-    return out
-
-
-@dataclass(frozen=True, eq=False)
-class ClassAnswers:
-    """Classification answers of n images."""
-
-    labels: np.ndarray                 # [n, k] int64, best first, -1 padded
-    scores: np.ndarray | None          # [n, k] float32, NaN padded; None: labels only
-    errors: tuple[str, ...]            # per image, "" = answered
-
-    @property
-    def n(self) -> int:
-        return len(self.errors)
-
-    @classmethod
-    def from_rows(cls, labels: Sequence[Sequence[int]], scores: Sequence[Sequence[float] | None],
-                  errors: Sequence[str]) -> ClassAnswers:
-        """From per-image ranked labels and scores (None = that answer has no scores)."""
-        k = max([len(x) for x in labels] + [1])
-        lab = _pad_stack([np.asarray(x, dtype=np.int64) for x in labels], k, -1, np.int64)
-        has_scores = any(s is not None and len(s) for s in scores)
-        sc = None
-        if has_scores:
-            sc = _pad_stack([np.asarray(s if s is not None else [], dtype=np.float32)
-                             for s in scores], k, np.nan, np.float32)
-        return cls(labels=lab, scores=sc, errors=tuple(errors))
-
-    @classmethod
-    def failed(cls, n: int, message: str) -> ClassAnswers:
-        return cls(labels=np.full((n, 1), -1, dtype=np.int64), scores=None,
-                   errors=(message,) * n)
-
-    def top1(self) -> np.ndarray:
-        return self.labels[:, 0]
-
-
-@dataclass(frozen=True, eq=False)
-class DetectionAnswers:
-    """Detection answers of n images, boxes stacked."""
-
-    boxes: np.ndarray        # [R, 4] float32 pixel xyxy
-    labels: np.ndarray       # [R] int64
-    scores: np.ndarray       # [R] float32
-    counts: np.ndarray       # [n] int64
-    errors: tuple[str, ...]
-
-    @property
-    def n(self) -> int:
-        return len(self.errors)
-
-    @classmethod
-    def failed(cls, n: int, message: str) -> DetectionAnswers:
-        return cls(boxes=np.zeros((0, 4), np.float32), labels=np.zeros(0, np.int64),
-                   scores=np.zeros(0, np.float32), counts=np.zeros(n, np.int64),
-                   errors=(message,) * n)
-
-
-@dataclass(frozen=True, eq=False)
-class SegmentationAnswers:
-    """Segmentation answers of n images (one size)."""
-
-    class_maps: np.ndarray | None    # [n, H, W] int64, -1 = failed; None until a size is known
-    errors: tuple[str, ...]
-    shapes: tuple[tuple[int, int], ...] = field(default=())   # answered sizes, per image
-
-    @property
-    def n(self) -> int:
-        return len(self.errors)
-
-    @classmethod
-    def failed(cls, n: int, message: str) -> SegmentationAnswers:
-        return cls(class_maps=None, errors=(message,) * n, shapes=((0, 0),) * n)
-
-
-Answers = ClassAnswers | DetectionAnswers | SegmentationAnswers
 
 
 def concat(parts: Sequence[Answers]) -> Answers:

@@ -79,7 +79,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from fortis.services.common.arrays import iou_xyxy
+from fortis.core.boxes import iou_xyxy
+from fortis.core.task import Task
 from fortis.services.common.criteria import ATTACK_CRITERIA, TARGETED_CRITERIA, TARGETED_DEFAULT
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.matching import match_objects
@@ -243,7 +244,7 @@ def _detections(pred: Any) -> list[Detection]:
 class Criterion:
     """Base of the threat criteria: ``criterion(prediction, reference) -> bool`` (PER-2)."""
 
-    task: Literal["classification", "detection", "segmentation"] = "classification"
+    task: Task = Task.CLASSIFICATION
     #: Aims at a chosen class (an attack needs ``AttackSpec.targeted`` to take it).
     targeted: bool = False
     #: Its vectorised margin needs the clean answer's scores (``margins(..., clean=...)``).
@@ -512,8 +513,7 @@ class TargetObjectMiss(Criterion):
 
     iou_threshold: float = 0.5
     score_threshold: float = 0.0
-    task: Literal["classification", "detection", "segmentation"] = field(default="detection",
-                                                                         init=False)
+    task: Task = field(default=Task.DETECTION, init=False)
 
     def __post_init__(self) -> None:
         _check_iou(self.iou_threshold)
@@ -539,8 +539,7 @@ class DetectionTargetClassProbBoost(Criterion):
     target: int | str
     threshold: float = 0.5
     iou_threshold: float = 0.5
-    task: Literal["classification", "detection", "segmentation"] = field(default="detection",
-                                                                         init=False)
+    task: Task = field(default=Task.DETECTION, init=False)
 
     def __post_init__(self) -> None:
         _check_iou(self.iou_threshold)
@@ -597,8 +596,7 @@ class ObjectMissed(Criterion):
     #: The plan's IEEE-C4 matching mode (``top1`` / ``topk`` / ``threshold``) and its k.
     mode: str = "threshold"
     k: int = 5
-    task: Literal["classification", "detection", "segmentation"] = field(default="detection",
-                                                                         init=False)
+    task: Task = field(default=Task.DETECTION, init=False)
 
     def __post_init__(self) -> None:
         _check_iou_open(self.iou_threshold, "criterion.iou_threshold")
@@ -640,7 +638,7 @@ class ObjectMissed(Criterion):
         usable = np.asarray(ref_labels).reshape(-1, 1) == lab.reshape(1, -1)
         _, presence = _pair_presence(iou, sc, usable, self.iou_threshold, thr)
         # found: the scoring service's matching (greedy, one-to-one, the plan's mode)
-        found = match_objects(iou, np.asarray(ref_labels).reshape(-1), lab, sc,
+        found = match_objects(ref_boxes, np.asarray(ref_labels).reshape(-1), boxes, lab, sc,
                               iou_threshold=self.iou_threshold,
                               score_threshold=self.score_threshold, mode=self.mode, k=self.k)
         presence = signed_margins(presence, ~found)        # < 0 where the object is missed
@@ -658,8 +656,7 @@ class ObjectRelabelled(Criterion):
     target: int
     threshold: float = 0.5
     iou_threshold: float = 0.5
-    task: Literal["classification", "detection", "segmentation"] = field(default="detection",
-                                                                         init=False)
+    task: Task = field(default=Task.DETECTION, init=False)
     targeted: bool = field(default=True, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -680,8 +677,9 @@ class ObjectRelabelled(Criterion):
                                  iou.shape)
         _, presence = _pair_presence(iou, sc, usable, self.iou_threshold, self.threshold)
         lab = np.asarray(labels).reshape(-1)
-        found = match_objects(iou, np.full(len(ref_boxes), int(self.target)), lab, sc,
-                              iou_threshold=self.iou_threshold, score_threshold=self.threshold)
+        found = match_objects(ref_boxes, np.full(len(ref_boxes), int(self.target)), boxes, lab,
+                              sc, iou_threshold=self.iou_threshold,
+                              score_threshold=self.threshold)
         return float(signed_margins(np.array([-presence.min()]), np.array([found.all()]))[0])
 
 
@@ -695,8 +693,7 @@ class MIoUBelow(Criterion):
     miou_threshold: float = 0.5
     ignore_label: int | None = 255
     all_absent_incorrect: bool = False
-    task: Literal["classification", "detection", "segmentation"] = field(
-        default="segmentation", init=False)
+    task: Task = field(default=Task.SEGMENTATION, init=False)
 
     def __post_init__(self) -> None:
         cl = tuple(self.classes)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.perturbation.criteria import (
     Criterion,
@@ -335,8 +336,8 @@ def make_judge(task: str, criterion: Criterion, client: Any, images: np.ndarray,
     if criterion.task != task:
         raise InvalidArgument("criterion", f"{criterion.name} is a {criterion.task} criterion; "
                               f"the target is a {task} target")
-    if task == "classification":
+    if task == Task.CLASSIFICATION:
         return ClassificationJudge(client, criterion, images, image_ids, labels)
-    if task == "detection":
+    if task == Task.DETECTION:
         return DetectionJudge(client, criterion, images, image_ids, references)
     return SegmentationJudge(client, criterion, images, image_ids, references)

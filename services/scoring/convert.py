@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import numpy as np
+from fortis.core.task import Task
 from fortis.scoring.v1 import scoring_pb2 as pb
 from fortis.services.common.codec import tensor_to_array
 from fortis.services.common.criteria import CorrectnessRule
@@ -64,8 +65,9 @@ _KINDS: Final = {pb.SETTING_KIND_CLEAN: "clean", pb.SETTING_KIND_CORRUPTION: "co
                  pb.SETTING_KIND_DEGRADATION: "degradation"}
 _KIND_ENUM: Final = {v: k for k, v in _KINDS.items()}
 #: The criterion field that goes with each truth field.
-_CRITERION_OF: Final = {"classification": "correctness", "detection": "detection_criterion",
-                        "segmentation": "segmentation_criterion"}
+_CRITERION_OF: Final = {Task.CLASSIFICATION: "correctness",
+                        Task.DETECTION: "detection_criterion",
+                        Task.SEGMENTATION: "segmentation_criterion"}
 
 
 def _enum(table: Mapping[int, str], value: int, field: str) -> str:
@@ -111,10 +113,11 @@ def setup_from_message(msg: pb.ScoringSetup, field: str = "setup") -> Evaluation
     m = len(ids)
     if m == 0:
         raise InvalidArgument(f"{field}.image_ids", "at least one image is needed (M >= 1)")
-    task = msg.WhichOneof("truth")
-    if task is None:
+    which = msg.WhichOneof("truth")
+    if which is None:
         raise InvalidArgument(f"{field}.truth", "set classification, detection or "
                                                 "segmentation ground truth")
+    task = Task(which)                  # the truth's oneof fields are named after the tasks
     crit_field = _CRITERION_OF[task]
     given = msg.WhichOneof("criterion")
     if given != crit_field:
@@ -122,13 +125,13 @@ def setup_from_message(msg: pb.ScoringSetup, field: str = "setup") -> Evaluation
                                                        + (f" (got {given})" if given else ""))
     truth: Truth
     criterion: Criterion
-    if task == "classification":
+    if task == Task.CLASSIFICATION:
         truth = _class_truth(msg.classification, m, f"{field}.classification")
         c = msg.correctness
         criterion = CorrectnessRule.from_dict(
             {"mode": _enum(_MODES, c.mode, f"{field}.correctness.mode"), "k": c.k or 5,
              "threshold": c.threshold}, prefix=f"{field}.correctness")
-    elif task == "detection":
+    elif task == Task.DETECTION:
         truth = _detection_truth(msg.detection, m, f"{field}.detection")
         d = msg.detection_criterion
         f = f"{field}.detection_criterion"
@@ -215,24 +218,27 @@ def _tensor(msg: Any, name: str, field: str, *, required: bool) -> np.ndarray | 
 def _answers(msg: pb.SettingAnswers, field: str) -> Answers | None:
     which = msg.WhichOneof("answers")
     f = f"{field}.{which}"
-    if which == "classification":
+    if which == Task.CLASSIFICATION:
         c = msg.classification
         labels = _tensor(c, "labels", f, required=True)
         assert labels is not None
         return ClassificationAnswers(labels=labels,
                                      scores=_tensor(c, "scores", f, required=False))
-    if which == "detection":
+    if which == Task.DETECTION:
         d = msg.detection
         counts = _tensor(d, "counts", f, required=True)
         assert counts is not None
         if not np.issubdtype(counts.dtype, np.integer):
             raise InvalidArgument(f"{f}.counts", f"must be integers, got {counts.dtype}")
-        boxes = _tensor(d, "boxes", f, required=False)
+        boxes = np.zeros((0, 4)) if (b := _tensor(d, "boxes", f, required=False)) is None else b
         labels = _tensor(d, "labels", f, required=False)
-        return DetectionAnswers(boxes=np.zeros((0, 4)) if boxes is None else boxes,
+        scores = _tensor(d, "scores", f, required=False)
+        # no scores sent: NaN, "no score" to the matching (a confidence threshold refuses it)
+        return DetectionAnswers(boxes=boxes,
                                 labels=np.zeros(0, np.int64) if labels is None else labels,
-                                scores=_tensor(d, "scores", f, required=False), counts=counts)
-    if which == "segmentation":
+                                scores=np.full(len(boxes), np.nan) if scores is None else scores,
+                                counts=counts)
+    if which == Task.SEGMENTATION:
         maps = _tensor(msg.segmentation, "class_maps", f, required=True)
         assert maps is not None
         return SegmentationAnswers(class_maps=maps)

@@ -3,8 +3,10 @@ answers held as numpy arrays. Domain code: no gRPC, no protobuf.
 
 ``fortis.services.scoring.convert`` builds these from the ``fortis.scoring.v1`` messages (and
 is the only module that knows the messages); ``fortis.services.scoring.evaluation_scoring``
-scores them. They are plain frozen records so that tests and in-process callers can build an
-evaluation without a server. Every record carries ``field``, the request path it came from
+scores them. The answers are the domain kernel's (:mod:`fortis.core.answers`, the types the
+evaluation service records; here their ``errors`` stay empty: a setting's errors travel in
+:class:`SettingData`). They are plain frozen records so that tests and in-process callers
+can build an evaluation without a server. Every record carries ``field``, the request path it came from
 (``setting[3]``), so that a problem found while scoring names the field the caller sent.
 """
 
@@ -14,6 +16,13 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 import numpy as np
+from fortis.core.answers import (
+    Answers,
+    ClassificationAnswers,
+    DetectionAnswers,
+    SegmentationAnswers,
+)
+from fortis.core.task import Task
 from fortis.services.common.criteria import CorrectnessRule
 from fortis.services.scoring.correctness import (
     DetectionCriterion,
@@ -69,34 +78,6 @@ Truth: TypeAlias = ClassificationTruth | DetectionTruth | SegmentationTruth
 Criterion: TypeAlias = CorrectnessRule | DetectionCriterion | SegmentationCriterion
 
 
-@dataclass(frozen=True, kw_only=True, eq=False)
-class ClassificationAnswers:
-    """``labels`` (n, k) ranked best first, -1 padded; ``scores`` (n, k) NaN padded, or
-    ``None`` for a labels-only target."""
-
-    labels: np.ndarray
-    scores: np.ndarray | None = None
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class DetectionAnswers:
-    """All images' boxes stacked: ``boxes`` (R, 4) pixel xyxy, ``labels`` (R,), ``scores``
-    (R,) or ``None``; image n owns ``counts[n]`` consecutive rows."""
-
-    boxes: np.ndarray
-    labels: np.ndarray
-    scores: np.ndarray | None
-    counts: np.ndarray
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class SegmentationAnswers:
-    """Class maps (n, H, W); a failed answer is all -1."""
-
-    class_maps: np.ndarray
-
-
-Answers: TypeAlias = ClassificationAnswers | DetectionAnswers | SegmentationAnswers
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -174,7 +155,7 @@ class EvaluationSetup:
     field: str = "setup"
 
     @property
-    def task(self) -> str:
+    def task(self) -> Task:
         if isinstance(self.truth, ClassificationTruth):
-            return "classification"
-        return "detection" if isinstance(self.truth, DetectionTruth) else "segmentation"
+            return Task.CLASSIFICATION
+        return Task.DETECTION if isinstance(self.truth, DetectionTruth) else Task.SEGMENTATION

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import numpy as np
+from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring.catalogue import compute
 from fortis.services.scoring.evaluation_data import (
@@ -97,7 +98,7 @@ def ranking(setup: EvaluationSetup, settings: Sequence[SettingData]) -> dict[str
     answers (RANK-1, RANK-2), on the images whose clean and perturbed answers both carry
     scores. Not applicable (never 0) for detection/segmentation, for a labels-only target
     (RANK-3) or when the caller says so."""
-    if setup.task != "classification":
+    if setup.task != Task.CLASSIFICATION:
         return {"applicable": False, "settings": {},
                 "reason": f"NDCG and DRR rank classes; not defined for {setup.task}"}
     if not setup.ranking_enabled:

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.stopping import StopCheck, never, raise_if_stopped
 from fortis.services.scoring.correctness import (
@@ -157,7 +158,7 @@ def _check_settings(setup: EvaluationSetup, settings: Sequence[SettingData]) -> 
             raise InvalidArgument(f"{s.field}.level", f"a corruption severity must be in 1..5, "
                                                       f"got {s.level}")
         if s.kind == "degradation":
-            if setup.task != "classification":
+            if setup.task != Task.CLASSIFICATION:
                 raise InvalidArgument(f"{s.field}.kind", "degradation profiles (DEG-2..4) need "
                                                          f"a classification target, not "
                                                          f"{setup.task}")
@@ -295,6 +296,8 @@ class _Judge:
         if not isinstance(a, SegmentationAnswers):
             raise InvalidArgument(f"{s.field}.answers", "segmentation answers are needed")
         maps = a.class_maps
+        if maps is None:
+            raise InvalidArgument(f, "segmentation answers need their class maps")
         tm = truth.class_maps if s.image_index is None else truth.class_maps[idx]
         if maps.shape != tm.shape:
             raise InvalidArgument(f, f"shape {list(maps.shape)} does not match the covered "

@@ -1,11 +1,13 @@
-"""IEEE-C4 over whole batches: every image of a batch is scored (not only the first, a
-common detection metric bug), and the vectorised greedy one-to-one matching
-agrees exactly with a plain-Python reference of the documented rule, chunk borders included."""
+"""IEEE-C4 over whole batches in the scoring service: every image of a batch is scored (not only
+the first, a common detection metric bug), and its verdicts (label bases, confidence threshold,
+IEEE-C3 over the objects) agree exactly with a plain-Python reference of the documented rule,
+chunk borders included. The matching rule itself is tested in test_core_matching.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from fortis.core import matching as core_matching
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring.correctness import (
     AggregationRule,
@@ -133,30 +135,9 @@ class TestBatches:
         image_ok, obj_ok, _, _ = crd._match_batches(tb, pb, crit, None)
         assert image_ok.tolist() == ref_img
         assert obj_ok.tolist() == ref_obj
-        monkeypatch.setattr(crd, "_PAIR_CHUNK", 17)
+        monkeypatch.setattr(core_matching, "_PAIR_CHUNK", 17)
         assert detection_correct(tb, pb, crit).tolist() == ref_img
         assert 0 < sum(ref_img) < len(ref_img)
-
-    def test_matching_is_vectorised_not_per_image(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Throughput by construction (no timed assertion): 2,000 images are matched with
-        one IoU evaluation and one chunk, not one call per image."""
-        truths, preds = _random_images(np.random.default_rng(1), 2000)
-        calls = {"iou": 0, "chunk": 0}
-        real_iou, real_chunk = crd._pair_iou, crd._match_chunk
-
-        def count_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-            calls["iou"] += 1
-            return real_iou(a, b)
-
-        def count_chunk(*args: object) -> None:
-            calls["chunk"] += 1
-            real_chunk(*args)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(crd, "_pair_iou", count_iou)
-        monkeypatch.setattr(crd, "_match_chunk", count_chunk)
-        out = detection_correct(truths, preds, DetectionCriterion(iou_threshold=0.2))
-        assert out.shape == (2000,)
-        assert calls == {"iou": 1, "chunk": 1}
 
     def test_from_arrays_and_take(self) -> None:
         b = DetectionBatch.from_arrays(boxes=[[0, 0, 0.5, 0.5], [0.5, 0.5, 1, 1], [0, 0, 1, 1]],

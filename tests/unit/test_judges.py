@@ -2,10 +2,13 @@
 ``ctx.decision_query()`` read a classifier's full or top-k scores or labels, a detector's
 boxes (IEEE-C4) and a segmenter's class maps and probabilities (IEEE-C5).
 
-The detection and segmentation verdicts are cross-checked against the scoring service's own
-IEEE-C4 / IEEE-C5 rule (``scoring.correctness.detection_correct`` / ``segmentation_correct``)
-on the same answers, random ones included: an attack succeeds exactly when scoring would call
-its answer incorrect (one rule, ``services/common/matching.py``)."""
+The detection and segmentation verdicts are cross-checked against the scoring service's
+(``scoring.correctness.detection_correct`` / ``segmentation_correct``) on the same answers,
+random ones included: an attack succeeds exactly when scoring would call its answer
+incorrect. The matching rule is one function (``fortis.core.matching``, tested on its own in
+test_core_matching.py); what these checks hold is what each service adds around it: the
+objects of interest, the score threshold, IEEE-C3 over the objects, images without objects
+and the sign of the margins."""
 
 from __future__ import annotations
 
@@ -229,7 +232,8 @@ def test_detection_one_box_never_finds_two_objects():
 @pytest.mark.parametrize("aggregate", ["all", "at_least"])
 def test_detection_random_answers_match_scoring(mode: str, aggregate: str):
     """Random objects and answers (overlapping boxes, several classes, scores around the
-    threshold): the judge's verdict is the scoring service's on every image."""
+    threshold): the judge's verdict (its IEEE-C3 count, empty images and margin signs around
+    the shared matching) is the scoring service's on every image."""
     rng = np.random.default_rng(3)
     rule_d = {"mode": mode, "k": 2, "iou_threshold": 0.3, "confidence_threshold": 0.4,
               "aggregate": aggregate, "q": 2}

@@ -12,8 +12,8 @@ silent.
 
 :class:`Detections` is one image's boxes as given; :class:`DetectionBatch` holds N images'
 boxes validated and converted to pixel xyxy in one flat (CSR) layout, so the matching in
-:mod:`fortis.services.scoring.correctness.detection` is vectorised over the whole batch. IoU
-arithmetic is the shared :func:`fortis.services.common.arrays.iou_xyxy`.
+:mod:`fortis.services.scoring.correctness.detection` is vectorised over the whole batch. The
+conversion and IoU arithmetic are the domain kernel's (:mod:`fortis.core.boxes`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from fortis.services.common.arrays import iou_xyxy
+from fortis.core.boxes import iou_xyxy
 from fortis.services.common.criteria import BOX_FORMATS
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from fortis.services.common.matching import check_image_size as _check_size
