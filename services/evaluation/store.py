@@ -30,15 +30,24 @@ import builtins
 import hashlib
 import json
 import re
+import sqlite3
 import threading
-import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from fortis.services.common import errors, sqlite_schema
 from fortis.services.common.limits import MAX_ARTIFACT_BYTES, MAX_ARTIFACT_NAME_CHARS
+from fortis.services.common.sql_dialects import SQLITE
+from fortis.services.evaluation import store_sql as q
+from fortis.services.evaluation.store_sql import (  # noqa: F401 - re-exported
+    ACTIVE_STATES,
+    ARTIFACT_PART_BYTES,
+    ArtifactInfo,
+    EvaluationRow,
+    artifact_parts,
+    joined_artifact,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (
@@ -113,8 +122,8 @@ STORE_SCHEMA = sqlite_schema.Schema(
                                   " e.evaluation_id = {old}.evaluation_id), '')"},
 )
 
-ACTIVE_STATES = ("PENDING", "RUNNING")
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+_T = TypeVar("_T")
 
 
 def summary_json(summary: Any) -> str:
@@ -126,43 +135,6 @@ def summary_json(summary: Any) -> str:
                        "failed_settings": list(getattr(summary, "failed_settings", ()))})
 
 
-@dataclass(frozen=True)
-class EvaluationRow:
-    evaluation_id: str
-    tenant: str
-    state: str
-    plan_text: str
-    plan_name: str
-    created_at: float
-    updated_at: float
-    error_code: str
-    error_message: str
-    resumed_count: int
-    stage: str
-    items_done: int
-    items_total: int
-    queries: int
-    message: str
-    summary_json: str
-    started_at: float
-    finished_at: float
-    images_done: int
-    images_total: int
-    error_status: bytes | None
-
-
-@dataclass(frozen=True)
-class ArtifactInfo:
-    """A stored artifact's metadata (never its content)."""
-
-    name: str
-    size: int
-    sha256: str
-    created_at: float
-
-
-#: Bytes of one stored part of an artifact (rows of bounded size in either database).
-ARTIFACT_PART_BYTES = 4 * 1024 * 1024
 _ARTIFACT_PART = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*"
 _ARTIFACT_NAME = re.compile(rf"{_ARTIFACT_PART}(/{_ARTIFACT_PART}){{0,7}}")
 
@@ -191,19 +163,6 @@ def check_artifact(evaluation_id: str, name: str, data: bytes) -> str:
                                      f"{MAX_ARTIFACT_BYTES:,}")
     return hashlib.sha256(data).hexdigest()
 
-
-def artifact_parts(data: bytes) -> builtins.list[bytes]:
-    """``data`` cut into stored parts (one empty part for empty data)."""
-    return [data[i:i + ARTIFACT_PART_BYTES]
-            for i in range(0, len(data), ARTIFACT_PART_BYTES)] or [b""]
-
-
-def joined_artifact(info: ArtifactInfo, parts: Iterable[bytes]) -> bytes:
-    """The stored parts joined, checked against the recorded size and SHA-256."""
-    data = b"".join(parts)
-    if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
-        raise errors.Internal(f"artifact {info.name} is damaged in the evaluation store")
-    return data
 
 
 #: Bounds of a claim: items per claim, and the lease in seconds.
@@ -267,11 +226,6 @@ class EvaluationStorage(Protocol):
     def artifact(self, evaluation_id: str, name: str) -> bytes | None: ...
 
 
-_COLS = ("evaluation_id, tenant, state, plan_text, plan_name, created_at, updated_at, error_code,"
-         " error_message, resumed_count, stage, items_done, items_total, queries, message,"
-         " summary_json, started_at, finished_at, images_done, images_total, error_status")
-
-
 class _Db:
     """What the views of one store share: the connection, its lock, the change signal."""
 
@@ -285,6 +239,12 @@ class _Db:
 
 
 class EvaluationStore:
+    """SQLite implementation of :class:`EvaluationStorage`. The queries are
+    ``store_sql``'s, shared with PostgreSQL; what is SQLite's own stays here: one connection
+    in WAL mode guarded by a lock (thread-safe), and every transaction that reads then writes
+    taken with ``BEGIN IMMEDIATE`` (the database's write lock, for lack of row locks), so
+    other connections and processes wait for it."""
+
     def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
         """Open (or create) the store at ``path``, migrating an older file in place;
         ``migrate=False`` (a reader that must not change the file): refuse an older file
@@ -321,56 +281,54 @@ class EvaluationStore:
     def version(self) -> int:
         return self._db.version
 
+    def _run(self, fn: Callable[[sqlite3.Connection], _T], *, bump: bool = False) -> _T:
+        """``fn(conn)`` under the connection's lock, each statement its own transaction;
+        with ``bump``, the change signal after it."""
+        with self._lock:
+            result = fn(self._conn)
+            if bump:
+                self._bump()
+        return result
+
+    def _tx(self, fn: Callable[[sqlite3.Connection], _T], *, bump: bool = False,
+            begin: str = "BEGIN IMMEDIATE") -> _T:
+        """``fn(conn)`` in one transaction (``BEGIN IMMEDIATE``: the write lock from the
+        start, so a read-then-write is never overtaken), rolled back when it fails."""
+        with self._lock:
+            self._conn.execute(begin)
+            try:
+                result = fn(self._conn)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            if bump:
+                self._bump()
+        return result
+
+    # -- evaluations ----------------------------------------------------------------------
     def insert(self, *, evaluation_id: str, tenant: str, plan_text: str, plan_name: str) -> None:
         if self.tenant is not None and tenant != self.tenant:
             raise RuntimeError("a tenant's view inserts only into its own namespace")
-        now = time.time()
-        with self._lock:
-            self._conn.execute(
-                "INSERT INTO evaluations (evaluation_id, tenant, state, plan_text, plan_name,"
-                " created_at, updated_at) VALUES (?,?,?,?,?,?,?)",
-                (evaluation_id, tenant, "PENDING", plan_text, plan_name, now, now))
-            self._bump()
+        self._run(lambda c: q.insert(c, evaluation_id=evaluation_id, tenant=tenant,
+                                     plan_text=plan_text, plan_name=plan_name), bump=True)
 
     def get(self, evaluation_id: str) -> EvaluationRow | None:
-        with self._lock:
-            row = self._conn.execute(f"SELECT {_COLS} FROM evaluations WHERE tenant=? AND"
-                                     " evaluation_id=?", (self._t(), evaluation_id)).fetchone()
-        return EvaluationRow(*row) if row else None
+        return self._run(lambda c: q.get(c, self._t(), evaluation_id))
 
     def list(self, tenant: str, *, limit: int,
-             after: tuple[float, str] | None = None) -> list[EvaluationRow]:
+             after: tuple[float, str] | None = None) -> builtins.list[EvaluationRow]:
         """A tenant's evaluations, newest first, starting after the (created_at,
         evaluation_id) cursor of the previous page's last row."""
-        with self._lock:
-            if after is None:
-                rows = self._conn.execute(
-                    f"SELECT {_COLS} FROM evaluations WHERE tenant=? ORDER BY created_at DESC,"
-                    " evaluation_id DESC LIMIT ?", (tenant, limit)).fetchall()
-            else:
-                rows = self._conn.execute(
-                    f"SELECT {_COLS} FROM evaluations WHERE tenant=? AND (created_at<? OR"
-                    " (created_at=? AND evaluation_id<?)) ORDER BY created_at DESC,"
-                    " evaluation_id DESC LIMIT ?",
-                    (tenant, after[0], after[0], after[1], limit)).fetchall()
-        return [EvaluationRow(*r) for r in rows]
+        return self._run(lambda c: q.page(c, tenant, limit=limit, after=after))
 
     def active(self) -> builtins.list[EvaluationRow]:
-        with self._lock:
-            rows = self._conn.execute(
-                f"SELECT {_COLS} FROM evaluations WHERE state IN ('PENDING','RUNNING')"
-                " ORDER BY created_at").fetchall()
-        return [EvaluationRow(*r) for r in rows]
+        return self._run(q.active)
 
     def update(self, evaluation_id: str, **fields: Any) -> None:
-        if not fields:
-            return
-        fields["updated_at"] = time.time()
-        sets = ", ".join(f"{k}=?" for k in fields)
-        with self._lock:
-            self._conn.execute(f"UPDATE evaluations SET {sets} WHERE tenant=? AND"
-                               " evaluation_id=?", (*fields.values(), self._t(), evaluation_id))
-            self._bump()
+        if fields:
+            self._run(lambda c: q.update(c, self._t(), evaluation_id, fields,
+                                         running_only=False), bump=True)
 
     def update_running(self, evaluation_id: str, **fields: Any) -> bool:
         """Update an evaluation only while it is pending or running: once a caller cancelled
@@ -378,14 +336,8 @@ class EvaluationStore:
         Returns whether the row was updated."""
         if not fields:
             return False
-        fields["updated_at"] = time.time()
-        sets = ", ".join(f"{k}=?" for k in fields)
-        with self._lock:
-            cur = self._conn.execute(
-                f"UPDATE evaluations SET {sets} WHERE tenant=? AND evaluation_id=? AND state IN"
-                " ('PENDING','RUNNING')", (*fields.values(), self._t(), evaluation_id))
-            self._bump()
-            return cur.rowcount > 0
+        return self._run(lambda c: q.update(c, self._t(), evaluation_id, fields,
+                                            running_only=True), bump=True) > 0
 
     def finish(self, evaluation_id: str, *, report_json: str, report_html: str, summary: Any,
                finished_at: float) -> bool:
@@ -396,42 +348,19 @@ class EvaluationStore:
             summary_json=summary_json(summary))
 
     def mark_resumed(self, evaluation_id: str) -> None:
-        with self._lock:
-            self._conn.execute("UPDATE evaluations SET resumed_count=resumed_count+1,"
-                               " updated_at=? WHERE tenant=? AND evaluation_id=?",
-                               (time.time(), self._t(), evaluation_id))
-            self._bump()
+        self._run(lambda c: q.mark_resumed(c, self._t(), evaluation_id), bump=True)
 
     def report(self, evaluation_id: str) -> tuple[str, str]:
-        with self._lock:
-            row = self._conn.execute("SELECT report_json, report_html FROM evaluations WHERE"
-                                     " tenant=? AND evaluation_id=?",
-                                     (self._t(), evaluation_id)).fetchone()
-        return (row[0], row[1]) if row else ("", "")
+        return self._run(lambda c: q.report(c, self._t(), evaluation_id))
 
     # -- items ------------------------------------------------------------------------------
     def item(self, evaluation_id: str, key: str) -> tuple[bool, int, bytes | None]:
         """(done, attempts so far, result blob) of an item."""
-        with self._lock:
-            row = self._conn.execute("SELECT done, attempts, result FROM items WHERE tenant=?"
-                                     " AND evaluation_id=? AND item_key=?",
-                                     (self._t(), evaluation_id, key)).fetchone()
-        if row is None:
-            return False, 0, None
-        return bool(row[0]), int(row[1]), (bytes(row[2]) if row[2] is not None else None)
+        return self._run(lambda c: q.item(c, self._t(), evaluation_id, key))
 
     def start_item(self, evaluation_id: str, key: str) -> int:
         """Record a new attempt at an item; returns its attempt number (1 = first)."""
-        with self._lock:
-            tenant = self._t()
-            self._conn.execute(
-                "INSERT INTO items (tenant, evaluation_id, item_key, attempts) VALUES (?,?,?,1)"
-                " ON CONFLICT(tenant, evaluation_id, item_key) DO UPDATE SET"
-                " attempts=attempts+1", (tenant, evaluation_id, key))
-            row = self._conn.execute("SELECT attempts FROM items WHERE tenant=? AND"
-                                     " evaluation_id=? AND item_key=?",
-                                     (tenant, evaluation_id, key)).fetchone()
-        return int(row[0])
+        return self._run(lambda c: q.start_item(c, self._t(), evaluation_id, key))
 
     def finish_item(self, evaluation_id: str, key: str, result: bytes, *, items_done: int,
                     images_done: int, queries: int, message: str) -> None:
@@ -439,42 +368,18 @@ class EvaluationStore:
         progress only while the evaluation is still running: a cancelled one keeps its
         "cancelled by a caller" message)."""
         tenant = self._t()
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._conn.execute("UPDATE items SET done=1, result=? WHERE tenant=? AND"
-                                   " evaluation_id=? AND item_key=?",
-                                   (result, tenant, evaluation_id, key))
-                self._conn.execute("UPDATE evaluations SET items_done=?, images_done=?,"
-                                   " queries=?, message=?, updated_at=? WHERE tenant=? AND"
-                                   " evaluation_id=? AND state IN ('PENDING','RUNNING')",
-                                   (items_done, images_done, queries, message, time.time(),
-                                    tenant, evaluation_id))
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._bump()
+        self._tx(lambda c: q.finish_item(c, tenant, evaluation_id, key, result,
+                                         items_done=items_done, images_done=images_done,
+                                         queries=queries, message=message), bump=True)
 
     def items(self, evaluation_id: str) -> Iterator[tuple[str, int, bool]]:
-        with self._lock:
-            rows = self._conn.execute("SELECT item_key, attempts, done FROM items WHERE"
-                                      " tenant=? AND evaluation_id=? ORDER BY item_key",
-                                      (self._t(), evaluation_id)).fetchall()
-        for r in rows:
-            yield r[0], int(r[1]), bool(r[2])
+        yield from self._run(lambda c: q.items(c, self._t(), evaluation_id))
 
     # -- claims: several workers share an evaluation's items --------------------------------
     def add_items(self, evaluation_id: str, keys: Iterable[str]) -> int:
         """Record the items of an evaluation as pending (those already known are kept as
         they are); the number added."""
-        tenant = self._t()
-        with self._lock:
-            cur = self._conn.executemany(
-                "INSERT INTO items (tenant, evaluation_id, item_key) VALUES (?,?,?)"
-                " ON CONFLICT(tenant, evaluation_id, item_key) DO NOTHING",
-                [(tenant, evaluation_id, k) for k in keys])
-            return int(cur.rowcount or 0)
+        return self._run(lambda c: q.add_items(c, self._t(), evaluation_id, keys))
 
     def claim_items(self, evaluation_id: str, worker_id: str, *, limit: int,
                     lease_s: float) -> builtins.list[str]:
@@ -484,72 +389,32 @@ class EvaluationStore:
         processes wait for it, so no item is handed to two workers."""
         check_claim(worker_id, limit, lease_s)
         tenant = self._t()
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                now = time.time()
-                keys = [r[0] for r in self._conn.execute(
-                    "SELECT item_key FROM items WHERE tenant=? AND evaluation_id=? AND done=0"
-                    " AND (lease_owner='' OR lease_expires<=?) ORDER BY item_key LIMIT ?",
-                    (tenant, evaluation_id, now, limit)).fetchall()]
-                self._conn.executemany(
-                    "UPDATE items SET lease_owner=?, lease_expires=? WHERE tenant=? AND"
-                    " evaluation_id=? AND item_key=?",
-                    [(worker_id, now + lease_s, tenant, evaluation_id, k) for k in keys])
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-        return keys
+        return self._tx(lambda c: q.claim_items(c, SQLITE, tenant, evaluation_id, worker_id,
+                                                limit=limit, lease_s=lease_s))
 
     def renew_leases(self, evaluation_id: str, worker_id: str, *, lease_s: float) -> int:
         """Extend the leases ``worker_id`` still holds (its heartbeat); the number renewed
         (an item another worker claimed after this one's lease expired is not)."""
         check_claim(worker_id, 1, lease_s)
-        with self._lock:
-            cur = self._conn.execute(
-                "UPDATE items SET lease_expires=? WHERE tenant=? AND evaluation_id=? AND"
-                " lease_owner=? AND done=0", (time.time() + lease_s, self._t(), evaluation_id,
-                                              worker_id))
-            return int(cur.rowcount or 0)
+        return self._run(lambda c: q.renew_leases(c, SQLITE, self._t(), evaluation_id,
+                                                  worker_id, lease_s=lease_s))
 
     def release_items(self, evaluation_id: str, worker_id: str,
                       keys: Iterable[str] | None = None) -> int:
         """Give back ``worker_id``'s leases of unfinished items (all, or those of ``keys``):
         the items can be claimed at once (a worker stopping cleanly). A finished item keeps
         the name of the worker that ran it."""
-        tenant = self._t()
-        with self._lock:
-            if keys is None:
-                cur = self._conn.execute(
-                    "UPDATE items SET lease_owner='', lease_expires=0 WHERE tenant=? AND"
-                    " evaluation_id=? AND lease_owner=? AND done=0",
-                    (tenant, evaluation_id, worker_id))
-                return int(cur.rowcount or 0)
-            cur = self._conn.executemany(
-                "UPDATE items SET lease_owner='', lease_expires=0 WHERE tenant=? AND"
-                " evaluation_id=? AND lease_owner=? AND item_key=? AND done=0",
-                [(tenant, evaluation_id, worker_id, k) for k in keys])
-            return int(cur.rowcount or 0)
+        return self._run(lambda c: q.release_items(c, self._t(), evaluation_id, worker_id,
+                                                   keys))
 
     def expire_leases(self, evaluation_id: str) -> int:
         """Clear the leases that ran out (their workers died or stalled); the number
         cleared. Claims take expired items anyway; this makes the state visible."""
-        with self._lock:
-            cur = self._conn.execute(
-                "UPDATE items SET lease_owner='', lease_expires=0 WHERE tenant=? AND"
-                " evaluation_id=? AND lease_owner<>'' AND lease_expires<=? AND done=0",
-                (self._t(), evaluation_id, time.time()))
-            return int(cur.rowcount or 0)
+        return self._run(lambda c: q.expire_leases(c, SQLITE, self._t(), evaluation_id))
 
     def leases(self, evaluation_id: str) -> dict[str, str]:
         """Item key -> worker of every unfinished item under a live lease."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT item_key, lease_owner FROM items WHERE tenant=? AND evaluation_id=?"
-                " AND done=0 AND lease_owner<>'' AND lease_expires>?",
-                (self._t(), evaluation_id, time.time())).fetchall()
-        return {r[0]: r[1] for r in rows}
+        return self._run(lambda c: q.leases(c, SQLITE, self._t(), evaluation_id))
 
     # -- one item at a time, for workers walking the stages (worker mode) -------------------
     def claim_key(self, evaluation_id: str, key: str, worker_id: str, *,
@@ -561,32 +426,8 @@ class EvaluationStore:
         both get ``"claimed"`` for one item."""
         check_claim(worker_id, 1, lease_s)
         tenant = self._t()
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                now = time.time()
-                self._conn.execute(
-                    "INSERT INTO items (tenant, evaluation_id, item_key) VALUES (?,?,?)"
-                    " ON CONFLICT(tenant, evaluation_id, item_key) DO NOTHING",
-                    (tenant, evaluation_id, key))
-                done, owner, expires = self._conn.execute(
-                    "SELECT done, lease_owner, lease_expires FROM items WHERE tenant=? AND"
-                    " evaluation_id=? AND item_key=?", (tenant, evaluation_id, key)).fetchone()
-                if done:
-                    state = "done"
-                elif owner and owner != worker_id and expires > now:
-                    state = "leased"
-                else:
-                    self._conn.execute(
-                        "UPDATE items SET lease_owner=?, lease_expires=? WHERE tenant=? AND"
-                        " evaluation_id=? AND item_key=?",
-                        (worker_id, now + lease_s, tenant, evaluation_id, key))
-                    state = "claimed"
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-        return state
+        return self._tx(lambda c: q.claim_key(c, SQLITE, tenant, evaluation_id, key, worker_id,
+                                              lease_s=lease_s))
 
     def finish_claimed(self, evaluation_id: str, key: str, worker_id: str, result: bytes, *,
                        images: int, queries: int, message: str) -> bool:
@@ -595,27 +436,9 @@ class EvaluationStore:
         item someone already finished is left as it is (False): its counts are not added
         twice. The lease ends with the item (the row keeps who ran it)."""
         tenant = self._t()
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                cur = self._conn.execute(
-                    "UPDATE items SET done=1, result=?, lease_owner=?, lease_expires=0 WHERE"
-                    " tenant=? AND evaluation_id=? AND item_key=? AND done=0",
-                    (result, worker_id, tenant, evaluation_id, key))
-                first = cur.rowcount == 1
-                if first:
-                    self._conn.execute(
-                        "UPDATE evaluations SET items_done=items_done+1,"
-                        " images_done=images_done+?, queries=queries+?, message=?,"
-                        " updated_at=? WHERE tenant=? AND evaluation_id=? AND"
-                        " state IN ('PENDING','RUNNING')",
-                        (images, queries, message, time.time(), tenant, evaluation_id))
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._bump()
-        return first
+        return self._tx(lambda c: q.finish_claimed(c, tenant, evaluation_id, key, worker_id,
+                                                   result, images=images, queries=queries,
+                                                   message=message), bump=True)
 
     # -- artifacts: what an evaluation keeps besides its item results -----------------------
     def put_artifact(self, evaluation_id: str, name: str, data: bytes) -> ArtifactInfo:
@@ -624,57 +447,18 @@ class EvaluationStore:
         write nothing and return the stored artifact."""
         digest = check_artifact(evaluation_id, name, data)
         tenant = self._t()
-        key = (tenant, evaluation_id, name)
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                row = self._conn.execute(
-                    "SELECT size, sha256, created_at FROM artifacts WHERE tenant=? AND"
-                    " evaluation_id=? AND name=?", key).fetchone()
-                if row is not None and (int(row[0]), row[1]) == (len(data), digest):
-                    self._conn.execute("COMMIT")
-                    return ArtifactInfo(name, int(row[0]), row[1], float(row[2]))
-                info = ArtifactInfo(name, len(data), digest, time.time())
-                self._conn.execute("DELETE FROM artifact_parts WHERE tenant=? AND"
-                                   " evaluation_id=? AND name=?", key)
-                self._conn.execute(
-                    "INSERT INTO artifacts (tenant, evaluation_id, name, size, sha256,"
-                    " created_at) VALUES (?,?,?,?,?,?) ON CONFLICT(tenant, evaluation_id, name)"
-                    " DO UPDATE SET size=excluded.size, sha256=excluded.sha256,"
-                    " created_at=excluded.created_at", (*key, info.size, digest, info.created_at))
-                self._conn.executemany(
-                    "INSERT INTO artifact_parts (tenant, evaluation_id, name, seq, data)"
-                    " VALUES (?,?,?,?,?)",
-                    [(*key, i, part) for i, part in enumerate(artifact_parts(data))])
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-        return info
+        return self._tx(lambda c: q.put_artifact(c, SQLITE, tenant, evaluation_id, name, data,
+                                                 digest))
 
     def artifacts(self, evaluation_id: str) -> builtins.list[ArtifactInfo]:
         """This tenant's artifacts of the evaluation, by name."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT name, size, sha256, created_at FROM artifacts WHERE tenant=? AND"
-                " evaluation_id=? ORDER BY name", (self._t(), evaluation_id)).fetchall()
-        return [ArtifactInfo(r[0], int(r[1]), r[2], float(r[3])) for r in rows]
+        return self._run(lambda c: q.artifacts(c, self._t(), evaluation_id))
 
     def artifact(self, evaluation_id: str, name: str) -> bytes | None:
         """The content of this tenant's artifact (checked against its SHA-256); None when
-        there is none of that name (another tenant's is none)."""
-        key = (self._t(), evaluation_id, name)
-        with self._lock:
-            self._conn.execute("BEGIN")         # one snapshot for the row and its parts
-            try:
-                row = self._conn.execute(
-                    "SELECT size, sha256, created_at FROM artifacts WHERE tenant=? AND"
-                    " evaluation_id=? AND name=?", key).fetchone()
-                parts = [] if row is None else [bytes(r[0]) for r in self._conn.execute(
-                    "SELECT data FROM artifact_parts WHERE tenant=? AND evaluation_id=? AND"
-                    " name=? ORDER BY seq", key).fetchall()]
-            finally:
-                self._conn.execute("COMMIT")
-        if row is None:
-            return None
-        return joined_artifact(ArtifactInfo(name, int(row[0]), row[1], float(row[2])), parts)
+        there is none of that name (another tenant's is none). One read transaction
+        (``BEGIN``): one snapshot for the row and its parts."""
+        tenant = self._t()
+        got = self._tx(lambda c: q.artifact(c, SQLITE, tenant, evaluation_id, name),
+                       begin="BEGIN")
+        return None if got is None else joined_artifact(*got)

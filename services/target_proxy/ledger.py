@@ -52,7 +52,9 @@ never an attempt's 0..n-1, so they keep working).
 
 Two implementations of :class:`LedgerStorage`, the interface the proxy depends on: this
 SQLite :class:`Ledger` (the embedded default) and ``ledger_pg.PgLedger`` (PostgreSQL, shared
-by proxy replicas). Domain code: no gRPC.
+by proxy replicas). Both run the statements of ``ledger_sql`` (written once); what stays
+here is SQLite's own: the one connection under a lock, group commit in ``BEGIN IMMEDIATE``
+transactions, and the WAL fsync handling above. Domain code: no gRPC.
 """
 
 from __future__ import annotations
@@ -68,24 +70,20 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from fortis.services.common import errors, sqlite_schema
-
-#: Status of a reserved row whose answer is not recorded yet (deliberately not a
-#: ``google.rpc.Code`` name: the gRPC ``LedgerEntry`` shows it as UNKNOWN, with ``error``
-#: saying "in flight").
-IN_FLIGHT = "IN_FLIGHT"
-IN_FLIGHT_NOTE = "in flight: reserved for the target, no outcome recorded (yet)"
-#: Status of a row a previous proxy process reserved and never completed (it was killed or
-#: crashed): the target may or may not have received the image, so the row still counts
-#: against the hard budgets; set by :meth:`Ledger.mark_interrupted` when a proxy starts
-#: (a crash leaves a visible in-flight row, never a silent gap).
-INTERRUPTED = "INTERRUPTED"
-INTERRUPTED_NOTE = ("interrupted: in flight when its proxy process stopped (killed or"
-                    " crashed); the target may have received it, no answer was recorded")
-#: Rows completed "not sent: ..." (reserved, then the call stopped before the images went:
-#: the caller's deadline passed while waiting for the rate limit, a shutdown) stay in the
-#: ledger for the record, but are no queries: not in the hard budgets, the stats or the day.
-NOT_SENT_PREFIX = "not sent: "
-_SENT = " AND error NOT LIKE 'not sent:%'"
+from fortis.services.common.sql_dialects import SQLITE
+from fortis.services.target_proxy import ledger_sql
+from fortis.services.target_proxy.ledger_types import (  # noqa: F401 - re-exported
+    IN_FLIGHT,
+    IN_FLIGHT_NOTE,
+    INTERRUPTED,
+    INTERRUPTED_NOTE,
+    NOT_SENT_PREFIX,
+    Outcome,
+    QueryRow,
+    SessionRecord,
+    SessionStats,
+    session_stats,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -148,66 +146,11 @@ LEDGER_SCHEMA = sqlite_schema.Schema(
 _T = TypeVar("_T")
 
 
-@dataclass(frozen=True, kw_only=True)
-class SessionRecord:
-    session_id: str
-    tenant: str
-    target: str
-    query_budget: int
-    per_image_budget: int
-    description: str
-    created_at: float
-    calls_refused: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class QueryRow:
-    tenant: str
-    session_id: str
-    target: str
-    origin: str
-    image_id: str
-    input_sha256: str
-    output_summary: str
-    latency_ms: float
-    status: str
-    error: str
-    sent_at: float
-    call_id: str
-    attempts: int     # the attempt number of this row (1 = first; a retry is new rows)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Outcome:
-    """How a reserved row ends."""
-
-    status: str            # a google.rpc.Code name ("OK", "UNAVAILABLE", ...)
-    error: str = ""
-    output_summary: str = ""
-    latency_ms: float = 0.0
-    sent_at: float | None = None     # when the images went (the rate limiter's grant)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SessionStats:
-    queries_ok: int
-    queries_failed: int
-    calls_refused: int
-    per_image: dict[str, tuple[int, int]]   # image_id -> (ok, failed)
-    per_origin: dict[str, tuple[int, int]]
-    latency_p50_ms: float
-    #: Every row: what the target received (retries included, in-flight rows included);
-    #: the quantity the hard budgets count.
-    attempts: int = 0
-    #: Rows never completed: in flight now, or ``interrupted`` (left by a dead process).
-    in_flight: int = 0
-    per_image_attempts: dict[str, int] = field(default_factory=dict)
-    interrupted: int = 0
-
-
 #: Longest time an outcome committed without its own fsync stays off the disk when no durable
 #: commit follows it (a power cut in between: the row reads INTERRUPTED, still charged).
 OUTCOME_DURABLE_WITHIN_S = 0.05
+#: Rows per INSERT statement of ``reserve`` (SQLite binds at most 32766 parameters).
+_ROWS_PER_INSERT = 1000
 
 
 @dataclass
@@ -224,10 +167,6 @@ class _Op(Generic[_T]):
 def _closing() -> errors.Unavailable:
     return errors.Unavailable("the proxy ledger is closed: the server is shutting down")
 
-
-def _scope(tenant: str | None) -> tuple[str, tuple[str, ...]]:
-    """SQL condition and arguments for an optional tenant (None = every tenant)."""
-    return ("", ()) if tenant is None else (" AND tenant=?", (tenant,))
 
 
 class LedgerStorage(Protocol):
@@ -358,12 +297,7 @@ class Ledger:
         """Store ``s`` unless the tenant already has a session of that id (then nothing is
         written); the session as stored, which the caller compares with what it asked for."""
         with self._db():
-            self._conn.execute(
-                "INSERT INTO sessions (tenant, session_id, target, query_budget,"
-                " per_image_budget, description, created_at, calls_refused)"
-                " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                (s.tenant, s.session_id, s.target, s.query_budget, s.per_image_budget,
-                 s.description, s.created_at, s.calls_refused))
+            ledger_sql.insert_session(self._conn, s)
         stored = self.get_session(s.session_id, s.tenant)
         assert stored is not None
         return stored
@@ -371,52 +305,28 @@ class Ledger:
     def get_session(self, session_id: str, tenant: str | None = None) -> SessionRecord | None:
         """The tenant's session ``session_id`` (``tenant=None``: the operator's view, the
         first tenant's session of that id)."""
-        cond, args = _scope(tenant)
         with self._db():
-            row = self._conn.execute(
-                "SELECT session_id, tenant, target, query_budget, per_image_budget, description,"
-                " created_at, calls_refused FROM sessions WHERE session_id=?" + cond
-                + " ORDER BY tenant LIMIT 1", (session_id, *args)).fetchone()
-        if row is None:
-            return None
-        return SessionRecord(session_id=row[0], tenant=row[1], target=row[2], query_budget=row[3],
-                             per_image_budget=row[4], description=row[5], created_at=row[6],
-                             calls_refused=row[7])
+            return ledger_sql.get_session(self._conn, session_id, tenant)
 
     def sessions_with_prefix(self, prefix: str, tenant: str | None = None) -> list[str]:
-        esc = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        cond, args = _scope(tenant)
         with self._db():
-            rows = self._conn.execute(
-                "SELECT DISTINCT session_id FROM sessions WHERE session_id LIKE ? ESCAPE '\\'"
-                + cond + " ORDER BY session_id", (esc + "%", *args)).fetchall()
-        return [r[0] for r in rows]
+            return ledger_sql.sessions_with_prefix(self._conn, prefix, tenant)
 
     def add_refused(self, session_id: str, n: int = 1, *, tenant: str) -> None:
         with self._db():
-            self._conn.execute(
-                "UPDATE sessions SET calls_refused = calls_refused + ? WHERE session_id=?"
-                " AND tenant=?", (n, session_id, tenant))
+            ledger_sql.add_refused(self._conn, session_id, n, tenant)
 
     def ok_counts(self, session_id: str, tenant: str | None = None) -> dict[str, int]:
         """Answered queries per image id (IEEE-M6 counts answered queries)."""
-        cond, args = _scope(tenant)
         with self._db():
-            rows = self._conn.execute(
-                "SELECT image_id, COUNT(*) FROM queries WHERE session_id=?" + cond
-                + " AND status='OK' GROUP BY image_id", (session_id, *args)).fetchall()
-        return {r[0]: int(r[1]) for r in rows}
+            return ledger_sql.ok_counts(self._conn, session_id, tenant)
 
     def attempt_counts(self, session_id: str, tenant: str | None = None) -> dict[str, int]:
         """Rows per image id, whatever their status: what the target received (retries and
         in-flight rows included; rows completed as ``not sent`` excluded: the budget got
         them back), to rebuild the hard budgets after a restart."""
-        cond, args = _scope(tenant)
         with self._db():
-            rows = self._conn.execute(
-                "SELECT image_id, COUNT(*) FROM queries WHERE session_id=?" + cond
-                + _SENT + " GROUP BY image_id", (session_id, *args)).fetchall()
-        return {r[0]: int(r[1]) for r in rows}
+            return ledger_sql.attempt_counts(self._conn, session_id, tenant)
 
     def mark_interrupted(self) -> int:
         """Mark every ``IN_FLIGHT`` row ``INTERRUPTED``; the number marked. Called once by
@@ -424,24 +334,18 @@ class Ledger:
         reserved by a process that died before completing them. Readers (``fortis ledger``)
         never call it."""
         with self._db():
-            cur = self._conn.execute("UPDATE queries SET status=?, error=? WHERE status=?",
-                                     (INTERRUPTED, INTERRUPTED_NOTE, IN_FLIGHT))
-            return int(cur.rowcount or 0)
+            return ledger_sql.mark_interrupted(self._conn)
 
     def last_entry_id(self) -> int:
         with self._db():
-            row = self._conn.execute("SELECT MAX(entry_id) FROM queries").fetchone()
-        return int(row[0] or 0)
+            return ledger_sql.last_entry_id(self._conn)
 
     def attempts_since(self, t: float) -> dict[str, int]:
         """Rows per tenant sent at or after wall-clock ``t`` (every attempt the target
         received or may have received; rows completed as ``not sent`` excluded): the start
         of the proxy's queries-per-day count (``quotas.py``)."""
         with self._db():
-            rows = self._conn.execute(
-                "SELECT tenant, COUNT(*) FROM queries WHERE sent_at>=?" + _SENT
-                + " GROUP BY tenant", (t,)).fetchall()
-        return {r[0]: int(r[1]) for r in rows}
+            return ledger_sql.attempts_since(self._conn, t)
 
     def replayable(self, session_id: str, tenant: str, *, up_to: int
                    ) -> dict[str, list[tuple[str, int]]]:
@@ -450,22 +354,12 @@ class Ledger:
         same queries in the same order; the proxy answers those from here instead of sending
         them again (the target already answered them once)."""
         with self._db():
-            rows = self._conn.execute(
-                "SELECT q.image_id, q.input_sha256, q.entry_id FROM queries q JOIN replies r"
-                " ON r.entry_id = q.entry_id WHERE q.session_id=? AND q.tenant=?"
-                " AND q.status='OK' AND q.entry_id<=? ORDER BY q.entry_id",
-                (session_id, tenant, up_to)).fetchall()
-        out: dict[str, list[tuple[str, int]]] = {}
-        for image_id, sha, entry_id in rows:
-            out.setdefault(image_id, []).append((sha, int(entry_id)))
-        return out
+            return ledger_sql.replayable(self._conn, session_id, tenant, up_to=up_to)
 
     def reply(self, entry_id: int) -> bytes | None:
         """The recorded answer (a serialized prediction) of an answered row."""
         with self._db():
-            row = self._conn.execute("SELECT prediction FROM replies WHERE entry_id=?",
-                                     (entry_id,)).fetchone()
-        return None if row is None else bytes(row[0])
+            return ledger_sql.reply(self._conn, entry_id)
 
     # -- queries ----------------------------------------------------------------------------
     def _group(self, run: Callable[[sqlite3.Connection], _T], *, durable: bool = True) -> _T:
@@ -496,10 +390,7 @@ class Ledger:
         ``synchronous``) when any writer of it needs that, else ``synchronous=NORMAL``."""
         durable = any(o.durable for o in batch)
         try:
-            mode = self._synchronous if durable else "NORMAL"
-            if mode != self._mode:
-                self._conn.execute(f"PRAGMA synchronous={mode}")
-                self._mode = mode
+            self._set_synchronous(self._synchronous if durable else "NORMAL")
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 results = [o.run(self._conn) for o in batch]
@@ -508,18 +399,7 @@ class Ledger:
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
-            if durable:
-                self.durable_commits += 1
-                if self._undurable_since is not None:
-                    self._durable_now()         # the fsync covered the whole WAL
-            elif self._relax:
-                if self._undurable_since is None:
-                    self._undurable_since = time.monotonic()
-                    self._undurable.set()
-                if self._flusher is None:
-                    self._flusher = threading.Thread(target=self._flush_outcomes, daemon=True,
-                                                     name="ledger-fsync")
-                    self._flusher.start()
+            self._committed(durable)
         except BaseException as exc:  # noqa: BLE001 - handed to every writer
             for o in batch:
                 o.error = exc
@@ -529,31 +409,45 @@ class Ledger:
                 o.result = r
                 o.done.set()
 
+    def _set_synchronous(self, mode: str) -> None:
+        """The connection's ``synchronous`` for the next transaction (set only on a change)."""
+        if mode != self._mode:
+            self._conn.execute(f"PRAGMA synchronous={mode}")
+            self._mode = mode
+
+    def _committed(self, durable: bool) -> None:
+        """After a commit: a durable one covered every outcome waiting for an fsync; one
+        without (outcomes only) starts the wait, and the background flusher if needed."""
+        if durable:
+            self.durable_commits += 1
+            if self._undurable_since is not None:
+                self._durable_now()         # the fsync covered the whole WAL
+        elif self._relax:
+            if self._undurable_since is None:
+                self._undurable_since = time.monotonic()
+                self._undurable.set()
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_outcomes, daemon=True,
+                                                 name="ledger-fsync")
+                self._flusher.start()
+
     def reserve(self, rows: Sequence[QueryRow]) -> list[int]:
         """Commit ``rows`` (normally status ``IN_FLIGHT``; one call attempt, the images in
         order: a row's position is its index) before their images are sent; returns their
         entry ids, for :meth:`complete`. Idempotent: a row whose (tenant, call_id, attempts,
         position) is already there is not written again, its existing id is returned."""
-        values = [(r.tenant, r.session_id, r.target, r.origin, r.image_id, r.input_sha256,
-                   r.output_summary, r.latency_ms, r.status, r.error, r.sent_at, r.call_id,
-                   r.attempts, i) for i, r in enumerate(rows)]
+        values = ledger_sql.query_values(rows)
+        keys = [ledger_sql.attempt_key(v) for v in values]
 
         def run(conn: sqlite3.Connection) -> list[int]:
-            ids = []
-            for v in values:
-                cur = conn.execute(
-                    "INSERT INTO queries (tenant, session_id, target, origin, image_id,"
-                    " input_sha256, output_summary, latency_ms, status, error, sent_at,"
-                    " call_id, attempts, position) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-                    " ON CONFLICT DO NOTHING", v)
-                if cur.rowcount == 1:
-                    ids.append(int(cur.lastrowid or 0))
-                    continue
-                row = conn.execute(          # written before: the existing row's id
-                    "SELECT entry_id FROM queries WHERE tenant=? AND call_id=? AND attempts=?"
-                    " AND position=?", (v[0], v[11], v[12], v[13])).fetchone()
-                ids.append(int(row[0]))
-            return ids
+            returned: list[Any] = []
+            for i in range(0, len(values), _ROWS_PER_INSERT):
+                chunk = values[i:i + _ROWS_PER_INSERT]
+                returned += conn.execute(ledger_sql.insert_sql(SQLITE, len(chunk)),
+                                         [v for row in chunk for v in row]).fetchall()
+            existing = ledger_sql.existing_id_sql(SQLITE)
+            return ledger_sql.entry_ids(     # written before: the existing row's id
+                returned, keys, lambda k: conn.execute(existing, k).fetchone()[0])
 
         return self._group(run)
 
@@ -562,17 +456,13 @@ class Ledger:
         """Record the outcome of reserved rows (committed before the answer is returned, on
         disk with the next durable commit or within OUTCOME_DURABLE_WITHIN_S); ``replies``:
         (entry id, serialized prediction) kept for a resumed attempt's replay."""
-        values = [(o.status, o.error, o.output_summary, o.latency_ms, o.sent_at, entry_id)
-                  for entry_id, o in done]
+        values = ledger_sql.complete_values(done)
         kept = list(replies)
 
         def run(conn: sqlite3.Connection) -> None:
-            conn.executemany("UPDATE queries SET status=?, error=?, output_summary=?,"
-                             " latency_ms=?, sent_at=COALESCE(?, sent_at) WHERE entry_id=?",
-                             values)
+            conn.executemany(ledger_sql.complete_sql(SQLITE), values)
             if kept:
-                conn.executemany("INSERT OR REPLACE INTO replies (entry_id, prediction)"
-                                 " VALUES (?,?)", kept)
+                conn.executemany(ledger_sql.reply_sql(SQLITE), kept)
 
         self._group(run, durable=False)
 
@@ -581,75 +471,20 @@ class Ledger:
         self.reserve(rows)
 
     def stats(self, session_id: str, tenant: str | None = None) -> SessionStats:
-        cond, args = _scope(tenant)
         with self._db():
-            rows = self._conn.execute(      # rows never sent are no queries (see _SENT)
-                "SELECT image_id, origin, status, COUNT(*) FROM queries WHERE session_id=?"
-                + cond + _SENT + " GROUP BY image_id, origin, status",
-                (session_id, *args)).fetchall()
-            lat = [r[0] for r in self._conn.execute(
-                "SELECT latency_ms FROM queries WHERE session_id=?" + cond
-                + " AND status='OK' GROUP BY call_id, attempts", (session_id, *args)).fetchall()]
-            refused = self._conn.execute(
-                "SELECT SUM(calls_refused) FROM sessions WHERE session_id=?" + cond,
-                (session_id, *args)).fetchone()
-        return session_stats(rows, lat, int(refused[0] or 0) if refused else 0)
+            return ledger_sql.stats(self._conn, session_id, tenant)
 
     def entries(self, session_id: str, *, tenant: str | None = None, after_id: int = 0,
                 limit: int = 1000) -> list[tuple[Any, ...]]:
-        cond, args = _scope(tenant)
         with self._db():
-            return self._conn.execute(
-                "SELECT entry_id, tenant, session_id, target, origin, image_id, input_sha256,"
-                " output_summary, latency_ms, status, error, sent_at, call_id, attempts"
-                " FROM queries WHERE session_id=?" + cond + " AND entry_id>? ORDER BY entry_id"
-                " LIMIT ?", (session_id, *args, after_id, limit)).fetchall()
+            return ledger_sql.entries(self._conn, session_id, tenant, after_id=after_id,
+                                      limit=limit)
 
     def send_times(self, target: str | None = None) -> list[float]:
         """Send time of every query the target received (to check the rate limit from the
         ledger; retries are sends too)."""
         with self._db():
-            if target:
-                rows = self._conn.execute(
-                    "SELECT sent_at FROM queries WHERE target=? ORDER BY sent_at", (target,))
-            else:
-                rows = self._conn.execute("SELECT sent_at FROM queries ORDER BY sent_at")
-            return [r[0] for r in rows.fetchall()]
-
-
-def session_stats(rows: Iterable[Sequence[Any]], lat: list[float], refused: int
-                  ) -> SessionStats:
-    """A session's stats from its (image_id, origin, status, count) groups (rows never
-    sent excluded), the latencies of its answered attempts and its refused calls: the
-    one aggregation both ledgers share."""
-    per_image: dict[str, list[int]] = {}
-    per_origin: dict[str, list[int]] = {}
-    per_image_attempts: dict[str, int] = {}
-    ok = failed = in_flight = interrupted = 0
-    for image_id, origin, status, n in rows:
-        per_image_attempts[image_id] = per_image_attempts.get(image_id, 0) + n
-        if status in (IN_FLIGHT, INTERRUPTED):
-            in_flight += n
-            interrupted += n if status == INTERRUPTED else 0
-            per_image.setdefault(image_id, [0, 0])
-            per_origin.setdefault(origin, [0, 0])
-            continue
-        idx = 0 if status == "OK" else 1
-        per_image.setdefault(image_id, [0, 0])[idx] += n
-        per_origin.setdefault(origin, [0, 0])[idx] += n
-        if idx == 0:
-            ok += n
-        else:
-            failed += n
-    lat.sort()
-    p50 = float(lat[len(lat) // 2]) if lat else 0.0
-    return SessionStats(
-        queries_ok=ok, queries_failed=failed,
-        calls_refused=refused,
-        per_image={k: (v[0], v[1]) for k, v in per_image.items()},
-        per_origin={k: (v[0], v[1]) for k, v in per_origin.items()}, latency_p50_ms=p50,
-        attempts=ok + failed + in_flight, in_flight=in_flight,
-        per_image_attempts=per_image_attempts, interrupted=interrupted)
+            return ledger_sql.send_times(self._conn, target)
 
 
 def max_in_window(times: Iterable[float], window: float = 1.0) -> int:

@@ -34,6 +34,10 @@ whichever replica sent the query:
 - A database that stops answering is ``Unavailable`` ("proxy ledger unavailable: ..."),
   never INTERNAL; the writer connection is replaced at the next write.
 
+The statements and their row mapping are ``ledger_sql``'s, shared with SQLite (a column or a
+query changes there once); what is PostgreSQL's own stays here: the writer connection and its
+pipelines, asynchronous commits, and the owner advisory locks above.
+
 Tenant scoping as in SQLite (every proxy read names the tenant; ``tenant=None`` is the
 operator's view). ``insert_session`` of an existing (tenant, session_id) writes nothing and
 returns the stored session (two replicas creating the same session at once get one row;
@@ -43,7 +47,6 @@ returns the stored session (two replicas creating the same session at once get o
 from __future__ import annotations
 
 import contextlib
-import functools
 import secrets
 import threading
 import time
@@ -53,16 +56,15 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 import structlog
 from fortis.services.common import errors, sqldb
-from fortis.services.target_proxy.ledger import (
+from fortis.services.common.sql_dialects import POSTGRES, SaExecutor
+from fortis.services.target_proxy import ledger_sql
+from fortis.services.target_proxy.ledger import _Op
+from fortis.services.target_proxy.ledger_types import (
     IN_FLIGHT,
-    INTERRUPTED,
-    INTERRUPTED_NOTE,
     Outcome,
     QueryRow,
     SessionRecord,
     SessionStats,
-    _Op,
-    session_stats,
 )
 
 log = structlog.get_logger("fortis.proxy.ledger")
@@ -72,36 +74,17 @@ OWNER_LOCK = 0x46524C47
 #: How often (seconds of writing) a ledger checks that it still holds its owner lock.
 OWNER_CHECK_S = 5.0
 _WHAT = "proxy ledger"
-#: Rows completed "not sent: ..." are no queries (as ``ledger._SENT``).
-_SENT_TEXT = " AND error NOT LIKE 'not sent:%'"
 
 _T = TypeVar("_T")
-#: The columns ``reserve`` writes, in order (driver-level statements: ``%s`` placeholders).
-_COLUMNS = ("tenant", "session_id", "target", "origin", "image_id", "input_sha256",
-            "output_summary", "latency_ms", "status", "error", "sent_at", "call_id",
-            "attempts", "position", "owner")
-_UPDATE_SQL = ("UPDATE queries SET status=%s, error=%s, output_summary=%s, latency_ms=%s,"
-               " sent_at=COALESCE(%s::double precision, sent_at) WHERE entry_id=%s")
-_REPLY_SQL = ("INSERT INTO replies (entry_id, prediction) VALUES (%s, %s)"
-              " ON CONFLICT (entry_id) DO UPDATE SET prediction=EXCLUDED.prediction")
-
-
-@functools.lru_cache(maxsize=64)
-def _insert_sql(n: int) -> str:
-    """INSERT of ``n`` rows, idempotent on the attempt key, returning each inserted row's
-    id and key."""
-    one = "(" + ",".join(["%s"] * len(_COLUMNS)) + ")"
-    return (f"INSERT INTO queries ({', '.join(_COLUMNS)}) VALUES {','.join([one] * n)}"
-            " ON CONFLICT ON CONSTRAINT queries_attempt_key DO NOTHING"
-            " RETURNING entry_id, tenant, call_id, attempts, position")
+#: The columns ``reserve`` writes: the shared ones and the row's owner (PostgreSQL only).
+_COLUMNS = (*ledger_sql.QUERY_COLUMNS, "owner")
+_UPDATE_SQL = ledger_sql.complete_sql(POSTGRES)
+_REPLY_SQL = ledger_sql.reply_sql(POSTGRES)
+_EXISTING_SQL = ledger_sql.existing_id_sql(POSTGRES)
 
 
 def _closing() -> errors.Unavailable:
     return errors.Unavailable("the proxy ledger is closed: the server is shutting down")
-
-
-def _scope(tenant: str | None) -> tuple[str, dict[str, Any]]:
-    return ("", {}) if tenant is None else (" AND tenant=:tenant", {"tenant": tenant})
 
 
 class PgLedger:
@@ -183,11 +166,7 @@ class PgLedger:
 
     def _interrupt_owner(self, owner: int) -> int:
         with self._engine.begin() as conn:
-            cur = conn.execute(sa.text("UPDATE queries SET status=:s, error=:e WHERE status=:f"
-                                       " AND owner=:o"),
-                               {"s": INTERRUPTED, "e": INTERRUPTED_NOTE, "f": IN_FLIGHT,
-                                "o": owner})
-            return int(cur.rowcount or 0)
+            return ledger_sql.mark_interrupted(SaExecutor(conn), owner)
 
     def close(self) -> None:
         """Close the connections (the owner lock goes with its connection) once the write in
@@ -205,77 +184,48 @@ class PgLedger:
                 self._engine.dispose()
 
     @contextlib.contextmanager
-    def _read(self) -> Iterator[Any]:
-        """A pooled connection for one read, refusing work once closed; a lost database is
-        Unavailable."""
+    def _read(self) -> Iterator[SaExecutor]:
+        """A pooled connection for one read (its ``conn`` commits a write), refusing work
+        once closed; a lost database is Unavailable."""
         if self._closed:
             raise _closing()
         with sqldb.unavailable_on_loss(_WHAT), self._engine.connect() as conn:
-            yield conn
-
-    def _rows(self, sql: str, params: dict[str, Any]) -> list[Any]:
-        with self._read() as conn:
-            return list(conn.execute(sa.text(sql), params).all())
+            yield SaExecutor(conn)
 
     # -- sessions -------------------------------------------------------------------------------
     def insert_session(self, s: SessionRecord) -> SessionRecord:
         """Store ``s`` unless the tenant already has a session of that id; the session as
         stored. Two replicas creating one session at once: one row, and both callers get
         that row (the proxy then compares its settings with what each asked for)."""
-        with self._read() as conn:
-            conn.execute(sa.text(
-                "INSERT INTO sessions (tenant, session_id, target, query_budget,"
-                " per_image_budget, description, created_at, calls_refused) VALUES (:tenant,"
-                " :sid, :target, :qb, :pib, :d, :c, :r) ON CONFLICT DO NOTHING"),
-                {"tenant": s.tenant, "sid": s.session_id, "target": s.target,
-                 "qb": s.query_budget, "pib": s.per_image_budget, "d": s.description,
-                 "c": s.created_at, "r": s.calls_refused})
-            conn.commit()
+        with self._read() as x:
+            ledger_sql.insert_session(x, s)
+            x.conn.commit()
         stored = self.get_session(s.session_id, s.tenant)
         if stored is None:      # pragma: no cover - deleted between the two statements
             raise errors.Unavailable("proxy ledger: the session vanished while being created")
         return stored
 
     def get_session(self, session_id: str, tenant: str | None = None) -> SessionRecord | None:
-        cond, args = _scope(tenant)
-        rows = self._rows(
-            "SELECT session_id, tenant, target, query_budget, per_image_budget, description,"
-            " created_at, calls_refused FROM sessions WHERE session_id=:sid" + cond
-            + " ORDER BY tenant LIMIT 1", {"sid": session_id, **args})
-        if not rows:
-            return None
-        r = rows[0]
-        return SessionRecord(session_id=r[0], tenant=r[1], target=r[2], query_budget=int(r[3]),
-                             per_image_budget=int(r[4]), description=r[5],
-                             created_at=float(r[6]), calls_refused=int(r[7]))
+        with self._read() as x:
+            return ledger_sql.get_session(x, session_id, tenant)
 
     def sessions_with_prefix(self, prefix: str, tenant: str | None = None) -> list[str]:
-        esc = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        cond, args = _scope(tenant)
-        rows = self._rows("SELECT DISTINCT session_id FROM sessions WHERE session_id LIKE :p"
-                          " ESCAPE '\\'" + cond + " ORDER BY session_id",
-                          {"p": esc + "%", **args})
-        return [r[0] for r in rows]
+        with self._read() as x:
+            return ledger_sql.sessions_with_prefix(x, prefix, tenant)
 
     def add_refused(self, session_id: str, n: int = 1, *, tenant: str) -> None:
-        with self._read() as conn:
-            conn.execute(sa.text("UPDATE sessions SET calls_refused = calls_refused + :n"
-                                 " WHERE session_id=:sid AND tenant=:tenant"),
-                         {"n": n, "sid": session_id, "tenant": tenant})
-            conn.commit()
+        with self._read() as x:
+            ledger_sql.add_refused(x, session_id, n, tenant)
+            x.conn.commit()
 
     # -- counts ----------------------------------------------------------------------------------
     def ok_counts(self, session_id: str, tenant: str | None = None) -> dict[str, int]:
-        cond, args = _scope(tenant)
-        rows = self._rows("SELECT image_id, COUNT(*) FROM queries WHERE session_id=:sid" + cond
-                          + " AND status='OK' GROUP BY image_id", {"sid": session_id, **args})
-        return {r[0]: int(r[1]) for r in rows}
+        with self._read() as x:
+            return ledger_sql.ok_counts(x, session_id, tenant)
 
     def attempt_counts(self, session_id: str, tenant: str | None = None) -> dict[str, int]:
-        cond, args = _scope(tenant)
-        rows = self._rows("SELECT image_id, COUNT(*) FROM queries WHERE session_id=:sid" + cond
-                          + _SENT_TEXT + " GROUP BY image_id", {"sid": session_id, **args})
-        return {r[0]: int(r[1]) for r in rows}
+        with self._read() as x:
+            return ledger_sql.attempt_counts(x, session_id, tenant)
 
     def mark_interrupted(self) -> int:
         """Mark ``INTERRUPTED`` the in-flight rows of dead owners (their advisory lock is
@@ -287,46 +237,43 @@ class PgLedger:
         if self._read_only:
             return 0
         with sqldb.unavailable_on_loss(_WHAT):
-            owners = [int(r[0]) for r in self._rows(
-                "SELECT DISTINCT owner FROM queries WHERE status=:f AND owner<>:me",
-                {"f": IN_FLIGHT, "me": self.owner})]
+            with self._read() as x:
+                owners = [int(r[0]) for r in x.execute(
+                    "SELECT DISTINCT owner FROM queries WHERE status=:f AND owner<>:me",
+                    {"f": IN_FLIGHT, "me": self.owner}).fetchall()]
             with self._lock:
                 for o in owners:
-                    params = {"k": OWNER_LOCK, "o": o}
-                    if not self._holder.execute(sa.text("SELECT pg_try_advisory_lock(:k, :o)"),
-                                                params).scalar():
-                        continue            # alive: its rows are in flight for real
-                    try:
-                        marked += self._interrupt_owner(o)
-                    finally:
-                        self._holder.execute(sa.text("SELECT pg_advisory_unlock(:k, :o)"),
-                                             params)
+                    marked += self._interrupt_if_dead(o)
         return marked
 
+    def _interrupt_if_dead(self, owner: int) -> int:
+        """Mark the in-flight rows of ``owner`` when its lock is free (its process died);
+        the number marked (the caller holds ``_lock``)."""
+        params = {"k": OWNER_LOCK, "o": owner}
+        if not self._holder.execute(sa.text("SELECT pg_try_advisory_lock(:k, :o)"),
+                                    params).scalar():
+            return 0            # alive: its rows are in flight for real
+        try:
+            return self._interrupt_owner(owner)
+        finally:
+            self._holder.execute(sa.text("SELECT pg_advisory_unlock(:k, :o)"), params)
+
     def last_entry_id(self) -> int:
-        rows = self._rows("SELECT MAX(entry_id) FROM queries", {})
-        return int(rows[0][0] or 0)
+        with self._read() as x:
+            return ledger_sql.last_entry_id(x)
 
     def attempts_since(self, t: float) -> dict[str, int]:
-        rows = self._rows("SELECT tenant, COUNT(*) FROM queries WHERE sent_at>=:t" + _SENT_TEXT
-                          + " GROUP BY tenant", {"t": t})
-        return {r[0]: int(r[1]) for r in rows}
+        with self._read() as x:
+            return ledger_sql.attempts_since(x, t)
 
     def replayable(self, session_id: str, tenant: str, *, up_to: int
                    ) -> dict[str, list[tuple[str, int]]]:
-        rows = self._rows(
-            "SELECT q.image_id, q.input_sha256, q.entry_id FROM queries q JOIN replies r"
-            " ON r.entry_id = q.entry_id WHERE q.session_id=:sid AND q.tenant=:tenant"
-            " AND q.status='OK' AND q.entry_id<=:up ORDER BY q.entry_id",
-            {"sid": session_id, "tenant": tenant, "up": up_to})
-        out: dict[str, list[tuple[str, int]]] = {}
-        for image_id, sha, entry_id in rows:
-            out.setdefault(image_id, []).append((sha, int(entry_id)))
-        return out
+        with self._read() as x:
+            return ledger_sql.replayable(x, session_id, tenant, up_to=up_to)
 
     def reply(self, entry_id: int) -> bytes | None:
-        rows = self._rows("SELECT prediction FROM replies WHERE entry_id=:e", {"e": entry_id})
-        return None if not rows else bytes(rows[0][0])
+        with self._read() as x:
+            return ledger_sql.reply(x, entry_id)
 
     # -- writes (group commit) ---------------------------------------------------------------
     def _group(self, run: Callable[[Any], Callable[[], _T]], *, durable: bool = True) -> _T:
@@ -362,14 +309,8 @@ class PgLedger:
 
     def _commit(self, batch: list[_Op[Any]]) -> None:
         """One transaction for ``batch`` on the writer connection (the caller holds the
-        lock), sent as one pipeline (psycopg's pipeline mode): BEGIN, every writer's
-        statements and COMMIT leave in one go and their answers come back together, one
-        round trip however many writers share it. A batch of completions only is an
-        asynchronous commit. A lost connection is dropped (a new one at the next write) and
-        reported as Unavailable to every writer of the batch."""
-        import psycopg
-
-        durable = any(o.durable for o in batch)
+        lock), sent as one pipeline (:meth:`_pipeline`); each writer gets its result, or the
+        batch's error."""
         try:
             with sqldb.unavailable_on_loss(_WHAT):
                 if self._read_only:
@@ -378,28 +319,7 @@ class PgLedger:
                 if lost:
                     self._writer = self._connect_writer()
                 self._keep_owner(now=lost and self.commits > 0)
-                pg = self._writer
-                try:
-                    with pg.pipeline():
-                        pg.execute("BEGIN")
-                        if not durable:
-                            # outcomes only: visible at once, flushed by the WAL writer
-                            pg.execute("SET LOCAL synchronous_commit TO OFF")
-                        finishes = [o.run(pg) for o in batch]
-                        pg.execute("COMMIT")
-                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                    with contextlib.suppress(Exception):
-                        pg.close()
-                    self._writer = None
-                    raise errors.Unavailable(f"{_WHAT} unavailable: the database cannot be "
-                                             f"reached ({type(exc).__name__})") from None
-                except BaseException:
-                    if pg.broken or pg.closed:
-                        self._writer = None
-                    elif pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                        with contextlib.suppress(Exception):
-                            pg.execute("ROLLBACK")
-                    raise
+                finishes = self._pipeline(self._writer, batch)
                 self.commits += 1
                 results = [finish() for finish in finishes]
         except BaseException as exc:  # noqa: BLE001 - handed to every writer
@@ -411,34 +331,53 @@ class PgLedger:
                 o.result = r
                 o.done.set()
 
+    def _pipeline(self, pg: Any, batch: list[_Op[Any]]) -> list[Callable[[], Any]]:
+        """Run ``batch`` in one transaction sent as one pipeline (psycopg's pipeline mode):
+        BEGIN, every writer's statements and COMMIT leave in one go and their answers come
+        back together, one round trip however many writers share it; each writer's step to
+        read its answers after the commit. A batch of completions only is an asynchronous
+        commit. A lost connection is dropped (a new one at the next write) and reported as
+        Unavailable."""
+        import psycopg
+
+        try:
+            with pg.pipeline():
+                pg.execute("BEGIN")
+                if not any(o.durable for o in batch):
+                    # outcomes only: visible at once, flushed by the WAL writer
+                    pg.execute("SET LOCAL synchronous_commit TO OFF")
+                finishes = [o.run(pg) for o in batch]
+                pg.execute("COMMIT")
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            with contextlib.suppress(Exception):
+                pg.close()
+            self._writer = None
+            raise errors.Unavailable(f"{_WHAT} unavailable: the database cannot be "
+                                     f"reached ({type(exc).__name__})") from None
+        except BaseException:
+            if pg.broken or pg.closed:
+                self._writer = None
+            elif pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                with contextlib.suppress(Exception):
+                    pg.execute("ROLLBACK")
+            raise
+        return finishes
+
     def reserve(self, rows: Sequence[QueryRow]) -> list[int]:
         """Commit ``rows`` (one call attempt, images in order) before they are sent; their
         entry ids. Idempotent on (tenant, call_id, attempts, position)."""
         if not rows:
             return []
-        values = [{"tenant": r.tenant, "session_id": r.session_id, "target": r.target,
-                   "origin": r.origin, "image_id": r.image_id, "input_sha256": r.input_sha256,
-                   "output_summary": r.output_summary, "latency_ms": r.latency_ms,
-                   "status": r.status, "error": r.error, "sent_at": r.sent_at,
-                   "call_id": r.call_id, "attempts": r.attempts, "position": i,
-                   "owner": self.owner} for i, r in enumerate(rows)]
-        keys = [(v["tenant"], v["call_id"], v["attempts"], v["position"]) for v in values]
-        params = tuple(v[c] for v in values for c in _COLUMNS)
-        sql = _insert_sql(len(values))
+        values = ledger_sql.query_values(rows, self.owner)
+        keys = [ledger_sql.attempt_key(v) for v in values]
+        params = tuple(v for row in values for v in row)
+        sql = ledger_sql.insert_sql(POSTGRES, len(values), _COLUMNS)
 
         def run(pg: Any) -> Callable[[], list[int]]:
             cur = pg.cursor()
             cur.execute(sql, params)          # queued in the pipeline (one round trip)
-
-            def finish() -> list[int]:
-                ids = {(t, c, a, p): int(e) for e, t, c, a, p in cur.fetchall()}
-                for key in keys:
-                    if key not in ids:   # written before: the existing row's id (committed)
-                        ids[key] = int(pg.execute(
-                            "SELECT entry_id FROM queries WHERE tenant=%s AND call_id=%s AND"
-                            " attempts=%s AND position=%s", key).fetchone()[0])
-                return [ids[k] for k in keys]
-            return finish
+            return lambda: ledger_sql.entry_ids(    # written before: the existing row's id
+                cur.fetchall(), keys, lambda k: pg.execute(_EXISTING_SQL, k).fetchone()[0])
 
         return self._group(run)
 
@@ -449,8 +388,7 @@ class PgLedger:
         flushes, within 3 x ``wal_writer_delay``; a server crash before that leaves the row
         in flight, read INTERRUPTED, still charged); ``replies``: (entry id, serialized
         prediction) kept for a resumed attempt's replay."""
-        values = [(o.status, o.error, o.output_summary, o.latency_ms, o.sent_at, entry_id)
-                  for entry_id, o in done]
+        values = ledger_sql.complete_values(done)
         kept = [(e, blob) for e, blob in replies]
 
         def run(pg: Any) -> Callable[[], None]:
@@ -467,36 +405,14 @@ class PgLedger:
 
     # -- reports ----------------------------------------------------------------------------
     def stats(self, session_id: str, tenant: str | None = None) -> SessionStats:
-        cond, args = _scope(tenant)
-        params = {"sid": session_id, **args}
-        with self._read() as conn:
-            rows = conn.execute(sa.text(
-                "SELECT image_id, origin, status, COUNT(*) FROM queries WHERE session_id=:sid"
-                + cond + _SENT_TEXT + " GROUP BY image_id, origin, status"), params).all()
-            lat = [float(r[0]) for r in conn.execute(sa.text(   # one latency per attempt
-                "SELECT MIN(latency_ms) FROM queries WHERE session_id=:sid" + cond
-                + " AND status='OK' GROUP BY call_id, attempts"), params).all()]
-            refused = conn.execute(sa.text(
-                "SELECT SUM(calls_refused) FROM sessions WHERE session_id=:sid" + cond),
-                params).scalar()
-        return session_stats([(a, b, c, int(n)) for a, b, c, n in rows], lat,
-                             int(refused or 0))
+        with self._read() as x:
+            return ledger_sql.stats(x, session_id, tenant)
 
     def entries(self, session_id: str, *, tenant: str | None = None, after_id: int = 0,
                 limit: int = 1000) -> list[tuple[Any, ...]]:
-        cond, args = _scope(tenant)
-        rows = self._rows(
-            "SELECT entry_id, tenant, session_id, target, origin, image_id, input_sha256,"
-            " output_summary, latency_ms, status, error, sent_at, call_id, attempts"
-            " FROM queries WHERE session_id=:sid" + cond + " AND entry_id>:after"
-            " ORDER BY entry_id LIMIT :lim",
-            {"sid": session_id, **args, "after": after_id, "lim": limit})
-        return [tuple(r) for r in rows]
+        with self._read() as x:
+            return ledger_sql.entries(x, session_id, tenant, after_id=after_id, limit=limit)
 
     def send_times(self, target: str | None = None) -> list[float]:
-        if target:
-            rows = self._rows("SELECT sent_at FROM queries WHERE target=:t ORDER BY sent_at",
-                              {"t": target})
-        else:
-            rows = self._rows("SELECT sent_at FROM queries ORDER BY sent_at", {})
-        return [float(r[0]) for r in rows]
+        with self._read() as x:
+            return ledger_sql.send_times(x, target)
