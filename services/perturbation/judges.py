@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 from fortis.core.task import Task
@@ -44,6 +44,7 @@ from fortis.services.perturbation.criteria import (
     MIoUBelow,
     ObjectMissed,
     ObjectRelabelled,
+    RankedPrediction,
 )
 
 __all__ = ["SIGNALS", "Answer", "BoxAnswer", "BoxReference", "ClassAnswer",
@@ -68,12 +69,9 @@ def signal_of_output(output_kind: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, eq=False)
-class ClassAnswer:
-    """A classifier's answer: ``labels`` best first, ``scores`` aligned (None: labels only)."""
-
-    labels: tuple[int, ...]
-    scores: tuple[float, ...] | None = None
+#: A classifier's answer: ``labels`` best first, ``scores`` aligned (None: labels only); the
+#: criteria's per-image classification answer, one type for both.
+ClassAnswer: TypeAlias = RankedPrediction
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,7 +91,7 @@ class MaskAnswer:
     probabilities: np.ndarray | None = None
 
 
-Answer = ClassAnswer | BoxAnswer | MaskAnswer
+Answer: TypeAlias = ClassAnswer | BoxAnswer | MaskAnswer
 
 
 @dataclass(frozen=True, eq=False)

@@ -230,7 +230,8 @@ def _answers(msg: pb.SettingAnswers, field: str) -> Answers | None:
         assert counts is not None
         if not np.issubdtype(counts.dtype, np.integer):
             raise InvalidArgument(f"{f}.counts", f"must be integers, got {counts.dtype}")
-        boxes = np.zeros((0, 4)) if (b := _tensor(d, "boxes", f, required=False)) is None else b
+        boxes = _tensor(d, "boxes", f, required=False)
+        boxes = np.zeros((0, 4)) if boxes is None else boxes
         labels = _tensor(d, "labels", f, required=False)
         scores = _tensor(d, "scores", f, required=False)
         # no scores sent: NaN, "no score" to the matching (a confidence threshold refuses it)
