@@ -34,14 +34,15 @@ the target's prediction on the clean image):
   in the clean prediction.
 
 Query attacks on detectors and segmenters (IEEE-A8 with the IEEE-C4 / IEEE-C5 rules of the
-plan, judged batch-wise by ``judges.py``; the matching arithmetic is the scoring service's,
-shared in ``services/common/matching.py``):
+plan, judged batch-wise by ``judges.py``; the matching is the one the scoring service
+applies, ``fortis.core.matching``):
 
 - :class:`ObjectMissed` (IEEE-C4, untargeted): an object of interest "disappears or changes
   label": no box of its class with IoU *strictly above* ``iou_threshold`` (the scoring rule)
   and score >= ``score_threshold`` (the plan's ``confidence_threshold``; None: every box
   counts), boxes matched to objects one-to-one in the plan's ``mode`` exactly as scoring
-  matches them (``common.matching.match_objects``); with IEEE-C3 ``min_objects`` (at least Q of the s objects; 0 = all) the image is
+  matches them (``common.matching.match_objects``, the batched rule on one image); with
+  IEEE-C3 ``min_objects`` (at least Q of the s objects; 0 = all) the image is
   incorrect once fewer than Q objects are found. An image with no object of interest is
   incorrect once some box is kept (as scoring judges it). Margin per object: the best
   ``min(score - score_threshold, IoU - iou_threshold)`` over the boxes of its class (the
@@ -637,7 +638,7 @@ class ObjectMissed(Criterion):
         lab = np.asarray(labels).reshape(-1)
         usable = np.asarray(ref_labels).reshape(-1, 1) == lab.reshape(1, -1)
         _, presence = _pair_presence(iou, sc, usable, self.iou_threshold, thr)
-        # found: the scoring service's matching (greedy, one-to-one, the plan's mode)
+        # found: the IEEE-C4 matching scoring applies (greedy, one-to-one, the plan's mode)
         found = match_objects(ref_boxes, np.asarray(ref_labels).reshape(-1), boxes, lab, sc,
                               iou_threshold=self.iou_threshold,
                               score_threshold=self.score_threshold, mode=self.mode, k=self.k)
@@ -712,7 +713,7 @@ class MIoUBelow(Criterion):
                      probabilities: np.ndarray | None = None) -> np.ndarray:
         """(n, H, W) answers against (n, H, W) references -> (n,) margins, < 0 exactly when
         met. ``probabilities`` (n, H, W, C) adds the soft mIoU (module docstring)."""
-        from fortis.services.common.matching import iou_per_class, mean_iou, miou_correct
+        from fortis.core.matching import iou_per_class, mean_iou, miou_correct
         classes = np.array(self.classes, dtype=np.int64)
         order = np.argsort(classes)
         iou = iou_per_class(np.asarray(maps), np.asarray(refs), classes[order],

@@ -14,7 +14,8 @@ One module per task type, with what they share in one place:
                     answers, then IEEE-C3.
 ``boxes``           detection box formats (:data:`BOX_FORMATS`), :func:`to_xyxy`,
                     :func:`box_iou`, :class:`Detections`, :class:`DetectionBatch`.
-``detection``       IEEE-C4: :class:`DetectionCriterion` and the greedy one-to-one IoU matching.
+``detection``       IEEE-C4: :class:`DetectionCriterion`, verdicts from the greedy one-to-one
+                    IoU matching of :mod:`fortis.core.matching`, IEEE-C3 over the objects.
 ``segmentation``    IEEE-C5: per-class IoU, mIoU > threshold, ``all_absent``.
 
 A failed query (``error`` set on the prediction) makes that image incorrect in every task.
