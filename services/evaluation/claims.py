@@ -3,15 +3,18 @@ takes a shard of work items from the database and runs the same worker entry poi
 
 A worker walks the stages exactly as the single-process runner does (the same stage code,
 the same item keys, the same seeds: CAN-9's determinism makes any worker's result the one
-the runner would have computed) but, before running an item, it claims it in the store:
+the runner would have computed) but, before running an item, it claims it in the store. The
+stage's run context drives the loop: it asks a :class:`ClaimQueue` for the next
+:class:`Claim` of its items, runs it when it is its own and commits it here; nothing in
+this module calls back into the stage. A claim is:
 
-- ``claimed``: the item is this worker's under a lease; it runs it and commits the result
-  with :meth:`~.store.EvaluationStorage.finish_claimed`, which *adds* its counts to the
+- ``claimed``: the item is this worker's under a lease; the stage runs it and commits the
+  result with :meth:`ItemClaims.commit` (``finish_claimed``), which *adds* its counts to the
   evaluation's progress (workers never overwrite each other's);
 - ``done``: another worker finished it; its stored result is used (a later stage that needs
   it, e.g. nothing today, would read it the same way);
-- ``leased``: another worker is running it; the item is set aside and this worker goes on
-  with the next free one, coming back to the set-aside items when nothing else is free. An
+- ``leased``: another worker is running it; the item is set aside and the queue hands out
+  the next free one, coming back to the set-aside items when nothing else is free. An
   item whose holder died (its lease ran out: no heartbeat) is claimed again and rerun.
 
 A heartbeat thread renews this worker's leases every third of the lease, so a long item
@@ -29,39 +32,39 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from fortis.services.evaluation.answers import pack, unpack
-from fortis.services.evaluation.keys import WorkItemKey
+from fortis.services.evaluation.ports import RunStore
 
-if TYPE_CHECKING:
-    from fortis.services.evaluation.store import EvaluationStorage
+__all__ = ["DEFAULT_LEASE_S", "Claim", "ClaimQueue", "ItemClaims"]
 
 log = structlog.get_logger("fortis.evaluation.claims")
-
-Job = tuple[WorkItemKey, int, Callable[[int], tuple[dict[str, Any], int]]]
-
-
-
-class RunContext(Protocol):
-    """What claims need of the stages' run context (``stages.base.RunContext``)."""
-
-    @property
-    def progress(self) -> Any: ...
-
-    def check_cancelled(self) -> None: ...
-
 
 #: Default lease of a claimed item (renewed every third of it while the worker lives).
 DEFAULT_LEASE_S = 60.0
 
 
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """One answer of :meth:`ClaimQueue.next`: the item at ``index`` of the queue's keys is
+    this worker's to run (``claimed``, at store attempt ``attempt``), was finished by
+    another worker (``done``, with its stored ``result``), or is held by another worker
+    (``leased``: ask again; the queue hands the item out once it is free or done)."""
+
+    index: int
+    key: str
+    state: str
+    attempt: int = 0
+    result: dict[str, Any] | None = None
+
+
 class ItemClaims:
     """One worker's claims on one evaluation's items (see the module docstring)."""
 
-    def __init__(self, store: EvaluationStorage, evaluation_id: str, worker_id: str, *,
+    def __init__(self, store: RunStore, evaluation_id: str, worker_id: str, *,
                  lease_s: float = DEFAULT_LEASE_S, poll_s: float = 0.5,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.store = store
@@ -108,85 +111,86 @@ class ItemClaims:
             except Exception as exc:  # noqa: BLE001 - retried at the next beat
                 log.warning("lease_renewal_failed", worker=self.worker_id, error=str(exc)[:200])
 
-    # -- running items ----------------------------------------------------------------------
-    def run(self, ctx: RunContext, jobs: Sequence[Job], parallel: int) -> list[dict[str, Any]]:
-        """Results of ``jobs`` in order: each run here if this worker can claim it, read from
-        the store if another worker finished it, waited for while another holds it.
-        ``parallel`` threads take items; the first failure stops the rest and is raised."""
-        results: list[dict[str, Any] | None] = [None] * len(jobs)
-        todo = deque(range(len(jobs)))
-        aside: deque[int] = deque()
-        failed: list[BaseException] = []
+    # -- claiming and committing items ------------------------------------------------------
+    def queue(self, keys: Sequence[str]) -> ClaimQueue:
+        """The claims of ``keys`` (one stage's items, in order), handed out one at a time."""
+        return ClaimQueue(self, keys)
 
-        def take() -> tuple[int, bool] | None:
-            with self._lock:
-                if failed:
-                    return None
-                if todo:
-                    return todo.popleft(), False
-                if aside:
-                    return aside.popleft(), True
-                return None
-
-        def loop() -> None:
-            while (nxt := take()) is not None:
-                i, again = nxt
-                try:
-                    out = self._one(ctx, *jobs[i])
-                except BaseException as exc:
-                    with self._lock:
-                        failed.append(exc)
-                    return
-                if out is None:                     # held by another worker
-                    with self._lock:
-                        aside.append(i)
-                    if again:
-                        with self._lock:
-                            self.waited += 1
-                        self._sleep(self.poll_s)
-                else:
-                    results[i] = out
-
-        n = max(1, min(parallel, len(jobs)))
-        if n == 1:
-            loop()
-        else:
-            with ThreadPoolExecutor(max_workers=n, thread_name_prefix="claim") as pool:
-                for f in [pool.submit(loop) for _ in range(n)]:
-                    f.result()
-        if failed:
-            raise failed[0]
-        assert all(r is not None for r in results)
-        return [r for r in results if r is not None]
-
-    def _one(self, ctx: RunContext, key: WorkItemKey, images: int,
-             work: Callable[[int], tuple[dict[str, Any], int]]) -> dict[str, Any] | None:
-        """Run, reuse or set aside one item (None: another worker holds it)."""
-        ctx.check_cancelled()
-        name = key.format()
+    def claim(self, index: int, key: str) -> Claim:
+        """Claim one item: run it (``claimed``), reuse it (``done``) or wait (``leased``)."""
         eid = self.evaluation_id
-        state = self.store.claim_key(eid, name, self.worker_id, lease_s=self.lease_s)
-        if state == "leased":
-            return None
+        state = self.store.claim_key(eid, key, self.worker_id, lease_s=self.lease_s)
         if state == "done":
-            done, _, blob = self.store.item(eid, name)
-            if done and blob is not None:
-                with self._lock:
-                    self.reused += 1
-                return unpack(blob)
-            return None                             # finished between two reads: look again
-        attempt = self.store.start_item(eid, name)
-        result, queries = work(attempt)
+            done, _, blob = self.store.item(eid, key)
+            if not done or blob is None:            # finished between two reads: look again
+                return Claim(index=index, key=key, state="leased")
+            with self._lock:
+                self.reused += 1
+            return Claim(index=index, key=key, state="done", result=unpack(blob))
+        if state == "leased":
+            return Claim(index=index, key=key, state="leased")
+        return Claim(index=index, key=key, state="claimed",
+                     attempt=self.store.start_item(eid, key))
+
+    def commit(self, key: str, result: dict[str, Any], *, images: int,
+               queries: int) -> None:
+        """Commit the result of an item this worker claimed and ran; its counts are added to
+        the evaluation's progress."""
         # Not checked for a stop here: an item that ran to the end is committed, so a worker
         # told to stop (SIGTERM) stops at the next item boundary and none of the queries it
         # sent is sent again by the worker that would rerun it (IEEE-M6). Work cut
         # by the stop raises instead (a query attack's stream), and its rerun shares the
         # chunk's session (answers replayed from the ledger).
-        first = self.store.finish_claimed(eid, name, self.worker_id, pack(result),
-                                          images=images, queries=queries, message=name)
-        ctx.progress.item_finished(images, queries)
+        first = self.store.finish_claimed(self.evaluation_id, key, self.worker_id,
+                                          pack(result), images=images, queries=queries,
+                                          message=key)
         with self._lock:
             self.ran += 1
         if not first:   # our lease ran out and another worker finished it too: same result
-            log.warning("item_finished_twice", item=name, worker=self.worker_id)
-        return result
+            log.warning("item_finished_twice", item=key, worker=self.worker_id)
+
+    def waited_once(self) -> None:
+        """An item set aside was still held by another worker: wait a poll before asking
+        again."""
+        with self._lock:
+            self.waited += 1
+        self._sleep(self.poll_s)
+
+
+class ClaimQueue:
+    """The claims of one list of items, handed out by :meth:`next` to the threads of a
+    stage: free items first, in order; then, again and again, those another worker held,
+    until each is this worker's or done. Thread-safe."""
+
+    def __init__(self, claims: ItemClaims, keys: Sequence[str]) -> None:
+        self._claims = claims
+        self._keys = list(keys)
+        self._todo = deque(range(len(self._keys)))
+        self._aside: deque[int] = deque()
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def next(self) -> Claim | None:
+        """The next item's claim; None when every item was handed out or the queue was
+        stopped. A ``leased`` claim's item is set aside and handed out again later."""
+        with self._lock:
+            if self._stopped:
+                return None
+            if self._todo:
+                i, again = self._todo.popleft(), False
+            elif self._aside:
+                i, again = self._aside.popleft(), True
+            else:
+                return None
+        claim = self._claims.claim(i, self._keys[i])
+        if claim.state == "leased":
+            with self._lock:
+                self._aside.append(i)
+            if again:
+                self._claims.waited_once()
+        return claim
+
+    def stop(self) -> None:
+        """Hand out nothing more (a thread of the stage failed: the others stop too)."""
+        with self._lock:
+            self._stopped = True

@@ -8,20 +8,23 @@ learns here, from the other services' List RPCs (never by importing their code).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from fortis.services.common.params import Param
 from fortis.services.common.surrogates import SurrogateSpec
 from fortis.services.evaluation.answers import Answers
 
+if TYPE_CHECKING:
+    from fortis.services.evaluation.store import EvaluationRow
+
 __all__ = ["AttackEntry", "AttackOutcome", "Catalogue", "CataloguePort", "ExampleBox",
            "LedgerSummary",
            "PerturbationEntry", "PerturbationPort", "ProxyPort", "ReportInput", "ReportPort",
-           "Scored", "ScoringPort", "ScoringSetup", "Setting", "SettingFailure", "Summary",
-           "TargetDescription", "TestDefinition"]
+           "RunStore", "Scored", "ScoringPort", "ScoringSetup", "Setting", "SettingFailure",
+           "Summary", "TargetDescription", "TestDefinition"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -343,3 +346,40 @@ class ReportInput:
 
 class ReportPort(Protocol):
     def render(self, parts: ReportInput) -> tuple[str, str]: ...
+
+
+class RunStore(Protocol):
+    """What one run of a single-target plan needs of the evaluation store: its row's
+    progress and end, its resumable work items (claimed by workers in a fan-out) and its
+    artifacts. The evaluation store is one; a model of a multi-target plan sees the parent
+    evaluation's store through ``benchmark.MemberStore``, which offers exactly these."""
+
+    @property
+    def tenant(self) -> str | None: ...
+
+    # the evaluation's row
+    def get(self, evaluation_id: str) -> EvaluationRow | None: ...
+    def update_running(self, evaluation_id: str, **fields: Any) -> bool: ...
+    def finish(self, evaluation_id: str, *, report_json: str, report_html: str, summary: Any,
+               finished_at: float) -> bool: ...
+
+    # work items (CAN-9)
+    def item(self, evaluation_id: str, key: str) -> tuple[bool, int, bytes | None]: ...
+    def start_item(self, evaluation_id: str, key: str) -> int: ...
+    def finish_item(self, evaluation_id: str, key: str, result: bytes, *, items_done: int,
+                    images_done: int, queries: int, message: str) -> None: ...
+    def items(self, evaluation_id: str) -> Iterator[tuple[str, int, bool]]: ...
+    def add_items(self, evaluation_id: str, keys: Iterable[str]) -> int: ...
+
+    # exclusive, leased claims of the workers of a fan-out (``claims.py``)
+    def claim_key(self, evaluation_id: str, key: str, worker_id: str, *,
+                  lease_s: float) -> str: ...
+    def finish_claimed(self, evaluation_id: str, key: str, worker_id: str, result: bytes, *,
+                       images: int, queries: int, message: str) -> bool: ...
+    def renew_leases(self, evaluation_id: str, worker_id: str, *, lease_s: float) -> int: ...
+    def release_items(self, evaluation_id: str, worker_id: str,
+                      keys: Iterable[str] | None = None) -> int: ...
+
+    # artifacts (adversarial examples, CAN-9)
+    def put_artifact(self, evaluation_id: str, name: str, data: bytes) -> object: ...
+    def artifact(self, evaluation_id: str, name: str) -> bytes | None: ...

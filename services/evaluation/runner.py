@@ -5,7 +5,10 @@ work items (CAN-9).
 
 The runner owns the order of the stages and the hand-over of their measured settings to the
 scoring service and of the facts to the report service; it writes no report prose (the
-report service does).
+report service does). Measuring and scoring (:meth:`EvaluationRunner.evaluate`) return a
+value, :class:`ModelRun`, that reporting (:meth:`EvaluationRunner.finish`) turns into the
+stored report: a multi-target plan (``benchmark.py``) evaluates each model with its own
+runner and reports once, with what it computed from all their results.
 """
 
 from __future__ import annotations
@@ -27,16 +30,19 @@ from fortis.services.evaluation.keys import SessionId
 from fortis.services.evaluation.plan import Plan, check_against_target, check_surrogate_labels
 from fortis.services.evaluation.ports import (
     Catalogue,
+    Example,
     LedgerSummary,
     PerturbationPort,
     ProxyPort,
     ReportInput,
     ReportPort,
+    RunStore,
     Scored,
     ScoringPort,
     ScoringSetup,
     Setting,
     TargetDescription,
+    TestDefinition,
 )
 from fortis.services.evaluation.stages import (
     Cancelled,
@@ -52,10 +58,11 @@ from fortis.services.evaluation.stages import (
     attack_tests,
 )
 from fortis.services.evaluation.stages.base import chunks
-from fortis.services.evaluation.store import ACTIVE_STATES, EvaluationStorage
+from fortis.services.evaluation.store import ACTIVE_STATES
 
-__all__ = ["Cancelled", "DatasetPort", "EvaluationRunner", "LabeledImage", "RecordedFailure",
-           "RunContext", "attack_truths", "build_stages", "check_target"]
+__all__ = ["Cancelled", "DatasetPort", "EvaluationRunner", "LabeledImage", "ModelRun",
+           "RecordedFailure", "RunContext", "attack_truths", "build_stages", "check_target",
+           "wait_for_workers"]
 
 
 class RecordedFailure(Exception):
@@ -129,14 +136,69 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
+def wait_for_workers(executor: Executor, store: RunStore, evaluation_id: str,
+                     keys: Sequence[str], *, cancelled: Callable[[], bool]) -> None:
+    """Let the executor's workers run the unfinished items of ``keys`` (they claim them
+    from the store), and wait for them. A cancel stops the wait and the workers; a shutdown
+    of this service only stops the wait (Kubernetes workers go on, the resumed evaluation
+    finds their Job); a worker's permanent failure is already recorded."""
+    eid = evaluation_id
+    done = {k for k, _, d in store.items(eid) if d}
+    pending = [k for k in keys if k not in done]
+    if not pending:
+        return
+    store.add_items(eid, keys)
+    store.update_running(eid, stage="workers", items_total=len(keys),
+                         message=f"{len(pending)} work items on {executor.shards} workers")
+    handle = executor.submit(tenant=store.tenant or "", evaluation_id=eid)
+
+    def ended() -> bool:
+        row = store.get(eid)
+        return row is None or row.state not in ACTIVE_STATES
+
+    outcome = executor.wait(handle, should_stop=lambda: cancelled() or ended())
+    if outcome.state == "succeeded":
+        return
+    row = store.get(eid)
+    if row is not None and row.state not in ACTIVE_STATES:
+        executor.delete(handle)        # cancelled or failed: stop the rest
+        if row.state == "FAILED":
+            raise RecordedFailure(row.error_message)
+        raise Cancelled("cancelled by a caller")
+    if outcome.state == "stopped":
+        raise Cancelled("stopped while waiting for the workers")
+    raise Unavailable(f"the evaluation's workers failed ({outcome.reason}); its finished "
+                      "items are kept: resume it to go on")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelRun:
+    """What measuring and scoring one target gave (:meth:`EvaluationRunner.evaluate`):
+    everything its report is made of but the cross-model section of a multi-target plan,
+    which is computed from every model's ``ModelRun`` (``benchmark.py``)."""
+
+    started: float
+    images: Sequence[LabeledImage]
+    target: TargetDescription
+    #: the settings that ran (scored) and those that failed (listed with their errors)
+    settings: Sequence[Setting]
+    failed: Sequence[Setting]
+    scored: Scored
+    tests: Sequence[TestDefinition]
+    ledger: LedgerSummary
+    examples: Sequence[Example]
+    canary: Any
+
+
 @dataclass(kw_only=True)
 class EvaluationRunner:
-    """Executes one evaluation to the end (or until cancelled / failed)."""
+    """Executes one evaluation to the end (or until cancelled / failed): :meth:`evaluate`
+    measures and scores the target, :meth:`finish` renders and stores the report."""
 
     evaluation_id: str
     plan: Plan
     plan_text: str
-    store: EvaluationStorage
+    store: RunStore
     proxy: ProxyPort
     perturbation: PerturbationPort
     scoring: ScoringPort
@@ -147,26 +209,71 @@ class EvaluationRunner:
     #: Workers that run the items first (``executors.py``). None: this process
     #: runs them all.
     executor: Executor | None = None
-    #: Multi-target plans (``benchmark.py``): called with (scored, settings, images, target)
-    #: after scoring; what it returns is the report's cross-model section (CAN-5/7/8/10).
-    on_scored: Callable[..., Any] | None = None
     #: Example images for the report; off for the models of a multi-target plan
     #: whose own report is not kept (``benchmark.py``).
     with_examples: bool = True
 
     def run(self) -> Scored:
-        plan, store, eid = self.plan, self.store, self.evaluation_id
+        return self.finish(self.evaluate())
+
+    def evaluate(self) -> ModelRun:
+        """Run (or resume) every stage and score the settings; nothing is reported yet."""
         started = time.time()
-        store.update_running(eid, state="RUNNING", stage="plan", started_at=started)
-        images = self.datasets.images(plan)
-        if not images:
-            raise FailedPrecondition("the plan's dataset selection is empty")
-        target = self.proxy.target_info(plan.target.name)
-        check_target(plan, target, images, self.catalogue)
-        stages = build_stages(plan, len(images), self.catalogue)
+        self.store.update_running(self.evaluation_id, state="RUNNING", stage="plan",
+                                  started_at=started)
+        images, target = self._inputs()
+        stages = build_stages(self.plan, len(images), self.catalogue)
         keys = [k.format() for s in stages for k in s.keys()]
         if self.executor is not None:
-            self._fan_out(keys)
+            wait_for_workers(self.executor, self.store, self.evaluation_id, keys,
+                             cancelled=self.cancelled)
+        ctx = self._context(images, target, self._progress(stages, keys))
+        settings: list[Setting] = []
+        for stage in stages:
+            ctx.check_cancelled()       # a stage boundary is an item boundary (CAN-9)
+            ctx.progress.stage(stage.progress_stage)
+            settings += stage.run(ctx)
+        # A cancel or a shutdown that came while the last items ran stops here: their
+        # results are committed, scoring and the report are for the run that resumes it.
+        ctx.check_cancelled()
+        return self._score(ctx, stages, settings, started)
+
+    def finish(self, run: ModelRun, *, benchmark: Any = None) -> Scored:
+        """Render the report of ``run`` (with a multi-target plan's cross-model section,
+        ``benchmark``) and end the evaluation as SUCCEEDED with it."""
+        plan, store, eid = self.plan, self.store, self.evaluation_id
+        store.update_running(eid, stage="report", message="")
+        finished_at = time.time()
+        current = store.get(eid)
+        report_json, report_html = self.report.render(ReportInput(
+            plan=plan, plan_text=self.plan_text, target=run.target,
+            environment={"python": platform.python_version(), "platform": platform.platform(),
+                         "fortis": _version("fortis"), "torch": _version("torch"),
+                         "numpy": _version("numpy")},
+            metrics=run.scored.metrics, tests=list(run.tests), ledger=run.ledger,
+            evaluation_id=eid, started=run.started, finished=finished_at,
+            images=len(run.images), resumed_count=current.resumed_count if current else 0,
+            examples=list(run.examples), benchmark=benchmark, canary=run.canary,
+            failed=list(run.failed)))
+        scored = replace(run.scored, summary=replace(
+            run.scored.summary, failed_settings=tuple(s.label for s in run.failed)))
+        store.finish(eid, report_json=report_json, report_html=report_html,
+                     summary=scored.summary, finished_at=finished_at)
+        return scored
+
+    # -- the steps of evaluate -------------------------------------------------------------
+    def _inputs(self) -> tuple[list[LabeledImage], TargetDescription]:
+        """The plan's images and the target's description, checked against the plan."""
+        images = self.datasets.images(self.plan)
+        if not images:
+            raise FailedPrecondition("the plan's dataset selection is empty")
+        target = self.proxy.target_info(self.plan.target.name)
+        check_target(self.plan, target, images, self.catalogue)
+        return images, target
+
+    def _progress(self, stages: Sequence[Stage], keys: Sequence[str]) -> Progress:
+        """Progress counted from what earlier attempts (or the workers) finished."""
+        store, eid = self.store, self.evaluation_id
         finished = {k for k, _, d in store.items(eid) if d}
         progress = Progress(store, eid)
         row = store.get(eid)
@@ -175,27 +282,29 @@ class EvaluationRunner:
         progress.images_done = row.images_done if row else 0
         store.update_running(eid, items_total=len(keys), items_done=progress.items_done,
                              images_total=sum(s.images_total() for s in stages))
-        ctx = RunContext(evaluation_id=eid, plan=plan, plan_text=self.plan_text, store=store,
-                         proxy=self.proxy, perturbation=self.perturbation, scoring=self.scoring,
-                         report=self.report, images=images, target=target,
-                         progress=progress,
-                         cancelled=self.cancelled,
-                         chunk_ranges=chunks(len(images), plan.batch_size),
-                         truths=attack_truths(plan, self.datasets))
-        settings: list[Setting] = []
-        for stage in stages:
-            ctx.check_cancelled()       # a stage boundary is an item boundary (CAN-9)
-            progress.stage(stage.progress_stage)
-            settings += stage.run(ctx)
+        return progress
 
-        # A cancel or a shutdown that came while the last items ran stops here: their
-        # results are committed, scoring and the report are for the run that resumes it.
-        ctx.check_cancelled()
-        progress.stage("scoring")
+    def _context(self, images: Sequence[LabeledImage], target: TargetDescription,
+                 progress: Progress) -> RunContext:
+        plan = self.plan
+        return RunContext(evaluation_id=self.evaluation_id, plan=plan,
+                          plan_text=self.plan_text, store=self.store, proxy=self.proxy,
+                          perturbation=self.perturbation, scoring=self.scoring,
+                          report=self.report, images=images, target=target,
+                          progress=progress, cancelled=self.cancelled,
+                          chunk_ranges=chunks(len(images), plan.batch_size),
+                          truths=attack_truths(plan, self.datasets))
+
+    def _score(self, ctx: RunContext, stages: Sequence[Stage], measured: Sequence[Setting],
+               started: float) -> ModelRun:
+        """Score the settings that ran and gather what the report lists besides the
+        metrics: the tests, the ledger, example images and the CANARY per-attack metrics."""
+        plan, images, target = self.plan, ctx.images, ctx.target
+        ctx.progress.stage("scoring")
         # Settings that failed are listed in the report with their errors (IEEE-P4); the
         # metrics are those of the settings that ran.
-        failed = [s for s in settings if s.failure is not None]
-        settings = [s for s in settings if s.failure is None]
+        failed = [s for s in measured if s.failure is not None]
+        settings = [s for s in measured if s.failure is None]
         setup = self._scoring_setup(target, images)
         if plan.target.task == "segmentation":
             settings = [_fit_masks(s, setup.truth) for s in settings]
@@ -203,71 +312,21 @@ class EvaluationRunner:
         # example images: answers read from the settings, no target query
         examples = build_examples(ctx, settings, scored.metrics, truths=setup.truth) \
             if self.with_examples else []
-        benchmark = self.on_scored(scored, settings, images, target) \
-            if self.on_scored is not None else None
         # CANARY per attack (CAN-1..4) through the scoring service's Compute, when asked
         canary = canary_metrics(ctx, settings, self.catalogue) if plan.canary else None
+        return ModelRun(started=started, images=images, target=target, settings=settings,
+                        failed=failed, scored=scored, tests=self._tests(stages, len(images)),
+                        ledger=self._ledger(stages, ctx), examples=examples, canary=canary)
 
-        progress.stage("report")
-        finished_at = time.time()
+    def _tests(self, stages: Sequence[Stage], n_images: int) -> list[TestDefinition]:
+        """The plan's tests as the report lists them: perturbations, degradation, attacks."""
         tests = [t for s in stages for t in s.tests() if t.kind in ("corruption", "style")]
         tests += [t for s in stages for t in s.tests() if t.kind == "degradation"]
         observed = {k: v for s in stages if isinstance(s, QueryAttackStage)
                     for k, v in s.observed.items()}
         selected = {k: v for s in stages if isinstance(s, TransferAttackStage)
                     for k, v in s.selected.items()}
-        tests += attack_tests(plan, len(images), self.catalogue, observed, selected)
-        current = store.get(eid)
-        report_json, report_html = self.report.render(ReportInput(
-            plan=plan, plan_text=self.plan_text, target=target,
-            environment={"python": platform.python_version(), "platform": platform.platform(),
-                         "fortis": _version("fortis"), "torch": _version("torch"),
-                         "numpy": _version("numpy")},
-            metrics=scored.metrics, tests=tests, ledger=self._ledger(stages, ctx),
-            evaluation_id=eid, started=started, finished=finished_at, images=len(images),
-            resumed_count=current.resumed_count if current else 0, examples=examples,
-            benchmark=benchmark, canary=canary, failed=failed))
-        scored = replace(scored, summary=replace(
-            scored.summary, failed_settings=tuple(s.label for s in failed)))
-        store.finish(eid, report_json=report_json, report_html=report_html,
-                     summary=scored.summary, finished_at=finished_at)
-        return scored
-
-    def _fan_out(self, keys: Sequence[str]) -> None:
-        """Let the executor's workers run the unfinished items (they claim them from the
-        store), and wait for them. A cancel stops the wait and the workers; a shutdown of
-        this service only stops the wait (Kubernetes workers go on, the resumed evaluation
-        finds their Job); a worker's permanent failure is already recorded."""
-        assert self.executor is not None
-        store, eid = self.store, self.evaluation_id
-        done = {k for k, _, d in store.items(eid) if d}
-        pending = [k for k in keys if k not in done]
-        if not pending:
-            return
-        store.add_items(eid, keys)
-        shards = self.executor.shards
-        store.update_running(eid, stage="workers", items_total=len(keys),
-                             message=f"{len(pending)} work items on {shards} workers")
-        tenant = store.tenant or ""
-        handle = self.executor.submit(tenant=tenant, evaluation_id=eid)
-
-        def ended() -> bool:
-            row = store.get(eid)
-            return row is None or row.state not in ACTIVE_STATES
-
-        outcome = self.executor.wait(handle, should_stop=lambda: self.cancelled() or ended())
-        if outcome.state == "succeeded":
-            return
-        row = store.get(eid)
-        if row is not None and row.state not in ACTIVE_STATES:
-            self.executor.delete(handle)        # cancelled or failed: stop the rest
-            if row.state == "FAILED":
-                raise RecordedFailure(row.error_message)
-            raise Cancelled("cancelled by a caller")
-        if outcome.state == "stopped":
-            raise Cancelled("stopped while waiting for the workers")
-        raise Unavailable(f"the evaluation's workers failed ({outcome.reason}); its finished "
-                          "items are kept: resume it to go on")
+        return tests + attack_tests(self.plan, n_images, self.catalogue, observed, selected)
 
     def _scoring_setup(self, target: TargetDescription,
                        images: Sequence[LabeledImage]) -> ScoringSetup:

@@ -10,7 +10,7 @@ scoring and the report, so the metrics equal a single-process run's (CAN-9's det
 every random draw comes from the plan's seed and the item's identity).
 
 A multi-target plan (CANARY benchmark, ``benchmark.py``) is run model by model in the order
-the evaluation service's ``BenchmarkRunner`` runs them (``benchmark.member_runs``): each
+the evaluation service's ``BenchmarkRunner`` measures them (``benchmark.member_runs``): each
 model's items under its prefix (``m<k>/``), its proxy sessions under ``<evaluation>.m<k>``,
 its transfer examples shared by name, so the workers compute what the one-process run
 computes; a worker goes on to the next model once every item of this one is finished (by
@@ -29,10 +29,11 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import structlog
 from fortis.services.common import errors
 from fortis.services.common.status import status_for
@@ -45,7 +46,15 @@ from fortis.services.evaluation.benchmark import (
 )
 from fortis.services.evaluation.claims import DEFAULT_LEASE_S, ItemClaims
 from fortis.services.evaluation.plan import Plan, load_plan
-from fortis.services.evaluation.ports import Catalogue, PerturbationPort, ProxyPort
+from fortis.services.evaluation.ports import (
+    Catalogue,
+    PerturbationPort,
+    ProxyPort,
+    ReportInput,
+    Scored,
+    ScoringSetup,
+    Setting,
+)
 from fortis.services.evaluation.runner import (
     DatasetPort,
     attack_truths,
@@ -67,14 +76,26 @@ def worker_id(index: int | str) -> str:
     return f"{socket.gethostname()[:100]}-{os.getpid()}-i{index}"
 
 
-class _NotHere:
-    """Scoring and the report are the evaluation service's, never a worker's."""
+def _not_here(what: str) -> errors.FailedPrecondition:
+    return errors.FailedPrecondition(f"a worker does not call the {what} service")
 
-    def __init__(self, what: str) -> None:
-        self.what = what
 
-    def __getattr__(self, item: str) -> Any:
-        raise errors.FailedPrecondition(f"a worker does not call the {self.what} service")
+class _NoScoring:
+    """Scoring is the evaluation service's, never a worker's (stages measure only)."""
+
+    def score(self, setup: ScoringSetup, settings: Iterable[Setting]) -> Scored:
+        raise _not_here("scoring")
+
+    def compute(self, metric: str, arrays: Mapping[str, np.ndarray],
+                params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        raise _not_here("scoring")
+
+
+class _NoReport:
+    """The report is the evaluation service's, never a worker's."""
+
+    def render(self, parts: ReportInput) -> tuple[str, str]:
+        raise _not_here("report")
 
 
 @dataclass(frozen=True)
@@ -165,8 +186,7 @@ class EvaluationWorker:
                 ctx = RunContext(evaluation_id=part_eid, plan=part, plan_text=row.plan_text,
                                  store=store, proxy=self.proxy,
                                  perturbation=self.perturbation,
-                                 scoring=_NotHere("scoring"),  # type: ignore[arg-type]
-                                 report=_NotHere("report"),  # type: ignore[arg-type]
+                                 scoring=_NoScoring(), report=_NoReport(),
                                  images=images, target=target,
                                  progress=WorkerProgress(store, part_eid),
                                  cancelled=self._cancelled, parallel=self.parallel,

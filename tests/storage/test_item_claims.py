@@ -15,7 +15,6 @@ from fortis.services.common import errors
 from fortis.services.evaluation.answers import pack
 from fortis.services.evaluation.claims import ItemClaims
 from fortis.services.evaluation.keys import StageName, WorkItemKey
-from fortis.services.evaluation.stages.base import WorkerProgress
 
 from tests.storage.conftest import Backend
 from tests.storage.test_evaluation_store import open_store
@@ -73,14 +72,29 @@ def test_claim_key_refuses_bad_arguments(store: Any) -> None:
         store.claim_key("ev", "k", "w", lease_s=float("nan"))
 
 
-class _Ctx:
-    """What ItemClaims needs of a RunContext."""
+def _take(claims: ItemClaims, jobs: list[Any], threads: int) -> list[Any]:
+    """What a stage's run context does in worker mode: ``threads`` threads ask the queue for
+    the next claim, run the item when it is theirs and commit it, reuse it when another
+    worker finished it, ask again while another worker holds it."""
+    queue = claims.queue([key.format() for key, _, _ in jobs])
+    results: list[Any] = [None] * len(jobs)
 
-    def __init__(self, store: Any) -> None:
-        self.progress = WorkerProgress(store, "ev")
+    def loop() -> None:
+        while (claim := queue.next()) is not None:
+            if claim.state == "done":
+                results[claim.index] = claim.result
+            elif claim.state == "claimed":
+                _, images, work = jobs[claim.index]
+                result, queries = work(claim.attempt)
+                claims.commit(claim.key, result, images=images, queries=queries)
+                results[claim.index] = result
 
-    def check_cancelled(self) -> None:
-        return None
+    ts = [threading.Thread(target=loop) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return results
 
 
 def test_two_workers_share_items_and_wait_for_each_other(store: Any) -> None:
@@ -100,13 +114,14 @@ def test_two_workers_share_items_and_wait_for_each_other(store: Any) -> None:
         return [(WorkItemKey(StageName.CLEAN, chunk=i), 1, work(f"c{i}")) for i in range(12)]
 
     out: dict[str, list[Any]] = {}
+    claims = {w: ItemClaims(store, "ev", w, lease_s=30, poll_s=0.02) for w in ("a", "b")}
 
     def worker(who: str) -> None:
-        claims = ItemClaims(store, "ev", who, lease_s=30, poll_s=0.02).start()
+        claims[who].start()
         try:
-            out[who] = claims.run(_Ctx(store), jobs(who), 2)   # type: ignore[arg-type]
+            out[who] = _take(claims[who], jobs(who), 2)
         finally:
-            claims.close()
+            claims[who].close()
 
     ts = [threading.Thread(target=worker, args=(w,)) for w in ("a", "b")]
     for t in ts:
@@ -119,3 +134,6 @@ def test_two_workers_share_items_and_wait_for_each_other(store: Any) -> None:
     want = [{"key": f"c{i}"} for i in range(12)]
     assert [dict(r) for r in out["a"]] == want and [dict(r) for r in out["b"]] == want
     assert store.get("ev").items_done == 12
+    # what each worker ran it committed; the rest it read back or waited for
+    assert [claims[w].ran for w in ("a", "b")] == [len(ran["a"]), len(ran["b"])]
+    assert claims["a"].reused + claims["b"].reused == 12

@@ -112,10 +112,8 @@ def test_member_store_prefixes_items_and_shares_transfer_examples(tmp_path):
     inner = EvaluationStore(tmp_path / "s.sqlite").for_tenant("t")
     inner.insert(evaluation_id="ev", tenant="t", plan_text="x", plan_name="p")
     shared = {"pgd.fmnist-cnn"}
-    m1 = MemberStore(inner, evaluation_id="ev", member_id="ev", prefix="m1/", shared=shared,
-                     label="model 1", keep_finish=True)
-    m0 = MemberStore(inner, evaluation_id="ev", member_id="ev", prefix="", shared=shared,
-                     label="model 2", keep_finish=False)
+    m1 = MemberStore(inner, evaluation_id="ev", prefix="m1/", shared=shared, label="model 1")
+    m0 = MemberStore(inner, evaluation_id="ev", prefix="", shared=shared, label="model 2")
     m1.start_item("ev.m1", "clean/00000")
     m1.finish_item("ev.m1", "clean/00000", b"r1", items_done=1, images_done=8, queries=8,
                    message="clean")
@@ -129,8 +127,12 @@ def test_member_store_prefixes_items_and_shares_transfer_examples(tmp_path):
     assert m0.artifact("ev", "adversarial/square-00000.npz") is None          # per model
     assert sorted(a.name for a in inner.artifacts("ev")) == [
         "adversarial/pgd.fmnist-cnn-00000.npz", "m1/adversarial/square-00000.npz"]
-    m1.finish("ev.m1", report_json="{}", report_html="", summary=None, finished_at=1.0)
-    assert m1.finished is not None and inner.get("ev").state != "SUCCEEDED"
+    # every model's progress is the parent evaluation's row, each message naming its model
+    assert m1.tenant == "t"
+    m1.update_running("ev.m1", state="RUNNING", stage="clean")
+    assert (inner.get("ev").stage, inner.get("ev").message) == ("clean", "model 1")
+    m0.update_running("ev", message="3 work items")
+    assert m0.get("ev").message == "model 2: 3 work items"
 
 
 def test_embedded_run_serves_every_model_of_a_multi_target_plan(catalogue):

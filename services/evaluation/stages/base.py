@@ -28,13 +28,13 @@ from fortis.services.evaluation.ports import (
     PerturbationPort,
     ProxyPort,
     ReportPort,
+    RunStore,
     ScoringPort,
     Setting,
     SettingFailure,
     TargetDescription,
     TestDefinition,
 )
-from fortis.services.evaluation.store import EvaluationStorage
 
 if TYPE_CHECKING:
     from fortis.services.evaluation.claims import ItemClaims
@@ -114,7 +114,7 @@ class Progress:
     """Counts finished work and writes it to the store, at most a few times a second for
     image-level updates (every finished item is written at once, with its result)."""
 
-    def __init__(self, store: EvaluationStorage, evaluation_id: str, *,
+    def __init__(self, store: RunStore, evaluation_id: str, *,
                  min_interval_s: float = 0.5) -> None:
         self.store = store
         self.eid = evaluation_id
@@ -169,7 +169,7 @@ class RunContext:
     evaluation_id: str
     plan: Plan
     plan_text: str
-    store: EvaluationStorage
+    store: RunStore
     proxy: ProxyPort
     perturbation: PerturbationPort
     scoring: ScoringPort
@@ -202,7 +202,7 @@ class RunContext:
         """Run ``work(attempt) -> (result, queries)`` unless the item is already done; commit
         its result. Returns the result (as stored)."""
         if self.claims is not None:
-            return self.claims.run(self, [(key, images, work)], 1)[0]
+            return self._claimed([(key, images, work)], 1)[0]
         self.check_cancelled()
         name = key.format()
         done, _, blob = self.store.item(self.evaluation_id, name)
@@ -232,7 +232,7 @@ class RunContext:
         In worker mode the items are claimed first: another worker's are waited for."""
         parallel = self.parallel if parallel is None else parallel
         if self.claims is not None:
-            return self.claims.run(self, jobs, parallel)
+            return self._claimed(jobs, parallel)
         if parallel <= 1 or len(jobs) <= 1:
             return [self.item(key, n, work) for key, n, work in jobs]
         with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="item") as pool:
@@ -243,6 +243,49 @@ class RunContext:
                 for f in futures:
                     f.cancel()
                 raise
+
+    def _claimed(self, jobs: Sequence[tuple[WorkItemKey, int, Work]],
+                 parallel: int) -> list[dict[str, Any]]:
+        """Worker mode: ``jobs``' results in order, each run here when this worker claims
+        it, read from the store when another worker finished it, asked for again while
+        another worker holds it (``claims.py``). ``parallel`` threads take claims; the first
+        failure (a cancel included) stops the rest and is raised."""
+        assert self.claims is not None
+        claims = self.claims
+        queue = claims.queue([key.format() for key, _, _ in jobs])
+        results: list[dict[str, Any] | None] = [None] * len(jobs)
+        failed: list[BaseException] = []
+
+        def take() -> None:
+            try:
+                while True:
+                    self.check_cancelled()
+                    claim = queue.next()
+                    if claim is None:
+                        return
+                    if claim.state == "done":
+                        results[claim.index] = claim.result
+                    elif claim.state == "claimed":
+                        _, images, work = jobs[claim.index]
+                        result, queries = work(claim.attempt)
+                        claims.commit(claim.key, result, images=images, queries=queries)
+                        self.progress.item_finished(images, queries)
+                        results[claim.index] = result
+            except BaseException as exc:
+                queue.stop()
+                failed.append(exc)
+
+        n = max(1, min(parallel, len(jobs)))
+        if n == 1:
+            take()
+        else:
+            with ThreadPoolExecutor(max_workers=n, thread_name_prefix="claim") as pool:
+                for f in [pool.submit(take) for _ in range(n)]:
+                    f.result()
+        if failed:
+            raise failed[0]
+        assert all(r is not None for r in results)
+        return [r for r in results if r is not None]
 
     def answers(self, session: str, origin: str,
                 part: Sequence[tuple[str, np.ndarray]]) -> Answers:
