@@ -91,6 +91,7 @@ ROW_COLUMNS = tuple(f.name for f in fields(EvaluationRow))
 #: Columns ``update`` may set: the row's and the report's (never the key).
 UPDATABLE = frozenset(ROW_COLUMNS + ("report_json", "report_html")) - {"evaluation_id", "tenant"}
 _SELECT_ROWS = f"SELECT {', '.join(ROW_COLUMNS)} FROM evaluations"
+#: The rows of one evaluation (of ``evaluations``, ``items`` or ``artifacts``).
 _EVALUATION = " WHERE tenant=:tenant AND evaluation_id=:eid"
 _ACTIVE = "state IN (" + ", ".join(f"'{s}'" for s in ACTIVE_STATES) + ")"
 _ITEMS = " WHERE tenant=:tenant AND evaluation_id=:eid"
@@ -344,7 +345,7 @@ def put_artifact(x: Executor, d: Dialect, tenant: str, evaluation_id: str, name:
 
 
 def artifacts(x: Executor, tenant: str, evaluation_id: str) -> list[ArtifactInfo]:
-    rows = x.execute("SELECT name, size, sha256, created_at FROM artifacts" + _ITEMS
+    rows = x.execute("SELECT name, size, sha256, created_at FROM artifacts" + _EVALUATION
                      + " ORDER BY name", _key(tenant, evaluation_id)).fetchall()
     return [artifact_info(r[0], r[1:]) for r in rows]
 
