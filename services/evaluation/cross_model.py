@@ -206,23 +206,32 @@ class CrossModel:
             "matrix": _jsonable(values), "baseline_evaluation": plan.baseline or None,
             "notes": notes}
         if baseline is None:
-            # CAN-7: square matrix over the models that have a surrogate, in model order.
-            cube, mnames = self._square(values, members, sources)
-            out["twoway_models"] = mnames
-            out["matrix_square"] = _jsonable(cube)
-            if len(mnames) >= 2:
-                out["twoway"] = self._compute(
-                    "twoway", {"values": cube},
-                    {"attacks": names, "models": mnames, "metric": MATRIX_METRIC,
-                     "higher_is_more_effective": True, "heatmaps": True}, notes)
-            else:
-                notes.append("CAN-7 two-way evaluation needs at least two models with a "
-                             "surrogate")
-            out["irt"] = self._irt(results, values, names, notes)
-            out["defence"] = self._defence(results, members, notes)
+            out.update(self._benchmark(results, values, names, sources, notes))
         else:
             out["fast"] = self._fast(results[0], baseline, values, names, sources, notes)
         return _jsonable(out)
+
+    def _benchmark(self, results: Sequence[MemberResult], values: np.ndarray,
+                   names: list[str], sources: list[str], notes: list[str]) -> dict[str, Any]:
+        """The parts of a full benchmark (not fast mode): the square matrix and the two-way
+        evaluation (CAN-7), IRT abilities (CAN-8) and defence effects (CAN-5)."""
+        members = list(self.plan.members)
+        out: dict[str, Any] = {}
+        # CAN-7: square matrix over the models that have a surrogate, in model order.
+        cube, mnames = self._square(values, members, sources)
+        out["twoway_models"] = mnames
+        out["matrix_square"] = _jsonable(cube)
+        if len(mnames) >= 2:
+            out["twoway"] = self._compute(
+                "twoway", {"values": cube},
+                {"attacks": names, "models": mnames, "metric": MATRIX_METRIC,
+                 "higher_is_more_effective": True, "heatmaps": True}, notes)
+        else:
+            notes.append("CAN-7 two-way evaluation needs at least two models with a "
+                         "surrogate")
+        out["irt"] = self._irt(results, values, names, notes)
+        out["defence"] = self._defence(results, members, notes)
+        return out
 
     def _square(self, values: np.ndarray, members: Sequence[Member],
                 sources: Sequence[str]) -> tuple[np.ndarray, list[str]]:
@@ -287,58 +296,74 @@ class CrossModel:
         with each model attacked through its own surrogate (white-box). Detection and
         segmentation pairs: from the per-image verdicts (``_judged``); the metrics defined
         on class labels or confidences are not applicable there (``_not_for_task``)."""
-        out = []
         names = [m.name for m in members]
         task = self.plan.target.task
+        out = []
         for d, m in enumerate(members):
-            if not m.defends:
-                continue
-            b = names.index(m.defends)
-            rb, rd = results[b], results[d]
-            pb, pd = self._judged(rb, "clean"), self._judged(rd, "clean")
-            if pb is None or pd is None or len(pb) != len(pd):
-                notes.append(f"CAN-5 {m.name} vs {m.defends}: " + (
-                    "needs both targets' scores" if task == "classification" else
-                    "needs the scoring service's per-image verdicts of both targets"))
-                continue
-            labels = rb.labels if task == "classification" else np.ones(len(pb), np.int64)
-            entry: dict[str, Any] = {"baseline": m.defends, "defended": m.name}
-            entry["result"] = self._not_for_task(self._compute(
-                "canary.defence_effect",
-                {"labels": labels, "baseline_clean": pb, "defended_clean": pd}, {}, notes))
-            per_attack: dict[str, Any] = {}
-            for at in self.plan.attacks:
-                if not is_transfer(at, self.catalogue) or at.surrogate:
-                    continue
-                sb, sd = members[b].surrogate, m.surrogate
-                if not sb or not sd:
-                    continue
-                ab = _setting(rb, "transfer_attack", crafted_on(at.name, sb))
-                ad = _setting(rd, "transfer_attack", crafted_on(at.name, sd))
-                if ab is None or ad is None or ab.image_index != ad.image_index:
-                    continue
-                idx = np.array(ab.image_index or range(len(labels)), dtype=np.int64)
-                arrays = {"labels": labels[idx], "baseline_clean": pb[idx],
-                          "defended_clean": pd[idx]}
-                if task == "classification":
-                    qb = self._judged(rb, "transfer_attack", crafted_on(at.name, sb))
-                    qd = self._judged(rd, "transfer_attack", crafted_on(at.name, sd))
-                    if qb is None or qd is None:
-                        continue
-                    arrays.update(baseline_adv=qb, defended_adv=qd)
-                per_attack[at.name] = self._not_for_task(self._compute(
-                    "canary.defence_effect", arrays,
-                    {"baseline_attack": {"MR": _success(rb, crafted_on(at.name, sb))},
-                     "defended_attack": {"MR": _success(rd, crafted_on(at.name, sd))}},
-                    notes))
-            entry["attacks"] = per_attack
-            out.append(entry)
+            entry = self._defence_pair(results[names.index(m.defends)], results[d], notes) \
+                if m.defends else None
+            if entry is not None:
+                out.append(entry)
         if out and task != "classification":
             notes.append(f"CAN-5 on {task} targets: CA, RR and SR count the images answered "
                          f"correctly under the plan's IEEE-{'C4' if task == 'detection' else 'C5'}"
                          " rule (the scoring service's per-image verdicts); the metrics of "
                          "class F1 and confidences are not applicable")
         return out
+
+    def _defence_pair(self, rb: MemberResult, rd: MemberResult,
+                      notes: list[str]) -> dict[str, Any] | None:
+        """CAN-5 of one pair: the defended model ``rd`` against its baseline ``rb``, overall
+        and per transfer attack; None (with a note) without both models' clean answers."""
+        task = self.plan.target.task
+        pb, pd = self._judged(rb, "clean"), self._judged(rd, "clean")
+        if pb is None or pd is None or len(pb) != len(pd):
+            notes.append(f"CAN-5 {rd.member.name} vs {rb.member.name}: " + (
+                "needs both targets' scores" if task == "classification" else
+                "needs the scoring service's per-image verdicts of both targets"))
+            return None
+        labels = rb.labels if task == "classification" else np.ones(len(pb), np.int64)
+        entry: dict[str, Any] = {"baseline": rb.member.name, "defended": rd.member.name}
+        entry["result"] = self._not_for_task(self._compute(
+            "canary.defence_effect",
+            {"labels": labels, "baseline_clean": pb, "defended_clean": pd}, {}, notes))
+        per_attack: dict[str, Any] = {}
+        for at in self.plan.attacks:
+            if not is_transfer(at, self.catalogue) or at.surrogate:
+                continue
+            sb, sd = rb.member.surrogate, rd.member.surrogate
+            if not sb or not sd:
+                continue
+            arrays = self._defence_arrays(rb, rd, crafted_on(at.name, sb),
+                                          crafted_on(at.name, sd), labels, pb, pd)
+            if arrays is None:
+                continue
+            per_attack[at.name] = self._not_for_task(self._compute(
+                "canary.defence_effect", arrays,
+                {"baseline_attack": {"MR": _success(rb, crafted_on(at.name, sb))},
+                 "defended_attack": {"MR": _success(rd, crafted_on(at.name, sd))}},
+                notes))
+        entry["attacks"] = per_attack
+        return entry
+
+    def _defence_arrays(self, rb: MemberResult, rd: MemberResult, on_b: str, on_d: str,
+                        labels: np.ndarray, pb: np.ndarray,
+                        pd: np.ndarray) -> dict[str, np.ndarray] | None:
+        """The CAN-5 inputs of one transfer attack: each model's clean answers on the images
+        it was attacked on, and (classifiers) its answers to the examples crafted on its own
+        surrogate (settings ``on_b`` / ``on_d``); None when either did not run."""
+        ab, ad = _setting(rb, "transfer_attack", on_b), _setting(rd, "transfer_attack", on_d)
+        if ab is None or ad is None or ab.image_index != ad.image_index:
+            return None
+        idx = np.array(ab.image_index or range(len(labels)), dtype=np.int64)
+        arrays = {"labels": labels[idx], "baseline_clean": pb[idx], "defended_clean": pd[idx]}
+        if self.plan.target.task == "classification":
+            qb = self._judged(rb, "transfer_attack", on_b)
+            qd = self._judged(rd, "transfer_attack", on_d)
+            if qb is None or qd is None:
+                return None
+            arrays.update(baseline_adv=qb, defended_adv=qd)
+        return arrays
 
     def _not_for_task(self, node: Any) -> Any:
         """A CAN-5 result of a detection or segmentation pair with the metrics defined on
