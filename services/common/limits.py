@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
+from fortis.core.task import Task
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
@@ -266,7 +267,7 @@ def request_batches(shapes: Any, *, max_images: int = 0, task: str = "",
     target's class maps and probabilities (estimated from the images' sizes) or
     ``answer_bytes_per_pixel`` given by the caller (a perturbation returns images)."""
     per_px = answer_bytes_per_pixel or (SEGMENTATION_ANSWER_BYTES_PER_PIXEL
-                                        if task == "segmentation" else 0)
+                                        if task == Task.SEGMENTATION else 0)
     raw, ans = [], []
     for s in shapes:
         dims = [int(d) for d in s]
@@ -509,9 +510,9 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
     "fortis.report.v1.ReportParts.plan_text": _text(
         MAX_REPORT_PLAN_BYTES, note="UTF-8 bytes; at most 200,000 values once parsed"),
     "fortis.report.v1.ReportParts.canary": Limit(
-        "struct", note="CAN-1..4 results as the scoring service's Compute returned them"),
+        "message", note="CAN-1..4 results as the scoring service's Compute returned them"),
     "fortis.report.v1.ReportParts.benchmark": Limit(
-        "struct", note="multi-target results (CAN-5/7/8/10) as Compute returned them"),
+        "message", note="multi-target results (CAN-5/7/8/10) as Compute returned them"),
     "fortis.report.v1.ReportParts.examples": _list(
         MAX_REPORT_EXAMPLES, note="example images printed in the report"),
     "fortis.report.v1.ExampleImage.original_png": Limit(
@@ -654,6 +655,20 @@ ECHO_MESSAGES: Final = frozenset({
     _PERT + "NumberList", _PERT + "Characterisation", _SC + "QueryCurvePoint",
     "fortis.report.v1.ExampleImage", "fortis.report.v1.FailedSetting",
     "fortis.report.v1.ExampleBox", _SC + "SettingVerdicts",
+    # the typed CANARY and benchmark parts: the scoring service's Compute results, echoed
+    *(f"fortis.report.v1.{name}" for name in (
+        "MetricNode", "MetricNode.PerModelEntry", "ModelCapability", "AttackEffect",
+        "AttackCost", "PerturbationCost", "CanaryAttack", "CanaryMetrics",
+        "CanaryMetrics.AttacksEntry", "Numbers", "NumberMatrix", "NumbersByName",
+        "NumbersByName.ValuesEntry", "RateSummary", "AverageSummary", "ModelAttackSummary",
+        "ModelSummary", "ModelSummary.CorruptionsEntry", "ModelSummary.AttacksEntry",
+        "RankEntry", "RankingResult", "RankingResult.EntriesEntry", "TwoWaySqueeze",
+        "TransferSummary", "TransferSummary.BySourceEntry", "TransferSummary.ByTargetEntry",
+        "HeatMap", "TwoWayResults", "TwoWayResults.HeatmapsEntry", "FastRank", "IrtSubject",
+        "IrtItem", "IrtAcceptance", "IrtSampler", "IrtFit", "IrtFit.SubjectsEntry",
+        "IrtFit.ItemsEntry", "IrtResults", "IrtResults.SubjectsEntry",
+        "IrtResults.Layer1Entry", "DefenceEffect", "DefenceEffect.AcvEntry", "DefencePair",
+        "DefencePair.AttacksEntry", "BenchmarkResults")),
 })
 ECHO_TEXT: Final = _text(MAX_TEXT_CHARS, note="printed in the report")
 ECHO_LIST: Final = _list(MAX_REPORT_ENTRIES, note="printed in the report")

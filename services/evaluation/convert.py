@@ -23,6 +23,7 @@ from fortis.services.common.limits import (
     MAX_EXAMPLE_SIDE,
     MAX_REPORT_EXAMPLES,
 )
+from fortis.services.common.result_tree import fill_message
 from fortis.services.evaluation.answers import ClassAnswers, DetectionAnswers, SegmentationAnswers
 from fortis.services.evaluation.ports import (
     Example,
@@ -32,7 +33,7 @@ from fortis.services.evaluation.ports import (
     Setting,
     Summary,
 )
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import timestamp_pb2
 from PIL import Image
 
 __all__ = ["attack_criterion", "correctness_rule", "detection_criterion", "example_image",
@@ -327,10 +328,22 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
             code=f.failure.code, message=f.failure.message,
             images_done=f.failure.images_done, images_planned=f.failure.images_planned)
     if r.canary is not None:    # CAN-1..4 per attack (canary_metrics.py): Compute's results
-        json_format.ParseDict(dict(r.canary), parts.canary)
-    if r.benchmark:     # multi-target plans (CAN-5/7/8/10): Compute results, open by design
-        json_format.ParseDict(dict(r.benchmark), parts.benchmark)
+        _typed_part(parts.canary, r.canary, "canary")
+    if r.benchmark:     # multi-target plans (CAN-5/7/8/10): Compute results
+        _typed_part(parts.benchmark, r.benchmark, "benchmark")
     return parts
+
+
+def _typed_part(msg: rpb.CanaryMetrics | rpb.BenchmarkResults, data: Mapping[str, Any],
+                path: str) -> None:
+    """A results tree as its typed part; keys the contract does not describe (a newer scoring
+    service's) are left out and named in the part's notes rather than failing the run."""
+    msg.SetInParent()
+    unknown: list[str] = []
+    fill_message(msg, data, path, unknown)
+    if unknown:
+        msg.notes.append("left out of the report (not in its contract): "
+                         + ", ".join(unknown[:20]))
 
 
 # -- example images ----------------------------------------------------------------------------

@@ -15,7 +15,8 @@ verdicts. The page shows them drawn on the images, at one display size (the long
 
 Whether an answer passes the rule is the page's frame and words around the image, not
 pixels of it. Pure domain code: numpy and Pillow, no gRPC; the images come from data URIs
-this service wrote (``convert._png_uri``), and anything that does not decode is not drawn.
+this service wrote (``example_images._png_uri``), and anything that does not decode is not
+drawn.
 """
 
 from __future__ import annotations

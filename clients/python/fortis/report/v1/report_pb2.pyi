@@ -4,7 +4,6 @@ from fortis.common.v1 import common_pb2 as _common_pb2
 from fortis.perturbation.v1 import perturbation_pb2 as _perturbation_pb2
 from fortis.scoring.v1 import scoring_pb2 as _scoring_pb2
 from google.api import field_behavior_pb2 as _field_behavior_pb2
-from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.rpc import code_pb2 as _code_pb2
 from google.protobuf.internal import containers as _containers
@@ -286,7 +285,7 @@ class FailedSetting(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., level: _Optional[int] = ..., code: _Optional[_Union[_code_pb2.Code, str]] = ..., message: _Optional[str] = ..., images_done: _Optional[int] = ..., images_planned: _Optional[int] = ...) -> None: ...
 
 class ReportParts(_message.Message):
-    __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation", "examples", "canary", "benchmark", "failed_settings")
+    __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation", "examples", "failed_settings", "canary", "benchmark")
     PLAN_TEXT_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
@@ -296,9 +295,9 @@ class ReportParts(_message.Message):
     LEDGER_FIELD_NUMBER: _ClassVar[int]
     EVALUATION_FIELD_NUMBER: _ClassVar[int]
     EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    FAILED_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     CANARY_FIELD_NUMBER: _ClassVar[int]
     BENCHMARK_FIELD_NUMBER: _ClassVar[int]
-    FAILED_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     plan_text: str
     target: TargetReport
     roles: Roles
@@ -308,10 +307,220 @@ class ReportParts(_message.Message):
     ledger: LedgerSummary
     evaluation: EvaluationInfo
     examples: _containers.RepeatedCompositeFieldContainer[ExampleImage]
-    canary: _struct_pb2.Struct
-    benchmark: _struct_pb2.Struct
     failed_settings: _containers.RepeatedCompositeFieldContainer[FailedSetting]
-    def __init__(self, plan_text: _Optional[str] = ..., target: _Optional[_Union[TargetReport, _Mapping]] = ..., roles: _Optional[_Union[Roles, _Mapping]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., metrics: _Optional[_Union[_scoring_pb2.ScoreEvaluationResponse, _Mapping]] = ..., tests: _Optional[_Iterable[_Union[TestDefinition, _Mapping]]] = ..., ledger: _Optional[_Union[LedgerSummary, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationInfo, _Mapping]] = ..., examples: _Optional[_Iterable[_Union[ExampleImage, _Mapping]]] = ..., canary: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., benchmark: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., failed_settings: _Optional[_Iterable[_Union[FailedSetting, _Mapping]]] = ...) -> None: ...
+    canary: CanaryMetrics
+    benchmark: BenchmarkResults
+    def __init__(self, plan_text: _Optional[str] = ..., target: _Optional[_Union[TargetReport, _Mapping]] = ..., roles: _Optional[_Union[Roles, _Mapping]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., metrics: _Optional[_Union[_scoring_pb2.ScoreEvaluationResponse, _Mapping]] = ..., tests: _Optional[_Iterable[_Union[TestDefinition, _Mapping]]] = ..., ledger: _Optional[_Union[LedgerSummary, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationInfo, _Mapping]] = ..., examples: _Optional[_Iterable[_Union[ExampleImage, _Mapping]]] = ..., failed_settings: _Optional[_Iterable[_Union[FailedSetting, _Mapping]]] = ..., canary: _Optional[_Union[CanaryMetrics, _Mapping]] = ..., benchmark: _Optional[_Union[BenchmarkResults, _Mapping]] = ...) -> None: ...
+
+class MetricNode(_message.Message):
+    __slots__ = ("value", "n", "status", "reason", "correct", "average", "classes", "misclassified", "layer", "zero_maps", "models", "per_model", "unit", "grade", "level", "grade_reason", "denominator", "change_tolerance", "wavelet", "levels", "measure", "chromatic", "baseline", "defended", "null_fields", "empty_fields")
+    class PerModelEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: MetricNode
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[MetricNode, _Mapping]] = ...) -> None: ...
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    AVERAGE_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    MISCLASSIFIED_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    ZERO_MAPS_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    PER_MODEL_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    GRADE_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    GRADE_REASON_FIELD_NUMBER: _ClassVar[int]
+    DENOMINATOR_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    WAVELET_FIELD_NUMBER: _ClassVar[int]
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
+    MEASURE_FIELD_NUMBER: _ClassVar[int]
+    CHROMATIC_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    DEFENDED_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    value: float
+    n: int
+    status: str
+    reason: str
+    correct: int
+    average: str
+    classes: int
+    misclassified: int
+    layer: str
+    zero_maps: int
+    models: int
+    per_model: _containers.MessageMap[str, MetricNode]
+    unit: str
+    grade: str
+    level: int
+    grade_reason: str
+    denominator: str
+    change_tolerance: float
+    wavelet: str
+    levels: int
+    measure: str
+    chromatic: bool
+    baseline: float
+    defended: float
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, value: _Optional[float] = ..., n: _Optional[int] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., correct: _Optional[int] = ..., average: _Optional[str] = ..., classes: _Optional[int] = ..., misclassified: _Optional[int] = ..., layer: _Optional[str] = ..., zero_maps: _Optional[int] = ..., models: _Optional[int] = ..., per_model: _Optional[_Mapping[str, MetricNode]] = ..., unit: _Optional[str] = ..., grade: _Optional[str] = ..., level: _Optional[int] = ..., grade_reason: _Optional[str] = ..., denominator: _Optional[str] = ..., change_tolerance: _Optional[float] = ..., wavelet: _Optional[str] = ..., levels: _Optional[int] = ..., measure: _Optional[str] = ..., chromatic: _Optional[bool] = ..., baseline: _Optional[float] = ..., defended: _Optional[float] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ModelCapability(_message.Message):
+    __slots__ = ("n", "value", "status", "reason", "ca", "cf", "cc", "null_fields", "empty_fields")
+    N_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CA_FIELD_NUMBER: _ClassVar[int]
+    CF_FIELD_NUMBER: _ClassVar[int]
+    CC_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    n: int
+    value: float
+    status: str
+    reason: str
+    ca: MetricNode
+    cf: MetricNode
+    cc: MetricNode
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, n: _Optional[int] = ..., value: _Optional[float] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., ca: _Optional[_Union[MetricNode, _Mapping]] = ..., cf: _Optional[_Union[MetricNode, _Mapping]] = ..., cc: _Optional[_Union[MetricNode, _Mapping]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AttackEffect(_message.Message):
+    __slots__ = ("n", "n_total", "value", "status", "reason", "mr", "tas", "aiac", "artc", "acamc_a", "acamc_t", "otr", "null_fields", "empty_fields")
+    N_FIELD_NUMBER: _ClassVar[int]
+    N_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MR_FIELD_NUMBER: _ClassVar[int]
+    TAS_FIELD_NUMBER: _ClassVar[int]
+    AIAC_FIELD_NUMBER: _ClassVar[int]
+    ARTC_FIELD_NUMBER: _ClassVar[int]
+    ACAMC_A_FIELD_NUMBER: _ClassVar[int]
+    ACAMC_T_FIELD_NUMBER: _ClassVar[int]
+    OTR_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    n: int
+    n_total: int
+    value: float
+    status: str
+    reason: str
+    mr: MetricNode
+    tas: MetricNode
+    aiac: MetricNode
+    artc: MetricNode
+    acamc_a: MetricNode
+    acamc_t: MetricNode
+    otr: MetricNode
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, n: _Optional[int] = ..., n_total: _Optional[int] = ..., value: _Optional[float] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., mr: _Optional[_Union[MetricNode, _Mapping]] = ..., tas: _Optional[_Union[MetricNode, _Mapping]] = ..., aiac: _Optional[_Union[MetricNode, _Mapping]] = ..., artc: _Optional[_Union[MetricNode, _Mapping]] = ..., acamc_a: _Optional[_Union[MetricNode, _Mapping]] = ..., acamc_t: _Optional[_Union[MetricNode, _Mapping]] = ..., otr: _Optional[_Union[MetricNode, _Mapping]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AttackCost(_message.Message):
+    __slots__ = ("kind", "n_total", "n", "value", "status", "reason", "ctc", "qnc_f", "qnc_b", "null_fields", "empty_fields")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    N_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CTC_FIELD_NUMBER: _ClassVar[int]
+    QNC_F_FIELD_NUMBER: _ClassVar[int]
+    QNC_B_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    n_total: int
+    n: int
+    value: float
+    status: str
+    reason: str
+    ctc: MetricNode
+    qnc_f: MetricNode
+    qnc_b: MetricNode
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[str] = ..., n_total: _Optional[int] = ..., n: _Optional[int] = ..., value: _Optional[float] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., ctc: _Optional[_Union[MetricNode, _Mapping]] = ..., qnc_f: _Optional[_Union[MetricNode, _Mapping]] = ..., qnc_b: _Optional[_Union[MetricNode, _Mapping]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PerturbationCost(_message.Message):
+    __slots__ = ("n", "n_total", "value", "status", "reason", "amd", "aed", "apcr", "aed_fd_l", "aed_fd_h", "alms", "adms", "null_fields", "empty_fields")
+    N_FIELD_NUMBER: _ClassVar[int]
+    N_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    AMD_FIELD_NUMBER: _ClassVar[int]
+    AED_FIELD_NUMBER: _ClassVar[int]
+    APCR_FIELD_NUMBER: _ClassVar[int]
+    AED_FD_L_FIELD_NUMBER: _ClassVar[int]
+    AED_FD_H_FIELD_NUMBER: _ClassVar[int]
+    ALMS_FIELD_NUMBER: _ClassVar[int]
+    ADMS_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    n: int
+    n_total: int
+    value: float
+    status: str
+    reason: str
+    amd: MetricNode
+    aed: MetricNode
+    apcr: MetricNode
+    aed_fd_l: MetricNode
+    aed_fd_h: MetricNode
+    alms: MetricNode
+    adms: MetricNode
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, n: _Optional[int] = ..., n_total: _Optional[int] = ..., value: _Optional[float] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., amd: _Optional[_Union[MetricNode, _Mapping]] = ..., aed: _Optional[_Union[MetricNode, _Mapping]] = ..., apcr: _Optional[_Union[MetricNode, _Mapping]] = ..., aed_fd_l: _Optional[_Union[MetricNode, _Mapping]] = ..., aed_fd_h: _Optional[_Union[MetricNode, _Mapping]] = ..., alms: _Optional[_Union[MetricNode, _Mapping]] = ..., adms: _Optional[_Union[MetricNode, _Mapping]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CanaryAttack(_message.Message):
+    __slots__ = ("effect", "cost", "perturbation", "null_fields", "empty_fields")
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    PERTURBATION_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    effect: AttackEffect
+    cost: AttackCost
+    perturbation: PerturbationCost
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, effect: _Optional[_Union[AttackEffect, _Mapping]] = ..., cost: _Optional[_Union[AttackCost, _Mapping]] = ..., perturbation: _Optional[_Union[PerturbationCost, _Mapping]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CanaryMetrics(_message.Message):
+    __slots__ = ("model", "attacks", "notes", "null_fields", "empty_fields")
+    class AttacksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: CanaryAttack
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[CanaryAttack, _Mapping]] = ...) -> None: ...
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ATTACKS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    model: ModelCapability
+    attacks: _containers.MessageMap[str, CanaryAttack]
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[_Union[ModelCapability, _Mapping]] = ..., attacks: _Optional[_Mapping[str, CanaryAttack]] = ..., notes: _Optional[_Iterable[str]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RenderReportRequest(_message.Message):
     __slots__ = ("parts",)
@@ -326,3 +535,472 @@ class RenderReportResponse(_message.Message):
     report_json: str
     report_html: str
     def __init__(self, report_json: _Optional[str] = ..., report_html: _Optional[str] = ...) -> None: ...
+
+class Numbers(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class NumberMatrix(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedCompositeFieldContainer[Numbers]
+    def __init__(self, values: _Optional[_Iterable[_Union[Numbers, _Mapping]]] = ...) -> None: ...
+
+class NumbersByName(_message.Message):
+    __slots__ = ("values",)
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.ScalarMap[str, float]
+    def __init__(self, values: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class RateSummary(_message.Message):
+    __slots__ = ("value", "ci95", "m", "correct", "null_fields", "empty_fields")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    CI95_FIELD_NUMBER: _ClassVar[int]
+    M_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    value: float
+    ci95: _containers.RepeatedScalarFieldContainer[float]
+    m: int
+    correct: int
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, value: _Optional[float] = ..., ci95: _Optional[_Iterable[float]] = ..., m: _Optional[int] = ..., correct: _Optional[int] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AverageSummary(_message.Message):
+    __slots__ = ("value", "null_fields", "empty_fields")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    value: float
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, value: _Optional[float] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ModelAttackSummary(_message.Message):
+    __slots__ = ("success_rate", "success_rate_ci95", "robustness_adv", "null_fields", "empty_fields")
+    SUCCESS_RATE_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_RATE_CI95_FIELD_NUMBER: _ClassVar[int]
+    ROBUSTNESS_ADV_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    success_rate: float
+    success_rate_ci95: _containers.RepeatedScalarFieldContainer[float]
+    robustness_adv: float
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, success_rate: _Optional[float] = ..., success_rate_ci95: _Optional[_Iterable[float]] = ..., robustness_adv: _Optional[float] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ModelSummary(_message.Message):
+    __slots__ = ("name", "surrogate", "defends", "accuracy", "average_robustness_corr", "average_robustness_adv", "corruptions", "attacks", "null_fields", "empty_fields")
+    class CorruptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class AttacksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: ModelAttackSummary
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ModelAttackSummary, _Mapping]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SURROGATE_FIELD_NUMBER: _ClassVar[int]
+    DEFENDS_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    AVERAGE_ROBUSTNESS_CORR_FIELD_NUMBER: _ClassVar[int]
+    AVERAGE_ROBUSTNESS_ADV_FIELD_NUMBER: _ClassVar[int]
+    CORRUPTIONS_FIELD_NUMBER: _ClassVar[int]
+    ATTACKS_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    surrogate: str
+    defends: str
+    accuracy: RateSummary
+    average_robustness_corr: AverageSummary
+    average_robustness_adv: AverageSummary
+    corruptions: _containers.ScalarMap[str, float]
+    attacks: _containers.MessageMap[str, ModelAttackSummary]
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., surrogate: _Optional[str] = ..., defends: _Optional[str] = ..., accuracy: _Optional[_Union[RateSummary, _Mapping]] = ..., average_robustness_corr: _Optional[_Union[AverageSummary, _Mapping]] = ..., average_robustness_adv: _Optional[_Union[AverageSummary, _Mapping]] = ..., corruptions: _Optional[_Mapping[str, float]] = ..., attacks: _Optional[_Mapping[str, ModelAttackSummary]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RankEntry(_message.Message):
+    __slots__ = ("value", "n", "score", "rank", "null_fields", "empty_fields")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    value: float
+    n: int
+    score: float
+    rank: int
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, value: _Optional[float] = ..., n: _Optional[int] = ..., score: _Optional[float] = ..., rank: _Optional[int] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RankingResult(_message.Message):
+    __slots__ = ("higher_is_better", "over", "entries", "null_fields", "empty_fields")
+    class EntriesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: RankEntry
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[RankEntry, _Mapping]] = ...) -> None: ...
+    HIGHER_IS_BETTER_FIELD_NUMBER: _ClassVar[int]
+    OVER_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    higher_is_better: bool
+    over: _containers.RepeatedScalarFieldContainer[str]
+    entries: _containers.MessageMap[str, RankEntry]
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, higher_is_better: _Optional[bool] = ..., over: _Optional[_Iterable[str]] = ..., entries: _Optional[_Mapping[str, RankEntry]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TwoWaySqueeze(_message.Message):
+    __slots__ = ("metric", "complete_only", "model_robustness", "attack_effectiveness", "null_fields", "empty_fields")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ROBUSTNESS_FIELD_NUMBER: _ClassVar[int]
+    ATTACK_EFFECTIVENESS_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    complete_only: bool
+    model_robustness: RankingResult
+    attack_effectiveness: RankingResult
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, metric: _Optional[str] = ..., complete_only: _Optional[bool] = ..., model_robustness: _Optional[_Union[RankingResult, _Mapping]] = ..., attack_effectiveness: _Optional[_Union[RankingResult, _Mapping]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TransferSummary(_message.Message):
+    __slots__ = ("by_source", "by_target", "attack_transferability", "model_transfer_robustness", "null_fields", "empty_fields")
+    class BySourceEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: NumbersByName
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[NumbersByName, _Mapping]] = ...) -> None: ...
+    class ByTargetEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: NumbersByName
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[NumbersByName, _Mapping]] = ...) -> None: ...
+    BY_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    BY_TARGET_FIELD_NUMBER: _ClassVar[int]
+    ATTACK_TRANSFERABILITY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_TRANSFER_ROBUSTNESS_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    by_source: _containers.MessageMap[str, NumbersByName]
+    by_target: _containers.MessageMap[str, NumbersByName]
+    attack_transferability: RankingResult
+    model_transfer_robustness: RankingResult
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, by_source: _Optional[_Mapping[str, NumbersByName]] = ..., by_target: _Optional[_Mapping[str, NumbersByName]] = ..., attack_transferability: _Optional[_Union[RankingResult, _Mapping]] = ..., model_transfer_robustness: _Optional[_Union[RankingResult, _Mapping]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HeatMap(_message.Message):
+    __slots__ = ("attack", "metric", "rows", "cols", "values", "null_fields", "empty_fields")
+    ATTACK_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    attack: str
+    metric: str
+    rows: _containers.RepeatedScalarFieldContainer[str]
+    cols: _containers.RepeatedScalarFieldContainer[str]
+    values: _containers.RepeatedCompositeFieldContainer[Numbers]
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, attack: _Optional[str] = ..., metric: _Optional[str] = ..., rows: _Optional[_Iterable[str]] = ..., cols: _Optional[_Iterable[str]] = ..., values: _Optional[_Iterable[_Union[Numbers, _Mapping]]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TwoWayResults(_message.Message):
+    __slots__ = ("two_way", "transfer", "heatmaps", "null_fields", "empty_fields")
+    class HeatmapsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: HeatMap
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[HeatMap, _Mapping]] = ...) -> None: ...
+    TWO_WAY_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_FIELD_NUMBER: _ClassVar[int]
+    HEATMAPS_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    two_way: TwoWaySqueeze
+    transfer: TransferSummary
+    heatmaps: _containers.MessageMap[str, HeatMap]
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, two_way: _Optional[_Union[TwoWaySqueeze, _Mapping]] = ..., transfer: _Optional[_Union[TransferSummary, _Mapping]] = ..., heatmaps: _Optional[_Mapping[str, HeatMap]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FastRank(_message.Message):
+    __slots__ = ("name", "kind", "rank", "of", "score", "value", "two_way", "null_fields", "empty_fields")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    OF_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TWO_WAY_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    rank: int
+    of: int
+    score: float
+    value: float
+    two_way: TwoWaySqueeze
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., rank: _Optional[int] = ..., of: _Optional[int] = ..., score: _Optional[float] = ..., value: _Optional[float] = ..., two_way: _Optional[_Union[TwoWaySqueeze, _Mapping]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class IrtSubject(_message.Message):
+    __slots__ = ("theta", "score", "rank", "theta_sd", "interval95", "null_fields", "empty_fields")
+    THETA_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    THETA_SD_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL95_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    theta: float
+    score: float
+    rank: int
+    theta_sd: float
+    interval95: _containers.RepeatedScalarFieldContainer[float]
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, theta: _Optional[float] = ..., score: _Optional[float] = ..., rank: _Optional[int] = ..., theta_sd: _Optional[float] = ..., interval95: _Optional[_Iterable[float]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class IrtItem(_message.Message):
+    __slots__ = ("a", "b", "c", "null_fields", "empty_fields")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    C_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    a: float
+    b: float
+    c: float
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, a: _Optional[float] = ..., b: _Optional[float] = ..., c: _Optional[float] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class IrtAcceptance(_message.Message):
+    __slots__ = ("theta", "items", "null_fields", "empty_fields")
+    THETA_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    theta: float
+    items: float
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, theta: _Optional[float] = ..., items: _Optional[float] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class IrtSampler(_message.Message):
+    __slots__ = ("chain_length", "burn_in", "null_fields", "empty_fields")
+    CHAIN_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    BURN_IN_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    chain_length: int
+    burn_in: int
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, chain_length: _Optional[int] = ..., burn_in: _Optional[int] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class IrtFit(_message.Message):
+    __slots__ = ("subjects", "items", "acceptance", "sampler", "null_fields", "empty_fields")
+    class SubjectsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: IrtSubject
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[IrtSubject, _Mapping]] = ...) -> None: ...
+    class ItemsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: IrtItem
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[IrtItem, _Mapping]] = ...) -> None: ...
+    SUBJECTS_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    subjects: _containers.MessageMap[str, IrtSubject]
+    items: _containers.MessageMap[str, IrtItem]
+    acceptance: IrtAcceptance
+    sampler: IrtSampler
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, subjects: _Optional[_Mapping[str, IrtSubject]] = ..., items: _Optional[_Mapping[str, IrtItem]] = ..., acceptance: _Optional[_Union[IrtAcceptance, _Mapping]] = ..., sampler: _Optional[_Union[IrtSampler, _Mapping]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class IrtResults(_message.Message):
+    __slots__ = ("subjects", "layer1", "layer2", "dropped", "null_fields", "empty_fields")
+    class SubjectsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: IrtSubject
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[IrtSubject, _Mapping]] = ...) -> None: ...
+    class Layer1Entry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: IrtFit
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[IrtFit, _Mapping]] = ...) -> None: ...
+    SUBJECTS_FIELD_NUMBER: _ClassVar[int]
+    LAYER1_FIELD_NUMBER: _ClassVar[int]
+    LAYER2_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    subjects: _containers.MessageMap[str, IrtSubject]
+    layer1: _containers.MessageMap[str, IrtFit]
+    layer2: IrtFit
+    dropped: _containers.RepeatedScalarFieldContainer[str]
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, subjects: _Optional[_Mapping[str, IrtSubject]] = ..., layer1: _Optional[_Mapping[str, IrtFit]] = ..., layer2: _Optional[_Union[IrtFit, _Mapping]] = ..., dropped: _Optional[_Iterable[str]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DefenceEffect(_message.Message):
+    __slots__ = ("n", "baseline", "defended", "av", "fv", "cv", "rr", "sr", "acv", "arac", "aitc", "value", "status", "reason", "null_fields", "empty_fields")
+    class AcvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: MetricNode
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[MetricNode, _Mapping]] = ...) -> None: ...
+    N_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    DEFENDED_FIELD_NUMBER: _ClassVar[int]
+    AV_FIELD_NUMBER: _ClassVar[int]
+    FV_FIELD_NUMBER: _ClassVar[int]
+    CV_FIELD_NUMBER: _ClassVar[int]
+    RR_FIELD_NUMBER: _ClassVar[int]
+    SR_FIELD_NUMBER: _ClassVar[int]
+    ACV_FIELD_NUMBER: _ClassVar[int]
+    ARAC_FIELD_NUMBER: _ClassVar[int]
+    AITC_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    n: int
+    baseline: ModelCapability
+    defended: ModelCapability
+    av: MetricNode
+    fv: MetricNode
+    cv: MetricNode
+    rr: MetricNode
+    sr: MetricNode
+    acv: _containers.MessageMap[str, MetricNode]
+    arac: MetricNode
+    aitc: MetricNode
+    value: float
+    status: str
+    reason: str
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, n: _Optional[int] = ..., baseline: _Optional[_Union[ModelCapability, _Mapping]] = ..., defended: _Optional[_Union[ModelCapability, _Mapping]] = ..., av: _Optional[_Union[MetricNode, _Mapping]] = ..., fv: _Optional[_Union[MetricNode, _Mapping]] = ..., cv: _Optional[_Union[MetricNode, _Mapping]] = ..., rr: _Optional[_Union[MetricNode, _Mapping]] = ..., sr: _Optional[_Union[MetricNode, _Mapping]] = ..., acv: _Optional[_Mapping[str, MetricNode]] = ..., arac: _Optional[_Union[MetricNode, _Mapping]] = ..., aitc: _Optional[_Union[MetricNode, _Mapping]] = ..., value: _Optional[float] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DefencePair(_message.Message):
+    __slots__ = ("baseline", "defended", "result", "attacks", "null_fields", "empty_fields")
+    class AttacksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: DefenceEffect
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[DefenceEffect, _Mapping]] = ...) -> None: ...
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    DEFENDED_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ATTACKS_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    baseline: str
+    defended: str
+    result: DefenceEffect
+    attacks: _containers.MessageMap[str, DefenceEffect]
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, baseline: _Optional[str] = ..., defended: _Optional[str] = ..., result: _Optional[_Union[DefenceEffect, _Mapping]] = ..., attacks: _Optional[_Mapping[str, DefenceEffect]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BenchmarkResults(_message.Message):
+    __slots__ = ("mode", "metric", "task", "attacks", "model_names", "sources", "models", "matrix", "baseline_evaluation", "notes", "twoway_models", "matrix_square", "twoway", "irt", "defence", "fast", "null_fields", "empty_fields")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    ATTACKS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    MATRIX_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_EVALUATION_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    TWOWAY_MODELS_FIELD_NUMBER: _ClassVar[int]
+    MATRIX_SQUARE_FIELD_NUMBER: _ClassVar[int]
+    TWOWAY_FIELD_NUMBER: _ClassVar[int]
+    IRT_FIELD_NUMBER: _ClassVar[int]
+    DEFENCE_FIELD_NUMBER: _ClassVar[int]
+    FAST_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    metric: str
+    task: str
+    attacks: _containers.RepeatedScalarFieldContainer[str]
+    model_names: _containers.RepeatedScalarFieldContainer[str]
+    sources: _containers.RepeatedScalarFieldContainer[str]
+    models: _containers.RepeatedCompositeFieldContainer[ModelSummary]
+    matrix: _containers.RepeatedCompositeFieldContainer[NumberMatrix]
+    baseline_evaluation: str
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    twoway_models: _containers.RepeatedScalarFieldContainer[str]
+    matrix_square: _containers.RepeatedCompositeFieldContainer[NumberMatrix]
+    twoway: TwoWayResults
+    irt: IrtResults
+    defence: _containers.RepeatedCompositeFieldContainer[DefencePair]
+    fast: FastRank
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, mode: _Optional[str] = ..., metric: _Optional[str] = ..., task: _Optional[str] = ..., attacks: _Optional[_Iterable[str]] = ..., model_names: _Optional[_Iterable[str]] = ..., sources: _Optional[_Iterable[str]] = ..., models: _Optional[_Iterable[_Union[ModelSummary, _Mapping]]] = ..., matrix: _Optional[_Iterable[_Union[NumberMatrix, _Mapping]]] = ..., baseline_evaluation: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ..., twoway_models: _Optional[_Iterable[str]] = ..., matrix_square: _Optional[_Iterable[_Union[NumberMatrix, _Mapping]]] = ..., twoway: _Optional[_Union[TwoWayResults, _Mapping]] = ..., irt: _Optional[_Union[IrtResults, _Mapping]] = ..., defence: _Optional[_Iterable[_Union[DefencePair, _Mapping]]] = ..., fast: _Optional[_Union[FastRank, _Mapping]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,33 @@
+"""The CANARY and benchmark parts of a report (CAN-1..CAN-5, CAN-7, CAN-8, CAN-10) as the
+report document's ``canary`` and ``benchmark``, read back key for key from their typed
+messages (``services/common/result_tree.py``), so report.json shows exactly what the scoring
+service's Compute returned; a part of more than :data:`MAX_PART_VALUES` values is an
+``InvalidArgument`` naming it. Pure code, no gRPC."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from fortis.report.v1 import report_pb2
+from fortis.services.common.result_tree import message_tree
+
+__all__ = ["benchmark_part", "canary_part"]
+
+#: Values copied from one part at most: the page draws what a caller sends (heat maps,
+#: tables), and no evaluation's results come near this.
+MAX_PART_VALUES: Final = 500_000
+
+
+def canary_part(parts: report_pb2.ReportParts) -> dict[str, Any] | None:
+    """CAN-1..4 per attack when the plan asked for them (``{"model", "attacks": {NAME:
+    {"effect", "cost", "perturbation"}}, "notes"}``); None when the parts carry none."""
+    if not parts.HasField("canary"):
+        return None
+    return dict(message_tree(parts.canary, "parts.canary", MAX_PART_VALUES))
+
+
+def benchmark_part(parts: report_pb2.ReportParts) -> dict[str, Any] | None:
+    """A multi-target plan's cross-model section (CAN-5/7/8/10); None for other plans."""
+    if not parts.HasField("benchmark"):
+        return None
+    return dict(message_tree(parts.benchmark, "parts.benchmark", MAX_PART_VALUES))
