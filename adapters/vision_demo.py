@@ -36,6 +36,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+from fortis.core.task import Task
 from fortis.services.common.errors import FailedPrecondition
 from fortis.services.common.seeding import rng_for
 
@@ -248,7 +249,7 @@ def segmentation_scenes(n: int = SEGMENTATION_IMAGES, seed: int = DEMO_SEED
 
 def describe(task: str) -> str:
     """What the demo evaluates, in one sentence (the CLI prints it; docs say the same)."""
-    if task == "detection":
+    if task == Task.DETECTION:
         return (f"{DETECTION_IMAGES} generated {SIDE}x{SIDE} scenes: 0-2 faces of scikit-image's "
                 "bundled Labeled Faces in the Wild subset pasted at known boxes onto offline "
                 f"photos (seed {DEMO_SEED})")
@@ -266,12 +267,12 @@ def write_demo_manifest(task: str, out_dir: Path) -> Path:
     def write(name: str, img: np.ndarray) -> None:
         cv2.imwrite(str(out_dir / name), img)
 
-    if task == "detection":
+    if task == Task.DETECTION:
         for iid, img, boxes in detection_scenes():
             write(f"{iid}.png", cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
             rows.append({"id": iid, "image": f"{iid}.png", "boxes": boxes,
                          "labels": [0] * len(boxes), "box_format": "xyxy"})
-    elif task == "segmentation":
+    elif task == Task.SEGMENTATION:
         for iid, img, mask in segmentation_scenes():
             write(f"{iid}.png", cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
             write(f"{iid}-mask.png", mask)
@@ -318,7 +319,7 @@ corruptions:
 
 
 def demo_plan(task: str, manifest: Path) -> str:
-    template = DETECTION_PLAN if task == "detection" else SEGMENTATION_PLAN
-    n = DETECTION_IMAGES if task == "detection" else SEGMENTATION_IMAGES
+    template = DETECTION_PLAN if task == Task.DETECTION else SEGMENTATION_PLAN
+    n = DETECTION_IMAGES if task == Task.DETECTION else SEGMENTATION_IMAGES
     return template.format(manifest=manifest.as_posix(), n=n, seed=DEMO_SEED,
                            what=describe(task))

@@ -33,6 +33,7 @@ from fortis.adapters.http_json.request import (
 from fortis.adapters.http_json.response import prediction_from_answer
 from fortis.adapters.target_errors import TargetResponseError
 from fortis.common.v1 import common_pb2
+from fortis.core.task import Task
 from fortis.services.common import errors
 from fortis.target.v1 import target_pb2
 
@@ -76,9 +77,9 @@ class HttpJsonBackend:
     # -- TargetBackend ----------------------------------------------------------------------
     def info(self) -> target_pb2.TargetInfo:
         p = self.profile
-        if p.task == "classification":
+        if p.task == Task.CLASSIFICATION:
             kind = CLASSIFICATION_OUTPUTS[p.output]
-        elif p.task == "detection":
+        elif p.task == Task.DETECTION:
             kind = common_pb2.OUTPUT_KIND_BOXES
         else:
             kind = common_pb2.OUTPUT_KIND_MASKS

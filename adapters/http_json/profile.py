@@ -22,6 +22,7 @@ import yaml
 from fortis.adapters.http_json.auth import AuthSpec, SecretRef
 from fortis.adapters.http_json.templates import PLACEHOLDERS, expand_env, placeholders_in
 from fortis.common.v1 import common_pb2
+from fortis.core.task import Task
 from fortis.services.common import errors
 from jmespath.exceptions import JMESPathError
 from jmespath.parser import ParsedResult
@@ -29,10 +30,10 @@ from jmespath.parser import ParsedResult
 #: Where profiles named without a path (``http-json:google-vision-labels``) are looked up.
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 
-TASKS: dict[str, common_pb2.TaskType] = {
-    "classification": common_pb2.TASK_TYPE_CLASSIFICATION,
-    "detection": common_pb2.TASK_TYPE_DETECTION,
-    "segmentation": common_pb2.TASK_TYPE_SEGMENTATION,
+TASKS: dict[Task, common_pb2.TaskType] = {
+    Task.CLASSIFICATION: common_pb2.TASK_TYPE_CLASSIFICATION,
+    Task.DETECTION: common_pb2.TASK_TYPE_DETECTION,
+    Task.SEGMENTATION: common_pb2.TASK_TYPE_SEGMENTATION,
 }
 CLASSIFICATION_OUTPUTS: dict[str, common_pb2.OutputKind] = {
     "top_k": common_pb2.OUTPUT_KIND_TOP_K_SCORES,
@@ -94,7 +95,7 @@ class Profile:
 
     name: str
     source: str
-    task: str
+    task: Task
     labels: tuple[str, ...] = ()
     label_map: Mapping[str, str] = field(default_factory=dict)
     label_index: Mapping[str, int] = field(default_factory=dict)   # matching key -> index
@@ -313,7 +314,8 @@ def parse_profile(data: Any, *, source: str = "<profile>", base_dir: Path | None
     problems: list[errors.FieldViolation] = []
     top = _Reader(data, "", problems)
     name = top.string("name", required=True)
-    task = top.string("task", required=True, choices=tuple(TASKS))
+    task_name = top.string("task", required=True, choices=tuple(TASKS))
+    task = Task(task_name) if task_name else None     # None: missing or unknown, a problem
     output = top.string("output", "top_k", choices=tuple(CLASSIFICATION_OUTPUTS))
     top_k = int(top.num("top_k", 0, lo=0, integer=True))
     labels_raw = top.get("labels")
@@ -469,23 +471,24 @@ def parse_profile(data: Any, *, source: str = "<profile>", base_dir: Path | None
             box = BoxSpec(path=bpath, path_text=btext, format=bfmt, keys=keys, tolerance_px=tol)
     bx.finish()
     rs.finish()
-    if task == "detection" and box is None:
+    if task == Task.DETECTION and box is None:
         problems.append(errors.FieldViolation("response.box", "required for task: detection"))
-    if task == "segmentation" and mask is None:
+    if task == Task.SEGMENTATION and mask is None:
         problems.append(errors.FieldViolation("response.mask", "required for task: segmentation"))
-    if task != "segmentation" and mask is not None:
+    if task != Task.SEGMENTATION and mask is not None:
         problems.append(errors.FieldViolation("response.mask", "only used by task: segmentation"))
-    if task == "classification" and output != "label_only" and score is None:
+    if task == Task.CLASSIFICATION and output != "label_only" and score is None:
         problems.append(errors.FieldViolation("response.score",
                                               f"output: {output} needs a score path (or use "
                                               "output: label_only)"))
-    if task == "classification" and output == "full_scores" and not labels:
+    if task == Task.CLASSIFICATION and output == "full_scores" and not labels:
         problems.append(errors.FieldViolation("labels", "output: full_scores needs the label set"))
     top.finish()
     if problems:
         raise errors.InvalidArgument.from_violations(
             [errors.FieldViolation(v.field, f"{v.description} [profile {source}]")
              for v in problems])
+    assert task is not None                 # a missing or unknown task is one of the problems
     if label_match == "case_insensitive":     # looked up by the folded service name
         label_map = {k.casefold(): v for k, v in label_map.items()}
     label_index: dict[str, int] = {}

@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 from fortis.adapters.http_json.profile import BoxSpec, MaskSpec, Profile
 from fortis.common.v1 import common_pb2
+from fortis.core.task import Task
 from fortis.services.common.codec import fill_tensor
 
 # ---------------------------------------------------------------------------------------------
@@ -298,7 +299,7 @@ def prediction_from_answer(p: Profile, doc: Any, width: int, height: int
             text = err if isinstance(err, str) else json.dumps(err)[:300]
             raise ValueError(f"the service reported an error: {text}")
     missing_zero = p.missing_numbers == "zero"
-    if p.task == "segmentation" and p.mask is not None and p.mask.kind == "class_map":
+    if p.task == Task.SEGMENTATION and p.mask is not None and p.mask.kind == "class_map":
         m = _mask_of(p.mask, doc)
         if m.shape != (height, width):
             raise ValueError(f"class map is {m.shape[1]}x{m.shape[0]}, the image is "
@@ -307,7 +308,7 @@ def prediction_from_answer(p: Profile, doc: Any, width: int, height: int
         fill_tensor(pred.segmentation.class_map, m.astype(np.int32))   # in place (codec)
         return pred
     items = _items_of(p, doc)
-    if p.task == "classification":
+    if p.task == Task.CLASSIFICATION:
         best: dict[tuple[int, str], float | None] = {}
         for i, item in enumerate(items):
             lab = _label_of(p, item, i)
@@ -334,7 +335,7 @@ def prediction_from_answer(p: Profile, doc: Any, width: int, height: int
                 c.score = s
             classes.append(c)
         return common_pb2.Prediction(classification=common_pb2.Classification(classes=classes))
-    if p.task == "detection":
+    if p.task == Task.DETECTION:
         assert p.box is not None
         boxes = []
         for i, item in enumerate(items):

@@ -39,6 +39,7 @@ from typing import Any, Final
 import torch
 from fortis.adapters.stand_ins import package, temporary_modules
 from fortis.adapters.torch_models.normalisation import register_normalisation
+from fortis.core.task import Task
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from fortis.services.common.surrogates import (
     SurrogateSpec,
@@ -201,7 +202,7 @@ class LoadedSurrogate:
     """What the attacks take (``.model``, ``.input_spec``, ``.name``, ``.feature_model``),
     plus ``mapped_targets`` (target classes some surrogate class maps to) and ``spec``."""
 
-    task = "classification"
+    task = Task.CLASSIFICATION
 
     def __init__(self, model: MappedSurrogate, spec: SurrogateSpec) -> None:
         self.model = model.eval()
@@ -226,7 +227,7 @@ def load_surrogate(path: Path, spec: SurrogateSpec, field: str) -> Any:
     wrapped with its task loss and its declared outputs are checked the same way
     (``task_surrogate.py``; problems name ``<definition>.outputs.<name>``)."""
     net = load_network(path, spec.format, field)
-    if spec.task != "classification":
+    if spec.task != Task.CLASSIFICATION:
         from .task_surrogate import task_surrogate
 
         return task_surrogate(net, spec, field.removesuffix(".model"))

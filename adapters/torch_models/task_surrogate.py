@@ -50,6 +50,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from fortis.adapters.torch_models.normalisation import register_normalisation
+from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import MAX_SURROGATE_DETECTIONS, MAX_SURROGATE_SIDE
 from fortis.services.common.surrogates import SurrogateSpec
@@ -163,7 +164,7 @@ class _TaskSurrogate:
 class DetectorSurrogate(_TaskSurrogate):
     """A detector as the surrogate of transfer attacks on a detection target (module doc)."""
 
-    task = "detection"
+    task = Task.DETECTION
 
     def __init__(self, model: TaskNet, spec: SurrogateSpec) -> None:
         super().__init__(model, spec)
@@ -284,7 +285,7 @@ class SegmenterSurrogate(_TaskSurrogate):
     """A segmenter as the surrogate of transfer attacks on a segmentation target (module
     doc)."""
 
-    task = "segmentation"
+    task = Task.SEGMENTATION
 
     def __init__(self, model: TaskNet, spec: SurrogateSpec) -> None:
         super().__init__(model, spec)
@@ -376,7 +377,7 @@ def check_task_outputs(model: TaskNet, spec: SurrogateSpec, field: str) -> None:
         return InvalidArgument(f"{field}.outputs.{name}", f"output {getattr(o, name)} is "
                                f"{list(t.shape)}; {want} is needed")
 
-    if spec.task == "detection":
+    if spec.task == Task.DETECTION:
         boxes = get("boxes", o.boxes)
         if boxes.ndim != 3 or boxes.shape[0] != 1 or boxes.shape[2] != 4:
             raise refuse("boxes", boxes, "N x K x 4 (x_min, y_min, x_max, y_max)")
@@ -421,6 +422,6 @@ def task_surrogate(net: nn.Module, spec: SurrogateSpec, field: str
     model = TaskNet(net, height=spec.height, width=spec.width, channels=spec.channels,
                     mean=spec.mean, std=spec.std)
     check_task_outputs(model, spec, field)
-    if spec.task == "detection":
+    if spec.task == Task.DETECTION:
         return DetectorSurrogate(model, spec)
     return SegmenterSurrogate(model, spec)

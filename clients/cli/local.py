@@ -21,6 +21,7 @@ from typing import Any
 
 from fortis.cli import remote
 from fortis.cli.output import EXIT_BAD_INPUT, EXIT_FAILED, err, print_violations
+from fortis.core.task import Task
 
 
 def demo_plan_text() -> str:
@@ -108,7 +109,8 @@ def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace,
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    if ns.task == "classification":
+    task = Task(ns.task)                # argparse let only the tasks' names through
+    if task == Task.CLASSIFICATION:
         return _run_plan(demo_plan_text(), Path(ns.out), ns)
     import subprocess
 
@@ -124,11 +126,11 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         if r.returncode != 0:
             err(f"installing the vision models failed:\n{r.stderr[-2000:]}")
             return EXIT_FAILED
-    manifest = write_demo_manifest(ns.task, Path(ns.out) / "data")
+    manifest = write_demo_manifest(task, Path(ns.out) / "data")
     if not ns.quiet:
-        print(f"Demo data: {describe(ns.task)}; written to {manifest.parent}", file=sys.stderr)
+        print(f"Demo data: {describe(task)}; written to {manifest.parent}", file=sys.stderr)
     # the demo's data folder is the embedded server's data root; the plan names the manifest in it
-    return _run_plan(demo_plan(ns.task, Path(manifest.name)), Path(ns.out), ns,
+    return _run_plan(demo_plan(task, Path(manifest.name)), Path(ns.out), ns,
                      data_root=manifest.parent)
 
 

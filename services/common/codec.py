@@ -13,6 +13,7 @@ from typing import Any
 import cv2
 import numpy as np
 from fortis.common.v1 import common_pb2
+from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 
 #: Largest image accepted, pixels (guards against decompression bombs).
@@ -308,15 +309,16 @@ def dense_scores(pred: common_pb2.Prediction, num_classes: int) -> np.ndarray:
 
 def summarize(pred: common_pb2.Prediction) -> str:
     """Short ledger summary of an answer."""
-    kind = pred.WhichOneof("result")
-    if kind == "classification":
+    which = pred.WhichOneof("result")
+    task = Task(which) if which else None    # the result's oneof fields are named after the tasks
+    if task == Task.CLASSIFICATION:
         cls = pred.classification.classes
         if not cls:
             return "empty"
         top = cls[0]
         return f"top1={top.label}" + (f" p={top.score:.4f}" if top.HasField("score") else "")
-    if kind == "detection":
+    if task == Task.DETECTION:
         return f"boxes={len(pred.detection.boxes)}"
-    if kind == "segmentation":
+    if task == Task.SEGMENTATION:
         return f"mask={list(pred.segmentation.class_map.shape)}"
     return "none"

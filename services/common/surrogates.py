@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from fortis.core.task import TASKS, Task
 from fortis.services.common.blobs import is_blob_id
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from fortis.services.common.limits import (
@@ -65,21 +66,21 @@ BUILTIN_SURROGATE_NAMES: Final = ("fmnist-cnn", "fmnist-surrogate", "fmnist-mlp"
 #: segmenter, with a ``task_loss``: fortis.adapters.vision_targets.surrogates); every other
 #: built-in and every tenant surrogate is a classifier. A transfer attack is crafted on a
 #: surrogate of the target's task (the plan validator checks it).
-BUILTIN_SURROGATE_TASKS: Final[Mapping[str, str]] = {"mtcnn-surrogate": "detection",
-                                                     "u2netp-surrogate": "segmentation"}
+BUILTIN_SURROGATE_TASKS: Final[Mapping[str, Task]] = {"mtcnn-surrogate": Task.DETECTION,
+                                                      "u2netp-surrogate": Task.SEGMENTATION}
 #: Model file formats ("" = detected from the content: a zip archive is TorchScript).
 FORMATS: Final = ("torchscript", "onnx")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _KEYS: Final = frozenset({"name", "model", "format", "input", "mean", "std", "labels",
                           "label_map", "task", "outputs"})
 #: What a surrogate does (a transfer attack on a target is crafted on one of its task).
-SURROGATE_TASKS: Final = ("classification", "detection", "segmentation")
+SURROGATE_TASKS: Final = TASKS
 #: What a segmenter surrogate's mask output holds: per-pixel class logits (N x C x h x w), or
 #: the foreground's probability or logit (N x 1 x h x w; its labels: background, foreground).
 MASK_KINDS: Final = ("class_logits", "probability", "logit")
 #: The outputs each task declares.
-_OUTPUT_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
-    "detection": ("boxes", "scores", "labels", "class_logits"), "segmentation": ("mask",)}
+_OUTPUT_KEYS: Final[Mapping[Task, tuple[str, ...]]] = {
+    Task.DETECTION: ("boxes", "scores", "labels", "class_logits"), Task.SEGMENTATION: ("mask",)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,9 +117,10 @@ def check_outputs(task: str, outputs: SurrogateOutputs, n_labels: int, path: str
         bad(FieldViolation(f"{path}.task", f"must be one of {', '.join(SURROGATE_TASKS)}, got "
                                            f"{_short(task)}"))
         return
+    task = Task(task)                       # a request's spec carries the name, checked above
     pos = outputs.positions()
     where = f"{path}.outputs"
-    if task == "classification":
+    if task == Task.CLASSIFICATION:
         if pos or outputs.mask_kind:
             bad(FieldViolation(where, "only for detection and segmentation surrogates: a "
                                       "classifier's one output is its logits"))
@@ -137,7 +139,7 @@ def check_outputs(task: str, outputs: SurrogateOutputs, n_labels: int, path: str
         if v in seen:
             bad(FieldViolation(f"{where}.{k}", f"output {v} is already the {seen[v]}"))
         seen.setdefault(v, k)
-    if task == "detection":
+    if task == Task.DETECTION:
         for k in ("boxes", "scores"):
             if k not in pos:
                 bad(FieldViolation(f"{where}.{k}", "required for a detection surrogate: "
@@ -182,7 +184,7 @@ class SurrogateDefinition:
     #: (surrogate label, target label) as written: an int index or a name each; empty: by name.
     label_map: tuple[tuple[int | str, int | str], ...] = ()
     #: classification, detection or segmentation
-    task: str = "classification"
+    task: Task = Task.CLASSIFICATION
     #: a detector's or segmenter's outputs (empty for a classifier)
     outputs: SurrogateOutputs = field(default_factory=SurrogateOutputs)
 
@@ -204,7 +206,8 @@ class SurrogateSpec:
     mapping: tuple[tuple[int, int], ...]
     target_classes: int
     extra: Mapping[str, Any] = field(default_factory=dict)
-    task: str = "classification"
+    #: a request's task name as sent (:meth:`check` refuses one that is not a task)
+    task: str = Task.CLASSIFICATION
     outputs: SurrogateOutputs = field(default_factory=SurrogateOutputs)
 
     def key(self) -> tuple[Any, ...]:
@@ -397,21 +400,22 @@ def parse_definition(doc: Any, path: str, *, model_kind: str = "blob") -> tuple[
                         break
                 else:
                     pairs.append((k, val))
-    task = doc.get("task", "classification")
-    if task not in SURROGATE_TASKS:
+    task_name = doc.get("task", Task.CLASSIFICATION)
+    if task_name not in SURROGATE_TASKS:
         bad(FieldViolation(f"{path}.task", f"must be one of {', '.join(SURROGATE_TASKS)}, got "
-                                           f"{_short(task)}"))
-        task = "classification"
-    outputs = _parse_outputs(doc.get("outputs"), str(task), f"{path}.outputs", bad)
+                                           f"{_short(task_name)}"))
+        task_name = Task.CLASSIFICATION
+    task = Task(task_name)
+    outputs = _parse_outputs(doc.get("outputs"), task, f"{path}.outputs", bad)
     if not problems:
-        check_outputs(str(task), outputs, len(labels), path, bad)
+        check_outputs(task, outputs, len(labels), path, bad)
     if problems:
         return None, problems
     return SurrogateDefinition(
         name=str(name), model=str(model), format=str(fmt), height=height, width=width,
         channels=channels, mean=tuple(float(x) for x in mean),
         std=tuple(float(x) for x in std), labels=tuple(str(x) for x in labels),
-        label_map=tuple(pairs), task=str(task), outputs=outputs), []
+        label_map=tuple(pairs), task=task, outputs=outputs), []
 
 
 #: Per declared output: its options and their choices (the first the default).
@@ -420,7 +424,7 @@ _OUTPUT_OPTIONS: Final[Mapping[str, tuple[str, tuple[str, ...]] | None]] = {
     "labels": None, "class_logits": None, "mask": ("kind", MASK_KINDS)}
 
 
-def _parse_outputs(raw: Any, task: str, where: str, bad: Any) -> SurrogateOutputs:
+def _parse_outputs(raw: Any, task: Task, where: str, bad: Any) -> SurrogateOutputs:
     """The plan's ``outputs`` section (module doc) as typed positions; the combinations are
     checked by :func:`check_outputs`."""
     if raw is None:

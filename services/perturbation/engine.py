@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import validate_params
 from fortis.services.common.seeding import rng_for
@@ -153,7 +154,7 @@ def attack_params(spec: Any, params: Mapping[str, Any] | None) -> dict[str, Any]
 
 
 def validate_attack(attack_id: str, params: Mapping[str, Any] | None, *,
-                    task: str = "classification", signal: str = "",
+                    task: str = Task.CLASSIFICATION, signal: str = "",
                     criterion: Criterion | Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Whether an attack can run with these parameters and this criterion against a target of
     ``task`` giving ``signal`` ("" = not known: not checked), before any image: every rule
@@ -203,8 +204,8 @@ def run_attack(attack_id: str, params: Mapping[str, Any], seed: int, items: Sequ
             for i, r in zip(idx, part, strict=True):
                 out[i] = r
         return [r for r in out if r is not None]
-    task = str(getattr(query, "task", None) or "classification") if spec.is_query_attack \
-        else str(getattr(surrogate, "task", None) or "classification")
+    task = str(getattr(query, "task", None) or Task.CLASSIFICATION) if spec.is_query_attack \
+        else str(getattr(surrogate, "task", None) or Task.CLASSIFICATION)
     crit = attack_criterion(task, criterion)
     signal = str(getattr(query, "signal", None) or "scores") if query is not None else ""
     check_attack_fits(spec, task, signal, crit)
@@ -248,12 +249,12 @@ def _references(task: str, items: Sequence[AttackItem]) -> tuple[Any, ...]:
     """The criterion's reference per image (checked): classification needs a true label per
     image; detection takes the objects of interest, segmentation a mask of the image's size
     (None: the clean answer's)."""
-    if task == "classification":
+    if task == Task.CLASSIFICATION:
         for i, it in enumerate(items):
             if not it.labels:
                 raise InvalidArgument(f"images[{i}].labels", "at least one true label is required")
         return ()
-    if task == "detection":
+    if task == Task.DETECTION:
         return tuple(it.objects for it in items)
     out: list[np.ndarray | None] = []
     for i, it in enumerate(items):

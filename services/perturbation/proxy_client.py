@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import grpc
 import numpy as np
 from fortis.common.v1 import common_pb2
+from fortis.core.task import Task
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors
 from fortis.services.common.codec import add_images, dense_scores, tensor_to_array
@@ -39,13 +40,13 @@ def decode_answer(pred: common_pb2.Prediction, task: str, k: int) -> Answer:
     where = f"predictions[{k}]"
     if kind != task:
         raise errors.InvalidArgument(where, f"expected a {task} answer, got {kind or 'nothing'}")
-    if kind == "classification":
+    if kind == Task.CLASSIFICATION:
         cls = pred.classification.classes
         labels = tuple(int(c.label) for c in cls)
         scored = bool(cls) and all(c.HasField("score") for c in cls)
         return ClassAnswer(labels=labels,
                            scores=tuple(float(c.score) for c in cls) if scored else None)
-    if kind == "detection":
+    if kind == Task.DETECTION:
         bs = pred.detection.boxes
         return BoxAnswer(
             boxes=np.array([[b.x_min, b.y_min, b.x_max, b.y_max] for b in bs],
@@ -72,7 +73,7 @@ def decode_answer(pred: common_pb2.Prediction, task: str, k: int) -> Answer:
 class ProxyQueryClient:
     def __init__(self, stub: proxy_pb2_grpc.TargetProxyServiceStub, *, session_id: str,
                  origin: str, num_classes: int, metadata: Sequence[tuple[str, str]] = (),
-                 timeout_s: float = 120.0, task: str = "classification",
+                 timeout_s: float = 120.0, task: str = Task.CLASSIFICATION,
                  output_kind: str = "full_scores") -> None:
         self.stub = stub
         self.session_id = session_id

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 
 from .base import (
@@ -99,7 +100,7 @@ def iterate(wb: WhiteBox, images: np.ndarray, s: Steps,
             x = to_tensor(xs)
             # initially_correct from the first gradient step's clean forward pass when it is
             # one (no random start, no DI / SI transform): no forward pass spent on it
-            correct = None if (s.steps and not s.random_start and wb.task == "classification") \
+            correct = None if (s.steps and not s.random_start and wb.task == Task.CLASSIFICATION) \
                 else wb.check_classifier(x, rows)
             adv = x.clone()
             if s.random_start:

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
@@ -289,7 +290,7 @@ def _run(norm: ZoNorm, prior: bool):
                                                    "transfer-based prior")
             check_surrogate_input(ctx.surrogate, ctx.images.shape[1:])
             model = ctx.surrogate.model
-            if ctx.task != "classification":
+            if ctx.task != Task.CLASSIFICATION:
                 raise InvalidArgument("criterion", "P-RGF's prior is a classifier's gradient: "
                                                    "classification criteria only")
             target = getattr(ctx.criterion, "target", None) if \

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
@@ -205,9 +206,9 @@ class WhiteBox:
             raise InvalidArgument("surrogate", "name a surrogate model")
         self.surrogates = list(surrogates)
         self.models = [s.model for s in self.surrogates]
-        self.task = str(getattr(self.surrogates[0], "task", "classification") or "classification")
+        self.task = str(getattr(self.surrogates[0], "task", None) or Task.CLASSIFICATION)
         for s in self.surrogates[1:]:
-            if str(getattr(s, "task", "classification") or "classification") != self.task:
+            if str(getattr(s, "task", None) or Task.CLASSIFICATION) != self.task:
                 raise InvalidArgument("surrogate", "an ensemble mixes surrogates of different tasks")
         self.labels = torch.from_numpy(np.asarray(labels, dtype=np.int64))
         self.boosters = boosters or Boosters({})
@@ -265,7 +266,7 @@ class WhiteBox:
     def check_classifier(self, x: torch.Tensor, rows: np.ndarray | None = None) -> np.ndarray:
         """Whether the surrogate(s) classify each image correctly (initially_correct), after
         checking the logits' shape and the labels' range."""
-        if self.task != "classification":
+        if self.task != Task.CLASSIFICATION:
             return np.ones(x.shape[0], dtype=bool)
         y = self._y(rows, x.shape[0])
         with torch.inference_mode():
@@ -327,7 +328,7 @@ class WhiteBox:
         DI-transformed, over the surrogates' averaged logits (``ensemble_mode: logits``) or
         their averaged losses (``loss``). ``rows``: the batch indices of ``x``'s images
         (None: all, in order)."""
-        if self.task != "classification":
+        if self.task != Task.CLASSIFICATION:
             return self._task_loss(x, rows)
         y = self._y(rows, x.shape[0])
         self._smooth_hook(x)
