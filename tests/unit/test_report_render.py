@@ -600,9 +600,9 @@ def test_report_parts_typed_examples_render() -> None:
 
 
 def test_malformed_open_parts_render_without_failing() -> None:
-    """canary and benchmark travel as open Structs, examples from any RenderReport caller:
-    wrong types, strings for ranks, hundreds of heat maps must neither fail the render nor
-    make it draw without bound."""
+    """render_html takes any report document (a stored report.json, a caller's parts): in
+    canary, benchmark and examples, wrong types, strings for ranks, hundreds of heat maps
+    must neither fail the render nor make it draw without bound."""
     r = _report()
     r["metrics"]["attacks"][QUERY]["success_by_queries"] = [[1], "x", [None, 0.5], [3, 0.2]]
     r["canary"] = {"attacks": {"x": "str", "y": {"effect": [1, 2], "cost": {"CTC": "fast"}}},
