@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 from fortis.common.v1 import common_pb2
+from fortis.core.task import Task
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.report.v1 import report_pb2 as rpb
 from fortis.scoring.v1 import scoring_pb2 as spb
@@ -51,9 +52,9 @@ _KINDS = {"clean": spb.SETTING_KIND_CLEAN, "corruption": spb.SETTING_KIND_CORRUP
           "transfer_attack": spb.SETTING_KIND_TRANSFER_ATTACK,
           "query_attack": spb.SETTING_KIND_QUERY_ATTACK,
           "degradation": spb.SETTING_KIND_DEGRADATION}
-_TASKS = {"classification": common_pb2.TASK_TYPE_CLASSIFICATION,
-          "detection": common_pb2.TASK_TYPE_DETECTION,
-          "segmentation": common_pb2.TASK_TYPE_SEGMENTATION}
+_TASKS = {Task.CLASSIFICATION: common_pb2.TASK_TYPE_CLASSIFICATION,
+          Task.DETECTION: common_pb2.TASK_TYPE_DETECTION,
+          Task.SEGMENTATION: common_pb2.TASK_TYPE_SEGMENTATION}
 _OUTPUTS = {"full_scores": common_pb2.OUTPUT_KIND_FULL_SCORES,
             "top_k": common_pb2.OUTPUT_KIND_TOP_K_SCORES,
             "label_only": common_pb2.OUTPUT_KIND_LABEL_ONLY,
@@ -155,10 +156,10 @@ def fill_reference(li: ppb.LabeledImage, ref: Any) -> None:
 def scoring_setup(s: ScoringSetup) -> spb.ScoringSetup:
     msg = spb.ScoringSetup(image_ids=list(s.image_ids), ranking=spb.RankingOptions(
         enabled=s.ranking, reason=s.ranking_reason, num_classes=s.num_classes))
-    if s.task == "classification":
+    if s.task == Task.CLASSIFICATION:
         msg.classification.labels.extend(spb.LabelSet(labels=[int(x) for x in lab]) for lab in s.truth)
         msg.correctness.CopyFrom(correctness_rule(s.criterion))
-    elif s.task == "detection":
+    elif s.task == Task.DETECTION:
         for t in s.truth:
             w, h = (t.get("image_size") or [0, 0])[:2]
             img = msg.detection.images.add(
@@ -283,9 +284,9 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
         endpoint=plan.target.endpoint, output_kind=_OUTPUTS.get(t.output_kind, 0),
         top_k=t.top_k, labels_count=len(t.labels), version=t.version,
         input_height=t.input_height, input_width=t.input_width, input_channels=t.input_channels)
-    if plan.target.task == "classification":
+    if plan.target.task == Task.CLASSIFICATION:
         target.correctness.CopyFrom(correctness_rule(plan.correctness))
-    elif plan.target.task == "detection":
+    elif plan.target.task == Task.DETECTION:
         target.detection.CopyFrom(detection_criterion(plan.detection))
     else:
         target.segmentation.CopyFrom(segmentation_criterion(plan.segmentation))

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import numpy as np
+from fortis.core.task import Task
 from fortis.report.v1 import report_pb2
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import (
@@ -157,21 +158,21 @@ def _example_marks(e: report_pb2.ExampleImage, path: str, shape: tuple[int, ...]
         out["original_verdict"], out["perturbed_verdict"] = verdicts
     for side in ("truth", "original", "perturbed"):
         boxes = _example_boxes(getattr(e, f"{side}_boxes"), f"{path}.{side}_boxes")
-        if boxes and task != "detection":
+        if boxes and task != Task.DETECTION:
             raise InvalidArgument(f"{path}.{side}_boxes", f"boxes are drawn in detection "
                                                           f"reports; this target's task is {task}")
-        if task == "detection":
+        if task == Task.DETECTION:
             out[f"{side}_boxes"] = boxes
     for side in ("truth", "original", "perturbed"):
         mask = _example_mask(getattr(e, f"{side}_mask_png"), f"{path}.{side}_mask_png", shape,
                              len(classes))
-        if mask is not None and task != "segmentation":
+        if mask is not None and task != Task.SEGMENTATION:
             raise InvalidArgument(f"{path}.{side}_mask_png", f"masks are drawn in segmentation "
                                                              f"reports; this target's task is "
                                                              f"{task}")
-        if task == "segmentation":
+        if task == Task.SEGMENTATION:
             out[f"{side}_mask"] = mask
-    if task == "segmentation":
+    if task == Task.SEGMENTATION:
         out["mask_classes"] = classes
     return out
 
