@@ -20,7 +20,10 @@ TRANSPORT = {"servicer.py", "backends.py", "proxy_client.py", "clients.py", "ser
 #: root of ``fortis worker`` (wires channels as app.py does) and the health servicer every
 #: server registers (services/common/health.py).
 TRANSPORT_PATHS = {"services/evaluation/uploads.py", "services/worker_app.py",
-                   "services/common/health.py"}
+                   "services/common/health.py",
+                   # server.py's parts: admission, the handler wrapper, the interceptor, reflection
+                   "services/common/admission.py", "services/common/call_handler.py",
+                   "services/common/interceptor.py", "services/common/reflection.py"}
 
 
 def test_buf_lint_standard():
