@@ -262,6 +262,27 @@ def compute_ieee_metrics(
     The products are computed on a (settings x M) boolean matrix, so M = 10,000 images under
     75 settings takes milliseconds.
     """
+    ids, known = _checked_image_ids(image_ids)
+    m = len(ids)
+    # Every input is checked before anything is computed, and all its faults reported at once.
+    clean_vec, violations = _result_vector(clean, "clean", ids, known)
+    corr_res, v = _corruption_results(corruptions, ids, known)
+    violations += v
+    att_res, covered, v = _attack_results(attacks, attack_budgets, attack_coverage, ids, known)
+    violations += v
+    _refuse_violations(violations)
+
+    out: dict[str, Any] = {"m": m}
+    out["accuracy"] = _rate(int(np.count_nonzero(clean_vec)), m)       # IEEE-M1
+    out.update(_corruption_robustness(corr_res, m))
+    out.update(_corruption_worst_case(corr_res, m))
+    out.update(_attack_robustness(att_res, covered, ids, clean_vec, attack_budgets, m))
+    out["worstcase_robustness_adv"] = _attack_worst_case(att_res, ids, m)
+    return out
+
+
+def _checked_image_ids(image_ids: Sequence[str]) -> tuple[list[str], set[str]]:
+    """The M image ids as strings, and as a set; InvalidArgument when none or repeated."""
     ids = [str(i) for i in image_ids]
     if not ids:
         raise InvalidArgument("image_ids", "at least one image is needed (M >= 1)")
@@ -269,12 +290,15 @@ def compute_ieee_metrics(
     if len(known) != len(ids):
         dup = sorted(i for i, c in Counter(ids).items() if c > 1)
         raise InvalidArgument("image_ids", f"duplicate image ids: {', '.join(dup[:10])}")
-    m = len(ids)
+    return ids, known
+
+
+def _corruption_results(corruptions: Mapping[str, Mapping[int, ResultVector]],
+                        ids: list[str], known: set[str]
+                        ) -> tuple[dict[str, dict[int, np.ndarray]], list[FieldViolation]]:
+    """Corr_Result(i, (name, severity)) as one boolean vector per setting, and what is wrong
+    with the input (a corruption without severities, a severity not an integer or twice)."""
     violations: list[FieldViolation] = []
-
-    clean_vec, v = _result_vector(clean, "clean", ids, known)
-    violations += v
-
     corr_res: dict[str, dict[int, np.ndarray]] = {}
     for name, by_sev in corruptions.items():
         field = f"corruptions.{name}"
@@ -295,7 +319,18 @@ def compute_ieee_metrics(
                 continue
             corr_res[name][s], v = _result_vector(results, f"{field}.{s}", ids, known)
             violations += v
+    return corr_res, violations
 
+
+def _attack_results(attacks: Mapping[str, Sequence[AttackImageOutcome]],
+                    attack_budgets: Mapping[str, int | None],
+                    attack_coverage: Mapping[str, Sequence[str]] | None,
+                    ids: list[str], known: set[str]
+                    ) -> tuple[dict[str, dict[str, AttackImageOutcome]], dict[str, list[str]],
+                               list[FieldViolation]]:
+    """Each attack's outcomes by image id and the images it covered, and what is wrong with
+    the input (an image missing, repeated, unknown or outside the coverage; a bad budget)."""
+    violations: list[FieldViolation] = []
     att_res: dict[str, dict[str, AttackImageOutcome]] = {}
     covered: dict[str, list[str]] = {}
     for name, outcomes in attacks.items():
@@ -332,7 +367,11 @@ def compute_ieee_metrics(
             violations.append(FieldViolation(f"attack_budgets.{name}",
                                              f"must be a positive integer or null; got {budget!r}"))
         att_res[name] = by_id
+    return att_res, covered, violations
 
+
+def _refuse_violations(violations: list[FieldViolation]) -> None:
+    """InvalidArgument listing the first ``_MAX_LISTED`` faults (and how many more)."""
     if violations:
         more = len(violations) - _MAX_LISTED
         listed = violations[:_MAX_LISTED]
@@ -340,12 +379,11 @@ def compute_ieee_metrics(
             listed.append(FieldViolation(listed[-1].field, f"... and {more} more"))
         raise InvalidArgument.from_violations(listed)
 
-    out: dict[str, Any] = {"m": m}
 
-    # IEEE-M1 -----------------------------------------------------------------------------
-    out["accuracy"] = _rate(int(np.count_nonzero(clean_vec)), m)
-
-    # IEEE-M2, M7 -------------------------------------------------------------------------
+def _corruption_robustness(corr_res: Mapping[str, Mapping[int, np.ndarray]], m: int
+                           ) -> dict[str, Any]:
+    """IEEE-M2 and M7: Robustness_Corr per setting and per corruption, their average over
+    the corruptions, and that average at each severity."""
     corr_tree: dict[str, Any] = {}
     per_corruption_mean: list[float] = []
     by_severity_values: dict[int, list[float]] = {}
@@ -360,7 +398,7 @@ def compute_ieee_metrics(
         node["mean"] = {"robustness": mean, "ci95": None, "severities": sorted(by_sev)}
         per_corruption_mean.append(mean)
         corr_tree[name] = node
-    out["corruptions"] = corr_tree
+    out: dict[str, Any] = {"corruptions": corr_tree}
     if per_corruption_mean:
         out["average_robustness_corr"] = {
             "value": statistics.fmean(per_corruption_mean), "ci95": None,
@@ -370,8 +408,14 @@ def compute_ieee_metrics(
     out["average_robustness_corr_by_severity"] = {
         str(s): {"value": statistics.fmean(vals), "ci95": None, "n": len(vals)}
         for s, vals in sorted(by_severity_values.items())}
+    return out
 
-    # IEEE-M4: prod_j Corr_Result(i, j) over a (settings x M) matrix ----------------------
+
+def _corruption_worst_case(corr_res: Mapping[str, Mapping[int, np.ndarray]], m: int
+                           ) -> dict[str, Any]:
+    """IEEE-M4: prod_j Corr_Result(i, j) over a (settings x M) matrix, over every setting and
+    over the corruptions at each severity."""
+    out: dict[str, Any] = {}
     settings = [(name, s) for name, by_sev in corr_res.items() for s in sorted(by_sev)]
     if settings:
         every = np.logical_and.reduce(np.stack([corr_res[n][s] for n, s in settings]), axis=0)
@@ -381,20 +425,26 @@ def compute_ieee_metrics(
         out["worstcase_robustness_corr"] = {"value": None, "ci95": None, "m": m,
                                             "correct": None, "n_settings": 0}
     by_sev_worst: dict[str, Any] = {}
-    for s in sorted(by_severity_values):
+    for s in sorted({s for by_sev in corr_res.values() for s in by_sev}):
         at_s = [n for n, by_sev in corr_res.items() if s in by_sev]
         every = np.logical_and.reduce(np.stack([corr_res[n][s] for n in at_s]), axis=0)
         by_sev_worst[str(s)] = {**_rate(int(np.count_nonzero(every)), m),
                                 "n_settings": len(at_s)}
     out["worstcase_robustness_corr_by_severity"] = by_sev_worst
+    return out
 
-    # IEEE-M3, M6 -------------------------------------------------------------------------
+
+def _attack_robustness(att_res: Mapping[str, Mapping[str, AttackImageOutcome]],
+                       covered: Mapping[str, list[str]], ids: list[str], clean_vec: np.ndarray,
+                       attack_budgets: Mapping[str, int | None], m: int) -> dict[str, Any]:
+    """IEEE-M3 and M6: each attack's Robustness_Adv, success rate and query statistics over
+    the images it covered, and the average over the attacks."""
     att_tree: dict[str, Any] = {}
     clean_by_id = dict(zip(ids, clean_vec.tolist(), strict=True)) if att_res else {}
     for name, by_id in att_res.items():
         att_tree[name] = _attack_metrics(by_id, covered[name], clean_by_id,
                                          attack_budgets.get(name))
-    out["attacks"] = att_tree
+    out: dict[str, Any] = {"attacks": att_tree}
     if att_tree:
         sizes = {len(c) for c in covered.values()}
         out["average_robustness_adv"] = {
@@ -404,19 +454,19 @@ def compute_ieee_metrics(
             "definition": AVG_ADV_DEFINITION}
     else:
         out["average_robustness_adv"] = _null_average(AVG_ADV_DEFINITION)
+    return out
 
-    # IEEE-M5 -----------------------------------------------------------------------------
+
+def _attack_worst_case(att_res: Mapping[str, Mapping[str, AttackImageOutcome]],
+                       ids: list[str], m: int) -> dict[str, Any]:
+    """IEEE-M5: the images robust to every attack, over the images every attack covered."""
     if att_res:
         common = [i for i in ids if all(i in by_id for by_id in att_res.values())]
         correct = sum(all(_adv_result(by_id[i]) for by_id in att_res.values()) for i in common)
         node = _rate(correct, len(common)) if common else {
             "value": None, "ci95": None, "m": 0, "correct": None}
-        out["worstcase_robustness_adv"] = {**node, "n_settings": len(att_res),
-                                           "over": "images covered by every attack"}
-    else:
-        out["worstcase_robustness_adv"] = {"value": None, "ci95": None, "m": m,
-                                           "correct": None, "n_settings": 0}
-    return out
+        return {**node, "n_settings": len(att_res), "over": "images covered by every attack"}
+    return {"value": None, "ci95": None, "m": m, "correct": None, "n_settings": 0}
 
 
 def compute_classification_metrics(
