@@ -306,18 +306,65 @@ def load_profile(path: str | Path) -> Profile:
 
 def parse_profile(data: Any, *, source: str = "<profile>", base_dir: Path | None = None
                   ) -> Profile:
-    """A ``Profile`` from the mapping of a YAML profile (see ``adapters/profiles/README.md``)."""
+    """A ``Profile`` from the mapping of a YAML profile (see ``adapters/profiles/README.md``).
+
+    Each section is read by its own step, in the order of the file (the top level, then
+    ``request``, then ``response``, then what the task needs across them), all into one
+    list of problems, so their order in the error is the same as the settings'."""
     if not isinstance(data, dict):
         raise errors.InvalidArgument("profile", f"must be a mapping (name, task, request, "
                                                 f"response, ...), got {type(data).__name__} "
                                                 f"[profile {source}]")
     problems: list[errors.FieldViolation] = []
     top = _Reader(data, "", problems)
+    head = _top_level(top, base_dir)
+    request = _request(top.sub("request"), problems)
+    response = _response(top.sub("response"), request["images_per_request"])
+    _check_task_needs(head, response, problems)
+    top.finish()
+    if problems:
+        raise errors.InvalidArgument.from_violations(
+            [errors.FieldViolation(v.field, f"{v.description} [profile {source}]")
+             for v in problems])
+    assert head["task"] is not None         # a missing or unknown task is one of the problems
+    labels: list[str] = head.pop("labels")
+    label_map: dict[str, str] = head.pop("label_map")
+    label_match = head["label_match"]
+    if label_match == "case_insensitive":     # looked up by the folded service name
+        label_map = {k.casefold(): v for k, v in label_map.items()}
+    label_index: dict[str, int] = {}
+    for i, lab in enumerate(labels):
+        label_index.setdefault(lab.casefold() if label_match == "case_insensitive" else lab, i)
+    return Profile(source=source, labels=tuple(labels), label_map=label_map,
+                   label_index=label_index, **head, **request, **response)
+
+
+def _top_level(top: _Reader, base_dir: Path | None) -> dict[str, Any]:
+    """The profile's own settings: name, task, classification output and the label set."""
     name = top.string("name", required=True)
     task_name = top.string("task", required=True, choices=tuple(TASKS))
     task = Task(task_name) if task_name else None     # None: missing or unknown, a problem
     output = top.string("output", "top_k", choices=tuple(CLASSIFICATION_OUTPUTS))
     top_k = int(top.num("top_k", 0, lo=0, integer=True))
+    labels = _labels(top, base_dir)
+    label_map = top.mapping("label_map")
+    label_match = top.string("label_match", "case_insensitive",
+                             choices=("exact", "case_insensitive"))
+    unknown_labels = top.string("unknown_labels", "keep", choices=("keep", "drop"))
+    version = top.string("version")
+    description = top.string("description")
+    if label_map and labels:
+        known = {x.casefold() if label_match == "case_insensitive" else x for x in labels}
+        for k, v in label_map.items():
+            if (v.casefold() if label_match == "case_insensitive" else v) not in known:
+                top.bad(f"label_map.{k}", f"maps to '{v}', which is not in labels")
+    return {"name": name, "task": task, "output": output, "top_k": top_k, "labels": labels,
+            "label_map": label_map, "label_match": label_match,
+            "unknown_labels": unknown_labels, "version": version, "description": description}
+
+
+def _labels(top: _Reader, base_dir: Path | None) -> list[str]:
+    """The class names, from ``labels`` or from ``labels_file`` (relative to the profile)."""
     labels_raw = top.get("labels")
     labels_file = top.string("labels_file")
     labels: list[str] = []
@@ -339,29 +386,12 @@ def parse_profile(data: Any, *, source: str = "<profile>", base_dir: Path | None
             top.bad("labels_file", f"cannot read '{lf}': {exc.strerror}")
         except ValueError as exc:
             top.bad("labels_file", f"'{lf}': {exc}")
-    label_map = top.mapping("label_map")
-    label_match = top.string("label_match", "case_insensitive",
-                             choices=("exact", "case_insensitive"))
-    unknown_labels = top.string("unknown_labels", "keep", choices=("keep", "drop"))
-    version = top.string("version")
-    description = top.string("description")
-    if label_map and labels:
-        known = {x.casefold() if label_match == "case_insensitive" else x for x in labels}
-        for k, v in label_map.items():
-            if (v.casefold() if label_match == "case_insensitive" else v) not in known:
-                top.bad(f"label_map.{k}", f"maps to '{v}', which is not in labels")
+    return labels
 
-    # -- request ------------------------------------------------------------------------------
-    rq = top.sub("request")
-    url = rq.string("url", required=True)
-    if url:
-        try:
-            url = expand_env(url, "request.url")
-        except errors.InvalidArgument as exc:
-            problems.extend(exc.violations)
-            url = ""
-        if url and urlsplit(url).scheme not in ("http", "https"):
-            rq.bad("url", f"'{url}' is not an http:// or https:// URL")
+
+def _request(rq: _Reader, problems: list[errors.FieldViolation]) -> dict[str, Any]:
+    """``request``: where and how each image is sent, and its body templates checked."""
+    url = _request_url(rq, problems)
     method = rq.string("method", "POST").upper()
     headers = rq.mapping("headers")
     for h in headers:
@@ -377,7 +407,36 @@ def parse_profile(data: Any, *, source: str = "<profile>", base_dir: Path | None
     mp_name = mp.string("filename", "image")
     mp_fields = mp.mapping("fields")
     mp.finish()
-    iu = rq.sub("image_url")
+    image_url = _image_url(rq.sub("image_url"))
+    timeout_s = rq.num("timeout_s", 30.0, lo=0.001)
+    max_concurrency = int(rq.num("max_concurrency", 4, lo=1, hi=256, integer=True))
+    per_request = int(rq.num("images_per_request", 1, lo=1, hi=1024, integer=True))
+    max_bytes = int(rq.num("max_response_bytes", 32 * 1024 * 1024, lo=1024, integer=True))
+    rq.finish()
+    _check_templates(rq, image, body, per_image, per_request)
+    return {"url": url, "method": method, "headers": headers, "auth": auth, "image": image,
+            "body": body, "per_image": per_image, "multipart_file_field": mp_file,
+            "multipart_filename": mp_name, "multipart_fields": mp_fields,
+            "image_url": image_url, "timeout_s": timeout_s, "max_concurrency": max_concurrency,
+            "images_per_request": per_request, "max_response_bytes": max_bytes}
+
+
+def _request_url(rq: _Reader, problems: list[errors.FieldViolation]) -> str:
+    """``request.url``, its ``${env:VAR}`` expanded: an http:// or https:// URL."""
+    url = rq.string("url", required=True)
+    if url:
+        try:
+            url = expand_env(url, "request.url")
+        except errors.InvalidArgument as exc:
+            problems.extend(exc.violations)
+            url = ""
+        if url and urlsplit(url).scheme not in ("http", "https"):
+            rq.bad("url", f"'{url}' is not an http:// or https:// URL")
+    return url
+
+
+def _image_url(iu: _Reader) -> ImageUrlSpec:
+    """``request.image_url``: how an ``image: url`` service gets the image's address."""
     serve = iu.string("serve", "local", choices=("local", "upload"))
     image_url = ImageUrlSpec(
         serve=serve, host=iu.string("host", "127.0.0.1"),
@@ -388,12 +447,13 @@ def parse_profile(data: Any, *, source: str = "<profile>", base_dir: Path | None
         upload_auth=_auth(iu.sub("upload_auth")),
         public_url=iu.string("public_url", required=(serve == "upload")))
     iu.finish()
-    timeout_s = rq.num("timeout_s", 30.0, lo=0.001)
-    max_concurrency = int(rq.num("max_concurrency", 4, lo=1, hi=256, integer=True))
-    per_request = int(rq.num("images_per_request", 1, lo=1, hi=1024, integer=True))
-    max_bytes = int(rq.num("max_response_bytes", 32 * 1024 * 1024, lo=1024, integer=True))
-    rq.finish()
-    # templates
+    return image_url
+
+
+def _check_templates(rq: _Reader, image: str, body: Any, per_image: Any,
+                     per_request: int) -> None:
+    """The body templates: known placeholders, the image placed where the image mode needs
+    it, and plain JSON."""
     used = placeholders_in(body) | placeholders_in(per_image)
     for ph in sorted(used - set(PLACEHOLDERS)):
         rq.bad("body", f"unknown placeholder ${{{ph}}}; known: "
@@ -421,23 +481,14 @@ def parse_profile(data: Any, *, source: str = "<profile>", base_dir: Path | None
     if image == "binary" and per_request > 1:
         rq.bad("images_per_request", "image: binary sends one image per request")
 
-    # -- response -----------------------------------------------------------------------------
-    rs = top.sub("response")
+
+def _response(rs: _Reader, per_request: int) -> dict[str, Any]:
+    """``response``: where the answer holds each prediction, its label, score, box or mask."""
     results, results_text = rs.expr("results")
     error_expr, _ = rs.expr("error")
     if per_request > 1 and results is None:
         rs.bad("results", "images_per_request > 1 needs a results path (one answer per image)")
-    seg_class_map = False
-    mask: MaskSpec | None = None
-    mk = rs.sub("mask")
-    if mk.data:
-        mpath, mtext = mk.expr("path", required=True)
-        mfmt = mk.string("format", required=True, choices=MASK_FORMATS)
-        mkind = mk.string("kind", "binary", choices=MASK_KINDS)
-        if mpath is not None and mfmt:
-            mask = MaskSpec(path=mpath, path_text=mtext, format=mfmt, kind=mkind)
-        seg_class_map = mkind == "class_map"
-    mk.finish()
+    mask, seg_class_map = _mask(rs.sub("mask"))
     items, items_text = rs.expr("items", required=not seg_class_map)
     missing_items = rs.string("missing_items", "error", choices=("error", "empty"))
     instances, _ = rs.expr("instances")
@@ -451,8 +502,35 @@ def parse_profile(data: Any, *, source: str = "<profile>", base_dir: Path | None
     missing_numbers = rs.string("missing_numbers", "zero", choices=("zero", "error"))
     min_score = rs.num("min_score", 0.0, lo=0.0, hi=1.0)
     background = int(rs.num("background", 0, integer=True))
+    box = _box(rs.sub("box"))
+    rs.finish()
+    return {"results": results, "results_text": results_text, "error": error_expr,
+            "items": items, "items_text": items_text, "missing_items": missing_items,
+            "instances": instances, "label": label, "label_text": label_text,
+            "label_index_base": label_base, "score": score, "score_text": score_text,
+            "score_scale": SCORE_SCALES[raw_scale], "missing_numbers": missing_numbers,
+            "min_score": min_score, "box": box, "mask": mask, "background": background}
+
+
+def _mask(mk: _Reader) -> tuple[MaskSpec | None, bool]:
+    """``response.mask`` (segmentation), and whether it is a class map: a class map alone
+    answers, so items and label are not required then."""
+    seg_class_map = False
+    mask: MaskSpec | None = None
+    if mk.data:
+        mpath, mtext = mk.expr("path", required=True)
+        mfmt = mk.string("format", required=True, choices=MASK_FORMATS)
+        mkind = mk.string("kind", "binary", choices=MASK_KINDS)
+        if mpath is not None and mfmt:
+            mask = MaskSpec(path=mpath, path_text=mtext, format=mfmt, kind=mkind)
+        seg_class_map = mkind == "class_map"
+    mk.finish()
+    return mask, seg_class_map
+
+
+def _box(bx: _Reader) -> BoxSpec | None:
+    """``response.box`` (detection): its path, format and the names of its numbers."""
     box: BoxSpec | None = None
-    bx = rs.sub("box")
     if bx.data:
         bpath, btext = bx.expr("path", required=True)
         bfmt = bx.string("format", required=True, choices=tuple(BOX_FORMATS))
@@ -470,44 +548,26 @@ def parse_profile(data: Any, *, source: str = "<profile>", base_dir: Path | None
         if bpath is not None and bfmt:
             box = BoxSpec(path=bpath, path_text=btext, format=bfmt, keys=keys, tolerance_px=tol)
     bx.finish()
-    rs.finish()
-    if task == Task.DETECTION and box is None:
+    return box
+
+
+def _check_task_needs(head: dict[str, Any], response: dict[str, Any],
+                      problems: list[errors.FieldViolation]) -> None:
+    """What the task needs across sections: a box for detection, a mask for segmentation
+    (and only then), scores and the label set for the classification outputs that carry them."""
+    task, output = head["task"], head["output"]
+    if task == Task.DETECTION and response["box"] is None:
         problems.append(errors.FieldViolation("response.box", "required for task: detection"))
-    if task == Task.SEGMENTATION and mask is None:
+    if task == Task.SEGMENTATION and response["mask"] is None:
         problems.append(errors.FieldViolation("response.mask", "required for task: segmentation"))
-    if task != Task.SEGMENTATION and mask is not None:
+    if task != Task.SEGMENTATION and response["mask"] is not None:
         problems.append(errors.FieldViolation("response.mask", "only used by task: segmentation"))
-    if task == Task.CLASSIFICATION and output != "label_only" and score is None:
+    if task == Task.CLASSIFICATION and output != "label_only" and response["score"] is None:
         problems.append(errors.FieldViolation("response.score",
                                               f"output: {output} needs a score path (or use "
                                               "output: label_only)"))
-    if task == Task.CLASSIFICATION and output == "full_scores" and not labels:
+    if task == Task.CLASSIFICATION and output == "full_scores" and not head["labels"]:
         problems.append(errors.FieldViolation("labels", "output: full_scores needs the label set"))
-    top.finish()
-    if problems:
-        raise errors.InvalidArgument.from_violations(
-            [errors.FieldViolation(v.field, f"{v.description} [profile {source}]")
-             for v in problems])
-    assert task is not None                 # a missing or unknown task is one of the problems
-    if label_match == "case_insensitive":     # looked up by the folded service name
-        label_map = {k.casefold(): v for k, v in label_map.items()}
-    label_index: dict[str, int] = {}
-    for i, lab in enumerate(labels):
-        label_index.setdefault(lab.casefold() if label_match == "case_insensitive" else lab, i)
-    return Profile(
-        name=name, source=source, task=task, labels=tuple(labels), label_map=label_map,
-        label_index=label_index,
-        label_match=label_match, unknown_labels=unknown_labels, output=output, top_k=top_k,
-        version=version, description=description, url=url, method=method, headers=headers,
-        auth=auth, image=image, body=body, per_image=per_image, multipart_file_field=mp_file,
-        multipart_filename=mp_name, multipart_fields=mp_fields, image_url=image_url,
-        timeout_s=timeout_s, max_concurrency=max_concurrency, images_per_request=per_request,
-        max_response_bytes=max_bytes, results=results, results_text=results_text,
-        error=error_expr, items=items, items_text=items_text, missing_items=missing_items,
-        instances=instances, label=label, label_text=label_text, label_index_base=label_base,
-        score=score, score_text=score_text, score_scale=SCORE_SCALES[raw_scale],
-        missing_numbers=missing_numbers, min_score=min_score, box=box, mask=mask,
-        background=background)
 
 
 def profile_path(spec: str) -> Path:
