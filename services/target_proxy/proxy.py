@@ -27,22 +27,22 @@ interrupted row's unknown answer has to be sent again, and that row stays charge
 Sessions live in their tenant's namespace: keys are (tenant, id), and
 another tenant's id behaves exactly like a free one. Session ids are restricted to a safe
 charset (``check_session_id``). Domain code: the target is reached through the
-``TargetBackend`` protocol, implemented over gRPC in ``backends.py``.
+``TargetBackend`` protocol, implemented over gRPC in ``backends.py``. The targets and what
+a tenant is told of their failures are in ``targets.py``, session ids and budgets in
+``sessions.py``; this module is the send path.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import re
 import threading
 import time
 import uuid
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 from fortis.common.v1 import common_pb2
@@ -67,241 +67,42 @@ from fortis.services.target_proxy.quotas import DailyQueryQuotas, Hold
 from fortis.services.target_proxy.ratelimit import (
     CompositeLimiter,
     Limiter,
-    RateLimiter,
     TenantLimits,
 )
+from fortis.services.target_proxy.sessions import (
+    SESSION_ID_MAX,
+    PredictResult,
+    SessionBudget,
+    check_session_id,
+)
 from fortis.services.target_proxy.shared import SharedBudgets
+from fortis.services.target_proxy.targets import (
+    REASON_MAX,
+    RetryPolicy,
+    TargetBackend,
+    TargetEntry,
+    TargetFailed,
+    scrub_reason,
+    target_failure,
+)
 from fortis.target.v1 import target_pb2
 from google.rpc import code_pb2
 
 log = structlog.get_logger("fortis.proxy")
 
-#: Session ids: letters, digits, '-', '_', '.', '/'; not starting with '.'; at most 200;
-#: no empty, '.' or '..' segment (evaluation sessions are "<evaluation id>/<stage>/...").
-SESSION_ID_MAX = 200
-_SESSION_ID = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)*")
 #: Longest error text kept in a ledger row.
 ERROR_MAX = 500
 #: Largest recorded answer (compressed) kept for replay; a larger one (e.g. a big mask) is
 #: not kept, and a resumed attempt sends that query again (charged, within Q_m).
 REPLY_MAX_BYTES = 64 * 1024
 
-
-def check_session_id(session_id: str) -> None:
-    """InvalidArgument (field ``session_id``, never echoing the id) unless ``session_id`` is
-    a safe id."""
-    if not session_id:
-        raise errors.InvalidArgument("session_id", "session_id is required")
-    if (len(session_id) > SESSION_ID_MAX or not _SESSION_ID.fullmatch(session_id)
-            or any(seg in (".", "..") for seg in session_id.split("/"))):
-        raise errors.InvalidArgument(
-            "session_id", f"use at most {SESSION_ID_MAX} letters, digits, '-', '_', '.' or '/',"
-            " not starting with '.', without empty, '.' or '..' segments")
-
-
-#: A permanent failure of the target (one error model: ``fortis.client.errors.TargetFailed``).
-TargetFailed = errors.TargetFailed
-
-
-#: The target's field names kept in a scrubbed INVALID_ARGUMENT (``images[3].encoded``);
-#: anything else is reported as ``images``.
-_SAFE_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}(\[[0-9]{1,6}\])?(\.[A-Za-z_][A-Za-z0-9_]{0,40}"
-                         r"(\[[0-9]{1,6}\])?){0,4}")
-#: What a tenant is told of a target's failure, by class: fixed words, never the target's
-#: own text (it may quote addresses, URLs, file paths, stack traces or secrets).
-_REASONS: dict[int, str] = {
-    code_pb2.UNAVAILABLE: "the target did not answer (down, overloaded or timed out)",
-    code_pb2.DEADLINE_EXCEEDED: "the target did not answer in time",
-    code_pb2.INVALID_ARGUMENT: "the target refused this input",
-    code_pb2.INTERNAL: "the target failed or gave an answer that could not be used",
-}
-
-
-#: What a reason may not carry to a tenant, each replaced by a placeholder: a stack trace
-#: (everything from it on), URLs, addresses (IPv4/IPv6/host with a port), file paths and
-#: credentials written as name=value.
-_SCRUB: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"Traceback \(most recent call last\).*|^\s*File \".*",
-                re.DOTALL | re.MULTILINE), ""),
-    (re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]{1,15}://\S+"), "[url]"),
-    (re.compile(r"(?i)\b(api[_-]?key|x-api-key|token|secret|password|passwd|authorization|"
-                r"bearer|credentials?)\b(\s*[:=]\s*|\s+)\S+"), r"\1=[redacted]"),
-    (re.compile(r"\[[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\](?::\d+)?|\b(?:\d{1,3}\.){3}\d{1,3}"
-                r"(?::\d+)?\b|\b[A-Za-z0-9][A-Za-z0-9.-]*:\d{2,5}\b"), "[address]"),
-    (re.compile(r"(?<![\w.\]])(?:[A-Za-z]:)?[/\\](?:[\w.~-]+[/\\])*[\w.~-]+"), "[path]"),
-)
-#: Longest reason a tenant reads.
-REASON_MAX = 200
-
-
-def scrub_reason(text: str) -> str:
-    """``text`` without stack traces, URLs, addresses, file paths or name=value credentials,
-    on one line and at most REASON_MAX characters ("" when nothing is left)."""
-    for pattern, repl in _SCRUB:
-        text = pattern.sub(repl, text)
-    text = " ".join(text.split())
-    return text if len(text) <= REASON_MAX else text[:REASON_MAX - 1] + "\u2026"
-
-
-def target_failure(target: str, exc: errors.FortisError) -> errors.FortisError:
-    """What a tenant gets for a back end's error: the target's NAME, a status code and a
-    fixed, bounded reason with a correlation id; the error itself (which quotes the target's
-    address, URL or its own exception text) goes to the operator's log under that id
-    (``target_error``). ``Unavailable`` stays Unavailable (retried, Retry-After kept), the
-    target's INVALID_ARGUMENT keeps its field names (``images[3].encoded``), and everything
-    else the target did wrong is ``TargetFailed`` (FAILED_PRECONDITION, not retried)."""
-    code = code_for(exc)
-    cid = uuid.uuid4().hex[:16]
-    log.warning("target_error", target=target, correlation_id=cid,
-                code=code_pb2.Code.Name(code), error_class=type(exc).__name__,
-                detail=str(getattr(exc, "operator_detail", "") or exc)[:4000])
-    reason = scrub_reason(str(exc)) or _REASONS.get(code, "the target answered with an error")
-    said = f"target '{target}': {code_pb2.Code.Name(code)}: {reason} (correlation id {cid})"
-    out: errors.FortisError
-    if isinstance(exc, errors.Unavailable):
-        out = errors.Unavailable(said)
-        if getattr(exc, "retry_after_s", None) is not None:
-            out.retry_after_s = exc.retry_after_s  # type: ignore[attr-defined]
-    elif isinstance(exc, errors.DeadlineExceeded):
-        out = errors.DeadlineExceeded(said)
-    elif isinstance(exc, errors.InvalidArgument):
-        fields = list(dict.fromkeys(v.field if _SAFE_FIELD.fullmatch(v.field) else "images"
-                                    for v in exc.violations[:20]))
-        out = errors.InvalidArgument.from_violations(
-            [errors.FieldViolation(f, said) for f in fields])
-    else:
-        out = TargetFailed(f"{said}; not retried")
-    out.correlation_id = cid  # type: ignore[attr-defined]
-    return out
-
-
-class TargetBackend(Protocol):
-    """How the proxy reaches one target."""
-
-    def info(self) -> target_pb2.TargetInfo: ...
-
-    def predict(self, images: Sequence[common_pb2.Image]) -> list[common_pb2.Prediction]:
-        """Raise ``errors.Unavailable`` when the target cannot be reached or is overloaded
-        (retried with backoff; set ``exc.retry_after_s`` to ask for a given wait, e.g. from an
-        HTTP Retry-After header). Other ``FortisError``s fail the call at once; both are
-        recorded in the ledger for each image."""
-        ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class RetryPolicy:
-    max_attempts: int = 4
-    initial_backoff_s: float = 0.05
-    multiplier: float = 2.0
-    max_backoff_s: float = 1.0
-    max_retry_after_s: float = 30.0     # longest Retry-After honoured
-
-
-@dataclass(kw_only=True)
-class TargetEntry:
-    name: str
-    backend: TargetBackend
-    limiter: RateLimiter
-    #: Most images in one call to the target: the operator's cap (``?max_batch=N``), lowered
-    #: to what the target declares (``TargetInfo.input.max_batch_size``) once known.
-    max_batch: int = 64
-    #: Tenants allowed to use this target; empty = every tenant.
-    tenants: frozenset[str] = frozenset()
-    #: The built-in model this target serves (``builtin:<model>``); "" for any other target.
-    builtin_model: str = ""
-    #: The target's own ``max_batch_size`` (0: it declares none), read from its info on the
-    #: first call that needs it; None until then.
-    declared_batch: int | None = None
-    #: The task the target declares (a TaskType value), read once; None until then.
-    task_type: int | None = None
-
-    def allows(self, tenant: str) -> bool:
-        return not self.tenants or tenant in self.tenants
-
-    def batch_limit(self) -> int:
-        """Images per call to the target: the operator's cap and the target's declared
-        maximum, whichever is smaller. The declared one is read once; a target that cannot
-        be asked now is sent the operator's cap and asked again at the next call."""
-        if self.declared_batch is None:
-            try:
-                self.declared_batch = max(0, int(self.backend.info().input.max_batch_size))
-            except errors.FortisError:
-                return max(1, self.max_batch)
-        declared = self.declared_batch
-        return max(1, min(self.max_batch, declared) if declared else self.max_batch)
-
-
-@dataclass
-class _Budget:
-    """A session's counts: ``used_*`` every attempt the target received (the hard budgets),
-    ``answered`` the queries it answered (IEEE-M6). With ``shared`` the hard
-    budgets are checked and charged in the shared store, so replicas hold them in total;
-    ``used_*`` then mirror the store's counts as of this replica's last call."""
-
-    record: SessionRecord
-    used_total: int
-    used_per_image: dict[str, int]
-    answered: int
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    #: Per image id: (input hash, ledger row) of answers recorded before this process
-    #: started, in send order; a resumed attempt's identical queries are answered from them.
-    replay: dict[str, deque[tuple[str, int]]] = field(default_factory=dict)
-    shared: SharedBudgets | None = None
-    #: The ledger's attempts per image id now (the shared store's starting point).
-    initial: Callable[[], dict[str, int]] = dict
-
-    def reserve(self, images: Sequence[common_pb2.Image]) -> list[errors.QuotaViolation]:
-        """Check and charge ``images`` at once: the violations (nothing charged), or none
-        (charged). The caller holds ``lock``; ``errors.Unavailable`` from a shared store."""
-        if self.shared is None or not (self.record.query_budget
-                                       or self.record.per_image_budget):
-            out = self.violations(images)
-            if not out:
-                self.charge(images)
-            return out
-        ok, total, per_image = self.shared.reserve(self.record, images, self.initial)
-        self.used_total = total
-        self.used_per_image.update(per_image)
-        if ok:
-            return []
-        return self.violations(images) or [errors.QuotaViolation(
-            f"sessions/{self.record.session_id}", "query budget used by other replicas")]
-
-    def violations(self, images: Sequence[common_pb2.Image]) -> list[errors.QuotaViolation]:
-        rec, n = self.record, len(images)
-        out = []
-        if rec.query_budget and self.used_total + n > rec.query_budget:
-            out.append(errors.QuotaViolation(
-                f"sessions/{rec.session_id}",
-                f"{self.used_total} of {rec.query_budget} queries used; {n} more requested"))
-        if rec.per_image_budget:
-            counts: dict[str, int] = {}
-            for img in images:
-                counts[img.image_id] = counts.get(img.image_id, 0) + 1
-            for image_id, k in counts.items():
-                used = self.used_per_image.get(image_id, 0)
-                if used + k > rec.per_image_budget:
-                    out.append(errors.QuotaViolation(
-                        f"sessions/{rec.session_id}/images/{image_id[:200]}",
-                        f"{used} of {rec.per_image_budget} queries used; {k} more requested"))
-                    if len(out) >= 20:
-                        break
-        return out
-
-    def charge(self, images: Sequence[common_pb2.Image], sign: int = 1) -> None:
-        """Count (or, ``sign=-1``, release) ``images``; the caller holds ``lock``."""
-        if sign < 0 and self.shared is not None and (self.record.query_budget
-                                                     or self.record.per_image_budget):
-            self.shared.refund(self.record, images)
-        self.used_total += sign * len(images)
-        for img in images:
-            self.used_per_image[img.image_id] = self.used_per_image.get(img.image_id, 0) + sign
-
-
-@dataclass(frozen=True, kw_only=True)
-class PredictResult:
-    predictions: list[common_pb2.Prediction]
-    queries_left: int   # -1 = unlimited
+#: The proxy's public names, the targets' and sessions' parts defined in ``targets.py`` and
+#: ``sessions.py`` and importable from here as before.
+__all__ = [
+    "ERROR_MAX", "REASON_MAX", "REPLY_MAX_BYTES", "SESSION_ID_MAX", "PredictResult",
+    "RetryPolicy", "TargetBackend", "TargetEntry", "TargetFailed", "TargetProxy",
+    "check_session_id", "scrub_reason", "target_failure",
+]
 
 
 class TargetProxy:
@@ -328,7 +129,7 @@ class TargetProxy:
         self.targets = {t.name: t for t in targets}
         self.retry = retry
         self._sleep = sleep
-        self._budgets: dict[tuple[str, str], _Budget] = {}
+        self._budgets: dict[tuple[str, str], SessionBudget] = {}
         self._lock = threading.Lock()
         # The ledger's one writer starts: rows a dead process left in flight become
         # INTERRUPTED (still charged to the budgets: the target may have received them), and
@@ -431,7 +232,7 @@ class TargetProxy:
             raise errors.NotFound("session", session_id)
         return rec
 
-    def _budget(self, tenant: str, session_id: str) -> _Budget:
+    def _budget(self, tenant: str, session_id: str) -> SessionBudget:
         with self._lock:
             b = self._budgets.get((tenant, session_id))
             if b is None:
@@ -441,7 +242,7 @@ class TargetProxy:
                 replay = {} if not rec.per_image_budget else {
                     k: deque(v) for k, v in self.ledger.replayable(
                         session_id, tenant, up_to=self._replay_up_to).items()}
-                b = _Budget(record=rec, used_total=sum(per_image.values()),
+                b = SessionBudget(record=rec, used_total=sum(per_image.values()),
                             used_per_image=per_image, answered=answered, replay=replay,
                             shared=self.shared_budgets,
                             initial=lambda: self.ledger.attempt_counts(session_id, tenant))
@@ -497,7 +298,7 @@ class TargetProxy:
         return PredictResult(predictions=[replies[i] if i in replies else next(sent)
                                           for i in range(len(images))], queries_left=left)
 
-    def _replays(self, budget: _Budget, images: Sequence[common_pb2.Image]
+    def _replays(self, budget: SessionBudget, images: Sequence[common_pb2.Image]
                  ) -> dict[int, common_pb2.Prediction]:
         """Recorded answers for the images that repeat, in order, what the session sent
         before this process started; an image that departs from its record is sent from then
@@ -600,7 +401,7 @@ class TargetProxy:
         with self.work.slot(tenant, should_stop):
             yield self.work
 
-    def _send(self, entry: TargetEntry, budget: _Budget, origin: str,
+    def _send(self, entry: TargetEntry, budget: SessionBudget, origin: str,
               images: Sequence[common_pb2.Image], on_sent: Callable[[], None],
               limiter: Limiter, hold: Hold,
               should_stop: StopCheck = never) -> list[common_pb2.Prediction]:
@@ -771,3 +572,4 @@ def _log_refused(reason: str, *, tenant: str, session_id: str, target: str,
     evaluation_id = session_id.partition("/")[0] if "/" in session_id else ""
     log.warning("query_refused", reason=reason, tenant=tenant, session=session_id,
                 evaluation_id=evaluation_id, target=target, **extra)
+
