@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from fortis.core.task import TASKS, Task
 from fortis.services.common import errors
 from fortis.services.evaluation.cross_model import CrossModel, MemberResult, is_transfer
 from fortis.services.evaluation.executors import Executor
@@ -314,9 +315,11 @@ def baseline_of(store: EvaluationStorage, plan: Plan) -> dict[str, Any]:
     section, model names and surrogates); InvalidArgument naming ``baseline.evaluation`` when
     it is of another task (its matrix counts another correctness rule)."""
     bench = check_baseline(store, plan.baseline)
-    task = str(bench.get("task") or "classification")
+    stored = str(bench.get("task") or Task.CLASSIFICATION)
+    # a stored name this version does not know is another task than the plan's
+    task = Task(stored) if stored in TASKS else None
     if task != plan.target.task:
-        raise errors.InvalidArgument("baseline.evaluation", f"the baseline evaluated {task} "
+        raise errors.InvalidArgument("baseline.evaluation", f"the baseline evaluated {stored} "
                                      f"targets; this plan's target is a {plan.target.task} "
                                      "target")
     models = [m for m in bench.get("models") or [] if isinstance(m, Mapping)]

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
+from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.evaluation.answers import ClassAnswers, unpack
 from fortis.services.evaluation.keys import StageName, WorkItemKey
@@ -240,7 +241,7 @@ def canary_metrics(ctx: RunContext, settings: Sequence[Setting],
     measured ``settings`` (one per test), the stored chunk results and adversarials, through
     ``ctx.scoring.compute``."""
     plan = ctx.plan
-    if plan.target.task != "classification":
+    if plan.target.task != Task.CLASSIFICATION:
         return {"model": None, "attacks": {}, "notes": [
             f"CANARY's metrics (seed 003) are defined for image classifiers; not computed for "
             f"a {plan.target.task} target"]}

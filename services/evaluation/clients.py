@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import numpy as np
 from fortis.common.v1 import common_pb2
+from fortis.core.task import Task
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
@@ -59,11 +60,11 @@ _OUTPUT = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
            common_pb2.OUTPUT_KIND_TOP_K_SCORES: "top_k",
            common_pb2.OUTPUT_KIND_LABEL_ONLY: "label_only",
            common_pb2.OUTPUT_KIND_BOXES: "boxes", common_pb2.OUTPUT_KIND_MASKS: "masks"}
-_TASK = {common_pb2.TASK_TYPE_CLASSIFICATION: "classification",
-         common_pb2.TASK_TYPE_DETECTION: "detection",
-         common_pb2.TASK_TYPE_SEGMENTATION: "segmentation"}
+_TASK = {common_pb2.TASK_TYPE_CLASSIFICATION: Task.CLASSIFICATION,
+         common_pb2.TASK_TYPE_DETECTION: Task.DETECTION,
+         common_pb2.TASK_TYPE_SEGMENTATION: Task.SEGMENTATION}
 _OUTPUT_ENUM = {v: k for k, v in _OUTPUT.items()}
-_TASK_ENUM = {v: k for k, v in _TASK.items()}
+_TASK_ENUM: dict[str, int] = {v: k for k, v in _TASK.items()}
 
 
 def _call(fn: Any, req: Any, md: Sequence[tuple[str, str]], timeout: float | None = None) -> Any:
@@ -141,11 +142,11 @@ def _segmentation_answers(preds: Sequence[common_pb2.Prediction]) -> Segmentatio
 
 
 _ANSWERS: dict[str, Callable[[Sequence[common_pb2.Prediction]], Answers]] = {
-    "classification": _class_answers, "detection": _detection_answers,
-    "segmentation": _segmentation_answers}
+    Task.CLASSIFICATION: _class_answers, Task.DETECTION: _detection_answers,
+    Task.SEGMENTATION: _segmentation_answers}
 _FAILED: dict[str, Callable[[int, str], Answers]] = {
-    "classification": ClassAnswers.failed, "detection": DetectionAnswers.failed,
-    "segmentation": SegmentationAnswers.failed}
+    Task.CLASSIFICATION: ClassAnswers.failed, Task.DETECTION: DetectionAnswers.failed,
+    Task.SEGMENTATION: SegmentationAnswers.failed}
 
 
 class GrpcProxy:
@@ -250,7 +251,7 @@ def catalogue_from_messages(perturbations: Iterable[Any], attacks: Iterable[Any]
         refs=tuple(a.refs), norms=tuple(_enum_name(ppb.Norm, n, "NORM_") for n in a.norms),
         needs_surrogate=a.needs_surrogate, params=tuple(_param(p) for p in a.parameters),
         targeted=a.targeted, untargeted=a.untargeted,
-        tasks=tuple(_TASK[t] for t in a.tasks if t in _TASK) or ("classification",),
+        tasks=tuple(_TASK[t] for t in a.tasks if t in _TASK) or (Task.CLASSIFICATION,),
         uses_surrogate=a.uses_surrogate)
         for a in attacks}
     return Catalogue(perturbations=perts, attacks=atts)
@@ -386,7 +387,7 @@ def surrogate_model(spec: SurrogateSpec) -> ppb.SurrogateModel:
                    for s, t in spec.mapping],
         target_classes=spec.target_classes,
         task=_TASK_ENUM[spec.task],
-        outputs=_surrogate_outputs(spec.outputs) if spec.task != "classification" else None)
+        outputs=_surrogate_outputs(spec.outputs) if spec.task != Task.CLASSIFICATION else None)
 
 
 _MASK_KINDS = {"class_logits": ppb.SURROGATE_MASK_KIND_CLASS_LOGITS,

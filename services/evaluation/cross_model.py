@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import structlog
+from fortis.core.task import Task
 from fortis.services.common import errors
 from fortis.services.evaluation.answers import ClassAnswers
 from fortis.services.evaluation.convert import setting_verdicts
@@ -194,10 +195,10 @@ class CrossModel:
         notes: list[str] = []
         names, values = transfer_matrix(plan, cat, results, sources)
         model_names = [m.name for m in members]
-        if plan.target.task != "classification":
+        if plan.target.task != Task.CLASSIFICATION:
             notes.append(f"MR on {plan.target.task} targets: the share of the images a model "
                          "answered correctly under the plan's IEEE-"
-                         f"{'C4' if plan.target.task == 'detection' else 'C5'} rule that the "
+                         f"{'C4' if plan.target.task == Task.DETECTION else 'C5'} rule that the "
                          "attack's examples make it answer wrongly")
         out: dict[str, Any] = {
             "mode": "fast" if baseline is not None else "benchmark", "metric": MATRIX_METRIC,
@@ -284,7 +285,7 @@ class CrossModel:
         s = _setting(res, kind, name)
         if s is None:
             return None
-        if self.plan.target.task == "classification":
+        if self.plan.target.task == Task.CLASSIFICATION:
             return _probabilities(s.answers, len(res.target.labels))
         v = setting_verdicts(res.scored.metrics).get((kind, name, 0))
         return None if v is None else v.astype(np.int64)
@@ -304,9 +305,9 @@ class CrossModel:
                 if m.defends else None
             if entry is not None:
                 out.append(entry)
-        if out and task != "classification":
+        if out and task != Task.CLASSIFICATION:
             notes.append(f"CAN-5 on {task} targets: CA, RR and SR count the images answered "
-                         f"correctly under the plan's IEEE-{'C4' if task == 'detection' else 'C5'}"
+                         f"correctly under the plan's IEEE-{'C4' if task == Task.DETECTION else 'C5'}"
                          " rule (the scoring service's per-image verdicts); the metrics of "
                          "class F1 and confidences are not applicable")
         return out
@@ -319,10 +320,10 @@ class CrossModel:
         pb, pd = self._judged(rb, "clean"), self._judged(rd, "clean")
         if pb is None or pd is None or len(pb) != len(pd):
             notes.append(f"CAN-5 {rd.member.name} vs {rb.member.name}: " + (
-                "needs both targets' scores" if task == "classification" else
+                "needs both targets' scores" if task == Task.CLASSIFICATION else
                 "needs the scoring service's per-image verdicts of both targets"))
             return None
-        labels = rb.labels if task == "classification" else np.ones(len(pb), np.int64)
+        labels = rb.labels if task == Task.CLASSIFICATION else np.ones(len(pb), np.int64)
         entry: dict[str, Any] = {"baseline": rb.member.name, "defended": rd.member.name}
         entry["result"] = self._not_for_task(self._compute(
             "canary.defence_effect",
@@ -357,7 +358,7 @@ class CrossModel:
             return None
         idx = np.array(ab.image_index or range(len(labels)), dtype=np.int64)
         arrays = {"labels": labels[idx], "baseline_clean": pb[idx], "defended_clean": pd[idx]}
-        if self.plan.target.task == "classification":
+        if self.plan.target.task == Task.CLASSIFICATION:
             qb = self._judged(rb, "transfer_attack", on_b)
             qd = self._judged(rd, "transfer_attack", on_d)
             if qb is None or qd is None:
@@ -370,13 +371,13 @@ class CrossModel:
         class labels and confidences (CF, CC and their deltas FV / CV, ARAC, AITC) marked
         "not applicable" with the reason: never a number computed from verdicts."""
         task = self.plan.target.task
-        if task == "classification" or not isinstance(node, dict):
+        if task == Task.CLASSIFICATION or not isinstance(node, dict):
             return node
         why = {"CF": "macro F1 over the classes of a classifier's top-1 answers",
                "CC": "the mean confidence of the true class",
                "ARAC": "the adversarial class's confidence",
                "AITC": "the true class's confidence"}
-        rule = "IEEE-C4" if task == "detection" else "IEEE-C5"
+        rule = "IEEE-C4" if task == Task.DETECTION else "IEEE-C5"
 
         def missing(what: str) -> dict[str, Any]:
             return {"value": None, "status": NOT_APPLICABLE,

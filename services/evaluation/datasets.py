@@ -42,6 +42,7 @@ from typing import Any, BinaryIO
 
 import cv2
 import numpy as np
+from fortis.core.task import Task
 from fortis.services.common.blobs import BlobStorage
 from fortis.services.common.codec import check_image_header
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument
@@ -286,7 +287,7 @@ def load_plan_truths(plan: Plan, data_root: Path | None, uploads: Uploads | None
     for row in read_manifest(plan, data_root, uploads):
         iid, where = str(row["id"]), row["_where"]
         h, w = row["_image"].shape[:2]
-        if plan.target.task == "detection":
+        if plan.target.task == Task.DETECTION:
             boxes = row.get("boxes")
             if not isinstance(boxes, list):
                 raise InvalidArgument(f"{where}.boxes", "a detection manifest needs boxes per image (may be [])")
@@ -300,7 +301,7 @@ def load_plan_truths(plan: Plan, data_root: Path | None, uploads: Uploads | None
             out[iid] = {"boxes": boxes, "labels": labels, "box_format": box_format,
                         "label_base": _int(row.get("label_base", 0), f"{where}.label_base"),
                         "image_size": [w, h]}
-        elif plan.target.task == "segmentation":
+        elif plan.target.task == Task.SEGMENTATION:
             if not isinstance(row.get("mask"), str):
                 raise InvalidArgument(f"{where}.mask", "a segmentation manifest needs a mask PNG per image")
             mask = row["_load"](row["mask"], f"{where}.mask", cv2.IMREAD_UNCHANGED)
@@ -352,7 +353,7 @@ class PlanDatasets(DatasetPort):
             out: list[LabeledImage] = []
             for row in read_manifest(plan, self.data_root, self._uploads):
                 truth_labels: tuple[int, ...] = ()
-                if plan.target.task == "classification":
+                if plan.target.task == Task.CLASSIFICATION:
                     lab = row.get("labels")
                     lab = [lab] if isinstance(lab, int) else lab
                     if not isinstance(lab, list) or not lab:

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import structlog
+from fortis.core.task import Task
 from fortis.services.common.limits import MAX_EXAMPLE_MASK_CLASSES, MAX_REPORT_EXAMPLES
 from fortis.services.common.matching import iou_per_class, mean_iou, to_xyxy
 from fortis.services.evaluation.answers import (
@@ -293,7 +294,7 @@ class _Builder:
         """The answer's mIoU over the classes of interest (IEEE-C5, the shared
         ``common.matching`` arithmetic the scoring service judges with), for the words
         under a segmentation example; None elsewhere or when undefined."""
-        if self.task != "segmentation":
+        if self.task != Task.SEGMENTATION:
             return None
         pred, truth = self._class_map(setting, index), self._truth(index)
         if pred is None or truth is None or np.shape(truth) != pred.shape:
@@ -311,13 +312,13 @@ class _Builder:
         none for a query attack, whose stage records its outcome only)."""
         out: dict[str, Any] = {"original_correct": self.verdict(self.clean, index),
                                "perturbed_correct": self.verdict(setting, index)}
-        if self.task == "detection":
+        if self.task == Task.DETECTION:
             out["truth_boxes"] = truth_boxes(self._truth(index), self.labels)
             out["original_boxes"] = answer_boxes(self.clean.answers if self.clean else None,
                                                  _row(self.clean, index), self.labels)
             out["perturbed_boxes"] = answer_boxes(setting.answers if setting else None,
                                                   _row(setting, index), self.labels)
-        elif self.task == "segmentation":
+        elif self.task == Task.SEGMENTATION:
             classes, ignore = self._seg_rule()
             truth = self._truth(index)
             shape = image.shape

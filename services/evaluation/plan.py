@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from fortis.core.task import TASKS, Task
 from fortis.services.common.acceptance import Criterion, parse_acceptance
 from fortis.services.common.blobs import is_blob_id
 from fortis.services.common.criteria import (
@@ -58,7 +59,6 @@ from fortis.services.common.surrogates import (
 from fortis.services.evaluation.ports import Catalogue, TargetDescription
 
 DATASETS = ("fashion-mnist", "imagenet-photos", "manifest", "uploads")
-TASKS = ("classification", "detection", "segmentation")
 from fortis.services.common.limits import MAX_PLAN_BYTES  # noqa: E402 - re-exported
 
 #: Nesting depth of a plan document (docs/limits.md).
@@ -83,7 +83,7 @@ class Role:
 @dataclass(frozen=True, kw_only=True)
 class TargetRef:
     name: str
-    task: str = "classification"
+    task: Task = Task.CLASSIFICATION
     endpoint: str = ""
     credentials_ref: str = ""
 
@@ -415,7 +415,8 @@ def _members(v: _V, doc: Mapping[str, Any]) -> tuple[TargetRef, list[Member]]:
         t = v.mapping(item, p)
         v.unknown(t, p, {"name", "task", "endpoint", "credentials_ref", "surrogate", "defends"})
         ref = TargetRef(name=v.string(t, "name", p, required=True),
-                        task=v.string(t, "task", p, default="classification", choices=TASKS),
+                        task=Task(v.string(t, "task", p, default=Task.CLASSIFICATION,
+                                           choices=TASKS)),
                         endpoint=v.string(t, "endpoint", p),
                         credentials_ref=v.string(t, "credentials_ref", p))
         sur = t.get("surrogate")
@@ -443,12 +444,13 @@ def _target(v: _V, doc: Mapping[str, Any]) -> TargetRef:
     t = v.mapping(doc.get("target"), "target")
     v.unknown(t, "target", {"name", "task", "endpoint", "credentials_ref"})
     return TargetRef(name=v.string(t, "name", "target", required=True),
-                     task=v.string(t, "task", "target", default="classification", choices=TASKS),
+                     task=Task(v.string(t, "task", "target", default=Task.CLASSIFICATION,
+                                        choices=TASKS)),
                      endpoint=v.string(t, "endpoint", "target"),
                      credentials_ref=v.string(t, "credentials_ref", "target"))
 
 
-def _dataset(v: _V, doc: Mapping[str, Any], task: str) -> DatasetRef:
+def _dataset(v: _V, doc: Mapping[str, Any], task: Task) -> DatasetRef:
     d = v.mapping(doc.get("dataset"), "dataset")
     v.unknown(d, "dataset", {"source", "split", "limit", "offset", "label_map", "path",
                              "manifest"})
@@ -480,13 +482,13 @@ def _dataset(v: _V, doc: Mapping[str, Any], task: str) -> DatasetRef:
               "hex digits) of an uploaded manifest (fortis upload-dataset)")
     if dataset.source != "uploads" and dataset.manifest:
         v.bad("dataset.manifest", "only source 'uploads' takes a manifest id")
-    if task != "classification" and dataset.source not in ("manifest", "uploads"):
+    if task != Task.CLASSIFICATION and dataset.source not in ("manifest", "uploads"):
         v.bad("dataset.source", f"a {task} plan needs ground truth: use source 'manifest' "
               "or 'uploads' (boxes or masks per image)")
     return dataset
 
 
-def _criteria(v: _V, doc: Mapping[str, Any], task: str
+def _criteria(v: _V, doc: Mapping[str, Any], task: Task
               ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(correctness, detection, segmentation) sections, each checked by the shared criteria
     (IEEE-C1/C2, C4, C5)."""
@@ -498,12 +500,12 @@ def _criteria(v: _V, doc: Mapping[str, Any], task: str
 
     det: dict[str, Any] = {}
     seg: dict[str, Any] = {}
-    if task == "detection":
+    if task == Task.DETECTION:
         det = dict(v.mapping(doc.get("detection"), "detection", required=False))
         check(lambda: DetectionCriterion.from_dict(det))
     elif "detection" in doc:
         v.bad("detection", f"only for detection targets; this plan's target.task is {task}")
-    if task == "segmentation":
+    if task == Task.SEGMENTATION:
         seg = dict(v.mapping(doc.get("segmentation"), "segmentation"))
         check(lambda: SegmentationCriterion.from_dict(seg))
     elif "segmentation" in doc:
@@ -550,7 +552,7 @@ def _corruptions(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[Corrupti
     return out
 
 
-def _attack_criterion(v: _V, it: Mapping[str, Any], p: str, task: str, spec: Any,
+def _attack_criterion(v: _V, it: Mapping[str, Any], p: str, task: Task, spec: Any,
                       det: Mapping[str, Any], seg: Mapping[str, Any]) -> dict[str, Any]:
     """An attack's ``targeted`` and ``criterion`` fields -> its criterion as plain data, each
     problem naming its field. Detection / segmentation parameters come from the plan's
@@ -592,14 +594,14 @@ def _attack_criterion(v: _V, it: Mapping[str, Any], p: str, task: str, spec: Any
             v.bad(f"{p}.targeted", f"{spec.id} has no targeted variant")
         if kind not in TARGETED_CRITERIA and not spec.untargeted:
             v.bad(f"{p}.targeted", f"{spec.id} is targeted only: give targeted: {{label: N}}")
-    if task == "detection":
+    if task == Task.DETECTION:
         d = {"iou_threshold": float(det.get("iou_threshold", 0.5)),
              "min_objects": int(det.get("q", 1)) if det.get("aggregate") == "at_least" else 0,
              "mode": str(det.get("mode") or "threshold"), "k": int(det.get("k", 5))}
         if det.get("confidence_threshold") is not None:
             d["score_threshold"] = float(det["confidence_threshold"])
         out["detection"] = d
-    elif task == "segmentation":
+    elif task == Task.SEGMENTATION:
         out["segmentation"] = {"classes": list(seg.get("classes") or []),
                                "miou_threshold": float(seg.get("miou_threshold", 0.5)),
                                "ignore_label": seg.get("ignore_label", 255),
@@ -607,7 +609,7 @@ def _attack_criterion(v: _V, it: Mapping[str, Any], p: str, task: str, spec: Any
     return out
 
 
-def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue, task: str = "classification",
+def _attacks(v: _V, doc: Mapping[str, Any], cat: Catalogue, task: Task = Task.CLASSIFICATION,
              det: Mapping[str, Any] | None = None,
              seg: Mapping[str, Any] | None = None, *, benchmark: bool = False) -> list[AttackTest]:
     out: list[AttackTest] = []
@@ -703,7 +705,7 @@ def _select_budget(v: _V, raw: Any, p: str, spec: Any, params: Any) -> dict[str,
     return out
 
 
-def _check_surrogate_tasks(v: _V, names: list[str], raw: Any, p: str, task: str,
+def _check_surrogate_tasks(v: _V, names: list[str], raw: Any, p: str, task: Task,
                            doc: Mapping[str, Any]) -> None:
     """A transfer attack is crafted on surrogates of the target's task (IEEE-A7 on IEEE-C4 /
     C5 targets: a detector's or segmenter's ``task_loss``): each name whose task is known --
@@ -711,21 +713,21 @@ def _check_surrogate_tasks(v: _V, names: list[str], raw: Any, p: str, task: str,
     surrogates (its ``task``, classification by default) -- must match; an operator's
     surrogate is checked when it runs."""
     raw_own = doc.get("surrogates")
-    own = {str(d["name"]): d.get("task") if d.get("task") in TASKS else "classification"
+    own = {str(d["name"]): Task(d["task"]) if d.get("task") in TASKS else Task.CLASSIFICATION
            for d in (raw_own if isinstance(raw_own, list) else [])
            if isinstance(d, Mapping) and isinstance(d.get("name"), str)}
     for j, name in enumerate(names):
         if name in BUILTIN_SURROGATE_TASKS:
             known = BUILTIN_SURROGATE_TASKS[name]
         elif name in own:
-            known = str(own[name])
+            known = own[name]
         elif name in BUILTIN_SURROGATE_NAMES:
-            known = "classification"
+            known = Task.CLASSIFICATION
         else:
             continue
         if known != task:
             fitting = [n for n in BUILTIN_SURROGATE_NAMES
-                       if BUILTIN_SURROGATE_TASKS.get(n, "classification") == task]
+                       if BUILTIN_SURROGATE_TASKS.get(n, Task.CLASSIFICATION) == task]
             where = f"{p}[{j}]" if isinstance(raw, list) else p
             v.bad(where, f"{_short(name, 60)} is a {known} surrogate; a transfer attack on a "
                   f"{task} target is crafted on a {task} surrogate (built-in: "
@@ -837,11 +839,11 @@ def _degradation(v: _V, doc: Mapping[str, Any], cat: Catalogue) -> list[Degradat
     return out
 
 
-def _task_limits(v: _V, task: str, corruptions: list[CorruptionTest], attacks: list[AttackTest],
+def _task_limits(v: _V, task: Task, corruptions: list[CorruptionTest], attacks: list[AttackTest],
                  degradation: list[DegradationTest], cat: Catalogue) -> None:
     """What detection and segmentation plans cannot do (query attacks can: ``_attacks``
     checks each attack's task types and refuses transfer attacks there)."""
-    if task == "classification":
+    if task == Task.CLASSIFICATION:
         return
     for i in range(len(degradation)):
         v.bad(f"degradation[{i}].id", f"degradation profiles follow class labels; not "

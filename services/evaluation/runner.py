@@ -21,6 +21,7 @@ from importlib import metadata
 from typing import Any
 
 import numpy as np
+from fortis.core.task import Task
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from fortis.services.evaluation.answers import SegmentationAnswers
 from fortis.services.evaluation.canary_metrics import canary_metrics
@@ -87,7 +88,7 @@ class DatasetPort:
 def attack_truths(plan: Plan, datasets: DatasetPort) -> dict[str, Any]:
     """Ground truth per image id for the query attacks' IEEE-C4 / C5 criteria (detection and
     segmentation plans with query attacks); empty otherwise."""
-    if plan.target.task == "classification" or not plan.attacks:
+    if plan.target.task == Task.CLASSIFICATION or not plan.attacks:
         return {}
     return dict(datasets.truths(plan))
 
@@ -306,7 +307,7 @@ class EvaluationRunner:
         failed = [s for s in measured if s.failure is not None]
         settings = [s for s in measured if s.failure is None]
         setup = self._scoring_setup(target, images)
-        if plan.target.task == "segmentation":
+        if plan.target.task == Task.SEGMENTATION:
             settings = [_fit_masks(s, setup.truth) for s in settings]
         scored = self.scoring.score(setup, settings)
         # example images: answers read from the settings, no target query
@@ -333,19 +334,19 @@ class EvaluationRunner:
         plan = self.plan
         ids = tuple(i for i, _, _ in images)
         task = plan.target.task
-        if task == "classification":
+        if task == Task.CLASSIFICATION:
             truth: Any = [list(lab) for _, _, lab in images]
             criterion: Any = plan.correctness
         else:
             truths = self.datasets.truths(plan)
             truth = [truths[i] for i in ids]
-            criterion = plan.detection if task == "detection" else plan.segmentation
+            criterion = plan.detection if task == Task.DETECTION else plan.segmentation
         scored = target.output_kind in ("full_scores", "top_k")
         reason = ("" if scored else "the target returns labels only; NDCG and DRR need scores "
-                  "(RANK-3)") if task == "classification" else \
+                  "(RANK-3)") if task == Task.CLASSIFICATION else \
             f"NDCG and DRR rank classes; not defined for {task}"
         return ScoringSetup(image_ids=ids, task=task, truth=truth, criterion=criterion,
-                            ranking=scored and task == "classification", ranking_reason=reason,
+                            ranking=scored and task == Task.CLASSIFICATION, ranking_reason=reason,
                             num_classes=len(target.labels))
 
     def _ledger(self, stages: Sequence[Stage], ctx: RunContext) -> LedgerSummary:

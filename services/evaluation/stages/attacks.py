@@ -30,6 +30,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from fortis.core.task import Task
 from fortis.services.common.arrays import l2_distance, linf_distance
 from fortis.services.common.matching import to_xyxy
 from fortis.services.evaluation.answers import ClassAnswers, concat
@@ -58,7 +59,7 @@ def left_out(plan: Plan, at: AttackTest, rows: Sequence[Any]) -> tuple[tuple[boo
     set holds the target class "to" that class (the target classifying it correctly already
     meets the criterion: a success that is not one). Such images are not attacked (no
     query is spent on them) and are no part of its success rate, queries, curve or PER-3/4."""
-    target = at.criterion.get("target_label") if plan.target.task == "classification" else None
+    target = at.criterion.get("target_label") if plan.target.task == Task.CLASSIFICATION else None
     if target is None:
         return (False,) * len(rows), ""
     flags = tuple(int(target) in tuple(r[2]) for r in rows)
@@ -66,7 +67,7 @@ def left_out(plan: Plan, at: AttackTest, rows: Sequence[Any]) -> tuple[tuple[boo
                    "cannot move them there" if any(flags) else "")
 
 
-def attack_references(task: str, truths: Mapping[str, Any], ids: Sequence[str]) -> list[Any]:
+def attack_references(task: Task, truths: Mapping[str, Any], ids: Sequence[str]) -> list[Any]:
     """The criterion's reference of each image: detection ground truth as pixel xyxy boxes
     with 0-based service labels (``{"boxes", "labels"}``, converted with the scoring rule's
     ``common.matching.to_xyxy``), segmentation masks; None where there is none (the
@@ -74,9 +75,9 @@ def attack_references(task: str, truths: Mapping[str, Any], ids: Sequence[str]) 
     out: list[Any] = []
     for i in ids:
         t = truths.get(i)
-        if t is None or task == "classification":
+        if t is None or task == Task.CLASSIFICATION:
             out.append(None)
-        elif task == "detection":
+        elif task == Task.DETECTION:
             size = t.get("image_size")
             boxes = to_xyxy(t.get("boxes") or [], str(t.get("box_format", "xyxy")),
                             image_size=tuple(size) if size else None,
@@ -272,7 +273,7 @@ class TransferAttackStage(_AttackStage):
             # detection / segmentation: each image's ground truth is what the surrogate's
             # task loss moves away from (None: the surrogate's own answer)
             refs = attack_references(self.plan.target.task, ctx.truths, ids) \
-                if ctx.truths and self.plan.target.task != "classification" else None
+                if ctx.truths and self.plan.target.task != Task.CLASSIFICATION else None
             t0 = time.perf_counter()
             outs = ctx.perturbation.attack(at.id, at.params, self.plan.seed, rows,
                                            surrogate=at.surrogate, criterion=at.criterion,
