@@ -153,11 +153,11 @@ def _on_end(context: grpc.ServicerContext, release: Callable[[], None]) -> None:
 
 
 def wrap_handler(handler: grpc.RpcMethodHandler,
-                  before: Before,
-                  method: str = "", observe: Observer | None = None,
-                  request_id: str = "",
-                  hold_for: Callable[[], CallHold | None] | None = None
-                  ) -> grpc.RpcMethodHandler:
+                 before: Before,
+                 method: str = "", observe: Observer | None = None,
+                 request_id: str = "",
+                 hold_for: Callable[[], CallHold | None] | None = None
+                 ) -> grpc.RpcMethodHandler:
     """Wrap every behaviour of a handler: run ``before`` then map domain errors (a request
     that does not parse is INVALID_ARGUMENT on ``request``). ``hold_for`` (after ``before``)
     gives the call's memory hold: a unary request is held whole before the servicer runs, a
@@ -172,106 +172,141 @@ def wrap_handler(handler: grpc.RpcMethodHandler,
     # the caller is known and the bytes fit its tenant's memory: an unauthenticated or
     # over-budget request is never copied into a message.
     later = parse if not handler.request_streaming and parse is not None else None
+    steps = _CallSteps(before=before, check=check, later=later,
+                       request_streaming=bool(handler.request_streaming), bidi=bool(bidi),
+                       method=method, observe=observe, request_id=request_id,
+                       hold_for=hold_for)
+    send = _passing_wire(handler.response_serializer)
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(_unary(handler.unary_unary, steps), None,
+                                                   send)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(_streaming(handler.unary_stream, steps),
+                                                    None, send)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(_unary(handler.stream_unary, steps), parse,
+                                                    send)
+    return grpc.stream_stream_rpc_method_handler(_streaming(handler.stream_stream, steps),
+                                                 parse, send)
 
-    def admitted(request: Any, context: grpc.ServicerContext,
+
+@dataclass(frozen=True, kw_only=True)
+class _CallSteps:
+    """What every call of one wrapped handler runs around its servicer: ``before`` (auth and
+    admission), the request's checks and memory hold, and the metrics at its end."""
+
+    before: Before
+    check: Callable[[Any], Any]
+    #: The request's parser when a unary request arrives as bytes (parsed once admitted).
+    later: Callable[[bytes], Any] | None
+    request_streaming: bool
+    bidi: bool
+    method: str
+    observe: Observer | None
+    request_id: str
+    hold_for: Callable[[], CallHold | None] | None
+
+    def admitted(self, request: Any, context: grpc.ServicerContext,
                  holds: list[CallHold]) -> Any:
         """The checked request, held in the call's memory budget (released at its end)."""
-        hold = hold_for() if hold_for is not None else None
-        if later is not None:
+        hold = self.hold_for() if self.hold_for is not None else None
+        if self.later is not None:
             if hold is not None:
                 hold.check_carried(len(request))
-            request = later(request)
-        request = check(request)
+            request = self.later(request)
+        request = self.check(request)
         if hold is None:
             return request
         holds.append(hold)
         current_hold.set(hold)
         _on_end(context, hold.close)
-        if not handler.request_streaming:
+        if not self.request_streaming:
             hold.hold(request)
-        elif not bidi:
+        elif not self.bidi:
             request = stream_holding(hold, request)
         return request
 
-    def let_go(holds: list[CallHold]) -> None:
-        for hold in holds:
-            hold.close()
-
-    def done(context: grpc.ServicerContext, exc: BaseException | None, t0: float) -> None:
-        if observe is not None:
+    def done(self, context: grpc.ServicerContext, exc: BaseException | None,
+             t0: float) -> None:
+        if self.observe is not None:
             try:
-                observe(method, _code_of(context, exc), time.perf_counter() - t0,
-                        current_tenant.get())
+                self.observe(self.method, _code_of(context, exc), time.perf_counter() - t0,
+                             current_tenant.get())
             except Exception:  # noqa: BLE001 - metrics never break a call
-                log.warning("metrics observer failed", method=method)
+                log.warning("metrics observer failed", method=self.method)
 
-    def unary(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def call(request: Any, context: grpc.ServicerContext) -> Any:
-            t0 = time.perf_counter()
-            current_tenant.set("")      # a worker thread's last caller is not this one's
-            current_hold.set(None)
-            current_work.set(None)
-            current_seat.set(None)
-            release = _once(None)
-            holds: list[CallHold] = []
-            try:
-                release = _once(before(context))
-                _on_end(context, release)
-                result = fn(admitted(request, context, holds), context)
-            except Exception as exc:  # noqa: BLE001 - mapped to a status
-                release()
-                let_go(holds)
-                done(context, exc, t0)
-                if isinstance(exc, grpc.RpcError) or _aborted(context):
-                    raise
-                _abort(context, exc, request_id)
+
+def _let_go(holds: list[CallHold]) -> None:
+    for hold in holds:
+        hold.close()
+
+
+def _fresh_call() -> None:
+    """Clear what a worker thread's last call left in the call's context variables: its
+    last caller is not this one."""
+    current_tenant.set("")
+    current_hold.set(None)
+    current_work.set(None)
+    current_seat.set(None)
+
+
+def _unary(fn: Callable[..., Any], steps: _CallSteps) -> Callable[..., Any]:
+    """A behaviour with one answer, run under ``steps``."""
+    def call(request: Any, context: grpc.ServicerContext) -> Any:
+        t0 = time.perf_counter()
+        _fresh_call()
+        release = _once(None)
+        holds: list[CallHold] = []
+        try:
+            release = _once(steps.before(context))
+            _on_end(context, release)
+            result = fn(steps.admitted(request, context, holds), context)
+        except Exception as exc:  # noqa: BLE001 - mapped to a status
             release()
-            let_go(holds)
-            done(context, None, t0)
-            return result
-        return call
+            _let_go(holds)
+            steps.done(context, exc, t0)
+            if isinstance(exc, grpc.RpcError) or _aborted(context):
+                raise
+            _abort(context, exc, steps.request_id)
+        release()
+        _let_go(holds)
+        steps.done(context, None, t0)
+        return result
+    return call
 
-    def streaming(fn: Callable[..., Iterable[Any]]) -> Callable[..., Iterable[Any]]:
-        def call(request: Any, context: grpc.ServicerContext) -> Iterable[Any]:
-            t0 = time.perf_counter()
-            current_tenant.set("")      # a worker thread's last caller is not this one's
-            current_hold.set(None)
-            current_work.set(None)
-            current_seat.set(None)
-            release = _once(None)
-            holds: list[CallHold] = []
-            try:
-                release = _once(before(context))
-                _on_end(context, release)
-                first = True
-                for item in fn(admitted(request, context, holds), context):
-                    if first:           # a stream's later messages wait, not work: no seat
-                        first = False
-                        seat = current_seat.get()
-                        if seat is not None:
-                            seat()
-                    yield item
-            except Exception as exc:  # noqa: BLE001 - mapped to a status
-                release()
-                let_go(holds)
-                done(context, exc, t0)
-                if isinstance(exc, grpc.RpcError) or _aborted(context):
-                    raise
-                _abort(context, exc, request_id)
-            finally:
-                release()
-                let_go(holds)
-            done(context, None, t0)
-        return call
 
-    send = _passing_wire(handler.response_serializer)
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), None, send)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), None, send)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), parse, send)
-    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), parse, send)
+def _streaming(fn: Callable[..., Iterable[Any]], steps: _CallSteps
+               ) -> Callable[..., Iterable[Any]]:
+    """A behaviour with a stream of answers, run under ``steps``; its seat is given back
+    after the first answer."""
+    def call(request: Any, context: grpc.ServicerContext) -> Iterable[Any]:
+        t0 = time.perf_counter()
+        _fresh_call()
+        release = _once(None)
+        holds: list[CallHold] = []
+        try:
+            release = _once(steps.before(context))
+            _on_end(context, release)
+            first = True
+            for item in fn(steps.admitted(request, context, holds), context):
+                if first:           # a stream's later messages wait, not work: no seat
+                    first = False
+                    seat = current_seat.get()
+                    if seat is not None:
+                        seat()
+                yield item
+        except Exception as exc:  # noqa: BLE001 - mapped to a status
+            release()
+            _let_go(holds)
+            steps.done(context, exc, t0)
+            if isinstance(exc, grpc.RpcError) or _aborted(context):
+                raise
+            _abort(context, exc, steps.request_id)
+        finally:
+            release()
+            _let_go(holds)
+        steps.done(context, None, t0)
+    return call
 
 
 def _passing_wire(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:

@@ -36,10 +36,7 @@ from fortis.services.common.call_context import (
 )
 from fortis.services.common.call_handler import Observer, wrap_handler
 from fortis.services.common.identity import AuditLog, CertTenant, Identity, TokenVerifier
-from fortis.services.common.memory import (
-    CallHold,
-    MemoryBudget,
-)
+from fortis.services.common.memory import CallHold, MemoryBudget
 from fortis.services.common.quotas import CallRate, CallSlots
 from fortis.services.common.workshare import WorkShare
 
@@ -111,34 +108,8 @@ class FortisInterceptor(grpc.ServerInterceptor):
                 pass
             if drain is not None:   # SIGTERM: no new work (UNAVAILABLE), the rest counted
                 drain.enter(context)
-            internal = False
-            bearer = ""
-            if not keys.enabled and tokens is None and cert_tenant is None:
-                tenant = acting_for or "default"    # auth disabled (single-user local mode)
-            elif not api_key and (tokens is not None or cert_tenant is not None):
-                ident, bearer = _other_identity(context, authorization, tokens, cert_tenant,
-                                                method)
-                tenant = ident.tenant       # a token or certificate never acts for another
-                audit.note(ident, method, _peer(context))
-            else:
-                reason = ""
-                tenant = keys.tenant_of(api_key) if api_key else ""
-                if not api_key:
-                    reason = "missing_key"
-                elif not tenant:
-                    reason = "unknown_key"
-                if reason:
-                    # Audit: never the key itself, not even a prefix of it.
-                    log.warning("auth_failed", method=method, reason=reason,
-                                peer=_peer(context))
-                    raise errors.Unauthenticated(
-                        f"missing API key: send metadata '{API_KEY_HEADER}'"
-                        if reason == "missing_key" else "unknown API key")
-                if tenant == SERVICE_TENANT:
-                    tenant = acting_for or "default"
-                    internal = True
-                else:
-                    audit.note(Identity(tenant=tenant, kind="api_key"), method, _peer(context))
+            tenant, internal, bearer = _identify(context, method, keys, tokens, cert_tenant,
+                                                 audit, api_key, authorization, acting_for)
             current_tenant.set(tenant)
             current_work.set(work)
             current_api_key.set(api_key)
@@ -149,25 +120,63 @@ class FortisInterceptor(grpc.ServerInterceptor):
             structlog.contextvars.bind_contextvars(tenant=tenant)
             if internal:
                 return None
-            # what the call holds, given back in reverse order when it ends (or here, if
-            # a later step refuses it)
-            admitted = contextlib.ExitStack()
-            if slots is not None:
-                if not slots.enter(tenant):
-                    refuse(tenant, "calls_in_progress", slots.limit(tenant),
-                            "calls of this tenant in progress at once on this server "
-                            "(--max-calls-per-tenant); retry when one has finished")
-                admitted.callback(slots.leave, tenant)
-            with admitted:
-                if rate is not None:
-                    wait_for_turn(rate, tenant, context)
-                if seats is not None:
-                    seat = seats.hold(tenant, stop_of(context))
-                    current_seat.set(seat)
-                    admitted.callback(seat)
-                return admitted.pop_all().close
+            return _admit(context, tenant, slots, rate, seats)
 
         return wrap_handler(handler, before, method, self._observe, request_id, hold_for)
+
+
+def _identify(context: grpc.ServicerContext, method: str, keys: KeyTable,
+              tokens: TokenVerifier | None, cert_tenant: CertTenant | None, audit: AuditLog,
+              api_key: str, authorization: str, acting_for: str) -> tuple[str, bool, str]:
+    """(tenant, internal, bearer token to forward) of a call: from its API key, else its
+    bearer token or client certificate; with auth off, the tenant it acts for. Refusals are
+    UNAUTHENTICATED, logged with their reason and never with the key."""
+    if not keys.enabled and tokens is None and cert_tenant is None:
+        return acting_for or "default", False, ""   # auth disabled (single-user local mode)
+    if not api_key and (tokens is not None or cert_tenant is not None):
+        ident, bearer = _other_identity(context, authorization, tokens, cert_tenant, method)
+        audit.note(ident, method, _peer(context))
+        return ident.tenant, False, bearer  # a token or certificate never acts for another
+    reason = ""
+    tenant = keys.tenant_of(api_key) if api_key else ""
+    if not api_key:
+        reason = "missing_key"
+    elif not tenant:
+        reason = "unknown_key"
+    if reason:
+        # Audit: never the key itself, not even a prefix of it.
+        log.warning("auth_failed", method=method, reason=reason, peer=_peer(context))
+        raise errors.Unauthenticated(
+            f"missing API key: send metadata '{API_KEY_HEADER}'"
+            if reason == "missing_key" else "unknown API key")
+    if tenant == SERVICE_TENANT:
+        return acting_for or "default", True, ""
+    audit.note(Identity(tenant=tenant, kind="api_key"), method, _peer(context))
+    return tenant, False, ""
+
+
+def _admit(context: grpc.ServicerContext, tenant: str, slots: CallSlots | None,
+           rate: CallRate | None, seats: WorkShare | None) -> Callable[[], None]:
+    """Take the tenant's call slot, wait for its call-rate turn and take its seat; what to
+    run when the call ends to give them back (RESOURCE_EXHAUSTED, nothing kept, when one is
+    refused)."""
+    # what the call holds, given back in reverse order when it ends (or here, if a later
+    # step refuses it)
+    admitted = contextlib.ExitStack()
+    if slots is not None:
+        if not slots.enter(tenant):
+            refuse(tenant, "calls_in_progress", slots.limit(tenant),
+                   "calls of this tenant in progress at once on this server "
+                   "(--max-calls-per-tenant); retry when one has finished")
+        admitted.callback(slots.leave, tenant)
+    with admitted:
+        if rate is not None:
+            wait_for_turn(rate, tenant, context)
+        if seats is not None:
+            seat = seats.hold(tenant, stop_of(context))
+            current_seat.set(seat)
+            admitted.callback(seat)
+        return admitted.pop_all().close
 
 
 def _other_identity(context: grpc.ServicerContext, authorization: str,

@@ -22,9 +22,9 @@ here). ``docs/limits.md`` is generated from all of them by ``scripts/gen_limits_
 
 Pure code: protobuf messages, no gRPC.
 
-Longer than the project's 600 lines because of its tables: the named constants and
-:data:`FIELD_LIMITS` (over 500 lines of data) stay beside the walk that applies them, so one
-module reads as the whole documented list (the code alone is about 400 lines).
+Longer than 600 lines because of its tables: the named constants and :data:`FIELD_LIMITS`
+(over 500 lines of data) stay beside the walk that applies them, so one module reads as the
+whole documented list (the code alone is about 400 lines).
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
 """Shared gRPC server plumbing: the factory every service uses, auth and error mapping.
 
-Transport only. Domain code raises ``fortis.services.common.errors`` exceptions; the
-handler wrapper (``call_handler.py``) maps them to status codes with google.rpc rich details (see
-docs/architecture.md, section 4), so a bad request never takes a service down and internals
-never leak.
-"""
+Transport only. Domain code raises ``fortis.services.common.errors`` exceptions; the handler
+wrapper maps them to status codes with google.rpc rich details (see docs/architecture.md,
+section 4), so a bad request never takes a service down and internals never leak.
 
+Made of parts, each importable from here as before: ``call_context.py`` (metadata keys and
+what a call knows of its caller), ``admission.py`` (draining, call rate, quota refusals),
+``call_handler.py`` (the wrapper around every handler), ``interceptor.py`` (authentication
+and per-tenant admission) and ``reflection.py``; this module builds and stops the server.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -44,10 +47,7 @@ from fortis.services.common.call_handler import Before, Observer
 from fortis.services.common.health import HealthServicer as FortisHealthServicer
 from fortis.services.common.identity import CertTenant, TokenVerifier
 from fortis.services.common.interceptor import FortisInterceptor
-from fortis.services.common.memory import (
-    MemoryBudget,
-    MemoryLimits,
-)
+from fortis.services.common.memory import MemoryBudget, MemoryLimits
 from fortis.services.common.quotas import CallRate, CallSlots
 from fortis.services.common.reflection import (
     DESCRIPTOR_SET,
