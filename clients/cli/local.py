@@ -194,9 +194,8 @@ def cmd_validate(ns: argparse.Namespace) -> int:
 
 def cmd_serve(ns: argparse.Namespace) -> int:
     from fortis.cli.logs import configure
-    from fortis.services.app import DEFAULT_TARGETS, StackSettings, TargetConfig, start_stack
-    from fortis.services.common.api_keys import new_api_key, parse_api_keys
-    from fortis.services.common.startup import EXIT_LISTEN, StartupError, step
+    from fortis.services.app import start_stack
+    from fortis.services.common.startup import StartupError
 
     configure(ns.log_level)
     # before any thread of the server exists: a thread's allocator arena is fixed at its start
@@ -209,63 +208,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     # Every step of the start names itself when it fails, with the exit code of its class
     # (services/common/startup.py; docs/pipelines.md "Exit codes of fortis serve").
     try:
-        with step("gRPC address", EXIT_LISTEN):
-            if _address_in_use(ns.address):
-                raise StartupError("gRPC address", f"cannot listen on {ns.address}: address "
-                                   "in use", EXIT_LISTEN)
-        with step("API keys"):
-            # Keys are hashed as they are parsed: the server never holds them in plain text.
-            keys = parse_api_keys(os.environ.get("FORTIS_API_KEYS", ""), "FORTIS_API_KEYS")
-            for k in ns.api_key or []:
-                keys += parse_api_keys(k, "api_key")
-        with step("API keys"):
-            oidc, tenant_from = _identity_options(ns)
-        generated = ""
-        if not keys and not ns.api_keys_file and not ns.no_auth and not oidc and not tenant_from:
-            generated = new_api_key()
-            keys = parse_api_keys(f"{generated}=default")
-        with step("options"):
-            from fortis.services.common.whitebox import parse_grants
-            grants = parse_grants(getattr(ns, "whitebox_grant", None) or [])
-            if (generated or ns.no_auth) and not grants:
-                # single-user default: its one tenant is the operator, who owns the targets
-                grants = {"default": frozenset({"*"})}
-        with step("TLS material"):
-            tls = _tls_settings(ns)
-        with step("metrics address"):
-            metrics_host, metrics_port = _metrics_address(ns)
-        with step("targets configuration"):
-            targets = [TargetConfig.parse(t) for t in (ns.target or [])]
-            # The built-in targets, unless told otherwise, wherever a proxy runs: all services
-            # (no --service; argparse leaves it None) or the proxy alone.
-            if not targets and ns.service in (None, "", "proxy") and not ns.no_default_targets:
-                targets = [TargetConfig.parse(t) for t in DEFAULT_TARGETS]
-        with step("options"):
-            settings = StackSettings(
-                address=ns.address, state_dir=_state_dir(ns), key_entries=keys, targets=targets,
-                api_keys_file=Path(ns.api_keys_file) if ns.api_keys_file else None,
-                api_keys_reload_s=max(0.0, float(ns.api_keys_reload)), tls=tls,
-                oidc_issuers=oidc, tls_tenant_from=tenant_from,
-                only=ns.service or "", proxy_address=ns.proxy_address or "",
-                perturbation_address=ns.perturbation_address or "",
-                scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
-                internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=metrics_port,
-                metrics_host=metrics_host,
-                ledger_synchronous=ns.ledger_sync,
-                data_root=Path(ns.data_root) if ns.data_root else None,
-                surrogate_dir=Path(ns.surrogate_dir) if getattr(ns, "surrogate_dir", "") else None,
-                whitebox_grants=grants,
-                tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
-                evaluation_workers=_evaluation_workers(ns), server_workers=_server_workers(ns),
-                work_slots=_work_slots(ns), work_processes=_work_processes(ns),
-                redis_url=getattr(ns, "redis_url", None) or os.environ.get("FORTIS_REDIS_URL") or None,
-                redis_namespace=getattr(ns, "redis_namespace", None)
-                or os.environ.get("FORTIS_REDIS_NAMESPACE") or "default",
-                database_url=getattr(ns, "database_url", None)
-                or os.environ.get("FORTIS_DATABASE_URL") or None,
-                upload_quota_bytes=max(0, int(getattr(ns, "upload_quota_bytes", 2 * 1024 ** 3))),
-                memory=_memory_limits(ns),
-                **_executor_settings(ns))
+        settings, generated = _serve_settings(ns)
         stack = start_stack(settings)
     except StartupError as exc:
         err(str(exc))
@@ -274,6 +217,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     done = threading.Event()       # before the address line: a SIGTERM right after it drains
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    metrics_host = settings.metrics_host
     print(json.dumps({"address": stack.address, "services": ns.service or "all",
                       "targets": {n: s.address for n, s in stack.target_servers.items()},
                       **({"metrics_port": stack.metrics_port,
@@ -286,6 +230,90 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             target=watcher.reload, name="api-keys-sighup", daemon=True).start())
     done.wait()
     return _shutdown(stack, float(ns.shutdown_grace))
+
+
+def _serve_identity(ns: argparse.Namespace) -> tuple[list[Any], list[Any], str, str]:
+    """The hashed API keys, the OIDC issuers, the certificate-tenant rule and, when none of
+    them is given and auth is on, a generated key (printed once, for the single user)."""
+    from fortis.services.common.api_keys import new_api_key, parse_api_keys
+    from fortis.services.common.startup import step
+
+    with step("API keys"):
+        # Keys are hashed as they are parsed: the server never holds them in plain text.
+        keys = parse_api_keys(os.environ.get("FORTIS_API_KEYS", ""), "FORTIS_API_KEYS")
+        for k in ns.api_key or []:
+            keys += parse_api_keys(k, "api_key")
+    with step("API keys"):
+        oidc, tenant_from = _identity_options(ns)
+    generated = ""
+    if not keys and not ns.api_keys_file and not ns.no_auth and not oidc and not tenant_from:
+        generated = new_api_key()
+        keys = parse_api_keys(f"{generated}=default")
+    return keys, oidc, tenant_from, generated
+
+
+def _serve_targets(ns: argparse.Namespace) -> list[Any]:
+    from fortis.services.app import DEFAULT_TARGETS, TargetConfig
+    from fortis.services.common.startup import step
+
+    with step("targets configuration"):
+        targets = [TargetConfig.parse(t) for t in (ns.target or [])]
+        # The built-in targets, unless told otherwise, wherever a proxy runs: all services
+        # (no --service; argparse leaves it None) or the proxy alone.
+        if not targets and ns.service in (None, "", "proxy") and not ns.no_default_targets:
+            targets = [TargetConfig.parse(t) for t in DEFAULT_TARGETS]
+    return targets
+
+
+def _serve_settings(ns: argparse.Namespace) -> tuple[Any, str]:
+    """``fortis serve``'s options as StackSettings, each checked in its start-up step (a
+    busy port first, so it is one clear line); and the generated API key, if any."""
+    from fortis.services.app import StackSettings
+    from fortis.services.common.startup import EXIT_LISTEN, StartupError, step
+
+    with step("gRPC address", EXIT_LISTEN):
+        if _address_in_use(ns.address):
+            raise StartupError("gRPC address", f"cannot listen on {ns.address}: address "
+                               "in use", EXIT_LISTEN)
+    keys, oidc, tenant_from, generated = _serve_identity(ns)
+    with step("options"):
+        from fortis.services.common.whitebox import parse_grants
+        grants = parse_grants(getattr(ns, "whitebox_grant", None) or [])
+        if (generated or ns.no_auth) and not grants:
+            # single-user default: its one tenant is the operator, who owns the targets
+            grants = {"default": frozenset({"*"})}
+    with step("TLS material"):
+        tls = _tls_settings(ns)
+    with step("metrics address"):
+        metrics_host, metrics_port = _metrics_address(ns)
+    targets = _serve_targets(ns)
+    with step("options"):
+        settings = StackSettings(
+            address=ns.address, state_dir=_state_dir(ns), key_entries=keys, targets=targets,
+            api_keys_file=Path(ns.api_keys_file) if ns.api_keys_file else None,
+            api_keys_reload_s=max(0.0, float(ns.api_keys_reload)), tls=tls,
+            oidc_issuers=oidc, tls_tenant_from=tenant_from,
+            only=ns.service or "", proxy_address=ns.proxy_address or "",
+            perturbation_address=ns.perturbation_address or "",
+            scoring_address=ns.scoring_address or "", report_address=ns.report_address or "",
+            internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            ledger_synchronous=ns.ledger_sync,
+            data_root=Path(ns.data_root) if ns.data_root else None,
+            surrogate_dir=Path(ns.surrogate_dir) if getattr(ns, "surrogate_dir", "") else None,
+            whitebox_grants=grants,
+            tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),
+            evaluation_workers=_evaluation_workers(ns), server_workers=_server_workers(ns),
+            work_slots=_work_slots(ns), work_processes=_work_processes(ns),
+            redis_url=getattr(ns, "redis_url", None) or os.environ.get("FORTIS_REDIS_URL") or None,
+            redis_namespace=getattr(ns, "redis_namespace", None)
+            or os.environ.get("FORTIS_REDIS_NAMESPACE") or "default",
+            database_url=getattr(ns, "database_url", None)
+            or os.environ.get("FORTIS_DATABASE_URL") or None,
+            upload_quota_bytes=max(0, int(getattr(ns, "upload_quota_bytes", 2 * 1024 ** 3))),
+            memory=_memory_limits(ns),
+            **_executor_settings(ns))
+    return settings, generated
 
 
 def _open_ledger(ns: argparse.Namespace) -> tuple[Any, str]:
