@@ -42,7 +42,6 @@ import uuid
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import structlog
 from fortis.common.v1 import common_pb2
@@ -70,9 +69,14 @@ from fortis.services.target_proxy.ratelimit import (
     TenantLimits,
 )
 from fortis.services.target_proxy.sessions import (
+    ERROR_MAX,
+    REPLY_MAX_BYTES,
     SESSION_ID_MAX,
     PredictResult,
     SessionBudget,
+    _bounded,
+    _log_refused,
+    _replies,
     check_session_id,
 )
 from fortis.services.target_proxy.shared import SharedBudgets
@@ -82,6 +86,7 @@ from fortis.services.target_proxy.targets import (
     TargetBackend,
     TargetEntry,
     TargetFailed,
+    _info_of,
     scrub_reason,
     target_failure,
 )
@@ -90,11 +95,6 @@ from google.rpc import code_pb2
 
 log = structlog.get_logger("fortis.proxy")
 
-#: Longest error text kept in a ledger row.
-ERROR_MAX = 500
-#: Largest recorded answer (compressed) kept for replay; a larger one (e.g. a big mask) is
-#: not kept, and a resumed attempt sends that query again (charged, within Q_m).
-REPLY_MAX_BYTES = 64 * 1024
 
 #: The proxy's public names, the targets' and sessions' parts defined in ``targets.py`` and
 #: ``sessions.py`` and importable from here as before.
@@ -418,13 +418,7 @@ class TargetProxy:
             # Reserve first (a durable commit), then take the rate limiter's grant and send
             # at once: no disk wait between the grant and the target (the limit holds at the
             # target); the row's send time is the grant's, written with the outcome.
-            rows = [QueryRow(tenant=rec.tenant, session_id=rec.session_id, target=rec.target,
-                             origin=origin, image_id=img.image_id, input_sha256=h,
-                             output_summary="", latency_ms=0.0, status=IN_FLIGHT,
-                             error=IN_FLIGHT_NOTE, sent_at=time.time(),
-                             call_id=call_id, attempts=attempt)
-                    for img, h in zip(images, hashes, strict=True)]
-            entry_ids = self.ledger.reserve(rows)
+            entry_ids = self._reserve_rows(rec, origin, images, hashes, call_id, attempt)
             with self._work_slot(entry, rec.tenant, should_stop) as work:
                 try:
                     # the target's and the tenant's limits, in fair turns between tenants
@@ -441,19 +435,7 @@ class TargetProxy:
                 preds, failure = attempt_once() if work is None else \
                     work.run(rec.tenant, attempt_once)
                 latency = (time.perf_counter() - t0) * 1000.0
-            status = "OK" if failure is None else code_pb2.Code.Name(code_for(failure))
-            error = "" if failure is None else _bounded(failure)
-            self.ledger.complete([
-                (eid, Outcome(status=status, error=error, latency_ms=latency,
-                              sent_at=wall_clock_of(granted),
-                              output_summary=summarize(preds[i]) if failure is None else ""))
-                for i, eid in enumerate(entry_ids)],
-                # a query attack's answers, for a resumed attempt's replay (CAN-9, IEEE-M6)
-                replies=_replies(entry_ids, preds) if failure is None and rec.per_image_budget
-                else ())
-            if self.metrics is not None:
-                self.metrics.call(rec.target, status, n, latency / 1000.0,
-                                  2 if attempt > 1 else 1, rec.tenant)
+            self._record(rec, entry_ids, preds, failure, latency, granted, attempt)
             if failure is None:
                 with budget.lock:
                     budget.answered += n
@@ -462,24 +444,62 @@ class TargetProxy:
                 return preds
             if not isinstance(failure, errors.Unavailable) or attempt >= self.retry.max_attempts:
                 raise failure
-            # A retry is sent again: it must fit the hard budgets, or it is not sent.
-            with budget.lock:
-                if budget.reserve(images):
-                    raise failure
-                try:
-                    fits = self.daily_quotas.try_charge(rec.tenant, n)
-                except errors.Unavailable:
-                    budget.charge(images, -1)
-                    raise
-                if not fits:
-                    budget.charge(images, -1)
-                    raise failure
+            self._charge_retry(budget, images, failure)
             # A target that says when to come back (HTTP 429/503 Retry-After) is honoured,
             # up to the policy's cap.
             hint = getattr(failure, "retry_after_s", None)
             wait = delay if not hint else min(max(delay, float(hint)), self.retry.max_retry_after_s)
             self._sleep(wait)
             delay = min(delay * self.retry.multiplier, self.retry.max_backoff_s)
+
+    def _reserve_rows(self, rec: SessionRecord, origin: str,
+                      images: Sequence[common_pb2.Image], hashes: Sequence[str], call_id: str,
+                      attempt: int) -> list[int]:
+        """One attempt's write-ahead rows (``IN_FLIGHT``), committed before anything is sent."""
+        rows = [QueryRow(tenant=rec.tenant, session_id=rec.session_id, target=rec.target,
+                         origin=origin, image_id=img.image_id, input_sha256=h,
+                         output_summary="", latency_ms=0.0, status=IN_FLIGHT,
+                         error=IN_FLIGHT_NOTE, sent_at=time.time(),
+                         call_id=call_id, attempts=attempt)
+                for img, h in zip(images, hashes, strict=True)]
+        return self.ledger.reserve(rows)
+
+    def _record(self, rec: SessionRecord, entry_ids: Sequence[int],
+                preds: Sequence[common_pb2.Prediction], failure: errors.FortisError | None,
+                latency: float, granted: float, attempt: int) -> None:
+        """Complete an attempt's rows with its outcome, and count it in the metrics."""
+        n = len(entry_ids)
+        status = "OK" if failure is None else code_pb2.Code.Name(code_for(failure))
+        error = "" if failure is None else _bounded(failure)
+        self.ledger.complete([
+            (eid, Outcome(status=status, error=error, latency_ms=latency,
+                          sent_at=wall_clock_of(granted),
+                          output_summary=summarize(preds[i]) if failure is None else ""))
+            for i, eid in enumerate(entry_ids)],
+            # a query attack's answers, for a resumed attempt's replay (CAN-9, IEEE-M6)
+            replies=_replies(entry_ids, preds) if failure is None and rec.per_image_budget
+            else ())
+        if self.metrics is not None:
+            self.metrics.call(rec.target, status, n, latency / 1000.0,
+                              2 if attempt > 1 else 1, rec.tenant)
+
+    def _charge_retry(self, budget: SessionBudget, images: Sequence[common_pb2.Image],
+                      failure: errors.FortisError) -> None:
+        """Charge a retry to the session's hard budgets and the tenant's day; ``failure`` is
+        raised, nothing charged, when it does not fit (a retry is sent again: it must fit,
+        or it is not sent)."""
+        rec, n = budget.record, len(images)
+        with budget.lock:
+            if budget.reserve(images):
+                raise failure
+            try:
+                fits = self.daily_quotas.try_charge(rec.tenant, n)
+            except errors.Unavailable:
+                budget.charge(images, -1)
+                raise
+            if not fits:
+                budget.charge(images, -1)
+                raise failure
 
     def _not_sent(self, rec: SessionRecord, entry_ids: Sequence[int], exc: BaseException,
                   attempt: int, n: int) -> None:
@@ -539,37 +559,3 @@ class TargetProxy:
                 self._sleep(wait)
                 delay = min(delay * self.retry.multiplier, self.retry.max_backoff_s)
         raise AssertionError("unreachable")
-
-
-def _replies(entry_ids: Sequence[int], preds: Sequence[common_pb2.Prediction]
-             ) -> list[tuple[int, bytes]]:
-    """Answers kept for a resumed attempt's replay: compressed, at most REPLY_MAX_BYTES."""
-    out = []
-    for eid, p in zip(entry_ids, preds, strict=True):
-        blob = zlib.compress(p.SerializeToString(), 1)
-        if len(blob) <= REPLY_MAX_BYTES:
-            out.append((eid, blob))
-    return out
-
-
-def _info_of(entry: TargetEntry) -> Any:
-    """The target's description; its errors scrubbed as a query's are (target_failure)."""
-    try:
-        return entry.backend.info()
-    except errors.FortisError as exc:
-        raise target_failure(entry.name, exc) from None
-
-
-def _bounded(exc: BaseException) -> str:
-    text = str(exc)
-    return text if len(text) <= ERROR_MAX else text[:ERROR_MAX - 1] + "\u2026"
-
-
-def _log_refused(reason: str, *, tenant: str, session_id: str, target: str,
-                 **extra: object) -> None:
-    """Audit line of a refused query: who, which session and target, and why. The
-    runner names sessions ``<evaluation>/<part>``, so the evaluation is the prefix."""
-    evaluation_id = session_id.partition("/")[0] if "/" in session_id else ""
-    log.warning("query_refused", reason=reason, tenant=tenant, session=session_id,
-                evaluation_id=evaluation_id, target=target, **extra)
-

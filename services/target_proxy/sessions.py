@@ -1,23 +1,25 @@
-"""A proxy session's identity and counts: the safe session id charset and the session's
+"""A proxy session's identity and counts: the safe session id charset, the session's
 budget (attempts the target received, per image id and in total; answers kept for replay),
-checked and charged before anything is sent (``proxy.py``).
+checked and charged before anything is sent (``proxy.py``), and what its ledger rows keep
+(bounded error text, compressed answers) and its audit line when a query is refused.
 """
-
 
 from __future__ import annotations
 
 import re
 import threading
+import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import structlog
 from fortis.common.v1 import common_pb2
 from fortis.services.common import errors
-from fortis.services.target_proxy.ledger import (
-    SessionRecord,
-)
+from fortis.services.target_proxy.ledger import SessionRecord
 from fortis.services.target_proxy.shared import SharedBudgets
+
+log = structlog.get_logger("fortis.proxy")
 
 #: Session ids: letters, digits, '-', '_', '.', '/'; not starting with '.'; at most 200;
 #: no empty, '.' or '..' segment (evaluation sessions are "<evaluation id>/<stage>/...").
@@ -111,3 +113,33 @@ class PredictResult:
     queries_left: int   # -1 = unlimited
 
 
+#: Longest error text kept in a ledger row.
+ERROR_MAX = 500
+#: Largest recorded answer (compressed) kept for replay; a larger one (e.g. a big mask) is
+#: not kept, and a resumed attempt sends that query again (charged, within Q_m).
+REPLY_MAX_BYTES = 64 * 1024
+
+
+def _replies(entry_ids: Sequence[int], preds: Sequence[common_pb2.Prediction]
+             ) -> list[tuple[int, bytes]]:
+    """Answers kept for a resumed attempt's replay: compressed, at most REPLY_MAX_BYTES."""
+    out = []
+    for eid, p in zip(entry_ids, preds, strict=True):
+        blob = zlib.compress(p.SerializeToString(), 1)
+        if len(blob) <= REPLY_MAX_BYTES:
+            out.append((eid, blob))
+    return out
+
+
+def _bounded(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= ERROR_MAX else text[:ERROR_MAX - 1] + "\u2026"
+
+
+def _log_refused(reason: str, *, tenant: str, session_id: str, target: str,
+                 **extra: object) -> None:
+    """Audit line of a refused query: who, which session and target, and why. The
+    runner names sessions ``<evaluation>/<part>``, so the evaluation is the prefix."""
+    evaluation_id = session_id.partition("/")[0] if "/" in session_id else ""
+    log.warning("query_refused", reason=reason, tenant=tenant, session=session_id,
+                evaluation_id=evaluation_id, target=target, **extra)

@@ -12,15 +12,13 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from fortis.common.v1 import common_pb2
 from fortis.services.common import errors
 from fortis.services.common.errors import code_for
-from fortis.services.target_proxy.ratelimit import (
-    RateLimiter,
-)
+from fortis.services.target_proxy.ratelimit import RateLimiter
 from fortis.target.v1 import target_pb2
 from google.rpc import code_pb2
 
@@ -158,3 +156,10 @@ class TargetEntry:
         declared = self.declared_batch
         return max(1, min(self.max_batch, declared) if declared else self.max_batch)
 
+
+def _info_of(entry: TargetEntry) -> Any:
+    """The target's description; its errors scrubbed as a query's are (target_failure)."""
+    try:
+        return entry.backend.info()
+    except errors.FortisError as exc:
+        raise target_failure(entry.name, exc) from None
