@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+from fortis.core.task import Task
 from fortis.services.common.params import Param
 from fortis.services.common.surrogates import SurrogateSpec
 from fortis.services.evaluation.answers import Answers
@@ -68,8 +69,8 @@ class AttackEntry:
     params: tuple[Param, ...]
     targeted: bool = False           # has a targeted variant
     untargeted: bool = True
-    #: Task types it attacks ("classification", "detection", "segmentation").
-    tasks: tuple[str, ...] = ("classification",)
+    #: Task types it attacks.
+    tasks: tuple[Task, ...] = (Task.CLASSIFICATION,)
     uses_surrogate: bool = False     # a query attack that may take a surrogate prior
 
     @property

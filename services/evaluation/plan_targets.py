@@ -1,0 +1,277 @@
+"""A plan's parties and subjects: its roles, the target (or the targets of a multi-target
+plan, each with the surrogate that stands for it), the fast-mode baseline, the dataset, and
+the tenant's own surrogates with the checks that tie surrogates to the target's task and
+labels (IEEE-P1, IEEE-P3, IEEE-P6, IEEE-A7). Domain code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from fortis.core.task import TASKS, Task
+from fortis.services.common.blobs import is_blob_id
+from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.limits import (
+    MAX_DATASET_IMAGES,
+    MAX_DATASET_OFFSET,
+    MAX_ENSEMBLE,
+    MAX_LABEL_MAP,
+    MAX_PLAN_STRING_CHARS,
+    MAX_SURROGATES,
+)
+from fortis.services.common.surrogates import (
+    BUILTIN_SURROGATE_NAMES,
+    BUILTIN_SURROGATE_TASKS,
+    SurrogateDefinition,
+    SurrogateSpec,
+    parse_definition,
+    spec_of,
+)
+from fortis.services.evaluation.plan_fields import Fields, short
+from fortis.services.evaluation.plan_model import (
+    DATASETS,
+    MAX_MEMBERS,
+    DatasetRef,
+    Member,
+    Plan,
+    Role,
+    TargetRef,
+)
+
+__all__ = ["check_surrogate_labels", "check_surrogate_tasks", "parse_baseline", "parse_dataset",
+           "parse_members", "parse_roles", "parse_surrogates", "parse_target", "surrogate_names",
+           "surrogate_specs"]
+
+#: An evaluation id (as ``service.check_evaluation_id`` accepts).
+_EVALUATION_ID = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}$")
+
+
+def parse_roles(v: Fields, doc: Mapping[str, Any]) -> dict[str, Role]:
+    roles = v.mapping(doc.get("roles"), "roles", required=False)
+    v.unknown(roles, "roles", {"requester", "tester", "provider"})
+    out = {}
+    for r in ("requester", "tester", "provider"):
+        rd = v.mapping(roles.get(r), f"roles.{r}", required=False)
+        v.unknown(rd, f"roles.{r}", {"name", "organisation"})
+        out[r] = Role(name=v.string(rd, "name", f"roles.{r}"),
+                      organisation=v.string(rd, "organisation", f"roles.{r}"))
+    return out
+
+
+def parse_members(v: Fields, doc: Mapping[str, Any]) -> tuple[TargetRef, list[Member]]:
+    """``targets:`` (a multi-target plan) instead of ``target:``; the first is the primary."""
+    if "target" in doc:
+        v.bad("targets", "give either target (one model) or targets (several), not both")
+    items = v.items(doc, "targets")
+    if not items:
+        v.bad("targets", "must list at least one target")
+        return TargetRef(name=""), []
+    if len(items) > MAX_MEMBERS:
+        v.bad("targets", f"{len(items):,} targets; at most {MAX_MEMBERS} in one plan")
+        items = items[:MAX_MEMBERS]
+    members: list[Member] = []
+    refs: list[TargetRef] = []
+    for i, item in enumerate(items):
+        p = f"targets[{i}]"
+        t = v.mapping(item, p)
+        v.unknown(t, p, {"name", "task", "endpoint", "credentials_ref", "surrogate", "defends"})
+        ref = TargetRef(name=v.string(t, "name", p, required=True),
+                        task=Task(v.string(t, "task", p, default=Task.CLASSIFICATION,
+                                           choices=TASKS)),
+                        endpoint=v.string(t, "endpoint", p),
+                        credentials_ref=v.string(t, "credentials_ref", p))
+        sur = t.get("surrogate")
+        if sur is not None and not isinstance(sur, str):
+            v.bad(f"{p}.surrogate", "must be the name of one surrogate model")
+            sur = ""
+        members.append(Member(name=ref.name, surrogate=sur or "",
+                              defends=v.string(t, "defends", p)))
+        refs.append(ref)
+    names = [m.name for m in members]
+    for i, m in enumerate(members):
+        if m.name and names.index(m.name) != i:
+            v.bad(f"targets[{i}].name", f"target {short(m.name)} is listed twice")
+        if m.defends and m.defends not in names:
+            v.bad(f"targets[{i}].defends", f"{short(m.defends)} is not one of the plan's targets")
+        if m.defends and m.defends == m.name:
+            v.bad(f"targets[{i}].defends", "a model cannot be its own baseline")
+        if refs[i].task != refs[0].task:
+            v.bad(f"targets[{i}].task", f"every target of one plan has the same task "
+                  f"({refs[0].task})")
+    return refs[0], members
+
+
+def parse_target(v: Fields, doc: Mapping[str, Any]) -> TargetRef:
+    t = v.mapping(doc.get("target"), "target")
+    v.unknown(t, "target", {"name", "task", "endpoint", "credentials_ref"})
+    return TargetRef(name=v.string(t, "name", "target", required=True),
+                     task=Task(v.string(t, "task", "target", default=Task.CLASSIFICATION,
+                                        choices=TASKS)),
+                     endpoint=v.string(t, "endpoint", "target"),
+                     credentials_ref=v.string(t, "credentials_ref", "target"))
+
+
+def parse_dataset(v: Fields, doc: Mapping[str, Any], task: Task) -> DatasetRef:
+    d = v.mapping(doc.get("dataset"), "dataset")
+    v.unknown(d, "dataset", {"source", "split", "limit", "offset", "label_map", "path",
+                             "manifest"})
+    label_map: dict[int, int] = {}
+    lm = d.get("label_map") or {}
+    if not isinstance(lm, Mapping):
+        v.bad("dataset.label_map", "must be a mapping of dataset label -> service label")
+    elif len(lm) > MAX_LABEL_MAP:
+        v.bad("dataset.label_map", f"{len(lm):,} entries; at most {MAX_LABEL_MAP:,}")
+    else:
+        for k, val in lm.items():
+            try:
+                label_map[int(k)] = int(val)
+            except (TypeError, ValueError, OverflowError):
+                v.bad(f"dataset.label_map.{str(k)[:40]}", f"labels must be integers, got {short(k)}: {short(val)}")
+    dataset = DatasetRef(source=v.string(d, "source", "dataset", required=True, choices=DATASETS),
+                         split=v.string(d, "split", "dataset", default="test", choices=("test", "train")),
+                         limit=v.integer(d, "limit", "dataset", default=100, lo=1,
+                                                 hi=MAX_DATASET_IMAGES),
+                         offset=v.integer(d, "offset", "dataset", default=0, lo=0,
+                                                   hi=MAX_DATASET_OFFSET),
+                         label_map=label_map, path=v.string(d, "path", "dataset"),
+                         manifest=v.string(d, "manifest", "dataset"))
+    if dataset.source == "manifest" and not dataset.path:
+        v.bad("dataset.path", "source 'manifest' needs the path of a JSON-lines manifest")
+    if dataset.source == "uploads" and not is_blob_id(dataset.manifest):
+        # uploaded data is named by content id, never by a server path
+        v.bad("dataset.manifest", "source 'uploads' needs the id ('sha256:' and 64 lowercase "
+              "hex digits) of an uploaded manifest (fortis upload-dataset)")
+    if dataset.source != "uploads" and dataset.manifest:
+        v.bad("dataset.manifest", "only source 'uploads' takes a manifest id")
+    if task != Task.CLASSIFICATION and dataset.source not in ("manifest", "uploads"):
+        v.bad("dataset.source", f"a {task} plan needs ground truth: use source 'manifest' "
+              "or 'uploads' (boxes or masks per image)")
+    return dataset
+
+
+
+def parse_baseline(v: Fields, doc: Mapping[str, Any], members: list[Member]) -> str:
+    """CAN-10 fast mode: ``baseline: {evaluation: ID}`` with one target and its surrogate."""
+    if "baseline" not in doc:
+        return ""
+    b = v.mapping(doc.get("baseline"), "baseline")
+    v.unknown(b, "baseline", {"evaluation"})
+    eid = v.string(b, "evaluation", "baseline", required=True)
+    if eid and not _EVALUATION_ID.fullmatch(eid):
+        v.bad("baseline.evaluation", "not an evaluation id (letters, digits, '-', '_', '.')")
+    if len(members) != 1 or not members[0].surrogate:
+        v.bad("baseline", "fast mode ranks one new model: list exactly one entry under "
+              "targets, with its surrogate")
+    return eid
+
+
+
+def check_surrogate_tasks(v: Fields, names: list[str], raw: Any, p: str, task: Task,
+                           doc: Mapping[str, Any]) -> None:
+    """A transfer attack is crafted on surrogates of the target's task (IEEE-A7 on IEEE-C4 /
+    C5 targets: a detector's or segmenter's ``task_loss``): each name whose task is known --
+    a built-in (``BUILTIN_SURROGATE_TASKS``; the others classify) or one of the plan's own
+    surrogates (its ``task``, classification by default) -- must match; an operator's
+    surrogate is checked when it runs."""
+    raw_own = doc.get("surrogates")
+    own = {str(d["name"]): Task(d["task"]) if d.get("task") in TASKS else Task.CLASSIFICATION
+           for d in (raw_own if isinstance(raw_own, list) else [])
+           if isinstance(d, Mapping) and isinstance(d.get("name"), str)}
+    for j, name in enumerate(names):
+        if name in BUILTIN_SURROGATE_TASKS:
+            known = BUILTIN_SURROGATE_TASKS[name]
+        elif name in own:
+            known = own[name]
+        elif name in BUILTIN_SURROGATE_NAMES:
+            known = Task.CLASSIFICATION
+        else:
+            continue
+        if known != task:
+            fitting = [n for n in BUILTIN_SURROGATE_NAMES
+                       if BUILTIN_SURROGATE_TASKS.get(n, Task.CLASSIFICATION) == task]
+            where = f"{p}[{j}]" if isinstance(raw, list) else p
+            v.bad(where, f"{short(name, 60)} is a {known} surrogate; a transfer attack on a "
+                  f"{task} target is crafted on a {task} surrogate (built-in: "
+                  f"{', '.join(fitting) or 'none'}; or one of the plan's surrogates with "
+                  f"task: {task})")
+
+
+def surrogate_names(v: Fields, raw: Any, p: str) -> list[str]:
+    """An attack's ``surrogate``: a name, or a list of names (an ensemble, the first the
+    primary: IEEE-A7)."""
+    if raw is None:
+        return []
+    items = raw if isinstance(raw, list) else [raw]
+    if isinstance(raw, list) and not 1 <= len(raw) <= 1 + MAX_ENSEMBLE:
+        v.bad(p, f"an ensemble lists 1 to {1 + MAX_ENSEMBLE} surrogates, got {len(raw)}")
+        return []
+    out: list[str] = []
+    for j, x in enumerate(items):
+        where = f"{p}[{j}]" if isinstance(raw, list) else p
+        if not isinstance(x, str) or not x.strip() or len(x) > MAX_PLAN_STRING_CHARS:
+            v.bad(where, f"must be a surrogate's name, got {short(x)}")
+        elif x in out:
+            v.bad(where, f"'{short(x, 60)}' is already in the ensemble")
+        else:
+            out.append(x)
+    return out
+
+
+def parse_surrogates(v: Fields, doc: Mapping[str, Any]) -> list[SurrogateDefinition]:
+    """The tenant's own surrogates (IEEE-A7, IEEE-P6; schema: services/common/surrogates.py):
+    uploaded models by id, never a path on the server."""
+    raw = doc.get("surrogates")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        v.bad("surrogates", "must be a list of surrogate definitions")
+        return []
+    if len(raw) > MAX_SURROGATES:
+        v.bad("surrogates", f"{len(raw)} surrogates; at most {MAX_SURROGATES}")
+        raw = raw[:MAX_SURROGATES]
+    out: list[SurrogateDefinition] = []
+    for k, item in enumerate(raw):
+        defn, problems = parse_definition(item, f"surrogates[{k}]")
+        v.problems.extend(problems)
+        if defn is None:
+            continue
+        if any(d.name == defn.name for d in out):
+            v.bad(f"surrogates[{k}].name", f"'{defn.name}' is defined twice")
+            continue
+        out.append(defn)
+    return out
+
+
+def surrogate_specs(plan: Plan, target_labels: list[str] | tuple[str, ...]
+                    ) -> dict[str, SurrogateSpec]:
+    """The plan's surrogates resolved against the target's labels (IEEE-P6), by name."""
+    return {d.name: spec_of(d, target_labels, f"surrogates[{k}]")
+            for k, d in enumerate(plan.surrogates)}
+
+
+def check_surrogate_labels(plan: Plan, target_labels: list[str] | tuple[str, ...],
+                           images: Any, n_images: int) -> None:
+    """Every image a transfer attack covers must have a true label that each of its tenant
+    surrogates maps a class to (IEEE-P6), or the surrogate has no loss to follow."""
+    specs = surrogate_specs(plan, target_labels)
+    index = {d.name: k for k, d in enumerate(plan.surrogates)}
+    v = Fields()
+    for at in plan.attacks:
+        n = min(n_images, at.limit) if at.limit else n_images
+        for name in (at.surrogate, *at.ensemble):
+            if name not in specs:
+                continue
+            mapped = specs[name].mapped_targets()
+            for image_id, _, labels in list(images)[:n]:
+                if labels and int(labels[0]) not in mapped:
+                    lab = int(labels[0])
+                    shown = target_labels[lab] if 0 <= lab < len(target_labels) else lab
+                    v.bad(f"surrogates[{index[name]}].label_map", f"image '{image_id}' has "
+                          f"target label {lab} ({shown}), which no class of surrogate "
+                          f"'{name}' maps to")
+                    break
+    if v.problems:
+        raise InvalidArgument.from_violations(v.problems[:100])
+
