@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from fortis.common.v1 import common_pb2
+from fortis.core.task import Task
 from fortis.perturbation.v1 import perturbation_pb2 as pb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
@@ -71,9 +72,9 @@ _STOP_REASONS = {"success": pb.STOP_REASON_SUCCESS, "budget": pb.STOP_REASON_BUD
                  "budget_exhausted_by_proxy": pb.STOP_REASON_BUDGET_EXHAUSTED_BY_PROXY,
                  "iterations": pb.STOP_REASON_ITERATIONS}
 _PAGE_DEFAULT, _PAGE_MAX = 100, 1000
-_TASKS = {"classification": common_pb2.TASK_TYPE_CLASSIFICATION,
-          "detection": common_pb2.TASK_TYPE_DETECTION,
-          "segmentation": common_pb2.TASK_TYPE_SEGMENTATION}
+_TASKS = {Task.CLASSIFICATION: common_pb2.TASK_TYPE_CLASSIFICATION,
+          Task.DETECTION: common_pb2.TASK_TYPE_DETECTION,
+          Task.SEGMENTATION: common_pb2.TASK_TYPE_SEGMENTATION}
 _TASK_NAMES = {v: k for k, v in _TASKS.items()}
 _OUTPUT_NAMES = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
                  common_pb2.OUTPUT_KIND_TOP_K_SCORES: "top_k",
@@ -135,7 +136,7 @@ def surrogate_spec(msg: pb.SurrogateModel, where: str) -> SurrogateSpec:
     """A SurrogateModel message as the domain's definition (checked when resolved)."""
     if msg.format not in _MODEL_FORMATS:
         raise errors.InvalidArgument(f"{where}.format", f"unknown model format {msg.format}")
-    task = "classification" if msg.task == common_pb2.TASK_TYPE_UNSPECIFIED else \
+    task = Task.CLASSIFICATION if msg.task == common_pb2.TASK_TYPE_UNSPECIFIED else \
         _TASK_NAMES.get(msg.task)
     if task is None:
         raise errors.InvalidArgument(f"{where}.task", f"unknown task {msg.task}")
@@ -428,7 +429,7 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         self._check_surrogates(request, "")
         params = json_format.MessageToDict(request.params) if request.HasField("params") else {}
         crit = criterion_spec(request.criterion) if request.HasField("criterion") else None
-        task = _TASK_NAMES.get(request.task, "classification")
+        task = _TASK_NAMES.get(request.task, Task.CLASSIFICATION)
         signal = signal_of_output(_OUTPUT_NAMES[request.output_kind]) \
             if request.output_kind in _OUTPUT_NAMES else ""
         p = engine.validate_attack(request.attack_id, params, task=task, signal=signal,
@@ -453,5 +454,5 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         return ProxyQueryClient(self.proxy_stub, session_id=request.proxy_session_id,
                                 origin=request.origin or attack_id, num_classes=len(info.labels),
                                 metadata=md,
-                                task=_TASK_NAMES.get(info.task_type, "classification"),
+                                task=_TASK_NAMES.get(info.task_type, Task.CLASSIFICATION),
                                 output_kind=_OUTPUT_NAMES.get(info.output_kind, "full_scores"))

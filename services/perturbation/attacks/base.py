@@ -46,6 +46,7 @@ from typing import Any, Final, Literal, Protocol
 
 import numpy as np
 import torch
+from fortis.core.task import TASKS, Task
 from fortis.services.common.arrays import l2_distance, linf_distance
 from fortis.services.common.errors import BudgetExhausted, InvalidArgument
 from fortis.services.common.params import Param
@@ -79,14 +80,11 @@ STOP_REASONS: Final = (STOP_SUCCESS, STOP_BUDGET, STOP_ALREADY_MISCLASSIFIED, ST
 
 AttackKind = Literal["transfer", "score", "decision"]
 Norm = Literal["linf", "l2", "l0", "l1", "spatial"]
-Task = Literal["classification", "detection", "segmentation"]
 ATTACK_KINDS: Final = ("transfer", "score", "decision")
 #: "l1": sum of absolute changes in [0, 1] scale (Sparse L1 Descent); "spatial": not an Lp
 #: ball but a transformation range (rotation / translation, the Spatial attack), recorded in
 #: the attack's parameters (IEEE-A9).
 NORMS: Final = ("linf", "l2", "l0", "l1", "spatial")
-#: The task types of IEEE Std 3129 (IEEE-P3) an attack may declare (``AttackSpec.tasks``).
-TASKS: Final = ("classification", "detection", "segmentation")
 
 #: Parameters most attacks share (one definition each).
 EPSILON_LINF = Param(name="epsilon", type="float", minimum=0.0, maximum=1.0,
@@ -513,9 +511,10 @@ class AttackSpec:
                              "attack needs its surrogate)")
         if self.tasks is None:
             object.__setattr__(self, "tasks", TASKS if self.kind != "transfer"
-                               else ("classification",))
+                               else (Task.CLASSIFICATION,))
         elif not self.tasks or not set(self.tasks) <= set(TASKS):
-            raise ValueError(f"{self.id}: tasks must be a non-empty subset of {TASKS}")
+            raise ValueError(f"{self.id}: tasks must be a non-empty subset of "
+                             f"{', '.join(TASKS)}")
 
     @property
     def is_query_attack(self) -> bool:

@@ -7,6 +7,7 @@ ensembles: ``whitebox.py``. Registry entry: :data:`SPEC`."""
 
 from __future__ import annotations
 
+from fortis.core.task import Task
 from fortis.services.common.params import Param
 
 from .base import EPSILON_LINF, AttackContext, AttackResult, AttackSpec
@@ -31,7 +32,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 SPEC = AttackSpec(
     id="bim", kind="transfer", family="gradient", norms=("linf",),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, stochastic=False, targeted=True,
-    tasks=("classification", "detection", "segmentation"),
+    tasks=(Task.CLASSIFICATION, Task.DETECTION, Task.SEGMENTATION),
     description="Basic Iterative Method (Kurakin et al. 2017): iterated FGSM from the clean "
                 "image on the local surrogate, then sent to the target",
     params=(EPSILON_LINF,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from fortis.core.task import Task
 
 from .base import EPSILON_LINF, AttackContext, AttackResult, AttackSpec
 from .gradient import Steps, run_steps, sign_gradient_linf
@@ -30,7 +31,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 SPEC = AttackSpec(
     id="fgsm", kind="transfer", family="gradient", norms=("linf",),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, stochastic=False, targeted=True,
-    tasks=("classification", "detection", "segmentation"),
+    tasks=(Task.CLASSIFICATION, Task.DETECTION, Task.SEGMENTATION),
     description="Fast Gradient Sign Method (Goodfellow et al. 2015): one signed-gradient step "
                 "on the local surrogate, then sent to the target",
     params=(EPSILON_LINF, *BOOSTER_PARAMS), run=run)

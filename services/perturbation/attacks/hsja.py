@@ -52,6 +52,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+from fortis.core.task import Task
 from fortis.services.common.arrays import l2_distance
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
@@ -352,7 +353,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 SPEC = AttackSpec(
     id="hsja", minimal_norm=True, kind="decision", family="decision-based", norms=("l2",),
     refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"), targeted=True,
-    tasks=("classification", "detection", "segmentation"),
+    tasks=(Task.CLASSIFICATION, Task.DETECTION, Task.SEGMENTATION),
     description="HopSkipJumpAttack (L2, decision-based, untargeted and targeted); success = "
                 "the criterion holds within L2 <= epsilon (classifiers, detectors, "
                 "segmenters)",

@@ -9,6 +9,7 @@ targeted. Its boosters: NI (Nesterov look-ahead, Lin et al. 2020: NI-FGSM) and V
 
 from __future__ import annotations
 
+from fortis.core.task import Task
 from fortis.services.common.params import Param
 
 from .base import EPSILON_LINF, AttackContext, AttackResult, AttackSpec
@@ -29,7 +30,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 SPEC = AttackSpec(
     id="mi_fgsm", kind="transfer", family="gradient", norms=("linf",),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, targeted=True,
-    tasks=("classification", "detection", "segmentation"),
+    tasks=(Task.CLASSIFICATION, Task.DETECTION, Task.SEGMENTATION),
     description="Momentum Iterative FGSM (Dong et al. 2018) on the local surrogate, with the "
                 "NI / VMI / DI / TI / SI boosters, then sent to the target",
     params=(EPSILON_LINF,

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
@@ -141,7 +142,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 SPEC = AttackSpec(
     id="ods", kind="score", family="score-based", norms=("l2",),
     refs=("IEEE-A8", "IEEE-A9", "IEEE-M6"), targeted=True, uses_surrogate=True,
-    tasks=("classification",),
+    tasks=(Task.CLASSIFICATION,),
     description="SimBA-ODS (Tashiro et al., NeurIPS 2020): SimBA along output-diversified "
                 "directions from a local classifier surrogate's gradients (L2, score-based)",
     params=(Param(name="epsilon", type="float", minimum=0.0, maximum=1e4,

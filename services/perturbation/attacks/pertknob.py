@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from fortis.core.task import Task
 from fortis.services.common.errors import BudgetExhausted, InvalidArgument
 from fortis.services.common.params import Param
 from fortis.services.perturbation.criteria import Criterion, Reference
@@ -114,7 +115,7 @@ def run(ctx: AttackContext) -> list[AttackResult]:
 SPEC = AttackSpec(
     id="pertknob", minimal_norm=True, kind="decision", family="minimal-perturbation", norms=("l2",),
     refs=("PER-3", "PER-2", "PER-4", "IEEE-M6"), targeted=True,
-    tasks=("classification", "detection", "segmentation"),
+    tasks=(Task.CLASSIFICATION, Task.DETECTION, Task.SEGMENTATION),
     description="PertKnob (Zhong et al.): the smallest epsilon of a real-world safety "
                 "property (PER-1) that meets the plan's PER-2 criterion, searched over "
                 "[0,1] in k cells by bisection or linear scan within Q_m queries; reports "

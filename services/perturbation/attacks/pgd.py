@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
 
@@ -48,7 +49,7 @@ SPEC = AttackSpec(
     check=check_linf_epsilon,
     id="pgd", kind="transfer", family="gradient", norms=("linf", "l2"),
     refs=("IEEE-A7", "IEEE-A9"), needs_surrogate=True, targeted=True,
-    tasks=("classification", "detection", "segmentation"),
+    tasks=(Task.CLASSIFICATION, Task.DETECTION, Task.SEGMENTATION),
     description="Projected Gradient Descent (Madry et al. 2018, L-inf or L2) on the local "
                 "surrogate, then sent to the target",
     params=(Param(name="epsilon", type="float", minimum=0.0, maximum=1000.0,

@@ -341,11 +341,11 @@ SPEC_PRIOR = AttackSpec(
                 "gradient with the optimal lambda estimated by queries, L2; untargeted or "
                 "targeted; needs the plan's surrogate",
     params=_params("l2", True), targeted=True, uses_surrogate=True,
-    tasks=("classification",), run=_run("l2", True))
+    tasks=(Task.CLASSIFICATION,), run=_run("l2", True))
 
 SPEC_PRIOR_LINF = AttackSpec(
     id="prgf_linf", kind="score", family="score-based", norms=("linf",), refs=_REFS,
     description="P-RGF (Cheng et al., NeurIPS 2019), L-inf sign steps; untargeted or "
                 "targeted; needs the plan's surrogate",
     params=_params("linf", True), targeted=True, uses_surrogate=True,
-    tasks=("classification",), run=_run("linf", True))
+    tasks=(Task.CLASSIFICATION,), run=_run("linf", True))
