@@ -50,6 +50,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from fortis.adapters.torch_models.normalisation import register_normalisation
+from fortis.core.boxes import iou_xyxy
 from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import MAX_SURROGATE_DETECTIONS, MAX_SURROGATE_SIDE
@@ -127,16 +128,6 @@ def _output(outs: tuple[Any, ...], pos: int, name: str, field: str) -> torch.Ten
         raise InvalidArgument(f"{field}.outputs.{name}", f"output {pos} is a "
                               f"{type(t).__name__}, not a tensor")
     return t
-
-
-def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(n, 4) x (m, 4) xyxy -> (n, m)."""
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.clip(rb - lt, 0, None).prod(axis=-1)
-    area = lambda x: np.clip(x[:, 2] - x[:, 0], 0, None) * np.clip(x[:, 3] - x[:, 1], 0, None)  # noqa: E731
-    union = area(a)[:, None] + area(b)[None, :] - inter
-    return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0)
 
 
 def _refs(references: Sequence[Any], n: int) -> list[Any]:
@@ -262,7 +253,7 @@ class DetectorSurrogate(_TaskSurrogate):
             for r, t in zip(rb, rl, strict=True):
                 inside = ((centre[:, 0] >= r[0]) & (centre[:, 0] <= r[2])
                           & (centre[:, 1] >= r[1]) & (centre[:, 1] <= r[3]))
-                near = torch.from_numpy((_iou(b, r[None])[:, 0] > _NEAR_IOU) | inside)
+                near = torch.from_numpy((iou_xyxy(b, r[None])[:, 0] > _NEAR_IOU) | inside)
                 if relabel:
                     assert pk is not None
                     target = int(criterion.target)

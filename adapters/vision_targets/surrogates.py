@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from fortis.core.boxes import iou_xyxy
 from fortis.services.common import errors
 from fortis.services.common.errors import InvalidArgument
 
@@ -103,19 +104,6 @@ def _ref_boxes(ref: Any, i: int) -> np.ndarray | None:
     if len(b) and not np.isfinite(b).all():
         raise InvalidArgument(f"references[{i}].boxes", "must be finite pixel xyxy")
     return b
-
-
-def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(n, 4) x (m, 4) xyxy -> (n, m)."""
-    iw = np.clip(np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]),
-                 0, None)
-    ih = np.clip(np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]),
-                 0, None)
-    inter = iw * ih
-    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
-    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    union = area_a[:, None] + area_b[None, :] - inter
-    return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0)
 
 
 class MtcnnNets(torch.nn.Module):
@@ -277,7 +265,7 @@ class MtcnnSurrogate:
                     cy = (cells[:, 1] + cells[:, 3]) / 2
                     inside = ((cx[:, None] >= r[None, :, 0]) & (cx[:, None] <= r[None, :, 2])
                               & (cy[:, None] >= r[None, :, 1]) & (cy[:, None] <= r[None, :, 3]))
-                    near = (_iou(cells, r) > 0.2) | inside
+                    near = (iou_xyxy(cells, r) > 0.2) | inside
                     sel = torch.from_numpy(near.any(axis=1))
                 if bool(sel.any()):
                     losses[k] = losses[k] - F.softplus(lk[sel] - t_p + _KAPPA).sum()
@@ -289,7 +277,7 @@ class MtcnnSurrogate:
             if r is None:
                 boxes = fb
             elif len(fb):
-                close = np.asarray((_iou(fb, r) > 0.1).any(axis=1), dtype=bool)
+                close = np.asarray((iou_xyxy(fb, r) > 0.1).any(axis=1), dtype=bool)
                 boxes = np.concatenate([r, fb[close]])
             else:
                 boxes = r

@@ -123,9 +123,9 @@ def _report(fc: FortisClient, plan: str) -> tuple[dict[str, Any], str]:
 
 def test_a_tenant_detector_surrogate_in_a_multi_target_plan(stack, tmp_path):
     from fortis.adapters.torch_models.surrogate import load_surrogate
-    from fortis.adapters.torch_models.task_surrogate import _iou
     from fortis.adapters.vision_targets.haar import HaarFaceTarget
     from fortis.adapters.vision_targets.mtcnn import MtcnnTarget
+    from fortis.core.boxes import iou_xyxy as _iou
     from fortis.services.common.surrogates import parse_definition, spec_of
 
     s, root, (images, truth), _ = stack
