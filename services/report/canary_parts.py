@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from fortis.report.v1 import report_pb2
-from fortis.services.common.result_tree import message_tree
+from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.result_tree import NULL_FIELDS, message_tree
 
 __all__ = ["benchmark_part", "canary_part"]
 
@@ -23,11 +24,22 @@ def canary_part(parts: report_pb2.ReportParts) -> dict[str, Any] | None:
     {"effect", "cost", "perturbation"}}, "notes"}``); None when the parts carry none."""
     if not parts.HasField("canary"):
         return None
-    return dict(message_tree(parts.canary, "parts.canary", MAX_PART_VALUES))
+    return _part(parts.canary, "parts.canary")
 
 
 def benchmark_part(parts: report_pb2.ReportParts) -> dict[str, Any] | None:
     """A multi-target plan's cross-model section (CAN-5/7/8/10); None for other plans."""
     if not parts.HasField("benchmark"):
         return None
-    return dict(message_tree(parts.benchmark, "parts.benchmark", MAX_PART_VALUES))
+    return _part(parts.benchmark, "parts.benchmark")
+
+
+def _part(msg: Any, path: str) -> dict[str, Any]:
+    """The part's tree. ``""`` in a message's null fields makes that value null, which only a
+    map's value may be: a part that is sent is an object (a part that is not there is left
+    unset), so a caller's null part is refused by name rather than met later as nothing."""
+    tree = message_tree(msg, path, MAX_PART_VALUES)
+    if not isinstance(tree, dict):
+        raise InvalidArgument(f"{path}.{NULL_FIELDS}", '"" would make the whole part null; '
+                              "leave the part unset instead")
+    return tree

@@ -212,3 +212,17 @@ def test_a_part_larger_than_any_evaluation_gives_is_refused_by_name() -> None:
     with pytest.raises(InvalidArgument, match="more than 500000 values") as err:
         build_report(parts)
     assert err.value.violations[0].field == "parts.benchmark"
+
+
+@pytest.mark.parametrize("part", ["canary", "benchmark"])
+def test_a_part_sent_as_null_is_refused_by_name(part: str) -> None:
+    """``""`` in null_fields nulls a map's value; on a whole part (a caller's RenderReport) it
+    is refused naming the field, not an internal error later."""
+    parts = make_parts()
+    getattr(parts, part).null_fields.append("")
+    with pytest.raises(InvalidArgument) as err:
+        build_report(parts)
+    assert err.value.violations[0].field == f"parts.{part}.null_fields"
+    parts = make_parts()                                  # a map value may be null
+    parts.canary.attacks["fgsm"].null_fields.append("")
+    assert build_report(parts)["canary"]["attacks"]["fgsm"] is None
