@@ -402,7 +402,6 @@ def _add_perturbation(w: _Wiring) -> None:
             TenantSurrogates,
         )
         from fortis.services.perturbation import servicer as pt_servicer
-        from fortis.services.perturbation import styles as pt_styles
     from fortis.adapters.builtin import load_model
     from fortis.perturbation.v1 import perturbation_pb2_grpc
     from fortis.services.common.server import current_tenant
@@ -410,8 +409,6 @@ def _add_perturbation(w: _Wiring) -> None:
     settings = w.settings
     model_blobs = w.blob_store
     assert model_blobs is not None
-    pt_styles.set_model_blobs(lambda blob_id, field: model_blobs.path_of(
-        current_tenant.get(), blob_id, field, kind="model"))
     sur_cache = SurrogateCache()
     with step("surrogates"):
         # Its manifests are read when a plan names them (added without a restart), but a
@@ -440,7 +437,11 @@ def _add_perturbation(w: _Wiring) -> None:
                            surrogate_names=lambda: (*BUILTIN_MODELS,
                                                     *operator_surrogates.names()),
                            surrogate_access=lambda name, field, rpc: whitebox.check(
-                               current_tenant.get(), name, field, audit=rpc)),
+                               current_tenant.get(), name, field, audit=rpc),
+                           # neural_style's uploaded models: the servicer binds the calling
+                           # tenant; the model root stays $FORTIS_MODEL_ROOT
+                           model_blobs=lambda tenant, blob_id, field: model_blobs.path_of(
+                               tenant, blob_id, field, kind="model")),
                        pt_servicer.SERVICE_NAME))
 
 

@@ -9,7 +9,7 @@ so results do not depend on batching, order or restarts.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -35,7 +35,8 @@ from fortis.services.perturbation.registry import (
     make_context,
     perturbation_spec,
 )
-from fortis.services.perturbation.spec import ApplyContext, PerturbationSpec
+from fortis.services.perturbation.spec import PerturbationSpec
+from fortis.services.perturbation.style_models import StyleModels
 
 __all__ = ["AttackItem", "AttackResult", "QueryClient", "SurrogateLoader",
            "attack_params", "perturb", "perturbation_rng", "run_attack", "validate_attack"]
@@ -75,7 +76,8 @@ def perturbation_rng(seed: int, spec: PerturbationSpec, level: int | float,
 def perturb(perturbation_id: str, level: int | float, seed: int,
             items: Sequence[tuple[str, np.ndarray]], *, params: Mapping[str, Any] | None = None,
             surrogate: Any = None, labels: Sequence[int] | None = None,
-            should_stop: StopCheck = never) -> list[np.ndarray]:
+            should_stop: StopCheck = never,
+            style_models: StyleModels | None = None) -> list[np.ndarray]:
     """Apply any catalogue perturbation at one level to each image (IEEE-P5: one per image).
 
     ``level``: severity 1..5, degradation level 0..30 or epsilon in [0, 1], as the entry's
@@ -83,7 +85,8 @@ def perturb(perturbation_id: str, level: int | float, seed: int,
     true label per image. Every problem raises ``InvalidArgument`` naming its field.
     ``should_stop`` is polled before each image and, for the incremental operators (level L
     is L applications) and white-box ones, inside the operator, so the caller's deadline or
-    cancellation stops the work.
+    cancellation stops the work. ``style_models``: where ``neural_style`` reads its model
+    (the operator's root, the calling tenant's uploads; None: see ``ApplyContext``).
     """
     spec = perturbation_spec(perturbation_id)
     level_field = "epsilon" if spec.level_kind == "epsilon" else "severity"
@@ -98,12 +101,12 @@ def perturb(perturbation_id: str, level: int | float, seed: int,
                 check_surrogate_input(surrogate, shape)
     if surrogate is not None:
         surrogate = _StoppingSurrogate(surrogate, should_stop)
-    base = make_context(spec, params, model=surrogate)
+    base = make_context(spec, params, model=surrogate, style_models=style_models)
     out = []
     for i, (image_id, img) in enumerate(items):
         raise_if_stopped(should_stop, f"{spec.id}")
-        ctx = base if not spec.needs_model else ApplyContext(
-            params=base.params, model=surrogate, label=int(labels[i]))  # type: ignore[index]
+        ctx = base if not spec.needs_model else replace(
+            base, label=int(labels[i]))  # type: ignore[index]
         out.append(apply_perturbation(spec.id, img, lv, perturbation_rng(seed, spec, lv, image_id), ctx))
     return out
 

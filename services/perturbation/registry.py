@@ -25,6 +25,7 @@ from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import validate_params
 from fortis.services.perturbation import corruptions, degradation, properties, styles
 from fortis.services.perturbation.spec import ApplyContext, PerturbationSpec, check_image
+from fortis.services.perturbation.style_models import StyleModels
 
 _MODULES = (corruptions, styles, degradation, properties)
 
@@ -71,13 +72,16 @@ def check_level(spec: PerturbationSpec, level: Any, field_name: str | None = Non
 
 
 def make_context(spec: PerturbationSpec, params: Mapping[str, Any] | None = None, *,
-                 model: Any = None, label: int | None = None) -> ApplyContext:
-    """Validated context; white-box operators need a model and the image's label."""
+                 model: Any = None, label: int | None = None,
+                 style_models: StyleModels | None = None) -> ApplyContext:
+    """Validated context; white-box operators need a model and the image's label;
+    ``style_models``: where ``neural_style`` reads its model (None: see ``ApplyContext``)."""
     p = validate_params(spec, params)
     if spec.needs_model:
         if model is None:
             raise InvalidArgument("surrogate", f"{spec.id} is white-box: name a surrogate model")
-    return ApplyContext(params=MappingProxyType(p), model=model, label=label)
+    return ApplyContext(params=MappingProxyType(p), model=model, label=label,
+                        style_models=style_models)
 
 
 def apply_perturbation(perturbation_id: str, image: np.ndarray, level: Any,

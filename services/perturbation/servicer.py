@@ -13,6 +13,7 @@ import functools
 import json
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,7 @@ from fortis.services.perturbation.judges import BoxReference, signal_of_output
 from fortis.services.perturbation.proxy_client import ProxyQueryClient
 from fortis.services.perturbation.registry import PERTURBATIONS, perturbation_spec
 from fortis.services.perturbation.spec import PerturbationSpec
+from fortis.services.perturbation.style_models import StyleModels, TenantModelBlobs
 from fortis.services.perturbation.surrogates import check_mapped_labels, resolve_surrogates
 from google.protobuf import json_format
 
@@ -278,11 +280,15 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
                  surrogate_loader: Callable[[str, str], Any],
                  tenant_surrogates: Callable[[SurrogateSpec, str], Any] | None = None,
                  surrogate_names: Callable[[], Collection[str]] = tuple,
-                 surrogate_access: Callable[[str, str, str], Any] | None = None) -> None:
+                 surrogate_access: Callable[[str, str, str], Any] | None = None,
+                 model_root: Path | None = None,
+                 model_blobs: TenantModelBlobs | None = None) -> None:
         """``surrogate_loader``: (name, field) -> a built-in or operator surrogate;
         ``tenant_surrogates``: (definition, its field) -> the calling tenant's uploaded
         surrogate (None: refused); ``surrogate_names``: the names the first resolves, which
-        no definition may take (IEEE-A7)."""
+        no definition may take (IEEE-A7). ``model_root``: the operator's folder of
+        ``neural_style`` models (None: ``$FORTIS_MODEL_ROOT``); ``model_blobs``: (tenant, blob
+        id, field) -> an uploaded MODEL blob's file (None: uploaded style models refused)."""
         self.proxy_stub = proxy_stub
         self.surrogate_loader = surrogate_loader
         self.tenant_surrogates = tenant_surrogates
@@ -291,6 +297,18 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         #: may use this server surrogate (a target's twin needs the operator's white-box
         #: grant: services/common/whitebox.py); rpc "" checks without an audit line.
         self.surrogate_access = surrogate_access or (lambda name, field, rpc: ())
+        self.model_root = model_root
+        self.model_blobs = model_blobs
+
+    def _style_models(self) -> StyleModels:
+        """The models ``neural_style`` may read in this call: the operator's root and the
+        calling tenant's uploads only, the tenant bound here, where the call's identity is
+        known, so the domain code takes a plain value and reads no call state."""
+        blobs = self.model_blobs
+        if blobs is None:
+            return StyleModels(root=self.model_root)
+        return StyleModels(root=self.model_root,
+                           blobs=functools.partial(blobs, current_tenant.get()))
 
     def ListPerturbations(self, request: Any, context: Any) -> pb.ListPerturbationsResponse:
         specs = [s for s in PERTURBATIONS.values()
@@ -332,7 +350,8 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         out = engine.perturb(spec.id, level, req.seed,
                              [(m.image_id, a) for m, a in zip(images, arrays, strict=True)],
                              params=params, surrogate=surrogate, labels=labels,
-                             should_stop=_stop_check(context))
+                             should_stop=_stop_check(context),
+                             style_models=self._style_models())
         raw = req.response_encoding != pb.IMAGE_ENCODING_PNG
         return wire.image_list(field, ((m.image_id, o) for m, o in zip(images, out, strict=True)),
                                raw=raw, prefix=prefix)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.params import Param
+from fortis.services.perturbation.style_models import StyleModels
 
 __all__ = ["ApplyContext", "ApplyFn", "Characterisation", "IterateFn", "LevelKind", "Param",
            "PerturbationKind", "PerturbationSpec", "characterisation", "check_image", "hwc"]
@@ -68,11 +69,14 @@ class ApplyContext:
     the classifier's input, ``.to_model_input(uint8 NHWC) -> torch.Tensor``, ``.input_spec``),
     only for perturbations with ``needs_model`` (DEG-1's model gradient descent).
     ``label``: the image's true label, for the same.
+    ``style_models``: where ``neural_style`` may read a model (the operator's root, the calling
+    tenant's uploaded models); None: no uploaded models, the root from ``$FORTIS_MODEL_ROOT``.
     """
 
     params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     model: Any = None
     label: int | None = None
+    style_models: StyleModels | None = None
 
 
 #: ``apply(image, level, rng, ctx) -> image``; level as described by ``LevelKind``.

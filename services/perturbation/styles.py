@@ -21,11 +21,13 @@ coarse but every style stays well-defined (and any size >= 1x1 works).
 TorchScript file (``torch.jit.save``) whose forward takes a float tensor N x 3 x H x W in
 [0, 1] and returns one of the same layout in [0, 1] (a different spatial size is resized back
 bilinearly; values are clipped). Its path is the ``model_path`` parameter, relative to the
-operator's model root (``set_model_root`` or ``FORTIS_MODEL_ROOT``; no root, an absolute path,
-``..`` or a symlink out of the root are refused, so no tenant can make the server open an
-arbitrary file). The severity is the blend weight between the original and the stylised image
-(``NEURAL_BLEND``). A missing, unreadable or unloadable file, or a model whose output is not
-N x 3 x h x w, raises ``InvalidArgument`` on field ``params.model_path``.
+operator's model root (the call's ``ApplyContext.style_models``, else ``FORTIS_MODEL_ROOT``;
+no root, an absolute path, ``..`` or a symlink out of the root are refused, so no tenant can
+make the server open an arbitrary file); ``model`` names a MODEL blob the calling tenant
+uploaded, resolved by the same ``style_models``. The severity is the blend weight between the
+original and the stylised image (``NEURAL_BLEND``). A missing, unreadable or unloadable file,
+or a model whose output is not N x 3 x h x w, raises ``InvalidArgument`` on the field naming
+it (``params.model_path`` or ``params.model``).
 
 Images: uint8 HxW, HxWx1 or HxWx3 (RGB), any size; the result has the same shape and dtype and
 the input is never modified. Grey images are processed as achromatic RGB and the result is
@@ -36,7 +38,6 @@ use it. Domain code: no gRPC.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -55,6 +56,7 @@ from fortis.services.perturbation.spec import (
     characterisation,
     check_image,
 )
+from fortis.services.perturbation.style_models import MODEL_ROOT_ENV, ModelBlobs, StyleModels
 from fortis.services.perturbation.style_painters import (
     CUBIST_BRIGHTNESS_JITTER,
     CUBIST_EARTH,
@@ -88,8 +90,8 @@ __all__ = [
     "CUBIST_PARAMS", "MODEL_ROOT_ENV", "MONDRIAN_HUES", "MONDRIAN_LINE_RGB", "MONDRIAN_LUMA",
     "MONDRIAN_PALETTE", "MONDRIAN_PARAMS", "NEURAL_BLEND", "OIL_PARAMS", "SKETCH_HATCH_ANGLE_DEG",
     "SKETCH_HATCH_LENGTH", "SKETCH_PAPER", "SKETCH_PARAMS", "SPECS", "STYLES", "ModelBlobs",
-    "Params", "StyleFn", "apply_style", "check_severity", "load_style_model", "model_root",
-    "set_model_blobs", "set_model_root",
+    "Params", "StyleFn", "StyleModels", "apply_style", "check_severity", "load_style_model",
+    "model_root",
 ]
 
 
@@ -102,75 +104,54 @@ _MODEL_CACHE: dict[tuple[str, int, int], Any] = {}
 _MODEL_CACHE_SIZE = 4
 
 
-#: The operator's folder of style models: ``model_path`` is relative to it and never leaves it
-#: (otherwise any tenant could make the server open any file). Set by the composition root
-#: (:func:`set_model_root`), else ``$FORTIS_MODEL_ROOT``; with neither, refused.
-MODEL_ROOT_ENV = "FORTIS_MODEL_ROOT"
-_model_root: Path | None = None
 _MODEL_NOT_FOUND = "not found under the model root"
+#: No store given: no uploaded models, the root from ``$FORTIS_MODEL_ROOT``.
+_NO_STORE = StyleModels()
 
 
-def set_model_root(root: Path | str | None) -> None:
-    """Configure the folder ``neural_style`` models are read from (None: the environment)."""
-    global _model_root
-    _model_root = Path(root) if root is not None else None
+def model_root(models: StyleModels | None = None) -> Path | None:
+    """The folder ``model_path`` is relative to: ``models.root``, else ``$FORTIS_MODEL_ROOT``
+    (see :class:`StyleModels`); None when neither is set (``neural_style`` is then refused)."""
+    return (models or _NO_STORE).model_root()
 
 
-def model_root() -> Path | None:
-    env = os.environ.get(MODEL_ROOT_ENV, "").strip()
-    return _model_root if _model_root is not None else (Path(env) if env else None)
-
-
-#: Resolves ``params.model`` ("sha256:...", a MODEL blob the calling tenant uploaded) to its
-#: file: ``(blob id, field) -> Path``, InvalidArgument on the field for a malformed, unknown
-#: or foreign id. Set by the composition root (:func:`set_model_blobs`) with
-#: services/common/blobs.py and the tenant of the call (tenant models come in through the
-#: upload API, never from a server path). None: ``model`` is refused.
-ModelBlobs = Callable[[str, str], Path]
-_model_blobs: ModelBlobs | None = None
-
-
-def set_model_blobs(resolver: ModelBlobs | None) -> None:
-    """Configure how ``params.model`` blob ids are resolved (None: not available)."""
-    global _model_blobs
-    _model_blobs = resolver
-
-
-def _model_path(params: Params) -> tuple[Path, str]:
+def _model_path(params: Params, models: StyleModels | None) -> tuple[Path, str]:
     """The model file and the field naming it: ``params.model`` (an uploaded MODEL blob of
-    the calling tenant) or ``params.model_path`` confined to :func:`model_root`: relative, no
-    ``..``, resolved (symlinks followed) inside the root; missing and outside give one message
-    naming no server path (so nothing tells which files exist)."""
+    the calling tenant, through ``models.blobs``) or ``params.model_path`` confined to
+    :func:`model_root`: relative, no ``..``, resolved (symlinks followed) inside the root;
+    missing and outside give one message naming no server path (so nothing tells which files
+    exist)."""
+    store = models or _NO_STORE
     blob = params.get("model")
     if isinstance(blob, str) and blob:
         if params.get("model_path"):
             raise InvalidArgument("params.model", "give model (an uploaded blob) or model_path, "
                                                   "not both")
-        if _model_blobs is None:
+        if store.blobs is None:
             raise InvalidArgument("params.model", "uploaded models are not available on this "
                                                   "server")
-        return _model_blobs(blob, "params.model"), "params.model"
+        return store.blobs(blob, "params.model"), "params.model"
     raw, bad = params.get("model_path"), "params.model_path"
     if not isinstance(raw, str) or not raw.strip():
         raise InvalidArgument(bad, "required: model, the id of an uploaded TorchScript "
                               "style-transfer model (fortis upload --kind model), or the path, "
                               "relative to the server's model root, of one "
                               "(N x 3 x H x W in [0, 1] -> same)")
-    root = model_root()
+    root = store.model_root()
     if root is None:
         raise InvalidArgument(bad, "neural_style is not available: the operator has not "
                               f"configured a model root ({MODEL_ROOT_ENV})")
     return confined_file(root, raw, bad, root_name="model root"), bad
 
 
-def load_style_model(params: Params) -> Any:
-    """The TorchScript module named by ``params['model_path']`` (relative to the model root),
-    loaded on the CPU and cached (keyed by path, size and modification time). Raises
-    InvalidArgument on ``params.model_path`` when it is missing, outside the root, not a file
-    or not loadable."""
+def load_style_model(params: Params, models: StyleModels | None = None) -> Any:
+    """The TorchScript module named by ``params['model_path']`` (relative to the model root of
+    ``models``) or ``params['model']`` (an upload ``models.blobs`` resolves), loaded on the CPU
+    and cached (keyed by path, size and modification time). Raises InvalidArgument on the
+    field naming it when it is missing, outside the root, not a file or not loadable."""
     import torch  # lazy: only this slot needs torch
 
-    path, bad = _model_path(params)
+    path, bad = _model_path(params, models)
     try:
         st = path.stat()
     except OSError:
@@ -195,11 +176,12 @@ def load_style_model(params: Params) -> Any:
 
 
 def _neural_style(x: np.ndarray, prm: tuple[float, ...], rng: np.random.Generator,
-                  params: Params) -> np.ndarray:
+                  ctx: ApplyContext) -> np.ndarray:
     import torch
 
     (blend,) = prm
-    model = load_style_model(params)
+    params = ctx.params
+    model = load_style_model(params, ctx.style_models)
     bad = "params.model" if params.get("model") else "params.model_path"
     h, w, _ = x.shape
     inp = torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)[None]))
@@ -227,21 +209,35 @@ def _neural_style(x: np.ndarray, prm: tuple[float, ...], rng: np.random.Generato
 # ---------------------------------------------------------------------------------------------
 
 StyleFn = Callable[[np.ndarray, tuple[float, ...], np.random.Generator, Params], np.ndarray]
+#: A style that reads more of the call's context than its parameters (neural_style: where its
+#: model comes from, ``ApplyContext.style_models``).
+ContextStyleFn = Callable[[np.ndarray, tuple[float, ...], np.random.Generator, ApplyContext],
+                          np.ndarray]
 
 
-def _make_apply(fn: StyleFn, table: tuple[Any, ...]) -> ApplyFn:
+def _params_only(fn: StyleFn) -> ContextStyleFn:
+    """A classical style as a context style: it reads the parameters and nothing else."""
+    def style(x: np.ndarray, prm: tuple[float, ...], rng: np.random.Generator,
+              ctx: ApplyContext) -> np.ndarray:
+        return fn(x, prm, rng, ctx.params)
+    style.__name__ = fn.__name__
+    style.__doc__ = fn.__doc__
+    return style
+
+
+def _make_apply(fn: ContextStyleFn, table: tuple[Any, ...]) -> ApplyFn:
     def apply(image: np.ndarray, level: Any, rng: np.random.Generator,
               ctx: ApplyContext) -> np.ndarray:
         check_image(image)
         severity = check_severity(level)
         if not isinstance(rng, np.random.Generator):
             raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-        params = ctx.params if ctx is not None else {}
+        context = ctx if ctx is not None else ApplyContext()
         grey = image.ndim == 2 or image.shape[2] == 1
         x = image.astype(np.float32) / np.float32(255.0)
         x = np.repeat(x.reshape(x.shape[0], x.shape[1], 1), 3, axis=2) if grey else x
         prm = table[severity - 1]
-        out = fn(np.ascontiguousarray(x), prm if isinstance(prm, tuple) else (prm,), rng, params)
+        out = fn(np.ascontiguousarray(x), prm if isinstance(prm, tuple) else (prm,), rng, context)
         out = np.clip(out, 0.0, 1.0).astype(np.float32)
         if grey:
             out = _luma(np.ascontiguousarray(out))
@@ -255,7 +251,7 @@ def _make_apply(fn: StyleFn, table: tuple[Any, ...]) -> ApplyFn:
 _char = characterisation
 
 
-def _spec(sid: str, fn: StyleFn, table: tuple[Any, ...], doc: str, fields: tuple[str, ...],
+def _spec(sid: str, fn: ContextStyleFn, table: tuple[Any, ...], doc: str, fields: tuple[str, ...],
           char: Characterisation, description: str,
           params: tuple[Param, ...] = ()) -> PerturbationSpec:
     return PerturbationSpec(
@@ -265,17 +261,17 @@ def _spec(sid: str, fn: StyleFn, table: tuple[Any, ...], doc: str, fields: tuple
 
 
 SPECS: tuple[PerturbationSpec, ...] = (
-    _spec("sketch", _sketch, SKETCH_PARAMS,
+    _spec("sketch", _params_only(_sketch), SKETCH_PARAMS,
           "(dodge blur sigma / shorter side, line gamma, pencil shading, colour kept)",
           ("dodge_sigma_frac_of_min_side", "line_gamma", "pencil_shading", "colour_kept"),
           _char("global", "stochastic", "colour"),
           "pencil sketch: colour-dodge lines and 45-degree hatching; severity 5 is pure grey"),
-    _spec("oil_painting", _oil_painting, OIL_PARAMS,
+    _spec("oil_painting", _params_only(_oil_painting), OIL_PARAMS,
           "(brush radius / shorter side, impasto relief, saturation boost)",
           ("brush_radius_frac_of_min_side", "impasto_relief", "saturation_boost"),
           _char("global", "deterministic", "colour"),
           "oil paint: Kuwahara brush strokes with impasto relief and richer colour"),
-    _spec("cubist", _cubist, CUBIST_PARAMS,
+    _spec("cubist", _params_only(_cubist), CUBIST_PARAMS,
           "(facets, straight cuts, texture kept, max shift / shorter side, outline / shorter "
           "side, shading, earth-palette share)",
           ("facets", "straight_cuts", "texture_kept", "max_shift_frac_of_min_side",
@@ -283,7 +279,7 @@ SPECS: tuple[PerturbationSpec, ...] = (
           _char("global", "stochastic", "pixel"),
           "'Picasso': facets (Voronoi cells cut by lines) displaced, flattened, shaded, "
           "outlined"),
-    _spec("mondrian", _mondrian, MONDRIAN_PARAMS,
+    _spec("mondrian", _params_only(_mondrian), MONDRIAN_PARAMS,
           "(rectangles, black line thickness / shorter side, palette purity)",
           ("rectangles", "line_thickness_frac_of_min_side", "palette_purity"),
           _char("global", "stochastic", "colour"),
@@ -312,10 +308,11 @@ STYLES: Mapping[str, PerturbationSpec] = MappingProxyType({s.id: s for s in SPEC
 
 
 def apply_style(style_id: str, image: np.ndarray, severity: int, rng: np.random.Generator,
-                params: Mapping[str, Any] | None = None) -> np.ndarray:
+                params: Mapping[str, Any] | None = None, *,
+                models: StyleModels | None = None) -> np.ndarray:
     """Apply one style (IEEE-A6) at ``severity`` 1..5 to one image; a new uint8 array of the
-    same shape. Raises ``InvalidArgument`` on ``perturbation_id``, ``severity``, ``image`` or
-    ``params.<name>``."""
+    same shape (``models``: where neural_style reads its model, see ``ApplyContext``). Raises
+    ``InvalidArgument`` on ``perturbation_id``, ``severity``, ``image`` or ``params.<name>``."""
     spec = STYLES.get(style_id) if isinstance(style_id, str) else None
     if spec is None:
         raise InvalidArgument("perturbation_id", f"unknown style '{style_id}'; known: "
@@ -326,5 +323,6 @@ def apply_style(style_id: str, image: np.ndarray, severity: int, rng: np.random.
         if key not in known:
             raise InvalidArgument(f"params.{key}", f"unknown parameter for {style_id}")
     full = {p.name: p.default for p in spec.params} | given
-    return spec.apply(image, severity, rng, ApplyContext(params=MappingProxyType(full)))
+    return spec.apply(image, severity, rng, ApplyContext(params=MappingProxyType(full),
+                                                         style_models=models))
 

@@ -26,6 +26,7 @@ from fortis.services.common.errors import FailedPrecondition, FortisError, Inval
 from fortis.services.common.status import status_for
 from fortis.services.evaluation.datasets import PlanDatasets
 from fortis.services.perturbation import styles
+from fortis.services.perturbation.style_models import StyleModels
 
 SECRET = b"TOP-SECRET-TENANT-B"
 
@@ -166,30 +167,31 @@ def model_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
     torch.jit.save(torch.jit.script(_Invert()), str(root / "ok.pt"))
     torch.jit.save(torch.jit.script(_Invert()), str(other / "theirs.pt"))
     monkeypatch.delenv(styles.MODEL_ROOT_ENV, raising=False)
-    monkeypatch.setattr(styles, "_model_root", root)
     return root, other
 
 
-def _model_error(path: object) -> InvalidArgument:
+def _model_error(root: Path | None, path: object) -> InvalidArgument:
+    """The refusal of ``path`` under the operator's model root ``root``, handed in as the
+    perturbation servicer hands it to every call (None: no root configured)."""
     with pytest.raises(InvalidArgument) as e:
-        styles.load_style_model({"model_path": path})
+        styles.load_style_model({"model_path": path}, StyleModels(root=root))
     assert e.value.violations[0].field == "params.model_path"
     assert len(e.value.message) <= 1024
     return e.value
 
 
 def test_model_path_under_the_root_loads(model_layout):
-    assert styles.load_style_model({"model_path": "ok.pt"}) is not None
+    root, _ = model_layout
+    assert styles.load_style_model({"model_path": "ok.pt"}, StyleModels(root=root)) is not None
 
 
-def test_no_model_root_refuses_neural_style(model_layout, monkeypatch):
-    monkeypatch.setattr(styles, "_model_root", None)
-    assert "model root" in _model_error("ok.pt").message
+def test_no_model_root_refuses_neural_style(model_layout):
+    assert "model root" in _model_error(None, "ok.pt").message
 
 
 @pytest.mark.parametrize("path", ["/etc/passwd", "../other/theirs.pt", "a/../../other/theirs.pt"])
 def test_model_path_absolute_or_dotdot_refused(model_layout, path):
-    msg = _model_error(path).message
+    msg = _model_error(model_layout[0], path).message
     assert "etc" not in msg and "other" not in msg
 
 
@@ -198,8 +200,8 @@ def test_model_path_missing_and_outside_read_the_same(model_layout):
     os.symlink(other / "theirs.pt", root / "link.pt")
     os.symlink(other, root / "dir")
     (other / "secret.pt").write_bytes(SECRET)
-    msgs = {_model_error(p).message for p in ("nope.pt", "link.pt", "dir/theirs.pt", "dir/no.pt")}
+    msgs = {_model_error(root, p).message for p in ("nope.pt", "link.pt", "dir/theirs.pt", "dir/no.pt")}
     assert msgs == {"params.model_path: not found under the model root"}
     (root / "junk.pt").write_bytes(SECRET * 100)
-    msg = _model_error("junk.pt").message
+    msg = _model_error(root, "junk.pt").message
     assert "SECRET" not in msg and str(root) not in msg

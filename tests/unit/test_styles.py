@@ -26,6 +26,7 @@ import torch
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.perturbation import styles
 from fortis.services.perturbation.spec import ApplyContext
+from fortis.services.perturbation.style_models import StyleModels
 from fortis.services.perturbation.styles import (
     MONDRIAN_LINE_RGB,
     MONDRIAN_PALETTE,
@@ -49,8 +50,9 @@ def _photo(name: str, scale: float) -> np.ndarray:
 
 
 def _style(sid: str, image: np.ndarray, severity: int, seed: int = 0,
-           **params: object) -> np.ndarray:
-    return apply_style(sid, image, severity, np.random.default_rng(seed), params or None)
+           models: StyleModels | None = None, **params: object) -> np.ndarray:
+    return apply_style(sid, image, severity, np.random.default_rng(seed), params or None,
+                       models=models)
 
 
 def _images() -> dict[str, np.ndarray]:
@@ -265,64 +267,122 @@ class _Fails(torch.nn.Module):
 
 
 def _save(module: torch.nn.Module, path: Path) -> str:
-    """Save under the model root (the test's tmp_path, see ``model_root``); the relative path
+    """Save under the model root (the test's tmp_path, see ``models``); the relative path
     a plan gives as ``model_path``."""
     torch.jit.save(torch.jit.script(module), str(path))
     return path.name
 
 
 @pytest.fixture(autouse=True)
-def model_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The operator's model folder: model paths are relative to it, never any server path."""
+def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StyleModels:
+    """The operator's model folder, handed in with the call (no environment to fall back on):
+    model paths are relative to it, never any server path."""
     monkeypatch.delenv(styles.MODEL_ROOT_ENV, raising=False)
-    monkeypatch.setattr(styles, "_model_root", tmp_path)
-    return tmp_path
+    return StyleModels(root=tmp_path)
 
 
-def test_neural_style_blends_the_model_output_by_severity(tmp_path):
+def test_neural_style_blends_the_model_output_by_severity(tmp_path, models):
     path = _save(_Invert(), tmp_path / "invert.pt")
     img = IMAGES["rgb48x80"]
     for sev, w in zip(SEVERITIES, NEURAL_BLEND, strict=True):
-        out = _style("neural_style", img, sev, model_path=path)
+        out = _style("neural_style", img, sev, models=models, model_path=path)
         expected = (1 - w) * img.astype(float) + w * (255.0 - img)
         assert np.abs(out - expected).max() <= 0.5 + 1e-6, sev
-    np.testing.assert_array_equal(_style("neural_style", img, 5, model_path=path), 255 - img)
+    np.testing.assert_array_equal(
+        _style("neural_style", img, 5, models=models, model_path=path), 255 - img)
     grey = IMAGES["grey36x20x1"]
-    g = _style("neural_style", grey, 5, model_path=path)
+    g = _style("neural_style", grey, 5, models=models, model_path=path)
     assert g.shape == grey.shape and np.abs(g.astype(int) - (255 - grey)).max() <= 1
 
 
-def test_neural_style_resizes_other_output_sizes(tmp_path):
+def test_neural_style_resizes_other_output_sizes(tmp_path, models):
     path = _save(_HalfSize(), tmp_path / "half.pt")
     img = IMAGES["rgb48x80"]
-    out = _style("neural_style", img, 5, model_path=path)
+    out = _style("neural_style", img, 5, models=models, model_path=path)
     assert out.shape == img.shape
     assert abs(float(out[:, :, 0].mean()) - float(img[:, :, 2].mean())) < 3   # channels flipped
 
 
-def test_neural_style_model_is_cached_and_reloaded_when_changed(tmp_path):
+def test_neural_style_model_is_cached_and_reloaded_when_changed(tmp_path, models):
     p = tmp_path / "m.pt"
     _save(_Invert(), p)
-    a = load_style_model({"model_path": "m.pt"})
-    assert load_style_model({"model_path": "m.pt"}) is a
+    a = load_style_model({"model_path": "m.pt"}, models)
+    assert load_style_model({"model_path": "m.pt"}, models) is a
     _save(_HalfSize(), p)
     os.utime(p, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns + 10_000_000))
-    assert load_style_model({"model_path": "m.pt"}) is not a
+    assert load_style_model({"model_path": "m.pt"}, models) is not a
 
 
 def test_model_root_from_the_environment(tmp_path, monkeypatch):
     sub = tmp_path / "models"
     sub.mkdir()
     _save(_Invert(), sub / "inv.pt")
-    monkeypatch.setattr(styles, "_model_root", None)
     monkeypatch.setenv(styles.MODEL_ROOT_ENV, str(sub))
-    assert styles.model_root() == sub
+    # no store in the context, or one without a root: the environment's folder
+    assert styles.model_root() == sub and styles.model_root(StyleModels()) == sub
     assert load_style_model({"model_path": "inv.pt"}) is not None
+    assert load_style_model({"model_path": "inv.pt"}, StyleModels()) is not None
+    # a root handed in wins over the environment
+    assert styles.model_root(StyleModels(root=tmp_path)) == tmp_path
+    with pytest.raises(InvalidArgument, match="not found under the model root"):
+        load_style_model({"model_path": "inv.pt"}, StyleModels(root=tmp_path))
+
+
+def test_each_call_reads_the_models_its_context_carries(tmp_path):
+    """Two calls in one process with different stores (two tenants, two deployments in a
+    test) each see only their own: the store is part of the call, not process state."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    _save(_Invert(), a / "only_a.pt")
+    img = IMAGES["rgb64"]
+    out = _style("neural_style", img, 5, models=StyleModels(root=a), model_path="only_a.pt")
+    np.testing.assert_array_equal(out, 255 - img)
+    with pytest.raises(InvalidArgument, match="not found under the model root"):
+        _style("neural_style", img, 5, models=StyleModels(root=b), model_path="only_a.pt")
+    with pytest.raises(InvalidArgument, match="not configured a model root"):
+        _style("neural_style", img, 5, model_path="only_a.pt")   # no store, no environment
+
+
+def test_uploaded_models_come_only_from_the_store_in_the_context(tmp_path):
+    """``model`` (an uploaded blob id) is resolved by the store's ``blobs``, bound to one
+    tenant (as the perturbation servicer binds the caller): that tenant's upload is used,
+    another tenant's store refuses it naming params.model, and a store without ``blobs``
+    refuses any id."""
+    import functools
+
+    from fortis.services.common.blobs import BlobStore, iter_chunks
+
+    _save(_Invert(), tmp_path / "invert.pt")
+    data = (tmp_path / "invert.pt").read_bytes()
+    store = BlobStore(tmp_path / "blobs")
+    try:
+        up = store.begin("a", kind="model", size=len(data))
+        for chunk in iter_chunks(data):
+            up.write(chunk)
+        blob = up.finish()[0].blob_id
+        img = IMAGES["rgb64"]
+
+        def of(tenant: str) -> StyleModels:
+            return StyleModels(blobs=functools.partial(store.path_of, tenant, kind="model"))
+
+        out = _style("neural_style", img, 5, models=of("a"), model=blob)
+        np.testing.assert_array_equal(out, 255 - img)
+        for models, says in ((of("b"), "no such upload"),
+                             (None, "uploaded models are not available on this server"),
+                             (StyleModels(root=tmp_path),
+                              "uploaded models are not available on this server")):
+            with pytest.raises(InvalidArgument) as e:
+                _style("neural_style", img, 5, models=models, model=blob)
+            assert e.value.violations[0].field == "params.model"
+            assert says in e.value.message, e.value.message
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "no_file", "directory", "not_torchscript",
                                   "state_dict", "wrong_channels", "forward_fails"])
-def test_neural_style_errors_name_the_model_path(case, tmp_path):
+def test_neural_style_errors_name_the_model_path(case, tmp_path, models):
     params: dict[str, object]
     if case == "missing":
         params = {}
@@ -346,7 +406,7 @@ def test_neural_style_errors_name_the_model_path(case, tmp_path):
     spec = STYLES["neural_style"]
     with pytest.raises(InvalidArgument) as e:
         spec.apply(IMAGES["rgb64"], 3, np.random.default_rng(0),
-                   ApplyContext(params=MappingProxyType(params)))
+                   ApplyContext(params=MappingProxyType(params), style_models=models))
     assert e.value.violations[0].field == "params.model_path", e.value.message
 
 
