@@ -397,7 +397,7 @@ def _rendered_services(objs: list[dict[str, Any]], tmp_path: Path, key_lines: li
                                   f"127.0.0.1:{p}")
                 a = a.replace("/etc/fortis/api-keys/api-keys", str(keys))
                 a = a.replace("/var/lib/fortis", str(tmp_path / svc))
-                a = a.replace("0.0.0.0:9090", f"127.0.0.1:{_free_port()}")
+                a = a.replace("0.0.0.0:9090", "127.0.0.1:0")   # any free port: no race
                 for mount, local in (files or {}).items():
                     a = a.replace(mount, local)
                 args.append(a)
