@@ -40,6 +40,7 @@ FROM deps AS venv-slim
 ARG PIP_CERT
 COPY setup.py README.md /src/
 COPY core /src/core
+COPY infra /src/infra
 COPY services /src/services
 COPY adapters /src/adapters
 COPY clients/cli /src/clients/cli
@@ -72,6 +73,7 @@ RUN /opt/fortis/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open
     && /opt/fortis/bin/python -m compileall -q -j 0 -x "torch/testing/_internal/py3" /opt/fortis/lib
 COPY setup.py README.md /src/
 COPY core /src/core
+COPY infra /src/infra
 COPY services /src/services
 COPY adapters /src/adapters
 COPY clients/cli /src/clients/cli

@@ -4,6 +4,7 @@ The top-level folders are fixed by the product's design card (DESIGN.md section 
 import packages are mapped onto them here:
 
     fortis.core       -> core/            (the pure domain kernel: tasks, answers, rules)
+    fortis.infra      -> infra/           (infrastructure: storage, migrations, gRPC server plumbing)
     fortis.services   -> services/        (the five gRPC services and their domain code)
     fortis.adapters   -> adapters/        (target adapters)
     fortis.cli        -> clients/cli/     (the `fortis` command line and its demo plans)
@@ -17,6 +18,7 @@ from setuptools import find_packages, setup
 
 ROOTS = {
     "fortis.core": ("core", []),
+    "fortis.infra": ("infra", []),
     "fortis.services": ("services", []),
     "fortis.adapters": ("adapters", []),
     "fortis.cli": ("clients/cli", []),

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 from fortis.adapters.torch_models.classifier import TorchClassifier
 from fortis.common.v1 import common_pb2
+from fortis.infra.serving.memory import holding
+from fortis.infra.serving.status import status_for
 from fortis.services.common import errors, limits
 from fortis.services.common.codec import add_messages, classification_from_proba, decode_image
-from fortis.services.common.memory import holding
-from fortis.services.common.status import status_for
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
 OUTPUT_MODES = {

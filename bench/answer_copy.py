@@ -5,7 +5,7 @@ copies into is a fresh mapping whose pages all fault in. A plain grpcio server (
 code in the path) answers 64 MiB to a client in another process; a watchdog thread in the
 server sleeps 1 ms at a time and records how late it wakes (a late wake-up is time every
 other thread could not run). Run with glibc's defaults and with freed memory kept
-(services/common/allocator.py, ``fortis serve --keep-freed-mib``), side by side in one run,
+(infra/serving/allocator.py, ``fortis serve --keep-freed-mib``), side by side in one run,
 each in a fresh process. Prints JSON; never part of the test run.
 
     python bench/answer_copy.py [--mib 64] [--calls 8]
@@ -27,7 +27,7 @@ _CLIENT_OPTS = [("grpc.max_receive_message_length", 1 << 30)]
 
 
 def _server(retain_mib: int, mib: int, calls: int) -> dict:
-    from fortis.services.common.allocator import keep_freed_memory
+    from fortis.infra.serving.allocator import keep_freed_memory
     applied = keep_freed_memory(retain_mib << 20)
     import grpc
 

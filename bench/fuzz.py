@@ -71,8 +71,8 @@ class Server:
         self.stack: Any = None
         self.log = state / "serve.log"
         if in_process:
+            from fortis.infra.serving.identity import parse_issuer_spec
             from fortis.services.app import StackSettings, TargetConfig, start_stack
-            from fortis.services.common.identity import parse_issuer_spec
 
             from tests.fuzz.idp import AUDIENCE, TENANT_CLAIM
             self.stack = start_stack(StackSettings(

@@ -84,7 +84,7 @@ TARGET = "fmnist-cnn"
 #: The server's defaults (docs/limits.md): the largest answer message and decoded request.
 MAX_MESSAGE = 64 * 1024 * 1024
 MAX_REQUEST_DECODED = 128 * 1024 * 1024
-ANSWER_OVERHEAD = 512           # services/common/memory.py: bytes of one answered image's framing
+ANSWER_OVERHEAD = 512           # infra/serving/memory.py: bytes of one answered image's framing
 MIB = 1024 * 1024
 MALLORY_SESSION = "mallory-session"
 ACTIONS = ("perturb", "predict", "watch", "compute", "upload")

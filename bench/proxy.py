@@ -49,10 +49,10 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from fortis.infra.serving.server import ServerSettings, build_server
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.app import StackSettings, TargetConfig, start_stack
 from fortis.services.common.codec import add_images
-from fortis.services.common.server import ServerSettings, build_server
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
 KEY = "bench-key"
@@ -97,7 +97,7 @@ def _p(lat: list[float], q: float) -> float:
 
 _ECHO_SERVER = """
 import sys, threading
-from fortis.services.common.server import ServerSettings, build_server
+from fortis.infra.serving.server import ServerSettings, build_server
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 class Echo(target_pb2_grpc.TargetServiceServicer):
     def Predict(self, request, context):

@@ -97,7 +97,7 @@ def databases(url: str | None) -> Iterator[Callable[[], str | None]]:
     ``auto``, a fresh migrated database on a durable server of our own (fsync on, as
     ``bench/storage.py`` starts it); with a URL, that database migrated to head (modes
     share it, their rows told apart by evaluation id)."""
-    from fortis.services.common import sqldb
+    from fortis.infra.storage import sqldb
 
     def migrated(u: str) -> str:
         engine = sqldb.create_engine(u)
@@ -136,7 +136,7 @@ def _ledger_and_items(state: Path, database_url: str | None, eid: str) -> dict[s
                " GROUP BY lease_owner")
     if database_url:
         import sqlalchemy as sa
-        from fortis.services.common import sqldb
+        from fortis.infra.storage import sqldb
 
         engine = sqldb.create_engine(database_url)
         try:

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def postgres(url: str) -> Iterator[tuple[str, str]]:
     """(a database URL at the schema head, what its durability is). ``auto``: a durable
     server of our own (``tests/infra/postgres.py`` with fsync on) on a free loopback port."""
-    from fortis.services.common import sqldb
+    from fortis.infra.storage import sqldb
 
     if url != "auto":
         engine = sqldb.create_engine(url)
@@ -146,7 +146,7 @@ def main() -> None:
                     help="PostgreSQL to measure (default $FORTIS_DATABASE_URL, else 'auto': a "
                     "durable server of our own)")
     ns = ap.parse_args()
-    from fortis.services.common import sqldb
+    from fortis.infra.storage import sqldb
     from fortis.services.target_proxy.ledger import Ledger
     from fortis.services.target_proxy.ledger_pg import PgLedger
 

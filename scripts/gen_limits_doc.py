@@ -62,7 +62,8 @@ def _cell(text: str) -> str:
 
 
 def render() -> str:
-    from fortis.services.common import allocator, limits, memory, quotas
+    from fortis.infra.serving import allocator, memory, quotas
+    from fortis.services.common import limits
     from fortis.services.evaluation import plan
     from fortis.services.perturbation.attacks.registry import ATTACKS
     from fortis.services.perturbation.registry import PERTURBATIONS
@@ -186,7 +187,7 @@ def render() -> str:
             "channels x bytes per sample, read from the PNG/JPEG headers, and over its tensors "
             "(raw images, Compute arrays, masks) of elements x dtype size; a report's example "
             "PNGs likewise -- is computed from the message alone, before anything is decoded "
-            "(`services/common/memory.py`, run by the server for every service; a "
+            "(`infra/serving/memory.py`, run by the server for every service; a "
             "bidirectional stream checks each message and answers a refusal in band). It is "
             "refused with `RESOURCE_EXHAUSTED` and a `google.rpc.QuotaFailure` whose subject "
             "names the field (`images`, `images[3]`, `arrays.x`, "
@@ -221,7 +222,7 @@ def render() -> str:
     out += ["", "## CPU and call pace", "",
             "Memory and calls in progress bound what a tenant *holds*; these bound what it "
             "*takes* from the others while it stays inside them "
-            "(`services/common/workshare.py`, `services/common/quotas.py`):", "",
+            "(`infra/serving/workshare.py`, `infra/serving/quotas.py`):", "",
             "| Limit | Default | `fortis serve` flag |", "|---|---|---|",
             "| work slots: CPU-heavy pieces running at once (a perturbation call, a white-box "
             "attack, a built-in target's inference, a Compute or ScoreEvaluation, a report, an "
@@ -247,7 +248,7 @@ def render() -> str:
             "(docs/benchmarks.md).", "",
             "The scoring service's metrics (Compute, ScoreEvaluation) run in worker processes, "
             "one per work slot (`--work-processes N`; 0: in the server's own threads; "
-            "`services/common/workprocs.py`), each a fresh interpreter with the server's import "
+            "`infra/serving/workprocs.py`), each a fresh interpreter with the server's import "
             "path (never the script that started the server) at nice +10: an IRT chain is "
             "thousands of small numpy steps that hold the interpreter lock, which every other "
             "tenant's calls in the process would otherwise wait on. The slot is held while the "
@@ -258,7 +259,7 @@ def render() -> str:
             "computations; count it in a scoring pod's memory limit.", "",
             "`fortis serve` keeps memory it has freed for reuse (`--keep-freed-mib N`, default "
             f"{allocator.DEFAULT_RETAIN_BYTES // 1024 ** 2}; 0: the C library's defaults; glibc "
-            "only, `services/common/allocator.py`): buffers over 32 MiB are otherwise fresh "
+            "only, `infra/serving/allocator.py`): buffers over 32 MiB are otherwise fresh "
             "mappings whose pages all fault in again, and gRPC copies each large answer while "
             "holding the interpreter lock (`bench/answer_copy.py`: 38.9 ms of the process's "
             "other threads waiting per 64 MiB answer with glibc's defaults, 17.4 ms with "

@@ -9,9 +9,9 @@ in protos/ for buf and other languages; at run time their Python modules come fr
 googleapis-common-protos, so they are not generated here. Generated with grpcio-tools 1.81.1,
 whose code imports under protobuf 6 and 7. Never edit the output by hand.
 
-It also writes services/common/fortis_descriptors.binpb: a FileDescriptorSet of the contracts
+It also writes infra/serving/fortis_descriptors.binpb: a FileDescriptorSet of the contracts
 *with their comments* (source info, which the _pb2 modules strip) plus google/rpc's status,
-code and error_details, so server reflection (services/common/server.py) can hand `buf curl`,
+code and error_details, so server reflection (infra/serving/server.py) can hand `buf curl`,
 grpcurl and IDEs the documented contracts and the error-detail types (google.rpc.BadRequest
 decodes instead of showing as base64). Other languages generate from protos/buf.gen.yaml.
 """
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
 OUT = ROOT / "clients" / "python"
 #: Served by reflection; see the module docstring.
-DESCRIPTORS = ROOT / "services" / "common" / "fortis_descriptors.binpb"
+DESCRIPTORS = ROOT / "infra" / "serving" / "fortis_descriptors.binpb"
 #: Not imported by any fortis proto, but their messages travel as google.rpc.Status details.
 EXTRA_DESCRIPTOR_SOURCES = ("google/rpc/error_details.proto",)
 GENERATED_HEADER = '"""Generated from protos/ by scripts/gen_protos.py. Do not edit."""\n'

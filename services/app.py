@@ -16,6 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from fortis.infra.serving import grpc_options
+from fortis.infra.serving.api_keys import KeyFileWatcher, KeyTable, new_api_key
+from fortis.infra.serving.quotas import CallRate, CallSlots
+from fortis.infra.serving.server import (
+    SERVICE_TENANT,
+    RunningServer,
+    ServerSettings,
+    build_server,
+    call_metadata,
+    channel,
+)
+from fortis.infra.serving.startup import EXIT_LISTEN, EXIT_MODELS, step
+from fortis.infra.serving.tls import TlsSettings
+from fortis.infra.serving.workprocs import PieceProcesses
+from fortis.infra.serving.workshare import WorkShare, default_slots
 from fortis.services.app_parts import (
     builtin_target,
     check_settings,
@@ -40,21 +55,7 @@ from fortis.services.app_settings import (
 from fortis.services.app_settings import (
     SERVICES as SERVICES,
 )
-from fortis.services.common import errors, grpc_options
-from fortis.services.common.api_keys import KeyFileWatcher, KeyTable, new_api_key
-from fortis.services.common.quotas import CallRate, CallSlots
-from fortis.services.common.server import (
-    SERVICE_TENANT,
-    RunningServer,
-    ServerSettings,
-    build_server,
-    call_metadata,
-    channel,
-)
-from fortis.services.common.startup import EXIT_LISTEN, EXIT_MODELS, step
-from fortis.services.common.tls import TlsSettings
-from fortis.services.common.workprocs import PieceProcesses
-from fortis.services.common.workshare import WorkShare, default_slots
+from fortis.services.common import errors
 
 log = structlog.get_logger("fortis.app")
 
@@ -134,8 +135,8 @@ class _ProxyBuiltinTargets(Mapping[str, Sequence[str]]):
         now = time.monotonic()
         if now - self._at > self.TTL_S:
             import grpc
+            from fortis.infra.serving.server import call_metadata
             from fortis.proxy.v1 import proxy_pb2
-            from fortis.services.common.server import call_metadata
             if self._stub is None:
                 self._stub = self._stub_factory()
             try:
@@ -220,7 +221,7 @@ _SERVICE_MODULES = (
     "fortis.proxy.v1.proxy_pb2_grpc",
     "fortis.report.v1.report_pb2_grpc",
     "fortis.scoring.v1.scoring_pb2_grpc",
-    "fortis.services.common.metrics",
+    "fortis.infra.serving.metrics",
     "fortis.services.evaluation.servicer",
     "fortis.services.evaluation.clients",
     "fortis.services.evaluation.datasets",
@@ -403,8 +404,8 @@ def _add_perturbation(w: _Wiring) -> None:
         )
         from fortis.services.perturbation import servicer as pt_servicer
     from fortis.adapters.builtin import load_model
+    from fortis.infra.serving.server import current_tenant
     from fortis.perturbation.v1 import perturbation_pb2_grpc
-    from fortis.services.common.server import current_tenant
 
     settings = w.settings
     model_blobs = w.blob_store
@@ -546,10 +547,10 @@ def _serve(w: _Wiring, key_table: KeyTable, tokens: Any, cert_tenant: Any,
 def start_stack(settings: StackSettings) -> Stack:
     """Start the services (and built-in targets) described by ``settings``.
 
-    Each step runs inside :func:`~fortis.services.common.startup.step`: a failure raises
+    Each step runs inside :func:`~fortis.infra.serving.startup.step`: a failure raises
     StartupError naming the step ('modules', 'options', 'TLS material', 'state', 'API keys',
     'metrics address', 'built-in targets', 'targets configuration', 'surrogates', 'executor',
-    'gRPC address') with the exit code of its class (services/common/startup.py)."""
+    'gRPC address') with the exit code of its class (infra/serving/startup.py)."""
     from fortis.services.common import ast_guard
 
     ast_guard.install()         # threads parse (.npz headers): CPython 3.11 race, see there

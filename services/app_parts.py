@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fortis.infra.serving.startup import EXIT_LISTEN, step
+from fortis.infra.serving.tls import load_pem
 from fortis.services.app_settings import SERVICES, StackSettings, TargetConfig
 from fortis.services.common import errors
-from fortis.services.common.startup import EXIT_LISTEN, step
-from fortis.services.common.tls import load_pem
 
 
 def local_catalogue() -> Any:
@@ -48,7 +48,7 @@ def builtin_target(cfg: TargetConfig) -> Any:
 
 def identity(settings: StackSettings) -> tuple[Any, Any]:
     """The bearer-token verifier and the certificate-tenant rule of a stack (None when off)."""
-    from fortis.services.common.identity import CertTenant, TokenVerifier
+    from fortis.infra.serving.identity import CertTenant, TokenVerifier
 
     tokens = TokenVerifier(settings.oidc_issuers, min_refresh_s=settings.oidc_refresh_min_s) \
         if settings.oidc_issuers else None
@@ -155,15 +155,15 @@ def metrics_registry(settings: StackSettings, key_table: Any, key_watcher: Any, 
                      closers: list[Any]) -> tuple[Any, Any, Any, int | None]:
     """The metrics registry, the tenant labels, the RPC metrics and, when asked, the /metrics
     server's port."""
-    from fortis.services.common.metrics import MetricsServer, RpcMetrics, TenantLabels
+    from fortis.infra.serving.metrics import MetricsServer, RpcMetrics, TenantLabels
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry()
     if key_watcher is not None:
-        from fortis.services.common.api_keys import KeyFileCollector
+        from fortis.infra.serving.api_keys import KeyFileCollector
         registry.register(KeyFileCollector(key_watcher))    # type: ignore[arg-type]
     if tokens is not None:
-        from fortis.services.common.identity import IdentityCollector
+        from fortis.infra.serving.identity import IdentityCollector
         registry.register(IdentityCollector(tokens))        # type: ignore[arg-type]
         tokens.prefetch()
     # Tenant labels come from the key table only (bounded cardinality); the key
@@ -194,7 +194,7 @@ def open_blob_store(settings: StackSettings, wanted: set[str], state: Path,
     if "evaluation" not in wanted and "perturbation" not in wanted:
         return None
     with step("state"):
-        from fortis.services.common.blob_backends import open_blobs
+        from fortis.infra.storage.blob_backends import open_blobs
         blob_store = open_blobs(state, database_url=settings.database_url,
                                 quota_bytes=settings.upload_quota_bytes)
     closers.append(blob_store.close)

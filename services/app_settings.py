@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from fortis.infra.serving.api_keys import KeyEntry
+from fortis.infra.serving.memory import MemoryLimits
+from fortis.infra.serving.quotas import QuotaSettings
+from fortis.infra.serving.tls import TlsSettings
 from fortis.services.common import errors
-from fortis.services.common.api_keys import KeyEntry
 from fortis.services.common.limits import MAX_IMAGES_PER_REQUEST
-from fortis.services.common.memory import MemoryLimits
-from fortis.services.common.quotas import QuotaSettings
-from fortis.services.common.tls import TlsSettings
 
 SERVICES = ("proxy", "perturbation", "scoring", "report", "evaluation")
 
@@ -144,7 +144,7 @@ class StackSettings:
     api_keys_file: Path | None = None
     api_keys_reload_s: float = 2.0
     #: OpenID Connect / JWT issuers whose bearer tokens are accepted beside API keys
-    #: (``fortis serve --oidc-issuer``; services/common/identity.py). Empty: none.
+    #: (``fortis serve --oidc-issuer``; infra/serving/identity.py). Empty: none.
     oidc_issuers: Sequence[Any] = ()
     #: Least seconds between two JWKS fetches of one issuer (an unknown ``kid`` asks for one).
     oidc_refresh_min_s: float = 5.0
@@ -192,10 +192,10 @@ class StackSettings:
     #: Worker threads running evaluations (the fair scheduler's capacity).
     evaluation_workers: int = 2
     #: Bytes each tenant may keep in uploaded blobs (``fortis serve --upload-quota-bytes``;
-    #: the upload API: services/common/blobs.py).
+    #: the upload API: infra/storage/blobs.py).
     upload_quota_bytes: int = 2 * 1024 ** 3
     #: Decoded bytes per request and per tenant in flight (``fortis serve
-    #: --max-request-decoded-bytes/--max-tenant-decoded-bytes``; services/common/memory.py):
+    #: --max-request-decoded-bytes/--max-tenant-decoded-bytes``; infra/serving/memory.py):
     #: checked from headers and shapes before anything is decoded.
     memory: MemoryLimits = field(default_factory=MemoryLimits)
     #: The server's worker threads: every call in progress holds one (a Predict waiting for
@@ -203,11 +203,11 @@ class StackSettings:
     #: tenant from holding them all (``fortis serve --server-workers``).
     server_workers: int = 64
     #: CPU-heavy pieces of work run at once, shared fairly between the tenants that want
-    #: them (``fortis serve --work-slots``; services/common/workshare.py). None: one per core
+    #: them (``fortis serve --work-slots``; infra/serving/workshare.py). None: one per core
     #: this process may use; 0: no sharing (every piece starts at once).
     work_slots: int | None = None
     #: Worker processes that run the scoring service's metrics (``fortis serve
-    #: --work-processes``; services/common/workprocs.py). None: one per work slot; 0: in this
+    #: --work-processes``; infra/serving/workprocs.py). None: one per work slot; 0: in this
     #: process's threads.
     work_processes: int | None = None
     #: Redis shared by proxy replicas: per-target and per-tenant rate limits,

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fortis.infra.serving.tls import TlsSettings
 from fortis.services.common import errors
-from fortis.services.common.tls import TlsSettings
 from fortis.services.evaluation.claims import DEFAULT_LEASE_S
 from fortis.services.evaluation.worker import EvaluationWorker, WorkerResult, worker_id
 
@@ -68,7 +68,7 @@ def pick(addresses: str, index: int) -> str:
     out among local workers); a single address (e.g. ``dns:///...``, balanced per call by
     gRPC's round_robin) as it is, and so an ``ipv4:``/``ipv6:`` address list, whose commas
     are gRPC's: every worker reaches every replica, balanced per call."""
-    from fortis.services.common.grpc_options import ADDRESS_LIST_SCHEMES
+    from fortis.infra.serving.grpc_options import ADDRESS_LIST_SCHEMES
 
     if addresses.strip().lower().startswith(ADDRESS_LIST_SCHEMES):
         return addresses.strip()
@@ -95,8 +95,8 @@ def run_worker(settings: WorkerSettings, stop: threading.Event | None = None) ->
 
     ast_guard.install()         # threads parse (.npz headers): CPython 3.11 race, see there
     from fortis.adapters.plan_sources import BUILTIN_SOURCES
-    from fortis.services.common.blob_backends import open_blobs
-    from fortis.services.common.server import call_metadata, channel
+    from fortis.infra.serving.server import call_metadata, channel
+    from fortis.infra.storage.blob_backends import open_blobs
     from fortis.services.evaluation.clients import GrpcPerturbation, GrpcProxy
     from fortis.services.evaluation.datasets import PlanDatasets
 

@@ -55,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def _open(ns: argparse.Namespace) -> tuple[Any, str]:
     """The tenant's view of the store the flags name, and how it is shown."""
-    from fortis.services.common import sqldb
+    from fortis.infra.storage import sqldb
     from fortis.services.common.errors import InvalidArgument
 
     if not ns.tenant:

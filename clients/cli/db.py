@@ -1,6 +1,6 @@
 """``fortis db upgrade`` and ``fortis db current``: the schema of a PostgreSQL database shared
 by Fortis services, managed by the Alembic migrations shipped in the package
-(``services/common/migrations``).
+(``infra/storage/migrations``).
 
 ``upgrade`` brings the database to this Fortis's head (one transaction, under an advisory
 lock: two at once run one after the other; the Helm chart runs it as a pre-install /
@@ -10,7 +10,7 @@ unless it is at head). The URL comes from ``--database-url`` or ``$FORTIS_DATABA
 ``database_url`` on a bad URL or an unreachable server; the password is never printed.
 
 ``--state-dir DIR`` does the same for the embedded SQLite files of a state folder (the
-evaluation store, the proxy ledger, the blob index: ``services/common/sqlite_schema.py``):
+evaluation store, the proxy ledger, the blob index: ``infra/storage/sqlite_schema.py``):
 ``upgrade`` migrates each present file in place (a copy ``<file>.v<old>.bak`` first, one
 transaction per file), ``current`` prints each file's version and this Fortis's (``--check``:
 exit 1 unless all are at head). A file newer than this Fortis, damaged, or of another kind:
@@ -54,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def _engine(ns: argparse.Namespace) -> Any:
     """The engine of the URL given (InvalidArgument naming database_url otherwise)."""
-    from fortis.services.common import sqldb
+    from fortis.infra.storage import sqldb
     from fortis.services.common.errors import InvalidArgument
 
     url = ns.database_url or os.environ.get("FORTIS_DATABASE_URL", "")
@@ -67,7 +67,7 @@ def _engine(ns: argparse.Namespace) -> Any:
 def _run(ns: argparse.Namespace, action: Any) -> int:
     """Run ``action(engine)``; expected failures are one line without the password."""
     import sqlalchemy as sa
-    from fortis.services.common import sqldb
+    from fortis.infra.storage import sqldb
     from fortis.services.common.errors import FortisError
 
     try:
@@ -92,7 +92,7 @@ def _state_files(state_dir: str) -> list[tuple[Any, Any]]:
     """(path, schema) of every SQLite file a state folder may hold."""
     from pathlib import Path
 
-    from fortis.services.common.blobs import INDEX_SCHEMA
+    from fortis.infra.storage.blobs import INDEX_SCHEMA
     from fortis.services.evaluation.store import STORE_SCHEMA
     from fortis.services.target_proxy.ledger import LEDGER_SCHEMA
 
@@ -104,7 +104,7 @@ def _state_files(state_dir: str) -> list[tuple[Any, Any]]:
 def _state_upgrade(ns: argparse.Namespace) -> int:
     import sqlite3
 
-    from fortis.services.common import sqlite_schema
+    from fortis.infra.storage import sqlite_schema
     from fortis.services.common.errors import InvalidArgument
 
     if ns.revision != "head":
@@ -132,7 +132,7 @@ def _state_upgrade(ns: argparse.Namespace) -> int:
 
 
 def _state_current(ns: argparse.Namespace) -> int:
-    from fortis.services.common import sqlite_schema
+    from fortis.infra.storage import sqlite_schema
 
     every = True
     for path, schema in _state_files(ns.state_dir):
@@ -146,7 +146,7 @@ def _state_current(ns: argparse.Namespace) -> int:
 
 
 def cmd_upgrade(ns: argparse.Namespace) -> int:
-    from fortis.services.common import sqldb
+    from fortis.infra.storage import sqldb
 
     if ns.state_dir:
         return _state_upgrade(ns)
@@ -165,7 +165,7 @@ def cmd_upgrade(ns: argparse.Namespace) -> int:
 
 
 def cmd_current(ns: argparse.Namespace) -> int:
-    from fortis.services.common import sqldb
+    from fortis.infra.storage import sqldb
 
     if ns.state_dir:
         return _state_current(ns)

@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def cmd_new(ns: argparse.Namespace) -> int:
-    from fortis.services.common.api_keys import key_file_line, new_api_key
+    from fortis.infra.serving.api_keys import key_file_line, new_api_key
     from fortis.services.common.errors import InvalidArgument
 
     key = new_api_key()
@@ -53,7 +53,7 @@ def cmd_new(ns: argparse.Namespace) -> int:
 
 
 def cmd_hash(ns: argparse.Namespace) -> int:
-    from fortis.services.common.api_keys import MAX_KEY_CHARS, key_file_line
+    from fortis.infra.serving.api_keys import MAX_KEY_CHARS, key_file_line
     from fortis.services.common.errors import InvalidArgument
 
     key = sys.stdin.readline().strip()

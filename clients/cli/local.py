@@ -88,8 +88,8 @@ def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace,
     if ns.address:
         return remote.guarded(lambda _: remote.submit_and_follow(
             ns.address, remote.api_key_of(ns), plan_text, out, ns, remote.tls_of(ns)))(ns)
+    from fortis.infra.serving.api_keys import new_api_key
     from fortis.services.app import StackSettings, start_stack
-    from fortis.services.common.api_keys import new_api_key
     from fortis.services.common.errors import FortisError, InvalidArgument
 
     try:
@@ -194,19 +194,19 @@ def cmd_validate(ns: argparse.Namespace) -> int:
 
 def cmd_serve(ns: argparse.Namespace) -> int:
     from fortis.cli.logs import configure
+    from fortis.infra.serving.startup import StartupError
     from fortis.services.app import start_stack
-    from fortis.services.common.startup import StartupError
 
     configure(ns.log_level)
     # before any thread of the server exists: a thread's allocator arena is fixed at its start
-    from fortis.services.common.allocator import keep_freed_memory
+    from fortis.infra.serving.allocator import keep_freed_memory
     keep_mib = int(getattr(ns, "keep_freed_mib", 256))
     if keep_freed_memory(max(0, keep_mib) * 1024 ** 2):
         import structlog
         structlog.get_logger("fortis.serve").debug("allocator keeps freed memory",
                                                    keep_freed_mib=keep_mib)
     # Every step of the start names itself when it fails, with the exit code of its class
-    # (services/common/startup.py; docs/pipelines.md "Exit codes of fortis serve").
+    # (infra/serving/startup.py; docs/pipelines.md "Exit codes of fortis serve").
     try:
         settings, generated = _serve_settings(ns)
         stack = start_stack(settings)
@@ -235,8 +235,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 def _serve_identity(ns: argparse.Namespace) -> tuple[list[Any], list[Any], str, str]:
     """The hashed API keys, the OIDC issuers, the certificate-tenant rule and, when none of
     them is given and auth is on, a generated key (printed once, for the single user)."""
-    from fortis.services.common.api_keys import new_api_key, parse_api_keys
-    from fortis.services.common.startup import step
+    from fortis.infra.serving.api_keys import new_api_key, parse_api_keys
+    from fortis.infra.serving.startup import step
 
     with step("API keys"):
         # Keys are hashed as they are parsed: the server never holds them in plain text.
@@ -253,8 +253,8 @@ def _serve_identity(ns: argparse.Namespace) -> tuple[list[Any], list[Any], str, 
 
 
 def _serve_targets(ns: argparse.Namespace) -> list[Any]:
+    from fortis.infra.serving.startup import step
     from fortis.services.app import DEFAULT_TARGETS, TargetConfig
-    from fortis.services.common.startup import step
 
     with step("targets configuration"):
         targets = [TargetConfig.parse(t) for t in (ns.target or [])]
@@ -268,8 +268,8 @@ def _serve_targets(ns: argparse.Namespace) -> list[Any]:
 def _serve_settings(ns: argparse.Namespace) -> tuple[Any, str]:
     """``fortis serve``'s options as StackSettings, each checked in its start-up step (a
     busy port first, so it is one clear line); and the generated API key, if any."""
+    from fortis.infra.serving.startup import EXIT_LISTEN, StartupError, step
     from fortis.services.app import StackSettings
-    from fortis.services.common.startup import EXIT_LISTEN, StartupError, step
 
     with step("gRPC address", EXIT_LISTEN):
         if _address_in_use(ns.address):
@@ -320,7 +320,8 @@ def _open_ledger(ns: argparse.Namespace) -> tuple[Any, str]:
     """The ledger ``fortis ledger`` reads, and how to name it: PostgreSQL (``--database-url``
     or ``$FORTIS_DATABASE_URL``; read-only) or the SQLite file in the state folder.
     InvalidArgument naming the setting when there is none."""
-    from fortis.services.common import errors, sqldb
+    from fortis.infra.storage import sqldb
+    from fortis.services.common import errors
 
     url = getattr(ns, "database_url", None) or os.environ.get("FORTIS_DATABASE_URL", "")
     if url:

@@ -64,13 +64,13 @@ def _evaluation_workers(ns: argparse.Namespace) -> int:
 def _quota_settings(ns: argparse.Namespace) -> Any:
     """``fortis serve``'s per-tenant quotas as QuotaSettings; InvalidArgument
     naming the option when one is malformed."""
-    from fortis.services.common.errors import InvalidArgument
-    from fortis.services.common.quotas import (
+    from fortis.infra.serving.quotas import (
         DEFAULT_CALL_RATE_PER_TENANT,
         MAX_QUOTA,
         QuotaSettings,
         parse_tenant_quotas,
     )
+    from fortis.services.common.errors import InvalidArgument
 
     try:
         tenants = parse_tenant_quotas(getattr(ns, "tenant_quota", None) or [])
@@ -94,11 +94,11 @@ def _quota_settings(ns: argparse.Namespace) -> Any:
 
 
 def _memory_limits(ns: argparse.Namespace) -> Any:
-    """``fortis serve``'s decoded-size limits (services/common/memory.py); InvalidArgument
+    """``fortis serve``'s decoded-size limits (infra/serving/memory.py); InvalidArgument
     naming the option when one is out of range."""
+    from fortis.infra.serving.memory import MemoryLimits
     from fortis.services.common import limits
     from fortis.services.common.errors import InvalidArgument
-    from fortis.services.common.memory import MemoryLimits
 
     values = {}
     for opt, default in (("max_request_decoded_bytes", limits.MAX_REQUEST_DECODED_BYTES),
@@ -140,8 +140,8 @@ def _work_processes(ns: argparse.Namespace) -> int | None:
 def _metrics_address(ns: argparse.Namespace) -> tuple[str, int | None]:
     """Where /metrics listens: ``--metrics-address HOST:PORT``, else ``--metrics-port`` on
     127.0.0.1 (loopback unless the operator says otherwise), else nowhere."""
+    from fortis.infra.serving.metrics import parse_metrics_address
     from fortis.services.common.errors import InvalidArgument
-    from fortis.services.common.metrics import parse_metrics_address
 
     if getattr(ns, "metrics_address", None):
         if ns.metrics_port is not None:
@@ -158,8 +158,8 @@ def _metrics_address(ns: argparse.Namespace) -> tuple[str, int | None]:
 def _tls_settings(ns: argparse.Namespace) -> Any:
     """``fortis serve``'s TLS options as TlsSettings (None: plain text); InvalidArgument
     when they do not go together."""
+    from fortis.infra.serving.tls import TlsSettings
     from fortis.services.common.errors import InvalidArgument
-    from fortis.services.common.tls import TlsSettings
 
     if not ns.tls_cert and not ns.tls_key:
         if ns.tls_ca or ns.tls_client_auth != "none" or ns.tls_server_name:
@@ -177,7 +177,7 @@ def _tls_settings(ns: argparse.Namespace) -> Any:
 def _identity_options(ns: argparse.Namespace) -> tuple[list[Any], str]:
     """``fortis serve``'s OIDC issuers and ``--tls-tenant-from``, each flag falling back to
     its environment variable (the Helm chart's ConfigMap can set them)."""
-    from fortis.services.common.identity import parse_issuer_spec
+    from fortis.infra.serving.identity import parse_issuer_spec
 
     env = os.environ.get
     specs = getattr(ns, "oidc_issuer", None) or env("FORTIS_OIDC_ISSUER", "").split()

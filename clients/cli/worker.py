@@ -66,8 +66,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def _settings(ns: argparse.Namespace) -> object:
+    from fortis.infra.serving.tls import TlsSettings
     from fortis.services.common.errors import InvalidArgument
-    from fortis.services.common.tls import TlsSettings
     from fortis.services.worker_app import WorkerSettings
 
     try:

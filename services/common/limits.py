@@ -93,7 +93,7 @@ MAX_TENSOR_DIM: Final = 1 << 31
 #: Width or height of an image, pixels.
 MAX_IMAGE_SIDE: Final = 100_000
 
-# -- memory (services/common/memory.py): decoded sizes, known before anything is decoded -----
+# -- memory (infra/serving/memory.py): decoded sizes, known before anything is decoded -----
 #: Decoded bytes of one request: the sum over its images of width x height x channels x bytes
 #: per sample (PNG/JPEG headers) and over its tensors of elements x dtype size
 #: (``fortis serve --max-request-decoded-bytes``). One largest RGB image (MAX_PIXELS x 3)
@@ -104,7 +104,7 @@ MAX_REQUEST_DECODED_BYTES: Final = 128 * 1024 * 1024
 #: call ends (answered, failed or cancelled). Calls between Fortis's services are not counted.
 MAX_TENANT_DECODED_BYTES: Final = 256 * 1024 * 1024
 
-# -- uploads (services/common/blobs.py; no plan reads the server's disk) ----------------------
+# -- uploads (infra/storage/blobs.py; no plan reads the server's disk) ----------------------
 #: Bytes of one UploadBlob data chunk (``blobs.MAX_CHUNK_BYTES``).
 MAX_UPLOAD_CHUNK_BYTES: Final = 1024 * 1024
 #: Declared size of the largest blob, a model (``blobs.MAX_BLOB_BYTES``: image 32 MiB,

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from fortis.core.task import TASKS, Task
-from fortis.services.common.blobs import is_blob_id
+from fortis.services.common.blob_checks import is_blob_id
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from fortis.services.common.limits import (
     MAX_CLASS_LABEL,

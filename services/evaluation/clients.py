@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 from fortis.common.v1 import common_pb2
 from fortis.core.task import Task
+from fortis.infra.serving.server import error_from_rpc
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
@@ -30,7 +31,6 @@ from fortis.services.common.codec import (
 )
 from fortis.services.common.limits import request_batches
 from fortis.services.common.params import Param
-from fortis.services.common.server import error_from_rpc
 from fortis.services.common.surrogates import SurrogateOutputs, SurrogateSpec
 from fortis.services.evaluation import convert
 from fortis.services.evaluation.answers import (

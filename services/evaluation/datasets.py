@@ -15,7 +15,7 @@
                       "sha256:..."), naming uploaded images (and masks) by blob id:
                         {"id": "img-1", "image": "sha256:<hex>", "labels": [3]}
                       (no plan reads the server's disk; blobs are the calling
-                      tenant's own, services/common/blobs.py). Content ids pin the data, so the
+                      tenant's own, infra/storage/blobs.py). Content ids pin the data, so the
                       plan in the report repeats the evaluation exactly (IEEE-P4).
 
 Confinement (otherwise any tenant could read any server file, and its bytes would come back
@@ -43,7 +43,7 @@ from typing import Any, BinaryIO
 import cv2
 import numpy as np
 from fortis.core.task import Task
-from fortis.services.common.blobs import BlobStorage
+from fortis.infra.storage.blobs import BlobStorage
 from fortis.services.common.codec import check_image_header
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument
 from fortis.services.common.paths import confined_file as _confined

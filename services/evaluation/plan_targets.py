@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fortis.core.task import TASKS, Task
-from fortis.services.common.blobs import is_blob_id
+from fortis.infra.storage.blobs import is_blob_id
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import (
     MAX_DATASET_IMAGES,

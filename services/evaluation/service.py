@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import structlog
+from fortis.infra.serving.quotas import QuotaSettings
+from fortis.infra.serving.status import status_for
 from fortis.services.common import errors
-from fortis.services.common.quotas import QuotaSettings
-from fortis.services.common.status import status_for
 from fortis.services.evaluation.benchmark import BenchmarkRunner, check_baseline
 from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.plan import Plan, check_against_target, load_plan

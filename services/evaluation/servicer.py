@@ -12,9 +12,9 @@ from typing import Any
 
 from fortis.evaluation.v1 import evaluation_pb2 as pb
 from fortis.evaluation.v1 import evaluation_pb2_grpc
+from fortis.infra.serving.server import current_tenant
 from fortis.services.common import errors
 from fortis.services.common.pagination import decode_token, encode_token, page_size, tenant_list
-from fortis.services.common.server import current_tenant
 from fortis.services.evaluation.service import EvaluationManager
 from fortis.services.evaluation.store import FINAL_STATES, EvaluationRow
 from google.protobuf import timestamp_pb2

@@ -11,7 +11,7 @@ evaluation's items through leases (:meth:`EvaluationStore.claim_items`: ``BEGIN 
 here, ``FOR UPDATE SKIP LOCKED`` in PostgreSQL): a claimed item is its worker's until the
 lease expires or is released, so two workers never run the same item.
 
-Schema versions (``services/common/sqlite_schema.py``): the file records its version; an
+Schema versions (``infra/storage/sqlite_schema.py``): the file records its version; an
 older one (Fortis 0.2.0 wrote files without a version; earlier builds keyed evaluations and
 items without the tenant, or had no lease columns) is migrated in place when opened, after a
 copy is taken, in one transaction; a newer or damaged one is refused naming ``state_dir``.
@@ -36,9 +36,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fortis.services.common import errors, sqlite_schema
+from fortis.infra.storage import sqlite_schema
+from fortis.infra.storage.sql_dialects import SQLITE
+from fortis.services.common import errors
 from fortis.services.common.limits import MAX_ARTIFACT_BYTES, MAX_ARTIFACT_NAME_CHARS
-from fortis.services.common.sql_dialects import SQLITE
 from fortis.services.evaluation import store_sql as q
 from fortis.services.evaluation.store_sql import (  # noqa: F401 - re-exported
     ACTIVE_STATES,

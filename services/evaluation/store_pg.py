@@ -2,7 +2,7 @@
 
 The same methods and semantics as the SQLite :class:`~.store.EvaluationStore` (the
 :class:`~.store.EvaluationStorage` protocol), on the schema of the Alembic migrations
-(``services/common/migrations``; the store refuses a database that is not at head and names
+(``infra/storage/migrations``; the store refuses a database that is not at head and names
 ``fortis db upgrade``). Several processes may share one database: an item's result and the
 evaluation's progress commit in one transaction, and workers claim pending items with
 ``SELECT ... FOR UPDATE SKIP LOCKED`` under a lease measured by the database's clock (no
@@ -10,7 +10,7 @@ clock skew between worker machines), so two workers never run the same item and 
 worker's items are claimed again when its lease runs out.
 
 The statements and their row mapping are ``store_sql``'s, shared with SQLite (the
-PostgreSQL :data:`~fortis.services.common.sql_dialects.POSTGRES` dialect supplies the
+PostgreSQL :data:`~fortis.infra.storage.sql_dialects.POSTGRES` dialect supplies the
 row locks and the server's clock). What is PostgreSQL's own stays here: a pool of
 connections (SQLAlchemy 2 over psycopg 3), one pooled connection and transaction per method
 (thread-safe, no connection lock), and a database that stops answering reported as
@@ -32,8 +32,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from fortis.services.common import sqldb
-from fortis.services.common.sql_dialects import POSTGRES, SaExecutor
+from fortis.infra.storage import sqldb
+from fortis.infra.storage.sql_dialects import POSTGRES, SaExecutor
 from fortis.services.evaluation import store_sql as q
 from fortis.services.evaluation.store import check_artifact, check_claim, summary_json
 from fortis.services.evaluation.store_sql import ArtifactInfo, EvaluationRow, joined_artifact

@@ -2,9 +2,9 @@
 
 :class:`~.store.EvaluationStore` (SQLite) and :class:`~.store_pg.PgEvaluationStore`
 (PostgreSQL) run the same statements and map their rows the same way, through the functions
-here: each takes an :class:`~fortis.services.common.sql_dialects.Executor` (the twin's
+here: each takes an :class:`~fortis.infra.storage.sql_dialects.Executor` (the twin's
 connection, inside the transaction the twin opened) and the twin's
-:class:`~fortis.services.common.sql_dialects.Dialect`, which supplies what the two databases
+:class:`~fortis.infra.storage.sql_dialects.Dialect`, which supplies what the two databases
 spell differently (the leases' clock, row-lock clauses). A column or a query changes here, in
 one place, for both.
 
@@ -26,8 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from fortis.infra.storage.sql_dialects import Dialect, Executor, chunked, in_list
 from fortis.services.common import errors
-from fortis.services.common.sql_dialects import Dialect, Executor, chunked, in_list
 
 ACTIVE_STATES = ("PENDING", "RUNNING")
 

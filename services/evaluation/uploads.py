@@ -1,5 +1,5 @@
 """gRPC transport of ``fortis.evaluation.v1.UploadService`` (tenants upload their data, so no
-plan reads the server's disk): decode, call :class:`~fortis.services.common.blobs.BlobStorage`
+plan reads the server's disk): decode, call :class:`~fortis.infra.storage.blobs.BlobStorage`
 (the file store, or PostgreSQL with ``database_url``) in the caller's tenant, encode. Every
 decision (limits, quota, header checks, tenancy) is the store's.
 
@@ -15,10 +15,10 @@ from typing import Any
 
 from fortis.evaluation.v1 import uploads_pb2 as pb
 from fortis.evaluation.v1 import uploads_pb2_grpc
+from fortis.infra.serving.server import current_tenant, in_work_slot
+from fortis.infra.storage.blobs import BlobInfo, BlobStorage, BlobUpload
 from fortis.services.common import errors
-from fortis.services.common.blobs import BlobInfo, BlobStorage, BlobUpload
 from fortis.services.common.pagination import decode_token, encode_token, page_size, tenant_list
-from fortis.services.common.server import current_tenant, in_work_slot
 from google.protobuf import timestamp_pb2
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["UploadService"].full_name

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 import structlog
+from fortis.infra.serving.status import status_for
 from fortis.services.common import errors
-from fortis.services.common.status import status_for
 from fortis.services.evaluation.benchmark import (
     baseline_of,
     benchmark_sources,

@@ -19,29 +19,30 @@ from typing import Any
 import numpy as np
 from fortis.common.v1 import common_pb2
 from fortis.core.task import Task
-from fortis.perturbation.v1 import perturbation_pb2 as pb
-from fortis.perturbation.v1 import perturbation_pb2_grpc
-from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from fortis.services.common import errors, limits, wire
-from fortis.services.common.codec import (
-    decode_image,
-    decode_images,
-    tensor_to_array,
-)
-from fortis.services.common.memory import holding
-from fortis.services.common.pagination import page_of, page_size
-from fortis.services.common.params import Param
-from fortis.services.common.server import (
+from fortis.infra.serving import wire
+from fortis.infra.serving.memory import holding
+from fortis.infra.serving.server import (
     call_metadata,
     current_api_key,
     current_tenant,
     error_from_rpc,
     in_work_slot,
 )
-from fortis.services.common.status import status_for
+from fortis.infra.serving.status import status_for
+from fortis.infra.serving.wire import Wire
+from fortis.perturbation.v1 import perturbation_pb2 as pb
+from fortis.perturbation.v1 import perturbation_pb2_grpc
+from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from fortis.services.common import errors, limits
+from fortis.services.common.codec import (
+    decode_image,
+    decode_images,
+    tensor_to_array,
+)
+from fortis.services.common.pagination import page_of, page_size
+from fortis.services.common.params import Param
 from fortis.services.common.stopping import StopCheck, caller_stop
 from fortis.services.common.surrogates import SurrogateOutputs, SurrogateSpec
-from fortis.services.common.wire import Wire
 from fortis.services.perturbation import engine, registry
 from fortis.services.perturbation.attacks.base import AttackSpec
 from fortis.services.perturbation.attacks.registry import ATTACKS, attack_spec

@@ -20,12 +20,12 @@ import binascii
 from collections.abc import Callable, Iterable
 from typing import Any, Final, TypeVar
 
+from fortis.infra.serving.server import in_work_slot
+from fortis.infra.serving.workprocs import PieceProcesses
 from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
 from fortis.services.common.codec import tensor_to_array
 from fortis.services.common.errors import InvalidArgument
-from fortis.services.common.server import in_work_slot
 from fortis.services.common.stopping import caller_stop
-from fortis.services.common.workprocs import PieceProcesses
 from fortis.services.scoring.catalogue import compute, list_metrics
 from fortis.services.scoring.convert import read_evaluation, response_from_scores
 from fortis.services.scoring.evaluation_scoring import score_evaluation
@@ -62,7 +62,7 @@ def page_offset(token: str, total: int) -> int:
 
 
 class ScoringServicer(scoring_pb2_grpc.ScoringServiceServicer):
-    """``pieces``: worker processes that run the metrics (services/common/workprocs.py: an IRT
+    """``pieces``: worker processes that run the metrics (infra/serving/workprocs.py: an IRT
     chain holds the interpreter lock for seconds, which every other tenant's calls in this
     process would wait on); None: in this process."""
 

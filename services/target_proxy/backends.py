@@ -12,8 +12,8 @@ from pathlib import Path
 
 import grpc
 from fortis.common.v1 import common_pb2
+from fortis.infra.serving.server import DEFAULT_MAX_MESSAGE_BYTES, channel, error_from_rpc
 from fortis.services.common import errors
-from fortis.services.common.server import DEFAULT_MAX_MESSAGE_BYTES, channel, error_from_rpc
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
 #: What gRPC says when it, not the target, refused an answer for its size.

@@ -35,7 +35,7 @@ Tenancy: sessions live in their tenant's namespace, keyed by
 Every read the proxy makes names the tenant; ``tenant=None`` on a read is the operator's
 view over all tenants (``fortis ledger --state-dir``).
 
-Schema versions (``services/common/sqlite_schema.py``): the file records its version and is
+Schema versions (``infra/storage/sqlite_schema.py``): the file records its version and is
 migrated in place when opened (a copy taken first, one transaction), including files
 written before versions were recorded: Fortis 0.2.0's, and earlier ones keyed by the
 session id alone (before tenant-scoped keys: the sessions table is rebuilt with the
@@ -69,8 +69,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from fortis.services.common import errors, sqlite_schema
-from fortis.services.common.sql_dialects import SQLITE
+from fortis.infra.storage import sqlite_schema
+from fortis.infra.storage.sql_dialects import SQLITE
+from fortis.services.common import errors
 from fortis.services.target_proxy import ledger_sql
 from fortis.services.target_proxy.ledger_types import (  # noqa: F401 - re-exported
     IN_FLIGHT,

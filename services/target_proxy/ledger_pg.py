@@ -2,7 +2,7 @@
 
 The same public methods and semantics as the SQLite :class:`~.ledger.Ledger` (the
 :class:`~.ledger.LedgerStorage` protocol the proxy depends on), on the schema of the Alembic
-migrations in ``services/common/migrations`` (0001 + 0002), through SQLAlchemy 2 (engine,
+migrations in ``infra/storage/migrations`` (0001 + 0002), through SQLAlchemy 2 (engine,
 pool) over psycopg 3; the two writes of every call are driver-level statements on a writer
 connection of its own, each transaction sent as one pipeline (BEGIN, the statements, COMMIT:
 one round trip; SQLAlchemy's multi-row insert construct cost ~0.7 ms more per call, and a
@@ -55,8 +55,9 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 import structlog
-from fortis.services.common import errors, sqldb
-from fortis.services.common.sql_dialects import POSTGRES, SaExecutor
+from fortis.infra.storage import sqldb
+from fortis.infra.storage.sql_dialects import POSTGRES, SaExecutor
+from fortis.services.common import errors
 from fortis.services.target_proxy import ledger_sql
 from fortis.services.target_proxy.ledger import _Op
 from fortis.services.target_proxy.ledger_types import (

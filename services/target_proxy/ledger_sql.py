@@ -2,10 +2,10 @@
 
 :class:`~.ledger.Ledger` (SQLite) and :class:`~.ledger_pg.PgLedger` (PostgreSQL) run the
 same statements and map their rows the same way through what is here: the reads take an
-:class:`~fortis.services.common.sql_dialects.Executor` (named parameters); the writes are
+:class:`~fortis.infra.storage.sql_dialects.Executor` (named parameters); the writes are
 driver-level statements with positional placeholders (the SQLite twin's group commit and the
 PostgreSQL twin's pipelined writer connection), built for a
-:class:`~fortis.services.common.sql_dialects.Dialect`. A column or a query changes here, in
+:class:`~fortis.infra.storage.sql_dialects.Dialect`. A column or a query changes here, in
 one place, for both.
 
 What stays in the twins is what truly differs: SQLite's WAL and fsync handling, PostgreSQL's
@@ -20,7 +20,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fortis.services.common.sql_dialects import Dialect, Executor
+from fortis.infra.storage.sql_dialects import Dialect, Executor
 from fortis.services.target_proxy.ledger_types import (
     IN_FLIGHT,
     INTERRUPTED,

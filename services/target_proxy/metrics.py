@@ -1,6 +1,6 @@
 """Prometheus metrics of the target proxy (for Kubernetes platform teams). Domain code: no gRPC.
 
-Registered on the stack's registry (:mod:`fortis.services.common.metrics`);
+Registered on the stack's registry (:mod:`fortis.infra.serving.metrics`);
 ``fortis serve --metrics-address HOST:PORT`` exposes it over HTTP at ``/metrics``. The ledger stays the source of truth for counts (IEEE-M6); these are for
 dashboards and alerts.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fortis.services.common.metrics import LATENCY_BUCKETS, TenantLabels
+from fortis.infra.serving.metrics import LATENCY_BUCKETS, TenantLabels
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 
 class ProxyMetrics:
     """The proxy's counters, labelled by target and tenant. Tenant
     label values go through ``tenant_label`` (the stack passes a
-    :class:`~fortis.services.common.metrics.TenantLabels` of its key table), so their number
+    :class:`~fortis.infra.serving.metrics.TenantLabels` of its key table), so their number
     stays bounded whatever a caller sends."""
 
     def __init__(self, registry: CollectorRegistry | None = None,

@@ -45,12 +45,12 @@ from collections.abc import Callable, Iterator, Sequence
 
 import structlog
 from fortis.common.v1 import common_pb2
+from fortis.infra.serving.workshare import WorkShare
 from fortis.services.common import errors
 from fortis.services.common.codec import image_sha256, summarize
 from fortis.services.common.errors import code_for
 from fortis.services.common.limits import byte_batches
 from fortis.services.common.stopping import StopCheck, never
-from fortis.services.common.workshare import WorkShare
 from fortis.services.target_proxy.ledger import (
     IN_FLIGHT,
     IN_FLIGHT_NOTE,

@@ -10,11 +10,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from fortis.common.v1 import common_pb2
+from fortis.infra.serving.memory import check_answer, holding
+from fortis.infra.serving.server import current_internal, current_tenant
+from fortis.infra.serving.status import status_for
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors, limits
 from fortis.services.common.codec import add_messages
 from fortis.services.common.limits import SEGMENTATION_ANSWER_BYTES_PER_PIXEL
-from fortis.services.common.memory import check_answer, holding
 from fortis.services.common.pagination import (
     decode_token,
     encode_token,
@@ -22,8 +24,6 @@ from fortis.services.common.pagination import (
     page_size,
     tenant_list,
 )
-from fortis.services.common.server import current_internal, current_tenant
-from fortis.services.common.status import status_for
 from fortis.services.common.stopping import caller_stop
 from fortis.services.target_proxy.ledger import SessionRecord
 from fortis.services.target_proxy.proxy import TargetProxy

@@ -6,8 +6,8 @@ from __future__ import annotations
 import grpc
 import pytest
 from fortis.client import errors as E
+from fortis.infra.serving.status import status_for
 from fortis.services.common import errors as domain
-from fortis.services.common.status import status_for
 from google.rpc import code_pb2, error_details_pb2
 
 CASES: list[tuple[E.FortisError, int]] = [

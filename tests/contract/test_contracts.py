@@ -18,12 +18,12 @@ TRANSPORT = {"servicer.py", "backends.py", "proxy_client.py", "clients.py", "ser
              "torch_target.py", "grpc_transport.py"}
 #: Transport modules named otherwise, by path: the UploadService servicer, the composition
 #: root of ``fortis worker`` (wires channels as app.py does) and the health servicer every
-#: server registers (services/common/health.py).
+#: server registers (infra/serving/health.py).
 TRANSPORT_PATHS = {"services/evaluation/uploads.py", "services/worker_app.py",
-                   "services/common/health.py",
+                   "infra/serving/health.py",
                    # server.py's parts: admission, the handler wrapper, the interceptor, reflection
-                   "services/common/admission.py", "services/common/call_handler.py",
-                   "services/common/interceptor.py", "services/common/reflection.py"}
+                   "infra/serving/admission.py", "infra/serving/call_handler.py",
+                   "infra/serving/interceptor.py", "infra/serving/reflection.py"}
 
 
 def test_buf_lint_standard():
@@ -72,7 +72,7 @@ def test_domain_code_never_imports_grpc():
                 continue
             bad = {n for n in _imports(path)
                    if n == "grpc" or n.startswith("grpc.") or n.startswith("grpc_") or n.endswith("_pb2_grpc")
-                   or n == "fortis.services.common.server"}
+                   or n == "fortis.infra.serving.server"}
             if bad:
                 offenders.append(f"{path.relative_to(ROOT)}: {sorted(bad)}")
     assert not offenders, "domain modules importing gRPC:\n" + "\n".join(offenders)

@@ -17,7 +17,7 @@ from google.protobuf import descriptor_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
 BUF = ROOT / "node_modules" / ".bin" / "buf"
-DESCRIPTORS = ROOT / "services" / "common" / "fortis_descriptors.binpb"
+DESCRIPTORS = ROOT / "infra" / "serving" / "fortis_descriptors.binpb"
 BASELINE = ROOT / "protos" / "released" / "fortis-v1.binpb"
 
 REQUIRED = field_behavior_pb2.FieldBehavior.REQUIRED

@@ -106,7 +106,8 @@ def test_no_stale_entries() -> None:
 
 def test_the_code_enforces_the_named_limits() -> None:
     """Where a module keeps its own constant, it equals the documented one."""
-    from fortis.services.common import codec, pagination, server
+    from fortis.infra.serving import server
+    from fortis.services.common import codec, pagination
     from fortis.services.evaluation import plan, service
     from fortis.services.perturbation.attacks.base import MAX_QUERIES
     from fortis.services.report import convert as report_convert

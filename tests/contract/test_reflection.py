@@ -19,8 +19,8 @@ from pathlib import Path
 import grpc
 import pytest
 from fortis.evaluation.v1 import evaluation_pb2_grpc
+from fortis.infra.serving.server import RunningServer, ServerSettings, build_server
 from fortis.scoring.v1 import scoring_pb2_grpc
-from fortis.services.common.server import RunningServer, ServerSettings, build_server
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from grpc_reflection.v1alpha import reflection_pb2
 

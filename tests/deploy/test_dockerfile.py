@@ -110,8 +110,8 @@ def test_fortis_health_over_mtls_as_the_charts_tls_probe(tmp_path):
     """The Helm chart's probe with TLS on (Kubernetes' grpc probe has no TLS): ``fortis health
     --tls-ca --tls-cert --tls-key --tls-server-name`` against a server that requires client
     certificates and whose certificate names only the Service, not 127.0.0.1."""
-    from fortis.services.common.server import ServerSettings, build_server
-    from fortis.services.common.tls import TlsSettings
+    from fortis.infra.serving.server import ServerSettings, build_server
+    from fortis.infra.serving.tls import TlsSettings
 
     from tests.integration.test_tls import make_pki
 

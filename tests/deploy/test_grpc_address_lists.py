@@ -18,8 +18,8 @@ from typing import Any
 
 import grpc
 import pytest
-from fortis.services.common import grpc_options
-from fortis.services.common.server import RunningServer, ServerSettings, build_server, channel
+from fortis.infra.serving import grpc_options
+from fortis.infra.serving.server import RunningServer, ServerSettings, build_server, channel
 from fortis.services.worker_app import pick
 
 SERVICE = "fortis.test.v1.Which"

@@ -20,9 +20,9 @@ from typing import Any
 
 import grpc
 import pytest
-from fortis.services.common import grpc_options
+from fortis.infra.serving import grpc_options
+from fortis.infra.serving.server import ANNOUNCE_S, ServerSettings, build_server, channel
 from fortis.services.common.errors import InvalidArgument
-from fortis.services.common.server import ANNOUNCE_S, ServerSettings, build_server, channel
 from google.protobuf.wrappers_pb2 import Int32Value
 
 SERVICE = "fortis.test.v1.Peer"
@@ -123,8 +123,8 @@ def test_a_stream_longer_than_the_age_is_not_cut(aged_server):
 def test_the_stack_takes_the_age_from_the_environment(monkeypatch, tmp_path):
     """fortis serve's servers read $FORTIS_MAX_CONNECTION_AGE_S (the chart's ConfigMap);
     a bad value stops the start naming the setting."""
+    from fortis.infra.serving.startup import EXIT_CONFIG, StartupError
     from fortis.services.app import StackSettings, start_stack
-    from fortis.services.common.startup import EXIT_CONFIG, StartupError
 
     monkeypatch.setenv("FORTIS_MAX_CONNECTION_AGE_S", "never")
     with pytest.raises(StartupError) as info:

@@ -46,13 +46,13 @@ import numpy as np
 import pytest
 from fortis.client import FortisClient, progress_of
 from fortis.evaluation.v1 import evaluation_pb2, evaluation_pb2_grpc
+from fortis.infra.serving.server import ANNOUNCE_S
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.report.v1 import report_pb2, report_pb2_grpc
 from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
 from fortis.services.common.codec import image_msg
-from fortis.services.common.server import ANNOUNCE_S
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import API_KEY, MD

@@ -220,7 +220,7 @@ ENCODED = (png_header(100000, 100000), png_header(20000, 20000), png_header(0, 0
            b"\xff\xd8\xff", b"GIF89a" + b"\x00" * 20, b"", b"\x00" * 100, b"BM" + b"\xff" * 60)
 #: Headers within the pixel limit that decode large (36 MB grey, 108 MB RGB, 144 MB RGBA):
 #: a few of them pass each image's check but not the request's decoded-size budget
-#: (services/common/memory.py), refused from the headers alone.
+#: (infra/serving/memory.py), refused from the headers alone.
 LARGE_ENCODED = (png_header(6000, 6000), png_header(6000, 6000, colour=2),
                  png_header(6000, 6000, colour=6), jpeg_header(6000, 6000),
                  # 16-bit samples (2 bytes each: 288 MB alone, past the per-request budget),

@@ -146,8 +146,8 @@ def oidc_fuzz(tmp_path_factory: pytest.TempPathFactory, fmnist_target: Any
               ) -> Iterator[tuple[grpc.Channel, dict[str, Any]]]:
     """A stack accepting tenant-a's API key and the bearer tokens of a real local identity
     provider (tests/fuzz/idp.py), and the credential-fuzzing cases made with its keys."""
+    from fortis.infra.serving.identity import parse_issuer_spec
     from fortis.services.app import StackSettings, TargetConfig, start_stack
-    from fortis.services.common.identity import parse_issuer_spec
 
     from tests.fuzz.idp import AUDIENCE, TENANT_CLAIM, FuzzIdp
     idp = FuzzIdp()

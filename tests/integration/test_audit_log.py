@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 import pytest
 from fortis.client import FortisClient, progress_of
+from fortis.infra.serving.server import channel as make_channel
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.codec import image_msg
-from fortis.services.common.server import channel as make_channel
 
 from tests.conftest import API_KEY, MD
 

@@ -21,11 +21,11 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
+from fortis.infra.serving.server import RunningServer, ServerSettings, build_server
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.codec import image_msg
-from fortis.services.common.server import RunningServer, ServerSettings, build_server
 from google.protobuf import struct_pb2
 
 from tests.conftest import API_KEY, MD

@@ -105,8 +105,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def mtls_stack(pki: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
                fmnist_target) -> Iterator[Any]:
+    from fortis.infra.serving.tls import TlsSettings
     from fortis.services.app import StackSettings, TargetConfig, start_stack
-    from fortis.services.common.tls import TlsSettings
 
     d = pki["dir"]
     s = start_stack(StackSettings(
@@ -163,7 +163,7 @@ def test_certificate_subject_names_the_tenant(mtls_stack, pki) -> None:
 
 
 def test_cn_and_o_rules_on_real_certificates(pki) -> None:
-    from fortis.services.common.identity import CertTenant
+    from fortis.infra.serving.identity import CertTenant
 
     ctx = {"x509_pem_cert": [pki["cn_o"].cert]}
     assert CertTenant.parse("CN").tenant_of(ctx).tenant == "team-cn"
@@ -176,9 +176,9 @@ def test_cn_and_o_rules_on_real_certificates(pki) -> None:
 
 
 def test_tenant_from_needs_required_client_certificates(tmp_path: Path, pki) -> None:
+    from fortis.infra.serving.startup import StartupError
+    from fortis.infra.serving.tls import TlsSettings
     from fortis.services.app import StackSettings, start_stack
-    from fortis.services.common.startup import StartupError
-    from fortis.services.common.tls import TlsSettings
 
     d = pki["dir"]
     with pytest.raises(StartupError, match="tls_tenant_from"):

@@ -133,8 +133,8 @@ def idp() -> Iterator[Idp]:
 
 @pytest.fixture(scope="module")
 def oidc_stack(idp: Idp, tmp_path_factory: pytest.TempPathFactory, fmnist_target) -> Iterator[Any]:
+    from fortis.infra.serving.identity import parse_issuer_spec
     from fortis.services.app import StackSettings, TargetConfig, start_stack
-    from fortis.services.common.identity import parse_issuer_spec
 
     b = idp.base
     issuers = [
@@ -366,8 +366,8 @@ def test_a_namespace_named_like_a_tenant_is_not_that_tenant(idp, ev) -> None:
     ``acme`` gets the tenant ``k8s-acme`` (the issuer's prefix) and reads nothing of the key
     holder ``acme``; the corporate issuer, trusted with ``acme`` only, cannot name another
     tenant; an issuer configured with neither an allow-list nor a prefix is refused."""
+    from fortis.infra.serving.identity import parse_issuer_spec
     from fortis.services.common.errors import InvalidArgument
-    from fortis.services.common.identity import parse_issuer_spec
 
     ev.CreateEvaluation(pb.CreateEvaluationRequest(plan=PLAN, evaluation_id="acme-private"),
                         metadata=(("x-api-key", K_ACME),), timeout=60)

@@ -120,8 +120,8 @@ def _pod_command(job: dict[str, Any], index: int, secrets: dict[tuple[str, str],
 @pytest.mark.slow
 def test_worker_pods_of_a_tls_deployment_reach_the_services_over_mtls(
         tmp_path: Path, postgres_url: str, fake_api: ThreadingHTTPServer, fmnist_target) -> None:
+    from fortis.infra.serving.tls import TlsSettings
     from fortis.services.app import StackSettings, TargetConfig, start_stack
-    from fortis.services.common.tls import TlsSettings
 
     pki: Pki = make_pki(tmp_path / "pki")
     migrate(postgres_url)

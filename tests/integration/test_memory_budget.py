@@ -1,4 +1,4 @@
-"""Memory as a budget (services/common/memory.py), over real servers on loopback with real
+"""Memory as a budget (infra/serving/memory.py), over real servers on loopback with real
 PNGs made here, called through the generated stubs alone (no fortis.client SDK).
 
 - sixteen 6000x6000 grey PNGs (a ~0.5 MiB request) to ApplyPerturbation and to a proxy
@@ -242,8 +242,8 @@ def seg() -> Iterator[tuple[SegmentationTarget, str]]:
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory, gated: tuple[GatedTarget, str],
           seg: tuple[SegmentationTarget, str]) -> Iterator[Any]:
+    from fortis.infra.serving.memory import MemoryLimits
     from fortis.services.app import StackSettings, TargetConfig, start_stack
-    from fortis.services.common.memory import MemoryLimits
     s = start_stack(StackSettings(
         state_dir=tmp_path_factory.mktemp("small") / "state",
         api_keys={API_KEY: "tenant-a", OTHER_KEY: "tenant-b"},

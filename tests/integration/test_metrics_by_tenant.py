@@ -24,10 +24,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from fortis.infra.serving.metrics import TenantLabels, parse_metrics_address
+from fortis.infra.serving.server import call_metadata
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.codec import image_msg
-from fortis.services.common.metrics import TenantLabels, parse_metrics_address
-from fortis.services.common.server import call_metadata
 
 from tests.conftest import MD, OTHER_MD
 
@@ -77,7 +77,7 @@ def test_tenant_labels_are_bounded():
     assert [labels(t) for t in ("tenant-a", "tenant-b", "", "x" * 10_000, "tenant-c")] == \
         ["tenant-a", "tenant-b", "-", "other", "other"]
     # from a live key table: a tenant given a key at run time (rotation) gets its own label
-    from fortis.services.common.api_keys import KeyTable
+    from fortis.infra.serving.api_keys import KeyTable
     table = KeyTable.from_plain({"k-a": "tenant-a"})
     live = TenantLabels(table.tenants)
     assert (live("tenant-a"), live("tenant-c")) == ("tenant-a", "other")

@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 from fortis.client import FortisClient, progress_of
 from fortis.common.v1 import common_pb2
+from fortis.infra.serving.server import error_from_rpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors
 from fortis.services.common.codec import image_msg
-from fortis.services.common.server import error_from_rpc
 
 from tests.conftest import API_KEY, MD
 
@@ -376,7 +376,7 @@ def test_buf_curl_lists_targets_through_reflection(buf, node_target, node_stack)
 
 
 def test_buf_curl_reads_answers_built_in_their_wire_form(buf, node_stack, tmp_path):
-    """ApplyPerturbation's answer is written as bytes by Fortis itself (services/common/wire.py,
+    """ApplyPerturbation's answer is written as bytes by Fortis itself (infra/serving/wire.py,
     the pixels copied off the interpreter lock), not by protobuf: another runtime (buf's, in
     Go, the schema from reflection) reads the same images the Python stubs read, for a raw
     answer past the size where the lock-free copy starts and for a PNG one."""

@@ -42,8 +42,8 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 from fortis.client import FortisClient, progress_of
+from fortis.infra.storage import sqldb
 from fortis.services.app import StackSettings, TargetConfig, start_stack
-from fortis.services.common import sqldb
 from fortis.services.common.codec import encode_png
 
 from tests.conftest import API_KEY

@@ -29,7 +29,8 @@ import grpc
 import pytest
 import sqlalchemy as sa
 from fortis.client import FortisClient, progress_of
-from fortis.services.common import errors, sqldb
+from fortis.infra.storage import sqldb
+from fortis.services.common import errors
 
 from tests.conftest import API_KEY
 from tests.e2e._crash_target import start_target

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 from fortis.common.v1 import common_pb2
+from fortis.infra.serving.server import RunningServer, ServerSettings, build_server
 from fortis.services.common.codec import image_msg
-from fortis.services.common.server import RunningServer, ServerSettings, build_server
 from fortis.services.target_proxy.backends import GrpcTargetBackend
 from fortis.services.target_proxy.ledger import Ledger, max_in_window
 from fortis.services.target_proxy.proxy import TargetEntry, TargetProxy

@@ -30,9 +30,9 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from fortis.infra.serving.server import RunningServer, ServerSettings, build_server
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.codec import image_msg
-from fortis.services.common.server import RunningServer, ServerSettings, build_server
 from fortis.services.target_proxy.ledger import max_in_window
 from fortis.services.target_proxy.ratelimit import DEFAULT_JITTER_S
 from fortis.target.v1 import target_pb2_grpc

@@ -70,7 +70,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 from fortis.client import FortisClient, progress_of
-from fortis.services.common import sqldb
+from fortis.infra.storage import sqldb
 from fortis.services.evaluation.keys import StageName, WorkItemKey
 from fortis.services.target_proxy.ledger import max_in_window
 

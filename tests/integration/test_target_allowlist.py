@@ -18,11 +18,11 @@ import grpc
 import pytest
 from fortis.evaluation.v1 import evaluation_pb2 as epb
 from fortis.evaluation.v1 import evaluation_pb2_grpc
+from fortis.infra.serving.server import call_metadata
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.app import StackSettings, TargetConfig, start_stack, start_target_server
 from fortis.services.common import errors
 from fortis.services.common.codec import image_msg
-from fortis.services.common.server import call_metadata
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 

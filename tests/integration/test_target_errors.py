@@ -25,9 +25,9 @@ from typing import Any
 import grpc
 import pytest
 from fortis.common.v1 import common_pb2
+from fortis.infra.serving.status import status_for
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.errors import FieldViolation, InvalidArgument
-from fortis.services.common.status import status_for
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 from google.rpc import code_pb2, error_details_pb2
 from grpc_status import rpc_status

@@ -130,7 +130,7 @@ def test_bad_grpcs_settings_name_the_field(tmp_path: Path, pki: Pki) -> None:
     from fortis.services.app import TargetConfig
     with pytest.raises(errors.InvalidArgument, match="cert= and key="):
         TargetConfig.parse(f"own=grpcs://127.0.0.1:1?ca={pki.ca_crt}&cert={pki.client_crt}")
-    from fortis.services.common.startup import StartupError
+    from fortis.infra.serving.startup import StartupError
     with pytest.raises(StartupError) as exc:      # the step, with the field's error as cause
         _stack(tmp_path, f"own=grpcs://127.0.0.1:1?ca={tmp_path / 'missing.crt'}")
     assert exc.value.__cause__.violations[0].field == "target.ca"

@@ -41,8 +41,8 @@ import pytest
 from fortis.common.v1 import common_pb2
 from fortis.evaluation.v1 import evaluation_pb2 as pb
 from fortis.evaluation.v1 import evaluation_pb2_grpc
+from fortis.infra.serving.quotas import QuotaSettings, TenantQuota
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from fortis.services.common.quotas import QuotaSettings, TenantQuota
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status

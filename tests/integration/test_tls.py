@@ -30,10 +30,10 @@ from pathlib import Path
 import grpc
 import pytest
 from fortis.client import FortisClient, InvalidArgument, State, Unauthenticated, Unavailable
+from fortis.infra.serving.startup import StartupError
+from fortis.infra.serving.tls import TlsSettings
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.errors import InvalidArgument as ServerInvalidArgument
-from fortis.services.common.startup import StartupError
-from fortis.services.common.tls import TlsSettings
 
 from tests.conftest import API_KEY, MD
 

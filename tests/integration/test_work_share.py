@@ -1,4 +1,4 @@
-"""The tenant-fair share of CPU-heavy work through a real stack (services/common/workshare.py):
+"""The tenant-fair share of CPU-heavy work through a real stack (infra/serving/workshare.py):
 a tenant's costly calls -- scoring Compute, ApplyPerturbation, white-box RunAttack, Predict on
 a built-in target -- and the work Fortis does for its evaluations take turns with another
 tenant's, instead of queueing behind all of them.
@@ -207,8 +207,8 @@ def test_an_evaluations_work_is_counted_for_its_tenant(stack, channel) -> None:
 def paced(tmp_path_factory, fmnist_target) -> Iterator[Any]:
     """Five calls per second per tenant; one seat and one work slot; a slow target (an
     evaluation that runs a few seconds, to watch)."""
+    from fortis.infra.serving.quotas import QuotaSettings
     from fortis.services.app import StackSettings, TargetConfig, start_stack
-    from fortis.services.common.quotas import QuotaSettings
 
     s = start_stack(StackSettings(
         state_dir=tmp_path_factory.mktemp("paced") / "state", api_keys=dict(KEYS),

@@ -23,7 +23,7 @@ class Backend:
 
 
 def migrate(url: str) -> None:
-    from fortis.services.common import sqldb
+    from fortis.infra.storage import sqldb
 
     engine = sqldb.create_engine(url)
     try:

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from fortis.services.common import sqldb
-from fortis.services.common.blob_backends import open_blobs
-from fortis.services.common.blobs import MAX_BLOB_BYTES, BlobStorage, BlobStore, iter_chunks
+from fortis.infra.storage import sqldb
+from fortis.infra.storage.blob_backends import open_blobs
+from fortis.infra.storage.blobs import MAX_BLOB_BYTES, BlobStorage, BlobStore, iter_chunks
 from fortis.services.common.codec import encode_png
 from fortis.services.common.errors import InvalidArgument, NotFound, QuotaExceeded
 
@@ -38,7 +38,7 @@ def open_store(backend: Backend, **kw: Any) -> Any:
     """The blob storage of ``backend``: what ``fortis serve`` opens with its settings."""
     if backend.kind == "sqlite":
         return BlobStore(backend.dir / "blobs", **kw)
-    from fortis.services.common.blobs_pg import PgBlobStore
+    from fortis.infra.storage.blobs_pg import PgBlobStore
     return PgBlobStore(backend.url, cache_dir=backend.dir / "blob-cache", **kw)
 
 
@@ -329,7 +329,7 @@ def test_open_blobs_picks_the_back_end_from_the_settings(backend: Backend) -> No
 
 def test_a_database_not_at_head_is_refused_naming_the_setting(postgres_url: str,
                                                               tmp_path: Path) -> None:
-    from fortis.services.common.blobs_pg import PgBlobStore
+    from fortis.infra.storage.blobs_pg import PgBlobStore
 
     with pytest.raises(InvalidArgument) as e:
         PgBlobStore(postgres_url, cache_dir=tmp_path)
@@ -340,7 +340,7 @@ def test_a_database_not_at_head_is_refused_naming_the_setting(postgres_url: str,
 def test_a_database_that_stops_answering_is_unavailable(tmp_path: Path) -> None:
     """Its own server (stopped mid-test): calls fail UNAVAILABLE "upload storage unavailable",
     never INTERNAL, and work again once it is back."""
-    from fortis.services.common.blobs_pg import PgBlobStore
+    from fortis.infra.storage.blobs_pg import PgBlobStore
     from fortis.services.common.errors import Unavailable
 
     from tests.infra.postgres import PostgresServer

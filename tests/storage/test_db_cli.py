@@ -15,7 +15,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fortis.services.common import sqldb
+from fortis.infra.storage import sqldb
 
 from tests.infra.postgres import PostgresServer
 

@@ -252,7 +252,7 @@ def _wait_no_owner_locks(url: str, keep: int) -> None:
     """Wait until at most ``keep`` owners' advisory locks are held (a killed process's
     backend ends when the server reads the closed socket)."""
     import sqlalchemy as sa
-    from fortis.services.common import sqldb
+    from fortis.infra.storage import sqldb
     from fortis.services.target_proxy.ledger_pg import OWNER_LOCK
 
     engine = sqldb.create_engine(url)
@@ -301,7 +301,7 @@ def test_a_lost_connection_is_unavailable_then_reconnected(postgres_url: str) ->
     """The database drops the ledger's connections (a failover, an admin's kill): the
     write in progress is UNAVAILABLE naming the ledger, never INTERNAL; the next works."""
     import sqlalchemy as sa
-    from fortis.services.common import sqldb
+    from fortis.infra.storage import sqldb
     from fortis.services.target_proxy.ledger_pg import PgLedger
 
     migrate(postgres_url)
@@ -358,7 +358,7 @@ def test_an_owner_lock_lost_with_its_connection_is_taken_again(
     kill): before writing more rows the replica takes its number again, so a replica that
     starts meanwhile does not take it for dead and leaves its in-flight rows alone."""
     import sqlalchemy as sa
-    from fortis.services.common import sqldb
+    from fortis.infra.storage import sqldb
     from fortis.services.target_proxy import ledger_pg
     from fortis.services.target_proxy.ledger_pg import OWNER_LOCK, PgLedger
 

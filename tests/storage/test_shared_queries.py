@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fortis.services.common.sql_dialects import IN_CHUNK
+from fortis.infra.storage.sql_dialects import IN_CHUNK
 
 from tests.storage.conftest import Backend
 from tests.storage.test_evaluation_store import open_store

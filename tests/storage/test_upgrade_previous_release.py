@@ -1,6 +1,6 @@
 """Upgrades keep data: state written by the previous release (Fortis 0.2.0, commit 8f43618)
 opens with the current code with nothing lost, and the schema version of every embedded
-SQLite file is checked when it is opened (``services/common/sqlite_schema.py``).
+SQLite file is checked when it is opened (``infra/storage/sqlite_schema.py``).
 
 The fixtures in ``tests/fixtures/release-0.2.0`` were written by that release's own code
 (its ``fortis serve``, ``fortis run``, ``fortis upload``: see that folder's README and
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fortis.services.common import sqlite_schema
-from fortis.services.common.blobs import INDEX_SCHEMA, BlobStore
+from fortis.infra.storage import sqlite_schema
+from fortis.infra.storage.blobs import INDEX_SCHEMA, BlobStore
 from fortis.services.evaluation.store import STORE_SCHEMA, EvaluationStore
 from fortis.services.target_proxy.ledger import LEDGER_SCHEMA, Ledger
 
@@ -232,7 +232,7 @@ def test_the_current_server_serves_the_previous_releases_evaluations(
 # -- the previous release's PostgreSQL database -------------------------------------------------
 def test_the_previous_releases_postgres_dump_upgrades_with_nothing_lost(
         postgres_server: Any, tmp_path: Path) -> None:
-    from fortis.services.common.blobs_pg import PgBlobStore
+    from fortis.infra.storage.blobs_pg import PgBlobStore
     from fortis.services.evaluation.store_pg import PgEvaluationStore
     from fortis.services.target_proxy.ledger_pg import PgLedger
 

@@ -1,4 +1,4 @@
-"""The server's allocator setting (services/common/allocator.py): a large buffer freed and
+"""The server's allocator setting (infra/serving/allocator.py): a large buffer freed and
 allocated again is reused, not faulted in afresh page by page. Counted in minor page faults
 (the kernel's count, not a timer), in a fresh interpreter per case: the setting applies to
 the whole process and must come before its threads."""
@@ -11,11 +11,11 @@ import subprocess
 import sys
 
 import pytest
-from fortis.services.common.allocator import keep_freed_memory
+from fortis.infra.serving.allocator import keep_freed_memory
 
 _PROBE = r"""
 import ctypes, json, resource, sys
-from fortis.services.common.allocator import keep_freed_memory
+from fortis.infra.serving.allocator import keep_freed_memory
 applied = keep_freed_memory(int(sys.argv[1]))
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p

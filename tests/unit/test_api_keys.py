@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fortis.services.common.api_keys import (
+from fortis.infra.serving.api_keys import (
     KeyEntry,
     KeyFileWatcher,
     KeyTable,

@@ -1,4 +1,4 @@
-"""services/common/blobs.py on real files and a real SQLite index (no plan reads
+"""infra/storage/blobs.py on real files and a real SQLite index (no plan reads
 the server's disk: content-addressed per-tenant blobs, limits checked from the header before
 decoding, nothing partial kept). The gRPC surface is tested in
 tests/integration/test_uploads.py."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from fortis.services.common.blobs import BlobStore, check_blob_id, iter_chunks
+from fortis.infra.storage.blobs import BlobStore, check_blob_id, iter_chunks
 from fortis.services.common.codec import encode_png
 from fortis.services.common.errors import InvalidArgument, NotFound, QuotaExceeded
 from fortis.services.common.paths import tenant_dir_name

@@ -1,11 +1,11 @@
-"""Calls started per second per tenant (services/common/quotas.py ``CallRate``): a token bucket
+"""Calls started per second per tenant (infra/serving/quotas.py ``CallRate``): a token bucket
 of one second's burst; a call beyond it waits its turn, or is refused when its turn is further
 away than the most a call waits. The clock is the test's."""
 
 from __future__ import annotations
 
 import pytest
-from fortis.services.common.quotas import (
+from fortis.infra.serving.quotas import (
     CALL_RATE_MAX_WAIT_S,
     CallRate,
     QuotaSettings,
@@ -79,7 +79,7 @@ def test_a_malformed_call_rate_quota_is_refused(spec: str) -> None:
 def test_fortis_serve_defaults_to_the_documented_rate() -> None:
     from fortis.cli.local import _quota_settings
     from fortis.cli.main import build_parser
-    from fortis.services.common.quotas import DEFAULT_CALL_RATE_PER_TENANT
+    from fortis.infra.serving.quotas import DEFAULT_CALL_RATE_PER_TENANT
 
     parser = build_parser()
     ns = parser.parse_args(["serve"])

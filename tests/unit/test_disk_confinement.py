@@ -22,8 +22,8 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from fortis.infra.serving.status import status_for
 from fortis.services.common.errors import FailedPrecondition, FortisError, InvalidArgument
-from fortis.services.common.status import status_for
 from fortis.services.evaluation.datasets import PlanDatasets
 from fortis.services.perturbation import styles
 from fortis.services.perturbation.style_models import StyleModels

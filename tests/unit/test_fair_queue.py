@@ -4,7 +4,7 @@ scheduling so one tenant's queue cannot starve another's).
 
 ``services/evaluation/scheduling.py``: least recently started tenant first, oldest first
 within a tenant, the tenant's running quota and the workers respected, cancelled jobs gone.
-``services/common/quotas.py``: the ``--tenant-quota`` form and its defaults.
+``infra/serving/quotas.py``: the ``--tenant-quota`` form and its defaults.
 ``services/target_proxy/quotas.py``: queries per UTC day, held / taken / released, retries,
 midnight, start-up from ledger counts. The loopback versions of these are in
 ``tests/integration/test_tenant_quotas.py``.
@@ -13,8 +13,8 @@ midnight, start-up from ledger counts. The loopback versions of these are in
 from __future__ import annotations
 
 import pytest
+from fortis.infra.serving.quotas import QuotaSettings, TenantQuota, parse_tenant_quotas
 from fortis.services.common.errors import QuotaExceeded
-from fortis.services.common.quotas import QuotaSettings, TenantQuota, parse_tenant_quotas
 from fortis.services.evaluation.scheduling import FairScheduler
 from fortis.services.target_proxy.quotas import DAY_S, DailyQueryQuotas
 

@@ -1,4 +1,4 @@
-"""The health service never freezes a server (services/common/health.py).
+"""The health service never freezes a server (infra/serving/health.py).
 
 grpcio-health-checking's stock servicer deadlocks the server's event thread when ``Watch``
 streams close while statuses change (it sends under its lock; the close callback, run on the
@@ -21,7 +21,7 @@ import os, sys, threading, time, grpc
 from concurrent import futures
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 if sys.argv[1] == "fortis":
-    from fortis.services.common.health import HealthServicer
+    from fortis.infra.serving.health import HealthServicer
 else:
     HealthServicer = health.HealthServicer
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))

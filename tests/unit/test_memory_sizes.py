@@ -1,5 +1,5 @@
 """Decoded sizes read from headers and shapes alone, and the per-tenant hold
-(services/common/memory.py): pure code, real PNG/JPEG bytes made here."""
+(infra/serving/memory.py): pure code, real PNG/JPEG bytes made here."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import cv2
 import numpy as np
 import pytest
 from fortis.common.v1 import common_pb2
+from fortis.infra.serving.memory import CallHold, MemoryBudget, MemoryLimits, decoded_sizes
 from fortis.perturbation.v1 import perturbation_pb2 as pt
 from fortis.scoring.v1 import scoring_pb2
 from fortis.services.common.errors import QuotaExceeded
-from fortis.services.common.memory import CallHold, MemoryBudget, MemoryLimits, decoded_sizes
 
 from tests.fuzz.strategies import jpeg_header, png_header
 

@@ -234,7 +234,7 @@ def test_a_call_waiting_for_the_rate_limit_holds_no_cpu_slot(tmp_path, fmnist_ta
     the tenant's CPU share -- but not while it only waits for the rate limiter: with one slot,
     bob's call held back by the target's rate leaves the slot to alice's work meanwhile, and
     is still answered (and recorded) after."""
-    from fortis.services.common.workshare import WorkShare
+    from fortis.infra.serving.workshare import WorkShare
 
     images, _ = fmnist_test_images
     share = WorkShare(1)

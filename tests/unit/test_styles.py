@@ -351,7 +351,7 @@ def test_uploaded_models_come_only_from_the_store_in_the_context(tmp_path):
     refuses any id."""
     import functools
 
-    from fortis.services.common.blobs import BlobStore, iter_chunks
+    from fortis.infra.storage.blobs import BlobStore, iter_chunks
 
     _save(_Invert(), tmp_path / "invert.pt")
     data = (tmp_path / "invert.pt").read_bytes()

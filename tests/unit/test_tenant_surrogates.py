@@ -29,7 +29,7 @@ from fortis.adapters.torch_models.surrogate import (
     TenantSurrogates,
     load_surrogate,
 )
-from fortis.services.common.blobs import UploadChecks
+from fortis.infra.storage.blobs import UploadChecks
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.surrogates import (
     SurrogateSpec,

@@ -1,4 +1,4 @@
-"""Answers built in their wire form (services/common/wire.py) parse to exactly the message the
+"""Answers built in their wire form (infra/serving/wire.py) parse to exactly the message the
 ordinary way builds, for every shape of answer that uses them: raw tensors and PNG, small
 answers (joined) and large ones (pixels copied with the interpreter lock released), a prefix of
 other fields, ids that are empty or not ASCII, and arrays that are not contiguous or not
@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fortis.common.v1 import common_pb2
+from fortis.infra.serving import wire
 from fortis.perturbation.v1 import perturbation_pb2 as pb
-from fortis.services.common import wire
 from fortis.services.common.codec import add_images, decode_image, tensor_to_array
 
 

@@ -1,5 +1,5 @@
 """Worker processes for the pieces that would hold a server's interpreter lock
-(services/common/workprocs.py): answers and errors come back as they were, a caller's stop
+(infra/serving/workprocs.py): answers and errors come back as they were, a caller's stop
 kills the computation (the process, not a flag it may never look at), a dying worker fails
 only its own call, and the pool never runs more processes than it was given. Real processes
 (a fork server), real metric code from the scoring catalogue."""
@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 import pytest
+from fortis.infra.serving.workprocs import PieceProcesses
+from fortis.infra.serving.workshare import WORK_NICE
 from fortis.services.common import errors
-from fortis.services.common.workprocs import PieceProcesses
-from fortis.services.common.workshare import WORK_NICE
 from fortis.services.scoring.catalogue import compute
 
 
@@ -134,7 +134,7 @@ def test_a_server_started_from_a_script_never_runs_that_script_again(tmp_path):
     script.write_text(
         "import os, sys\n"
         f"open({str(marks)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
-        "from fortis.services.common.workprocs import PieceProcesses\n"
+        "from fortis.infra.serving.workprocs import PieceProcesses\n"
         "p = PieceProcesses(1)\n"
         "print(p.call(os.getpid) != os.getpid())\n"
         "p.close()\n")

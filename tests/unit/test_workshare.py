@@ -1,4 +1,4 @@
-"""The tenant-fair share of CPU-heavy work (services/common/workshare.py): who runs, who waits
+"""The tenant-fair share of CPU-heavy work (infra/serving/workshare.py): who runs, who waits
 and in which order. Pieces are threads held open by events, the clock is the test's: nothing
 here depends on how fast the machine is."""
 
@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from fortis.infra.serving.workshare import WorkShare, default_slots
 from fortis.services.common.errors import Cancelled
-from fortis.services.common.workshare import WorkShare, default_slots
 
 
 class Clock:
@@ -291,7 +291,7 @@ def test_run_does_the_work_on_a_lower_priority_thread_with_the_callers_context()
     import contextvars
     import os
 
-    from fortis.services.common.workshare import WORK_NICE
+    from fortis.infra.serving.workshare import WORK_NICE
 
     who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="")
     share = WorkShare(2)

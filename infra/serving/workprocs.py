@@ -41,8 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from fortis.infra.serving.workshare import WORK_NICE
 from fortis.services.common import errors
-from fortis.services.common.workshare import WORK_NICE
 
 __all__ = ["PieceProcesses"]
 
@@ -53,7 +53,7 @@ _POLL_S = 0.05
 
 #: What a worker interpreter runs: the server's import path, then :func:`_worker_main`.
 _BOOTSTRAP = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-              "from fortis.services.common.workprocs import _worker_entry; _worker_entry()")
+              "from fortis.infra.serving.workprocs import _worker_entry; _worker_entry()")
 
 
 def _worker_entry() -> None:

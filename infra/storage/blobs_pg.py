@@ -4,7 +4,7 @@ pod's state folder).
 
 The same :class:`~.blobs.BlobStorage` surface, limits, messages and tenancy as the file store
 (``blobs.BlobStore``, behind the upload API), in SQLAlchemy 2 Core over psycopg 3, on the
-schema of the Alembic migrations (``services/common/migrations``, 0003; the store refuses a
+schema of the Alembic migrations (``infra/storage/migrations``, 0003; the store refuses a
 database that is not at head and names ``fortis db upgrade``):
 
 - ``blobs``: one row per (tenant, hex) with the metadata; ``blob_chunks``: the content in
@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import sqlalchemy as sa
-from fortis.services.common import sqldb
-from fortis.services.common.blobs import (
+from fortis.infra.storage import sqldb
+from fortis.infra.storage.blobs import (
     BLOB_ID_PREFIX,
     DEFAULT_QUOTA_BYTES,
     MAX_BLOBS_PER_TENANT,

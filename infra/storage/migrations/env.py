@@ -1,5 +1,5 @@
 """Alembic environment of Fortis: run programmatically with a connection handed
-over in ``config.attributes["connection"]`` by ``services/common/sqldb.py`` (no alembic.ini,
+over in ``config.attributes["connection"]`` by ``infra/storage/sqldb.py`` (no alembic.ini,
 no URL in any file)."""
 
 from __future__ import annotations

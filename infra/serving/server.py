@@ -21,14 +21,14 @@ from typing import Any
 import grpc
 import structlog
 from fortis.client.errors import from_rpc_error
-from fortis.services.common import errors, grpc_options
-from fortis.services.common.admission import (
+from fortis.infra.serving import grpc_options
+from fortis.infra.serving.admission import (
     DRAINING_MESSAGE,
     UNSEATED_METHODS,
     Drain,
 )
-from fortis.services.common.api_keys import KeyTable
-from fortis.services.common.call_context import (
+from fortis.infra.serving.api_keys import KeyTable
+from fortis.infra.serving.call_context import (
     API_KEY_HEADER,
     AUTHORIZATION_HEADER,
     REQUEST_ID_HEADER,
@@ -43,20 +43,21 @@ from fortis.services.common.call_context import (
     in_work_slot,
     request_id_from,
 )
-from fortis.services.common.call_handler import Before, Observer
-from fortis.services.common.health import HealthServicer as FortisHealthServicer
-from fortis.services.common.identity import CertTenant, TokenVerifier
-from fortis.services.common.interceptor import FortisInterceptor
-from fortis.services.common.memory import MemoryBudget, MemoryLimits
-from fortis.services.common.quotas import CallRate, CallSlots
-from fortis.services.common.reflection import (
+from fortis.infra.serving.call_handler import Before, Observer
+from fortis.infra.serving.health import HealthServicer as FortisHealthServicer
+from fortis.infra.serving.identity import CertTenant, TokenVerifier
+from fortis.infra.serving.interceptor import FortisInterceptor
+from fortis.infra.serving.memory import MemoryBudget, MemoryLimits
+from fortis.infra.serving.quotas import CallRate, CallSlots
+from fortis.infra.serving.reflection import (
     DESCRIPTOR_SET,
     REFLECTION_SERVICES,
     ReflectionServicer,
     add_reflection,
 )
-from fortis.services.common.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
-from fortis.services.common.workshare import WorkShare
+from fortis.infra.serving.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
+from fortis.infra.serving.workshare import WorkShare
+from fortis.services.common import errors
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 log = structlog.get_logger("fortis.server")
@@ -87,14 +88,14 @@ class ServerSettings:
     #: Close each connection after this long so clients re-resolve and rebalance
     #: (grpc_options); 0: never. Calls in flight are not cut.
     max_connection_age_s: float = grpc_options.DEFAULT_MAX_CONNECTION_AGE_S
-    #: Bearer tokens accepted beside API keys (OIDC issuers, services/common/identity.py).
+    #: Bearer tokens accepted beside API keys (OIDC issuers, infra/serving/identity.py).
     tokens: TokenVerifier | None = None
     #: The tenant taken from a verified client certificate (``--tls-tenant-from``).
     cert_tenant: CertTenant | None = None
     #: Decoded bytes per request and per tenant in flight, and the answer's size, checked
-    #: before a servicer decodes anything (``services/common/memory.py``). None: unchecked.
+    #: before a servicer decodes anything (``infra/serving/memory.py``). None: unchecked.
     memory: MemoryLimits | None = field(default_factory=MemoryLimits)
-    #: The tenant-fair share of CPU-heavy work (``services/common/workshare.py``), the same
+    #: The tenant-fair share of CPU-heavy work (``infra/serving/workshare.py``), the same
     #: object the process's other users of it hold (the proxy's built-in targets). None: off.
     work: WorkShare | None = None
     #: Seats: a tenant's calls (other than ``UNSEATED_METHODS``; internal ones and health
@@ -160,7 +161,7 @@ def _certificate_config(pem: PemFiles) -> grpc.ServerCertificateConfiguration:
 def _server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:
     """TLS server credentials whose files are re-read when they change: gRPC asks before each
     new connection's handshake, so certificates rotate without a restart
-    (``fortis.services.common.tls.PemReloader``)."""
+    (``fortis.infra.serving.tls.PemReloader``)."""
     reloader = PemReloader(tls)
 
     def fetch() -> grpc.ServerCertificateConfiguration | None:

@@ -11,8 +11,8 @@ from typing import NoReturn
 
 import grpc
 import structlog
+from fortis.infra.serving.quotas import CallRate
 from fortis.services.common import errors
-from fortis.services.common.quotas import CallRate
 
 log = structlog.get_logger("fortis.server")
 

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from fortis.services.common import sqlite_schema
+from fortis.infra.storage import sqlite_schema
 from fortis.services.common.blob_checks import (
     BLOB_ID_PREFIX,
     DEFAULT_QUOTA_BYTES,
@@ -82,7 +82,7 @@ __all__ = ["BLOB_ID_PREFIX", "DEFAULT_QUOTA_BYTES", "INDEX_SCHEMA", "KINDS",
 _PART = ".part"
 
 
-#: The index's versioned schema (``services/common/sqlite_schema.py``): version 1 is what
+#: The index's versioned schema (``infra/storage/sqlite_schema.py``): version 1 is what
 #: Fortis 0.2.0 wrote, unchanged since uploads exist.
 INDEX_SCHEMA = sqlite_schema.Schema(
     kind="blob index",

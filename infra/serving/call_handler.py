@@ -15,20 +15,20 @@ from typing import Any
 
 import grpc
 import structlog
-from fortis.services.common import errors, limits
-from fortis.services.common.call_context import (
+from fortis.infra.serving.call_context import (
     REQUEST_ID_HEADER,
     current_seat,
     current_tenant,
     current_work,
 )
-from fortis.services.common.memory import (
+from fortis.infra.serving.memory import (
     CallHold,
     current_hold,
     stream_holding,
 )
-from fortis.services.common.status import status_for
-from fortis.services.common.wire import Wire
+from fortis.infra.serving.status import status_for
+from fortis.infra.serving.wire import Wire
+from fortis.services.common import errors, limits
 from google.protobuf.message import Message
 from grpc_status import rpc_status
 
@@ -57,7 +57,7 @@ class _Status(grpc.Status):
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 
 #: ``observe(method, code_name, seconds, tenant)`` after every call (Prometheus, see
-#: services/common/metrics.py); tenant "" when the call was refused before auth.
+#: infra/serving/metrics.py); tenant "" when the call was refused before auth.
 Observer = Callable[[str, str, float, str], None]
 
 

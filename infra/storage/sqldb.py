@@ -1,7 +1,7 @@
 """PostgreSQL plumbing shared by the evaluation store and the proxy ledger (pluggable
 state, PostgreSQL at scale): URL checks with the password redacted, the engine
 (SQLAlchemy 2 Core + psycopg 3), the Alembic migrations shipped in
-``services/common/migrations`` run programmatically (no alembic.ini), and the mapping of a
+``infra/storage/migrations`` run programmatically (no alembic.ini), and the mapping of a
 lost database to ``Unavailable``.
 
 The embedded default stays SQLite (``services/evaluation/store.py``,

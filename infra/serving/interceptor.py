@@ -11,15 +11,14 @@ from typing import Any
 
 import grpc
 import structlog
-from fortis.services.common import errors
-from fortis.services.common.admission import (
+from fortis.infra.serving.admission import (
     UNSEATED_METHODS,
     Drain,
     refuse,
     wait_for_turn,
 )
-from fortis.services.common.api_keys import KeyTable
-from fortis.services.common.call_context import (
+from fortis.infra.serving.api_keys import KeyTable
+from fortis.infra.serving.call_context import (
     API_KEY_HEADER,
     AUTHORIZATION_HEADER,
     REQUEST_ID_HEADER,
@@ -34,11 +33,12 @@ from fortis.services.common.call_context import (
     request_id_from,
     stop_of,
 )
-from fortis.services.common.call_handler import Observer, wrap_handler
-from fortis.services.common.identity import AuditLog, CertTenant, Identity, TokenVerifier
-from fortis.services.common.memory import CallHold, MemoryBudget
-from fortis.services.common.quotas import CallRate, CallSlots
-from fortis.services.common.workshare import WorkShare
+from fortis.infra.serving.call_handler import Observer, wrap_handler
+from fortis.infra.serving.identity import AuditLog, CertTenant, Identity, TokenVerifier
+from fortis.infra.serving.memory import CallHold, MemoryBudget
+from fortis.infra.serving.quotas import CallRate, CallSlots
+from fortis.infra.serving.workshare import WorkShare
+from fortis.services.common import errors
 
 log = structlog.get_logger("fortis.server")
 

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from fortis.infra.serving.workshare import WorkShare
 from fortis.services.common.stopping import StopCheck, caller_stop
-from fortis.services.common.workshare import WorkShare
 
 #: Metadata key carrying the API key.
 API_KEY_HEADER = "x-api-key"

@@ -65,8 +65,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from fortis.infra.serving.api_keys import TENANT_RE
 from fortis.services.common import errors
-from fortis.services.common.api_keys import TENANT_RE
 
 __all__ = ["AuditLog", "CertTenant", "Identity", "IdentityCollector", "JwksCache",
            "OidcIssuer", "TokenVerifier", "claim_value", "parse_issuer_spec"]

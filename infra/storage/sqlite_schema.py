@@ -22,7 +22,7 @@ store is refused, not "migrated"). Opening a file (:func:`open_db`):
   newer Fortis, or restore the backup the upgrade left).
 
 Why not Alembic as for PostgreSQL: the three files hold different subsets of the one
-PostgreSQL database's tables (``services/common/migrations``), with SQLite's own types and
+PostgreSQL database's tables (``infra/storage/migrations``), with SQLite's own types and
 without the PostgreSQL-only columns (the ledger's ``owner``); one Alembic history cannot
 describe three differently shaped files, so each file has a short list of numbered steps
 here, kept in step with the PostgreSQL revisions where the tables are shared.

@@ -1,7 +1,7 @@
 """Shared uploads and artifacts (pods and worker Job pods share no disk).
 
-``blobs`` + ``blob_chunks``: the uploaded blobs of ``services/common/blobs_pg.py``, metadata
-column for column as the file store's SQLite index (``services/common/blobs.py``), content
+``blobs`` + ``blob_chunks``: the uploaded blobs of ``infra/storage/blobs_pg.py``, metadata
+column for column as the file store's SQLite index (``infra/storage/blobs.py``), content
 in ``bytea`` rows of at most 1 MiB (deleted with their blob).
 
 ``artifacts`` + ``artifact_parts``: what an evaluation keeps besides its item results, e.g.

@@ -29,7 +29,7 @@ DEFAULT_MAX_CONNECTION_AGE_S = 300.0
 MAX_CONNECTION_AGE_ENV = "FORTIS_MAX_CONNECTION_AGE_S"
 #: Service config of internal channels to ``dns:///`` names: round_robin over the servers
 #: that say SERVING. With ``healthCheckConfig`` each subchannel watches its server's gRPC
-#: health, so a replica that drains on SIGTERM (NOT_SERVING, services/common/server.py) gets
+#: health, so a replica that drains on SIGTERM (NOT_SERVING, infra/serving/server.py) gets
 #: no new call from these channels while it finishes the calls it has.
 ROUND_ROBIN_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}],
                                          "healthCheckConfig": {"serviceName": ""}})

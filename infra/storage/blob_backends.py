@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fortis.services.common.blobs import DEFAULT_QUOTA_BYTES, BlobStorage, BlobStore
+from fortis.infra.storage.blobs import DEFAULT_QUOTA_BYTES, BlobStorage, BlobStore
 
 __all__ = ["open_blobs"]
 
@@ -24,7 +24,7 @@ def open_blobs(state_dir: Path, *, database_url: str | None = None,
     ``reader``: a process that only reads another's folder (``fortis worker``), which must
     not sweep the temporary files of uploads in progress there."""
     if database_url:
-        from fortis.services.common.blobs_pg import PgBlobStore  # SQLAlchemy only when used
+        from fortis.infra.storage.blobs_pg import PgBlobStore  # SQLAlchemy only when used
         return PgBlobStore(database_url, cache_dir=Path(state_dir) / "blob-cache",
                            quota_bytes=quota_bytes)
     return BlobStore(Path(state_dir) / "blobs", quota_bytes=quota_bytes, sweep=not reader)

@@ -1,0 +1,1 @@
+"""The gRPC server plumbing shared by every service: built by :func:`server.build_server`."""

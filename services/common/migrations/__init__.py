@@ -1,2 +1,0 @@
-"""Alembic migrations of Fortis's PostgreSQL schema: the evaluation store's and
-the proxy ledger's tables. Run by ``fortis db upgrade`` (``services/common/sqldb.py``)."""
