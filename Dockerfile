@@ -43,7 +43,7 @@ COPY core /src/core
 COPY infra /src/infra
 COPY services /src/services
 COPY adapters /src/adapters
-COPY clients/cli /src/clients/cli
+COPY server /src/server
 # --no-deps: every requirement but torch is already here, and torch must stay out.
 RUN /opt/fortis/bin/pip install --no-deps /src \
     && /opt/fortis/bin/python -m compileall -q -j 0 /opt/fortis/lib/python3.11/site-packages/fortis \
@@ -76,7 +76,7 @@ COPY core /src/core
 COPY infra /src/infra
 COPY services /src/services
 COPY adapters /src/adapters
-COPY clients/cli /src/clients/cli
+COPY server /src/server
 # The way every install of Fortis gets its run-time dependencies (setup.sh and the tests too);
 # everything but Fortis itself is already satisfied by the layers above.
 RUN /opt/fortis/bin/pip install "/src[builtin-models]" \

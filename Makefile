@@ -13,8 +13,8 @@ test: setup
 	.venv/bin/python -m pytest -q
 
 lint:
-	.venv/bin/ruff check core infra services adapters clients/python/fortis clients/cli tests bench scripts
-	.venv/bin/mypy core infra services adapters clients/python/fortis clients/cli
+	.venv/bin/ruff check core infra services adapters server clients/python/fortis tests bench scripts
+	.venv/bin/mypy core infra services adapters server clients/python/fortis
 	cd protos && ../node_modules/.bin/buf lint
 
 protos:

@@ -1,13 +1,13 @@
 """Package layout of the server distribution ``fortis``; import namespace ``fortis``.
 
-The top-level folders are fixed by the product's design card (DESIGN.md section 2), so the
-import packages are mapped onto them here:
+Each top-level folder is one layer, mapped onto its import package here:
 
-    fortis.core       -> core/            (the pure domain kernel: tasks, answers, rules)
-    fortis.infra      -> infra/           (infrastructure: storage, migrations, gRPC server plumbing)
-    fortis.services   -> services/        (the five gRPC services and their domain code)
-    fortis.adapters   -> adapters/        (target adapters)
-    fortis.cli        -> clients/cli/     (the `fortis` command line and its demo plans)
+    fortis.core       -> core/            the domain kernel: tasks, answers, matching rules
+    fortis.services   -> services/        the five gRPC services (+ common: shared contract data)
+    fortis.infra      -> infra/           infrastructure: storage, migrations, gRPC server plumbing
+    fortis.adapters   -> adapters/        target adapters
+    fortis.server     -> server/          the composition root (server.app) and the `fortis`
+                                          command line (server.cli, with its demo plans)
 
 ``fortis`` itself is a namespace package (PEP 420): the client and the generated contract
 stubs (``fortis.client``, ``fortis.<area>.v1``) come from the slim ``fortis-client``
@@ -21,7 +21,7 @@ ROOTS = {
     "fortis.infra": ("infra", []),
     "fortis.services": ("services", []),
     "fortis.adapters": ("adapters", []),
-    "fortis.cli": ("clients/cli", []),
+    "fortis.server": ("server", []),
 }
 
 packages: list[str] = []

@@ -1,5 +1,5 @@
 """The built-in image sources a plan may name (``dataset.source``): a registry the
-composition root (services/app.py) hands to the evaluation service, so that service never
+composition root (server/app/stack.py) hands to the evaluation service, so that service never
 imports data or model code.
 
 Each source takes the plan's dataset selection (split, offset, limit) and returns

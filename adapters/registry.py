@@ -8,7 +8,7 @@
                                           (AWS Rekognition, Google Cloud Vision, Azure, ...)
 
 Each scheme's module exposes ``backend_from_url(url) -> TargetBackend`` (see
-``fortis.services.target_proxy.proxy.TargetBackend``); modules load only when their scheme is
+``fortis.services.proxy.proxy.TargetBackend``); modules load only when their scheme is
 used, so a missing optional dependency only matters to the targets that need it.
 """
 

@@ -1,6 +1,6 @@
 """The errors every remote-target adapter raises, in one place.
 
-The proxy (``fortis.services.target_proxy.proxy``) records a failed call under the class name
+The proxy (``fortis.services.proxy.proxy``) records a failed call under the class name
 of its error and retries only ``errors.Unavailable``; so the HTTP/JSON and Open Inference
 Protocol adapters, over REST or gRPC, share these two classes instead of each defining look-
 alikes that would drift apart.

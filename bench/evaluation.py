@@ -41,7 +41,7 @@ def bare_model(images, batch: int, repeats: int) -> float:
 
 def _one_stage(n: int, corruption: str, batch: int) -> dict:
     from fortis.client import FortisClient
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     key = "bench-key"
     plan = (f"name: bench\nseed: 1\ntarget: {{name: fmnist-cnn}}\n"
@@ -79,7 +79,7 @@ def main() -> None:
     ns = ap.parse_args()
     import torch
     from fortis.adapters.torch_models.datasets import load_fashion_mnist
-    from fortis.cli.logs import configure
+    from fortis.server.cli.logs import configure
 
     configure("warning")            # logs to stderr: stdout is the JSON result
 

@@ -72,7 +72,7 @@ class Server:
         self.log = state / "serve.log"
         if in_process:
             from fortis.infra.serving.identity import parse_issuer_spec
-            from fortis.services.app import StackSettings, TargetConfig, start_stack
+            from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
             from tests.fuzz.idp import AUDIENCE, TENANT_CLAIM
             self.stack = start_stack(StackSettings(
@@ -87,7 +87,7 @@ class Server:
             return
         port = _free_port()
         self.address = f"127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "fortis.cli", "serve", "--address", self.address,
+        cmd = [sys.executable, "-m", "fortis.server.cli", "serve", "--address", self.address,
                "--state-dir", str(state / "state"), "--api-key", f"{API_KEY}=tenant-a",
                "--no-default-targets", "--log-level", "error", "--shutdown-grace", "2"]
         for t in TARGETS:
@@ -255,7 +255,7 @@ def fuzz(ns: argparse.Namespace) -> tuple[dict[str, Any], int]:
     try:
         run_cases(channel, served, each, ns.seed, record, after=check_alive)
         # The built-in TargetService adapter, served on its own port for this run.
-        from fortis.services.app import TargetConfig, start_target_server
+        from fortis.server.app.stack import TargetConfig, start_target_server
         target_server = start_target_server(TargetConfig.parse("t=builtin:fmnist-cnn"),
                                             max_message_bytes=8 * 1024 * 1024)
         tch = grpc.insecure_channel(target_server.address)

@@ -123,7 +123,7 @@ def serve(state: Path, upload_quota: int, extra: list[str], split: bool = False
         log = (state / f"serve-{name}.log").open("wb")
         logs.append(log)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fortis.cli", "serve", "--address", "127.0.0.1:0",
+            [sys.executable, "-m", "fortis.server.cli", "serve", "--address", "127.0.0.1:0",
              "--state-dir", str(state / "state" / name), *common, *args, *extra],
             stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT,
             env={**os.environ, "FORTIS_INTERNAL_KEY": INTERNAL_KEY})

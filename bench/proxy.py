@@ -51,7 +51,7 @@ import grpc
 import numpy as np
 from fortis.infra.serving.server import ServerSettings, build_server
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from fortis.services.app import StackSettings, TargetConfig, start_stack
+from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 from fortis.services.common.codec import add_images
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
@@ -112,7 +112,7 @@ sys.stdin.read()
 #: process (no port to bypass the proxy), so the bench exposes one itself.
 _TARGET_SERVER = """
 import sys, tempfile
-from fortis.services.app import StackSettings, TargetConfig, start_stack
+from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 stack = start_stack(StackSettings(state_dir=tempfile.mkdtemp(), expose_builtin_targets=True,
                                   targets=[TargetConfig.parse("t=builtin:" + sys.argv[1])]))
 print("ADDRESS", stack.target_servers["t"].address, flush=True)
@@ -157,7 +157,7 @@ def _servers(mode: str, target: str, tmp: Path, sync: str = "FULL",
             echo.stop(0)
             stack.stop(0)
         return
-    fortis = [sys.executable, "-m", "fortis.cli"]
+    fortis = [sys.executable, "-m", "fortis.server.cli"]
     env = {**os.environ, "FORTIS_API_KEYS": f"{KEY}=bench"}
     with contextlib.ExitStack() as es:
         # The target adapter alone (its process also hosts an unused proxy).
@@ -216,7 +216,7 @@ def _redis_proxy(mode: str, target: str, direct: str, tmp: Path, sync: str, quer
         return
     env = {**os.environ, "FORTIS_API_KEYS": f"{KEY}=bench", "FORTIS_REDIS_URL": url,
            **({"FORTIS_DATABASE_URL": database_url} if database_url else {})}
-    with _process([sys.executable, "-m", "fortis.cli", "serve", "--service", "proxy",
+    with _process([sys.executable, "-m", "fortis.server.cli", "serve", "--service", "proxy",
                    "--log-level", "warning", "--address", "127.0.0.1:0", "--ledger-sync", sync,
                    "--state-dir", str(tmp / name), "--redis-namespace", name,
                    "--target", f"t=grpc://{direct}{query}"], env) as line:

@@ -44,7 +44,7 @@ MARGIN = 0.1        # the limiter's default jitter_s: sustained rate = rate / (1
 def _proxy(rate: float, state: str) -> Iterator[str]:
     env = {**os.environ, "FORTIS_API_KEYS": ",".join(f"{k}={t}" for t, k in KEYS.items())}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fortis.cli", "serve", "--service", "proxy", "--log-level",
+        [sys.executable, "-m", "fortis.server.cli", "serve", "--service", "proxy", "--log-level",
          "warning", "--address", "127.0.0.1:0", "--state-dir", state,
          "--target", f"t=builtin:fmnist-cnn?rate={rate:g}"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

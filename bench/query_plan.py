@@ -34,7 +34,7 @@ def main() -> int:
     ap.add_argument("--out")
     ns = ap.parse_args()
     from fortis.client import FortisClient
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
     from fortis.services.perturbation.attacks.registry import ATTACKS
 
     from tests.matrix.catalogue import required_params

@@ -80,7 +80,7 @@ def _log(msg: str) -> None:
 
 def _replica(state: Path) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, FORTIS_INTERNAL_KEY=INTERNAL, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "fortis.cli", "serve", "--address",
+    proc = subprocess.Popen([sys.executable, "-m", "fortis.server.cli", "serve", "--address",
                              "127.0.0.1:0", "--service", "perturbation", "--state-dir",
                              str(state), "--no-auth", "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -162,7 +162,7 @@ def _ledger_and_items(state: Path, database_url: str | None, eid: str) -> dict[s
 
 def run(mode: str, workers: int, plan: str, database_url: str | None) -> dict[str, Any]:
     from fortis.client import FortisClient, progress_of
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     _log(f"{mode}: starting ({'postgresql' if database_url else 'sqlite'})")
     load0 = os.getloadavg()[0]
@@ -233,8 +233,8 @@ def main() -> None:
     ns.images = ns.images or 1000
     ns.severities = ns.severities or "1,3,5"
     ns.workers = "1,2,4" if ns.workers is None else ns.workers
-    from fortis.cli.logs import configure
-    from fortis.services.app import local_catalogue
+    from fortis.server.app.stack import local_catalogue
+    from fortis.server.cli.logs import configure
 
     configure("error")
     known = sorted(k for k, e in local_catalogue().perturbations.items()

@@ -7,9 +7,9 @@ Each of ``--threads`` threads makes ``--calls`` proxy-like calls: ``reserve`` th
 outcome, before the answer would be returned) -- the two durable commits the proxy makes per
 call. Measured on both ledgers of this repository:
 
-- SQLite (``services/target_proxy/ledger.py``): WAL, ``synchronous=FULL`` (fsync per commit
+- SQLite (``services/proxy/ledger.py``): WAL, ``synchronous=FULL`` (fsync per commit
   group), a file in a temp folder on this machine's disk;
-- PostgreSQL (``services/target_proxy/ledger_pg.py``): a server of our own started with
+- PostgreSQL (``services/proxy/ledger_pg.py``): a server of our own started with
   ``fsync=on`` and ``synchronous_commit=on`` (the defaults: a commit is on disk when it
   returns; data folder on the same disk), or ``--database-url URL`` (migrated to head here;
   its durability is whatever that server is configured with).
@@ -70,7 +70,7 @@ def postgres(url: str) -> Iterator[tuple[str, str]]:
 
 
 def _rows(k: int, c: int, images: int, run: str) -> list[Any]:
-    from fortis.services.target_proxy.ledger import IN_FLIGHT, IN_FLIGHT_NOTE, QueryRow
+    from fortis.services.proxy.ledger import IN_FLIGHT, IN_FLIGHT_NOTE, QueryRow
 
     now = time.time()
     return [QueryRow(tenant="bench", session_id=f"s-{run}", target="t", origin="bench",
@@ -81,7 +81,7 @@ def _rows(k: int, c: int, images: int, run: str) -> list[Any]:
 
 def _load(ledger: Any, threads: int, calls: int, images: int, run: str) -> dict[str, Any]:
     """``threads`` writers x ``calls`` reserve+complete each; throughput and latencies."""
-    from fortis.services.target_proxy.ledger import Outcome
+    from fortis.services.proxy.ledger import Outcome
 
     lat: list[float] = []
     lock = threading.Lock()
@@ -147,8 +147,8 @@ def main() -> None:
                     "durable server of our own)")
     ns = ap.parse_args()
     from fortis.infra.storage import sqldb
-    from fortis.services.target_proxy.ledger import Ledger
-    from fortis.services.target_proxy.ledger_pg import PgLedger
+    from fortis.services.proxy.ledger import Ledger
+    from fortis.services.proxy.ledger_pg import PgLedger
 
     out: dict[str, Any] = {"benchmark": "ledger_reserve_complete", "images_per_call": ns.images}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:

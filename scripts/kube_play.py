@@ -173,7 +173,7 @@ def render(values: dict[str, Any], release: str, namespace: str) -> list[dict[st
 def api_key(tenant: str) -> dict[str, str]:
     """A key made by the real CLI (``fortis keys new``): the caller keeps ``api_key``, the
     Secret gets ``line`` ('TENANT sha256:<hex>')."""
-    r = subprocess.run([sys.executable, "-m", "fortis.cli", "keys", "new", "--tenant", tenant,
+    r = subprocess.run([sys.executable, "-m", "fortis.server.cli", "keys", "new", "--tenant", tenant,
                         "--json"], capture_output=True, text=True, check=True, timeout=60)
     return json.loads(r.stdout)
 

@@ -28,7 +28,7 @@ _STRUCTLOG_AT_START: dict = {}
 @pytest.fixture(autouse=True)
 def _structlog_restored() -> Iterator[None]:
     """After each test structlog is configured as it was when the session started: an
-    in-process ``fortis`` command (``fortis.cli.main``, also from a module-scoped fixture)
+    in-process ``fortis`` command (``fortis.server.cli.main``, also from a module-scoped fixture)
     configures a WARNING filter that would otherwise hide the info lines a later test reads
     (the audit log, the HTTP/JSON adapter's log)."""
     import structlog
@@ -110,7 +110,7 @@ def fmnist_test_images():
 def stack(tmp_path: Path, fmnist_target, fmnist_surrogate) -> Iterator:
     """All five services in one process, with three views of the Fashion-MNIST CNN and one
     rate-limited target, auth on (two tenants)."""
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     s = start_stack(StackSettings(
         state_dir=tmp_path / "state", api_keys={API_KEY: "tenant-a", OTHER_KEY: "tenant-b"},

@@ -11,7 +11,7 @@ format, mask encoding and label mapping. ``adapters/profiles/README.md`` documen
 ``adapters/profiles/*.yaml`` are worked examples for AWS Rekognition, Google Cloud Vision and
 Azure Image Analysis 4.0.
 
-Errors, as the proxy expects them (``fortis.services.target_proxy.proxy.TargetBackend``):
+Errors, as the proxy expects them (``fortis.services.proxy.proxy.TargetBackend``):
 
 * HTTP 429, 408, 5xx, timeouts, refused connections -> ``errors.Unavailable`` with
   ``retry_after_s`` from a Retry-After header; the proxy retries with backoff and records the

@@ -2,7 +2,7 @@
 
 Every service counts its RPCs by method, tenant and status code (``fortis_rpc_requests_total``)
 and times them (``fortis_rpc_latency_seconds``); the proxy adds its own counters
-(:mod:`fortis.services.target_proxy.metrics`). Tenant labels are bounded (:class:`TenantLabels`,
+(:mod:`fortis.services.proxy.metrics`). Tenant labels are bounded (:class:`TenantLabels`,
 docs/security.md). Each stack has its own registry, so several stacks can share a process (tests).
 ``fortis serve --metrics-address HOST:PORT`` serves it at ``/metrics`` (127.0.0.1 unless
 another host is named). Transport-neutral: the gRPC interceptor calls :meth:`RpcMetrics.observe`.

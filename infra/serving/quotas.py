@@ -12,7 +12,7 @@ limit:
 - ``queued``: evaluations of the tenant waiting to start; CreateEvaluation beyond it is
   RESOURCE_EXHAUSTED (``QuotaExceeded``) and nothing is stored;
 - ``queries_per_day``: images the target proxy sends for the tenant per UTC day, every attempt
-  counted (``services/target_proxy/quotas.py``);
+  counted (``services/proxy/quotas.py``);
 - ``calls_per_second``: the tenant's RPCs started per second on one server
   (``--max-call-rate-per-tenant``, a token bucket of one second's burst, ``CallRate``): a
   call beyond it waits for its turn, up to ``CALL_RATE_MAX_WAIT_S``, else RESOURCE_EXHAUSTED;

@@ -4,7 +4,7 @@ Transport only. Domain code raises ``fortis.services.common.errors`` exceptions;
 wrapper maps them to status codes with google.rpc rich details (see docs/architecture.md,
 section 4), so a bad request never takes a service down and internals never leak.
 
-Made of parts, each importable from here as before: ``call_context.py`` (metadata keys and
+Made of parts, each imported from its own module: ``call_context.py`` (metadata keys and
 what a call knows of its caller), ``admission.py`` (draining, call rate, quota refusals),
 ``call_handler.py`` (the wrapper around every handler), ``interceptor.py`` (authentication
 and per-tenant admission) and ``reflection.py``; this module builds and stops the server.
@@ -23,36 +23,23 @@ import structlog
 from fortis.client.errors import from_rpc_error
 from fortis.infra.serving import grpc_options
 from fortis.infra.serving.admission import (
-    DRAINING_MESSAGE,
-    UNSEATED_METHODS,
     Drain,
 )
 from fortis.infra.serving.api_keys import KeyTable
 from fortis.infra.serving.call_context import (
     API_KEY_HEADER,
     AUTHORIZATION_HEADER,
-    REQUEST_ID_HEADER,
-    SERVICE_TENANT,
     TENANT_HEADER,
-    current_api_key,
     current_bearer,
-    current_internal,
-    current_seat,
-    current_tenant,
-    current_work,
-    in_work_slot,
-    request_id_from,
 )
-from fortis.infra.serving.call_handler import Before, Observer
+from fortis.infra.serving.call_handler import Observer
 from fortis.infra.serving.health import HealthServicer as FortisHealthServicer
 from fortis.infra.serving.identity import CertTenant, TokenVerifier
 from fortis.infra.serving.interceptor import FortisInterceptor
 from fortis.infra.serving.memory import MemoryBudget, MemoryLimits
 from fortis.infra.serving.quotas import CallRate, CallSlots
 from fortis.infra.serving.reflection import (
-    DESCRIPTOR_SET,
     REFLECTION_SERVICES,
-    ReflectionServicer,
     add_reflection,
 )
 from fortis.infra.serving.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
@@ -264,12 +251,5 @@ def error_from_rpc(exc: grpc.RpcError) -> errors.FortisError:
 
 #: The server's public names, several defined in the modules it is made of (call_context,
 #: admission, call_handler, interceptor, reflection) and importable from here as before.
-__all__ = [
-    "ANNOUNCE_S", "API_KEY_HEADER", "AUTHORIZATION_HEADER", "DEFAULT_MAX_MESSAGE_BYTES",
-    "DESCRIPTOR_SET", "DRAINING_MESSAGE", "REFLECTION_SERVICES", "REQUEST_ID_HEADER",
-    "SERVICE_TENANT", "TENANT_HEADER", "UNSEATED_METHODS", "Before", "Drain",
-    "FortisInterceptor", "Observer", "ReflectionServicer", "RunningServer", "ServerSettings",
-    "add_reflection", "build_server", "call_metadata", "channel", "current_api_key",
-    "current_bearer", "current_internal", "current_seat", "current_tenant", "current_work",
-    "error_from_rpc", "in_work_slot", "request_id_from",
-]
+__all__ = ["ANNOUNCE_S", "DEFAULT_MAX_MESSAGE_BYTES", "RunningServer", "ServerSettings", "build_server",
+           "call_metadata", "channel", "error_from_rpc"]

@@ -1,5 +1,5 @@
 """Which blob storage a process opens: the one composition rule shared by
-``fortis serve`` (``services/app.py``) and ``fortis worker`` (``services/worker_app.py``), so
+``fortis serve`` (``server/app/stack.py``) and ``fortis worker`` (``server/app/worker.py``), so
 the evaluation service, the perturbation service and every worker read the same uploads.
 
 With ``database_url``: ``blobs_pg.PgBlobStore``, the blobs in the shared PostgreSQL (separate

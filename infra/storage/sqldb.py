@@ -5,7 +5,7 @@ state, PostgreSQL at scale): URL checks with the password redacted, the engine
 lost database to ``Unavailable``.
 
 The embedded default stays SQLite (``services/evaluation/store.py``,
-``services/target_proxy/ledger.py``): nothing here is imported unless a ``database_url`` is
+``services/proxy/ledger.py``): nothing here is imported unless a ``database_url`` is
 given, and SQLAlchemy/psycopg/Alembic are imported lazily inside the functions.
 
 Errors name the setting (``database_url``) and never repeat a password: every message that

@@ -64,7 +64,7 @@ MAX_ID_CHARS: Final = 256
 MAX_NAME_CHARS: Final = 128
 #: Evaluation ids (``services/evaluation/service.py`` EVALUATION_ID_MAX).
 MAX_EVALUATION_ID_CHARS: Final = 100
-#: Proxy session ids (``services/target_proxy/proxy.py`` SESSION_ID_MAX).
+#: Proxy session ids (``services/proxy/proxy.py`` SESSION_ID_MAX).
 MAX_SESSION_ID_CHARS: Final = 200
 #: A proxy session's description.
 MAX_DESCRIPTION_CHARS: Final = 1000

@@ -52,7 +52,7 @@ from fortis.services.evaluation.runner import DatasetPort
 from fortis.services.evaluation.stages.base import LabeledImage
 
 #: A built-in image source: (split, offset, limit) of a dataset -> images with their dataset
-#: labels. Wired in by the composition root (services/app.py) from the adapters' data sets,
+#: labels. Wired in by the composition root (server/app/stack.py) from the adapters' data sets,
 #: so this service imports no model or data code.
 BuiltinSource = Callable[[DatasetRef], list[LabeledImage]]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from fortis.evaluation.v1 import evaluation_pb2 as pb
 from fortis.evaluation.v1 import evaluation_pb2_grpc
-from fortis.infra.serving.server import current_tenant
+from fortis.infra.serving.call_context import current_tenant
 from fortis.services.common import errors
 from fortis.services.common.pagination import decode_token, encode_token, page_size, tenant_list
 from fortis.services.evaluation.service import EvaluationManager

@@ -15,7 +15,7 @@ from typing import Any
 
 from fortis.evaluation.v1 import uploads_pb2 as pb
 from fortis.evaluation.v1 import uploads_pb2_grpc
-from fortis.infra.serving.server import current_tenant, in_work_slot
+from fortis.infra.serving.call_context import current_tenant, in_work_slot
 from fortis.infra.storage.blobs import BlobInfo, BlobStorage, BlobUpload
 from fortis.services.common import errors
 from fortis.services.common.pagination import decode_token, encode_token, page_size, tenant_list

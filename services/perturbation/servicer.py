@@ -20,14 +20,9 @@ import numpy as np
 from fortis.common.v1 import common_pb2
 from fortis.core.task import Task
 from fortis.infra.serving import wire
+from fortis.infra.serving.call_context import current_api_key, current_tenant, in_work_slot
 from fortis.infra.serving.memory import holding
-from fortis.infra.serving.server import (
-    call_metadata,
-    current_api_key,
-    current_tenant,
-    error_from_rpc,
-    in_work_slot,
-)
+from fortis.infra.serving.server import call_metadata, error_from_rpc
 from fortis.infra.serving.status import status_for
 from fortis.infra.serving.wire import Wire
 from fortis.perturbation.v1 import perturbation_pb2 as pb

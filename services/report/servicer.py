@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fortis.infra.serving.server import in_work_slot
+from fortis.infra.serving.call_context import in_work_slot
 from fortis.report.v1 import report_pb2, report_pb2_grpc
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.stopping import caller_stop, raise_if_stopped

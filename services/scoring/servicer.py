@@ -20,7 +20,7 @@ import binascii
 from collections.abc import Callable, Iterable
 from typing import Any, Final, TypeVar
 
-from fortis.infra.serving.server import in_work_slot
+from fortis.infra.serving.call_context import in_work_slot
 from fortis.infra.serving.workprocs import PieceProcesses
 from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
 from fortis.services.common.codec import tensor_to_array

@@ -45,7 +45,7 @@ def _serve(tmp_path: Path, *args: str, hide: str = "", timeout: float = 120,
         (site / "sitecustomize.py").write_text(BLOCKER)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
         env["FORTIS_TEST_HIDE"] = hide
-    return subprocess.run([sys.executable, "-m", "fortis.cli", "serve", "--no-auth",
+    return subprocess.run([sys.executable, "-m", "fortis.server.cli", "serve", "--no-auth",
                            "--state-dir", str(tmp_path / "state"), *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -169,7 +169,7 @@ def test_serves_without_the_imagenet_packages_when_no_imagenet_target_is_asked_f
     site.mkdir()
     (site / "sitecustomize.py").write_text(BLOCKER)
     env = {**os.environ, "PYTHONPATH": str(site), "FORTIS_TEST_HIDE": env_hide}
-    proc = subprocess.Popen([sys.executable, "-m", "fortis.cli", "serve", "--no-auth",
+    proc = subprocess.Popen([sys.executable, "-m", "fortis.server.cli", "serve", "--no-auth",
                              "--state-dir", str(tmp_path / "state"), "--address", "127.0.0.1:0",
                              "--target", "fmnist-cnn=builtin:fmnist-cnn"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE,

@@ -2,7 +2,7 @@
 
 - The import-linter contracts in pyproject.toml ([tool.importlinter]) hold: the five services
   never import each other; services/common imports no service; services import neither the
-  adapters nor the wiring (only services/app.py and the CLI compose them); adapters reach the
+  adapters nor the wiring (only server/app/stack.py and the CLI compose them); adapters reach the
   services only through services/common; the client distribution imports no server code and
   no numpy/torch/OpenCV.
 - No import cycles: between any two packages of the tree, and between modules.
@@ -19,7 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-ROOTS = ("fortis.services", "fortis.adapters", "fortis.client", "fortis.cli")
+ROOTS = ("fortis.core", "fortis.infra", "fortis.services", "fortis.adapters", "fortis.client",
+         "fortis.server")
 
 
 def test_import_contracts_hold():

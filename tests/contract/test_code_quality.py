@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CODE = ["core", "infra", "services", "adapters", "clients/python/fortis", "clients/cli"]
+CODE = ["core", "infra", "services", "adapters", "server", "clients/python/fortis"]
 
 
 def test_ruff_clean():

@@ -11,19 +11,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BUF = ROOT / "node_modules" / ".bin" / "buf"
 
-# Transport modules: the only places allowed to import grpc.
-#: Transport modules (gRPC clients and servers); everything else under services/ and adapters/
-#: is domain code. kserve_v2.py is the Open Inference Protocol client (like backends.py).
-TRANSPORT = {"servicer.py", "backends.py", "proxy_client.py", "clients.py", "server.py", "app.py",
-             "torch_target.py", "grpc_transport.py"}
-#: Transport modules named otherwise, by path: the UploadService servicer, the composition
-#: root of ``fortis worker`` (wires channels as app.py does) and the health servicer every
-#: server registers (infra/serving/health.py).
-TRANSPORT_PATHS = {"services/evaluation/uploads.py", "services/worker_app.py",
-                   "infra/serving/health.py",
-                   # server.py's parts: admission, the handler wrapper, the interceptor, reflection
-                   "infra/serving/admission.py", "infra/serving/call_handler.py",
-                   "infra/serving/interceptor.py", "infra/serving/reflection.py"}
+#: Transport modules (gRPC clients and servers) inside the domain folders (core, services,
+#: adapters); everything else there is domain code. kserve_v2's grpc_transport.py is the Open
+#: Inference Protocol client (like backends.py). infra/ (the server plumbing) and server/ (the
+#: composition root and the CLI) are transport by definition and not scanned.
+TRANSPORT = {"servicer.py", "backends.py", "proxy_client.py", "clients.py", "torch_target.py",
+             "grpc_transport.py"}
+#: Transport modules named otherwise, by path: the UploadService servicer.
+TRANSPORT_PATHS = {"services/evaluation/uploads.py"}
 
 
 def test_buf_lint_standard():

@@ -110,12 +110,12 @@ def test_the_code_enforces_the_named_limits() -> None:
     from fortis.services.common import codec, pagination
     from fortis.services.evaluation import plan, service
     from fortis.services.perturbation.attacks.base import MAX_QUERIES
+    from fortis.services.proxy import proxy
     from fortis.services.report import convert as report_convert
     from fortis.services.scoring import convert as scoring_convert
     from fortis.services.scoring import evaluation_scoring
     from fortis.services.scoring import limits as scoring_limits
     from fortis.services.scoring import servicer as scoring_servicer
-    from fortis.services.target_proxy import proxy
 
     pairs = {
         "codec.MAX_PIXELS": (codec.MAX_PIXELS, limits.MAX_PIXELS),

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCAN_DIRS = ("core", "infra", "services", "adapters", "clients", "scripts", "bench", "tests", "protos", "docs",
+SCAN_DIRS = ("core", "infra", "services", "server", "adapters", "clients", "scripts", "bench", "tests", "protos", "docs",
              "deploy")
 SCAN_FILES = ("README.md", "Dockerfile", "Makefile")
 SUFFIXES = (".py", ".md", ".proto", ".yaml", ".yml", ".j2", ".sh")

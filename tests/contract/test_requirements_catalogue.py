@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CATALOGUE = ROOT / "docs" / "requirements.md"
 
 #: Where IDs are cited: the product's source, contracts, tests, benchmarks and notes.
-SCAN_DIRS = ("core", "infra", "services", "adapters", "clients", "tests", "bench", "protos", "docs")
+SCAN_DIRS = ("core", "infra", "services", "server", "adapters", "clients", "tests", "bench", "protos", "docs")
 SCAN_FILES = ("README.md",)
 SCAN_SUFFIXES = (".py", ".md", ".proto", ".j2", ".yaml")
 #: Installed or generated trees that are not ours to cite from.

@@ -95,7 +95,7 @@ def test_dockerignore_keeps_the_context_small():
 
 
 def test_fortis_health_against_a_real_server(stack):
-    cmd = [sys.executable, "-m", "fortis.cli", "health", "--address", stack.address]
+    cmd = [sys.executable, "-m", "fortis.server.cli", "health", "--address", stack.address]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and json.loads(r.stdout)["status"] == "SERVING", r.stdout
     r = subprocess.run(cmd + ["--service", "fortis.proxy.v1.TargetProxyService"],
@@ -119,7 +119,7 @@ def test_fortis_health_over_mtls_as_the_charts_tls_probe(tmp_path):
     srv = build_server(ServerSettings(tls=TlsSettings(
         cert_file=pki.internal_crt, key_file=pki.internal_key, ca_file=pki.ca_crt,
         client_auth="require")), [])
-    base = [sys.executable, "-m", "fortis.cli", "health", "--address", srv.address,
+    base = [sys.executable, "-m", "fortis.server.cli", "health", "--address", srv.address,
             "--timeout", "5", "--tls-ca", str(pki.ca_crt)]
     client = ["--tls-cert", str(pki.client_crt), "--tls-key", str(pki.client_key)]
     try:

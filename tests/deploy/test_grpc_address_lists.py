@@ -1,7 +1,7 @@
 """gRPC address lists balanced per call (headless Service + round_robin): an ``ipv4:``/``ipv6:``
 target naming several servers (``ipv4:127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3``) is the loopback
 analogue of a headless Service. Internal channels to one get ``round_robin`` as ``dns:`` ones
-do, and a worker given one keeps it whole (``worker_app.pick``), so every worker reaches every
+do, and a worker given one keeps it whole (``fortis.server.app.worker.pick``), so every worker reaches every
 replica.
 
 Real gRPC: three servers on loopback ports; the calls of one channel made by
@@ -20,7 +20,7 @@ import grpc
 import pytest
 from fortis.infra.serving import grpc_options
 from fortis.infra.serving.server import RunningServer, ServerSettings, build_server, channel
-from fortis.services.worker_app import pick
+from fortis.server.app.worker import pick
 
 SERVICE = "fortis.test.v1.Which"
 CALLS = 30

@@ -124,7 +124,7 @@ def test_the_stack_takes_the_age_from_the_environment(monkeypatch, tmp_path):
     """fortis serve's servers read $FORTIS_MAX_CONNECTION_AGE_S (the chart's ConfigMap);
     a bad value stops the start naming the setting."""
     from fortis.infra.serving.startup import EXIT_CONFIG, StartupError
-    from fortis.services.app import StackSettings, start_stack
+    from fortis.server.app.stack import StackSettings, start_stack
 
     monkeypatch.setenv("FORTIS_MAX_CONNECTION_AGE_S", "never")
     with pytest.raises(StartupError) as info:

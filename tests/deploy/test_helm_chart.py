@@ -308,8 +308,8 @@ def test_tls_with_executor_kubernetes_gives_the_worker_pods_the_secret(monkeypat
     """With secrets.tls the services listen with TLS only, so the evaluation
     service is told the Secret its worker Jobs' pods mount (--job-tls-secret); the command
     line is one ``fortis serve`` accepts, and it builds Jobs that mount it."""
-    from fortis.cli.local import _executor_settings
-    from fortis.cli.main import build_parser
+    from fortis.server.cli.local import _executor_settings
+    from fortis.server.cli.main import build_parser
 
     v = _merge(tenant_values("team-a"), {
         "secrets": {"tls": {"existingSecret": "team-a-tls", "clientAuth": "require",
@@ -401,7 +401,7 @@ def _rendered_services(objs: list[dict[str, Any]], tmp_path: Path, key_lines: li
                 for mount, local in (files or {}).items():
                     a = a.replace(mount, local)
                 args.append(a)
-            procs[svc] = subprocess.Popen([sys.executable, "-m", "fortis.cli", *args], env=env,
+            procs[svc] = subprocess.Popen([sys.executable, "-m", "fortis.server.cli", *args], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert set(procs) == set(services)
         deadline = time.monotonic() + 120
@@ -410,7 +410,7 @@ def _rendered_services(objs: list[dict[str, Any]], tmp_path: Path, key_lines: li
             while True:
                 assert procs[svc].poll() is None, \
                     f"{svc} exited: {procs[svc].stdout.read().decode()[-2000:]}"  # type: ignore[union-attr]
-                r = subprocess.run([sys.executable, "-m", "fortis.cli", "health", "--address",
+                r = subprocess.run([sys.executable, "-m", "fortis.server.cli", "health", "--address",
                                     f"127.0.0.1:{p}", "--timeout", "2"],
                                    capture_output=True, text=True)
                 if r.returncode == 0:
@@ -432,7 +432,7 @@ def _rendered_services(objs: list[dict[str, Any]], tmp_path: Path, key_lines: li
 def _key_line(tenant: str) -> tuple[str, str]:
     """A new API key of ``tenant``: (the key, its key-file line), from ``fortis keys new``."""
     out = json.loads(subprocess.run(
-        [sys.executable, "-m", "fortis.cli", "keys", "new", "--tenant", tenant, "--json"],
+        [sys.executable, "-m", "fortis.server.cli", "keys", "new", "--tenant", tenant, "--json"],
         capture_output=True, text=True, check=True).stdout)
     return out["api_key"], out["line"]
 
@@ -497,7 +497,7 @@ def _serve_args(objs: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def _parsed(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
-    from fortis.cli.main import build_parser
+    from fortis.server.cli.main import build_parser
     for var in ("FORTIS_OIDC_ISSUER", "FORTIS_OIDC_AUDIENCE", "FORTIS_OIDC_TENANT_CLAIM",
                 "FORTIS_OIDC_JWKS_URL", "FORTIS_OIDC_CA_FILE", "FORTIS_TLS_TENANT_FROM"):
         monkeypatch.delenv(var, raising=False)      # the flags alone, as rendered
@@ -507,7 +507,7 @@ def _parsed(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_defaults_add_no_identity_no_grants_and_the_cli_memory_limits(objs, monkeypatch):
     """Without the new values a release behaves as before: API keys only, no white-box
     grant, and the decoded-size limits ``fortis serve`` has by default."""
-    from fortis.cli.local import _identity_options, _memory_limits
+    from fortis.server.cli.local import _identity_options, _memory_limits
     from fortis.services.common import limits
 
     cm, = by_kind(objs, "ConfigMap")
@@ -536,7 +536,7 @@ def test_work_slots_and_call_rate_render_into_every_service(monkeypatch, limits,
                                                             rate) -> None:
     """Every service shares its own CPU between tenants and paces their calls: the rendered
     flags parse, in the real CLI, into the settings the server runs with."""
-    from fortis.cli.local import _quota_settings, _work_slots
+    from fortis.server.cli.local import _quota_settings, _work_slots
 
     values = tenant_values("team-a")
     values["limits"] = {**values.get("limits", {}), **limits}
@@ -555,7 +555,7 @@ def test_identity_grants_and_limits_render_into_the_services_that_use_them(monke
     loads surrogates) gets the grants, with the targets as the proxy has them (a built-in
     model is a twin of the targets that serve it, by their names). The rendered flags are
     what the real CLI parses into the settings the server runs with."""
-    from fortis.cli.local import _identity_options, _memory_limits
+    from fortis.server.cli.local import _identity_options, _memory_limits
     from fortis.services.common.whitebox import parse_grants
 
     objs = render(identity_values("team-a"))

@@ -91,7 +91,7 @@ def _models_volume(dest: Path) -> Path:
 
 
 def _fortis_host(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fortis.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fortis.server.cli", *args], capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -235,7 +235,7 @@ def _serve_slim(slim: str, *args: str) -> tuple[str, str]:
 def host_target() -> Iterator[str]:
     """An external target for the slim proxy: the Fashion-MNIST CNN behind TargetService,
     served by this test process on a loopback port."""
-    from fortis.services.app import TargetConfig, start_target_server
+    from fortis.server.app.stack import TargetConfig, start_target_server
 
     srv = start_target_server(TargetConfig.parse("fmnist-cnn=builtin:fmnist-cnn"))
     try:

@@ -102,7 +102,7 @@ def record():
     os.kill(os.getpid(), signal.SIGTERM)
 
 threading.Thread(target=record, daemon=True).start()
-from fortis.cli.main import main
+from fortis.server.cli.main import main
 sys.exit(main(["serve", "--no-auth", "--address", f"127.0.0.1:{port}",
                "--state-dir", sys.argv[3], "--log-level", "warning"]))
 '''

@@ -116,7 +116,7 @@ def test_perturbation_sizes_are_those_of_the_successes(stack, fmnist_test_images
 def test_ledger_json_gives_attempted_queries_per_image(stack, tmp_path):
     eid, report = _run(stack, _plan("{id: square, params: {epsilon: 0.1, max_queries: 20}}", 6))
     session = f"{eid}/attack/square/00000/a1"
-    r = subprocess.run([sys.executable, "-m", "fortis.cli", "ledger", "--session", session,
+    r = subprocess.run([sys.executable, "-m", "fortis.server.cli", "ledger", "--session", session,
                         "--json", "--address", stack.address, "--api-key", API_KEY],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

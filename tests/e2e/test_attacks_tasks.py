@@ -128,7 +128,7 @@ def _segment(model: Any, img: np.ndarray) -> np.ndarray:
 
 class _Task:
     def __init__(self, task: str, root: Path) -> None:
-        from fortis.services.app import StackSettings, TargetConfig, start_stack
+        from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
         self.task, self.root = task, root
         self._clean: dict[str, bool] = {}

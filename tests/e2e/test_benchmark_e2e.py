@@ -61,7 +61,7 @@ execution: {{batch_size: 48}}
 
 @pytest.fixture()
 def bench_stack(tmp_path, fmnist_target, fmnist_surrogate):
-    from fortis.services.app import DEFAULT_TARGETS, StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import DEFAULT_TARGETS, StackSettings, TargetConfig, start_stack
     s = start_stack(StackSettings(
         state_dir=tmp_path / "state", api_keys={API_KEY: "tenant-a", OTHER_KEY: "tenant-b"},
         targets=[TargetConfig.parse(t) for t in DEFAULT_TARGETS],

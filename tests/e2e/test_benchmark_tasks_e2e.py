@@ -114,7 +114,7 @@ def _run(stack: Any, plan: str, root: Path) -> tuple[dict[str, Any], str, str]:
 
 
 def _start(root: Path, targets: tuple[str, ...]) -> Any:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     return start_stack(StackSettings(
         state_dir=root / "state", api_keys={KEY: "tenant-a"}, data_root=root / "data",

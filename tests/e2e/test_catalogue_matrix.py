@@ -148,7 +148,7 @@ def test_every_plan_of_the_whole_matrix_passes_validation(tmp_path: Path, vision
     is a plan the evaluation service accepts: an entry a task's plans refuse (geometric
     corruptions on a detector or segmenter move the objects but not the ground truth) is not
     generated for that task, rather than failing a whole evaluation hours into the run."""
-    from fortis.services.app import local_catalogue
+    from fortis.server.app.stack import local_catalogue
     from fortis.services.evaluation.plan import load_plan
 
     from tests.matrix.catalogue import (

@@ -30,7 +30,7 @@ attacks:
 
 
 def fortis(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fortis.cli", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fortis.server.cli", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=600)
 
 
@@ -74,7 +74,7 @@ def test_run_embedded_writes_report_and_ledger_agrees(tmp_path, fmnist_target, f
 def test_run_mobilenet_on_photos_with_the_shipped_plan(tmp_path):
     """The shipped plan: torchvision's MobileNetV2 served as a top-5 API, evaluated on the
     offline natural photos with their ImageNet labels under the top-K rule (IEEE-C2)."""
-    shipped = resources.files("fortis.cli").joinpath("plans/mobilenet-photos.yaml")
+    shipped = resources.files("fortis.server.cli").joinpath("plans/mobilenet-photos.yaml")
     text = shipped.read_text().replace("limit: 8", "limit: 4").replace("max_queries: 100", "max_queries: 20")
     plan = tmp_path / "plan.yaml"
     plan.write_text(text)
@@ -296,7 +296,7 @@ def _free_port() -> int:
 def served(tmp_path: Path, fmnist_target, fmnist_surrogate) -> Iterator[tuple[str, str]]:
     """`fortis serve` with no --target and no --service, as the README shows it: (address,
     the API key it printed)."""
-    proc = subprocess.Popen([sys.executable, "-m", "fortis.cli", "serve", "--address",
+    proc = subprocess.Popen([sys.executable, "-m", "fortis.server.cli", "serve", "--address",
                              f"127.0.0.1:{_free_port()}", "--state-dir", str(tmp_path / "state"),
                              "--log-level", "warning"], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

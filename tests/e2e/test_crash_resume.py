@@ -70,7 +70,7 @@ def _serve(state: Path, target_address: str) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, FORTIS_API_KEYS=f"{API_KEY}=tenant-a",
                FORTIS_INTERNAL_KEY="internal-test-key")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fortis.cli", "serve", "--address", "127.0.0.1:0",
+        [sys.executable, "-m", "fortis.server.cli", "serve", "--address", "127.0.0.1:0",
          "--state-dir", str(state), "--target", f"own=grpc://{target_address}",
          "--no-default-targets", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -123,7 +123,7 @@ RESUME_PLAN = PLAN.replace("limit: 64}", "limit: 96}").replace(
 def _serve(state: Path) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, FORTIS_API_KEYS=f"{API_KEY}=tenant-a", FORTIS_INTERNAL_KEY="internal-test-key")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fortis.cli", "serve", "--address", "127.0.0.1:0", "--state-dir", str(state),
+        [sys.executable, "-m", "fortis.server.cli", "serve", "--address", "127.0.0.1:0", "--state-dir", str(state),
          "--target", "fmnist-cnn=builtin:fmnist-cnn", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     line = proc.stdout.readline()
@@ -294,7 +294,7 @@ def test_a_misbehaving_target_gives_per_query_errors_not_a_crashed_evaluation(tm
 
     import cv2
     import numpy as np
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     calls = {"n": 0}
 

@@ -28,7 +28,7 @@ degradation:
 
 @pytest.mark.slow
 def test_mobilenet_full_scores_rank_metrics_applicable_and_uncensored(tmp_path):
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     stack = start_stack(StackSettings(
         state_dir=tmp_path / "state", api_keys={KEY: "tenant-a"}, metrics_port=0,

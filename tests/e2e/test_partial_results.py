@@ -107,7 +107,7 @@ def test_failed_settings_are_reported_and_the_rest_completes(stack, tmp_path):
     html = (tmp_path / "out" / "report.html").read_text()
     assert "3 settings failed to run" in html and "INCOMPLETE" in html
 
-    from fortis.cli.junit import junit_xml
+    from fortis.server.cli.junit import junit_xml
     from fortis.services.report.verdict import report_verdict
 
     again = report_verdict(report)                  # the offline gate agrees
@@ -126,7 +126,7 @@ def test_failed_settings_are_reported_and_the_rest_completes(stack, tmp_path):
     # the gate: passes without --strict (nothing failed), exit 3 with it
     path = tmp_path / "out" / "report.json"
     for extra, code in (([], 0), (["--strict"], 3)):
-        r = subprocess.run([sys.executable, "-m", "fortis.cli", "gate", str(path), *extra],
+        r = subprocess.run([sys.executable, "-m", "fortis.server.cli", "gate", str(path), *extra],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == code, r.stdout + r.stderr
         assert "not evaluated" in r.stdout

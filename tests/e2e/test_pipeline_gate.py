@@ -1,5 +1,5 @@
 """The pipeline gate end to end (docs/pipelines.md), through the CLI entry point
-``fortis.cli.main`` with real evaluations of the Fashion-MNIST CNN (64 images, one corruption
+``fortis.server.cli.main`` with real evaluations of the Fashion-MNIST CNN (64 images, one corruption
 at two severities, FGSM from the surrogate):
 
 - a plan whose acceptance criteria hold: exit 0, JUnit XML without failures (validated against
@@ -10,7 +10,7 @@ at two severities, FGSM from the surrogate):
 - ``fortis compare`` of the CNN against a second model (the surrogate served as target B) on
   the same plan: the pooled two-proportion z-test recomputed from the reports' counts;
 - ``fortis mlflow-export`` of an existing report to a SQLite store, read back;
-- ``--pdf`` wired to fortis.cli.pdf.export_pdf.
+- ``--pdf`` wired to fortis.server.cli.pdf.export_pdf.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 import xmlschema
-from fortis.cli import main
-from fortis.cli.compare import EXIT_REGRESSION, two_proportion_z
+from fortis.server.cli import main
+from fortis.server.cli.compare import EXIT_REGRESSION, two_proportion_z
 
 XSD = Path(__file__).resolve().parents[1] / "fixtures" / "junit" / "junit-10.xsd"
 KEY = "fk_gate_test_key_0123456789abcdef"
@@ -78,7 +78,7 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, fmnist_target, fmnist_surrogate) -> Iterator[Runs]:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     root = tmp_path_factory.mktemp("gate")
     stack = start_stack(StackSettings(
@@ -254,7 +254,7 @@ def test_mlflow_export_command_sqlite(runs, tmp_path, monkeypatch):
 
 
 def test_pdf_flag_is_wired(runs, monkeypatch):
-    """``--pdf`` calls fortis.cli.pdf.export_pdf(html, pdf) (headless Chromium, tested with
+    """``--pdf`` calls fortis.server.cli.pdf.export_pdf(html, pdf) (headless Chromium, tested with
     that module); here a stand-in records the call, so only the wiring is under test."""
     calls: list[tuple[Path, Path]] = []
 
@@ -263,9 +263,9 @@ def test_pdf_flag_is_wired(runs, monkeypatch):
         pdf_path.write_bytes(b"%PDF-1.4 stand-in")
         return pdf_path
 
-    stub = types.ModuleType("fortis.cli.pdf")
+    stub = types.ModuleType("fortis.server.cli.pdf")
     stub.export_pdf = export_pdf  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "fortis.cli.pdf", stub)
+    monkeypatch.setitem(sys.modules, "fortis.server.cli.pdf", stub)
     out = runs.root / "pdf"
     code, stdout, _ = cli("report", "ev-gate-b", "--address", runs.address, "--api-key", KEY,
                           "--out", str(out), "--pdf", str(out / "report.pdf"))
@@ -286,7 +286,7 @@ def test_pdf_flag_is_wired(runs, monkeypatch):
 def test_mlflow_names_and_missing_client(runs, monkeypatch):
     """Hostile setting names become MLflow-legal names; without the mlflow package the
     export is one line saying what to install (exit 1), not a traceback."""
-    from fortis.cli.mlflow_export import metrics_of, sanitize
+    from fortis.server.cli.mlflow_export import metrics_of, sanitize
     from mlflow.utils.validation import path_not_unique, validate_param_and_metric_name
 
     for hostile in ("attacks.sq<&>/../x:y", "..", "", "...", "/abs", ".hidden", "a" * 300,

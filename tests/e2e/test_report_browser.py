@@ -10,7 +10,7 @@ the DevTools protocol (a websocket, no mocks):
   images (corruptions at each severity, attack triplets, DEG-4 failure points);
 - the verdict and the key figures sit in the first screen (1400 x 900);
 - under print media the navigation is hidden and collapsed sections print open;
-- the PDF export (``fortis.cli.pdf.export_pdf``) writes a PDF with pages.
+- the PDF export (``fortis.server.cli.pdf.export_pdf``) writes a PDF with pages.
 
 Screenshots of the top of the report and of one attack section are written to
 ``FORTIS_REPORT_SCREENSHOTS`` (a folder) when set; ``python -m tests.e2e.test_report_browser
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fortis.cli.pdf import chromium_binary, export_pdf
+from fortis.server.cli.pdf import chromium_binary, export_pdf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -320,7 +320,7 @@ def test_report_in_a_real_browser(stack, browser: Chromium, tmp_path: Path) -> N
 def test_pdf_export_refuses_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No Chromium, or a page that is not there: a PdfExportError saying what to do, and
     no PDF left behind."""
-    from fortis.cli.pdf import PdfExportError
+    from fortis.server.cli.pdf import PdfExportError
 
     page = tmp_path / "report.html"
     page.write_text("<!DOCTYPE html><title>t</title><p>x</p>")

@@ -85,7 +85,7 @@ def _serve(service: str, state: Path, *, grace: float, others: str = NOWHERE,
     services' addresses, a state folder, --shutdown-grace), on a free loopback port."""
     state.mkdir(parents=True, exist_ok=True)
     log = state / f"{service}.log"
-    args = [sys.executable, "-m", "fortis.cli", "serve", f"--service={service}",
+    args = [sys.executable, "-m", "fortis.server.cli", "serve", f"--service={service}",
             "--address=127.0.0.1:0", f"--state-dir={state}", f"--shutdown-grace={grace}",
             "--log-level=info", *(f"--{o}-address={others}" for o in OTHERS if o != service),
             *extra]
@@ -450,7 +450,7 @@ def test_evaluation_service_drains_and_the_next_start_resumes(tmp_path, target) 
     this process, as other pods): SIGTERM while one of its items waits at the target. The
     item's call is let finish, the evaluation stays RUNNING, WatchEvaluation ends
     UNAVAILABLE; the next start resumes it to SUCCEEDED."""
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     grace = 10.0
     others = start_stack(StackSettings(

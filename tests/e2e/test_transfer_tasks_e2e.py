@@ -41,7 +41,7 @@ STEPS = {"detection": 20, "segmentation": 3}
 
 class _Stack:
     def __init__(self, task: str, root: Path, targets: tuple[str, ...]) -> None:
-        from fortis.services.app import StackSettings, TargetConfig, start_stack
+        from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
         self.task, self.root = task, root
         data = root / "data"

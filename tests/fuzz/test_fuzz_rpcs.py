@@ -44,7 +44,7 @@ _SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, database=None, dea
 @pytest.fixture(scope="module")
 def fuzz_stack(tmp_path_factory: pytest.TempPathFactory, fmnist_target: Any,
                fmnist_surrogate: Any) -> Iterator[Any]:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
     s = start_stack(StackSettings(
         state_dir=tmp_path_factory.mktemp("fuzz") / "state",
         api_keys={API_KEY: "tenant-a", OTHER_KEY: "tenant-b"},
@@ -69,7 +69,7 @@ def fuzz_channel(fuzz_stack: Any) -> Iterator[grpc.Channel]:
 
 @pytest.fixture(scope="module")
 def target_channel(fmnist_target: Any) -> Iterator[grpc.Channel]:
-    from fortis.services.app import TargetConfig, start_target_server
+    from fortis.server.app.stack import TargetConfig, start_target_server
     server = start_target_server(TargetConfig.parse("t=builtin:fmnist-cnn"),
                                  max_message_bytes=8 * 1024 * 1024)
     ch = grpc.insecure_channel(server.address)
@@ -147,7 +147,7 @@ def oidc_fuzz(tmp_path_factory: pytest.TempPathFactory, fmnist_target: Any
     """A stack accepting tenant-a's API key and the bearer tokens of a real local identity
     provider (tests/fuzz/idp.py), and the credential-fuzzing cases made with its keys."""
     from fortis.infra.serving.identity import parse_issuer_spec
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     from tests.fuzz.idp import AUDIENCE, TENANT_CLAIM, FuzzIdp
     idp = FuzzIdp()

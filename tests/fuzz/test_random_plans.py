@@ -50,7 +50,7 @@ EXAMPLES = int(os.environ.get("FORTIS_PLAN_EXAMPLES", "60"))
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, fmnist_target, fmnist_surrogate
           ) -> Iterator[Any]:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     s = start_stack(StackSettings(
         state_dir=Path(tmp_path_factory.mktemp("plans")) / "state", api_keys={KEY: "fuzz"},

@@ -29,7 +29,7 @@ def free_port() -> int:
 
 
 def start_stack_with(state_dir: Path, targets: dict[str, str]) -> Any:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
     return start_stack(StackSettings(
         state_dir=state_dir, api_keys={API_KEY: "tenant-a"},
         targets=[TargetConfig.parse(f"{name}={url}") for name, url in targets.items()]))

@@ -36,7 +36,7 @@ def fortis_serve(args: Sequence[str], tmp: Path, *, env: Mapping[str, str] | Non
     """``fortis serve --address 127.0.0.1:0 --state-dir <tmp>/state ARGS``; yields the address
     it printed once it listens."""
     log = tmp / "serve.log"
-    cmd = [sys.executable, "-m", "fortis.cli", "serve", "--address", "127.0.0.1:0",
+    cmd = [sys.executable, "-m", "fortis.server.cli", "serve", "--address", "127.0.0.1:0",
            "--state-dir", str(tmp / "state"), "--log-level", "warning", *args]
     with log.open("w") as err:
         p = subprocess.Popen(cmd, cwd=tmp, env={**os.environ, **(env or {})},

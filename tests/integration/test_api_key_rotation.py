@@ -80,7 +80,7 @@ def key_file(tmp_path: Path) -> Path:
 
 @pytest.fixture()
 def rot_stack(tmp_path: Path, key_file: Path, fmnist_target) -> Iterator[Any]:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     s = start_stack(StackSettings(
         state_dir=tmp_path / "state", api_keys_file=key_file, api_keys_reload_s=0.1,
@@ -231,7 +231,7 @@ def test_the_server_holds_digests_only(rot_stack) -> None:
 # -- fortis serve, a real process ---------------------------------------------------------------
 
 def _fortis(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from fortis.cli import main; "
+    return subprocess.run([sys.executable, "-c", "from fortis.server.cli import main; "
                            "raise SystemExit(main())", *args],
                           capture_output=True, text=True, timeout=120, **kw)
 
@@ -243,7 +243,7 @@ def test_fortis_serve_over_tls_reloads_its_key_file_on_sighup(tmp_path: Path) ->
     key_file = tmp_path / "api-keys"
     _write(key_file, _line("team-x", K1))
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from fortis.cli import main; raise SystemExit(main())",
+        [sys.executable, "-c", "from fortis.server.cli import main; raise SystemExit(main())",
          "serve", "--service", "evaluation", "--address", "127.0.0.1:0",
          "--state-dir", str(tmp_path / "state"), "--api-keys-file", str(key_file),
          "--api-keys-reload", "0", "--tls-cert", str(pki.server_crt),

@@ -49,7 +49,7 @@ def _plan(target: str, n: int, attack: str, batch: int | None = None) -> str:
 def test_nes_at_its_defaults_runs_at_the_default_batch(tmp_path: Path, fmnist_target):
     """NES's default query asks 25 images x 46 rows = 1,150 rows at once, more than one
     request may carry (1,024): it used to end the evaluation FAILED."""
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     s = start_stack(StackSettings(state_dir=tmp_path / "state", api_keys={KEY: "t"},
                                   targets=[TargetConfig.parse("cnn=builtin:fmnist-cnn")],
@@ -77,7 +77,7 @@ def test_a_target_is_never_sent_more_than_it_declares(tmp_path: Path, fmnist_tar
     """A remote TargetService declaring max_batch_size 4 gets batches of at most 4, from the
     clean pass (plan batch 64) and from a query attack's queries alike."""
     from fortis.adapters.torch_target import ClassifierTarget
-    from fortis.services.app import (
+    from fortis.server.app.stack import (
         StackSettings,
         TargetConfig,
         start_stack,
@@ -108,7 +108,7 @@ def test_a_target_is_never_sent_more_than_it_declares(tmp_path: Path, fmnist_tar
 
 def test_the_operator_caps_a_target_batch(tmp_path: Path):
     """``?max_batch=N`` on any target scheme caps the proxy's calls (and is checked)."""
-    from fortis.services.app import TargetConfig
+    from fortis.server.app.stack import TargetConfig
     from fortis.services.common import errors
 
     assert TargetConfig.parse("a=builtin:fmnist-cnn?max_batch=8").max_batch == 8

@@ -50,7 +50,7 @@ PLAN_NO_QUERY = PLAN.replace(
 
 
 def _start(tmp: Path, **kw: Any) -> Any:
-    from fortis.services.app import DEFAULT_TARGETS, StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import DEFAULT_TARGETS, StackSettings, TargetConfig, start_stack
 
     return start_stack(StackSettings(
         state_dir=tmp / "state", api_keys={API_KEY: "tenant-a"},

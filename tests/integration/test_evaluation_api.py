@@ -40,7 +40,7 @@ execution: {batch_size: 8}
 
 @pytest.fixture()
 def quick_stack(tmp_path: Path, fmnist_target, fmnist_surrogate) -> Iterator:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     s = start_stack(StackSettings(
         state_dir=tmp_path / "state", api_keys={API_KEY: "tenant-a", OTHER_KEY: "tenant-b"},

@@ -119,7 +119,7 @@ def profiles(cloud: FakeCloud, tmp_path_factory: pytest.TempPathFactory) -> dict
 
 @pytest.fixture(scope="module")
 def stack(cloud: FakeCloud, profiles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
     specs = [
         f"aws=http-json:{PROFILES / 'aws-rekognition-labels.yaml'}?rate=50",
         f"aws-objects=http-json:{PROFILES / 'aws-rekognition-objects.yaml'}?rate=50",
@@ -371,7 +371,7 @@ def test_rejected_credentials_are_a_failed_row(px):
 
 
 def test_secret_sent_but_never_logged_or_recorded(cloud, tmp_path, capfd, caplog):
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
     echo = variant(tmp_path, "aws-rekognition-labels", "aws-echo",
                    **{"request.url": cloud.base + "/aws/echo-auth"})
     seen_before = len(cloud.auth_seen)

@@ -106,7 +106,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def mtls_stack(pki: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
                fmnist_target) -> Iterator[Any]:
     from fortis.infra.serving.tls import TlsSettings
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     d = pki["dir"]
     s = start_stack(StackSettings(
@@ -178,7 +178,7 @@ def test_cn_and_o_rules_on_real_certificates(pki) -> None:
 def test_tenant_from_needs_required_client_certificates(tmp_path: Path, pki) -> None:
     from fortis.infra.serving.startup import StartupError
     from fortis.infra.serving.tls import TlsSettings
-    from fortis.services.app import StackSettings, start_stack
+    from fortis.server.app.stack import StackSettings, start_stack
 
     d = pki["dir"]
     with pytest.raises(StartupError, match="tls_tenant_from"):

@@ -134,7 +134,7 @@ def idp() -> Iterator[Idp]:
 @pytest.fixture(scope="module")
 def oidc_stack(idp: Idp, tmp_path_factory: pytest.TempPathFactory, fmnist_target) -> Iterator[Any]:
     from fortis.infra.serving.identity import parse_issuer_spec
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     b = idp.base
     issuers = [
@@ -333,7 +333,7 @@ def test_idp_down_is_unavailable_and_api_keys_still_work(idp, ev, oidc_stack) ->
 def test_fortis_serve_takes_the_oidc_flags(idp, tmp_path: Path) -> None:
     b = idp.base
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from fortis.cli import main; raise SystemExit(main())",
+        [sys.executable, "-c", "from fortis.server.cli import main; raise SystemExit(main())",
          "serve", "--service", "evaluation", "--address", "127.0.0.1:0",
          "--state-dir", str(tmp_path / "state"),
          "--oidc-issuer", f"{b}/corp", "--oidc-audience", AUD, "--oidc-tenant-claim", "tenant",

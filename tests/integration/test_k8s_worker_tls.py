@@ -121,7 +121,7 @@ def _pod_command(job: dict[str, Any], index: int, secrets: dict[tuple[str, str],
 def test_worker_pods_of_a_tls_deployment_reach_the_services_over_mtls(
         tmp_path: Path, postgres_url: str, fake_api: ThreadingHTTPServer, fmnist_target) -> None:
     from fortis.infra.serving.tls import TlsSettings
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     pki: Pki = make_pki(tmp_path / "pki")
     migrate(postgres_url)
@@ -133,7 +133,7 @@ def test_worker_pods_of_a_tls_deployment_reach_the_services_over_mtls(
         internal_key=INTERNAL_KEY))
     kubeconfig = _kubeconfig(tmp_path / "kubeconfig", fake_api.server_address[1])
     log = tmp_path / "evaluation.log"
-    args = [sys.executable, "-m", "fortis.cli", "serve", "--service=evaluation",
+    args = [sys.executable, "-m", "fortis.server.cli", "serve", "--service=evaluation",
             "--address=127.0.0.1:0", f"--state-dir={tmp_path / 'evaluation'}",
             f"--tls-cert={pki.internal_crt}", f"--tls-key={pki.internal_key}",
             f"--tls-ca={pki.ca_crt}", "--tls-client-auth=require",
@@ -215,7 +215,7 @@ def test_worker_pods_of_a_tls_deployment_reach_the_services_over_mtls(
 
 def _serve_refused(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FORTIS_", "POD_"))}
-    return subprocess.run([sys.executable, "-m", "fortis.cli", "serve", "--service=evaluation",
+    return subprocess.run([sys.executable, "-m", "fortis.server.cli", "serve", "--service=evaluation",
                            "--address=127.0.0.1:0", "--executor=kubernetes",
                            f"--job-namespace={NAMESPACE}", "--job-image=i:1", *args],
                           capture_output=True, text=True, timeout=120, env=env)

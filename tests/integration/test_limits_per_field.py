@@ -153,7 +153,7 @@ def test_the_cases_cover_every_service() -> None:
 def module_stack(tmp_path_factory: pytest.TempPathFactory, fmnist_target,
                  fmnist_surrogate) -> Iterator[grpc.Channel]:
     """One stack for all cases (each case is one refused call)."""
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     from tests.conftest import API_KEY, OTHER_KEY
 

@@ -112,7 +112,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
     tmp = tmp_path_factory.mktemp("served")
     env = {**os.environ, "FORTIS_API_KEYS": f"{API_KEY}=tenant-a,{OTHER_KEY}=tenant-b"}
     p = subprocess.Popen(
-        [sys.executable, "-m", "fortis.cli", "serve", "--address", f"127.0.0.1:{_free_port()}",
+        [sys.executable, "-m", "fortis.server.cli", "serve", "--address", f"127.0.0.1:{_free_port()}",
          "--state-dir", str(tmp / "s"), "--log-level", "warning", "--no-default-targets",
          "--target", "fmnist-cnn=builtin:fmnist-cnn", "--evaluation-workers", "1"],
         cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -243,7 +243,7 @@ def seg() -> Iterator[tuple[SegmentationTarget, str]]:
 def small(tmp_path_factory: pytest.TempPathFactory, gated: tuple[GatedTarget, str],
           seg: tuple[SegmentationTarget, str]) -> Iterator[Any]:
     from fortis.infra.serving.memory import MemoryLimits
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
     s = start_stack(StackSettings(
         state_dir=tmp_path_factory.mktemp("small") / "state",
         api_keys={API_KEY: "tenant-a", OTHER_KEY: "tenant-b"},

@@ -164,7 +164,7 @@ def serve(tmp_path: Path, fmnist_target) -> Iterator:
 
     def start(*args: str) -> tuple[dict, subprocess.Popen]:
         env = {**os.environ, "FORTIS_API_KEYS": "ka=tenant-a,kb=tenant-b"}
-        p = subprocess.Popen([sys.executable, "-m", "fortis.cli", "serve", "--address",
+        p = subprocess.Popen([sys.executable, "-m", "fortis.server.cli", "serve", "--address",
                               f"127.0.0.1:{_free_port()}", "--state-dir",
                               str(tmp_path / f"s{len(procs)}"), "--log-level", "warning",
                               "--target", "a-only=builtin:fmnist-cnn?tenants=tenant-a",
@@ -221,7 +221,7 @@ def test_fortis_serve_metrics_address(serve):
 @pytest.mark.parametrize("args", [("--metrics-address", "nonsense"),
                                   ("--metrics-address", "127.0.0.1:1", "--metrics-port", "2")])
 def test_fortis_serve_refuses_a_bad_metrics_address(tmp_path, args):
-    r = subprocess.run([sys.executable, "-m", "fortis.cli", "serve", "--address",
+    r = subprocess.run([sys.executable, "-m", "fortis.server.cli", "serve", "--address",
                         f"127.0.0.1:{_free_port()}", "--state-dir", str(tmp_path / "s"),
                         "--no-default-targets", *args], cwd=tmp_path, capture_output=True,
                        text=True, timeout=120)

@@ -139,7 +139,7 @@ def node_target(node: str, tmp_path: Path) -> Iterator[NodeTarget]:
 @pytest.fixture()
 def node_stack(node_target: NodeTarget, tmp_path: Path) -> Iterator:
     """A real Fortis stack (all five services, auth on) whose only target is the Node one."""
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     s = start_stack(StackSettings(
         state_dir=tmp_path / "state", api_keys={API_KEY: "tenant-a"},

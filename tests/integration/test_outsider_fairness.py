@@ -3,7 +3,7 @@ sizes, from outside: a real ``fortis serve`` subprocess and a real gRPC
 ``fortis.target.v1.TargetService`` started here on loopback that records the arrival time of
 every image; clients written from the protos alone.
 
-What "fair" means here is what the proxy's design promises (services/target_proxy/
+What "fair" means here is what the proxy's design promises (services/proxy/
 ratelimit.py, ``FairQueue``; docs/security.md "Fair shares at a shared target"): when calls
 of several tenants wait at one target's limit, the next free slot goes by start-time fair queueing
 counted in *images*, so tenants with work waiting share the target equally in images per

@@ -43,7 +43,7 @@ import pytest
 import sqlalchemy as sa
 from fortis.client import FortisClient, progress_of
 from fortis.infra.storage import sqldb
-from fortis.services.app import StackSettings, TargetConfig, start_stack
+from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 from fortis.services.common.codec import encode_png
 
 from tests.conftest import API_KEY
@@ -166,7 +166,7 @@ def test_workers_without_a_shared_disk_run_an_uploaded_dataset(
             proxy_address=stack.address, **common))
         # worker "pods": `fortis worker` with its own empty state folder per index
         stack.manager.executor = ProcessExecutor(ProcessSettings(
-            command=["/bin/sh", "-c", 'exec "$0" -m fortis.cli worker --lease 30 '
+            command=["/bin/sh", "-c", 'exec "$0" -m fortis.server.cli worker --lease 30 '
                      '--state-dir "$WORKER_ROOT/worker-$JOB_COMPLETION_INDEX"', sys.executable],
             shards=2, env={"FORTIS_DATABASE_URL": postgres_url, "FORTIS_INTERNAL_KEY": INTERNAL,
                            "WORKER_ROOT": str(tmp_path), "FORTIS_LOG_LEVEL": "warning"}),
@@ -230,7 +230,7 @@ def test_workers_without_a_shared_disk_run_an_uploaded_dataset(
 
     # the operator gets them out of the database
     out = tmp_path / "export"
-    r = subprocess.run([sys.executable, "-m", "fortis.cli", "artifacts", "export", "ev-pods",
+    r = subprocess.run([sys.executable, "-m", "fortis.server.cli", "artifacts", "export", "ev-pods",
                         "--tenant", "tenant-a", "--out", str(out)], capture_output=True,
                        text=True, timeout=120,
                        env={**os.environ, "FORTIS_DATABASE_URL": postgres_url})

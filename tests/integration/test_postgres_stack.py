@@ -54,7 +54,7 @@ execution: {batch_size: 8}
 
 
 def _start(tmp: Path, target_address: str, **kw: Any) -> Any:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     return start_stack(StackSettings(
         state_dir=tmp / "state", api_keys={API_KEY: "tenant-a"},
@@ -128,7 +128,7 @@ def test_the_postgres_stack_equals_the_sqlite_stack(tmp_path: Path, postgres_url
 def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if k != "FORTIS_DATABASE_URL"}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "fortis.cli", "serve", "--address",
+    return subprocess.run([sys.executable, "-m", "fortis.server.cli", "serve", "--address",
                            "127.0.0.1:0", "--no-auth", "--no-default-targets", *args],
                           capture_output=True, text=True, timeout=120, env=full)
 

@@ -24,10 +24,10 @@ import pytest
 from fortis.common.v1 import common_pb2
 from fortis.infra.serving.server import RunningServer, ServerSettings, build_server
 from fortis.services.common.codec import image_msg
-from fortis.services.target_proxy.backends import GrpcTargetBackend
-from fortis.services.target_proxy.ledger import Ledger, max_in_window
-from fortis.services.target_proxy.proxy import TargetEntry, TargetProxy
-from fortis.services.target_proxy.ratelimit import (
+from fortis.services.proxy.backends import GrpcTargetBackend
+from fortis.services.proxy.ledger import Ledger, max_in_window
+from fortis.services.proxy.proxy import TargetEntry, TargetProxy
+from fortis.services.proxy.ratelimit import (
     DEFAULT_JITTER_S,
     CompositeLimiter,
     RateLimiter,
@@ -303,7 +303,7 @@ def test_a_call_whose_deadline_passes_while_it_waits_is_never_sent(tmp_path, tar
     waits check the caller's deadline; the ledger is what the target saw)."""
     import grpc
     from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     servicer, server = target
     stack = start_stack(StackSettings(

@@ -33,8 +33,8 @@ import pytest
 from fortis.infra.serving.server import RunningServer, ServerSettings, build_server
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.codec import image_msg
-from fortis.services.target_proxy.ledger import max_in_window
-from fortis.services.target_proxy.ratelimit import DEFAULT_JITTER_S
+from fortis.services.proxy.ledger import max_in_window
+from fortis.services.proxy.ratelimit import DEFAULT_JITTER_S
 from fortis.target.v1 import target_pb2_grpc
 
 from tests.integration.test_rate_limit_arrivals import RecordingTarget
@@ -61,7 +61,7 @@ class Replica:
                "FORTIS_REDIS_URL": redis_url}     # the URL from the environment, as deployed
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fortis.cli", "serve", "--service", "proxy",
+                [sys.executable, "-m", "fortis.server.cli", "serve", "--service", "proxy",
                  "--address", "127.0.0.1:0", "--state-dir", str(tmp / "state"),
                  "--log-level", "warning", "--no-default-targets", "--ledger-sync", "NORMAL",
                  "--target", f"t=grpc://{target}?rate={LIMIT}",
@@ -289,7 +289,7 @@ def test_a_tenants_queries_per_day_hold_across_replicas(recording_target, replic
 
 
 def test_fortis_serve_refuses_a_malformed_redis_url_without_repeating_it(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "fortis.cli", "serve", "--service", "proxy",
+    r = subprocess.run([sys.executable, "-m", "fortis.server.cli", "serve", "--service", "proxy",
                         "--address", "127.0.0.1:0", "--state-dir", str(tmp_path / "s"),
                         "--no-default-targets", "--redis-url", "http://user:hunter2-pw@h:1"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -184,7 +184,7 @@ def test_report_examples_are_what_the_target_received(stack, fmnist_target,
         assert "DEG-4" in ex["note"]
 
     # no extra target query: one per image and setting, every session in the report
-    from fortis.services.target_proxy.ledger import Ledger
+    from fortis.services.proxy.ledger import Ledger
     led = Ledger(stack.settings.state_dir / "ledger.sqlite", synchronous="NORMAL")
     try:
         assert set(led.sessions_with_prefix(f"{eid}/")) == set(sessions)

@@ -23,7 +23,7 @@ Everything is real and in its own process, as the Helm chart deploys it, on 127.
   three replicas, balanced per call (the loopback analogue of the chart's headless Service
   and ``dns:///`` name).
 
-The plan is the demo's (``fortis demo``: ``clients/cli/plans/demo.yaml``), every stage of it
+The plan is the demo's (``fortis demo``: ``server/cli/plans/demo.yaml``), every stage of it
 kept: the clean pass, all 13 corruptions at 5 severities, the transfer attacks (FGSM, PGD)
 and the query attacks (Square, HSJA). To fit CI on 2 cores it runs on fewer images: the
 dataset ``limit`` is 32 (the demo: 500) and the query attacks' own ``limit``s 8 and 4 images
@@ -72,7 +72,7 @@ import yaml
 from fortis.client import FortisClient, progress_of
 from fortis.infra.storage import sqldb
 from fortis.services.evaluation.keys import StageName, WorkItemKey
-from fortis.services.target_proxy.ledger import max_in_window
+from fortis.services.proxy.ledger import max_in_window
 
 from tests.conftest import API_KEY
 from tests.e2e._crash_target import RecordingTarget, start_target
@@ -94,7 +94,7 @@ ATTACK_LIMITS = {"square": 8, "hsja": 4}
 
 def scaled_demo_plan() -> str:
     """The shipped demo plan (every stage), on fewer images, its target the test's own."""
-    plan = yaml.safe_load(resources.files("fortis.cli").joinpath("plans/demo.yaml").read_text())
+    plan = yaml.safe_load(resources.files("fortis.server.cli").joinpath("plans/demo.yaml").read_text())
     plan["dataset"]["limit"] = DATASET_LIMIT
     plan["target"] = {"name": TARGET, "task": plan["target"]["task"]}   # served by the proxies
     for attack in plan["attacks"]:
@@ -116,7 +116,7 @@ class Served:
         self.out, self.err = tmp / "stdout.log", tmp / "stderr.log"
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fortis.cli", "serve", "--address", "127.0.0.1:0",
+                [sys.executable, "-m", "fortis.server.cli", "serve", "--address", "127.0.0.1:0",
                  "--state-dir", str(tmp / "state"), "--log-level", "warning", *args],
                 cwd=tmp, env={**os.environ, **env}, stdout=out, stderr=err,
                 start_new_session=True)     # its worker processes are in its group
@@ -168,7 +168,7 @@ def run_plan(address: str, plan: str) -> dict[str, Any]:
 def reference(tmp_path_factory: Any, fmnist_target: Any, fmnist_surrogate: Any
               ) -> tuple[dict[str, Any], RecordingTarget]:
     """The plan run by one process in the embedded mode, and what its target received."""
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     server, address, target = start_target(fmnist_target)
     stack = start_stack(StackSettings(
@@ -233,7 +233,7 @@ def test_three_replicas_two_workers_postgres_redis_equal_the_single_process_run(
         reference: tuple[dict[str, Any], RecordingTarget]) -> None:
     ref_report, ref_target = reference
     address, target = recording
-    up = subprocess.run([sys.executable, "-m", "fortis.cli", "db", "upgrade"],
+    up = subprocess.run([sys.executable, "-m", "fortis.server.cli", "db", "upgrade"],
                         env={**os.environ, "FORTIS_DATABASE_URL": postgres_url},
                         capture_output=True, text=True, timeout=120)
     assert up.returncode == 0, up.stderr[-2000:]

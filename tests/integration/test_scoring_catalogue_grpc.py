@@ -116,7 +116,7 @@ def test_fortis_score_reads_the_documented_file_format(tmp_path):
     (tmp_path / "drr.json").write_text(json.dumps({
         "metric": "drr", "params": {"k": 5},
         "arrays": {"perturbed_probs": "outputs.npz:pert", "benign_class": "outputs.npz:cls"}}))
-    r = subprocess.run([sys.executable, "-m", "fortis.cli", "score", str(tmp_path / "drr.json")],
+    r = subprocess.run([sys.executable, "-m", "fortis.server.cli", "score", str(tmp_path / "drr.json")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -127,13 +127,13 @@ def test_fortis_score_reads_the_documented_file_format(tmp_path):
     (tmp_path / "cap.json").write_text(json.dumps({
         "metric": "canary.model_capability",
         "arrays": {"labels": [0, 1, 1], "clean": [[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]}}))
-    r = subprocess.run([sys.executable, "-m", "fortis.cli", "score", str(tmp_path / "cap.json")],
+    r = subprocess.run([sys.executable, "-m", "fortis.server.cli", "score", str(tmp_path / "cap.json")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert abs(json.loads(r.stdout)["result"]["CA"]["value"] - 2 / 3) < 1e-9
     # bad files: exit 2 with the reason
     (tmp_path / "bad.json").write_text(json.dumps({"metric": "drr", "arrays": {}}))
-    r = subprocess.run([sys.executable, "-m", "fortis.cli", "score", str(tmp_path / "bad.json")],
+    r = subprocess.run([sys.executable, "-m", "fortis.server.cli", "score", str(tmp_path / "bad.json")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "arrays.perturbed_probs" in r.stderr
 

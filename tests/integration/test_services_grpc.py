@@ -15,7 +15,7 @@ from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.codec import decode_image, image_msg
-from fortis.services.target_proxy.ledger import Ledger, max_in_window
+from fortis.services.proxy.ledger import Ledger, max_in_window
 from google.protobuf import struct_pb2
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc

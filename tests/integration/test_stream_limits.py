@@ -59,7 +59,7 @@ def test_proxy_predict_stream_checks_each_message_in_band(channel: grpc.Channel)
 
 
 def test_target_adapter_predict_stream_checks_each_message_in_band(fmnist_target: Any) -> None:
-    from fortis.services.app import TargetConfig, start_target_server
+    from fortis.server.app.stack import TargetConfig, start_target_server
     server = start_target_server(TargetConfig.parse("t=builtin:fmnist-cnn"),
                                  max_message_bytes=8 * 1024 * 1024)
     try:

@@ -20,7 +20,7 @@ from fortis.evaluation.v1 import evaluation_pb2 as epb
 from fortis.evaluation.v1 import evaluation_pb2_grpc
 from fortis.infra.serving.server import call_metadata
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
-from fortis.services.app import StackSettings, TargetConfig, start_stack, start_target_server
+from fortis.server.app.stack import StackSettings, TargetConfig, start_stack, start_target_server
 from fortis.services.common import errors
 from fortis.services.common.codec import image_msg
 from google.rpc import error_details_pb2

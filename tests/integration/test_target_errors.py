@@ -100,7 +100,7 @@ def target() -> Iterator[tuple[MisbehavingTarget, str]]:
 @pytest.fixture()
 def proxy(tmp_path: Path, target: tuple[MisbehavingTarget, str]
           ) -> Iterator[proxy_pb2_grpc.TargetProxyServiceStub]:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
     _, address = target
     stack = start_stack(StackSettings(
         state_dir=tmp_path / "state", api_keys={API_KEY: "tenant-a"}, only="proxy",

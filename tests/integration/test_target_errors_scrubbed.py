@@ -58,7 +58,7 @@ def _leaks(text: str, address: str) -> list[str]:
 
 @pytest.fixture()
 def world(tmp_path: Path) -> Iterator[tuple[LeakyTarget, str, Any]]:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
     servicer = LeakyTarget()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     target_pb2_grpc.add_TargetServiceServicer_to_server(servicer, server)

@@ -54,7 +54,7 @@ def _target_server(pki: Pki, *, require_client_cert: bool) -> tuple[grpc.Server,
 
 
 def _stack(tmp_path: Path, spec: str) -> Any:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
     return start_stack(StackSettings(state_dir=tmp_path / "state", api_keys={API_KEY: "tenant-a"},
                                      targets=[TargetConfig.parse(spec)]))
 
@@ -127,7 +127,7 @@ def test_mtls_target_needs_the_proxys_client_certificate(tmp_path: Path, pki: Pk
 
 
 def test_bad_grpcs_settings_name_the_field(tmp_path: Path, pki: Pki) -> None:
-    from fortis.services.app import TargetConfig
+    from fortis.server.app.stack import TargetConfig
     with pytest.raises(errors.InvalidArgument, match="cert= and key="):
         TargetConfig.parse(f"own=grpcs://127.0.0.1:1?ca={pki.ca_crt}&cert={pki.client_crt}")
     from fortis.infra.serving.startup import StartupError

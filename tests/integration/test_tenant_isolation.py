@@ -195,7 +195,7 @@ def test_artifacts_never_leave_the_export_folder(tmp_path):
         name = RunContext.save_adversarials(ctx, "../../evil name", 0, ["i"], img, img)  # type: ignore[arg-type]
         assert name == "adversarial/_.._evil_name-00000.npz"
         out = tmp_path / "out" / str(n)
-        r = subprocess.run([sys.executable, "-m", "fortis.cli", "artifacts", "export", eid,
+        r = subprocess.run([sys.executable, "-m", "fortis.server.cli", "artifacts", "export", eid,
                             "--tenant", "tenant-a", "--state-dir", str(state), "--out",
                             str(out)], capture_output=True, text=True, timeout=120,
                            env={**os.environ, "FORTIS_DATABASE_URL": ""})

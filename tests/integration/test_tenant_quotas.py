@@ -113,7 +113,7 @@ def make_stack(tmp_path: Path, target: tuple[GatedTarget, str]
                ) -> Iterator[Callable[..., Any]]:
     """Start a stack on ``tmp_path/state`` (the same folder each time: a restart) with the
     gated target, two tenants and the given quotas; every stack is stopped at the end."""
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
     stacks: list[Any] = []
 
     def make(quotas: QuotaSettings, *, workers: int = 1, **extra: Any) -> Any:
@@ -393,7 +393,7 @@ def test_an_evaluation_past_its_tenants_daily_queries_fails_with_nothing_sent(
             subjects += [v.subject for v in qf.violations]
     assert subjects == ["tenant:tenant-a"]
     assert _row(stack, "tenant-b", "b1").state == "SUCCEEDED"
-    from fortis.services.target_proxy.ledger import Ledger
+    from fortis.services.proxy.ledger import Ledger
     ledger = Ledger(Path(stack.settings.state_dir) / "ledger.sqlite")
     try:
         rows = ledger.attempts_since(0.0)
@@ -420,7 +420,7 @@ def test_fortis_serve_takes_the_quota_flags(tmp_path, fmnist_target) -> None:
     import sys
     env = {**os.environ, "FORTIS_API_KEYS": "ka=tenant-a,kb=tenant-b"}
     p = subprocess.Popen(
-        [sys.executable, "-m", "fortis.cli", "serve", "--address", f"127.0.0.1:{_free_port()}",
+        [sys.executable, "-m", "fortis.server.cli", "serve", "--address", f"127.0.0.1:{_free_port()}",
          "--state-dir", str(tmp_path / "s"), "--log-level", "warning",
          "--target", "m=builtin:fmnist-cnn", "--evaluation-workers", "1",
          "--max-running-per-tenant", "1", "--max-queued-per-tenant", "4",
@@ -467,7 +467,7 @@ def test_fortis_serve_takes_the_quota_flags(tmp_path, fmnist_target) -> None:
 def test_fortis_serve_refuses_a_malformed_quota(tmp_path, args, field) -> None:
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "fortis.cli", "serve", "--address",
+    r = subprocess.run([sys.executable, "-m", "fortis.server.cli", "serve", "--address",
                         f"127.0.0.1:{_free_port()}", "--state-dir", str(tmp_path / "s"),
                         "--no-default-targets", *args], cwd=tmp_path, capture_output=True,
                        text=True, timeout=120)

@@ -98,7 +98,7 @@ def _u2netp_definition(blob_id: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, vision_setup: None) -> Iterator[tuple]:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     root = tmp_path_factory.mktemp("task-surrogates")
     (root / "det").mkdir()

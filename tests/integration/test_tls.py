@@ -100,7 +100,7 @@ def _tls(pki: Pki, *, require: bool = False, cert: str = "server", server_name: 
 
 
 def _stack(tmp_path: Path, tls: TlsSettings, **kw: object):  # type: ignore[no-untyped-def]
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
     return start_stack(StackSettings(
         state_dir=tmp_path / f"state-{kw.get('only', 'all')}", api_keys={API_KEY: "tenant-a"},
         targets=[TargetConfig.parse("fmnist-cnn=builtin:fmnist-cnn")], tls=tls,

@@ -216,7 +216,7 @@ def _hammer(world: World, stop: threading.Event) -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, fmnist_target, fmnist_surrogate, fmnist_test_images) -> Iterator[World]:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     images, labels = fmnist_test_images
     stack = start_stack(StackSettings(

@@ -34,7 +34,7 @@ from fortis.client import FortisClient
 from fortis.client.errors import InvalidArgument
 from fortis.evaluation.v1 import uploads_pb2 as pb
 from fortis.evaluation.v1 import uploads_pb2_grpc
-from fortis.services.app import StackSettings, TargetConfig, start_stack
+from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 from fortis.services.common.codec import encode_png
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -447,7 +447,7 @@ def test_cli_upload_dataset_prints_a_snippet_that_runs(stack, tmp_path):
         d = folder / str(int(y[i]))
         d.mkdir(parents=True, exist_ok=True)
         (d / f"img{i}.png").write_bytes(encode_png(x[i]))
-    base = [sys.executable, "-m", "fortis.cli"]
+    base = [sys.executable, "-m", "fortis.server.cli"]
     opts = ["--address", stack.address, "--api-key", API_KEY]
     r = subprocess.run([*base, "upload-dataset", str(folder), *opts], capture_output=True,
                        text=True, timeout=120)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from fortis.client import FortisClient
 from fortis.client.errors import FortisError, InvalidArgument, PermissionDenied
-from fortis.services.app import StackSettings, TargetConfig, start_stack
+from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 from fortis.services.common.codec import encode_png
 
 from tests.conftest import API_KEY, OTHER_KEY

@@ -98,7 +98,7 @@ def photos() -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def vision_stack(tmp_path_factory: pytest.TempPathFactory, vision_setup: None) -> Iterator[Any]:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     s = start_stack(StackSettings(
         state_dir=tmp_path_factory.mktemp("vision") / "state", api_keys={API_KEY: "tenant-a"},

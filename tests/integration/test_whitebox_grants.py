@@ -24,7 +24,7 @@ from fortis.evaluation.v1 import evaluation_pb2 as ev_pb
 from fortis.evaluation.v1 import evaluation_pb2_grpc as ev_grpc
 from fortis.perturbation.v1 import perturbation_pb2 as pt_pb
 from fortis.perturbation.v1 import perturbation_pb2_grpc as pt_grpc
-from fortis.services.app import StackSettings, TargetConfig, start_stack
+from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 from google.protobuf import struct_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status

@@ -43,7 +43,7 @@ corruptions:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, fmnist_target) -> Iterator[Any]:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     s = start_stack(StackSettings(
         state_dir=tmp_path_factory.mktemp("share") / "state", api_keys=dict(KEYS),
@@ -208,7 +208,7 @@ def paced(tmp_path_factory, fmnist_target) -> Iterator[Any]:
     """Five calls per second per tenant; one seat and one work slot; a slow target (an
     evaluation that runs a few seconds, to watch)."""
     from fortis.infra.serving.quotas import QuotaSettings
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     s = start_stack(StackSettings(
         state_dir=tmp_path_factory.mktemp("paced") / "state", api_keys=dict(KEYS),

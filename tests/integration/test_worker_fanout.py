@@ -51,7 +51,7 @@ execution: {batch_size: 8}
 
 
 def _start(tmp: Path, target_address: str, **kw) -> object:
-    from fortis.services.app import StackSettings, TargetConfig, start_stack
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     return start_stack(StackSettings(
         state_dir=tmp / "state", api_keys={API_KEY: "tenant-a"},
@@ -157,7 +157,7 @@ def test_a_killed_worker_s_items_are_claimed_again(tmp_path, recording, single):
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fortis.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fortis.server.cli", *args], capture_output=True,
                           text=True, timeout=120,
                           env={k: v for k, v in {**os.environ, **(env or {})}.items()
                                if v is not None})

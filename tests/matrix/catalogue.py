@@ -458,7 +458,7 @@ class Matrix:
 
     def __init__(self, profile: Profile, root: Path, *,
                  log: Callable[[str], None] = lambda s: None) -> None:
-        from fortis.services.app import StackSettings, TargetConfig, start_stack
+        from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
         self.profile, self.root, self.log = profile, root, log
         data_root = root / "data"

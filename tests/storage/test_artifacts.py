@@ -152,7 +152,7 @@ def test_save_adversarials_writes_the_npz_into_the_store(store: Any) -> None:
 # -- fortis artifacts list|export (real processes) ------------------------------------------
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fortis.cli", "artifacts", *args],
+    return subprocess.run([sys.executable, "-m", "fortis.server.cli", "artifacts", *args],
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
 

@@ -2,7 +2,7 @@
 Alembic migrations; bad settings get a precise error naming the setting, never a traceback,
 never the password).
 
-The commands run as real processes (``python -m fortis.cli``), the database is the real
+The commands run as real processes (``python -m fortis.server.cli``), the database is the real
 server of ``tests/infra/postgres.py`` (a fresh database per test).
 """
 
@@ -23,7 +23,7 @@ from tests.infra.postgres import PostgresServer
 def fortis(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if k != "FORTIS_DATABASE_URL"}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "fortis.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fortis.server.cli", *args], capture_output=True,
                           text=True, timeout=120, env=full_env)
 
 
@@ -59,7 +59,7 @@ def test_upgrade_then_current(postgres_url: str) -> None:
     assert json.loads(cur.stdout)["at_head"] is True
     # the schema is really there: the stores open it
     from fortis.services.evaluation.store_pg import PgEvaluationStore
-    from fortis.services.target_proxy.ledger_pg import PgLedger
+    from fortis.services.proxy.ledger_pg import PgLedger
     PgEvaluationStore(postgres_url).close()
     PgLedger(postgres_url).close()
 
@@ -114,8 +114,8 @@ def test_fortis_ledger_reads_the_shared_postgres_ledger(postgres_url: str) -> No
     """``fortis ledger --database-url``: the operator reads the ledger the proxy replicas
     share (read-only: it takes no owner number and writes nothing), every tenant's or one
     tenant's sessions; a bad URL is exit 2 naming database_url, without the password."""
-    from fortis.services.target_proxy.ledger import IN_FLIGHT, Outcome, QueryRow, SessionRecord
-    from fortis.services.target_proxy.ledger_pg import PgLedger
+    from fortis.services.proxy.ledger import IN_FLIGHT, Outcome, QueryRow, SessionRecord
+    from fortis.services.proxy.ledger_pg import PgLedger
 
     from tests.storage.conftest import migrate
 

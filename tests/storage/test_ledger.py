@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 from fortis.services.common import errors
-from fortis.services.target_proxy import ledger as ledger_mod
-from fortis.services.target_proxy.ledger import (
+from fortis.services.proxy import ledger as ledger_mod
+from fortis.services.proxy.ledger import (
     IN_FLIGHT,
     IN_FLIGHT_NOTE,
     NOT_SENT_PREFIX,
@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 def open_ledger(backend: Backend) -> Any:
     if backend.kind == "sqlite":
         return Ledger(backend.dir / "ledger.sqlite")
-    from fortis.services.target_proxy.ledger_pg import PgLedger
+    from fortis.services.proxy.ledger_pg import PgLedger
     return PgLedger(backend.url)
 
 
@@ -198,13 +198,13 @@ _OPEN_IN_CHILD = """
 import sys, time
 sys.path.insert(0, {repo!r})
 from tests.storage.test_ledger import rows
-from fortis.services.target_proxy.ledger import Outcome
+from fortis.services.proxy.ledger import Outcome
 kind, where = sys.argv[1], sys.argv[2]
 if kind == "sqlite":
-    from fortis.services.target_proxy.ledger import Ledger
+    from fortis.services.proxy.ledger import Ledger
     led = Ledger(where)
 else:
-    from fortis.services.target_proxy.ledger_pg import PgLedger
+    from fortis.services.proxy.ledger_pg import PgLedger
     led = PgLedger(where)
 """
 
@@ -253,7 +253,7 @@ def _wait_no_owner_locks(url: str, keep: int) -> None:
     backend ends when the server reads the closed socket)."""
     import sqlalchemy as sa
     from fortis.infra.storage import sqldb
-    from fortis.services.target_proxy.ledger_pg import OWNER_LOCK
+    from fortis.services.proxy.ledger_pg import OWNER_LOCK
 
     engine = sqldb.create_engine(url)
     try:
@@ -274,7 +274,7 @@ def _wait_no_owner_locks(url: str, keep: int) -> None:
 
 def test_a_starting_replica_marks_only_dead_replicas_rows(postgres_url: str) -> None:
     """PostgreSQL shared by replicas: a live replica's in-flight rows stay in flight."""
-    from fortis.services.target_proxy.ledger_pg import PgLedger
+    from fortis.services.proxy.ledger_pg import PgLedger
 
     migrate(postgres_url)
     live = PgLedger(postgres_url)
@@ -302,7 +302,7 @@ def test_a_lost_connection_is_unavailable_then_reconnected(postgres_url: str) ->
     write in progress is UNAVAILABLE naming the ledger, never INTERNAL; the next works."""
     import sqlalchemy as sa
     from fortis.infra.storage import sqldb
-    from fortis.services.target_proxy.ledger_pg import PgLedger
+    from fortis.services.proxy.ledger_pg import PgLedger
 
     migrate(postgres_url)
     led = PgLedger(postgres_url)
@@ -359,8 +359,8 @@ def test_an_owner_lock_lost_with_its_connection_is_taken_again(
     starts meanwhile does not take it for dead and leaves its in-flight rows alone."""
     import sqlalchemy as sa
     from fortis.infra.storage import sqldb
-    from fortis.services.target_proxy import ledger_pg
-    from fortis.services.target_proxy.ledger_pg import OWNER_LOCK, PgLedger
+    from fortis.services.proxy import ledger_pg
+    from fortis.services.proxy.ledger_pg import OWNER_LOCK, PgLedger
 
     migrate(postgres_url)
     live = PgLedger(postgres_url)
@@ -392,10 +392,10 @@ def test_two_replicas_creating_one_session_get_one_row(postgres_url: str) -> Non
     """Two proxy replicas on one PostgreSQL create the same session at the same moment: one
     row; with the same settings both get it, with other settings the second is refused
     (ALREADY_EXISTS) exactly as if it had come later."""
-    from fortis.services.target_proxy.backends import GrpcTargetBackend
-    from fortis.services.target_proxy.ledger_pg import PgLedger
-    from fortis.services.target_proxy.proxy import TargetEntry, TargetProxy
-    from fortis.services.target_proxy.ratelimit import RateLimiter
+    from fortis.services.proxy.backends import GrpcTargetBackend
+    from fortis.services.proxy.ledger_pg import PgLedger
+    from fortis.services.proxy.proxy import TargetEntry, TargetProxy
+    from fortis.services.proxy.ratelimit import RateLimiter
 
     migrate(postgres_url)
     ledgers = [PgLedger(postgres_url), PgLedger(postgres_url)]

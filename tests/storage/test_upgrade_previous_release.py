@@ -37,7 +37,7 @@ import pytest
 from fortis.infra.storage import sqlite_schema
 from fortis.infra.storage.blobs import INDEX_SCHEMA, BlobStore
 from fortis.services.evaluation.store import STORE_SCHEMA, EvaluationStore
-from fortis.services.target_proxy.ledger import LEDGER_SCHEMA, Ledger
+from fortis.services.proxy.ledger import LEDGER_SCHEMA, Ledger
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "release-0.2.0"
 sys.path.insert(0, str(FIXTURES))
@@ -87,7 +87,7 @@ def fortis(*args: str, env: dict[str, str] | None = None,
     full = {k: v for k, v in os.environ.items()
             if k not in ("FORTIS_DATABASE_URL", "FORTIS_STATE", "FORTIS_API_KEY")}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "fortis.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fortis.server.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=full)
 
 
@@ -188,7 +188,7 @@ def served_previous_state(tmp_path: Path) -> Iterator[str]:
            if k not in ("FORTIS_DATABASE_URL", "FORTIS_STATE", "FORTIS_API_KEY")}
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fortis.cli", "serve", "--address", address, "--state-dir",
+        [sys.executable, "-m", "fortis.server.cli", "serve", "--address", address, "--state-dir",
          str(state), "--metrics-port", "0", "--no-default-targets",
          *[a for t, k in KEYS.items() for a in ("--api-key", f"{k}={t}")]],
         env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -234,7 +234,7 @@ def test_the_previous_releases_postgres_dump_upgrades_with_nothing_lost(
         postgres_server: Any, tmp_path: Path) -> None:
     from fortis.infra.storage.blobs_pg import PgBlobStore
     from fortis.services.evaluation.store_pg import PgEvaluationStore
-    from fortis.services.target_proxy.ledger_pg import PgLedger
+    from fortis.services.proxy.ledger_pg import PgLedger
 
     name = postgres_server.create_database()
     try:
@@ -339,7 +339,7 @@ def test_a_ledger_from_before_tenant_scoped_keys_is_migrated_with_every_row(
         assert (stats.queries_ok, stats.queries_failed, stats.calls_refused) == (7, 3, 2)
         assert led.attempt_counts("s2", "team-b") == {"imgX": 1}
         # the same session id in another tenant is now possible, and rows stay idempotent
-        from fortis.services.target_proxy.ledger import QueryRow, SessionRecord
+        from fortis.services.proxy.ledger import QueryRow, SessionRecord
         led.insert_session(SessionRecord(session_id="s1", tenant="team-b", target="clf",
                                          query_budget=1, per_image_budget=1, description="",
                                          created_at=3.0))

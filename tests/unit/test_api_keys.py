@@ -283,7 +283,7 @@ def test_a_bad_file_at_start_is_an_error(tmp_path: Path) -> None:
 
 @pytest.fixture()
 def restore_logging() -> Iterator[None]:
-    """``fortis.cli.main`` points structlog at this test's captured stderr, which closes
+    """``fortis.server.cli.main`` points structlog at this test's captured stderr, which closes
     when the test ends: later tests' log lines must not go there."""
     import structlog
 
@@ -297,7 +297,7 @@ def test_fortis_keys_new_prints_a_key_and_the_line_that_admits_it(
         restore_logging: None) -> None:
     import io
 
-    from fortis.cli.main import main
+    from fortis.server.cli.main import main
 
     assert main(["keys", "new", "--tenant", "team-x", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -77,9 +77,9 @@ def test_a_malformed_call_rate_quota_is_refused(spec: str) -> None:
 
 
 def test_fortis_serve_defaults_to_the_documented_rate() -> None:
-    from fortis.cli.local import _quota_settings
-    from fortis.cli.main import build_parser
     from fortis.infra.serving.quotas import DEFAULT_CALL_RATE_PER_TENANT
+    from fortis.server.cli.local import _quota_settings
+    from fortis.server.cli.main import build_parser
 
     parser = build_parser()
     ns = parser.parse_args(["serve"])

@@ -1,4 +1,4 @@
-"""``fortis compare`` (clients/cli/compare.py): the pooled two-proportion z-test
+"""``fortis compare`` (server/cli/compare.py): the pooled two-proportion z-test
 against a hand-computed example, the CI-overlap fallback, warnings when the plans or images
 differ, the ordering, and the command's exit codes (through the CLI entry point)."""
 
@@ -9,8 +9,8 @@ import json
 import math
 
 import pytest
-from fortis.cli import main
-from fortis.cli.compare import EXIT_REGRESSION, compare_reports, two_proportion_z
+from fortis.server.cli import main
+from fortis.server.cli.compare import EXIT_REGRESSION, compare_reports, two_proportion_z
 
 
 def test_two_proportion_z_hand_computed():

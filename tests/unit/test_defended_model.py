@@ -141,7 +141,7 @@ def test_the_reference_pgd_agrees(defended, undefended, data) -> None:
 @pytest.mark.parametrize("name", ["fmnist-cnn-at", "fmnist-mlp"])
 def test_served_as_a_built_in_target_with_full_scores(name: str, data) -> None:
     from fortis.adapters.torch_target import ClassifierTarget
-    from fortis.services.app import DEFAULT_TARGETS, TargetConfig, builtin_target
+    from fortis.server.app.stack import DEFAULT_TARGETS, TargetConfig, builtin_target
     from fortis.services.common.codec import dense_scores, image_msg
 
     cfg = next(c for c in map(TargetConfig.parse, DEFAULT_TARGETS) if c.name == name)

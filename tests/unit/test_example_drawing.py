@@ -203,7 +203,7 @@ def test_detection_examples_carry_the_truth_the_boxes_and_the_rules_verdicts():
     judged by the scoring service: each example carries the ground truth, the recorded boxes
     with labels and scores, and the verdicts the scoring service gave that image."""
     from fortis.adapters.vision_demo import detection_scenes
-    from fortis.services.app import local_catalogue
+    from fortis.server.app.stack import local_catalogue
     from fortis.services.evaluation.plan import load_plan
     from fortis.services.evaluation.stages.base import RunContext
     from fortis.services.perturbation.engine import perturb
@@ -254,7 +254,7 @@ def test_detection_examples_carry_the_truth_the_boxes_and_the_rules_verdicts():
 def test_segmentation_examples_carry_class_slot_masks_and_the_miou():
     """Ground truth and class maps as 0 / k maps of the classes of interest (k = the k-th),
     the ignored label left out; the words carry the mIoU."""
-    from fortis.services.app import local_catalogue
+    from fortis.server.app.stack import local_catalogue
     from fortis.services.evaluation.plan import load_plan
     from fortis.services.evaluation.stages.base import RunContext
 

@@ -5,7 +5,7 @@ scheduling so one tenant's queue cannot starve another's).
 ``services/evaluation/scheduling.py``: least recently started tenant first, oldest first
 within a tenant, the tenant's running quota and the workers respected, cancelled jobs gone.
 ``infra/serving/quotas.py``: the ``--tenant-quota`` form and its defaults.
-``services/target_proxy/quotas.py``: queries per UTC day, held / taken / released, retries,
+``services/proxy/quotas.py``: queries per UTC day, held / taken / released, retries,
 midnight, start-up from ledger counts. The loopback versions of these are in
 ``tests/integration/test_tenant_quotas.py``.
 """
@@ -16,7 +16,7 @@ import pytest
 from fortis.infra.serving.quotas import QuotaSettings, TenantQuota, parse_tenant_quotas
 from fortis.services.common.errors import QuotaExceeded
 from fortis.services.evaluation.scheduling import FairScheduler
-from fortis.services.target_proxy.quotas import DAY_S, DailyQueryQuotas
+from fortis.services.proxy.quotas import DAY_S, DailyQueryQuotas
 
 
 def _start_all(s: FairScheduler[None]) -> list[str]:
@@ -199,7 +199,7 @@ def test_the_count_starts_again_at_midnight_utc_and_loads_from_ledger_counts() -
 def test_load_from_counts_the_real_ledgers_rows_since_midnight_utc(tmp_path) -> None:
     """The start-up count, from a real SQLite ledger: rows sent since 00:00 UTC per tenant,
     failed and interrupted attempts included, yesterday's and "not sent" rows not."""
-    from fortis.services.target_proxy.ledger import INTERRUPTED, Ledger, QueryRow
+    from fortis.services.proxy.ledger import INTERRUPTED, Ledger, QueryRow
     today = 12 * DAY_S
 
     def row(tenant: str, sent_at: float, status: str = "OK", error: str = "") -> QueryRow:

@@ -1,4 +1,4 @@
-"""JUnit XML of a report and its verdict (clients/cli/junit.py): it validates
+"""JUnit XML of a report and its verdict (server/cli/junit.py): it validates
 against the Jenkins/Surefire JUnit schema (tests/fixtures/junit/junit-10.xsd, see SOURCE.md),
 has one test case per setting and per acceptance criterion, fails exactly the criteria the
 verdict fails (inconclusive ones only with --strict), and survives hostile setting names."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import xmlschema
-from fortis.cli.junit import junit_xml, write_junit
+from fortis.server.cli.junit import junit_xml, write_junit
 from fortis.services.report.convert import build_report
 from fortis.services.report.verdict import report_verdict
 

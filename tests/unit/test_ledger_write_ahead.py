@@ -13,9 +13,9 @@ import pytest
 from fortis.adapters.torch_target import ClassifierTarget
 from fortis.services.common import errors
 from fortis.services.common.codec import image_msg
-from fortis.services.target_proxy.ledger import IN_FLIGHT, Ledger
-from fortis.services.target_proxy.proxy import RetryPolicy, TargetEntry, TargetProxy
-from fortis.services.target_proxy.ratelimit import RateLimiter
+from fortis.services.proxy.ledger import IN_FLIGHT, Ledger
+from fortis.services.proxy.proxy import RetryPolicy, TargetEntry, TargetProxy
+from fortis.services.proxy.ratelimit import RateLimiter
 
 
 def _proxy(tmp_path, backend):

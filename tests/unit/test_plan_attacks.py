@@ -11,7 +11,7 @@ from fortis.services.evaluation.ports import TargetDescription
 
 @pytest.fixture(scope="module")
 def catalogue():
-    from fortis.services.app import local_catalogue
+    from fortis.server.app.stack import local_catalogue
 
     return local_catalogue()
 

@@ -14,7 +14,7 @@ from fortis.services.evaluation.store import EvaluationStore
 
 @pytest.fixture(scope="module")
 def catalogue():
-    from fortis.services.app import local_catalogue
+    from fortis.server.app.stack import local_catalogue
 
     return local_catalogue()
 
@@ -136,7 +136,7 @@ def test_member_store_prefixes_items_and_shares_transfer_examples(tmp_path):
 
 
 def test_embedded_run_serves_every_model_of_a_multi_target_plan(catalogue):
-    from fortis.cli.local import _targets_for_plan
+    from fortis.server.cli.local import _targets_for_plan
 
     plan = load_plan(MULTI, catalogue)
     assert [t.name for t in _targets_for_plan(plan)] == ["fmnist-cnn", "fmnist-cnn-at"]

@@ -14,9 +14,9 @@ import pytest
 from fortis.adapters.torch_target import ClassifierTarget
 from fortis.services.common import errors
 from fortis.services.common.codec import image_msg
-from fortis.services.target_proxy.ledger import Ledger, max_in_window
-from fortis.services.target_proxy.proxy import RetryPolicy, TargetEntry, TargetProxy
-from fortis.services.target_proxy.ratelimit import RateLimiter
+from fortis.services.proxy.ledger import Ledger, max_in_window
+from fortis.services.proxy.proxy import RetryPolicy, TargetEntry, TargetProxy
+from fortis.services.proxy.ratelimit import RateLimiter
 
 
 class FakeClock:

@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 import pytest
-from fortis.services.target_proxy.ledger import max_in_window
-from fortis.services.target_proxy.ratelimit import (
+from fortis.services.proxy.ledger import max_in_window
+from fortis.services.proxy.ratelimit import (
     DEFAULT_JITTER_S,
     CompositeLimiter,
     FairQueue,

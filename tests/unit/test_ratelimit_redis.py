@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 from fortis.common.v1 import common_pb2
 from fortis.services.common import errors
-from fortis.services.target_proxy.ledger import SessionRecord, max_in_window
-from fortis.services.target_proxy.ratelimit import (
+from fortis.services.proxy.ledger import SessionRecord, max_in_window
+from fortis.services.proxy.ratelimit import (
     DEFAULT_JITTER_S,
     CompositeLimiter,
     RateLimiter,
     TenantLimits,
 )
-from fortis.services.target_proxy.redis_store import RedisLimiterStore, RedisStore
+from fortis.services.proxy.redis_store import RedisLimiterStore, RedisStore
 
 from tests.unit.test_ratelimit import FakeClock, simulate
 

@@ -354,7 +354,7 @@ execution: {batch_size: 5}
 
 @pytest.fixture(scope="module")
 def catalogue():
-    from fortis.services.app import local_catalogue
+    from fortis.server.app.stack import local_catalogue
     return local_catalogue()
 
 

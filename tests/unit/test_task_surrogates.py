@@ -71,7 +71,7 @@ def test_output_mappings_are_checked_field_by_field():
 
 
 def test_plans_check_the_surrogate_task_against_the_target(tmp_path):
-    from fortis.services.app import local_catalogue
+    from fortis.server.app.stack import local_catalogue
     from fortis.services.evaluation.plan import load_plan
 
     cat = local_catalogue()

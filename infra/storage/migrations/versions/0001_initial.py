@@ -1,6 +1,6 @@
 """The first PostgreSQL schema: the evaluation store's ``evaluations`` and
 ``items`` and the proxy ledger's ``sessions``, ``queries`` and ``replies``, column for column
-as the SQLite files of ``services/evaluation/store.py`` and ``services/target_proxy/ledger.py``.
+as the SQLite files of ``services/evaluation/store.py`` and ``services/proxy/ledger.py``.
 
 Revision ID: 0001
 Revises:
