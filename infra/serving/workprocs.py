@@ -179,13 +179,18 @@ class PieceProcesses:
             raise
 
     def _give_back(self, w: _Worker, keep: bool) -> None:
-        """``w`` back to the idle ones (``keep``), else ended and its place freed."""
+        """``w`` back to the idle ones (``keep``), else ended and its place freed. Ending a
+        worker waits for its process (up to seconds for one slow to die): done outside the
+        lock, so other calls take and give back workers meanwhile; its place is freed only
+        once it is gone, so no more than ``processes`` ever run."""
         with self._lock:
             if keep and not self._closed:
                 self._idle.append(w)
-            else:
-                self._started -= 1
-                w.kill()
+                self._lock.notify()
+                return
+        w.kill()
+        with self._lock:
+            self._started -= 1
             self._lock.notify()
 
     def call(self, fn: Callable[..., T], *args: Any,

@@ -39,7 +39,7 @@ import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from fortis.services.common import errors
 
@@ -436,11 +436,30 @@ def ensure(conn: sqlite3.Connection, path: str | Path, schema: Schema, *,
             "damaged or not a Fortis state file; restore it from a backup") from None
 
 
+#: The oldest SQLite library the embedded state works with: the stores and the ledger share
+#: their SQL text with PostgreSQL (``INSERT ... RETURNING``, SQLite 3.35, March 2021).
+MIN_SQLITE: Final = (3, 35, 0)
+
+
+def check_sqlite_version(version: tuple[int, ...] | None = None) -> None:
+    """FailedPrecondition naming both versions when Python's SQLite library is older than
+    :data:`MIN_SQLITE` (Debian 11, RHEL 9 and Ubuntu 20.04 ship older ones): said when a
+    state file is opened, not as a syntax error at a run's first write."""
+    have = tuple(sqlite3.sqlite_version_info if version is None else version)
+    if have < MIN_SQLITE:
+        raise errors.FailedPrecondition(
+            f"this Python's SQLite library is {'.'.join(map(str, have))}; Fortis's embedded "
+            f"state needs {'.'.join(map(str, MIN_SQLITE))} or newer: use a Python linked to a "
+            "newer SQLite (the container images have one) or PostgreSQL (--database-url)")
+
+
 def open_db(path: str | Path, schema: Schema, *, migrate: bool = True,
             timeout_ms: int = BUSY_TIMEOUT_MS) -> sqlite3.Connection:
     """A connection (autocommit, usable from several threads under the caller's lock) to
     the file at ``path``, whose schema is now this Fortis's head (see :func:`ensure`);
-    SchemaError otherwise, with the connection closed."""
+    SchemaError otherwise, with the connection closed; FailedPrecondition where the SQLite
+    library is too old (:func:`check_sqlite_version`)."""
+    check_sqlite_version()
     if str(path) != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)

@@ -22,6 +22,7 @@ Pure code: protobuf messages and dicts, no gRPC.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -29,7 +30,7 @@ from fortis.services.common.errors import InvalidArgument
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-__all__ = ["NULL_FIELDS", "EMPTY_FIELDS", "fill_message", "message_tree"]
+__all__ = ["NULL_FIELDS", "EMPTY_FIELDS", "Unrepresentable", "fill_message", "message_tree"]
 
 NULL_FIELDS: Final = "null_fields"
 EMPTY_FIELDS: Final = "empty_fields"
@@ -74,49 +75,76 @@ def _is_repeated(fd: FieldDescriptor) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
+class Unrepresentable(ValueError):
+    """A value the typed message cannot hold (a string where a number belongs, a null where
+    the schema has no way to say null): named by its path."""
+
+
 def _scalar(fd: FieldDescriptor, value: Any, path: str) -> Any:
+    # numbers.Real/Integral, not int/float: numpy scalars (np.int64, np.float32) are numbers
+    # the untyped parts took as they were.
     if fd.type in _FLOATS:
         if value is None:
             return math.nan
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{path}: a number is expected; got {type(value).__name__}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise Unrepresentable(f"{path}: a number is expected; got {type(value).__name__}")
         return float(value)
     if fd.type in _INTEGERS:
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, numbers.Real) and not isinstance(value, bool | numbers.Integral) \
+                and float(value).is_integer():
             return int(value)       # Compute's results come back with every number a double
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{path}: a whole number is expected; got {value!r}")
-        return value
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise Unrepresentable(f"{path}: a whole number is expected; got {value!r}")
+        return int(value)
     if fd.type == FieldDescriptor.TYPE_BOOL:
         if not isinstance(value, bool):
-            raise ValueError(f"{path}: true or false is expected; got {value!r}")
+            raise Unrepresentable(f"{path}: true or false is expected; got {value!r}")
         return value
     if not isinstance(value, str):
-        raise ValueError(f"{path}: a string is expected; got {type(value).__name__}")
+        raise Unrepresentable(f"{path}: a string is expected; got {type(value).__name__}")
     return value
+
+
+def _tolerated(unknown: list[str] | None, path: str, exc: Unrepresentable) -> None:
+    """In the tolerant mode (``unknown`` given) a value the message cannot hold is left out
+    and named, as an unknown key is; otherwise it is the caller's error."""
+    if unknown is None:
+        raise exc
+    unknown.append(f"{path} ({exc.args[0].split(': ', 1)[-1]})")
 
 
 def _fill_field(msg: Message, fd: FieldDescriptor, value: Any, path: str,
                 unknown: list[str] | None) -> None:
     if _is_map(fd):
         if not isinstance(value, Mapping):
-            raise ValueError(f"{path}: a mapping is expected; got {type(value).__name__}")
+            raise Unrepresentable(f"{path}: a mapping is expected; got {type(value).__name__}")
         container = getattr(msg, fd.name)
         value_fd = fd.message_type.fields_by_name["value"]
         for k, v in value.items():
-            if value_fd.message_type is None:
-                container[str(k)] = _scalar(value_fd, v, f"{path}.{k}")
-            elif v is None:
-                getattr(container[str(k)], NULL_FIELDS).append("")
-            else:
-                fill_message(container[str(k)], v, f"{path}.{k}", unknown)
+            at = f"{path}.{k}"
+            try:
+                if value_fd.message_type is None:
+                    container[str(k)] = _scalar(value_fd, v, at)
+                elif v is None:
+                    if _is_wrapper(value_fd.message_type):
+                        raise Unrepresentable(f"{at}: null is not a list of numbers")
+                    getattr(container[str(k)], NULL_FIELDS).append("")
+                else:
+                    fill_message(container[str(k)], v, at, unknown)
+            except Unrepresentable as exc:
+                container.pop(str(k), None)
+                _tolerated(unknown, at, exc)
     elif _is_repeated(fd):
         if not isinstance(value, list | tuple):
-            raise ValueError(f"{path}: a list is expected; got {type(value).__name__}")
+            raise Unrepresentable(f"{path}: a list is expected; got {type(value).__name__}")
         container = getattr(msg, fd.name)
         for n, v in enumerate(value):
             if fd.message_type is None:
                 container.append(_scalar(fd, v, f"{path}[{n}]"))
+            elif v is None:
+                # a repeated message has no place for a null: one row left out would shift
+                # every later row, so the whole list is the caller's error (or left out)
+                raise Unrepresentable(f"{path}[{n}]: null in a list of messages")
             else:
                 fill_message(container.add(), v, f"{path}[{n}]", unknown)
     elif fd.message_type is not None:
@@ -130,15 +158,15 @@ def _fill_field(msg: Message, fd: FieldDescriptor, value: Any, path: str,
 def fill_message(msg: Message, data: Any, path: str,
                  unknown: list[str] | None = None) -> Message:
     """Fill ``msg`` from the JSON-able ``data`` (module docstring). A key the message does not
-    describe is a ValueError naming it (``path``), or, given ``unknown``, is left out and its
-    path appended there (a newer producer must not fail a whole evaluation at its end); a
-    value of the wrong type is always a ValueError."""
+    describe, or a value it cannot hold (a wrong type, a null where the schema has none), is
+    a ValueError naming it (``path``); given ``unknown``, it is left out and its path appended
+    there instead (a newer or looser producer must not fail a whole evaluation at its end)."""
     desc = msg.DESCRIPTOR
     if _is_wrapper(desc):
         _fill_field(msg, desc.fields[0], data, path, unknown)
         return msg
     if not isinstance(data, Mapping):
-        raise ValueError(f"{path}: a mapping is expected; got {type(data).__name__}")
+        raise Unrepresentable(f"{path}: a mapping is expected; got {type(data).__name__}")
     fields = {_key(fd): fd for fd in _data_fields(desc)}
     for key, value in data.items():
         fd = fields.get(str(key))
@@ -152,8 +180,14 @@ def fill_message(msg: Message, data: Any, path: str,
         elif (_is_map(fd) or _is_repeated(fd)) and isinstance(value, Mapping | list | tuple) \
                 and not value:
             getattr(msg, EMPTY_FIELDS).append(str(key))
-        else:
+        elif unknown is None:
             _fill_field(msg, fd, value, f"{path}.{key}", unknown)
+        else:
+            try:
+                _fill_field(msg, fd, value, f"{path}.{key}", unknown)
+            except Unrepresentable as exc:
+                msg.ClearField(fd.name)
+                _tolerated(unknown, f"{path}.{key}", exc)
     return msg
 
 
@@ -173,11 +207,21 @@ def _plain_number(value: Any, fd: FieldDescriptor) -> Any:
 
 
 class _Budget:
-    """Values left to copy; ``InvalidArgument`` naming ``path`` when they run out (a caller of
-    RenderReport is not trusted: the page draws what it is sent)."""
+    """Values left to copy and how deep messages may nest; ``InvalidArgument`` naming ``path``
+    past either (a caller of RenderReport is not trusted: the page draws what it is sent, and
+    ``MetricNode.per_model`` nests itself)."""
 
-    def __init__(self, path: str, values: int | None) -> None:
+    def __init__(self, path: str, values: int | None, depth: int | None = None) -> None:
         self.path, self.total, self.left = path, values, values
+        self.max_depth, self.depth = depth, 0
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.max_depth is not None and self.depth > self.max_depth:
+            raise InvalidArgument(self.path, f"nested deeper than {self.max_depth}")
+
+    def leave(self) -> None:
+        self.depth -= 1
 
     def take(self, n: int = 1) -> None:
         if self.left is None:
@@ -207,6 +251,14 @@ def _field_tree(msg: Message, fd: FieldDescriptor, budget: _Budget) -> Any:
 
 def _tree(msg: Message, budget: _Budget) -> Any:
     budget.take()
+    budget.enter()
+    try:
+        return _message_tree(msg, budget)
+    finally:
+        budget.leave()
+
+
+def _message_tree(msg: Message, budget: _Budget) -> Any:
     desc = msg.DESCRIPTOR
     if _is_wrapper(desc):
         return _field_tree(msg, desc.fields[0], budget)
@@ -227,7 +279,9 @@ def _tree(msg: Message, budget: _Budget) -> Any:
     return out
 
 
-def message_tree(msg: Message, path: str = "", max_values: int | None = None) -> Any:
+def message_tree(msg: Message, path: str = "", max_values: int | None = None,
+                 max_depth: int | None = None) -> Any:
     """The JSON-able tree ``msg`` carries (the inverse of :func:`fill_message`); with
-    ``max_values``, more values than that are an ``InvalidArgument`` naming ``path``."""
-    return _tree(msg, _Budget(path, max_values))
+    ``max_values`` or ``max_depth``, more values or messages nested deeper than that are an
+    ``InvalidArgument`` naming ``path``."""
+    return _tree(msg, _Budget(path, max_values, max_depth))

@@ -17,6 +17,9 @@ __all__ = ["benchmark_part", "canary_part"]
 #: Values copied from one part at most: the page draws what a caller sends (heat maps,
 #: tables), and no evaluation's results come near this.
 MAX_PART_VALUES: Final = 500_000
+#: Messages nested deeper than this are refused (the deepest part an evaluation writes is a
+#: few levels; ``MetricNode.per_model`` nests itself, so a caller could nest it at will).
+MAX_PART_DEPTH: Final = 32
 
 
 def canary_part(parts: report_pb2.ReportParts) -> dict[str, Any] | None:
@@ -38,7 +41,7 @@ def _part(msg: Any, path: str) -> dict[str, Any]:
     """The part's tree. ``""`` in a message's null fields makes that value null, which only a
     map's value may be: a part that is sent is an object (a part that is not there is left
     unset), so a caller's null part is refused by name rather than met later as nothing."""
-    tree = message_tree(msg, path, MAX_PART_VALUES)
+    tree = message_tree(msg, path, MAX_PART_VALUES, MAX_PART_DEPTH)
     if not isinstance(tree, dict):
         raise InvalidArgument(f"{path}.{NULL_FIELDS}", '"" would make the whole part null; '
                               "leave the part unset instead")

@@ -66,3 +66,26 @@ def test_a_reservation_beyond_one_insert_keeps_its_order_and_is_idempotent(ledge
     entries = ledger.entries("s", tenant="a", limit=len(many))
     assert [e[0] for e in entries] == ids
     assert [e[5] for e in entries] == [r.image_id for r in many]
+
+
+def test_an_sqlite_library_too_old_for_the_shared_sql_is_named_at_open(tmp_path, monkeypatch) -> None:
+    """The shared query text needs SQLite 3.35 (``RETURNING``); an older library (Debian 11,
+    RHEL 9) is refused when a state file is opened, naming both versions and the ways out,
+    not as a syntax error at the first write. The library version is the machine's, so it is
+    simulated here by the module attribute the check reads."""
+    import sqlite3
+
+    from fortis.client.errors import FailedPrecondition
+    from fortis.infra.storage import sqlite_schema
+    from fortis.services.evaluation.store import EvaluationStore
+    from fortis.services.proxy.ledger import Ledger
+
+    sqlite_schema.check_sqlite_version()                 # this machine's library is new enough
+    sqlite_schema.check_sqlite_version((3, 35, 0))
+    with pytest.raises(FailedPrecondition, match=r"3\.34\.1.*3\.35\.0.*--database-url"):
+        sqlite_schema.check_sqlite_version((3, 34, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 31, 1))
+    for opener, name in ((EvaluationStore, "evaluations.sqlite"), (Ledger, "ledger.sqlite")):
+        with pytest.raises(FailedPrecondition, match=r"3\.31\.1"):
+            opener(tmp_path / "state" / name)
+    assert not (tmp_path / "state").exists()

@@ -226,3 +226,49 @@ def test_a_part_sent_as_null_is_refused_by_name(part: str) -> None:
     parts = make_parts()                                  # a map value may be null
     parts.canary.attacks["fgsm"].null_fields.append("")
     assert build_report(parts)["canary"]["attacks"]["fgsm"] is None
+
+
+def test_values_the_schema_cannot_hold_are_refused_or_named_never_a_crash() -> None:
+    """The untyped parts took any JSON value; a typed part cannot hold a null where the schema
+    has no null, a bool where a number belongs or a string in a matrix. Strict (RenderReport's
+    callers): a ValueError naming the path. Tolerant (the evaluation's own parts): the value
+    is left out and named, and everything else is kept -- a finished run never fails at its
+    last step for one odd value."""
+    bad = {"by_source": {"pgd": None, "fgsm": {"vgg": 0.25}}}
+    with pytest.raises(ValueError, match=r"transfer\.by_source\.pgd"):
+        fill_message(report_pb2.TransferSummary(), bad, "transfer")
+    left_out: list[str] = []
+    msg = fill_message(report_pb2.TransferSummary(), bad, "transfer", left_out)
+    assert [p.split(" ")[0] for p in left_out] == ["transfer.by_source.pgd"]
+    assert message_tree(msg) == {"by_source": {"fgsm": {"vgg": 0.25}}}
+
+    rows = {"matrix": [None], "model_names": ["a"], "attacks": [True]}
+    with pytest.raises(ValueError, match=r"benchmark\.matrix\[0\]"):
+        fill_message(report_pb2.BenchmarkResults(), rows, "benchmark")
+    left_out = []
+    msg = fill_message(report_pb2.BenchmarkResults(), rows, "benchmark", left_out)
+    assert sorted(p.split(" ")[0] for p in left_out) == ["benchmark.attacks", "benchmark.matrix"]
+    assert message_tree(msg) == {"model_names": ["a"]}
+
+
+def test_numpy_numbers_are_numbers() -> None:
+    import numpy as np
+    msg = fill_message(report_pb2.TransferSummary(),
+                       {"by_source": {"pgd": {"vgg": np.float32(0.5), "res": np.int64(1)}}}, "t")
+    assert message_tree(msg) == {"by_source": {"pgd": {"vgg": 0.5, "res": 1}}}
+
+
+def test_a_part_nested_past_the_bound_is_refused_by_name() -> None:
+    """``MetricNode.per_model`` nests itself, so a caller could send a part nested without end:
+    the report refuses it past 32 levels, naming the part, as it refused a deep open part."""
+    parts = make_parts()
+    node = parts.canary.model.ca
+    for _ in range(40):
+        node = node.per_model["m"]
+        node.value = 0.5
+    with pytest.raises(InvalidArgument, match="nested deeper than 32") as err:
+        build_report(parts)
+    assert err.value.violations[0].field == "parts.canary"
+    shallow = make_parts()
+    shallow.canary.model.ca.per_model["m"].per_model["n"].value = 0.5
+    build_report(shallow)
