@@ -1,7 +1,7 @@
 """Domain objects of the evaluation service -> the scoring and report services' messages.
 
 Protobuf only (no gRPC); used by ``clients.py``. The plan's criteria sections (already
-validated by services/common/criteria) become the typed criterion messages; recorded answers
+validated by core/criteria) become the typed criterion messages; recorded answers
 become tensors; the facts of a run become the report's typed parts (the report service
 writes the prose).
 """

@@ -1,5 +1,5 @@
 """A plan's criteria: the correctness rule and the detection / segmentation parameters
-(IEEE-C1/C2, C4, C5, checked by the shared ``services/common/criteria.py``), each attack's
+(IEEE-C1/C2, C4, C5, checked by the shared ``core/criteria.py``), each attack's
 success criterion, and the acceptance criteria that decide the report's verdict. Domain code.
 """
 
@@ -8,9 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fortis.core.task import Task
-from fortis.services.common.acceptance import Criterion, parse_acceptance
-from fortis.services.common.criteria import (
+from fortis.core.criteria import (
     ATTACK_CRITERIA,
     TARGETED_CRITERIA,
     TARGETED_DEFAULT,
@@ -18,6 +16,8 @@ from fortis.services.common.criteria import (
     DetectionCriterion,
     SegmentationCriterion,
 )
+from fortis.core.task import Task
+from fortis.services.common.acceptance import Criterion, parse_acceptance
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import MAX_RANK
 from fortis.services.evaluation.plan_fields import Fields, short

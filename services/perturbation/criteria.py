@@ -82,7 +82,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fortis.services.common.criteria import ATTACK_CRITERIA, TARGETED_CRITERIA, TARGETED_DEFAULT
+from fortis.core.criteria import ATTACK_CRITERIA, TARGETED_CRITERIA, TARGETED_DEFAULT
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.perturbation.criteria_base import (
     Criterion,
@@ -135,7 +135,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 #: Criterion kinds a plan or RunAttackRequest may name (PER-2 and the task criteria), per
-#: task: the shared table of ``services/common/criteria.py`` (plans are validated with it).
+#: task: the shared table of ``core/criteria.py`` (plans are validated with it).
 _TASK_KINDS = ATTACK_CRITERIA
 CRITERION_KINDS = tuple(k for kinds in ATTACK_CRITERIA.values() for k in kinds)
 _DEFAULT_KIND = {task: kinds[0] for task, kinds in ATTACK_CRITERIA.items()}
