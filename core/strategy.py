@@ -1,7 +1,8 @@
 """One strategy per task: what a classification, detection or segmentation target means to
 every service, in one record instead of an if/elif on :class:`~fortis.core.task.Task` in each.
 
-A :class:`TaskStrategy` holds, for its task: the answers type (:mod:`fortis.core.answers`),
+A :class:`TaskStrategy` holds, for its task: its wire value (``fortis.common.v1.TaskType``)
+and the requirement whose rule judges its answers, the answers type (:mod:`fortis.core.answers`),
 the kind of ground truth an image has, the plan section holding the task's correctness rule
 (IEEE-P3) and the rule's type (:mod:`fortis.core.criteria`, which validates it), the attack
 success criteria a plan may name (the first is the default; IEEE-A8 / PER-2) and the target
@@ -21,6 +22,7 @@ from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
 from fortis.client.errors import FieldViolation, InvalidArgument
+from fortis.common.v1 import common_pb2
 from fortis.core.answers import (
     Answers,
     ClassificationAnswers,
@@ -55,6 +57,10 @@ class TaskStrategy:
     """
 
     task: Task
+    #: the task on the wire (``fortis.common.v1.TaskType``)
+    task_type: common_pb2.TaskType
+    #: the requirement whose rule judges an answer of this task
+    rule_id: str
     answers: type[Answers]
     #: what an image's ground truth is: "label_sets" (IEEE-C1..C3), "boxes" (objects with
     #: classes, IEEE-C4) or "class_map" (a class per pixel, IEEE-C5)
@@ -90,9 +96,11 @@ class TaskStrategy:
         return []
 
 
-def _strategy(task: Task, answers: type[Answers], truth: str, rule: type[Rule], section: str,
-              outputs: Mapping[str, str], *, section_required: bool = False) -> TaskStrategy:
-    return TaskStrategy(task=task, answers=answers, truth=truth, rule=rule, section=section,
+def _strategy(task: Task, task_type: common_pb2.TaskType, rule_id: str, answers: type[Answers], truth: str,
+              rule: type[Rule], section: str, outputs: Mapping[str, str], *,
+              section_required: bool = False) -> TaskStrategy:
+    return TaskStrategy(task=task, task_type=task_type, rule_id=rule_id, answers=answers,
+                        truth=truth, rule=rule, section=section,
                         section_required=section_required,
                         attack_criteria=tuple(ATTACK_CRITERIA[task]),
                         targeted_default=TARGETED_DEFAULT.get(task),
@@ -101,12 +109,14 @@ def _strategy(task: Task, answers: type[Answers], truth: str, rule: type[Rule], 
 
 #: The strategy of every task, in the order of :class:`Task`.
 STRATEGIES: Final[Mapping[Task, TaskStrategy]] = MappingProxyType({s.task: s for s in (
-    _strategy(Task.CLASSIFICATION, ClassificationAnswers, "label_sets", CorrectnessRule,
-              "correctness", {"full_scores": "scores", "top_k": "top_k", "label_only": "labels"}),
-    _strategy(Task.DETECTION, DetectionAnswers, "boxes", DetectionCriterion, "detection",
-              {"boxes": "boxes"}),
-    _strategy(Task.SEGMENTATION, SegmentationAnswers, "class_map", SegmentationCriterion,
-              "segmentation", {"masks": "masks"}, section_required=True),
+    _strategy(Task.CLASSIFICATION, common_pb2.TASK_TYPE_CLASSIFICATION, "IEEE-C2",
+              ClassificationAnswers, "label_sets", CorrectnessRule, "correctness",
+              {"full_scores": "scores", "top_k": "top_k", "label_only": "labels"}),
+    _strategy(Task.DETECTION, common_pb2.TASK_TYPE_DETECTION, "IEEE-C4", DetectionAnswers,
+              "boxes", DetectionCriterion, "detection", {"boxes": "boxes"}),
+    _strategy(Task.SEGMENTATION, common_pb2.TASK_TYPE_SEGMENTATION, "IEEE-C5",
+              SegmentationAnswers, "class_map", SegmentationCriterion, "segmentation",
+              {"masks": "masks"}, section_required=True),
 )})
 
 

@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 from fortis.common.v1 import common_pb2
 from fortis.core.answers import ANSWER_TYPES
+from fortis.core.strategy import STRATEGIES
 from fortis.core.task import Task
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
@@ -59,9 +60,7 @@ _OUTPUT = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
            common_pb2.OUTPUT_KIND_TOP_K_SCORES: "top_k",
            common_pb2.OUTPUT_KIND_LABEL_ONLY: "label_only",
            common_pb2.OUTPUT_KIND_BOXES: "boxes", common_pb2.OUTPUT_KIND_MASKS: "masks"}
-_TASK = {common_pb2.TASK_TYPE_CLASSIFICATION: Task.CLASSIFICATION,
-         common_pb2.TASK_TYPE_DETECTION: Task.DETECTION,
-         common_pb2.TASK_TYPE_SEGMENTATION: Task.SEGMENTATION}
+_TASK = {st.task_type: t for t, st in STRATEGIES.items()}
 _OUTPUT_ENUM = {v: k for k, v in _OUTPUT.items()}
 _TASK_ENUM: dict[str, int] = {v: k for k, v in _TASK.items()}
 

@@ -55,6 +55,15 @@ def test_lookups_give_the_task_types(task, answers, rule, section, truth):
     assert st.section_required is (task == Task.SEGMENTATION)
 
 
+def test_wire_values_and_rule_ids():
+    from fortis.common.v1 import common_pb2
+    assert {t: st.task_type for t, st in STRATEGIES.items()} == {
+        Task.CLASSIFICATION: common_pb2.TASK_TYPE_CLASSIFICATION,
+        Task.DETECTION: common_pb2.TASK_TYPE_DETECTION,
+        Task.SEGMENTATION: common_pb2.TASK_TYPE_SEGMENTATION}
+    assert [st.rule_id for st in STRATEGIES.values()] == ["IEEE-C2", "IEEE-C4", "IEEE-C5"]
+
+
 def test_an_unknown_task_is_invalid_argument_naming_task():
     with pytest.raises(InvalidArgument) as e:
         strategy("regression")
