@@ -44,7 +44,7 @@ __all__ = ["STRATEGIES", "Rule", "TaskStrategy", "strategy"]
 Rule: TypeAlias = CorrectnessRule | DetectionCriterion | SegmentationCriterion
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)   # one per task: compared by identity
 class TaskStrategy:
     """What one task means, for every service.
 
