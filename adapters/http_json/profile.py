@@ -22,6 +22,7 @@ import yaml
 from fortis.adapters.http_json.auth import AuthSpec, SecretRef
 from fortis.adapters.http_json.templates import PLACEHOLDERS, expand_env, placeholders_in
 from fortis.common.v1 import common_pb2
+from fortis.core.strategy import STRATEGIES
 from fortis.core.task import Task
 from fortis.services.common import errors
 from jmespath.exceptions import JMESPathError
@@ -30,11 +31,7 @@ from jmespath.parser import ParsedResult
 #: Where profiles named without a path (``http-json:google-vision-labels``) are looked up.
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 
-TASKS: dict[Task, common_pb2.TaskType] = {
-    Task.CLASSIFICATION: common_pb2.TASK_TYPE_CLASSIFICATION,
-    Task.DETECTION: common_pb2.TASK_TYPE_DETECTION,
-    Task.SEGMENTATION: common_pb2.TASK_TYPE_SEGMENTATION,
-}
+TASKS: dict[Task, common_pb2.TaskType] = {t: st.task_type for t, st in STRATEGIES.items()}
 CLASSIFICATION_OUTPUTS: dict[str, common_pb2.OutputKind] = {
     "top_k": common_pb2.OUTPUT_KIND_TOP_K_SCORES,
     "full_scores": common_pb2.OUTPUT_KIND_FULL_SCORES,

@@ -1,7 +1,9 @@
 """Images and predictions between numpy and the protobuf contracts.
 
 Conversion only (protobuf messages, no gRPC). Decoding failures become
-``InvalidArgument`` naming the field, e.g. ``images[3].encoded``.
+``InvalidArgument`` naming the field, e.g. ``images[3].encoded``. Tensors (``tensor_to_array``,
+``fill_tensor``...) are the domain kernel's (:mod:`fortis.core.tensors`: the answer types
+convert themselves with them) and are named here for the services and adapters.
 """
 
 from __future__ import annotations
@@ -14,19 +16,17 @@ import cv2
 import numpy as np
 from fortis.common.v1 import common_pb2
 from fortis.core.task import Task
+from fortis.core.tensors import (  # noqa: F401 (the kernel's wire form of arrays, named here too)
+    MAX_ELEMENTS,
+    array_to_tensor,
+    fill_tensor,
+    tensor_parts,
+    tensor_to_array,
+)
 from fortis.services.common.errors import InvalidArgument
 
 #: Largest image accepted, pixels (guards against decompression bombs).
 MAX_PIXELS = 40_000_000
-#: DType enum value <-> numpy dtype (little-endian on the wire).
-_DTYPES: dict[int, Any] = {
-    common_pb2.D_TYPE_UINT8: np.uint8, common_pb2.D_TYPE_INT32: np.int32,
-    common_pb2.D_TYPE_INT64: np.int64, common_pb2.D_TYPE_FLOAT16: np.float16,
-    common_pb2.D_TYPE_FLOAT32: np.float32, common_pb2.D_TYPE_FLOAT64: np.float64,
-    common_pb2.D_TYPE_BOOL: np.bool_}
-_ENUM_OF = {np.dtype(v).str.lstrip("<|="): k for k, v in _DTYPES.items()}
-#: Most elements a tensor may declare (a shape whose product overflows is refused first).
-MAX_ELEMENTS = 1 << 31
 
 
 def png_array(image: np.ndarray) -> np.ndarray:
@@ -141,75 +141,6 @@ def decode_image_bytes(data: bytes, field: str) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def tensor_to_array(t: common_pb2.Tensor, field: str) -> np.ndarray:
-    """The numpy array of a Tensor message (read-only view of its bytes), validated: a known
-    dtype, a shape of at least one positive dimension whose element count stays bounded, and
-    exactly as many bytes as the shape needs."""
-    dtype = _DTYPES.get(t.dtype)
-    if dtype is None:
-        names = ", ".join(common_pb2.DType.Name(k) for k in _DTYPES)
-        raise InvalidArgument(f"{field}.dtype", f"unsupported dtype {t.dtype}; use one of {names}")
-    shape = tuple(int(s) for s in t.shape)
-    if not shape:
-        raise InvalidArgument(f"{field}.shape", "at least one dimension is needed")
-    if any(s <= 0 for s in shape):
-        raise InvalidArgument(f"{field}.shape", f"dimensions must be positive, got {list(shape)[:8]}")
-    n = 1
-    for s in shape:
-        n *= s
-        if n > MAX_ELEMENTS:
-            raise InvalidArgument(f"{field}.shape", f"more than {MAX_ELEMENTS} elements")
-    item = np.dtype(dtype).itemsize
-    if len(t.data) != n * item:
-        raise InvalidArgument(f"{field}.data", f"{len(t.data)} bytes do not match shape "
-                              f"{list(shape)} of {common_pb2.DType.Name(t.dtype)}")
-    return np.frombuffer(t.data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
-
-
-# Building messages that carry images: under the upb protobuf
-# runtime, putting a message built on its own into another through a constructor argument,
-# ``append`` or ``extend`` copies it slowly (measured here: ~300 us for one 224x224x3 uint8
-# tensor, 20x an in-place fill; the cost grows with the bytes). So messages with tensors are
-# filled in place (``fill_tensor``, ``fill_image``, ``add_images``: ``repeated.add()`` then
-# setting fields) or copied with ``CopyFrom`` (fast), never passed to a constructor.
-
-
-def fill_tensor(msg: common_pb2.Tensor, arr: np.ndarray) -> common_pb2.Tensor:
-    """Fill the Tensor ``msg`` (e.g. a field of a message being built) with a numpy array
-    (little-endian, row-major); returns ``msg``."""
-    a, enum = _wire_form(arr)
-    msg.dtype = enum
-    del msg.shape[:]
-    msg.shape.extend(a.shape)
-    msg.data = a.tobytes()
-    return msg
-
-
-def _wire_form(arr: np.ndarray) -> tuple[np.ndarray, int]:
-    """``arr`` contiguous and little-endian, and its DType enum value."""
-    a = np.ascontiguousarray(arr)
-    if a.dtype.byteorder == ">":
-        a = a.astype(a.dtype.newbyteorder("<"))
-    enum = _ENUM_OF.get(a.dtype.str.lstrip("<|="))
-    if enum is None:
-        raise InvalidArgument("tensor.dtype", f"dtype {a.dtype} has no wire form")
-    return a, enum
-
-
-def tensor_parts(arr: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """A Tensor of ``arr`` in two parts: its serialized fields but ``data``, and the array
-    (contiguous, little-endian) whose bytes are ``data``. For answers built in their wire form
-    (``wire.py``)."""
-    a, enum = _wire_form(arr)
-    return common_pb2.Tensor(dtype=enum, shape=a.shape).SerializeToString(), a
-
-
-def array_to_tensor(arr: np.ndarray) -> common_pb2.Tensor:
-    """A Tensor message of a numpy array (little-endian, row-major). To put it into another
-    message use ``CopyFrom`` or :func:`fill_tensor` on the field, not a constructor."""
-    return fill_tensor(common_pb2.Tensor(), arr)
-
-
 def decode_image(msg: common_pb2.Image, field: str) -> np.ndarray:
     """uint8 HxWxC array of an Image message (encoded bytes or raw uint8 tensor)."""
     kind = msg.WhichOneof("content")
@@ -251,8 +182,8 @@ def image_msg(image_id: str, image: np.ndarray, *, raw: bool = False) -> common_
 
 def add_messages(field: Any, messages: Iterable[Any]) -> None:
     """Append copies of ``messages`` to the repeated message ``field`` (``CopyFrom``: fast
-    under upb, unlike a constructor argument or ``extend``; see the note above
-    :func:`fill_tensor`)."""
+    under upb, unlike a constructor argument or ``extend``; see the note in
+    :mod:`fortis.core.tensors`)."""
     for m in messages:
         field.add().CopyFrom(m)
 
@@ -260,7 +191,7 @@ def add_messages(field: Any, messages: Iterable[Any]) -> None:
 def add_images(field: Any, images: Iterable[tuple[str, np.ndarray]], *,
                raw: bool = True) -> None:
     """Append ``(image_id, array)`` pairs to the repeated Image ``field`` of a message being
-    built, each filled in place (see the note above :func:`fill_tensor`)."""
+    built, each filled in place (see the note in :mod:`fortis.core.tensors`)."""
     for image_id, image in images:
         fill_image(field.add(), image_id, image, raw=raw)
 

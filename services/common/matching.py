@@ -4,7 +4,7 @@ judge answers (the scoring service's verdicts, the perturbation service's attack
 :mod:`fortis.core.boxes`, defined once.
 
 - Boxes (IEEE-C4): :func:`to_xyxy` converts validated boxes in any of
-  :data:`~fortis.services.common.criteria.BOX_FORMATS` to pixel xyxy (COCO convention: area =
+  :data:`~fortis.core.criteria.BOX_FORMATS` to pixel xyxy (COCO convention: area =
   w * h), raising :class:`InvalidArgument` naming the row; :func:`convert_box_rows` is the
   same conversion listing every problem as a :class:`FieldViolation`; :func:`match_objects`
   is the IEEE-C4 matching of one image's objects with one answer's boxes: the batched rule
@@ -23,6 +23,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from fortis.core.boxes import rows_to_xyxy
+from fortis.core.criteria import (
+    BOX_FORMATS,
+    MAX_LISTED,
+    is_number,
+    raise_violations,
+)
 from fortis.core.matching import (
     class_slots,
     iou_per_class,
@@ -30,12 +36,6 @@ from fortis.core.matching import (
     mean_iou,
     miou_correct,
     rank_limit,
-)
-from fortis.services.common.criteria import (
-    BOX_FORMATS,
-    MAX_LISTED,
-    is_number,
-    raise_violations,
 )
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 

@@ -92,7 +92,7 @@ def _scalar(fd: FieldDescriptor, value: Any, path: str) -> Any:
     if fd.type in _INTEGERS:
         if isinstance(value, numbers.Real) and not isinstance(value, bool | numbers.Integral) \
                 and float(value).is_integer():
-            return int(value)       # Compute's results come back with every number a double
+            return int(float(value))    # Compute's results come back with every number a double
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise Unrepresentable(f"{path}: a whole number is expected; got {value!r}")
         return int(value)

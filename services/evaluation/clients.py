@@ -1,6 +1,7 @@
 """The evaluation runner's ports over gRPC: clients of the proxy, perturbation, scoring and
-report services. Transport: the target's answers are decoded here into arrays
-(``answers.py``); the runner's other domain objects become messages in ``convert.py``.
+report services. Transport: the target's answers become arrays by the answer types'
+``from_proto`` (``core/answers.py``); the runner's other domain objects become messages in
+``convert.py``.
 
 Images travel as raw uint8 tensors (never PNG) between services; answers come back as arrays.
 """
@@ -13,6 +14,8 @@ from typing import Any
 import grpc
 import numpy as np
 from fortis.common.v1 import common_pb2
+from fortis.core.answers import ANSWER_TYPES
+from fortis.core.strategy import STRATEGIES
 from fortis.core.task import Task
 from fortis.infra.serving.server import error_from_rpc
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
@@ -35,9 +38,6 @@ from fortis.services.common.surrogates import SurrogateOutputs, SurrogateSpec
 from fortis.services.evaluation import convert
 from fortis.services.evaluation.answers import (
     Answers,
-    ClassAnswers,
-    DetectionAnswers,
-    SegmentationAnswers,
     concat,
 )
 from fortis.services.evaluation.ports import (
@@ -60,9 +60,7 @@ _OUTPUT = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
            common_pb2.OUTPUT_KIND_TOP_K_SCORES: "top_k",
            common_pb2.OUTPUT_KIND_LABEL_ONLY: "label_only",
            common_pb2.OUTPUT_KIND_BOXES: "boxes", common_pb2.OUTPUT_KIND_MASKS: "masks"}
-_TASK = {common_pb2.TASK_TYPE_CLASSIFICATION: Task.CLASSIFICATION,
-         common_pb2.TASK_TYPE_DETECTION: Task.DETECTION,
-         common_pb2.TASK_TYPE_SEGMENTATION: Task.SEGMENTATION}
+_TASK = {st.task_type: t for t, st in STRATEGIES.items()}
 _OUTPUT_ENUM = {v: k for k, v in _OUTPUT.items()}
 _TASK_ENUM: dict[str, int] = {v: k for k, v in _TASK.items()}
 
@@ -83,70 +81,6 @@ def _per_query(err: errors.FortisError) -> bool:
         return True
     return not isinstance(err, errors.BudgetExhausted | errors.NotFound | errors.Unauthenticated
                           | errors.FailedPrecondition | errors.AlreadyExists)
-
-
-def _class_answers(preds: Sequence[common_pb2.Prediction]) -> ClassAnswers:
-    labels, scores, errs = [], [], []
-    for p in preds:
-        cls = p.classification.classes
-        labels.append([int(c.label) for c in cls])
-        has = bool(cls) and all(c.HasField("score") for c in cls)
-        scores.append([float(c.score) for c in cls] if has else None)
-        errs.append("" if p.WhichOneof("result") == "classification" else
-                    f"expected a classification answer, got {p.WhichOneof('result') or 'nothing'}")
-    return ClassAnswers.from_rows(labels, scores, errs)
-
-
-def _detection_answers(preds: Sequence[common_pb2.Prediction]) -> DetectionAnswers:
-    boxes, labels, scores, counts, errs = [], [], [], [], []
-    for p in preds:
-        if p.WhichOneof("result") != "detection":
-            counts.append(0)
-            errs.append(f"expected a detection answer, got {p.WhichOneof('result') or 'nothing'}")
-            continue
-        bs = p.detection.boxes
-        boxes += [[b.x_min, b.y_min, b.x_max, b.y_max] for b in bs]
-        labels += [int(b.label) for b in bs]
-        scores += [float(b.score) for b in bs]
-        counts.append(len(bs))
-        errs.append("")
-    return DetectionAnswers(boxes=np.asarray(boxes, np.float32).reshape(-1, 4),
-                            labels=np.asarray(labels, np.int64), scores=np.asarray(scores, np.float32),
-                            counts=np.asarray(counts, np.int64), errors=tuple(errs))
-
-
-def _segmentation_answers(preds: Sequence[common_pb2.Prediction]) -> SegmentationAnswers:
-    maps, shapes, errs = [], [], []
-    for k, p in enumerate(preds):
-        m = None
-        err = ""
-        if p.WhichOneof("result") != "segmentation":
-            err = f"expected a segmentation answer, got {p.WhichOneof('result') or 'nothing'}"
-        else:
-            try:
-                m = tensor_to_array(p.segmentation.class_map, f"predictions[{k}].segmentation.class_map")
-                if m.ndim != 2:
-                    err, m = f"class_map must be [height, width], got {list(m.shape)}", None
-            except errors.InvalidArgument as exc:
-                err = str(exc)
-        maps.append(None if m is None else m.astype(np.int64))
-        shapes.append((0, 0) if m is None else (int(m.shape[0]), int(m.shape[1])))
-        errs.append(err)
-    sizes = {s for s in shapes if s != (0, 0)}
-    stacked = None
-    if len(sizes) == 1:
-        h, w = sizes.pop()
-        stacked = np.stack([m if m is not None and m.shape == (h, w) else np.full((h, w), -1, np.int64)
-                            for m in maps])
-    return SegmentationAnswers(class_maps=stacked, errors=tuple(errs), shapes=tuple(shapes))
-
-
-_ANSWERS: dict[str, Callable[[Sequence[common_pb2.Prediction]], Answers]] = {
-    Task.CLASSIFICATION: _class_answers, Task.DETECTION: _detection_answers,
-    Task.SEGMENTATION: _segmentation_answers}
-_FAILED: dict[str, Callable[[int, str], Answers]] = {
-    Task.CLASSIFICATION: ClassAnswers.failed, Task.DETECTION: DetectionAnswers.failed,
-    Task.SEGMENTATION: SegmentationAnswers.failed}
 
 
 class GrpcProxy:
@@ -208,10 +142,10 @@ class GrpcProxy:
                 err = error_from_rpc(exc)
                 if not _per_query(err):
                     raise err from None
-                parts.append(_FAILED[task](len(part), str(err)))
+                parts.append(ANSWER_TYPES[task].failed(len(part), str(err)))
                 continue
-            parts.append(_ANSWERS[task](resp.predictions))
-        return concat(parts) if parts else _FAILED[task](0, "")
+            parts.append(ANSWER_TYPES[task].from_proto(resp.predictions))
+        return concat(parts) if parts else ANSWER_TYPES[task].failed(0, "")
 
     def session_queries(self, session_id: str) -> tuple[int, dict[str, int]]:
         st = _call(self.stub.GetSessionStats, proxy_pb2.GetSessionStatsRequest(session_id=session_id), self.md, 60)

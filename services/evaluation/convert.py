@@ -1,7 +1,7 @@
 """Domain objects of the evaluation service -> the scoring and report services' messages.
 
 Protobuf only (no gRPC); used by ``clients.py``. The plan's criteria sections (already
-validated by services/common/criteria) become the typed criterion messages; recorded answers
+validated by core/criteria) become the typed criterion messages; recorded answers
 become tensors; the facts of a run become the report's typed parts (the report service
 writes the prose).
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 from fortis.common.v1 import common_pb2
+from fortis.core.strategy import STRATEGIES
 from fortis.core.task import Task
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.report.v1 import report_pb2 as rpb
@@ -52,9 +53,7 @@ _KINDS = {"clean": spb.SETTING_KIND_CLEAN, "corruption": spb.SETTING_KIND_CORRUP
           "transfer_attack": spb.SETTING_KIND_TRANSFER_ATTACK,
           "query_attack": spb.SETTING_KIND_QUERY_ATTACK,
           "degradation": spb.SETTING_KIND_DEGRADATION}
-_TASKS = {Task.CLASSIFICATION: common_pb2.TASK_TYPE_CLASSIFICATION,
-          Task.DETECTION: common_pb2.TASK_TYPE_DETECTION,
-          Task.SEGMENTATION: common_pb2.TASK_TYPE_SEGMENTATION}
+_TASKS = {t: st.task_type for t, st in STRATEGIES.items()}
 _OUTPUTS = {"full_scores": common_pb2.OUTPUT_KIND_FULL_SCORES,
             "top_k": common_pb2.OUTPUT_KIND_TOP_K_SCORES,
             "label_only": common_pb2.OUTPUT_KIND_LABEL_ONLY,

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import structlog
+from fortis.core.strategy import strategy
 from fortis.core.task import Task
 from fortis.services.common import errors
 from fortis.services.evaluation.answers import ClassAnswers
@@ -197,8 +198,8 @@ class CrossModel:
         model_names = [m.name for m in members]
         if plan.target.task != Task.CLASSIFICATION:
             notes.append(f"MR on {plan.target.task} targets: the share of the images a model "
-                         "answered correctly under the plan's IEEE-"
-                         f"{'C4' if plan.target.task == Task.DETECTION else 'C5'} rule that the "
+                         "answered correctly under the plan's "
+                         f"{strategy(plan.target.task).rule_id} rule that the "
                          "attack's examples make it answer wrongly")
         out: dict[str, Any] = {
             "mode": "fast" if baseline is not None else "benchmark", "metric": MATRIX_METRIC,
@@ -307,7 +308,7 @@ class CrossModel:
                 out.append(entry)
         if out and task != Task.CLASSIFICATION:
             notes.append(f"CAN-5 on {task} targets: CA, RR and SR count the images answered "
-                         f"correctly under the plan's IEEE-{'C4' if task == Task.DETECTION else 'C5'}"
+                         f"correctly under the plan's {strategy(task).rule_id}"
                          " rule (the scoring service's per-image verdicts); the metrics of "
                          "class F1 and confidences are not applicable")
         return out
@@ -377,7 +378,7 @@ class CrossModel:
                "CC": "the mean confidence of the true class",
                "ARAC": "the adversarial class's confidence",
                "AITC": "the true class's confidence"}
-        rule = "IEEE-C4" if task == Task.DETECTION else "IEEE-C5"
+        rule = strategy(task).rule_id
 
         def missing(what: str) -> dict[str, Any]:
             return {"value": None, "status": NOT_APPLICABLE,

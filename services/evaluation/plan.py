@@ -4,7 +4,7 @@ A plan is YAML or JSON. Every problem found is reported at once, each naming its
 (e.g. ``corruptions[2].severities[0]: must be an integer in 1..5, got 0``). What the plan may
 name -- perturbations, attacks and their parameter schemas -- comes from a :class:`Catalogue`
 the evaluation service learned from the perturbation service's List RPCs, and the correctness
-criteria from the shared contract data in ``services/common/criteria.py``; this module imports
+criteria from the shared contract data in ``core/criteria.py``; this module imports
 no other service. Each section has its own validator; :func:`validate_plan` runs them all, in
 the order their problems are reported.
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fortis.core.criteria import CORRECTNESS_MODES, PROBABILITY_CRITERIA
 from fortis.core.task import TASKS
-from fortis.services.common.criteria import CORRECTNESS_MODES, PROBABILITY_CRITERIA
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import MAX_BATCH_SIZE, MAX_SEED
 from fortis.services.common.surrogates import resolve_label_map

@@ -1,23 +1,18 @@
 """A plan's criteria: the correctness rule and the detection / segmentation parameters
-(IEEE-C1/C2, C4, C5, checked by the shared ``services/common/criteria.py``), each attack's
+(IEEE-C1/C2, C4, C5, checked by the shared ``core/criteria.py``), each attack's
 success criterion, and the acceptance criteria that decide the report's verdict. Domain code.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
+from fortis.core.criteria import TARGETED_CRITERIA, CorrectnessRule
+from fortis.core.strategy import STRATEGIES, strategy
 from fortis.core.task import Task
 from fortis.services.common.acceptance import Criterion, parse_acceptance
-from fortis.services.common.criteria import (
-    ATTACK_CRITERIA,
-    TARGETED_CRITERIA,
-    TARGETED_DEFAULT,
-    CorrectnessRule,
-    DetectionCriterion,
-    SegmentationCriterion,
-)
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import MAX_RANK
 from fortis.services.evaluation.plan_fields import Fields, short
@@ -35,23 +30,22 @@ def parse_criteria(v: Fields, doc: Mapping[str, Any], task: Task
         except InvalidArgument as exc:
             v.problems.extend(exc.violations)
 
-    det: dict[str, Any] = {}
-    seg: dict[str, Any] = {}
-    if task == Task.DETECTION:
-        det = dict(v.mapping(doc.get("detection"), "detection", required=False))
-        check(lambda: DetectionCriterion.from_dict(det))
-    elif "detection" in doc:
-        v.bad("detection", f"only for detection targets; this plan's target.task is {task}")
-    if task == Task.SEGMENTATION:
-        seg = dict(v.mapping(doc.get("segmentation"), "segmentation"))
-        check(lambda: SegmentationCriterion.from_dict(seg))
-    elif "segmentation" in doc:
-        v.bad("segmentation", f"only for segmentation targets; this plan's target.task is {task}")
+    sections: dict[str, dict[str, Any]] = {s.section: {} for s in STRATEGIES.values()
+                                           if s.own_section}
+    for other in STRATEGIES.values():
+        if not other.own_section:
+            continue            # the correctness section: every plan may give it (below)
+        name = other.section
+        if other.task == task:
+            sections[name] = dict(v.mapping(doc.get(name), name, required=other.section_required))
+            check(partial(other.parse_rule, sections[name]))
+        elif name in doc:
+            v.bad(name, f"only for {other.task} targets; this plan's target.task is {task}")
     c = dict(v.mapping(doc.get("correctness"), "correctness", required=False))
     check(lambda: CorrectnessRule.from_dict(c))
     correctness = {"mode": c.get("mode", "top1"), "k": c.get("k", 5),
                    "threshold": c.get("threshold", 0.5)}
-    return correctness, det, seg
+    return correctness, sections["detection"], sections["segmentation"]
 
 
 
@@ -79,7 +73,7 @@ def _targeted(v: Fields, it: Mapping[str, Any], p: str, task: Task,
         label = t.get("label")
         if isinstance(label, bool) or not isinstance(label, int) or label < 0:
             v.bad(f"{p}.targeted.label", f"must be a class id >= 0, got {short(label)}")
-        elif task not in TARGETED_DEFAULT:
+        elif strategy(task).targeted_default is None:
             v.bad(f"{p}.targeted", f"a {task} target has no targeted criterion (IEEE-C5 "
                   "defines none); drop it")
         else:
@@ -91,12 +85,14 @@ def _criterion_fields(v: Fields, it: Mapping[str, Any], p: str, task: Task,
                       t: Mapping[str, Any], out: dict[str, Any]) -> str:
     """The attack's ``criterion: {kind, threshold, k}`` (sets ``out``'s ``threshold``, ``k``
     and ``kind``, in that order); the kind defaults from whether the attack is targeted."""
-    kinds = ATTACK_CRITERIA.get(task, ())
+    st = strategy(task)
+    kinds = st.attack_criteria
     c = v.mapping(it.get("criterion"), f"{p}.criterion", required=False)
     v.unknown(c, f"{p}.criterion", {"kind", "threshold", "k"})
     kind = v.string(c, "kind", f"{p}.criterion", choices=kinds) if "kind" in c else ""
     if not kind:
-        kind = TARGETED_DEFAULT.get(task, "") if "target_label" in out else kinds[0]
+        kind = ((st.targeted_default or "") if "target_label" in out
+                else st.default_attack_criterion)
     if kind in TARGETED_CRITERIA and "target_label" not in out and not t:
         v.bad(f"{p}.targeted", f"criterion {kind} needs the target class: targeted: {{label: N}}")
     if kind not in TARGETED_CRITERIA and "target_label" in out:

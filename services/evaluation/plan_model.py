@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fortis.core.criteria import TARGETED_CRITERIA
 from fortis.core.task import Task
 from fortis.services.common.acceptance import Criterion
-from fortis.services.common.criteria import TARGETED_CRITERIA
 from fortis.services.common.surrogates import SurrogateDefinition
 
 __all__ = ["DATASETS", "MAX_MEMBERS", "AttackTest", "CorruptionTest", "DatasetRef",
@@ -100,7 +100,7 @@ class AttackTest:
     ensemble: tuple[str, ...] = ()
     limit: int = 0          # attack only the first N images (0 = all)
     #: The success criterion as plain data (RunAttackRequest.criterion): ``kind`` (see
-    #: ``common.criteria.ATTACK_CRITERIA``), ``target_label`` (the plan's ``targeted:
+    #: ``core.criteria.ATTACK_CRITERIA``), ``target_label`` (the plan's ``targeted:
     #: {label: N}``), ``threshold``, ``k``, and for detection / segmentation targets the
     #: IEEE-C4 / C5 parameters taken from the plan's ``detection`` / ``segmentation``
     #: sections (one definition with scoring).
@@ -133,7 +133,7 @@ class Plan:
     batch_size: int
     degradation: tuple[DegradationTest, ...] = ()
     #: IEEE-C4 / IEEE-C5 service-type parameters (IEEE-P3), validated by
-    #: services/common/criteria (DetectionCriterion / SegmentationCriterion).
+    #: core/criteria (DetectionCriterion / SegmentationCriterion).
     detection: Mapping[str, Any] = field(default_factory=dict)
     segmentation: Mapping[str, Any] = field(default_factory=dict)
     #: The tenant's own surrogates (IEEE-A7, IEEE-P6): uploaded models the attacks may name.

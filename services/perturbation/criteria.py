@@ -82,7 +82,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fortis.services.common.criteria import ATTACK_CRITERIA, TARGETED_CRITERIA, TARGETED_DEFAULT
+from fortis.core.criteria import TARGETED_CRITERIA
+from fortis.core.strategy import STRATEGIES, strategy
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.perturbation.criteria_base import (
     Criterion,
@@ -134,11 +135,9 @@ __all__ = [
 # A criterion from a plan / request (kind + parameters)
 # --------------------------------------------------------------------------------------------
 
-#: Criterion kinds a plan or RunAttackRequest may name (PER-2 and the task criteria), per
-#: task: the shared table of ``services/common/criteria.py`` (plans are validated with it).
-_TASK_KINDS = ATTACK_CRITERIA
-CRITERION_KINDS = tuple(k for kinds in ATTACK_CRITERIA.values() for k in kinds)
-_DEFAULT_KIND = {task: kinds[0] for task, kinds in ATTACK_CRITERIA.items()}
+#: Criterion kinds a plan or RunAttackRequest may name (PER-2 and the task criteria): those
+#: of every task's strategy (``core/strategy.py``; plans are validated with the same table).
+CRITERION_KINDS = tuple(k for st in STRATEGIES.values() for k in st.attack_criteria)
 
 
 def criterion_from_spec(task: str, spec: Mapping[str, Any] | None) -> Criterion:
@@ -149,16 +148,15 @@ def criterion_from_spec(task: str, spec: Mapping[str, Any] | None) -> Criterion:
     min_objects; ``segmentation``: classes, miou_threshold, ignore_label,
     all_absent_incorrect). Errors name ``criterion.<field>``."""
     d = dict(spec or {})
-    if task not in _TASK_KINDS:
-        raise InvalidArgument("task", f"unknown task {task!r}")
+    st = strategy(task)              # an unknown task: InvalidArgument naming ``task``
     target = d.get("target_label")
     kind = d.get("kind") or ""
     if not kind:
-        kind = TARGETED_DEFAULT.get(task, "") if target is not None else ""
-        kind = kind or _DEFAULT_KIND[task]
-    if kind not in _TASK_KINDS[task]:
+        kind = (st.targeted_default or "") if target is not None else ""
+        kind = kind or st.default_attack_criterion
+    if kind not in st.attack_criteria:
         raise InvalidArgument("criterion.kind", f"'{kind}' does not apply to a {task} target; "
-                              f"use one of {', '.join(_TASK_KINDS[task])}")
+                              f"use one of {', '.join(st.attack_criteria)}")
     needs_target = kind in TARGETED_CRITERIA
     if needs_target and target is None:
         raise InvalidArgument("criterion.target_label", f"{kind} needs the target class")

@@ -32,11 +32,12 @@ Pure domain code: no gRPC.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
 import numpy as np
+from fortis.core.strategy import STRATEGIES
 from fortis.core.task import Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.perturbation.criteria import (
@@ -54,8 +55,8 @@ __all__ = ["SIGNALS", "Answer", "BoxAnswer", "BoxReference", "ClassAnswer",
 #: What a target gives (``AttackContext.signal``) and what an attack read (reports).
 SIGNALS = ("scores", "top_k", "labels", "boxes", "masks", "probabilities")
 
-_OUTPUT_SIGNAL = {"full_scores": "scores", "top_k": "top_k", "label_only": "labels",
-                  "boxes": "boxes", "masks": "masks"}
+#: Every task's output kinds -> signals, from the task strategies (``core/strategy.py``).
+_OUTPUT_SIGNAL = {kind: signal for st in STRATEGIES.values() for kind, signal in st.outputs.items()}
 
 
 def signal_of_output(output_kind: str) -> str:
@@ -334,8 +335,17 @@ def make_judge(task: str, criterion: Criterion, client: Any, images: np.ndarray,
     if criterion.task != task:
         raise InvalidArgument("criterion", f"{criterion.name} is a {criterion.task} criterion; "
                               f"the target is a {task} target")
-    if task == Task.CLASSIFICATION:
-        return ClassificationJudge(client, criterion, images, image_ids, labels)
-    if task == Task.DETECTION:
-        return DetectionJudge(client, criterion, images, image_ids, references)
-    return SegmentationJudge(client, criterion, images, image_ids, references)
+    return _JUDGES[Task(task)](client, criterion, images, image_ids, labels, references)
+
+
+#: The judge of each task: this service's side of the task strategy (core names no service).
+#: A classifier is judged against the images' labels, detectors and segmenters against their
+#: references (ground truth, else the clean answer).
+_JUDGES: Mapping[Task, Callable[..., Judge]] = {
+    Task.CLASSIFICATION: lambda client, crit, images, ids, labels, refs:
+        ClassificationJudge(client, crit, images, ids, labels),
+    Task.DETECTION: lambda client, crit, images, ids, labels, refs:
+        DetectionJudge(client, crit, images, ids, refs),
+    Task.SEGMENTATION: lambda client, crit, images, ids, labels, refs:
+        SegmentationJudge(client, crit, images, ids, refs),
+}

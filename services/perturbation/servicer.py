@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from fortis.common.v1 import common_pb2
+from fortis.core.strategy import STRATEGIES
 from fortis.core.task import Task
 from fortis.infra.serving import wire
 from fortis.infra.serving.call_context import current_api_key, current_tenant, in_work_slot
@@ -70,9 +71,7 @@ _STOP_REASONS = {"success": pb.STOP_REASON_SUCCESS, "budget": pb.STOP_REASON_BUD
                  "budget_exhausted_by_proxy": pb.STOP_REASON_BUDGET_EXHAUSTED_BY_PROXY,
                  "iterations": pb.STOP_REASON_ITERATIONS}
 _PAGE_DEFAULT, _PAGE_MAX = 100, 1000
-_TASKS = {Task.CLASSIFICATION: common_pb2.TASK_TYPE_CLASSIFICATION,
-          Task.DETECTION: common_pb2.TASK_TYPE_DETECTION,
-          Task.SEGMENTATION: common_pb2.TASK_TYPE_SEGMENTATION}
+_TASKS = {t: st.task_type for t, st in STRATEGIES.items()}
 _TASK_NAMES = {v: k for k, v in _TASKS.items()}
 _OUTPUT_NAMES = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
                  common_pb2.OUTPUT_KIND_TOP_K_SCORES: "top_k",

@@ -16,10 +16,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import numpy as np
+from fortis.core.criteria import CorrectnessRule
 from fortis.core.task import Task
 from fortis.scoring.v1 import scoring_pb2 as pb
 from fortis.services.common.codec import tensor_to_array
-from fortis.services.common.criteria import CorrectnessRule
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring.correctness import (
     DetectionCriterion,

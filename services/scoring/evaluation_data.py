@@ -22,8 +22,8 @@ from fortis.core.answers import (
     DetectionAnswers,
     SegmentationAnswers,
 )
+from fortis.core.criteria import CorrectnessRule
 from fortis.core.task import Task
-from fortis.services.common.criteria import CorrectnessRule
 from fortis.services.scoring.correctness import (
     DetectionCriterion,
     Detections,

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import numpy as np
-from fortis.services.common.criteria import CORRECTNESS_MODES, CorrectnessRule
+from fortis.core.criteria import CORRECTNESS_MODES, CorrectnessRule
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 
 __all__ = [
@@ -68,7 +68,7 @@ _MAX_LISTED = 20  # at most this many missing-image violations in one error
 
 # --------------------------------------------------------------------------------------------
 # Correctness (IEEE-C1, IEEE-C2). The rule itself is plan data shared with the evaluation
-# service (fortis.services.common.criteria); it is re-exported here for the scoring code.
+# service (fortis.core.criteria); it is re-exported here for the scoring code.
 # --------------------------------------------------------------------------------------------
 
 

@@ -118,3 +118,30 @@ def test_contracts_cover_every_service():
     services = {f"fortis.services.{p.name}" for p in (ROOT / "services").iterdir()
                 if p.is_dir() and (p / "__init__.py").exists() and p.name != "common"}
     assert services == independent, services ^ independent
+
+
+def _imported_names(path: Path) -> list[str]:
+    """Every module a file imports, at any depth (``from a import b`` gives ``a`` and ``a.b``:
+    b may be a module)."""
+    import ast
+    out: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.append(node.module)
+            out += [f"{node.module}.{a.name}" for a in node.names]
+    return out
+
+
+def test_core_imports_messages_never_grpc_stubs():
+    """import-linter sees the generated stubs (fortis.<area>.v1) as one external package, so
+    this holds the rest of the core contract: of the fortis namespace, core imports itself, the
+    error model and the fortis.common.v1 messages, never a *_pb2_grpc module (they import
+    grpc) nor another area's stubs."""
+    allowed = ("fortis.core", "fortis.client.errors", "fortis.common.v1")
+    bad = [f"{p.relative_to(ROOT)}: {name}" for p in sorted((ROOT / "core").rglob("*.py"))
+           for name in _imported_names(p)
+           if name.split(".")[-1].endswith("_pb2_grpc") or name.split(".")[0] == "grpc"
+           or (name.startswith("fortis.") and not name.startswith(allowed))]
+    assert not bad, "core imports what the domain kernel must not:\n" + "\n".join(bad)

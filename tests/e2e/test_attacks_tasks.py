@@ -160,7 +160,7 @@ class _Task:
             metrics_port=0, metrics_host="127.0.0.1"))
 
     def _miou(self, img: np.ndarray, truth: np.ndarray) -> float:
-        from fortis.services.common.criteria import SegmentationCriterion
+        from fortis.core.criteria import SegmentationCriterion
         from fortis.services.scoring.correctness.segmentation import segmentation_miou
 
         crit = SegmentationCriterion(classes=(1,), miou_threshold=0.5)
@@ -174,7 +174,7 @@ class _Task:
     def correct(self, name: str, img: np.ndarray) -> bool:
         """The scoring service's IEEE-C4 / C5 verdict on the model's answer to ``img``."""
         if self.task == "detection":
-            from fortis.services.common.criteria import DetectionCriterion
+            from fortis.core.criteria import DetectionCriterion
             from fortis.services.scoring.correctness import detection_correct
             from fortis.services.scoring.correctness.boxes import Detections
 
@@ -186,7 +186,7 @@ class _Task:
                               image_size=(img.shape[1], img.shape[0]))
             crit = DetectionCriterion.from_dict(self.rule)
             return bool(detection_correct([truth], [pred], crit)[0])
-        from fortis.services.common.criteria import SegmentationCriterion
+        from fortis.core.criteria import SegmentationCriterion
         from fortis.services.scoring.correctness.segmentation import segmentation_correct
 
         crit = SegmentationCriterion(classes=(1,), miou_threshold=self.threshold)

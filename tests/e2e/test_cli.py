@@ -200,7 +200,7 @@ def _judged_again(task: str, report: dict[str, Any], ex: dict[str, Any]) -> bool
     """The example's answer judged here by the scoring service's own IEEE-C4 / C5 code, from
     what report.json carries (the boxes, the masks) and the plan's rule."""
     import numpy as np
-    from fortis.services.common.criteria import DetectionCriterion, SegmentationCriterion
+    from fortis.core.criteria import DetectionCriterion, SegmentationCriterion
     from fortis.services.scoring.correctness import (
         DetectionBatch,
         detection_correct,

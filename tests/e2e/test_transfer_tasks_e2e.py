@@ -63,7 +63,7 @@ class _Stack:
     def correct(self, model: Any, name: str, img: np.ndarray) -> bool:
         """The scoring service's IEEE-C4 / C5 verdict on ``model``'s answer to ``img``."""
         if self.task == "detection":
-            from fortis.services.common.criteria import DetectionCriterion
+            from fortis.core.criteria import DetectionCriterion
             from fortis.services.scoring.correctness import detection_correct
             from fortis.services.scoring.correctness.boxes import Detections
 
@@ -76,8 +76,8 @@ class _Stack:
             pred = Detections(boxes=boxes, labels=np.zeros(len(boxes), np.int64), scores=scores,
                               image_size=size)
             return bool(detection_correct([truth], [pred], DetectionCriterion.from_dict(self.rule))[0])
+        from fortis.core.criteria import SegmentationCriterion
         from fortis.services.common.codec import tensor_to_array
-        from fortis.services.common.criteria import SegmentationCriterion
         from fortis.services.scoring.correctness.segmentation import segmentation_correct
 
         cmap = np.asarray(tensor_to_array(model._answer_batch([img])[0].class_map, "class_map"), np.int64)

@@ -348,7 +348,7 @@ def classification_data(n: int) -> TaskData:
 
 def detection_data(root: Path) -> TaskData:
     from fortis.adapters.vision_targets.haar import HaarFaceTarget
-    from fortis.services.common.criteria import DetectionCriterion
+    from fortis.core.criteria import DetectionCriterion
     from fortis.services.scoring.correctness import detection_correct
     from fortis.services.scoring.correctness.boxes import Detections
 
@@ -380,7 +380,7 @@ def detection_data(root: Path) -> TaskData:
 def segmentation_data(root: Path) -> TaskData:
     import cv2
     from fortis.adapters.vision_targets.u2netp import U2NetpTarget
-    from fortis.services.common.criteria import SegmentationCriterion
+    from fortis.core.criteria import SegmentationCriterion
     from fortis.services.scoring.correctness.segmentation import (
         segmentation_correct,
         segmentation_miou,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fortis.services.common.criteria import CorrectnessRule
+from fortis.core.criteria import CorrectnessRule
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.evaluation.answers import ClassAnswers
 from fortis.services.evaluation.canary_metrics import class_answers

@@ -192,10 +192,9 @@ class _Engine:
 def _haar(images: list[np.ndarray]) -> DetectionAnswers:
     from fortis.adapters.vision_targets.haar import HaarFaceTarget
     from fortis.services.common.codec import image_msg
-    from fortis.services.evaluation.clients import _detection_answers
     target = HaarFaceTarget()
-    return _detection_answers(target.predict([image_msg(str(i), im, raw=True)
-                                              for i, im in enumerate(images)]))
+    return DetectionAnswers.from_proto(target.predict([image_msg(str(i), im, raw=True)
+                                                       for i, im in enumerate(images)]))
 
 
 def test_detection_examples_carry_the_truth_the_boxes_and_the_rules_verdicts():

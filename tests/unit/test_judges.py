@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fortis.services.common.criteria import DetectionCriterion, SegmentationCriterion
+from fortis.core.criteria import DetectionCriterion, SegmentationCriterion
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.perturbation.attacks.base import AttackContext
 from fortis.services.perturbation.attacks.registry import ATTACKS

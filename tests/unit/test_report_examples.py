@@ -304,10 +304,9 @@ class _LocalProxy:
 
     def predict(self, *, session_id: str, origin: str, task: str,
                 images: Any) -> ClassAnswers:
-        from fortis.services.evaluation.clients import _class_answers
         self.sent += [(session_id, origin, i, np.array(im)) for i, im in images]
-        return _class_answers(self.target.predict([image_msg(i, im, raw=True)
-                                                   for i, im in images]))
+        return ClassAnswers.from_proto(self.target.predict([image_msg(i, im, raw=True)
+                                                            for i, im in images]))
 
 
 class _LocalPerturbation:

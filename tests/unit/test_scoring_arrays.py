@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fortis.services.common import criteria as common_criteria
+from fortis.core import criteria as common_criteria
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring import correctness as cr
 from fortis.services.scoring.catalogue import compute

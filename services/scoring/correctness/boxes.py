@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 from fortis.core.boxes import iou_xyxy
-from fortis.services.common.criteria import BOX_FORMATS
+from fortis.core.criteria import BOX_FORMATS
 from fortis.services.common.errors import FieldViolation, InvalidArgument
 from fortis.services.common.matching import check_image_size as _check_size
 from fortis.services.common.matching import convert_box_rows as _convert_rows

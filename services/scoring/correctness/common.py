@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-from fortis.services.common.criteria import (
+from fortis.core.criteria import (
     AGGREGATE_MODES,
     MAX_LISTED,
     AggregationRule,

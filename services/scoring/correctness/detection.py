@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from fortis.core.boxes import iou_xyxy
+from fortis.core.criteria import DetectionCriterion
 from fortis.core.matching import match_batch
-from fortis.services.common.criteria import DetectionCriterion
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring.correctness.boxes import DetectionBatch, Detections
 from fortis.services.scoring.correctness.common import (

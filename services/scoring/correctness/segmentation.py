@@ -27,8 +27,8 @@ from typing import Final
 
 import numpy as np
 import numpy.typing as npt
+from fortis.core.criteria import ALL_ABSENT_POLICIES, SegmentationCriterion
 from fortis.services.common.arrays import chunk_slices
-from fortis.services.common.criteria import ALL_ABSENT_POLICIES, SegmentationCriterion
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.matching import iou_per_class as _seg_iou_block
 from fortis.services.common.matching import mean_iou, miou_correct

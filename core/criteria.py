@@ -4,11 +4,13 @@ The plan's service-type parameters (IEEE-P3) say how an answer is judged: a clas
 :class:`CorrectnessRule` (IEEE-C1/C2), an :class:`AggregationRule` over label sets or objects
 (IEEE-C3), a :class:`DetectionCriterion` (IEEE-C4) and a :class:`SegmentationCriterion`
 (IEEE-C5), and which success criteria an attack may be judged by (:data:`ATTACK_CRITERIA`,
-IEEE-A8 / PER-2). They live here, not in the scoring service, because two services need them: the
-evaluation service validates a plan's criteria before anything runs (and must not import
-scoring: docs/architecture.md, section 4), and the scoring service judges answers with them.
-Validation only: plain Python, no numpy at import (``AggregationRule.combine`` imports it when
-called), every problem named by its field (``correctness.k``, ``detection.iou_threshold``...).
+IEEE-A8 / PER-2). They live in the domain kernel, not in a service, because three services
+need them: the evaluation service validates a plan's criteria before anything runs (and must
+not import scoring: docs/architecture.md, section 4), the scoring service judges answers with
+them and the perturbation service judges attacks by them. Validation only: plain Python, no
+numpy at import (``AggregationRule.combine`` imports it when called), every problem named by
+its field (``correctness.k``, ``detection.iou_threshold``...); errors are the one error model
+of ``fortis.client.errors`` (protobuf only, no gRPC), the classes the services raise.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from typing import TYPE_CHECKING, Any, Final
 
+from fortis.client.errors import FieldViolation, InvalidArgument
 from fortis.core.task import BOX_FORMATS, Task
-from fortis.services.common.errors import FieldViolation, InvalidArgument
 
 if TYPE_CHECKING:
     import numpy as np
