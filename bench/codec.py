@@ -20,8 +20,9 @@ import time
 import google.protobuf
 import numpy as np
 from fortis.common.v1 import common_pb2
+from fortis.core.tensors import array_to_tensor
 from fortis.proxy.v1 import proxy_pb2
-from fortis.services.common.codec import add_images, array_to_tensor
+from fortis.services.common.codec import add_images
 
 
 def _us(fn, n: int) -> float:

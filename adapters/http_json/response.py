@@ -21,7 +21,7 @@ import numpy as np
 from fortis.adapters.http_json.profile import BoxSpec, MaskSpec, Profile
 from fortis.common.v1 import common_pb2
 from fortis.core.task import Task
-from fortis.services.common.codec import fill_tensor
+from fortis.core.tensors import fill_tensor
 
 # ---------------------------------------------------------------------------------------------
 # Pure transforms

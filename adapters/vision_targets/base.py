@@ -11,8 +11,9 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 from fortis.common.v1 import common_pb2
+from fortis.core.tensors import fill_tensor
 from fortis.services.common import errors
-from fortis.services.common.codec import decode_images, fill_tensor
+from fortis.services.common.codec import decode_images
 from fortis.target.v1 import target_pb2
 
 SETUP_HINT = "run scripts/setup_vision.sh"

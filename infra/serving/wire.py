@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from fortis.common.v1 import common_pb2
-from fortis.services.common.codec import png_array, tensor_parts
+from fortis.core.tensors import tensor_parts
+from fortis.services.common.codec import png_array
 
 __all__ = ["Piece", "Wire", "image_field", "image_list", "message", "tensor_field"]
 

@@ -3,7 +3,7 @@
 Conversion only (protobuf messages, no gRPC). Decoding failures become
 ``InvalidArgument`` naming the field, e.g. ``images[3].encoded``. Tensors (``tensor_to_array``,
 ``fill_tensor``...) are the domain kernel's (:mod:`fortis.core.tensors`: the answer types
-convert themselves with them) and are named here for the services and adapters.
+convert themselves with them).
 """
 
 from __future__ import annotations
@@ -16,13 +16,7 @@ import cv2
 import numpy as np
 from fortis.common.v1 import common_pb2
 from fortis.core.task import Task
-from fortis.core.tensors import (  # noqa: F401 (the kernel's wire form of arrays, named here too)
-    MAX_ELEMENTS,
-    array_to_tensor,
-    fill_tensor,
-    tensor_parts,
-    tensor_to_array,
-)
+from fortis.core.tensors import fill_tensor, tensor_to_array
 from fortis.services.common.errors import InvalidArgument
 
 #: Largest image accepted, pixels (guards against decompression bombs).

@@ -88,7 +88,7 @@ MAX_PIXELS: Final = 40_000_000
 MAX_IMAGE_BYTES: Final = 64 * 1024 * 1024
 #: Dimensions of a tensor's shape.
 MAX_TENSOR_DIMS: Final = 8
-#: Largest single dimension of a tensor (``codec.MAX_ELEMENTS`` bounds their product).
+#: Largest single dimension of a tensor (``fortis.core.tensors.MAX_ELEMENTS`` bounds their product).
 MAX_TENSOR_DIM: Final = 1 << 31
 #: Width or height of an image, pixels.
 MAX_IMAGE_SIDE: Final = 100_000

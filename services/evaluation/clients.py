@@ -17,6 +17,7 @@ from fortis.common.v1 import common_pb2
 from fortis.core.answers import ANSWER_TYPES
 from fortis.core.strategy import STRATEGIES
 from fortis.core.task import Task
+from fortis.core.tensors import array_to_tensor, tensor_to_array
 from fortis.infra.serving.server import error_from_rpc
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
@@ -25,13 +26,7 @@ from fortis.report.v1 import report_pb2, report_pb2_grpc
 from fortis.scoring.v1 import scoring_pb2 as spb
 from fortis.scoring.v1 import scoring_pb2_grpc
 from fortis.services.common import errors
-from fortis.services.common.codec import (
-    add_images,
-    array_to_tensor,
-    decode_image,
-    fill_image,
-    tensor_to_array,
-)
+from fortis.services.common.codec import add_images, decode_image, fill_image
 from fortis.services.common.limits import request_batches
 from fortis.services.common.params import Param
 from fortis.services.common.surrogates import SurrogateOutputs, SurrogateSpec

@@ -16,10 +16,10 @@ import numpy as np
 from fortis.common.v1 import common_pb2
 from fortis.core.strategy import STRATEGIES
 from fortis.core.task import Task
+from fortis.core.tensors import array_to_tensor, fill_tensor
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
 from fortis.report.v1 import report_pb2 as rpb
 from fortis.scoring.v1 import scoring_pb2 as spb
-from fortis.services.common.codec import array_to_tensor, fill_tensor
 from fortis.services.common.limits import (
     MAX_EXAMPLE_PNG_BYTES,
     MAX_EXAMPLE_SIDE,

@@ -19,10 +19,11 @@ import grpc
 import numpy as np
 from fortis.common.v1 import common_pb2
 from fortis.core.task import Task
+from fortis.core.tensors import tensor_to_array
 from fortis.infra.serving.server import error_from_rpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors
-from fortis.services.common.codec import add_images, dense_scores, tensor_to_array
+from fortis.services.common.codec import add_images, dense_scores
 from fortis.services.common.limits import request_batches
 from fortis.services.perturbation.judges import (
     Answer,

@@ -20,6 +20,7 @@ import numpy as np
 from fortis.common.v1 import common_pb2
 from fortis.core.strategy import STRATEGIES
 from fortis.core.task import Task
+from fortis.core.tensors import tensor_to_array
 from fortis.infra.serving import wire
 from fortis.infra.serving.call_context import current_api_key, current_tenant, in_work_slot
 from fortis.infra.serving.memory import holding
@@ -30,11 +31,7 @@ from fortis.perturbation.v1 import perturbation_pb2 as pb
 from fortis.perturbation.v1 import perturbation_pb2_grpc
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors, limits
-from fortis.services.common.codec import (
-    decode_image,
-    decode_images,
-    tensor_to_array,
-)
+from fortis.services.common.codec import decode_image, decode_images
 from fortis.services.common.pagination import page_of, page_size
 from fortis.services.common.params import Param
 from fortis.services.common.stopping import StopCheck, caller_stop

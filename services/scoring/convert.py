@@ -1,6 +1,6 @@
 """The one place where ``fortis.scoring.v1`` messages meet the scoring domain: a ScoreEvaluation
 stream becomes an :class:`~fortis.services.scoring.evaluation_data.EvaluationSetup` and its
-settings (tensors decoded with ``codec.tensor_to_array``, enums read into the criteria's
+settings (tensors decoded with ``tensors.tensor_to_array``, enums read into the criteria's
 strings), and the metric trees of ``evaluation_scoring.score_evaluation`` become the typed
 ScoreEvaluationResponse. Conversion only: protobuf, no gRPC.
 
@@ -18,8 +18,8 @@ from typing import Any, Final
 import numpy as np
 from fortis.core.criteria import CorrectnessRule
 from fortis.core.task import Task
+from fortis.core.tensors import tensor_to_array
 from fortis.scoring.v1 import scoring_pb2 as pb
-from fortis.services.common.codec import tensor_to_array
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.scoring.correctness import (
     DetectionCriterion,

@@ -20,10 +20,10 @@ import binascii
 from collections.abc import Callable, Iterable
 from typing import Any, Final, TypeVar
 
+from fortis.core.tensors import tensor_to_array
 from fortis.infra.serving.call_context import in_work_slot
 from fortis.infra.serving.workprocs import PieceProcesses
 from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
-from fortis.services.common.codec import tensor_to_array
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.stopping import caller_stop
 from fortis.services.scoring.catalogue import compute, list_metrics

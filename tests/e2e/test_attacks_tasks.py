@@ -120,7 +120,7 @@ def _detect(model: Any, img: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _segment(model: Any, img: np.ndarray) -> np.ndarray:
-    from fortis.services.common.codec import tensor_to_array
+    from fortis.core.tensors import tensor_to_array
 
     seg = model._answer(img)
     return np.asarray(tensor_to_array(seg.class_map, "class_map"), dtype=np.int64)

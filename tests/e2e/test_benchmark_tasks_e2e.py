@@ -73,7 +73,7 @@ def _detection_correct(model: Any, truth: np.ndarray, img: np.ndarray) -> bool:
 def _segmentation_correct(model: Any, truth: np.ndarray, img: np.ndarray) -> bool:
     """The scoring service's IEEE-C5 verdict on ``model``'s answer to ``img``."""
     from fortis.core.criteria import SegmentationCriterion
-    from fortis.services.common.codec import tensor_to_array
+    from fortis.core.tensors import tensor_to_array
     from fortis.services.scoring.correctness.segmentation import segmentation_correct
 
     cmap = np.asarray(tensor_to_array(model._answer_batch([img])[0].class_map, "class_map"),

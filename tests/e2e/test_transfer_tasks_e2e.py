@@ -77,7 +77,7 @@ class _Stack:
                               image_size=size)
             return bool(detection_correct([truth], [pred], DetectionCriterion.from_dict(self.rule))[0])
         from fortis.core.criteria import SegmentationCriterion
-        from fortis.services.common.codec import tensor_to_array
+        from fortis.core.tensors import tensor_to_array
         from fortis.services.scoring.correctness.segmentation import segmentation_correct
 
         cmap = np.asarray(tensor_to_array(model._answer_batch([img])[0].class_map, "class_map"), np.int64)

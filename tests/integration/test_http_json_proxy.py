@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 from fortis.adapters import http_json as hj
 from fortis.common.v1 import common_pb2
+from fortis.core.tensors import tensor_to_array
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors
-from fortis.services.common.codec import image_msg, tensor_to_array
+from fortis.services.common.codec import image_msg
 from google.rpc import code_pb2
 from structlog.testing import capture_logs
 

@@ -15,8 +15,8 @@ import sys
 import grpc
 import numpy as np
 import pytest
+from fortis.core.tensors import array_to_tensor
 from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
-from fortis.services.common.codec import array_to_tensor
 from fortis.services.scoring.catalogue import compute
 from fortis.services.scoring.ranking import drr
 from google.protobuf import json_format

@@ -12,8 +12,8 @@ from typing import Any
 
 import grpc
 import numpy as np
+from fortis.core.tensors import array_to_tensor
 from fortis.scoring.v1 import scoring_pb2, scoring_pb2_grpc
-from fortis.services.common.codec import array_to_tensor
 from fortis.services.scoring.limits import MAX_ARRAY_ELEMENTS, MAX_CHAIN_LENGTH
 from google.protobuf import json_format, struct_pb2
 from google.rpc import error_details_pb2

@@ -388,9 +388,10 @@ def test_raw_stubs_upload_get_list_page_and_delete(stub):
 
 def test_neural_style_reads_the_callers_uploaded_model(stack, channel, tmp_path):
     import torch
+    from fortis.core.tensors import tensor_to_array
     from fortis.perturbation.v1 import perturbation_pb2 as ppb
     from fortis.perturbation.v1 import perturbation_pb2_grpc
-    from fortis.services.common.codec import image_msg, tensor_to_array
+    from fortis.services.common.codec import image_msg
     from fortis.services.perturbation.styles import NEURAL_BLEND
     from google.protobuf import struct_pb2
 

@@ -29,9 +29,10 @@ import grpc
 import numpy as np
 import pytest
 from fortis.common.v1 import common_pb2
+from fortis.core.tensors import array_to_tensor, tensor_to_array
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors
-from fortis.services.common.codec import array_to_tensor, image_msg, tensor_to_array
+from fortis.services.common.codec import image_msg
 from fortis.services.perturbation.registry import apply_perturbation
 from fortis.services.scoring.correctness import (
     DetectionCriterion,

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from fortis.core.tensors import array_to_tensor
 from fortis.scoring.v1 import scoring_pb2 as pb
-from fortis.services.common.codec import array_to_tensor
 from fortis.services.scoring.evaluation_data import (
     ClassificationAnswers,
     ClassificationTruth,

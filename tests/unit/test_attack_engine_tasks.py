@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from fortis.common.v1 import common_pb2
-from fortis.services.common.codec import fill_tensor
+from fortis.core.tensors import fill_tensor
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.perturbation.engine import AttackItem, run_attack
 from fortis.services.perturbation.judges import BoxAnswer, MaskAnswer

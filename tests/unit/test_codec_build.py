@@ -1,4 +1,4 @@
-"""Messages that carry images and tensors are built in place (``codec.fill_tensor``,
+"""Messages that carry images and tensors are built in place (``tensors.fill_tensor``,
 ``fill_image``, ``add_images``, ``add_messages``; under upb a message
 passed to a constructor is copied slowly, see ``bench/codec.py``). These helpers must build
 exactly what the constructor form built: the same bytes on the wire, the same arrays back."""
@@ -8,17 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fortis.common.v1 import common_pb2
+from fortis.core.tensors import array_to_tensor, fill_tensor, tensor_to_array
 from fortis.proxy.v1 import proxy_pb2
 from fortis.services.common.codec import (
     add_images,
     add_messages,
-    array_to_tensor,
     decode_image,
     encode_png,
     fill_image,
-    fill_tensor,
     image_msg,
-    tensor_to_array,
 )
 from fortis.services.common.errors import InvalidArgument
 

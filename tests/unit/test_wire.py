@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fortis.common.v1 import common_pb2
+from fortis.core.tensors import tensor_to_array
 from fortis.infra.serving import wire
 from fortis.perturbation.v1 import perturbation_pb2 as pb
-from fortis.services.common.codec import add_images, decode_image, tensor_to_array
+from fortis.services.common.codec import add_images, decode_image
 
 
 def _images(rng: np.random.Generator, shapes: list[tuple[int, ...]]) -> list[tuple[str, np.ndarray]]:
