@@ -17,6 +17,8 @@
                       (no plan reads the server's disk; blobs are the calling
                       tenant's own, infra/storage/blobs.py). Content ids pin the data, so the
                       plan in the report repeats the evaluation exactly (IEEE-P4).
+    coco, voc         COCO JSON and Pascal VOC folders under the data root, kept as they are
+                      (detection and segmentation; dataset_formats.py)
 
 Confinement (otherwise any tenant could read any server file, and its bytes would come back
 in the error). Manifests exist only under an operator-configured ``data_root``: with none,
@@ -48,6 +50,7 @@ from fortis.services.common.codec import check_image_header
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument
 from fortis.services.common.paths import confined_file as _confined
 from fortis.services.evaluation.plan import DatasetRef, Plan
+from fortis.services.evaluation.plan_model import ANNOTATED_FORMATS
 from fortis.services.evaluation.runner import DatasetPort
 from fortis.services.evaluation.stages.base import LabeledImage
 
@@ -334,12 +337,20 @@ class PlanDatasets(DatasetPort):
         return (self.blobs, self.tenant) if self.blobs is not None and self.tenant else None
 
     def truths(self, plan: Plan) -> dict[str, Any]:
+        if plan.dataset.source in ANNOTATED_FORMATS:
+            from fortis.services.evaluation.dataset_formats import load_annotated
+
+            return {i: truth for i, _, truth in load_annotated(plan, self.data_root)}
         return load_plan_truths(plan, self.data_root, self._uploads)
 
     def check(self, plan: Plan) -> None:
         """The first stage's refusals of the plan's data, no image decoded (check_manifest),
         and the uploaded models its surrogates name (this tenant's, of kind model)."""
         check_manifest(plan, self.data_root, self._uploads)
+        if plan.dataset.source in ANNOTATED_FORMATS:
+            from fortis.services.evaluation.dataset_formats import annotated_items
+
+            annotated_items(plan, self.data_root)
         for k, sd in enumerate(plan.surrogates):
             if self.blobs is None or not self.tenant:
                 raise FailedPrecondition(f"surrogates[{k}].model: uploaded models are not "
@@ -349,6 +360,12 @@ class PlanDatasets(DatasetPort):
     def images(self, plan: Plan) -> list[LabeledImage]:
         ds = plan.dataset
         lm = ds.label_map
+        if ds.source in ANNOTATED_FORMATS:
+            # imported here: that module reads files with this one's helpers
+            from fortis.services.evaluation.dataset_formats import load_annotated
+
+            return [(i, img, ()) for i, img, _ in load_annotated(plan, self.data_root,
+                                                                      truths=False)]
         if ds.source in ("manifest", "uploads"):
             out: list[LabeledImage] = []
             for row in read_manifest(plan, self.data_root, self._uploads):
