@@ -52,16 +52,16 @@ import numpy as np
 from fortis.core.task import Task
 from fortis.services.common.codec import check_image_header
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument
-from fortis.services.evaluation.datasets import (
+from fortis.services.evaluation.dataset_files import (
+    MAX_ANNOTATION_BYTES,
     MAX_ID_CHARS,
     MAX_IMAGE_BYTES,
-    MAX_MANIFEST_BYTES,
     MAX_PATH_CHARS,
-    _read_bounded,
-    _read_image,
-    _short,
     confined_file,
 )
+from fortis.services.evaluation.dataset_files import read_bounded as _read_bounded
+from fortis.services.evaluation.dataset_files import read_image as _read_image
+from fortis.services.evaluation.dataset_files import short as _short
 from fortis.services.evaluation.plan import Plan
 from PIL import Image
 from pycocotools import mask as coco_mask
@@ -153,7 +153,7 @@ def _root(data_root: Path | None) -> Path:
 
 def _coco_doc(root: Path, path: str) -> dict[str, Any]:
     data = _read_bounded(confined_file(root, PurePosixPath(), path, "dataset.path"),
-                         MAX_MANIFEST_BYTES, "dataset.path", "annotations file")
+                         MAX_ANNOTATION_BYTES, "dataset.path", "annotations file")
     try:
         doc = json.loads(data)
     except json.JSONDecodeError as exc:
@@ -334,7 +334,7 @@ def _voc_ids(plan: Plan, root: Path, base: PurePosixPath) -> list[tuple[str, str
     ds = plan.dataset
     sets = "Segmentation" if plan.target.task == Task.SEGMENTATION else "Main"
     path = confined_file(root, base, f"ImageSets/{sets}/{ds.split}.txt", "dataset.split")
-    data = _read_bounded(path, MAX_MANIFEST_BYTES, "dataset.split", "image list")
+    data = _read_bounded(path, MAX_ANNOTATION_BYTES, "dataset.split", "image list")
     out: list[tuple[str, str]] = []
     n = 0
     for lineno, line in enumerate(data.split(b"\n"), start=1):

@@ -182,7 +182,7 @@ def test_coco_oversize_and_malformed_json_are_refused(coco, monkeypatch):
     (coco / "coco" / "box.json").write_text(json.dumps(doc))
     _refused(lambda: ds.truths(_plan(_coco(path="coco/box.json"))),
              "dataset.path:annotations[0].bbox[2]")
-    monkeypatch.setattr(dataset_formats, "MAX_MANIFEST_BYTES", 100)
+    monkeypatch.setattr(dataset_formats, "MAX_ANNOTATION_BYTES", 100)
     assert "larger than 100 bytes" in _refused(lambda: ds.truths(_plan(_coco())),
                                                "dataset.path")
 
