@@ -328,3 +328,21 @@ def test_voc_symlinked_root_and_bad_split_lines(voc, tmp_path):
     assert out == missing
     (voc / "VOCdevkit/VOC2012/ImageSets/Main/val.txt").write_text("ok_1\n../../etc/passwd\n")
     _refused(lambda: ds.check(_plan(_voc())), "dataset.split:2")
+
+
+def test_embedded_run_roots_coco_and_voc_at_their_folders(coco, voc, monkeypatch):
+    """``fortis run`` (embedded) takes local paths: the data root becomes the folder holding
+    the files, and the plan names them relative to it, as a server's plan would."""
+    from fortis.server.cli.local import _embedded_manifest_root
+
+    monkeypatch.chdir(coco)
+    text, root = _embedded_manifest_root(json.dumps({"dataset": _coco()}))
+    ds = json.loads(text)["dataset"]
+    assert root == (coco / "coco").resolve() and (ds["path"], ds["images"]) == ("ann.json", "img")
+    assert list(PlanDatasets({}, data_root=root).truths(_plan(ds))) == ["a.png", "b.png",
+                                                                        "c.png"]
+    text, root = _embedded_manifest_root(json.dumps(
+        {"dataset": _voc(path=str(voc / "VOCdevkit" / "VOC2012"))}))
+    ds = json.loads(text)["dataset"]
+    assert root == (voc / "VOCdevkit").resolve() and ds["path"] == "VOC2012"
+    assert len(PlanDatasets({}, data_root=root).truths(_plan(ds))) == 3
