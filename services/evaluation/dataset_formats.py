@@ -66,7 +66,7 @@ from fortis.services.evaluation.plan import Plan
 from PIL import Image
 from pycocotools import mask as coco_mask
 
-__all__ = ["IGNORE", "MAX_XML_BYTES", "VOC_CLASSES", "Annotated", "annotated_items",
+__all__ = ["IGNORE", "MAX_POLYGON_STEPS", "MAX_XML_BYTES", "VOC_CLASSES", "Annotated", "annotated_items",
            "load_annotated"]
 
 #: The Pascal VOC classes; a class's label is its index here (0 is the background).
@@ -77,6 +77,9 @@ VOC_CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "
 IGNORE = 255
 #: Largest VOC annotation XML read, bytes (one image's objects).
 MAX_XML_BYTES = 1024 * 1024
+#: Longest walk of one object's polygon edges by the rasteriser (pixels at its 5x scale):
+#: bounds its memory (two ints a step).
+MAX_POLYGON_STEPS = 4_000_000
 #: A VOC image id: a file name stem, never a path.
 _VOC_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 #: A DTD or entity declaration: refused before parsing (no entity expansion of any kind).
@@ -306,6 +309,17 @@ def _shape_mask(seg: Any, h: int, w: int, where: str) -> np.ndarray:
             raise InvalidArgument(f"{where}[{k}]", "a polygon is an even list of at least 6 "
                                   "numbers (x1, y1, x2, y2, ...)")
         polys.append([_number(v, f"{where}[{k}]") for v in poly])
+    # The rasteriser walks every edge pixel by pixel at 5x scale: a few wild coordinates would
+    # make it allocate without bound, so the walk is measured first.
+    steps = 0.0
+    for k, poly in enumerate(polys):
+        xy = np.asarray(poly).reshape(-1, 2)
+        if np.abs(xy).max() > 4 * max(h, w) + 16:
+            raise InvalidArgument(f"{where}[{k}]", f"coordinates far outside the {w}x{h} image")
+        steps += float(np.abs(np.diff(np.vstack([xy, xy[:1]]), axis=0)).max(axis=1).sum()) * 5
+    if steps > MAX_POLYGON_STEPS:
+        raise InvalidArgument(where, f"polygons too long to rasterise (perimeter {steps / 5:.0f}"
+                              f" pixels; at most {MAX_POLYGON_STEPS // 5})")
     rles = coco_mask.frPyObjects(polys, h, w)
     return np.asarray(coco_mask.decode(coco_mask.merge(rles)), dtype=bool)
 
@@ -358,6 +372,9 @@ def _voc_ids(plan: Plan, root: Path, base: PurePosixPath) -> list[tuple[str, str
 
 def _xml(path: Path, where: str) -> ET.Element:
     data = _read_bounded(path, MAX_XML_BYTES, where, "annotation file")
+    if b"\x00" in data or data.startswith((b"\xfe\xff", b"\xff\xfe")):
+        # a UTF-16 document would hide its declarations from the check below
+        raise InvalidArgument(where, "XML must be UTF-8 (or ASCII) text")
     if _DTD.search(data):
         raise InvalidArgument(where, "XML with a DTD or entity declaration is refused")
     try:

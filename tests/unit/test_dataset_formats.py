@@ -140,12 +140,21 @@ def test_coco_masks_from_polygons_and_rle_with_crowd_ignored(coco):
     assert (truths["c.png"] == 0).all()
 
 
-def test_coco_bad_rle_is_refused_naming_the_annotation(coco):
+@pytest.mark.parametrize("index,seg,field", [
+    (2, {"size": [16, 20], "counts": [5, 400]}, "segmentation.counts"),
+    (2, {"size": [16, 20], "counts": "\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f"},
+     "segmentation.counts"),
+    (2, {"size": [20, 16], "counts": [320]}, "segmentation.size"),
+    (0, [[1, 2, 3]], "segmentation[0]"),
+    (0, [[0, 0, 1e9, 0, 1e9, 1e9]], "segmentation[0]"),
+    (0, [[0, 0, 10, 0, 10, 10, 0, 10] * 40_000], "segmentation"),
+])
+def test_coco_bad_segmentations_are_refused_naming_the_annotation(coco, index, seg, field):
     doc = json.loads((coco / "coco" / "ann.json").read_text())
-    doc["annotations"][2]["segmentation"] = {"size": [16, 20], "counts": [5, 400]}
+    doc["annotations"][index]["segmentation"] = seg
     (coco / "coco" / "ann.json").write_text(json.dumps(doc))
     _refused(lambda: PlanDatasets({}, data_root=coco).truths(_plan(_coco(), "segmentation")),
-             "dataset.path:annotations[2].segmentation.counts")
+             f"dataset.path:annotations[{index}].{field}")
 
 
 @pytest.mark.parametrize("field,value", [("path", "../outside.json"), ("path", "/etc/x.json"),
@@ -292,6 +301,9 @@ def test_voc_xml_with_an_entity_or_malformed_is_refused(voc):
                    ']><annotation><object><name>&x;</name></object></annotation>')
     assert "DTD" in _refused(lambda: ds.check(_plan(_voc())),
                              "dataset.path:Annotations/2007_000002.xml")
+    ann.write_text(_xml(_obj("cat", (1, 1, 2, 2))), encoding="utf-16")
+    assert "UTF-8" in _refused(lambda: ds.truths(_plan(_voc())),
+                               "dataset.path:Annotations/2007_000002.xml")
     ann.write_text("<annotation><object>")
     assert "well-formed" in _refused(lambda: ds.truths(_plan(_voc())),
                                      "dataset.path:Annotations/2007_000002.xml")
