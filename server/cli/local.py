@@ -159,8 +159,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 
 def _embedded_manifest_root(text: str) -> tuple[str, Path | None]:
-    """For an embedded run of a manifest plan: the manifest's folder is the data root and the
-    plan names the manifest in it (the server reads only under a root)."""
+    """For an embedded run of a plan reading files (manifest, COCO, VOC): a data root holding
+    them and the plan's paths rewritten relative to it (the server reads only under a root).
+    A manifest's root is its folder, a COCO dataset's the folder holding both the JSON and its
+    image folder, a VOC root's its parent."""
     from fortis.services.common.errors import InvalidArgument
     from fortis.services.evaluation.plan import parse_plan_text
 
@@ -169,11 +171,19 @@ def _embedded_manifest_root(text: str) -> tuple[str, Path | None]:
     except InvalidArgument:
         return text, None            # reported by _run_plan's validation
     ds = doc.get("dataset")
-    if not isinstance(ds, dict) or ds.get("source") != "manifest" or not isinstance(ds.get("path"), str):
+    if not isinstance(ds, dict) or ds.get("source") not in ("manifest", "coco", "voc") \
+            or not isinstance(ds.get("path"), str):
         return text, None
-    manifest = Path(ds["path"]).expanduser().resolve()
-    doc["dataset"] = {**ds, "path": manifest.name}
-    return json.dumps(doc), manifest.parent
+    path = Path(ds["path"]).expanduser().resolve()
+    if ds["source"] == "coco":
+        images = Path(ds["images"]).expanduser().resolve() if isinstance(ds.get("images"), str) \
+            else path.parent
+        root = Path(os.path.commonpath([path.parent, images]))
+        doc["dataset"] = {**ds, "path": path.relative_to(root).as_posix(),
+                          "images": images.relative_to(root).as_posix()}
+        return json.dumps(doc), root
+    doc["dataset"] = {**ds, "path": path.name}
+    return json.dumps(doc), path.parent
 
 
 def cmd_validate(ns: argparse.Namespace) -> int:

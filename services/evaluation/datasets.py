@@ -17,6 +17,8 @@
                       (no plan reads the server's disk; blobs are the calling
                       tenant's own, infra/storage/blobs.py). Content ids pin the data, so the
                       plan in the report repeats the evaluation exactly (IEEE-P4).
+    coco, voc         COCO JSON and Pascal VOC folders under the data root, kept as they are
+                      (detection and segmentation; dataset_formats.py)
 
 Confinement (otherwise any tenant could read any server file, and its bytes would come back
 in the error). Manifests exist only under an operator-configured ``data_root``: with none,
@@ -44,10 +46,18 @@ import cv2
 import numpy as np
 from fortis.core.task import Task
 from fortis.infra.storage.blobs import BlobStorage
-from fortis.services.common.codec import check_image_header
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument
-from fortis.services.common.paths import confined_file as _confined
+from fortis.services.evaluation.dataset_files import (
+    MAX_ID_CHARS,
+    confined_file,
+)
+from fortis.services.evaluation.dataset_files import NOT_FOUND as _NOT_FOUND
+from fortis.services.evaluation.dataset_files import decode as _decode
+from fortis.services.evaluation.dataset_files import read_image as _read_image
+from fortis.services.evaluation.dataset_files import short as _short
+from fortis.services.evaluation.dataset_formats import annotated_items, load_annotated
 from fortis.services.evaluation.plan import DatasetRef, Plan
+from fortis.services.evaluation.plan_model import ANNOTATED_FORMATS
 from fortis.services.evaluation.runner import DatasetPort
 from fortis.services.evaluation.stages.base import LabeledImage
 
@@ -60,58 +70,6 @@ BuiltinSource = Callable[[DatasetRef], list[LabeledImage]]
 MAX_MANIFEST_BYTES = 50 * 1024 * 1024
 #: Longest manifest line, bytes (without its line break).
 MAX_LINE_BYTES = 64 * 1024
-#: Largest image or mask file read, bytes (its pixel count is bounded by the header check).
-MAX_IMAGE_BYTES = 64 * 1024 * 1024
-#: Longest path accepted in a plan or manifest, characters.
-MAX_PATH_CHARS = 1024
-#: Longest image id, characters.
-MAX_ID_CHARS = 256
-
-_NOT_FOUND = "not found under the data root"
-
-
-def _short(v: Any, limit: int = 60) -> str:
-    """A bounded excerpt of a value for a message (never the whole of a line)."""
-    r = repr(v)
-    return r if len(r) <= limit else r[:limit] + "..."
-
-
-def confined_file(root: Path, base: PurePosixPath, raw: object, field: str) -> Path:
-    """The regular file ``raw`` names, relative to ``base`` under the data root (the shared
-    rule of services/common/paths.py)."""
-    return _confined(root, raw, field, base=base, root_name="data root")
-
-
-def _read_bounded(path: Path, limit: int, field: str, what: str) -> bytes:
-    try:
-        with path.open("rb") as f:
-            if os.fstat(f.fileno()).st_size > limit:
-                raise InvalidArgument(field, f"the {what} is larger than {limit} bytes")
-            data = f.read(limit + 1)
-    except OSError:
-        raise InvalidArgument(field, _NOT_FOUND) from None
-    if len(data) > limit:
-        raise InvalidArgument(field, f"the {what} is larger than {limit} bytes")
-    return data
-
-
-def _read_image(path: Path, field: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
-    """Decode one confined image file: its size bounded, its header's pixel count checked
-    before decoding (a small file must not decode to a huge image)."""
-    return _decode(_read_bounded(path, MAX_IMAGE_BYTES, field, "image file"), field, flags)
-
-
-def _decode(data: bytes, field: str, flags: int = cv2.IMREAD_COLOR) -> np.ndarray:
-    """Decode PNG/JPEG bytes after checking the header's pixel count."""
-    check_image_header(data, field)
-    img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
-    if img is None:
-        raise InvalidArgument(field, f"not a readable PNG/JPEG image ({len(data)} bytes)")
-    if flags == cv2.IMREAD_COLOR:
-        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-    return np.ascontiguousarray(img)
-
-
 def _int(v: Any, field: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int | float | str):
         raise InvalidArgument(field, f"must be an integer, got {_short(v)}")
@@ -334,12 +292,16 @@ class PlanDatasets(DatasetPort):
         return (self.blobs, self.tenant) if self.blobs is not None and self.tenant else None
 
     def truths(self, plan: Plan) -> dict[str, Any]:
+        if plan.dataset.source in ANNOTATED_FORMATS:
+            return {i: truth for i, _, truth in load_annotated(plan, self.data_root)}
         return load_plan_truths(plan, self.data_root, self._uploads)
 
     def check(self, plan: Plan) -> None:
         """The first stage's refusals of the plan's data, no image decoded (check_manifest),
         and the uploaded models its surrogates name (this tenant's, of kind model)."""
         check_manifest(plan, self.data_root, self._uploads)
+        if plan.dataset.source in ANNOTATED_FORMATS:
+            annotated_items(plan, self.data_root)
         for k, sd in enumerate(plan.surrogates):
             if self.blobs is None or not self.tenant:
                 raise FailedPrecondition(f"surrogates[{k}].model: uploaded models are not "
@@ -349,6 +311,9 @@ class PlanDatasets(DatasetPort):
     def images(self, plan: Plan) -> list[LabeledImage]:
         ds = plan.dataset
         lm = ds.label_map
+        if ds.source in ANNOTATED_FORMATS:
+            return [(i, img, ()) for i, img, _ in load_annotated(plan, self.data_root,
+                                                                      truths=False)]
         if ds.source in ("manifest", "uploads"):
             out: list[LabeledImage] = []
             for row in read_manifest(plan, self.data_root, self._uploads):

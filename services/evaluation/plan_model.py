@@ -13,11 +13,14 @@ from fortis.core.task import Task
 from fortis.services.common.acceptance import Criterion
 from fortis.services.common.surrogates import SurrogateDefinition
 
-__all__ = ["DATASETS", "MAX_MEMBERS", "AttackTest", "CorruptionTest", "DatasetRef",
+__all__ = ["ANNOTATED_FORMATS", "DATASETS", "MAX_MEMBERS", "AttackTest", "CorruptionTest", "DatasetRef",
            "DegradationTest", "Member", "Plan", "Role", "TargetRef", "crafted_on"]
 
 #: Where a plan's images may come from (``dataset.source``).
-DATASETS = ("fashion-mnist", "imagenet-photos", "manifest", "uploads")
+DATASETS = ("fashion-mnist", "imagenet-photos", "manifest", "uploads", "coco", "voc")
+#: The sources that carry boxes and masks as annotation files under the data root
+#: (``dataset_formats.py``).
+ANNOTATED_FORMATS = ("coco", "voc")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,8 +66,13 @@ class DatasetRef:
     split: str = "test"
     limit: int = 100
     offset: int = 0
-    label_map: Mapping[int, int] = field(default_factory=dict)
-    path: str = ""          # source "manifest": a JSON-lines file on the evaluation service's disk
+    #: Dataset label -> service label. Keys are integers; "coco" and "voc" also take class
+    #: names (a COCO category's or a VOC object's name), since those datasets name classes.
+    label_map: Mapping[int | str, int] = field(default_factory=dict)
+    #: source "manifest": a JSON-lines file under the data root; "coco": the annotations JSON;
+    #: "voc": the VOC root (the folder holding Annotations/, ImageSets/, JPEGImages/)
+    path: str = ""
+    images: str = ""        # source "coco": the image folder (default: the JSON's folder)
     manifest: str = ""      # source "uploads": "sha256:..." of the tenant's uploaded manifest
 
 

@@ -31,6 +31,7 @@ from fortis.services.common.surrogates import (
 )
 from fortis.services.evaluation.plan_fields import Fields, short
 from fortis.services.evaluation.plan_model import (
+    ANNOTATED_FORMATS,
     DATASETS,
     MAX_MEMBERS,
     DatasetRef,
@@ -113,41 +114,87 @@ def parse_target(v: Fields, doc: Mapping[str, Any]) -> TargetRef:
                      credentials_ref=v.string(t, "credentials_ref", "target"))
 
 
-def parse_dataset(v: Fields, doc: Mapping[str, Any], task: Task) -> DatasetRef:
-    d = v.mapping(doc.get("dataset"), "dataset")
-    v.unknown(d, "dataset", {"source", "split", "limit", "offset", "label_map", "path",
-                             "manifest"})
-    label_map: dict[int, int] = {}
+#: A VOC split: the name of a file in ImageSets/Main (ImageSets/Segmentation), not a path.
+_VOC_SPLIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
+
+
+def _label_map(v: Fields, d: Mapping[str, Any], source: str) -> dict[int | str, int]:
+    """``dataset.label_map``: dataset label -> service label (integers). COCO and VOC name
+    their classes, so those sources also take a class name as the key."""
+    label_map: dict[int | str, int] = {}
     lm = d.get("label_map") or {}
     if not isinstance(lm, Mapping):
         v.bad("dataset.label_map", "must be a mapping of dataset label -> service label")
-    elif len(lm) > MAX_LABEL_MAP:
+        return label_map
+    if len(lm) > MAX_LABEL_MAP:
         v.bad("dataset.label_map", f"{len(lm):,} entries; at most {MAX_LABEL_MAP:,}")
+        return label_map
+    for k, val in lm.items():
+        where = f"dataset.label_map.{str(k)[:40]}"
+        key: int | str
+        try:
+            key = int(k)
+        except (TypeError, ValueError, OverflowError):
+            if source not in ANNOTATED_FORMATS or not isinstance(k, str) or not k.strip() \
+                    or len(k) > 256:
+                v.bad(where, f"labels must be integers, got {short(k)}: {short(val)}"
+                      + ("" if source in ANNOTATED_FORMATS else
+                         " (class names are keys of sources coco and voc only)"))
+                continue
+            key = k
+        try:
+            if isinstance(val, bool):
+                raise TypeError
+            label_map[key] = int(val)
+        except (TypeError, ValueError, OverflowError):
+            v.bad(where, f"the service label must be an integer, got {short(val)}")
+    return label_map
+
+
+def parse_dataset(v: Fields, doc: Mapping[str, Any], task: Task) -> DatasetRef:
+    d = v.mapping(doc.get("dataset"), "dataset")
+    v.unknown(d, "dataset", {"source", "split", "limit", "offset", "label_map", "path",
+                             "manifest", "images"})
+    source = v.string(d, "source", "dataset", required=True, choices=DATASETS)
+    if source == "voc":
+        # VOC's own split names (train, val, trainval, or the operator's own list)
+        split = v.string(d, "split", "dataset", default="val")
+        if not _VOC_SPLIT.fullmatch(split):
+            v.bad("dataset.split", f"the name of a list in the VOC root's ImageSets/Main "
+                  f"(letters, digits, '_', '.', '-'), got {short(split)}")
     else:
-        for k, val in lm.items():
-            try:
-                label_map[int(k)] = int(val)
-            except (TypeError, ValueError, OverflowError):
-                v.bad(f"dataset.label_map.{str(k)[:40]}", f"labels must be integers, got {short(k)}: {short(val)}")
-    dataset = DatasetRef(source=v.string(d, "source", "dataset", required=True, choices=DATASETS),
-                         split=v.string(d, "split", "dataset", default="test", choices=("test", "train")),
+        split = v.string(d, "split", "dataset", default="test", choices=("test", "train"))
+    dataset = DatasetRef(source=source, split=split,
                          limit=v.integer(d, "limit", "dataset", default=100, lo=1,
                                                  hi=MAX_DATASET_IMAGES),
                          offset=v.integer(d, "offset", "dataset", default=0, lo=0,
                                                    hi=MAX_DATASET_OFFSET),
-                         label_map=label_map, path=v.string(d, "path", "dataset"),
-                         manifest=v.string(d, "manifest", "dataset"))
+                         label_map=_label_map(v, d, source), path=v.string(d, "path", "dataset"),
+                         manifest=v.string(d, "manifest", "dataset"),
+                         images=v.string(d, "images", "dataset"))
     if dataset.source == "manifest" and not dataset.path:
         v.bad("dataset.path", "source 'manifest' needs the path of a JSON-lines manifest")
+    if dataset.source == "coco" and not dataset.path:
+        v.bad("dataset.path", "source 'coco' needs the path of a COCO annotations JSON "
+              "(relative to the data root)")
+    if dataset.source == "voc" and not dataset.path:
+        v.bad("dataset.path", "source 'voc' needs the path of a VOC root, e.g. "
+              "VOCdevkit/VOC2012 (relative to the data root)")
+    if dataset.images and dataset.source != "coco":
+        v.bad("dataset.images", "only source 'coco' takes an image folder")
     if dataset.source == "uploads" and not is_blob_id(dataset.manifest):
         # uploaded data is named by content id, never by a server path
         v.bad("dataset.manifest", "source 'uploads' needs the id ('sha256:' and 64 lowercase "
               "hex digits) of an uploaded manifest (fortis upload-dataset)")
     if dataset.source != "uploads" and dataset.manifest:
         v.bad("dataset.manifest", "only source 'uploads' takes a manifest id")
-    if task != Task.CLASSIFICATION and dataset.source not in ("manifest", "uploads"):
-        v.bad("dataset.source", f"a {task} plan needs ground truth: use source 'manifest' "
-              "or 'uploads' (boxes or masks per image)")
+    if task != Task.CLASSIFICATION and dataset.source not in ("manifest", "uploads",
+                                                              *ANNOTATED_FORMATS):
+        v.bad("dataset.source", f"a {task} plan needs ground truth: use source 'manifest', "
+              "'uploads', 'coco' or 'voc' (boxes or masks per image)")
+    if task == Task.CLASSIFICATION and dataset.source in ANNOTATED_FORMATS:
+        v.bad("dataset.source", f"source '{dataset.source}' holds boxes and masks: it is read "
+              "by detection and segmentation plans (for classification use a manifest)")
     return dataset
 
 
