@@ -12,8 +12,11 @@ set -euo pipefail
 PACKAGES=(default-jdk-headless protobuf-compiler protobuf-compiler-grpc-java-plugin
           libgrpc-java libprotobuf-java libperfmark-java libguava-java
           libgeronimo-annotation-1.3-spec-java libnetty-java)
-JARS=(grpc-api grpc-core grpc-stub grpc-protobuf protobuf guava perfmark-api
-      geronimo-annotation-1.3-spec grpc-netty netty-codec-http2 netty-transport)
+# Every jar tests/integration/test_java.py compiles and runs with (keep the two lists alike).
+JARS=(protobuf grpc-api grpc-core grpc-stub grpc-protobuf grpc-protobuf-lite grpc-context guava
+      perfmark-api geronimo-annotation-1.3-spec grpc-netty netty-buffer netty-codec
+      netty-codec-http netty-codec-http2 netty-common netty-handler netty-resolver
+      netty-transport)
 
 ready() {
   command -v javac >/dev/null 2>&1 && command -v java >/dev/null 2>&1 \

@@ -176,8 +176,8 @@ def _embedded_manifest_root(text: str) -> tuple[str, Path | None]:
         return text, None
     path = Path(ds["path"]).expanduser().resolve()
     if ds["source"] == "coco":
-        images = Path(ds["images"]).expanduser().resolve() if isinstance(ds.get("images"), str) \
-            else path.parent
+        images = Path(ds["images"]).expanduser().resolve() \
+            if isinstance(ds.get("images"), str) and ds["images"].strip() else path.parent
         root = Path(os.path.commonpath([path.parent, images]))
         doc["dataset"] = {**ds, "path": path.relative_to(root).as_posix(),
                           "images": images.relative_to(root).as_posix()}

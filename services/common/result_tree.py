@@ -42,6 +42,15 @@ _INTEGERS: Final = frozenset({
     FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
     FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SINT64})
 _FLOATS: Final = frozenset({FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT})
+#: What each integer type holds (protobuf raises its own ValueError past these).
+_RANGES: Final = {
+    FieldDescriptor.TYPE_INT32: (-2 ** 31, 2 ** 31 - 1),
+    FieldDescriptor.TYPE_SINT32: (-2 ** 31, 2 ** 31 - 1),
+    FieldDescriptor.TYPE_INT64: (-2 ** 63, 2 ** 63 - 1),
+    FieldDescriptor.TYPE_SINT64: (-2 ** 63, 2 ** 63 - 1),
+    FieldDescriptor.TYPE_UINT32: (0, 2 ** 32 - 1),
+    FieldDescriptor.TYPE_UINT64: (0, 2 ** 64 - 1),
+}
 
 
 def _default_json_name(name: str) -> str:
@@ -92,9 +101,12 @@ def _scalar(fd: FieldDescriptor, value: Any, path: str) -> Any:
     if fd.type in _INTEGERS:
         if isinstance(value, numbers.Real) and not isinstance(value, bool | numbers.Integral) \
                 and float(value).is_integer():
-            return int(float(value))    # Compute's results come back with every number a double
+            value = int(float(value))   # Compute's results come back with every number a double
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise Unrepresentable(f"{path}: a whole number is expected; got {value!r}")
+        low, high = _RANGES[fd.type]
+        if not low <= int(value) <= high:
+            raise Unrepresentable(f"{path}: out of range for the field; got {value!r}")
         return int(value)
     if fd.type == FieldDescriptor.TYPE_BOOL:
         if not isinstance(value, bool):

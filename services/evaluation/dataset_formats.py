@@ -80,6 +80,12 @@ MAX_XML_BYTES = 1024 * 1024
 #: Longest walk of one object's polygon edges by the rasteriser (pixels at its 5x scale):
 #: bounds its memory (two ints a step).
 MAX_POLYGON_STEPS = 4_000_000
+#: Objects of one image. Boxes are cheap to hold but scored pairwise against the answer's;
+#: a segmentation object is painted over the whole image, so its count times the image's
+#: pixels is bounded too (:data:`MAX_SHAPE_PIXELS`): a 50 MB file may hold ~700k objects.
+MAX_OBJECTS_PER_IMAGE = 10_000
+MAX_SHAPES_PER_IMAGE = 1_000
+MAX_SHAPE_PIXELS = 1_000_000_000
 #: A VOC image id: a file name stem, never a path.
 _VOC_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 #: A DTD or entity declaration: refused before parsing (no entity expansion of any kind).
@@ -225,22 +231,31 @@ def _coco_items(plan: Plan, root: Path) -> list[Annotated]:
         if slot is None:
             continue                       # an image outside the selection (or unknown)
         cid = a.get("category_id")
-        if isinstance(cid, bool) or cid not in cats:
+        if isinstance(cid, bool) or not isinstance(cid, int) or cid not in cats:
             raise InvalidArgument(f"{where}.category_id", f"not a category of the file: "
                                   f"{_short(cid)}")
-        crowd = bool(a.get("iscrowd", 0))
+        crowd = a.get("iscrowd", 0)
+        if crowd not in (0, 1) or isinstance(crowd, float):
+            raise InvalidArgument(f"{where}.iscrowd", f"0 or 1, got {_short(crowd)}")
+        crowd = bool(crowd)
         it = items[slot]
         if seg:
             if "segmentation" not in a:
                 raise InvalidArgument(f"{where}.segmentation", "a segmentation plan needs "
                                       "each object's segmentation")
             label = IGNORE if crowd else _label(lm, cid, cats[cid], f"{where}.category_id")
+            if len(it["shapes"]) >= MAX_SHAPES_PER_IMAGE:
+                raise InvalidArgument(where, f"more than {MAX_SHAPES_PER_IMAGE} objects on image "
+                                      f"{_short(it['id'])}")
             it["shapes"].append((label, a["segmentation"], crowd, f"{where}.segmentation"))
         elif not crowd:                    # crowd regions are not objects to find
             box = a.get("bbox")
             if not isinstance(box, list) or len(box) != 4:
                 raise InvalidArgument(f"{where}.bbox", "[x, y, width, height] in pixels is "
                                       "needed")
+            if len(it["boxes"]) >= MAX_OBJECTS_PER_IMAGE:
+                raise InvalidArgument(where, f"more than {MAX_OBJECTS_PER_IMAGE} objects on "
+                                      f"image {_short(it['id'])}")
             b = [_number(x, f"{where}.bbox[{n}]") for n, x in enumerate(box)]
             if b[2] < 0 or b[3] < 0:
                 raise InvalidArgument(f"{where}.bbox", "width and height must be >= 0")
@@ -253,7 +268,9 @@ def _coco_items(plan: Plan, root: Path) -> list[Annotated]:
 
 def _rle_counts(counts: Any, n: int, where: str) -> np.ndarray:
     """Run lengths of a COCO RLE, from a list or COCO's compressed string, checked to cover
-    exactly ``n`` pixels (a wrong sum would read or write past the mask)."""
+    exactly ``n`` pixels (a wrong sum would read or write past the mask). Checked as Python
+    integers, before any array exists: in int64 huge runs could wrap around to a sum of
+    ``n`` and then make numpy write past its buffer."""
     if isinstance(counts, str):
         s = counts.encode("ascii", "replace")
         out: list[int] = []
@@ -276,17 +293,16 @@ def _rle_counts(counts: Any, n: int, where: str) -> np.ndarray:
             out.append(x)
             if len(out) > n + 1:
                 raise InvalidArgument(f"{where}.counts", "more runs than pixels")
-        runs = np.array(out, dtype=np.int64)
     elif isinstance(counts, list) and len(counts) <= n + 1 \
             and all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
-        runs = np.array(counts, dtype=np.int64)
+        out = counts
     else:
         raise InvalidArgument(f"{where}.counts", "run lengths (a list of integers or COCO's "
                               "compressed string) are needed")
-    if (runs < 0).any() or int(runs.sum()) != n:
+    if any(c < 0 or c > n for c in out) or sum(out) != n:
         raise InvalidArgument(f"{where}.counts", f"run lengths must be >= 0 and cover the "
                               f"{n} pixels of the image")
-    return runs
+    return np.array(out, dtype=np.int64)
 
 
 def _shape_mask(seg: Any, h: int, w: int, where: str) -> np.ndarray:
@@ -325,17 +341,23 @@ def _shape_mask(seg: Any, h: int, w: int, where: str) -> np.ndarray:
 
 
 def _coco_class_map(it: Annotated, h: int, w: int) -> np.ndarray:
+    if len(it.shapes) * h * w > MAX_SHAPE_PIXELS:
+        raise InvalidArgument(it.where, f"{len(it.shapes)} objects on a {w}x{h} image: more "
+                              f"than {MAX_SHAPE_PIXELS} object pixels to paint")
     out = np.zeros((h, w), np.int64)
     crowd = np.zeros((h, w), bool)
-    objects = []
-    for label, seg, is_crowd, where in it.shapes:
+    areas = []
+    for n, (_, seg, is_crowd, where) in enumerate(it.shapes):
         m = _shape_mask(seg, h, w, where)
         if is_crowd:
             crowd |= m
         else:
-            objects.append((int(m.sum()), label, m))
-    for _, label, m in sorted(objects, key=lambda o: -o[0]):   # small objects stay visible
-        out[m] = label
+            areas.append((-int(m.sum()), n))
+    # Largest first, so small objects stay visible; each mask is decoded again rather than
+    # kept, so memory stays one mask whatever the number of objects.
+    for _, n in sorted(areas):
+        label, seg, _, where = it.shapes[n]
+        out[_shape_mask(seg, h, w, where)] = label
     out[crowd & (out == 0)] = IGNORE
     return out
 
@@ -382,13 +404,18 @@ def _xml(path: Path, where: str) -> ET.Element:
     except ET.ParseError as exc:
         raise InvalidArgument(where, f"not well-formed XML (line {exc.position[0]}, column "
                               f"{exc.position[1]})") from None
+    except (LookupError, ValueError):      # an encoding declaration expat cannot read
+        raise InvalidArgument(where, "XML must be UTF-8 (or ASCII) text") from None
 
 
 def _voc_objects(root_el: ET.Element, lm: Mapping[int | str, int], where: str
                  ) -> tuple[list[list[float]], list[int]]:
     boxes: list[list[float]] = []
     labels: list[int] = []
-    for k, obj in enumerate(root_el.findall("object")):
+    objects = root_el.findall("object")
+    if len(objects) > MAX_OBJECTS_PER_IMAGE:
+        raise InvalidArgument(where, f"more than {MAX_OBJECTS_PER_IMAGE} objects")
+    for k, obj in enumerate(objects):
         at = f"{where}:object[{k}]"
         if (obj.findtext("difficult") or "0").strip() == "1":
             continue                       # VOC's own evaluation leaves these out

@@ -14,6 +14,7 @@ from fortis.core.task import TASKS, Task
 from fortis.infra.storage.blobs import is_blob_id
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import (
+    MAX_CLASS_LABEL,
     MAX_DATASET_IMAGES,
     MAX_DATASET_OFFSET,
     MAX_ENSEMBLE,
@@ -145,9 +146,14 @@ def _label_map(v: Fields, d: Mapping[str, Any], source: str) -> dict[int | str, 
         try:
             if isinstance(val, bool):
                 raise TypeError
-            label_map[key] = int(val)
+            label = int(val)
         except (TypeError, ValueError, OverflowError):
             v.bad(where, f"the service label must be an integer, got {short(val)}")
+            continue
+        if not 0 <= label <= MAX_CLASS_LABEL:
+            v.bad(where, f"the service label must be in 0..{MAX_CLASS_LABEL}, got {short(val)}")
+            continue
+        label_map[key] = label
     return label_map
 
 

@@ -157,6 +157,85 @@ def test_coco_bad_segmentations_are_refused_naming_the_annotation(coco, index, s
              f"dataset.path:annotations[{index}].{field}")
 
 
+def test_rle_runs_that_wrap_around_in_int64_are_refused_before_any_array():
+    """Four runs of 2**62 and one of 320 sum to 2**64 + 320, which int64 wraps to 320, the
+    pixel count of a 16x20 image: checked as int64, the check passed and numpy then wrote
+    past its buffer (the process died). Run lengths are checked as Python integers."""
+    for counts in ([2 ** 62] * 4 + [320], [2 ** 70], [-1, 321], [321, -1]):
+        with pytest.raises(InvalidArgument) as e:
+            dataset_formats._rle_counts(counts, 320, "dataset.path:annotations[0].segmentation")
+        assert e.value.violations[0].field.endswith("segmentation.counts")
+    assert dataset_formats._rle_counts([300, 20], 320, "x").tolist() == [300, 20]
+
+
+@pytest.mark.parametrize("value", ["0", 2, 0.5, None])
+def test_iscrowd_is_0_or_1(coco, value):
+    doc = json.loads((coco / "coco" / "ann.json").read_text())
+    doc["annotations"][0]["iscrowd"] = value
+    (coco / "coco" / "ann.json").write_text(json.dumps(doc))
+    _refused(lambda: PlanDatasets({}, data_root=coco).check(_plan(_coco())),
+             "dataset.path:annotations[0].iscrowd")
+
+
+@pytest.mark.parametrize("cid", [[1], {"a": 1}, 1.0, "1", None, True])
+def test_a_category_id_that_is_not_an_integer_is_refused_naming_it(coco, cid):
+    doc = json.loads((coco / "coco" / "ann.json").read_text())
+    doc["annotations"][0]["category_id"] = cid
+    (coco / "coco" / "ann.json").write_text(json.dumps(doc))
+    _refused(lambda: PlanDatasets({}, data_root=coco).check(_plan(_coco())),
+             "dataset.path:annotations[0].category_id")
+
+
+def test_objects_per_image_are_bounded_and_a_class_map_holds_one_mask_at_a_time(
+        coco, monkeypatch):
+    """One mask per object kept until painting grew with the objects (400 small triangles
+    on a 500x500 image: 175 MB); now each is decoded again when painted, and the objects
+    of one image are bounded (a 50 MB file may hold ~700k)."""
+    import tracemalloc
+
+    _img(coco / "coco" / "img" / "big.png", 500, 500)
+    tri = [[10.0, 10.0, 20.0, 10.0, 15.0, 20.0]]
+    ds = PlanDatasets({}, data_root=coco)
+
+    def peak_of(n: int) -> int:
+        doc = {"images": [{"id": 1, "file_name": "big.png", "width": 500, "height": 500}],
+               "categories": CATS,
+               "annotations": [{"id": k, "image_id": 1, "category_id": 1, "iscrowd": 0,
+                                "bbox": [10, 10, 10, 10], "segmentation": tri}
+                               for k in range(n)]}
+        (coco / "coco" / "many.json").write_text(json.dumps(doc))
+        tracemalloc.start()
+        try:
+            truth = ds.truths(_plan(_coco(path="coco/many.json"), "segmentation"))["big.png"]
+            assert (truth == 1).sum() > 0
+            return int(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+
+    few, many = peak_of(50), peak_of(400)
+    assert many - few < 10 * 500 * 500, (few, many)     # not 350 more masks (87 MB)
+    plan = _plan(_coco(path="coco/many.json"), "segmentation")
+    monkeypatch.setattr(dataset_formats, "MAX_SHAPES_PER_IMAGE", 100)
+    monkeypatch.setattr(dataset_formats, "MAX_OBJECTS_PER_IMAGE", 100)
+    assert "more than 100 objects" in _refused(lambda: ds.check(plan),
+                                               "dataset.path:annotations[100]")
+    assert "more than 100 objects" in _refused(
+        lambda: ds.check(_plan(_coco(path="coco/many.json"))), "dataset.path:annotations[100]")
+    monkeypatch.setattr(dataset_formats, "MAX_SHAPE_PIXELS", 500 * 500 * 50)
+    monkeypatch.setattr(dataset_formats, "MAX_SHAPES_PER_IMAGE", 1000)
+    assert "object pixels" in _refused(lambda: ds.truths(plan), "dataset.path:images[0]")
+
+
+@pytest.mark.parametrize("value", [10 ** 30, -1, 2 ** 63])
+def test_a_label_map_value_out_of_range_is_refused_at_validation(coco, value):
+    from fortis.services.common.limits import MAX_CLASS_LABEL
+
+    with pytest.raises(InvalidArgument) as e:
+        _plan(_coco(label_map={"face": value}), "segmentation")
+    assert any(v.field == "dataset.label_map.face" and f"0..{MAX_CLASS_LABEL}" in v.description
+               for v in e.value.violations), e.value.violations
+
+
 @pytest.mark.parametrize("field,value", [("path", "../outside.json"), ("path", "/etc/x.json"),
                                          ("images", "../img"), ("images", "/tmp")])
 def test_coco_paths_outside_the_root_are_refused(coco, field, value):
@@ -304,6 +383,10 @@ def test_voc_xml_with_an_entity_or_malformed_is_refused(voc):
     ann.write_text(_xml(_obj("cat", (1, 1, 2, 2))), encoding="utf-16")
     assert "UTF-8" in _refused(lambda: ds.truths(_plan(_voc())),
                                "dataset.path:Annotations/2007_000002.xml")
+    for enc in ("bogus", "utf-7", "utf-32"):
+        ann.write_text(f'<?xml version="1.0" encoding="{enc}"?><annotation/>')
+        assert "UTF-8" in _refused(lambda: ds.truths(_plan(_voc())),
+                                   "dataset.path:Annotations/2007_000002.xml")
     ann.write_text("<annotation><object>")
     assert "well-formed" in _refused(lambda: ds.truths(_plan(_voc())),
                                      "dataset.path:Annotations/2007_000002.xml")

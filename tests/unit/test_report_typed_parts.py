@@ -272,3 +272,12 @@ def test_a_part_nested_past_the_bound_is_refused_by_name() -> None:
     shallow = make_parts()
     shallow.canary.model.ca.per_model["m"].per_model["n"].value = 0.5
     build_report(shallow)
+
+
+def test_a_whole_number_out_of_its_fields_range_is_named_not_a_crash() -> None:
+    with pytest.raises(ValueError, match=r"t\.top_k: out of range"):
+        fill_message(report_pb2.TargetReport(), {"top_k": 2 ** 40}, "t")
+    left_out: list[str] = []
+    msg = fill_message(report_pb2.TargetReport(), {"top_k": 2 ** 40, "name": "m"}, "t", left_out)
+    assert [p.split(" ")[0] for p in left_out] == ["t.top_k"]
+    assert msg.name == "m" and not msg.top_k
