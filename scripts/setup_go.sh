@@ -16,28 +16,7 @@ ready() {
     && [ -d /usr/share/gocode/src/google.golang.org/grpc ] \
     && [ -d /usr/share/gocode/src/google.golang.org/protobuf ]
 }
-if ready; then
-  echo "setup_go: ready ($(go version))" >&2
-  exit 0
-fi
-SUDO=""
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null 2>&1 || { echo "setup_go: needs root or sudo for apt-get" >&2; exit 1; }
-  SUDO="sudo"
-fi
-# One installer at a time (two test runs starting together wait for each other).
-LOCK=/tmp/fortis-setup-go.lock
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"$LOCK"
-  flock 9
-  if ready; then
-    echo "setup_go: ready ($(go version))" >&2
-    exit 0
-  fi
-fi
-echo "setup_go: installing ${PACKAGES[*]} from Debian ..." >&2
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq >/dev/null || true
-$SUDO apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
-ready || { echo "setup_go: install finished but the toolchain is incomplete" >&2; exit 1; }
-echo "setup_go: ready ($(go version))" >&2
+version() { go version; }
+NAME=setup_go
+. "$(dirname "$0")/apt_toolchain.sh"
+apt_toolchain

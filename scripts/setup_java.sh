@@ -27,29 +27,6 @@ ready() {
   done
 }
 version() { javac -version 2>&1 | head -n 1; }
-if ready; then
-  echo "setup_java: ready ($(version))" >&2
-  exit 0
-fi
-SUDO=""
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null 2>&1 || { echo "setup_java: needs root or sudo for apt-get" >&2; exit 1; }
-  SUDO="sudo"
-fi
-command -v apt-get >/dev/null 2>&1 || { echo "setup_java: needs apt-get (Debian packages)" >&2; exit 1; }
-# One installer at a time (two test runs starting together wait for each other).
-LOCK=/tmp/fortis-setup-java.lock
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"$LOCK"
-  flock 9
-  if ready; then
-    echo "setup_java: ready ($(version))" >&2
-    exit 0
-  fi
-fi
-echo "setup_java: installing ${PACKAGES[*]} from Debian ..." >&2
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq >/dev/null || true
-$SUDO apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
-ready || { echo "setup_java: install finished but the toolchain is incomplete" >&2; exit 1; }
-echo "setup_java: ready ($(version))" >&2
+NAME=setup_java
+. "$(dirname "$0")/apt_toolchain.sh"
+apt_toolchain
