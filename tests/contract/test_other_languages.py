@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import API_KEY
+from tests.toolchains import ensure
 
 ROOT = Path(__file__).resolve().parents[2]
 BUF = ROOT / "node_modules" / ".bin" / "buf"
@@ -26,16 +27,7 @@ EXAMPLE = ROOT / "clients" / "go" / "example" / "main.go"
 @pytest.fixture(scope="module")
 def go() -> str:
     """The go binary, installed from Debian by scripts/setup_go.sh on first use."""
-    if not (shutil.which("go") and shutil.which("protoc-gen-go")
-            and shutil.which("protoc-gen-go-grpc")):
-        r = subprocess.run(["bash", str(ROOT / "scripts" / "setup_go.sh")], capture_output=True,
-                           text=True, timeout=1200)
-        if r.returncode != 0:
-            pytest.skip("Go toolchain cannot be installed here (scripts/setup_go.sh): "
-                        + (r.stderr or r.stdout).strip()[-500:])
-    path = shutil.which("go")
-    assert path, "scripts/setup_go.sh succeeded but go is not on PATH"
-    return path
+    return ensure("setup_go.sh", "go", "protoc-gen-go", "protoc-gen-go-grpc")
 
 
 def build_go_client(go: str, work: Path) -> Path:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import API_KEY
+from tests.toolchains import ensure
 
 ROOT = Path(__file__).resolve().parents[2]
 BUF = ROOT / "node_modules" / ".bin" / "buf"
@@ -56,13 +56,7 @@ def _classpath(names: list[str]) -> str:
 @pytest.fixture(scope="session")
 def java_toolchain() -> str:
     """The java binary, with protoc, grpc-java's plugin and the jars installed from Debian."""
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "setup_java.sh")], capture_output=True,
-                       text=True, timeout=1200)
-    if r.returncode != 0:
-        pytest.skip("Java toolchain cannot be installed here (scripts/setup_java.sh): "
-                    + (r.stderr or r.stdout).strip()[-500:])
-    java = shutil.which("java")
-    assert java and shutil.which("javac"), "scripts/setup_java.sh succeeded but java is missing"
+    java = ensure("setup_java.sh", "java", "javac")
     missing = [n for n in COMPILE_JARS + RUNTIME_JARS if not (JARS / f"{n}.jar").exists()]
     assert not missing, f"jars missing from {JARS}: {missing}"
     return java
