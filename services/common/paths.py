@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from fortis.services.common.errors import InvalidArgument
 
-__all__ = ["MAX_PATH_CHARS", "confined_file", "tenant_dir_name"]
+__all__ = ["MAX_PATH_CHARS", "confined_file", "relative_path", "tenant_dir_name"]
 
 MAX_PATH_CHARS = 1024
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,63}")
@@ -32,10 +32,10 @@ def tenant_dir_name(tenant: str) -> str:
     return f"{kept}-{hashlib.sha256(tenant.encode('utf-8', 'replace')).hexdigest()[:16]}"
 
 
-def confined_file(root: Path, raw: object, field: str, *, base: PurePosixPath = PurePosixPath(),
-                  root_name: str = "data root") -> Path:
-    """The regular file ``raw`` names, relative to ``base`` (itself relative) under ``root``;
-    InvalidArgument on ``field`` otherwise (see the module docstring)."""
+def relative_path(raw: object, field: str, root_name: str = "data root") -> PurePosixPath:
+    """``raw`` as a path relative to a root: a non-empty string, bounded, neither absolute nor
+    with a ``..`` part; InvalidArgument on ``field`` otherwise. Where it leads is checked by
+    :func:`confined_file` (a folder is checked file by file, as each is opened)."""
     if not isinstance(raw, str) or not raw.strip():
         raise InvalidArgument(field, f"a path relative to the {root_name} is needed")
     if len(raw) > MAX_PATH_CHARS:
@@ -45,9 +45,17 @@ def confined_file(root: Path, raw: object, field: str, *, base: PurePosixPath = 
         raise InvalidArgument(field, f"must be a path relative to the {root_name}, not absolute")
     if ".." in rel.parts:
         raise InvalidArgument(field, f"must not contain '..': paths stay under the {root_name}")
-    not_found = f"not found under the {root_name}"
     if "\x00" in raw:
-        raise InvalidArgument(field, not_found)
+        raise InvalidArgument(field, f"not found under the {root_name}")
+    return rel
+
+
+def confined_file(root: Path, raw: object, field: str, *, base: PurePosixPath = PurePosixPath(),
+                  root_name: str = "data root") -> Path:
+    """The regular file ``raw`` names, relative to ``base`` (itself relative) under ``root``;
+    InvalidArgument on ``field`` otherwise (see the module docstring)."""
+    rel = relative_path(raw, field, root_name)
+    not_found = f"not found under the {root_name}"
     try:
         top = root.resolve(strict=True)
         found = (top / base / rel).resolve(strict=True)

@@ -15,15 +15,13 @@ from fortis.services.common.codec import check_image_header
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.paths import confined_file as _confined
 
-__all__ = ["MAX_ANNOTATION_BYTES", "MAX_ID_CHARS", "MAX_IMAGE_BYTES", "MAX_PATH_CHARS",
-           "NOT_FOUND", "confined_file", "decode", "read_bounded", "read_image", "short"]
+__all__ = ["MAX_ANNOTATION_BYTES", "MAX_ID_CHARS", "MAX_IMAGE_BYTES", "NOT_FOUND", "confined_file",
+           "decode", "read_bounded", "read_image", "short"]
 
 #: Largest annotations file (COCO JSON, a VOC image list) read, bytes: a manifest's limit.
 MAX_ANNOTATION_BYTES = 50 * 1024 * 1024
 #: Largest image or mask file read, bytes (its pixel count is bounded by the header check).
 MAX_IMAGE_BYTES = 64 * 1024 * 1024
-#: Longest path accepted in a plan or manifest, characters.
-MAX_PATH_CHARS = 1024
 #: Longest image id, characters.
 MAX_ID_CHARS = 256
 

@@ -52,11 +52,11 @@ import numpy as np
 from fortis.core.task import Task
 from fortis.services.common.codec import check_image_header
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument
+from fortis.services.common.paths import relative_path
 from fortis.services.evaluation.dataset_files import (
     MAX_ANNOTATION_BYTES,
     MAX_ID_CHARS,
     MAX_IMAGE_BYTES,
-    MAX_PATH_CHARS,
     confined_file,
 )
 from fortis.services.evaluation.dataset_files import read_bounded as _read_bounded
@@ -111,22 +111,6 @@ class Annotated:
 
 
 # -- shared --------------------------------------------------------------------------------
-
-
-def _folder(raw: str, field_name: str) -> PurePosixPath:
-    """A folder the plan names under the data root: relative and free of ``..`` (the files in
-    it are then confined one by one, symlinks followed)."""
-    if len(raw) > MAX_PATH_CHARS or "\x00" in raw:
-        raise InvalidArgument(field_name, f"a path of at most {MAX_PATH_CHARS} characters is "
-                              "needed")
-    p = PurePosixPath(raw)
-    if p.is_absolute() or raw.startswith("\\"):
-        raise InvalidArgument(field_name, "must be a path relative to the data root, not "
-                              "absolute")
-    if ".." in p.parts:
-        raise InvalidArgument(field_name, "must not contain '..': paths stay under the data "
-                              "root")
-    return p
 
 
 def _label(lm: Mapping[int | str, int], number: int | None, name: str, where: str) -> int:
@@ -195,7 +179,7 @@ def _coco_items(plan: Plan, root: Path) -> list[Annotated]:
     ds = plan.dataset
     doc = _coco_doc(root, ds.path)
     cats = _coco_categories(doc)
-    base = _folder(ds.images, "dataset.images") if ds.images else PurePosixPath(ds.path).parent
+    base = relative_path(ds.images, "dataset.images") if ds.images else PurePosixPath(ds.path).parent
     chosen: dict[Any, int] = {}
     items: list[dict[str, Any]] = []
     for k in range(ds.offset, min(len(doc["images"]), ds.offset + ds.limit)):
@@ -440,7 +424,7 @@ def _voc_objects(root_el: ET.Element, lm: Mapping[int | str, int], where: str
 
 
 def _voc_items(plan: Plan, root: Path) -> list[Annotated]:
-    base = _folder(plan.dataset.path, "dataset.path")
+    base = relative_path(plan.dataset.path, "dataset.path")
     out = []
     for iid, where in _voc_ids(plan, root, base):
         image = confined_file(root, base, f"JPEGImages/{iid}.jpg", f"{where}.image")
