@@ -13,17 +13,16 @@ from typing import Any
 import numpy as np
 from fortis.adapters.torch_models.classifier import TorchClassifier
 from fortis.common.v1 import common_pb2
+from fortis.core.strategy import OUTPUT_KINDS, strategy
+from fortis.core.task import Task
 from fortis.infra.serving.memory import holding
 from fortis.infra.serving.status import status_for
 from fortis.services.common import errors, limits
 from fortis.services.common.codec import add_messages, classification_from_proba, decode_image
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
-OUTPUT_MODES = {
-    "full_scores": common_pb2.OUTPUT_KIND_FULL_SCORES,
-    "top_k": common_pb2.OUTPUT_KIND_TOP_K_SCORES,
-    "label_only": common_pb2.OUTPUT_KIND_LABEL_ONLY,
-}
+#: The output modes of a classifier target: its task's output kinds.
+OUTPUT_MODES = {k: OUTPUT_KINDS[k] for k in strategy(Task.CLASSIFICATION).outputs}
 SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
 
 

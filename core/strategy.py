@@ -23,12 +23,7 @@ from typing import Any, Final, TypeAlias
 
 from fortis.client.errors import FieldViolation, InvalidArgument
 from fortis.common.v1 import common_pb2
-from fortis.core.answers import (
-    Answers,
-    ClassificationAnswers,
-    DetectionAnswers,
-    SegmentationAnswers,
-)
+from fortis.core.answers import ANSWER_TYPES, Answers
 from fortis.core.criteria import (
     ATTACK_CRITERIA,
     TARGETED_DEFAULT,
@@ -38,7 +33,8 @@ from fortis.core.criteria import (
 )
 from fortis.core.task import Task
 
-__all__ = ["STRATEGIES", "Rule", "TaskStrategy", "strategy"]
+__all__ = ["OUTPUT_KINDS", "OUTPUT_KIND_NAMES", "STRATEGIES", "TASK_OF_TYPE", "TASK_TYPES", "Rule",
+           "TaskStrategy", "strategy"]
 
 #: A plan's correctness rule of one task (IEEE-C1/C2, C4, C5).
 Rule: TypeAlias = CorrectnessRule | DetectionCriterion | SegmentationCriterion
@@ -96,10 +92,11 @@ class TaskStrategy:
         return []
 
 
-def _strategy(task: Task, task_type: common_pb2.TaskType, rule_id: str, answers: type[Answers], truth: str,
+def _strategy(task: Task, task_type: common_pb2.TaskType, rule_id: str, truth: str,
               rule: type[Rule], section: str, outputs: Mapping[str, str], *,
               section_required: bool = False) -> TaskStrategy:
-    return TaskStrategy(task=task, task_type=task_type, rule_id=rule_id, answers=answers,
+    return TaskStrategy(task=task, task_type=task_type, rule_id=rule_id,
+                        answers=ANSWER_TYPES[task],
                         truth=truth, rule=rule, section=section,
                         section_required=section_required,
                         attack_criteria=tuple(ATTACK_CRITERIA[task]),
@@ -110,14 +107,31 @@ def _strategy(task: Task, task_type: common_pb2.TaskType, rule_id: str, answers:
 #: The strategy of every task, in the order of :class:`Task`.
 STRATEGIES: Final[Mapping[Task, TaskStrategy]] = MappingProxyType({s.task: s for s in (
     _strategy(Task.CLASSIFICATION, common_pb2.TASK_TYPE_CLASSIFICATION, "IEEE-C2",
-              ClassificationAnswers, "label_sets", CorrectnessRule, "correctness",
+              "label_sets", CorrectnessRule, "correctness",
               {"full_scores": "scores", "top_k": "top_k", "label_only": "labels"}),
-    _strategy(Task.DETECTION, common_pb2.TASK_TYPE_DETECTION, "IEEE-C4", DetectionAnswers,
+    _strategy(Task.DETECTION, common_pb2.TASK_TYPE_DETECTION, "IEEE-C4",
               "boxes", DetectionCriterion, "detection", {"boxes": "boxes"}),
     _strategy(Task.SEGMENTATION, common_pb2.TASK_TYPE_SEGMENTATION, "IEEE-C5",
-              SegmentationAnswers, "class_map", SegmentationCriterion, "segmentation",
+              "class_map", SegmentationCriterion, "segmentation",
               {"masks": "masks"}, section_required=True),
 )})
+
+
+#: Each task's wire value (``fortis.common.v1.TaskType``), and the task of each wire value.
+TASK_TYPES: Final[Mapping[Task, int]] = MappingProxyType(
+    {t: s.task_type for t, s in STRATEGIES.items()})
+TASK_OF_TYPE: Final[Mapping[int, Task]] = MappingProxyType({v: t for t, v in TASK_TYPES.items()})
+#: A target's output kind, by the name plans, profiles and the strategies' ``outputs`` use, on
+#: the wire (``fortis.common.v1.OutputKind``); and the name of each wire value.
+OUTPUT_KINDS: Final[Mapping[str, int]] = MappingProxyType({
+    "full_scores": common_pb2.OUTPUT_KIND_FULL_SCORES,
+    "top_k": common_pb2.OUTPUT_KIND_TOP_K_SCORES,
+    "label_only": common_pb2.OUTPUT_KIND_LABEL_ONLY,
+    "boxes": common_pb2.OUTPUT_KIND_BOXES,
+    "masks": common_pb2.OUTPUT_KIND_MASKS,
+})
+OUTPUT_KIND_NAMES: Final[Mapping[int, str]] = MappingProxyType(
+    {v: k for k, v in OUTPUT_KINDS.items()})
 
 
 def strategy(task: Task | str) -> TaskStrategy:

@@ -21,8 +21,7 @@ import jmespath
 import yaml
 from fortis.adapters.http_json.auth import AuthSpec, SecretRef
 from fortis.adapters.http_json.templates import PLACEHOLDERS, expand_env, placeholders_in
-from fortis.common.v1 import common_pb2
-from fortis.core.strategy import STRATEGIES
+from fortis.core.strategy import OUTPUT_KINDS, TASK_TYPES
 from fortis.core.task import Task
 from fortis.services.common import errors
 from jmespath.exceptions import JMESPathError
@@ -31,12 +30,9 @@ from jmespath.parser import ParsedResult
 #: Where profiles named without a path (``http-json:google-vision-labels``) are looked up.
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 
-TASKS: dict[Task, common_pb2.TaskType] = {t: st.task_type for t, st in STRATEGIES.items()}
-CLASSIFICATION_OUTPUTS: dict[str, common_pb2.OutputKind] = {
-    "top_k": common_pb2.OUTPUT_KIND_TOP_K_SCORES,
-    "full_scores": common_pb2.OUTPUT_KIND_FULL_SCORES,
-    "label_only": common_pb2.OUTPUT_KIND_LABEL_ONLY,
-}
+TASKS = TASK_TYPES
+#: What a classification profile's ``output`` may say (top-k first: what cloud APIs give).
+CLASSIFICATION_OUTPUTS = {k: OUTPUT_KINDS[k] for k in ("top_k", "full_scores", "label_only")}
 #: Box formats: four numbers (``keys`` names them, in this order) or a polygon of vertices.
 BOX_FORMATS: dict[str, str] = {
     "normalized_ltwh": "left, top, width, height as fractions of the image (AWS Rekognition)",

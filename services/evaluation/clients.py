@@ -13,9 +13,8 @@ from typing import Any
 
 import grpc
 import numpy as np
-from fortis.common.v1 import common_pb2
 from fortis.core.answers import ANSWER_TYPES
-from fortis.core.strategy import STRATEGIES
+from fortis.core.strategy import OUTPUT_KIND_NAMES, OUTPUT_KINDS, TASK_OF_TYPE, TASK_TYPES
 from fortis.core.task import Task
 from fortis.core.tensors import array_to_tensor, tensor_to_array
 from fortis.infra.serving.server import error_from_rpc
@@ -51,13 +50,6 @@ from google.protobuf import json_format
 
 __all__ = ["GrpcPerturbation", "GrpcProxy", "GrpcReport", "GrpcScoring"]
 
-_OUTPUT = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
-           common_pb2.OUTPUT_KIND_TOP_K_SCORES: "top_k",
-           common_pb2.OUTPUT_KIND_LABEL_ONLY: "label_only",
-           common_pb2.OUTPUT_KIND_BOXES: "boxes", common_pb2.OUTPUT_KIND_MASKS: "masks"}
-_TASK = {st.task_type: t for t, st in STRATEGIES.items()}
-_OUTPUT_ENUM = {v: k for k, v in _OUTPUT.items()}
-_TASK_ENUM: dict[str, int] = {v: k for k, v in _TASK.items()}
 
 
 def _call(fn: Any, req: Any, md: Sequence[tuple[str, str]], timeout: float | None = None) -> Any:
@@ -93,8 +85,8 @@ class GrpcProxy:
     def target_info(self, target: str) -> TargetDescription:
         info = _call(self.stub.GetTargetInfo, proxy_pb2.GetTargetInfoRequest(target=target), self.md, 60).info
         self._target_batch[target] = int(info.input.max_batch_size)
-        return TargetDescription(name=info.name, task=_TASK.get(info.task_type, "unspecified"),
-                                 labels=tuple(info.labels), output_kind=_OUTPUT.get(info.output_kind, "unspecified"),
+        return TargetDescription(name=info.name, task=TASK_OF_TYPE.get(info.task_type, "unspecified"),
+                                 labels=tuple(info.labels), output_kind=OUTPUT_KIND_NAMES.get(info.output_kind, "unspecified"),
                                  top_k=info.top_k, input_height=info.input.height,
                                  input_width=info.input.width, input_channels=info.input.channels,
                                  version=info.version)
@@ -180,7 +172,7 @@ def catalogue_from_messages(perturbations: Iterable[Any], attacks: Iterable[Any]
         refs=tuple(a.refs), norms=tuple(_enum_name(ppb.Norm, n, "NORM_") for n in a.norms),
         needs_surrogate=a.needs_surrogate, params=tuple(_param(p) for p in a.parameters),
         targeted=a.targeted, untargeted=a.untargeted,
-        tasks=tuple(_TASK[t] for t in a.tasks if t in _TASK) or (Task.CLASSIFICATION,),
+        tasks=tuple(TASK_OF_TYPE[t] for t in a.tasks if t in TASK_OF_TYPE) or (Task.CLASSIFICATION,),
         uses_surrogate=a.uses_surrogate)
         for a in attacks}
     return Catalogue(perturbations=perts, attacks=atts)
@@ -237,8 +229,8 @@ class GrpcPerturbation:
                         criterion: Mapping[str, Any] | None = None, surrogate: str = "",
                         ensemble: Sequence[str] = ()) -> dict[str, Any]:
         req = ppb.ValidateAttackRequest(
-            attack_id=attack_id, task=_TASK_ENUM.get(task, 0),
-            output_kind=_OUTPUT_ENUM.get(output_kind, 0), surrogate=surrogate,
+            attack_id=attack_id, task=TASK_TYPES.get(task, 0),
+            output_kind=OUTPUT_KINDS.get(output_kind, 0), surrogate=surrogate,
             ensemble=list(ensemble))
         json_format.ParseDict(dict(params), req.params)
         if criterion:
@@ -315,7 +307,7 @@ def surrogate_model(spec: SurrogateSpec) -> ppb.SurrogateModel:
         label_map=[ppb.SurrogateLabelMapping(surrogate_label=s, target_label=t)
                    for s, t in spec.mapping],
         target_classes=spec.target_classes,
-        task=_TASK_ENUM[spec.task],
+        task=TASK_TYPES[spec.task],
         outputs=_surrogate_outputs(spec.outputs) if spec.task != Task.CLASSIFICATION else None)
 
 

@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from fortis.common.v1 import common_pb2
-from fortis.core.strategy import STRATEGIES
+from fortis.core.strategy import OUTPUT_KINDS, TASK_TYPES
 from fortis.core.task import Task
 from fortis.core.tensors import array_to_tensor, fill_tensor
 from fortis.perturbation.v1 import perturbation_pb2 as ppb
@@ -53,11 +52,6 @@ _KINDS = {"clean": spb.SETTING_KIND_CLEAN, "corruption": spb.SETTING_KIND_CORRUP
           "transfer_attack": spb.SETTING_KIND_TRANSFER_ATTACK,
           "query_attack": spb.SETTING_KIND_QUERY_ATTACK,
           "degradation": spb.SETTING_KIND_DEGRADATION}
-_TASKS = {t: st.task_type for t, st in STRATEGIES.items()}
-_OUTPUTS = {"full_scores": common_pb2.OUTPUT_KIND_FULL_SCORES,
-            "top_k": common_pb2.OUTPUT_KIND_TOP_K_SCORES,
-            "label_only": common_pb2.OUTPUT_KIND_LABEL_ONLY,
-            "boxes": common_pb2.OUTPUT_KIND_BOXES, "masks": common_pb2.OUTPUT_KIND_MASKS}
 _TEST_KINDS = {"corruption": rpb.TEST_KIND_CORRUPTION, "style": rpb.TEST_KIND_STYLE,
                "degradation": rpb.TEST_KIND_DEGRADATION,
                "transfer_attack": rpb.TEST_KIND_TRANSFER_ATTACK,
@@ -279,8 +273,8 @@ def _without_verdicts(metrics: Any) -> Any:
 def report_parts(r: ReportInput) -> rpb.ReportParts:
     plan, t = r.plan, r.target
     target = rpb.TargetReport(
-        name=plan.target.name, model_name=t.name, task=_TASKS.get(t.task, 0),
-        endpoint=plan.target.endpoint, output_kind=_OUTPUTS.get(t.output_kind, 0),
+        name=plan.target.name, model_name=t.name, task=TASK_TYPES.get(t.task, 0),
+        endpoint=plan.target.endpoint, output_kind=OUTPUT_KINDS.get(t.output_kind, 0),
         top_k=t.top_k, labels_count=len(t.labels), version=t.version,
         input_height=t.input_height, input_width=t.input_width, input_channels=t.input_channels)
     if plan.target.task == Task.CLASSIFICATION:

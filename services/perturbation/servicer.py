@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 from fortis.common.v1 import common_pb2
-from fortis.core.strategy import STRATEGIES
+from fortis.core.strategy import OUTPUT_KIND_NAMES, TASK_OF_TYPE, TASK_TYPES
 from fortis.core.task import Task
 from fortis.core.tensors import tensor_to_array
 from fortis.infra.serving import wire
@@ -68,12 +68,6 @@ _STOP_REASONS = {"success": pb.STOP_REASON_SUCCESS, "budget": pb.STOP_REASON_BUD
                  "budget_exhausted_by_proxy": pb.STOP_REASON_BUDGET_EXHAUSTED_BY_PROXY,
                  "iterations": pb.STOP_REASON_ITERATIONS}
 _PAGE_DEFAULT, _PAGE_MAX = 100, 1000
-_TASKS = {t: st.task_type for t, st in STRATEGIES.items()}
-_TASK_NAMES = {v: k for k, v in _TASKS.items()}
-_OUTPUT_NAMES = {common_pb2.OUTPUT_KIND_FULL_SCORES: "full_scores",
-                 common_pb2.OUTPUT_KIND_TOP_K_SCORES: "top_k",
-                 common_pb2.OUTPUT_KIND_LABEL_ONLY: "label_only",
-                 common_pb2.OUTPUT_KIND_BOXES: "boxes", common_pb2.OUTPUT_KIND_MASKS: "masks"}
 _CRITERIA = {pb.CRITERION_KIND_MISCLASSIFICATION: "misclassification",
              pb.CRITERION_KIND_TARGETED_MISCLASSIFICATION: "targeted_misclassification",
              pb.CRITERION_KIND_CONFIDENT_MISCLASSIFICATION: "confident_misclassification",
@@ -131,7 +125,7 @@ def surrogate_spec(msg: pb.SurrogateModel, where: str) -> SurrogateSpec:
     if msg.format not in _MODEL_FORMATS:
         raise errors.InvalidArgument(f"{where}.format", f"unknown model format {msg.format}")
     task = Task.CLASSIFICATION if msg.task == common_pb2.TASK_TYPE_UNSPECIFIED else \
-        _TASK_NAMES.get(msg.task)
+        TASK_OF_TYPE.get(msg.task)
     if task is None:
         raise errors.InvalidArgument(f"{where}.task", f"unknown task {msg.task}")
     o = msg.outputs
@@ -248,7 +242,7 @@ def attack_info(spec: AttackSpec) -> pb.AttackInfo:
         untargeted=spec.untargeted, parameters=[parameter_spec(p) for p in spec.params],
         refs=list(spec.refs), description=spec.description,
         needs_surrogate=spec.needs_surrogate, stochastic=spec.stochastic,
-        tasks=[_TASKS[t] for t in spec.tasks or ()], uses_surrogate=spec.uses_surrogate,
+        tasks=[TASK_TYPES[t] for t in spec.tasks or ()], uses_surrogate=spec.uses_surrogate,
         minimal_norm=spec.minimal_norm)
 
 
@@ -440,9 +434,9 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         self._check_surrogates(request, "")
         params = json_format.MessageToDict(request.params) if request.HasField("params") else {}
         crit = criterion_spec(request.criterion) if request.HasField("criterion") else None
-        task = _TASK_NAMES.get(request.task, Task.CLASSIFICATION)
-        signal = signal_of_output(_OUTPUT_NAMES[request.output_kind]) \
-            if request.output_kind in _OUTPUT_NAMES else ""
+        task = TASK_OF_TYPE.get(request.task, Task.CLASSIFICATION)
+        signal = signal_of_output(OUTPUT_KIND_NAMES[request.output_kind]) \
+            if request.output_kind in OUTPUT_KIND_NAMES else ""
         p = engine.validate_attack(request.attack_id, params, task=task, signal=signal,
                                    criterion=crit)
         out = pb.ValidateAttackResponse()
@@ -465,5 +459,5 @@ class PerturbationServicer(perturbation_pb2_grpc.PerturbationServiceServicer):
         return ProxyQueryClient(self.proxy_stub, session_id=request.proxy_session_id,
                                 origin=request.origin or attack_id, num_classes=len(info.labels),
                                 metadata=md,
-                                task=_TASK_NAMES.get(info.task_type, Task.CLASSIFICATION),
-                                output_kind=_OUTPUT_NAMES.get(info.output_kind, "full_scores"))
+                                task=TASK_OF_TYPE.get(info.task_type, Task.CLASSIFICATION),
+                                output_kind=OUTPUT_KIND_NAMES.get(info.output_kind, "full_scores"))
