@@ -214,15 +214,6 @@ def classification_from_proba(proba: np.ndarray, *, output: str, top_k: int,
         common_pb2.ClassScore(label=int(c), name=names[int(c)], score=float(proba[c])) for c in keep])
 
 
-def ranked_labels_scores(pred: common_pb2.Prediction) -> tuple[tuple[int, ...], tuple[float, ...] | None]:
-    """Labels best first and their scores (None when the target gave no scores)."""
-    classes = pred.classification.classes
-    labels = tuple(int(c.label) for c in classes)
-    if classes and all(c.HasField("score") for c in classes):
-        return labels, tuple(float(c.score) for c in classes)
-    return labels, None
-
-
 def dense_scores(pred: common_pb2.Prediction, num_classes: int) -> np.ndarray:
     """Score vector over all classes; classes the target did not return score 0."""
     out = np.zeros(num_classes, dtype=np.float32)
