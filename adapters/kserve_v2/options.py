@@ -20,7 +20,13 @@ DEFAULT_TIMEOUT_S = 30.0
 INPUT_DTYPES = ("FP32", "FP16", "UINT8")
 _KNOWN_OPTIONS = {"version", "input", "input_name", "output_name", "layout", "dtype", "channels",
                   "resize", "scale", "mean", "std", "output", "labels", "raw", "batch", "timeout",
-                  "token_env", "host", "tls", "rate"}
+                  "token_env", "host", "tls", "rate",
+                  # detection and segmentation answers (fortis.adapters.kserve_v2.tasks)
+                  "task", "boxes_output", "scores_output", "classes_output", "count_output",
+                  "box_format", "box_coords", "label_offset", "min_score", "mask_layout",
+                  "mask_threshold"}
+TASKS = ("classification", "detection", "segmentation")
+BOX_ORDERS = ("xyxy", "xywh", "cxcywh", "yxyx")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +56,17 @@ class KServeOptions:
     token_env: str = ""
     host_header: str = ""
     tls: bool = False
+    task: str = "classification"        # "classification" | "detection" | "segmentation"
+    boxes_output: str = ""              # "" = the first of DETECTION_OUTPUTS["boxes"] answered
+    scores_output: str = ""
+    classes_output: str = ""
+    count_output: str = ""
+    box_format: str = "xyxy"            # BOX_ORDERS
+    box_normalised: bool = False        # box_coords=normalised: fractions of the input size
+    label_offset: int = 0               # subtracted from answered class ids (TF OD API: 1)
+    min_score: float = 0.0              # detections scored below are dropped
+    mask_layout: str = "chw"            # score maps [N, C, H, W] ("chw") or [N, H, W, C]
+    mask_threshold: float = 0.5         # one-channel float masks: foreground above this
 
     @property
     def endpoint(self) -> str:
@@ -171,6 +188,7 @@ def parse_url(url: str) -> KServeOptions:
             raise bad_option("timeout", "must be > 0")
     kw["token_env"] = q.get("token_env", "")
     kw["host_header"] = q.get("host", "")
+    kw.update(_task_options(q))
     opts = KServeOptions(**kw)
     if opts.input_kind == "bytes" and (opts.dtype or opts.layout or opts.mean or opts.std
                                        or opts.scale is not None or opts.channels):
@@ -180,6 +198,66 @@ def parse_url(url: str) -> KServeOptions:
         raise bad_option("dtype", "UINT8 input carries the pixels as they are; mean, std and "
                                   "scale need FP32 or FP16")
     return opts
+
+
+def _unit_interval(option: str, text: str) -> float:
+    value = _number(option, text)
+    if not 0.0 <= value <= 1.0:
+        raise bad_option(option, f"must be in [0, 1], got {value:g}")
+    return value
+
+
+def _task_options(q: dict[str, str]) -> dict[str, Any]:
+    """The options of detection and segmentation answers; each is refused for another task,
+    so a forgotten ``task=`` is named rather than ignored."""
+    kw: dict[str, Any] = {}
+    task = q.get("task", "classification")
+    if task not in TASKS:
+        raise bad_option("task", f"'{task}' is not one of {', '.join(TASKS)}")
+    kw["task"] = task
+    per_task = {"detection": ("boxes_output", "scores_output", "classes_output", "count_output",
+                              "box_format", "box_coords", "label_offset", "min_score"),
+                "segmentation": ("mask_layout", "mask_threshold")}
+    for owner, keys in per_task.items():
+        for key in keys:
+            if key in q and task != owner:
+                raise bad_option(key, f"applies to task={owner} only (this target is "
+                                      f"task={task})")
+    if task != "classification" and "output" in q:
+        raise bad_option("output", "probabilities|logits applies to task=classification; a "
+                                   "segmentation score map is argmaxed whatever it holds")
+    for key in ("boxes_output", "scores_output", "classes_output", "count_output"):
+        kw[key] = q.get(key, "")
+    if "box_format" in q:
+        fmt = q["box_format"].lower()
+        if fmt.endswith("n") and fmt[:-1] in BOX_ORDERS:
+            raise bad_option("box_format", f"give '{fmt[:-1]}' with box_coords=normalised")
+        if fmt not in BOX_ORDERS:
+            raise bad_option("box_format", f"'{q['box_format']}' is not one of "
+                                           f"{', '.join(BOX_ORDERS)}")
+        kw["box_format"] = fmt
+    if "box_coords" in q:
+        coords = q["box_coords"].lower()
+        if coords not in ("pixel", "normalised", "normalized"):
+            raise bad_option("box_coords", f"'{q['box_coords']}' is not pixel or normalised")
+        kw["box_normalised"] = coords != "pixel"
+    if "label_offset" in q:
+        try:
+            kw["label_offset"] = int(q["label_offset"])
+        except ValueError:
+            raise bad_option("label_offset", f"'{q['label_offset']}' is not an integer") from None
+        if abs(kw["label_offset"]) > 1_000_000:
+            raise bad_option("label_offset", f"{kw['label_offset']} is out of range")
+    if "min_score" in q:
+        kw["min_score"] = _unit_interval("min_score", q["min_score"])
+    if "mask_layout" in q:
+        layout = q["mask_layout"].lower()
+        if layout not in ("chw", "hwc"):
+            raise bad_option("mask_layout", f"'{q['mask_layout']}' is not chw or hwc")
+        kw["mask_layout"] = layout
+    if "mask_threshold" in q:
+        kw["mask_threshold"] = _unit_interval("mask_threshold", q["mask_threshold"])
+    return kw
 
 
 def read_labels(path: str) -> tuple[str, ...]:
