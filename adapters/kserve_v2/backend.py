@@ -97,7 +97,8 @@ class KServeV2Backend:
     @property
     def _labels_output(self) -> str:
         """The output whose metadata ``labels`` parameter names the classes."""
-        return self.opts.classes_output if self.opts.task == "detection" else self.opts.output_name
+        o = self.opts
+        return o.detection.classes_output if o.task == "detection" else o.output_name
 
     def _default_output(self) -> str:
         meta = self._meta
@@ -165,7 +166,7 @@ class KServeV2Backend:
         def decode(outputs: list[OutTensor], idx: list[int]) -> list[Any]:
             """One call's answers, one per image of ``idx``."""
             if task == "detection":
-                det = decode_detections(outputs, self.opts, [sizes[i] for i in idx],
+                det = decode_detections(outputs, self.opts.detection, [sizes[i] for i in idx],
                                         [frames[i] for i in idx], len(labels))
                 return _with_names(det.to_proto(), labels)
             out = pick_output(outputs, self.opts.output_name, self._default_output())

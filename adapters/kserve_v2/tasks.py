@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 from fortis.adapters.kserve_v2.codec import OutTensor
-from fortis.adapters.kserve_v2.options import KServeOptions
+from fortis.adapters.kserve_v2.options import DetectionFormat, KServeOptions
 from fortis.adapters.target_errors import TargetResponseError
 from fortis.core.answers import DetectionAnswers
 from fortis.core.boxes import rows_to_xyxy
@@ -111,7 +111,7 @@ def _counts(out: OutTensor, n: int, k: int) -> np.ndarray:
     return c.astype(np.int64)
 
 
-def decode_detections(outputs: Sequence[OutTensor], opts: KServeOptions,
+def decode_detections(outputs: Sequence[OutTensor], opts: DetectionFormat,
                       image_sizes: Sequence[Size], frames: Sequence[Size],
                       n_classes: int = 0) -> DetectionAnswers:
     """The detections of ``len(image_sizes)`` images. ``frames``: per image, the size its
@@ -199,7 +199,7 @@ def _labels(t: OutTensor, i: int, rows: np.ndarray, c: np.ndarray, offset: int,
     return lab
 
 
-def _pixel_boxes(t: OutTensor, i: int, rows: np.ndarray, raw: np.ndarray, opts: KServeOptions,
+def _pixel_boxes(t: OutTensor, i: int, rows: np.ndarray, raw: np.ndarray, opts: DetectionFormat,
                  image: Size, frame: Size) -> np.ndarray:
     """Rows of ``t`` for image i as pixel xyxy of the image."""
     b = raw[:, [1, 0, 3, 2]] if opts.box_format == "yxyx" else raw

@@ -39,7 +39,7 @@ def test_tf_object_detection_tensors_become_pixel_boxes_of_the_image():
     boxes = [[[0.1, 0.2, 0.5, 0.6], [0.0, 0.0, 1.0, 1.0], [0, 0, 0, 0]],
              [[0.5, 0.5, 1.0, 1.0], [0, 0, 0, 0], [0, 0, 0, 0]]]
     det = decode_detections(_tf(boxes, [[1, 3, 0], [2, 0, 0]], [[0.6, 0.9, 0], [0.7, 0, 0]], [2, 1]),
-                            parse_url(TF), [(100, 200), (50, 40)], [(100, 200), (50, 40)], 3)
+                            parse_url(TF).detection, [(100, 200), (50, 40)], [(100, 200), (50, 40)], 3)
     assert det.counts.tolist() == [2, 1]
     # best score first; yxyx normalised -> xyxy pixels of each image's own size
     np.testing.assert_allclose(det.boxes, [[0, 0, 200, 100], [40, 10, 120, 50], [20, 25, 40, 50]],
@@ -52,7 +52,7 @@ def test_pixel_boxes_in_the_resized_frame_are_scaled_back_and_padding_rows_dropp
     outs = [_t("boxes", np.asarray([[[32, 24, 16, 8], [1, 1, 1, 1], [5, 5, 2, 2]]], np.float32)),
             _t("labels", np.asarray([[4, -1, 1]]), "INT64"),
             _t("scores", np.asarray([[0.8, 0.99, 0.1]], np.float32))]
-    det = decode_detections(outs, opts, [(96, 128)], [(48, 64)])
+    det = decode_detections(outs, opts.detection, [(96, 128)], [(48, 64)])
     # the -1 row is padding, the 0.1 row is under min_score; 2x scale from 48x64 to 96x128
     assert det.counts.tolist() == [1] and det.labels.tolist() == [4]
     np.testing.assert_allclose(det.boxes, [[48, 40, 80, 56]])
@@ -78,7 +78,7 @@ def test_pixel_boxes_in_the_resized_frame_are_scaled_back_and_padding_rows_dropp
 ])
 def test_hostile_detection_tensors_name_the_output(outs, words):
     with pytest.raises(TargetResponseError) as ei:
-        decode_detections(outs, parse_url(TF), [(10, 10)], [(10, 10)], 3)
+        decode_detections(outs, parse_url(TF).detection, [(10, 10)], [(10, 10)], 3)
     for w in words:
         assert w in ei.value.message, ei.value.message
 
@@ -86,7 +86,7 @@ def test_hostile_detection_tensors_name_the_output(outs, words):
 def test_named_outputs_must_be_answered():
     opts = parse_url(f"{DET}&boxes_output=out0&scores_output=out9")
     with pytest.raises(TargetResponseError, match=r"no output 'out9' \(scores_output\)"):
-        decode_detections([_t("out0", np.zeros((1, 1, 4), np.float32))], opts, [(4, 4)], [(4, 4)])
+        decode_detections([_t("out0", np.zeros((1, 1, 4), np.float32))], opts.detection, [(4, 4)], [(4, 4)])
 
 
 def test_class_maps_from_maps_score_maps_and_a_stride_two_output():
@@ -147,8 +147,8 @@ def test_bad_task_options_name_the_option(query, option):
 
 
 def test_task_options_parse():
-    o = parse_url(f"{TF}&min_score=0.25&count_output=n&boxes_output=b")
-    assert (o.task, o.box_format, o.box_normalised, o.label_offset, o.min_score) == (
+    o = parse_url(f"{TF}&min_score=0.25&count_output=n&boxes_output=b").detection
+    assert (parse_url(TF).task, o.box_format, o.box_normalised, o.label_offset, o.min_score) == (
         "detection", "yxyx", True, 1, 0.25)
     assert (o.count_output, o.boxes_output, o.scores_output) == ("n", "b", "")
     assert parse_url("kserve+http://h:1/m").task == "classification"
