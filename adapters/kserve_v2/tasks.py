@@ -82,6 +82,8 @@ def _rows(out: OutTensor, n: int, width: int | None) -> np.ndarray:
         k = shape[0]
     elif width is None and len(shape) == 3 and shape[0] == n and shape[2] == 1:
         k = shape[1]                                    # [N, K, 1]
+    elif n == 1 and shape == (0,):
+        k = 0                                           # one image, nothing found: []
     else:
         raise TargetResponseError(f"output '{out.name}' has shape {list(shape)} for {n} "
                                   f"image(s); expected {want}")
