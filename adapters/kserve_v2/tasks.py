@@ -152,8 +152,8 @@ def decode_detections(outputs: Sequence[OutTensor], opts: DetectionFormat,
     for i in range(n):
         rows = np.flatnonzero(valid[i])
         s = scores[i, rows] if scores is not None else np.full(len(rows), np.nan)
-        if scores is not None:
-            _check_scores(scores_t, i, rows, s)          # type: ignore[arg-type]
+        if scores is not None and scores_t is not None:
+            _check_scores(scores_t, i, rows, s)
         lab = _labels(classes_t, i, rows, classes[i, rows], opts.label_offset, n_classes) \
             if classes is not None and classes_t is not None else np.zeros(len(rows), np.int64)
         xyxy = _pixel_boxes(boxes_t, i, rows, boxes[i, rows], opts, image_sizes[i], frames[i])

@@ -36,7 +36,7 @@ def read_labels(path: str) -> tuple[str, ...]:
     try:
         names = parse_labels(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
-        raise bad_option("labels", f"cannot read '{path}': {exc.strerror or exc}", "mlflow"
+        raise bad_option("labels", f"cannot read '{path}': {exc}", "mlflow"
                          ) from None
     if not names:
         raise bad_option("labels", f"'{path}' holds no class names", "mlflow")

@@ -10,6 +10,7 @@ with the reason, when MLServer cannot be installed or started on this machine.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -74,15 +75,15 @@ def _targets(http: int, grpc_: int) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    gen = run_mlserver(tmp_path_factory.mktemp("mlserver-tasks"))
-    http, grpc_ = next(gen)
-    s = start_stack_with(tmp_path_factory.mktemp("tasks-stack") / "state", _targets(http, grpc_))
-    try:
-        yield s
-    finally:
-        s.stop(0)
-        gen.close()
+def mlserver_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    yield from run_mlserver(tmp_path_factory.mktemp("mlserver-tasks"))
+
+
+@pytest.fixture(scope="module")
+def stack(mlserver_ports, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    s = start_stack_with(tmp_path_factory.mktemp("tasks-stack") / "state", _targets(*mlserver_ports))
+    yield s
+    s.stop(0)
 
 
 def _predict(stack: Any, target: str, scenes: list[Any]) -> tuple[Any, str, Any]:
@@ -169,3 +170,62 @@ def test_unusable_answers_name_the_output_tensor(stack, scenes):
     # ... and the proxy and the server keep serving
     _, _, resp = _predict(stack, "det-tf-grpc", scenes[:1])
     assert len(resp.predictions[0].detection.boxes) == len(scenes[0][2])
+
+
+@pytest.mark.slow
+def test_detection_and_segmentation_plans_against_the_oip_models(mlserver_ports, tmp_path):
+    """Plans with a manifest of drawn scenes, through the services and the proxy: the clean
+    answers are all correct (IEEE-C4 at IoU 0.9 / IEEE-C5 at mIoU 0.99, truth known by
+    construction) and contrast at severity 5 washes the pure colours out, so the models fail."""
+    import cv2
+    from fortis.client import FortisClient, progress_of
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(99)
+    det_rows, seg_rows = [], []
+    for i in range(6):
+        img, truth = _scene(rng, 48, 72)
+        cv2.imwrite(str(data / f"s{i}.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
+        mask = np.zeros(img.shape[:2], np.uint8)
+        for c, (x0, y0, x1, y1) in truth:
+            mask[y0:y1, x0:x1] = c + 1
+        cv2.imwrite(str(data / f"s{i}-mask.png"), mask)
+        det_rows.append({"id": f"s{i}", "image": f"s{i}.png", "box_format": "xyxy",
+                         "boxes": [list(b) for _, b in truth], "labels": [c for c, _ in truth]})
+        seg_rows.append({"id": f"s{i}", "image": f"s{i}.png", "mask": f"s{i}-mask.png"})
+    for name, rows in (("det", det_rows), ("seg", seg_rows)):
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    urls = _targets(*mlserver_ports)
+    key = "test-key-oip-plans"
+    st = start_stack(StackSettings(
+        state_dir=tmp_path / "state", api_keys={key: "tenant-a"}, data_root=data,
+        targets=[TargetConfig.parse(f"{t}={urls[t]}") for t in ("det-tf-grpc", "seg-logits-rest")],
+        metrics_port=0, metrics_host="127.0.0.1"))
+    sections = {
+        "det-tf-grpc": ("detection", "det.jsonl", "detection: {mode: threshold, iou_threshold: 0.9, "
+                        "confidence_threshold: 0.5, aggregate: all}"),
+        "seg-logits-rest": ("segmentation", "seg.jsonl",
+                            "segmentation: {classes: [1, 2, 3], miou_threshold: 0.99}"),
+    }
+    try:
+        with FortisClient(st.address, api_key=key) as fc:
+            for target, (task, manifest, section) in sections.items():
+                plan = (f"name: oip-{task}\nseed: 5\n"
+                        "roles: {tester: {name: pytest, organisation: Fortis CI}}\n"
+                        f"target: {{name: {target}, task: {task}}}\n"
+                        f"dataset: {{source: manifest, path: {manifest}}}\n{section}\n"
+                        "corruptions: [{id: contrast, severities: [5]}]\n")
+                ev = fc.submit(plan)
+                final = fc.wait(ev.evaluation_id)
+                assert progress_of(final).state == "SUCCEEDED", final.error.message
+                report = json.loads(fc.write_report(ev.evaluation_id, tmp_path / task)[0].read_text())
+                m = report["metrics"]
+                assert m["accuracy"]["m"] == 6 and m["accuracy"]["value"] == 1.0, (task, m["accuracy"])
+                assert m["corruptions"]["contrast"]["5"]["robustness"] < 1.0, task
+                sessions = report["ledger"]["sessions"]
+                assert sessions[f"{ev.evaluation_id}/clean"] == 6, sessions
+                assert sessions[f"{ev.evaluation_id}/corruptions"] == 6, sessions
+    finally:
+        st.stop(0)
