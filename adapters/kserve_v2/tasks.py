@@ -48,25 +48,29 @@ MAX_DETECTIONS = 100_000
 MAX_MASK_PIXELS = 64 * 1024 * 1024
 _SCORE_TOLERANCE = 1e-4
 
-Size = tuple[int, int]          # (height, width)
+Size = tuple[int, int]  # (height, width)
 
 
-def _find(outputs: Sequence[OutTensor], explicit: str, role: str, option: str,
-          required: bool) -> OutTensor | None:
+def _find(
+    outputs: Sequence[OutTensor], explicit: str, role: str, option: str, required: bool
+) -> OutTensor | None:
     by_name = {o.name: o for o in outputs}
     names = list(by_name)
     if explicit:
         if explicit not in by_name:
-            raise TargetResponseError(f"no output '{explicit}' ({option}) in the answer "
-                                      f"(outputs: {names})")
+            raise TargetResponseError(
+                f"no output '{explicit}' ({option}) in the answer (outputs: {names})"
+            )
         return by_name[explicit]
     for cand in DETECTION_OUTPUTS[role]:
         if cand in by_name:
             return by_name[cand]
     if required:
-        raise TargetResponseError(f"the answer has no {role} output (looked for "
-                                  f"{', '.join(DETECTION_OUTPUTS[role])}; outputs: {names}); "
-                                  f"name it with {option}=NAME")
+        raise TargetResponseError(
+            f"the answer has no {role} output (looked for "
+            f"{', '.join(DETECTION_OUTPUTS[role])}; outputs: {names}); "
+            f"name it with {option}=NAME"
+        )
     return None
 
 
@@ -81,15 +85,17 @@ def _rows(out: OutTensor, n: int, width: int | None) -> np.ndarray:
     elif n == 1 and len(shape) == 1 + len(tail) and shape[1:] == tail:
         k = shape[0]
     elif width is None and len(shape) == 3 and shape[0] == n and shape[2] == 1:
-        k = shape[1]                                    # [N, K, 1]
+        k = shape[1]  # [N, K, 1]
     elif n == 1 and shape == (0,):
-        k = 0                                           # one image, nothing found: []
+        k = 0  # one image, nothing found: []
     else:
-        raise TargetResponseError(f"output '{out.name}' has shape {list(shape)} for {n} "
-                                  f"image(s); expected {want}")
+        raise TargetResponseError(
+            f"output '{out.name}' has shape {list(shape)} for {n} image(s); expected {want}"
+        )
     if k > MAX_DETECTIONS:
-        raise TargetResponseError(f"output '{out.name}' has {k} rows per image; at most "
-                                  f"{MAX_DETECTIONS} are read")
+        raise TargetResponseError(
+            f"output '{out.name}' has {k} rows per image; at most {MAX_DETECTIONS} are read"
+        )
     data = np.asarray(out.data, dtype=np.float64)
     return data.reshape((n, k) + tail)
 
@@ -97,34 +103,47 @@ def _rows(out: OutTensor, n: int, width: int | None) -> np.ndarray:
 def _counts(out: OutTensor, n: int, k: int) -> np.ndarray:
     shape = out.shape
     if math.prod(shape) != n or not (len(shape) <= 1 or (len(shape) == 2 and shape[0] == n)):
-        raise TargetResponseError(f"output '{out.name}' has shape {list(shape)} for {n} "
-                                  f"image(s); expected [{n}] or [{n}, 1] detection counts")
+        raise TargetResponseError(
+            f"output '{out.name}' has shape {list(shape)} for {n} "
+            f"image(s); expected [{n}] or [{n}, 1] detection counts"
+        )
     c = np.asarray(out.data, dtype=np.float64).reshape(n)
     for i, v in enumerate(c.tolist()):
         if not math.isfinite(v) or v != int(v):
-            raise TargetResponseError(f"output '{out.name}': image {i}'s count {v!r} is not a "
-                                      "whole number")
+            raise TargetResponseError(
+                f"output '{out.name}': image {i}'s count {v!r} is not a whole number"
+            )
         if v < 0:
-            raise TargetResponseError(f"output '{out.name}': image {i}'s count {int(v)} is "
-                                      "negative")
+            raise TargetResponseError(
+                f"output '{out.name}': image {i}'s count {int(v)} is negative"
+            )
         if v > k:
-            raise TargetResponseError(f"output '{out.name}': image {i}'s count {int(v)} exceeds "
-                                      f"the {k} rows the box tensor holds")
+            raise TargetResponseError(
+                f"output '{out.name}': image {i}'s count {int(v)} exceeds "
+                f"the {k} rows the box tensor holds"
+            )
     return c.astype(np.int64)
 
 
-def decode_detections(outputs: Sequence[OutTensor], opts: DetectionFormat,
-                      image_sizes: Sequence[Size], frames: Sequence[Size],
-                      n_classes: int = 0) -> DetectionAnswers:
+def decode_detections(
+    outputs: Sequence[OutTensor],
+    opts: DetectionFormat,
+    image_sizes: Sequence[Size],
+    frames: Sequence[Size],
+    n_classes: int = 0,
+) -> DetectionAnswers:
     """The detections of ``len(image_sizes)`` images. ``frames``: per image, the size its
     pixel boxes refer to (the model input). ``n_classes``: the label set's size (0 = not
     known: any class id >= 0 is kept)."""
     n = len(image_sizes)
     boxes_t = _find(outputs, opts.boxes_output, "boxes", "boxes_output", True)
     assert boxes_t is not None
-    scores_t = _find(outputs, opts.scores_output, "scores", "scores_output", bool(opts.scores_output))
-    classes_t = _find(outputs, opts.classes_output, "classes", "classes_output",
-                      bool(opts.classes_output))
+    scores_t = _find(
+        outputs, opts.scores_output, "scores", "scores_output", bool(opts.scores_output)
+    )
+    classes_t = _find(
+        outputs, opts.classes_output, "classes", "classes_output", bool(opts.classes_output)
+    )
     count_t = _find(outputs, opts.count_output, "count", "count_output", bool(opts.count_output))
     boxes = _rows(boxes_t, n, 4)
     k = boxes.shape[1]
@@ -133,8 +152,10 @@ def decode_detections(outputs: Sequence[OutTensor], opts: DetectionFormat,
         if t is not None:
             rows = _rows(t, n, None)
             if rows.shape[1] != k:
-                raise TargetResponseError(f"output '{t.name}' has {rows.shape[1]} rows per image "
-                                          f"but '{boxes_t.name}' has {k}")
+                raise TargetResponseError(
+                    f"output '{t.name}' has {rows.shape[1]} rows per image "
+                    f"but '{boxes_t.name}' has {k}"
+                )
             if t is scores_t:
                 scores = rows
             else:
@@ -144,7 +165,7 @@ def decode_detections(outputs: Sequence[OutTensor], opts: DetectionFormat,
         counts = _counts(count_t, n, k)
         valid &= np.arange(k)[None, :] < counts[:, None]
     elif classes is not None:
-        valid &= classes != -1                          # -1 class = a padding row
+        valid &= classes != -1  # -1 class = a padding row
     out_boxes: list[np.ndarray] = []
     out_labels: list[np.ndarray] = []
     out_scores: list[np.ndarray] = []
@@ -154,13 +175,16 @@ def decode_detections(outputs: Sequence[OutTensor], opts: DetectionFormat,
         s = scores[i, rows] if scores is not None else np.full(len(rows), np.nan)
         if scores is not None and scores_t is not None:
             _check_scores(scores_t, i, rows, s)
-        lab = _labels(classes_t, i, rows, classes[i, rows], opts.label_offset, n_classes) \
-            if classes is not None and classes_t is not None else np.zeros(len(rows), np.int64)
+        lab = (
+            _labels(classes_t, i, rows, classes[i, rows], opts.label_offset, n_classes)
+            if classes is not None and classes_t is not None
+            else np.zeros(len(rows), np.int64)
+        )
         xyxy = _pixel_boxes(boxes_t, i, rows, boxes[i, rows], opts, image_sizes[i], frames[i])
         h, w = image_sizes[i]
         xyxy[:, 0::2] = np.clip(xyxy[:, 0::2], 0.0, float(w))
         xyxy[:, 1::2] = np.clip(xyxy[:, 1::2], 0.0, float(h))
-        keep = (xyxy[:, 2] > xyxy[:, 0]) & (xyxy[:, 3] > xyxy[:, 1])   # empty once clipped
+        keep = (xyxy[:, 2] > xyxy[:, 0]) & (xyxy[:, 3] > xyxy[:, 1])  # empty once clipped
         if scores is not None and opts.min_score > 0:
             keep &= s >= opts.min_score
         order = np.argsort(-np.nan_to_num(s[keep], nan=0.0), kind="stable")
@@ -172,37 +196,53 @@ def decode_detections(outputs: Sequence[OutTensor], opts: DetectionFormat,
         boxes=np.concatenate(out_boxes).astype(np.float32).reshape(-1, 4),
         labels=np.concatenate(out_labels).astype(np.int64),
         scores=np.concatenate(out_scores).astype(np.float32),
-        counts=np.asarray(per_image, np.int64), errors=("",) * n)
+        counts=np.asarray(per_image, np.int64),
+        errors=("",) * n,
+    )
 
 
 def _check_scores(t: OutTensor, i: int, rows: np.ndarray, s: np.ndarray) -> None:
     bad = ~np.isfinite(s) | (s < -_SCORE_TOLERANCE) | (s > 1 + _SCORE_TOLERANCE)
     if bad.any():
         j = int(np.flatnonzero(bad)[0])
-        raise TargetResponseError(f"output '{t.name}': image {i} row {int(rows[j])}: score "
-                                  f"{float(s[j])!r} is not a confidence in [0, 1]")
+        raise TargetResponseError(
+            f"output '{t.name}': image {i} row {int(rows[j])}: score "
+            f"{float(s[j])!r} is not a confidence in [0, 1]"
+        )
 
 
-def _labels(t: OutTensor, i: int, rows: np.ndarray, c: np.ndarray, offset: int,
-            n_classes: int) -> np.ndarray:
+def _labels(
+    t: OutTensor, i: int, rows: np.ndarray, c: np.ndarray, offset: int, n_classes: int
+) -> np.ndarray:
     whole = np.isfinite(c) & (c == np.round(c))
     if not whole.all():
         j = int(np.flatnonzero(~whole)[0])
-        raise TargetResponseError(f"output '{t.name}': image {i} row {int(rows[j])}: class "
-                                  f"{float(c[j])!r} is not a whole number")
+        raise TargetResponseError(
+            f"output '{t.name}': image {i} row {int(rows[j])}: class "
+            f"{float(c[j])!r} is not a whole number"
+        )
     lab = c.astype(np.int64) - offset
     bad = (lab < 0) | ((lab >= n_classes) if n_classes else False)
     if np.any(bad):
         j = int(np.flatnonzero(bad)[0])
         span = f"0..{n_classes - 1}" if n_classes else ">= 0"
-        raise TargetResponseError(f"output '{t.name}': image {i} row {int(rows[j])}: class "
-                                  f"{int(c[j])} (label_offset {offset}) is not in the label "
-                                  f"set ({span})")
+        raise TargetResponseError(
+            f"output '{t.name}': image {i} row {int(rows[j])}: class "
+            f"{int(c[j])} (label_offset {offset}) is not in the label "
+            f"set ({span})"
+        )
     return lab
 
 
-def _pixel_boxes(t: OutTensor, i: int, rows: np.ndarray, raw: np.ndarray, opts: DetectionFormat,
-                 image: Size, frame: Size) -> np.ndarray:
+def _pixel_boxes(
+    t: OutTensor,
+    i: int,
+    rows: np.ndarray,
+    raw: np.ndarray,
+    opts: DetectionFormat,
+    image: Size,
+    frame: Size,
+) -> np.ndarray:
     """Rows of ``t`` for image i as pixel xyxy of the image."""
     b = raw[:, [1, 0, 3, 2]] if opts.box_format == "yxyx" else raw
     fmt = "xyxy" if opts.box_format == "yxyx" else opts.box_format
@@ -217,9 +257,11 @@ def _pixel_boxes(t: OutTensor, i: int, rows: np.ndarray, raw: np.ndarray, opts: 
     problems = [(r, p) for r, p in problems if not p.startswith("zero-area")]
     if problems:
         r, what = problems[0]
-        raise TargetResponseError(f"output '{t.name}': image {i} row {int(rows[r])}: {what} "
-                                  f"(box_format={opts.box_format}, box_coords="
-                                  f"{'normalised' if opts.box_normalised else 'pixel'})")
+        raise TargetResponseError(
+            f"output '{t.name}': image {i} row {int(rows[r])}: {what} "
+            f"(box_format={opts.box_format}, box_coords="
+            f"{'normalised' if opts.box_normalised else 'pixel'})"
+        )
     xyxy = np.array(xyxy, dtype=np.float64)
     if not opts.box_normalised and frame != image and frame[0] > 0 and frame[1] > 0:
         xyxy[:, 0::2] *= w / frame[1]
@@ -227,8 +269,13 @@ def _pixel_boxes(t: OutTensor, i: int, rows: np.ndarray, raw: np.ndarray, opts: 
     return xyxy
 
 
-def decode_class_maps(out: OutTensor, opts: KServeOptions, image_sizes: Sequence[Size],
-                      frames: Sequence[Size], n_classes: int = 0) -> list[np.ndarray]:
+def decode_class_maps(
+    out: OutTensor,
+    opts: KServeOptions,
+    image_sizes: Sequence[Size],
+    frames: Sequence[Size],
+    n_classes: int = 0,
+) -> list[np.ndarray]:
     """int32 class maps, one per image at its size, from the segmentation output ``out``."""
     n = len(image_sizes)
     shape = out.shape
@@ -237,8 +284,10 @@ def decode_class_maps(out: OutTensor, opts: KServeOptions, image_sizes: Sequence
     elif n == 1 and len(shape) == 2:
         per = shape
     else:
-        raise TargetResponseError(f"output '{out.name}' has shape {list(shape)} for {n} image(s); "
-                                  f"expected [{n}, H, W] class maps or [{n}, C, H, W] scores")
+        raise TargetResponseError(
+            f"output '{out.name}' has shape {list(shape)} for {n} image(s); "
+            f"expected [{n}, H, W] class maps or [{n}, C, H, W] scores"
+        )
     if len(per) == 2:
         c, (mh, mw) = 0, per
     elif opts.mask_layout == "chw":
@@ -246,8 +295,10 @@ def decode_class_maps(out: OutTensor, opts: KServeOptions, image_sizes: Sequence
     else:
         mh, mw, c = per
     if mh < 1 or mw < 1 or mh * mw > MAX_MASK_PIXELS or (c and c > 100_000):
-        raise TargetResponseError(f"output '{out.name}': a {mh}x{mw} map of {c or 1} channel(s) "
-                                  f"is not a usable mask (at most {MAX_MASK_PIXELS} pixels)")
+        raise TargetResponseError(
+            f"output '{out.name}': a {mh}x{mw} map of {c or 1} channel(s) "
+            f"is not a usable mask (at most {MAX_MASK_PIXELS} pixels)"
+        )
     data = np.asarray(out.data).reshape((n, *per))
     maps: list[np.ndarray] = []
     for i in range(n):
@@ -256,28 +307,35 @@ def decode_class_maps(out: OutTensor, opts: KServeOptions, image_sizes: Sequence
             m = m.reshape(mh, mw)
             if c == 1 and m.dtype.kind == "f" and not _whole(m):
                 if not (np.isfinite(m).all() and m.min() >= -1e-4 and m.max() <= 1 + 1e-4):
-                    raise TargetResponseError(f"output '{out.name}': image {i}'s one-channel "
-                                              "mask is neither whole class ids nor a "
-                                              "foreground probability in [0, 1]")
+                    raise TargetResponseError(
+                        f"output '{out.name}': image {i}'s one-channel "
+                        "mask is neither whole class ids nor a "
+                        "foreground probability in [0, 1]"
+                    )
                 cls = (m > opts.mask_threshold).astype(np.int64)
             else:
                 if not _whole(m):
-                    raise TargetResponseError(f"output '{out.name}': image {i}'s class map holds "
-                                              "values that are not whole class ids (a score map "
-                                              "needs a channel axis: [N, C, H, W])")
+                    raise TargetResponseError(
+                        f"output '{out.name}': image {i}'s class map holds "
+                        "values that are not whole class ids (a score map "
+                        "needs a channel axis: [N, C, H, W])"
+                    )
                 cls = m.astype(np.int64)
         else:
             scores = m if opts.mask_layout == "chw" else np.moveaxis(m, -1, 0)
             if scores.dtype.kind == "f" and not np.isfinite(scores).all():
-                raise TargetResponseError(f"output '{out.name}': image {i}'s score map holds NaN "
-                                          "or infinite values")
+                raise TargetResponseError(
+                    f"output '{out.name}': image {i}'s score map holds NaN or infinite values"
+                )
             cls = np.argmax(scores, axis=0).astype(np.int64)
         bad = (cls < 0) | ((cls >= n_classes) if n_classes else False)
         if np.any(bad):
             v = int(cls[np.unravel_index(int(np.flatnonzero(bad)[0]), cls.shape)])
             span = f"0..{n_classes - 1}" if n_classes else ">= 0"
-            raise TargetResponseError(f"output '{out.name}': image {i}'s class map holds class "
-                                      f"{v}, not in the label set ({span})")
+            raise TargetResponseError(
+                f"output '{out.name}': image {i}'s class map holds class "
+                f"{v}, not in the label set ({span})"
+            )
         maps.append(_to_image(out.name, i, cls, image_sizes[i], frames[i]))
     return maps
 
@@ -297,9 +355,13 @@ def _to_image(name: str, i: int, cls: np.ndarray, image: Size, frame: Size) -> n
     if (mh, mw) != (h, w):
         fh, fw = frame
         same_frame = (mh, mw) == (fh, fw)
-        scaled = fh > 0 and fw > 0 and abs(mh * fw / fh - mw) <= 1.0 and abs(mw * fh / fw - mh) <= 1.0
+        scaled = (
+            fh > 0 and fw > 0 and abs(mh * fw / fh - mw) <= 1.0 and abs(mw * fh / fw - mh) <= 1.0
+        )
         if not (same_frame or scaled):
-            raise TargetResponseError(f"output '{name}': image {i}'s {mh}x{mw} map fits neither "
-                                      f"the {h}x{w} image nor the {fh}x{fw} model input")
+            raise TargetResponseError(
+                f"output '{name}': image {i}'s {mh}x{mw} map fits neither "
+                f"the {h}x{w} image nor the {fh}x{fw} model input"
+            )
         cls = cv2.resize(cls.astype(np.int32), (w, h), interpolation=cv2.INTER_NEAREST)
     return np.ascontiguousarray(cls, dtype=np.int32)

@@ -54,6 +54,16 @@ from fortis.adapters.mlflow_pyfunc.codec import (
 )
 from fortis.adapters.mlflow_pyfunc.options import SCHEMES, MlflowOptions, parse_url
 
-__all__ = ["SCHEMES", "MlflowBackend", "MlflowOptions", "backend_from_url", "detections_of",
-           "labels_of", "parse_url", "predictions_of", "read_labels", "request_body",
-           "scores_of"]
+__all__ = [
+    "SCHEMES",
+    "MlflowBackend",
+    "MlflowOptions",
+    "backend_from_url",
+    "detections_of",
+    "labels_of",
+    "parse_url",
+    "predictions_of",
+    "read_labels",
+    "request_body",
+    "scores_of",
+]

@@ -36,8 +36,7 @@ def read_labels(path: str) -> tuple[str, ...]:
     try:
         names = parse_labels(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
-        raise bad_option("labels", f"cannot read '{path}': {exc}", "mlflow"
-                         ) from None
+        raise bad_option("labels", f"cannot read '{path}': {exc}", "mlflow") from None
     if not names:
         raise bad_option("labels", f"'{path}' holds no class names", "mlflow")
     return names
@@ -56,7 +55,7 @@ def server_error(body: bytes) -> str:
     if isinstance(trace, str):
         last = next((ln.strip() for ln in reversed(trace.splitlines()) if ln.strip()), "")
         if last and not last.startswith(("File ", "Traceback")):
-            text = f"{last[:300]} ({text})"     # the model's own words first
+            text = f"{last[:300]} ({text})"  # the model's own words first
     return text
 
 
@@ -65,19 +64,33 @@ class MlflowBackend:
 
     def __init__(self, opts: MlflowOptions) -> None:
         self.opts = opts
-        self.labels = read_labels(opts.labels_path) if opts.labels_path else tuple(
-            str(i) for i in range(opts.num_classes))
+        self.labels = (
+            read_labels(opts.labels_path)
+            if opts.labels_path
+            else tuple(str(i) for i in range(opts.num_classes))
+        )
         h, w = opts.resize or (0, 0)
         self.spec = ResolvedInput(
-            name="", kind=opts.input_kind, datatype=opts.dtype, layout=opts.layout,
-            channels=opts.channels, height=h, width=w, batch=opts.batch,
-            scale=1.0 if opts.dtype == "UINT8" else (opts.scale if opts.scale is not None
-                                                      else 1.0 / 255.0),
-            mean=opts.mean, std=opts.std)
+            name="",
+            kind=opts.input_kind,
+            datatype=opts.dtype,
+            layout=opts.layout,
+            channels=opts.channels,
+            height=h,
+            width=w,
+            batch=opts.batch,
+            scale=1.0
+            if opts.dtype == "UINT8"
+            else (opts.scale if opts.scale is not None else 1.0 / 255.0),
+            mean=opts.mean,
+            std=opts.std,
+        )
         self._client = HttpClient(
-            timeout_s=opts.timeout_s, label=f"mlflow target {opts.endpoint}",
+            timeout_s=opts.timeout_s,
+            label=f"mlflow target {opts.endpoint}",
             max_response_bytes=MAX_RESPONSE_BYTES,
-            ssl_context=ssl.create_default_context() if opts.scheme == "https" else None)
+            ssl_context=ssl.create_default_context() if opts.scheme == "https" else None,
+        )
 
     def close(self) -> None:
         self._client.close()
@@ -92,29 +105,44 @@ class MlflowBackend:
         o = self.opts
         # The scoring server's health check; ``/ping`` sits beside ``/invocations``.
         ping = o.path.rsplit("/", 1)[0] + "/ping"
-        resp = self._client.request("GET", o.endpoint + ping, self._headers(),
-                                    label=f"{o.endpoint}{ping}")
+        resp = self._client.request(
+            "GET", o.endpoint + ping, self._headers(), label=f"{o.endpoint}{ping}"
+        )
         if resp.status != 200:
-            raise TargetUnavailable(f"{o.endpoint}{ping}: HTTP {resp.status}: the model is not "
-                                    f"ready: {error_text(resp.body)}", resp.retry_after_s)
+            raise TargetUnavailable(
+                f"{o.endpoint}{ping}: HTTP {resp.status}: the model is not "
+                f"ready: {error_text(resp.body)}",
+                resp.retry_after_s,
+            )
         if o.task == "detection":
             task, kind = common_pb2.TASK_TYPE_DETECTION, common_pb2.OUTPUT_KIND_BOXES
         else:
             task = common_pb2.TASK_TYPE_CLASSIFICATION
-            kind = (common_pb2.OUTPUT_KIND_LABEL_ONLY if o.output == "labels"
-                    else common_pb2.OUTPUT_KIND_FULL_SCORES)
+            kind = (
+                common_pb2.OUTPUT_KIND_LABEL_ONLY
+                if o.output == "labels"
+                else common_pb2.OUTPUT_KIND_FULL_SCORES
+            )
         return target_pb2.TargetInfo(
-            name=f"mlflow {o.endpoint}{o.path}", task_type=task, labels=list(self.labels),
-            output_kind=kind, version="mlflow pyfunc",
-            input=target_pb2.InputSpec(height=self.spec.height, width=self.spec.width,
-                                       channels=o.channels, max_batch_size=o.batch))
+            name=f"mlflow {o.endpoint}{o.path}",
+            task_type=task,
+            labels=list(self.labels),
+            output_kind=kind,
+            version="mlflow pyfunc",
+            input=target_pb2.InputSpec(
+                height=self.spec.height,
+                width=self.spec.width,
+                channels=o.channels,
+                max_batch_size=o.batch,
+            ),
+        )
 
     def predict(self, images: Sequence[common_pb2.Image]) -> list[common_pb2.Prediction]:
         spec = self.spec
         items: list[np.ndarray | bytes] = []
         sizes: list[tuple[int, int]] = []
         for i, img in enumerate(images):
-            arr = decode_image(img, f"images[{i}]")      # InvalidArgument naming the image
+            arr = decode_image(img, f"images[{i}]")  # InvalidArgument naming the image
             sizes.append((int(arr.shape[0]), int(arr.shape[1])))
             if spec.kind == "bytes":
                 if spec.height and arr.shape[:2] != (spec.height, spec.width):
@@ -130,8 +158,9 @@ class MlflowBackend:
         groups: list[list[int]] = []
         for i, x in enumerate(items):
             last = groups[-1] if groups else None
-            same = spec.kind == "bytes" or np.shape(items[last[0]]) == np.shape(x) \
-                if last else False
+            same = (
+                spec.kind == "bytes" or np.shape(items[last[0]]) == np.shape(x) if last else False
+            )
             if last is not None and len(last) < spec.batch and same:
                 last.append(i)
             else:
@@ -141,15 +170,24 @@ class MlflowBackend:
             preds += self._call(images, items, sizes, frames, group)
         return preds
 
-    def _call(self, images: Sequence[common_pb2.Image], items: list[np.ndarray | bytes],
-              sizes: list[tuple[int, int]], frames: list[tuple[int, int]], idx: list[int]
-              ) -> list[common_pb2.Prediction]:
+    def _call(
+        self,
+        images: Sequence[common_pb2.Image],
+        items: list[np.ndarray | bytes],
+        sizes: list[tuple[int, int]],
+        frames: list[tuple[int, int]],
+        idx: list[int],
+    ) -> list[common_pb2.Prediction]:
         o = self.opts
         where = f"{o.endpoint}{o.path}"
         body = request_body(o, [items[i] for i in idx])
-        resp = self._client.request("POST", o.endpoint + o.path,
-                                    {**self._headers(), "Content-Type": "application/json"}, body,
-                                    label=where)
+        resp = self._client.request(
+            "POST",
+            o.endpoint + o.path,
+            {**self._headers(), "Content-Type": "application/json"},
+            body,
+            label=where,
+        )
         if resp.retryable:
             raise resp.unavailable(f"{where}: HTTP {resp.status}: {server_error(resp.body)}")
         if resp.status != 200:
@@ -160,8 +198,9 @@ class MlflowBackend:
             out = [common_pb2.Prediction(image_id=images[i].image_id) for i in idx]
             names = self.labels
             if o.task == "detection":
-                dets = detections_of(raw, o, [sizes[i] for i in idx], [frames[i] for i in idx],
-                                     len(names))
+                dets = detections_of(
+                    raw, o, [sizes[i] for i in idx], [frames[i] for i in idx], len(names)
+                )
                 for p, d in zip(out, dets, strict=True):
                     p.detection.CopyFrom(d)
                     if names:
@@ -173,12 +212,17 @@ class MlflowBackend:
             else:
                 proba = scores_of(raw, n, o.output)
                 if names and proba.shape[1] != len(names):
-                    raise TargetResponseError(f"predictions: {proba.shape[1]} scores per image "
-                                              f"but the label set has {len(names)} classes")
+                    raise TargetResponseError(
+                        f"predictions: {proba.shape[1]} scores per image "
+                        f"but the label set has {len(names)} classes"
+                    )
                 cls_names = names or [str(c) for c in range(proba.shape[1])]
                 for p, row in zip(out, proba, strict=True):
-                    p.classification.CopyFrom(classification_from_proba(
-                        row, output="full_scores", top_k=len(cls_names), names=cls_names))
+                    p.classification.CopyFrom(
+                        classification_from_proba(
+                            row, output="full_scores", top_k=len(cls_names), names=cls_names
+                        )
+                    )
         except TargetResponseError as exc:
             raise TargetResponseError(f"{where}: {exc.message}") from None
         return out

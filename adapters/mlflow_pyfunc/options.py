@@ -25,29 +25,47 @@ DEFAULT_BATCH = 32
 DEFAULT_TIMEOUT_S = 30.0
 MAX_CLASSES = 1_000_000
 _KIND = "mlflow"
-_KNOWN = {"request", "input", "column", "resize", "layout", "dtype", "channels", "scale", "mean",
-          "std", "task", "output", "labels", "num_classes", "batch", "timeout", "token_env",
-          "rate", *DETECTION_OPTIONS}
+_KNOWN = {
+    "request",
+    "input",
+    "column",
+    "resize",
+    "layout",
+    "dtype",
+    "channels",
+    "scale",
+    "mean",
+    "std",
+    "task",
+    "output",
+    "labels",
+    "num_classes",
+    "batch",
+    "timeout",
+    "token_env",
+    "rate",
+    *DETECTION_OPTIONS,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class MlflowOptions:
-    scheme: str                         # "http" | "https"
+    scheme: str  # "http" | "https"
     host: str
     port: int
     path: str = DEFAULT_PATH
-    request: str = "inputs"             # REQUESTS
-    input_kind: str = "tensor"          # "tensor" (pixel arrays) | "bytes" (base64 PNG/JPEG)
-    column: str = "image"               # dataframe_split's column
+    request: str = "inputs"  # REQUESTS
+    input_kind: str = "tensor"  # "tensor" (pixel arrays) | "bytes" (base64 PNG/JPEG)
+    column: str = "image"  # dataframe_split's column
     resize: tuple[int, int] | None = None
     layout: str = "nhwc"
-    dtype: str = "UINT8"                # UINT8 (whole pixel values) | FP32 (scaled, normalised)
+    dtype: str = "UINT8"  # UINT8 (whole pixel values) | FP32 (scaled, normalised)
     channels: int = 3
     scale: float | None = None
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
-    task: str = "classification"        # "classification" | "detection"
-    output: str = "probabilities"       # "probabilities" | "logits" | "labels"
+    task: str = "classification"  # "classification" | "detection"
+    output: str = "probabilities"  # "probabilities" | "logits" | "labels"
     labels_path: str = ""
     num_classes: int = 0
     detection: DetectionFormat = DetectionFormat()
@@ -78,8 +96,9 @@ def parse_url(url: str) -> MlflowOptions:
     parts = urlsplit(url)
     scheme = SCHEMES.get(parts.scheme)
     if scheme is None:
-        raise errors.InvalidArgument("target", f"'{url}' is not an mlflow+http:// or "
-                                               "mlflow+https:// URL")
+        raise errors.InvalidArgument(
+            "target", f"'{url}' is not an mlflow+http:// or mlflow+https:// URL"
+        )
     try:
         host, port = parts.hostname, parts.port
     except ValueError:
@@ -94,25 +113,34 @@ def parse_url(url: str) -> MlflowOptions:
         if key not in _KNOWN:
             raise _bad(key, f"unknown option; known: {', '.join(sorted(_KNOWN))}")
         q[key] = value
-    kw: dict[str, Any] = {"scheme": scheme, "host": host, "path": path,
-                          "port": port or (443 if scheme == "https" else 80)}
+    kw: dict[str, Any] = {
+        "scheme": scheme,
+        "host": host,
+        "path": path,
+        "port": port or (443 if scheme == "https" else 80),
+    }
     if "request" in q:
         kw["request"] = _choice(q, "request", REQUESTS)
     kw["input_kind"] = "bytes" if kw.get("request") == "dataframe_split" else "tensor"
     if "input" in q:
         kw["input_kind"] = _choice(q, "input", ("tensor", "bytes"))
     if kw["input_kind"] == "tensor" and kw.get("request") == "dataframe_split":
-        raise _bad("input", "request=dataframe_split sends each image as a base64 file in a "
-                            "column (input=bytes); send pixel arrays with request=inputs or "
-                            "instances")
+        raise _bad(
+            "input",
+            "request=dataframe_split sends each image as a base64 file in a "
+            "column (input=bytes); send pixel arrays with request=inputs or "
+            "instances",
+        )
     if "column" in q:
         if not q["column"]:
             raise _bad("column", "must not be empty")
         kw["column"] = q["column"]
     if "resize" in q:
         h, sep, w = q["resize"].lower().partition("x")
-        kw["resize"] = (positive_int("resize", h, _KIND), positive_int("resize", w if sep else h,
-                                                                       _KIND))
+        kw["resize"] = (
+            positive_int("resize", h, _KIND),
+            positive_int("resize", w if sep else h, _KIND),
+        )
         if kw["resize"][0] * kw["resize"][1] > 16384 * 16384:
             raise _bad("resize", f"{q['resize']} is too large")
     if "layout" in q:
@@ -139,8 +167,9 @@ def parse_url(url: str) -> MlflowOptions:
             if key in q:
                 raise _bad(key, "applies to input=tensor only (input=bytes sends the image file)")
     elif kw.get("dtype", "UINT8") == "UINT8" and any(k in q for k in ("scale", "mean", "std")):
-        raise _bad("dtype", "UINT8 sends the pixels as they are; scale, mean and std need "
-                            "dtype=FP32")
+        raise _bad(
+            "dtype", "UINT8 sends the pixels as they are; scale, mean and std need dtype=FP32"
+        )
     if "task" in q:
         kw["task"] = _choice(q, "task", ("classification", "detection"))
     task = kw.get("task", "classification")

@@ -27,11 +27,13 @@ from google.rpc import code_pb2
 from tests.conftest import MD
 from tests.integration._kserve_support import ledger, run_mlserver, session, start_stack_with
 
-COLOURS = {0: (230, 20, 20), 1: (20, 230, 20), 2: (20, 20, 230)}      # red, green, blue
+COLOURS = {0: (230, 20, 20), 1: (20, 230, 20), 2: (20, 20, 230)}  # red, green, blue
 NAMES = ("red", "green", "blue")
 
 
-def _scene(rng: np.random.Generator, h: int, w: int) -> tuple[np.ndarray, list[tuple[int, tuple[int, int, int, int]]]]:
+def _scene(
+    rng: np.random.Generator, h: int, w: int
+) -> tuple[np.ndarray, list[tuple[int, tuple[int, int, int, int]]]]:
     """A grey noisy image with one rectangle of each of 1-3 colours, in separate thirds of
     the width; and the truth: (class, pixel xyxy) of each."""
     img = rng.integers(80, 170, (h, w, 3), dtype=np.uint8)
@@ -42,7 +44,7 @@ def _scene(rng: np.random.Generator, h: int, w: int) -> tuple[np.ndarray, list[t
         bw, bh = int(rng.integers(6, third - 2)), int(rng.integers(6, h - 4))
         x0 = slot * third + int(rng.integers(0, third - bw))
         y0 = int(rng.integers(0, h - bh))
-        img[y0:y0 + bh, x0:x0 + bw] = COLOURS[c]
+        img[y0 : y0 + bh, x0 : x0 + bw] = COLOURS[c]
         truth.append((c, (x0, y0, x0 + bw, y0 + bh)))
     return img, truth
 
@@ -50,7 +52,7 @@ def _scene(rng: np.random.Generator, h: int, w: int) -> tuple[np.ndarray, list[t
 @pytest.fixture(scope="module")
 def scenes() -> list[tuple[str, np.ndarray, list[tuple[int, tuple[int, int, int, int]]]]]:
     rng = np.random.default_rng(2027)
-    sizes = [(48, 72), (48, 72), (60, 90), (48, 72), (40, 96)]      # several sizes: several calls
+    sizes = [(48, 72), (48, 72), (60, 90), (48, 72), (40, 96)]  # several sizes: several calls
     return [(f"scene-{i}", *_scene(rng, h, w)) for i, (h, w) in enumerate(sizes)]
 
 
@@ -81,7 +83,9 @@ def mlserver_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[i
 
 @pytest.fixture(scope="module")
 def stack(mlserver_ports, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    s = start_stack_with(tmp_path_factory.mktemp("tasks-stack") / "state", _targets(*mlserver_ports))
+    s = start_stack_with(
+        tmp_path_factory.mktemp("tasks-stack") / "state", _targets(*mlserver_ports)
+    )
     yield s
     s.stop(0)
 
@@ -90,15 +94,24 @@ def _predict(stack: Any, target: str, scenes: list[Any]) -> tuple[Any, str, Any]
     ch = grpc.insecure_channel(stack.address)
     px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
     sid = session(px, target)
-    resp = px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="clean", images=[
-        image_msg(name, img) for name, img, _ in scenes]), metadata=MD)
+    resp = px.Predict(
+        proxy_pb2.PredictRequest(
+            session_id=sid, origin="clean", images=[image_msg(name, img) for name, img, _ in scenes]
+        ),
+        metadata=MD,
+    )
     return px, sid, resp
 
 
 # Least IoU with the drawn box: exact up to float32 rounding, except through a resize (the
 # rectangle's edges blur when 48x72 and 60x90 images are shrunk to 48x64 and the box is scaled back).
-DETECTORS = {"det-tf-rest": 0.999, "det-tf-grpc": 0.999, "det-tf-grpc-raw": 0.999,
-             "det-padded-rest": 0.999, "det-padded-grpc": 0.75}
+DETECTORS = {
+    "det-tf-rest": 0.999,
+    "det-tf-grpc": 0.999,
+    "det-tf-grpc-raw": 0.999,
+    "det-padded-rest": 0.999,
+    "det-padded-grpc": 0.75,
+}
 
 
 @pytest.mark.slow
@@ -117,8 +130,9 @@ def test_detections_through_the_proxy(stack, scenes, target):
         got = {int(answers.labels[r]): answers.boxes[r] for r in rows}
         assert sorted(got) == sorted(c for c, _ in truth), name
         for c, box in truth:
-            iou = float(pair_iou(np.asarray([box], np.float64),
-                                 got[c].astype(np.float64)[None, :])[0])
+            iou = float(
+                pair_iou(np.asarray([box], np.float64), got[c].astype(np.float64)[None, :])[0]
+            )
             assert iou >= DETECTORS[target], (name, c, iou)
         for b in resp.predictions[i].detection.boxes:
             assert b.name == NAMES[b.label] and 0.0 < b.score <= 1.0
@@ -154,14 +168,22 @@ def test_class_maps_through_the_proxy(stack, scenes, target):
 
 @pytest.mark.slow
 def test_unusable_answers_name_the_output_tensor(stack, scenes):
-    for target, words in (("det-no-offset", ("detection_classes", "class 3", "label set")),
-                          ("seg-of-detector", ("detection_boxes", "not whole class ids"))):
+    for target, words in (
+        ("det-no-offset", ("detection_classes", "class 3", "label set")),
+        ("seg-of-detector", ("detection_boxes", "not whole class ids")),
+    ):
         ch = grpc.insecure_channel(stack.address)
         px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
         sid = session(px, target)
         with pytest.raises(grpc.RpcError) as ei:
-            px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="x", images=[
-                image_msg(name, img) for name, img, _ in scenes[:2]]), metadata=MD)
+            px.Predict(
+                proxy_pb2.PredictRequest(
+                    session_id=sid,
+                    origin="x",
+                    images=[image_msg(name, img) for name, img, _ in scenes[:2]],
+                ),
+                metadata=MD,
+            )
         assert ei.value.code() not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
         for w in words:
             assert w in ei.value.details(), (target, ei.value.details())
@@ -192,37 +214,66 @@ def test_detection_and_segmentation_plans_against_the_oip_models(mlserver_ports,
         for c, (x0, y0, x1, y1) in truth:
             mask[y0:y1, x0:x1] = c + 1
         cv2.imwrite(str(data / f"s{i}-mask.png"), mask)
-        det_rows.append({"id": f"s{i}", "image": f"s{i}.png", "box_format": "xyxy",
-                         "boxes": [list(b) for _, b in truth], "labels": [c for c, _ in truth]})
+        det_rows.append(
+            {
+                "id": f"s{i}",
+                "image": f"s{i}.png",
+                "box_format": "xyxy",
+                "boxes": [list(b) for _, b in truth],
+                "labels": [c for c, _ in truth],
+            }
+        )
         seg_rows.append({"id": f"s{i}", "image": f"s{i}.png", "mask": f"s{i}-mask.png"})
     for name, rows in (("det", det_rows), ("seg", seg_rows)):
         (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     urls = _targets(*mlserver_ports)
     key = "test-key-oip-plans"
-    st = start_stack(StackSettings(
-        state_dir=tmp_path / "state", api_keys={key: "tenant-a"}, data_root=data,
-        targets=[TargetConfig.parse(f"{t}={urls[t]}") for t in ("det-tf-grpc", "seg-logits-rest")],
-        metrics_port=0, metrics_host="127.0.0.1"))
+    st = start_stack(
+        StackSettings(
+            state_dir=tmp_path / "state",
+            api_keys={key: "tenant-a"},
+            data_root=data,
+            targets=[
+                TargetConfig.parse(f"{t}={urls[t]}") for t in ("det-tf-grpc", "seg-logits-rest")
+            ],
+            metrics_port=0,
+            metrics_host="127.0.0.1",
+        )
+    )
     sections = {
-        "det-tf-grpc": ("detection", "det.jsonl", "detection: {mode: threshold, iou_threshold: 0.9, "
-                        "confidence_threshold: 0.5, aggregate: all}"),
-        "seg-logits-rest": ("segmentation", "seg.jsonl",
-                            "segmentation: {classes: [1, 2, 3], miou_threshold: 0.99}"),
+        "det-tf-grpc": (
+            "detection",
+            "det.jsonl",
+            "detection: {mode: threshold, iou_threshold: 0.9, "
+            "confidence_threshold: 0.5, aggregate: all}",
+        ),
+        "seg-logits-rest": (
+            "segmentation",
+            "seg.jsonl",
+            "segmentation: {classes: [1, 2, 3], miou_threshold: 0.99}",
+        ),
     }
     try:
         with FortisClient(st.address, api_key=key) as fc:
             for target, (task, manifest, section) in sections.items():
-                plan = (f"name: oip-{task}\nseed: 5\n"
-                        "roles: {tester: {name: pytest, organisation: Fortis CI}}\n"
-                        f"target: {{name: {target}, task: {task}}}\n"
-                        f"dataset: {{source: manifest, path: {manifest}}}\n{section}\n"
-                        "corruptions: [{id: contrast, severities: [5]}]\n")
+                plan = (
+                    f"name: oip-{task}\nseed: 5\n"
+                    "roles: {tester: {name: pytest, organisation: Fortis CI}}\n"
+                    f"target: {{name: {target}, task: {task}}}\n"
+                    f"dataset: {{source: manifest, path: {manifest}}}\n{section}\n"
+                    "corruptions: [{id: contrast, severities: [5]}]\n"
+                )
                 ev = fc.submit(plan)
                 final = fc.wait(ev.evaluation_id)
                 assert progress_of(final).state == "SUCCEEDED", final.error.message
-                report = json.loads(fc.write_report(ev.evaluation_id, tmp_path / task)[0].read_text())
+                report = json.loads(
+                    fc.write_report(ev.evaluation_id, tmp_path / task)[0].read_text()
+                )
                 m = report["metrics"]
-                assert m["accuracy"]["m"] == 6 and m["accuracy"]["value"] == 1.0, (task, m["accuracy"])
+                assert m["accuracy"]["m"] == 6 and m["accuracy"]["value"] == 1.0, (
+                    task,
+                    m["accuracy"],
+                )
                 assert m["corruptions"]["contrast"]["5"]["robustness"] < 1.0, task
                 sessions = report["ledger"]["sessions"]
                 assert sessions[f"{ev.evaluation_id}/clean"] == 6, sessions

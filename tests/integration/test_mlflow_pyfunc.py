@@ -37,7 +37,7 @@ from tests.integration._kserve_support import (
     start_stack_with,
 )
 
-MLFLOW_VENV = ROOT / os.environ.get("MLFLOW_VENV", ".venv-mlflow")      # as setup_mlflow.sh
+MLFLOW_VENV = ROOT / os.environ.get("MLFLOW_VENV", ".venv-mlflow")  # as setup_mlflow.sh
 SETUP = ROOT / "scripts" / "setup_mlflow.sh"
 LOG_MODELS = ROOT / "tests" / "fixtures" / "mlflow" / "log_models.py"
 COLOURS = {0: (230, 20, 20), 1: (20, 230, 20), 2: (20, 20, 230)}
@@ -48,7 +48,7 @@ SECRET = "mlflow-token-5f1d0c7e9a"
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)     # its own session: the server and its workers
+        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its workers
         try:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
@@ -59,19 +59,35 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="module")
 def mlflow_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, int]]:
     """One ``mlflow models serve`` per model, on free loopback ports."""
-    setup = subprocess.run(["bash", str(SETUP)], cwd=ROOT, capture_output=True, text=True,
-                           timeout=1500)
+    setup = subprocess.run(
+        ["bash", str(SETUP)], cwd=ROOT, capture_output=True, text=True, timeout=1500
+    )
     if setup.returncode != 0 or not (MLFLOW_VENV / "bin" / "mlflow").exists():
-        tail = [ln for ln in (setup.stderr + setup.stdout).splitlines()
-                if not ln.startswith("WARNING: Location")][-8:]
-        pytest.skip(f"MLflow could not be installed by {SETUP.name} (exit {setup.returncode}): "
-                    + " | ".join(tail))
+        tail = [
+            ln
+            for ln in (setup.stderr + setup.stdout).splitlines()
+            if not ln.startswith("WARNING: Location")
+        ][-8:]
+        pytest.skip(
+            f"MLflow could not be installed by {SETUP.name} (exit {setup.returncode}): "
+            + " | ".join(tail)
+        )
     work = tmp_path_factory.mktemp("mlflow")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(PATH=f"{MLFLOW_VENV / 'bin'}:{env.get('PATH', '')}", PYTHONDONTWRITEBYTECODE="1",
-               MLFLOW_TRACKING_URI=(work / "mlruns").as_uri(), OMP_NUM_THREADS="1")
-    logged = subprocess.run([str(MLFLOW_VENV / "bin" / "python"), str(LOG_MODELS), str(work)],
-                            cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    env.update(
+        PATH=f"{MLFLOW_VENV / 'bin'}:{env.get('PATH', '')}",
+        PYTHONDONTWRITEBYTECODE="1",
+        MLFLOW_TRACKING_URI=(work / "mlruns").as_uri(),
+        OMP_NUM_THREADS="1",
+    )
+    logged = subprocess.run(
+        [str(MLFLOW_VENV / "bin" / "python"), str(LOG_MODELS), str(work)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert logged.returncode == 0, logged.stderr[-2000:]
     ports: dict[str, int] = {}
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
@@ -80,19 +96,42 @@ def mlflow_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
             ports[name] = port = free_port()
             log = work / f"{name}.log"
             with open(log, "wb") as fh:
-                procs.append((subprocess.Popen(
-                    [str(MLFLOW_VENV / "bin" / "mlflow"), "models", "serve", "-m",
-                     str(work / name), "--env-manager", "local", "-h", "127.0.0.1", "-p",
-                     str(port), "-w", "1"],
-                    cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                    start_new_session=True), log))
+                procs.append(
+                    (
+                        subprocess.Popen(
+                            [
+                                str(MLFLOW_VENV / "bin" / "mlflow"),
+                                "models",
+                                "serve",
+                                "-m",
+                                str(work / name),
+                                "--env-manager",
+                                "local",
+                                "-h",
+                                "127.0.0.1",
+                                "-p",
+                                str(port),
+                                "-w",
+                                "1",
+                            ],
+                            cwd=work,
+                            env=env,
+                            stdout=fh,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        ),
+                        log,
+                    )
+                )
         deadline = time.monotonic() + 180
         for (proc, log), port in zip(procs, ports.values(), strict=True):
             while _http_status(f"http://127.0.0.1:{port}/ping") != 200:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     tail = log.read_text(errors="replace").splitlines()[-12:]
-                    pytest.skip(f"mlflow models serve did not start (exit {proc.poll()}): "
-                                + " | ".join(tail))
+                    pytest.skip(
+                        f"mlflow models serve did not start (exit {proc.poll()}): "
+                        + " | ".join(tail)
+                    )
                 time.sleep(0.25)
         yield ports
     finally:
@@ -145,7 +184,7 @@ def _scenes(seed: int, n: int, many: bool) -> list[tuple[str, np.ndarray, list[A
         for slot, c in enumerate(classes):
             bw, bh = int(rng.integers(6, third - 2)), int(rng.integers(6, h - 4))
             x0, y0 = slot * third + int(rng.integers(0, third - bw)), int(rng.integers(0, h - bh))
-            img[y0:y0 + bh, x0:x0 + bw] = COLOURS[c]
+            img[y0 : y0 + bh, x0 : x0 + bw] = COLOURS[c]
             truth.append((c, (x0, y0, x0 + bw, y0 + bh)))
         out.append((f"s{seed}-{i}", img, truth))
     return out
@@ -154,8 +193,12 @@ def _scenes(seed: int, n: int, many: bool) -> list[tuple[str, np.ndarray, list[A
 def _predict(stack: Any, target: str, scenes: list[Any]) -> tuple[Any, str, Any]:
     px = proxy_pb2_grpc.TargetProxyServiceStub(grpc.insecure_channel(stack.address))
     sid = session(px, target)
-    resp = px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="clean", images=[
-        image_msg(name, img) for name, img, _ in scenes]), metadata=MD)
+    resp = px.Predict(
+        proxy_pb2.PredictRequest(
+            session_id=sid, origin="clean", images=[image_msg(name, img) for name, img, _ in scenes]
+        ),
+        metadata=MD,
+    )
     return px, sid, resp
 
 
@@ -168,7 +211,7 @@ def test_classification_through_the_proxy(stack, target):
     assert info.task_type == common_pb2.TASK_TYPE_CLASSIFICATION
     assert list(info.labels) == (NAMES if target != "cls-instances" else ["0", "1", "2"])
     for (name, _img, truth), pred in zip(scenes, resp.predictions, strict=True):
-        (c, (x0, y0, x1, y1)), = truth
+        ((c, (x0, y0, x1, y1)),) = truth
         top = pred.classification.classes[0]
         assert top.label == c, name
         if target == "cls-labels":
@@ -205,7 +248,10 @@ def test_detection_through_the_proxy(stack, target, min_iou):
         for c, box in truth:
             iou = float(pair_iou(np.asarray([box], np.float64), got[c][None, :])[0])
             assert iou >= min_iou, (name, c, iou)
-            assert 0 <= got[c][0] < got[c][2] <= img.shape[1] and 0 <= got[c][1] < got[c][3] <= img.shape[0]
+            assert (
+                0 <= got[c][0] < got[c][2] <= img.shape[1]
+                and 0 <= got[c][1] < got[c][3] <= img.shape[0]
+            )
         assert {b.name for b in resp.predictions[i].detection.boxes} == {NAMES[c] for c, _ in truth}
     st = px.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id=sid), metadata=MD)
     assert (st.queries_ok, st.queries_failed) == (len(scenes), 0)
@@ -215,12 +261,20 @@ def test_detection_through_the_proxy(stack, target, min_iou):
 def test_server_errors_and_unusable_answers_are_precise(stack, caplog):
     scenes = _scenes(3, 2, many=False)
     px = proxy_pb2_grpc.TargetProxyServiceStub(grpc.insecure_channel(stack.address))
-    for target, words in (("cls-fed-files", ("HTTP 400", "expected [N, H, W, 3] pixels")),
-                          ("det-as-cls", ("expected a list of 2 answers", "got dict"))):
+    for target, words in (
+        ("cls-fed-files", ("HTTP 400", "expected [N, H, W, 3] pixels")),
+        ("det-as-cls", ("expected a list of 2 answers", "got dict")),
+    ):
         sid = session(px, target)
         with pytest.raises(grpc.RpcError) as ei:
-            px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="x", images=[
-                image_msg(name, img) for name, img, _ in scenes]), metadata=MD)
+            px.Predict(
+                proxy_pb2.PredictRequest(
+                    session_id=sid,
+                    origin="x",
+                    images=[image_msg(name, img) for name, img, _ in scenes],
+                ),
+                metadata=MD,
+            )
         details = ei.value.details()
         assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION, details
         for w in words:
@@ -233,4 +287,5 @@ def test_server_errors_and_unusable_answers_are_precise(stack, caplog):
     # ... and the servers and the proxy keep serving
     _, _, resp = _predict(stack, "cls-inputs", scenes)
     assert [p.classification.classes[0].label for p in resp.predictions] == [
-        t[0][0] for _, _, t in scenes]
+        t[0][0] for _, _, t in scenes
+    ]
