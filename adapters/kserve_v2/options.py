@@ -267,6 +267,10 @@ def _task_options(q: dict[str, str]) -> dict[str, Any]:
             if key in q and task != owner:
                 raise bad_option(key, f"applies to task={owner} only (this target is "
                                       f"task={task})")
+    if task == "detection" and "output_name" in q:
+        raise bad_option("output_name", "task=detection reads several outputs: name them with "
+                                        "boxes_output, scores_output, classes_output and "
+                                        "count_output")
     if task != "classification" and "output" in q:
         raise bad_option("output", "probabilities|logits applies to task=classification; a "
                                    "segmentation score map is argmaxed whatever it holds")

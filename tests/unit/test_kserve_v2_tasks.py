@@ -186,6 +186,7 @@ def test_hostile_segmentation_tensors_name_the_output(out, words):
         ("box_format=xywh", "box_format"),  # a detection option without task=detection
         ("task=segmentation&count_output=n", "count_output"),
         ("task=detection&output=logits", "output"),
+        ("task=detection&output_name=boxes", "output_name"),
     ],
 )
 def test_bad_task_options_name_the_option(query, option):
