@@ -1,6 +1,6 @@
 """Detection and segmentation answers of an Open Inference Protocol model, read from its output
 tensors into Fortis's answer types (``DetectionAnswers``: pixel xyxy boxes of the image as
-sent; class maps at the image's size). Pure functions of the tensors and the options;
+sent, what IEEE-C4 matching reads; class maps at the image's size, judged per IEEE-C5). Pure functions of the tensors and the options;
 ``TargetResponseError`` names the output tensor (and the image and row) that does not fit.
 
 Detection follows what OIP detectors commonly emit -- the TensorFlow Object Detection API's
