@@ -42,7 +42,7 @@ SETUP = ROOT / "scripts" / "setup_mlflow.sh"
 LOG_MODELS = ROOT / "tests" / "fixtures" / "mlflow" / "log_models.py"
 COLOURS = {0: (230, 20, 20), 1: (20, 230, 20), 2: (20, 20, 230)}
 NAMES = ["red", "green", "blue"]
-MODELS = ("classifier", "labeller", "detector")
+MODELS = ("classifier", "labeller", "detector", "detector-list")
 SECRET = "mlflow-token-5f1d0c7e9a"
 
 
@@ -140,7 +140,7 @@ def mlflow_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
 
 
 def _targets(p: dict[str, int]) -> dict[str, str]:
-    c, lab, d = (f"mlflow+http://127.0.0.1:{p[m]}" for m in MODELS)
+    c, lab, d, dl = (f"mlflow+http://127.0.0.1:{p[m]}" for m in MODELS)
     return {
         "cls-inputs": f"{c}?labels=LABELS",
         "cls-instances": f"{c}/invocations?request=instances&resize=32x40&num_classes=3",
@@ -148,6 +148,8 @@ def _targets(p: dict[str, int]) -> dict[str, str]:
         "det-df": f"{d}?request=dataframe_split&task=detection&labels=LABELS",
         # PNGs resized to 48x64 for the model: its pixel boxes are scaled back
         "det-df-resized": f"{d}?request=dataframe_split&task=detection&resize=48x64&labels=LABELS",
+        # base64 files as "instances"; a list of per-image dicts back
+        "det-list": f"{dl}?request=instances&input=bytes&task=detection&labels=LABELS",
         # hostile: the classifier fed files (its own error, HTTP 400), the detector's dict read
         # as classification scores, a token that must never be echoed
         "cls-fed-files": f"{c}?request=dataframe_split&token_env=FORTIS_TEST_MLFLOW_TOKEN",
@@ -232,7 +234,9 @@ def test_classification_through_the_proxy(stack, target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("target", "min_iou"), [("det-df", 0.999), ("det-df-resized", 0.75)])
+@pytest.mark.parametrize(
+    ("target", "min_iou"), [("det-df", 0.999), ("det-df-resized", 0.75), ("det-list", 0.999)]
+)
 def test_detection_through_the_proxy(stack, target, min_iou):
     scenes = _scenes(11, 6, many=True)
     px, sid, resp = _predict(stack, target, scenes)
