@@ -4,6 +4,7 @@
     kserve+grpc://HOST:PORT/MODEL         Open Inference Protocol (KServe v2) over gRPC
     kserve+http://HOST:PORT/MODEL         Open Inference Protocol over REST (KServe, Triton,
                                           Seldon MLServer, OpenVINO Model Server)
+    mlflow+http://HOST:PORT[/PATH]        an MLflow pyfunc scoring server (/invocations)
     http-json:/path/to/profile.yaml       an HTTP/JSON vision API described by a profile
                                           (AWS Rekognition, Google Cloud Vision, Azure, ...)
 
@@ -24,6 +25,8 @@ SCHEMES: dict[str, str] = {
     "kserve+http": "fortis.adapters.kserve_v2",
     "kserve+https": "fortis.adapters.kserve_v2",
     "http-json": "fortis.adapters.http_json",
+    "mlflow+http": "fortis.adapters.mlflow_pyfunc",
+    "mlflow+https": "fortis.adapters.mlflow_pyfunc",
 }
 
 

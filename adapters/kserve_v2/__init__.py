@@ -34,6 +34,25 @@ answer, read once and cached)::
     host=NAME                 Host header / gRPC authority (KServe ingress routing)
     tls=1                     gRPC over TLS (REST: use kserve+https)
     rate=R                    read by the proxy's rate limiter, ignored here
+    task=classification|detection|segmentation   what the model answers (default
+                              classification); the options below apply to one task each
+
+Detection (``tasks`` reads padded [N, K, ...] tensors; TF OD API / Triton NMS names first)::
+
+    boxes_output=NAME         default: detection_boxes, boxes or bboxes, whichever is answered
+    scores_output=NAME        default: detection_scores or scores (optional unless named)
+    classes_output=NAME       default: detection_classes, classes or labels (optional; -1 = pad)
+    count_output=NAME         default: num_detections, num_dets or count (optional)
+    box_format=xyxy|xywh|cxcywh|yxyx     (default xyxy)
+    box_coords=pixel|normalised          pixel: of the model input, scaled back (default)
+    label_offset=N            subtracted from class ids (TF OD API: 1; default 0)
+    min_score=S               detections scored below S are dropped (default 0)
+
+Segmentation (output_name's tensor: [N, H, W] class ids, [N, 1, H, W] ids or foreground
+probability, or [N, C, H, W] scores argmaxed; resized to the image by nearest neighbour)::
+
+    mask_layout=chw|hwc       score map channel axis (default chw)
+    mask_threshold=T          one-channel float masks: foreground above T (default 0.5)
 
 Preprocessing for ``input=tensor`` matches the built-in torch targets: an alpha channel is
 dropped, the image is resized to HxW (``cv2.INTER_AREA`` when shrinking, ``INTER_LINEAR``
@@ -49,7 +68,7 @@ shape or datatype, other HTTP 4xx or gRPC codes) becomes ``TargetResponseError``
 was wrong, and an undecodable image ``InvalidArgument`` naming ``images[i]``.
 
 Layout: ``options`` (URL parsing), ``metadata`` (model metadata, input resolution), ``codec``
-(tensors and OIP messages, pure), ``transport`` (the protocol both transports follow),
+(tensors and OIP messages, pure), ``tasks`` (detection and segmentation outputs, pure), ``transport`` (the protocol both transports follow),
 ``rest_transport`` (REST on the shared ``fortis.adapters.http_client``), ``grpc_transport``
 (the only module importing grpc, with the stubs generated into ``kserve_v2_protos`` by
 scripts/gen_kserve_protos.py) and ``backend``. Everything is re-exported here.
@@ -92,17 +111,24 @@ from fortis.adapters.kserve_v2.options import (
     DEFAULT_TIMEOUT_S,
     INPUT_DTYPES,
     SCHEMES,
+    DetectionFormat,
     KServeOptions,
     parse_labels,
     parse_url,
     read_labels,
 )
 from fortis.adapters.kserve_v2.rest_transport import HttpTransport, error_text
+from fortis.adapters.kserve_v2.tasks import (
+    DETECTION_OUTPUTS,
+    decode_class_maps,
+    decode_detections,
+)
 from fortis.adapters.kserve_v2.transport import MAX_MESSAGE_BYTES, MessageTooLarge, Transport
 from fortis.adapters.target_errors import TargetResponseError, TargetUnavailable
 
 __all__ = [
-    "CONTENTS_FIELD", "DEFAULT_BATCH", "DEFAULT_TIMEOUT_S", "INPUT_DTYPES", "MAX_MESSAGE_BYTES",
+    "CONTENTS_FIELD", "DEFAULT_BATCH", "DEFAULT_TIMEOUT_S", "DETECTION_OUTPUTS", "INPUT_DTYPES",
+    "MAX_MESSAGE_BYTES", "DetectionFormat", "decode_class_maps", "decode_detections",
     "METADATA_RETRY_S", "NUMPY_DTYPES", "SCHEMES",
     "GrpcTransport", "HttpTransport", "InTensor", "KServeOptions", "KServeV2Backend",
     "MessageTooLarge", "ModelMeta", "OutTensor", "ResolvedInput", "TargetResponseError",

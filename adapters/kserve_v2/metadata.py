@@ -25,6 +25,8 @@ from fortis.adapters.target_errors import TargetResponseError
 def json_body(body: bytes, what: str) -> Any:
     try:
         return json.loads(body)
+    except RecursionError:      # nesting deeper than the interpreter's stack: hostile or broken
+        raise TargetResponseError(f"{what}: JSON nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         snippet = body[:80].decode("utf-8", "replace")
         raise TargetResponseError(f"{what}: malformed JSON ({exc}): {snippet!r}") from None

@@ -20,7 +20,33 @@ DEFAULT_TIMEOUT_S = 30.0
 INPUT_DTYPES = ("FP32", "FP16", "UINT8")
 _KNOWN_OPTIONS = {"version", "input", "input_name", "output_name", "layout", "dtype", "channels",
                   "resize", "scale", "mean", "std", "output", "labels", "raw", "batch", "timeout",
-                  "token_env", "host", "tls", "rate"}
+                  "token_env", "host", "tls", "rate",
+                  # detection and segmentation answers (fortis.adapters.kserve_v2.tasks)
+                  "task", "boxes_output", "scores_output", "classes_output", "count_output",
+                  "box_format", "box_coords", "label_offset", "min_score", "mask_layout",
+                  "mask_threshold"}
+TASKS = ("classification", "detection", "segmentation")
+BOX_ORDERS = ("xyxy", "xywh", "cxcywh", "yxyx")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetectionFormat:
+    """How a detector's outputs are laid out (``tasks.decode_detections``): the output names
+    (``""``: the usual names, see ``tasks.DETECTION_OUTPUTS``), the box format, and what to
+    drop. Shared by every adapter that reads detection tensors (OIP, MLflow)."""
+
+    boxes_output: str = ""
+    scores_output: str = ""
+    classes_output: str = ""
+    count_output: str = ""
+    box_format: str = "xyxy"            # BOX_ORDERS
+    box_normalised: bool = False        # box_coords=normalised: fractions of the image size
+    label_offset: int = 0               # subtracted from answered class ids (TF OD API: 1)
+    min_score: float = 0.0              # detections scored below are dropped
+
+
+DETECTION_OPTIONS = ("boxes_output", "scores_output", "classes_output", "count_output",
+                     "box_format", "box_coords", "label_offset", "min_score")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,35 +76,41 @@ class KServeOptions:
     token_env: str = ""
     host_header: str = ""
     tls: bool = False
+    task: str = "classification"        # "classification" | "detection" | "segmentation"
+    detection: DetectionFormat = DetectionFormat()
+    mask_layout: str = "chw"            # score maps [N, C, H, W] ("chw") or [N, H, W, C]
+    mask_threshold: float = 0.5         # one-channel float masks: foreground above this
 
     @property
     def endpoint(self) -> str:
         return f"{self.transport}://{self.host}:{self.port}"
 
 
-def bad_option(option: str, message: str) -> errors.InvalidArgument:
-    return errors.InvalidArgument("target", f"kserve option '{option}': {message}")
+def bad_option(option: str, message: str, kind: str = "kserve") -> errors.InvalidArgument:
+    """``InvalidArgument`` on ``target`` naming the option (``kind``: the scheme family whose
+    URL it is, as the user wrote it)."""
+    return errors.InvalidArgument("target", f"{kind} option '{option}': {message}")
 
 
-def _number(option: str, text: str) -> float:
+def number(option: str, text: str, kind: str = "kserve") -> float:
     """A float, or a fraction such as ``1/255``."""
     try:
         num, sep, den = text.partition("/")
         value = float(num) / float(den) if sep else float(text)
     except (ValueError, ZeroDivisionError):
-        raise bad_option(option, f"'{text}' is not a number") from None
+        raise bad_option(option, f"'{text}' is not a number", kind) from None
     if not math.isfinite(value):
-        raise bad_option(option, f"'{text}' is not finite")
+        raise bad_option(option, f"'{text}' is not finite", kind)
     return value
 
 
-def _positive_int(option: str, text: str) -> int:
+def positive_int(option: str, text: str, kind: str = "kserve") -> int:
     try:
         value = int(text)
     except ValueError:
-        raise bad_option(option, f"'{text}' is not an integer") from None
+        raise bad_option(option, f"'{text}' is not an integer", kind) from None
     if value < 1:
-        raise bad_option(option, f"must be >= 1, got {value}")
+        raise bad_option(option, f"must be >= 1, got {value}", kind)
     return value
 
 
@@ -89,6 +121,7 @@ def _flag(option: str, text: str) -> bool:
     if low in ("0", "false", "no", "off", ""):
         return False
     raise bad_option(option, f"'{text}' is not 1/0")
+
 
 
 def parse_url(url: str) -> KServeOptions:
@@ -138,18 +171,18 @@ def parse_url(url: str) -> KServeOptions:
             raise bad_option("dtype", f"'{q['dtype']}' is not one of {', '.join(INPUT_DTYPES)}")
         kw["dtype"] = dtype
     if "channels" in q:
-        ch = _positive_int("channels", q["channels"])
+        ch = positive_int("channels", q["channels"])
         if ch not in (1, 3):
             raise bad_option("channels", f"must be 1 or 3, got {ch}")
         kw["channels"] = ch
     if "resize" in q:
         h, sep, w = q["resize"].lower().partition("x")
-        kw["resize"] = (_positive_int("resize", h), _positive_int("resize", w if sep else h))
+        kw["resize"] = (positive_int("resize", h), positive_int("resize", w if sep else h))
     if "scale" in q:
-        kw["scale"] = _number("scale", q["scale"])
+        kw["scale"] = number("scale", q["scale"])
     for key in ("mean", "std"):
         if key in q:
-            values = tuple(_number(key, v) for v in q[key].split(","))
+            values = tuple(number(key, v) for v in q[key].split(","))
             if len(values) not in (1, 3):
                 raise bad_option(key, f"give 1 or 3 values, got {len(values)}")
             kw[key] = values
@@ -164,13 +197,14 @@ def parse_url(url: str) -> KServeOptions:
     kw["raw"] = _flag("raw", q.get("raw", "0"))
     kw["tls"] = _flag("tls", q.get("tls", "0"))
     if "batch" in q:
-        kw["batch"] = _positive_int("batch", q["batch"])
+        kw["batch"] = positive_int("batch", q["batch"])
     if "timeout" in q:
-        kw["timeout_s"] = _number("timeout", q["timeout"])
+        kw["timeout_s"] = number("timeout", q["timeout"])
         if kw["timeout_s"] <= 0:
             raise bad_option("timeout", "must be > 0")
     kw["token_env"] = q.get("token_env", "")
     kw["host_header"] = q.get("host", "")
+    kw.update(_task_options(q))
     opts = KServeOptions(**kw)
     if opts.input_kind == "bytes" and (opts.dtype or opts.layout or opts.mean or opts.std
                                        or opts.scale is not None or opts.channels):
@@ -180,6 +214,75 @@ def parse_url(url: str) -> KServeOptions:
         raise bad_option("dtype", "UINT8 input carries the pixels as they are; mean, std and "
                                   "scale need FP32 or FP16")
     return opts
+
+
+def _unit_interval(option: str, text: str, kind: str = "kserve") -> float:
+    value = number(option, text, kind)
+    if not 0.0 <= value <= 1.0:
+        raise bad_option(option, f"must be in [0, 1], got {value:g}", kind)
+    return value
+
+
+def detection_format(q: dict[str, str], kind: str = "kserve") -> DetectionFormat:
+    """The ``DETECTION_OPTIONS`` of a target URL's query."""
+    kw: dict[str, Any] = {key: q.get(key, "") for key in
+                          ("boxes_output", "scores_output", "classes_output", "count_output")}
+    if "box_format" in q:
+        fmt = q["box_format"].lower()
+        if fmt.endswith("n") and fmt[:-1] in BOX_ORDERS:
+            raise bad_option("box_format", f"give '{fmt[:-1]}' with box_coords=normalised", kind)
+        if fmt not in BOX_ORDERS:
+            raise bad_option("box_format", f"'{q['box_format']}' is not one of "
+                                           f"{', '.join(BOX_ORDERS)}", kind)
+        kw["box_format"] = fmt
+    if "box_coords" in q:
+        coords = q["box_coords"].lower()
+        if coords not in ("pixel", "normalised", "normalized"):
+            raise bad_option("box_coords", f"'{q['box_coords']}' is not pixel or normalised", kind)
+        kw["box_normalised"] = coords != "pixel"
+    if "label_offset" in q:
+        try:
+            kw["label_offset"] = int(q["label_offset"])
+        except ValueError:
+            raise bad_option("label_offset", f"'{q['label_offset']}' is not an integer",
+                             kind) from None
+        if abs(kw["label_offset"]) > 1_000_000:
+            raise bad_option("label_offset", f"{kw['label_offset']} is out of range", kind)
+    if "min_score" in q:
+        kw["min_score"] = _unit_interval("min_score", q["min_score"], kind)
+    return DetectionFormat(**kw)
+
+
+def _task_options(q: dict[str, str]) -> dict[str, Any]:
+    """The options of detection and segmentation answers; each is refused for another task,
+    so a forgotten ``task=`` is named rather than ignored."""
+    kw: dict[str, Any] = {}
+    task = q.get("task", "classification")
+    if task not in TASKS:
+        raise bad_option("task", f"'{task}' is not one of {', '.join(TASKS)}")
+    kw["task"] = task
+    per_task = {"detection": DETECTION_OPTIONS, "segmentation": ("mask_layout", "mask_threshold")}
+    for owner, keys in per_task.items():
+        for key in keys:
+            if key in q and task != owner:
+                raise bad_option(key, f"applies to task={owner} only (this target is "
+                                      f"task={task})")
+    if task == "detection" and "output_name" in q:
+        raise bad_option("output_name", "task=detection reads several outputs: name them with "
+                                        "boxes_output, scores_output, classes_output and "
+                                        "count_output")
+    if task != "classification" and "output" in q:
+        raise bad_option("output", "probabilities|logits applies to task=classification; a "
+                                   "segmentation score map is argmaxed whatever it holds")
+    kw["detection"] = detection_format(q)
+    if "mask_layout" in q:
+        layout = q["mask_layout"].lower()
+        if layout not in ("chw", "hwc"):
+            raise bad_option("mask_layout", f"'{q['mask_layout']}' is not chw or hwc")
+        kw["mask_layout"] = layout
+    if "mask_threshold" in q:
+        kw["mask_threshold"] = _unit_interval("mask_threshold", q["mask_threshold"])
+    return kw
 
 
 def read_labels(path: str) -> tuple[str, ...]:

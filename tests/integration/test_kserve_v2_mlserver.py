@@ -8,12 +8,6 @@ be installed or started on this machine.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,14 +23,10 @@ from google.rpc import code_pb2
 
 from tests.conftest import MD
 from tests.integration._kserve_support import (
-    MLSERVER_MODELS,
-    MLSERVER_VENV,
     NORM,
-    ROOT,
-    SETUP_SCRIPT,
-    free_port,
     images,
     ledger,
+    run_mlserver,
     session,
     start_stack_with,
 )
@@ -45,57 +35,10 @@ from tests.integration._kserve_support import (
 # =============================================================================================
 # A real MLServer 1.7.1 serving ImageNet MobileNetV2
 # =============================================================================================
-def _http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except OSError:
-        return 0
-
-
 @pytest.fixture(scope="module")
 def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
     """MLServer on two free loopback ports (REST, gRPC), one per test module."""
-    setup = subprocess.run(["bash", str(SETUP_SCRIPT)], cwd=ROOT, capture_output=True, text=True,
-                           timeout=1500)
-    if setup.returncode != 0 or not (MLSERVER_VENV / "bin" / "mlserver").exists():
-        tail = [ln for ln in (setup.stderr + setup.stdout).splitlines()
-                if not ln.startswith("WARNING: Location")][-8:]
-        pytest.skip(f"MLServer 1.7.1 could not be installed by {SETUP_SCRIPT.name} "
-                    f"(exit {setup.returncode}): " + " | ".join(tail))
-    http_port, grpc_port = free_port(), free_port()
-    while grpc_port == http_port:
-        grpc_port = free_port()
-    env = {key: v for key, v in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(MLSERVER_HOST="127.0.0.1", MLSERVER_HTTP_PORT=str(http_port),
-               MLSERVER_GRPC_PORT=str(grpc_port), MLSERVER_METRICS_ENDPOINT="",
-               MLSERVER_PARALLEL_WORKERS="0", MLSERVER_LOAD_MODELS_AT_STARTUP="true",
-               PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="2")
-    workdir = tmp_path_factory.mktemp("mlserver")
-    log_path = workdir / "mlserver.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(MLSERVER_VENV / "bin" / "mlserver"), "start", str(MLSERVER_MODELS)],
-                                cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        ready_url = f"http://127.0.0.1:{http_port}/v2/models/mobilenet/ready"
-        deadline = time.monotonic() + 120
-        while _http_status(ready_url) != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace").splitlines()[-12:]
-                pytest.skip(f"MLServer did not start (exit {proc.poll()}): " + " | ".join(tail))
-            time.sleep(0.25)
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
-            grpc.channel_ready_future(ch).result(timeout=30)
-        yield http_port, grpc_port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    yield from run_mlserver(tmp_path_factory.mktemp("mlserver"))
 
 
 def _mlserver_targets(http_port: int, grpc_port: int, labels_file: Path) -> dict[str, str]:
