@@ -1,0 +1,562 @@
+"""Datasets kept as streams of samples (IEEE-P3): WebDataset tar shards and Hugging Face
+``save_to_disk`` folders, read from a :class:`~.dataset_store.DataStore` (the data root or an
+S3 prefix) for classification and detection plans. Domain code.
+
+WebDataset (``dataset: {source: webdataset, path: "shards/val-{000..009}.tar"}``)
+    ``path`` names the shards, relative to the store, with brace patterns (``{000..009}``
+    zero-padded ranges, ``{a,b}`` alternatives; at most :data:`MAX_SHARDS` names). Each shard
+    is read as a stream with :mod:`tarfile` -- never extracted, never seeked -- and stops
+    being read once the selected samples (``offset``/``limit``) are complete. Members are
+    grouped into samples by key (the member path up to the first dot of its file name, as
+    WebDataset does); a sample is its image (``.jpg``, ``.jpeg``, ``.png``) plus its label:
+    classification ``.cls`` (an integer as text) or ``.json`` ``{"label": N or "name"}``;
+    detection ``.json`` ``{"boxes": [[...], ...], "labels": [...], "box_format": "xyxy"}``
+    (``box_format`` defaults to the plan's ``dataset.box_format``). Links, devices, FIFOs,
+    absolute member names and names with ``..`` are refused with an error naming the shard and
+    the member (a tar is not trusted to say where things go, even though nothing is written);
+    each member is bounded by :data:`MAX_MEMBER_BYTES`, a shard's member count by
+    :data:`MAX_SHARD_MEMBERS` and the bytes streamed by :data:`MAX_STREAM_BYTES`.
+Hugging Face (``dataset: {source: hf, path: hf/beans, split: test}``)
+    ``path`` is a folder written by ``datasets``' ``save_to_disk``: a ``Dataset`` folder
+    (``state.json``, ``dataset_info.json``, ``data-*.arrow``), or a ``DatasetDict`` folder
+    (``dataset_dict.json`` and one such folder per split, chosen by ``split``). Read with
+    pyarrow alone: ``state.json`` and ``dataset_info.json`` are read bounded, every data file
+    named there must be a plain name in the folder (confined like every path; a symlink out of
+    the root is "not found"), its size is checked, then its schema, before any row is read:
+    the image column (``image``) must be an Image feature with the bytes embedded (a row that
+    only names a path is refused: a path in a dataset must not make the server read its own
+    files), the label column (``label``) integers, the detection column (``objects``) a
+    sequence of ``bbox`` (4 numbers, ``dataset.box_format``, default ``xywh``) and
+    ``category``. Record batches are validated in full before use. Local files are memory
+    mapped; from S3 they are streamed.
+
+Labels (IEEE-P6): a label given by name (a ``ClassLabel``'s name, a WebDataset ``.json``
+name) is mapped through ``dataset.label_map``; integers are kept, or mapped when the map
+names them. Once a map is given every class used must be in it, as for COCO and VOC.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+import cv2
+import numpy as np
+from fortis.core.task import BOX_FORMATS, Task
+from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.paths import relative_path
+from fortis.services.evaluation.dataset_files import MAX_ID_CHARS, MAX_IMAGE_BYTES, decode
+from fortis.services.evaluation.dataset_files import short as _short
+from fortis.services.evaluation.dataset_formats import MAX_OBJECTS_PER_IMAGE, _label
+from fortis.services.evaluation.dataset_store import DataStore
+from fortis.services.evaluation.plan import Plan
+
+__all__ = ["MAX_HF_FILES", "MAX_HF_ROWS", "MAX_MEMBER_BYTES", "MAX_SHARDS", "MAX_SHARD_MEMBERS",
+           "MAX_STREAM_BYTES", "Sample", "expand_braces", "read_samples"]
+
+#: Shard names one pattern may expand to.
+MAX_SHARDS = 1000
+#: Largest tar member read or skipped, bytes (an image, a label file).
+MAX_MEMBER_BYTES = MAX_IMAGE_BYTES
+#: Members (headers) of one shard.
+MAX_SHARD_MEMBERS = 1_000_000
+#: Bytes streamed through tar members over all shards of one read (what skipping costs too).
+MAX_STREAM_BYTES = 8 * 1024 ** 3
+#: Largest label (.cls / .json) member, bytes.
+MAX_LABEL_BYTES = 1024 * 1024
+#: Largest state.json / dataset_info.json / dataset_dict.json, bytes.
+MAX_HF_META_BYTES = 4 * 1024 * 1024
+#: Arrow files of one HF folder, and the largest one, bytes.
+MAX_HF_FILES = 10_000
+MAX_HF_FILE_BYTES = 64 * 1024 ** 3
+#: Rows one HF folder may declare (over all its files).
+MAX_HF_ROWS = 100_000_000
+#: An Arrow file name in an HF folder: a plain name, never a path.
+_ARROW_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,200}\.arrow")
+_SPLIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
+_IMAGE_EXTS = ("jpg", "jpeg", "png")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One image: id, RGB pixels (None when only checked), classification labels (mapped),
+    detection truth ``{boxes, labels, box_format, label_base, image_size}`` or None."""
+
+    id: str
+    image: np.ndarray | None
+    labels: tuple[int, ...] = ()
+    truth: dict[str, Any] | None = None
+
+
+# -- shared ----------------------------------------------------------------------------------
+
+
+def _finite(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v):
+        raise InvalidArgument(where, f"must be a finite number, got {_short(v)}")
+    return float(v)
+
+
+def _boxes(raw: Any, where: str) -> list[list[float]]:
+    if not isinstance(raw, list | tuple):
+        raise InvalidArgument(where, "a list of boxes (4 numbers each) is needed")
+    if len(raw) > MAX_OBJECTS_PER_IMAGE:
+        raise InvalidArgument(where, f"more than {MAX_OBJECTS_PER_IMAGE} objects")
+    out = []
+    for k, b in enumerate(raw):
+        if not isinstance(b, list | tuple) or len(b) != 4:
+            raise InvalidArgument(f"{where}[{k}]", "a box is 4 numbers")
+        out.append([_finite(x, f"{where}[{k}][{n}]") for n, x in enumerate(b)])
+    return out
+
+
+def _class(lm: Mapping[int | str, int], v: Any, names: list[str] | None, where: str) -> int:
+    """A dataset class (an integer, or a name) as the service's label (IEEE-P6)."""
+    if isinstance(v, str):
+        return _label(lm, None, v[:256], where)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidArgument(where, f"a class number or name is needed, got {_short(v)}")
+    name = names[v] if names is not None and 0 <= v < len(names) else str(v)
+    if not lm:
+        return v
+    return _label(lm, v, name, where)
+
+
+def _truth(boxes: list[list[float]], labels: list[int], fmt: str, img: np.ndarray | None
+           ) -> dict[str, Any]:
+    size = [int(img.shape[1]), int(img.shape[0])] if img is not None else [0, 0]
+    return {"boxes": boxes, "labels": labels, "box_format": fmt, "label_base": 0,
+            "image_size": size}
+
+
+def _unique(samples: list[Sample], field: str) -> list[Sample]:
+    if len({s.id for s in samples}) != len(samples):
+        raise InvalidArgument(field, "sample keys repeat: image ids must be unique")
+    return samples
+
+
+# -- WebDataset --------------------------------------------------------------------------------
+
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+
+
+def expand_braces(pattern: str, field: str) -> list[str]:
+    """The names a shard pattern stands for: ``{000..009}`` (zero-padded when the bounds
+    are), ``{a,b}``; at most :data:`MAX_SHARDS`, counted before anything is expanded."""
+    parts: list[list[str]] = []
+    pos = 0
+    count = 1
+    for m in _BRACE.finditer(pattern):
+        parts.append([pattern[pos:m.start()]])
+        body = m.group(1)
+        r = re.fullmatch(r"(\d{1,9})\.\.(\d{1,9})", body)
+        if r:
+            lo, hi = int(r.group(1)), int(r.group(2))
+            if hi < lo:
+                raise InvalidArgument(field, f"the range {{{body}}} runs backwards")
+            n = hi - lo + 1
+            width = len(r.group(1)) if r.group(1).startswith("0") else 0
+            choices: Any = (lo, hi, width)
+        else:
+            opts = body.split(",")
+            if len(opts) < 2 or not all(opts):
+                raise InvalidArgument(field, f"{{{_short(body, 30)}}} is neither a range "
+                                      "{000..009} nor alternatives {a,b}")
+            n = len(opts)
+            choices = opts
+        count *= n
+        if count > MAX_SHARDS:
+            raise InvalidArgument(field, f"the pattern names more than {MAX_SHARDS} shards")
+        if isinstance(choices, tuple):
+            lo, hi, width = choices
+            parts.append([str(i).zfill(width) for i in range(lo, hi + 1)])
+        else:
+            parts.append(choices)
+        pos = m.end()
+    parts.append([pattern[pos:]])
+    if "{" in pattern[pos:] or "}" in pattern[pos:] or any("{" in p[0] or "}" in p[0]
+                                                          for p in parts[:-1:2]):
+        raise InvalidArgument(field, "unbalanced or nested braces in the shard pattern")
+    names = [""]
+    for options in parts:
+        names = [a + b for a in names for b in options]
+    return names
+
+
+def _member_name(m: tarfile.TarInfo, where: str) -> str:
+    """A member's name, refused when it is not a plain file with a relative, ``..``-free
+    path (the archive is not trusted about where things would go)."""
+    name = m.name
+    if m.issym() or m.islnk():
+        raise InvalidArgument(where, "links are refused in a WebDataset shard")
+    if m.ischr() or m.isblk() or m.isfifo() or m.isdev():
+        raise InvalidArgument(where, "devices and FIFOs are refused in a WebDataset shard")
+    if name.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", name):
+        raise InvalidArgument(where, "absolute member names are refused")
+    if ".." in PurePosixPath(name).parts or "\x00" in name:
+        raise InvalidArgument(where, "member names with '..' are refused")
+    if len(name) > MAX_ID_CHARS + 32:
+        raise InvalidArgument(where, f"member names of at most {MAX_ID_CHARS + 32} characters")
+    return name
+
+
+def _split_key(name: str) -> tuple[str, str]:
+    """WebDataset's key and extension: the path up to the first dot of the file name."""
+    folder, _, base = name.rpartition("/")
+    stem, _, ext = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), ext.lower()
+
+
+def _wds_sample(plan: Plan, key: str, parts: dict[str, bytes], where: str,
+                decode_image: bool) -> Sample:
+    ds, lm = plan.dataset, plan.dataset.label_map
+    img_ext = next((e for e in _IMAGE_EXTS if e in parts), None)
+    if img_ext is None:
+        raise InvalidArgument(where, f"sample {_short(key, 80)} has no image (.jpg, .jpeg or "
+                              f".png); it has: {', '.join(sorted(parts))[:120]}")
+    img = decode(parts[img_ext], f"{where}.{img_ext}") if decode_image else None
+    meta: Any = None
+    if "json" in parts:
+        try:
+            meta = json.loads(parts["json"])
+        except (RecursionError, ValueError):
+            raise InvalidArgument(f"{where}.json", "not readable JSON") from None
+        if not isinstance(meta, dict):
+            raise InvalidArgument(f"{where}.json", "a JSON object is needed")
+    if plan.target.task == Task.DETECTION:
+        if meta is None:
+            raise InvalidArgument(where, f"sample {_short(key, 80)}: a detection plan needs "
+                                  "a .json with boxes and labels")
+        boxes = _boxes(meta.get("boxes"), f"{where}.json:boxes")
+        labels = meta.get("labels", [])
+        if not isinstance(labels, list) or len(labels) != len(boxes):
+            raise InvalidArgument(f"{where}.json:labels", "one label per box is needed")
+        fmt = meta.get("box_format", ds.box_format or "xyxy")
+        if fmt not in BOX_FORMATS:
+            raise InvalidArgument(f"{where}.json:box_format", f"one of {', '.join(BOX_FORMATS)}"
+                                  f", got {_short(fmt)}")
+        labs = [_class(lm, v, None, f"{where}.json:labels[{k}]") for k, v in enumerate(labels)]
+        return Sample(key, img, truth=_truth(boxes, labs, fmt, img))
+    if "cls" in parts:
+        text = parts["cls"].decode("utf-8", "replace").strip()
+        if not re.fullmatch(r"-?\d{1,9}", text):
+            raise InvalidArgument(f"{where}.cls", f"an integer class is needed, got "
+                                  f"{_short(text, 30)}")
+        return Sample(key, img, (_class(lm, int(text), None, f"{where}.cls"),))
+    if meta is not None and "label" in meta:
+        return Sample(key, img, (_class(lm, meta["label"], None, f"{where}.json:label"),))
+    raise InvalidArgument(where, f"sample {_short(key, 80)} has no label (.cls, or .json with "
+                          "'label')")
+
+
+def _shard_groups(store: DataStore, ref: Any, shard: str, skip: int, take: int,
+                  budget: list[int]) -> Iterator[tuple[str, dict[str, bytes]] | None]:
+    """The samples of one shard in order, read as a stream: None for each of the first
+    ``skip`` keys (their data is never read), then (key, {ext: bytes}) for up to ``take``
+    keys; the rest of the shard is not read."""
+    field = f"dataset.path:{shard}"
+    key: str | None = None
+    parts: dict[str, bytes] = {}
+    keys = members = 0
+    with store.open(ref, field) as f:
+        try:
+            tf = tarfile.open(fileobj=f, mode="r|*")   # noqa: SIM115 - a stream, closed below
+        except (tarfile.TarError, EOFError, OSError):
+            raise InvalidArgument(field, "not a readable tar archive") from None
+        try:
+            while True:
+                try:
+                    m = tf.next()
+                except (tarfile.TarError, EOFError, OSError, ValueError):
+                    raise InvalidArgument(field, f"not a readable tar archive (after "
+                                          f"{members} members)") from None
+                if m is None:
+                    break
+                members += 1
+                where = f"{field}:{_short(m.name, 120)}"
+                if members > MAX_SHARD_MEMBERS:
+                    raise InvalidArgument(field, f"more than {MAX_SHARD_MEMBERS} members")
+                name = _member_name(m, where)
+                if m.isdir():
+                    continue
+                if not m.isfile():
+                    raise InvalidArgument(where, "only regular files are read")
+                if m.size > MAX_MEMBER_BYTES:
+                    raise InvalidArgument(where, f"member larger than {MAX_MEMBER_BYTES} bytes")
+                budget[0] -= m.size
+                if budget[0] < 0:
+                    raise InvalidArgument(field, f"more than {MAX_STREAM_BYTES} bytes of "
+                                          "members streamed")
+                k, ext = _split_key(name)
+                if k != key:
+                    if key is not None:
+                        yield (key, parts) if keys > skip else None
+                        if keys >= skip + take:
+                            return
+                    key, parts = k, {}
+                    keys += 1
+                if keys > skip and (ext in _IMAGE_EXTS or ext in ("cls", "json")):
+                    if ext in ("cls", "json") and m.size > MAX_LABEL_BYTES:
+                        raise InvalidArgument(where, f"label file larger than "
+                                              f"{MAX_LABEL_BYTES} bytes")
+                    src = tf.extractfile(m)
+                    try:
+                        parts[ext] = src.read(m.size) if src is not None else b""
+                    except (tarfile.TarError, EOFError, OSError):
+                        raise InvalidArgument(where, "the member is cut short") from None
+            if key is not None:
+                yield (key, parts) if keys > skip else None
+        finally:
+            tf.close()
+
+
+def _webdataset(plan: Plan, store: DataStore, decode_image: bool) -> list[Sample]:
+    ds = plan.dataset
+    relative_path(ds.path, "dataset.path", store.root_name)
+    shards = expand_braces(ds.path, "dataset.path")
+    refs = [(s, store.locate(PurePosixPath(), s, f"dataset.path:{s}")) for s in shards]
+    out: list[Sample] = []
+    seen = 0
+    budget = [MAX_STREAM_BYTES]
+    for shard, ref in refs:
+        if len(out) >= ds.limit:
+            break
+        for g in _shard_groups(store, ref, shard, max(0, ds.offset - seen),
+                               ds.limit - len(out), budget):
+            seen += 1
+            if g is not None:
+                key, parts = g
+                out.append(_wds_sample(plan, key, parts, f"dataset.path:{shard}:{key}",
+                                       decode_image))
+    return _unique(out, "dataset.path")
+
+
+# -- Hugging Face save_to_disk -------------------------------------------------------------
+
+
+def _json_file(store: DataStore, base: PurePosixPath, name: str, field: str) -> Any:
+    data = store.read(store.locate(base, name, field), MAX_HF_META_BYTES, field, name)
+    try:
+        return json.loads(data)
+    except (RecursionError, ValueError):
+        raise InvalidArgument(field, f"{name} is not readable JSON") from None
+
+
+def _class_names(feature: Any) -> list[str] | None:
+    """The names of a ClassLabel feature, looked for through Sequence/List wrappers."""
+    for _ in range(8):
+        if not isinstance(feature, dict):
+            return None
+        if feature.get("_type") == "ClassLabel":
+            names = feature.get("names")
+            if isinstance(names, list) and all(isinstance(n, str) for n in names):
+                return [n[:256] for n in names]
+            return None
+        feature = feature.get("feature")
+    return None
+
+
+def _hf_folder(plan: Plan, store: DataStore) -> tuple[PurePosixPath, str]:
+    """The Dataset folder of the plan (a split's folder in a DatasetDict) and its field."""
+    ds = plan.dataset
+    base = relative_path(ds.path, "dataset.path", store.root_name)
+    try:
+        dd = _json_file(store, base, "dataset_dict.json", "dataset.path:dataset_dict.json")
+    except InvalidArgument as exc:
+        if "not found" not in exc.message:
+            raise
+        return base, "dataset.path"
+    splits = dd.get("splits") if isinstance(dd, dict) else None
+    if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+        raise InvalidArgument("dataset.path:dataset_dict.json", "a list 'splits' is needed")
+    if ds.split not in splits or not _SPLIT.fullmatch(ds.split):
+        raise InvalidArgument("dataset.split", f"the DatasetDict has splits "
+                              f"{', '.join(s[:40] for s in splits[:20])}; got {_short(ds.split)}")
+    return base / ds.split, f"dataset.path:{ds.split}"
+
+
+def _hf_files(store: DataStore, base: PurePosixPath, field: str) -> list[tuple[str, Any]]:
+    state = _json_file(store, base, "state.json", f"{field}/state.json")
+    files = state.get("_data_files") if isinstance(state, dict) else None
+    if not isinstance(files, list) or not files:
+        raise InvalidArgument(f"{field}/state.json", "'_data_files' (the Arrow files) is "
+                              "needed: a folder written by save_to_disk")
+    if len(files) > MAX_HF_FILES:
+        raise InvalidArgument(f"{field}/state.json", f"more than {MAX_HF_FILES} data files")
+    out = []
+    for k, f in enumerate(files):
+        name = f.get("filename") if isinstance(f, dict) else None
+        where = f"{field}/state.json:_data_files[{k}]"
+        if not isinstance(name, str) or not _ARROW_NAME.fullmatch(name):
+            raise InvalidArgument(where, f"a plain .arrow file name is needed, got "
+                                  f"{_short(name)}")
+        ref = store.locate(base, name, where)
+        if store.size(ref) > MAX_HF_FILE_BYTES:
+            raise InvalidArgument(where, f"larger than {MAX_HF_FILE_BYTES} bytes")
+        out.append((name, ref))
+    return out
+
+
+def _arrow_type_ok(t: Any, want: str) -> bool:
+    import pyarrow as pa
+
+    if want == "binary":
+        return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t))
+    if want == "int":
+        return bool(pa.types.is_integer(t))
+    return False
+
+
+def _check_schema(schema: Any, task: Task, where: str) -> None:
+    import pyarrow as pa
+
+    names = schema.names
+    if "image" not in names:
+        raise InvalidArgument(where, f"no 'image' column (columns: {', '.join(names)[:200]})")
+    t = schema.field("image").type
+    if pa.types.is_struct(t):
+        if t.get_field_index("bytes") < 0 or not _arrow_type_ok(t.field("bytes").type, "binary"):
+            raise InvalidArgument(f"{where}:image", "an Image feature (bytes, path) is needed")
+    elif not _arrow_type_ok(t, "binary"):
+        raise InvalidArgument(f"{where}:image", f"an Image feature is needed, got {t}")
+    if task == Task.CLASSIFICATION:
+        if "label" not in names or not _arrow_type_ok(schema.field("label").type, "int"):
+            raise InvalidArgument(f"{where}:label", "an integer (ClassLabel) 'label' column "
+                                  "is needed")
+        return
+    if "objects" not in names:
+        raise InvalidArgument(f"{where}:objects", "a detection plan needs an 'objects' column "
+                              "(bbox, category)")
+    t = schema.field("objects").type
+    inner = t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
+    if not pa.types.is_struct(inner) or inner.get_field_index("bbox") < 0 \
+            or inner.get_field_index("category") < 0:
+        raise InvalidArgument(f"{where}:objects", "objects need 'bbox' and 'category'")
+
+
+def _hf_objects(objs: Any, names: list[str] | None, lm: Mapping[int | str, int], where: str
+                ) -> tuple[list[list[float]], list[int]]:
+    """bbox/category of one row: a list of {bbox, category} or {bbox: [...], category: [...]}."""
+    if objs is None:
+        return [], []
+    if isinstance(objs, list):
+        bbox = [o.get("bbox") if isinstance(o, dict) else None for o in objs]
+        cats = [o.get("category") if isinstance(o, dict) else None for o in objs]
+    elif isinstance(objs, dict):
+        bbox, cats = objs.get("bbox") or [], objs.get("category") or []
+    else:
+        raise InvalidArgument(where, "objects must be bbox/category records")
+    boxes = _boxes(bbox, f"{where}.bbox")
+    if not isinstance(cats, list) or len(cats) != len(boxes):
+        raise InvalidArgument(f"{where}.category", "one category per box is needed")
+    return boxes, [_class(lm, c, names, f"{where}.category[{k}]") for k, c in enumerate(cats)]
+
+
+def _open_arrow(store: DataStore, ref: Any, where: str) -> tuple[Any, Any]:
+    """An IPC stream reader over a memory map (local) or a streamed object (S3)."""
+    import pyarrow as pa
+
+    path = store.local_path(ref)
+    src: Any = pa.memory_map(str(path), "r") if path is not None \
+        else pa.PythonFile(store.open(ref, where), mode="r")
+    try:
+        return src, pa.ipc.open_stream(src)
+    except (pa.ArrowException, OSError, ValueError):
+        src.close()
+        raise InvalidArgument(where, "not an Arrow stream (save_to_disk's format)") from None
+
+
+def _hf(plan: Plan, store: DataStore, decode_image: bool) -> list[Sample]:
+    import pyarrow as pa
+
+    ds, task = plan.dataset, plan.target.task
+    base, field = _hf_folder(plan, store)
+    info = _json_file(store, base, "dataset_info.json", f"{field}/dataset_info.json")
+    features = info.get("features") if isinstance(info, dict) else None
+    features = features if isinstance(features, dict) else {}
+    label_names = _class_names(features.get("label"))
+    objects = features.get("objects")
+    cat_names = None
+    for _ in range(4):                     # List/Sequence of {bbox, category}, or its dict
+        if isinstance(objects, dict) and "category" in objects:
+            cat_names = _class_names(objects["category"])
+            break
+        objects = objects.get("feature") if isinstance(objects, dict) else None
+    files = _hf_files(store, base, field)
+    lm = ds.label_map
+    want = ["image", "label"] if task == Task.CLASSIFICATION else ["image", "objects"]
+    out: list[Sample] = []
+    row = 0
+    for name, ref in files:
+        where = f"{field}/{name}"
+        src, reader = _open_arrow(store, ref, where)
+        try:
+            _check_schema(reader.schema, task, where)
+            while len(out) < ds.limit:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                except (pa.ArrowException, OSError, ValueError):
+                    raise InvalidArgument(where, f"unreadable record batch after row {row}") \
+                        from None
+                n = batch.num_rows
+                if row + n > MAX_HF_ROWS:
+                    raise InvalidArgument(where, f"more than {MAX_HF_ROWS} rows")
+                lo = max(0, ds.offset - row)
+                hi = min(n, ds.offset + ds.limit - row)
+                row += n
+                if lo >= hi:
+                    continue
+                part = batch.select(want).slice(lo, hi - lo)
+                try:
+                    part.validate(full=True)
+                except (pa.ArrowException, ValueError):
+                    raise InvalidArgument(where, f"a record batch fails validation near row "
+                                          f"{row - n + lo}") from None
+                cols = part.to_pydict()
+                for j in range(hi - lo):
+                    r = row - n + lo + j
+                    at = f"{where}:{r}"
+                    im = cols["image"][j]
+                    data = im.get("bytes") if isinstance(im, dict) else im
+                    if not data:
+                        raise InvalidArgument(f"{at}.image", "the image bytes are not in the "
+                                              "dataset (only a path): save it with embedded "
+                                              "images (Image feature, decode=True)")
+                    if len(data) > MAX_IMAGE_BYTES:
+                        raise InvalidArgument(f"{at}.image", f"larger than {MAX_IMAGE_BYTES} "
+                                              "bytes")
+                    img = decode(bytes(data), f"{at}.image") if decode_image else None
+                    iid = f"{ds.split}-{r:06d}" if base != PurePosixPath(ds.path) \
+                        else f"row-{r:06d}"
+                    if task == Task.CLASSIFICATION:
+                        lab = cols["label"][j]
+                        if lab is None or lab < 0:
+                            raise InvalidArgument(f"{at}.label", "the row has no label")
+                        out.append(Sample(iid, img,
+                                          (_class(lm, lab, label_names, f"{at}.label"),)))
+                    else:
+                        boxes, labs = _hf_objects(cols["objects"][j], cat_names, lm,
+                                                  f"{at}.objects")
+                        out.append(Sample(iid, img, truth=_truth(
+                            boxes, labs, ds.box_format or "xywh", img)))
+        finally:
+            src.close()
+        if len(out) >= ds.limit:
+            break
+    return out
+
+
+def read_samples(plan: Plan, store: DataStore, *, decode_image: bool = True) -> list[Sample]:
+    """The plan's selected samples of a ``webdataset`` or ``hf`` dataset (images decoded
+    unless only checking, for ValidatePlan)."""
+    if plan.dataset.source == "webdataset":
+        return _webdataset(plan, store, decode_image)
+    return _hf(plan, store, decode_image)
