@@ -310,6 +310,7 @@ def _serve_settings(ns: argparse.Namespace) -> tuple[Any, str]:
             metrics_host=metrics_host,
             ledger_synchronous=ns.ledger_sync,
             data_root=Path(ns.data_root) if ns.data_root else None,
+            dataset_stores=Path(ns.dataset_stores) if getattr(ns, "dataset_stores", "") else None,
             surrogate_dir=Path(ns.surrogate_dir) if getattr(ns, "surrogate_dir", "") else None,
             whitebox_grants=grants,
             tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),

@@ -206,6 +206,12 @@ def _member_name(m: tarfile.TarInfo, where: str) -> str:
     return name
 
 
+def _printable(name: str) -> str:
+    """A member name as a message may show it: bounded, control characters replaced."""
+    return "".join(c if c.isprintable() else "?" for c in name[:120]) + \
+        ("..." if len(name) > 120 else "")
+
+
 def _split_key(name: str) -> tuple[str, str]:
     """WebDataset's key and extension: the path up to the first dot of the file name."""
     folder, _, base = name.rpartition("/")
@@ -279,7 +285,7 @@ def _shard_groups(store: DataStore, ref: Any, shard: str, skip: int, take: int,
                 if m is None:
                     break
                 members += 1
-                where = f"{field}:{_short(m.name, 120)}"
+                where = f"{field}:{_printable(m.name)}"
                 if members > MAX_SHARD_MEMBERS:
                     raise InvalidArgument(field, f"more than {MAX_SHARD_MEMBERS} members")
                 name = _member_name(m, where)
