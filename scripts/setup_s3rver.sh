@@ -4,10 +4,11 @@
 #
 # It is an emulator: no real S3 server installs offline here (MinIO, SeaweedFS, Garage and
 # versitygw are not in PyPI/npm/Debian as servers; Debian's radosgw is Ceph 16, which needs a
-# RADOS cluster; Zenko CloudServer's npm package needs git dependencies). s3rver is chosen over
-# moto's server mode because it verifies AWS Signature V4 with its own code (a wrong secret is
-# refused with SignatureDoesNotMatch), so the tests check that each tenant's credentials are the
-# ones used. Its own folder (not node_modules/) so it never touches the project's npm tree.
+# RADOS cluster; Zenko CloudServer's npm package needs git dependencies). s3rver (pure
+# JavaScript, 3 s to install) speaks S3 over HTTP and refuses an unknown access key id
+# (InvalidAccessKeyId), so the tests see which tenant credential a request carried; it does not
+# verify V4 signatures. Its own folder (not node_modules/) so it never touches the project's
+# npm tree.
 #
 #   scripts/setup_s3rver.sh        # prints the path of the s3rver executable
 set -euo pipefail

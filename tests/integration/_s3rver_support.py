@@ -2,9 +2,10 @@
 scripts/setup_s3rver.sh into .s3rver/), started on a free loopback port.
 
 s3rver is an emulator -- no real S3 server installs offline here (see the set-up script) --
-but it speaks S3 over HTTP and verifies AWS Signature V4 with its own code against its one
-account (access key S3RVER, secret S3RVER), so a request signed with any other secret is
-refused (SignatureDoesNotMatch) exactly as S3 would.
+but it speaks S3 over HTTP (ranged GETs, HEAD, streamed bodies) and checks each signed
+request's access key id against its one account (S3RVER / S3RVER): another key id is refused
+with InvalidAccessKeyId. It does not verify V4 signatures (unimplemented in s3rver), so a
+wrong secret with the right key id is not caught here.
 """
 
 from __future__ import annotations
