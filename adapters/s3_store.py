@@ -56,8 +56,16 @@ __all__ = ["MAX_OBJECTS", "S3Credential", "S3Store", "S3Stores", "load_config"]
 MAX_OBJECTS = 1_000_000
 NOT_FOUND = "not found under the S3 prefix"
 _FIELD = "dataset.store.s3"
-_DENIED = {"AccessDenied", "403", "SignatureDoesNotMatch", "InvalidAccessKeyId", "InvalidToken",
-           "ExpiredToken", "AllAccessDisabled", "AccountProblem"}
+_DENIED = {
+    "AccessDenied",
+    "403",
+    "SignatureDoesNotMatch",
+    "InvalidAccessKeyId",
+    "InvalidToken",
+    "ExpiredToken",
+    "AllAccessDisabled",
+    "AccountProblem",
+}
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 _SECRET_REF = re.compile(r"(env:[A-Za-z_][A-Za-z0-9_]*|file:/.+)")
 
@@ -106,10 +114,17 @@ def load_config(path: Path) -> S3Stores:
             where = f"s3.tenants.{tenant}.{name}"
             if name == "instance":
                 raise ValueError(f"dataset stores file: {where}: 'instance' is reserved")
-            if not isinstance(c, dict) or set(c) - {"access_key_id", "secret_access_key",
-                                                    "session_token", "endpoints", "region"}:
-                raise ValueError(f"dataset stores file: {where}: access_key_id, "
-                                 "secret_access_key, session_token, endpoints, region")
+            if not isinstance(c, dict) or set(c) - {
+                "access_key_id",
+                "secret_access_key",
+                "session_token",
+                "endpoints",
+                "region",
+            }:
+                raise ValueError(
+                    f"dataset stores file: {where}: access_key_id, "
+                    "secret_access_key, session_token, endpoints, region"
+                )
             refs: dict[str, SecretRef | None] = {}
             for k in ("access_key_id", "secret_access_key", "session_token"):
                 v = c.get(k)
@@ -118,20 +133,27 @@ def load_config(path: Path) -> S3Stores:
                     continue
                 if not isinstance(v, str) or not _SECRET_REF.fullmatch(v):
                     # never echo the value: it may be the secret pasted inline
-                    raise ValueError(f"dataset stores file: {where}.{k} must be a secret "
-                                     "reference 'env:VAR' or 'file:/path'")
+                    raise ValueError(
+                        f"dataset stores file: {where}.{k} must be a secret "
+                        "reference 'env:VAR' or 'file:/path'"
+                    )
                 refs[k] = SecretRef(v)
             eps = c.get("endpoints") or []
-            if not isinstance(eps, list) or not all(isinstance(e, str) and
-                                                    re.fullmatch(r"https?://\S+", e) for e in eps):
-                raise ValueError(f"dataset stores file: {where}.endpoints is a list of "
-                                 "http(s) URLs")
+            if not isinstance(eps, list) or not all(
+                isinstance(e, str) and re.fullmatch(r"https?://\S+", e) for e in eps
+            ):
+                raise ValueError(
+                    f"dataset stores file: {where}.endpoints is a list of http(s) URLs"
+                )
             access, secret = refs["access_key_id"], refs["secret_access_key"]
             assert access is not None and secret is not None
             out.setdefault(str(tenant), {})[str(name)] = S3Credential(
-                access_key_id=access, secret_access_key=secret,
+                access_key_id=access,
+                secret_access_key=secret,
                 session_token=refs["session_token"],
-                endpoints=tuple(_norm_url(e) for e in eps), region=str(c.get("region") or ""))
+                endpoints=tuple(_norm_url(e) for e in eps),
+                region=str(c.get("region") or ""),
+            )
     return S3Stores(out, instance_credentials=inst)
 
 
@@ -139,8 +161,12 @@ class S3Stores:
     """The opener the evaluation service is given: (tenant, location) -> an :class:`S3Store`
     signed with that tenant's named credentials."""
 
-    def __init__(self, credentials: Mapping[str, Mapping[str, S3Credential]], *,
-                 instance_credentials: bool = False) -> None:
+    def __init__(
+        self,
+        credentials: Mapping[str, Mapping[str, S3Credential]],
+        *,
+        instance_credentials: bool = False,
+    ) -> None:
         self.credentials = {t: dict(c) for t, c in credentials.items()}
         self.instance_credentials = instance_credentials
 
@@ -155,34 +181,50 @@ class S3Stores:
         kwargs: dict[str, Any] = {}
         if loc.credentials == "instance":
             if not self.instance_credentials:
-                raise FailedPrecondition(f"{_FIELD}.credentials: the server's own credentials "
-                                         "are not lent to plans here (the operator has not "
-                                         "enabled instance_credentials)")
+                raise FailedPrecondition(
+                    f"{_FIELD}.credentials: the server's own credentials "
+                    "are not lent to plans here (the operator has not "
+                    "enabled instance_credentials)"
+                )
             region = loc.region
         else:
             cred = self.credentials.get(tenant, {}).get(loc.credentials)
             if cred is None:
-                raise FailedPrecondition(f"{_FIELD}.credentials: no store credentials named "
-                                         f"'{loc.credentials[:64]}' are configured for your "
-                                         "tenant (the operator's --dataset-stores file)")
+                raise FailedPrecondition(
+                    f"{_FIELD}.credentials: no store credentials named "
+                    f"'{loc.credentials[:64]}' are configured for your "
+                    "tenant (the operator's --dataset-stores file)"
+                )
             allowed = cred.endpoints or ("",)
             if endpoint not in allowed:
-                raise FailedPrecondition(f"{_FIELD}.endpoint_url: the credentials "
-                                         f"'{loc.credentials}' are not used with this endpoint "
-                                         "(the operator lists where each may be sent)")
+                raise FailedPrecondition(
+                    f"{_FIELD}.endpoint_url: the credentials "
+                    f"'{loc.credentials}' are not used with this endpoint "
+                    "(the operator lists where each may be sent)"
+                )
             if not endpoint and cred.endpoints:
                 endpoint = cred.endpoints[0]
-            kwargs = {"aws_access_key_id": cred.access_key_id.resolve(),
-                      "aws_secret_access_key": cred.secret_access_key.resolve()}
+            kwargs = {
+                "aws_access_key_id": cred.access_key_id.resolve(),
+                "aws_secret_access_key": cred.secret_access_key.resolve(),
+            }
             if cred.session_token is not None:
                 kwargs["aws_session_token"] = cred.session_token.resolve()
             region = loc.region or cred.region
         config = botocore.config.Config(
-            signature_version="s3v4", connect_timeout=5, read_timeout=30,
+            signature_version="s3v4",
+            connect_timeout=5,
+            read_timeout=30,
             retries={"max_attempts": 3, "mode": "standard"},
-            s3={"addressing_style": "path" if endpoint else "auto"})
-        client = session.create_client("s3", region_name=region or "us-east-1",
-                                       endpoint_url=endpoint or None, config=config, **kwargs)
+            s3={"addressing_style": "path" if endpoint else "auto"},
+        )
+        client = session.create_client(
+            "s3",
+            region_name=region or "us-east-1",
+            endpoint_url=endpoint or None,
+            config=config,
+            **kwargs,
+        )
         return S3Store(client, loc)
 
 
@@ -196,7 +238,7 @@ class _Body:
     def read(self, n: int = -1) -> bytes:
         try:
             return bytes(self._body.read(None if n is None or n < 0 else n))
-        except Exception as exc:   # noqa: BLE001 - botocore's read errors vary by transport
+        except Exception as exc:  # noqa: BLE001 - botocore's read errors vary by transport
             raise self._store._error(exc, self._field) from None
 
     def readable(self) -> bool:
@@ -239,20 +281,31 @@ class S3Store:
 
         if isinstance(exc, bex.ClientError):
             err = exc.response.get("Error", {})
-            code = str(err.get("Code") or exc.response.get("ResponseMetadata", {})
-                       .get("HTTPStatusCode", ""))
+            code = str(
+                err.get("Code")
+                or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
+            )
             if code in _MISSING:
                 return InvalidArgument(field, NOT_FOUND)
             if code == "NoSuchBucket":
-                return InvalidArgument(f"{_FIELD}.bucket", f"no bucket '{self.loc.bucket}' at "
-                                       "the endpoint")
+                return InvalidArgument(
+                    f"{_FIELD}.bucket", f"no bucket '{self.loc.bucket}' at the endpoint"
+                )
             if code in _DENIED:
-                return PermissionDenied(f"{_FIELD}.credentials: the store refused the "
-                                        f"credentials '{self.loc.credentials}' ({code[:40]})")
-            return FailedPrecondition(f"{_FIELD}: the store answered {code[:40] or 'an error'} "
-                                      f"for {field}")
-        if isinstance(exc, bex.EndpointConnectionError | bex.ConnectTimeoutError
-                      | bex.ReadTimeoutError | bex.ConnectionClosedError):
+                return PermissionDenied(
+                    f"{_FIELD}.credentials: the store refused the "
+                    f"credentials '{self.loc.credentials}' ({code[:40]})"
+                )
+            return FailedPrecondition(
+                f"{_FIELD}: the store answered {code[:40] or 'an error'} for {field}"
+            )
+        if isinstance(
+            exc,
+            bex.EndpointConnectionError
+            | bex.ConnectTimeoutError
+            | bex.ReadTimeoutError
+            | bex.ConnectionClosedError,
+        ):
             return Unavailable(f"{_FIELD}.endpoint_url: the S3 endpoint cannot be reached")
         if isinstance(exc, bex.NoCredentialsError | bex.PartialCredentialsError):
             return FailedPrecondition(f"{_FIELD}.credentials: no credentials are available")
@@ -272,7 +325,7 @@ class S3Store:
         self._count()
         try:
             head = self.client.head_object(Bucket=self.loc.bucket, Key=key)
-        except Exception as exc:   # noqa: BLE001 - mapped precisely by _error
+        except Exception as exc:  # noqa: BLE001 - mapped precisely by _error
             raise self._error(exc, field) from None
         return key, int(head.get("ContentLength") or 0)
 
@@ -285,11 +338,10 @@ class S3Store:
             raise InvalidArgument(field, f"the {what} is larger than {limit} bytes")
         self._count()
         try:
-            got = self.client.get_object(Bucket=self.loc.bucket, Key=key,
-                                         Range=f"bytes=0-{limit}")
+            got = self.client.get_object(Bucket=self.loc.bucket, Key=key, Range=f"bytes=0-{limit}")
             data = bytes(got["Body"].read(limit + 1))
-        except Exception as exc:   # noqa: BLE001
-            if _is_range_error(exc):          # an empty object has no byte 0
+        except Exception as exc:  # noqa: BLE001
+            if _is_range_error(exc):  # an empty object has no byte 0
                 return b""
             raise self._error(exc, field) from None
         if len(data) > limit:
@@ -300,7 +352,7 @@ class S3Store:
         self._count()
         try:
             got = self.client.get_object(Bucket=self.loc.bucket, Key=ref[0])
-        except Exception as exc:   # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             raise self._error(exc, field) from None
         return _Body(got["Body"], self, field)  # type: ignore[return-value]
 
@@ -311,5 +363,7 @@ class S3Store:
 def _is_range_error(exc: BaseException) -> bool:
     import botocore.exceptions as bex
 
-    return isinstance(exc, bex.ClientError) and \
-        exc.response.get("Error", {}).get("Code") == "InvalidRange"
+    return (
+        isinstance(exc, bex.ClientError)
+        and exc.response.get("Error", {}).get("Code") == "InvalidRange"
+    )

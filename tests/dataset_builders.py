@@ -28,8 +28,9 @@ def add(tf: tarfile.TarFile, name: str, data: bytes, **info: Any) -> None:
     tf.addfile(ti, io.BytesIO(data))
 
 
-def shards(folder: Path, n_shards: int, per_shard: int, *, detection: bool = False) -> list[
-        tuple[str, int]]:
+def shards(
+    folder: Path, n_shards: int, per_shard: int, *, detection: bool = False
+) -> list[tuple[str, int]]:
     """``folder/s-000.tar`` ..: sample k of shard s is key ``s{s}/k{k}``, its class
     ``(s * per_shard + k) % 3`` (a .cls, or a .json with one box for detection); returns the
     (key, class) of every sample in order."""
@@ -41,24 +42,32 @@ def shards(folder: Path, n_shards: int, per_shard: int, *, detection: bool = Fal
                 key, cls = f"s{s}/k{k}", (s * per_shard + k) % 3
                 add(tf, f"{key}.png", png(40 * cls))
                 if detection:
-                    add(tf, f"{key}.json", json.dumps(
-                        {"boxes": [[1, 2, 5, 6]], "labels": [["cat", "dog", "car"][cls]]}).encode())
+                    add(
+                        tf,
+                        f"{key}.json",
+                        json.dumps(
+                            {"boxes": [[1, 2, 5, 6]], "labels": [["cat", "dog", "car"][cls]]}
+                        ).encode(),
+                    )
                 else:
                     add(tf, f"{key}.cls", str(cls).encode())
                 out.append((key, cls))
     return out
 
 
-def hf_classification(folder: Path, labels: list[int], names: list[str], *,
-                      split: str | None = None) -> None:
+def hf_classification(
+    folder: Path, labels: list[int], names: list[str], *, split: str | None = None
+) -> None:
     """A Dataset (or a DatasetDict with ``split``) of small images, made by ``datasets``."""
     import datasets
     from PIL import Image
 
-    feats = datasets.Features({"image": datasets.Image(),
-                               "label": datasets.ClassLabel(names=names)})
-    images = [Image.fromarray(np.full((12, 10, 3), 30 * (i % 8), np.uint8))
-              for i in range(len(labels))]
+    feats = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=names)}
+    )
+    images = [
+        Image.fromarray(np.full((12, 10, 3), 30 * (i % 8), np.uint8)) for i in range(len(labels))
+    ]
     ds = datasets.Dataset.from_dict({"image": images, "label": labels}, features=feats)
     if split is not None:
         datasets.DatasetDict({split: ds}).save_to_disk(str(folder))
@@ -66,15 +75,22 @@ def hf_classification(folder: Path, labels: list[int], names: list[str], *,
         ds.save_to_disk(str(folder))
 
 
-def hf_detection(folder: Path, images: list[np.ndarray], objects: list[dict[str, Any]],
-                 names: list[str]) -> None:
+def hf_detection(
+    folder: Path, images: list[np.ndarray], objects: list[dict[str, Any]], names: list[str]
+) -> None:
     """A detection Dataset: ``objects`` {bbox: [[x, y, w, h]], category: [i]} per image."""
     import datasets
     from PIL import Image
 
-    feats = datasets.Features({
-        "image": datasets.Image(),
-        "objects": {"bbox": datasets.List(datasets.List(datasets.Value("float32"), length=4)),
-                    "category": datasets.List(datasets.ClassLabel(names=names))}})
-    datasets.Dataset.from_dict({"image": [Image.fromarray(i) for i in images],
-                                "objects": objects}, features=feats).save_to_disk(str(folder))
+    feats = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "objects": {
+                "bbox": datasets.List(datasets.List(datasets.Value("float32"), length=4)),
+                "category": datasets.List(datasets.ClassLabel(names=names)),
+            },
+        }
+    )
+    datasets.Dataset.from_dict(
+        {"image": [Image.fromarray(i) for i in images], "objects": objects}, features=feats
+    ).save_to_disk(str(folder))

@@ -96,9 +96,9 @@ def run_worker(settings: WorkerSettings, stop: threading.Event | None = None) ->
 
     ast_guard.install()         # threads parse (.npz headers): CPython 3.11 race, see there
     from fortis.adapters.plan_sources import BUILTIN_SOURCES
-    from fortis.server.app.parts import dataset_stores
     from fortis.infra.serving.server import call_metadata, channel
     from fortis.infra.storage.blob_backends import open_blobs
+    from fortis.server.app.parts import dataset_stores
     from fortis.services.evaluation.clients import GrpcPerturbation, GrpcProxy
     from fortis.services.evaluation.datasets import PlanDatasets
 

@@ -25,6 +25,7 @@ from fortis.services.evaluation.plan_model import S3Location
 
 __all__ = ["DataStore", "LocalStore", "S3Location", "StoreOpener"]
 
+
 class DataStore(Protocol):
     """The files of one dataset place. ``locate`` confines a name (relative to ``base``) and
     checks it names a readable file, returning an opaque reference; ``read`` and ``open``

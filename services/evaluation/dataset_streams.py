@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-import cv2
 import numpy as np
 from fortis.core.task import BOX_FORMATS, Task
 from fortis.services.common.errors import InvalidArgument
@@ -56,8 +55,17 @@ from fortis.services.evaluation.dataset_formats import MAX_OBJECTS_PER_IMAGE, _l
 from fortis.services.evaluation.dataset_store import DataStore
 from fortis.services.evaluation.plan import Plan
 
-__all__ = ["MAX_HF_FILES", "MAX_HF_ROWS", "MAX_MEMBER_BYTES", "MAX_SHARDS", "MAX_SHARD_MEMBERS",
-           "MAX_STREAM_BYTES", "Sample", "expand_braces", "read_samples"]
+__all__ = [
+    "MAX_HF_FILES",
+    "MAX_HF_ROWS",
+    "MAX_MEMBER_BYTES",
+    "MAX_SHARDS",
+    "MAX_SHARD_MEMBERS",
+    "MAX_STREAM_BYTES",
+    "Sample",
+    "expand_braces",
+    "read_samples",
+]
 
 #: Shard names one pattern may expand to.
 MAX_SHARDS = 1000
@@ -66,14 +74,14 @@ MAX_MEMBER_BYTES = MAX_IMAGE_BYTES
 #: Members (headers) of one shard.
 MAX_SHARD_MEMBERS = 1_000_000
 #: Bytes streamed through tar members over all shards of one read (what skipping costs too).
-MAX_STREAM_BYTES = 8 * 1024 ** 3
+MAX_STREAM_BYTES = 8 * 1024**3
 #: Largest label (.cls / .json) member, bytes.
 MAX_LABEL_BYTES = 1024 * 1024
 #: Largest state.json / dataset_info.json / dataset_dict.json, bytes.
 MAX_HF_META_BYTES = 4 * 1024 * 1024
 #: Arrow files of one HF folder, and the largest one, bytes.
 MAX_HF_FILES = 10_000
-MAX_HF_FILE_BYTES = 64 * 1024 ** 3
+MAX_HF_FILE_BYTES = 64 * 1024**3
 #: Rows one HF folder may declare (over all its files).
 MAX_HF_ROWS = 100_000_000
 #: An Arrow file name in an HF folder: a plain name, never a path.
@@ -127,11 +135,17 @@ def _class(lm: Mapping[int | str, int], v: Any, names: list[str] | None, where: 
     return _label(lm, v, name, where)
 
 
-def _truth(boxes: list[list[float]], labels: list[int], fmt: str, img: np.ndarray | None
-           ) -> dict[str, Any]:
+def _truth(
+    boxes: list[list[float]], labels: list[int], fmt: str, img: np.ndarray | None
+) -> dict[str, Any]:
     size = [int(img.shape[1]), int(img.shape[0])] if img is not None else [0, 0]
-    return {"boxes": boxes, "labels": labels, "box_format": fmt, "label_base": 0,
-            "image_size": size}
+    return {
+        "boxes": boxes,
+        "labels": labels,
+        "box_format": fmt,
+        "label_base": 0,
+        "image_size": size,
+    }
 
 
 def _unique(samples: list[Sample], field: str) -> list[Sample]:
@@ -153,7 +167,7 @@ def expand_braces(pattern: str, field: str) -> list[str]:
     pos = 0
     count = 1
     for m in _BRACE.finditer(pattern):
-        parts.append([pattern[pos:m.start()]])
+        parts.append([pattern[pos : m.start()]])
         body = m.group(1)
         r = re.fullmatch(r"(\d{1,9})\.\.(\d{1,9})", body)
         if r:
@@ -166,8 +180,11 @@ def expand_braces(pattern: str, field: str) -> list[str]:
         else:
             opts = body.split(",")
             if len(opts) < 2 or not all(opts):
-                raise InvalidArgument(field, f"{{{_short(body, 30)}}} is neither a range "
-                                      "{000..009} nor alternatives {a,b}")
+                raise InvalidArgument(
+                    field,
+                    f"{{{_short(body, 30)}}} is neither a range "
+                    "{000..009} nor alternatives {a,b}",
+                )
             n = len(opts)
             choices = opts
         count *= n
@@ -180,8 +197,11 @@ def expand_braces(pattern: str, field: str) -> list[str]:
             parts.append(choices)
         pos = m.end()
     parts.append([pattern[pos:]])
-    if "{" in pattern[pos:] or "}" in pattern[pos:] or any("{" in p[0] or "}" in p[0]
-                                                          for p in parts[:-1:2]):
+    if (
+        "{" in pattern[pos:]
+        or "}" in pattern[pos:]
+        or any("{" in p[0] or "}" in p[0] for p in parts[:-1:2])
+    ):
         raise InvalidArgument(field, "unbalanced or nested braces in the shard pattern")
     names = [""]
     for options in parts:
@@ -208,8 +228,9 @@ def _member_name(m: tarfile.TarInfo, where: str) -> str:
 
 def _printable(name: str) -> str:
     """A member name as a message may show it: bounded, control characters replaced."""
-    return "".join(c if c.isprintable() else "?" for c in name[:120]) + \
-        ("..." if len(name) > 120 else "")
+    return "".join(c if c.isprintable() else "?" for c in name[:120]) + (
+        "..." if len(name) > 120 else ""
+    )
 
 
 def _split_key(name: str) -> tuple[str, str]:
@@ -219,13 +240,17 @@ def _split_key(name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), ext.lower()
 
 
-def _wds_sample(plan: Plan, key: str, parts: dict[str, bytes], where: str,
-                decode_image: bool) -> Sample:
+def _wds_sample(
+    plan: Plan, key: str, parts: dict[str, bytes], where: str, decode_image: bool
+) -> Sample:
     ds, lm = plan.dataset, plan.dataset.label_map
     img_ext = next((e for e in _IMAGE_EXTS if e in parts), None)
     if img_ext is None:
-        raise InvalidArgument(where, f"sample {_short(key, 80)} has no image (.jpg, .jpeg or "
-                              f".png); it has: {', '.join(sorted(parts))[:120]}")
+        raise InvalidArgument(
+            where,
+            f"sample {_short(key, 80)} has no image (.jpg, .jpeg or "
+            f".png); it has: {', '.join(sorted(parts))[:120]}",
+        )
     img = decode(parts[img_ext], f"{where}.{img_ext}") if decode_image else None
     meta: Any = None
     if "json" in parts:
@@ -237,32 +262,38 @@ def _wds_sample(plan: Plan, key: str, parts: dict[str, bytes], where: str,
             raise InvalidArgument(f"{where}.json", "a JSON object is needed")
     if plan.target.task == Task.DETECTION:
         if meta is None:
-            raise InvalidArgument(where, f"sample {_short(key, 80)}: a detection plan needs "
-                                  "a .json with boxes and labels")
+            raise InvalidArgument(
+                where,
+                f"sample {_short(key, 80)}: a detection plan needs a .json with boxes and labels",
+            )
         boxes = _boxes(meta.get("boxes"), f"{where}.json:boxes")
         labels = meta.get("labels", [])
         if not isinstance(labels, list) or len(labels) != len(boxes):
             raise InvalidArgument(f"{where}.json:labels", "one label per box is needed")
         fmt = meta.get("box_format", ds.box_format or "xyxy")
         if fmt not in BOX_FORMATS:
-            raise InvalidArgument(f"{where}.json:box_format", f"one of {', '.join(BOX_FORMATS)}"
-                                  f", got {_short(fmt)}")
+            raise InvalidArgument(
+                f"{where}.json:box_format", f"one of {', '.join(BOX_FORMATS)}, got {_short(fmt)}"
+            )
         labs = [_class(lm, v, None, f"{where}.json:labels[{k}]") for k, v in enumerate(labels)]
         return Sample(key, img, truth=_truth(boxes, labs, fmt, img))
     if "cls" in parts:
         text = parts["cls"].decode("utf-8", "replace").strip()
         if not re.fullmatch(r"-?\d{1,9}", text):
-            raise InvalidArgument(f"{where}.cls", f"an integer class is needed, got "
-                                  f"{_short(text, 30)}")
+            raise InvalidArgument(
+                f"{where}.cls", f"an integer class is needed, got {_short(text, 30)}"
+            )
         return Sample(key, img, (_class(lm, int(text), None, f"{where}.cls"),))
     if meta is not None and "label" in meta:
         return Sample(key, img, (_class(lm, meta["label"], None, f"{where}.json:label"),))
-    raise InvalidArgument(where, f"sample {_short(key, 80)} has no label (.cls, or .json with "
-                          "'label')")
+    raise InvalidArgument(
+        where, f"sample {_short(key, 80)} has no label (.cls, or .json with 'label')"
+    )
 
 
-def _shard_groups(store: DataStore, ref: Any, shard: str, skip: int, take: int,
-                  budget: list[int]) -> Iterator[tuple[str, dict[str, bytes]] | None]:
+def _shard_groups(
+    store: DataStore, ref: Any, shard: str, skip: int, take: int, budget: list[int]
+) -> Iterator[tuple[str, dict[str, bytes]] | None]:
     """The samples of one shard in order, read as a stream: None for each of the first
     ``skip`` keys (their data is never read), then (key, {ext: bytes}) for up to ``take``
     keys; the rest of the shard is not read."""
@@ -272,7 +303,7 @@ def _shard_groups(store: DataStore, ref: Any, shard: str, skip: int, take: int,
     keys = members = 0
     with store.open(ref, field) as f:
         try:
-            tf = tarfile.open(fileobj=f, mode="r|*")   # noqa: SIM115 - a stream, closed below
+            tf = tarfile.open(fileobj=f, mode="r|*")  # noqa: SIM115 - a stream, closed below
         except (tarfile.TarError, EOFError, OSError):
             raise InvalidArgument(field, "not a readable tar archive") from None
         try:
@@ -280,8 +311,9 @@ def _shard_groups(store: DataStore, ref: Any, shard: str, skip: int, take: int,
                 try:
                     m = tf.next()
                 except (tarfile.TarError, EOFError, OSError, ValueError):
-                    raise InvalidArgument(field, f"not a readable tar archive (after "
-                                          f"{members} members)") from None
+                    raise InvalidArgument(
+                        field, f"not a readable tar archive (after {members} members)"
+                    ) from None
                 if m is None:
                     break
                 members += 1
@@ -297,8 +329,9 @@ def _shard_groups(store: DataStore, ref: Any, shard: str, skip: int, take: int,
                     raise InvalidArgument(where, f"member larger than {MAX_MEMBER_BYTES} bytes")
                 budget[0] -= m.size
                 if budget[0] < 0:
-                    raise InvalidArgument(field, f"more than {MAX_STREAM_BYTES} bytes of "
-                                          "members streamed")
+                    raise InvalidArgument(
+                        field, f"more than {MAX_STREAM_BYTES} bytes of members streamed"
+                    )
                 k, ext = _split_key(name)
                 if k != key:
                     if key is not None:
@@ -309,8 +342,9 @@ def _shard_groups(store: DataStore, ref: Any, shard: str, skip: int, take: int,
                     keys += 1
                 if keys > skip and (ext in _IMAGE_EXTS or ext in ("cls", "json")):
                     if ext in ("cls", "json") and m.size > MAX_LABEL_BYTES:
-                        raise InvalidArgument(where, f"label file larger than "
-                                              f"{MAX_LABEL_BYTES} bytes")
+                        raise InvalidArgument(
+                            where, f"label file larger than {MAX_LABEL_BYTES} bytes"
+                        )
                     src = tf.extractfile(m)
                     try:
                         parts[ext] = src.read(m.size) if src is not None else b""
@@ -333,13 +367,15 @@ def _webdataset(plan: Plan, store: DataStore, decode_image: bool) -> list[Sample
     for shard, ref in refs:
         if len(out) >= ds.limit:
             break
-        for g in _shard_groups(store, ref, shard, max(0, ds.offset - seen),
-                               ds.limit - len(out), budget):
+        for g in _shard_groups(
+            store, ref, shard, max(0, ds.offset - seen), ds.limit - len(out), budget
+        ):
             seen += 1
             if g is not None:
                 key, parts = g
-                out.append(_wds_sample(plan, key, parts, f"dataset.path:{shard}:{key}",
-                                       decode_image))
+                out.append(
+                    _wds_sample(plan, key, parts, f"dataset.path:{shard}:{key}", decode_image)
+                )
     return _unique(out, "dataset.path")
 
 
@@ -382,8 +418,11 @@ def _hf_folder(plan: Plan, store: DataStore) -> tuple[PurePosixPath, str]:
     if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
         raise InvalidArgument("dataset.path:dataset_dict.json", "a list 'splits' is needed")
     if ds.split not in splits or not _SPLIT.fullmatch(ds.split):
-        raise InvalidArgument("dataset.split", f"the DatasetDict has splits "
-                              f"{', '.join(s[:40] for s in splits[:20])}; got {_short(ds.split)}")
+        raise InvalidArgument(
+            "dataset.split",
+            f"the DatasetDict has splits "
+            f"{', '.join(s[:40] for s in splits[:20])}; got {_short(ds.split)}",
+        )
     return base / ds.split, f"dataset.path:{ds.split}"
 
 
@@ -391,8 +430,10 @@ def _hf_files(store: DataStore, base: PurePosixPath, field: str) -> list[tuple[s
     state = _json_file(store, base, "state.json", f"{field}/state.json")
     files = state.get("_data_files") if isinstance(state, dict) else None
     if not isinstance(files, list) or not files:
-        raise InvalidArgument(f"{field}/state.json", "'_data_files' (the Arrow files) is "
-                              "needed: a folder written by save_to_disk")
+        raise InvalidArgument(
+            f"{field}/state.json",
+            "'_data_files' (the Arrow files) is needed: a folder written by save_to_disk",
+        )
     if len(files) > MAX_HF_FILES:
         raise InvalidArgument(f"{field}/state.json", f"more than {MAX_HF_FILES} data files")
     out = []
@@ -400,8 +441,7 @@ def _hf_files(store: DataStore, base: PurePosixPath, field: str) -> list[tuple[s
         name = f.get("filename") if isinstance(f, dict) else None
         where = f"{field}/state.json:_data_files[{k}]"
         if not isinstance(name, str) or not _ARROW_NAME.fullmatch(name):
-            raise InvalidArgument(where, f"a plain .arrow file name is needed, got "
-                                  f"{_short(name)}")
+            raise InvalidArgument(where, f"a plain .arrow file name is needed, got {_short(name)}")
         ref = store.locate(base, name, where)
         if store.size(ref) > MAX_HF_FILE_BYTES:
             raise InvalidArgument(where, f"larger than {MAX_HF_FILE_BYTES} bytes")
@@ -433,21 +473,27 @@ def _check_schema(schema: Any, task: Task, where: str) -> None:
         raise InvalidArgument(f"{where}:image", f"an Image feature is needed, got {t}")
     if task == Task.CLASSIFICATION:
         if "label" not in names or not _arrow_type_ok(schema.field("label").type, "int"):
-            raise InvalidArgument(f"{where}:label", "an integer (ClassLabel) 'label' column "
-                                  "is needed")
+            raise InvalidArgument(
+                f"{where}:label", "an integer (ClassLabel) 'label' column is needed"
+            )
         return
     if "objects" not in names:
-        raise InvalidArgument(f"{where}:objects", "a detection plan needs an 'objects' column "
-                              "(bbox, category)")
+        raise InvalidArgument(
+            f"{where}:objects", "a detection plan needs an 'objects' column (bbox, category)"
+        )
     t = schema.field("objects").type
     inner = t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
-    if not pa.types.is_struct(inner) or inner.get_field_index("bbox") < 0 \
-            or inner.get_field_index("category") < 0:
+    if (
+        not pa.types.is_struct(inner)
+        or inner.get_field_index("bbox") < 0
+        or inner.get_field_index("category") < 0
+    ):
         raise InvalidArgument(f"{where}:objects", "objects need 'bbox' and 'category'")
 
 
-def _hf_objects(objs: Any, names: list[str] | None, lm: Mapping[int | str, int], where: str
-                ) -> tuple[list[list[float]], list[int]]:
+def _hf_objects(
+    objs: Any, names: list[str] | None, lm: Mapping[int | str, int], where: str
+) -> tuple[list[list[float]], list[int]]:
     """bbox/category of one row: a list of {bbox, category} or {bbox: [...], category: [...]}."""
     if objs is None:
         return [], []
@@ -469,8 +515,11 @@ def _open_arrow(store: DataStore, ref: Any, where: str) -> tuple[Any, Any]:
     import pyarrow as pa
 
     path = store.local_path(ref)
-    src: Any = pa.memory_map(str(path), "r") if path is not None \
+    src: Any = (
+        pa.memory_map(str(path), "r")
+        if path is not None
         else pa.PythonFile(store.open(ref, where), mode="r")
+    )
     try:
         return src, pa.ipc.open_stream(src)
     except (pa.ArrowException, OSError, ValueError):
@@ -489,7 +538,7 @@ def _hf(plan: Plan, store: DataStore, decode_image: bool) -> list[Sample]:
     label_names = _class_names(features.get("label"))
     objects = features.get("objects")
     cat_names = None
-    for _ in range(4):                     # List/Sequence of {bbox, category}, or its dict
+    for _ in range(4):  # List/Sequence of {bbox, category}, or its dict
         if isinstance(objects, dict) and "category" in objects:
             cat_names = _class_names(objects["category"])
             break
@@ -510,8 +559,9 @@ def _hf(plan: Plan, store: DataStore, decode_image: bool) -> list[Sample]:
                 except StopIteration:
                     break
                 except (pa.ArrowException, OSError, ValueError):
-                    raise InvalidArgument(where, f"unreadable record batch after row {row}") \
-                        from None
+                    raise InvalidArgument(
+                        where, f"unreadable record batch after row {row}"
+                    ) from None
                 n = batch.num_rows
                 if row + n > MAX_HF_ROWS:
                     raise InvalidArgument(where, f"more than {MAX_HF_ROWS} rows")
@@ -524,8 +574,9 @@ def _hf(plan: Plan, store: DataStore, decode_image: bool) -> list[Sample]:
                 try:
                     part.validate(full=True)
                 except (pa.ArrowException, ValueError):
-                    raise InvalidArgument(where, f"a record batch fails validation near row "
-                                          f"{row - n + lo}") from None
+                    raise InvalidArgument(
+                        where, f"a record batch fails validation near row {row - n + lo}"
+                    ) from None
                 cols = part.to_pydict()
                 for j in range(hi - lo):
                     r = row - n + lo + j
@@ -533,26 +584,32 @@ def _hf(plan: Plan, store: DataStore, decode_image: bool) -> list[Sample]:
                     im = cols["image"][j]
                     data = im.get("bytes") if isinstance(im, dict) else im
                     if not data:
-                        raise InvalidArgument(f"{at}.image", "the image bytes are not in the "
-                                              "dataset (only a path): save it with embedded "
-                                              "images (Image feature, decode=True)")
+                        raise InvalidArgument(
+                            f"{at}.image",
+                            "the image bytes are not in the "
+                            "dataset (only a path): save it with embedded "
+                            "images (Image feature, decode=True)",
+                        )
                     if len(data) > MAX_IMAGE_BYTES:
-                        raise InvalidArgument(f"{at}.image", f"larger than {MAX_IMAGE_BYTES} "
-                                              "bytes")
+                        raise InvalidArgument(f"{at}.image", f"larger than {MAX_IMAGE_BYTES} bytes")
                     img = decode(bytes(data), f"{at}.image") if decode_image else None
-                    iid = f"{ds.split}-{r:06d}" if base != PurePosixPath(ds.path) \
-                        else f"row-{r:06d}"
+                    iid = (
+                        f"{ds.split}-{r:06d}" if base != PurePosixPath(ds.path) else f"row-{r:06d}"
+                    )
                     if task == Task.CLASSIFICATION:
                         lab = cols["label"][j]
                         if lab is None or lab < 0:
                             raise InvalidArgument(f"{at}.label", "the row has no label")
-                        out.append(Sample(iid, img,
-                                          (_class(lm, lab, label_names, f"{at}.label"),)))
+                        out.append(Sample(iid, img, (_class(lm, lab, label_names, f"{at}.label"),)))
                     else:
-                        boxes, labs = _hf_objects(cols["objects"][j], cat_names, lm,
-                                                  f"{at}.objects")
-                        out.append(Sample(iid, img, truth=_truth(
-                            boxes, labs, ds.box_format or "xywh", img)))
+                        boxes, labs = _hf_objects(
+                            cols["objects"][j], cat_names, lm, f"{at}.objects"
+                        )
+                        out.append(
+                            Sample(
+                                iid, img, truth=_truth(boxes, labs, ds.box_format or "xywh", img)
+                            )
+                        )
         finally:
             src.close()
         if len(out) >= ds.limit:

@@ -13,7 +13,6 @@ from typing import Any
 from fortis.core.task import BOX_FORMATS, TASKS, Task
 from fortis.infra.storage.blobs import is_blob_id
 from fortis.services.common.errors import InvalidArgument
-from fortis.services.common.paths import relative_path
 from fortis.services.common.limits import (
     MAX_CLASS_LABEL,
     MAX_DATASET_IMAGES,
@@ -23,6 +22,7 @@ from fortis.services.common.limits import (
     MAX_PLAN_STRING_CHARS,
     MAX_SURROGATES,
 )
+from fortis.services.common.paths import relative_path
 from fortis.services.common.surrogates import (
     BUILTIN_SURROGATE_NAMES,
     BUILTIN_SURROGATE_TASKS,

@@ -27,15 +27,22 @@ from tests.integration._s3rver_support import ACCESS_KEY, SECRET_KEY, client, s3
 KEY = "test-key-dataset-streams"
 
 
-def _run(root: Path, targets: list[str], plans: list[str], stores: Path | None = None
-         ) -> list[dict[str, Any]]:
+def _run(
+    root: Path, targets: list[str], plans: list[str], stores: Path | None = None
+) -> list[dict[str, Any]]:
     from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
-    stack = start_stack(StackSettings(
-        state_dir=root / "state", api_keys={KEY: "tenant-a"}, data_root=root / "data",
-        dataset_stores=stores,
-        targets=[TargetConfig.parse(f"{t}=builtin:{t}") for t in targets],
-        metrics_port=0, metrics_host="127.0.0.1"))
+    stack = start_stack(
+        StackSettings(
+            state_dir=root / "state",
+            api_keys={KEY: "tenant-a"},
+            data_root=root / "data",
+            dataset_stores=stores,
+            targets=[TargetConfig.parse(f"{t}=builtin:{t}") for t in targets],
+            metrics_port=0,
+            metrics_host="127.0.0.1",
+        )
+    )
     out = []
     try:
         with FortisClient(stack.address, api_key=KEY) as fc:
@@ -57,19 +64,28 @@ def _fmnist_hf(folder: Path, n: int) -> None:
     from PIL import Image
 
     images, labels = load_fashion_mnist("test", limit=n)
-    feats = datasets.Features({"image": datasets.Image(),
-                               "label": datasets.ClassLabel(num_classes=10)})
+    feats = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}
+    )
     datasets.Dataset.from_dict(
-        {"image": [Image.fromarray(im[:, :, 0]) for im in images],
-         "label": [int(x) for x in labels]}, features=feats).save_to_disk(str(folder))
+        {
+            "image": [Image.fromarray(im[:, :, 0]) for im in images],
+            "label": [int(x) for x in labels],
+        },
+        features=feats,
+    ).save_to_disk(str(folder))
 
 
-def _plan(name: str, dataset: str, target: str = "fmnist-cnn", task: str = "classification"
-          ) -> str:
-    section = "detection: {mode: threshold, iou_threshold: 0.5, aggregate: all}\n" \
-        if task == "detection" else ""
-    return (f"name: {name}\nseed: 3\ntarget: {{name: {target}, task: {task}}}\n"
-            f"dataset: {dataset}\n{section}corruptions:\n  - {{id: contrast, severities: [1]}}\n")
+def _plan(name: str, dataset: str, target: str = "fmnist-cnn", task: str = "classification") -> str:
+    section = (
+        "detection: {mode: threshold, iou_threshold: 0.5, aggregate: all}\n"
+        if task == "detection"
+        else ""
+    )
+    return (
+        f"name: {name}\nseed: 3\ntarget: {{name: {target}, task: {task}}}\n"
+        f"dataset: {dataset}\n{section}corruptions:\n  - {{id: contrast, severities: [1]}}\n"
+    )
 
 
 def _face_samples() -> list[tuple[str, np.ndarray, list[list[float]]]]:
@@ -91,17 +107,29 @@ def test_webdataset_and_hf_plans_run_end_to_end(tmp_path):
         for key, img, boxes in _face_samples():
             ok, png = cv2.imencode(".png", cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
             build.add(tf, f"{key}.png", png.tobytes())
-            build.add(tf, f"{key}.json", json.dumps(
-                {"boxes": boxes, "labels": ["face"] * len(boxes)}).encode())
-    hf, builtin, wds = _run(tmp_path, ["fmnist-cnn", "haar-face"], [
-        _plan("hf", "{source: hf, path: hf/fmnist, limit: 24}"),
-        _plan("builtin", "{source: fashion-mnist, split: test, limit: 24}"),
-        _plan("wds", "{source: webdataset, path: 'wds/faces-{000..000}.tar', "
-              "label_map: {face: 0}}", "haar-face", "detection")])
+            build.add(
+                tf,
+                f"{key}.json",
+                json.dumps({"boxes": boxes, "labels": ["face"] * len(boxes)}).encode(),
+            )
+    hf, builtin, wds = _run(
+        tmp_path,
+        ["fmnist-cnn", "haar-face"],
+        [
+            _plan("hf", "{source: hf, path: hf/fmnist, limit: 24}"),
+            _plan("builtin", "{source: fashion-mnist, split: test, limit: 24}"),
+            _plan(
+                "wds",
+                "{source: webdataset, path: 'wds/faces-{000..000}.tar', label_map: {face: 0}}",
+                "haar-face",
+                "detection",
+            ),
+        ],
+    )
     assert hf["metrics"]["accuracy"]["m"] == 24
     assert hf["metrics"]["accuracy"]["value"] == builtin["metrics"]["accuracy"]["value"]
     acc = wds["metrics"]["accuracy"]
-    assert acc["m"] == 2 and acc["value"] == 1.0, acc     # face found, nothing on the coffee
+    assert acc["m"] == 2 and acc["value"] == 1.0, acc  # face found, nothing on the coffee
 
 
 def test_coco_and_hf_from_s3_run_end_to_end(tmp_path, monkeypatch):
@@ -112,30 +140,58 @@ def test_coco_and_hf_from_s3_run_end_to_end(tmp_path, monkeypatch):
     images, annotations = [], []
     for k, (name, img, boxes) in enumerate(_face_samples(), start=1):
         cv2.imwrite(str(coco / "val" / f"{name}.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
-        images.append({"id": k, "file_name": f"{name}.png", "width": img.shape[1],
-                       "height": img.shape[0]})
-        annotations += [{"id": 10 * k + j, "image_id": k, "category_id": 1, "iscrowd": 0,
-                         "bbox": [x1, y1, x2 - x1, y2 - y1]}
-                        for j, (x1, y1, x2, y2) in enumerate(boxes)]
-    (coco / "ann.json").write_text(json.dumps({
-        "images": images, "annotations": annotations,
-        "categories": [{"id": 1, "name": "face"}]}))
+        images.append(
+            {"id": k, "file_name": f"{name}.png", "width": img.shape[1], "height": img.shape[0]}
+        )
+        annotations += [
+            {
+                "id": 10 * k + j,
+                "image_id": k,
+                "category_id": 1,
+                "iscrowd": 0,
+                "bbox": [x1, y1, x2 - x1, y2 - y1],
+            }
+            for j, (x1, y1, x2, y2) in enumerate(boxes)
+        ]
+    (coco / "ann.json").write_text(
+        json.dumps(
+            {
+                "images": images,
+                "annotations": annotations,
+                "categories": [{"id": 1, "name": "face"}],
+            }
+        )
+    )
     (tmp_path / "data").mkdir()
     monkeypatch.setenv("FORTIS_TEST_S3_KEY", ACCESS_KEY)
     monkeypatch.setenv("FORTIS_TEST_S3_SECRET", SECRET_KEY)
     with s3rver(tmp_path / "s3", "team-data") as url:
         upload_tree(client(url), "team-data", local, "sets")
         stores = tmp_path / "stores.yaml"
-        stores.write_text(f"s3:\n  tenants:\n    tenant-a:\n      team:\n"
-                          f"        access_key_id: env:FORTIS_TEST_S3_KEY\n"
-                          f"        secret_access_key: env:FORTIS_TEST_S3_SECRET\n"
-                          f"        endpoints: ['{url}']\n")
-        store = f"{{s3: {{bucket: team-data, prefix: sets, endpoint_url: '{url}', " \
-                "credentials: team}}"
-        det, hf = _run(tmp_path, ["haar-face", "fmnist-cnn"], [
-            _plan("coco-s3", f"{{source: coco, path: coco/ann.json, images: coco/val, "
-                  f"label_map: {{face: 0}}, store: {store}}}", "haar-face", "detection"),
-            _plan("hf-s3", f"{{source: hf, path: hf/fmnist, store: {store}}}")], stores)
+        stores.write_text(
+            f"s3:\n  tenants:\n    tenant-a:\n      team:\n"
+            f"        access_key_id: env:FORTIS_TEST_S3_KEY\n"
+            f"        secret_access_key: env:FORTIS_TEST_S3_SECRET\n"
+            f"        endpoints: ['{url}']\n"
+        )
+        store = (
+            f"{{s3: {{bucket: team-data, prefix: sets, endpoint_url: '{url}', credentials: team}}}}"
+        )
+        det, hf = _run(
+            tmp_path,
+            ["haar-face", "fmnist-cnn"],
+            [
+                _plan(
+                    "coco-s3",
+                    f"{{source: coco, path: coco/ann.json, images: coco/val, "
+                    f"label_map: {{face: 0}}, store: {store}}}",
+                    "haar-face",
+                    "detection",
+                ),
+                _plan("hf-s3", f"{{source: hf, path: hf/fmnist, store: {store}}}"),
+            ],
+            stores,
+        )
     acc = det["metrics"]["accuracy"]
     assert acc["m"] == 2 and acc["value"] == 1.0, acc
     assert hf["metrics"]["accuracy"]["m"] == 12

@@ -31,13 +31,28 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def s3rver(folder: Path, *buckets: str) -> Iterator[str]:
     """The endpoint URL of an s3rver serving ``folder`` with ``buckets`` created."""
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "setup_s3rver.sh")], capture_output=True,
-                       text=True, timeout=600, check=False)
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup_s3rver.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert r.returncode == 0, f"scripts/setup_s3rver.sh failed: {r.stderr[-500:]}"
     binary = ROOT / r.stdout.strip().splitlines()[-1]
     port = _free_port()
-    cmd = ["node", str(binary), "-d", str(folder), "-a", "127.0.0.1", "-p", str(port),
-           "--silent", "--no-vhost-buckets"]
+    cmd = [
+        "node",
+        str(binary),
+        "-d",
+        str(folder),
+        "-a",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "--silent",
+        "--no-vhost-buckets",
+    ]
     for b in buckets:
         cmd += ["--configure-bucket", b]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -65,15 +80,21 @@ def client(endpoint: str) -> object:
     import botocore.session
 
     return botocore.session.Session().create_client(
-        "s3", region_name="us-east-1", endpoint_url=endpoint,
-        aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
-        config=botocore.config.Config(signature_version="s3v4",
-                                      s3={"addressing_style": "path"}))
+        "s3",
+        region_name="us-east-1",
+        endpoint_url=endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=botocore.config.Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )
 
 
 def upload_tree(c: object, bucket: str, folder: Path, prefix: str) -> None:
     """Every file under ``folder`` as ``prefix/<relative path>``."""
     for p in sorted(folder.rglob("*")):
         if p.is_file() and not p.is_symlink():
-            c.put_object(Bucket=bucket, Key=f"{prefix}/{p.relative_to(folder).as_posix()}",  # type: ignore[attr-defined]
-                         Body=p.read_bytes())
+            c.put_object(
+                Bucket=bucket,
+                Key=f"{prefix}/{p.relative_to(folder).as_posix()}",  # type: ignore[attr-defined]
+                Body=p.read_bytes(),
+            )

@@ -27,16 +27,22 @@ def _plan(dataset: dict[str, Any], task: str = "classification") -> Any:
 
     target = "fmnist-cnn" if task == "classification" else "haar-face"
     section = "detection: {mode: threshold, iou_threshold: 0.5}\n" if task == "detection" else ""
-    return load_plan(f"name: streams\nseed: 1\ntarget: {{name: {target}, task: {task}}}\n"
-                     f"dataset: {json.dumps(dataset)}\n{section}"
-                     "corruptions: [{id: contrast, severities: [1]}]\n", local_catalogue())
+    return load_plan(
+        f"name: streams\nseed: 1\ntarget: {{name: {target}, task: {task}}}\n"
+        f"dataset: {json.dumps(dataset)}\n{section}"
+        "corruptions: [{id: contrast, severities: [1]}]\n",
+        local_catalogue(),
+    )
 
 
 def _refused(fn: Any, field: str, *words: str) -> str:
     with pytest.raises(FortisError) as e:
         fn()
-    fields = [v.field for v in e.value.violations] if isinstance(e.value, InvalidArgument) \
+    fields = (
+        [v.field for v in e.value.violations]
+        if isinstance(e.value, InvalidArgument)
         else [e.value.message]
+    )
     assert any(f.startswith(field) for f in fields), (fields, e.value.message)
     assert "/tmp" not in e.value.message, e.value.message
     for w in words:
@@ -48,12 +54,21 @@ def _refused(fn: Any, field: str, *words: str) -> str:
 
 
 def test_braces_expand_bounded():
-    assert expand_braces("a-{008..011}.tar", "f") == ["a-008.tar", "a-009.tar", "a-010.tar",
-                                                       "a-011.tar"]
-    assert expand_braces("{x,y}/p-{1..2}.tar", "f") == ["x/p-1.tar", "x/p-2.tar", "y/p-1.tar",
-                                                       "y/p-2.tar"]
-    _refused(lambda: expand_braces("s-{0..999999999}.tar", "dataset.path"), "dataset.path",
-             "more than")
+    assert expand_braces("a-{008..011}.tar", "f") == [
+        "a-008.tar",
+        "a-009.tar",
+        "a-010.tar",
+        "a-011.tar",
+    ]
+    assert expand_braces("{x,y}/p-{1..2}.tar", "f") == [
+        "x/p-1.tar",
+        "x/p-2.tar",
+        "y/p-1.tar",
+        "y/p-2.tar",
+    ]
+    _refused(
+        lambda: expand_braces("s-{0..999999999}.tar", "dataset.path"), "dataset.path", "more than"
+    )
     _refused(lambda: expand_braces("s-{0..40}{0..40}.tar", "dataset.path"), "dataset.path")
     _refused(lambda: expand_braces("s-{9..1}.tar", "dataset.path"), "dataset.path", "backwards")
     _refused(lambda: expand_braces("s-{a}.tar", "dataset.path"), "dataset.path")
@@ -61,8 +76,15 @@ def test_braces_expand_bounded():
 
 def test_webdataset_selects_across_shards_and_maps_labels(tmp_path):
     truth = build.shards(tmp_path / "wds", 3, 4)
-    plan = _plan({"source": "webdataset", "path": "wds/s-{000..002}.tar", "offset": 3,
-                  "limit": 6, "label_map": {"0": 7, "1": 8, "2": 9}})
+    plan = _plan(
+        {
+            "source": "webdataset",
+            "path": "wds/s-{000..002}.tar",
+            "offset": 3,
+            "limit": 6,
+            "label_map": {"0": 7, "1": 8, "2": 9},
+        }
+    )
     got = read_samples(plan, LocalStore(tmp_path))
     assert [s.id for s in got] == [k for k, _ in truth[3:9]]
     assert [s.labels for s in got] == [({0: 7, 1: 8, 2: 9}[c],) for _, c in truth[3:9]]
@@ -80,21 +102,40 @@ def test_webdataset_stops_reading_after_the_selection(tmp_path):
     plan = _plan({"source": "webdataset", "path": "wds/s-{000..001}.tar", "limit": 4})
     assert len(read_samples(plan, LocalStore(tmp_path))) == 4
     plan = _plan({"source": "webdataset", "path": "wds/s-{000..001}.tar", "limit": 5})
-    _refused(lambda: read_samples(plan, LocalStore(tmp_path)), "dataset.path:wds/s-001.tar",
-             "not a readable tar")
+    _refused(
+        lambda: read_samples(plan, LocalStore(tmp_path)),
+        "dataset.path:wds/s-001.tar",
+        "not a readable tar",
+    )
 
 
 def test_webdataset_detection_labels_by_name(tmp_path):
     build.shards(tmp_path / "wds", 1, 3, detection=True)
-    plan = _plan({"source": "webdataset", "path": "wds/s-000.tar",
-                  "label_map": {"cat": 0, "dog": 0, "car": 0}}, "detection")
+    plan = _plan(
+        {
+            "source": "webdataset",
+            "path": "wds/s-000.tar",
+            "label_map": {"cat": 0, "dog": 0, "car": 0},
+        },
+        "detection",
+    )
     got = PlanDatasets({}, data_root=tmp_path).truths(plan)
-    assert got["s0/k1"] == {"boxes": [[1.0, 2.0, 5.0, 6.0]], "labels": [0], "box_format": "xyxy",
-                            "label_base": 0, "image_size": [10, 12]}
-    plan = _plan({"source": "webdataset", "path": "wds/s-000.tar", "label_map": {"cat": 0}},
-                 "detection")
-    _refused(lambda: read_samples(plan, LocalStore(tmp_path)),
-             "dataset.path:wds/s-000.tar:s0/k1.json:labels[0]", "'dog'", "label_map")
+    assert got["s0/k1"] == {
+        "boxes": [[1.0, 2.0, 5.0, 6.0]],
+        "labels": [0],
+        "box_format": "xyxy",
+        "label_base": 0,
+        "image_size": [10, 12],
+    }
+    plan = _plan(
+        {"source": "webdataset", "path": "wds/s-000.tar", "label_map": {"cat": 0}}, "detection"
+    )
+    _refused(
+        lambda: read_samples(plan, LocalStore(tmp_path)),
+        "dataset.path:wds/s-000.tar:s0/k1.json:labels[0]",
+        "'dog'",
+        "label_map",
+    )
 
 
 def _shard(tmp_path: Path, *members: tuple[str, bytes, dict[str, Any]]) -> Any:
@@ -109,15 +150,18 @@ GOOD = ("a.png", build.png(9), {})
 GOOD_CLS = ("a.cls", b"1", {})
 
 
-@pytest.mark.parametrize(("member", "words"), [
-    (("x.png", b"", {"type": tarfile.SYMTYPE, "linkname": "/etc/passwd"}), ["x.png", "links"]),
-    (("x.png", b"", {"type": tarfile.LNKTYPE, "linkname": "a.png"}), ["x.png", "links"]),
-    (("x.png", b"", {"type": tarfile.CHRTYPE}), ["x.png", "devices"]),
-    (("x.png", b"", {"type": tarfile.FIFOTYPE}), ["x.png", "FIFOs"]),
-    (("/abs/x.png", build.png(1), {}), ["/abs/x.png", "absolute"]),
-    (("../x.png", build.png(1), {}), ["../x.png", "'..'"]),
-    (("d/../../x.png", build.png(1), {}), ["'..'"]),
-])
+@pytest.mark.parametrize(
+    ("member", "words"),
+    [
+        (("x.png", b"", {"type": tarfile.SYMTYPE, "linkname": "/etc/passwd"}), ["x.png", "links"]),
+        (("x.png", b"", {"type": tarfile.LNKTYPE, "linkname": "a.png"}), ["x.png", "links"]),
+        (("x.png", b"", {"type": tarfile.CHRTYPE}), ["x.png", "devices"]),
+        (("x.png", b"", {"type": tarfile.FIFOTYPE}), ["x.png", "FIFOs"]),
+        (("/abs/x.png", build.png(1), {}), ["/abs/x.png", "absolute"]),
+        (("../x.png", build.png(1), {}), ["../x.png", "'..'"]),
+        (("d/../../x.png", build.png(1), {}), ["'..'"]),
+    ],
+)
 def test_webdataset_hostile_members_are_refused_naming_shard_and_member(tmp_path, member, words):
     plan = _shard(tmp_path, GOOD, GOOD_CLS, member)
     _refused(lambda: read_samples(plan, LocalStore(tmp_path)), "dataset.path:w/bad.tar", *words)
@@ -126,40 +170,68 @@ def test_webdataset_hostile_members_are_refused_naming_shard_and_member(tmp_path
 def test_webdataset_huge_declared_member_refused_before_reading(tmp_path, monkeypatch):
     monkeypatch.setattr(dataset_streams, "MAX_MEMBER_BYTES", 1000)
     plan = _shard(tmp_path, ("a.png", build.png(1) + b"\0" * 2000, {}), GOOD_CLS)
-    _refused(lambda: read_samples(plan, LocalStore(tmp_path)), "dataset.path:w/bad.tar:a.png",
-             "larger than 1000")
+    _refused(
+        lambda: read_samples(plan, LocalStore(tmp_path)),
+        "dataset.path:w/bad.tar:a.png",
+        "larger than 1000",
+    )
     # the total streamed is bounded too (here: two members of 600 bytes against 1000)
     monkeypatch.setattr(dataset_streams, "MAX_MEMBER_BYTES", 10_000)
     monkeypatch.setattr(dataset_streams, "MAX_STREAM_BYTES", 1000)
     plan = _shard(tmp_path, ("a.png", b"\0" * 600, {}), ("b.png", b"\0" * 600, {}))
-    _refused(lambda: read_samples(plan, LocalStore(tmp_path)), "dataset.path:w/bad.tar",
-             "bytes of members")
+    _refused(
+        lambda: read_samples(plan, LocalStore(tmp_path)),
+        "dataset.path:w/bad.tar",
+        "bytes of members",
+    )
 
 
 def test_webdataset_truncated_and_garbage_shards(tmp_path):
     plan = _shard(tmp_path, GOOD, GOOD_CLS, ("b.png", build.png(3), {}), ("b.cls", b"2", {}))
     data = (tmp_path / "w" / "bad.tar").read_bytes()
-    (tmp_path / "w" / "bad.tar").write_bytes(data[:700])   # inside a.png's data
+    (tmp_path / "w" / "bad.tar").write_bytes(data[:700])  # inside a.png's data
     _refused(lambda: read_samples(plan, LocalStore(tmp_path)), "dataset.path:w/bad.tar")
     (tmp_path / "w" / "bad.tar").write_bytes(os.urandom(4096))
-    _refused(lambda: read_samples(plan, LocalStore(tmp_path)), "dataset.path:w/bad.tar",
-             "not a readable tar")
+    _refused(
+        lambda: read_samples(plan, LocalStore(tmp_path)),
+        "dataset.path:w/bad.tar",
+        "not a readable tar",
+    )
 
 
-@pytest.mark.parametrize(("label", "task", "field"), [
-    (("a.cls", b"three", {}), "classification", "dataset.path:w/bad.tar:a.cls"),
-    (("a.json", b"{\"label\": [1]}", {}), "classification", "dataset.path:w/bad.tar:a.json:label"),
-    (("a.json", b"[[[[", {}), "classification", "dataset.path:w/bad.tar:a.json"),
-    (("a.json", b"{\"boxes\": [[NaN, 1, 2, 3]], \"labels\": [0]}", {}), "detection",
-     "dataset.path:w/bad.tar:a.json:boxes[0][0]"),
-    (("a.json", b"{\"boxes\": [[1, 2, 3]], \"labels\": [0]}", {}), "detection",
-     "dataset.path:w/bad.tar:a.json:boxes[0]"),
-    (("a.json", b"{\"boxes\": [[1, 2, 3, 4]], \"labels\": [0, 1]}", {}), "detection",
-     "dataset.path:w/bad.tar:a.json:labels"),
-    (("a.json", b"{\"boxes\": [[1, 2, 3, 4]], \"labels\": [0], \"box_format\": \"zz\"}", {}),
-     "detection", "dataset.path:w/bad.tar:a.json:box_format"),
-    (("a.txt", b"hello", {}), "classification", "dataset.path:w/bad.tar:a"),
-])
+@pytest.mark.parametrize(
+    ("label", "task", "field"),
+    [
+        (("a.cls", b"three", {}), "classification", "dataset.path:w/bad.tar:a.cls"),
+        (
+            ("a.json", b'{"label": [1]}', {}),
+            "classification",
+            "dataset.path:w/bad.tar:a.json:label",
+        ),
+        (("a.json", b"[[[[", {}), "classification", "dataset.path:w/bad.tar:a.json"),
+        (
+            ("a.json", b'{"boxes": [[NaN, 1, 2, 3]], "labels": [0]}', {}),
+            "detection",
+            "dataset.path:w/bad.tar:a.json:boxes[0][0]",
+        ),
+        (
+            ("a.json", b'{"boxes": [[1, 2, 3]], "labels": [0]}', {}),
+            "detection",
+            "dataset.path:w/bad.tar:a.json:boxes[0]",
+        ),
+        (
+            ("a.json", b'{"boxes": [[1, 2, 3, 4]], "labels": [0, 1]}', {}),
+            "detection",
+            "dataset.path:w/bad.tar:a.json:labels",
+        ),
+        (
+            ("a.json", b'{"boxes": [[1, 2, 3, 4]], "labels": [0], "box_format": "zz"}', {}),
+            "detection",
+            "dataset.path:w/bad.tar:a.json:box_format",
+        ),
+        (("a.txt", b"hello", {}), "classification", "dataset.path:w/bad.tar:a"),
+    ],
+)
 def test_webdataset_bad_labels_are_named(tmp_path, label, task, field):
     plan = _shard(tmp_path, GOOD, label)
     if task == "detection":
@@ -173,8 +245,11 @@ def test_webdataset_shards_confined_to_the_data_root(tmp_path):
     (root / "w").mkdir(parents=True)
     (root / "w" / "s-000.tar").symlink_to(tmp_path / "outside" / "s-000.tar")
     plan = _plan({"source": "webdataset", "path": "w/s-000.tar"})
-    _refused(lambda: read_samples(plan, LocalStore(root)), "dataset.path:w/s-000.tar",
-             "not found under the data root")
+    _refused(
+        lambda: read_samples(plan, LocalStore(root)),
+        "dataset.path:w/s-000.tar",
+        "not found under the data root",
+    )
     for path in ("../outside/s-000.tar", "/etc/passwd"):
         with pytest.raises(FortisError):
             read_samples(_plan({"source": "webdataset", "path": path}), LocalStore(root))
@@ -186,38 +261,63 @@ def test_webdataset_shards_confined_to_the_data_root(tmp_path):
 def test_hf_classification_rows_and_class_names(tmp_path):
     labels = [0, 1, 1, 0, 1]
     build.hf_classification(tmp_path / "hf" / "pets", labels, ["cat", "dog"])
-    plan = _plan({"source": "hf", "path": "hf/pets", "offset": 1, "limit": 3,
-                  "label_map": {"cat": 4, "dog": 6}})
+    plan = _plan(
+        {
+            "source": "hf",
+            "path": "hf/pets",
+            "offset": 1,
+            "limit": 3,
+            "label_map": {"cat": 4, "dog": 6},
+        }
+    )
     got = read_samples(plan, LocalStore(tmp_path))
     assert [s.id for s in got] == ["row-000001", "row-000002", "row-000003"]
     assert [s.labels for s in got] == [({0: 4, 1: 6}[c],) for c in labels[1:4]]
     assert got[0].image is not None and got[0].image.shape == (12, 10, 3)
     plan = _plan({"source": "hf", "path": "hf/pets", "label_map": {"cat": 4}})
-    _refused(lambda: read_samples(plan, LocalStore(tmp_path)),
-             "dataset.path/data-00000-of-00001.arrow:1.label", "'dog'")
+    _refused(
+        lambda: read_samples(plan, LocalStore(tmp_path)),
+        "dataset.path/data-00000-of-00001.arrow:1.label",
+        "'dog'",
+    )
 
 
 def test_hf_dataset_dict_split(tmp_path):
     build.hf_classification(tmp_path / "hf" / "dd", [1, 0], ["a", "b"], split="validation")
     plan = _plan({"source": "hf", "path": "hf/dd", "split": "validation"})
     got = read_samples(plan, LocalStore(tmp_path))
-    assert [(s.id, s.labels) for s in got] == [("validation-000000", (1,)),
-                                               ("validation-000001", (0,))]
-    _refused(lambda: read_samples(_plan({"source": "hf", "path": "hf/dd", "split": "train"}),
-                                  LocalStore(tmp_path)), "dataset.split", "validation")
+    assert [(s.id, s.labels) for s in got] == [
+        ("validation-000000", (1,)),
+        ("validation-000001", (0,)),
+    ]
+    _refused(
+        lambda: read_samples(
+            _plan({"source": "hf", "path": "hf/dd", "split": "train"}), LocalStore(tmp_path)
+        ),
+        "dataset.split",
+        "validation",
+    )
 
 
 def test_hf_detection_objects(tmp_path):
     imgs = [np.full((20, 30, 3), 50, np.uint8)] * 2
-    build.hf_detection(tmp_path / "hf" / "det", imgs,
-                       [{"bbox": [[1, 2, 3, 4], [5, 6, 7, 8]], "category": [1, 0]},
-                        {"bbox": [], "category": []}], ["face", "hat"])
-    plan = _plan({"source": "hf", "path": "hf/det", "label_map": {"face": 0, "hat": 0}},
-                 "detection")
+    build.hf_detection(
+        tmp_path / "hf" / "det",
+        imgs,
+        [{"bbox": [[1, 2, 3, 4], [5, 6, 7, 8]], "category": [1, 0]}, {"bbox": [], "category": []}],
+        ["face", "hat"],
+    )
+    plan = _plan(
+        {"source": "hf", "path": "hf/det", "label_map": {"face": 0, "hat": 0}}, "detection"
+    )
     got = PlanDatasets({}, data_root=tmp_path).truths(plan)
-    assert got["row-000000"] == {"boxes": [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]],
-                                 "labels": [0, 0], "box_format": "xywh", "label_base": 0,
-                                 "image_size": [30, 20]}
+    assert got["row-000000"] == {
+        "boxes": [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]],
+        "labels": [0, 0],
+        "box_format": "xywh",
+        "label_base": 0,
+        "image_size": [30, 20],
+    }
     assert got["row-000001"]["boxes"] == []
 
 
@@ -225,11 +325,14 @@ def _arrow(folder: Path, table: Any) -> None:
     import pyarrow as pa
 
     folder.mkdir(parents=True, exist_ok=True)
-    with pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as f, \
-            pa.ipc.new_stream(f, table.schema) as w:
+    with (
+        pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as f,
+        pa.ipc.new_stream(f, table.schema) as w,
+    ):
         w.write_table(table)
-    (folder / "state.json").write_text(json.dumps(
-        {"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    (folder / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]})
+    )
     (folder / "dataset_info.json").write_text(json.dumps({"features": {}}))
 
 
@@ -237,29 +340,48 @@ def test_hf_rows_naming_a_path_instead_of_bytes_are_refused(tmp_path):
     """A row whose image is only a path must not make the server read its own files."""
     import pyarrow as pa
 
-    img = pa.array([{"bytes": None, "path": "/etc/passwd"}],
-                   pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    img = pa.array(
+        [{"bytes": None, "path": "/etc/passwd"}],
+        pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
+    )
     _arrow(tmp_path / "hf" / "p", pa.table({"image": img, "label": pa.array([0], pa.int64())}))
-    _refused(lambda: read_samples(_plan({"source": "hf", "path": "hf/p"}), LocalStore(tmp_path)),
-             "dataset.path/data-00000-of-00001.arrow:0.image", "only a path")
+    _refused(
+        lambda: read_samples(_plan({"source": "hf", "path": "hf/p"}), LocalStore(tmp_path)),
+        "dataset.path/data-00000-of-00001.arrow:0.image",
+        "only a path",
+    )
 
 
 def test_hf_wrong_column_types_and_nan_boxes(tmp_path):
     import pyarrow as pa
 
-    _arrow(tmp_path / "hf" / "t", pa.table({"image": pa.array([build.png(1)], pa.binary()),
-                                            "label": pa.array(["cat"])}))
-    _refused(lambda: read_samples(_plan({"source": "hf", "path": "hf/t"}), LocalStore(tmp_path)),
-             "dataset.path/data-00000-of-00001.arrow:label", "integer")
+    _arrow(
+        tmp_path / "hf" / "t",
+        pa.table({"image": pa.array([build.png(1)], pa.binary()), "label": pa.array(["cat"])}),
+    )
+    _refused(
+        lambda: read_samples(_plan({"source": "hf", "path": "hf/t"}), LocalStore(tmp_path)),
+        "dataset.path/data-00000-of-00001.arrow:label",
+        "integer",
+    )
     _arrow(tmp_path / "hf" / "n", pa.table({"label": pa.array([1])}))
-    _refused(lambda: read_samples(_plan({"source": "hf", "path": "hf/n"}), LocalStore(tmp_path)),
-             "dataset.path/data-00000-of-00001.arrow", "no 'image' column")
+    _refused(
+        lambda: read_samples(_plan({"source": "hf", "path": "hf/n"}), LocalStore(tmp_path)),
+        "dataset.path/data-00000-of-00001.arrow",
+        "no 'image' column",
+    )
     objs = pa.array([{"bbox": [[float("nan"), 1.0, 2.0, 3.0]], "category": [0]}])
-    _arrow(tmp_path / "hf" / "d", pa.table({"image": pa.array([build.png(1)], pa.binary()),
-                                            "objects": objs}))
-    _refused(lambda: read_samples(_plan({"source": "hf", "path": "hf/d"}, "detection"),
-                                  LocalStore(tmp_path)),
-             "dataset.path/data-00000-of-00001.arrow:0.objects.bbox[0][0]", "finite")
+    _arrow(
+        tmp_path / "hf" / "d",
+        pa.table({"image": pa.array([build.png(1)], pa.binary()), "objects": objs}),
+    )
+    _refused(
+        lambda: read_samples(
+            _plan({"source": "hf", "path": "hf/d"}, "detection"), LocalStore(tmp_path)
+        ),
+        "dataset.path/data-00000-of-00001.arrow:0.objects.bbox[0][0]",
+        "finite",
+    )
 
 
 def test_hf_bad_arrow_files_and_state(tmp_path):
@@ -267,21 +389,30 @@ def test_hf_bad_arrow_files_and_state(tmp_path):
     folder = tmp_path / "hf" / "x"
     arrow = folder / "data-00000-of-00001.arrow"
     good = arrow.read_bytes()
-    arrow.write_bytes(good[: len(good) // 2])             # cut inside the record batch
-    _refused(lambda: read_samples(_plan({"source": "hf", "path": "hf/x"}), LocalStore(tmp_path)),
-             "dataset.path/data-00000-of-00001.arrow")
+    arrow.write_bytes(good[: len(good) // 2])  # cut inside the record batch
+    _refused(
+        lambda: read_samples(_plan({"source": "hf", "path": "hf/x"}), LocalStore(tmp_path)),
+        "dataset.path/data-00000-of-00001.arrow",
+    )
     arrow.write_bytes(os.urandom(2000))
-    _refused(lambda: read_samples(_plan({"source": "hf", "path": "hf/x"}), LocalStore(tmp_path)),
-             "dataset.path/data-00000-of-00001.arrow", "not an Arrow stream")
+    _refused(
+        lambda: read_samples(_plan({"source": "hf", "path": "hf/x"}), LocalStore(tmp_path)),
+        "dataset.path/data-00000-of-00001.arrow",
+        "not an Arrow stream",
+    )
     arrow.write_bytes(good)
     for bad in ("../../../etc/passwd.arrow", "/abs.arrow", "sub/d.arrow", 7):
         (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": bad}]}))
-        _refused(lambda: read_samples(_plan({"source": "hf", "path": "hf/x"}),
-                                      LocalStore(tmp_path)),
-                 "dataset.path/state.json:_data_files[0]", "plain .arrow file name")
+        _refused(
+            lambda: read_samples(_plan({"source": "hf", "path": "hf/x"}), LocalStore(tmp_path)),
+            "dataset.path/state.json:_data_files[0]",
+            "plain .arrow file name",
+        )
     (folder / "state.json").write_text("{" * 100_000)
-    _refused(lambda: read_samples(_plan({"source": "hf", "path": "hf/x"}), LocalStore(tmp_path)),
-             "dataset.path/state.json")
+    _refused(
+        lambda: read_samples(_plan({"source": "hf", "path": "hf/x"}), LocalStore(tmp_path)),
+        "dataset.path/state.json",
+    )
 
 
 def test_hf_symlinked_arrow_out_of_the_root_is_not_found(tmp_path):
@@ -292,52 +423,116 @@ def test_hf_symlinked_arrow_out_of_the_root_is_not_found(tmp_path):
     for f in ("state.json", "dataset_info.json"):
         (root / "hf" / "ds" / f).write_bytes((tmp_path / "outside" / f).read_bytes())
     (root / "hf" / "ds" / "data-00000-of-00001.arrow").symlink_to(
-        tmp_path / "outside" / "data-00000-of-00001.arrow")
-    _refused(lambda: read_samples(_plan({"source": "hf", "path": "hf/ds"}), LocalStore(root)),
-             "dataset.path/state.json:_data_files[0]", "not found under the data root")
+        tmp_path / "outside" / "data-00000-of-00001.arrow"
+    )
+    _refused(
+        lambda: read_samples(_plan({"source": "hf", "path": "hf/ds"}), LocalStore(root)),
+        "dataset.path/state.json:_data_files[0]",
+        "not found under the data root",
+    )
 
 
 def test_hf_huge_file_refused_by_its_size_before_mapping(tmp_path, monkeypatch):
     build.hf_classification(tmp_path / "hf" / "x", [0, 1], ["a", "b"])
     monkeypatch.setattr(dataset_streams, "MAX_HF_FILE_BYTES", 100)
-    _refused(lambda: read_samples(_plan({"source": "hf", "path": "hf/x"}), LocalStore(tmp_path)),
-             "dataset.path/state.json:_data_files[0]", "larger than 100 bytes")
+    _refused(
+        lambda: read_samples(_plan({"source": "hf", "path": "hf/x"}), LocalStore(tmp_path)),
+        "dataset.path/state.json:_data_files[0]",
+        "larger than 100 bytes",
+    )
 
 
 # -- plan validation -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("dataset", "task", "field"), [
-    ({"source": "hf", "path": "x"}, "segmentation", "dataset.source"),
-    ({"source": "webdataset"}, "classification", "dataset.path"),
-    ({"source": "hf", "path": "x", "split": "../train"}, "classification", "dataset.split"),
-    ({"source": "coco", "path": "a.json", "box_format": "xywh"}, "detection", "dataset.box_format"),
-    ({"source": "manifest", "path": "m.jsonl", "store": {"s3": {"bucket": "bkt",
-                                                                "credentials": "c"}}},
-     "classification", "dataset.store"),
-    ({"source": "hf", "path": "x", "store": {"s3": {"bucket": "B_ad", "credentials": "c"}}},
-     "classification", "dataset.store.s3.bucket"),
-    ({"source": "hf", "path": "x", "store": {"s3": {"bucket": "bkt", "prefix": "../up",
-                                                    "credentials": "c"}}},
-     "classification", "dataset.store.s3.prefix"),
-    ({"source": "hf", "path": "x", "store": {"s3": {"bucket": "bkt", "prefix": "/abs",
-                                                    "credentials": "c"}}},
-     "classification", "dataset.store.s3.prefix"),
-    ({"source": "hf", "path": "x", "store": {"s3": {"bucket": "bkt", "credentials": "c",
-                                                    "endpoint_url": "http://u:p@h/x"}}},
-     "classification", "dataset.store.s3.endpoint_url"),
-    ({"source": "hf", "path": "x", "store": {"s3": {"bucket": "bkt",
-                                                    "credentials": "AKIA/SECRET+KEY"}}},
-     "classification", "dataset.store.s3.credentials"),
-    ({"source": "hf", "path": "x", "store": {"s3": {"bucket": "bkt"}}},
-     "classification", "dataset.store.s3.credentials"),
-    ({"source": "hf", "path": "x", "store": {"s3": {"bucket": "bkt", "credentials": "c",
-                                                    "secret": "x"}}},
-     "classification", "dataset.store.s3.secret"),
-    ({"source": "hf", "path": "x", "store": {"s3": {"bucket": "bkt", "credentials": "c",
-                                                    "region": 3}}},
-     "classification", "dataset.store.s3.region"),
-])
+@pytest.mark.parametrize(
+    ("dataset", "task", "field"),
+    [
+        ({"source": "hf", "path": "x"}, "segmentation", "dataset.source"),
+        ({"source": "webdataset"}, "classification", "dataset.path"),
+        ({"source": "hf", "path": "x", "split": "../train"}, "classification", "dataset.split"),
+        (
+            {"source": "coco", "path": "a.json", "box_format": "xywh"},
+            "detection",
+            "dataset.box_format",
+        ),
+        (
+            {
+                "source": "manifest",
+                "path": "m.jsonl",
+                "store": {"s3": {"bucket": "bkt", "credentials": "c"}},
+            },
+            "classification",
+            "dataset.store",
+        ),
+        (
+            {"source": "hf", "path": "x", "store": {"s3": {"bucket": "B_ad", "credentials": "c"}}},
+            "classification",
+            "dataset.store.s3.bucket",
+        ),
+        (
+            {
+                "source": "hf",
+                "path": "x",
+                "store": {"s3": {"bucket": "bkt", "prefix": "../up", "credentials": "c"}},
+            },
+            "classification",
+            "dataset.store.s3.prefix",
+        ),
+        (
+            {
+                "source": "hf",
+                "path": "x",
+                "store": {"s3": {"bucket": "bkt", "prefix": "/abs", "credentials": "c"}},
+            },
+            "classification",
+            "dataset.store.s3.prefix",
+        ),
+        (
+            {
+                "source": "hf",
+                "path": "x",
+                "store": {
+                    "s3": {"bucket": "bkt", "credentials": "c", "endpoint_url": "http://u:p@h/x"}
+                },
+            },
+            "classification",
+            "dataset.store.s3.endpoint_url",
+        ),
+        (
+            {
+                "source": "hf",
+                "path": "x",
+                "store": {"s3": {"bucket": "bkt", "credentials": "AKIA/SECRET+KEY"}},
+            },
+            "classification",
+            "dataset.store.s3.credentials",
+        ),
+        (
+            {"source": "hf", "path": "x", "store": {"s3": {"bucket": "bkt"}}},
+            "classification",
+            "dataset.store.s3.credentials",
+        ),
+        (
+            {
+                "source": "hf",
+                "path": "x",
+                "store": {"s3": {"bucket": "bkt", "credentials": "c", "secret": "x"}},
+            },
+            "classification",
+            "dataset.store.s3.secret",
+        ),
+        (
+            {
+                "source": "hf",
+                "path": "x",
+                "store": {"s3": {"bucket": "bkt", "credentials": "c", "region": 3}},
+            },
+            "classification",
+            "dataset.store.s3.region",
+        ),
+    ],
+)
 def test_plan_dataset_fields_refused(dataset, task, field):
     with pytest.raises(InvalidArgument) as e:
         _plan(dataset, task) if task != "segmentation" else _seg_plan(dataset)
@@ -349,16 +544,20 @@ def _seg_plan(dataset: dict[str, Any]) -> Any:
     from fortis.server.app.stack import local_catalogue
     from fortis.services.evaluation.plan import load_plan
 
-    return load_plan("name: s\nseed: 1\ntarget: {name: u2netp, task: segmentation}\n"
-                     f"dataset: {json.dumps(dataset)}\n"
-                     "segmentation: {classes: [1], miou_threshold: 0.5}\n"
-                     "corruptions: [{id: contrast, severities: [1]}]\n", local_catalogue())
+    return load_plan(
+        "name: s\nseed: 1\ntarget: {name: u2netp, task: segmentation}\n"
+        f"dataset: {json.dumps(dataset)}\n"
+        "segmentation: {classes: [1], miou_threshold: 0.5}\n"
+        "corruptions: [{id: contrast, severities: [1]}]\n",
+        local_catalogue(),
+    )
 
 
 def test_store_plan_without_an_opener_is_a_precise_failed_precondition(tmp_path):
     from fortis.services.common.errors import FailedPrecondition
 
-    plan = _plan({"source": "hf", "path": "x", "store": {"s3": {"bucket": "bkt",
-                                                                "credentials": "team"}}})
+    plan = _plan(
+        {"source": "hf", "path": "x", "store": {"s3": {"bucket": "bkt", "credentials": "team"}}}
+    )
     with pytest.raises(FailedPrecondition, match="dataset.store.s3"):
         PlanDatasets({}, data_root=tmp_path).for_tenant("t").check(plan)
