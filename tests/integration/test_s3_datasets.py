@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -230,3 +230,28 @@ def test_operator_file_never_takes_an_inline_secret(tmp_path):
         load_config(tmp_path / "s.yaml")
     assert "AKIAEXAMPLE" not in str(e.value) and "wJalr" not in str(e.value)
     assert "s3.tenants.t.c.access_key_id" in str(e.value)
+
+
+def test_sizes_are_checked_before_reading_and_logs_carry_no_secret(
+    stores, endpoint, caplog: pytest.LogCaptureFixture
+):
+    import logging
+
+    from fortis.services.common.errors import InvalidArgument
+    from fortis.services.evaluation.plan_model import S3Location
+
+    caplog.set_level(logging.DEBUG)
+    loc = S3Location(bucket=BUCKET, prefix="team-a/sets", endpoint_url=endpoint, credentials="team")
+    store = stores("tenant-a", loc)
+    ref = store.locate(PurePosixPath("coco"), "ann.json", "dataset.path")
+    assert store.size(ref) == len(store.read(ref, 1 << 20, "dataset.path", "file"))
+    requests = store.requests
+    with pytest.raises(InvalidArgument, match="larger than 10 bytes"):
+        store.read(ref, 10, "dataset.path", "annotations file")
+    assert store.requests == requests  # refused by the HEAD's size, nothing fetched
+    plan = _plan({"source": "hf", "path": "hf", "store": _store(endpoint, "wrong")})
+    with pytest.raises(PermissionDenied):
+        PlanDatasets({}, stores=stores).for_tenant("tenant-a").images(plan)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    for secret in ("S3RVER", "NOT-A-KEY", "NOT-THE-SECRET", "Signature="):
+        assert secret not in logged

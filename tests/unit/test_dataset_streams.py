@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fortis.services.common.errors import FortisError, InvalidArgument
-from fortis.services.evaluation import dataset_streams
+from fortis.services.evaluation import dataset_hf, dataset_streams
 from fortis.services.evaluation.dataset_store import LocalStore
 from fortis.services.evaluation.dataset_streams import expand_braces, read_samples
 from fortis.services.evaluation.datasets import PlanDatasets
@@ -434,7 +434,7 @@ def test_hf_symlinked_arrow_out_of_the_root_is_not_found(tmp_path):
 
 def test_hf_huge_file_refused_by_its_size_before_mapping(tmp_path, monkeypatch):
     build.hf_classification(tmp_path / "hf" / "x", [0, 1], ["a", "b"])
-    monkeypatch.setattr(dataset_streams, "MAX_HF_FILE_BYTES", 100)
+    monkeypatch.setattr(dataset_hf, "MAX_HF_FILE_BYTES", 100)
     _refused(
         lambda: read_samples(_plan({"source": "hf", "path": "hf/x"}), LocalStore(tmp_path)),
         "dataset.path/state.json:_data_files[0]",
