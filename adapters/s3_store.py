@@ -359,6 +359,29 @@ class S3Store:
     def local_path(self, ref: tuple[str, int]) -> Path | None:
         return None
 
+    def list_files(self, raw: object, field: str, limit: int) -> list[str]:
+        """Keys under ``<prefix>/<raw>/`` (ListObjectsV2 pages, at most ``limit`` keys)."""
+        folder = self.key_of(PurePosixPath(), raw, field).rstrip("/") + "/"
+        out: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.loc.bucket, Prefix=folder, PaginationConfig={"PageSize": 1000})
+            for page in pages:
+                self._count()
+                for obj in page.get("Contents", []):
+                    rest = str(obj.get("Key", ""))[len(folder):]
+                    if rest and not rest.endswith("/"):
+                        out.append(rest)
+                    if len(out) > limit:
+                        raise InvalidArgument(field, f"more than {limit} files in the folder")
+        except InvalidArgument:
+            raise
+        except Exception as exc:   # noqa: BLE001 - mapped precisely by _error
+            raise self._error(exc, field) from None
+        if not out:
+            raise InvalidArgument(field, "no such folder under the S3 prefix")
+        return sorted(out)
+
 
 def _is_range_error(exc: BaseException) -> bool:
     import botocore.exceptions as bex

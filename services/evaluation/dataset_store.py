@@ -15,11 +15,13 @@ cloud SDK.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Protocol
 
 from fortis.services.common.errors import InvalidArgument
+from fortis.services.common.paths import relative_path
 from fortis.services.evaluation.dataset_files import confined_file, read_bounded
 from fortis.services.evaluation.plan_model import S3Location
 
@@ -49,6 +51,11 @@ class DataStore(Protocol):
         """The file on this machine (memory-mappable), None for a remote store."""
         ...
 
+    def list_files(self, raw: object, field: str, limit: int) -> list[str]:
+        """The files under the folder ``raw`` names, as sorted paths relative to it (links
+        are listed but confined when located); more than ``limit`` is an error."""
+        ...
+
 
 class LocalStore:
     """Files under the operator's data root (``fortis serve --data-root DIR``)."""
@@ -75,6 +82,27 @@ class LocalStore:
 
     def local_path(self, ref: Path) -> Path | None:
         return ref
+
+    def list_files(self, raw: object, field: str, limit: int) -> list[str]:
+        rel = relative_path(raw, field, self.root_name)
+        try:
+            top = self.root.resolve(strict=True)
+            folder = (top / rel).resolve(strict=True)
+            ok = folder.is_relative_to(top) and folder.is_dir()
+        except (OSError, RuntimeError, ValueError):
+            ok = False
+        if not ok:
+            raise InvalidArgument(field, "no such folder under the data root")
+        out: list[str] = []
+        # symlinked folders are not walked (they could lead anywhere); files are listed and
+        # confined one by one when they are located
+        for here, dirs, files in os.walk(folder, followlinks=False):
+            dirs.sort()
+            for f in files:
+                out.append((Path(here) / f).relative_to(folder).as_posix())
+                if len(out) > limit:
+                    raise InvalidArgument(field, f"more than {limit} files in the folder")
+        return sorted(out)
 
 
 #: (tenant, location) -> the store of that prefix, opened with that tenant's credentials.

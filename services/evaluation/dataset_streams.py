@@ -361,6 +361,10 @@ def read_samples(plan: Plan, store: DataStore, *, decode_image: bool = True) -> 
     unless only checking, for ValidatePlan)."""
     if plan.dataset.source == "webdataset":
         return _webdataset(plan, store, decode_image)
+    if plan.dataset.source == "folders":
+        from fortis.services.evaluation.dataset_folders import read_folders
+
+        return read_folders(plan, store, decode_image)
     from fortis.services.evaluation.dataset_hf import read_hf
 
     return read_hf(plan, store, decode_image)

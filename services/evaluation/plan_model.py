@@ -19,13 +19,14 @@ __all__ = ["ANNOTATED_FORMATS", "DATASETS", "MAX_MEMBERS", "NAMED_CLASS_FORMATS"
 
 #: Where a plan's images may come from (``dataset.source``).
 DATASETS = ("fashion-mnist", "imagenet-photos", "manifest", "uploads", "coco", "voc",
-            "webdataset", "hf")
+            "webdataset", "hf", "folders")
 #: The sources that carry boxes and masks as annotation files under the data root
 #: (``dataset_formats.py``).
 ANNOTATED_FORMATS = ("coco", "voc")
 #: The sources kept as streams of samples: WebDataset shards, Hugging Face save_to_disk
-#: folders (``dataset_streams.py``); classification and detection.
-STREAM_FORMATS = ("webdataset", "hf")
+#: folders (``dataset_streams.py``, ``dataset_hf.py``; classification and detection) and
+#: class-folder trees (``dataset_folders.py``; classification).
+STREAM_FORMATS = ("webdataset", "hf", "folders")
 #: The sources read from a store (the data root, or ``dataset.store``: an S3 prefix).
 STORE_FORMATS = ANNOTATED_FORMATS + STREAM_FORMATS
 #: Sources whose class names are label_map keys (IEEE-P6).

@@ -234,14 +234,18 @@ def parse_dataset(v: Fields, doc: Mapping[str, Any], task: Task) -> DatasetRef:
                          images=v.string(d, "images", "dataset"),
                          box_format=v.string(d, "box_format", "dataset", choices=BOX_FORMATS),
                          store=_store(v, d, source))
-    if dataset.box_format and dataset.source not in STREAM_FORMATS:
+    if dataset.box_format and dataset.source not in ("hf", "webdataset"):
         v.bad("dataset.box_format", "only sources hf and webdataset take a box format (COCO, "
               "VOC and manifests say their own)")
-    for src in STREAM_FORMATS:
-        if dataset.source == src and not dataset.path:
-            v.bad("dataset.path", "source 'hf' needs the folder written by save_to_disk"
-                  if src == "hf" else "source 'webdataset' needs the shards, e.g. "
-                  "shards/val-{000..009}.tar")
+    if dataset.source in STREAM_FORMATS and not dataset.path:
+        v.bad("dataset.path", {"hf": "source 'hf' needs the folder written by save_to_disk",
+                               "webdataset": "source 'webdataset' needs the shards, e.g. "
+                               "shards/val-{000..009}.tar",
+                               "folders": "source 'folders' needs the folder holding one "
+                               "folder per class"}[dataset.source])
+    if dataset.source == "folders" and task != Task.CLASSIFICATION:
+        v.bad("dataset.source", "source 'folders' holds a class per image: it is read by "
+              "classification plans")
     if dataset.source == "manifest" and not dataset.path:
         v.bad("dataset.path", "source 'manifest' needs the path of a JSON-lines manifest")
     if dataset.source == "coco" and not dataset.path:
@@ -262,7 +266,7 @@ def parse_dataset(v: Fields, doc: Mapping[str, Any], task: Task) -> DatasetRef:
                                                               *STORE_FORMATS):
         v.bad("dataset.source", f"a {task} plan needs ground truth: use source 'manifest', "
               "'uploads', 'coco', 'voc', 'hf' or 'webdataset' (boxes or masks per image)")
-    elif task == Task.SEGMENTATION and dataset.source in STREAM_FORMATS:
+    elif task == Task.SEGMENTATION and dataset.source in ("hf", "webdataset"):
         v.bad("dataset.source", f"source '{dataset.source}' is read for classification and "
               "detection; for segmentation use 'coco', 'voc' or a manifest")
     if task == Task.CLASSIFICATION and dataset.source in ANNOTATED_FORMATS:

@@ -3,9 +3,10 @@
 (s3rver on 127.0.0.1: an emulator, since no real S3 server installs offline here; see
 tests/integration/_s3rver_support.py).
 
-The HF folder holds Fashion-MNIST test images written by ``datasets`` itself; its clean
-accuracy must equal that of the same images read from the built-in ``fashion-mnist`` source
-(the same pixels and labels, only kept differently). The WebDataset shards hold the demo's
+The HF folder holds Fashion-MNIST test images written by ``datasets`` itself, and a class-folder
+tree the same images as PNGs under their class's folder; the clean accuracy of each must equal
+that of the same images read from the built-in ``fashion-mnist`` source (the same pixels and
+labels, only kept differently). The WebDataset shards hold the demo's
 astronaut (its face box in the sample's .json, class "face" mapped by name) and the coffee
 photo with no objects, as the COCO end-to-end test does, so the face detector scores both.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import pytest
 from fortis.client import FortisClient, progress_of
 
 from tests import dataset_builders as build
@@ -99,7 +101,8 @@ def _face_samples() -> list[tuple[str, np.ndarray, list[list[float]]]]:
     return [("astronaut", small, [[v * s for v in ASTRONAUT_FACE]]), ("coffee", coffee, [])]
 
 
-def test_webdataset_and_hf_plans_run_end_to_end(tmp_path):
+@pytest.mark.slow
+def test_webdataset_hf_and_folder_plans_run_end_to_end(tmp_path):
     data = tmp_path / "data"
     _fmnist_hf(data / "hf" / "fmnist", 24)
     (data / "wds").mkdir(parents=True)
@@ -112,11 +115,18 @@ def test_webdataset_and_hf_plans_run_end_to_end(tmp_path):
                 f"{key}.json",
                 json.dumps({"boxes": boxes, "labels": ["face"] * len(boxes)}).encode(),
             )
-    hf, builtin, wds = _run(
+    from fortis.adapters.torch_models.datasets import load_fashion_mnist
+
+    for k, (im, lab) in enumerate(zip(*load_fashion_mnist("test", limit=24), strict=True)):
+        (data / "fm" / str(int(lab))).mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(data / "fm" / str(int(lab)) / f"{k:03d}.png"), im[:, :, 0])
+    label_map = ", ".join(f"{c}: {c}" for c in range(10))  # folder "3/" is class 3
+    hf, folders, builtin, wds = _run(
         tmp_path,
         ["fmnist-cnn", "haar-face"],
         [
             _plan("hf", "{source: hf, path: hf/fmnist, limit: 24}"),
+            _plan("folders", f"{{source: folders, path: fm, label_map: {{{label_map}}}}}"),
             _plan("builtin", "{source: fashion-mnist, split: test, limit: 24}"),
             _plan(
                 "wds",
@@ -128,10 +138,13 @@ def test_webdataset_and_hf_plans_run_end_to_end(tmp_path):
     )
     assert hf["metrics"]["accuracy"]["m"] == 24
     assert hf["metrics"]["accuracy"]["value"] == builtin["metrics"]["accuracy"]["value"]
+    assert folders["metrics"]["accuracy"]["m"] == 24
+    assert folders["metrics"]["accuracy"]["value"] == builtin["metrics"]["accuracy"]["value"]
     acc = wds["metrics"]["accuracy"]
     assert acc["m"] == 2 and acc["value"] == 1.0, acc  # face found, nothing on the coffee
 
 
+@pytest.mark.slow
 def test_coco_and_hf_from_s3_run_end_to_end(tmp_path, monkeypatch):
     local = tmp_path / "local"
     _fmnist_hf(local / "hf" / "fmnist", 12)

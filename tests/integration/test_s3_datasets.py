@@ -6,7 +6,7 @@ which were tried). s3rver checks each signed request's access key id against its
 configured credential is what the requests carry; it does not verify the V4 signature itself
 (its own code says so), so a wrong *secret* is not caught by this server.
 
-COCO, WebDataset and HF read from the prefix; per-tenant credentials (another tenant's name,
+COCO, WebDataset, HF and class folders read from the prefix; per-tenant credentials (another tenant's name,
 instance credentials, endpoints the operator did not list) and confinement (keys outside the
 prefix) are refused with the plan field named and no secret in any message.
 """
@@ -34,6 +34,10 @@ def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data = tmp_path_factory.mktemp("local")
     build.shards(data / "wds", 2, 3)
     build.hf_classification(data / "hf", [0, 1, 1], ["cat", "dog"])
+    for cls, n in (("dog", 2), ("cat", 1)):
+        for k in range(n):
+            (data / "pets" / cls).mkdir(parents=True, exist_ok=True)
+            (data / "pets" / cls / f"{k}.png").write_bytes(build.png(10 * k))
     (data / "coco" / "val").mkdir(parents=True)
     (data / "coco" / "val" / "a.png").write_bytes(build.png(50, 16, 20))
     (data / "coco" / "ann.json").write_text(
@@ -107,7 +111,7 @@ def _store(
     }
 
 
-def test_coco_webdataset_and_hf_read_from_the_prefix(stores, endpoint):
+def test_coco_webdataset_hf_and_folders_read_from_the_prefix(stores, endpoint):
     ds = PlanDatasets({}, stores=stores).for_tenant("tenant-a")
     coco = _plan(
         {
@@ -145,6 +149,16 @@ def test_coco_webdataset_and_hf_read_from_the_prefix(stores, endpoint):
     imgs = ds.images(hf)
     assert [lab for _, _, lab in imgs] == [(3,), (5,), (5,)]
     assert imgs[0][1].shape == (12, 10, 3)
+    pets = _plan({"source": "folders", "path": "pets", "store": _store(endpoint)})
+    ds.check(pets)
+    assert [(i, lab) for i, _, lab in ds.images(pets)] == [
+        ("cat/0.png", (0,)),
+        ("dog/0.png", (1,)),
+        ("dog/1.png", (1,)),
+    ]
+    missing = _plan({"source": "folders", "path": "nothing", "store": _store(endpoint)})
+    with pytest.raises(FortisError, match="no such folder under the S3 prefix"):
+        ds.check(missing)
 
 
 def _refused(fn: Any, cls: type[FortisError], field: str) -> str:

@@ -561,3 +561,88 @@ def test_store_plan_without_an_opener_is_a_precise_failed_precondition(tmp_path)
     )
     with pytest.raises(FailedPrecondition, match="dataset.store.s3"):
         PlanDatasets({}, data_root=tmp_path).for_tenant("t").check(plan)
+
+
+# -- class folders ---------------------------------------------------------------------------
+
+
+def _folders(root: Path) -> None:
+    for cls, n in (("dog", 2), ("cat", 3)):
+        for k in range(n):
+            (root / "pets" / cls).mkdir(parents=True, exist_ok=True)
+            (root / "pets" / cls / f"{k:03d}.png").write_bytes(build.png(20 * k))
+    (root / "pets" / "README.txt").write_text("not an image")
+    (root / "pets" / "cat" / "notes.txt").write_text("not an image either")
+
+
+def test_class_folders_in_sorted_order_with_names_mapped(tmp_path):
+    _folders(tmp_path)
+    got = read_samples(
+        _plan({"source": "folders", "path": "pets", "offset": 2, "limit": 3}), LocalStore(tmp_path)
+    )
+    # cat = 0, dog = 1 (sorted folder names, as ImageFolder numbers them)
+    assert [(s.id, s.labels) for s in got] == [
+        ("cat/002.png", (0,)),
+        ("dog/000.png", (1,)),
+        ("dog/001.png", (1,)),
+    ]
+    plan = _plan({"source": "folders", "path": "pets", "label_map": {"cat": 281, "dog": 207}})
+    assert [s.labels[0] for s in read_samples(plan, LocalStore(tmp_path))] == [281] * 3 + [207] * 2
+    plan = _plan({"source": "folders", "path": "pets", "label_map": {"cat": 281}})
+    _refused(lambda: read_samples(plan, LocalStore(tmp_path)), "dataset.path:dog/000.png", "'dog'")
+
+
+def test_class_folders_confined(tmp_path):
+    root = tmp_path / "root"
+    _folders(tmp_path / "outside")
+    (root / "pets" / "cat").mkdir(parents=True)
+    (root / "pets" / "cat" / "000.png").write_bytes(build.png(1))
+    (root / "pets" / "dog").symlink_to(tmp_path / "outside" / "pets" / "dog")  # not walked
+    got = read_samples(_plan({"source": "folders", "path": "pets"}), LocalStore(root))
+    assert [s.id for s in got] == ["cat/000.png"]
+    (root / "pets" / "cat" / "001.png").symlink_to(
+        tmp_path / "outside" / "pets" / "cat" / "000.png"
+    )
+    _refused(
+        lambda: read_samples(_plan({"source": "folders", "path": "pets"}), LocalStore(root)),
+        "dataset.path:cat/001.png",
+        "not found under the data root",
+    )
+    (root / "link").symlink_to(tmp_path / "outside")
+    _refused(
+        lambda: read_samples(_plan({"source": "folders", "path": "link/pets"}), LocalStore(root)),
+        "dataset.path",
+        "no such folder",
+    )
+    _refused(
+        lambda: read_samples(
+            _plan({"source": "folders", "path": "../outside/pets"}), LocalStore(root)
+        ),
+        "dataset.path",
+        "'..'",
+    )
+
+
+def test_class_folders_bounded_and_classification_only(tmp_path, monkeypatch):
+    from fortis.services.evaluation import dataset_folders
+
+    _folders(tmp_path)
+    monkeypatch.setattr(dataset_folders, "MAX_FOLDER_FILES", 4)
+    _refused(
+        lambda: read_samples(_plan({"source": "folders", "path": "pets"}), LocalStore(tmp_path)),
+        "dataset.path",
+        "more than 4 files",
+    )
+    with pytest.raises(InvalidArgument) as e:
+        _plan({"source": "folders", "path": "pets"}, "detection")
+    assert any(v.field == "dataset.source" for v in e.value.violations)
+
+
+def test_numeric_class_folders_map_by_name_first(tmp_path):
+    """Folders 3/ and 7/ with the map {3: 30, 7: 70}: the key naming the folder wins over the
+    folder's number among the classes (which would be 0 and 1)."""
+    for cls in ("3", "7"):
+        (tmp_path / "d" / cls).mkdir(parents=True)
+        (tmp_path / "d" / cls / "a.png").write_bytes(build.png(5))
+    plan = _plan({"source": "folders", "path": "d", "label_map": {"3": 30, "7": 70}})
+    assert [s.labels for s in read_samples(plan, LocalStore(tmp_path))] == [(30,), (70,)]
