@@ -22,6 +22,8 @@ import cv2
 import numpy as np
 import pytest
 from fortis.client import FortisClient, progress_of
+from fortis.client.errors import FortisError, code_for
+from google.rpc import code_pb2
 
 from tests import dataset_builders as build
 from tests.integration._s3rver_support import ACCESS_KEY, SECRET_KEY, client, s3rver, upload_tree
@@ -30,8 +32,14 @@ KEY = "test-key-dataset-streams"
 
 
 def _run(
-    root: Path, targets: list[str], plans: list[str], stores: Path | None = None
+    root: Path,
+    targets: list[str],
+    plans: list[str],
+    stores: Path | None = None,
+    refused: tuple[tuple[str, str, str], ...] = (),
 ) -> list[dict[str, Any]]:
+    """Each plan validated, run and its report.json read; each of ``refused`` (plan, gRPC
+    status name, text of the message) refused by ValidatePlan with that status."""
     from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
     stack = start_stack(
@@ -55,6 +63,14 @@ def _run(
                 assert progress_of(final).state == "SUCCEEDED", final.error.message
                 path = fc.write_report(ev.evaluation_id, root / ev.evaluation_id)[0]
                 out.append(dict(json.loads(path.read_text())))
+            for plan, code, text in refused:
+                with pytest.raises(FortisError) as e:
+                    fc.validate(plan)
+                assert code_pb2.Code.Name(code_for(e.value)) == code and text in e.value.message, (
+                    code_for(e.value),
+                    e.value.message,
+                )
+                assert SECRET_KEY not in e.value.message
     finally:
         stack.stop(0)
     return out
@@ -204,6 +220,33 @@ def test_coco_and_hf_from_s3_run_end_to_end(tmp_path, monkeypatch):
                 _plan("hf-s3", f"{{source: hf, path: hf/fmnist, store: {store}}}"),
             ],
             stores,
+            refused=(
+                (
+                    _plan(
+                        "x",
+                        "{source: hf, path: hf/fmnist, store: "
+                        + store.replace("credentials: team", "credentials: other")
+                        + "}",
+                    ),
+                    "FAILED_PRECONDITION",
+                    "dataset.store.s3.credentials",
+                ),
+                (
+                    _plan("x", f"{{source: hf, path: hf/nothing, store: {store}}}"),
+                    "INVALID_ARGUMENT",
+                    "not found under the S3 prefix",
+                ),
+                (
+                    _plan(
+                        "x",
+                        "{source: hf, path: hf/fmnist, store: "
+                        + store.replace("prefix: sets", "prefix: '../sets'")
+                        + "}",
+                    ),
+                    "INVALID_ARGUMENT",
+                    "dataset.store.s3.prefix",
+                ),
+            ),
         )
     acc = det["metrics"]["accuracy"]
     assert acc["m"] == 2 and acc["value"] == 1.0, acc

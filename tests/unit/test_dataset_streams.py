@@ -646,3 +646,25 @@ def test_numeric_class_folders_map_by_name_first(tmp_path):
         (tmp_path / "d" / cls / "a.png").write_bytes(build.png(5))
     plan = _plan({"source": "folders", "path": "d", "label_map": {"3": 30, "7": 70}})
     assert [s.labels for s in read_samples(plan, LocalStore(tmp_path))] == [(30,), (70,)]
+
+
+def test_embedded_run_roots_hf_folders_and_shards_at_their_parent(tmp_path):
+    """``fortis run`` (embedded) takes local paths for these sources too; a plan reading from
+    an S3 store keeps its paths (they are keys under the prefix)."""
+    from fortis.server.cli.local import _embedded_manifest_root
+
+    build.hf_classification(tmp_path / "sets" / "pets-hf", [1, 0], ["a", "b"])
+    build.shards(tmp_path / "sets" / "wds", 2, 2)
+    _folders(tmp_path / "sets")
+    for dataset, n in (
+        ({"source": "hf", "path": str(tmp_path / "sets" / "pets-hf")}, 2),
+        ({"source": "webdataset", "path": str(tmp_path / "sets" / "wds" / "s-{000..001}.tar")}, 4),
+        ({"source": "folders", "path": str(tmp_path / "sets" / "pets")}, 5),
+    ):
+        text, root = _embedded_manifest_root(json.dumps({"dataset": dataset}))
+        ds = json.loads(text)["dataset"]
+        assert root is not None and not Path(ds["path"]).is_absolute()
+        assert len(read_samples(_plan(ds), LocalStore(root))) == n
+    s3 = {"source": "hf", "path": "/abs", "store": {"s3": {"bucket": "bkt", "credentials": "c"}}}
+    text, root = _embedded_manifest_root(json.dumps({"dataset": s3}))
+    assert root is None and json.loads(text)["dataset"] == s3
