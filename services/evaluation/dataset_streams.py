@@ -16,8 +16,8 @@ WebDataset (``dataset: {source: webdataset, path: "shards/val-{000..009}.tar"}``
     the member (a tar is not trusted to say where things go, even though nothing is written);
     each member is bounded by :data:`MAX_MEMBER_BYTES`, a shard's member count by
     :data:`MAX_SHARD_MEMBERS` and the bytes streamed by :data:`MAX_STREAM_BYTES`.
-Hugging Face (``source: hf``)
-    ``dataset_hf.py``.
+Hugging Face (``source: hf``) and class folders (``source: folders``)
+    ``dataset_hf.py``, ``dataset_folders.py``; ``dataset_sources.py`` picks the reader.
 
 Labels (IEEE-P6): a label given by name (a ``ClassLabel``'s name, a WebDataset ``.json``
 name) is mapped through ``dataset.label_map``; integers are kept, or mapped when the map
@@ -51,7 +51,7 @@ __all__ = [
     "MAX_STREAM_BYTES",
     "Sample",
     "expand_braces",
-    "read_samples",
+    "read_webdataset",
 ]
 
 #: Shard names one pattern may expand to.
@@ -333,7 +333,7 @@ def _shard_groups(
             tf.close()
 
 
-def _webdataset(plan: Plan, store: DataStore, decode_image: bool) -> list[Sample]:
+def read_webdataset(plan: Plan, store: DataStore, decode_image: bool = True) -> list[Sample]:
     ds = plan.dataset
     relative_path(ds.path, "dataset.path", store.root_name)
     shards = expand_braces(ds.path, "dataset.path")
@@ -354,17 +354,3 @@ def _webdataset(plan: Plan, store: DataStore, decode_image: bool) -> list[Sample
                     _wds_sample(plan, key, parts, f"dataset.path:{shard}:{key}", decode_image)
                 )
     return _unique(out, "dataset.path")
-
-
-def read_samples(plan: Plan, store: DataStore, *, decode_image: bool = True) -> list[Sample]:
-    """The plan's selected samples of a ``webdataset`` or ``hf`` dataset (images decoded
-    unless only checking, for ValidatePlan)."""
-    if plan.dataset.source == "webdataset":
-        return _webdataset(plan, store, decode_image)
-    if plan.dataset.source == "folders":
-        from fortis.services.evaluation.dataset_folders import read_folders
-
-        return read_folders(plan, store, decode_image)
-    from fortis.services.evaluation.dataset_hf import read_hf
-
-    return read_hf(plan, store, decode_image)

@@ -62,8 +62,8 @@ from fortis.services.evaluation.dataset_files import decode as _decode
 from fortis.services.evaluation.dataset_files import read_image as _read_image
 from fortis.services.evaluation.dataset_files import short as _short
 from fortis.services.evaluation.dataset_formats import annotated_items, load_annotated
+from fortis.services.evaluation.dataset_sources import read_samples
 from fortis.services.evaluation.dataset_store import DataStore, LocalStore, StoreOpener
-from fortis.services.evaluation.dataset_streams import read_samples
 from fortis.services.evaluation.plan import DatasetRef, Plan
 from fortis.services.evaluation.plan_model import ANNOTATED_FORMATS, STREAM_FORMATS
 from fortis.services.evaluation.runner import DatasetPort

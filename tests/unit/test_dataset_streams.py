@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from fortis.services.common.errors import FortisError, InvalidArgument
 from fortis.services.evaluation import dataset_hf, dataset_streams
+from fortis.services.evaluation.dataset_sources import read_samples
 from fortis.services.evaluation.dataset_store import LocalStore
-from fortis.services.evaluation.dataset_streams import expand_braces, read_samples
+from fortis.services.evaluation.dataset_streams import expand_braces
 from fortis.services.evaluation.datasets import PlanDatasets
 
 from tests import dataset_builders as build
