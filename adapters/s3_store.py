@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -169,6 +170,10 @@ class S3Stores:
     ) -> None:
         self.credentials = {t: dict(c) for t, c in credentials.items()}
         self.instance_credentials = instance_credentials
+        # One botocore session: its loaded service model is reused by every client (a new
+        # session re-reads it, ~0.3 s); create_client is not thread-safe, hence the lock.
+        self._session: Any = None
+        self._lock = threading.Lock()
 
     def __call__(self, tenant: str, loc: Any) -> S3Store:
         """``loc`` is the plan's ``S3Location`` (bucket, prefix, endpoint_url, region,
@@ -177,7 +182,6 @@ class S3Stores:
         import botocore.session
 
         endpoint = _norm_url(loc.endpoint_url) if loc.endpoint_url else ""
-        session = botocore.session.Session()
         kwargs: dict[str, Any] = {}
         if loc.credentials == "instance":
             if not self.instance_credentials:
@@ -218,13 +222,16 @@ class S3Stores:
             retries={"max_attempts": 3, "mode": "standard"},
             s3={"addressing_style": "path" if endpoint else "auto"},
         )
-        client = session.create_client(
-            "s3",
-            region_name=region or "us-east-1",
-            endpoint_url=endpoint or None,
-            config=config,
-            **kwargs,
-        )
+        with self._lock:
+            if self._session is None:
+                self._session = botocore.session.Session()
+            client = self._session.create_client(
+                "s3",
+                region_name=region or "us-east-1",
+                endpoint_url=endpoint or None,
+                config=config,
+                **kwargs,
+            )
         return S3Store(client, loc)
 
 
@@ -365,18 +372,19 @@ class S3Store:
         out: list[str] = []
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.loc.bucket, Prefix=folder, PaginationConfig={"PageSize": 1000})
+                Bucket=self.loc.bucket, Prefix=folder, PaginationConfig={"PageSize": 1000}
+            )
             for page in pages:
                 self._count()
                 for obj in page.get("Contents", []):
-                    rest = str(obj.get("Key", ""))[len(folder):]
+                    rest = str(obj.get("Key", ""))[len(folder) :]
                     if rest and not rest.endswith("/"):
                         out.append(rest)
                     if len(out) > limit:
                         raise InvalidArgument(field, f"more than {limit} files in the folder")
         except InvalidArgument:
             raise
-        except Exception as exc:   # noqa: BLE001 - mapped precisely by _error
+        except Exception as exc:  # noqa: BLE001 - mapped precisely by _error
             raise self._error(exc, field) from None
         if not out:
             raise InvalidArgument(field, "no such folder under the S3 prefix")
