@@ -4,6 +4,7 @@ naming the plan field, the shard and the member (or the Arrow file and row)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tarfile
@@ -669,3 +670,11 @@ def test_embedded_run_roots_hf_folders_and_shards_at_their_parent(tmp_path):
     s3 = {"source": "hf", "path": "/abs", "store": {"s3": {"bucket": "bkt", "credentials": "c"}}}
     text, root = _embedded_manifest_root(json.dumps({"dataset": s3}))
     assert root is None and json.loads(text)["dataset"] == s3
+
+
+def test_gzipped_shards_stream_too(tmp_path):
+    build.shards(tmp_path / "w", 1, 3)
+    raw = (tmp_path / "w" / "s-000.tar").read_bytes()
+    (tmp_path / "w" / "s-000.tar.gz").write_bytes(gzip.compress(raw))
+    plan = _plan({"source": "webdataset", "path": "w/s-000.tar.gz"})
+    assert [s.labels for s in read_samples(plan, LocalStore(tmp_path))] == [(0,), (1,), (2,)]
