@@ -94,4 +94,9 @@ if command -v npm >/dev/null 2>&1 && [ ! -x node_modules/.bin/buf ]; then
   echo "setup: installing buf (npm) ..." >&2
   npm install --no-audit --no-fund --silent >/dev/null 2>&1 || npm install --no-audit --no-fund
 fi
+# 4. s3rver (npm, its own folder .s3rver/): the S3-compatible server the S3 dataset store tests
+#    read from (scripts/setup_s3rver.sh; an emulator, as no real S3 server installs offline).
+if command -v npm >/dev/null 2>&1; then
+  bash scripts/setup_s3rver.sh >/dev/null || echo "setup: s3rver did not install; the S3 dataset tests will fail" >&2
+fi
 echo "setup: ready" >&2

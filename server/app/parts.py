@@ -46,6 +46,19 @@ def builtin_target(cfg: TargetConfig) -> Any:
                             top_k=cfg.top_k)
 
 
+def dataset_stores(path: Path | None) -> Any:
+    """The opener of S3 dataset stores from the operator's ``--dataset-stores`` file (None:
+    plans naming ``dataset.store`` are refused). A bad file stops the start, naming the key."""
+    if path is None:
+        return None
+    from fortis.adapters.s3_store import load_config
+
+    try:
+        return load_config(Path(path))
+    except ValueError as exc:
+        raise errors.InvalidArgument("dataset_stores", str(exc)) from None
+
+
 def identity(settings: StackSettings) -> tuple[Any, Any]:
     """The bearer-token verifier and the certificate-tenant rule of a stack (None when off)."""
     from fortis.infra.serving.identity import CertTenant, TokenVerifier
@@ -93,6 +106,8 @@ def evaluation_executor(settings: StackSettings, state: Path, internal_key: str,
             cmd += ["--tls-server-name", settings.tls.server_name]
     if settings.data_root is not None:
         cmd += ["--data-root", str(settings.data_root)]
+    if settings.dataset_stores is not None:
+        cmd += ["--dataset-stores", str(settings.dataset_stores)]
     secret_env = {"FORTIS_INTERNAL_KEY": internal_key}
     if settings.database_url:
         secret_env["FORTIS_DATABASE_URL"] = settings.database_url

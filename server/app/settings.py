@@ -176,6 +176,10 @@ class StackSettings:
     #: The operator's folder of server-side datasets: manifest plans read only under it,
     #: so no plan reads the rest of the server's disk. None: manifest plans are refused.
     data_root: Path | None = None
+    #: The operator's dataset stores file (``fortis serve --dataset-stores FILE``): each
+    #: tenant's named S3 credentials and the endpoints they may be sent to
+    #: (adapters/s3_store.py). None: plans naming ``dataset.store`` are refused.
+    dataset_stores: Path | None = None
     #: The operator's surrogate folder (``fortis serve --surrogate-dir`` /
     #: ``FORTIS_SURROGATE_DIR``): ``<name>.json`` manifests and their model files, named in
     #: plans like the built-in surrogates (IEEE-A7). None: only the built-ins.

@@ -34,6 +34,7 @@ from fortis.infra.serving.workshare import WorkShare, default_slots
 from fortis.server.app.parts import (
     builtin_target,
     check_settings,
+    dataset_stores,
     evaluation_executor,
     identity,
     metrics_registry,
@@ -502,7 +503,8 @@ def _add_evaluation(w: _Wiring, pg_store: Any) -> Any:
         w.closers.append(pg_store.close)
     manager = EvaluationManager(store, ports_for=ports_for,
                                 datasets=PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root,
-                                                      blobs=w.blob_store),
+                                                      blobs=w.blob_store,
+                                                      stores=dataset_stores(settings.dataset_stores)),
                                 workers=settings.evaluation_workers, quotas=settings.quotas)
     w.register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,
                        ev_servicer.EvaluationServicer(manager, heartbeat_s=settings.watch_heartbeat_s), ev_servicer.SERVICE_NAME))

@@ -37,6 +37,7 @@ class WorkerSettings:
     internal_key: str = ""
     tls: TlsSettings | None = None
     data_root: Path | None = None
+    dataset_stores: Path | None = None
     lease_s: float = DEFAULT_LEASE_S
     parallel: int = 2
     max_message_bytes: int = 64 * 1024 * 1024
@@ -97,6 +98,7 @@ def run_worker(settings: WorkerSettings, stop: threading.Event | None = None) ->
     from fortis.adapters.plan_sources import BUILTIN_SOURCES
     from fortis.infra.serving.server import call_metadata, channel
     from fortis.infra.storage.blob_backends import open_blobs
+    from fortis.server.app.parts import dataset_stores
     from fortis.services.evaluation.clients import GrpcPerturbation, GrpcProxy
     from fortis.services.evaluation.datasets import PlanDatasets
 
@@ -117,7 +119,8 @@ def run_worker(settings: WorkerSettings, stop: threading.Event | None = None) ->
         blobs = open_blobs(Path(settings.state_dir), database_url=settings.database_url,
                            reader=True)
         closers.append(blobs.close)
-        datasets = PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root, blobs=blobs)
+        datasets = PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root, blobs=blobs,
+                                stores=dataset_stores(settings.dataset_stores))
         return EvaluationWorker(
             evaluation_id=settings.evaluation_id, store=store, proxy=proxy,
             perturbation=perturbation, datasets=datasets.for_tenant(settings.tenant),

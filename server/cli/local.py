@@ -162,7 +162,8 @@ def _embedded_manifest_root(text: str) -> tuple[str, Path | None]:
     """For an embedded run of a plan reading files (manifest, COCO, VOC): a data root holding
     them and the plan's paths rewritten relative to it (the server reads only under a root).
     A manifest's root is its folder, a COCO dataset's the folder holding both the JSON and its
-    image folder, a VOC root's its parent."""
+    image folder, a VOC root's, an HF folder's, a class-folder tree's and WebDataset shards'
+    their parent. A plan reading from an S3 store (``dataset.store``) is left as it is."""
     from fortis.services.common.errors import InvalidArgument
     from fortis.services.evaluation.plan import parse_plan_text
 
@@ -171,7 +172,8 @@ def _embedded_manifest_root(text: str) -> tuple[str, Path | None]:
     except InvalidArgument:
         return text, None            # reported by _run_plan's validation
     ds = doc.get("dataset")
-    if not isinstance(ds, dict) or ds.get("source") not in ("manifest", "coco", "voc") \
+    if not isinstance(ds, dict) or ds.get("store") is not None \
+            or ds.get("source") not in ("manifest", "coco", "voc", "hf", "folders", "webdataset") \
             or not isinstance(ds.get("path"), str):
         return text, None
     path = Path(ds["path"]).expanduser().resolve()
@@ -310,6 +312,7 @@ def _serve_settings(ns: argparse.Namespace) -> tuple[Any, str]:
             metrics_host=metrics_host,
             ledger_synchronous=ns.ledger_sync,
             data_root=Path(ns.data_root) if ns.data_root else None,
+            dataset_stores=Path(ns.dataset_stores) if getattr(ns, "dataset_stores", "") else None,
             surrogate_dir=Path(ns.surrogate_dir) if getattr(ns, "surrogate_dir", "") else None,
             whitebox_grants=grants,
             tenant_rates=_tenant_rates(ns.tenant_rate or []), quotas=_quota_settings(ns),

@@ -162,6 +162,11 @@ def _data_opts(sp: argparse.ArgumentParser) -> None:
     """Server-side datasets, operator surrogates, white-box grants and upload quotas."""
     sp.add_argument("--data-root", help="folder of server-side datasets: manifest plans name "
                     "paths relative to it (default: none, manifest plans are refused)")
+    sp.add_argument("--dataset-stores", default=os.environ.get("FORTIS_DATASET_STORES", ""),
+                    metavar="FILE",
+                    help="YAML file of each tenant's named S3 credentials (secret references) "
+                    "and allowed endpoints, for plans reading datasets from S3 "
+                    "(dataset.store; default: $FORTIS_DATASET_STORES, else none)")
     sp.add_argument("--surrogate-dir", default=os.environ.get("FORTIS_SURROGATE_DIR", ""),
                     metavar="DIR",
                     help="folder of operator surrogates: <name>.json manifests (the plan's "

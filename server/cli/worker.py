@@ -49,6 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                          "comma-separated list: worker i uses the (i mod n)-th")
     sp.add_argument("--data-root", default=env("FORTIS_DATA_ROOT", ""),
                     help="the operator's dataset folder, as the evaluation service has it")
+    sp.add_argument("--dataset-stores", default=env("FORTIS_DATASET_STORES", ""),
+                    help="the operator's dataset stores file (S3 credentials per tenant), as "
+                         "the evaluation service has it")
     sp.add_argument("--lease", type=float, default=60.0,
                     help="seconds a claimed item stays this worker's without a heartbeat "
                          "(renewed every third of it; default 60)")
@@ -87,7 +90,8 @@ def _settings(ns: argparse.Namespace) -> object:
         state_dir=Path(ns.state_dir), database_url=ns.database_url or None,
         proxy_address=ns.proxy_address, perturbation_address=ns.perturbation_address,
         internal_key=os.environ.get("FORTIS_INTERNAL_KEY", ""), tls=tls,
-        data_root=Path(ns.data_root) if ns.data_root else None, lease_s=float(ns.lease),
+        data_root=Path(ns.data_root) if ns.data_root else None,
+        dataset_stores=Path(ns.dataset_stores) if ns.dataset_stores else None, lease_s=float(ns.lease),
         parallel=int(ns.parallel))
 
 

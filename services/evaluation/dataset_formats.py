@@ -57,11 +57,10 @@ from fortis.services.evaluation.dataset_files import (
     MAX_ANNOTATION_BYTES,
     MAX_ID_CHARS,
     MAX_IMAGE_BYTES,
-    confined_file,
 )
-from fortis.services.evaluation.dataset_files import read_bounded as _read_bounded
-from fortis.services.evaluation.dataset_files import read_image as _read_image
+from fortis.services.evaluation.dataset_files import decode as _decode
 from fortis.services.evaluation.dataset_files import short as _short
+from fortis.services.evaluation.dataset_store import DataStore, LocalStore
 from fortis.services.evaluation.plan import Plan
 from PIL import Image
 from pycocotools import mask as coco_mask
@@ -99,14 +98,14 @@ class Annotated:
     segmentation the COCO shapes (label, segmentation, crowd, field) or the VOC mask file."""
 
     id: str
-    image: Path
+    image: Any                            # the store's reference to the image file
     where: str
     box_format: str = "xyxy"
     boxes: list[list[float]] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
     shapes: list[tuple[int, Any, bool, str]] = field(default_factory=list)
     size: tuple[int, int] | None = None       # COCO's declared (width, height), if any
-    mask: Path | None = None
+    mask: Any = None                      # the store's reference to a VOC mask file
     mask_where: str = ""
 
 
@@ -133,20 +132,22 @@ def _number(v: Any, where: str) -> float:
     return float(v)
 
 
-def _root(data_root: Path | None) -> Path:
+def _root(data_root: Path | DataStore | None) -> DataStore:
+    """The store the dataset is read from: a data root folder is the local store."""
     if data_root is None:
         raise FailedPrecondition("dataset.path: annotated datasets are not available on this "
                                  "server: the operator has not configured a data root "
-                                 "(fortis serve --data-root DIR)")
-    return data_root
+                                 "(fortis serve --data-root DIR) and the plan names no "
+                                 "dataset.store")
+    return LocalStore(data_root) if isinstance(data_root, Path) else data_root
 
 
 # -- COCO ----------------------------------------------------------------------------------
 
 
-def _coco_doc(root: Path, path: str) -> dict[str, Any]:
-    data = _read_bounded(confined_file(root, PurePosixPath(), path, "dataset.path"),
-                         MAX_ANNOTATION_BYTES, "dataset.path", "annotations file")
+def _coco_doc(root: DataStore, path: str) -> dict[str, Any]:
+    data = root.read(root.locate(PurePosixPath(), path, "dataset.path"),
+                     MAX_ANNOTATION_BYTES, "dataset.path", "annotations file")
     try:
         doc = json.loads(data)
     except json.JSONDecodeError as exc:
@@ -175,7 +176,7 @@ def _coco_categories(doc: dict[str, Any]) -> dict[int, str]:
     return cats
 
 
-def _coco_items(plan: Plan, root: Path) -> list[Annotated]:
+def _coco_items(plan: Plan, root: DataStore) -> list[Annotated]:
     ds = plan.dataset
     doc = _coco_doc(root, ds.path)
     cats = _coco_categories(doc)
@@ -199,7 +200,7 @@ def _coco_items(plan: Plan, root: Path) -> list[Annotated]:
                     int(_number(im.get("height"), f"{where}.height")))
         chosen[iid] = len(items)
         items.append({"id": name, "where": f"{where}.file_name", "size": size,
-                      "image": confined_file(root, base, name, f"{where}.file_name"),
+                      "image": root.locate(base, name, f"{where}.file_name"),
                       "boxes": [], "labels": [], "shapes": []})
     if len({it["id"] for it in items}) != len(items):
         raise InvalidArgument("dataset.path:images", "file_name repeats: image ids must be "
@@ -349,12 +350,12 @@ def _coco_class_map(it: Annotated, h: int, w: int) -> np.ndarray:
 # -- Pascal VOC ----------------------------------------------------------------------------
 
 
-def _voc_ids(plan: Plan, root: Path, base: PurePosixPath) -> list[tuple[str, str]]:
+def _voc_ids(plan: Plan, root: DataStore, base: PurePosixPath) -> list[tuple[str, str]]:
     """(id, field) of the split's selected images."""
     ds = plan.dataset
     sets = "Segmentation" if plan.target.task == Task.SEGMENTATION else "Main"
-    path = confined_file(root, base, f"ImageSets/{sets}/{ds.split}.txt", "dataset.split")
-    data = _read_bounded(path, MAX_ANNOTATION_BYTES, "dataset.split", "image list")
+    path = root.locate(base, f"ImageSets/{sets}/{ds.split}.txt", "dataset.split")
+    data = root.read(path, MAX_ANNOTATION_BYTES, "dataset.split", "image list")
     out: list[tuple[str, str]] = []
     n = 0
     for lineno, line in enumerate(data.split(b"\n"), start=1):
@@ -376,8 +377,7 @@ def _voc_ids(plan: Plan, root: Path, base: PurePosixPath) -> list[tuple[str, str
     return out
 
 
-def _xml(path: Path, where: str) -> ET.Element:
-    data = _read_bounded(path, MAX_XML_BYTES, where, "annotation file")
+def _xml(data: bytes, where: str) -> ET.Element:
     if b"\x00" in data or data.startswith((b"\xfe\xff", b"\xff\xfe")):
         # a UTF-16 document would hide its declarations from the check below
         raise InvalidArgument(where, "XML must be UTF-8 (or ASCII) text")
@@ -423,29 +423,31 @@ def _voc_objects(root_el: ET.Element, lm: Mapping[int | str, int], where: str
     return boxes, labels
 
 
-def _voc_items(plan: Plan, root: Path) -> list[Annotated]:
+def _voc_items(plan: Plan, root: DataStore) -> list[Annotated]:
     base = relative_path(plan.dataset.path, "dataset.path")
     out = []
     for iid, where in _voc_ids(plan, root, base):
-        image = confined_file(root, base, f"JPEGImages/{iid}.jpg", f"{where}.image")
+        image = root.locate(base, f"JPEGImages/{iid}.jpg", f"{where}.image")
         if plan.target.task == Task.SEGMENTATION:
-            mask = confined_file(root, base, f"SegmentationClass/{iid}.png", f"{where}.mask")
+            mask = root.locate(base, f"SegmentationClass/{iid}.png", f"{where}.mask")
             out.append(Annotated(id=iid, image=image, where=f"{where}.image", mask=mask,
                                  mask_where=f"{where}.mask"))
             continue
         at = f"dataset.path:Annotations/{iid}.xml"
-        el = _xml(confined_file(root, base, f"Annotations/{iid}.xml", at), at)
+        el = _xml(root.read(root.locate(base, f"Annotations/{iid}.xml", at), MAX_XML_BYTES,
+                            at, "annotation file"), at)
         boxes, labels = _voc_objects(el, plan.dataset.label_map, at)
         out.append(Annotated(id=iid, image=image, where=f"{where}.image", boxes=boxes,
                              labels=labels))
     return out
 
 
-def _voc_class_map(it: Annotated, lm: Mapping[int | str, int], h: int, w: int) -> np.ndarray:
+def _voc_class_map(root: DataStore, it: Annotated, lm: Mapping[int | str, int], h: int, w: int
+                   ) -> np.ndarray:
     """The class indices of a SegmentationClass PNG (palette or grey), mapped through
     ``label_map``; 255 (boundary) stays the ignore value."""
     assert it.mask is not None
-    data = _read_bounded(it.mask, MAX_IMAGE_BYTES, it.mask_where, "mask file")
+    data = root.read(it.mask, MAX_IMAGE_BYTES, it.mask_where, "mask file")
     check_image_header(data, it.mask_where)
     try:
         with Image.open(BytesIO(data)) as im:
@@ -472,7 +474,7 @@ def _voc_class_map(it: Annotated, lm: Mapping[int | str, int], h: int, w: int) -
 # -- the port's view -------------------------------------------------------------------------
 
 
-def annotated_items(plan: Plan, data_root: Path | None) -> list[Annotated]:
+def annotated_items(plan: Plan, data_root: Path | DataStore | None) -> list[Annotated]:
     """The plan's images of a COCO / VOC dataset, annotations parsed and every path confined,
     nothing decoded (what ValidatePlan checks before a run)."""
     root = _root(data_root)
@@ -481,14 +483,16 @@ def annotated_items(plan: Plan, data_root: Path | None) -> list[Annotated]:
     return _voc_items(plan, root)
 
 
-def load_annotated(plan: Plan, data_root: Path | None, *, truths: bool = True
+def load_annotated(plan: Plan, data_root: Path | DataStore | None, *, truths: bool = True
                    ) -> list[tuple[str, np.ndarray, Any]]:
     """(id, RGB image, ground truth) per selected image: detection ``{boxes, labels,
     box_format, label_base, image_size}``, segmentation an HxW int64 class map (None for
     every image when ``truths`` is false: the images alone)."""
     out: list[tuple[str, np.ndarray, Any]] = []
-    for it in annotated_items(plan, data_root):
-        img = _read_image(it.image, it.where, cv2.IMREAD_COLOR)
+    root = _root(data_root)
+    for it in annotated_items(plan, root):
+        img = _decode(root.read(it.image, MAX_IMAGE_BYTES, it.where, "image file"), it.where,
+                      cv2.IMREAD_COLOR)
         h, w = img.shape[:2]
         if it.size is not None and it.size != (w, h):
             raise InvalidArgument(it.where, f"the image is {w}x{h}, the annotations say "
@@ -497,7 +501,8 @@ def load_annotated(plan: Plan, data_root: Path | None, *, truths: bool = True
         if not truths:
             pass
         elif plan.target.task == Task.SEGMENTATION:
-            truth = _voc_class_map(it, plan.dataset.label_map, h, w) if it.mask is not None \
+            truth = _voc_class_map(root, it, plan.dataset.label_map, h, w) \
+                if it.mask is not None \
                 else _coco_class_map(it, h, w)
         else:
             truth = {"boxes": it.boxes, "labels": it.labels, "box_format": it.box_format,

@@ -19,6 +19,12 @@
                       plan in the report repeats the evaluation exactly (IEEE-P4).
     coco, voc         COCO JSON and Pascal VOC folders under the data root, kept as they are
                       (detection and segmentation; dataset_formats.py)
+    webdataset, hf    WebDataset tar shards and Hugging Face save_to_disk folders
+                      (classification and detection; dataset_streams.py)
+
+The kept formats (coco, voc, webdataset, hf) are read from a store (dataset_store.py): the
+data root, or the S3 prefix of the plan's ``dataset.store`` opened with the calling tenant's
+credentials as the operator configured them.
 
 Confinement (otherwise any tenant could read any server file, and its bytes would come back
 in the error). Manifests exist only under an operator-configured ``data_root``: with none,
@@ -56,8 +62,10 @@ from fortis.services.evaluation.dataset_files import decode as _decode
 from fortis.services.evaluation.dataset_files import read_image as _read_image
 from fortis.services.evaluation.dataset_files import short as _short
 from fortis.services.evaluation.dataset_formats import annotated_items, load_annotated
+from fortis.services.evaluation.dataset_sources import read_samples
+from fortis.services.evaluation.dataset_store import DataStore, LocalStore, StoreOpener
 from fortis.services.evaluation.plan import DatasetRef, Plan
-from fortis.services.evaluation.plan_model import ANNOTATED_FORMATS
+from fortis.services.evaluation.plan_model import ANNOTATED_FORMATS, STREAM_FORMATS
 from fortis.services.evaluation.runner import DatasetPort
 from fortis.services.evaluation.stages.base import LabeledImage
 
@@ -277,15 +285,40 @@ class PlanDatasets(DatasetPort):
     or the tenant's uploads (``blobs``; :meth:`for_tenant` binds the plan's tenant)."""
 
     def __init__(self, builtin: Mapping[str, BuiltinSource], data_root: Path | None = None,
-                 *, blobs: BlobStorage | None = None, tenant: str = "") -> None:
+                 *, blobs: BlobStorage | None = None, tenant: str = "",
+                 stores: StoreOpener | None = None) -> None:
         self.builtin = dict(builtin)
         self.data_root = Path(data_root) if data_root is not None else None
         self.blobs = blobs
         self.tenant = tenant
+        self.stores = stores
 
     def for_tenant(self, tenant: str) -> PlanDatasets:
-        """The datasets as ``tenant``'s plans see them (their own uploads only)."""
-        return PlanDatasets(self.builtin, self.data_root, blobs=self.blobs, tenant=tenant)
+        """The datasets as ``tenant``'s plans see them (their own uploads and store
+        credentials only)."""
+        return PlanDatasets(self.builtin, self.data_root, blobs=self.blobs, tenant=tenant,
+                            stores=self.stores)
+
+    def store(self, plan: Plan) -> DataStore | None:
+        """Where the plan's kept dataset is read: its S3 prefix (with this tenant's
+        credentials), else the data root (None: neither is available)."""
+        loc = plan.dataset.store
+        if loc is None:
+            return LocalStore(self.data_root) if self.data_root is not None else None
+        if self.stores is None or not self.tenant:
+            raise FailedPrecondition("dataset.store.s3: S3 dataset stores are not available on "
+                                     "this server (the operator has not configured "
+                                     "--dataset-stores)")
+        return self.stores(self.tenant, loc)
+
+    def _samples(self, plan: Plan, *, decode_image: bool = True) -> list[Any]:
+        st = self.store(plan)
+        if st is None:
+            raise FailedPrecondition("dataset.path: kept datasets are not available on this "
+                                     "server: the operator has not configured a data root "
+                                     "(fortis serve --data-root DIR) and the plan names no "
+                                     "dataset.store")
+        return read_samples(plan, st, decode_image=decode_image)
 
     @property
     def _uploads(self) -> Uploads | None:
@@ -293,7 +326,9 @@ class PlanDatasets(DatasetPort):
 
     def truths(self, plan: Plan) -> dict[str, Any]:
         if plan.dataset.source in ANNOTATED_FORMATS:
-            return {i: truth for i, _, truth in load_annotated(plan, self.data_root)}
+            return {i: truth for i, _, truth in load_annotated(plan, self.store(plan))}
+        if plan.dataset.source in STREAM_FORMATS:
+            return {s.id: s.truth for s in self._samples(plan)}
         return load_plan_truths(plan, self.data_root, self._uploads)
 
     def check(self, plan: Plan) -> None:
@@ -301,7 +336,9 @@ class PlanDatasets(DatasetPort):
         and the uploaded models its surrogates name (this tenant's, of kind model)."""
         check_manifest(plan, self.data_root, self._uploads)
         if plan.dataset.source in ANNOTATED_FORMATS:
-            annotated_items(plan, self.data_root)
+            annotated_items(plan, self.store(plan))
+        if plan.dataset.source in STREAM_FORMATS:
+            self._samples(plan, decode_image=False)
         for k, sd in enumerate(plan.surrogates):
             if self.blobs is None or not self.tenant:
                 raise FailedPrecondition(f"surrogates[{k}].model: uploaded models are not "
@@ -312,8 +349,10 @@ class PlanDatasets(DatasetPort):
         ds = plan.dataset
         lm = ds.label_map
         if ds.source in ANNOTATED_FORMATS:
-            return [(i, img, ()) for i, img, _ in load_annotated(plan, self.data_root,
+            return [(i, img, ()) for i, img, _ in load_annotated(plan, self.store(plan),
                                                                       truths=False)]
+        if ds.source in STREAM_FORMATS:
+            return [(s.id, s.image, s.labels) for s in self._samples(plan)]
         if ds.source in ("manifest", "uploads"):
             out: list[LabeledImage] = []
             for row in read_manifest(plan, self.data_root, self._uploads):

@@ -13,14 +13,24 @@ from fortis.core.task import Task
 from fortis.services.common.acceptance import Criterion
 from fortis.services.common.surrogates import SurrogateDefinition
 
-__all__ = ["ANNOTATED_FORMATS", "DATASETS", "MAX_MEMBERS", "AttackTest", "CorruptionTest", "DatasetRef",
+__all__ = ["ANNOTATED_FORMATS", "DATASETS", "MAX_MEMBERS", "NAMED_CLASS_FORMATS", "STORE_FORMATS",
+           "STREAM_FORMATS", "S3Location", "AttackTest", "CorruptionTest", "DatasetRef",
            "DegradationTest", "Member", "Plan", "Role", "TargetRef", "crafted_on"]
 
 #: Where a plan's images may come from (``dataset.source``).
-DATASETS = ("fashion-mnist", "imagenet-photos", "manifest", "uploads", "coco", "voc")
+DATASETS = ("fashion-mnist", "imagenet-photos", "manifest", "uploads", "coco", "voc",
+            "webdataset", "hf", "folders")
 #: The sources that carry boxes and masks as annotation files under the data root
 #: (``dataset_formats.py``).
 ANNOTATED_FORMATS = ("coco", "voc")
+#: The sources kept as streams of samples: WebDataset shards, Hugging Face save_to_disk
+#: folders (``dataset_streams.py``, ``dataset_hf.py``; classification and detection) and
+#: class-folder trees (``dataset_folders.py``; classification).
+STREAM_FORMATS = ("webdataset", "hf", "folders")
+#: The sources read from a store (the data root, or ``dataset.store``: an S3 prefix).
+STORE_FORMATS = ANNOTATED_FORMATS + STREAM_FORMATS
+#: Sources whose class names are label_map keys (IEEE-P6).
+NAMED_CLASS_FORMATS = STORE_FORMATS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +71,19 @@ def crafted_on(attack: str, surrogate: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
+class S3Location:
+    """A plan's ``dataset.store.s3``: the bucket and key prefix the dataset's paths are
+    relative to, the S3-compatible endpoint (empty: AWS), and the name of the calling
+    tenant's credentials as the operator configured them (never a secret in the plan)."""
+
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str = ""
+    region: str = ""
+    credentials: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class DatasetRef:
     source: str
     split: str = "test"
@@ -74,6 +97,11 @@ class DatasetRef:
     path: str = ""
     images: str = ""        # source "coco": the image folder (default: the JSON's folder)
     manifest: str = ""      # source "uploads": "sha256:..." of the tenant's uploaded manifest
+    #: sources "hf" and "webdataset" (detection): the box format of the data ("" = the
+    #: source's default: hf "xywh", webdataset "xyxy")
+    box_format: str = ""
+    #: where the files are read: None = the operator's data root; else an S3 prefix
+    store: S3Location | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from fortis.core.task import TASKS, Task
+from fortis.core.task import BOX_FORMATS, TASKS, Task
 from fortis.infra.storage.blobs import is_blob_id
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import (
@@ -22,6 +22,7 @@ from fortis.services.common.limits import (
     MAX_PLAN_STRING_CHARS,
     MAX_SURROGATES,
 )
+from fortis.services.common.paths import relative_path
 from fortis.services.common.surrogates import (
     BUILTIN_SURROGATE_NAMES,
     BUILTIN_SURROGATE_TASKS,
@@ -35,10 +36,14 @@ from fortis.services.evaluation.plan_model import (
     ANNOTATED_FORMATS,
     DATASETS,
     MAX_MEMBERS,
+    NAMED_CLASS_FORMATS,
+    STORE_FORMATS,
+    STREAM_FORMATS,
     DatasetRef,
     Member,
     Plan,
     Role,
+    S3Location,
     TargetRef,
 )
 
@@ -120,8 +125,9 @@ _VOC_SPLIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
 
 
 def _label_map(v: Fields, d: Mapping[str, Any], source: str) -> dict[int | str, int]:
-    """``dataset.label_map``: dataset label -> service label (integers). COCO and VOC name
-    their classes, so those sources also take a class name as the key."""
+    """``dataset.label_map``: dataset label -> service label (integers). COCO, VOC, HF
+    (ClassLabel names) and WebDataset (names in .json) name their classes, so those sources
+    also take a class name as the key."""
     label_map: dict[int | str, int] = {}
     lm = d.get("label_map") or {}
     if not isinstance(lm, Mapping):
@@ -136,11 +142,12 @@ def _label_map(v: Fields, d: Mapping[str, Any], source: str) -> dict[int | str, 
         try:
             key = int(k)
         except (TypeError, ValueError, OverflowError):
-            if source not in ANNOTATED_FORMATS or not isinstance(k, str) or not k.strip() \
+            if source not in NAMED_CLASS_FORMATS or not isinstance(k, str) or not k.strip() \
                     or len(k) > 256:
                 v.bad(where, f"labels must be integers, got {short(k)}: {short(val)}"
-                      + ("" if source in ANNOTATED_FORMATS else
-                         " (class names are keys of sources coco and voc only)"))
+                      + ("" if source in NAMED_CLASS_FORMATS else
+                         " (class names are keys of sources "
+                         f"{', '.join(NAMED_CLASS_FORMATS)} only)"))
                 continue
             key = k
         try:
@@ -157,17 +164,64 @@ def _label_map(v: Fields, d: Mapping[str, Any], source: str) -> dict[int | str, 
     return label_map
 
 
+#: An S3 bucket name (the AWS rules, which S3-compatible servers share).
+_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
+#: A name of the tenant's store credentials in the operator's configuration.
+_CREDENTIALS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
+_REGION = re.compile(r"[a-z0-9][a-z0-9\-]{0,31}")
+
+
+def _store(v: Fields, d: Mapping[str, Any], source: str) -> S3Location | None:
+    """``dataset.store: {s3: {bucket, prefix, endpoint_url, region, credentials}}``."""
+    if d.get("store") is None:
+        return None
+    st = v.mapping(d.get("store"), "dataset.store")
+    v.unknown(st, "dataset.store", {"s3"})
+    s3 = v.mapping(st.get("s3"), "dataset.store.s3")
+    if not s3:
+        return None
+    p = "dataset.store.s3"
+    v.unknown(s3, p, {"bucket", "prefix", "endpoint_url", "region", "credentials"})
+    loc = S3Location(bucket=v.string(s3, "bucket", p, required=True),
+                     prefix=v.string(s3, "prefix", p),
+                     endpoint_url=v.string(s3, "endpoint_url", p),
+                     region=v.string(s3, "region", p),
+                     credentials=v.string(s3, "credentials", p, required=True))
+    if source not in STORE_FORMATS:
+        v.bad("dataset.store", f"only sources {', '.join(STORE_FORMATS)} are read from a "
+              "store")
+    if loc.bucket and not _S3_BUCKET.fullmatch(loc.bucket):
+        v.bad(f"{p}.bucket", f"an S3 bucket name (3-63 lowercase letters, digits, '.', '-'), "
+              f"got {short(loc.bucket)}")
+    if loc.prefix:
+        try:
+            relative_path(loc.prefix, f"{p}.prefix", "bucket")
+        except InvalidArgument as exc:
+            v.bad(f"{p}.prefix", exc.violations[0].description)
+    if loc.endpoint_url and (not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?/?",
+                                              loc.endpoint_url)):
+        v.bad(f"{p}.endpoint_url", "an http(s)://host[:port] URL is needed (no path, no "
+              "user information)")
+    if loc.region and not _REGION.fullmatch(loc.region):
+        v.bad(f"{p}.region", f"a region name, got {short(loc.region)}")
+    if loc.credentials and not _CREDENTIALS.fullmatch(loc.credentials):
+        v.bad(f"{p}.credentials", "the name of your store credentials as the operator "
+              "configured them (letters, digits, '_', '.', '-'); never a key itself")
+    return loc
+
+
 def parse_dataset(v: Fields, doc: Mapping[str, Any], task: Task) -> DatasetRef:
     d = v.mapping(doc.get("dataset"), "dataset")
     v.unknown(d, "dataset", {"source", "split", "limit", "offset", "label_map", "path",
-                             "manifest", "images"})
+                             "manifest", "images", "store", "box_format"})
     source = v.string(d, "source", "dataset", required=True, choices=DATASETS)
-    if source == "voc":
-        # VOC's own split names (train, val, trainval, or the operator's own list)
-        split = v.string(d, "split", "dataset", default="val")
+    if source in ("voc", "hf"):
+        # VOC's own split names (train, val, trainval, or the operator's own list); a
+        # DatasetDict's split folders (train, validation, test, ...)
+        split = v.string(d, "split", "dataset", default="val" if source == "voc" else "test")
         if not _VOC_SPLIT.fullmatch(split):
-            v.bad("dataset.split", f"the name of a list in the VOC root's ImageSets/Main "
-                  f"(letters, digits, '_', '.', '-'), got {short(split)}")
+            v.bad("dataset.split", f"the name of a {'list in the VOC root' if source == 'voc' else 'split of the DatasetDict'}"
+                  f" (letters, digits, '_', '.', '-'), got {short(split)}")
     else:
         split = v.string(d, "split", "dataset", default="test", choices=("test", "train"))
     dataset = DatasetRef(source=source, split=split,
@@ -177,7 +231,21 @@ def parse_dataset(v: Fields, doc: Mapping[str, Any], task: Task) -> DatasetRef:
                                                    hi=MAX_DATASET_OFFSET),
                          label_map=_label_map(v, d, source), path=v.string(d, "path", "dataset"),
                          manifest=v.string(d, "manifest", "dataset"),
-                         images=v.string(d, "images", "dataset"))
+                         images=v.string(d, "images", "dataset"),
+                         box_format=v.string(d, "box_format", "dataset", choices=BOX_FORMATS),
+                         store=_store(v, d, source))
+    if dataset.box_format and dataset.source not in ("hf", "webdataset"):
+        v.bad("dataset.box_format", "only sources hf and webdataset take a box format (COCO, "
+              "VOC and manifests say their own)")
+    if dataset.source in STREAM_FORMATS and not dataset.path:
+        v.bad("dataset.path", {"hf": "source 'hf' needs the folder written by save_to_disk",
+                               "webdataset": "source 'webdataset' needs the shards, e.g. "
+                               "shards/val-{000..009}.tar",
+                               "folders": "source 'folders' needs the folder holding one "
+                               "folder per class"}[dataset.source])
+    if dataset.source == "folders" and task != Task.CLASSIFICATION:
+        v.bad("dataset.source", "source 'folders' holds a class per image: it is read by "
+              "classification plans")
     if dataset.source == "manifest" and not dataset.path:
         v.bad("dataset.path", "source 'manifest' needs the path of a JSON-lines manifest")
     if dataset.source == "coco" and not dataset.path:
@@ -195,9 +263,12 @@ def parse_dataset(v: Fields, doc: Mapping[str, Any], task: Task) -> DatasetRef:
     if dataset.source != "uploads" and dataset.manifest:
         v.bad("dataset.manifest", "only source 'uploads' takes a manifest id")
     if task != Task.CLASSIFICATION and dataset.source not in ("manifest", "uploads",
-                                                              *ANNOTATED_FORMATS):
+                                                              *STORE_FORMATS):
         v.bad("dataset.source", f"a {task} plan needs ground truth: use source 'manifest', "
-              "'uploads', 'coco' or 'voc' (boxes or masks per image)")
+              "'uploads', 'coco', 'voc', 'hf' or 'webdataset' (boxes or masks per image)")
+    elif task == Task.SEGMENTATION and dataset.source in ("hf", "webdataset"):
+        v.bad("dataset.source", f"source '{dataset.source}' is read for classification and "
+              "detection; for segmentation use 'coco', 'voc' or a manifest")
     if task == Task.CLASSIFICATION and dataset.source in ANNOTATED_FORMATS:
         v.bad("dataset.source", f"source '{dataset.source}' holds boxes and masks: it is read "
               "by detection and segmentation plans (for classification use a manifest)")
