@@ -6,6 +6,9 @@
                                           Seldon MLServer, OpenVINO Model Server)
     http-json:/path/to/profile.yaml       an HTTP/JSON vision API described by a profile
                                           (AWS Rekognition, Google Cloud Vision, Azure, ...)
+    sagemaker:ENDPOINT?region=R           SageMaker runtime InvokeEndpoint (SigV4)
+    vertex:ENDPOINT_ID?project=P&region=R Vertex AI endpoints.predict / rawPredict (OAuth)
+    azureml:ENDPOINT?region=R&key=env:V   Azure ML online endpoint /score (key or Entra ID)
 
 Each scheme's module exposes ``backend_from_url(url) -> TargetBackend`` (see
 ``fortis.services.proxy.proxy.TargetBackend``); modules load only when their scheme is
@@ -24,6 +27,9 @@ SCHEMES: dict[str, str] = {
     "kserve+http": "fortis.adapters.kserve_v2",
     "kserve+https": "fortis.adapters.kserve_v2",
     "http-json": "fortis.adapters.http_json",
+    "sagemaker": "fortis.adapters.managed_endpoints",
+    "vertex": "fortis.adapters.managed_endpoints",
+    "azureml": "fortis.adapters.managed_endpoints",
 }
 
 

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from fortis.adapters.http_json.auth import SecretRef
 from fortis.services.common import errors
@@ -37,20 +39,32 @@ from fortis.services.common import errors
 CLOUD_AUTH_KINDS = ("aws_sigv4", "google_oauth", "azure_ad")
 GOOGLE_DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 AZURE_CREDENTIALS = ("default", "client_secret", "managed_identity")
+#: Entra ID authorities MSAL knows (instance discovery works for them).
+AZURE_PUBLIC_AUTHORITIES = frozenset(
+    {
+        "login.microsoftonline.com",
+        "login.microsoft.com",
+        "login.windows.net",
+        "sts.windows.net",
+        "login.chinacloudapi.cn",
+        "login.microsoftonline.us",
+        "login.partner.microsoftonline.cn",
+    }
+)
 #: An Azure token is used until this many seconds before it expires.
 AZURE_REFRESH_MARGIN_S = 300.0
 #: Secret values a signer remembers for redaction (old tokens may still be echoed).
 _REMEMBERED = 16
 #: Loggers of the vendor libraries; their DEBUG records can carry tokens or signed requests.
-VENDOR_LOGGERS = ("botocore", "boto3", "google.auth", "google.oauth2", "azure.identity",
-                  "azure.core", "msal")
-
-
-class _DropSecretRecords(logging.Filter):
-    """Drops a vendor library's records below INFO (token bodies, canonical requests)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.INFO
+VENDOR_LOGGERS = (
+    "botocore",
+    "boto3",
+    "google.auth",
+    "google.oauth2",
+    "azure.identity",
+    "azure.core",
+    "msal",
+)
 
 
 _QUIET_LOCK = threading.Lock()
@@ -58,18 +72,16 @@ _QUIETED = False
 
 
 def quiet_vendor_logs() -> None:
-    """Raise the vendor loggers to INFO at least and drop their DEBUG records, so that an
-    operator running with ``--log-level debug`` never writes a token to the log (run once)."""
+    """Raise the vendor loggers to INFO at least, so that a root logger at DEBUG (``--log-level debug``) never writes their DEBUG records -- token answers,
+    canonical requests, signed headers -- to the log (their children inherit the level)."""
     global _QUIETED
     with _QUIET_LOCK:
         if _QUIETED:
             return
-        flt = _DropSecretRecords()
         for name in VENDOR_LOGGERS:
             lg = logging.getLogger(name)
-            if lg.getEffectiveLevel() < logging.INFO:
+            if lg.level < logging.INFO:  # NOTSET (0) included
                 lg.setLevel(logging.INFO)
-            lg.addFilter(flt)
         _QUIETED = True
 
 
@@ -78,7 +90,8 @@ def _refused(profile: str, kind: str, exc: BaseException) -> errors.FailedPrecon
     the vendor's exception (which may quote a key id, a token or a file's contents)."""
     return errors.FailedPrecondition(
         f"http-json target '{profile}': {kind} credentials were refused or are missing "
-        f"({type(exc).__name__}); check the credentials this profile's auth names")
+        f"({type(exc).__name__}); check the credentials this profile's auth names"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +105,7 @@ class CloudAuthSpec:
     region: str = ""
     aws_profile: str = ""
     # google_oauth
-    credentials: SecretRef | None = None           # a service-account key (JSON)
+    credentials: SecretRef | None = None  # a service-account key (JSON)
     scopes: tuple[str, ...] = GOOGLE_DEFAULT_SCOPES
     # azure_ad
     scope: str = ""
@@ -136,8 +149,9 @@ class Signer:
     def check(self) -> None:
         self.sign("GET", "https://check.invalid/", {}, None)
 
-    def sign(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
-             ) -> dict[str, str]:
+    def sign(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
+    ) -> dict[str, str]:
         raise NotImplementedError
 
     def secret_values(self) -> list[str]:
@@ -163,25 +177,28 @@ class AwsSigV4Signer(Signer):
         except Exception as exc:  # noqa: BLE001 - a broken config or profile: refused, named
             raise _refused(profile, "aws_sigv4", exc) from None
 
-    def sign(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
-             ) -> dict[str, str]:
+    def sign(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
+    ) -> dict[str, str]:
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
 
         if self._credentials is None:
             raise errors.FailedPrecondition(
                 f"http-json target '{self.profile}': aws_sigv4 found no AWS credentials "
-                "(environment, shared credentials file, web identity or instance role)")
+                "(environment, shared credentials file, web identity or instance role)"
+            )
         try:
-            frozen = self._credentials.get_frozen_credentials()     # refreshed when due
+            frozen = self._credentials.get_frozen_credentials()  # refreshed when due
         except Exception as exc:  # noqa: BLE001 - STS refused the role or token
             raise _refused(self.profile, "aws_sigv4", exc) from None
         with self._lock:
             self._remember(frozen.secret_key, frozen.token)
         req = AWSRequest(method=method, url=url, data=body or b"", headers=dict(headers))
         SigV4Auth(frozen, self.spec.service, self.spec.region).add_auth(req)
-        return {k: v for k, v in req.headers.items() if k.lower() not in
-                {h.lower() for h in headers}}
+        return {
+            k: v for k, v in req.headers.items() if k.lower() not in {h.lower() for h in headers}
+        }
 
 
 class GoogleOAuthSigner(Signer):
@@ -200,7 +217,8 @@ class GoogleOAuthSigner(Signer):
                 if not isinstance(info, dict):
                     raise ValueError("not a JSON object")
                 self._creds = service_account.Credentials.from_service_account_info(
-                    info, scopes=list(spec.scopes))
+                    info, scopes=list(spec.scopes)
+                )
                 self._remember(str(info.get("private_key_id", "")))
             else:
                 self._creds, _ = google.auth.default(scopes=list(spec.scopes))
@@ -209,8 +227,9 @@ class GoogleOAuthSigner(Signer):
         except Exception as exc:  # noqa: BLE001 - unreadable key or no ADC: refused, named
             raise _refused(profile, "google_oauth", exc) from None
 
-    def sign(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
-             ) -> dict[str, str]:
+    def sign(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
+    ) -> dict[str, str]:
         with self._lock:
             if not self._creds.valid:
                 try:
@@ -230,15 +249,23 @@ class AzureAdSigner(Signer):
         import azure.identity as ai
 
         kw: dict[str, Any] = {}
+        authority = spec.authority or os.environ.get("AZURE_AUTHORITY_HOST", "")
         if spec.authority:
             kw["authority"] = spec.authority
+        host = urlsplit(authority if "://" in authority else f"https://{authority}").hostname
+        if authority and host not in AZURE_PUBLIC_AUTHORITIES:
+            # MSAL would validate an unknown authority against login.microsoftonline.com's
+            # instance discovery; a private or sovereign authority the operator named is
+            # trusted as given (Azure Stack, AD FS, an in-cluster stand-in).
+            kw["disable_instance_discovery"] = True
         try:
             if spec.credential == "client_secret":
                 assert spec.client_secret is not None
                 secret = spec.client_secret.resolve()
                 self._remember(secret)
                 self._cred: Any = ai.ClientSecretCredential(
-                    spec.tenant_id, spec.client_id, secret, **kw)
+                    spec.tenant_id, spec.client_id, secret, **kw
+                )
             elif spec.credential == "managed_identity":
                 self._cred = ai.ManagedIdentityCredential(client_id=spec.client_id or None)
             else:
@@ -250,8 +277,9 @@ class AzureAdSigner(Signer):
         self._token = ""
         self._expires_on = 0.0
 
-    def sign(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
-             ) -> dict[str, str]:
+    def sign(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
+    ) -> dict[str, str]:
         with self._lock:
             if not self._token or time.time() >= self._expires_on - AZURE_REFRESH_MARGIN_S:
                 try:
