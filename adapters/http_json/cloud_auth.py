@@ -24,15 +24,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from fortis.adapters.http_json.auth import SecretRef
+from fortis.adapters.http_json.templates import expand_env
 from fortis.services.common import errors
 
 #: What each kind needs and may take (profile.py validates against this).
@@ -290,3 +292,81 @@ class AzureAdSigner(Signer):
                 self._remember(tok.token)
             token = self._token
         return {"Authorization": f"Bearer {token}"}
+
+
+# -- parsing ``request.auth`` of a cloud kind (profile.py reads the rest of the profile) -------
+
+
+def _env_string(
+    r: Any, key: str, problems: list[errors.FieldViolation], *, required: bool = False
+) -> str:
+    """A non-secret setting that may use ``${env:VAR}`` (a region, a tenant id)."""
+    text = r.string(key, required=required)
+    if not text:
+        return ""
+    try:
+        return expand_env(text, r.name(key))
+    except errors.InvalidArgument as exc:
+        problems.extend(exc.violations)
+        return ""
+
+
+def parse_cloud_auth(
+    kind: str,
+    r: Any,
+    problems: list[errors.FieldViolation],
+    secret_ref: Callable[[Any, str], SecretRef | None],
+) -> CloudAuthSpec | None:
+    """The settings of ``kind`` from profile.py's reader ``r`` (problems named by dotted
+    field); None when a required one is missing or wrong."""
+    if kind == "aws_sigv4":
+        service = _env_string(r, "service", problems, required=True)
+        region = _env_string(r, "region", problems, required=True)
+        if region and not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d{1,2}", region):
+            r.bad("region", f"'{region}' is not an AWS region name (like eu-west-1)")
+            region = ""
+        aws_profile = _env_string(r, "aws_profile", problems)
+        if not (service and region):
+            return None
+        return CloudAuthSpec(kind=kind, service=service, region=region, aws_profile=aws_profile)
+    if kind == "google_oauth":
+        creds = secret_ref(r, "credentials") if r.data.get("credentials") is not None else None
+        r.used.add("credentials")
+        raw_scopes = r.get("scopes")
+        scopes = GOOGLE_DEFAULT_SCOPES
+        if raw_scopes is not None:
+            if (
+                not isinstance(raw_scopes, list)
+                or not raw_scopes
+                or not all(isinstance(x, str) and x.startswith("https://") for x in raw_scopes)
+            ):
+                r.bad("scopes", "must be a list of https:// OAuth scope URLs")
+            else:
+                scopes = tuple(raw_scopes)
+        return CloudAuthSpec(kind=kind, credentials=creds, scopes=scopes)
+    scope = _env_string(r, "scope", problems, required=True)
+    if scope and not scope.startswith("https://"):
+        r.bad(
+            "scope",
+            f"'{scope}' is not a scope URL (like https://cognitiveservices.azure.com/.default)",
+        )
+        scope = ""
+    credential = r.string("credential", "default", choices=AZURE_CREDENTIALS)
+    need = credential == "client_secret"
+    tenant_id = _env_string(r, "tenant_id", problems, required=need)
+    client_id = _env_string(r, "client_id", problems, required=need)
+    secret = secret_ref(r, "client_secret") if need else None
+    if not need and r.data.get("client_secret") is not None:
+        r.bad("client_secret", f"only used by credential: client_secret, not {credential}")
+    authority = _env_string(r, "authority", problems)
+    if not scope or (need and not (tenant_id and client_id and secret)):
+        return None
+    return CloudAuthSpec(
+        kind=kind,
+        scope=scope,
+        credential=credential,
+        tenant_id=tenant_id,
+        client_id=client_id,
+        client_secret=secret,
+        authority=authority,
+    )

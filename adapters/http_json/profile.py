@@ -21,10 +21,9 @@ import jmespath
 import yaml
 from fortis.adapters.http_json.auth import AuthSpec, SecretRef
 from fortis.adapters.http_json.cloud_auth import (
-    AZURE_CREDENTIALS,
     CLOUD_AUTH_KINDS,
-    GOOGLE_DEFAULT_SCOPES,
     CloudAuthSpec,
+    parse_cloud_auth,
 )
 from fortis.adapters.http_json.templates import PLACEHOLDERS, expand_env, placeholders_in
 from fortis.core.strategy import OUTPUT_KINDS, TASK_TYPES
@@ -273,19 +272,6 @@ def _auth(r: _Reader) -> AuthSpec | None:
     return AuthSpec(header=header, secret=ref, prefix=prefix)
 
 
-def _env_string(r: _Reader, key: str, problems: list[errors.FieldViolation], *,
-                required: bool = False) -> str:
-    """A non-secret setting that may use ``${env:VAR}`` (a region, a tenant id)."""
-    text = r.string(key, required=required)
-    if not text:
-        return ""
-    try:
-        return expand_env(text, r.name(key))
-    except errors.InvalidArgument as exc:
-        problems.extend(exc.violations)
-        return ""
-
-
 def _request_auth(r: _Reader, problems: list[errors.FieldViolation]
                   ) -> AuthSpec | CloudAuthSpec | None:
     """``request.auth``: a header from a secret (``kind: header``, the default) or a cloud
@@ -299,45 +285,7 @@ def _request_auth(r: _Reader, problems: list[errors.FieldViolation]
         return None
     if kind in ("", "header"):
         return _auth(r)
-    spec: CloudAuthSpec | None = None
-    if kind == "aws_sigv4":
-        service = _env_string(r, "service", problems, required=True)
-        region = _env_string(r, "region", problems, required=True)
-        if region and not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d{1,2}", region):
-            r.bad("region", f"'{region}' is not an AWS region name (like eu-west-1)")
-        aws_profile = _env_string(r, "aws_profile", problems)
-        if service and region:
-            spec = CloudAuthSpec(kind=kind, service=service, region=region,
-                                 aws_profile=aws_profile)
-    elif kind == "google_oauth":
-        creds = _secret_ref(r, "credentials") if r.data.get("credentials") is not None else None
-        r.used.add("credentials")
-        raw_scopes = r.get("scopes")
-        scopes = GOOGLE_DEFAULT_SCOPES
-        if raw_scopes is not None:
-            if (not isinstance(raw_scopes, list) or not raw_scopes
-                    or not all(isinstance(x, str) and x.startswith("https://") for x in raw_scopes)):
-                r.bad("scopes", "must be a list of https:// OAuth scope URLs")
-            else:
-                scopes = tuple(raw_scopes)
-        spec = CloudAuthSpec(kind=kind, credentials=creds, scopes=scopes)
-    else:
-        scope = _env_string(r, "scope", problems, required=True)
-        if scope and not scope.startswith("https://"):
-            r.bad("scope", f"'{scope}' is not a scope URL (like "
-                           "https://cognitiveservices.azure.com/.default)")
-        credential = r.string("credential", "default", choices=AZURE_CREDENTIALS)
-        need = credential == "client_secret"
-        tenant_id = _env_string(r, "tenant_id", problems, required=need)
-        client_id = _env_string(r, "client_id", problems, required=need)
-        secret = _secret_ref(r, "client_secret") if need else None
-        if not need and r.data.get("client_secret") is not None:
-            r.bad("client_secret", f"only used by credential: client_secret, not {credential}")
-        authority = _env_string(r, "authority", problems)
-        if scope and (not need or (tenant_id and client_id and secret)):
-            spec = CloudAuthSpec(kind=kind, scope=scope, credential=credential,
-                                 tenant_id=tenant_id, client_id=client_id,
-                                 client_secret=secret, authority=authority)
+    spec = parse_cloud_auth(kind, r, problems, _secret_ref)
     r.finish()
     return spec
 
