@@ -55,9 +55,9 @@ def _aws_throttled(resp: HttpResponse) -> bool:
     if resp.status != 400:
         return False
     kind = resp.headers.get("x-amzn-errortype", "")
-    if not kind and resp.body[:1] == b"{":
+    if not kind and resp.body[:1] == b"{" and len(resp.body) <= 65536:
         try:
-            doc = json.loads(resp.body[:4096])
+            doc = json.loads(resp.body)
         except ValueError:
             doc = None
         if isinstance(doc, dict) and isinstance(doc.get("__type"), str):

@@ -548,3 +548,36 @@ def test_profile_for_maps_each_scheme_to_the_vendor_url():
     d = me.profile_for("azureml:My-Ep?region=westeurope&auth=aad")
     assert d["request"]["url"] == "https://my-ep.westeurope.inference.ml.azure.com/score"
     assert d["request"]["auth"]["scope"] == "https://ml.azure.com/.default"
+
+
+def test_google_token_is_fetched_once_by_concurrent_requests(clouds):
+    """Many threads signing at once with a fresh signer: one token request (the refresh is
+    under the signer's lock), every thread gets that token."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fortis.adapters.http_json.cloud_auth import CloudAuthSpec
+
+    signer = CloudAuthSpec(kind="google_oauth").signer("concurrent")
+    before = clouds.google.issued
+    with ThreadPoolExecutor(8) as pool:
+        headers = list(pool.map(lambda _: signer.sign("POST", "https://x/", {}, b""), range(16)))
+    assert clouds.google.issued == before + 1
+    assert len({h["Authorization"] for h in headers}) == 1
+
+
+def test_aws_keys_from_a_mounted_shared_credentials_file(clouds, monkeypatch, tmp_path):
+    """A Kubernetes secret mounted as an AWS credentials file, named by a profile."""
+    akid, secret = clouds.aws.static_key()
+    creds = tmp_path / "credentials"
+    creds.write_text(f"[fortis]\naws_access_key_id = {akid}\naws_secret_access_key = {secret}\n")
+    for k in ("AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    b = backend_for(
+        f"sagemaker:classify-ep?region={REGION}&aws_profile=fortis&endpoint_url={clouds.aws.base}"
+    )
+    try:
+        (p,) = b.predict([image_msg("d", DARK)])
+    finally:
+        b.close()
+    assert classes(p)[0][:2] == (CAT, "cat") and clouds.aws.verified[-1] == akid
