@@ -124,10 +124,14 @@ def _mapping(url: str, q: dict[str, str]) -> tuple[dict[str, Any], Path]:
 
 def profile_for(url: str) -> dict[str, Any]:
     """The profile mapping (``parse_profile`` input) a managed-endpoint URL stands for."""
+    return _profile_and_folder(url)[0]
+
+
+def _profile_and_folder(url: str) -> tuple[dict[str, Any], Path]:
     scheme, name, q = _params(url)
     if not _NAME.fullmatch(name):
         raise _bad(url, f"'{name[:80]}' is not an endpoint name (letters, digits, '-')")
-    data, _ = _mapping(url, q)
+    data, folder = _mapping(url, q)
     rq = data["request"]
     base = _endpoint_base(url, q["endpoint_url"]) if q.get("endpoint_url") else ""
     headers = dict(rq.get("headers") or {})
@@ -173,11 +177,10 @@ def profile_for(url: str) -> dict[str, Any]:
     if headers:
         rq["headers"] = headers
     data["name"] = f"{scheme}:{name}"
-    return data
+    return data, folder
 
 
 def backend_from_url(url: str) -> HttpJsonBackend:
-    data = profile_for(url)
-    _, _, q = _params(url)
-    _, folder = _mapping(url, q)
+    """The HTTP/JSON back end of a ``sagemaker:``, ``vertex:`` or ``azureml:`` URL."""
+    data, folder = _profile_and_folder(url)
     return HttpJsonBackend(parse_profile(data, source=url.split("?", 1)[0], base_dir=folder))
