@@ -581,3 +581,74 @@ def test_aws_keys_from_a_mounted_shared_credentials_file(clouds, monkeypatch, tm
     finally:
         b.close()
     assert classes(p)[0][:2] == (CAT, "cat") and clouds.aws.verified[-1] == akid
+
+
+def test_a_whole_evaluation_against_a_managed_endpoint(clouds, tmp_path):
+    """All five services, a plan naming a ``vertex:`` target whose own mapping declares the
+    Fashion-MNIST classes: every query of the clean and corruption stages goes through the
+    proxy to the stand-in, authorised with google-auth tokens, and the evaluation succeeds
+    with a report."""
+    from fortis.adapters.torch_models.datasets import FASHION_MNIST_CLASSES
+    from fortis.evaluation.v1 import evaluation_pb2 as epb
+    from fortis.evaluation.v1 import evaluation_pb2_grpc
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
+
+    from tests.conftest import MD
+
+    mapping = yaml.safe_load((me.MAPPINGS_DIR / "classification.yaml").read_text())
+    mapping.pop("labels_file")
+    mapping.update(
+        labels=list(FASHION_MNIST_CLASSES),
+        top_k=2,
+        label_map={"cat": "T-shirt/top", "dog": "Trouser"},
+    )
+    (tmp_path / "fmnist-mapping.yaml").write_text(yaml.safe_dump(mapping))
+    url = (
+        f"vertex:777?project=fortis-test&region=europe-west4&endpoint_url={clouds.google.base}"
+        f"&profile={tmp_path / 'fmnist-mapping.yaml'}&rate=200"
+    )
+    plan = """
+name: vertex-eval
+seed: 3
+target: {name: vx, task: classification}
+dataset: {source: fashion-mnist, split: test, limit: 8}
+corruptions: [{id: gaussian_noise, severities: [1]}]
+execution: {batch_size: 8}
+"""
+    path = "/v1/projects/fortis-test/locations/europe-west4/endpoints/777:predict"
+    before = clouds.google.counts[path]
+    s = start_stack(
+        StackSettings(
+            state_dir=tmp_path / "state",
+            api_keys={API_KEY: "tenant-a"},
+            targets=[TargetConfig.parse(f"vx={url}")],
+        )
+    )
+    try:
+        ch = grpc.insecure_channel(s.address)
+        stub = evaluation_pb2_grpc.EvaluationServiceStub(ch)
+        eid = stub.CreateEvaluation(
+            epb.CreateEvaluationRequest(plan=plan), metadata=MD
+        ).evaluation.evaluation_id
+        deadline = time.time() + 120
+        while True:
+            ev = stub.GetEvaluation(
+                epb.GetEvaluationRequest(evaluation_id=eid), metadata=MD
+            ).evaluation
+            if (
+                ev.state
+                in (
+                    epb.EVALUATION_STATE_SUCCEEDED,
+                    epb.EVALUATION_STATE_FAILED,
+                    epb.EVALUATION_STATE_CANCELLED,
+                )
+                or time.time() > deadline
+            ):
+                break
+            time.sleep(0.2)
+        ch.close()
+    finally:
+        s.stop(0)
+    assert ev.state == epb.EVALUATION_STATE_SUCCEEDED, ev
+    # 8 clean images and 8 corrupted ones, up to 8 a request
+    assert clouds.google.counts[path] - before >= 2
