@@ -7,6 +7,9 @@
     mlflow+http://HOST:PORT[/PATH]        an MLflow pyfunc scoring server (/invocations)
     http-json:/path/to/profile.yaml       an HTTP/JSON vision API described by a profile
                                           (AWS Rekognition, Google Cloud Vision, Azure, ...)
+    sagemaker:ENDPOINT?region=R           SageMaker runtime InvokeEndpoint (SigV4)
+    vertex:ENDPOINT_ID?project=P&region=R Vertex AI endpoints.predict / rawPredict (OAuth)
+    azureml:ENDPOINT?region=R&key=env:V   Azure ML online endpoint /score (key or Entra ID)
 
 Each scheme's module exposes ``backend_from_url(url) -> TargetBackend`` (see
 ``fortis.services.proxy.proxy.TargetBackend``); modules load only when their scheme is
@@ -27,6 +30,9 @@ SCHEMES: dict[str, str] = {
     "http-json": "fortis.adapters.http_json",
     "mlflow+http": "fortis.adapters.mlflow_pyfunc",
     "mlflow+https": "fortis.adapters.mlflow_pyfunc",
+    "sagemaker": "fortis.adapters.managed_endpoints",
+    "vertex": "fortis.adapters.managed_endpoints",
+    "azureml": "fortis.adapters.managed_endpoints",
 }
 
 

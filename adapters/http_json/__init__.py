@@ -5,17 +5,18 @@
 
 A profile says how to send one image (base64 in a JSON template, the raw bytes, multipart form
 data, or a URL the service fetches), how to authenticate (a header whose value comes from a
-secret *reference*, ``env:VAR`` or ``file:/path``; never the secret itself), and where the
-answer is in the JSON (JMESPath expressions) with declarative transforms: score scale, box
-format, mask encoding and label mapping. ``adapters/profiles/README.md`` documents every key;
+secret *reference*, ``env:VAR`` or ``file:/path``, never the secret itself; or a cloud kind --
+``aws_sigv4``, ``google_oauth``, ``azure_ad`` -- signed by the vendor's library, see
+``cloud_auth``), and where the answer is in the JSON (JMESPath expressions) with declarative
+transforms: score scale, box format, mask encoding and label mapping. ``adapters/profiles/README.md`` documents every key;
 ``adapters/profiles/*.yaml`` are worked examples for AWS Rekognition, Google Cloud Vision and
 Azure Image Analysis 4.0.
 
 Errors, as the proxy expects them (``fortis.services.proxy.proxy.TargetBackend``):
 
-* HTTP 429, 408, 5xx, timeouts, refused connections -> ``errors.Unavailable`` with
-  ``retry_after_s`` from a Retry-After header; the proxy retries with backoff and records the
-  attempts in its ledger.
+* HTTP 429, 408, 5xx, AWS's HTTP 400 throttling answers, timeouts, refused connections ->
+  ``errors.Unavailable`` with ``retry_after_s`` from a Retry-After header; the proxy retries
+  with backoff and records the attempts in its ledger.
 * An answer that does not fit the profile (not JSON, a missing ``items`` path, a box outside
   the image, a score outside 0-1 after scaling, a bad mask) -> ``TargetResponseError`` naming
   the problem and the image: a failed row in the ledger, never a crash.

@@ -21,6 +21,14 @@ class SecretRef:
     ref: str
 
     def resolve(self) -> str:
+        """The secret as one line (a header value)."""
+        value = self.resolve_text()
+        if "\r" in value or "\n" in value:
+            raise errors.FailedPrecondition(f"secret {self.ref}: contains a line break")
+        return value
+
+    def resolve_text(self) -> str:
+        """The secret as written, line breaks kept (a service-account key file is JSON)."""
         kind, _, where = self.ref.partition(":")
         if kind == "env":
             value = os.environ.get(where)
@@ -35,8 +43,6 @@ class SecretRef:
                     f"secret {self.ref}: cannot read the file ({exc.strerror})") from None
             if not value:
                 raise errors.FailedPrecondition(f"secret {self.ref}: the file is empty")
-        if "\r" in value or "\n" in value:
-            raise errors.FailedPrecondition(f"secret {self.ref}: contains a line break")
         return value
 
 
@@ -54,9 +60,13 @@ def auth_headers(auth: AuthSpec | None) -> dict[str, str]:
     return {auth.header: auth.prefix + auth.secret.resolve()}
 
 
-def redact(text: str, auths: Iterable[AuthSpec | None]) -> str:
-    """``text`` with the current value of every secret replaced by ``[secret]`` (a service
-    may echo the request's headers back in an error message)."""
+def redact(text: str, auths: Iterable[AuthSpec | None], extra: Iterable[str] = ()) -> str:
+    """``text`` with the current value of every secret, and each of ``extra`` (the tokens and
+    keys a cloud signer used), replaced by ``[secret]`` (a service may echo the request's
+    headers back in an error message)."""
+    for value in extra:
+        if len(value) >= 4:
+            text = text.replace(value, "[secret]")
     for a in auths:
         if a is None:
             continue

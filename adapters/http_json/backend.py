@@ -15,7 +15,8 @@ from urllib.parse import urlsplit
 
 import structlog
 from fortis.adapters.http_client import HttpClient, HttpResponse
-from fortis.adapters.http_json.auth import auth_headers, redact
+from fortis.adapters.http_json.auth import AuthSpec, auth_headers, redact
+from fortis.adapters.http_json.cloud_auth import CloudAuthSpec, Signer
 from fortis.adapters.http_json.image_server import ImageServer
 from fortis.adapters.http_json.profile import (
     CLASSIFICATION_OUTPUTS,
@@ -42,6 +43,28 @@ log = structlog.get_logger("fortis.adapters.http_json")
 _BAD_INPUT_STATUS = {400, 413, 415, 422}
 
 
+#: AWS error types that mean "slow down": AWS answers them with HTTP 400, not 429.
+_AWS_THROTTLING = frozenset({"ThrottlingException", "Throttling", "ThrottledException",
+                             "TooManyRequestsException", "ProvisionedThroughputExceededException",
+                             "RequestLimitExceeded", "SlowDown"})
+
+
+def _aws_throttled(resp: HttpResponse) -> bool:
+    """An AWS throttling answer: HTTP 400 whose error type (the ``x-amzn-ErrorType`` header
+    or the JSON ``__type``, both possibly ``prefix#Name:suffix``) is a throttling one."""
+    if resp.status != 400:
+        return False
+    kind = resp.headers.get("x-amzn-errortype", "")
+    if not kind and resp.body[:1] == b"{" and len(resp.body) <= 65536:
+        try:
+            doc = json.loads(resp.body)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and isinstance(doc.get("__type"), str):
+            kind = doc["__type"]
+    return kind.split(":")[0].rsplit("#", 1)[-1] in _AWS_THROTTLING
+
+
 class HttpTargetError(errors.FortisError):
     """The service refused the request with an HTTP status that retrying will not fix."""
 
@@ -54,7 +77,11 @@ class HttpJsonBackend:
         self.profile = profile
         p = profile
         self._label = f"http-json target '{p.name}'"
-        if p.auth is not None:
+        self._signer: Signer | None = None
+        if isinstance(p.auth, CloudAuthSpec):
+            self._signer = p.auth.signer(p.name)
+            self._signer.check()            # fail at start-up, not on the first query
+        elif p.auth is not None:
             p.auth.secret.resolve()         # fail at start-up, not on the first query
         if p.image_url.upload_auth is not None:
             p.image_url.upload_auth.secret.resolve()
@@ -70,8 +97,9 @@ class HttpJsonBackend:
         parts = urlsplit(p.url)
         log.info("http-json target ready", profile=p.name, source=p.source, task=p.task,
                  endpoint=f"{parts.scheme}://{parts.netloc}{parts.path}", image=p.image,
-                 auth_header=p.auth.header if p.auth else "",
-                 auth_secret=p.auth.secret.ref if p.auth else "",
+                 **(p.auth.describe() if isinstance(p.auth, CloudAuthSpec) else {
+                     "auth_header": p.auth.header if p.auth else "",
+                     "auth_secret": p.auth.secret.ref if p.auth else ""}),
                  max_concurrency=p.max_concurrency, images_per_request=p.images_per_request)
 
     # -- TargetBackend ----------------------------------------------------------------------
@@ -133,7 +161,9 @@ class HttpJsonBackend:
 
     # -- internals ----------------------------------------------------------------------------
     def _redact(self, text: str) -> str:
-        return redact(text, (self.profile.auth, self.profile.image_url.upload_auth))
+        header_auth = self.profile.auth if isinstance(self.profile.auth, AuthSpec) else None
+        return redact(text, (header_auth, self.profile.image_url.upload_auth),
+                      self._signer.secret_values() if self._signer is not None else ())
 
     def _image_urls(self, group: Sequence[PreparedImage]) -> tuple[list[str], list[str]]:
         """URLs for image: url, and the local names to forget afterwards."""
@@ -172,7 +202,7 @@ class HttpJsonBackend:
         snippet = self._redact(resp.body[:300].decode("utf-8", "replace")).strip()
         msg = f"{self._label}: {what} for image {ids} got HTTP {resp.status}" + (
             f": {snippet}" if snippet else "")
-        if resp.retryable:
+        if resp.retryable or _aws_throttled(resp):
             exc = resp.unavailable(msg)
             log.warning("http-json target unavailable", profile=self.profile.name,
                         status=resp.status, retry_after_s=exc.retry_after_s, images=len(group))
@@ -192,7 +222,10 @@ class HttpJsonBackend:
             if p.image == "url":
                 urls, names = self._image_urls(group)
             body, headers = build_request(p, group, urls, self._label)
-            headers.update(auth_headers(p.auth))
+            if self._signer is not None:
+                headers.update(self._signer.sign(p.method, p.url, headers, body))
+            else:
+                headers.update(auth_headers(p.auth if isinstance(p.auth, AuthSpec) else None))
             t0 = time.perf_counter()
             with self._in_flight:
                 resp = self._client.request(p.method, p.url, headers, body)

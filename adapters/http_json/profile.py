@@ -20,6 +20,11 @@ from urllib.parse import urlsplit
 import jmespath
 import yaml
 from fortis.adapters.http_json.auth import AuthSpec, SecretRef
+from fortis.adapters.http_json.cloud_auth import (
+    CLOUD_AUTH_KINDS,
+    CloudAuthSpec,
+    parse_cloud_auth,
+)
 from fortis.adapters.http_json.templates import PLACEHOLDERS, expand_env, placeholders_in
 from fortis.core.strategy import OUTPUT_KINDS, TASK_TYPES
 from fortis.core.task import Task
@@ -102,7 +107,7 @@ class Profile:
     url: str = ""
     method: str = "POST"
     headers: Mapping[str, str] = field(default_factory=dict)
-    auth: AuthSpec | None = None
+    auth: AuthSpec | CloudAuthSpec | None = None
     image: str = "base64"
     body: Any = None
     per_image: Any = None
@@ -267,6 +272,24 @@ def _auth(r: _Reader) -> AuthSpec | None:
     return AuthSpec(header=header, secret=ref, prefix=prefix)
 
 
+def _request_auth(r: _Reader, problems: list[errors.FieldViolation]
+                  ) -> AuthSpec | CloudAuthSpec | None:
+    """``request.auth``: a header from a secret (``kind: header``, the default) or a cloud
+    kind whose credentials the vendor's library finds and signs with (cloud_auth.py)."""
+    kinds = ("header", *CLOUD_AUTH_KINDS)
+    raw_kind = r.data.get("kind", "header") if r.data else ""
+    kind = r.string("kind", "header", choices=kinds) if r.data else ""
+    if raw_kind not in ("", *kinds):
+        r.used.update(r.data)          # the kind decides what the rest means: not checked
+        r.finish()
+        return None
+    if kind in ("", "header"):
+        return _auth(r)
+    spec = parse_cloud_auth(kind, r, problems, _secret_ref)
+    r.finish()
+    return spec
+
+
 def _read_labels_file(path: Path) -> list[str]:
     """Class names, index = label id: a YAML list (.yaml/.yml) or one name a line."""
     text = path.read_text(encoding="utf-8")
@@ -391,7 +414,7 @@ def _request(rq: _Reader, problems: list[errors.FieldViolation]) -> dict[str, An
         if _SECRET_HEADER.search(h):
             rq.bad(f"headers.{h}", "looks like a credential: put it under request.auth as a "
                                    "secret reference (env:VAR or file:/path)")
-    auth = _auth(rq.sub("auth"))
+    auth = _request_auth(rq.sub("auth"), problems)
     image = rq.string("image", "base64", choices=IMAGE_MODES)
     body = rq.get("body")
     per_image = rq.get("per_image")

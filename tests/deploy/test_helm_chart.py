@@ -836,3 +836,31 @@ def test_rendered_identity_grants_and_limits_hold_in_real_services(tmp_path: Pat
             finally:
                 pt_ch.close()
                 px_ch.close()
+
+
+def test_service_account_carries_cloud_workload_identity():
+    """IRSA / GKE / Azure workload identity: annotations on the services' account (the proxy
+    signs cloud targets' requests with it, docs/targets.md), labels on their pods; the
+    workers' account and the API-token setting are untouched."""
+    v = _merge(tenant_values("team-a"), {"serviceAccount": {
+        "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/fortis"},
+        "podLabels": {"azure.workload.identity/use": "true"}}})
+    objs = render(v)
+    for o in objs:
+        kubernetes_validate.validate(o, "1.30.0", strict=True)
+    sas = {s["metadata"]["name"]: s for s in by_kind(objs, "ServiceAccount")}
+    assert sas["fortis-team-a"]["metadata"]["annotations"] == {
+        "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/fortis"}
+    assert "annotations" not in sas["fortis-team-a-worker"]["metadata"]
+    assert all(s["automountServiceAccountToken"] is False for s in sas.values())
+    for d in by_kind(objs, "Deployment"):
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        assert labels["azure.workload.identity/use"] == "true"
+        assert labels["app.kubernetes.io/instance"] == "fortis-team-a"    # selector kept
+    default = render(tenant_values("team-a"))
+    assert all("annotations" not in s["metadata"] for s in by_kind(default, "ServiceAccount"))
+    chart = helm.Chart.load(CHART)
+    for bad in ({"annotations": {"bad key!": "x"}}, {"podLabels": {"a": "not a label value!"}},
+                {"annotation": {}}):
+        with pytest.raises(helm.HelmError):
+            chart.validate_schema(_merge(tenant_values("team-a"), {"serviceAccount": bad}))

@@ -362,10 +362,24 @@ ENV_VARS = ("FORTIS_REKOGNITION_URL", "FORTIS_REKOGNITION_API_KEY", "FORTIS_GOOG
             "GOOGLE_VISION_API_KEY", "AZURE_VISION_ENDPOINT", "AZURE_VISION_KEY")
 
 
+#: The API-key header each vendor also takes (the shipped profiles sign with the vendors'
+#: libraries instead: tests/integration/test_cloud_credentials.py), and the URL the key-auth
+#: copies of the AWS profiles use (a gateway taking an API key, here ``FakeCloud``).
+KEY_AUTH: dict[str, dict[str, str]] = {
+    "aws": {"header": "x-api-key", "secret": "env:FORTIS_REKOGNITION_API_KEY"},
+    "google": {"header": "x-goog-api-key", "secret": "env:GOOGLE_VISION_API_KEY"},
+    "azure": {"header": "Ocp-Apim-Subscription-Key", "secret": "env:AZURE_VISION_KEY"},
+}
+
+
 def variant(directory: Path, shipped: str, name: str, **changes: Any) -> Path:
-    """A copy of a shipped profile with some settings changed (dotted keys; None deletes)."""
+    """A copy of a shipped profile authenticating with the vendor's API-key header, with some
+    settings changed (dotted keys; None deletes)."""
     data = yaml.safe_load((PROFILES / f"{shipped}.yaml").read_text())
     data["name"] = name
+    data["request"]["auth"] = dict(KEY_AUTH[shipped.split("-")[0]])
+    if shipped.startswith("aws"):
+        data["request"]["url"] = "${env:FORTIS_REKOGNITION_URL}"
     data["labels_file"] = str(PROFILES / "labels-coco-80.yaml")
     for dotted, value in changes.items():
         node = data

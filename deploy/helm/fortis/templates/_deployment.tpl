@@ -34,6 +34,9 @@ spec:
       labels:
         {{- include "fortis.labels" $root | nindent 8 }}
         app.kubernetes.io/component: {{ $c }}
+        {{- with $v.serviceAccount.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
       annotations:
         checksum/config: {{ include (print $root.Template.BasePath "/configmap.yaml") $root | sha256sum }}
         {{- with $v.podAnnotations }}
