@@ -6,6 +6,8 @@
                                           Seldon MLServer, OpenVINO Model Server)
     http-json:/path/to/profile.yaml       an HTTP/JSON vision API described by a profile
                                           (AWS Rekognition, Google Cloud Vision, Azure, ...)
+    torchserve://HOST:PORT/MODEL          TorchServe's inference API (+https for TLS)
+    bentoml://HOST:PORT/ENDPOINT          a BentoML service's image endpoint (+https for TLS)
 
 Each scheme's module exposes ``backend_from_url(url) -> TargetBackend`` (see
 ``fortis.services.proxy.proxy.TargetBackend``); modules load only when their scheme is
@@ -24,6 +26,9 @@ SCHEMES: dict[str, str] = {
     "kserve+http": "fortis.adapters.kserve_v2",
     "kserve+https": "fortis.adapters.kserve_v2",
     "http-json": "fortis.adapters.http_json",
+    **{scheme: "fortis.adapters.model_servers"
+       for scheme in ("torchserve", "torchserve+http", "torchserve+https",
+                      "bentoml", "bentoml+http", "bentoml+https")},
 }
 
 
