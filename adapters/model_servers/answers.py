@@ -154,7 +154,7 @@ def prediction(spec: AnswerSpec, doc: Any, width: int, height: int) -> common_pb
 def _scored_labels(spec: AnswerSpec, doc: Any) -> list[tuple[int, str, float]]:
     prefix = ""
     if isinstance(doc, list) and len(doc) == 1 and isinstance(doc[0], dict | list) \
-            and not _is_label_score(doc[0]):
+            and not (isinstance(doc[0], dict) and "label" in doc[0]):
         doc, prefix = doc[0], "[0]"
     if isinstance(doc, dict):
         if len(doc) > MAX_ITEMS:
@@ -188,10 +188,6 @@ def _scored_labels(spec: AnswerSpec, doc: Any) -> list[tuple[int, str, float]]:
         idx, label = spec.label_id(item["label"], f"{where}.label")
         out.append((idx, label, score(item["score"], f"{where}.score")))
     return out
-
-
-def _is_label_score(item: Any) -> bool:
-    return isinstance(item, dict) and "label" in item and "score" in item
 
 
 def _classes(spec: AnswerSpec, doc: Any) -> list[common_pb2.ClassScore]:

@@ -163,12 +163,12 @@ class ModelServerBackend:
     def _snippet(self, resp: HttpResponse) -> str:
         return self._redact(resp.body[:300].decode("utf-8", "replace")).strip()
 
-    def _request(self, method: str, path: str, body: bytes | None,
-                 extra: dict[str, str]) -> HttpResponse:
+    def _request(self, method: str, path: str, body: bytes | None, extra: dict[str, str],
+                 what: str = "") -> HttpResponse:
         url = self.opts.base_url + path
         with self._in_flight:
             return self._client.request(method, url, {**self._headers(), **extra}, body,
-                                        label=f"{self._label} ({path})")
+                                        label=f"{self._label} ({path}){what}")
 
     def _body(self, img: _Image) -> tuple[bytes, dict[str, str]]:
         o = self.opts
@@ -186,7 +186,8 @@ class ModelServerBackend:
 
     def _call(self, img: _Image) -> common_pb2.Prediction:
         body, headers = self._body(img)
-        resp = self._request("POST", self._path, body, headers)
+        resp = self._request("POST", self._path, body, headers,
+                             f" for image '{img.image_id}' (images[{img.index}])")
         if resp.status != 200:
             self._raise_for_status(resp, img)
         try:
