@@ -49,6 +49,16 @@ from fortis.adapters.model_servers.options import (
     read_labels,
 )
 
-__all__ = ["SCHEMES", "AnswerSpec", "BadAnswer", "ModelServerBackend", "ServerOptions",
-           "backend_from_url", "parse_json", "parse_labels", "parse_url", "prediction",
-           "read_labels"]
+__all__ = [
+    "SCHEMES",
+    "AnswerSpec",
+    "BadAnswer",
+    "ModelServerBackend",
+    "ServerOptions",
+    "backend_from_url",
+    "parse_json",
+    "parse_labels",
+    "parse_url",
+    "prediction",
+    "read_labels",
+]

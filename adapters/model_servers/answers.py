@@ -53,11 +53,11 @@ class AnswerSpec:
 
     task: Task
     labels: tuple[str, ...] = ()
-    output: str = "top_k"               # top_k | full_scores | label_only
+    output: str = "top_k"  # top_k | full_scores | label_only
     top_k: int = 5
     min_score: float = 0.0
-    box_format: str = "xyxy"            # xyxy | xywh (pixels)
-    labels_from: str = ""               # for messages: where the label set came from
+    box_format: str = "xyxy"  # xyxy | xywh (pixels)
+    labels_from: str = ""  # for messages: where the label set came from
     _index: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -78,10 +78,16 @@ class AnswerSpec:
             if not self.labels:
                 return i, name
         if not self.labels:
-            raise BadAnswer(where, f"label {_short(name)} is a class name, but the target has "
-                                   "no label set to number it: give labels=FILE")
-        raise BadAnswer(where, f"label {_short(name)} is not in the target's label set "
-                               f"({self.labels_from or 'labels'}, {len(self.labels)} classes)")
+            raise BadAnswer(
+                where,
+                f"label {_short(name)} is a class name, but the target has "
+                "no label set to number it: give labels=FILE",
+            )
+        raise BadAnswer(
+            where,
+            f"label {_short(name)} is not in the target's label set "
+            f"({self.labels_from or 'labels'}, {len(self.labels)} classes)",
+        )
 
 
 def _short(value: Any) -> str:
@@ -98,8 +104,7 @@ def parse_json(body: bytes) -> Any:
         raise BadAnswer("", f"nested deeper than {MAX_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         start = body[:40].decode("utf-8", "replace")
-        raise BadAnswer("", f"not valid JSON ({type(exc).__name__}); it starts {start!r}"
-                        ) from None
+        raise BadAnswer("", f"not valid JSON ({type(exc).__name__}); it starts {start!r}") from None
     _check_depth(doc)
     return doc
 
@@ -144,17 +149,23 @@ def score(value: Any, where: str) -> float:
 def prediction(spec: AnswerSpec, doc: Any, width: int, height: int) -> common_pb2.Prediction:
     """The Prediction for one image (``width`` x ``height``) from its answer ``doc``."""
     if spec.task == Task.DETECTION:
-        return common_pb2.Prediction(detection=common_pb2.Detection(
-            boxes=_boxes(spec, doc, width, height)))
-    return common_pb2.Prediction(classification=common_pb2.Classification(
-        classes=_classes(spec, doc)))
+        return common_pb2.Prediction(
+            detection=common_pb2.Detection(boxes=_boxes(spec, doc, width, height))
+        )
+    return common_pb2.Prediction(
+        classification=common_pb2.Classification(classes=_classes(spec, doc))
+    )
 
 
 # -- classification ---------------------------------------------------------------------------
 def _scored_labels(spec: AnswerSpec, doc: Any) -> list[tuple[int, str, float]]:
     prefix = ""
-    if isinstance(doc, list) and len(doc) == 1 and isinstance(doc[0], dict | list) \
-            and not (isinstance(doc[0], dict) and "label" in doc[0]):
+    if (
+        isinstance(doc, list)
+        and len(doc) == 1
+        and isinstance(doc[0], dict | list)
+        and not (isinstance(doc[0], dict) and "label" in doc[0])
+    ):
         doc, prefix = doc[0], "[0]"
     if isinstance(doc, dict):
         if len(doc) > MAX_ITEMS:
@@ -166,16 +177,21 @@ def _scored_labels(spec: AnswerSpec, doc: Any) -> list[tuple[int, str, float]]:
             out.append((idx, label, score(value, where)))
         return out
     if not isinstance(doc, list):
-        raise BadAnswer(prefix, "a classification answer must be an object of label -> score "
-                                f"or a list, got {type(doc).__name__}")
+        raise BadAnswer(
+            prefix,
+            "a classification answer must be an object of label -> score "
+            f"or a list, got {type(doc).__name__}",
+        )
     if len(doc) > MAX_ITEMS:
         raise BadAnswer(prefix, f"{len(doc)} items; at most {MAX_ITEMS}")
     if doc and all(not isinstance(v, dict | list) for v in doc):
         # one score per class, in the label set's order
         if spec.labels and len(doc) != len(spec.labels):
             raise BadAnswer(prefix, f"{len(doc)} scores for {len(spec.labels)} classes")
-        return [(i, spec.labels[i] if spec.labels else str(i), score(v, f"{prefix}[{i}]"))
-                for i, v in enumerate(doc)]
+        return [
+            (i, spec.labels[i] if spec.labels else str(i), score(v, f"{prefix}[{i}]"))
+            for i, v in enumerate(doc)
+        ]
     out = []
     for i, item in enumerate(doc):
         where = f"{prefix}[{i}]"
@@ -204,7 +220,7 @@ def _classes(spec: AnswerSpec, doc: Any) -> list[common_pb2.ClassScore]:
     if spec.output == "label_only":
         return [common_pb2.ClassScore(label=i, name=n) for i, (n, _) in ranked[:1]]
     if spec.output == "top_k":
-        ranked = ranked[:spec.top_k]
+        ranked = ranked[: spec.top_k]
     return [common_pb2.ClassScore(label=i, name=n, score=s) for i, (n, s) in ranked]
 
 
@@ -212,9 +228,11 @@ def _classes(spec: AnswerSpec, doc: Any) -> list[common_pb2.ClassScore]:
 def _detections(doc: Any) -> tuple[list[Any], str]:
     if isinstance(doc, dict):
         if set(doc) != {"detections"}:
-            raise BadAnswer("", "a detection answer must be a list of objects (or "
-                                "{\"detections\": [...]}), got an object with keys "
-                                + _short(sorted(doc)[:8]))
+            raise BadAnswer(
+                "",
+                "a detection answer must be a list of objects (or "
+                '{"detections": [...]}), got an object with keys ' + _short(sorted(doc)[:8]),
+            )
         doc, prefix = doc["detections"], "detections"
     else:
         prefix = ""
@@ -246,35 +264,47 @@ def _boxes(spec: AnswerSpec, doc: Any, width: int, height: int) -> list[common_p
         else:
             keys = [k for k in item if k != "score"]
             if len(keys) != 1:
-                raise BadAnswer(where, "must hold one label -> box entry besides score, got "
-                                       f"keys {_short(sorted(item)[:8])}")
+                raise BadAnswer(
+                    where,
+                    "must hold one label -> box entry besides score, got "
+                    f"keys {_short(sorted(item)[:8])}",
+                )
             raw_label, raw_box = keys[0], item[keys[0]]
             label_where = box_where = f"{where}.{keys[0]}"
         idx, label = spec.label_id(raw_label, label_where)
         if s < spec.min_score:
             continue
         x0, y0, x1, y1 = _box(spec.box_format, raw_box, box_where, width, height)
-        out.append(common_pb2.BoundingBox(x_min=x0, y_min=y0, x_max=x1, y_max=y1, label=idx,
-                                          name=label, score=s))
+        out.append(
+            common_pb2.BoundingBox(
+                x_min=x0, y_min=y0, x_max=x1, y_max=y1, label=idx, name=label, score=s
+            )
+        )
     return out
 
 
-def _box(fmt: str, raw: Any, where: str, width: int, height: int
-         ) -> tuple[float, float, float, float]:
+def _box(
+    fmt: str, raw: Any, where: str, width: int, height: int
+) -> tuple[float, float, float, float]:
     if not isinstance(raw, list) or len(raw) != 4:
-        raise BadAnswer(where, f"a box must be a list of 4 numbers ({fmt}, pixels), got "
-                               f"{_short(raw)}")
+        raise BadAnswer(
+            where, f"a box must be a list of 4 numbers ({fmt}, pixels), got {_short(raw)}"
+        )
     a, b, c, d = (number(v, f"{where}[{k}]") for k, v in enumerate(raw))
     if fmt == "xywh":
         if c < 0 or d < 0:
             raise BadAnswer(where, f"negative box width/height ({c:g}, {d:g})")
         c, d = a + c, b + d
     if c < a or d < b:
-        raise BadAnswer(where, f"box ({a:g}, {b:g}, {c:g}, {d:g}) is inverted (x2 < x1 or "
-                               "y2 < y1)")
+        raise BadAnswer(where, f"box ({a:g}, {b:g}, {c:g}, {d:g}) is inverted (x2 < x1 or y2 < y1)")
     t = BOX_TOLERANCE_PX
     if a < -t or b < -t or c > width + t or d > height + t:
-        raise BadAnswer(where, f"box ({a:g}, {b:g}, {c:g}, {d:g}) lies outside the "
-                               f"{width}x{height} image")
-    return (min(max(a, 0.0), width), min(max(b, 0.0), height),
-            min(max(c, 0.0), width), min(max(d, 0.0), height))
+        raise BadAnswer(
+            where, f"box ({a:g}, {b:g}, {c:g}, {d:g}) lies outside the {width}x{height} image"
+        )
+    return (
+        min(max(a, 0.0), width),
+        min(max(b, 0.0), height),
+        min(max(c, 0.0), width),
+        min(max(d, 0.0), height),
+    )

@@ -72,18 +72,30 @@ class ModelServerBackend:
         self._label = f"{opts.server} target '{opts.name}'"
         labels = read_labels(opts.server, opts.labels_path) if opts.labels_path else ()
         self.spec = answers.AnswerSpec(
-            task=opts.task, labels=labels, output=opts.output, top_k=opts.top_k,
-            min_score=opts.min_score, box_format=opts.box_format,
-            labels_from=f"labels file '{opts.labels_path}'" if labels else "")
+            task=opts.task,
+            labels=labels,
+            output=opts.output,
+            top_k=opts.top_k,
+            min_score=opts.min_score,
+            box_format=opts.box_format,
+            labels_from=f"labels file '{opts.labels_path}'" if labels else "",
+        )
         if opts.token_env and not os.environ.get(opts.token_env):
-            raise errors.InvalidArgument("target", f"{opts.server} option 'token_env': the "
-                                                   f"environment variable {opts.token_env} is "
-                                                   "not set")
+            raise errors.InvalidArgument(
+                "target",
+                f"{opts.server} option 'token_env': the "
+                f"environment variable {opts.token_env} is "
+                "not set",
+            )
         self._client = HttpClient(
-            timeout_s=opts.timeout_s, label=self._label, max_response_bytes=opts.max_answer_bytes,
-            ssl_context=ssl.create_default_context() if opts.transport == "https" else None)
-        self._pool = ThreadPoolExecutor(max_workers=opts.concurrency,
-                                        thread_name_prefix=f"{opts.server}-{opts.path}")
+            timeout_s=opts.timeout_s,
+            label=self._label,
+            max_response_bytes=opts.max_answer_bytes,
+            ssl_context=ssl.create_default_context() if opts.transport == "https" else None,
+        )
+        self._pool = ThreadPoolExecutor(
+            max_workers=opts.concurrency, thread_name_prefix=f"{opts.server}-{opts.path}"
+        )
         self._in_flight = threading.BoundedSemaphore(opts.concurrency)
         self._closed = False
         if opts.server == "torchserve":
@@ -108,11 +120,14 @@ class ModelServerBackend:
         else:
             kind = OUTPUT_KINDS[o.output]
         return target_pb2.TargetInfo(
-            name=o.name, task_type=TASK_TYPES[o.task], labels=list(self.spec.labels),
-            output_kind=kind, top_k=o.top_k if o.output == "top_k" else 0,
-            input=target_pb2.InputSpec(height=0, width=0, channels=3,
-                                       max_batch_size=o.concurrency),
-            version=f"{o.server}:{o.name}")
+            name=o.name,
+            task_type=TASK_TYPES[o.task],
+            labels=list(self.spec.labels),
+            output_kind=kind,
+            top_k=o.top_k if o.output == "top_k" else 0,
+            input=target_pb2.InputSpec(height=0, width=0, channels=3, max_batch_size=o.concurrency),
+            version=f"{o.server}:{o.name}",
+        )
 
     def predict(self, images: Sequence[common_pb2.Image]) -> list[common_pb2.Prediction]:
         if self._closed:
@@ -131,7 +146,7 @@ class ModelServerBackend:
             except errors.FortisError as exc:
                 failures.append(exc)
                 for other in futures:
-                    other.cancel()          # the call has failed: no point sending the rest
+                    other.cancel()  # the call has failed: no point sending the rest
         if failures:
             # A failure that retrying cannot fix wins over one the proxy should retry.
             hard = [e for e in failures if not isinstance(e, errors.Unavailable)]
@@ -163,12 +178,18 @@ class ModelServerBackend:
     def _snippet(self, resp: HttpResponse) -> str:
         return self._redact(resp.body[:300].decode("utf-8", "replace")).strip()
 
-    def _request(self, method: str, path: str, body: bytes | None, extra: dict[str, str],
-                 what: str = "") -> HttpResponse:
+    def _request(
+        self, method: str, path: str, body: bytes | None, extra: dict[str, str], what: str = ""
+    ) -> HttpResponse:
         url = self.opts.base_url + path
         with self._in_flight:
-            return self._client.request(method, url, {**self._headers(), **extra}, body,
-                                        label=f"{self._label} ({path}){what}")
+            return self._client.request(
+                method,
+                url,
+                {**self._headers(), **extra},
+                body,
+                label=f"{self._label} ({path}){what}",
+            )
 
     def _body(self, img: _Image) -> tuple[bytes, dict[str, str]]:
         o = self.opts
@@ -179,44 +200,63 @@ class ModelServerBackend:
             return json.dumps(doc).encode(), {"Content-Type": "application/json"}
         boundary = f"fortis-{uuid.uuid4().hex}"
         ext = "jpg" if img.mime == "image/jpeg" else "png"
-        head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{o.field}\"; "
-                f"filename=\"image.{ext}\"\r\nContent-Type: {img.mime}\r\n\r\n").encode()
+        head = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{o.field}"; '
+            f'filename="image.{ext}"\r\nContent-Type: {img.mime}\r\n\r\n'
+        ).encode()
         body = head + img.data + f"\r\n--{boundary}--\r\n".encode()
         return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
 
     def _call(self, img: _Image) -> common_pb2.Prediction:
         body, headers = self._body(img)
-        resp = self._request("POST", self._path, body, headers,
-                             f" for image '{img.image_id}' (images[{img.index}])")
+        resp = self._request(
+            "POST", self._path, body, headers, f" for image '{img.image_id}' (images[{img.index}])"
+        )
         if resp.status != 200:
             self._raise_for_status(resp, img)
         try:
             doc = answers.parse_json(resp.body)
             pred = answers.prediction(self.spec, doc, img.width, img.height)
         except answers.BadAnswer as exc:
-            log.warning("model server answer rejected", server=self.opts.server,
-                        target=self.opts.name, field=exc.field)
-            raise TargetResponseError(self._redact(
-                f"{self._label}: answer for image '{img.image_id}' (images[{img.index}]): "
-                f"{exc}")) from None
+            log.warning(
+                "model server answer rejected",
+                server=self.opts.server,
+                target=self.opts.name,
+                field=exc.field,
+            )
+            raise TargetResponseError(
+                self._redact(
+                    f"{self._label}: answer for image '{img.image_id}' (images[{img.index}]): {exc}"
+                )
+            ) from None
         pred.image_id = img.image_id
         return pred
 
     def _raise_for_status(self, resp: HttpResponse, img: _Image) -> None:
-        msg = (f"{self._label}: request for image '{img.image_id}' got HTTP {resp.status}"
-               + (f": {s}" if (s := self._snippet(resp)) else ""))
+        msg = f"{self._label}: request for image '{img.image_id}' got HTTP {resp.status}" + (
+            f": {s}" if (s := self._snippet(resp)) else ""
+        )
         if resp.retryable:
             exc = resp.unavailable(msg)
-            log.warning("model server unavailable", server=self.opts.server,
-                        target=self.opts.name, status=resp.status,
-                        retry_after_s=exc.retry_after_s)
+            log.warning(
+                "model server unavailable",
+                server=self.opts.server,
+                target=self.opts.name,
+                status=resp.status,
+                retry_after_s=exc.retry_after_s,
+            )
             raise exc
         if resp.status in _BAD_IMAGE_STATUS:
             raise errors.InvalidArgument(f"images[{img.index}]", msg)
         if resp.status in (401, 403):
-            raise TargetResponseError(f"{msg} (credentials refused"
-                                      + (f"; token from ${self.opts.token_env})"
-                                         if self.opts.token_env else "; see token_env)"))
+            raise TargetResponseError(
+                f"{msg} (credentials refused"
+                + (
+                    f"; token from ${self.opts.token_env})"
+                    if self.opts.token_env
+                    else "; see token_env)"
+                )
+            )
         if resp.status == 404:
             what = "model" if self.opts.server == "torchserve" else "endpoint"
             raise TargetResponseError(f"{msg} ({what} '{self.opts.name}' not found?)")

@@ -36,21 +36,31 @@ DEFAULT_MAX_ANSWER_BYTES = 8 * 1024 * 1024
 MAX_LABELS = 100_000
 MAX_LABELS_FILE_BYTES = 16 * 1024 * 1024
 
-_COMMON = {"task", "labels", "output", "top_k", "min_score", "box_format", "timeout",
-           "concurrency", "token_env", "max_answer_bytes", "rate"}
-_KNOWN = {"torchserve": _COMMON | {"version"},
-          "bentoml": _COMMON | {"input", "field"}}
+_COMMON = {
+    "task",
+    "labels",
+    "output",
+    "top_k",
+    "min_score",
+    "box_format",
+    "timeout",
+    "concurrency",
+    "token_env",
+    "max_answer_bytes",
+    "rate",
+}
+_KNOWN = {"torchserve": _COMMON | {"version"}, "bentoml": _COMMON | {"input", "field"}}
 
 
 @dataclass(frozen=True, kw_only=True)
 class ServerOptions:
     """What a ``torchserve://`` / ``bentoml://`` URL says (see the package docstring)."""
 
-    server: str                         # "torchserve" | "bentoml"
-    transport: str                      # "http" | "https"
+    server: str  # "torchserve" | "bentoml"
+    transport: str  # "http" | "https"
     host: str
     port: int
-    path: str                           # TorchServe: the model name; BentoML: the endpoint
+    path: str  # TorchServe: the model name; BentoML: the endpoint
     version: str = ""
     task: Task = Task.CLASSIFICATION
     labels_path: str = ""
@@ -62,8 +72,8 @@ class ServerOptions:
     concurrency: int = DEFAULT_CONCURRENCY
     token_env: str = ""
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
-    input: str = "multipart"            # BentoML: "multipart" | "json"
-    field: str = "image"                # BentoML: the endpoint's image parameter
+    input: str = "multipart"  # BentoML: "multipart" | "json"
+    field: str = "image"  # BentoML: the endpoint's image parameter
 
     @property
     def base_url(self) -> str:
@@ -107,8 +117,9 @@ def parse_url(url: str) -> ServerOptions:
     parts = urlsplit(url)
     kind = SCHEMES.get(parts.scheme)
     if kind is None:
-        raise errors.InvalidArgument("target", f"'{url[:200]}' is not a torchserve:// or "
-                                               "bentoml:// URL")
+        raise errors.InvalidArgument(
+            "target", f"'{url[:200]}' is not a torchserve:// or bentoml:// URL"
+        )
     server, transport = kind
     try:
         host, port = parts.hostname, parts.port
@@ -120,25 +131,31 @@ def parse_url(url: str) -> ServerOptions:
         port = 443 if transport == "https" else (8080 if server == "torchserve" else 3000)
     segments = [unquote(s) for s in parts.path.strip("/").split("/") if s]
     if any(s in (".", "..") or "/" in s or "\\" in s for s in segments):
-        raise errors.InvalidArgument("target", f"'{url[:200]}': the path may not hold '.', '..' "
-                                               "or encoded slashes")
+        raise errors.InvalidArgument(
+            "target", f"'{url[:200]}': the path may not hold '.', '..' or encoded slashes"
+        )
     kw: dict[str, Any] = {"server": server, "transport": transport, "host": host, "port": port}
     if server == "torchserve":
         if len(segments) not in (1, 2):
-            raise errors.InvalidArgument("target", f"'{url[:200]}' must name one model: "
-                                                   f"{parts.scheme}://HOST:PORT/MODEL[/VERSION]")
+            raise errors.InvalidArgument(
+                "target",
+                f"'{url[:200]}' must name one model: {parts.scheme}://HOST:PORT/MODEL[/VERSION]",
+            )
         kw["path"] = segments[0]
         kw["version"] = segments[1] if len(segments) == 2 else ""
     else:
         if len(segments) != 1:
-            raise errors.InvalidArgument("target", f"'{url[:200]}' must name one endpoint: "
-                                                   f"{parts.scheme}://HOST:PORT/ENDPOINT")
+            raise errors.InvalidArgument(
+                "target",
+                f"'{url[:200]}' must name one endpoint: {parts.scheme}://HOST:PORT/ENDPOINT",
+            )
         kw["path"] = segments[0]
     q: dict[str, str] = {}
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         if key not in _KNOWN[server]:
-            raise bad_option(server, key[:40], "unknown option; known: "
-                             + ", ".join(sorted(_KNOWN[server])))
+            raise bad_option(
+                server, key[:40], "unknown option; known: " + ", ".join(sorted(_KNOWN[server]))
+            )
         if key in q:
             raise bad_option(server, key, "given twice")
         q[key] = value
@@ -148,14 +165,16 @@ def parse_url(url: str) -> ServerOptions:
         kw["version"] = q["version"]
     if "task" in q:
         if q["task"] not in ("classification", "detection"):
-            raise bad_option(server, "task", f"'{q['task'][:40]}' is not classification or "
-                                             "detection")
+            raise bad_option(
+                server, "task", f"'{q['task'][:40]}' is not classification or detection"
+            )
         kw["task"] = Task.CLASSIFICATION if q["task"] == "classification" else Task.DETECTION
     kw["labels_path"] = q.get("labels", "")
     if "output" in q:
         if q["output"] not in OUTPUTS:
-            raise bad_option(server, "output", f"'{q['output'][:40]}' is not one of "
-                                               f"{', '.join(OUTPUTS)}")
+            raise bad_option(
+                server, "output", f"'{q['output'][:40]}' is not one of {', '.join(OUTPUTS)}"
+            )
         kw["output"] = q["output"]
     if "top_k" in q:
         kw["top_k"] = _int(server, "top_k", q["top_k"], 1, MAX_LABELS)
@@ -163,16 +182,20 @@ def parse_url(url: str) -> ServerOptions:
         kw["min_score"] = _float(server, "min_score", q["min_score"], 0.0, 1.0)
     if "box_format" in q:
         if q["box_format"] not in BOX_FORMATS:
-            raise bad_option(server, "box_format", f"'{q['box_format'][:40]}' is not one of "
-                                                   f"{', '.join(BOX_FORMATS)}")
+            raise bad_option(
+                server,
+                "box_format",
+                f"'{q['box_format'][:40]}' is not one of {', '.join(BOX_FORMATS)}",
+            )
         kw["box_format"] = q["box_format"]
     if "timeout" in q:
         kw["timeout_s"] = _float(server, "timeout", q["timeout"], 0.001, 3600.0)
     if "concurrency" in q:
         kw["concurrency"] = _int(server, "concurrency", q["concurrency"], 1, 64)
     if "max_answer_bytes" in q:
-        kw["max_answer_bytes"] = _int(server, "max_answer_bytes", q["max_answer_bytes"],
-                                      1024, 256 * 1024 * 1024)
+        kw["max_answer_bytes"] = _int(
+            server, "max_answer_bytes", q["max_answer_bytes"], 1024, 256 * 1024 * 1024
+        )
     kw["token_env"] = q.get("token_env", "")
     if "input" in q:
         if q["input"] not in ("multipart", "json"):
@@ -199,22 +222,28 @@ def read_labels(server: str, path: str) -> tuple[str, ...]:
         if not p.is_file():
             raise bad_option(server, "labels", f"'{path[:200]}' is not a file")
         if p.stat().st_size > MAX_LABELS_FILE_BYTES:
-            raise bad_option(server, "labels", f"'{path[:200]}' is larger than "
-                                               f"{MAX_LABELS_FILE_BYTES} bytes")
+            raise bad_option(
+                server, "labels", f"'{path[:200]}' is larger than {MAX_LABELS_FILE_BYTES} bytes"
+            )
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise bad_option(server, "labels", f"cannot read '{path[:200]}': "
-                                           f"{getattr(exc, 'strerror', None) or exc}") from None
+        raise bad_option(
+            server, "labels", f"cannot read '{path[:200]}': {getattr(exc, 'strerror', None) or exc}"
+        ) from None
     names = parse_labels(server, text, path)
     if not names:
         raise bad_option(server, "labels", f"'{path[:200]}' holds no class names")
     if len(names) > MAX_LABELS:
-        raise bad_option(server, "labels", f"'{path[:200]}' holds {len(names)} names; at most "
-                                           f"{MAX_LABELS}")
+        raise bad_option(
+            server, "labels", f"'{path[:200]}' holds {len(names)} names; at most {MAX_LABELS}"
+        )
     dupes = sorted({n for n in names if names.count(n) > 1}) if len(names) < 5000 else []
     if dupes or len(set(names)) != len(names):
-        raise bad_option(server, "labels", f"'{path[:200]}' names a class twice: "
-                                           f"{', '.join(dupes[:5]) or '(several)'}")
+        raise bad_option(
+            server,
+            "labels",
+            f"'{path[:200]}' names a class twice: {', '.join(dupes[:5]) or '(several)'}",
+        )
     return names
 
 
@@ -228,23 +257,31 @@ def parse_labels(server: str, text: str, path: str) -> tuple[str, ...]:
         raise bad_option(server, "labels", f"'{path[:200]}' is not valid JSON") from None
     if isinstance(doc, list):
         if not all(isinstance(v, str) and v for v in doc):
-            raise bad_option(server, "labels", f"'{path[:200]}': a JSON list of names must "
-                                               "hold non-empty strings only")
+            raise bad_option(
+                server,
+                "labels",
+                f"'{path[:200]}': a JSON list of names must hold non-empty strings only",
+            )
         return tuple(doc)
     if not isinstance(doc, dict):
-        raise bad_option(server, "labels", f"'{path[:200]}' is neither a list of names nor an "
-                                           "object of index -> name")
+        raise bad_option(
+            server,
+            "labels",
+            f"'{path[:200]}' is neither a list of names nor an object of index -> name",
+        )
     by_index: dict[int, str] = {}
     for key, value in doc.items():
         if not (isinstance(key, str) and key.isdigit() and len(key) <= 6):
-            raise bad_option(server, "labels", f"'{path[:200]}': key '{str(key)[:40]}' is not a "
-                                               "class index")
+            raise bad_option(
+                server, "labels", f"'{path[:200]}': key '{str(key)[:40]}' is not a class index"
+            )
         if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
             value = value[-1]
         if not isinstance(value, str) or not value:
             raise bad_option(server, "labels", f"'{path[:200]}': class {key} has no name")
         by_index[int(key)] = value
     if sorted(by_index) != list(range(len(by_index))):
-        raise bad_option(server, "labels", f"'{path[:200]}': class indices must be 0..N-1 "
-                                           "without gaps")
+        raise bad_option(
+            server, "labels", f"'{path[:200]}': class indices must be 0..N-1 without gaps"
+        )
     return tuple(by_index[i] for i in range(len(by_index)))

@@ -20,9 +20,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: The colours the fixture models know, in class order (tests/fixtures/torchserve/colour_model.py
 #: and tests/fixtures/bentoml/service.py list the same prototypes).
-COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255),
-           "yellow": (255, 255, 0), "cyan": (0, 255, 255), "magenta": (255, 0, 255),
-           "black": (0, 0, 0), "white": (255, 255, 255)}
+COLOURS = {
+    "red": (255, 0, 0),
+    "green": (0, 255, 0),
+    "blue": (0, 0, 255),
+    "yellow": (255, 255, 0),
+    "cyan": (0, 255, 255),
+    "magenta": (255, 0, 255),
+    "black": (0, 0, 0),
+    "white": (255, 255, 255),
+}
 
 
 def require_venv(venv: Path, script: str, binary: str, stamp: str) -> Path:
@@ -45,23 +52,34 @@ def http_status(url: str) -> int:
 
 
 @contextmanager
-def server_process(cmd: Sequence[str], *, cwd: Path, env: dict[str, str], ready_urls:
-                   Sequence[str], timeout_s: float = 120) -> Iterator[subprocess.Popen[bytes]]:
+def server_process(
+    cmd: Sequence[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    ready_urls: Sequence[str],
+    timeout_s: float = 120,
+) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``cmd`` until every URL of ``ready_urls`` answers 200; a server that exits or is
     not ready in time fails the test with its log's tail (the set-up was run, so it must
     start). Stopped with SIGTERM (its process group), then killed."""
     log_path = cwd / "server.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            list(cmd),
+            cwd=cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + timeout_s
         for url in ready_urls:
             while http_status(url) != 200:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     tail = log_path.read_text(errors="replace").splitlines()[-15:]
-                    pytest.fail(f"{cmd[0]} did not start (exit {proc.poll()}): "
-                                + " | ".join(tail))
+                    pytest.fail(f"{cmd[0]} did not start (exit {proc.poll()}): " + " | ".join(tail))
                 time.sleep(0.25)
         yield proc
     finally:
@@ -77,8 +95,9 @@ def server_process(cmd: Sequence[str], *, cwd: Path, env: dict[str, str], ready_
 
 
 def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items()
-            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    return {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+    }
 
 
 def flat(colour: str, h: int = 20, w: int = 24) -> np.ndarray:

@@ -43,10 +43,20 @@ def _serve(exe: str, service: str, work: Any) -> Any:
     port = free_port()
     env = clean_env()
     env.update(BENTOML_DO_NOT_TRACK="true", BENTOML_HOME=str(work / "home"), OMP_NUM_THREADS="1")
-    cmd = [exe, "serve", f"service:{service}", "--working-dir", str(FIXTURES),
-           "--host", "127.0.0.1", "--port", str(port)]
-    return port, server_process(cmd, cwd=work, env=env, timeout_s=120,
-                                ready_urls=[f"http://127.0.0.1:{port}/readyz"])
+    cmd = [
+        exe,
+        "serve",
+        f"service:{service}",
+        "--working-dir",
+        str(FIXTURES),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    return port, server_process(
+        cmd, cwd=work, env=env, timeout_s=120, ready_urls=[f"http://127.0.0.1:{port}/readyz"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,22 +73,26 @@ def bento(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]
 def stack(bento: tuple[int, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     port, throttled = bento
     base = f"bentoml://127.0.0.1:{port}"
-    s = start_stack_with(tmp_path_factory.mktemp("bento-stack") / "state", {
-        "bento-classify": f"{base}/classify?labels={LABELS}&output=full_scores",
-        "bento-json": f"{base}/classify_b64?labels={LABELS}&input=json&top_k=3",
-        "bento-detect": f"{base}/detect?labels={LABELS}&task=detection",
-        "bento-throttled": f"bentoml://127.0.0.1:{throttled}/classify?labels={LABELS}"
-                           "&concurrency=1",
-        "bento-missing": f"{base}/no_such_endpoint?labels={LABELS}",
-    })
+    s = start_stack_with(
+        tmp_path_factory.mktemp("bento-stack") / "state",
+        {
+            "bento-classify": f"{base}/classify?labels={LABELS}&output=full_scores",
+            "bento-json": f"{base}/classify_b64?labels={LABELS}&input=json&top_k=3",
+            "bento-detect": f"{base}/detect?labels={LABELS}&task=detection",
+            "bento-throttled": f"bentoml://127.0.0.1:{throttled}/classify?labels={LABELS}"
+            "&concurrency=1",
+            "bento-missing": f"{base}/no_such_endpoint?labels={LABELS}",
+        },
+    )
     yield s
     s.stop(0)
 
 
 def _predict(px: Any, target: str, imgs: list[common_pb2.Image]) -> tuple[str, Any]:
     sid = session(px, target)
-    return sid, px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="clean",
-                                                    images=imgs), metadata=MD)
+    return sid, px.Predict(
+        proxy_pb2.PredictRequest(session_id=sid, origin="clean", images=imgs), metadata=MD
+    )
 
 
 @pytest.mark.parametrize("target", ["bento-classify", "bento-json"])
@@ -91,8 +105,9 @@ def test_classifier_through_the_proxy(stack: Any, target: str) -> None:
         info = px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target=target), metadata=MD).info
         assert list(info.labels) == names
         full = target == "bento-classify"
-        assert info.output_kind == (common_pb2.OUTPUT_KIND_FULL_SCORES if full
-                                    else common_pb2.OUTPUT_KIND_TOP_K_SCORES)
+        assert info.output_kind == (
+            common_pb2.OUTPUT_KIND_FULL_SCORES if full else common_pb2.OUTPUT_KIND_TOP_K_SCORES
+        )
         sid, resp = _predict(px, target, imgs)
         for img, pred in zip(imgs, resp.predictions, strict=True):
             assert pred.image_id == img.image_id
@@ -111,11 +126,15 @@ def test_detector_through_the_proxy(stack: Any) -> None:
     box = (11, 4, 37, 29)
     with grpc.insecure_channel(stack.address) as ch:
         px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
-        info = px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target="bento-detect"),
-                                metadata=MD).info
+        info = px.GetTargetInfo(
+            proxy_pb2.GetTargetInfoRequest(target="bento-detect"), metadata=MD
+        ).info
         assert info.output_kind == common_pb2.OUTPUT_KIND_BOXES
-        _, resp = _predict(px, "bento-detect", [image_msg("sq", square("green", box)),
-                                                image_msg("none", square("black", box))])
+        _, resp = _predict(
+            px,
+            "bento-detect",
+            [image_msg("sq", square("green", box)), image_msg("none", square("black", box))],
+        )
         (b,) = resp.predictions[0].detection.boxes
         assert (b.name, b.label) == ("green", list(COLOURS).index("green"))
         assert (b.x_min, b.y_min, b.x_max, b.y_max) == pytest.approx(box)
@@ -128,15 +147,23 @@ def test_real_429_is_retried_with_backoff(stack: Any, bento: tuple[int, int]) ->
     _, port = bento
     body = encode_png(flat("red"))
     boundary = "neighbour"
-    form = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; "
-            f"filename=\"a.png\"\r\nContent-Type: image/png\r\n\r\n").encode() + body + \
-        f"\r\n--{boundary}--\r\n".encode()
+    form = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
+            f'filename="a.png"\r\nContent-Type: image/png\r\n\r\n'
+        ).encode()
+        + body
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
     statuses: list[int] = []
 
     def neighbour() -> None:
         req = urllib.request.Request(
-            f"http://127.0.0.1:{port}/classify", data=form, method="POST",
-            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+            f"http://127.0.0.1:{port}/classify",
+            data=form,
+            method="POST",
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        )
         with urllib.request.urlopen(req, timeout=10) as r:
             statuses.append(r.status)
 
@@ -145,7 +172,7 @@ def test_real_429_is_retried_with_backoff(stack: Any, bento: tuple[int, int]) ->
         px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target="bento-throttled"), metadata=MD)
         t = threading.Thread(target=neighbour)
         t.start()
-        time.sleep(0.1)                     # the neighbour's request is in the service now
+        time.sleep(0.1)  # the neighbour's request is in the service now
         sid, resp = _predict(px, "bento-throttled", [image_msg("mine", flat("blue"))])
         t.join(10)
         assert statuses == [200]
@@ -162,8 +189,12 @@ def test_unknown_endpoint_is_named(stack: Any) -> None:
         px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
         sid = session(px, "bento-missing")
         with pytest.raises(grpc.RpcError) as ei:
-            px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="x", images=[
-                image_msg("a", flat("red"))]), metadata=MD)
+            px.Predict(
+                proxy_pb2.PredictRequest(
+                    session_id=sid, origin="x", images=[image_msg("a", flat("red"))]
+                ),
+                metadata=MD,
+            )
         assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "HTTP 404" in ei.value.details() and "no_such_endpoint" in ei.value.details()
         _, resp = _predict(px, "bento-classify", [image_msg("still", flat("white"))])

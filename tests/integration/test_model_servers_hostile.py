@@ -44,8 +44,9 @@ class Scripted:
 
     def play(self, path: str, *answers: tuple[int, dict[str, str], bytes | str]) -> None:
         with self.lock:
-            self.script[path] = [(s, h, b.encode() if isinstance(b, str) else b)
-                                 for s, h, b in answers]
+            self.script[path] = [
+                (s, h, b.encode() if isinstance(b, str) else b) for s, h, b in answers
+            ]
 
     def next(self, path: str) -> tuple[int, dict[str, str], bytes]:
         with self.lock:
@@ -74,7 +75,7 @@ def server() -> Iterator[tuple[str, Scripted]]:
                 status, headers, out = 200, {}, b'{"status": "Healthy"}'
             else:
                 status, headers, out = scripted.next(self.path)
-                if b"$AUTH" in out:     # echo the credentials, as a careless server might
+                if b"$AUTH" in out:  # echo the credentials, as a careless server might
                     out = out.replace(b"$AUTH", self.headers.get("Authorization", "").encode())
             self.send_response(status)
             for k, v in {"Content-Type": "application/json", **headers}.items():
@@ -100,8 +101,13 @@ def labels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
-def backend(server: tuple[str, Scripted], labels: Path, path: str, extra: str = "",
-            scheme: str = "torchserve") -> ms.ModelServerBackend:
+def backend(
+    server: tuple[str, Scripted],
+    labels: Path,
+    path: str,
+    extra: str = "",
+    scheme: str = "torchserve",
+) -> ms.ModelServerBackend:
     return ms.backend_from_url(f"{scheme}://{server[0]}/{path}?labels={labels}{extra}")
 
 
@@ -122,40 +128,72 @@ HOSTILE = [
     ('{"red": 1.5}', "", r"field 'red': score 1.5 is outside \[0, 1\]"),
     ('{"red": -0.2}', "", r"field 'red': score -0.2 is outside \[0, 1\]"),
     ('{"purple": 0.9}', "", r"field 'purple': label 'purple' is not in the target's label set"),
-    ('[{"label": 7.0, "score": 0.3}]', "", r"field '\[0\]\.label': label must be a non-empty "
-                                           r"string, got 7\.0"),
+    (
+        '[{"label": 7.0, "score": 0.3}]',
+        "",
+        r"field '\[0\]\.label': label must be a non-empty "
+        r"string, got 7\.0",
+    ),
     ('[{"label": "red"}]', "", r"field '\[0\]\.score': missing"),
     ('"just a string"', "", r"classification answer must be an object of label -> score"),
-    ('[0.5, 0.5]', "", r"2 scores for 8 classes"),
-    ('<html>oops</html>', "", r"not valid JSON \(JSONDecodeError\); it starts '<html>oops"),
+    ("[0.5, 0.5]", "", r"2 scores for 8 classes"),
+    ("<html>oops</html>", "", r"not valid JSON \(JSONDecodeError\); it starts '<html>oops"),
     ("[" * 50 + "]" * 50, "", r"nested deeper than 16 levels"),
     ("[" * 100_000 + "]" * 100_000, "&max_answer_bytes=1000000", r"nested deeper than 16"),
-    ('{"red": 0.5, "pad": "' + "x" * 5000 + '"}', "&max_answer_bytes=2048",
-     r"answer larger than 2048 bytes"),
+    (
+        '{"red": 0.5, "pad": "' + "x" * 5000 + '"}',
+        "&max_answer_bytes=2048",
+        r"answer larger than 2048 bytes",
+    ),
     # detection (the image is 64x48)
-    ('[{"red": [0, 0, 1000, 10], "score": 0.9}]', "&task=detection",
-     r"field '\[0\]\.red': box \(0, 0, 1000, 10\) lies outside the 64x48 image"),
-    ('[{"red": [30, 0, 10, 10], "score": 0.9}]', "&task=detection",
-     r"field '\[0\]\.red': box \(30, 0, 10, 10\) is inverted"),
-    ('[{"red": [0, 0, 10], "score": 0.9}]', "&task=detection",
-     r"field '\[0\]\.red': a box must be a list of 4 numbers"),
-    ('[{"red": [0, NaN, 10, 10], "score": 0.9}]', "&task=detection",
-     r"field '\[0\]\.red\[1\]': must be a finite number, got nan"),
-    ('[{"red": [0, 0, 10, 10], "score": NaN}]', "&task=detection",
-     r"field '\[0\]\.score': must be a finite number"),
+    (
+        '[{"red": [0, 0, 1000, 10], "score": 0.9}]',
+        "&task=detection",
+        r"field '\[0\]\.red': box \(0, 0, 1000, 10\) lies outside the 64x48 image",
+    ),
+    (
+        '[{"red": [30, 0, 10, 10], "score": 0.9}]',
+        "&task=detection",
+        r"field '\[0\]\.red': box \(30, 0, 10, 10\) is inverted",
+    ),
+    (
+        '[{"red": [0, 0, 10], "score": 0.9}]',
+        "&task=detection",
+        r"field '\[0\]\.red': a box must be a list of 4 numbers",
+    ),
+    (
+        '[{"red": [0, NaN, 10, 10], "score": 0.9}]',
+        "&task=detection",
+        r"field '\[0\]\.red\[1\]': must be a finite number, got nan",
+    ),
+    (
+        '[{"red": [0, 0, 10, 10], "score": NaN}]',
+        "&task=detection",
+        r"field '\[0\]\.score': must be a finite number",
+    ),
     ('[{"red": [0, 0, 10, 10]}]', "&task=detection", r"field '\[0\]\.score': missing"),
-    ('[{"red": [0, 0, 10, 10], "blue": [0, 0, 5, 5], "score": 0.5}]', "&task=detection",
-     r"field '\[0\]': must hold one label -> box entry besides score"),
-    ('{"detections": [{"label": "red", "box": [0, 0, "10", 10], "score": 0.5}]}',
-     "&task=detection", r"field 'detections\[0\]\.box\[2\]': must be a number, got '10'"),
-    ('[{"label": "red", "box": [10, 10, -5, 5], "score": 0.5}]',
-     "&task=detection&box_format=xywh", r"negative box width/height"),
+    (
+        '[{"red": [0, 0, 10, 10], "blue": [0, 0, 5, 5], "score": 0.5}]',
+        "&task=detection",
+        r"field '\[0\]': must hold one label -> box entry besides score",
+    ),
+    (
+        '{"detections": [{"label": "red", "box": [0, 0, "10", 10], "score": 0.5}]}',
+        "&task=detection",
+        r"field 'detections\[0\]\.box\[2\]': must be a number, got '10'",
+    ),
+    (
+        '[{"label": "red", "box": [10, 10, -5, 5], "score": 0.5}]',
+        "&task=detection&box_format=xywh",
+        r"negative box width/height",
+    ),
     ('{"boxes": []}', "&task=detection", r"a detection answer must be a list"),
 ]
 
 
-@pytest.mark.parametrize(("answer", "extra", "expected"), HOSTILE,
-                         ids=[f"h{i}" for i in range(len(HOSTILE))])
+@pytest.mark.parametrize(
+    ("answer", "extra", "expected"), HOSTILE, ids=[f"h{i}" for i in range(len(HOSTILE))]
+)
 def test_hostile_answer_is_a_precise_error(server, labels, answer, extra, expected) -> None:
     path = f"/predictions/hostile{HOSTILE.index((answer, extra, expected))}"
     server[1].play(path, (200, {}, answer))
@@ -171,10 +209,18 @@ def test_good_answers_of_every_shape(server, labels) -> None:
     (pred,) = one(backend(server, labels, "shapes"))
     got = [(c.name, c.label, round(c.score, 3)) for c in pred.classification.classes]
     assert got == [("red", 0, 0.7), ("cyan", 4, 0.2), ("yellow", 3, 0.1)]
-    server[1].play("/predictions/boxes", (200, {}, json.dumps(
-        [[{"blue": [0, 0, 64.5, 48], "score": 0.9}, {"red": [1, 2, 3, 4], "score": 0.05}]])))
+    server[1].play(
+        "/predictions/boxes",
+        (
+            200,
+            {},
+            json.dumps(
+                [[{"blue": [0, 0, 64.5, 48], "score": 0.9}, {"red": [1, 2, 3, 4], "score": 0.05}]]
+            ),
+        ),
+    )
     (pred,) = one(backend(server, labels, "boxes", "&task=detection&min_score=0.1"))
-    (b,) = pred.detection.boxes        # clipped to the image (half a pixel of rounding)
+    (b,) = pred.detection.boxes  # clipped to the image (half a pixel of rounding)
     assert (b.name, b.label, b.x_max, b.y_max) == ("blue", 2, 64.0, 48.0)
 
 
@@ -221,52 +267,74 @@ def test_bentoml_requests(server, labels) -> None:
     assert b'name="photo"; filename="image.png"' in body and b"\x89PNG" in body
     one(backend(server, labels, "classify", "&input=json", scheme="bentoml"))
     doc = json.loads(server[1].seen[-1][2])
-    assert list(doc) == ["image"] and doc["image"].startswith("iVBOR")   # base64 of a PNG
+    assert list(doc) == ["image"] and doc["image"].startswith("iVBOR")  # base64 of a PNG
 
 
 # -- through the proxy: retried, failed precisely, never INTERNAL, and still serving ----------
 @pytest.fixture(scope="module")
 def stack(server, labels, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     addr = server[0]
-    s = start_stack_with(tmp_path_factory.mktemp("ms-hostile") / "state", {
-        "flaky": f"torchserve://{addr}/flaky?labels={labels}",
-        "nan": f"bentoml://{addr}/nan?labels={labels}",
-        "down": f"torchserve://{addr}/down503?labels={labels}",
-    })
+    s = start_stack_with(
+        tmp_path_factory.mktemp("ms-hostile") / "state",
+        {
+            "flaky": f"torchserve://{addr}/flaky?labels={labels}",
+            "nan": f"bentoml://{addr}/nan?labels={labels}",
+            "down": f"torchserve://{addr}/down503?labels={labels}",
+        },
+    )
     yield s
     s.stop(0)
 
 
 def test_through_the_proxy(server, stack) -> None:
     scripted = server[1]
-    scripted.play("/predictions/flaky", (429, {"Retry-After": "0.1"}, "busy"),
-                  (503, {}, "busy"), (200, {}, '{"green": 0.9, "red": 0.1}'))
+    scripted.play(
+        "/predictions/flaky",
+        (429, {"Retry-After": "0.1"}, "busy"),
+        (503, {}, "busy"),
+        (200, {}, '{"green": 0.9, "red": 0.1}'),
+    )
     scripted.play("/nan", (200, {}, '{"red": NaN}'))
     scripted.play("/predictions/down503", (503, {}, '{"message": "down"}'))
     with grpc.insecure_channel(stack.address) as ch:
         px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
         sid = session(px, "flaky")
-        resp = px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="x", images=[
-            image_msg("g", flat("green"))]), metadata=MD)
+        resp = px.Predict(
+            proxy_pb2.PredictRequest(
+                session_id=sid, origin="x", images=[image_msg("g", flat("green"))]
+            ),
+            metadata=MD,
+        )
         assert resp.predictions[0].classification.classes[0].name == "green"
         rows = sorted(ledger(px, sid), key=lambda r: r.attempts)
-        assert [r.status for r in rows] == [code_pb2.UNAVAILABLE, code_pb2.UNAVAILABLE,
-                                            code_pb2.OK]
+        assert [r.status for r in rows] == [code_pb2.UNAVAILABLE, code_pb2.UNAVAILABLE, code_pb2.OK]
         sid = session(px, "nan")
         with pytest.raises(grpc.RpcError) as ei:
-            px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="x", images=[
-                image_msg("n", flat("red"))]), metadata=MD)
+            px.Predict(
+                proxy_pb2.PredictRequest(
+                    session_id=sid, origin="x", images=[image_msg("n", flat("red"))]
+                ),
+                metadata=MD,
+            )
         assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "field 'red': must be a finite number, got nan" in ei.value.details()
         (row,) = ledger(px, sid)
         assert row.status == code_pb2.FAILED_PRECONDITION and "field 'red'" in row.error
         sid = session(px, "down")
         with pytest.raises(grpc.RpcError) as ei:
-            px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="x", images=[
-                image_msg("d", flat("red"))]), metadata=MD)
+            px.Predict(
+                proxy_pb2.PredictRequest(
+                    session_id=sid, origin="x", images=[image_msg("d", flat("red"))]
+                ),
+                metadata=MD,
+            )
         assert ei.value.code() == grpc.StatusCode.UNAVAILABLE and "HTTP 503" in ei.value.details()
-        assert len(ledger(px, sid)) == 4                    # the proxy's retry policy, spent
-        sid = session(px, "flaky")                          # ... and the proxy keeps serving
-        resp = px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="x", images=[
-            image_msg("g2", flat("green"))]), metadata=MD)
+        assert len(ledger(px, sid)) == 4  # the proxy's retry policy, spent
+        sid = session(px, "flaky")  # ... and the proxy keeps serving
+        resp = px.Predict(
+            proxy_pb2.PredictRequest(
+                session_id=sid, origin="x", images=[image_msg("g2", flat("green"))]
+            ),
+            metadata=MD,
+        )
         assert len(resp.predictions) == 1

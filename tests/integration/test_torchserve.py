@@ -49,16 +49,41 @@ def _archive(work: Path, python: Path) -> Path:
     store = work / "store"
     store.mkdir()
     weights = work / "colours.pt"
-    subprocess.run([str(python), "-c", "import sys, torch; sys.path.insert(0, sys.argv[1]); "
-                    "from colour_model import ColourNet; "
-                    "torch.save(ColourNet().state_dict(), sys.argv[2])",
-                    str(FIXTURES), str(weights)], check=True, timeout=120)
+    subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import sys, torch; sys.path.insert(0, sys.argv[1]); "
+            "from colour_model import ColourNet; "
+            "torch.save(ColourNet().state_dict(), sys.argv[2])",
+            str(FIXTURES),
+            str(weights),
+        ],
+        check=True,
+        timeout=120,
+    )
     for name, handler in (("colours", "classifier_handler.py"), ("boxes", "detector_handler.py")):
-        subprocess.run([str(python.parent / "torch-model-archiver"), "--model-name", name,
-                        "--version", "1.0", "--model-file", str(FIXTURES / "colour_model.py"),
-                        "--serialized-file", str(weights), "--handler", str(FIXTURES / handler),
-                        "--extra-files", str(LABELS), "--export-path", str(store)],
-                       check=True, timeout=120)
+        subprocess.run(
+            [
+                str(python.parent / "torch-model-archiver"),
+                "--model-name",
+                name,
+                "--version",
+                "1.0",
+                "--model-file",
+                str(FIXTURES / "colour_model.py"),
+                "--serialized-file",
+                str(weights),
+                "--handler",
+                str(FIXTURES / handler),
+                "--extra-files",
+                str(LABELS),
+                "--export-path",
+                str(store),
+            ],
+            check=True,
+            timeout=120,
+        )
     return store
 
 
@@ -73,23 +98,55 @@ def torchserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     while len(set(ports)) < 5:
         ports = [free_port() for _ in range(5)]
     inference, management, metrics, grpc_inf, grpc_mgmt = ports
-    (work / "config.properties").write_text("\n".join([
-        f"inference_address=http://127.0.0.1:{inference}",
-        f"management_address=http://127.0.0.1:{management}",
-        f"metrics_address=http://127.0.0.1:{metrics}",
-        f"grpc_inference_port={grpc_inf}", f"grpc_management_port={grpc_mgmt}",
-        "default_workers_per_model=1", "disable_token_authorization=true",
-        "install_py_dep_per_model=false", "vmargs=-Xmx256m -XX:+UseSerialGC", ""]))
+    (work / "config.properties").write_text(
+        "\n".join(
+            [
+                f"inference_address=http://127.0.0.1:{inference}",
+                f"management_address=http://127.0.0.1:{management}",
+                f"metrics_address=http://127.0.0.1:{metrics}",
+                f"grpc_inference_port={grpc_inf}",
+                f"grpc_management_port={grpc_mgmt}",
+                "default_workers_per_model=1",
+                "disable_token_authorization=true",
+                "install_py_dep_per_model=false",
+                "vmargs=-Xmx256m -XX:+UseSerialGC",
+                "",
+            ]
+        )
+    )
     env = clean_env()
-    env.update(PATH=f"{VENV / 'bin'}:{env.get('PATH', '')}", OMP_NUM_THREADS="1",
-               LOG_LOCATION=str(work / "logs"), METRICS_LOCATION=str(work / "logs"))
-    cmd = [str(exe), "--start", "--foreground", "--ncs", "--disable-token-auth",
-           "--ts-config", str(work / "config.properties"), "--model-store", str(store),
-           "--models", "colours=colours.mar", "boxes=boxes.mar"]
+    env.update(
+        PATH=f"{VENV / 'bin'}:{env.get('PATH', '')}",
+        OMP_NUM_THREADS="1",
+        LOG_LOCATION=str(work / "logs"),
+        METRICS_LOCATION=str(work / "logs"),
+    )
+    cmd = [
+        str(exe),
+        "--start",
+        "--foreground",
+        "--ncs",
+        "--disable-token-auth",
+        "--ts-config",
+        str(work / "config.properties"),
+        "--model-store",
+        str(store),
+        "--models",
+        "colours=colours.mar",
+        "boxes=boxes.mar",
+    ]
     base = f"http://127.0.0.1:{inference}"
-    with server_process(cmd, cwd=work, env=env, timeout_s=180, ready_urls=[
-            f"{base}/ping", f"http://127.0.0.1:{management}/models/colours",
-            f"http://127.0.0.1:{management}/models/boxes"]):
+    with server_process(
+        cmd,
+        cwd=work,
+        env=env,
+        timeout_s=180,
+        ready_urls=[
+            f"{base}/ping",
+            f"http://127.0.0.1:{management}/models/colours",
+            f"http://127.0.0.1:{management}/models/boxes",
+        ],
+    ):
         _wait_for_workers(f"http://127.0.0.1:{management}", ("colours", "boxes"))
         yield f"127.0.0.1:{inference}"
 
@@ -97,6 +154,7 @@ def torchserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _wait_for_workers(mgmt: str, models: tuple[str, ...]) -> None:
     import time
     import urllib.request
+
     deadline = time.monotonic() + 60
     for m in models:
         while True:
@@ -112,20 +170,24 @@ def _wait_for_workers(mgmt: str, models: tuple[str, ...]) -> None:
 @pytest.fixture(scope="module")
 def stack(torchserve: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     work = tmp_path_factory.mktemp("torchserve-stack")
-    s = start_stack_with(work / "state", {
-        "ts-colours": f"torchserve://{torchserve}/colours?labels={LABELS}",
-        "ts-colours-v1": f"torchserve://{torchserve}/colours/1.0?labels={LABELS}&output=label_only",
-        "ts-boxes": f"torchserve://{torchserve}/boxes?task=detection&labels={LABELS}",
-        "ts-missing": f"torchserve://{torchserve}/no-such-model?labels={LABELS}",
-    })
+    s = start_stack_with(
+        work / "state",
+        {
+            "ts-colours": f"torchserve://{torchserve}/colours?labels={LABELS}",
+            "ts-colours-v1": f"torchserve://{torchserve}/colours/1.0?labels={LABELS}&output=label_only",
+            "ts-boxes": f"torchserve://{torchserve}/boxes?task=detection&labels={LABELS}",
+            "ts-missing": f"torchserve://{torchserve}/no-such-model?labels={LABELS}",
+        },
+    )
     yield s
     s.stop(0)
 
 
 def _predict(px: Any, target: str, imgs: list[common_pb2.Image]) -> tuple[str, Any]:
     sid = session(px, target)
-    return sid, px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="clean",
-                                                    images=imgs), metadata=MD)
+    return sid, px.Predict(
+        proxy_pb2.PredictRequest(session_id=sid, origin="clean", images=imgs), metadata=MD
+    )
 
 
 def test_classifier_through_the_proxy(stack: Any) -> None:
@@ -134,8 +196,9 @@ def test_classifier_through_the_proxy(stack: Any) -> None:
     imgs.append(common_pb2.Image(image_id="png-red", encoded=encode_png(flat("red", 31, 17))))
     with grpc.insecure_channel(stack.address) as ch:
         px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
-        info = px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target="ts-colours"),
-                                metadata=MD).info
+        info = px.GetTargetInfo(
+            proxy_pb2.GetTargetInfoRequest(target="ts-colours"), metadata=MD
+        ).info
         assert list(info.labels) == names
         assert info.task_type == common_pb2.TASK_TYPE_CLASSIFICATION
         assert (info.output_kind, info.top_k) == (common_pb2.OUTPUT_KIND_TOP_K_SCORES, 5)
@@ -144,7 +207,7 @@ def test_classifier_through_the_proxy(stack: Any) -> None:
         for img, pred in zip(imgs, resp.predictions, strict=True):
             want = img.image_id.split("-", 1)[1]
             classes = pred.classification.classes
-            assert len(classes) == 5                        # image_classifier's top 5
+            assert len(classes) == 5  # image_classifier's top 5
             assert (classes[0].name, classes[0].label) == (want, names.index(want))
             assert all(c.name == names[c.label] for c in classes)
             assert [c.score for c in classes] == sorted((c.score for c in classes), reverse=True)
@@ -161,8 +224,7 @@ def test_detector_through_the_proxy(stack: Any) -> None:
     cases = {"sq-magenta": ("magenta", (5, 7, 30, 40)), "sq-cyan": ("cyan", (40, 2, 64, 12))}
     with grpc.insecure_channel(stack.address) as ch:
         px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
-        info = px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target="ts-boxes"),
-                                metadata=MD).info
+        info = px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target="ts-boxes"), metadata=MD).info
         assert info.task_type == common_pb2.TASK_TYPE_DETECTION
         assert info.output_kind == common_pb2.OUTPUT_KIND_BOXES
         imgs = [image_msg(k, square(c, box)) for k, (c, box) in cases.items()]
@@ -184,8 +246,12 @@ def test_server_errors_are_precise(stack: Any, torchserve: str) -> None:
         # an unknown model: TorchServe's 404, not retried, named
         sid = session(px, "ts-missing")
         with pytest.raises(grpc.RpcError) as ei:
-            px.Predict(proxy_pb2.PredictRequest(session_id=sid, origin="x", images=[
-                image_msg("a", flat("red"))]), metadata=MD)
+            px.Predict(
+                proxy_pb2.PredictRequest(
+                    session_id=sid, origin="x", images=[image_msg("a", flat("red"))]
+                ),
+                metadata=MD,
+            )
         assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "HTTP 404" in ei.value.details() and "no-such-model" in ei.value.details()
         assert {r.status for r in ledger(px, sid)} == {code_pb2.FAILED_PRECONDITION}
