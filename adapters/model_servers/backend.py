@@ -176,7 +176,10 @@ class ModelServerBackend:
         return text.replace(token, "[redacted]") if token else text
 
     def _snippet(self, resp: HttpResponse) -> str:
-        return self._redact(resp.body[:300].decode("utf-8", "replace")).strip()
+        """The start of an error body, on one line, without the token."""
+        # Redacted before it is cut, so that no prefix of the token survives the cut.
+        text = self._redact(resp.body[:65536].decode("utf-8", "replace"))
+        return " ".join(text.split())[:300]
 
     def _request(
         self, method: str, path: str, body: bytes | None, extra: dict[str, str], what: str = ""
@@ -248,7 +251,8 @@ class ModelServerBackend:
             raise exc
         if resp.status in _BAD_IMAGE_STATUS:
             raise errors.InvalidArgument(f"images[{img.index}]", msg)
-        if resp.status in (401, 403):
+        # TorchServe answers a missing or wrong key with 400 "Token Authorization failed".
+        if resp.status in (401, 403) or (resp.status == 400 and b"token" in resp.body.lower()):
             raise TargetResponseError(
                 f"{msg} (credentials refused"
                 + (

@@ -24,6 +24,7 @@ from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common import errors
 from fortis.services.common.codec import image_msg
 from google.rpc import code_pb2
+from structlog.testing import capture_logs
 
 from tests.conftest import MD
 from tests.integration._kserve_support import ledger, session, start_stack_with
@@ -274,16 +275,43 @@ def test_bentoml_requests(server, labels) -> None:
 @pytest.fixture(scope="module")
 def stack(server, labels, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     addr = server[0]
-    s = start_stack_with(
-        tmp_path_factory.mktemp("ms-hostile") / "state",
-        {
-            "flaky": f"torchserve://{addr}/flaky?labels={labels}",
-            "nan": f"bentoml://{addr}/nan?labels={labels}",
-            "down": f"torchserve://{addr}/down503?labels={labels}",
-        },
-    )
-    yield s
-    s.stop(0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TS_PROXY_TOKEN", SECRET)
+        s = start_stack_with(
+            tmp_path_factory.mktemp("ms-hostile") / "state",
+            {
+                "flaky": f"torchserve://{addr}/flaky?labels={labels}",
+                "nan": f"bentoml://{addr}/nan?labels={labels}",
+                "down": f"torchserve://{addr}/down503?labels={labels}",
+                "auth": f"torchserve://{addr}/auth2?labels={labels}&token_env=TS_PROXY_TOKEN",
+            },
+        )
+        yield s
+        s.stop(0)
+
+
+def test_token_stays_out_of_errors_and_the_ledger(server, stack) -> None:
+    # padded so that the echoed token straddles the adapter's 300-character cut: a token
+    # redacted only after the cut would leave its first characters in the message
+    pad = 300 - len(" Token failed: Bearer ") - 10
+    server[1].play("/predictions/auth2", (400, {}, "x" * pad + " Token failed: $AUTH"))
+    with grpc.insecure_channel(stack.address) as ch:
+        px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+        sid = session(px, "auth")
+        with capture_logs() as logs, pytest.raises(grpc.RpcError) as ei:
+            px.Predict(
+                proxy_pb2.PredictRequest(
+                    session_id=sid, origin="x", images=[image_msg("a", flat("red"))]
+                ),
+                metadata=MD,
+            )
+        rows = ledger(px, sid)
+    assert server[1].seen[-1][1].get("Authorization") == f"Bearer {SECRET}"
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    (operator,) = [e["detail"] for e in logs if e.get("event") == "target_error"]
+    assert "credentials refused; token from $TS_PROXY_TOKEN" in operator
+    for text in [ei.value.details(), operator, *(r.error for r in rows)]:
+        assert SECRET[:8] not in text
 
 
 def test_through_the_proxy(server, stack) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 FIXTURES = ROOT / "tests" / "fixtures" / "torchserve"
 VENV = ROOT / ".venv-torchserve"
 LABELS = FIXTURES / "index_to_name.json"
+KEY_ENV = "TS_INFERENCE_KEY"
+AUTH = f"token_env={KEY_ENV}"
 
 
 def _archive(work: Path, python: Path) -> Path:
@@ -89,8 +93,9 @@ def _archive(work: Path, python: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def torchserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """TorchServe on free loopback ports, one per test module; yields host:port of its
-    inference API."""
+    """TorchServe on free loopback ports, one per test module, with its default token
+    authorization: the inference key it writes to key_file.json is put in $TS_INFERENCE_KEY
+    (the targets' token_env) for the module. Yields host:port of its inference API."""
     exe = require_venv(VENV, "setup_torchserve.sh", "torchserve", ".fortis-torchserve-installed")
     work = tmp_path_factory.mktemp("torchserve")
     store = _archive(work, VENV / "bin" / "python")
@@ -107,7 +112,6 @@ def torchserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 f"grpc_inference_port={grpc_inf}",
                 f"grpc_management_port={grpc_mgmt}",
                 "default_workers_per_model=1",
-                "disable_token_authorization=true",
                 "install_py_dep_per_model=false",
                 "vmargs=-Xmx256m -XX:+UseSerialGC",
                 "",
@@ -126,7 +130,6 @@ def torchserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "--start",
         "--foreground",
         "--ncs",
-        "--disable-token-auth",
         "--ts-config",
         str(work / "config.properties"),
         "--model-store",
@@ -141,24 +144,54 @@ def torchserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         cwd=work,
         env=env,
         timeout_s=180,
-        ready_urls=[
-            f"{base}/ping",
-            f"http://127.0.0.1:{management}/models/colours",
-            f"http://127.0.0.1:{management}/models/boxes",
-        ],
-    ):
-        _wait_for_workers(f"http://127.0.0.1:{management}", ("colours", "boxes"))
-        yield f"127.0.0.1:{inference}"
+        ready_urls=[],
+    ) as proc:
+        keys = _keys(work / "key_file.json")
+        _wait_for_ping(f"{base}/ping", keys["inference"], proc)
+        _wait_for_workers(
+            f"http://127.0.0.1:{management}", keys["management"], ("colours", "boxes")
+        )
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(KEY_ENV, keys["inference"])
+            yield f"127.0.0.1:{inference}"
 
 
-def _wait_for_workers(mgmt: str, models: tuple[str, ...]) -> None:
-    import time
-    import urllib.request
+def _keys(path: Path) -> dict[str, str]:
+    """TorchServe's generated keys (key_file.json: {"inference": {"key": ...}, ...})."""
+    deadline = time.monotonic() + 120
+    while True:  # written by the frontend as it starts: wait for a whole file
+        try:
+            doc = json.loads(path.read_text())
+            break
+        except (OSError, ValueError):
+            assert time.monotonic() < deadline, "TorchServe wrote no key_file.json"
+            time.sleep(0.1)
+    return {kind: doc[kind]["key"] for kind in ("inference", "management")}
 
+
+def _wait_for_ping(url: str, key: str, proc: Any) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        assert proc.poll() is None, f"TorchServe exited ({proc.returncode})"
+        assert time.monotonic() < deadline, "TorchServe did not answer /ping"
+        time.sleep(0.25)
+
+
+def _wait_for_workers(mgmt: str, key: str, models: tuple[str, ...]) -> None:
     deadline = time.monotonic() + 60
     for m in models:
         while True:
-            with urllib.request.urlopen(f"{mgmt}/models/{m}", timeout=5) as r:
+            req = urllib.request.Request(
+                f"{mgmt}/models/{m}", headers={"Authorization": f"Bearer {key}"}
+            )
+            with urllib.request.urlopen(req, timeout=5) as r:
                 doc = json.loads(r.read())
             workers = doc[0].get("workers", []) if doc else []
             if workers and all(w.get("status") == "READY" for w in workers):
@@ -173,10 +206,11 @@ def stack(torchserve: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     s = start_stack_with(
         work / "state",
         {
-            "ts-colours": f"torchserve://{torchserve}/colours?labels={LABELS}",
-            "ts-colours-v1": f"torchserve://{torchserve}/colours/1.0?labels={LABELS}&output=label_only",
-            "ts-boxes": f"torchserve://{torchserve}/boxes?task=detection&labels={LABELS}",
-            "ts-missing": f"torchserve://{torchserve}/no-such-model?labels={LABELS}",
+            "ts-colours": f"torchserve://{torchserve}/colours?labels={LABELS}&{AUTH}",
+            "ts-colours-v1": f"torchserve://{torchserve}/colours/1.0?labels={LABELS}"
+            f"&output=label_only&{AUTH}",
+            "ts-boxes": f"torchserve://{torchserve}/boxes?task=detection&labels={LABELS}&{AUTH}",
+            "ts-missing": f"torchserve://{torchserve}/no-such-model?labels={LABELS}&{AUTH}",
         },
     )
     yield s
@@ -259,9 +293,39 @@ def test_server_errors_are_precise(stack: Any, torchserve: str) -> None:
         _, resp = _predict(px, "ts-colours", [image_msg("again", flat("green"))])
         assert resp.predictions[0].classification.classes[0].name == "green"
     # the real answer without a label set: names cannot be numbered, and the error says so
-    backend = ms.backend_from_url(f"torchserve://{torchserve}/colours")
+    backend = ms.backend_from_url(f"torchserve://{torchserve}/colours?{AUTH}")
     try:
         with pytest.raises(TargetResponseError, match=r"field '(red|green)'.*give labels=FILE"):
             backend.predict([image_msg("x", flat("red"))])
     finally:
         backend.close()
+
+
+def test_token_authorization(torchserve: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TorchServe's own token check: without the key, or with a wrong one, it refuses; the
+    error names the variable, never the key."""
+    import os
+
+    key = os.environ[KEY_ENV]
+    img = image_msg("x", flat("red"))
+    no_key = ms.backend_from_url(f"torchserve://{torchserve}/colours?labels={LABELS}")
+    try:
+        with pytest.raises(
+            TargetResponseError,
+            match=r"HTTP 400.*credentials refused; see "
+            r"token_env\)",
+        ):
+            no_key.predict([img])
+    finally:
+        no_key.close()
+    monkeypatch.setenv("TS_WRONG_KEY", "wrong-" + key[::-1])
+    wrong = ms.backend_from_url(
+        f"torchserve://{torchserve}/colours?labels={LABELS}&token_env=TS_WRONG_KEY"
+    )
+    try:
+        with pytest.raises(TargetResponseError) as ei:
+            wrong.predict([img])
+    finally:
+        wrong.close()
+    assert "credentials refused; token from $TS_WRONG_KEY" in ei.value.message, ei.value.message
+    assert key not in ei.value.message and key[::-1] not in ei.value.message
