@@ -10,11 +10,11 @@ expects (see the package docstring) and answers are read by ``answers``.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import ssl
 import threading
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -201,7 +201,8 @@ class ModelServerBackend:
         if o.input == "json":
             doc = {o.field: base64.b64encode(img.data).decode("ascii")}
             return json.dumps(doc).encode(), {"Content-Type": "application/json"}
-        boundary = f"fortis-{uuid.uuid4().hex}"
+        # From the image itself, so that the same image is the same request (no randomness).
+        boundary = f"fortis-{hashlib.sha256(img.data).hexdigest()[:32]}"
         ext = "jpg" if img.mime == "image/jpeg" else "png"
         head = (
             f'--{boundary}\r\nContent-Disposition: form-data; name="{o.field}"; '
