@@ -7,6 +7,7 @@ right answers are known by construction, and a second service limited to one req
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import urllib.request
@@ -35,7 +36,7 @@ from tests.integration._model_server_support import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 FIXTURES = ROOT / "tests" / "fixtures" / "bentoml"
-VENV = ROOT / ".venv-bentoml"
+VENV = ROOT / os.environ.get("BENTOML_VENV", ".venv-bentoml")  # as the set-up script
 LABELS = FIXTURES / "labels.txt"
 
 

@@ -11,6 +11,7 @@ every image.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import urllib.request
@@ -42,7 +43,7 @@ from tests.integration._model_server_support import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 FIXTURES = ROOT / "tests" / "fixtures" / "torchserve"
-VENV = ROOT / ".venv-torchserve"
+VENV = ROOT / os.environ.get("TORCHSERVE_VENV", ".venv-torchserve")  # as the set-up script
 LABELS = FIXTURES / "index_to_name.json"
 KEY_ENV = "TS_INFERENCE_KEY"
 AUTH = f"token_env={KEY_ENV}"
@@ -304,7 +305,6 @@ def test_server_errors_are_precise(stack: Any, torchserve: str) -> None:
 def test_token_authorization(torchserve: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """TorchServe's own token check: without the key, or with a wrong one, it refuses; the
     error names the variable, never the key."""
-    import os
 
     key = os.environ[KEY_ENV]
     img = image_msg("x", flat("red"))
