@@ -10,6 +10,8 @@
     sagemaker:ENDPOINT?region=R           SageMaker runtime InvokeEndpoint (SigV4)
     vertex:ENDPOINT_ID?project=P&region=R Vertex AI endpoints.predict / rawPredict (OAuth)
     azureml:ENDPOINT?region=R&key=env:V   Azure ML online endpoint /score (key or Entra ID)
+    torchserve://HOST:PORT/MODEL          TorchServe's inference API (+https for TLS)
+    bentoml://HOST:PORT/ENDPOINT          a BentoML service's image endpoint (+https for TLS)
 
 Each scheme's module exposes ``backend_from_url(url) -> TargetBackend`` (see
 ``fortis.services.proxy.proxy.TargetBackend``); modules load only when their scheme is
@@ -33,6 +35,9 @@ SCHEMES: dict[str, str] = {
     "sagemaker": "fortis.adapters.managed_endpoints",
     "vertex": "fortis.adapters.managed_endpoints",
     "azureml": "fortis.adapters.managed_endpoints",
+    **{scheme: "fortis.adapters.model_servers"
+       for scheme in ("torchserve", "torchserve+http", "torchserve+https",
+                      "bentoml", "bentoml+http", "bentoml+https")},
 }
 
 

@@ -1,0 +1,112 @@
+"""Shared by the TorchServe and BentoML adapter tests: the set-up check, starting a real
+server as a subprocess on free loopback ports, and small images whose answer is known."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: The colours the fixture models know, in class order (tests/fixtures/torchserve/colour_model.py
+#: and tests/fixtures/bentoml/service.py list the same prototypes).
+COLOURS = {
+    "red": (255, 0, 0),
+    "green": (0, 255, 0),
+    "blue": (0, 0, 255),
+    "yellow": (255, 255, 0),
+    "cyan": (0, 255, 255),
+    "magenta": (255, 0, 255),
+    "black": (0, 0, 0),
+    "white": (255, 255, 255),
+}
+
+
+def require_venv(venv: Path, script: str, binary: str, stamp: str) -> Path:
+    """The server's venv; the test is skipped, naming the script to run, only when its set-up
+    script has not been run (scripts/setup.sh runs it, so in CI it has)."""
+    exe = venv / "bin" / binary
+    if not exe.exists() or not (venv / stamp).exists():
+        pytest.skip(f"{venv.name} is not set up: run scripts/{script} (scripts/setup.sh does)")
+    return exe
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return 0
+
+
+@contextmanager
+def server_process(
+    cmd: Sequence[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    ready_urls: Sequence[str],
+    timeout_s: float = 120,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``cmd`` until every URL of ``ready_urls`` answers 200; a server that exits or is
+    not ready in time fails the test with its log's tail (the set-up was run, so it must
+    start). Stopped with SIGTERM (its process group), then killed."""
+    log_path = cwd / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            list(cmd),
+            cwd=cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + timeout_s
+        for url in ready_urls:
+            while http_status(url) != 200:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    tail = log_path.read_text(errors="replace").splitlines()[-15:]
+                    pytest.fail(f"{cmd[0]} did not start (exit {proc.poll()}): " + " | ".join(tail))
+                time.sleep(0.25)
+        yield proc
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+def clean_env() -> dict[str, str]:
+    return {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+    }
+
+
+def flat(colour: str, h: int = 20, w: int = 24) -> np.ndarray:
+    return np.broadcast_to(np.array(COLOURS[colour], np.uint8), (h, w, 3)).copy()
+
+
+def square(colour: str, box: tuple[int, int, int, int], h: int = 48, w: int = 64) -> np.ndarray:
+    """A flat ``colour`` rectangle (x1, y1, x2, y2; x2, y2 exclusive) on black."""
+    img = np.zeros((h, w, 3), np.uint8)
+    x1, y1, x2, y2 = box
+    img[y1:y2, x1:x2] = COLOURS[colour]
+    return img

@@ -1,0 +1,202 @@
+"""The bentoml:// target against a real ``bentoml serve`` (BentoML 1.4.40 in its own venv,
+.venv-bentoml, made by scripts/setup_bentoml.sh) of the tiny service in tests/fixtures/bentoml/:
+a colour classifier (multipart image, or base64 in JSON) and a coloured-box detector whose
+right answers are known by construction, and a second service limited to one request at a time
+(``traffic={"max_concurrency": 1}``) whose real HTTP 429s the proxy retries with backoff.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from fortis.common.v1 import common_pb2
+from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from fortis.services.common.codec import encode_png, image_msg
+from google.rpc import code_pb2
+
+from tests.conftest import MD
+from tests.integration._kserve_support import free_port, ledger, session, start_stack_with
+from tests.integration._model_server_support import (
+    COLOURS,
+    ROOT,
+    clean_env,
+    flat,
+    require_venv,
+    server_process,
+    square,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+FIXTURES = ROOT / "tests" / "fixtures" / "bentoml"
+VENV = ROOT / os.environ.get("BENTOML_VENV", ".venv-bentoml")  # as the set-up script
+LABELS = FIXTURES / "labels.txt"
+
+
+def _serve(exe: str, service: str, work: Any) -> Any:
+    port = free_port()
+    env = clean_env()
+    env.update(BENTOML_DO_NOT_TRACK="true", BENTOML_HOME=str(work / "home"), OMP_NUM_THREADS="1")
+    cmd = [
+        exe,
+        "serve",
+        f"service:{service}",
+        "--working-dir",
+        str(FIXTURES),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    return port, server_process(
+        cmd, cwd=work, env=env, timeout_s=120, ready_urls=[f"http://127.0.0.1:{port}/readyz"]
+    )
+
+
+@pytest.fixture(scope="module")
+def bento(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    """``bentoml serve`` of the Colours and the Throttled service, one each per module."""
+    exe = str(require_venv(VENV, "setup_bentoml.sh", "bentoml", ".fortis-bentoml-installed"))
+    colours_port, colours = _serve(exe, "Colours", tmp_path_factory.mktemp("bento-colours"))
+    throttled_port, throttled = _serve(exe, "Throttled", tmp_path_factory.mktemp("bento-thr"))
+    with colours, throttled:
+        yield colours_port, throttled_port
+
+
+@pytest.fixture(scope="module")
+def stack(bento: tuple[int, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    port, throttled = bento
+    base = f"bentoml://127.0.0.1:{port}"
+    s = start_stack_with(
+        tmp_path_factory.mktemp("bento-stack") / "state",
+        {
+            "bento-classify": f"{base}/classify?labels={LABELS}&output=full_scores",
+            "bento-json": f"{base}/classify_b64?labels={LABELS}&input=json&top_k=3",
+            "bento-detect": f"{base}/detect?labels={LABELS}&task=detection",
+            "bento-throttled": f"bentoml://127.0.0.1:{throttled}/classify?labels={LABELS}"
+            "&concurrency=1",
+            "bento-missing": f"{base}/no_such_endpoint?labels={LABELS}",
+        },
+    )
+    yield s
+    s.stop(0)
+
+
+def _predict(px: Any, target: str, imgs: list[common_pb2.Image]) -> tuple[str, Any]:
+    sid = session(px, target)
+    return sid, px.Predict(
+        proxy_pb2.PredictRequest(session_id=sid, origin="clean", images=imgs), metadata=MD
+    )
+
+
+@pytest.mark.parametrize("target", ["bento-classify", "bento-json"])
+def test_classifier_through_the_proxy(stack: Any, target: str) -> None:
+    names = list(COLOURS)
+    imgs = [image_msg(f"flat-{c}", flat(c)) for c in names]
+    imgs.append(common_pb2.Image(image_id="png-yellow", encoded=encode_png(flat("yellow"))))
+    with grpc.insecure_channel(stack.address) as ch:
+        px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+        info = px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target=target), metadata=MD).info
+        assert list(info.labels) == names
+        full = target == "bento-classify"
+        assert info.output_kind == (
+            common_pb2.OUTPUT_KIND_FULL_SCORES if full else common_pb2.OUTPUT_KIND_TOP_K_SCORES
+        )
+        sid, resp = _predict(px, target, imgs)
+        for img, pred in zip(imgs, resp.predictions, strict=True):
+            assert pred.image_id == img.image_id
+            want = img.image_id.split("-", 1)[1]
+            classes = pred.classification.classes
+            assert len(classes) == (len(names) if full else 3)
+            assert (classes[0].name, classes[0].label) == (want, names.index(want))
+            assert all(c.name == names[c.label] for c in classes)
+            if full:
+                assert sum(c.score for c in classes) == pytest.approx(1.0, abs=1e-5)
+        rows = ledger(px, sid)
+        assert len(rows) == len(imgs) and {r.status for r in rows} == {code_pb2.OK}
+
+
+def test_detector_through_the_proxy(stack: Any) -> None:
+    box = (11, 4, 37, 29)
+    with grpc.insecure_channel(stack.address) as ch:
+        px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+        info = px.GetTargetInfo(
+            proxy_pb2.GetTargetInfoRequest(target="bento-detect"), metadata=MD
+        ).info
+        assert info.output_kind == common_pb2.OUTPUT_KIND_BOXES
+        _, resp = _predict(
+            px,
+            "bento-detect",
+            [image_msg("sq", square("green", box)), image_msg("none", square("black", box))],
+        )
+        (b,) = resp.predictions[0].detection.boxes
+        assert (b.name, b.label) == ("green", list(COLOURS).index("green"))
+        assert (b.x_min, b.y_min, b.x_max, b.y_max) == pytest.approx(box)
+        assert len(resp.predictions[1].detection.boxes) == 0
+
+
+def test_real_429_is_retried_with_backoff(stack: Any, bento: tuple[int, int]) -> None:
+    """A neighbour's request holds the one-at-a-time service: BentoML answers ours 429, and
+    the proxy retries it after a backoff until the service is free again."""
+    _, port = bento
+    body = encode_png(flat("red"))
+    boundary = "neighbour"
+    form = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
+            f'filename="a.png"\r\nContent-Type: image/png\r\n\r\n'
+        ).encode()
+        + body
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    statuses: list[int] = []
+
+    def neighbour() -> None:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/classify",
+            data=form,
+            method="POST",
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            statuses.append(r.status)
+
+    with grpc.insecure_channel(stack.address) as ch:
+        px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+        px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target="bento-throttled"), metadata=MD)
+        t = threading.Thread(target=neighbour)
+        t.start()
+        time.sleep(0.1)  # the neighbour's request is in the service now
+        sid, resp = _predict(px, "bento-throttled", [image_msg("mine", flat("blue"))])
+        t.join(10)
+        assert statuses == [200]
+        assert resp.predictions[0].classification.classes[0].name == "blue"
+        rows = sorted(ledger(px, sid), key=lambda r: r.attempts)
+        assert len(rows) >= 2, "the service was not busy: no 429 was met"
+        assert rows[-1].status == code_pb2.OK
+        assert {r.status for r in rows[:-1]} == {code_pb2.UNAVAILABLE}
+        assert "HTTP 429" in rows[0].error
+
+
+def test_unknown_endpoint_is_named(stack: Any) -> None:
+    with grpc.insecure_channel(stack.address) as ch:
+        px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+        sid = session(px, "bento-missing")
+        with pytest.raises(grpc.RpcError) as ei:
+            px.Predict(
+                proxy_pb2.PredictRequest(
+                    session_id=sid, origin="x", images=[image_msg("a", flat("red"))]
+                ),
+                metadata=MD,
+            )
+        assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "HTTP 404" in ei.value.details() and "no_such_endpoint" in ei.value.details()
+        _, resp = _predict(px, "bento-classify", [image_msg("still", flat("white"))])
+        assert resp.predictions[0].classification.classes[0].name == "white"
