@@ -64,7 +64,8 @@ def exporter() -> Iterator[InMemorySpanExporter]:
     yield mem
     provider.shutdown()
     from opentelemetry.util._once import Once
-    trace._TRACER_PROVIDER_SET_ONCE = Once()    # the SDK's own tests reset it so
+
+    trace._TRACER_PROVIDER_SET_ONCE = Once()  # the SDK's own tests reset it so
     trace._TRACER_PROVIDER = None
 
 
@@ -106,16 +107,26 @@ def remote(fmnist_target: Any) -> Iterator[_RecordingTarget]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, remote: _RecordingTarget,
-          exporter: InMemorySpanExporter, fmnist_target: Any, fmnist_surrogate: Any
-          ) -> Iterator[Any]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    remote: _RecordingTarget,
+    exporter: InMemorySpanExporter,
+    fmnist_target: Any,
+    fmnist_surrogate: Any,
+) -> Iterator[Any]:
     from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
-    s = start_stack(StackSettings(
-        state_dir=tmp_path_factory.mktemp("tracing") / "state",
-        api_keys={API_KEY: "tenant-a"}, internal_key=INTERNAL_KEY,
-        targets=[TargetConfig.parse("fmnist-cnn=builtin:fmnist-cnn"),
-                 TargetConfig.parse(f"remote=grpc://127.0.0.1:{remote.port}")]))
+    s = start_stack(
+        StackSettings(
+            state_dir=tmp_path_factory.mktemp("tracing") / "state",
+            api_keys={API_KEY: "tenant-a"},
+            internal_key=INTERNAL_KEY,
+            targets=[
+                TargetConfig.parse("fmnist-cnn=builtin:fmnist-cnn"),
+                TargetConfig.parse(f"remote=grpc://127.0.0.1:{remote.port}"),
+            ],
+        )
+    )
     yield s
     s.stop(0)
 
@@ -131,8 +142,11 @@ def _wait(stub: Any, eid: str, timeout: float = 240) -> pb.Evaluation:
     deadline = time.time() + timeout
     while time.time() < deadline:
         ev = stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id=eid), metadata=MD).evaluation
-        if ev.state in (pb.EVALUATION_STATE_SUCCEEDED, pb.EVALUATION_STATE_FAILED,
-                        pb.EVALUATION_STATE_CANCELLED):
+        if ev.state in (
+            pb.EVALUATION_STATE_SUCCEEDED,
+            pb.EVALUATION_STATE_FAILED,
+            pb.EVALUATION_STATE_CANCELLED,
+        ):
             return ev
         time.sleep(0.2)
     raise AssertionError(f"{eid} did not end")
@@ -160,8 +174,12 @@ def _flat_values(span: ReadableSpan) -> list[Any]:
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["fmnist-cnn", "remote"])
 def test_one_trace_from_create_evaluation_to_the_target(
-        target: str, stub: Any, exporter: InMemorySpanExporter, remote: _RecordingTarget,
-        captured: list[dict[str, Any]]) -> None:
+    target: str,
+    stub: Any,
+    exporter: InMemorySpanExporter,
+    remote: _RecordingTarget,
+    captured: list[dict[str, Any]],
+) -> None:
     exporter.clear()
     remote.seen.clear()
     plan = PLAN.replace("TARGET", target)
@@ -169,15 +187,16 @@ def test_one_trace_from_create_evaluation_to_the_target(
     ev = stub.CreateEvaluation(pb.CreateEvaluationRequest(plan=plan), metadata=md).evaluation
     final = _wait(stub, ev.evaluation_id)
     assert final.state == pb.EVALUATION_STATE_SUCCEEDED, final.error
-    time.sleep(0.5)         # the last client spans end in gRPC's callback thread
+    time.sleep(0.5)  # the last client spans end in gRPC's callback thread
     spans = list(exporter.get_finished_spans())
 
     create = _server_span([s for s in spans if s.parent is None], "CreateEvaluation")
     tid = create.context.trace_id
     # the tenant's trace context is linked, never the parent, and its tracestate is dropped
     assert create.parent is None and _hex(tid, 32) != CLIENT_TRACE
-    assert [(_hex(k.context.trace_id, 32), _hex(k.context.span_id, 16)) for k in create.links] \
-        == [(CLIENT_TRACE, CLIENT_SPAN)]
+    assert [(_hex(k.context.trace_id, 32), _hex(k.context.span_id, 16)) for k in create.links] == [
+        (CLIENT_TRACE, CLIENT_SPAN)
+    ]
     assert all(not s.context.trace_state for s in spans)
 
     ours = [s for s in spans if s.context.trace_id == tid]
@@ -185,8 +204,9 @@ def test_one_trace_from_create_evaluation_to_the_target(
     assert len(ids) == len(ours)
     roots = [s for s in ours if s.parent is None]
     assert roots == [create], "one root: CreateEvaluation"
-    assert all(s.parent.span_id in ids for s in ours if s.parent is not None), \
+    assert all(s.parent.span_id in ids for s in ours if s.parent is not None), (
         "every parent is a span of the same trace"
+    )
     # ... and the parent links reach the root from every span (a tree, no cycle)
     parent_of = {s.context.span_id: (s.parent.span_id if s.parent else None) for s in ours}
     for sid in ids:
@@ -202,32 +222,43 @@ def test_one_trace_from_create_evaluation_to_the_target(
     assert run.attributes["fortis.evaluation_id"] == ev.evaluation_id
     assert run.attributes["fortis.tenant"] == "tenant-a"
     assert {"stage clean", "stage corruptions", "stage query_attacks"} <= names
-    for rpc in ("fortis.perturbation.v1.PerturbationService/ApplyPerturbation",
-                "fortis.perturbation.v1.PerturbationService/RunAttack",
-                "fortis.proxy.v1.TargetProxyService/Predict",
-                "fortis.scoring.v1.ScoringService/ScoreEvaluation",
-                "fortis.report.v1.ReportService/RenderReport"):
+    for rpc in (
+        "fortis.perturbation.v1.PerturbationService/ApplyPerturbation",
+        "fortis.perturbation.v1.PerturbationService/RunAttack",
+        "fortis.proxy.v1.TargetProxyService/Predict",
+        "fortis.scoring.v1.ScoringService/ScoreEvaluation",
+        "fortis.report.v1.ReportService/RenderReport",
+    ):
         kinds = {s.kind for s in ours if s.name == rpc}
         assert kinds == {SpanKind.CLIENT, SpanKind.SERVER}, (rpc, kinds)
     # the query attack's proxy calls (perturbation -> proxy) are in the trace too
     attack = next(s for s in ours if s.name.endswith("/RunAttack") and s.kind is SpanKind.SERVER)
-    below_attack = [s for s in ours if s.parent is not None
-                    and s.parent.span_id == attack.context.span_id]
+    below_attack = [
+        s for s in ours if s.parent is not None and s.parent.span_id == attack.context.span_id
+    ]
     assert any(s.name.endswith("TargetProxyService/Predict") for s in below_attack)
     servers = [s for s in ours if s.kind is SpanKind.SERVER]
     assert {s.attributes["fortis.tenant"] for s in servers} == {"tenant-a"}
     assert {s.attributes["fortis.service"] for s in servers} >= {
-        "evaluation", "perturbation", "proxy", "scoring", "report"}
+        "evaluation",
+        "perturbation",
+        "proxy",
+        "scoring",
+        "report",
+    }
 
     if target == "remote":
         predicts = [tp for rpc, tp in remote.seen if rpc == "Predict"]
         assert predicts and all(tp is not None for tp in predicts)
-        client_ids = {s.context.span_id for s in ours if s.kind is SpanKind.CLIENT
-                      and s.name == "fortis.target.v1.TargetService/Predict"}
+        client_ids = {
+            s.context.span_id
+            for s in ours
+            if s.kind is SpanKind.CLIENT and s.name == "fortis.target.v1.TargetService/Predict"
+        }
         for tp in predicts:
             _, trace_hex, parent_hex, _ = tp.split("-")
             assert trace_hex == _hex(tid, 32)
-            assert int(parent_hex, 16) in client_ids    # the proxy's call is its parent
+            assert int(parent_hex, 16) in client_ids  # the proxy's call is its parent
 
     # no secrets, no plan text, no bytes in any span
     for s in spans:
@@ -238,8 +269,11 @@ def test_one_trace_from_create_evaluation_to_the_target(
 
     # the trace id in the request's log lines and in the run's
     trace_hex = _hex(tid, 32)
-    started = [ln for ln in captured if ln.get("event") == "evaluation_started"
-               and ln.get("evaluation_id") == ev.evaluation_id]
+    started = [
+        ln
+        for ln in captured
+        if ln.get("event") == "evaluation_started" and ln.get("evaluation_id") == ev.evaluation_id
+    ]
     assert started and started[0].get("trace_id") == trace_hex
 
 
@@ -247,7 +281,8 @@ def _call(stack: Any, md: tuple[tuple[str, str], ...]) -> None:
     ch = grpc.insecure_channel(stack.address)
     try:
         evaluation_pb2_grpc.EvaluationServiceStub(ch).ListEvaluations(
-            pb.ListEvaluationsRequest(page_size=1), metadata=md, timeout=30)
+            pb.ListEvaluationsRequest(page_size=1), metadata=md, timeout=30
+        )
     finally:
         ch.close()
 
@@ -256,11 +291,19 @@ def _list_span(exporter: InMemorySpanExporter) -> ReadableSpan:
     return _server_span(list(exporter.get_finished_spans()), "ListEvaluations")
 
 
-def test_the_internal_key_continues_the_callers_trace(stack: Any,
-                                                       exporter: InMemorySpanExporter) -> None:
+def test_the_internal_key_continues_the_callers_trace(
+    stack: Any, exporter: InMemorySpanExporter
+) -> None:
     exporter.clear()
-    _call(stack, (("x-api-key", INTERNAL_KEY), ("x-fortis-tenant", "tenant-a"),
-                  ("traceparent", CLIENT_TRACEPARENT), ("tracestate", "fortis=kept")))
+    _call(
+        stack,
+        (
+            ("x-api-key", INTERNAL_KEY),
+            ("x-fortis-tenant", "tenant-a"),
+            ("traceparent", CLIENT_TRACEPARENT),
+            ("tracestate", "fortis=kept"),
+        ),
+    )
     span = _list_span(exporter)
     assert _hex(span.context.trace_id, 32) == CLIENT_TRACE
     assert span.parent is not None and _hex(span.parent.span_id, 16) == CLIENT_SPAN
@@ -282,14 +325,18 @@ HOSTILE = {
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 @pytest.mark.parametrize("key", ["tenant", "internal"])
 def test_a_malformed_trace_context_is_ignored_never_an_error(
-        case: str, key: str, stack: Any, exporter: InMemorySpanExporter,
-        captured: list[dict[str, Any]], caplog: pytest.LogCaptureFixture) -> None:
+    case: str,
+    key: str,
+    stack: Any,
+    exporter: InMemorySpanExporter,
+    captured: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Whoever sends it, a bad trace header is no trace header: the call succeeds and its
     span starts a trace of its own (nothing linked), with no warning logged per call."""
     exporter.clear()
     caplog.set_level(logging.DEBUG, logger="opentelemetry")
-    auth = MD if key == "tenant" else (("x-api-key", INTERNAL_KEY),
-                                       ("x-fortis-tenant", "tenant-a"))
+    auth = MD if key == "tenant" else (("x-api-key", INTERNAL_KEY), ("x-fortis-tenant", "tenant-a"))
     _call(stack, (*auth, *HOSTILE[case]))
     span = _list_span(exporter)
     assert span.parent is None and not span.links
@@ -299,29 +346,45 @@ def test_a_malformed_trace_context_is_ignored_never_an_error(
 
 
 def test_a_huge_tracestate_is_dropped_and_the_traceparent_kept(
-        stack: Any, exporter: InMemorySpanExporter) -> None:
+    stack: Any, exporter: InMemorySpanExporter
+) -> None:
     from fortis.infra.serving.tracing import MAX_TRACESTATE_CHARS
 
     exporter.clear()
-    state = ",".join(f"k{i}=" + "v" * 100 for i in range(30))     # ~3 KB, 30 members
+    state = ",".join(f"k{i}=" + "v" * 100 for i in range(30))  # ~3 KB, 30 members
     assert len(state) > MAX_TRACESTATE_CHARS
-    _call(stack, (("x-api-key", INTERNAL_KEY), ("x-fortis-tenant", "tenant-a"),
-                  ("traceparent", CLIENT_TRACEPARENT), ("tracestate", state)))
+    _call(
+        stack,
+        (
+            ("x-api-key", INTERNAL_KEY),
+            ("x-fortis-tenant", "tenant-a"),
+            ("traceparent", CLIENT_TRACEPARENT),
+            ("tracestate", state),
+        ),
+    )
     span = _list_span(exporter)
     assert _hex(span.context.trace_id, 32) == CLIENT_TRACE
     assert not span.context.trace_state
 
 
 def test_the_audit_line_carries_the_calls_trace_id(
-        tmp_path: Path, exporter: InMemorySpanExporter, captured: list[dict[str, Any]]) -> None:
+    tmp_path: Path, exporter: InMemorySpanExporter, captured: list[dict[str, Any]]
+) -> None:
     """The ``authenticated`` audit line (once per identity) is written inside the call's
     span: its trace id is the call's."""
     from fortis.server.app.stack import StackSettings, start_stack
 
-    s = start_stack(StackSettings(state_dir=tmp_path / "state", api_keys={API_KEY: "tenant-a"},
-                                  only="evaluation", proxy_address="127.0.0.1:1",
-                                  perturbation_address="127.0.0.1:1",
-                                  scoring_address="127.0.0.1:1", report_address="127.0.0.1:1"))
+    s = start_stack(
+        StackSettings(
+            state_dir=tmp_path / "state",
+            api_keys={API_KEY: "tenant-a"},
+            only="evaluation",
+            proxy_address="127.0.0.1:1",
+            perturbation_address="127.0.0.1:1",
+            scoring_address="127.0.0.1:1",
+            report_address="127.0.0.1:1",
+        )
+    )
     try:
         exporter.clear()
         _call(s, MD)
