@@ -150,6 +150,15 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: metadata.namespace
+            {{- /* tracing: the OTEL_* variables (docs/tracing.md); none set, no tracing */}}
+            {{- range $k, $val := $v.tracing.env }}
+            - name: {{ $k }}
+              value: {{ $val | quote }}
+            {{- end }}
+            {{- if and $v.tracing.env (not (hasKey $v.tracing.env "OTEL_SERVICE_NAME")) }}
+            - name: OTEL_SERVICE_NAME
+              value: fortis-{{ $c }}
+            {{- end }}
             {{- if and $v.secrets.database.existingSecret (has $c (list "evaluation" "perturbation" "proxy")) }}
             - name: FORTIS_DATABASE_URL
               valueFrom:
