@@ -315,9 +315,11 @@ def test_an_indexed_job_gets_the_runs_trace_context(received: Any) -> None:
         evaluation_id="e",
         trace_env=tracing.env_carrier(),
     )
-    env_of = lambda m: {
-        e["name"]: e.get("value")  # noqa: E731
-        for e in m["spec"]["template"]["spec"]["containers"][0]["env"]
-    }
+
+    def env_of(m: dict[str, Any]) -> dict[str, Any]:
+        return {
+            e["name"]: e.get("value") for e in m["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+
     assert "TRACEPARENT" not in env_of(plain)
     assert env_of(traced)["TRACEPARENT"].split("-")[1] == TRACE
