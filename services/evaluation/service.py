@@ -280,6 +280,7 @@ class EvaluationManager:
             ev = self._cancel.setdefault((tenant, evaluation_id), threading.Event())
             if self._sched.remove(tenant, evaluation_id):    # queued: it never starts
                 self._cancel.pop((tenant, evaluation_id), None)
+                self._trace_of.pop((tenant, evaluation_id), None)
         ev.set()
         self.store.for_tenant(tenant).update_running(evaluation_id, state="CANCELLED", stage="done",
                                   message="cancelled by a caller", finished_at=time.time())

@@ -395,3 +395,83 @@ def test_the_audit_line_carries_the_calls_trace_id(
     assert len(audit) == 1
     assert audit[0]["trace_id"] == _hex(span.context.trace_id, 32)
     assert audit[0]["tenant"] == "tenant-a"
+
+
+@pytest.mark.slow
+def test_worker_processes_continue_the_runs_trace(
+    tmp_path: Path, exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--executor processes``: the workers are other processes, so their spans go out
+    over OTLP (the standard variables, in the environment they inherit) to a loopback
+    collector (a stand-in for an OpenTelemetry Collector, decoding with the OTLP protos);
+    the service's own spans stay in memory. Together they are one tree: each worker's span
+    is a child of the evaluation's run (``TRACEPARENT``), and the proxy's server spans are
+    children of the workers' client spans."""
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
+
+    from tests.unit.test_tracing import _GrpcCollector
+
+    collector = _GrpcCollector()
+    s = start_stack(
+        StackSettings(
+            state_dir=tmp_path / "state",
+            api_keys={API_KEY: "tenant-a"},
+            internal_key=INTERNAL_KEY,
+            targets=[TargetConfig.parse("fmnist-cnn=builtin:fmnist-cnn")],
+            executor="processes",
+            worker_processes=2,
+        )
+    )
+    # set after the start: this process keeps its in-memory exporter, the workers export
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{collector.port}")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+    try:
+        exporter.clear()
+        ch = grpc.insecure_channel(s.address)
+        stub = evaluation_pb2_grpc.EvaluationServiceStub(ch)
+        plan = PLAN.replace("TARGET", "fmnist-cnn").split("attacks:")[0]
+        ev = stub.CreateEvaluation(pb.CreateEvaluationRequest(plan=plan), metadata=MD).evaluation
+        final = _wait(stub, ev.evaluation_id)
+        ch.close()
+        assert final.state == pb.EVALUATION_STATE_SUCCEEDED, final.error
+    finally:
+        s.stop(0)
+        collector.server.stop(0)
+    mine = list(exporter.get_finished_spans())
+    run = next(x for x in mine if x.name == "evaluation.run")
+    tid = run.context.trace_id
+    remote = [
+        (rs, sp)
+        for req in collector.requests
+        for rs in req.resource_spans
+        for ss in rs.scope_spans
+        for sp in ss.spans
+    ]
+    services = {
+        a.value.string_value
+        for rs, _ in remote
+        for a in rs.resource.attributes
+        if a.key == "service.name"
+    }
+    assert services == {"fortis-worker"}
+    workers = [sp for _, sp in remote if sp.name == "evaluation.worker"]
+    assert len(workers) == 2
+    for w in workers:
+        assert int.from_bytes(w.trace_id, "big") == tid
+        assert int.from_bytes(w.parent_span_id, "big") == run.context.span_id
+    assert all(int.from_bytes(sp.trace_id, "big") == tid for _, sp in remote)
+    worker_clients = {
+        int.from_bytes(sp.span_id, "big")
+        for _, sp in remote
+        if sp.name == "fortis.proxy.v1.TargetProxyService/Predict"
+    }
+    assert worker_clients, "the workers' queries to the proxy"
+    proxy_servers = [
+        x
+        for x in mine
+        if x.kind is SpanKind.SERVER
+        and x.name == "fortis.proxy.v1.TargetProxyService/Predict"
+        and x.parent is not None
+        and x.parent.span_id in worker_clients
+    ]
+    assert proxy_servers and all(x.context.trace_id == tid for x in proxy_servers)
