@@ -323,3 +323,50 @@ def test_an_indexed_job_gets_the_runs_trace_context(received: Any) -> None:
 
     assert "TRACEPARENT" not in env_of(plain)
     assert env_of(traced)["TRACEPARENT"].split("-")[1] == TRACE
+
+
+def test_an_open_inference_protocol_target_gets_the_trace_context(received: Any) -> None:
+    """The KServe v2 gRPC transport's calls carry ``traceparent`` in their metadata (a
+    loopback ``GRPCInferenceService`` records what it receives)."""
+    from fortis.adapters.kserve_v2.grpc_transport import GrpcTransport
+    from fortis.adapters.kserve_v2.options import parse_url
+    from fortis.adapters.kserve_v2_protos import grpc_predict_v2_pb2 as kpb
+    from fortis.adapters.kserve_v2_protos import grpc_predict_v2_pb2_grpc as kgrpc
+
+    seen: list[str | None] = []
+
+    class Server(kgrpc.GRPCInferenceServiceServicer):
+        def ModelReady(self, request: Any, context: Any) -> Any:
+            seen.append(dict(context.invocation_metadata()).get("traceparent"))
+            return kpb.ModelReadyResponse(ready=True)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    kgrpc.add_GRPCInferenceServiceServicer_to_server(Server(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    transport = GrpcTransport(parse_url(f"kserve+grpc://127.0.0.1:{port}/m"))
+    try:
+        assert transport.ready()
+    finally:
+        transport.close()
+        server.stop(0)
+    assert seen and seen[0] is not None and seen[0].split("-")[1] == TRACE
+
+
+def test_json_log_lines_carry_the_trace_id(received: Any, capsys: pytest.CaptureFixture) -> None:
+    """``fortis serve``'s JSON lines (``server/cli/logs.py``) written inside a span carry its
+    trace and span ids; outside any span, none."""
+    import structlog
+    from fortis.server.cli.logs import configure
+
+    configure("info")
+    structlog.get_logger("t").info("inside")
+    token = otel_context.attach(otel_context.Context())
+    try:
+        structlog.get_logger("t").info("outside")
+    finally:
+        otel_context.detach(token)
+    lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
+    inside, outside = lines[-2], lines[-1]
+    assert (inside["event"], inside["trace_id"], inside["span_id"]) == ("inside", TRACE, SPAN)
+    assert outside["event"] == "outside" and "trace_id" not in outside
