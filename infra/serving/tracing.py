@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
@@ -52,6 +53,10 @@ MAX_TRACEPARENT_CHARS = 128
 #: parsed or passed on (it would ride along on every call an evaluation makes).
 MAX_TRACESTATE_CHARS = 512
 
+#: A W3C tracestate list: ``key=value`` members (key: simple or ``tenant@system``; value:
+#: printable ASCII but ``,`` and ``=``), comma-separated with optional blanks.
+_MEMBER = r"[a-z0-9][a-z0-9_\-*/]{0,240}(?:@[a-z][a-z0-9_\-*/]{0,13})?=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+_TRACESTATE = re.compile(rf"[ \t]*{_MEMBER}(?:[ \t]*,[ \t]*{_MEMBER}){{0,31}}[ \t]*")
 _PROPAGATOR = TraceContextTextMapPropagator()  # W3C trace context only: no baggage
 _lock = threading.Lock()
 _provider: Any = None
@@ -178,8 +183,8 @@ def extract(carrier: Mapping[str, Any]) -> Context | None:
     if not parent or len(parent) > MAX_TRACEPARENT_CHARS:
         return None
     clean = {TRACEPARENT: parent.strip()}
-    if state and len(state) <= MAX_TRACESTATE_CHARS:
-        clean[TRACESTATE] = state
+    if state and len(state) <= MAX_TRACESTATE_CHARS and _TRACESTATE.fullmatch(state):
+        clean[TRACESTATE] = state  # checked first: the SDK would log each bad member
     try:
         ctx = _PROPAGATOR.extract(clean)
     except Exception:  # noqa: BLE001 - a header that trips the parser is no header
@@ -285,7 +290,16 @@ class ServerCall:
 
     def __init__(self, method: str, metadata: Mapping[str, Any], trusted: bool) -> None:
         self.method = method
-        self._caller = extract(metadata)
+        # a tenant's tracestate is never read: only the ids of its span are linked
+        self._caller = extract(
+            metadata
+            if trusted
+            else {
+                k: v
+                for k, v in metadata.items()
+                if not (isinstance(k, str) and k.lower() == TRACESTATE)
+            }
+        )
         self._trusted = trusted
         self.span: Span = trace.INVALID_SPAN
         self._ended = False

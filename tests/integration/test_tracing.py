@@ -475,3 +475,23 @@ def test_worker_processes_continue_the_runs_trace(
         and x.parent.span_id in worker_clients
     ]
     assert proxy_servers and all(x.context.trace_id == tid for x in proxy_servers)
+
+
+@pytest.mark.parametrize("state", ["!!!bad,,=", "A=upper", "a=b=c", "k=v," * 40 + "k=v"])
+def test_a_malformed_tracestate_is_dropped_silently_and_the_parent_kept(
+    state: str, stack: Any, exporter: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    exporter.clear()
+    caplog.set_level(logging.DEBUG, logger="opentelemetry")
+    _call(
+        stack,
+        (
+            ("x-api-key", INTERNAL_KEY),
+            ("x-fortis-tenant", "tenant-a"),
+            ("traceparent", CLIENT_TRACEPARENT),
+            ("tracestate", state),
+        ),
+    )
+    span = _list_span(exporter)
+    assert _hex(span.parent.span_id, 16) == CLIENT_SPAN and not span.context.trace_state
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
