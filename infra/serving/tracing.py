@@ -23,6 +23,7 @@ URLs (a target URL may hold a key in its query). No gRPC here: domain code opens
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import threading
@@ -152,8 +153,19 @@ def configure(service_name: str = "fortis", environ: Mapping[str, str] | None = 
         return provider
 
 
+_tracer_of: tuple[Any, trace.Tracer] | None = None
+
+
 def tracer() -> trace.Tracer:
-    return trace.get_tracer(TRACER_NAME)
+    """Fortis's tracer from the current global provider (kept: ``get_tracer`` builds a new
+    one each time, a cost on every call)."""
+    global _tracer_of
+    provider = trace.get_tracer_provider()
+    kept = _tracer_of
+    if kept is None or kept[0] is not provider:
+        kept = (provider, provider.get_tracer(TRACER_NAME))
+        _tracer_of = kept
+    return kept[1]
 
 
 # -- trace context in ---------------------------------------------------------------------
@@ -276,9 +288,19 @@ def service_of(method: str) -> tuple[str, str, str]:
     return area[:64], service[:200], rpc[:100]
 
 
-def rpc_attributes(method: str) -> dict[str, str]:
+@functools.lru_cache(maxsize=512)  # the served methods: a small, fixed set
+def _rpc_attributes(method: str) -> tuple[tuple[str, str], ...]:
     area, service, rpc = service_of(method)
-    return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc, "fortis.service": area}
+    return (
+        ("rpc.system", "grpc"),
+        ("rpc.service", service),
+        ("rpc.method", rpc),
+        ("fortis.service", area),
+    )
+
+
+def rpc_attributes(method: str) -> dict[str, str]:
+    return dict(_rpc_attributes(method))
 
 
 class ServerCall:
@@ -290,15 +312,15 @@ class ServerCall:
 
     def __init__(self, method: str, metadata: Mapping[str, Any], trusted: bool) -> None:
         self.method = method
-        # a tenant's tracestate is never read: only the ids of its span are linked
-        self._caller = extract(
-            metadata
-            if trusted
-            else {
-                k: v
-                for k, v in metadata.items()
-                if not (isinstance(k, str) and k.lower() == TRACESTATE)
-            }
+        # gRPC metadata keys are lower case; a tenant's tracestate is never read (only the
+        # ids of its span are linked)
+        given = metadata.get(TRACEPARENT)
+        self._caller = (
+            None
+            if given is None
+            else extract(
+                {TRACEPARENT: given, TRACESTATE: metadata.get(TRACESTATE, "") if trusted else ""}
+            )
         )
         self._trusted = trusted
         self.span: Span = trace.INVALID_SPAN
