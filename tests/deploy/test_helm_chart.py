@@ -870,9 +870,11 @@ def test_tracing_env_reaches_every_service_and_its_collector_only():
     with pytest.raises(helm.HelmError) as info:        # an endpoint and nowhere to reach it
         render(_merge(v, {"tracing": {"networkPolicyTo": []}}))
     assert "tracing.networkPolicyTo" in str(info.value)
-    with pytest.raises(helm.HelmError) as info:        # only OTEL_* variables
-        helm.Chart.load(CHART).validate_schema(_merge(v, {"tracing": {"env": {"PATH": "/x"}}}))
-    assert "PATH" in str(info.value) or "tracing" in str(info.value)
+    for bad in ({"PATH": "/x"},                                    # only OTEL_* variables
+                {"OTEL_EXPORTER_OTLP_HEADERS": "authorization=k"}):  # credentials: a secret
+        with pytest.raises(helm.HelmError) as info:
+            helm.Chart.load(CHART).validate_schema(_merge(v, {"tracing": {"env": bad}}))
+        assert next(iter(bad)) in str(info.value)       # the variable is named
 
 
 def test_the_worker_jobs_get_the_evaluation_services_tracing_env(monkeypatch):
@@ -886,6 +888,7 @@ def test_the_worker_jobs_get_the_evaluation_services_tracing_env(monkeypatch):
         "evaluation": {"executor": "kubernetes"},
         "networkPolicy": {"kubernetesApi": {"to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}]}},
         "tracing": {"env": {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel.obs.svc:4317"},
+                    "headersSecret": {"existingSecret": "otel-headers"},
                     "networkPolicyTo": [{"ipBlock": {"cidr": "10.20.0.9/32"}}]}})
     ev, = [d for d in by_kind(render(v), "Deployment")
            if d["metadata"]["name"].endswith("-evaluation")]
@@ -895,6 +898,13 @@ def test_the_worker_jobs_get_the_evaluation_services_tracing_env(monkeypatch):
             monkeypatch.setenv(e["name"], e["value"])
     monkeypatch.setenv("POD_NAMESPACE", "team-a")
     ns = build_parser().parse_args([a for a in container["args"] if "$(" not in a])
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=from-the-secret")
     job = _executor_settings(ns)["job_settings"]
     assert job.env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel.obs.svc:4317"
     assert "OTEL_SERVICE_NAME" not in job.env
+    # the collector's credentials reach the Jobs from the secret, never as a plain value
+    assert "OTEL_EXPORTER_OTLP_HEADERS" not in job.env
+    assert job.secret_env["OTEL_EXPORTER_OTLP_HEADERS"] == ("otel-headers", "headers")
+    env = {e["name"]: e for e in container["env"]}
+    assert env["OTEL_EXPORTER_OTLP_HEADERS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "otel-headers", "key": "headers"}

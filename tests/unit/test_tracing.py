@@ -74,7 +74,7 @@ if provider is not None:
 """
 
 
-def _probe(env: dict[str, str]) -> str:
+def _probe(env: dict[str, str], *, with_stderr: bool = False) -> str:
     r = subprocess.run(
         [sys.executable, "-c", _PROBE],
         env=env,
@@ -84,7 +84,7 @@ def _probe(env: dict[str, str]) -> str:
         timeout=60,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    return r.stdout
+    return r.stdout + (r.stderr if with_stderr else "")
 
 
 def test_no_otel_configuration_installs_nothing() -> None:
@@ -118,10 +118,12 @@ class _GrpcCollector:
         )
 
         self.requests: list[Any] = []
+        self.metadata: list[dict[str, str]] = []
         outer = self
 
         class Service(trace_service_pb2_grpc.TraceServiceServicer):
             def Export(self, request: Any, context: Any) -> Any:
+                outer.metadata.append(dict(context.invocation_metadata()))
                 outer.requests.append(request)
                 return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -370,3 +372,24 @@ def test_json_log_lines_carry_the_trace_id(received: Any, capsys: pytest.Capture
     inside, outside = lines[-2], lines[-1]
     assert (inside["event"], inside["trace_id"], inside["span_id"]) == ("inside", TRACE, SPAN)
     assert outside["event"] == "outside" and "trace_id" not in outside
+
+
+def test_the_collectors_credentials_are_sent_and_never_printed() -> None:
+    """``OTEL_EXPORTER_OTLP_HEADERS`` (e.g. a collector's token) reaches the collector; the
+    process's output (its log lines included) never shows it."""
+    secret = "otlp-token-" + os.urandom(8).hex()
+    collector = _GrpcCollector()
+    try:
+        out = _probe(
+            _clean_env(
+                OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.port}",
+                OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer%20{secret}",
+            ),
+            with_stderr=True,
+        )
+    finally:
+        collector.server.stop(0)
+    assert collector.metadata and all(
+        md.get("authorization") == f"Bearer {secret}" for md in collector.metadata
+    )
+    assert secret not in out
