@@ -35,6 +35,8 @@ from datetime import UTC
 from urllib.parse import urlsplit
 
 from fortis.adapters.target_errors import TargetResponseError, TargetUnavailable
+from fortis.infra.serving import tracing
+from opentelemetry.trace import SpanKind
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -146,14 +148,26 @@ class HttpClient:
         host = parts.hostname or ""
         port = parts.port or (443 if scheme == "https" else 80)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        key = (scheme, host, port)
+        # host and port only: a URL's path or query may hold a key
+        with tracing.span(f"HTTP {method}", {"http.request.method": method,
+                                             "server.address": host, "server.port": port},
+                          kind=SpanKind.CLIENT) as span:
+            sent = dict(headers or {})
+            given = {k.lower() for k in sent}
+            sent.update((k, v) for k, v in tracing.headers() if k not in given)
+            resp = self._send(method, url, target, (scheme, host, port), sent, body, where)
+            span.set_attribute("http.response.status_code", resp.status)
+            return resp
+
+    def _send(self, method: str, url: str, target: str, key: tuple[str, str, int],
+              headers: dict[str, str], body: bytes | None, where: str) -> HttpResponse:
         fresh = False
         while True:
             pooled, reused = self._acquire(key, fresh)
             conn = pooled.conn
             try:
                 conn.request(method, url if pooled.plain_proxy else target, body=body,
-                             headers=dict(headers or {}))
+                             headers=headers)
                 resp = conn.getresponse()
                 data = resp.read(self.max_response_bytes + 1)
             except _STALE as exc:

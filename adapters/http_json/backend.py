@@ -35,6 +35,7 @@ from fortis.adapters.http_json.response import prediction_from_answer
 from fortis.adapters.target_errors import TargetResponseError
 from fortis.common.v1 import common_pb2
 from fortis.core.task import Task
+from fortis.infra.serving import tracing
 from fortis.services.common import errors
 from fortis.target.v1 import target_pb2
 
@@ -126,7 +127,8 @@ class HttpJsonBackend:
         groups = [prepared[k:k + n] for k in range(0, len(prepared), n)]
         if len(groups) == 1:
             return self._call(groups[0])
-        futures = [self._pool.submit(self._call, g) for g in groups]
+        call = tracing.in_context(self._call)     # the pool's threads: the caller's trace
+        futures = [self._pool.submit(call, g) for g in groups]
         out: list[common_pb2.Prediction] = []
         failures: list[errors.FortisError] = []
         for f in futures:

@@ -25,6 +25,7 @@ from fortis.adapters.kserve_v2.transport import MAX_MESSAGE_BYTES, MessageTooLar
 from fortis.adapters.kserve_v2_protos import grpc_predict_v2_pb2 as pb
 from fortis.adapters.kserve_v2_protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from fortis.adapters.target_errors import TargetResponseError, TargetUnavailable
+from fortis.infra.serving.tracing_grpc import traced
 
 _RETRYABLE_GRPC = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                    grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -42,9 +43,10 @@ class GrpcTransport:
         if opts.host_header:
             options.append(("grpc.default_authority", opts.host_header))
         if opts.tls:
-            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(), options)
+            channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(), options)
         else:
-            self._channel = grpc.insecure_channel(address, options)
+            channel = grpc.insecure_channel(address, options)
+        self._channel = traced(channel)       # the trace context in each call's metadata
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = ()
         if opts.token_env:

@@ -27,6 +27,7 @@ from fortis.infra.serving.memory import (
     stream_holding,
 )
 from fortis.infra.serving.status import status_for
+from fortis.infra.serving.tracing import ServerCall
 from fortis.infra.serving.wire import Wire
 from fortis.services.common import errors, limits
 from google.protobuf.message import Message
@@ -156,13 +157,14 @@ def wrap_handler(handler: grpc.RpcMethodHandler,
                  before: Before,
                  method: str = "", observe: Observer | None = None,
                  request_id: str = "",
-                 hold_for: Callable[[], CallHold | None] | None = None
-                 ) -> grpc.RpcMethodHandler:
+                 hold_for: Callable[[], CallHold | None] | None = None,
+                 *, traced: ServerCall | None = None) -> grpc.RpcMethodHandler:
     """Wrap every behaviour of a handler: run ``before`` then map domain errors (a request
     that does not parse is INVALID_ARGUMENT on ``request``). ``hold_for`` (after ``before``)
     gives the call's memory hold: a unary request is held whole before the servicer runs, a
     client stream message by message; a bidirectional stream's servicer holds each message
-    itself (``memory.holding``), answering refusals in band."""
+    itself (``memory.holding``), answering refusals in band. ``traced`` is the call's span
+    (started by ``before``), ended with the call's status code."""
     check: Callable[[Any], Any] = _decoded_stream if handler.request_streaming else _decoded
     if not (handler.request_streaming and handler.response_streaming):
         check = _bounded(check)     # a bidirectional stream's servicer answers it in band
@@ -175,7 +177,7 @@ def wrap_handler(handler: grpc.RpcMethodHandler,
     steps = _CallSteps(before=before, check=check, later=later,
                        request_streaming=bool(handler.request_streaming), bidi=bool(bidi),
                        method=method, observe=observe, request_id=request_id,
-                       hold_for=hold_for)
+                       hold_for=hold_for, traced=traced)
     send = _passing_wire(handler.response_serializer)
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(_unary(handler.unary_unary, steps), None,
@@ -205,6 +207,7 @@ class _CallSteps:
     observe: Observer | None
     request_id: str
     hold_for: Callable[[], CallHold | None] | None
+    traced: ServerCall | None = None
 
     def admitted(self, request: Any, context: grpc.ServicerContext,
                  holds: list[CallHold]) -> Any:
@@ -228,6 +231,8 @@ class _CallSteps:
 
     def done(self, context: grpc.ServicerContext, exc: BaseException | None,
              t0: float) -> None:
+        if self.traced is not None:
+            self.traced.end(_code_of(context, exc))
         if self.observe is not None:
             try:
                 self.observe(self.method, _code_of(context, exc), time.perf_counter() - t0,
@@ -305,6 +310,8 @@ def _streaming(fn: Callable[..., Iterable[Any]], steps: _CallSteps
         finally:
             release()
             _let_go(holds)
+            if steps.traced is not None:    # a stream closed early ends its span too
+                steps.traced.end(_code_of(context, None))
         steps.done(context, None, t0)
     return call
 

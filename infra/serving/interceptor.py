@@ -37,6 +37,8 @@ from fortis.infra.serving.call_handler import Observer, wrap_handler
 from fortis.infra.serving.identity import AuditLog, CertTenant, Identity, TokenVerifier
 from fortis.infra.serving.memory import CallHold, MemoryBudget
 from fortis.infra.serving.quotas import CallRate, CallSlots
+from fortis.infra.serving.tracing import ServerCall
+from fortis.infra.serving.tracing import trace_ids as _trace_ids
 from fortis.infra.serving.workshare import WorkShare
 from fortis.services.common import errors
 
@@ -92,6 +94,13 @@ class FortisInterceptor(grpc.ServerInterceptor):
         seats = self._seats if method not in UNSEATED_METHODS else None
         rate = self._rate
         who: dict[str, Any] = {}
+        # A caller's trace context is a parent only when the caller is trusted (tracing.py):
+        # another Fortis service (the internal key), or anyone when auth is off.
+        auth_off = not keys.enabled and tokens is None and cert_tenant is None
+        trusted = auth_off or (
+            "traceparent" in md and bool(api_key)
+            and keys.tenant_of(api_key) == SERVICE_TENANT)
+        call_trace = ServerCall(method, md, trusted)
 
         def hold_for() -> CallHold | None:
             if memory is None or "tenant" not in who:
@@ -102,6 +111,8 @@ class FortisInterceptor(grpc.ServerInterceptor):
             # A handler thread serves many calls: start each from a clean log context.
             structlog.contextvars.clear_contextvars()
             structlog.contextvars.bind_contextvars(request_id=request_id, method=method)
+            call_trace.start()
+            structlog.contextvars.bind_contextvars(**_trace_ids())
             try:
                 context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))
             except Exception:  # noqa: BLE001 - test doubles of the context may lack it
@@ -118,11 +129,13 @@ class FortisInterceptor(grpc.ServerInterceptor):
                                               and cert_tenant is None))
             who.update(tenant=tenant, internal=internal)
             structlog.contextvars.bind_contextvars(tenant=tenant)
+            call_trace.tenant(tenant)
             if internal:
                 return None
             return _admit(context, tenant, slots, rate, seats)
 
-        return wrap_handler(handler, before, method, self._observe, request_id, hold_for)
+        return wrap_handler(handler, before, method, self._observe, request_id, hold_for,
+                            traced=call_trace)
 
 
 def _identify(context: grpc.ServicerContext, method: str, keys: KeyTable,

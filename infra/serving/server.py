@@ -43,6 +43,7 @@ from fortis.infra.serving.reflection import (
     add_reflection,
 )
 from fortis.infra.serving.tls import PemFiles, PemReloader, TlsSettings, channel_options, load_pem
+from fortis.infra.serving.tracing_grpc import traced
 from fortis.infra.serving.workshare import WorkShare
 from fortis.services.common import errors
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -218,16 +219,17 @@ def build_server(settings: ServerSettings,
 def channel(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
             tls: TlsSettings | None = None) -> grpc.Channel:
     """A client channel with Fortis's message limits; with ``tls``, an internal channel over
-    TLS that trusts ``tls.ca_file`` and presents the service's own certificate (mTLS)."""
+    TLS that trusts ``tls.ca_file`` and presents the service's own certificate (mTLS). Its
+    calls are traced and carry the trace context (``tracing_grpc``)."""
     opts: list[tuple[str, Any]] = [("grpc.max_receive_message_length", max_message_bytes),
                                    ("grpc.max_send_message_length", max_message_bytes),
                                    *grpc_options.client_options(address)]   # dns:///: round_robin
     if tls is None:
-        return grpc.insecure_channel(address, options=opts)
+        return traced(grpc.insecure_channel(address, options=opts))
     pem = load_pem(tls)
     creds = grpc.ssl_channel_credentials(root_certificates=pem.ca, private_key=pem.key,
                                          certificate_chain=pem.cert)
-    return grpc.secure_channel(address, creds, options=opts + channel_options(tls))
+    return traced(grpc.secure_channel(address, creds, options=opts + channel_options(tls)))
 
 
 def call_metadata(api_key: str, tenant: str = "") -> tuple[tuple[str, str], ...]:

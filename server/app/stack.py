@@ -552,12 +552,15 @@ def start_stack(settings: StackSettings) -> Stack:
     Each step runs inside :func:`~fortis.infra.serving.startup.step`: a failure raises
     StartupError naming the step ('modules', 'options', 'TLS material', 'state', 'API keys',
     'metrics address', 'built-in targets', 'targets configuration', 'surrogates', 'executor',
-    'gRPC address') with the exit code of its class (infra/serving/startup.py)."""
+    'gRPC address', 'tracing') with the exit code of its class (infra/serving/startup.py)."""
     from fortis.services.common import ast_guard
 
     ast_guard.install()         # threads parse (.npz headers): CPython 3.11 race, see there
     _load_modules()
     wanted = check_settings(settings)
+    with step("tracing"):   # the OTEL_* variables; nothing at all when none is set
+        from fortis.infra.serving import tracing
+        tracing.configure(f"fortis-{settings.only}" if settings.only else "fortis")
     state, pg_ledger, pg_store = open_storage(settings, wanted)
     internal_key = settings.internal_key or new_api_key()
     closers: list[Any] = []

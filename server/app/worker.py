@@ -96,6 +96,7 @@ def run_worker(settings: WorkerSettings, stop: threading.Event | None = None) ->
 
     ast_guard.install()         # threads parse (.npz headers): CPython 3.11 race, see there
     from fortis.adapters.plan_sources import BUILTIN_SOURCES
+    from fortis.infra.serving import tracing
     from fortis.infra.serving.server import call_metadata, channel
     from fortis.infra.storage.blob_backends import open_blobs
     from fortis.server.app.parts import dataset_stores
@@ -103,6 +104,7 @@ def run_worker(settings: WorkerSettings, stop: threading.Event | None = None) ->
     from fortis.services.evaluation.datasets import PlanDatasets
 
     stop = stop or threading.Event()
+    tracing.configure("fortis-worker")      # only when OTEL_* asks for it
     store = open_store(settings)
     closers: list[Any] = [store.close]
     try:
@@ -121,12 +123,17 @@ def run_worker(settings: WorkerSettings, stop: threading.Event | None = None) ->
         closers.append(blobs.close)
         datasets = PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root, blobs=blobs,
                                 stores=dataset_stores(settings.dataset_stores))
-        return EvaluationWorker(
-            evaluation_id=settings.evaluation_id, store=store, proxy=proxy,
-            perturbation=perturbation, datasets=datasets.for_tenant(settings.tenant),
-            catalogue=perturbation.catalogue(),
-            worker_id=worker_id(settings.index), lease_s=settings.lease_s,
-            parallel=settings.parallel, stop=stop.is_set).run()
+        # the evaluation run's trace, from the environment the executor gave this process
+        with tracing.span("evaluation.worker", {
+                "fortis.tenant": settings.tenant[:200],
+                "fortis.evaluation_id": settings.evaluation_id[:200],
+                "fortis.worker_index": settings.index}, parent=tracing.from_env()):
+            return EvaluationWorker(
+                evaluation_id=settings.evaluation_id, store=store, proxy=proxy,
+                perturbation=perturbation, datasets=datasets.for_tenant(settings.tenant),
+                catalogue=perturbation.catalogue(),
+                worker_id=worker_id(settings.index), lease_s=settings.lease_s,
+                parallel=settings.parallel, stop=stop.is_set).run()
     finally:
         for c in reversed(closers):
             try:

@@ -1,4 +1,5 @@
-"""structlog set-up: JSON lines with tenant/session/request ids bound through contextvars."""
+"""structlog set-up: JSON lines with tenant/session/request ids bound through contextvars, and
+the trace and span ids of the span a line is written in."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import sys
 
 import structlog
+from fortis.infra.serving.tracing import add_trace_ids
 
 
 class _CurrentStderr:
@@ -24,7 +26,8 @@ def configure(level: str = "info", *, json_lines: bool = True) -> None:
     lvl = getattr(logging, level.upper(), logging.INFO)
     renderer = structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+        processors=[structlog.contextvars.merge_contextvars, add_trace_ids,
+                    structlog.processors.add_log_level,
                     structlog.processors.TimeStamper(fmt="iso"), renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]

@@ -230,6 +230,13 @@ def _executor_settings(ns: argparse.Namespace) -> dict[str, Any]:
     env = {k: v for k, v in (("FORTIS_PROXY_ADDRESS", ns.proxy_address or ""),
                              ("FORTIS_PERTURBATION_ADDRESS", ns.perturbation_address or ""))
            if v}
+    # tracing: the workers export where this service does (OTEL_*, docs/tracing.md), under
+    # their own service name (fortis-worker) unless the operator named one in the resource.
+    # Never the exporter's headers (a collector's credentials would be a plain value in the
+    # Job): those come to the workers from a secret (--job-secret-env).
+    env.update({k: v for k, v in os.environ.items()
+                if k.startswith("OTEL_") and k != "OTEL_SERVICE_NAME"
+                and not k.endswith("HEADERS")})
     # The services listen with TLS only when given a certificate: the worker pods then need
     # it too, from the Secret it came from.
     tls_secret = getattr(ns, "job_tls_secret", "") or ""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
+from fortis.infra.serving import tracing
 from fortis.services.common import errors
 from fortis.services.evaluation.k8s_jobs import JobOutcome
 
@@ -94,6 +95,9 @@ class _Run:
     tenant: str
     evaluation_id: str
     procs: dict[int, subprocess.Popen[bytes]]
+    #: the evaluation run's trace context (``TRACEPARENT``): the workers' spans are its
+    #: children, a restarted worker's too
+    trace_env: dict[str, str] = field(default_factory=dict)
     failures: int = 0
     succeeded: set[int] = field(default_factory=set)
     last_error: str = ""
@@ -118,10 +122,12 @@ class ProcessExecutor:
         return self.settings.shards
 
     def _spawn(self, run: _Run, index: int) -> subprocess.Popen[bytes]:
-        env = {**os.environ, **self.settings.env, **self._env(),
+        inherited = {k: v for k, v in os.environ.items()     # this process's own context
+                     if k not in (tracing.ENV_TRACEPARENT, tracing.ENV_TRACESTATE)}
+        env = {**inherited, **self.settings.env, **self._env(),
                "JOB_COMPLETION_INDEX": str(index),
                "FORTIS_EVALUATION_ID": run.evaluation_id, "FORTIS_TENANT": run.tenant,
-               "FORTIS_SHARDS": str(self.settings.shards)}
+               "FORTIS_SHARDS": str(self.settings.shards), **run.trace_env}
         return subprocess.Popen(list(self.settings.command), env=env,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -130,7 +136,7 @@ class ProcessExecutor:
         with self._lock:
             if handle in self._runs:
                 return handle
-            run = _Run(tenant, evaluation_id, {})
+            run = _Run(tenant, evaluation_id, {}, trace_env=tracing.env_carrier())
             run.procs = {i: self._spawn(run, i) for i in range(self.settings.shards)}
             self._runs[handle] = run
         log.info("workers_started", evaluation_id=evaluation_id, shards=self.settings.shards,

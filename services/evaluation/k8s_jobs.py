@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fortis.infra.serving import tracing
 from fortis.services.common import errors
 
 __all__ = ["JobOutcome", "JobSettings", "IndexedJobExecutor", "job_manifest", "job_name"]
@@ -106,8 +107,11 @@ def _label_value(text: str) -> str:
 
 
 def job_manifest(settings: JobSettings, *, tenant: str, evaluation_id: str,
-                 worker_args: Sequence[str] = ()) -> dict[str, Any]:
-    """The ``batch/v1`` Indexed Job of one evaluation, as a plain dict (what the API gets)."""
+                 worker_args: Sequence[str] = (),
+                 trace_env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``batch/v1`` Indexed Job of one evaluation, as a plain dict (what the API gets).
+    ``trace_env`` (``TRACEPARENT``/``TRACESTATE``) makes the workers' spans children of the
+    evaluation's run."""
     name = job_name(tenant, evaluation_id)
     labels = {"app.kubernetes.io/name": "fortis", "app.kubernetes.io/managed-by": "fortis",
               LABEL_COMPONENT: "worker", LABEL_TENANT: _label_value(tenant),
@@ -118,6 +122,7 @@ def job_manifest(settings: JobSettings, *, tenant: str, evaluation_id: str,
     env += [{"name": "FORTIS_EVALUATION_ID", "value": evaluation_id},
             {"name": "FORTIS_TENANT", "value": tenant},
             {"name": "FORTIS_SHARDS", "value": str(settings.shards)}]
+    env += [{"name": k, "value": v} for k, v in sorted((trace_env or {}).items())]
     mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": "/tmp"}]
     volumes: list[dict[str, Any]] = [{"name": "scratch",
                                       "emptyDir": {"sizeLimit": settings.scratch_size}}]
@@ -236,7 +241,7 @@ class IndexedJobExecutor:
                worker_args: Sequence[str] = ()) -> str:
         """Create the evaluation's Job (or find the one a previous attempt created)."""
         body = job_manifest(self.settings, tenant=tenant, evaluation_id=evaluation_id,
-                            worker_args=worker_args)
+                            worker_args=worker_args, trace_env=tracing.env_carrier())
         name = body["metadata"]["name"]
         try:
             self._call("create Job", self.api.create_namespaced_job, self.settings.namespace,

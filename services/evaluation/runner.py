@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 from fortis.core.task import Task
+from fortis.infra.serving import tracing
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from fortis.services.evaluation.answers import SegmentationAnswers
 from fortis.services.evaluation.canary_metrics import canary_metrics
@@ -233,7 +234,8 @@ class EvaluationRunner:
         for stage in stages:
             ctx.check_cancelled()       # a stage boundary is an item boundary (CAN-9)
             ctx.progress.stage(stage.progress_stage)
-            settings += stage.run(ctx)
+            with tracing.stage_span(stage, self.evaluation_id):
+                settings += stage.run(ctx)
         # A cancel or a shutdown that came while the last items ran stops here: their
         # results are committed, scoring and the report are for the run that resumes it.
         ctx.check_cancelled()

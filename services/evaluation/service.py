@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import structlog
+from fortis.infra.serving import tracing
 from fortis.infra.serving.quotas import QuotaSettings
 from fortis.infra.serving.status import status_for
 from fortis.services.common import errors
@@ -159,6 +160,9 @@ class EvaluationManager:
         self._catalogue_ttl = catalogue_ttl_s
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="evaluation")
         self._cancel: dict[tuple[str, str], threading.Event] = {}
+        #: The trace context of the call that created (or resumed) each queued evaluation:
+        #: its run is a child of that call's span (one trace from CreateEvaluation on).
+        self._trace_of: dict[tuple[str, str], dict[str, str]] = {}
         self._lock = threading.Lock()
         self._closed = False
         #: Evaluations a worker thread is running now (what a shutdown may cut short).
@@ -276,6 +280,7 @@ class EvaluationManager:
             ev = self._cancel.setdefault((tenant, evaluation_id), threading.Event())
             if self._sched.remove(tenant, evaluation_id):    # queued: it never starts
                 self._cancel.pop((tenant, evaluation_id), None)
+                self._trace_of.pop((tenant, evaluation_id), None)
         ev.set()
         self.store.for_tenant(tenant).update_running(evaluation_id, state="CANCELLED", stage="done",
                                   message="cancelled by a caller", finished_at=time.time())
@@ -336,8 +341,13 @@ class EvaluationManager:
 
     def _enqueue_locked(self, tenant: str, evaluation_id: str) -> None:
         """Put an evaluation in the fair queue (the lock held); :meth:`_dispatch` starts it
-        when its turn comes. The creating call's request id follows it into its worker."""
+        when its turn comes. The creating call's request id and trace context follow it into
+        its worker."""
         request_id = str(structlog.contextvars.get_contextvars().get("request_id", ""))
+        carrier: dict[str, str] = {}
+        tracing.inject(carrier)
+        if carrier:
+            self._trace_of[(tenant, evaluation_id)] = carrier
         self._cancel.setdefault((tenant, evaluation_id), threading.Event())
         self._sched.push(tenant, evaluation_id, request_id)
 
@@ -358,8 +368,12 @@ class EvaluationManager:
         key = (tenant, evaluation_id)
         with self._lock:
             self._running.add(key)
+            carrier = self._trace_of.pop(key, {})
         try:
-            self._run_one(tenant, evaluation_id, cancel, request_id)
+            with tracing.span("evaluation.run", {"fortis.tenant": tenant[:200],
+                                                 "fortis.evaluation_id": evaluation_id[:200]},
+                              parent=tracing.extract(carrier)):
+                self._run_one(tenant, evaluation_id, cancel, request_id)
         finally:
             with self._idle:
                 self._running.discard(key)
@@ -375,7 +389,7 @@ class EvaluationManager:
         if row is None or row.state in FINAL_STATES:
             return
         structlog.contextvars.bind_contextvars(evaluation_id=evaluation_id, tenant=row.tenant,
-                                               request_id=request_id)
+                                               request_id=request_id, **tracing.trace_ids())
         t0 = time.monotonic()
         target = ""
         try:
@@ -426,4 +440,5 @@ class EvaluationManager:
             log.info("evaluation_finished", target=target, state="FAILED",
                      duration_s=round(time.monotonic() - t0, 3), error_code=status.code)
         finally:
-            structlog.contextvars.unbind_contextvars("evaluation_id", "request_id")
+            structlog.contextvars.unbind_contextvars("evaluation_id", "request_id", "trace_id",
+                                                     "span_id")

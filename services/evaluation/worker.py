@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import structlog
+from fortis.infra.serving import tracing
 from fortis.infra.serving.status import status_for
 from fortis.services.common import errors
 from fortis.services.evaluation.benchmark import (
@@ -196,7 +197,8 @@ class EvaluationWorker:
                 log.info("worker_started", evaluation_id=eid, worker=self.worker_id,
                          target=part.target.name, items=sum(len(s.keys()) for s in stages))
                 for stage in stages:
-                    stage.run(ctx)
+                    with tracing.stage_span(stage, part_eid):
+                        stage.run(ctx)
                 claims.close()
                 self._done.append(claims)
         except Cancelled:

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 from fortis.common.v1 import common_pb2
 from fortis.infra.serving.server import DEFAULT_MAX_MESSAGE_BYTES, channel, error_from_rpc
+from fortis.infra.serving.tracing_grpc import traced
 from fortis.services.common import errors
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
@@ -57,7 +58,7 @@ def _tls_channel(address: str, tls: TargetTls) -> grpc.Channel:
         ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES)]
     if tls.server_name:
         opts.append(("grpc.ssl_target_name_override", tls.server_name))
-    return grpc.secure_channel(address, creds, options=opts)
+    return traced(grpc.secure_channel(address, creds, options=opts))
 
 
 class GrpcTargetBackend:

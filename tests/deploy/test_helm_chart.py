@@ -864,3 +864,75 @@ def test_service_account_carries_cloud_workload_identity():
                 {"annotation": {}}):
         with pytest.raises(helm.HelmError):
             chart.validate_schema(_merge(tenant_values("team-a"), {"serviceAccount": bad}))
+
+
+def test_tracing_env_reaches_every_service_and_its_collector_only():
+    """``tracing.env`` (the OTEL_* variables) is set on every service's pod, each named
+    fortis-<service>; the collector is one more egress rule, on its port only. Without it
+    no OTEL_* variable is rendered (no tracing) and no rule is added."""
+    collector = [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "observability"}}}]
+    v = _merge(tenant_values("team-a"), {"tracing": {
+        "env": {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel.observability.svc:4317",
+                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": "0.25"},
+        "networkPolicyTo": collector}})
+    traced = render(v)
+    for o in traced:
+        kubernetes_validate.validate(o, "1.30.0", strict=True)
+    for d in by_kind(traced, "Deployment"):
+        env = {e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+        component = d["metadata"]["name"].removeprefix("fortis-team-a-")
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel.observability.svc:4317"
+        assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+        assert env["OTEL_SERVICE_NAME"] == f"fortis-{component}"
+    pols = {p["metadata"]["name"]: p["spec"] for p in by_kind(traced, "NetworkPolicy")}
+    for name in ("fortis-team-a-services", "fortis-team-a-jobs"):
+        rules = [r for r in pols[name]["egress"] if r["to"] == collector]
+        assert [r["ports"] for r in rules] == [[{"port": 4317, "protocol": "TCP"}]]
+
+    plain = render(tenant_values("team-a"))
+    for d in by_kind(plain, "Deployment"):
+        env = d["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert not [e for e in env if e["name"].startswith("OTEL_")]
+    with pytest.raises(helm.HelmError) as info:        # an endpoint and nowhere to reach it
+        render(_merge(v, {"tracing": {"networkPolicyTo": []}}))
+    assert "tracing.networkPolicyTo" in str(info.value)
+    for bad in ({"PATH": "/x"},                                    # only OTEL_* variables
+                {"OTEL_EXPORTER_OTLP_HEADERS": "authorization=k"}):  # credentials: a secret
+        with pytest.raises(helm.HelmError) as info:
+            helm.Chart.load(CHART).validate_schema(_merge(v, {"tracing": {"env": bad}}))
+        assert next(iter(bad)) in str(info.value)       # the variable is named
+
+
+def test_the_worker_jobs_get_the_evaluation_services_tracing_env(monkeypatch):
+    """With executor kubernetes, ``fortis serve`` as the chart runs it (its rendered args and
+    env) gives its worker Jobs the OTEL_* variables, not its own service name (the workers
+    are fortis-worker)."""
+    from fortis.server.cli.local import _executor_settings
+    from fortis.server.cli.main import build_parser
+
+    v = _merge(tenant_values("team-a"), {
+        "evaluation": {"executor": "kubernetes"},
+        "networkPolicy": {"kubernetesApi": {"to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}]}},
+        "tracing": {"env": {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel.obs.svc:4317"},
+                    "headersSecret": {"existingSecret": "otel-headers"},
+                    "networkPolicyTo": [{"ipBlock": {"cidr": "10.20.0.9/32"}}]}})
+    ev, = [d for d in by_kind(render(v), "Deployment")
+           if d["metadata"]["name"].endswith("-evaluation")]
+    container = ev["spec"]["template"]["spec"]["containers"][0]
+    for e in container["env"]:
+        if "value" in e:
+            monkeypatch.setenv(e["name"], e["value"])
+    monkeypatch.setenv("POD_NAMESPACE", "team-a")
+    ns = build_parser().parse_args([a for a in container["args"] if "$(" not in a])
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=from-the-secret")
+    job = _executor_settings(ns)["job_settings"]
+    assert job.env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel.obs.svc:4317"
+    assert "OTEL_SERVICE_NAME" not in job.env
+    # the collector's credentials reach the Jobs from the secret, never as a plain value
+    assert "OTEL_EXPORTER_OTLP_HEADERS" not in job.env
+    assert job.secret_env["OTEL_EXPORTER_OTLP_HEADERS"] == ("otel-headers", "headers")
+    env = {e["name"]: e for e in container["env"]}
+    assert env["OTEL_EXPORTER_OTLP_HEADERS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "otel-headers", "key": "headers"}

@@ -241,3 +241,20 @@ def test_api_errors_become_fortis_errors_that_say_what_to_fix(fake_api) -> None:
     with pytest.raises(errors.Unavailable) as err2:
         IndexedJobExecutor(SETTINGS, down).submit(tenant="team-a", evaluation_id="e")
     assert "unreachable" in str(err2.value)
+
+
+def test_the_job_of_a_traced_run_carries_its_trace_context(fake_api) -> None:
+    """Submitted inside the evaluation run's span, the Job's pods get ``TRACEPARENT``: the
+    workers' spans join the run's trace (``fortis worker`` reads it back)."""
+    from fortis.infra.serving import tracing
+    from opentelemetry import context as otel_context
+
+    server, api = fake_api
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    token = otel_context.attach(tracing.extract({"traceparent": parent}))
+    try:
+        name = IndexedJobExecutor(SETTINGS, api).submit(tenant="team-a", evaluation_id="tr")
+    finally:
+        otel_context.detach(token)
+    env = server.jobs[("team-a", name)]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "TRACEPARENT", "value": parent} in env

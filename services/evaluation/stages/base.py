@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import structlog
+from fortis.infra.serving import tracing
 from fortis.services.common import errors
 from fortis.services.evaluation.answers import Answers, pack, unpack
 from fortis.services.evaluation.keys import WorkItemKey
@@ -236,7 +237,8 @@ class RunContext:
         if parallel <= 1 or len(jobs) <= 1:
             return [self.item(key, n, work) for key, n, work in jobs]
         with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="item") as pool:
-            futures = [pool.submit(self.item, key, n, work) for key, n, work in jobs]
+            item = tracing.in_context(self.item)    # each item's calls in the run's trace
+            futures = [pool.submit(item, key, n, work) for key, n, work in jobs]
             try:
                 return [f.result() for f in futures]
             except BaseException:
@@ -280,7 +282,8 @@ class RunContext:
             take()
         else:
             with ThreadPoolExecutor(max_workers=n, thread_name_prefix="claim") as pool:
-                for f in [pool.submit(take) for _ in range(n)]:
+                traced_take = tracing.in_context(take)
+                for f in [pool.submit(traced_take) for _ in range(n)]:
                     f.result()
         if failed:
             raise failed[0]

@@ -131,6 +131,9 @@ spec:
             - --job-service-account={{ include "fortis.workerServiceAccount" $root }}
             - --job-secret-env=FORTIS_DATABASE_URL={{ $v.secrets.database.existingSecret }}:{{ $v.secrets.database.key }}
             - --job-secret-env=FORTIS_INTERNAL_KEY={{ $v.secrets.internalKey.existingSecret }}:{{ $v.secrets.internalKey.key }}
+            {{- with $v.tracing.headersSecret.existingSecret }}
+            - --job-secret-env=OTEL_EXPORTER_OTLP_HEADERS={{ . }}:{{ $v.tracing.headersSecret.key }}
+            {{- end }}
             {{- if $tls }}
             {{- /* the worker pods mount the same secret and call the services over mTLS */}}
             - --job-tls-secret={{ $tls }}
@@ -153,6 +156,22 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: metadata.namespace
+            {{- /* tracing: the OTEL_* variables (docs/tracing.md); none set, no tracing */}}
+            {{- range $k, $val := $v.tracing.env }}
+            - name: {{ $k }}
+              value: {{ $val | quote }}
+            {{- end }}
+            {{- if and $v.tracing.env (not (hasKey $v.tracing.env "OTEL_SERVICE_NAME")) }}
+            - name: OTEL_SERVICE_NAME
+              value: fortis-{{ $c }}
+            {{- end }}
+            {{- with $v.tracing.headersSecret.existingSecret }}
+            - name: OTEL_EXPORTER_OTLP_HEADERS
+              valueFrom:
+                secretKeyRef:
+                  name: {{ . }}
+                  key: {{ $v.tracing.headersSecret.key }}
+            {{- end }}
             {{- if and $v.secrets.database.existingSecret (has $c (list "evaluation" "perturbation" "proxy")) }}
             - name: FORTIS_DATABASE_URL
               valueFrom:

@@ -68,6 +68,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and (eq $v.evaluation.executor "kubernetes") (not $v.networkPolicy.kubernetesApi.to) -}}
 {{- fail "networkPolicy.kubernetesApi.to is required with evaluation.executor kubernetes (where the API server is reached)" -}}
 {{- end -}}
+{{- if and (include "fortis.tracingEndpoint" .) (not $v.tracing.networkPolicyTo) -}}
+{{- fail "tracing.networkPolicyTo is required with an OTEL_EXPORTER_OTLP_*ENDPOINT in tracing.env and networkPolicy.enabled (where the collector is reached)" -}}
+{{- end -}}
 {{- range $v.targets -}}
 {{- if and .address (not .networkPolicyTo) -}}
 {{- fail (printf "targets[%s].networkPolicyTo is required with networkPolicy.enabled (where the target is reached)" .name) -}}
@@ -141,4 +144,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- with $iss.algorithms }}{{ $q = append $q (printf "algorithms=%s" (join ":" .)) }}{{ end -}}
 {{- if hasKey $iss "leewaySeconds" }}{{ $q = append $q (printf "leeway=%v" $iss.leewaySeconds) }}{{ end -}}
 {{- join "," $q -}}
+{{- end -}}
+
+{{/* Non-empty when tracing.env names an OTLP endpoint (the pods then reach a collector). */}}
+{{- define "fortis.tracingEndpoint" -}}
+{{- range $k, $_ := .Values.tracing.env -}}
+{{- if and (hasPrefix "OTEL_EXPORTER_OTLP_" $k) (hasSuffix "ENDPOINT" $k) -}}yes{{- end -}}
+{{- end -}}
 {{- end -}}
