@@ -501,10 +501,9 @@ def _add_evaluation(w: _Wiring, pg_store: Any) -> Any:
             w.state / "evaluations.sqlite")
     if pg_store is not None:
         w.closers.append(pg_store.close)
-    manager = EvaluationManager(store, ports_for=ports_for,
-                                datasets=PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root,
-                                                      blobs=w.blob_store,
-                                                      stores=dataset_stores(settings.dataset_stores)),
+    datasets = PlanDatasets(BUILTIN_SOURCES, data_root=settings.data_root, blobs=w.blob_store,
+                            stores=dataset_stores(settings.dataset_stores))
+    manager = EvaluationManager(store, ports_for=ports_for, datasets=datasets,
                                 workers=settings.evaluation_workers, quotas=settings.quotas)
     w.register.append((evaluation_pb2_grpc.add_EvaluationServiceServicer_to_server,
                        ev_servicer.EvaluationServicer(manager, heartbeat_s=settings.watch_heartbeat_s), ev_servicer.SERVICE_NAME))
