@@ -77,6 +77,7 @@ _IN_BLOCK = 64 * 1024
 _WINDOW = 4 * 1024 * 1024
 _FIELD = "dataset.store.upload"
 NOT_FOUND = "not found in the uploaded archive"
+_PAST_END = "the member reaches past the end of the archive (a wrong size, or a cut-short upload)"
 
 
 class _Inflated:
@@ -233,6 +234,7 @@ class ArchiveIndex:
         read_at = inflated.read_at if inflated is not None else reader.read_at
         members: dict[str, tuple[int, int]] = {}
         count, end = 0, 0
+        last: tuple[str, int] | None = None
         try:
             tf = tarfile.open(fileobj=_Seq(read_at, field), mode="r:")  # type: ignore[call-overload]
         except (tarfile.TarError, EOFError, OSError):
@@ -242,6 +244,8 @@ class ArchiveIndex:
                 try:
                     m = tf.next()
                 except (tarfile.TarError, EOFError, OSError, ValueError, UnicodeError):
+                    if last and last[1] > _length_bound(reader, inflated):
+                        raise InvalidArgument(last[0], _PAST_END) from None
                     raise InvalidArgument(
                         field, f"not a readable tar archive (after {count} members)"
                     ) from None
@@ -260,20 +264,18 @@ class ArchiveIndex:
                 if name in members:
                     raise InvalidArgument(where, "the name appears twice in the archive")
                 members[name] = (m.offset_data, m.size)
+                last = (where, m.offset_data + m.size)
                 end = max(end, m.offset_data + m.size)
                 if m.offset_data + m.size > _length_bound(reader, inflated):
-                    raise InvalidArgument(
-                        where,
-                        "the member reaches past the end of the "
-                        "archive (a wrong size, or a cut-short "
-                        "upload)",
-                    )
+                    raise InvalidArgument(where, _PAST_END)
             stop = tf.offset
         finally:
             tf.close()
         # a tar ends with a zero block; anything else after the last member is damage
         # (tarfile stops quietly at a bad or cut-short header)
         tail = read_at(stop, tarfile.BLOCKSIZE)
+        if last and last[1] > _length_bound(reader, inflated):
+            raise InvalidArgument(last[0], _PAST_END)
         if len(tail) < tarfile.BLOCKSIZE or any(tail):
             raise InvalidArgument(
                 field,
