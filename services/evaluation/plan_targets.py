@@ -191,7 +191,7 @@ def _upload_store(v: Fields, raw: Any, source: str) -> UploadLocation | None:
             v.bad(where, "the id ('sha256:' and 64 lowercase hex digits) of an uploaded "
                   "archive (fortis upload-dataset --archive)")
             ok = False
-    if len(set(ids)) != len(ids) and ok:
+    if ok and len(set(ids)) != len(ids):
         v.bad(p, "an uploaded shard is named twice")
     return UploadLocation(blobs=tuple(str(b) for b in ids)) if ok else None
 
