@@ -470,6 +470,7 @@ def test_cli_upload_dataset_prints_a_snippet_that_runs(stack, tmp_path):
     assert bad.returncode == 2 and "not a file" in bad.stderr
 
 
+@pytest.mark.slow
 def test_cli_upload_dataset_archive_packs_a_folder_and_prints_a_snippet_that_runs(stack,
                                                                                   tmp_path):
     """``upload-dataset --archive``: the class folders packed into a tar as they are sent (the
@@ -505,6 +506,15 @@ def test_cli_upload_dataset_archive_packs_a_folder_and_prints_a_snippet_that_run
         assert int(ev.summary["m"]) == n
         blob = fc.get_blob(dataset["store"]["upload"])
         assert blob.kind == "archive" and blob.media_type == "application/x-tar"
+    # a tar made elsewhere: its kind told from the suffix
+    import tarfile
+
+    with tarfile.open(tmp_path / "shard.tar.gz", "w:gz") as tf:
+        tf.add(folder, arcname="classes")
+    r3 = subprocess.run([*base, "upload", str(tmp_path / "shard.tar.gz"), "--json", *opts],
+                        capture_output=True, text=True, timeout=120)
+    assert r3.returncode == 0, r3.stderr
+    assert json.loads(r3.stdout)["kind"] == "archive"
     # a link in the folder is refused before anything is sent
     (folder / str(int(y[0])) / "link.png").symlink_to("/etc/passwd")
     bad = subprocess.run([*base, "upload-dataset", str(folder), "--archive", *opts],
