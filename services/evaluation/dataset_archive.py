@@ -300,8 +300,11 @@ def _length_bound(reader: BlobReader, inflated: _Inflated | None) -> int:
 class _Member:
     """One member's bytes as a binary stream (sequential reads, as the S3 body)."""
 
-    def __init__(self, read_at: Any, offset: int, size: int, where: str) -> None:
+    def __init__(
+        self, read_at: Any, offset: int, size: int, where: str, on_close: Any = None
+    ) -> None:
         self._read_at, self._off, self._left, self._where = read_at, offset, size, where
+        self._on_close = on_close
         self.closed = False
 
     def read(self, n: int = -1) -> bytes:
@@ -322,6 +325,8 @@ class _Member:
         return False
 
     def close(self) -> None:
+        if not self.closed and self._on_close is not None:
+            self._on_close()
         self.closed = True
 
     def __enter__(self) -> _Member:
@@ -399,31 +404,41 @@ class ArchiveStore:
 
 class UploadedShards:
     """Uploaded WebDataset shards as a dataset store: each name is one of the plan's blob
-    ids, opened (tenancy and kind checked) and streamed whole; the WebDataset reader reads
-    each as a tar stream (gzip too) with its own bounds."""
+    ids, checked (tenancy and kind) when located and opened again when streamed, so no more
+    than one shard is held open at a time; the WebDataset reader reads each as a tar stream
+    (gzip too) with its own bounds."""
 
     root_name = "uploads"
 
     def __init__(self, blobs: BlobStorage, tenant: str, ids: tuple[str, ...]) -> None:
         self._blobs, self._tenant, self._ids = blobs, tenant, ids
 
-    def locate(self, base: PurePosixPath, raw: object, field: str) -> BlobReader:
+    def _open(self, blob_id: str) -> BlobReader:
+        k = self._ids.index(blob_id)
+        where = f"{_FIELD}[{k}]" if len(self._ids) > 1 else _FIELD
+        return self._blobs.open_reader(self._tenant, blob_id, where, kind="archive")
+
+    def locate(self, base: PurePosixPath, raw: object, field: str) -> tuple[str, int]:
         if raw not in self._ids:
             raise InvalidArgument(field, NOT_FOUND)
-        k = self._ids.index(raw)
-        where = f"{_FIELD}[{k}]" if len(self._ids) > 1 else _FIELD
-        return self._blobs.open_reader(self._tenant, str(raw), where, kind="archive")
+        reader = self._open(str(raw))
+        try:
+            return str(raw), reader.size
+        finally:
+            reader.close()
 
-    def size(self, ref: BlobReader) -> int:
-        return ref.size
+    def size(self, ref: tuple[str, int]) -> int:
+        return ref[1]
 
-    def read(self, ref: BlobReader, limit: int, field: str, what: str) -> bytes:
-        if ref.size > limit:
+    def read(self, ref: tuple[str, int], limit: int, field: str, what: str) -> bytes:
+        if ref[1] > limit:
             raise InvalidArgument(field, f"the {what} is larger than {limit} bytes")
-        return ref.read_at(0, ref.size)
+        with self.open(ref, field) as f:
+            return f.read()
 
-    def open(self, ref: BlobReader, field: str) -> IO[bytes]:
-        return _Member(ref.read_at, 0, ref.size, field)  # type: ignore[return-value]
+    def open(self, ref: tuple[str, int], field: str) -> IO[bytes]:
+        reader = self._open(ref[0])
+        return _Member(reader.read_at, 0, ref[1], field, reader.close)  # type: ignore[return-value]
 
     def local_path(self, ref: Any) -> Path | None:
         return None
