@@ -3,7 +3,8 @@ reads the server's disk: images and tenant models come in through the API, with
 size and pixel limits checked from the header before decoding, referenced from plans by id).
 
 Pure code (no gRPC), shared: the evaluation service stores and reads uploads (its servicer in
-``services/evaluation/uploads.py``, its datasets for ``dataset: {source: uploads}``), and the
+``services/evaluation/uploads.py``, its datasets for ``dataset: {source: uploads}``, and dataset
+archives read in place through :meth:`BlobStore.open_reader` for ``dataset.store.upload``), and the
 perturbation service reads a tenant's ``neural_style`` model (IEEE-A6) through
 :meth:`BlobStore.path_of`.
 
