@@ -3,7 +3,8 @@ reads the server's disk: images and tenant models come in through the API, with
 size and pixel limits checked from the header before decoding, referenced from plans by id).
 
 Pure code (no gRPC), shared: the evaluation service stores and reads uploads (its servicer in
-``services/evaluation/uploads.py``, its datasets for ``dataset: {source: uploads}``), and the
+``services/evaluation/uploads.py``, its datasets for ``dataset: {source: uploads}``, and dataset
+archives read in place through :meth:`BlobStore.open_reader` for ``dataset.store.upload``), and the
 perturbation service reads a tenant's ``neural_style`` model (IEEE-A6) through
 :meth:`BlobStore.path_of`.
 
@@ -55,6 +56,7 @@ from fortis.services.common.blob_checks import (
     MAX_CHUNK_BYTES,
     MAX_IMAGE_HEADER_BYTES,
     BlobInfo,
+    BlobReader,
     BlobStorage,
     BlobUpload,
     Reservations,
@@ -73,7 +75,8 @@ from fortis.services.common.paths import tenant_dir_name
 
 __all__ = ["BLOB_ID_PREFIX", "DEFAULT_QUOTA_BYTES", "INDEX_SCHEMA", "KINDS",
            "MAX_BLOBS_PER_TENANT", "MAX_BLOB_BYTES", "MAX_CHUNK_BYTES", "MAX_IMAGE_HEADER_BYTES",
-           "BlobInfo", "BlobStorage", "BlobStore", "BlobUpload", "Reservations", "Upload",
+           "BlobInfo", "BlobReader", "BlobStorage", "BlobStore", "BlobUpload", "FileReader",
+           "Reservations", "Upload",
            "UploadBase", "UploadChecks", "check_blob_id", "check_header", "check_room",
            "is_blob_id", "iter_chunks", "no_such_upload", "not_found", "quota_violation",
            "same_kind"]
@@ -194,6 +197,15 @@ class BlobStore:
         except OSError:
             raise no_such_upload(field) from None
 
+    def open_reader(self, tenant: str, blob_id: str, field: str, *, kind: str) -> FileReader:
+        """Random access to ``tenant``'s blob of ``kind`` (errors as :meth:`path_of`'s): the
+        file stays open, so a blob deleted while an evaluation reads it reads to the end."""
+        path = self.path_of(tenant, blob_id, field, kind=kind)
+        try:
+            return FileReader(path)
+        except OSError:
+            raise no_such_upload(field) from None
+
     def usage(self, tenant: str) -> tuple[int, int]:
         """(bytes, blobs) ``tenant`` stores now."""
         with self._lock:
@@ -296,6 +308,27 @@ class BlobStore:
             up.discard()
             return same_kind(self._info(row), up.kind), True
         return info, False
+
+
+class FileReader:
+    """A :class:`BlobReader` over a blob's file (positional reads, thread-safe)."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self._fd).st_size
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        if offset < 0 or n < 0:
+            raise ValueError("negative offset or length")
+        return os.pread(self._fd, n, offset) if n and offset < self.size else b""
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def _fsync_dir(d: Path) -> None:

@@ -215,6 +215,12 @@ class PgBlobStore:
             raise _damaged(blob_id)
         return data
 
+    def open_reader(self, tenant: str, blob_id: str, field: str, *, kind: str) -> PgReader:
+        """Random access to ``tenant``'s blob of ``kind`` (errors as :meth:`read`'s): each
+        read selects only the chunk rows it spans (the content is never materialised)."""
+        info = self._readable(tenant, blob_id, field, kind)
+        return PgReader(self, tenant, info.blob_id[len(BLOB_ID_PREFIX):], info.size)
+
     def path_of(self, tenant: str, blob_id: str, field: str, *, kind: str = "") -> Path:
         """A local file holding ``tenant``'s blob (see the module doc: materialised into the
         cache, checked by SHA-256); errors as :meth:`read`'s."""
@@ -371,6 +377,59 @@ class PgBlobStore:
             return info, False
         result: tuple[BlobInfo, bool] = self._run(run)
         return result
+
+
+class PgReader:
+    """A :class:`~.blobs.BlobReader` over a blob's chunk rows: a read of ``n`` bytes at
+    ``offset`` selects the rows ``offset // chunk`` .. ``(offset + n - 1) // chunk`` (every row
+    but the last holds exactly :data:`~.blobs.MAX_CHUNK_BYTES`, as the commit writes them);
+    the last few rows read are kept, since an archive's small members share rows."""
+
+    _KEEP = 4
+
+    def __init__(self, store: PgBlobStore, tenant: str, hexd: str, size: int) -> None:
+        self._store, self._tenant, self._hex, self.size = store, tenant, hexd, size
+        self._rows: dict[int, bytes] = {}
+        self._lock = threading.Lock()
+
+    def _fetch(self, first: int, last: int) -> dict[int, bytes]:
+        got = self._store._run(lambda c: c.execute(
+            sa.select(blob_chunks.c.seq, blob_chunks.c.data)
+            .where(blob_chunks.c.tenant == self._tenant, blob_chunks.c.hex == self._hex,
+                   blob_chunks.c.seq >= first, blob_chunks.c.seq <= last)
+            .order_by(blob_chunks.c.seq)).all())
+        return {int(n): bytes(d) for n, d in got}
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        if offset < 0 or n < 0:
+            raise ValueError("negative offset or length")
+        n = min(n, self.size - offset)
+        if n <= 0:
+            return b""
+        first, last = offset // MAX_CHUNK_BYTES, (offset + n - 1) // MAX_CHUNK_BYTES
+        with self._lock:
+            rows = {k: self._rows[k] for k in range(first, last + 1) if k in self._rows}
+            missing = [k for k in range(first, last + 1) if k not in rows]
+            if missing:
+                rows.update(self._fetch(missing[0], missing[-1]))
+            for k in range(max(first, last - self._KEEP + 1), last + 1):
+                if k in rows:
+                    self._rows[k] = rows[k]
+            while len(self._rows) > self._KEEP:
+                self._rows.pop(min(self._rows))
+        parts = []
+        for k in range(first, last + 1):
+            row = rows.get(k)
+            if row is None:     # deleted while read, or damaged: the caller sees a short read
+                break
+            parts.append(row)
+        data = b"".join(parts)
+        start = offset - first * MAX_CHUNK_BYTES
+        return data[start:start + n]
+
+    def close(self) -> None:
+        with self._lock:
+            self._rows.clear()
 
 
 class PgUpload(UploadBase):

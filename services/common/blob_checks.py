@@ -13,9 +13,10 @@ import builtins
 import hashlib
 import re
 import threading
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from fortis.services.common.codec import check_image_header, image_header_size
 from fortis.services.common.errors import (
@@ -25,14 +26,15 @@ from fortis.services.common.errors import (
     QuotaViolation,
 )
 from fortis.services.common.limits import (
+    MAX_ARCHIVE_BYTES,
     MAX_MEDIA_TYPE_CHARS,
-    MAX_UPLOAD_BYTES,
+    MAX_MODEL_BYTES,
     MAX_UPLOAD_CHUNK_BYTES,
 )
 
 #: The kinds of blob and the largest of each, bytes.
 MAX_BLOB_BYTES: Final = {"image": 32 * 1024 * 1024, "manifest": 16 * 1024 * 1024,
-                         "model": MAX_UPLOAD_BYTES}
+                         "model": MAX_MODEL_BYTES, "archive": MAX_ARCHIVE_BYTES}
 KINDS: Final = tuple(MAX_BLOB_BYTES)
 #: Largest data chunk of one UploadBlob message, bytes.
 MAX_CHUNK_BYTES: Final = MAX_UPLOAD_CHUNK_BYTES
@@ -47,6 +49,11 @@ _BLOB_ID = re.compile(r"sha256:[0-9a-f]{64}")
 _MEDIA_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+\-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+\-]*")
 _PNG = b"\x89PNG\r\n\x1a\n"
 _ZIP = b"PK\x03\x04"
+_GZIP = b"\x1f\x8b\x08"
+#: A tar header block, bytes.
+TAR_BLOCK: Final = 512
+#: Compressed bytes of a gzip archive within which its first tar header must have inflated.
+MAX_ARCHIVE_HEAD_BYTES: Final = 64 * 1024
 #: Tags that may follow an ONNX ModelProto's ir_version: producer_name (2), producer_version
 #: (3), domain (4), model_version (5), doc_string (6), graph (7), opset_import (8),
 #: metadata_props (14), and the first byte of training_info (20) / functions (25).
@@ -66,6 +73,18 @@ def check_blob_id(raw: object, field: str) -> str:
                                      f"(got {n} characters)")
     assert isinstance(raw, str)
     return raw[len(BLOB_ID_PREFIX):]
+
+
+def is_tar_header(block: bytes) -> bool:
+    """Whether ``block`` (512 bytes) is a POSIX (ustar, pax) or GNU tar header: its magic
+    and its checksum (the sum of its bytes with the checksum field read as spaces), so a
+    random file is not taken for an archive."""
+    if len(block) < TAR_BLOCK or block[257:262] != b"ustar":
+        return False
+    field = block[148:156].split(b"\x00", 1)[0].strip()
+    if not field or not re.fullmatch(rb"[0-7]{1,8}", field):
+        return False
+    return int(field, 8) == sum(block[:148]) + 8 * 32 + sum(block[156:TAR_BLOCK])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,6 +187,17 @@ class BlobUpload(Protocol):
     def abort(self) -> None: ...
 
 
+class BlobReader(Protocol):
+    """Random access to one stored blob (a dataset archive read member by member, never the
+    whole blob in memory): ``read_at`` returns up to ``n`` bytes from ``offset`` (fewer only
+    at the end). The blob's tenancy and kind were checked when it was opened."""
+
+    size: int
+
+    def read_at(self, offset: int, n: int) -> bytes: ...
+    def close(self) -> None: ...
+
+
 class BlobStorage(Protocol):
     """What the callers need of the uploaded blobs, wherever they are
     stored: the file store (:class:`BlobStore`) or PostgreSQL (``blobs_pg.PgBlobStore``),
@@ -179,6 +209,8 @@ class BlobStorage(Protocol):
     def get(self, tenant: str, blob_id: str, field: str = "blob_id") -> BlobInfo: ...
     def path_of(self, tenant: str, blob_id: str, field: str, *, kind: str = "") -> Path: ...
     def read(self, tenant: str, blob_id: str, field: str, *, kind: str) -> bytes: ...
+    def open_reader(self, tenant: str, blob_id: str, field: str, *,
+                    kind: str) -> BlobReader: ...
     def usage(self, tenant: str) -> tuple[int, int]: ...
     def list(self, tenant: str, *, kind: str = "", limit: int = 100,
              after: tuple[float, str] | None = None) -> builtins.list[BlobInfo]: ...
@@ -201,7 +233,10 @@ class UploadChecks:
         self._hash = hashlib.sha256()
         self._head = b""
         self._model_head = b""
-        self._header_done = kind != "image"
+        self._header_done = kind not in ("image", "archive")
+        self._archive_head = b""
+        self._inflate: Any = None
+        self._inflated_from = 0
 
     def accept(self, chunk: bytes) -> None:
         """Check one chunk and count it (the caller stores it next)."""
@@ -217,7 +252,41 @@ class UploadChecks:
         self.received += len(chunk)
         self._hash.update(chunk)
         if not self._header_done:
-            self._sniff(chunk)
+            if self.kind == "archive":
+                self._sniff_archive(chunk)
+            else:
+                self._sniff(chunk)
+
+    def _sniff_archive(self, chunk: bytes) -> None:
+        """Check an archive's first tar header as soon as it has arrived: a tar starts with
+        one; a gzip file is inflated (at most one header's worth, from at most
+        :data:`MAX_ARCHIVE_HEAD_BYTES` compressed bytes) until its tar header is seen."""
+        if self._inflate is None and not self._archive_head and chunk[:1] == _GZIP[:1]:
+            self._inflate = zlib.decompressobj(wbits=31)
+        if self._inflate is None:
+            self._archive_head += chunk[:TAR_BLOCK - len(self._archive_head)]
+        else:
+            self._inflated_from += len(chunk)
+            head = self._archive_head
+            try:
+                head += self._inflate.decompress(chunk[:MAX_ARCHIVE_HEAD_BYTES],
+                                                 TAR_BLOCK - len(head))
+            except zlib.error:
+                raise InvalidArgument("chunk", "an archive's gzip stream is not readable"
+                                      ) from None
+            self._archive_head = head
+            if len(head) < TAR_BLOCK and self._inflated_from > MAX_ARCHIVE_HEAD_BYTES:
+                raise InvalidArgument("chunk", f"no tar header within the first "
+                                               f"{MAX_ARCHIVE_HEAD_BYTES:,} bytes of the gzip "
+                                               "stream")
+        if len(self._archive_head) >= TAR_BLOCK:
+            if not is_tar_header(self._archive_head[:TAR_BLOCK]):
+                raise InvalidArgument("chunk", "an archive is a POSIX (ustar/pax) or GNU tar "
+                                               "file, optionally gzip-compressed")
+            self.media_type = "application/gzip" if self._inflate is not None \
+                else "application/x-tar"
+            self._header_done = True
+            self._archive_head, self._inflate = b"", None
 
     def _check_model_head(self, head: bytes) -> None:
         """A model is TorchScript (torch.jit.save writes a zip archive) or ONNX (a ModelProto:
@@ -257,6 +326,8 @@ class UploadChecks:
             raise InvalidArgument("header.size", f"declared {self.size:,} bytes, received "
                                                  f"{self.received:,}")
         if not self._header_done:
+            if self.kind == "archive":
+                raise InvalidArgument("chunk", "not a tar archive (no complete tar header)")
             raise InvalidArgument("chunk", "not a PNG/JPEG image (no readable PNG IHDR or "
                                            "JPEG frame header)")
         hexd = self._hash.hexdigest()

@@ -107,9 +107,14 @@ MAX_TENANT_DECODED_BYTES: Final = 256 * 1024 * 1024
 # -- uploads (infra/storage/blobs.py; no plan reads the server's disk) ----------------------
 #: Bytes of one UploadBlob data chunk (``blobs.MAX_CHUNK_BYTES``).
 MAX_UPLOAD_CHUNK_BYTES: Final = 1024 * 1024
-#: Declared size of the largest blob, a model (``blobs.MAX_BLOB_BYTES``: image 32 MiB,
-#: manifest 16 MiB, model 256 MiB).
-MAX_UPLOAD_BYTES: Final = 256 * 1024 * 1024
+#: Declared size of the largest model blob (a TorchScript or ONNX file).
+MAX_MODEL_BYTES: Final = 256 * 1024 * 1024
+#: Declared size of the largest dataset archive blob (a tar, optionally gzip): a whole COCO,
+#: VOC, class-folder or Hugging Face dataset in one upload, still within the tenant's quota.
+MAX_ARCHIVE_BYTES: Final = 2 * 1024**3
+#: Declared size of the largest blob, an archive (``blobs.MAX_BLOB_BYTES``: image 32 MiB,
+#: manifest 16 MiB, model 256 MiB, archive 2 GiB).
+MAX_UPLOAD_BYTES: Final = MAX_ARCHIVE_BYTES
 #: A blob id, ``sha256:`` and 64 hex digits.
 MAX_BLOB_ID_CHARS: Final = 71
 #: A blob's media type.
@@ -618,7 +623,8 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
                                            note="in order; together exactly header.size"),
     _EV + "UploadHeader.kind": Limit("free", note="enum; unspecified is refused"),
     _EV + "UploadHeader.size": _int(0, MAX_UPLOAD_BYTES, note="image <= 32 MiB, manifest "
-                                    "<= 16 MiB, model <= 256 MiB; within the tenant's quota"),
+                                    "<= 16 MiB, model <= 256 MiB, archive <= 2 GiB; within "
+                                    "the tenant's quota"),
     _EV + "UploadHeader.media_type": _text(MAX_MEDIA_TYPE_CHARS),
     _EV + "UploadHeader.expected_sha256": _text(MAX_BLOB_ID_CHARS, note="sha256:<64 hex>"),
     _EV + "GetBlobRequest.blob_id": _text(MAX_BLOB_ID_CHARS, note="sha256:<64 hex>"),

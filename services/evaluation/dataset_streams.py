@@ -43,6 +43,7 @@ from fortis.services.evaluation.dataset_files import short as _short
 from fortis.services.evaluation.dataset_formats import MAX_OBJECTS_PER_IMAGE, _label
 from fortis.services.evaluation.dataset_store import DataStore
 from fortis.services.evaluation.plan import Plan
+from fortis.services.evaluation.plan_model import UploadLocation
 
 __all__ = [
     "MAX_MEMBER_BYTES",
@@ -335,8 +336,11 @@ def _shard_groups(
 
 def read_webdataset(plan: Plan, store: DataStore, decode_image: bool = True) -> list[Sample]:
     ds = plan.dataset
-    relative_path(ds.path, "dataset.path", store.root_name)
-    shards = expand_braces(ds.path, "dataset.path")
+    if isinstance(ds.store, UploadLocation):
+        shards = list(ds.store.blobs)  # each upload is one shard, in the plan's order
+    else:
+        relative_path(ds.path, "dataset.path", store.root_name)
+        shards = expand_braces(ds.path, "dataset.path")
     refs = [(s, store.locate(PurePosixPath(), s, f"dataset.path:{s}")) for s in shards]
     out: list[Sample] = []
     seen = 0

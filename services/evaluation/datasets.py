@@ -22,9 +22,10 @@
     webdataset, hf    WebDataset tar shards and Hugging Face save_to_disk folders
                       (classification and detection; dataset_streams.py)
 
-The kept formats (coco, voc, webdataset, hf) are read from a store (dataset_store.py): the
-data root, or the S3 prefix of the plan's ``dataset.store`` opened with the calling tenant's
-credentials as the operator configured them.
+The kept formats (coco, voc, webdataset, hf, folders) are read from a store
+(dataset_store.py): the data root, the S3 prefix of the plan's ``dataset.store`` opened with
+the calling tenant's credentials as the operator configured them, or the tenant's uploaded
+archive (``dataset.store.upload``, read in place: dataset_archive.py).
 
 Confinement (otherwise any tenant could read any server file, and its bytes would come back
 in the error). Manifests exist only under an operator-configured ``data_root``: with none,
@@ -53,6 +54,7 @@ import numpy as np
 from fortis.core.task import Task
 from fortis.infra.storage.blobs import BlobStorage
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument
+from fortis.services.evaluation.dataset_archive import open_upload_store
 from fortis.services.evaluation.dataset_files import (
     MAX_ID_CHARS,
     confined_file,
@@ -65,7 +67,11 @@ from fortis.services.evaluation.dataset_formats import annotated_items, load_ann
 from fortis.services.evaluation.dataset_sources import read_samples
 from fortis.services.evaluation.dataset_store import DataStore, LocalStore, StoreOpener
 from fortis.services.evaluation.plan import DatasetRef, Plan
-from fortis.services.evaluation.plan_model import ANNOTATED_FORMATS, STREAM_FORMATS
+from fortis.services.evaluation.plan_model import (
+    ANNOTATED_FORMATS,
+    STREAM_FORMATS,
+    UploadLocation,
+)
 from fortis.services.evaluation.runner import DatasetPort
 from fortis.services.evaluation.stages.base import LabeledImage
 
@@ -292,6 +298,7 @@ class PlanDatasets(DatasetPort):
         self.blobs = blobs
         self.tenant = tenant
         self.stores = stores
+        self._upload_stores: dict[tuple[str, tuple[str, ...]], DataStore] = {}
 
     def for_tenant(self, tenant: str) -> PlanDatasets:
         """The datasets as ``tenant``'s plans see them (their own uploads and store
@@ -305,6 +312,16 @@ class PlanDatasets(DatasetPort):
         loc = plan.dataset.store
         if loc is None:
             return LocalStore(self.data_root) if self.data_root is not None else None
+        if isinstance(loc, UploadLocation):
+            if self.blobs is None or not self.tenant:
+                raise FailedPrecondition("dataset.store.upload: uploaded datasets are not "
+                                         "available on this server")
+            key = (plan.dataset.source, loc.blobs)
+            st = self._upload_stores.get(key)
+            if st is None:      # one index per plan's archive, however often it is asked for
+                st = self._upload_stores[key] = open_upload_store(self.blobs, self.tenant,
+                                                           plan.dataset.source, loc.blobs)
+            return st
         if self.stores is None or not self.tenant:
             raise FailedPrecondition("dataset.store.s3: S3 dataset stores are not available on "
                                      "this server (the operator has not configured "

@@ -13,9 +13,9 @@ from fortis.core.task import Task
 from fortis.services.common.acceptance import Criterion
 from fortis.services.common.surrogates import SurrogateDefinition
 
-__all__ = ["ANNOTATED_FORMATS", "DATASETS", "MAX_MEMBERS", "NAMED_CLASS_FORMATS", "STORE_FORMATS",
-           "STREAM_FORMATS", "S3Location", "AttackTest", "CorruptionTest", "DatasetRef",
-           "DegradationTest", "Member", "Plan", "Role", "TargetRef", "crafted_on"]
+__all__ = ["ANNOTATED_FORMATS", "DATASETS", "MAX_MEMBERS", "MAX_UPLOAD_SHARDS",
+           "NAMED_CLASS_FORMATS", "STORE_FORMATS", "STREAM_FORMATS", "S3Location",
+           "UploadLocation", "AttackTest", "CorruptionTest", "DatasetRef", "DegradationTest", "Member", "Plan", "Role", "TargetRef", "crafted_on"]
 
 #: Where a plan's images may come from (``dataset.source``).
 DATASETS = ("fashion-mnist", "imagenet-photos", "manifest", "uploads", "coco", "voc",
@@ -59,6 +59,9 @@ class Member:
     defends: str = ""
 
 
+#: Uploaded WebDataset shards one plan may name (``dataset.store.upload``).
+MAX_UPLOAD_SHARDS = 1000
+
 #: Models in one multi-target plan (each runs every test of the plan).
 MAX_MEMBERS = 8
 
@@ -84,6 +87,15 @@ class S3Location:
 
 
 @dataclass(frozen=True, kw_only=True)
+class UploadLocation:
+    """A plan's ``dataset.store.upload``: the calling tenant's uploaded dataset archives by
+    content id (IEEE-P4: the ids pin the data). One archive holds a COCO, VOC, class-folder
+    or Hugging Face folder; for WebDataset each archive is one shard, in the order named."""
+
+    blobs: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class DatasetRef:
     source: str
     split: str = "test"
@@ -100,8 +112,9 @@ class DatasetRef:
     #: sources "hf" and "webdataset" (detection): the box format of the data ("" = the
     #: source's default: hf "xywh", webdataset "xyxy")
     box_format: str = ""
-    #: where the files are read: None = the operator's data root; else an S3 prefix
-    store: S3Location | None = None
+    #: where the files are read: None = the operator's data root; else an S3 prefix or the
+    #: tenant's uploaded archives
+    store: S3Location | UploadLocation | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

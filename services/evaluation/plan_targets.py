@@ -36,6 +36,7 @@ from fortis.services.evaluation.plan_model import (
     ANNOTATED_FORMATS,
     DATASETS,
     MAX_MEMBERS,
+    MAX_UPLOAD_SHARDS,
     NAMED_CLASS_FORMATS,
     STORE_FORMATS,
     STREAM_FORMATS,
@@ -45,6 +46,7 @@ from fortis.services.evaluation.plan_model import (
     Role,
     S3Location,
     TargetRef,
+    UploadLocation,
 )
 
 __all__ = ["check_surrogate_labels", "check_surrogate_tasks", "parse_baseline", "parse_dataset",
@@ -171,12 +173,44 @@ _CREDENTIALS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
 _REGION = re.compile(r"[a-z0-9][a-z0-9\-]{0,31}")
 
 
-def _store(v: Fields, d: Mapping[str, Any], source: str) -> S3Location | None:
-    """``dataset.store: {s3: {bucket, prefix, endpoint_url, region, credentials}}``."""
+def _upload_store(v: Fields, raw: Any, source: str) -> UploadLocation | None:
+    """``dataset.store.upload``: one archive id, or for WebDataset a list of shard ids."""
+    p = "dataset.store.upload"
+    ids = raw if isinstance(raw, list) else [raw]
+    if isinstance(raw, list) and source != "webdataset":
+        v.bad(p, f"source '{source}' reads one archive: name its id ('sha256:...'); a "
+              "list of uploads is for WebDataset shards")
+        return None
+    if not ids or len(ids) > MAX_UPLOAD_SHARDS:
+        v.bad(p, f"1..{MAX_UPLOAD_SHARDS} uploaded shards, got {len(ids)}")
+        return None
+    ok = True
+    for k, b in enumerate(ids):
+        if not is_blob_id(b):
+            where = f"{p}[{k}]" if isinstance(raw, list) else p
+            v.bad(where, "the id ('sha256:' and 64 lowercase hex digits) of an uploaded "
+                  "archive (fortis upload-dataset --archive)")
+            ok = False
+    if ok and len(set(ids)) != len(ids):
+        v.bad(p, "an uploaded shard is named twice")
+    return UploadLocation(blobs=tuple(str(b) for b in ids)) if ok else None
+
+
+def _store(v: Fields, d: Mapping[str, Any],
+           source: str) -> S3Location | UploadLocation | None:
+    """``dataset.store: {s3: {bucket, prefix, endpoint_url, region, credentials}}`` or
+    ``dataset.store: {upload: "sha256:..." | [ids of WebDataset shards]}``."""
     if d.get("store") is None:
         return None
     st = v.mapping(d.get("store"), "dataset.store")
-    v.unknown(st, "dataset.store", {"s3"})
+    v.unknown(st, "dataset.store", {"s3", "upload"})
+    if "upload" in st:
+        if "s3" in st:
+            v.bad("dataset.store", "one of s3 and upload")
+        if source not in STORE_FORMATS:
+            v.bad("dataset.store", f"only sources {', '.join(STORE_FORMATS)} are read from a "
+                  "store")
+        return _upload_store(v, st.get("upload"), source)
     s3 = v.mapping(st.get("s3"), "dataset.store.s3")
     if not s3:
         return None
@@ -237,7 +271,12 @@ def parse_dataset(v: Fields, doc: Mapping[str, Any], task: Task) -> DatasetRef:
     if dataset.box_format and dataset.source not in ("hf", "webdataset"):
         v.bad("dataset.box_format", "only sources hf and webdataset take a box format (COCO, "
               "VOC and manifests say their own)")
-    if dataset.source in STREAM_FORMATS and not dataset.path:
+    uploaded_shards = dataset.source == "webdataset" and isinstance(dataset.store,
+                                                                      UploadLocation)
+    if uploaded_shards and dataset.path:
+        v.bad("dataset.path", "uploaded WebDataset shards are named by dataset.store.upload "
+              "(each upload is one shard); leave dataset.path out")
+    if dataset.source in STREAM_FORMATS and not dataset.path and not uploaded_shards:
         v.bad("dataset.path", {"hf": "source 'hf' needs the folder written by save_to_disk",
                                "webdataset": "source 'webdataset' needs the shards, e.g. "
                                "shards/val-{000..009}.tar",

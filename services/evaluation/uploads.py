@@ -23,7 +23,7 @@ from google.protobuf import timestamp_pb2
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["UploadService"].full_name
 KIND_NAMES = {pb.BLOB_KIND_IMAGE: "image", pb.BLOB_KIND_MANIFEST: "manifest",
-              pb.BLOB_KIND_MODEL: "model"}
+              pb.BLOB_KIND_MODEL: "model", pb.BLOB_KIND_ARCHIVE: "archive"}
 _KIND_ENUMS = {v: k for k, v in KIND_NAMES.items()}
 _PAGE_DEFAULT, _PAGE_MAX = 100, 1000
 
@@ -42,7 +42,7 @@ def _kind(value: int, field: str, *, allow_unspecified: bool = False) -> str:
     name = KIND_NAMES.get(value)
     if name is None:
         raise errors.InvalidArgument(field, "one of BLOB_KIND_IMAGE, BLOB_KIND_MANIFEST, "
-                                            "BLOB_KIND_MODEL is needed")
+                                            "BLOB_KIND_MODEL, BLOB_KIND_ARCHIVE is needed")
     return name
 
 

@@ -468,3 +468,55 @@ def test_cli_upload_dataset_prints_a_snippet_that_runs(stack, tmp_path):
     bad = subprocess.run([*base, "upload", str(tmp_path / "nope.png"), *opts],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "not a file" in bad.stderr
+
+
+@pytest.mark.slow
+def test_cli_upload_dataset_archive_packs_a_folder_and_prints_a_snippet_that_runs(stack,
+                                                                                  tmp_path):
+    """``upload-dataset --archive``: the class folders packed into a tar as they are sent (the
+    format recognised from the layout), and the printed dataset section runs as it is."""
+    import subprocess
+    import sys
+
+    from fortis.adapters.torch_models.datasets import load_fashion_mnist
+
+    n = 6
+    x, y = load_fashion_mnist("test", limit=n, offset=40)
+    folder = tmp_path / "classes"
+    for i in range(n):
+        d = folder / str(int(y[i]))
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"img{i}.png").write_bytes(encode_png(x[i]))
+    base = [sys.executable, "-m", "fortis.server.cli"]
+    opts = ["--address", stack.address, "--api-key", API_KEY]
+    r = subprocess.run([*base, "upload-dataset", str(folder), "--archive", *opts],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    snippet = [line for line in r.stdout.splitlines() if line.startswith("dataset:")]
+    assert len(snippet) == 1 and '"source": "folders"' in snippet[0], r.stdout
+    label_map = ", ".join(f"{c}: {c}" for c in range(10))
+    dataset = json.loads(snippet[0][len("dataset:"):])
+    plan = ("name: cli-archive\ntarget: {name: fmnist-cnn, task: classification}\n"
+            f"dataset: {{source: folders, path: {dataset['path']}, label_map: {{{label_map}}}, "
+            f"store: {{upload: '{dataset['store']['upload']}'}}}}\n"
+            f"correctness: {{mode: top1}}\n{_TESTS}")
+    with FortisClient(stack.address, api_key=API_KEY) as fc:
+        ev = fc.wait(fc.submit(plan).evaluation_id, timeout_s=120)
+        assert ev.state.value == "SUCCEEDED", ev.error
+        assert int(ev.summary["m"]) == n
+        blob = fc.get_blob(dataset["store"]["upload"])
+        assert blob.kind == "archive" and blob.media_type == "application/x-tar"
+    # a tar made elsewhere: its kind told from the suffix
+    import tarfile
+
+    with tarfile.open(tmp_path / "shard.tar.gz", "w:gz") as tf:
+        tf.add(folder, arcname="classes")
+    r3 = subprocess.run([*base, "upload", str(tmp_path / "shard.tar.gz"), "--json", *opts],
+                        capture_output=True, text=True, timeout=120)
+    assert r3.returncode == 0, r3.stderr
+    assert json.loads(r3.stdout)["kind"] == "archive"
+    # a link in the folder is refused before anything is sent
+    (folder / str(int(y[0])) / "link.png").symlink_to("/etc/passwd")
+    bad = subprocess.run([*base, "upload-dataset", str(folder), "--archive", *opts],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "links and special files are refused" in bad.stderr

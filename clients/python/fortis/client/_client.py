@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 from fortis.client._pagination import iter_pages
+from fortis.client.archive import folder_entries, tar_chunks, tar_digest
 from fortis.client.errors import (
     DeadlineExceeded,
     FortisError,
@@ -48,7 +49,7 @@ WATCH_RECONNECTS = 5
 #: Bytes per UploadBlob data message (the server's limit).
 UPLOAD_CHUNK_BYTES = 1024 * 1024
 _BLOB_KINDS = {"image": up_pb.BLOB_KIND_IMAGE, "manifest": up_pb.BLOB_KIND_MANIFEST,
-               "model": up_pb.BLOB_KIND_MODEL}
+               "model": up_pb.BLOB_KIND_MODEL, "archive": up_pb.BLOB_KIND_ARCHIVE}
 _BLOB_KIND_NAMES = {v: k for k, v in _BLOB_KINDS.items()}
 
 
@@ -294,9 +295,10 @@ class FortisClient:
     # -- uploads (no plan reads the server's disk) -----------------------------------------
     def upload(self, data: str | Path | bytes, kind: str = "image", *, media_type: str = "",
                timeout_s: float | None = None) -> Blob:
-        """Upload a file (path) or bytes as a blob of ``kind`` ("image", "manifest", "model"),
-        streamed in 1 MiB chunks with its declared size and SHA-256 (the server checks both).
-        Uploading the same content again returns the same blob (``already_existed``)."""
+        """Upload a file (path) or bytes as a blob of ``kind`` ("image", "manifest", "model",
+        "archive": a tar or .tar.gz of a dataset), streamed in 1 MiB chunks with its declared
+        size and SHA-256 (the server checks both). Uploading the same content again returns
+        the same blob (``already_existed``)."""
         if kind not in _BLOB_KINDS:
             raise InvalidArgument("kind", f"one of {', '.join(_BLOB_KINDS)}")
         if isinstance(data, bytes | bytearray):
@@ -326,6 +328,29 @@ class FortisClient:
                 kind=_BLOB_KINDS[kind], size=size, media_type=media_type,
                 expected_sha256=f"sha256:{digest}"))
             for c in chunks():
+                yield up_pb.UploadBlobRequest(chunk=c)
+
+        try:
+            resp = self._uploads.UploadBlob(requests(), metadata=self._md,
+                                            timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return Blob.from_proto(resp.blob, resp.already_existed)
+
+    def upload_folder(self, folder: str | Path, *, timeout_s: float | None = None) -> Blob:
+        """Pack a dataset folder (COCO, VOC, class folders, a Hugging Face ``save_to_disk``
+        folder) into a tar as it is sent and upload it as an ``archive``; nothing is written to
+        disk. Members are named under the folder's name (``coco/ann.json``), so a plan reads
+        ``dataset: {source: coco, path: coco/ann.json, store: {upload: <blob_id>}}``. The tar
+        is reproducible: the same folder gives the same blob id."""
+        entries = folder_entries(Path(folder))
+        size, digest = tar_digest(entries)
+
+        def requests() -> Iterator[Any]:
+            yield up_pb.UploadBlobRequest(header=up_pb.UploadHeader(
+                kind=up_pb.BLOB_KIND_ARCHIVE, size=size, media_type="application/x-tar",
+                expected_sha256=f"sha256:{digest}"))
+            for c in tar_chunks(entries, UPLOAD_CHUNK_BYTES):
                 yield up_pb.UploadBlobRequest(chunk=c)
 
         try:

@@ -17,10 +17,12 @@ class BlobKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BLOB_KIND_IMAGE: _ClassVar[BlobKind]
     BLOB_KIND_MANIFEST: _ClassVar[BlobKind]
     BLOB_KIND_MODEL: _ClassVar[BlobKind]
+    BLOB_KIND_ARCHIVE: _ClassVar[BlobKind]
 BLOB_KIND_UNSPECIFIED: BlobKind
 BLOB_KIND_IMAGE: BlobKind
 BLOB_KIND_MANIFEST: BlobKind
 BLOB_KIND_MODEL: BlobKind
+BLOB_KIND_ARCHIVE: BlobKind
 
 class UploadHeader(_message.Message):
     __slots__ = ("kind", "size", "media_type", "expected_sha256")
