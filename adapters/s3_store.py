@@ -469,8 +469,17 @@ class S3Store:
             )
             for page in pages:
                 self._count()
-                for obj in page.get("Contents", []):
-                    rest = str(obj.get("Key", ""))[len(folder) :]
+                contents = page.get("Contents", [])
+                if not contents and page.get("IsTruncated"):
+                    # a server could page empty answers for ever, each a request
+                    raise InvalidArgument(field, "the store listed an empty page of the folder")
+                for obj in contents:
+                    key = str(obj.get("Key", ""))
+                    if not key.startswith(folder):
+                        raise InvalidArgument(
+                            field, "the store listed a key outside the folder asked for"
+                        )
+                    rest = key[len(folder) :]
                     if rest and not rest.endswith("/"):
                         out.append(rest)
                     if len(out) > limit:

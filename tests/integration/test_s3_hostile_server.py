@@ -286,3 +286,84 @@ def test_unresolvable_credentials_do_not_name_the_operators_secret_source(hostil
         _stores(hostile.url)("tenant-a", _loc(hostile.url))
     assert "dataset.store.s3.credentials" in e.value.message
     assert "HOSTILE_TOKEN" not in e.value.message, e.value.message
+
+
+def _listing(keys: list[str], token: int | None) -> bytes:
+    items = "".join(f"<Contents><Key>{k}</Key><Size>1</Size></Contents>" for k in keys)
+    more = (
+        f"<IsTruncated>true</IsTruncated><NextContinuationToken>t{token}</NextContinuationToken>"
+        if token is not None
+        else "<IsTruncated>false</IsTruncated>"
+    )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?><ListBucketResult '
+        'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>data</Name>'
+        f"<KeyCount>{len(keys)}</KeyCount>{more}{items}</ListBucketResult>"
+    ).encode()
+
+
+def _xml_route(pages: Callable[[int], bytes]) -> Route:
+    count = [0]
+
+    def route(h: BaseHTTPRequestHandler) -> None:
+        count[0] += 1
+        body = pages(count[0])
+        h.send_response(200)
+        h.send_header("Content-Type", "application/xml")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    return route
+
+
+def test_endless_empty_listing_pages_are_refused(hostile):
+    """Truncated pages with no keys, each with a new token: every page is a request, and the
+    old bound was a million of them (here the server gives up after 300)."""
+    hostile.routes["/data"] = _xml_route(
+        lambda n: _listing([], n) if n < 300 else b"<Error><Code>SlowDown</Code></Error>"
+    )
+    plan = _plan(
+        {
+            "source": "folders",
+            "path": "pets",
+            "store": {
+                "s3": {
+                    "bucket": "data",
+                    "prefix": "p",
+                    "endpoint_url": hostile.url,
+                    "credentials": "team",
+                }
+            },
+        }
+    )
+    with pytest.raises(InvalidArgument) as e:
+        PlanDatasets({}, stores=_stores(hostile.url)).for_tenant("tenant-a").check(plan)
+    assert "empty page" in e.value.message, e.value.message
+    assert len(hostile.seen) < 5
+
+
+def test_listed_keys_outside_the_folder_are_refused(hostile):
+    """A listing is the server's word: a key that does not start with the folder asked for
+    (here another tenant's prefix) must not be cut into a name inside it."""
+    hostile.routes["/data"] = _xml_route(
+        lambda n: _listing(["p/pets/cat/1.png", "other-tenant/secret/cat/2.png"], None)
+    )
+    plan = _plan(
+        {
+            "source": "folders",
+            "path": "pets",
+            "store": {
+                "s3": {
+                    "bucket": "data",
+                    "prefix": "p",
+                    "endpoint_url": hostile.url,
+                    "credentials": "team",
+                }
+            },
+        }
+    )
+    with pytest.raises(InvalidArgument) as e:
+        PlanDatasets({}, stores=_stores(hostile.url)).for_tenant("tenant-a").check(plan)
+    assert "outside the folder" in e.value.message, e.value.message
+    assert not any("other-tenant" in p for _, p, _ in hostile.seen)
