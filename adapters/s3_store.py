@@ -6,14 +6,16 @@ A plan names ``dataset.store.s3: {bucket, prefix, endpoint_url, region, credenti
 tenant (``fortis serve --dataset-stores FILE``), never a key. One tenant cannot use another's
 credentials (an unknown name and another tenant's name read the same), and the server's own
 instance credentials (environment, instance profile) are used only where the operator allows
-it (``instance_credentials: true``) and the plan asks for ``credentials: instance``. The
-endpoints a credential may be sent to are the operator's list, so a plan cannot make the
-server sign requests to a host of its choosing.
+it (``instance_credentials: true``) and the plan asks for ``credentials: instance``, and
+then only to AWS or the operator's ``instance_endpoints``. The endpoints a credential may be
+sent to are the operator's list, so a plan cannot make the server sign requests to a host of
+its choosing (a session token travels in plain sight in every request).
 
 The operator's file (YAML)::
 
     s3:
       instance_credentials: false
+      instance_endpoints: []                          # besides AWS, for instance credentials
       tenants:
         tenant-a:
           team-data:
@@ -27,7 +29,9 @@ Every key is the prefix joined with a confined relative path (no ``..``, not abs
 nothing outside the prefix is read; a missing key reads "not found under the S3 prefix".
 Objects are sized with HEAD before they are read, whole-object reads are ranged GETs bounded
 by the caller's limit, and streams are the GET's streaming body (never the whole object in
-memory, never the bucket copied). Errors name the plan's field and the S3 error code only:
+memory, never the bucket copied). The server's answers are not trusted: a body is read no
+further than HEAD's size and must keep a minimum rate, redirects are not followed (botocore
+does not follow them), a listing must stay inside the folder asked for. Errors name the plan's field and the S3 error code only:
 no key, secret or signature is ever in a message or a log line.
 """
 
