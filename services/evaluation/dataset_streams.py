@@ -216,7 +216,7 @@ class _BoundedTarInfo(tarfile.TarInfo):
         if self.type == tarfile.GNUTYPE_SPARSE:
             raise _TarRefused("sparse members are refused")
         if self.type not in _EXTENDED:
-            return super()._proc_member(tarfile_)
+            return super()._proc_member(tarfile_)  # type: ignore[misc]
         if not 0 <= self.size <= MAX_TAR_HEADER_BYTES:
             raise _TarRefused(
                 f"an extended header of {self.size} bytes (at most {MAX_TAR_HEADER_BYTES})"
@@ -226,7 +226,7 @@ class _BoundedTarInfo(tarfile.TarInfo):
             raise _TarRefused(f"more than {MAX_TAR_HEADER_CHAIN} chained extended headers")
         tarfile_._fortis_chain = depth + 1
         try:
-            out = super()._proc_member(tarfile_)
+            out = super()._proc_member(tarfile_)  # type: ignore[misc]
         finally:
             tarfile_._fortis_chain = depth
         kept = sum(len(k) + len(v) for k, v in tarfile_.pax_headers.items())
@@ -359,7 +359,7 @@ def _shard_groups(
                 if m is None:
                     break
                 # a stream's TarFile keeps every header it has read; nothing here looks back
-                tf.members.clear()
+                tf.members.clear()  # type: ignore[attr-defined]
                 members += 1
                 where = f"{field}:{_printable(m.name)}"
                 if members > MAX_SHARD_MEMBERS:
