@@ -294,3 +294,28 @@ def test_arrow_field_names_that_are_not_utf8_are_refused(tmp_path):
             "dataset.path/data-00000-of-00001.arrow",
             "schema",
         )
+
+
+def test_uploaded_archive_with_chained_extended_headers_is_refused_not_internal():
+    """The uploaded-archive index scans headers with tarfile too: 3000 chained pax headers
+    overflowed its stack (an uncaught RecursionError). The reader here serves the archive's
+    bytes from memory, as the blob storage's positional reader serves them from a file."""
+    from fortis.services.evaluation.dataset_archive import ArchiveIndex
+
+    raw = io.BytesIO()
+    rec = b"20 comment=xxxxxxxx\n"
+    for _ in range(3000):
+        raw.write(_header(tarfile.XHDTYPE, len(rec)) + rec.ljust(512, b"\0"))
+    with tarfile.open(fileobj=raw, mode="w") as tf:
+        build.add(tf, "a.png", build.png(3))
+    data = raw.getvalue()
+
+    class Bytes:
+        size = len(data)
+
+        def read_at(self, offset: int, n: int) -> bytes:
+            return data[offset : offset + n]
+
+    with pytest.raises(InvalidArgument) as e:
+        ArchiveIndex.scan(Bytes(), "dataset.store.upload")  # type: ignore[arg-type]
+    assert e.value.violations[0].field == "dataset.store.upload", e.value.message
