@@ -367,3 +367,34 @@ def test_listed_keys_outside_the_folder_are_refused(hostile):
         PlanDatasets({}, stores=_stores(hostile.url)).for_tenant("tenant-a").check(plan)
     assert "outside the folder" in e.value.message, e.value.message
     assert not any("other-tenant" in p for _, p, _ in hostile.seen)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "http://user:pw@{host}",
+        "HTTP://{host}",
+        "http://{host}/elsewhere",
+        "http://{host}./",
+        "http://[::ffff:127.0.0.1]:{port}",
+        "http://127.0.0.1.:{port}",
+        "http://0x7f000001:{port}",
+        "http://127.1:{port}",
+        "https://{host}",
+    ],
+)
+def test_endpoint_spellings_outside_the_operators_list_send_nothing(hostile, variant):
+    """Spellings of the listed endpoint (user information, case, a path, a trailing dot,
+    other spellings of the same address) are refused by the plan's check or by the
+    credential's list: no request reaches any server, the listed one included."""
+    host = hostile.url.removeprefix("http://")
+    url = variant.format(host=host, port=host.rsplit(":", 1)[1])
+    store = {"s3": {"bucket": "data", "prefix": "p", "endpoint_url": url, "credentials": "team"}}
+    with pytest.raises(FortisError) as e:
+        plan = _plan({"source": "hf", "path": "hf", "store": store})
+        PlanDatasets({}, stores=_stores(hostile.url)).for_tenant("tenant-a").check(plan)
+    assert "dataset.store.s3" in e.value.message or any(
+        v.field.startswith("dataset.store.s3") for v in getattr(e.value, "violations", [])
+    ), e.value.message
+    assert hostile.seen == []
+    _no_secret(e.value.message)
