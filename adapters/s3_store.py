@@ -6,14 +6,16 @@ A plan names ``dataset.store.s3: {bucket, prefix, endpoint_url, region, credenti
 tenant (``fortis serve --dataset-stores FILE``), never a key. One tenant cannot use another's
 credentials (an unknown name and another tenant's name read the same), and the server's own
 instance credentials (environment, instance profile) are used only where the operator allows
-it (``instance_credentials: true``) and the plan asks for ``credentials: instance``. The
-endpoints a credential may be sent to are the operator's list, so a plan cannot make the
-server sign requests to a host of its choosing.
+it (``instance_credentials: true``) and the plan asks for ``credentials: instance``, and
+then only to AWS or the operator's ``instance_endpoints``. The endpoints a credential may be
+sent to are the operator's list, so a plan cannot make the server sign requests to a host of
+its choosing (a session token travels in plain sight in every request).
 
 The operator's file (YAML)::
 
     s3:
       instance_credentials: false
+      instance_endpoints: []                          # besides AWS, for instance credentials
       tenants:
         tenant-a:
           team-data:
@@ -27,7 +29,9 @@ Every key is the prefix joined with a confined relative path (no ``..``, not abs
 nothing outside the prefix is read; a missing key reads "not found under the S3 prefix".
 Objects are sized with HEAD before they are read, whole-object reads are ranged GETs bounded
 by the caller's limit, and streams are the GET's streaming body (never the whole object in
-memory, never the bucket copied). Errors name the plan's field and the S3 error code only:
+memory, never the bucket copied). The server's answers are not trusted: a body is read no
+further than HEAD's size and must keep a minimum rate, redirects are not followed (botocore
+does not follow them), a listing must stay inside the folder asked for. Errors name the plan's field and the S3 error code only:
 no key, secret or signature is ever in a message or a log line.
 """
 
@@ -36,11 +40,13 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+import structlog
 import yaml
 from fortis.adapters.http_json.auth import SecretRef
 from fortis.services.common.errors import (
@@ -55,6 +61,11 @@ __all__ = ["MAX_OBJECTS", "S3Credential", "S3Store", "S3Stores", "load_config"]
 
 #: Objects one store may be asked about (HEADs and GETs): bounds what one plan costs.
 MAX_OBJECTS = 1_000_000
+#: A body must arrive at this average rate once :data:`STREAM_GRACE_S` have passed, bytes/s:
+#: a server that trickles (or never ends) must not hold a reader for ever (botocore's read
+#: timeout is per socket read, so one byte a few seconds apart never trips it).
+MIN_STREAM_RATE = 64 * 1024
+STREAM_GRACE_S = 60.0
 NOT_FOUND = "not found under the S3 prefix"
 _FIELD = "dataset.store.s3"
 _DENIED = {
@@ -68,7 +79,27 @@ _DENIED = {
     "AccountProblem",
 }
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+#: Error codes repeated in messages as the server gave them; any other code is the server's
+#: own text (a hostile one may echo the request's access key id) and is shown as its status.
+_KNOWN_CODES = {
+    "InternalError",
+    "InvalidArgument",
+    "InvalidBucketName",
+    "InvalidObjectState",
+    "InvalidRange",
+    "InvalidRequest",
+    "KeyTooLongError",
+    "MethodNotAllowed",
+    "PermanentRedirect",
+    "PreconditionFailed",
+    "RequestTimeout",
+    "ServiceUnavailable",
+    "SlowDown",
+    "TemporaryRedirect",
+}
 _SECRET_REF = re.compile(r"(env:[A-Za-z_][A-Za-z0-9_]*|file:/.+)")
+
+log = structlog.get_logger("fortis.adapters.s3_store")
 
 # botocore logs request headers at DEBUG; the server's logging must never carry them.
 logging.getLogger("botocore").setLevel(logging.WARNING)
@@ -99,8 +130,19 @@ def load_config(path: Path) -> S3Stores:
     if not isinstance(doc, dict) or set(doc) - {"s3"}:
         raise ValueError("dataset stores file: a mapping with the key 's3'")
     s3 = doc.get("s3") or {}
-    if not isinstance(s3, dict) or set(s3) - {"instance_credentials", "tenants"}:
-        raise ValueError("dataset stores file: s3 takes instance_credentials and tenants")
+    if not isinstance(s3, dict) or set(s3) - {
+        "instance_credentials",
+        "instance_endpoints",
+        "tenants",
+    }:
+        raise ValueError(
+            "dataset stores file: s3 takes instance_credentials, instance_endpoints and tenants"
+        )
+    inst_eps = s3.get("instance_endpoints") or []
+    if not isinstance(inst_eps, list) or not all(
+        isinstance(e, str) and re.fullmatch(r"https?://\S+", e) for e in inst_eps
+    ):
+        raise ValueError("dataset stores file: s3.instance_endpoints is a list of http(s) URLs")
     inst = s3.get("instance_credentials", False)
     if not isinstance(inst, bool):
         raise ValueError("dataset stores file: s3.instance_credentials is true or false")
@@ -155,7 +197,11 @@ def load_config(path: Path) -> S3Stores:
                 endpoints=tuple(_norm_url(e) for e in eps),
                 region=str(c.get("region") or ""),
             )
-    return S3Stores(out, instance_credentials=inst)
+    return S3Stores(
+        out,
+        instance_credentials=inst,
+        instance_endpoints=tuple(_norm_url(e) for e in inst_eps),
+    )
 
 
 class S3Stores:
@@ -167,9 +213,12 @@ class S3Stores:
         credentials: Mapping[str, Mapping[str, S3Credential]],
         *,
         instance_credentials: bool = False,
+        instance_endpoints: tuple[str, ...] = (),
     ) -> None:
         self.credentials = {t: dict(c) for t, c in credentials.items()}
         self.instance_credentials = instance_credentials
+        #: Where the server's own credentials may be sent besides AWS (no endpoint_url).
+        self.instance_endpoints = tuple(_norm_url(e) for e in instance_endpoints)
         # One botocore session: its loaded service model is reused by every client (a new
         # session re-reads it, ~0.3 s); create_client is not thread-safe, hence the lock.
         self._session: Any = None
@@ -190,6 +239,13 @@ class S3Stores:
                     "are not lent to plans here (the operator has not "
                     "enabled instance_credentials)"
                 )
+            # the server's own credentials (a session token travels in plain sight in every
+            # request) go to AWS or the operator's list only, never to a plan's host
+            if endpoint and endpoint not in self.instance_endpoints:
+                raise FailedPrecondition(
+                    f"{_FIELD}.endpoint_url: the server's own credentials are "
+                    "not used with this endpoint (the operator lists where they may be sent)"
+                )
             region = loc.region
         else:
             cred = self.credentials.get(tenant, {}).get(loc.credentials)
@@ -208,12 +264,26 @@ class S3Stores:
                 )
             if not endpoint and cred.endpoints:
                 endpoint = cred.endpoints[0]
-            kwargs = {
-                "aws_access_key_id": cred.access_key_id.resolve(),
-                "aws_secret_access_key": cred.secret_access_key.resolve(),
-            }
-            if cred.session_token is not None:
-                kwargs["aws_session_token"] = cred.session_token.resolve()
+            try:
+                kwargs = {
+                    "aws_access_key_id": cred.access_key_id.resolve(),
+                    "aws_secret_access_key": cred.secret_access_key.resolve(),
+                }
+                if cred.session_token is not None:
+                    kwargs["aws_session_token"] = cred.session_token.resolve()
+            except FailedPrecondition as exc:
+                # the reference's message names the operator's variable or file: for the
+                # operator's log, not for the tenant
+                log.warning(
+                    "dataset store credentials cannot be resolved",
+                    tenant=tenant,
+                    credentials=loc.credentials,
+                    reason=exc.message,
+                )
+                raise FailedPrecondition(
+                    f"{_FIELD}.credentials: the credentials '{loc.credentials}' cannot be "
+                    "read on the server (ask the operator)"
+                ) from None
             region = loc.region or cred.region
         config = botocore.config.Config(
             signature_version="s3v4",
@@ -236,17 +306,43 @@ class S3Stores:
 
 
 class _Body:
-    """A GET's streaming body as a binary stream (read, close, context manager)."""
+    """A GET's streaming body as a binary stream (read, close, context manager), held to the
+    object's size as HEAD gave it (a server may send more than it said, or never stop) and to
+    :data:`MIN_STREAM_RATE` (a server may trickle)."""
 
-    def __init__(self, body: Any, store: S3Store, field: str) -> None:
-        self._body, self._store, self._field = body, store, field
+    def __init__(self, body: Any, store: S3Store, field: str, size: int) -> None:
+        self._body, self._store, self._field, self._size = body, store, field, size
+        # one socket read per call (urllib3's read1), so the rate is checked between them
+        raw = getattr(body, "_raw_stream", None)
+        self._read1 = getattr(raw, "read1", None) or body.read
+        self._got = 0
+        self._start = time.monotonic()
         self.closed = False
 
     def read(self, n: int = -1) -> bytes:
-        try:
-            return bytes(self._body.read(None if n is None or n < 0 else n))
-        except Exception as exc:  # noqa: BLE001 - botocore's read errors vary by transport
-            raise self._store._error(exc, self._field) from None
+        want = self._size + 1 - self._got if n is None or n < 0 else n
+        parts: list[bytes] = []
+        while want > 0:
+            try:
+                chunk = bytes(self._read1(min(want, 1 << 20)))
+            except Exception as exc:  # noqa: BLE001 - botocore's read errors vary by transport
+                raise self._store._error(exc, self._field) from None
+            if not chunk:
+                break
+            self._got += len(chunk)
+            if self._got > self._size:
+                raise InvalidArgument(
+                    self._field, f"the store sent more than the object's {self._size} bytes"
+                )
+            elapsed = time.monotonic() - self._start
+            if elapsed > STREAM_GRACE_S and self._got < MIN_STREAM_RATE * elapsed:
+                raise Unavailable(
+                    f"{_FIELD}.endpoint_url: the S3 endpoint sends {self._field} too slowly "
+                    f"(under {MIN_STREAM_RATE} bytes/s)"
+                )
+            parts.append(chunk)
+            want -= len(chunk)
+        return b"".join(parts)
 
     def readable(self) -> bool:
         return True
@@ -288,10 +384,10 @@ class S3Store:
 
         if isinstance(exc, bex.ClientError):
             err = exc.response.get("Error", {})
-            code = str(
-                err.get("Code")
-                or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
-            )
+            status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            code = str(err.get("Code") or status)
+            if code not in _MISSING | _DENIED | _KNOWN_CODES | {"NoSuchBucket"}:
+                code = f"HTTP {status}" if status.isdigit() else ""
             if code in _MISSING:
                 return InvalidArgument(field, NOT_FOUND)
             if code == "NoSuchBucket":
@@ -346,11 +442,12 @@ class S3Store:
         self._count()
         try:
             got = self.client.get_object(Bucket=self.loc.bucket, Key=key, Range=f"bytes=0-{limit}")
-            data = bytes(got["Body"].read(limit + 1))
         except Exception as exc:  # noqa: BLE001
             if _is_range_error(exc):  # an empty object has no byte 0
                 return b""
             raise self._error(exc, field) from None
+        with _Body(got["Body"], self, field, size) as body:
+            data = body.read(limit + 1)
         if len(data) > limit:
             raise InvalidArgument(field, f"the {what} is larger than {limit} bytes")
         return data
@@ -361,7 +458,7 @@ class S3Store:
             got = self.client.get_object(Bucket=self.loc.bucket, Key=ref[0])
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, field) from None
-        return _Body(got["Body"], self, field)  # type: ignore[return-value]
+        return _Body(got["Body"], self, field, ref[1])  # type: ignore[return-value]
 
     def local_path(self, ref: tuple[str, int]) -> Path | None:
         return None
@@ -376,8 +473,17 @@ class S3Store:
             )
             for page in pages:
                 self._count()
-                for obj in page.get("Contents", []):
-                    rest = str(obj.get("Key", ""))[len(folder) :]
+                contents = page.get("Contents", [])
+                if not contents and page.get("IsTruncated"):
+                    # a server could page empty answers for ever, each a request
+                    raise InvalidArgument(field, "the store listed an empty page of the folder")
+                for obj in contents:
+                    key = str(obj.get("Key", ""))
+                    if not key.startswith(folder):
+                        raise InvalidArgument(
+                            field, "the store listed a key outside the folder asked for"
+                        )
+                    rest = key[len(folder) :]
                     if rest and not rest.endswith("/"):
                         out.append(rest)
                     if len(out) > limit:

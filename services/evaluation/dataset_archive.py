@@ -237,13 +237,21 @@ class ArchiveIndex:
         last: tuple[str, int] | None = None
         try:
             tf = tarfile.open(fileobj=_Seq(read_at, field), mode="r:")  # type: ignore[call-overload]
-        except (tarfile.TarError, EOFError, OSError):
+        except (tarfile.TarError, EOFError, OSError, ValueError, RecursionError):
             raise InvalidArgument(field, "not a readable tar archive") from None
         try:
             while True:
                 try:
                     m = tf.next()
-                except (tarfile.TarError, EOFError, OSError, ValueError, UnicodeError):
+                # RecursionError: tarfile follows chained header extensions recursively
+                except (
+                    tarfile.TarError,
+                    EOFError,
+                    OSError,
+                    ValueError,
+                    UnicodeError,
+                    RecursionError,
+                ):
                     if last and last[1] > _length_bound(reader, inflated):
                         raise InvalidArgument(last[0], _PAST_END) from None
                     raise InvalidArgument(

@@ -16,7 +16,7 @@ from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.paths import confined_file as _confined
 
 __all__ = ["MAX_ANNOTATION_BYTES", "MAX_ID_CHARS", "MAX_IMAGE_BYTES", "NOT_FOUND", "confined_file",
-           "decode", "read_bounded", "read_image", "short"]
+           "decode", "read_bounded", "read_image", "short", "utf8"]
 
 #: Largest annotations file (COCO JSON, a VOC image list) read, bytes: a manifest's limit.
 MAX_ANNOTATION_BYTES = 50 * 1024 * 1024
@@ -32,6 +32,17 @@ def short(v: Any, limit: int = 60) -> str:
     """A bounded excerpt of a value for a message (never the whole of a line)."""
     r = repr(v)
     return r if len(r) <= limit else r[:limit] + "..."
+
+
+def utf8(text: str) -> bool:
+    """Whether ``text`` can be sent as UTF-8: a name read from bytes (a file name, a tar
+    member, a JSON ``\\udcff`` escape) may hold lone surrogates, which no message, report or
+    gRPC string can carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def confined_file(root: Path, base: PurePosixPath, raw: object, field: str) -> Path:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 
 from fortis.services.common.errors import InvalidArgument
-from fortis.services.evaluation.dataset_files import MAX_ID_CHARS, MAX_IMAGE_BYTES, decode
+from fortis.services.evaluation.dataset_files import MAX_ID_CHARS, MAX_IMAGE_BYTES, decode, utf8
 from fortis.services.evaluation.dataset_store import DataStore
 from fortis.services.evaluation.dataset_streams import Sample, _class
 from fortis.services.evaluation.plan import Plan
@@ -49,6 +49,11 @@ def read_folders(plan: Plan, store: DataStore, decode_image: bool = True) -> lis
     base = PurePosixPath(ds.path)
     out = []
     for rel in files[ds.offset : ds.offset + ds.limit]:
+        if not utf8(rel):
+            # an undecodable file name (kept as surrogates) cannot be an id or a message
+            raise InvalidArgument(
+                "dataset.path", f"file names must be UTF-8 text, got {ascii(rel)[:80]}"
+            )
         where = f"dataset.path:{rel[:MAX_ID_CHARS]}"
         if len(rel) > MAX_ID_CHARS:
             raise InvalidArgument(where, f"image paths of at most {MAX_ID_CHARS} characters")

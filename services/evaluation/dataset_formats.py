@@ -57,6 +57,7 @@ from fortis.services.evaluation.dataset_files import (
     MAX_ANNOTATION_BYTES,
     MAX_ID_CHARS,
     MAX_IMAGE_BYTES,
+    utf8,
 )
 from fortis.services.evaluation.dataset_files import decode as _decode
 from fortis.services.evaluation.dataset_files import short as _short
@@ -190,6 +191,9 @@ def _coco_items(plan: Plan, root: DataStore) -> list[Annotated]:
         name = im["file_name"]
         if len(name) > MAX_ID_CHARS:
             raise InvalidArgument(f"{where}.file_name", f"at most {MAX_ID_CHARS} characters")
+        if not utf8(name):
+            raise InvalidArgument(f"{where}.file_name", "must be UTF-8 text (a lone surrogate "
+                                  "escape names no file)")
         iid = im.get("id")
         if isinstance(iid, bool) or not isinstance(iid, int | str) or iid in chosen:
             raise InvalidArgument(f"{where}.id", f"a unique integer or string id is needed, "

@@ -45,6 +45,12 @@ MAX_HF_FILES = 10_000
 MAX_HF_FILE_BYTES = 64 * 1024**3
 #: Rows one HF folder may declare (over all its files).
 MAX_HF_ROWS = 100_000_000
+#: Record batches read from one Arrow file (empty batches cost reading, not rows).
+MAX_HF_BATCHES = 1_000_000
+#: Largest single read of a streamed (not memory-mapped) Arrow file, bytes: pyarrow reads a
+#: record batch's declared body whole into memory, so a file from S3 with one huge batch
+#: must be refused rather than held (save_to_disk writes batches of 1000 rows).
+MAX_HF_READ_BYTES = 1024**3
 #: An Arrow file name in an HF folder: a plain name, never a path.
 _ARROW_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,200}\.arrow")
 _SPLIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
@@ -178,6 +184,32 @@ def _hf_objects(
     return boxes, [_class(lm, c, names, f"{where}.category[{k}]") for k, c in enumerate(cats)]
 
 
+class _BoundedReads:
+    """A streamed Arrow file whose single reads are bounded (see :data:`MAX_HF_READ_BYTES`)."""
+
+    def __init__(self, stream: Any, where: str) -> None:
+        self._stream, self._where = stream, where
+        self.closed = False
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0 or n > MAX_HF_READ_BYTES:
+            raise InvalidArgument(
+                self._where,
+                f"a record batch (or its metadata) of more than {MAX_HF_READ_BYTES} bytes",
+            )
+        return bytes(self._stream.read(n))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        self._stream.close()
+
+
 def _open_arrow(store: DataStore, ref: Any, where: str) -> tuple[Any, Any]:
     """An IPC stream reader over a memory map (local) or a streamed object (S3)."""
     import pyarrow as pa
@@ -186,7 +218,7 @@ def _open_arrow(store: DataStore, ref: Any, where: str) -> tuple[Any, Any]:
     src: Any = (
         pa.memory_map(str(path), "r")
         if path is not None
-        else pa.PythonFile(store.open(ref, where), mode="r")
+        else pa.PythonFile(_BoundedReads(store.open(ref, where), where), mode="r")
     )
     try:
         return src, pa.ipc.open_stream(src)
@@ -220,8 +252,15 @@ def read_hf(plan: Plan, store: DataStore, decode_image: bool = True) -> list[Sam
         where = f"{field}/{name}"
         src, reader = _open_arrow(store, ref, where)
         try:
-            _check_schema(reader.schema, task, where)
+            try:
+                _check_schema(reader.schema, task, where)
+            except (pa.ArrowException, ValueError):  # e.g. field names that are not UTF-8
+                raise InvalidArgument(where, "the Arrow schema is not readable") from None
+            batches = 0
             while len(out) < ds.limit:
+                batches += 1
+                if batches > MAX_HF_BATCHES:
+                    raise InvalidArgument(where, f"more than {MAX_HF_BATCHES} record batches")
                 try:
                     batch = reader.read_next_batch()
                 except StopIteration:

@@ -38,7 +38,7 @@ import numpy as np
 from fortis.core.task import BOX_FORMATS, Task
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.paths import relative_path
-from fortis.services.evaluation.dataset_files import MAX_ID_CHARS, MAX_IMAGE_BYTES, decode
+from fortis.services.evaluation.dataset_files import MAX_ID_CHARS, MAX_IMAGE_BYTES, decode, utf8
 from fortis.services.evaluation.dataset_files import short as _short
 from fortis.services.evaluation.dataset_formats import MAX_OBJECTS_PER_IMAGE, _label
 from fortis.services.evaluation.dataset_store import DataStore
@@ -65,6 +65,12 @@ MAX_SHARD_MEMBERS = 1_000_000
 MAX_STREAM_BYTES = 8 * 1024**3
 #: Largest label (.cls / .json) member, bytes.
 MAX_LABEL_BYTES = 1024 * 1024
+#: Largest tar extended header (a pax record set, a GNU long name), and the pax records kept
+#: across members by global headers, bytes: tarfile reads such a header whole into memory, so
+#: its declared size (up to 8 GiB, or any size in base-256) must be refused before it is read.
+MAX_TAR_HEADER_BYTES = 64 * 1024
+#: Extended headers chained before one member (tarfile follows each one recursively).
+MAX_TAR_HEADER_CHAIN = 8
 _IMAGE_EXTS = ("jpg", "jpeg", "png")
 
 
@@ -187,6 +193,51 @@ def expand_braces(pattern: str, field: str) -> list[str]:
     return names
 
 
+class _TarRefused(tarfile.TarError):
+    """A header refused before tarfile reads what it declares (the message says why)."""
+
+
+_EXTENDED = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile's header parsing with what a header may make it read bounded: tarfile reads an
+    extended header's declared size whole (a few bytes of gzip can declare gigabytes), follows
+    chained extended headers recursively and keeps global pax records for every later member;
+    sparse members (whose maps are read without bound) are refused."""
+
+    def _proc_member(self, tarfile_: Any) -> Any:
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise _TarRefused("sparse members are refused")
+        if self.type not in _EXTENDED:
+            return super()._proc_member(tarfile_)  # type: ignore[misc]
+        if not 0 <= self.size <= MAX_TAR_HEADER_BYTES:
+            raise _TarRefused(
+                f"an extended header of {self.size} bytes (at most {MAX_TAR_HEADER_BYTES})"
+            )
+        depth = getattr(tarfile_, "_fortis_chain", 0)
+        if depth >= MAX_TAR_HEADER_CHAIN:
+            raise _TarRefused(f"more than {MAX_TAR_HEADER_CHAIN} chained extended headers")
+        tarfile_._fortis_chain = depth + 1
+        try:
+            out = super()._proc_member(tarfile_)  # type: ignore[misc]
+        finally:
+            tarfile_._fortis_chain = depth
+        kept = sum(len(k) + len(v) for k, v in tarfile_.pax_headers.items())
+        if kept > MAX_TAR_HEADER_BYTES:
+            raise _TarRefused(f"global pax headers of more than {MAX_TAR_HEADER_BYTES} bytes")
+        return out
+
+    def _proc_gnusparse_10(self, *_: Any) -> Any:
+        raise _TarRefused("sparse members are refused")
+
+
 def _member_name(m: tarfile.TarInfo, where: str) -> str:
     """A member's name, refused when it is not a plain file with a relative, ``..``-free
     path (the archive is not trusted about where things would go)."""
@@ -201,6 +252,11 @@ def _member_name(m: tarfile.TarInfo, where: str) -> str:
         raise InvalidArgument(where, "member names with '..' are refused")
     if len(name) > MAX_ID_CHARS + 32:
         raise InvalidArgument(where, f"member names of at most {MAX_ID_CHARS + 32} characters")
+    if not utf8(name):
+        # tarfile keeps undecodable bytes as surrogates, which no message or report can carry
+        raise InvalidArgument(where, "member names must be UTF-8 text")
+    if m.issparse() or m.size < 0:
+        raise InvalidArgument(where, "sparse members and negative sizes are refused")
     return name
 
 
@@ -281,19 +337,29 @@ def _shard_groups(
     keys = members = 0
     with store.open(ref, field) as f:
         try:
-            tf = tarfile.open(fileobj=f, mode="r|*")  # noqa: SIM115 - a stream, closed below
-        except (tarfile.TarError, EOFError, OSError):
+            tf = tarfile.open(  # noqa: SIM115 - a stream, closed below
+                fileobj=f, mode="r|*", tarinfo=_BoundedTarInfo
+            )
+        except _TarRefused as exc:
+            raise InvalidArgument(field, f"not a readable tar archive: {exc}") from None
+        except (tarfile.TarError, EOFError, OSError, ValueError):
             raise InvalidArgument(field, "not a readable tar archive") from None
         try:
             while True:
                 try:
                     m = tf.next()
+                except _TarRefused as exc:
+                    raise InvalidArgument(
+                        field, f"not a readable tar archive (after {members} members): {exc}"
+                    ) from None
                 except (tarfile.TarError, EOFError, OSError, ValueError):
                     raise InvalidArgument(
                         field, f"not a readable tar archive (after {members} members)"
                     ) from None
                 if m is None:
                     break
+                # a stream's TarFile keeps every header it has read; nothing here looks back
+                tf.members.clear()  # type: ignore[attr-defined]
                 members += 1
                 where = f"{field}:{_printable(m.name)}"
                 if members > MAX_SHARD_MEMBERS:
@@ -305,8 +371,8 @@ def _shard_groups(
                     raise InvalidArgument(where, "only regular files are read")
                 if m.size > MAX_MEMBER_BYTES:
                     raise InvalidArgument(where, f"member larger than {MAX_MEMBER_BYTES} bytes")
-                budget[0] -= m.size
-                if budget[0] < 0:
+                # headers count as well as data: a shard of empty members costs reading too
+                if m.offset_data + m.size > budget[0]:
                     raise InvalidArgument(
                         field, f"more than {MAX_STREAM_BYTES} bytes of members streamed"
                     )
@@ -331,6 +397,7 @@ def _shard_groups(
             if key is not None:
                 yield (key, parts) if keys > skip else None
         finally:
+            budget[0] -= tf.offset
             tf.close()
 
 
