@@ -100,11 +100,10 @@ if command -v npm >/dev/null 2>&1; then
   bash scripts/setup_s3rver.sh >/dev/null || echo "setup: s3rver did not install; the S3 dataset tests will fail" >&2
 fi
 # 5. Model servers the target adapters are tested against, each in its own venv (never .venv):
-#    TorchServe 0.12.0 with CPU torch 2.13.0 (Java frontend: a JRE, from Debian if missing),
-#    BentoML 1.4.40 and Ray Serve 2.60.0. Not needed by `fortis serve`: elsewhere a failure is
-#    reported and their tests skip, naming the script; in CI (CI set) it fails the set-up, so
-#    the tests run there.
-for server in torchserve bentoml rayserve; do
+#    TorchServe 0.12.0 with CPU torch 2.13.0 (Java frontend: a JRE, from Debian if missing) and
+#    BentoML 1.4.40. Not needed by `fortis serve`: elsewhere a failure is reported and their
+#    tests skip, naming the script; in CI (CI set) it fails the set-up, so the tests run there.
+for server in torchserve bentoml; do
   if ! bash "scripts/setup_$server.sh"; then
     echo "setup: scripts/setup_$server.sh failed; tests/integration/test_$server.py will skip" >&2
     [ -z "${CI:-}" ] || exit 1
