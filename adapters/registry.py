@@ -12,6 +12,7 @@
     azureml:ENDPOINT?region=R&key=env:V   Azure ML online endpoint /score (key or Entra ID)
     torchserve://HOST:PORT/MODEL          TorchServe's inference API (+https for TLS)
     bentoml://HOST:PORT/ENDPOINT          a BentoML service's image endpoint (+https for TLS)
+    rayserve://HOST:PORT/PATH             a Ray Serve HTTP application (+https for TLS)
 
 Each scheme's module exposes ``backend_from_url(url) -> TargetBackend`` (see
 ``fortis.services.proxy.proxy.TargetBackend``); modules load only when their scheme is
@@ -37,7 +38,8 @@ SCHEMES: dict[str, str] = {
     "azureml": "fortis.adapters.managed_endpoints",
     **{scheme: "fortis.adapters.model_servers"
        for scheme in ("torchserve", "torchserve+http", "torchserve+https",
-                      "bentoml", "bentoml+http", "bentoml+https")},
+                      "bentoml", "bentoml+http", "bentoml+https",
+                      "rayserve", "rayserve+http", "rayserve+https")},
 }
 
 

@@ -1,13 +1,19 @@
-"""Model-server target adapter: TorchServe's inference API and BentoML service endpoints.
+"""Model-server target adapter: TorchServe's inference API, BentoML service endpoints and Ray
+Serve HTTP applications.
 
-Both take one encoded image per HTTP request and answer JSON, so one back end serves both::
+All take one encoded image per HTTP request and answer JSON, so one back end serves them::
 
     torchserve://HOST[:PORT]/MODEL[/VERSION][?options]   POST /predictions/MODEL[/VERSION],
     torchserve+https://...                               the image bytes as the body
     bentoml://HOST[:PORT]/ENDPOINT[?options]             POST /ENDPOINT, the image as a
     bentoml+https://...                                  multipart file (or base64 in JSON)
+    rayserve://HOST[:PORT][/PATH][?options]              POST /PATH (an application's route
+    rayserve+https://...                                 prefix and any path below it), the
+                                                         image bytes as the body (or base64 in
+                                                         JSON, or a multipart file)
 
-Default ports: TorchServe 8080, BentoML 3000 (443 for +https). Options (all optional)::
+Default ports: TorchServe 8080, BentoML 3000, Ray Serve 8000 (443 for +https). Options (all
+optional)::
 
     task=classification|detection   what the model does (default classification)
     labels=FILE          the target's label set, which numbers its labels (IEEE-P6): one name a
@@ -20,7 +26,9 @@ Default ports: TorchServe 8080, BentoML 3000 (443 for +https). Options (all opti
     box_format=xyxy|xywh pixel boxes: x1,y1,x2,y2 (TorchServe's object_detector) or x,y,w,h
     version=V            TorchServe model version (or /MODEL/VERSION in the path)
     input=multipart|json BentoML: the image as a multipart file, or base64 in a JSON object
-    field=NAME           BentoML: the endpoint's image parameter (default image)
+    input=raw|json|multipart  Ray Serve: the image bytes as the body (default), or as above
+    field=NAME           BentoML: the endpoint's image parameter; Ray Serve: the JSON key or
+                         form field of input=json|multipart (default image)
     concurrency=N        requests in flight at once (default 4)
     timeout=S            seconds per request (default 30)
     max_answer_bytes=N   larger answers are refused unread (default 8 MiB)

@@ -34,6 +34,9 @@ from fortis.target.v1 import target_pb2
 
 log = structlog.get_logger("fortis.adapters.model_servers")
 
+#: What ``GetTargetInfo`` asks to see that the server is up (Ray Serve: its HTTP proxy's own
+#: health check, which is up before any application is).
+_HEALTH = {"torchserve": "/ping", "bentoml": "/readyz", "rayserve": "/-/healthz"}
 #: Statuses that mean this one image was refused (too large, unsupported, invalid).
 _BAD_IMAGE_STATUS = {413, 415, 422}
 _MIME = {b"\x89PNG": "image/png", b"\xff\xd8": "image/jpeg"}
@@ -102,6 +105,8 @@ class ModelServerBackend:
             path = f"/predictions/{quote(opts.path, safe='')}"
             if opts.version:
                 path += f"/{quote(opts.version, safe='')}"
+        elif opts.server == "rayserve":
+            path = "/" + "/".join(quote(s, safe="") for s in opts.path.split("/") if s)
         else:
             path = f"/{quote(opts.path, safe='')}"
         self._path = path
@@ -110,11 +115,13 @@ class ModelServerBackend:
     # -- TargetBackend ----------------------------------------------------------------------
     def info(self) -> target_pb2.TargetInfo:
         o = self.opts
-        health = "/ping" if o.server == "torchserve" else "/readyz"
+        health = _HEALTH[o.server]
         resp = self._request("GET", health, None, {})
         if resp.status != 200:
             msg = f"{self._label}: {health} answered HTTP {resp.status}: {self._snippet(resp)}"
             raise resp.unavailable(msg) if resp.retryable else TargetUnavailable(msg)
+        if o.server == "rayserve":
+            self._check_route()
         if o.task == Task.DETECTION:
             kind = OUTPUT_KINDS["boxes"]
         else:
@@ -194,10 +201,37 @@ class ModelServerBackend:
                 label=f"{self._label} ({path}){what}",
             )
 
+    def _check_route(self) -> None:
+        """Ray Serve's proxy lists its applications' route prefixes at ``/-/routes``; a path no
+        prefix covers is named here, before any image is sent. A gateway that hides the list
+        (404) leaves the check to the first query."""
+        resp = self._request("GET", "/-/routes", None, {})
+        if resp.status == 404:
+            return
+        if resp.status != 200:
+            msg = f"{self._label}: /-/routes answered HTTP {resp.status}: {self._snippet(resp)}"
+            raise resp.unavailable(msg) if resp.retryable else TargetUnavailable(msg)
+        try:
+            routes = answers.parse_json(resp.body)
+        except answers.BadAnswer as exc:
+            raise TargetResponseError(f"{self._label}: /-/routes: {exc}") from None
+        if not isinstance(routes, dict) or not all(isinstance(r, str) for r in routes):
+            raise TargetResponseError(
+                f"{self._label}: /-/routes is not an object of route prefix -> application"
+            )
+        if not any(_covers(prefix, self._path) for prefix in routes):
+            known = ", ".join(sorted(routes)[:10]) or "none"
+            raise TargetResponseError(
+                f"{self._label}: no Ray Serve application serves '{self._path}' "
+                f"(route prefixes: {known[:300]})"
+            )
+
     def _body(self, img: _Image) -> tuple[bytes, dict[str, str]]:
         o = self.opts
         if o.server == "torchserve":
             return img.data, {"Content-Type": "application/octet-stream"}
+        if o.input == "raw":  # Ray Serve: the body is what the deployment reads
+            return img.data, {"Content-Type": img.mime}
         if o.input == "json":
             doc = {o.field: base64.b64encode(img.data).decode("ascii")}
             return json.dumps(doc).encode(), {"Content-Type": "application/json"}
@@ -263,9 +297,16 @@ class ModelServerBackend:
                 )
             )
         if resp.status == 404:
-            what = "model" if self.opts.server == "torchserve" else "endpoint"
+            what = {"torchserve": "model", "bentoml": "endpoint"}.get(self.opts.server, "path")
             raise TargetResponseError(f"{msg} ({what} '{self.opts.name}' not found?)")
         raise TargetResponseError(msg)
+
+
+def _covers(prefix: str, path: str) -> bool:
+    """Whether Ray Serve routes ``path`` to the application at route ``prefix`` (a prefix
+    matches whole path segments)."""
+    prefix = prefix.rstrip("/")
+    return not prefix or path == prefix or path.startswith(prefix + "/")
 
 
 def backend_from_url(url: str) -> ModelServerBackend:

@@ -1,4 +1,4 @@
-"""What a ``torchserve://`` or ``bentoml://`` target URL says, parsed and checked before anything
+"""What a ``torchserve://``, ``bentoml://`` or ``rayserve://`` target URL says, parsed and checked before anything
 is contacted, so that a typo is an ``InvalidArgument`` on ``target`` naming the option rather
 than a failure at the first query (the options are listed in the package docstring).
 """
@@ -23,7 +23,14 @@ SCHEMES: dict[str, tuple[str, str]] = {
     "bentoml": ("bentoml", "http"),
     "bentoml+http": ("bentoml", "http"),
     "bentoml+https": ("bentoml", "https"),
+    "rayserve": ("rayserve", "http"),
+    "rayserve+http": ("rayserve", "http"),
+    "rayserve+https": ("rayserve", "https"),
 }
+#: Plain-HTTP port when the URL gives none (Ray Serve's proxy listens on 8000 by default).
+DEFAULT_PORTS = {"torchserve": 8080, "bentoml": 3000, "rayserve": 8000}
+#: How the image is sent, per server (the first is the default).
+INPUTS = {"bentoml": ("multipart", "json"), "rayserve": ("raw", "json", "multipart")}
 OUTPUTS = ("top_k", "full_scores", "label_only")
 BOX_FORMATS = ("xyxy", "xywh")
 DEFAULT_TIMEOUT_S = 30.0
@@ -49,18 +56,23 @@ _COMMON = {
     "max_answer_bytes",
     "rate",
 }
-_KNOWN = {"torchserve": _COMMON | {"version"}, "bentoml": _COMMON | {"input", "field"}}
+_KNOWN = {
+    "torchserve": _COMMON | {"version"},
+    "bentoml": _COMMON | {"input", "field"},
+    "rayserve": _COMMON | {"input", "field"},
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class ServerOptions:
-    """What a ``torchserve://`` / ``bentoml://`` URL says (see the package docstring)."""
+    """What a ``torchserve://`` / ``bentoml://`` / ``rayserve://`` URL says (see the package
+    docstring)."""
 
-    server: str  # "torchserve" | "bentoml"
+    server: str  # "torchserve" | "bentoml" | "rayserve"
     transport: str  # "http" | "https"
     host: str
     port: int
-    path: str  # TorchServe: the model name; BentoML: the endpoint
+    path: str  # TorchServe: the model name; BentoML: the endpoint; Ray Serve: the HTTP path
     version: str = ""
     task: Task = Task.CLASSIFICATION
     labels_path: str = ""
@@ -72,8 +84,8 @@ class ServerOptions:
     concurrency: int = DEFAULT_CONCURRENCY
     token_env: str = ""
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
-    input: str = "multipart"  # BentoML: "multipart" | "json"
-    field: str = "image"  # BentoML: the endpoint's image parameter
+    input: str = "multipart"  # BentoML: "multipart" | "json"; Ray Serve: also "raw" (default)
+    field: str = "image"  # BentoML: the endpoint's image parameter; JSON/form field otherwise
 
     @property
     def base_url(self) -> str:
@@ -82,7 +94,10 @@ class ServerOptions:
 
     @property
     def name(self) -> str:
-        """The model (TorchServe) or endpoint (BentoML) the URL names, for messages."""
+        """The model (TorchServe), endpoint (BentoML) or path (Ray Serve) the URL names, for
+        messages."""
+        if self.server == "rayserve":
+            return "/" + self.path
         return self.path + (f"/{self.version}" if self.version else "")
 
 
@@ -111,14 +126,14 @@ def _float(server: str, option: str, text: str, low: float, high: float) -> floa
 
 
 def parse_url(url: str) -> ServerOptions:
-    """Parse a ``torchserve[+https]://HOST:PORT/MODEL[/VERSION]?options`` or
-    ``bentoml[+https]://HOST:PORT/ENDPOINT?options`` URL; ``InvalidArgument`` on ``target``
-    naming the bad part."""
+    """Parse a ``torchserve[+https]://HOST:PORT/MODEL[/VERSION]?options``,
+    ``bentoml[+https]://HOST:PORT/ENDPOINT?options`` or ``rayserve[+https]://HOST:PORT/PATH?options``
+    URL; ``InvalidArgument`` on ``target`` naming the bad part."""
     parts = urlsplit(url)
     kind = SCHEMES.get(parts.scheme)
     if kind is None:
         raise errors.InvalidArgument(
-            "target", f"'{url[:200]}' is not a torchserve:// or bentoml:// URL"
+            "target", f"'{url[:200]}' is not a torchserve://, bentoml:// or rayserve:// URL"
         )
     server, transport = kind
     try:
@@ -128,7 +143,7 @@ def parse_url(url: str) -> ServerOptions:
     if not host:
         raise errors.InvalidArgument("target", f"no host in '{url[:200]}'")
     if port is None:
-        port = 443 if transport == "https" else (8080 if server == "torchserve" else 3000)
+        port = 443 if transport == "https" else DEFAULT_PORTS[server]
     segments = [unquote(s) for s in parts.path.strip("/").split("/") if s]
     if any(s in (".", "..") or "/" in s or "\\" in s for s in segments):
         raise errors.InvalidArgument(
@@ -143,6 +158,12 @@ def parse_url(url: str) -> ServerOptions:
             )
         kw["path"] = segments[0]
         kw["version"] = segments[1] if len(segments) == 2 else ""
+    elif server == "rayserve":
+        # The application's route prefix and any path below it; none is the route "/" (what
+        # serve.run uses when no route_prefix is given).
+        if len(segments) > 16 or len(parts.path) > 1024:
+            raise errors.InvalidArgument("target", f"'{url[:200]}': the path is too long")
+        kw["path"] = "/".join(segments)
     else:
         if len(segments) != 1:
             raise errors.InvalidArgument(
@@ -197,10 +218,12 @@ def parse_url(url: str) -> ServerOptions:
             server, "max_answer_bytes", q["max_answer_bytes"], 1024, 256 * 1024 * 1024
         )
     kw["token_env"] = q.get("token_env", "")
-    if "input" in q:
-        if q["input"] not in ("multipart", "json"):
-            raise bad_option(server, "input", f"'{q['input'][:40]}' is not multipart or json")
-        kw["input"] = q["input"]
+    if server in INPUTS:
+        kw["input"] = q.get("input", INPUTS[server][0])
+        if kw["input"] not in INPUTS[server]:
+            raise bad_option(
+                server, "input", f"'{q['input'][:40]}' is not one of {', '.join(INPUTS[server])}"
+            )
     if "field" in q:
         if not q["field"] or not q["field"].isidentifier():
             raise bad_option(server, "field", f"'{q['field'][:40]}' is not a parameter name")

@@ -1,4 +1,4 @@
-"""Shared by the TorchServe and BentoML adapter tests: the set-up check, starting a real
+"""Shared by the TorchServe, BentoML and Ray Serve adapter tests: the set-up check, starting a real
 server as a subprocess on free loopback ports, and small images whose answer is known."""
 
 from __future__ import annotations
@@ -32,12 +32,16 @@ COLOURS = {
 }
 
 
-def require_venv(venv: Path, script: str, binary: str, stamp: str) -> Path:
+def require_venv(
+    venv: Path, script: str, binary: str, stamp: str, *, by_setup: bool = True
+) -> Path:
     """The server's venv; the test is skipped, naming the script to run, only when its set-up
-    script has not been run (scripts/setup.sh runs it, so in CI it has)."""
+    script has not been run (scripts/setup.sh runs those of TorchServe and BentoML, so in CI
+    they have been; scripts/setup_rayserve.sh is run by hand)."""
     exe = venv / "bin" / binary
     if not exe.exists() or not (venv / stamp).exists():
-        pytest.skip(f"{venv.name} is not set up: run scripts/{script} (scripts/setup.sh does)")
+        by = "scripts/setup.sh does" if by_setup else "by hand; scripts/setup.sh does not"
+        pytest.skip(f"{venv.name} is not set up: run scripts/{script} ({by})")
     return exe
 
 
@@ -59,10 +63,14 @@ def server_process(
     env: dict[str, str],
     ready_urls: Sequence[str],
     timeout_s: float = 120,
+    stop_leader_first_s: float = 0,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``cmd`` until every URL of ``ready_urls`` answers 200; a server that exits or is
     not ready in time fails the test with its log's tail (the set-up was run, so it must
-    start). Stopped with SIGTERM (its process group), then killed."""
+    start). Stopped with SIGTERM (its process group), then killed. With
+    ``stop_leader_first_s``, ``cmd`` alone is sent SIGTERM first and given that long to shut
+    its server down itself (Ray's actors run in process groups of their own, which only the
+    driver's ``ray.shutdown()`` stops)."""
     log_path = cwd / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -83,6 +91,12 @@ def server_process(
                 time.sleep(0.25)
         yield proc
     finally:
+        if stop_leader_first_s and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=stop_leader_first_s)
+            except subprocess.TimeoutExpired:
+                pass
         try:
             os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:

@@ -1,9 +1,9 @@
-"""The torchserve:// and bentoml:// adapter against a small local HTTP server that answers what
+"""The torchserve://, bentoml:// and rayserve:// adapter against a small local HTTP server that answers what
 each test tells it to: throttling (429/503, Retry-After), refusals, and hostile answers (huge,
 NaN, wrong types, deep nesting, boxes outside the image, labels outside the label set). Each
 must become a precise error naming the field -- through the real proxy a FAILED_PRECONDITION or
 a retried UNAVAILABLE, never INTERNAL -- and the proxy keeps serving. The real servers'
-behaviour is tested in test_torchserve.py and test_bentoml.py; this server only plays answers
+behaviour is tested in test_torchserve.py, test_bentoml.py and test_rayserve.py; this server only plays answers
 they would not give on purpose.
 """
 
@@ -72,7 +72,7 @@ def server() -> Iterator[tuple[str, Scripted]]:
             body = self.rfile.read(n) if n else b""
             with scripted.lock:
                 scripted.seen.append((self.path, dict(self.headers), body))
-            if self.path in ("/ping", "/readyz"):
+            if self.path in ("/ping", "/readyz", "/-/healthz"):
                 status, headers, out = 200, {}, b'{"status": "Healthy"}'
             else:
                 status, headers, out = scripted.next(self.path)
@@ -271,6 +271,59 @@ def test_bentoml_requests(server, labels) -> None:
     assert list(doc) == ["image"] and doc["image"].startswith("iVBOR")  # base64 of a PNG
 
 
+def test_rayserve_requests(server, labels) -> None:
+    """What the adapter sends to a Ray Serve path: the image bytes with their type as the body
+    (what ``await request.body()`` reads), base64 JSON under field=, or a multipart file."""
+    server[1].play("/models/colours", (200, {}, '{"red": 1.0}'))
+    one(backend(server, labels, "models/colours", scheme="rayserve"))
+    path, headers, body = server[1].seen[-1]
+    assert (path, headers["Content-Type"]) == ("/models/colours", "image/png")
+    assert body.startswith(b"\x89PNG")
+    one(backend(server, labels, "models/colours", "&input=json&field=img", scheme="rayserve"))
+    doc = json.loads(server[1].seen[-1][2])
+    assert list(doc) == ["img"] and doc["img"].startswith("iVBOR")
+    one(backend(server, labels, "models/colours", "&input=multipart", scheme="rayserve"))
+    assert b'name="image"; filename="image.png"' in server[1].seen[-1][2]
+    server[1].play("/", (200, {}, '[{"label": "green", "score": 0.5}]'))
+    (pred,) = one(ms.backend_from_url(f"rayserve://{server[0]}?labels={labels}"))
+    assert server[1].seen[-1][0] == "/" and pred.classification.classes[0].name == "green"
+
+
+def test_rayserve_route_check(server, labels) -> None:
+    """GetTargetInfo reads Serve's /-/routes: a path no application's route prefix covers is
+    named before any image is sent; a hostile routes answer is an error, not a crash."""
+    scripted = server[1]
+    scripted.play("/-/routes", (200, {}, '{"/colours": "colours", "/boxes/v1": "boxes"}'))
+    for path in ("colours", "colours/raw", "boxes/v1/x"):
+        b = backend(server, labels, path, scheme="rayserve")
+        assert b.info().name == "/" + path
+        b.close()
+    for path in ("colours2", "boxes", "other"):
+        b = backend(server, labels, path, scheme="rayserve")
+        with pytest.raises(TargetResponseError, match=f"no Ray Serve application serves '/{path}'"):
+            b.info()
+        b.close()
+    for answer, words in [
+        ('["/colours"]', "not an object of route prefix -> application"),
+        ("[" * 40 + "]" * 40, "nested deeper than 16 levels"),
+        ("not json", "not valid JSON"),
+    ]:
+        scripted.play("/-/routes", (200, {}, answer))
+        b = backend(server, labels, "colours", scheme="rayserve")
+        with pytest.raises(TargetResponseError, match=words):
+            b.info()
+        b.close()
+    scripted.play("/-/routes", (503, {}, "starting"))
+    b = backend(server, labels, "colours", scheme="rayserve")
+    with pytest.raises(TargetUnavailable, match="/-/routes answered HTTP 503"):
+        b.info()
+    b.close()
+    scripted.play("/-/routes", (404, {}, "hidden by a gateway"))  # left to the first query
+    b = backend(server, labels, "colours", scheme="rayserve")
+    assert b.info().name == "/colours"
+    b.close()
+
+
 # -- through the proxy: retried, failed precisely, never INTERNAL, and still serving ----------
 @pytest.fixture(scope="module")
 def stack(server, labels, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
@@ -283,6 +336,7 @@ def stack(server, labels, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 "flaky": f"torchserve://{addr}/flaky?labels={labels}",
                 "nan": f"bentoml://{addr}/nan?labels={labels}",
                 "down": f"torchserve://{addr}/down503?labels={labels}",
+                "ray-nan": f"rayserve://{addr}/ray/nan?labels={labels}",
                 "auth": f"torchserve://{addr}/auth2?labels={labels}&token_env=TS_PROXY_TOKEN",
             },
         )
@@ -358,6 +412,17 @@ def test_through_the_proxy(server, stack) -> None:
             )
         assert ei.value.code() == grpc.StatusCode.UNAVAILABLE and "HTTP 503" in ei.value.details()
         assert len(ledger(px, sid)) == 4  # the proxy's retry policy, spent
+        scripted.play("/ray/nan", (200, {}, '{"detections": [], "red": NaN}'))
+        sid = session(px, "ray-nan")
+        with pytest.raises(grpc.RpcError) as ei:
+            px.Predict(
+                proxy_pb2.PredictRequest(
+                    session_id=sid, origin="x", images=[image_msg("r", flat("red"))]
+                ),
+                metadata=MD,
+            )
+        assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "label 'detections'" in ei.value.details()
         sid = session(px, "flaky")  # ... and the proxy keeps serving
         resp = px.Predict(
             proxy_pb2.PredictRequest(

@@ -1,4 +1,4 @@
-"""torchserve:// and bentoml:// URLs and label files: every mistake is an InvalidArgument on
+"""torchserve://, bentoml:// and rayserve:// URLs and label files: every mistake is an InvalidArgument on
 ``target`` naming the option, before anything is contacted."""
 
 from __future__ import annotations
@@ -52,6 +52,24 @@ def test_defaults_and_forms() -> None:
         "http://[::1]:3001",
     )
     assert ms.parse_url("bentoml://h/x").port == 3000
+    o = ms.parse_url("rayserve://serve.example.com/models/colours/v2?field=img&input=json")
+    assert (o.server, o.port, o.path, o.name, o.input, o.field) == (
+        "rayserve",
+        8000,
+        "models/colours/v2",
+        "/models/colours/v2",
+        "json",
+        "img",
+    )
+    o = ms.parse_url("rayserve+https://serve.example.com")  # the route "/" of serve.run
+    assert (o.port, o.path, o.name, o.input, o.base_url) == (
+        443,
+        "",
+        "/",
+        "raw",
+        "https://serve.example.com:443",
+    )
+    assert ms.parse_url("bentoml://h/x").input == "multipart"
 
 
 @pytest.mark.parametrize(
@@ -81,9 +99,19 @@ def test_defaults_and_forms() -> None:
         ("torchserve://h:1/m?concurrency=100000", "option 'concurrency': must be 1..64"),
         ("torchserve://h:1/m?max_answer_bytes=99999999999", "option 'max_answer_bytes': must be"),
         ("torchserve://h:1/m?box_format=ltrb", "option 'box_format': 'ltrb' is not one of"),
-        ("bentoml://h:1/x?input=xml", "option 'input': 'xml' is not multipart or json"),
+        ("bentoml://h:1/x?input=xml", "option 'input': 'xml' is not one of multipart, json"),
+        ("bentoml://h:1/x?input=raw", "option 'input': 'raw' is not one of multipart, json"),
+        ("rayserve://h:1/x?input=xml", "option 'input': 'xml' is not one of raw, json, multipart"),
+        ("rayserve://h:1/x?version=1", "rayserve option 'version': unknown option"),
+        ("rayserve://h:1/a/../b", "may not hold '.', '..'"),
+        ("rayserve://h:1/a/%2e%2e/b", "may not hold '.', '..'"),
+        ("rayserve://h:1/a%2Fb", "may not hold '.', '..' or encoded slashes"),
+        ("rayserve://h:1/a%5Cb", "may not hold '.', '..' or encoded slashes"),
+        ("rayserve://h:1/" + "a/" * 17, "the path is too long"),
+        ("rayserve://h:1/" + "a" * 2000, "the path is too long"),
+        ("rayserve://h:1/x?field=", "option 'field': '' is not a parameter name"),
         ("bentoml://h:1/x?field=a%22b", "option 'field': 'a\"b' is not a parameter name"),
-        ("kserve://h:1/m", "is not a torchserve:// or bentoml:// URL"),
+        ("kserve://h:1/m", "is not a torchserve://, bentoml:// or rayserve:// URL"),
     ],
 )
 def test_bad_urls_are_named(url: str, words: str) -> None:
@@ -91,7 +119,15 @@ def test_bad_urls_are_named(url: str, words: str) -> None:
 
 
 def test_registry_knows_the_schemes() -> None:
-    for scheme in ("torchserve", "torchserve+https", "bentoml", "bentoml+https"):
+    for scheme in (
+        "torchserve",
+        "torchserve+https",
+        "bentoml",
+        "bentoml+https",
+        "rayserve",
+        "rayserve+http",
+        "rayserve+https",
+    ):
         b = backend_for(f"{scheme}://127.0.0.1:9/m")
         assert isinstance(b, ms.ModelServerBackend)
         b.close()
