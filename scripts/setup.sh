@@ -84,11 +84,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
   touch "$stamp"
 fi
 
-# 2b. MLflow 3.17.2 in its own venv (.venv-mlflow): the real scoring server the mlflow+http
-#     target tests serve their pyfunc models with (scripts/setup_mlflow.sh; the tests skip with
-#     its reason where it cannot install). Not needed by `fortis serve` / `make demo`.
-bash scripts/setup_mlflow.sh || echo "setup: MLflow unavailable; the mlflow target tests will skip" >&2
-
 # 3. buf (protobuf lint/breaking/curl) from npm.
 if command -v npm >/dev/null 2>&1 && [ ! -x node_modules/.bin/buf ]; then
   echo "setup: installing buf (npm) ..." >&2
@@ -99,14 +94,25 @@ fi
 if command -v npm >/dev/null 2>&1; then
   bash scripts/setup_s3rver.sh >/dev/null || echo "setup: s3rver did not install; the S3 dataset tests will fail" >&2
 fi
-# 5. Model servers the target adapters are tested against, each in its own venv (never .venv):
-#    TorchServe 0.12.0 with CPU torch 2.13.0 (Java frontend: a JRE, from Debian if missing) and
-#    BentoML 1.4.40. Not needed by `fortis serve`: elsewhere a failure is reported and their
-#    tests skip, naming the script; in CI (CI set) it fails the set-up, so the tests run there.
-for server in torchserve bentoml; do
-  if ! bash "scripts/setup_$server.sh"; then
-    echo "setup: scripts/setup_$server.sh failed; tests/integration/test_$server.py will skip" >&2
-    [ -z "${CI:-}" ] || exit 1
+# 5. The model servers the target adapters are tested against, each in its own venv (never
+#    .venv), installed side by side (mostly downloads, so together they take about as long as
+#    the longest alone): MLServer 1.7.1 (OIP), MLflow 3.17.2, TorchServe 0.12.0 with CPU torch
+#    (Java frontend: a JRE, from Debian if missing), BentoML 1.4.40 and Ray Serve 2.60.0. Not
+#    needed by `fortis serve` / `make demo`: elsewhere a failure is reported and those tests skip,
+#    naming the script; in CI (CI set) it fails the set-up, so the tests run there.
+pids=()
+for server in mlserver mlflow torchserve bentoml rayserve; do
+  bash "scripts/setup_$server.sh" > ".setup-$server.log" 2>&1 &
+  pids+=("$!:$server")
+done
+failed=""
+for p in "${pids[@]}"; do
+  if wait "${p%%:*}"; then
+    rm -f ".setup-${p#*:}.log"
+  else
+    echo "setup: scripts/setup_${p#*:}.sh failed (its output: .setup-${p#*:}.log); its tests will skip" >&2
+    failed=1
   fi
 done
+[ -z "$failed" ] || [ -z "${CI:-}" ] || exit 1
 echo "setup: ready" >&2

@@ -6,9 +6,8 @@
 # A venv of its own so that Ray's dependencies (its own grpcio and protobuf, pydantic,
 # starlette, uvicorn, ...) never touch Fortis's .venv. The fixture deployments score images
 # with numpy, so no torch here. Safe to run again (a stamp file records what was installed; a
-# changed list reinstalls). Not run by scripts/setup.sh: from a cold pip cache it takes about
-# 105 s on a loaded two-core machine (BentoML's venv: about 60 s), so the rayserve:// tests skip,
-# naming this script, until it is run by hand.
+# changed list reinstalls). Run by scripts/setup.sh beside the other model servers (from a cold
+# pip cache about 105 s on a loaded two-core machine).
 #
 #   scripts/setup_rayserve.sh            # create or update .venv-rayserve
 #   PYTHON=python3.11 scripts/setup_rayserve.sh

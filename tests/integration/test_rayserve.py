@@ -56,7 +56,7 @@ def _routes(port: int) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def ray_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """``serve.run`` of the fixture applications, once per module; the port of Serve's proxy."""
-    require_venv(VENV, "setup_rayserve.sh", "serve", ".fortis-rayserve-installed", by_setup=False)
+    require_venv(VENV, "setup_rayserve.sh", "serve", ".fortis-rayserve-installed")
     work = tmp_path_factory.mktemp("rayserve")
     port = free_port()
     env = clean_env()
