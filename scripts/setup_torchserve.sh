@@ -13,8 +13,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TORCHSERVE_VENV:-.venv-torchserve}
-PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null 2>&1 || PY=python3
 
 # Everything pinned: torch must never float (an unpinned torch pulls a multi-GB CUDA build).
 REQUIREMENTS=(
@@ -26,8 +24,6 @@ REQUIREMENTS=(
   # The model workers import yaml (ts/async_service.py), which torchserve does not declare.
   "pyyaml>=6,<7"
 )
-want="$(printf '%s\n' "${REQUIREMENTS[@]}")"
-stamp="$VENV/.fortis-torchserve-installed"
 
 java_ok() {
   command -v java >/dev/null 2>&1 || return 1
@@ -45,30 +41,8 @@ if ! java_ok; then
     exit 1
   fi
 fi
-
-ready() { [ -x "$VENV/bin/torchserve" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; }
-if ready; then
-  echo "setup_torchserve: $VENV ready" >&2
-  exit 0
-fi
-# One installer at a time (two test runs starting together wait for each other).
-mkdir -p "$VENV"
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"$VENV/.setup.lock"
-  flock 9
-  if ready; then
-    echo "setup_torchserve: $VENV ready" >&2
-    exit 0
-  fi
-fi
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "setup_torchserve: creating $VENV ..." >&2
-  "$PY" -m venv "$VENV"
-fi
-echo "setup_torchserve: installing TorchServe 0.12.0 and torch 2.13.0 into $VENV ..." >&2
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "${REQUIREMENTS[@]}"
-# Check the install really works before stamping it.
-"$VENV/bin/python" - <<'PY'
+NAME=torchserve BINARY=torchserve WHAT="TorchServe 0.12.0 and torch 2.13.0"
+CHECK=$(cat <<'PY'
 from importlib.metadata import version
 import torch, ts, model_archiver, yaml  # noqa: F401
 import ts.model_service_worker  # noqa: F401  (what each model worker runs)
@@ -76,5 +50,7 @@ assert version("torchserve") == "0.12.0", version("torchserve")
 assert version("torch-model-archiver") == "0.12.0", version("torch-model-archiver")
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 PY
-printf '%s' "$want" > "$stamp"
-echo "setup_torchserve: $VENV ready" >&2
+)
+# shellcheck source=scripts/server_venv.sh
+. scripts/server_venv.sh
+server_venv
