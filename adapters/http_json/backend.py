@@ -59,7 +59,7 @@ def _aws_throttled(resp: HttpResponse) -> bool:
     if not kind and resp.body[:1] == b"{" and len(resp.body) <= 65536:
         try:
             doc = json.loads(resp.body)
-        except ValueError:
+        except (ValueError, RecursionError):     # RecursionError: nested too deeply
             doc = None
         if isinstance(doc, dict) and isinstance(doc.get("__type"), str):
             kind = doc["__type"]
@@ -254,6 +254,8 @@ class HttpJsonBackend:
         p = self.profile
         try:
             doc = json.loads(resp.body)
+        except RecursionError:      # deeper than the interpreter's stack: hostile or broken
+            raise self._fail(group, "JSON nested too deeply") from None
         except (ValueError, UnicodeDecodeError) as exc:
             start = resp.body[:60].decode("utf-8", "replace")
             raise self._fail(group, f"not valid JSON ({exc}); it starts {start!r}") from None

@@ -34,7 +34,7 @@ def error_text(body: bytes) -> str:
             for key in ("error", "detail", "message"):
                 if key in doc:
                     return str(doc[key])[:300]
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):    # RecursionError: too deep
         pass
     return body[:300].decode("utf-8", "replace").strip()
 
@@ -84,7 +84,7 @@ class HttpTransport:
         if resp.status == 200:
             try:
                 doc = json.loads(resp.body) if resp.body.strip() else {}
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):
                 doc = {}
             return not (isinstance(doc, dict) and doc.get("ready") is False)
         if resp.status == 404 or resp.retryable:
