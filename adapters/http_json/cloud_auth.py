@@ -55,6 +55,9 @@ AZURE_PUBLIC_AUTHORITIES = frozenset(
 )
 #: An Azure token is used until this many seconds before it expires.
 AZURE_REFRESH_MARGIN_S = 300.0
+#: Seconds a token request may take when the caller names no timeout (google-auth's own
+#: default is 120 s, azure-core's 300 s).
+DEFAULT_TOKEN_TIMEOUT_S = 30.0
 #: Secret values a signer remembers for redaction (old tokens may still be echoed).
 _REMEMBERED = 16
 #: Loggers of the vendor libraries; their DEBUG records can carry tokens or signed requests.
@@ -129,12 +132,14 @@ class CloudAuthSpec:
             out.update(scope=self.scope, credential=self.credential)
         return out
 
-    def signer(self, profile: str) -> Signer:
+    def signer(self, profile: str, *, timeout_s: float = DEFAULT_TOKEN_TIMEOUT_S) -> Signer:
+        """The signer; ``timeout_s`` bounds each request for a token (the profile's own
+        timeout), so a token endpoint that hangs cannot hold every call behind its lock."""
         if self.kind == "aws_sigv4":
             return AwsSigV4Signer(self, profile)
         if self.kind == "google_oauth":
-            return GoogleOAuthSigner(self, profile)
-        return AzureAdSigner(self, profile)
+            return GoogleOAuthSigner(self, profile, timeout_s)
+        return AzureAdSigner(self, profile, timeout_s)
 
 
 class Signer:
@@ -206,13 +211,21 @@ class AwsSigV4Signer(Signer):
 class GoogleOAuthSigner(Signer):
     """A bearer token of google-auth credentials, refreshed before it expires."""
 
-    def __init__(self, spec: CloudAuthSpec, profile: str) -> None:
+    def __init__(
+        self, spec: CloudAuthSpec, profile: str, timeout_s: float = DEFAULT_TOKEN_TIMEOUT_S
+    ) -> None:
         super().__init__(spec, profile)
         import google.auth
         from google.auth.transport.requests import Request
         from google.oauth2 import service_account
 
-        self._request = Request()
+        transport = Request()
+
+        def request(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", timeout_s)
+            return transport(*args, **kwargs)
+
+        self._request = request
         try:
             if spec.credentials is not None:
                 info = json.loads(spec.credentials.resolve_text())
@@ -246,11 +259,14 @@ class GoogleOAuthSigner(Signer):
 class AzureAdSigner(Signer):
     """A bearer token of an azure-identity credential for ``scope``."""
 
-    def __init__(self, spec: CloudAuthSpec, profile: str) -> None:
+    def __init__(
+        self, spec: CloudAuthSpec, profile: str, timeout_s: float = DEFAULT_TOKEN_TIMEOUT_S
+    ) -> None:
         super().__init__(spec, profile)
         import azure.identity as ai
 
-        kw: dict[str, Any] = {}
+        # azure-core's transport reads these; its defaults wait 300 s for a token
+        kw: dict[str, Any] = {"connection_timeout": timeout_s, "read_timeout": timeout_s}
         authority = spec.authority or os.environ.get("AZURE_AUTHORITY_HOST", "")
         if spec.authority:
             kw["authority"] = spec.authority

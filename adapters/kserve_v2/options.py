@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -310,3 +311,14 @@ def parse_labels(value: Any) -> tuple[str, ...]:
         if isinstance(parsed, list):
             return tuple(str(v) for v in parsed)
     return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+def bearer_token(token_env: str, kind: str) -> str:
+    """The token ``token_env`` names ("" without one); a variable that is not set is an error
+    naming the option at start-up, not ``Bearer `` (empty) sent on every call."""
+    if not token_env:
+        return ""
+    token = os.environ.get(token_env, "")
+    if not token:
+        raise bad_option("token_env", f"the environment variable {token_env} is not set", kind)
+    return token

@@ -8,9 +8,8 @@ Retry-After; any other status -> ``TargetResponseError`` with the server's error
 from __future__ import annotations
 
 import json
-import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from urllib.parse import quote
 
 from fortis.adapters.http_client import HttpClient, HttpResponse
@@ -21,22 +20,31 @@ from fortis.adapters.kserve_v2.codec import (
     outputs_from_json,
 )
 from fortis.adapters.kserve_v2.metadata import ModelMeta, meta_from_json
-from fortis.adapters.kserve_v2.options import KServeOptions
+from fortis.adapters.kserve_v2.options import KServeOptions, bearer_token
 from fortis.adapters.kserve_v2.transport import MAX_MESSAGE_BYTES, MessageTooLarge
 from fortis.adapters.target_errors import TargetResponseError
 
 
-def error_text(body: bytes) -> str:
-    """The server's error message (OIP ``{"error": "..."}``, else the body's start)."""
+def error_text(body: bytes, secrets: Sequence[str] = ()) -> str:
+    """The server's error message (OIP ``{"error": "..."}``, else the body's start), each of
+    ``secrets`` (the bearer token a server may echo) scrubbed before the text is cut, so that
+    no prefix of one survives the cut."""
+
+    def scrub(text: str) -> str:
+        for secret in secrets:
+            if len(secret) >= 4:
+                text = text.replace(secret, "[redacted]")
+        return text
+
     try:
         doc = json.loads(body)
         if isinstance(doc, dict):
             for key in ("error", "detail", "message"):
                 if key in doc:
-                    return str(doc[key])[:300]
+                    return scrub(str(doc[key])[:65536])[:300]
     except (ValueError, UnicodeDecodeError, RecursionError):    # RecursionError: too deep
         pass
-    return body[:300].decode("utf-8", "replace").strip()
+    return scrub(body[:65536].decode("utf-8", "replace")).strip()[:300]
 
 
 class HttpTransport:
@@ -54,8 +62,9 @@ class HttpTransport:
         self._headers: dict[str, str] = {"Accept": "application/json"}
         if opts.host_header:
             self._headers["Host"] = opts.host_header
-        if opts.token_env:
-            self._headers["Authorization"] = f"Bearer {os.environ.get(opts.token_env, '')}"
+        self._token = bearer_token(opts.token_env, "kserve")
+        if self._token:
+            self._headers["Authorization"] = f"Bearer {self._token}"
         self._client = HttpClient(
             timeout_s=opts.timeout_s, label=self.endpoint, max_response_bytes=MAX_MESSAGE_BYTES,
             ssl_context=ssl.create_default_context() if opts.transport == "https" else None)
@@ -70,13 +79,13 @@ class HttpTransport:
             return
         where = f"{self.endpoint}{path}"
         if resp.status == 413:
-            raise MessageTooLarge(f"{where}: HTTP 413: {error_text(resp.body)}")
+            raise MessageTooLarge(f"{where}: HTTP 413: {error_text(resp.body, (self._token,))}")
         if resp.retryable:
-            raise resp.unavailable(f"{where}: HTTP {resp.status}: {error_text(resp.body)}")
+            raise resp.unavailable(f"{where}: HTTP {resp.status}: {error_text(resp.body, (self._token,))}")
         if resp.status == 404:
             raise TargetResponseError(f"{where}: HTTP 404 (model '{self.opts.model}' not found?): "
-                                      f"{error_text(resp.body)}")
-        raise TargetResponseError(f"{where}: HTTP {resp.status}: {error_text(resp.body)}")
+                                      f"{error_text(resp.body, (self._token,))}")
+        raise TargetResponseError(f"{where}: HTTP {resp.status}: {error_text(resp.body, (self._token,))}")
 
     def ready(self) -> bool:
         path = f"{self._base}/ready"
