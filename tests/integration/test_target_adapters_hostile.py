@@ -386,6 +386,71 @@ def test_a_hanging_google_token_endpoint_is_bounded_by_the_profile_timeout(
     assert isinstance(outcome[0], errors.FailedPrecondition), outcome
 
 
+@pytest.mark.slow
+def test_a_hanging_entra_id_authority_is_bounded_by_the_profile_timeout(raw_server, monkeypatch):
+    """azure-core waits 300 s per read by default; the profile's timeout bounds each token
+    request (azure-identity still retries a few times, each within it)."""
+    server = raw_server(_hang)
+    monkeypatch.setenv("HOSTILE_AZ_SECRET", "az-secret-0123456789")
+    data = _profile(
+        "https://127.0.0.1:9/p",
+        auth={
+            "kind": "azure_ad",
+            "scope": "https://ml.azure.com/.default",
+            "credential": "client_secret",
+            "tenant_id": "tenant-1",
+            "client_id": "client-1",
+            "client_secret": "env:HOSTILE_AZ_SECRET",
+            "authority": f"https://127.0.0.1:{server.port}",
+        },
+    )
+    data["request"]["timeout_s"] = 1
+    profile = hj.parse_profile(data)
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            HttpJsonBackend(profile)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome.append(exc)
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=start, daemon=True)
+    th.start()
+    th.join(25.0)
+    assert outcome, f"start-up still waiting for a token after {time.monotonic() - t0:.1f} s"
+    assert isinstance(outcome[0], errors.FailedPrecondition), outcome
+    assert "az-secret-0123456789" not in str(outcome[0])
+
+
+def test_a_redirect_is_never_followed(raw_server):
+    """A target answering 302 to the cloud metadata address (or anywhere) gets no second
+    request: the adapter reports the status, the Location is not fetched."""
+    seen: list[int] = []
+
+    def second(conn: socket.socket, stop: threading.Event) -> None:
+        seen.append(1)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+    other = raw_server(second)
+
+    def redirect(conn: socket.socket, stop: threading.Event) -> None:
+        conn.sendall(
+            b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:%d/latest/meta-data/\r\n"
+            b"Content-Length: 0\r\n\r\n" % other.port
+        )
+
+    server = raw_server(redirect)
+    backend = HttpJsonBackend(hj.parse_profile(_profile(server.url)))
+    try:
+        with pytest.raises(errors.FortisError, match="HTTP 302"):
+            backend.predict([_png()])
+    finally:
+        backend.close()
+    assert seen == []
+
+
 # ---------------------------------------------------------------------------------------------
 # secrets in the start-up log line
 # ---------------------------------------------------------------------------------------------
