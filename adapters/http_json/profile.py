@@ -19,6 +19,7 @@ from typing import Any
 
 import jmespath
 import yaml
+from fortis.adapters.http_json import urls
 from fortis.adapters.http_json.auth import AuthSpec, SecretRef
 from fortis.adapters.http_json.cloud_auth import (
     CLOUD_AUTH_KINDS,
@@ -26,7 +27,6 @@ from fortis.adapters.http_json.cloud_auth import (
     parse_cloud_auth,
 )
 from fortis.adapters.http_json.templates import PLACEHOLDERS, placeholders_in
-from fortis.adapters.http_json.urls import plain_http_off_host, request_url, url_problem
 from fortis.core.strategy import OUTPUT_KINDS, TASK_TYPES
 from fortis.core.task import Task
 from fortis.services.common import errors
@@ -267,6 +267,10 @@ def _auth(r: _Reader) -> AuthSpec | None:
     header = r.string("header", required=True)
     ref = _secret_ref(r, "secret")
     prefix = r.string("prefix")
+    for key, problem in (("header", urls.token_problem(header, "header name") if header else ""),
+                         ("prefix", urls.value_problem(prefix))):
+        if problem:
+            r.bad(key, problem)
     r.finish()
     if not header or ref is None:
         return None
@@ -408,11 +412,15 @@ def _labels(top: _Reader, base_dir: Path | None) -> list[str]:
 
 def _request(rq: _Reader, problems: list[errors.FieldViolation]) -> dict[str, Any]:
     """``request``: where and how each image is sent, and its body templates checked."""
-    url = request_url(rq, problems)
+    url = urls.request_url(rq, problems)
     method = rq.string("method", "POST").upper()
+    if urls.token_problem(method, "method"):
+        rq.bad("method", urls.token_problem(method, "method"))
     headers = rq.mapping("headers")
-    for h in headers:
-        if _SECRET_HEADER.search(h):
+    for h, value in headers.items():
+        if urls.token_problem(h, "header name") or urls.value_problem(value):
+            rq.bad(f"headers.{h}", urls.token_problem(h, "header name") or urls.value_problem(value))
+        elif _SECRET_HEADER.search(h):
             rq.bad(f"headers.{h}", "looks like a credential: put it under request.auth as a "
                                    "secret reference (env:VAR or file:/path)")
     auth = _request_auth(rq.sub("auth"), problems)
@@ -430,7 +438,7 @@ def _request(rq: _Reader, problems: list[errors.FieldViolation]) -> dict[str, An
     per_request = int(rq.num("images_per_request", 1, lo=1, hi=1024, integer=True))
     max_bytes = int(rq.num("max_response_bytes", 32 * 1024 * 1024, lo=1024, integer=True))
     rq.finish()
-    if isinstance(auth, CloudAuthSpec) and url and plain_http_off_host(url):
+    if isinstance(auth, CloudAuthSpec) and url and urls.plain_http_off_host(url):
         rq.bad("url", f"plain http to a host that is not loopback with auth kind '{auth.kind}'"
                       "; use https:// (the credentials would cross the network unencrypted)")
     _check_templates(rq, image, body, per_image, per_request)
@@ -452,9 +460,11 @@ def _image_url(iu: _Reader) -> ImageUrlSpec:
         upload_method=iu.string("upload_method", "PUT").upper(),
         upload_auth=_auth(iu.sub("upload_auth")),
         public_url=iu.string("public_url", required=(serve == "upload")))
+    if urls.token_problem(image_url.upload_method, "method"):
+        iu.bad("upload_method", urls.token_problem(image_url.upload_method, "method"))
     for key in ("upload_url", "public_url", "public_base"):
-        if getattr(image_url, key) and url_problem(getattr(image_url, key)):
-            iu.bad(key, url_problem(getattr(image_url, key)))
+        if getattr(image_url, key) and urls.url_problem(getattr(image_url, key)):
+            iu.bad(key, urls.url_problem(getattr(image_url, key)))
     iu.finish()
     return image_url
 

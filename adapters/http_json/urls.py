@@ -5,6 +5,7 @@ setting, not a request to the wrong place at the first query (a URL missing its 
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -63,3 +64,22 @@ def plain_http_off_host(url: str) -> bool:
         return not (host == "localhost" or ipaddress.ip_address(host).is_loopback)
     except ValueError:
         return True
+
+
+#: An HTTP method or header name (RFC 9110 "token").
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def token_problem(text: str, what: str) -> str:
+    """What is wrong with ``text`` as an HTTP method or header name ("" when nothing):
+    http.client would refuse it only when the first request is sent."""
+    if _TOKEN.fullmatch(text):
+        return ""
+    return f"{text[:60]!r} is not a valid HTTP {what} (no spaces, line breaks or separators)"
+
+
+def value_problem(text: str) -> str:
+    """What is wrong with ``text`` as (part of) a header value ("" when nothing); the value
+    itself is not quoted."""
+    return "holds a line break or control character" if _CONTROL.search(text) else ""

@@ -322,6 +322,30 @@ def test_the_upload_urls_are_checked_at_start_up():
     assert "request.image_url.upload_url" in found, found
 
 
+@pytest.mark.parametrize(
+    "request_part, field",
+    [
+        ({"method": "POST\r\nX-Injected: 1"}, "request.method"),
+        ({"method": "PO ST"}, "request.method"),
+        ({"headers": {"X-Model": "v1\r\nX-Injected: 1"}}, "request.headers.X-Model"),
+        ({"headers": {"X Model": "v1"}}, "request.headers.X Model"),
+        (
+            {"auth": {"header": "X-Key\r\nX-Injected: 1", "secret": "env:HOME"}},
+            "request.auth.header",
+        ),
+        (
+            {"auth": {"header": "Authorization", "prefix": "Bearer\n", "secret": "env:HOME"}},
+            "request.auth.prefix",
+        ),
+    ],
+)
+def test_a_method_or_header_http_cannot_send_is_refused_at_start_up(request_part, field):
+    """http.client refuses these only when the first request is made (a ValueError: INTERNAL
+    through the proxy); a profile naming one fails at start-up naming the field."""
+    found = _violations(_profile("http://127.0.0.1:9/p", **request_part))
+    assert field in found, found
+
+
 # ---------------------------------------------------------------------------------------------
 # a token endpoint that hangs
 # ---------------------------------------------------------------------------------------------
