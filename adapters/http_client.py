@@ -109,6 +109,10 @@ class HttpResponse:
         return TargetUnavailable(message, self.retry_after_s)
 
 
+class _Unsendable(Exception):
+    """http.client refused to send the request as given (no network error)."""
+
+
 @dataclass
 class _Pooled:
     conn: http.client.HTTPConnection
@@ -175,8 +179,13 @@ class HttpClient:
             # just inside the per-read timeout would otherwise hold the call for ever
             conn.response_class = _response_until(time.monotonic() + self.timeout_s)
             try:
-                conn.request(method, url if pooled.plain_proxy else target, body=body,
-                             headers=headers)
+                try:
+                    conn.request(method, url if pooled.plain_proxy else target, body=body,
+                                 headers=headers)
+                except ValueError:
+                    # a method or header http.client refuses; its message quotes the header
+                    # value, which may be a token
+                    raise _Unsendable from None
                 resp = conn.getresponse()
                 data = resp.read(self.max_response_bytes + 1)
                 if len(data) <= self.max_response_bytes and resp.length:
@@ -192,6 +201,11 @@ class HttpClient:
             except TimeoutError:
                 _quiet_close(conn)
                 raise TargetUnavailable(f"{where}: no answer within {self.timeout_s:g} s") from None
+            except _Unsendable:
+                _quiet_close(conn)
+                raise TargetResponseError(f"{where}: the request cannot be sent (a method or "
+                                          "header value with a line break or control "
+                                          "character)") from None
             except (OSError, http.client.HTTPException) as exc:
                 _quiet_close(conn)
                 raise TargetUnavailable(f"{where}: {type(exc).__name__}: "

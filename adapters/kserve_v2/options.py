@@ -321,4 +321,8 @@ def bearer_token(token_env: str, kind: str) -> str:
     token = os.environ.get(token_env, "")
     if not token:
         raise bad_option("token_env", f"the environment variable {token_env} is not set", kind)
+    if any(c < " " or c == "\x7f" for c in token):
+        # never quoted; a mounted secret often ends in a newline, which no header can carry
+        raise bad_option("token_env", f"the environment variable {token_env} holds a line "
+                                      "break or control character", kind)
     return token

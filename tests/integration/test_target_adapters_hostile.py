@@ -570,3 +570,43 @@ def test_a_header_secret_straddling_the_snippet_cut_is_not_shown(raw_server, mon
         assert TOKEN[:8] not in str(caught.value), str(caught.value)
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "kserve+http://127.0.0.1:9/m?token_env=HOSTILE_NL_TOKEN",
+        "kserve+grpc://127.0.0.1:9/m?token_env=HOSTILE_NL_TOKEN",
+        "mlflow+http://127.0.0.1:9?token_env=HOSTILE_NL_TOKEN&num_classes=3",
+        "torchserve://127.0.0.1:9/m?token_env=HOSTILE_NL_TOKEN",
+        "bentoml://127.0.0.1:9/classify?token_env=HOSTILE_NL_TOKEN",
+    ],
+)
+def test_a_token_with_a_line_break_is_refused_at_start_up(monkeypatch, url):
+    """A secret mounted into the environment often ends in a newline. http.client refuses the
+    header at the first call with a ValueError quoting it -- the token in the proxy's error
+    log. It is an error naming the option at start-up, and the token is never quoted."""
+    from fortis.adapters import kserve_v2, mlflow_pyfunc
+    from fortis.adapters import model_servers as ms
+
+    monkeypatch.setenv("HOSTILE_NL_TOKEN", TOKEN + "\n")
+    make = (
+        mlflow_pyfunc.backend_from_url
+        if url.startswith("mlflow")
+        else kserve_v2.backend_from_url
+        if url.startswith("kserve")
+        else ms.backend_from_url
+    )
+    with pytest.raises(errors.InvalidArgument) as caught:
+        make(url).close()
+    assert "token_env" in str(caught.value)
+    assert TOKEN[:8] not in str(caught.value)
+
+
+def test_a_header_http_client_refuses_is_a_response_error_without_its_value(raw_server):
+    server = raw_server(_answer(200, b"{}"))
+    client = HttpClient(timeout_s=2.0, label="bad-header")
+    with pytest.raises(TargetResponseError) as caught:
+        client.request("GET", server.url, {"Authorization": f"Bearer {TOKEN}\n"})
+    assert TOKEN[:8] not in str(caught.value)
+    client.close()
