@@ -610,3 +610,35 @@ def test_a_header_http_client_refuses_is_a_response_error_without_its_value(raw_
         client.request("GET", server.url, {"Authorization": f"Bearer {TOKEN}\n"})
     assert TOKEN[:8] not in str(caught.value)
     client.close()
+
+
+def test_the_image_file_server_drops_a_client_that_sends_nothing():
+    """The target (or anything that reaches the port) opening connections and sending
+    nothing must not hold a server thread each for ever."""
+    from fortis.adapters.http_json.image_server import ImageServer
+
+    server = ImageServer("127.0.0.1", 0, "", idle_timeout_s=0.5)
+    try:
+        port = int(server.base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            t0 = time.monotonic()
+            while conn.recv(1024):  # until the server gives up on the silent client
+                pass
+            assert time.monotonic() - t0 < 3.0
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "azureml:ep?region=westeurope&key=env:A&key=file:/etc/hostname",
+        "sagemaker:ep?region=eu-west-1&region=us-east-1",
+    ],
+)
+def test_a_managed_endpoint_setting_given_twice_is_refused(url):
+    """The last one would win silently: a typo'd duplicate names the wrong key or region."""
+    from fortis.adapters.managed_endpoints import profile_for
+
+    with pytest.raises(errors.InvalidArgument, match="given twice"):
+        profile_for(url)
