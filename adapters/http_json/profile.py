@@ -436,7 +436,8 @@ def _request(rq: _Reader, problems: list[errors.FieldViolation]) -> dict[str, An
     timeout_s = rq.num("timeout_s", 30.0, lo=0.001, hi=3600.0)
     max_concurrency = int(rq.num("max_concurrency", 4, lo=1, hi=256, integer=True))
     per_request = int(rq.num("images_per_request", 1, lo=1, hi=1024, integer=True))
-    max_bytes = int(rq.num("max_response_bytes", 32 * 1024 * 1024, lo=1024, integer=True))
+    max_bytes = int(rq.num("max_response_bytes", 32 * 1024 * 1024, lo=1024, hi=2**28,
+                           integer=True))
     rq.finish()
     if isinstance(auth, CloudAuthSpec) and url and urls.plain_http_off_host(url):
         rq.bad("url", f"plain http to a host that is not loopback with auth kind '{auth.kind}'"

@@ -285,6 +285,7 @@ def test_a_url_from_the_environment_is_not_echoed_in_its_error(monkeypatch):
         ("max_response_bytes", float("inf")),
         ("max_response_bytes", float("nan")),
         ("max_concurrency", float("nan")),
+        ("max_response_bytes", 10**12),  # a buffer of that size is reserved for each answer
     ],
 )
 def test_non_finite_or_absurd_numbers_are_refused_at_start_up(key, value):
