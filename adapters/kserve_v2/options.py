@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -326,3 +327,11 @@ def bearer_token(token_env: str, kind: str) -> str:
         raise bad_option("token_env", f"the environment variable {token_env} holds a line "
                                       "break or control character", kind)
     return token
+
+
+def scrub(text: str, secrets: Sequence[str]) -> str:
+    """``text`` with each of ``secrets`` (a bearer token a server may echo) replaced."""
+    for secret in secrets:
+        if len(secret) >= 4:
+            text = text.replace(secret, "[redacted]")
+    return text

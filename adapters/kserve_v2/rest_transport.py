@@ -20,7 +20,7 @@ from fortis.adapters.kserve_v2.codec import (
     outputs_from_json,
 )
 from fortis.adapters.kserve_v2.metadata import ModelMeta, meta_from_json
-from fortis.adapters.kserve_v2.options import KServeOptions, bearer_token
+from fortis.adapters.kserve_v2.options import KServeOptions, bearer_token, scrub
 from fortis.adapters.kserve_v2.transport import MAX_MESSAGE_BYTES, MessageTooLarge
 from fortis.adapters.target_errors import TargetResponseError
 
@@ -29,22 +29,15 @@ def error_text(body: bytes, secrets: Sequence[str] = ()) -> str:
     """The server's error message (OIP ``{"error": "..."}``, else the body's start), each of
     ``secrets`` (the bearer token a server may echo) scrubbed before the text is cut, so that
     no prefix of one survives the cut."""
-
-    def scrub(text: str) -> str:
-        for secret in secrets:
-            if len(secret) >= 4:
-                text = text.replace(secret, "[redacted]")
-        return text
-
     try:
         doc = json.loads(body)
         if isinstance(doc, dict):
             for key in ("error", "detail", "message"):
                 if key in doc:
-                    return scrub(str(doc[key])[:65536])[:300]
+                    return scrub(str(doc[key])[:65536], secrets)[:300]
     except (ValueError, UnicodeDecodeError, RecursionError):    # RecursionError: too deep
         pass
-    return scrub(body[:65536].decode("utf-8", "replace")).strip()[:300]
+    return scrub(body[:65536].decode("utf-8", "replace"), secrets).strip()[:300]
 
 
 class HttpTransport:
@@ -103,7 +96,10 @@ class HttpTransport:
     def metadata(self) -> ModelMeta:
         resp = self._request("GET", self._base)
         self._check(self._base, resp)
-        return meta_from_json(resp.body)
+        try:
+            return meta_from_json(resp.body)
+        except TargetResponseError as exc:    # it may quote the answer, an echoed token too
+            raise TargetResponseError(scrub(exc.message, (self._token,))) from None
 
     def infer(self, tensor: InTensor, output_name: str) -> list[OutTensor]:
         path = f"{self._base}/infer"
@@ -123,7 +119,8 @@ class HttpTransport:
         try:
             return outputs_from_json(resp.body, answer_header)
         except TargetResponseError as exc:
-            raise TargetResponseError(f"{self.endpoint}{path}: {exc.message}") from None
+            raise TargetResponseError(
+                f"{self.endpoint}{path}: {scrub(exc.message, (self._token,))}") from None
 
     def close(self) -> None:
         self._client.close()

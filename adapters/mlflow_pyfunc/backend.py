@@ -11,7 +11,7 @@ import numpy as np
 from fortis.adapters.http_client import HttpClient
 from fortis.adapters.kserve_v2.codec import fit_image, image_tensor
 from fortis.adapters.kserve_v2.metadata import ResolvedInput
-from fortis.adapters.kserve_v2.options import bad_option, bearer_token, parse_labels
+from fortis.adapters.kserve_v2.options import bad_option, bearer_token, parse_labels, scrub
 from fortis.adapters.kserve_v2.rest_transport import error_text
 from fortis.adapters.mlflow_pyfunc.codec import (
     detections_of,
@@ -54,8 +54,7 @@ def server_error(body: bytes, secrets: Sequence[str] = ()) -> str:
     if isinstance(trace, str):
         last = next((ln.strip() for ln in reversed(trace.splitlines()) if ln.strip()), "")
         if last and not last.startswith(("File ", "Traceback")):
-            for secret in secrets:  # scrubbed before the line is cut
-                last = last.replace(secret, "[redacted]") if len(secret) >= 4 else last
+            last = scrub(last, secrets)  # before the line is cut
             text = f"{last[:300]} ({text})"  # the model's own words first
     return text
 
@@ -225,8 +224,8 @@ class MlflowBackend:
                             row, output="full_scores", top_k=len(cls_names), names=cls_names
                         )
                     )
-        except TargetResponseError as exc:
-            raise TargetResponseError(f"{where}: {exc.message}") from None
+        except TargetResponseError as exc:  # it may quote the answer, an echoed token too
+            raise TargetResponseError(f"{where}: {scrub(exc.message, (self._token,))}") from None
         return out
 
 

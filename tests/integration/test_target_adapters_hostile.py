@@ -643,3 +643,30 @@ def test_a_managed_endpoint_setting_given_twice_is_refused(url):
 
     with pytest.raises(errors.InvalidArgument, match="given twice"):
         profile_for(url)
+
+
+def test_a_200_answer_quoting_the_bearer_token_never_shows_it(raw_server, monkeypatch):
+    """Not JSON, starting with the request's token: the malformed-JSON error quotes the
+    answer's start, with the token scrubbed (OIP metadata, MLflow scoring)."""
+    from fortis.adapters import kserve_v2, mlflow_pyfunc
+
+    monkeypatch.setenv("HOSTILE_TOKEN", TOKEN)
+    play = _answer(200, f"Bearer {TOKEN} <- your header".encode(), b"text/plain")
+    oip = kserve_v2.backend_from_url(
+        f"kserve+http://127.0.0.1:{raw_server(play).port}/m?token_env=HOSTILE_TOKEN&timeout=2"
+    )
+    mlflow = mlflow_pyfunc.backend_from_url(
+        f"mlflow+http://127.0.0.1:{raw_server(play).port}?token_env=HOSTILE_TOKEN&timeout=2"
+        "&num_classes=3"
+    )
+    try:
+        with pytest.raises(TargetResponseError) as first:
+            oip.predict([_png()])
+        with pytest.raises(TargetResponseError) as second:
+            mlflow.predict([_png()])
+        for caught in (first, second):
+            assert "Bearer" in str(caught.value)
+            assert TOKEN[:8] not in str(caught.value), str(caught.value)
+    finally:
+        oip.close()
+        mlflow.close()
