@@ -177,7 +177,8 @@ class HttpClient:
             conn = pooled.conn
             # the timeout bounds the whole answer, not each read: a server dripping a byte
             # just inside the per-read timeout would otherwise hold the call for ever
-            conn.response_class = _response_until(time.monotonic() + self.timeout_s)
+            conn.response_class = _response_until(  # type: ignore[assignment]
+                time.monotonic() + self.timeout_s)
             try:
                 try:
                     conn.request(method, url if pooled.plain_proxy else target, body=body,
@@ -277,7 +278,8 @@ class _DeadlineReader(io.RawIOBase):
         if left <= 0:
             raise TimeoutError("answer not complete in time")
         self._sock.settimeout(left)
-        return self._raw.readinto(b)  # type: ignore[no-any-return]
+        n = self._raw.readinto(b)
+        return 0 if n is None else n    # None: a non-blocking socket only (ours block)
 
     def close(self) -> None:
         self._raw.close()
