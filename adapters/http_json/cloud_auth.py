@@ -13,7 +13,8 @@
 
 Every credential is read from the environment or from mounted secret files (Kubernetes
 secrets), never from the profile. A credential the vendor refuses to issue becomes
-``FailedPrecondition`` naming the profile, never the key; every secret value a signer has
+``FailedPrecondition`` naming the profile, never the key (a Google or AWS token service that
+does not answer is ``Unavailable``; each token request is bounded by the profile's timeout); every secret value a signer has
 used is remembered so ``redact`` can scrub it from what a target echoes back; and the vendor
 libraries' DEBUG records, which can quote tokens and signed requests, are held back
 (``quiet_vendor_logs``).
@@ -88,6 +89,15 @@ def quiet_vendor_logs() -> None:
             if lg.level < logging.INFO:  # NOTSET (0) included
                 lg.setLevel(logging.INFO)
         _QUIETED = True
+
+
+def _no_answer(profile: str, kind: str, exc: BaseException) -> errors.Unavailable:
+    """The token service could not be reached or did not answer in time: retried like any
+    unavailable target, not reported as refused credentials."""
+    return errors.Unavailable(
+        f"http-json target '{profile}': the {kind} token service did not answer "
+        f"({type(exc).__name__})"
+    )
 
 
 def _refused(profile: str, kind: str, exc: BaseException) -> errors.FailedPrecondition:
@@ -195,8 +205,13 @@ class AwsSigV4Signer(Signer):
                 f"http-json target '{self.profile}': aws_sigv4 found no AWS credentials "
                 "(environment, shared credentials file, web identity or instance role)"
             )
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+
         try:
             frozen = self._credentials.get_frozen_credentials()  # refreshed when due
+        except (BotoConnectionError, HTTPClientError) as exc:
+            raise _no_answer(self.profile, "aws_sigv4", exc) from None
         except Exception as exc:  # noqa: BLE001 - STS refused the role or token
             raise _refused(self.profile, "aws_sigv4", exc) from None
         with self._lock:
@@ -247,8 +262,12 @@ class GoogleOAuthSigner(Signer):
     ) -> dict[str, str]:
         with self._lock:
             if not self._creds.valid:
+                from google.auth.exceptions import TransportError
+
                 try:
                     self._creds.refresh(self._request)
+                except TransportError as exc:  # unreachable, or no answer in time
+                    raise _no_answer(self.profile, "google_oauth", exc) from None
                 except Exception as exc:  # noqa: BLE001 - the token endpoint said no
                     raise _refused(self.profile, "google_oauth", exc) from None
             token = self._creds.token
