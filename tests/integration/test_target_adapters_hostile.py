@@ -133,7 +133,6 @@ def _drip_headers(conn: socket.socket, stop: threading.Event) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("play", [_drip_body, _drip_headers], ids=["body", "headers"])
 def test_a_slow_drip_answer_ends_at_the_timeout(raw_server, play):
     """The timeout bounds the whole answer, not each read: a server sending one byte just
@@ -356,7 +355,6 @@ def _hang(conn: socket.socket, stop: threading.Event) -> None:
     stop.wait(30)
 
 
-@pytest.mark.slow
 def test_a_hanging_google_token_endpoint_is_bounded_by_the_profile_timeout(
     raw_server, tmp_path: Path
 ):
