@@ -8,6 +8,9 @@ REST), so that they pool connections, honour proxies, time out and report failur
 * ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` are honoured (HTTPS through a CONNECT tunnel,
   HTTP with absolute request URLs); loopback hosts never go through a proxy, which could not
   reach them. HTTPS uses the given ``ssl.SSLContext`` (default: system trust store).
+* ``timeout_s`` bounds each connect and send, and the whole answer (status line, headers
+  and body together), so a server dripping bytes cannot hold a call longer; an answer cut
+  short of its Content-Length is a lost connection, not a shorter answer.
 * Failures of the transport -- refused or lost connections, timeouts, DNS errors -- raise
   ``TargetUnavailable`` (retried by the proxy); an answer larger than ``max_response_bytes``
   raises ``TargetResponseError``. Any HTTP status is returned as an ``HttpResponse``: the
@@ -22,16 +25,19 @@ from __future__ import annotations
 
 import email.utils
 import http.client
+import io
 import ipaddress
 import math
 import re
+import socket
 import ssl
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC
+from typing import Any
 from urllib.parse import urlsplit
 
 from fortis.adapters.target_errors import TargetResponseError, TargetUnavailable
@@ -103,6 +109,10 @@ class HttpResponse:
         return TargetUnavailable(message, self.retry_after_s)
 
 
+class _Unsendable(Exception):
+    """http.client refused to send the request as given (no network error)."""
+
+
 @dataclass
 class _Pooled:
     conn: http.client.HTTPConnection
@@ -165,11 +175,23 @@ class HttpClient:
         while True:
             pooled, reused = self._acquire(key, fresh)
             conn = pooled.conn
+            # the timeout bounds the whole answer, not each read: a server dripping a byte
+            # just inside the per-read timeout would otherwise hold the call for ever
+            conn.response_class = _response_until(  # type: ignore[assignment]
+                time.monotonic() + self.timeout_s)
             try:
-                conn.request(method, url if pooled.plain_proxy else target, body=body,
-                             headers=headers)
+                try:
+                    conn.request(method, url if pooled.plain_proxy else target, body=body,
+                                 headers=headers)
+                except ValueError:
+                    # a method or header http.client refuses; its message quotes the header
+                    # value, which may be a token
+                    raise _Unsendable from None
                 resp = conn.getresponse()
                 data = resp.read(self.max_response_bytes + 1)
+                if len(data) <= self.max_response_bytes and resp.length:
+                    # EOF before Content-Length: http.client returns the part silently
+                    raise http.client.IncompleteRead(data, resp.length)
             except _STALE as exc:
                 _quiet_close(conn)
                 if reused and not fresh:    # a stale keep-alive connection: once more, anew
@@ -180,6 +202,11 @@ class HttpClient:
             except TimeoutError:
                 _quiet_close(conn)
                 raise TargetUnavailable(f"{where}: no answer within {self.timeout_s:g} s") from None
+            except _Unsendable:
+                _quiet_close(conn)
+                raise TargetResponseError(f"{where}: the request cannot be sent (a method or "
+                                          "header value with a line break or control "
+                                          "character)") from None
             except (OSError, http.client.HTTPException) as exc:
                 _quiet_close(conn)
                 raise TargetUnavailable(f"{where}: {type(exc).__name__}: "
@@ -188,9 +215,10 @@ class HttpClient:
                 _quiet_close(conn)
                 raise TargetResponseError(f"{where}: answer larger than "
                                           f"{self.max_response_bytes} bytes")
-            if resp.will_close:
+            if resp.will_close or conn.sock is None:
                 _quiet_close(conn)
             else:
+                conn.sock.settimeout(self.timeout_s)    # the next request's own timeout
                 self._release(key, pooled)
             return HttpResponse(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
 
@@ -229,6 +257,55 @@ class HttpClient:
             conn.set_tunnel(host, port)
             return _Pooled(conn, False)
         return _Pooled(http.client.HTTPConnection(phost, pport, timeout=self.timeout_s), True)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's bytes, each read given only the time left until ``deadline``. Reads go
+    through the socket's own ``makefile`` object, which keeps the socket open while the
+    answer is read after the connection was closed (``Connection: close``)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("answer not complete in time")
+        self._sock.settimeout(left)
+        n = self._raw.readinto(b)
+        return 0 if n is None else n    # None: a non-blocking socket only (ours block)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _DeadlineSocket:
+    """What ``http.client.HTTPResponse`` reads from: only ``makefile`` is used."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+
+def _response_until(deadline: float) -> Callable[..., http.client.HTTPResponse]:
+    """An ``HTTPConnection.response_class`` whose status line, headers and body must all
+    arrive before ``deadline`` (a CONNECT tunnel's answer included)."""
+
+    def make(sock: socket.socket, *args: Any, **kwargs: Any) -> http.client.HTTPResponse:
+        return http.client.HTTPResponse(_DeadlineSocket(sock, deadline),  # type: ignore[arg-type]
+                                        *args, **kwargs)
+
+    return make
 
 
 def _is_loopback(host: str) -> bool:

@@ -78,6 +78,9 @@ def _params(url: str) -> tuple[str, str, dict[str, str]]:
     rest = rest[2:] if rest.startswith("//") else rest
     name, _, query = rest.partition("?")
     raw = parse_qs(query, keep_blank_values=True)
+    twice = sorted(k for k, v in raw.items() if len(v) > 1)
+    if twice:  # the last would win silently: a duplicate is a typo, naming the wrong key
+        raise _bad(url, f"setting {', '.join(twice)} given twice")
     q = {k: v[-1] for k, v in raw.items()}
     unknown = sorted(set(q) - _KEYS[scheme])
     if unknown:

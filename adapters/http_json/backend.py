@@ -59,11 +59,24 @@ def _aws_throttled(resp: HttpResponse) -> bool:
     if not kind and resp.body[:1] == b"{" and len(resp.body) <= 65536:
         try:
             doc = json.loads(resp.body)
-        except ValueError:
+        except (ValueError, RecursionError):     # RecursionError: nested too deeply
             doc = None
         if isinstance(doc, dict) and isinstance(doc.get("__type"), str):
             kind = doc["__type"]
     return kind.split(":")[0].rsplit("#", 1)[-1] in _AWS_THROTTLING
+
+
+def _endpoint(url: str) -> str:
+    """The URL as logged: scheme, host, port and path -- never its query (it may hold a key)
+    nor any userinfo (it may hold a password)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 class HttpTargetError(errors.FortisError):
@@ -80,7 +93,7 @@ class HttpJsonBackend:
         self._label = f"http-json target '{p.name}'"
         self._signer: Signer | None = None
         if isinstance(p.auth, CloudAuthSpec):
-            self._signer = p.auth.signer(p.name)
+            self._signer = p.auth.signer(p.name, timeout_s=p.timeout_s)
             self._signer.check()            # fail at start-up, not on the first query
         elif p.auth is not None:
             p.auth.secret.resolve()         # fail at start-up, not on the first query
@@ -95,9 +108,8 @@ class HttpJsonBackend:
         self._image_server: ImageServer | None = None
         self._server_lock = threading.Lock()
         self._closed = False
-        parts = urlsplit(p.url)
         log.info("http-json target ready", profile=p.name, source=p.source, task=p.task,
-                 endpoint=f"{parts.scheme}://{parts.netloc}{parts.path}", image=p.image,
+                 endpoint=_endpoint(p.url), image=p.image,
                  **(p.auth.describe() if isinstance(p.auth, CloudAuthSpec) else {
                      "auth_header": p.auth.header if p.auth else "",
                      "auth_secret": p.auth.secret.ref if p.auth else ""}),
@@ -201,7 +213,8 @@ class HttpJsonBackend:
     def _raise_for_status(self, resp: HttpResponse, group: Sequence[PreparedImage], *,
                           what: str) -> None:
         ids = ", ".join(f"'{g.image_id}'" for g in group)
-        snippet = self._redact(resp.body[:300].decode("utf-8", "replace")).strip()
+        # scrubbed before it is cut, so that no prefix of a secret survives the cut
+        snippet = self._redact(resp.body[:65536].decode("utf-8", "replace")).strip()[:300]
         msg = f"{self._label}: {what} for image {ids} got HTTP {resp.status}" + (
             f": {snippet}" if snippet else "")
         if resp.retryable or _aws_throttled(resp):
@@ -254,8 +267,10 @@ class HttpJsonBackend:
         p = self.profile
         try:
             doc = json.loads(resp.body)
+        except RecursionError:      # deeper than the interpreter's stack: hostile or broken
+            raise self._fail(group, "JSON nested too deeply") from None
         except (ValueError, UnicodeDecodeError) as exc:
-            start = resp.body[:60].decode("utf-8", "replace")
+            start = self._redact(resp.body[:65536].decode("utf-8", "replace"))[:60]
             raise self._fail(group, f"not valid JSON ({exc}); it starts {start!r}") from None
         if p.results is not None:
             parts = p.results.search(doc)

@@ -13,7 +13,8 @@
 
 Every credential is read from the environment or from mounted secret files (Kubernetes
 secrets), never from the profile. A credential the vendor refuses to issue becomes
-``FailedPrecondition`` naming the profile, never the key; every secret value a signer has
+``FailedPrecondition`` naming the profile, never the key (a Google or AWS token service that
+does not answer is ``Unavailable``; each token request is bounded by the profile's timeout); every secret value a signer has
 used is remembered so ``redact`` can scrub it from what a target echoes back; and the vendor
 libraries' DEBUG records, which can quote tokens and signed requests, are held back
 (``quiet_vendor_logs``).
@@ -55,6 +56,9 @@ AZURE_PUBLIC_AUTHORITIES = frozenset(
 )
 #: An Azure token is used until this many seconds before it expires.
 AZURE_REFRESH_MARGIN_S = 300.0
+#: Seconds a token request may take when the caller names no timeout (google-auth's own
+#: default is 120 s, azure-core's 300 s).
+DEFAULT_TOKEN_TIMEOUT_S = 30.0
 #: Secret values a signer remembers for redaction (old tokens may still be echoed).
 _REMEMBERED = 16
 #: Loggers of the vendor libraries; their DEBUG records can carry tokens or signed requests.
@@ -85,6 +89,15 @@ def quiet_vendor_logs() -> None:
             if lg.level < logging.INFO:  # NOTSET (0) included
                 lg.setLevel(logging.INFO)
         _QUIETED = True
+
+
+def _no_answer(profile: str, kind: str, exc: BaseException) -> errors.Unavailable:
+    """The token service could not be reached or did not answer in time: retried like any
+    unavailable target, not reported as refused credentials."""
+    return errors.Unavailable(
+        f"http-json target '{profile}': the {kind} token service did not answer "
+        f"({type(exc).__name__})"
+    )
 
 
 def _refused(profile: str, kind: str, exc: BaseException) -> errors.FailedPrecondition:
@@ -129,12 +142,14 @@ class CloudAuthSpec:
             out.update(scope=self.scope, credential=self.credential)
         return out
 
-    def signer(self, profile: str) -> Signer:
+    def signer(self, profile: str, *, timeout_s: float = DEFAULT_TOKEN_TIMEOUT_S) -> Signer:
+        """The signer; ``timeout_s`` bounds each request for a token (the profile's own
+        timeout), so a token endpoint that hangs cannot hold every call behind its lock."""
         if self.kind == "aws_sigv4":
             return AwsSigV4Signer(self, profile)
         if self.kind == "google_oauth":
-            return GoogleOAuthSigner(self, profile)
-        return AzureAdSigner(self, profile)
+            return GoogleOAuthSigner(self, profile, timeout_s)
+        return AzureAdSigner(self, profile, timeout_s)
 
 
 class Signer:
@@ -190,8 +205,13 @@ class AwsSigV4Signer(Signer):
                 f"http-json target '{self.profile}': aws_sigv4 found no AWS credentials "
                 "(environment, shared credentials file, web identity or instance role)"
             )
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+
         try:
             frozen = self._credentials.get_frozen_credentials()  # refreshed when due
+        except (BotoConnectionError, HTTPClientError) as exc:
+            raise _no_answer(self.profile, "aws_sigv4", exc) from None
         except Exception as exc:  # noqa: BLE001 - STS refused the role or token
             raise _refused(self.profile, "aws_sigv4", exc) from None
         with self._lock:
@@ -206,13 +226,21 @@ class AwsSigV4Signer(Signer):
 class GoogleOAuthSigner(Signer):
     """A bearer token of google-auth credentials, refreshed before it expires."""
 
-    def __init__(self, spec: CloudAuthSpec, profile: str) -> None:
+    def __init__(
+        self, spec: CloudAuthSpec, profile: str, timeout_s: float = DEFAULT_TOKEN_TIMEOUT_S
+    ) -> None:
         super().__init__(spec, profile)
         import google.auth
         from google.auth.transport.requests import Request
         from google.oauth2 import service_account
 
-        self._request = Request()
+        transport = Request()
+
+        def request(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", timeout_s)
+            return transport(*args, **kwargs)
+
+        self._request = request
         try:
             if spec.credentials is not None:
                 info = json.loads(spec.credentials.resolve_text())
@@ -234,8 +262,12 @@ class GoogleOAuthSigner(Signer):
     ) -> dict[str, str]:
         with self._lock:
             if not self._creds.valid:
+                from google.auth.exceptions import TransportError
+
                 try:
                     self._creds.refresh(self._request)
+                except TransportError as exc:  # unreachable, or no answer in time
+                    raise _no_answer(self.profile, "google_oauth", exc) from None
                 except Exception as exc:  # noqa: BLE001 - the token endpoint said no
                     raise _refused(self.profile, "google_oauth", exc) from None
             token = self._creds.token
@@ -246,11 +278,14 @@ class GoogleOAuthSigner(Signer):
 class AzureAdSigner(Signer):
     """A bearer token of an azure-identity credential for ``scope``."""
 
-    def __init__(self, spec: CloudAuthSpec, profile: str) -> None:
+    def __init__(
+        self, spec: CloudAuthSpec, profile: str, timeout_s: float = DEFAULT_TOKEN_TIMEOUT_S
+    ) -> None:
         super().__init__(spec, profile)
         import azure.identity as ai
 
-        kw: dict[str, Any] = {}
+        # azure-core's transport reads these; its defaults wait 300 s for a token
+        kw: dict[str, Any] = {"connection_timeout": timeout_s, "read_timeout": timeout_s}
         authority = spec.authority or os.environ.get("AZURE_AUTHORITY_HOST", "")
         if spec.authority:
             kw["authority"] = spec.authority

@@ -10,16 +10,24 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+#: Seconds a connection to the image server may stay silent before it is closed.
+IDLE_TIMEOUT_S = 10.0
+
 
 class ImageServer:
     """A tiny HTTP file server on loopback (image: url, serve: local): each image is served
     under an unguessable name for the duration of its request, then forgotten."""
 
-    def __init__(self, host: str, port: int, public_base: str) -> None:
+    def __init__(self, host: str, port: int, public_base: str, *,
+                 idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         images: dict[str, tuple[bytes, str]] = {}
         self._images = images
 
         class Handler(BaseHTTPRequestHandler):
+            # a client that connects and sends nothing (or drips) is dropped, not served by
+            # a thread of its own for ever
+            timeout = idle_timeout_s
+
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 entry = images.get(self.path.rsplit("/", 1)[-1])
                 if entry is None:

@@ -10,22 +10,23 @@ and ``request.build_request``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import jmespath
 import yaml
+from fortis.adapters.http_json import urls
 from fortis.adapters.http_json.auth import AuthSpec, SecretRef
 from fortis.adapters.http_json.cloud_auth import (
     CLOUD_AUTH_KINDS,
     CloudAuthSpec,
     parse_cloud_auth,
 )
-from fortis.adapters.http_json.templates import PLACEHOLDERS, expand_env, placeholders_in
+from fortis.adapters.http_json.templates import PLACEHOLDERS, placeholders_in
 from fortis.core.strategy import OUTPUT_KINDS, TASK_TYPES
 from fortis.core.task import Task
 from fortis.services.common import errors
@@ -206,7 +207,7 @@ class _Reader:
         if v is None:
             return default
         if (isinstance(v, bool) or not isinstance(v, int | float)
-                or (integer and not float(v).is_integer())):
+                or not math.isfinite(v) or (integer and not float(v).is_integer())):
             self.bad(key, f"must be {'an integer' if integer else 'a number'}, got {v!r}")
             return default
         if (lo is not None and v < lo) or (hi is not None and v > hi):
@@ -266,6 +267,10 @@ def _auth(r: _Reader) -> AuthSpec | None:
     header = r.string("header", required=True)
     ref = _secret_ref(r, "secret")
     prefix = r.string("prefix")
+    for key, problem in (("header", urls.token_problem(header, "header name") if header else ""),
+                         ("prefix", urls.value_problem(prefix))):
+        if problem:
+            r.bad(key, problem)
     r.finish()
     if not header or ref is None:
         return None
@@ -407,11 +412,15 @@ def _labels(top: _Reader, base_dir: Path | None) -> list[str]:
 
 def _request(rq: _Reader, problems: list[errors.FieldViolation]) -> dict[str, Any]:
     """``request``: where and how each image is sent, and its body templates checked."""
-    url = _request_url(rq, problems)
+    url = urls.request_url(rq, problems)
     method = rq.string("method", "POST").upper()
+    if urls.token_problem(method, "method"):
+        rq.bad("method", urls.token_problem(method, "method"))
     headers = rq.mapping("headers")
-    for h in headers:
-        if _SECRET_HEADER.search(h):
+    for h, value in headers.items():
+        if urls.token_problem(h, "header name") or urls.value_problem(value):
+            rq.bad(f"headers.{h}", urls.token_problem(h, "header name") or urls.value_problem(value))
+        elif _SECRET_HEADER.search(h):
             rq.bad(f"headers.{h}", "looks like a credential: put it under request.auth as a "
                                    "secret reference (env:VAR or file:/path)")
     auth = _request_auth(rq.sub("auth"), problems)
@@ -424,31 +433,21 @@ def _request(rq: _Reader, problems: list[errors.FieldViolation]) -> dict[str, An
     mp_fields = mp.mapping("fields")
     mp.finish()
     image_url = _image_url(rq.sub("image_url"))
-    timeout_s = rq.num("timeout_s", 30.0, lo=0.001)
+    timeout_s = rq.num("timeout_s", 30.0, lo=0.001, hi=3600.0)
     max_concurrency = int(rq.num("max_concurrency", 4, lo=1, hi=256, integer=True))
     per_request = int(rq.num("images_per_request", 1, lo=1, hi=1024, integer=True))
-    max_bytes = int(rq.num("max_response_bytes", 32 * 1024 * 1024, lo=1024, integer=True))
+    max_bytes = int(rq.num("max_response_bytes", 32 * 1024 * 1024, lo=1024, hi=2**28,
+                           integer=True))
     rq.finish()
+    if isinstance(auth, CloudAuthSpec) and url and urls.plain_http_off_host(url):
+        rq.bad("url", f"plain http to a host that is not loopback with auth kind '{auth.kind}'"
+                      "; use https:// (the credentials would cross the network unencrypted)")
     _check_templates(rq, image, body, per_image, per_request)
     return {"url": url, "method": method, "headers": headers, "auth": auth, "image": image,
             "body": body, "per_image": per_image, "multipart_file_field": mp_file,
             "multipart_filename": mp_name, "multipart_fields": mp_fields,
             "image_url": image_url, "timeout_s": timeout_s, "max_concurrency": max_concurrency,
             "images_per_request": per_request, "max_response_bytes": max_bytes}
-
-
-def _request_url(rq: _Reader, problems: list[errors.FieldViolation]) -> str:
-    """``request.url``, its ``${env:VAR}`` expanded: an http:// or https:// URL."""
-    url = rq.string("url", required=True)
-    if url:
-        try:
-            url = expand_env(url, "request.url")
-        except errors.InvalidArgument as exc:
-            problems.extend(exc.violations)
-            url = ""
-        if url and urlsplit(url).scheme not in ("http", "https"):
-            rq.bad("url", f"'{url}' is not an http:// or https:// URL")
-    return url
 
 
 def _image_url(iu: _Reader) -> ImageUrlSpec:
@@ -462,6 +461,11 @@ def _image_url(iu: _Reader) -> ImageUrlSpec:
         upload_method=iu.string("upload_method", "PUT").upper(),
         upload_auth=_auth(iu.sub("upload_auth")),
         public_url=iu.string("public_url", required=(serve == "upload")))
+    if urls.token_problem(image_url.upload_method, "method"):
+        iu.bad("upload_method", urls.token_problem(image_url.upload_method, "method"))
+    for key in ("upload_url", "public_url", "public_base"):
+        if getattr(image_url, key) and urls.url_problem(getattr(image_url, key)):
+            iu.bad(key, urls.url_problem(getattr(image_url, key)))
     iu.finish()
     return image_url
 

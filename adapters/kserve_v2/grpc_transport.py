@@ -8,7 +8,6 @@ other code ``TargetResponseError``.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import grpc
@@ -20,7 +19,7 @@ from fortis.adapters.kserve_v2.codec import (
     outputs_from_proto,
 )
 from fortis.adapters.kserve_v2.metadata import ModelMeta, meta_from_proto
-from fortis.adapters.kserve_v2.options import KServeOptions
+from fortis.adapters.kserve_v2.options import KServeOptions, bearer_token
 from fortis.adapters.kserve_v2.transport import MAX_MESSAGE_BYTES, MessageTooLarge
 from fortis.adapters.kserve_v2_protos import grpc_predict_v2_pb2 as pb
 from fortis.adapters.kserve_v2_protos import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -49,8 +48,9 @@ class GrpcTransport:
         self._channel = traced(channel)       # the trace context in each call's metadata
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = ()
-        if opts.token_env:
-            self._metadata = (("authorization", f"Bearer {os.environ.get(opts.token_env, '')}"),)
+        self._token = bearer_token(opts.token_env, "kserve")
+        if self._token:
+            self._metadata = (("authorization", f"Bearer {self._token}"),)
 
     def _call(self, rpc: str, request: Any) -> Any:
         try:
@@ -59,6 +59,8 @@ class GrpcTransport:
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             details = exc.details() if hasattr(exc, "details") else str(exc)
+            if self._token:     # a server may echo the request's metadata in its details
+                details = str(details).replace(self._token, "[redacted]")
             where = f"{self.endpoint} {rpc}"
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
                 raise MessageTooLarge(f"{where}: {code.name}: {details}") from None

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -310,3 +312,26 @@ def parse_labels(value: Any) -> tuple[str, ...]:
         if isinstance(parsed, list):
             return tuple(str(v) for v in parsed)
     return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+def bearer_token(token_env: str, kind: str) -> str:
+    """The token ``token_env`` names ("" without one); a variable that is not set is an error
+    naming the option at start-up, not ``Bearer `` (empty) sent on every call."""
+    if not token_env:
+        return ""
+    token = os.environ.get(token_env, "")
+    if not token:
+        raise bad_option("token_env", f"the environment variable {token_env} is not set", kind)
+    if any(c < " " or c == "\x7f" for c in token):
+        # never quoted; a mounted secret often ends in a newline, which no header can carry
+        raise bad_option("token_env", f"the environment variable {token_env} holds a line "
+                                      "break or control character", kind)
+    return token
+
+
+def scrub(text: str, secrets: Sequence[str]) -> str:
+    """``text`` with each of ``secrets`` (a bearer token a server may echo) replaced."""
+    for secret in secrets:
+        if len(secret) >= 4:
+            text = text.replace(secret, "[redacted]")
+    return text

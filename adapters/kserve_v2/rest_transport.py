@@ -8,9 +8,8 @@ Retry-After; any other status -> ``TargetResponseError`` with the server's error
 from __future__ import annotations
 
 import json
-import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from urllib.parse import quote
 
 from fortis.adapters.http_client import HttpClient, HttpResponse
@@ -21,22 +20,24 @@ from fortis.adapters.kserve_v2.codec import (
     outputs_from_json,
 )
 from fortis.adapters.kserve_v2.metadata import ModelMeta, meta_from_json
-from fortis.adapters.kserve_v2.options import KServeOptions
+from fortis.adapters.kserve_v2.options import KServeOptions, bearer_token, scrub
 from fortis.adapters.kserve_v2.transport import MAX_MESSAGE_BYTES, MessageTooLarge
 from fortis.adapters.target_errors import TargetResponseError
 
 
-def error_text(body: bytes) -> str:
-    """The server's error message (OIP ``{"error": "..."}``, else the body's start)."""
+def error_text(body: bytes, secrets: Sequence[str] = ()) -> str:
+    """The server's error message (OIP ``{"error": "..."}``, else the body's start), each of
+    ``secrets`` (the bearer token a server may echo) scrubbed before the text is cut, so that
+    no prefix of one survives the cut."""
     try:
         doc = json.loads(body)
         if isinstance(doc, dict):
             for key in ("error", "detail", "message"):
                 if key in doc:
-                    return str(doc[key])[:300]
-    except (ValueError, UnicodeDecodeError):
+                    return scrub(str(doc[key])[:65536], secrets)[:300]
+    except (ValueError, UnicodeDecodeError, RecursionError):    # RecursionError: too deep
         pass
-    return body[:300].decode("utf-8", "replace").strip()
+    return scrub(body[:65536].decode("utf-8", "replace"), secrets).strip()[:300]
 
 
 class HttpTransport:
@@ -54,8 +55,9 @@ class HttpTransport:
         self._headers: dict[str, str] = {"Accept": "application/json"}
         if opts.host_header:
             self._headers["Host"] = opts.host_header
-        if opts.token_env:
-            self._headers["Authorization"] = f"Bearer {os.environ.get(opts.token_env, '')}"
+        self._token = bearer_token(opts.token_env, "kserve")
+        if self._token:
+            self._headers["Authorization"] = f"Bearer {self._token}"
         self._client = HttpClient(
             timeout_s=opts.timeout_s, label=self.endpoint, max_response_bytes=MAX_MESSAGE_BYTES,
             ssl_context=ssl.create_default_context() if opts.transport == "https" else None)
@@ -70,13 +72,13 @@ class HttpTransport:
             return
         where = f"{self.endpoint}{path}"
         if resp.status == 413:
-            raise MessageTooLarge(f"{where}: HTTP 413: {error_text(resp.body)}")
+            raise MessageTooLarge(f"{where}: HTTP 413: {error_text(resp.body, (self._token,))}")
         if resp.retryable:
-            raise resp.unavailable(f"{where}: HTTP {resp.status}: {error_text(resp.body)}")
+            raise resp.unavailable(f"{where}: HTTP {resp.status}: {error_text(resp.body, (self._token,))}")
         if resp.status == 404:
             raise TargetResponseError(f"{where}: HTTP 404 (model '{self.opts.model}' not found?): "
-                                      f"{error_text(resp.body)}")
-        raise TargetResponseError(f"{where}: HTTP {resp.status}: {error_text(resp.body)}")
+                                      f"{error_text(resp.body, (self._token,))}")
+        raise TargetResponseError(f"{where}: HTTP {resp.status}: {error_text(resp.body, (self._token,))}")
 
     def ready(self) -> bool:
         path = f"{self._base}/ready"
@@ -84,7 +86,7 @@ class HttpTransport:
         if resp.status == 200:
             try:
                 doc = json.loads(resp.body) if resp.body.strip() else {}
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):
                 doc = {}
             return not (isinstance(doc, dict) and doc.get("ready") is False)
         if resp.status == 404 or resp.retryable:
@@ -94,7 +96,10 @@ class HttpTransport:
     def metadata(self) -> ModelMeta:
         resp = self._request("GET", self._base)
         self._check(self._base, resp)
-        return meta_from_json(resp.body)
+        try:
+            return meta_from_json(resp.body)
+        except TargetResponseError as exc:    # it may quote the answer, an echoed token too
+            raise TargetResponseError(scrub(exc.message, (self._token,))) from None
 
     def infer(self, tensor: InTensor, output_name: str) -> list[OutTensor]:
         path = f"{self._base}/infer"
@@ -114,7 +119,8 @@ class HttpTransport:
         try:
             return outputs_from_json(resp.body, answer_header)
         except TargetResponseError as exc:
-            raise TargetResponseError(f"{self.endpoint}{path}: {exc.message}") from None
+            raise TargetResponseError(
+                f"{self.endpoint}{path}: {scrub(exc.message, (self._token,))}") from None
 
     def close(self) -> None:
         self._client.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import ssl
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +11,7 @@ import numpy as np
 from fortis.adapters.http_client import HttpClient
 from fortis.adapters.kserve_v2.codec import fit_image, image_tensor
 from fortis.adapters.kserve_v2.metadata import ResolvedInput
-from fortis.adapters.kserve_v2.options import bad_option, parse_labels
+from fortis.adapters.kserve_v2.options import bad_option, bearer_token, parse_labels, scrub
 from fortis.adapters.kserve_v2.rest_transport import error_text
 from fortis.adapters.mlflow_pyfunc.codec import (
     detections_of,
@@ -42,11 +41,11 @@ def read_labels(path: str) -> tuple[str, ...]:
     return names
 
 
-def server_error(body: bytes) -> str:
+def server_error(body: bytes, secrets: Sequence[str] = ()) -> str:
     """The scoring server's error: its ``message`` and, from the ``stack_trace`` it attaches,
     only the last line (the model's own exception, e.g. ``ValueError: expected ...``), never
     the frames (server paths and code)."""
-    text = error_text(body)
+    text = error_text(body, secrets)
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -55,6 +54,7 @@ def server_error(body: bytes) -> str:
     if isinstance(trace, str):
         last = next((ln.strip() for ln in reversed(trace.splitlines()) if ln.strip()), "")
         if last and not last.startswith(("File ", "Traceback")):
+            last = scrub(last, secrets)  # before the line is cut
             text = f"{last[:300]} ({text})"  # the model's own words first
     return text
 
@@ -85,6 +85,7 @@ class MlflowBackend:
             mean=opts.mean,
             std=opts.std,
         )
+        self._token = bearer_token(opts.token_env, "mlflow")
         self._client = HttpClient(
             timeout_s=opts.timeout_s,
             label=f"mlflow target {opts.endpoint}",
@@ -97,8 +98,8 @@ class MlflowBackend:
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
-        if self.opts.token_env:
-            headers["Authorization"] = f"Bearer {os.environ.get(self.opts.token_env, '')}"
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
         return headers
 
     def info(self) -> target_pb2.TargetInfo:
@@ -111,7 +112,7 @@ class MlflowBackend:
         if resp.status != 200:
             raise TargetUnavailable(
                 f"{o.endpoint}{ping}: HTTP {resp.status}: the model is not "
-                f"ready: {error_text(resp.body)}",
+                f"ready: {error_text(resp.body, (self._token,))}",
                 resp.retry_after_s,
             )
         if o.task == "detection":
@@ -189,9 +190,9 @@ class MlflowBackend:
             label=where,
         )
         if resp.retryable:
-            raise resp.unavailable(f"{where}: HTTP {resp.status}: {server_error(resp.body)}")
+            raise resp.unavailable(f"{where}: HTTP {resp.status}: {server_error(resp.body, (self._token,))}")
         if resp.status != 200:
-            raise TargetResponseError(f"{where}: HTTP {resp.status}: {server_error(resp.body)}")
+            raise TargetResponseError(f"{where}: HTTP {resp.status}: {server_error(resp.body, (self._token,))}")
         n = len(idx)
         try:
             raw = predictions_of(resp.body, n)
@@ -223,8 +224,8 @@ class MlflowBackend:
                             row, output="full_scores", top_k=len(cls_names), names=cls_names
                         )
                     )
-        except TargetResponseError as exc:
-            raise TargetResponseError(f"{where}: {exc.message}") from None
+        except TargetResponseError as exc:  # it may quote the answer, an echoed token too
+            raise TargetResponseError(f"{where}: {scrub(exc.message, (self._token,))}") from None
         return out
 
 

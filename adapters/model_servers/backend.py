@@ -90,6 +90,13 @@ class ModelServerBackend:
                 f"environment variable {opts.token_env} is "
                 "not set",
             )
+        if opts.token_env and any(c < " " or c == "\x7f" for c in os.environ[opts.token_env]):
+            # never quoted; a mounted secret often ends in a newline, which no header can carry
+            raise errors.InvalidArgument(
+                "target",
+                f"{opts.server} option 'token_env': the environment variable {opts.token_env} "
+                "holds a line break or control character",
+            )
         self._client = HttpClient(
             timeout_s=opts.timeout_s,
             label=self._label,
