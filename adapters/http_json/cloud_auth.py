@@ -146,7 +146,7 @@ class CloudAuthSpec:
         """The signer; ``timeout_s`` bounds each request for a token (the profile's own
         timeout), so a token endpoint that hangs cannot hold every call behind its lock."""
         if self.kind == "aws_sigv4":
-            return AwsSigV4Signer(self, profile)
+            return AwsSigV4Signer(self, profile, timeout_s)
         if self.kind == "google_oauth":
             return GoogleOAuthSigner(self, profile, timeout_s)
         return AzureAdSigner(self, profile, timeout_s)
@@ -184,11 +184,24 @@ class Signer:
 class AwsSigV4Signer(Signer):
     """SigV4 by botocore over the request as sent (method, URL, headers, body)."""
 
-    def __init__(self, spec: CloudAuthSpec, profile: str) -> None:
+    def __init__(
+        self, spec: CloudAuthSpec, profile: str, timeout_s: float = DEFAULT_TOKEN_TIMEOUT_S
+    ) -> None:
         super().__init__(spec, profile)
         import botocore.session
+        from botocore.config import Config
 
         session = botocore.session.Session(profile=spec.aws_profile or None)
+        # STS (web identity, assumed roles) is asked under botocore's refresh lock: with its
+        # 60 s defaults and retries a hanging STS would hold every call of the target; the
+        # profile's timeout bounds each try, two tries in all.
+        session.set_default_client_config(
+            Config(
+                connect_timeout=timeout_s,
+                read_timeout=timeout_s,
+                retries={"max_attempts": 2, "mode": "standard"},
+            )
+        )
         try:
             self._credentials = session.get_credentials()
         except Exception as exc:  # noqa: BLE001 - a broken config or profile: refused, named

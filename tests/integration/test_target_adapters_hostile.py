@@ -411,6 +411,45 @@ def test_a_hanging_google_token_endpoint_is_bounded_by_the_profile_timeout(
     assert "did not answer" in str(outcome[0])
 
 
+def test_a_hanging_sts_is_bounded_by_the_profile_timeout(raw_server, tmp_path: Path, monkeypatch):
+    """botocore asks STS for web-identity credentials (IRSA) with 60 s timeouts and retries,
+    under its refresh lock; the profile's timeout bounds each try (two in all), and no answer
+    is Unavailable (retried), not refused credentials."""
+    server = raw_server(_hang)
+    token = tmp_path / "token"
+    token.write_text("a-web-identity-token")
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
+    monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/fortis")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", f"http://127.0.0.1:{server.port}")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    data = _profile(
+        "https://127.0.0.1:9/p",
+        auth={"kind": "aws_sigv4", "service": "rekognition", "region": "eu-west-1"},
+    )
+    data["request"]["timeout_s"] = 1
+    profile = hj.parse_profile(data)
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            HttpJsonBackend(profile)  # fetches a credential at start-up
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome.append(exc)
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=start, daemon=True)
+    th.start()
+    th.join(12.0)
+    assert outcome, f"still waiting for STS after {time.monotonic() - t0:.1f} s"
+    assert isinstance(outcome[0], errors.Unavailable), outcome
+    assert "a-web-identity-token" not in str(outcome[0])
+
+
 @pytest.mark.slow
 def test_a_hanging_entra_id_authority_is_bounded_by_the_profile_timeout(raw_server, monkeypatch):
     """azure-core waits 300 s per read by default; the profile's timeout bounds each token
