@@ -1,0 +1,157 @@
+"""Shared by the tests that run a whole plan (all five services) against one target scheme,
+reusing the model server their module already started: a manifest of drawn images written
+under the stack's data root, the plan, its run through the client SDK, and the ledger rows
+of the sessions the plan opened, read back from the proxy.
+
+The truth in each manifest is written by the test, image by image, from how it drew the
+image; a few images are deliberately given a truth the target cannot match (another class,
+a box elsewhere), so the clean accuracy the report must show is a fraction the test works out
+from its own labels -- not 1.0, and not a number read from a previous run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fortis.services.common.codec import encode_png
+
+from tests.conftest import API_KEY
+
+Box = tuple[int, int, int, int]  # x1, y1, x2, y2 in pixels, x2 and y2 exclusive
+
+
+def start_stack_with_data(state_dir: Path, data_root: Path, targets: dict[str, str]) -> Any:
+    """All five services on one port, with ``targets`` and a data root for manifest plans."""
+    from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
+
+    data_root.mkdir(parents=True, exist_ok=True)
+    return start_stack(
+        StackSettings(
+            state_dir=state_dir,
+            api_keys={API_KEY: "tenant-a"},
+            data_root=data_root,
+            targets=[TargetConfig.parse(f"{name}={url}") for name, url in targets.items()],
+        )
+    )
+
+
+def _write_images(root: Path, folder: str, images: dict[str, np.ndarray]) -> None:
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    for image_id, img in images.items():
+        (root / folder / f"{image_id}.png").write_bytes(encode_png(img))
+
+
+def _write_rows(root: Path, name: str, rows: list[dict[str, Any]]) -> str:
+    (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f"{name}.jsonl"
+
+
+def classification_manifest(
+    root: Path, name: str, items: Sequence[tuple[str, np.ndarray, int]]
+) -> str:
+    """PNGs and a JSON-lines manifest under ``root`` (image id, image, its truth label);
+    returns the manifest's path relative to ``root``."""
+    _write_images(root, name, {i: img for i, img, _ in items})
+    rows = [{"id": i, "image": f"{name}/{i}.png", "labels": [label]} for i, _, label in items]
+    return _write_rows(root, name, rows)
+
+
+def detection_manifest(
+    root: Path, name: str, items: Sequence[tuple[str, np.ndarray, list[tuple[int, Box]]]]
+) -> str:
+    """As :func:`classification_manifest`, with each image's truth objects (label, xyxy box)."""
+    _write_images(root, name, {i: img for i, img, _ in items})
+    rows = [
+        {
+            "id": i,
+            "image": f"{name}/{i}.png",
+            "box_format": "xyxy",
+            "boxes": [list(b) for _, b in objects],
+            "labels": [c for c, _ in objects],
+        }
+        for i, _, objects in items
+    ]
+    return _write_rows(root, name, rows)
+
+
+#: One corruption at one severity: every image is sent once clean and once corrupted.
+CORRUPTION = "corruptions: [{id: gaussian_noise, severities: [2]}]"
+CORRUPTED_ORIGIN = "gaussian_noise@2"  # what the ledger records as who asked
+
+#: IEEE-C4 for drawn boxes: a box the detector returns exactly matches at any IoU, one
+#: elsewhere matches at none.
+DETECTION = (
+    "detection: {mode: threshold, iou_threshold: 0.9, confidence_threshold: 0.5, aggregate: all}"
+)
+
+
+def plan(name: str, target: str, task: str, manifest: str, extra: str = "") -> str:
+    return (
+        f"name: {name}\nseed: 11\n"
+        "roles: {tester: {name: pytest, organisation: Fortis CI}}\n"
+        f"target: {{name: {target}, task: {task}}}\n"
+        f"dataset: {{source: manifest, path: {manifest}}}\n"
+        f"{CORRUPTION}\n{extra}\n"
+    )
+
+
+@dataclass(frozen=True)
+class PlanRun:
+    evaluation_id: str
+    report: dict[str, Any]
+    #: The proxy's ledger rows of the plan's clean and corruption sessions.
+    clean: list[Any]
+    corrupted: list[Any]
+
+
+def run_plan(address: str, plan_text: str, out_dir: Path, timeout_s: float = 120) -> PlanRun:
+    """Submit ``plan_text``, wait for it to end, and require it to have SUCCEEDED (the
+    evaluation's own error message otherwise); its report and its sessions' ledger rows."""
+    from fortis.client import FortisClient, progress_of
+
+    with FortisClient(address, api_key=API_KEY) as fc:
+        ev = fc.submit(plan_text)
+        final = fc.wait(ev.evaluation_id, timeout_s=timeout_s)
+        assert progress_of(final).state == "SUCCEEDED", final.error.message
+        report = json.loads(fc.write_report(ev.evaluation_id, out_dir)[0].read_text())
+        eid = ev.evaluation_id
+        return PlanRun(
+            evaluation_id=eid,
+            report=report,
+            clean=list(fc.iter_ledger_entries(f"{eid}/clean")),
+            corrupted=list(fc.iter_ledger_entries(f"{eid}/corruptions")),
+        )
+
+
+def check_ledger(run: PlanRun, target: str, image_ids: Sequence[str]) -> None:
+    """The proxy's ledger holds exactly the queries the plan sent -- each image once clean and
+    once corrupted (no other rows, no retries), all answered by ``target`` -- and the report
+    counts the same two sessions and queries."""
+    n = len(image_ids)
+    for rows in (run.clean, run.corrupted):
+        assert len(rows) == n, [r.image_id for r in rows]
+        assert {r.target for r in rows} == {target}
+        assert {(r.status, r.attempts) for r in rows} == {(0, 1)}, [
+            (r.image_id, r.status, r.error) for r in rows
+        ]
+    want = sorted(image_ids)
+    assert sorted((r.image_id, r.origin) for r in run.clean) == [(i, "clean") for i in want]
+    assert sorted((r.image_id, r.origin) for r in run.corrupted) == [
+        (i, CORRUPTED_ORIGIN) for i in want
+    ]
+    eid = run.evaluation_id
+    assert run.report["ledger"]["sessions"] == {f"{eid}/clean": n, f"{eid}/corruptions": n}
+
+
+def check_accuracy(run: PlanRun, answered_right: Sequence[bool]) -> None:
+    """The report's clean accuracy is the share of images whose truth the target's known
+    answer matches (IEEE-M1 over all ``len(answered_right)`` images)."""
+    acc = run.report["metrics"]["accuracy"]
+    assert (acc["m"], acc["correct"]) == (len(answered_right), sum(answered_right)), acc
+    assert acc["value"] == pytest.approx(sum(answered_right) / len(answered_right)), acc
