@@ -155,3 +155,75 @@ def check_accuracy(run: PlanRun, answered_right: Sequence[bool]) -> None:
     acc = run.report["metrics"]["accuracy"]
     assert (acc["m"], acc["correct"]) == (len(answered_right), sum(answered_right)), acc
     assert acc["value"] == pytest.approx(sum(answered_right) / len(answered_right)), acc
+
+
+# ---------------------------------------------------------------------------------------------
+# The colour models of TorchServe, BentoML and Ray Serve (tests/fixtures/*: flat colours and
+# coloured squares on black, classes in COLOURS order)
+# ---------------------------------------------------------------------------------------------
+
+
+def colour_classification_items() -> list[tuple[str, np.ndarray, int, bool]]:
+    """(image id, flat-colour image, truth label, whether the colour model's answer -- the
+    drawn colour -- matches it): two of six are labelled with another colour."""
+    from tests.integration._model_server_support import COLOURS, flat
+
+    names = list(COLOURS)
+    truth = {
+        "red": "red",
+        "green": "green",
+        "blue": "blue",
+        "yellow": "yellow",
+        "cyan": "blue",
+        "magenta": "white",
+    }
+    return [(f"flat-{c}", flat(c), names.index(t), c == t) for c, t in truth.items()]
+
+
+def colour_detection_items() -> list[tuple[str, np.ndarray, list[tuple[int, Box]], bool]]:
+    """(image id, a coloured square on black, truth objects, whether the colour detector's
+    answer -- the drawn square and its colour -- matches them): one truth box is elsewhere,
+    one names another colour."""
+    from tests.integration._model_server_support import COLOURS, square
+
+    names = list(COLOURS)
+    drawn: list[tuple[str, str, Box, str, Box]] = [
+        ("sq-red", "red", (5, 7, 30, 40), "red", (5, 7, 30, 40)),
+        ("sq-green", "green", (40, 2, 64, 12), "green", (40, 2, 64, 12)),
+        ("sq-blue", "blue", (10, 20, 50, 46), "blue", (10, 20, 50, 46)),
+        ("sq-elsewhere", "yellow", (2, 2, 20, 20), "yellow", (40, 26, 60, 46)),
+        ("sq-other", "magenta", (30, 10, 60, 30), "cyan", (30, 10, 60, 30)),
+    ]
+    return [
+        (i, square(c, box), [(names.index(tc), tbox)], (c, box) == (tc, tbox))
+        for i, c, box, tc, tbox in drawn
+    ]
+
+
+def check_colour_plans(
+    address: str, data_root: Path, out_dir: Path, classifier: str, detector: str
+) -> None:
+    """A classification plan against ``classifier`` and a detection plan against
+    ``detector``, each over the colour items above: both succeed, score what the drawn
+    truth implies, and leave exactly their queries in the ledger."""
+    cls = colour_classification_items()
+    manifest = classification_manifest(
+        data_root, f"{classifier}-cls", [(i, img, lab) for i, img, lab, _ in cls]
+    )
+    run = run_plan(
+        address, plan(f"{classifier}-plan", classifier, "classification", manifest), out_dir / "c"
+    )
+    check_accuracy(run, [right for *_, right in cls])
+    check_ledger(run, classifier, [i for i, *_ in cls])
+
+    det = colour_detection_items()
+    manifest = detection_manifest(
+        data_root, f"{detector}-det", [(i, img, objs) for i, img, objs, _ in det]
+    )
+    run = run_plan(
+        address,
+        plan(f"{detector}-plan", detector, "detection", manifest, DETECTION),
+        out_dir / "d",
+    )
+    check_accuracy(run, [right for *_, right in det])
+    check_ledger(run, detector, [i for i, *_ in det])
