@@ -105,6 +105,8 @@ def plan(name: str, target: str, task: str, manifest: str, extra: str = "") -> s
 class PlanRun:
     evaluation_id: str
     report: dict[str, Any]
+    #: report.json and report.html as written
+    report_text: str
     #: The proxy's ledger rows of the plan's clean and corruption sessions.
     clean: list[Any]
     corrupted: list[Any]
@@ -119,11 +121,12 @@ def run_plan(address: str, plan_text: str, out_dir: Path, timeout_s: float = 120
         ev = fc.submit(plan_text)
         final = fc.wait(ev.evaluation_id, timeout_s=timeout_s)
         assert progress_of(final).state == "SUCCEEDED", final.error.message
-        report = json.loads(fc.write_report(ev.evaluation_id, out_dir)[0].read_text())
+        js, html = fc.write_report(ev.evaluation_id, out_dir)
         eid = ev.evaluation_id
         return PlanRun(
             evaluation_id=eid,
-            report=report,
+            report=json.loads(js.read_text()),
+            report_text=js.read_text() + html.read_text(),
             clean=list(fc.iter_ledger_entries(f"{eid}/clean")),
             corrupted=list(fc.iter_ledger_entries(f"{eid}/corruptions")),
         )
@@ -147,6 +150,14 @@ def check_ledger(run: PlanRun, target: str, image_ids: Sequence[str]) -> None:
     ]
     eid = run.evaluation_id
     assert run.report["ledger"]["sessions"] == {f"{eid}/clean": n, f"{eid}/corruptions": n}
+
+
+def check_no_secrets(run: PlanRun, secrets: Sequence[str]) -> None:
+    """No credential the target was reached with is in the report or the ledger rows."""
+    assert secrets, "no secrets to look for"
+    rows = repr([r.raw for r in run.clean + run.corrupted])
+    for x in secrets:
+        assert x not in run.report_text and x not in rows
 
 
 def check_accuracy(run: PlanRun, answered_right: Sequence[bool]) -> None:
@@ -201,11 +212,16 @@ def colour_detection_items() -> list[tuple[str, np.ndarray, list[tuple[int, Box]
 
 
 def check_colour_plans(
-    address: str, data_root: Path, out_dir: Path, classifier: str, detector: str
+    address: str,
+    data_root: Path,
+    out_dir: Path,
+    classifier: str,
+    detector: str,
+    secrets: Sequence[str] = (),
 ) -> None:
     """A classification plan against ``classifier`` and a detection plan against
     ``detector``, each over the colour items above: both succeed, score what the drawn
-    truth implies, and leave exactly their queries in the ledger."""
+    truth implies, leave exactly their queries in the ledger, and show none of ``secrets``."""
     cls = colour_classification_items()
     manifest = classification_manifest(
         data_root, f"{classifier}-cls", [(i, img, lab) for i, img, lab, _ in cls]
@@ -215,6 +231,8 @@ def check_colour_plans(
     )
     check_accuracy(run, [right for *_, right in cls])
     check_ledger(run, classifier, [i for i, *_ in cls])
+    if secrets:
+        check_no_secrets(run, secrets)
 
     det = colour_detection_items()
     manifest = detection_manifest(
@@ -227,3 +245,5 @@ def check_colour_plans(
     )
     check_accuracy(run, [right for *_, right in det])
     check_ledger(run, detector, [i for i, *_ in det])
+    if secrets:
+        check_no_secrets(run, secrets)

@@ -50,6 +50,7 @@ from tests.integration._plan_support import (
     DETECTION,
     check_accuracy,
     check_ledger,
+    check_no_secrets,
     classification_manifest,
     detection_manifest,
     plan,
@@ -712,7 +713,8 @@ def test_a_whole_plan_against_each_managed_classifier(
     """A classification plan through all five services to a ``sagemaker:`` endpoint (SigV4
     recomputed by botocore) and an ``azureml:`` one (Entra ID tokens from azure-identity).
     The stand-in answers cat for a dark image and dog for a bright one (mean below / above
-    128); two images carry the other animal as their truth, so 4 of 6 are right."""
+    128); two images carry the other animal as their truth, so 4 of 6 are right. No
+    credential (keys, tokens, signatures' secrets) reaches the report or the ledger."""
     # (image, truth label, whether the stand-in's answer matches the truth)
     drawn = {
         "dark": (DARK, CAT, True),
@@ -733,6 +735,7 @@ def test_a_whole_plan_against_each_managed_classifier(
     check_accuracy(run, [right for _, _, right in drawn.values()])
     check_ledger(run, target, list(drawn))
     assert counter[path] - before >= 2  # the clean and the corrupted images, verified
+    check_no_secrets(run, [x for x in clouds.secrets() if len(x) >= 8])
 
 
 def test_a_whole_detection_plan_against_sagemaker(plan_stack, plan_data, clouds, tmp_path):

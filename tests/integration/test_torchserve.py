@@ -289,8 +289,10 @@ def test_whole_plans_against_torchserve(stack: Any, plan_data: Path, tmp_path: P
     """A classification plan against the colour classifier and a detection plan against the
     box detector, through all five services to TorchServe (its token authorization on):
     both succeed, the report's clean accuracy is what the manifests' truth implies, and the
-    ledger holds each image's clean and corrupted query and nothing else."""
-    check_colour_plans(stack.address, plan_data, tmp_path, "ts-colours", "ts-boxes")
+    ledger holds each image's clean and corrupted query and nothing else; the inference key
+    is in neither the report nor the ledger."""
+    key = os.environ[KEY_ENV]
+    check_colour_plans(stack.address, plan_data, tmp_path, "ts-colours", "ts-boxes", [key])
 
 
 def test_server_errors_are_precise(stack: Any, torchserve: str) -> None:
