@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fortis.services.common.codec import encode_png
+from google.rpc import code_pb2
 
 from tests.conftest import API_KEY
 
@@ -140,7 +141,7 @@ def check_ledger(run: PlanRun, target: str, image_ids: Sequence[str]) -> None:
     for rows in (run.clean, run.corrupted):
         assert len(rows) == n, [r.image_id for r in rows]
         assert {r.target for r in rows} == {target}
-        assert {(r.status, r.attempts) for r in rows} == {(0, 1)}, [
+        assert {(r.status, r.attempts) for r in rows} == {(code_pb2.OK, 1)}, [
             (r.image_id, r.status, r.error) for r in rows
         ]
     want = sorted(image_ids)
