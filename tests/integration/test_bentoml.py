@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,7 +23,7 @@ from fortis.services.common.codec import encode_png, image_msg
 from google.rpc import code_pb2
 
 from tests.conftest import MD
-from tests.integration._kserve_support import free_port, ledger, session, start_stack_with
+from tests.integration._kserve_support import free_port, ledger, session
 from tests.integration._model_server_support import (
     COLOURS,
     ROOT,
@@ -32,6 +33,7 @@ from tests.integration._model_server_support import (
     server_process,
     square,
 )
+from tests.integration._plan_support import check_colour_plans, start_stack_with_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -71,11 +73,20 @@ def bento(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]
 
 
 @pytest.fixture(scope="module")
-def stack(bento: tuple[int, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def plan_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data root of the stack's plans: their manifests and images."""
+    return tmp_path_factory.mktemp("bento-plan-data")
+
+
+@pytest.fixture(scope="module")
+def stack(
+    bento: tuple[int, int], plan_data: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     port, throttled = bento
     base = f"bentoml://127.0.0.1:{port}"
-    s = start_stack_with(
+    s = start_stack_with_data(
         tmp_path_factory.mktemp("bento-stack") / "state",
+        plan_data,
         {
             "bento-classify": f"{base}/classify?labels={LABELS}&output=full_scores",
             "bento-json": f"{base}/classify_b64?labels={LABELS}&input=json&top_k=3",
@@ -140,6 +151,14 @@ def test_detector_through_the_proxy(stack: Any) -> None:
         assert (b.name, b.label) == ("green", list(COLOURS).index("green"))
         assert (b.x_min, b.y_min, b.x_max, b.y_max) == pytest.approx(box)
         assert len(resp.predictions[1].detection.boxes) == 0
+
+
+def test_whole_plans_against_bentoml(stack: Any, plan_data: Path, tmp_path: Path) -> None:
+    """A classification plan against the colour classifier and a detection plan against the
+    box detector, through all five services to ``bentoml serve``: both succeed, the report's clean
+    accuracy is what the manifests' truth implies, and the ledger holds each image's clean
+    and corrupted query and nothing else."""
+    check_colour_plans(stack.address, plan_data, tmp_path, "bento-classify", "bento-detect")
 
 
 def test_real_429_is_retried_with_backoff(stack: Any, bento: tuple[int, int]) -> None:

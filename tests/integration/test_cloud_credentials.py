@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 import yaml
 from fortis.adapters import http_json as hj
@@ -36,6 +37,7 @@ from tests.integration._http_json_support import (
     CAT,
     DARK,
     DOG,
+    PLAIN,
     PROFILES,
     classes,
     expected_conf,
@@ -43,6 +45,17 @@ from tests.integration._http_json_support import (
     predict,
     session,
     stats,
+)
+from tests.integration._plan_support import (
+    DETECTION,
+    check_accuracy,
+    check_ledger,
+    check_no_secrets,
+    classification_manifest,
+    detection_manifest,
+    plan,
+    run_plan,
+    start_stack_with_data,
 )
 
 REGION = "eu-west-1"
@@ -652,3 +665,99 @@ execution: {batch_size: 8}
     assert ev.state == epb.EVALUATION_STATE_SUCCEEDED, ev
     # 8 clean images and 8 corrupted ones, up to 8 a request
     assert clouds.google.counts[path] - before >= 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole plans against SageMaker and Azure ML endpoints
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plan_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plans' data root: their manifests and images."""
+    return tmp_path_factory.mktemp("plan-data")
+
+
+@pytest.fixture(scope="module")
+def plan_stack(
+    clouds: Clouds, plan_data: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """All five services (the module's ``stack`` is the proxy alone) reading manifests under
+    ``plan_data``, with the managed targets of ``targets`` the plans name."""
+    d = tmp_path_factory.mktemp("plans")
+    urls = targets(clouds, d)
+    s = start_stack_with_data(
+        d / "state", plan_data, {t: f"{urls[t]}&rate=200" for t in ("sm", "sm-det", "aml")}
+    )
+    yield s
+    s.stop(0)
+
+
+def _flat(v: int) -> np.ndarray:
+    return np.full_like(DARK, v)
+
+
+def _dark_with(rect: tuple[int, int, int, int]) -> np.ndarray:
+    img = _flat(40)
+    x0, y0, x1, y1 = rect
+    img[y0:y1, x0:x1] = 250
+    return img
+
+
+@pytest.mark.parametrize(
+    "target,stand_in,path", [("sm", "aws", "sagemaker"), ("aml", "azure", "/score")]
+)
+def test_a_whole_plan_against_each_managed_classifier(
+    plan_stack, plan_data, clouds, tmp_path, target, stand_in, path
+):
+    """A classification plan through all five services to a ``sagemaker:`` endpoint (SigV4
+    recomputed by botocore) and an ``azureml:`` one (Entra ID tokens from azure-identity).
+    The stand-in answers cat for a dark image and dog for a bright one (mean below / above
+    128); two images carry the other animal as their truth, so 4 of 6 are right. No
+    credential (keys, tokens, signatures' secrets) reaches the report or the ledger."""
+    # (image, truth label, whether the stand-in's answer matches the truth)
+    drawn = {
+        "dark": (DARK, CAT, True),
+        "bright": (BRIGHT, DOG, True),
+        "plain": (PLAIN, CAT, True),
+        "dim": (_flat(60), CAT, True),
+        "light": (_flat(220), CAT, False),  # bright: the stand-in says dog
+        "night": (_flat(20), DOG, False),  # dark: the stand-in says cat
+    }
+    manifest = classification_manifest(
+        plan_data, f"cls-{target}", [(k, img, lab) for k, (img, lab, _) in drawn.items()]
+    )
+    counter = clouds.aws.counts if stand_in == "aws" else clouds.azure.api.counts
+    before = counter[path]
+    run = run_plan(
+        plan_stack.address, plan(f"{target}-plan", target, "classification", manifest), tmp_path
+    )
+    check_accuracy(run, [right for _, _, right in drawn.values()])
+    check_ledger(run, target, list(drawn))
+    assert counter[path] - before >= 2  # the clean and the corrupted images, verified
+    check_no_secrets(run, [x for x in clouds.secrets() if len(x) >= 8])
+
+
+def test_a_whole_detection_plan_against_sagemaker(plan_stack, plan_data, clouds, tmp_path):
+    """A detection plan to a ``sagemaker:`` detector: the stand-in's box is the region of
+    bright pixels and its label cat (dark image) or dog (bright one); one truth box is
+    elsewhere and one names the other animal, so 3 of 5 images are right (IEEE-C4)."""
+    drawn = {
+        "dark": (DARK, [(CAT, (0, 0, 16, 10))], True),
+        "bright": (BRIGHT, [(DOG, (20, 8, 44, 24))], True),
+        "corner": (_dark_with((30, 20, 46, 30)), [(CAT, (30, 20, 46, 30))], True),
+        "elsewhere": (_dark_with((30, 20, 46, 30)), [(CAT, (0, 0, 12, 12))], False),
+        "other-animal": (_dark_with((4, 12, 24, 28)), [(DOG, (4, 12, 24, 28))], False),
+    }
+    manifest = detection_manifest(
+        plan_data, "det-sm", [(k, img, objs) for k, (img, objs, _) in drawn.items()]
+    )
+    before = clouds.aws.counts["sagemaker"]
+    run = run_plan(
+        plan_stack.address,
+        plan("sm-det-plan", "sm-det", "detection", manifest, DETECTION),
+        tmp_path,
+    )
+    check_accuracy(run, [right for _, _, right in drawn.values()])
+    check_ledger(run, "sm-det", list(drawn))
+    assert clouds.aws.counts["sagemaker"] - before >= 2

@@ -34,7 +34,16 @@ from tests.integration._kserve_support import (
     free_port,
     ledger,
     session,
-    start_stack_with,
+)
+from tests.integration._plan_support import (
+    DETECTION,
+    check_accuracy,
+    check_ledger,
+    classification_manifest,
+    detection_manifest,
+    plan,
+    run_plan,
+    start_stack_with_data,
 )
 
 MLFLOW_VENV = ROOT / os.environ.get("MLFLOW_VENV", ".venv-mlflow")  # as setup_mlflow.sh
@@ -158,13 +167,19 @@ def _targets(p: dict[str, int]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def stack(mlflow_ports, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def plan_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data root of the stack's plans: their manifests and images."""
+    return tmp_path_factory.mktemp("mlflow-plan-data")
+
+
+@pytest.fixture(scope="module")
+def stack(mlflow_ports, plan_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     work = tmp_path_factory.mktemp("mlflow-stack")
     labels = work / "labels.txt"
     labels.write_text("\n".join(NAMES) + "\n", encoding="utf-8")
     os.environ["FORTIS_TEST_MLFLOW_TOKEN"] = SECRET
     targets = {k: v.replace("LABELS", str(labels)) for k, v in _targets(mlflow_ports).items()}
-    s = start_stack_with(work / "state", targets)
+    s = start_stack_with_data(work / "state", plan_data, targets)
     try:
         yield s
     finally:
@@ -259,6 +274,49 @@ def test_detection_through_the_proxy(stack, target, min_iou):
         assert {b.name for b in resp.predictions[i].detection.boxes} == {NAMES[c] for c, _ in truth}
     st = px.GetSessionStats(proxy_pb2.GetSessionStatsRequest(session_id=sid), metadata=MD)
     assert (st.queries_ok, st.queries_failed) == (len(scenes), 0)
+
+
+@pytest.mark.slow
+def test_whole_plans_against_the_pyfunc_models(stack, plan_data, tmp_path):
+    """A classification plan against the classifier (``inputs``) and a detection plan against
+    the detector (``dataframe_split``), through all five services to the scoring servers:
+    both succeed, the report's clean accuracy is what the manifests' truth implies, and the
+    ledger holds each image's clean and corrupted query and nothing else. Two of six images
+    are labelled with another colour than drawn; in two of five scenes the truth swaps the
+    colours of two rectangles (or names a colour not drawn), so those cannot match."""
+    cls = []
+    for k, (name, img, ((c, _box),)) in enumerate(_scenes(21, 6, many=False)):
+        label = c if k % 3 else (c + 1) % 3  # images 0 and 3 mislabelled
+        cls.append((name, img, label, label == c))
+    manifest = classification_manifest(
+        plan_data, "mlflow-cls", [(i, img, lab) for i, img, lab, _ in cls]
+    )
+    run = run_plan(
+        stack.address, plan("mlflow-cls", "cls-inputs", "classification", manifest), tmp_path / "c"
+    )
+    check_accuracy(run, [right for *_, right in cls])
+    check_ledger(run, "cls-inputs", [i for i, *_ in cls])
+
+    det = []
+    for k, (name, img, truth) in enumerate(_scenes(23, 5, many=True)):
+        objects = list(truth)
+        if k in (1, 4) and len(objects) >= 2:
+            (c0, b0), (c1, b1) = objects[:2]
+            objects[:2] = [(c1, b0), (c0, b1)]
+        elif k in (1, 4):
+            objects = [((objects[0][0] + 1) % 3, objects[0][1])]
+        det.append((name, img, objects, objects == truth))
+    assert [right for *_, right in det] == [True, False, True, True, False]
+    manifest = detection_manifest(
+        plan_data, "mlflow-det", [(i, img, objs) for i, img, objs, _ in det]
+    )
+    run = run_plan(
+        stack.address,
+        plan("mlflow-det", "det-df", "detection", manifest, DETECTION),
+        tmp_path / "d",
+    )
+    check_accuracy(run, [right for *_, right in det])
+    check_ledger(run, "det-df", [i for i, *_ in det])
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,7 +27,7 @@ from google.rpc import code_pb2
 from structlog.testing import capture_logs
 
 from tests.conftest import MD
-from tests.integration._kserve_support import free_port, ledger, session, start_stack_with
+from tests.integration._kserve_support import free_port, ledger, session
 from tests.integration._model_server_support import (
     COLOURS,
     ROOT,
@@ -36,6 +37,7 @@ from tests.integration._model_server_support import (
     server_process,
     square,
 )
+from tests.integration._plan_support import check_colour_plans, start_stack_with_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -83,10 +85,19 @@ def ray_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 
 
 @pytest.fixture(scope="module")
-def stack(ray_serve: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def plan_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data root of the stack's plans: their manifests and images."""
+    return tmp_path_factory.mktemp("rayserve-plan-data")
+
+
+@pytest.fixture(scope="module")
+def stack(
+    ray_serve: int, plan_data: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     base = f"rayserve://127.0.0.1:{ray_serve}"
-    s = start_stack_with(
+    s = start_stack_with_data(
         tmp_path_factory.mktemp("rayserve-stack") / "state",
+        plan_data,
         {
             "ray-raw": f"{base}/colours/raw?labels={LABELS}&output=full_scores",
             "ray-json": f"{base}/colours/b64?labels={LABELS}&input=json&top_k=3",
@@ -150,6 +161,14 @@ def test_detector_through_the_proxy(stack: Any) -> None:
         assert (b.name, b.label) == ("magenta", list(COLOURS).index("magenta"))
         assert (b.x_min, b.y_min, b.x_max, b.y_max) == pytest.approx(box)
         assert len(resp.predictions[1].detection.boxes) == 0
+
+
+def test_whole_plans_against_rayserve(stack: Any, plan_data: Path, tmp_path: Path) -> None:
+    """A classification plan against the colour classifier and a detection plan against the
+    box detector, through all five services to Ray Serve: both succeed, the report's clean
+    accuracy is what the manifests' truth implies, and the ledger holds each image's clean
+    and corrupted query and nothing else."""
+    check_colour_plans(stack.address, plan_data, tmp_path, "ray-raw", "ray-detect")
 
 
 def _post(port: int, path: str, body: bytes, headers: dict[str, str], out: list[int]) -> None:

@@ -29,7 +29,7 @@ from fortis.services.common.codec import encode_png, image_msg
 from google.rpc import code_pb2
 
 from tests.conftest import MD
-from tests.integration._kserve_support import free_port, ledger, session, start_stack_with
+from tests.integration._kserve_support import free_port, ledger, session
 from tests.integration._model_server_support import (
     COLOURS,
     ROOT,
@@ -39,6 +39,7 @@ from tests.integration._model_server_support import (
     server_process,
     square,
 )
+from tests.integration._plan_support import check_colour_plans, start_stack_with_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -202,10 +203,19 @@ def _wait_for_workers(mgmt: str, key: str, models: tuple[str, ...]) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(torchserve: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def plan_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data root of the stack's plans: their manifests and images."""
+    return tmp_path_factory.mktemp("torchserve-plan-data")
+
+
+@pytest.fixture(scope="module")
+def stack(
+    torchserve: str, plan_data: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     work = tmp_path_factory.mktemp("torchserve-stack")
-    s = start_stack_with(
+    s = start_stack_with_data(
         work / "state",
+        plan_data,
         {
             "ts-colours": f"torchserve://{torchserve}/colours?labels={LABELS}&{AUTH}",
             "ts-colours-v1": f"torchserve://{torchserve}/colours/1.0?labels={LABELS}"
@@ -273,6 +283,16 @@ def test_detector_through_the_proxy(stack: Any) -> None:
             assert 0.5 < b.score <= 1.0
         assert len(by_id["empty"].detection.boxes) == 0
         assert len(ledger(px, sid)) == 3
+
+
+def test_whole_plans_against_torchserve(stack: Any, plan_data: Path, tmp_path: Path) -> None:
+    """A classification plan against the colour classifier and a detection plan against the
+    box detector, through all five services to TorchServe (its token authorization on):
+    both succeed, the report's clean accuracy is what the manifests' truth implies, and the
+    ledger holds each image's clean and corrupted query and nothing else; the inference key
+    is in neither the report nor the ledger."""
+    key = os.environ[KEY_ENV]
+    check_colour_plans(stack.address, plan_data, tmp_path, "ts-colours", "ts-boxes", [key])
 
 
 def test_server_errors_are_precise(stack: Any, torchserve: str) -> None:
