@@ -114,6 +114,7 @@ OPTIONAL_IMPORTS = {
     "grpc_tools": "grpcio's __init__ tries it (protos loaded at run time), ImportError caught",
     "rich": "structlog's dev console renderer uses it when present (pretty tracebacks)",
     "pygments": "rich's syntax highlighting, when rich is present",
+    "dill": "torch.utils.data imports it when present (datapipes' pickling); the tests' datasets brings it",
 }
 
 
