@@ -2,7 +2,9 @@
 # Idempotent set-up of the container tools that `make test` uses to build the Fortis image and
 # run it (tests/deploy/test_image.py) and to run the Helm chart's pods (`podman kube play`):
 # Debian's buildah, podman, mmdebstrap (the base image is a Debian rootfs: no Docker Hub here),
-# fuse-overlayfs, runc, netavark and aardvark-dns (container networks with DNS names).
+# fuse-overlayfs, runc, netavark and aardvark-dns (container networks with DNS names), and
+# iptables, with which netavark writes a bridge network's rules (Debian's podman only recommends
+# it; without it `podman kube play` fails "netavark: No such file or directory").
 # Writes the containers.conf those tests use ($FORTIS_CONTAINERS_CONF, default
 # /etc/containers/fortis-containers.conf): runc + cgroupfs, because crun, Debian's default, fails
 # on hosts with hybrid cgroups (setrlimit), and a file events log (no journald in CI).
@@ -10,7 +12,7 @@
 set -euo pipefail
 
 CONF="${FORTIS_CONTAINERS_CONF:-/etc/containers/fortis-containers.conf}"
-PKGS=(buildah podman mmdebstrap fuse-overlayfs runc netavark aardvark-dns)
+PKGS=(buildah podman mmdebstrap fuse-overlayfs runc netavark aardvark-dns iptables)
 
 [ "$(id -u)" = 0 ] || { echo "setup_containers: not root: rootful podman and mmdebstrap need root" >&2; exit 2; }
 
