@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fortis.services.common import errors
 
-__all__ = ["TargetResponseError", "TargetUnavailable"]
+__all__ = ["TargetResponseError", "TargetUnavailable", "raise_first_failure"]
 
 
 class TargetResponseError(errors.FortisError):
@@ -27,3 +27,17 @@ class TargetUnavailable(errors.Unavailable):
     def __init__(self, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+def raise_first_failure(failures: list[errors.FortisError]) -> None:
+    """Raises the error a call of several requests (one per image, sent side by side) ends
+    with: a failure that retrying cannot fix wins over one the proxy should retry; else the
+    first retryable one, waiting as long as the longest Retry-After any of them was given."""
+    hard = [e for e in failures if not isinstance(e, errors.Unavailable)]
+    if hard:
+        raise hard[0]
+    wait = max((getattr(e, "retry_after_s", None) or 0.0) for e in failures)
+    first = failures[0]
+    if wait:
+        first.retry_after_s = wait  # type: ignore[attr-defined]
+    raise first

@@ -32,7 +32,7 @@ from fortis.adapters.http_json.request import (
     prepare_image,
 )
 from fortis.adapters.http_json.response import prediction_from_answer
-from fortis.adapters.target_errors import TargetResponseError
+from fortis.adapters.target_errors import TargetResponseError, raise_first_failure
 from fortis.common.v1 import common_pb2
 from fortis.core.task import Task
 from fortis.infra.serving import tracing
@@ -153,15 +153,7 @@ class HttpJsonBackend:
                 for other in futures:
                     other.cancel()          # no point sending the rest: the call has failed
         if failures:
-            # A failure that retrying cannot fix wins over one the proxy should retry.
-            hard = [e for e in failures if not isinstance(e, errors.Unavailable)]
-            if hard:
-                raise hard[0]
-            wait = max((getattr(e, "retry_after_s", None) or 0.0) for e in failures)
-            first = failures[0]
-            if wait:
-                first.retry_after_s = wait  # type: ignore[attr-defined]
-            raise first
+            raise_first_failure(failures)
         return out
 
     def close(self) -> None:

@@ -24,7 +24,11 @@ import structlog
 from fortis.adapters.http_client import HttpClient, HttpResponse
 from fortis.adapters.model_servers import answers
 from fortis.adapters.model_servers.options import ServerOptions, parse_url, read_labels
-from fortis.adapters.target_errors import TargetResponseError, TargetUnavailable
+from fortis.adapters.target_errors import (
+    TargetResponseError,
+    TargetUnavailable,
+    raise_first_failure,
+)
 from fortis.common.v1 import common_pb2
 from fortis.core.strategy import OUTPUT_KINDS, TASK_TYPES
 from fortis.core.task import Task
@@ -162,15 +166,7 @@ class ModelServerBackend:
                 for other in futures:
                     other.cancel()  # the call has failed: no point sending the rest
         if failures:
-            # A failure that retrying cannot fix wins over one the proxy should retry.
-            hard = [e for e in failures if not isinstance(e, errors.Unavailable)]
-            if hard:
-                raise hard[0]
-            wait = max((getattr(e, "retry_after_s", None) or 0.0) for e in failures)
-            first = failures[0]
-            if wait:
-                first.retry_after_s = wait  # type: ignore[attr-defined]
-            raise first
+            raise_first_failure(failures)
         return out
 
     def close(self) -> None:
