@@ -1,5 +1,6 @@
 """Shared by the TorchServe, BentoML and Ray Serve adapter tests: the set-up check, starting a real
-server as a subprocess on free loopback ports, and small images whose answer is known."""
+server as a subprocess on free loopback ports, small images whose answer is known, and the
+classifier and detector checks through the proxy that the colour models of all three pass."""
 
 from __future__ import annotations
 
@@ -12,9 +13,18 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import grpc
 import numpy as np
 import pytest
+from fortis.common.v1 import common_pb2
+from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from fortis.services.common.codec import encode_png, image_msg
+from google.rpc import code_pb2
+
+from tests.conftest import MD
+from tests.integration._kserve_support import ledger, session
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,3 +134,56 @@ def square(colour: str, box: tuple[int, int, int, int], h: int = 48, w: int = 64
     x1, y1, x2, y2 = box
     img[y1:y2, x1:x2] = COLOURS[colour]
     return img
+
+
+def predict(px: Any, target: str, imgs: list[common_pb2.Image]) -> tuple[str, Any]:
+    """A new session on ``target`` and one clean Predict of ``imgs`` in it."""
+    sid = session(px, target)
+    return sid, px.Predict(
+        proxy_pb2.PredictRequest(session_id=sid, origin="clean", images=imgs), metadata=MD
+    )
+
+
+def check_colour_classifier(address: str, target: str, *, full: bool) -> None:
+    """Every flat colour (raw pixels, and one PNG) is its own class at the top, names and
+    labels in the fixture's order, full scores summing to 1 or a top 3; one ledger row each."""
+    names = list(COLOURS)
+    imgs = [image_msg(f"flat-{c}", flat(c)) for c in names]
+    imgs.append(common_pb2.Image(image_id="png-yellow", encoded=encode_png(flat("yellow"))))
+    with grpc.insecure_channel(address) as ch:
+        px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+        info = px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target=target), metadata=MD).info
+        assert list(info.labels) == names
+        assert info.output_kind == (
+            common_pb2.OUTPUT_KIND_FULL_SCORES if full else common_pb2.OUTPUT_KIND_TOP_K_SCORES
+        )
+        sid, resp = predict(px, target, imgs)
+        for img, pred in zip(imgs, resp.predictions, strict=True):
+            assert pred.image_id == img.image_id
+            want = img.image_id.split("-", 1)[1]
+            classes = pred.classification.classes
+            assert len(classes) == (len(names) if full else 3)
+            assert (classes[0].name, classes[0].label) == (want, names.index(want))
+            assert all(c.name == names[c.label] for c in classes)
+            if full:
+                assert sum(c.score for c in classes) == pytest.approx(1.0, abs=1e-5)
+        rows = ledger(px, sid)
+        assert len(rows) == len(imgs) and {r.status for r in rows} == {code_pb2.OK}
+
+
+def check_colour_detector(address: str, target: str, colour: str) -> None:
+    """A ``colour`` square is found to the pixel with its class; a black image has no box."""
+    box = (11, 4, 37, 29)
+    with grpc.insecure_channel(address) as ch:
+        px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
+        info = px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target=target), metadata=MD).info
+        assert info.output_kind == common_pb2.OUTPUT_KIND_BOXES
+        _, resp = predict(
+            px,
+            target,
+            [image_msg("sq", square(colour, box)), image_msg("none", square("black", box))],
+        )
+        (b,) = resp.predictions[0].detection.boxes
+        assert (b.name, b.label) == (colour, list(COLOURS).index(colour))
+        assert (b.x_min, b.y_min, b.x_max, b.y_max) == pytest.approx(box)
+        assert len(resp.predictions[1].detection.boxes) == 0

@@ -17,7 +17,6 @@ from typing import Any
 
 import grpc
 import pytest
-from fortis.common.v1 import common_pb2
 from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from fortis.services.common.codec import encode_png, image_msg
 from google.rpc import code_pb2
@@ -25,13 +24,14 @@ from google.rpc import code_pb2
 from tests.conftest import MD
 from tests.integration._kserve_support import free_port, ledger, session
 from tests.integration._model_server_support import (
-    COLOURS,
     ROOT,
+    check_colour_classifier,
+    check_colour_detector,
     clean_env,
     flat,
+    predict,
     require_venv,
     server_process,
-    square,
 )
 from tests.integration._plan_support import check_colour_plans, start_stack_with_data
 
@@ -100,57 +100,13 @@ def stack(
     s.stop(0)
 
 
-def _predict(px: Any, target: str, imgs: list[common_pb2.Image]) -> tuple[str, Any]:
-    sid = session(px, target)
-    return sid, px.Predict(
-        proxy_pb2.PredictRequest(session_id=sid, origin="clean", images=imgs), metadata=MD
-    )
-
-
 @pytest.mark.parametrize("target", ["bento-classify", "bento-json"])
 def test_classifier_through_the_proxy(stack: Any, target: str) -> None:
-    names = list(COLOURS)
-    imgs = [image_msg(f"flat-{c}", flat(c)) for c in names]
-    imgs.append(common_pb2.Image(image_id="png-yellow", encoded=encode_png(flat("yellow"))))
-    with grpc.insecure_channel(stack.address) as ch:
-        px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
-        info = px.GetTargetInfo(proxy_pb2.GetTargetInfoRequest(target=target), metadata=MD).info
-        assert list(info.labels) == names
-        full = target == "bento-classify"
-        assert info.output_kind == (
-            common_pb2.OUTPUT_KIND_FULL_SCORES if full else common_pb2.OUTPUT_KIND_TOP_K_SCORES
-        )
-        sid, resp = _predict(px, target, imgs)
-        for img, pred in zip(imgs, resp.predictions, strict=True):
-            assert pred.image_id == img.image_id
-            want = img.image_id.split("-", 1)[1]
-            classes = pred.classification.classes
-            assert len(classes) == (len(names) if full else 3)
-            assert (classes[0].name, classes[0].label) == (want, names.index(want))
-            assert all(c.name == names[c.label] for c in classes)
-            if full:
-                assert sum(c.score for c in classes) == pytest.approx(1.0, abs=1e-5)
-        rows = ledger(px, sid)
-        assert len(rows) == len(imgs) and {r.status for r in rows} == {code_pb2.OK}
+    check_colour_classifier(stack.address, target, full=target == "bento-classify")
 
 
 def test_detector_through_the_proxy(stack: Any) -> None:
-    box = (11, 4, 37, 29)
-    with grpc.insecure_channel(stack.address) as ch:
-        px = proxy_pb2_grpc.TargetProxyServiceStub(ch)
-        info = px.GetTargetInfo(
-            proxy_pb2.GetTargetInfoRequest(target="bento-detect"), metadata=MD
-        ).info
-        assert info.output_kind == common_pb2.OUTPUT_KIND_BOXES
-        _, resp = _predict(
-            px,
-            "bento-detect",
-            [image_msg("sq", square("green", box)), image_msg("none", square("black", box))],
-        )
-        (b,) = resp.predictions[0].detection.boxes
-        assert (b.name, b.label) == ("green", list(COLOURS).index("green"))
-        assert (b.x_min, b.y_min, b.x_max, b.y_max) == pytest.approx(box)
-        assert len(resp.predictions[1].detection.boxes) == 0
+    check_colour_detector(stack.address, "bento-detect", "green")
 
 
 def test_whole_plans_against_bentoml(stack: Any, plan_data: Path, tmp_path: Path) -> None:
@@ -193,7 +149,7 @@ def test_real_429_is_retried_with_backoff(stack: Any, bento: tuple[int, int]) ->
         t = threading.Thread(target=neighbour)
         t.start()
         time.sleep(0.1)  # the neighbour's request is in the service now
-        sid, resp = _predict(px, "bento-throttled", [image_msg("mine", flat("blue"))])
+        sid, resp = predict(px, "bento-throttled", [image_msg("mine", flat("blue"))])
         t.join(10)
         assert statuses == [200]
         assert resp.predictions[0].classification.classes[0].name == "blue"
@@ -217,5 +173,5 @@ def test_unknown_endpoint_is_named(stack: Any) -> None:
             )
         assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "HTTP 404" in ei.value.details() and "no_such_endpoint" in ei.value.details()
-        _, resp = _predict(px, "bento-classify", [image_msg("still", flat("white"))])
+        _, resp = predict(px, "bento-classify", [image_msg("still", flat("white"))])
         assert resp.predictions[0].classification.classes[0].name == "white"
