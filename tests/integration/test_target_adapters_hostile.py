@@ -351,6 +351,25 @@ def test_a_method_or_header_http_cannot_send_is_refused_at_start_up(request_part
 # ---------------------------------------------------------------------------------------------
 
 
+def _start_backend_within(profile: Any, seconds: float) -> tuple[list[BaseException | None], float]:
+    """Starts an HTTP/JSON back end (it fetches a credential at start-up) in a thread, waits at
+    most ``seconds``; the outcome list is empty while it still waits, else [None] or [error]."""
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            HttpJsonBackend(profile)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            outcome.append(exc)
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=start, daemon=True)
+    th.start()
+    th.join(seconds)
+    return outcome, t0
+
+
 def _hang(conn: socket.socket, stop: threading.Event) -> None:
     stop.wait(30)
 
@@ -392,19 +411,7 @@ def test_a_hanging_google_token_endpoint_is_bounded_by_the_profile_timeout(
     )
     data["request"]["timeout_s"] = 1
     profile = hj.parse_profile(data)
-    outcome: list[BaseException | None] = []
-
-    def start() -> None:
-        try:
-            HttpJsonBackend(profile)
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            outcome.append(exc)
-
-    t0 = time.monotonic()
-    th = threading.Thread(target=start, daemon=True)
-    th.start()
-    th.join(6.0)
+    outcome, t0 = _start_backend_within(profile, 6.0)
     assert outcome, f"start-up still waiting for a token after {time.monotonic() - t0:.1f} s"
     # no answer is not a refusal: Unavailable (retried), saying so
     assert isinstance(outcome[0], errors.Unavailable), outcome
@@ -432,19 +439,7 @@ def test_a_hanging_sts_is_bounded_by_the_profile_timeout(raw_server, tmp_path: P
     )
     data["request"]["timeout_s"] = 1
     profile = hj.parse_profile(data)
-    outcome: list[BaseException | None] = []
-
-    def start() -> None:
-        try:
-            HttpJsonBackend(profile)  # fetches a credential at start-up
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            outcome.append(exc)
-
-    t0 = time.monotonic()
-    th = threading.Thread(target=start, daemon=True)
-    th.start()
-    th.join(12.0)
+    outcome, t0 = _start_backend_within(profile, 12.0)
     assert outcome, f"still waiting for STS after {time.monotonic() - t0:.1f} s"
     assert isinstance(outcome[0], errors.Unavailable), outcome
     assert "a-web-identity-token" not in str(outcome[0])
@@ -470,19 +465,7 @@ def test_a_hanging_entra_id_authority_is_bounded_by_the_profile_timeout(raw_serv
     )
     data["request"]["timeout_s"] = 1
     profile = hj.parse_profile(data)
-    outcome: list[BaseException | None] = []
-
-    def start() -> None:
-        try:
-            HttpJsonBackend(profile)
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            outcome.append(exc)
-
-    t0 = time.monotonic()
-    th = threading.Thread(target=start, daemon=True)
-    th.start()
-    th.join(25.0)
+    outcome, t0 = _start_backend_within(profile, 25.0)
     assert outcome, f"start-up still waiting for a token after {time.monotonic() - t0:.1f} s"
     assert isinstance(outcome[0], errors.FailedPrecondition), outcome
     assert "az-secret-0123456789" not in str(outcome[0])
