@@ -55,7 +55,13 @@ from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 from fortis.services.common.codec import add_images
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import command_line, goal, machine  # noqa: E402 - bench/_report.py
+
 KEY = "bench-key"
+#: ``fortis serve`` paces each tenant's calls (50 started per second by default,
+#: docs/limits.md): one-image calls back to back would measure that pace, not the proxy.
+UNPACED = ["--max-call-rate-per-tenant", "0"]
 
 
 class _Echo(target_pb2_grpc.TargetServiceServicer):
@@ -108,6 +114,34 @@ print("ADDRESS", s.address, flush=True)
 sys.stdin.read()
 """
 
+#: The floor: a pass-through TargetProxyService with no bookkeeping at all (no auth, budget,
+#: limiter or ledger), forwarding each request to the target over one more gRPC hop. What it
+#: adds over the direct call is what any proxy process in front of the target costs here.
+_RELAY_SERVER = """
+import sys
+from concurrent import futures
+import grpc
+from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from fortis.target.v1 import target_pb2, target_pb2_grpc
+big = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+stub = target_pb2_grpc.TargetServiceStub(grpc.insecure_channel(sys.argv[1], options=big))
+class Relay(proxy_pb2_grpc.TargetProxyServiceServicer):
+    def Predict(self, request, context):
+        req = target_pb2.PredictRequest()
+        for image in request.images:
+            req.images.add().CopyFrom(image)
+        out = proxy_pb2.PredictResponse()
+        for p in stub.Predict(req, timeout=30).predictions:
+            out.predictions.add().CopyFrom(p)
+        return out
+s = grpc.server(futures.ThreadPoolExecutor(8), options=big)
+proxy_pb2_grpc.add_TargetProxyServiceServicer_to_server(Relay(), s)
+port = s.add_insecure_port("127.0.0.1:0")
+s.start()
+print("ADDRESS", f"127.0.0.1:{port}", flush=True)
+sys.stdin.read()
+"""
+
 #: The target adapter alone, in its own process. ``fortis serve`` calls built-in targets in
 #: process (no port to bypass the proxy), so the bench exposes one itself.
 _TARGET_SERVER = """
@@ -142,8 +176,9 @@ def _process(args: list[str], env: dict[str, str]) -> Iterator[str]:
 
 @contextlib.contextmanager
 def _servers(mode: str, target: str, tmp: Path, sync: str = "FULL",
-             rate: float = 0.0) -> Iterator[tuple[str, str, str]]:
-    """(direct target address, proxy address, bare echo address); proxy target name "t"."""
+             rate: float = 0.0) -> Iterator[tuple[str, str, str, str]]:
+    """(direct target address, proxy address, bare echo address, relay address or "" in
+    process); proxy target name "t"."""
     query = f"?rate={rate:g}" if rate else ""
     if mode == "inprocess":
         stack = start_stack(StackSettings(state_dir=tmp, api_keys={KEY: "bench"},
@@ -152,7 +187,7 @@ def _servers(mode: str, target: str, tmp: Path, sync: str = "FULL",
         echo = build_server(ServerSettings(), [(target_pb2_grpc.add_TargetServiceServicer_to_server,
                                                 _Echo(), "fortis.target.v1.TargetService")])
         try:
-            yield stack.target_servers["t"].address, stack.address, echo.address
+            yield stack.target_servers["t"].address, stack.address, echo.address, ""
         finally:
             echo.stop(0)
             stack.stop(0)
@@ -165,10 +200,11 @@ def _servers(mode: str, target: str, tmp: Path, sync: str = "FULL",
         # The proxy in its own process, reaching the target over gRPC.
         p = json.loads(es.enter_context(_process(
             fortis + ["serve", "--service", "proxy", "--log-level", "warning", "--address", "127.0.0.1:0",
-                      "--ledger-sync", sync, "--state-dir", str(tmp / "proxy"),
+                      "--ledger-sync", sync, *UNPACED, "--state-dir", str(tmp / "proxy"),
                       "--target", f"t=grpc://{direct}{query}"], env)))
         echo = es.enter_context(_process([sys.executable, "-c", _ECHO_SERVER], env))
-        yield direct, p["address"], echo
+        relay = es.enter_context(_process([sys.executable, "-c", _RELAY_SERVER, direct], env))
+        yield direct, p["address"], echo, relay
 
 
 @contextlib.contextmanager
@@ -218,7 +254,7 @@ def _redis_proxy(mode: str, target: str, direct: str, tmp: Path, sync: str, quer
            **({"FORTIS_DATABASE_URL": database_url} if database_url else {})}
     with _process([sys.executable, "-m", "fortis.server.cli", "serve", "--service", "proxy",
                    "--log-level", "warning", "--address", "127.0.0.1:0", "--ledger-sync", sync,
-                   "--state-dir", str(tmp / name), "--redis-namespace", name,
+                   *UNPACED, "--state-dir", str(tmp / name), "--redis-namespace", name,
                    "--target", f"t=grpc://{direct}{query}"], env) as line:
         yield json.loads(line)["address"]
 
@@ -259,7 +295,7 @@ def main() -> None:
 
     with contextlib.ExitStack() as es:
         tmp = es.enter_context(tempfile.TemporaryDirectory())
-        direct_addr, proxy_addr, echo_addr = es.enter_context(
+        direct_addr, proxy_addr, echo_addr, relay_addr = es.enter_context(
             _servers(ns.mode, ns.target, Path(tmp), ns.ledger_sync, ns.rate))
         redis_addr = pg_addr = pg_durability = ""
         if ns.redis_url:
@@ -268,7 +304,6 @@ def main() -> None:
                 ns.mode, ns.target, direct_addr, Path(tmp), ns.ledger_sync,
                 f"?rate={ns.rate:g}", redis_url))
         if ns.database_url:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
             from storage import postgres  # bench/storage.py
             db_url, pg_durability = es.enter_context(postgres(ns.database_url))
             pg_addr = es.enter_context(_redis_proxy(
@@ -285,6 +320,9 @@ def main() -> None:
         sid = proxy.CreateSession(proxy_pb2.CreateSessionRequest(target="t", query_budget=budget),
                                   metadata=md).session.session_id
         proxies = {"proxy": (proxy, sid)}
+        if relay_addr:
+            proxies["relay"] = (proxy_pb2_grpc.TargetProxyServiceStub(es.enter_context(
+                grpc.insecure_channel(relay_addr))), sid)
         if redis_addr:
             rstub = proxy_pb2_grpc.TargetProxyServiceStub(es.enter_context(
                 grpc.insecure_channel(redis_addr)))
@@ -375,7 +413,31 @@ def main() -> None:
                if "proxy_pg_redis" in lat else {}),
             "python": platform.python_version(), "grpcio": grpc.__version__,
         }
+        if "relay" in lat:
+            out.update({"relay": "a pass-through proxy process with no bookkeeping: the floor "
+                                 "of one more gRPC hop",
+                        **_ratio_block("relay", lat, rate, conc, ns.threads)})
+        out["proxy_overhead_over_bare_p50_ratio"] = round(
+            (_p(lat["proxy"], 50) - _p(lat["direct"], 50)) / _p(lat["bare"], 50), 3)
+        out["goals"] = _goals(out, ns.threads)
+        out["machine"] = machine()
+        out["command"] = command_line()
         print(json.dumps(out, indent=2))
+
+
+def _goals(out: dict, threads: int) -> list[dict]:
+    """The proxy's goals as ratios measured in this run: its added p50 latency over the bare
+    round trip (<= 2x embedded, <= 3x with PostgreSQL + Redis), and its throughput at
+    ``threads`` threads over the direct path's (>= 0.8)."""
+    goals = [goal("proxy added p50 latency / bare gRPC round trip (SQLite, durable)",
+                  out["proxy_overhead_over_bare_p50_ratio"], 2.0, "<="),
+             goal(f"proxy / direct throughput, {threads} threads",
+                  out[f"proxy_per_s_{threads}_threads"]
+                  / out[f"direct_per_s_{threads}_threads"], 0.8, ">=")]
+    if "proxy_pg_redis_overhead_over_bare_p50_ratio" in out:
+        goals.append(goal("proxy added p50 latency / bare round trip (PostgreSQL + Redis)",
+                          out["proxy_pg_redis_overhead_over_bare_p50_ratio"], 3.0, "<="))
+    return goals
 
 
 if __name__ == "__main__":

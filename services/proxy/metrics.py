@@ -8,6 +8,7 @@ dashboards and alerts.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from fortis.infra.serving.metrics import LATENCY_BUCKETS, TenantLabels
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -39,13 +40,24 @@ class ProxyMetrics:
                                  "Latency of one call to a target, retries included",
                                  ["target", "tenant"], buckets=LATENCY_BUCKETS,
                                  registry=self.registry)
+        self._children: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}
 
     def call(self, target: str, status: str, images: int, latency_s: float, attempts: int,
              tenant: str = "") -> None:
         t = self.tenant_label(tenant)
-        self.queries.labels(target, t, status).inc(images)
-        self.calls.labels(target, t, status).inc()
-        self.latency.labels(target, t).observe(latency_s)
+        key = (target, t, status)
+        children = self._children.get(key)
+        if children is None:
+            # Every answered call updates these three series: their children are looked up
+            # once per (target, tenant, status), not through ``labels()`` on every call.
+            # Bounded: targets are the operator's, tenant labels bounded by ``tenant_label``.
+            children = (self.queries.labels(*key), self.calls.labels(*key),
+                        self.latency.labels(target, t))
+            self._children[key] = children
+        queries, calls, latency = children
+        queries.inc(images)
+        calls.inc()
+        latency.observe(latency_s)
         if attempts > 1:
             self.retries.labels(target, t).inc(attempts - 1)
 

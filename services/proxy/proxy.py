@@ -232,6 +232,11 @@ class TargetProxy:
             raise errors.NotFound("session", session_id)
         return rec
 
+    def session_record(self, tenant: str, session_id: str) -> SessionRecord:
+        """The session as :meth:`session` gives it, from the budgets this process keeps
+        (a session's settings never change once created): no ledger read on a query's path."""
+        return self._budget(tenant, session_id).record
+
     def _budget(self, tenant: str, session_id: str) -> SessionBudget:
         with self._lock:
             b = self._budgets.get((tenant, session_id))

@@ -99,7 +99,7 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         refused before anything is sent to the target (or charged to the session)."""
         if not request.images or not request.session_id:
             return                      # predict names what is missing
-        rec = self.proxy.session(tenant, request.session_id)
+        rec = self.proxy.session_record(tenant, request.session_id)
         if self.proxy.task_type(rec.target, tenant) == common_pb2.TASK_TYPE_SEGMENTATION:
             check_answer(request, SEGMENTATION_ANSWER_BYTES_PER_PIXEL)
 
