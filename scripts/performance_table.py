@@ -134,12 +134,19 @@ def ratios_in(doc: Any) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
     if not isinstance(doc, dict):
         return out
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    def names_ratio(key: str) -> bool:
+        return "ratio" in key or "_over_" in key
+
     for key, value in doc.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and "ratio" in key:
+        if number(value) and names_ratio(key):
             out.append((key, float(value)))
         elif isinstance(value, dict):
             out += [(f"{key}.{k}", float(v)) for k, v in value.items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool) and "ratio" in k]
+                    if number(v) and (names_ratio(k) or names_ratio(key))]
     return out[:MAX_RATIOS]
 
 
@@ -179,14 +186,14 @@ def page(results: Path = RESULTS) -> str:
         runs = sorted((results / name).glob("*.json")) if (results / name).is_dir() else []
         saved = [json.loads(p.read_text(encoding="utf-8")) for p in runs][-3:]
         if not saved:
-            lines.append(f"| [{name}](#{name.replace('_', '-')}) | 0 | no saved run |")
+            lines.append(f"| [{name}](#{name}) | 0 | no saved run |")
             body += [f"## {name}", "", f"`python {' '.join(argv)}`", "",
                      "No saved run yet.", ""]
             continue
         latest_goals = goals_in(saved[-1]["output"])
         met = (f"{sum(g['met'] for g in latest_goals)} of {len(latest_goals)}"
                if latest_goals else "no goals printed")
-        lines.append(f"| [{name}](#{name.replace('_', '-')}) | {len(runs)} | {met} |")
+        lines.append(f"| [{name}](#{name}) | {len(runs)} | {met} |")
         body += [f"## {name}", "", f"`{saved[-1]['command']}`", "",
                  f"Machine (latest run): {_machine(saved[-1])}.", ""]
         stamps = [s["measured_at"] for s in saved]
