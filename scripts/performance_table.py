@@ -139,7 +139,9 @@ def ratios_in(doc: Any) -> list[tuple[str, float]]:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
 
     def names_ratio(key: str) -> bool:
-        return "ratio" in key or "_over_" in key
+        if key.endswith(("_seconds", "_s", "_ms", "_us")):
+            return False            # a time, whatever it is of
+        return any(w in key for w in ("ratio", "_over_", "speedup", "share"))
 
     for key, value in doc.items():
         if number(value) and names_ratio(key):
