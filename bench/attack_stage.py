@@ -20,7 +20,7 @@ Prints JSON (flat, stable top-level keys); never part of the test run.
 
     python bench/attack_stage.py [--models fmnist-cnn,mobilenet-v2]
         [--attacks square,hsja,simba,nes] [--rounds 3] [--threads 1]
-        [--fmnist-images 32 --fmnist-batch 16 --fmnist-queries 200]
+        [--fmnist-images 32 --fmnist-batch 16 --fmnist-queries 100]
         [--mobilenet-images 8 --mobilenet-batch 4 --mobilenet-queries 20]
 """
 
@@ -123,7 +123,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (model and stack)")
     ap.add_argument("--fmnist-images", type=int, default=32)
     ap.add_argument("--fmnist-batch", type=int, default=16, help="the plan's batch_size")
-    ap.add_argument("--fmnist-queries", type=int, default=200, help="Q_m per image")
+    ap.add_argument("--fmnist-queries", type=int, default=100, help="Q_m per image")
     ap.add_argument("--mobilenet-images", type=int, default=8, help="at most 8 photos")
     ap.add_argument("--mobilenet-batch", type=int, default=4, help="the plan's batch_size")
     ap.add_argument("--mobilenet-queries", type=int, default=20, help="Q_m per image")
