@@ -12,9 +12,11 @@ computation between queries included).
 
 Reference: the same model object alone (``predict_proba`` on uint8 images, same torch
 threads), fed exactly the sequence of batch sizes the attack sent (the ledger's rows grouped
-by ``call_id``: the attack's natural batch, call by call), images/s. The machine is shared,
-so each round pairs one bare replay with its stage run, rounds are interleaved, and the
-median of the rounds' ratios is reported. Goal: the stage at >= 0.5x the bare model for each
+by ``call_id``: the attack's natural batch, call by call; a seeded plan sends the same
+sequence every round), images/s. The machine is shared, so each round brackets its stage run
+with two bare replays (before: the sequence an earlier round's ledger gave, after: this
+round's; their mean is the reference), rounds are interleaved, and the median of the rounds'
+ratios is reported. A first unmeasured run of each plan gives the first round its sequence. Goal: the stage at >= 0.5x the bare model for each
 attack and model.
 Prints JSON (flat, stable top-level keys); never part of the test run.
 
@@ -161,14 +163,21 @@ def main() -> None:
             targets=[TargetConfig.parse(MODELS[m][0]) for m in models]))
         try:
             with FortisClient(stack.address, api_key=key, timeout_s=600) as fc:
+                ledger = Path(tmp) / "ledger.sqlite"
+                known = {(m, a): stage_run(fc, ledger, plan_text(m, a, *size[m]))["call_sizes"]
+                         for m in models for a in attacks}      # unmeasured: the sequences
                 for _ in range(ns.rounds):      # interleaved: every pair in every round
                     for m in models:
                         for a in attacks:
-                            st = stage_run(fc, Path(tmp) / "ledger.sqlite",
-                                           plan_text(m, a, *size[m]))
-                            bare = bare_replay(load_model(m), pools[m], st["call_sizes"])
+                            before = bare_replay(load_model(m), pools[m], known[(m, a)])
+                            st = stage_run(fc, ledger, plan_text(m, a, *size[m]))
                             sizes = st.pop("call_sizes")
+                            st["same_calls_as_before"] = sizes == known[(m, a)]
+                            known[(m, a)] = sizes
+                            after = bare_replay(load_model(m), pools[m], sizes)
+                            bare = (before + after) / 2
                             st.update(bare_images_per_s=round(bare, 1),
+                                      bare_before_after=[round(before, 1), round(after, 1)],
                                       mean_call_size=round(float(np.mean(sizes)), 2),
                                       ratio=round(st["queries_per_s"] / bare, 3))
                             runs.setdefault((m, a), []).append(st)

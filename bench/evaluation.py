@@ -7,9 +7,9 @@ and the built-in target in this process, same torch threads, loopback gRPC) runn
 corruptions only; the corruption stage's throughput is the images it sent to the target
 (through the perturbation service and the proxy, every query recorded in the ledger)
 divided by the time between the stage's first progress update and the next stage's, read
-from WatchEvaluation. The machine is shared and noisy, so each round pairs a bare pass (best
-of two) with one stage run, targets and rounds interleaved, and the median of the rounds'
-ratios is reported.
+from WatchEvaluation. The machine is shared and noisy, so each round brackets one stage run
+with two bare passes (best of two each, before and after; their mean is the round's
+reference), targets and rounds interleaved, and the median of the rounds' ratios is reported.
 
 Targets: the built-in Fashion-MNIST CNN (``fmnist-cnn``, the Fashion-MNIST test images) and
 ImageNet MobileNetV2 (``mobilenet-v2``, 224 x 224 RGB: the offline ImageNet photos, resized
@@ -166,9 +166,12 @@ def main() -> None:
         for _ in range(ns.rounds):  # the machine is shared: pair each stage with a bare pass
             for t in targets:
                 images, section, batch, root = inputs[t]
-                bare = bare_model(t, images, batch, repeats=2)
+                before = bare_model(t, images, batch, repeats=2)
                 stage = one_stage(t, section, len(images), ns.corruption, batch, root)
+                after = bare_model(t, images, batch, repeats=2)
+                bare = (before + after) / 2
                 rounds[t].append({"bare_model_images_per_s": round(bare, 1),
+                                  "bare_before_after": [round(before, 1), round(after, 1)],
                                   "corruption_stage": stage,
                                   "ratio": round(stage["images_per_s"] / bare, 3)})
                 print(f"{t}: {rounds[t][-1]}", file=sys.stderr, flush=True)
