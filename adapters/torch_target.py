@@ -18,7 +18,7 @@ from fortis.core.task import Task
 from fortis.infra.serving.memory import holding
 from fortis.infra.serving.status import status_for
 from fortis.services.common import errors, limits
-from fortis.services.common.codec import add_messages, classification_from_proba, decode_image
+from fortis.services.common.codec import add_messages, decode_image, fill_classification
 from fortis.target.v1 import target_pb2, target_pb2_grpc
 
 #: The output modes of a classifier target: its task's output kinds.
@@ -60,11 +60,14 @@ class ClassifierTarget:
         proba = self.classifier.predict_proba(np.stack(
             [fit(decode_image(m, f"images[{i}]")) for i, m in enumerate(images)]))
         names = self.classifier.class_names
-        return [common_pb2.Prediction(
-            image_id=img.image_id,
-            classification=classification_from_proba(p, output=self.output, top_k=self.top_k,
-                                                      names=names))
-            for img, p in zip(images, proba, strict=True)]
+        orders = np.argsort(-proba, axis=1, kind="stable")     # one sort for the batch
+        out = []
+        for img, p, order in zip(images, proba, orders, strict=True):
+            pred = common_pb2.Prediction(image_id=img.image_id)
+            fill_classification(pred.classification, p, output=self.output, top_k=self.top_k,
+                                names=names, order=order)
+            out.append(pred)
+        return out
 
 
 class TargetServicer(target_pb2_grpc.TargetServiceServicer):

@@ -13,8 +13,10 @@ from fortis.proxy.v1 import proxy_pb2
 from fortis.services.common.codec import (
     add_images,
     add_messages,
+    classification_from_proba,
     decode_image,
     encode_png,
+    fill_classification,
     fill_image,
     image_msg,
 )
@@ -67,3 +69,35 @@ def test_add_messages_copies():
     add_messages(resp.predictions, preds)
     preds[0].image_id = "changed"                  # a copy, not the same object
     assert [p.image_id for p in resp.predictions] == ["p0", "p1", "p2"]
+
+
+def _constructor_form(proba, *, output, top_k, names):
+    """A classification answer built the way the codec built it before it filled messages
+    in place: one ClassScore message per class handed to the constructor."""
+    order = np.argsort(-proba, kind="stable")
+    if output == "label_only":
+        top = int(order[0])
+        return common_pb2.Classification(classes=[common_pb2.ClassScore(label=top,
+                                                                        name=names[top])])
+    keep = order if output == "full_scores" else order[:top_k]
+    return common_pb2.Classification(classes=[
+        common_pb2.ClassScore(label=int(c), name=names[int(c)], score=float(proba[c]))
+        for c in keep])
+
+
+@pytest.mark.parametrize("output", ["full_scores", "top_k", "label_only"])
+def test_classification_filled_in_place_is_the_constructor_form(output):
+    rng = np.random.default_rng(4)
+    proba = rng.random((6, 10)).astype(np.float32)
+    proba[1, [2, 5, 7]] = proba[1].max() + 0.5      # ties: the stable order keeps label order
+    proba[2] = 0.1                                   # every class tied
+    names = [f"class-{k}" for k in range(10)]
+    orders = np.argsort(-proba, axis=1, kind="stable")  # a whole batch sorted at once
+    for p, order in zip(proba, orders, strict=True):
+        want = _constructor_form(p, output=output, top_k=3, names=names).SerializeToString()
+        assert classification_from_proba(p, output=output, top_k=3,
+                                         names=names).SerializeToString() == want
+        pred = common_pb2.Prediction(image_id="x")
+        fill_classification(pred.classification, p, output=output, top_k=3, names=names,
+                            order=order)
+        assert pred.classification.SerializeToString() == want
