@@ -46,7 +46,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "answer_copy": ["bench/answer_copy.py"],
     "codec": ["bench/codec.py"],
     "corruptions": ["bench/corruptions.py"],
-    "defended": ["bench/defended.py"],
+    "defended": ["bench/defended.py", "--n", "200"],
     "fuzz": ["bench/fuzz.py"],
     "matrix": ["bench/matrix.py"],
     "noisy_neighbour": ["bench/noisy_neighbour.py"],
