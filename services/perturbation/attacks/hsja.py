@@ -172,12 +172,16 @@ class _Oracle:
             if got is None:
                 raise _Stop(STOP_PROXY_BUDGET)
             advs = np.asarray(got, dtype=bool).reshape(-1)
-            for k, j, adv in zip(todo, rows, advs, strict=True):
-                self.known[k] = bool(adv)
-                if adv:
-                    d = l2_distance(self.x, imgs[j])
-                    if d < self.best_l2:
-                        self.best, self.best_l2 = imgs[j].copy(), d
+            for k, adv in zip(todo, advs.tolist(), strict=True):
+                self.known[k] = adv
+            hits = rows[advs]
+            if len(hits):  # the nearest adversarial answer, all distances in one pass
+                diff = imgs[hits].reshape(len(hits), -1).astype(np.int32) - self.x.reshape(1, -1)
+                d2 = np.einsum("ij,ij->i", diff, diff)
+                j = int(np.argmin(d2))  # first of the nearest (exact: integers)
+                d = l2_distance(self.x, imgs[hits[j]])
+                if d < self.best_l2:
+                    self.best, self.best_l2 = imgs[hits[j]].copy(), d
             if self.best_l2 <= self.epsilon:
                 raise _Stop(STOP_SUCCESS)
             if self.remaining <= 0:
@@ -228,10 +232,11 @@ def _gradient(oracle: _Oracle, sample: np.ndarray, num_evals: int, delta: float,
         probes = np.clip(np.rint((sample + delta * rv) * 255.0), 0, 255).astype(np.uint8)
         del rv
         dec, imgs = yield from oracle.decide_uint8(probes)
-        rv64 = (imgs / 255.0 - sample) / delta  # the probes as actually sent
-        fval = (2.0 * dec.astype(np.float64) - 1.0).reshape((m,) + (1,) * len(shape))
-        sum_frv += np.sum(fval * rv64, axis=0)
-        sum_rv += np.sum(rv64, axis=0)
+        # the probes as actually sent, as directions
+        rv64 = (imgs.reshape(m, -1) / 255.0 - sample.reshape(1, -1)) / delta
+        fval = 2.0 * dec.astype(np.float64) - 1.0
+        sum_frv += (fval @ rv64).reshape(shape)
+        sum_rv += rv64.sum(axis=0).reshape(shape)
         f_total += float(fval.sum())
         done += m
         del rv64, probes, imgs  # not held while the next probes wait for the target
