@@ -23,9 +23,9 @@ binary search back to the boundary. Differences, all on purpose:
   image's criterion), and binary-searches from the first the target judges adversarial; then
   uniform noise (``INIT_TRIES``). A nearby natural image of another class is a much closer
   start than noise, which is what a small budget needs: on the Fashion-MNIST CNN (100
-  images) the median L2 at 300 / 1000 queries falls from 2.54 / 1.42 (noise start) to
-  1.90 / 1.19 (``bench/attacks.py``, rows ``hsja_min_norm`` and ``hsja_noise_start``; ART
-  2.30 / 1.48 on float points).
+  images) the median L2 at 300 queries falls from 2.17 (noise start) to 1.77 (three seeds;
+  ``bench/attacks.py``, rows ``hsja_min_norm`` and ``hsja_noise_start``; ART 2.36 on float
+  points; ``docs/benchmarks.md``).
   ``start="noise"`` is the paper's order (noise first, the batch only when every noise image
   fails); a batch of one image always starts from noise.
 * Gradient-estimate size (``init_evals``, default 30; the paper's is 100): iteration t
@@ -116,12 +116,10 @@ class _Stop(Exception):
 
 
 class _Oracle:
-    """The target's decision for one image (the criterion, judged by the decision query),
-    counted and capped by the batch's :class:`QueryBudget`, remembered, best-tracking."""
+    """The target's decisions for one image (asked through :func:`_drive`), capped by the
+    batch's :class:`QueryBudget`, remembered, best-tracking."""
 
-    def __init__(self, decide: DecisionQuery, index: int, x: np.ndarray,
-                 epsilon: float, budget: QueryBudget) -> None:
-        self.query = decide
+    def __init__(self, index: int, x: np.ndarray, epsilon: float, budget: QueryBudget) -> None:
         self.index = index
         self.x = x
         self.xf = x.astype(np.float64) / 255.0
@@ -435,7 +433,7 @@ def hop_skip_jump(query: LabelQuery | None, images: np.ndarray, labels: np.ndarr
     for i in range(n):
         if not was_asked[i] or clean_adv[i]:
             continue
-        oracles[i] = _Oracle(decision, i, images[i], eps, qb)
+        oracles[i] = _Oracle(i, images[i], eps, qb)
         if oracles[i].remaining > 0:
             attacks[i] = _attack_one(oracles[i], rngs[i], int(init_evals), int(max_num_evals),
                                      float(gamma), _nearest_others(images, i, gram), start)
