@@ -282,11 +282,13 @@ def test_surfree_beats_boundary_and_qeba_full_is_hsja(fmnist_target, correct):
     print(f"Q=150 median L2: SurFree {sf:.3f}, Boundary {bd:.3f}")
     assert sf < 0.85 * bd
     # the same algorithm from the same start: QEBA starts from noise (``_decision.py``), so
-    # HSJA with the paper's noise start (its default starts from the batch: ``hsja.py``)
+    # HSJA with the paper's noise start (its default starts from the batch: ``hsja.py``) and
+    # QEBA's gradient-estimate size (HSJA's default is smaller: ``hsja.py``)
+    from fortis.services.perturbation.attacks.qeba import INIT_EVALS
     from scipy.stats import wilcoxon
 
-    hs = np.concatenate([fortis_l2(hop_skip_jump, net, x, y, 150, seed=s, start="noise")
-                         for s in range(3)])
+    hs = np.concatenate([fortis_l2(hop_skip_jump, net, x, y, 150, seed=s, start="noise",
+                                   init_evals=INIT_EVALS) for s in range(3)])
     qf = np.concatenate([fortis_l2(qeba_attack, net, x, y, 150, seed=s, subspace="full")
                          for s in range(3)])
     p = float(wilcoxon(hs, qf).pvalue)

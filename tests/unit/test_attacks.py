@@ -475,6 +475,24 @@ def test_hsja_already_misclassified_start(gray_net: TinyCNN) -> None:
     assert results[1].initially_correct is True and results[1].queries > 1
 
 
+def test_hsja_runs_the_batch_side_by_side(gray_net: TinyCNN) -> None:
+    """hsja.py "Side by side": one call per round carries every running image's request (far
+    fewer calls than queries), and an image's run is its own: from noise, image 0 does the
+    same in another batch."""
+    x, y = correct_images(gray_net, GRAY, 4, seed=15)
+    target = Target(gray_net, len(x))
+    results = hop_skip_jump(target.labels, x, y, epsilon=0.0, max_queries=80,
+                            rng=np.random.default_rng(0), start="noise")
+    assert_query_accounting(results, target, 80)
+    assert target.calls <= max(r.queries for r in results)
+    assert target.calls < sum(r.queries for r in results)
+    other = Target(gray_net, 2)
+    again = hop_skip_jump(other.labels, x[[0, 2]], y[[0, 2]], epsilon=0.0, max_queries=80,
+                          rng=np.random.default_rng(0), start="noise")
+    assert again[0].queries == results[0].queries
+    np.testing.assert_array_equal(again[0].adversarial, results[0].adversarial)
+
+
 def test_hsja_stops_cleanly_when_the_proxy_budget_runs_out(gray_net: TinyCNN) -> None:
     x, y = correct_images(gray_net, GRAY, 3, seed=14)
     target = Target(gray_net, len(x), fail_after_calls=4)
@@ -483,7 +501,8 @@ def test_hsja_stops_cleanly_when_the_proxy_budget_runs_out(gray_net: TinyCNN) ->
     assert target.calls == 4
     assert_query_accounting(results, target, 1000)
     assert all(r.stop_reason == "budget_exhausted_by_proxy" for r in results)
-    assert results[2].queries == 1  # only its clean query went through
+    # the images run side by side: each took part in every call the proxy answered
+    assert all(r.queries == target.calls for r in results)
 
     target = Target(gray_net, len(x), fail_after_calls=0)
     results = hop_skip_jump(target.labels, x, y, epsilon=0.01, max_queries=1000,

@@ -168,15 +168,20 @@ def square_l2_attack(margin: MarginQuery, images: np.ndarray, labels: np.ndarray
         r1, c1 = rng.integers(0, h - s + 1, size=k), rng.integers(0, w - s + 1, size=k)
         r2, c2 = rng.integers(0, h - s + 1, size=k), rng.integers(0, w - s + 1, size=k)
         w1, w2 = _window(delta, r1, c1, s), _window(delta, r2, c2, s)
-        rr, cc = np.arange(h)[None, :, None], np.arange(w)[None, None, :]
-        in1 = ((rr >= r1[:, None, None]) & (rr < r1[:, None, None] + s)
-               & (cc >= c1[:, None, None]) & (cc < c1[:, None, None] + s))
-        in2 = ((rr >= r2[:, None, None]) & (rr < r2[:, None, None] + s)
-               & (cc >= c2[:, None, None]) & (cc < c2[:, None, None] + s))
         old1 = delta[w1]                                              # k x s x s x c
-        norm_w1 = np.sqrt(np.sum(old1 ** 2, axis=(1, 2)))             # k x c
-        norm_img = np.sqrt(np.sum(delta.reshape(k, -1) ** 2, axis=1))  # k
-        norm_union = np.sqrt(np.sum((delta * (in1 | in2)[..., None]) ** 2, axis=(1, 2)))
+        old2 = delta[w2]
+        sq_w1 = np.sum(old1 ** 2, axis=(1, 2))                        # k x c
+        norm_w1 = np.sqrt(sq_w1)
+        norm_img = np.sqrt(np.einsum("ij,ij->i", delta.reshape(k, -1),
+                                     delta.reshape(k, -1)))           # k
+        # energy of the union of both windows, per channel: both windows less their overlap
+        # (window 2's pixels that lie in window 1), without a whole-image mask
+        ar = np.arange(s)
+        rows2, cols2 = r2[:, None] + ar, c2[:, None] + ar              # k x s
+        in1_at_2 = (((rows2 >= r1[:, None]) & (rows2 < r1[:, None] + s))[:, :, None]
+                    & ((cols2 >= c1[:, None]) & (cols2 < c1[:, None] + s))[:, None, :])
+        overlap = np.sum((old2 * in1_at_2[..., None]) ** 2, axis=(1, 2))
+        norm_union = np.sqrt(np.maximum(sq_w1 + np.sum(old2 ** 2, axis=(1, 2)) - overlap, 0.0))
         new = _patterns(rng, k, s, c) + old1 / (1e-10 + norm_w1[:, None, None, :])
         budget = np.sqrt(np.maximum(eps_lv ** 2 - norm_img ** 2, 0.0)[:, None] / c
                          + norm_union ** 2)                            # k x c
@@ -184,7 +189,10 @@ def square_l2_attack(margin: MarginQuery, images: np.ndarray, labels: np.ndarray
                 )[:, None, None, :]
         delta[w2] = 0.0
         delta[w1] = new
-        cand = round_into_l2(x[active], _sphere(x[active], delta, eps_lv), eps_lv)
+        # onto the sphere; round_into_l2 clips to the image range itself (as _sphere would)
+        norm = np.sqrt(np.einsum("ij,ij->i", delta.reshape(k, -1), delta.reshape(k, -1)))
+        delta *= (eps_lv / np.maximum(norm, 1e-12)).reshape(k, 1, 1, 1)
+        cand = round_into_l2(x[active], delta, eps_lv)
         run.ask(active, cand)  # keeps each image's best (lowest-margin) candidate
         it += 1
     return run.results(STOP_ITERATIONS)
