@@ -106,13 +106,24 @@ def _proposals(x: np.ndarray, cur: np.ndarray, sph: np.ndarray, src: np.ndarray,
     eta = rng.standard_normal(u.shape)
     eta -= np.einsum("ij,ij->i", eta, ud)[:, None] * ud  # orthogonal to the source direction
     eta *= (sph * norms / np.sqrt(np.einsum("ij,ij->i", eta, eta)))[:, None]
-    spherical = x.reshape(m, -1) + (eta - u) / np.sqrt(sph ** 2 + 1.0)[:, None]
-    spherical = np.clip(spherical, 0.0, 1.0)
-    new_src = x.reshape(m, -1) - spherical
+    eta -= u
+    eta /= np.sqrt(sph ** 2 + 1.0)[:, None]
+    spherical = x.reshape(m, -1) + eta
+    _clip01(spherical)
+    new_src = np.subtract(x.reshape(m, -1), spherical, out=u)
     nn = np.sqrt(np.einsum("ij,ij->i", new_src, new_src))
     length = np.maximum(src * norms + nn - norms, 0.0) / np.maximum(nn, 1e-12)
-    cand = np.clip(spherical + length[:, None] * new_src, 0.0, 1.0)
+    new_src *= length[:, None]
+    cand = _clip01(np.add(spherical, new_src, out=new_src))
     return spherical.reshape(x.shape), cand.reshape(x.shape)
+
+
+def _clip01(a: np.ndarray) -> np.ndarray:
+    """``np.clip(a, 0, 1)`` in place (the same values; the ufuncs skip ``np.clip``'s
+    dispatch and its temporary)."""
+    np.maximum(a, 0.0, out=a)
+    np.minimum(a, 1.0, out=a)
+    return a
 
 
 def boundary_attack(query: DecisionQuery, images: np.ndarray, labels: np.ndarray, *,
@@ -155,7 +166,8 @@ def boundary_attack(query: DecisionQuery, images: np.ndarray, labels: np.ndarray
             break
         step += 1
         before = oracle.sent(run)
-        spherical, cand = _proposals(oracle.xf[run], cur[run], sph[run], src[run], rng)
+        xr = oracle.xf[run]
+        spherical, cand = _proposals(xr, cur[run], sph[run], src[run], rng)
         closer = oracle.distances(np.rint(cand * 255.0), run) < cur_dist[run]
         # a candidate the rounding made no closer could not be accepted: draw again (no
         # query), with a source step grown by the adaptation factor for this step only
@@ -166,8 +178,8 @@ def boundary_attack(query: DecisionQuery, images: np.ndarray, labels: np.ndarray
                 break
             eff[redo] = np.minimum(eff[redo] * a, MAX_SOURCE_STEP)
             rr = run[redo]
-            spherical[redo], cand[redo] = _proposals(oracle.xf[rr], cur[rr], sph[rr],
-                                                     eff[redo], rng)
+            spherical[redo], cand[redo] = _proposals(xr[redo], cur[rr], sph[rr], eff[redo],
+                                                     rng)
             closer[redo] = oracle.distances(np.rint(cand[redo] * 255.0), rr) < cur_dist[rr]
         check = step % UPDATE_STATS_EVERY == 0
         if check:
