@@ -212,7 +212,10 @@ class DecisionOracle:
         and read False."""
         owner = np.asarray(owner, dtype=np.int64)
         m = len(owner)
-        imgs = np.clip(np.rint(np.asarray(points) * 255.0), 0, 255).astype(np.uint8)
+        lv = np.multiply(np.asarray(points), 255.0)   # np.clip(np.rint(...)), one temporary
+        np.rint(lv, out=lv)
+        np.clip(lv, 0, 255, out=lv)
+        imgs = lv.astype(np.uint8)
         dec = np.zeros(m, dtype=bool)
         if m == 0:
             return dec, imgs
