@@ -50,8 +50,8 @@ def _dense(directions: Callable, shape: tuple[int, int, int]) -> Callable:
     """The same directions as full H x W x C arrays (the dense loop's input)."""
     h, w, c = shape
 
-    def dense(k: int, idx: np.ndarray) -> np.ndarray | None:
-        q = directions(k, idx)
+    def dense(k: int, idx: np.ndarray, delta: np.ndarray) -> np.ndarray | None:
+        q = directions(k, idx, delta)
         if q is None:
             return None
         assert isinstance(q, Sparse)
@@ -142,9 +142,14 @@ def test_linf_feasible_equals_np_clip():
     rng = np.random.default_rng(2)
     x, y, margin = _linear_target((5, 7, 3), 4)
     zs = ZoSearch(margin, x, y, norm="linf", epsilon=6 / 255, max_queries=10)
-    owners = rng.integers(0, 4, 9)
-    for dtype in (np.float32, np.float64):
-        cand = (x[owners].astype(np.float64) + rng.normal(0, 9, (9, 5, 7, 3))).astype(dtype)
-        xo = zs.x[owners]
-        want = np.clip(np.clip(np.rint(cand), xo - zs.e, xo + zs.e), 0, 255).astype(np.uint8)
-        np.testing.assert_array_equal(zs.feasible(cand, owners), want)
+    scattered = rng.integers(0, 4, 9)             # one row per owner in turn
+    runs = np.repeat([2, 0, 3], 12)                # long runs of one owner (NES's probes)
+    for owners in (scattered, runs):
+        for dtype in (np.float32, np.float64):
+            cand = (x[owners].astype(np.float64) +
+                    rng.normal(0, 9, (len(owners), 5, 7, 3))).astype(dtype)
+            xo = zs.x[owners]
+            want = np.clip(np.clip(np.rint(cand), xo - zs.e, xo + zs.e), 0, 255)
+            np.testing.assert_array_equal(zs.feasible(cand, owners), want.astype(np.uint8))
+            np.testing.assert_array_equal(zs.feasible(cand.copy(), owners, scratch=True),
+                                          want.astype(np.uint8))

@@ -77,10 +77,11 @@ class Sparse:
     plane: np.ndarray | None = None
 
 
-#: ``directions(k, idx) -> unit directions`` (float64, [0, 1] scale, one per image of ``idx``:
-#: a dense ``m x H x W x C`` array or :class:`Sparse`) for iteration ``k``, or None when the
-#: basis is exhausted.
-Directions = Callable[[int, np.ndarray], "np.ndarray | Sparse | None"]
+#: ``directions(k, idx, delta) -> unit directions`` (float64, [0, 1] scale, one per image of
+#: ``idx``: a dense ``m x H x W x C`` array or :class:`Sparse`) for iteration ``k``, given the
+#: images' accepted perturbations ``delta`` (levels, m x H x W x C), or None when the basis
+#: is exhausted.
+Directions = Callable[[int, np.ndarray, np.ndarray], "np.ndarray | Sparse | None"]
 
 #: A candidate whose squared L2 norm, computed incrementally, is below this fraction of the
 #: rounding limit's square is inside the ball whatever the summation order (incremental
@@ -224,7 +225,7 @@ def simba_search(run: ScoreRun, directions: Directions, *, step_size: float, eps
         active = run.running()
         if not len(active):
             return
-        q = directions(k, active)
+        q = directions(k, active, acc.delta[active].reshape((len(active),) + shape))
         if q is None:
             run.finish(STOP_ITERATIONS, active)
             return
@@ -317,7 +318,7 @@ def _basis_directions(rng: np.random.Generator, n: int, shape: tuple[int, int, i
         order = low_frequency_order(rng, n, shape, freq_ratio, stride_ratio, length)
     dh, dw = dct_matrix(h), dct_matrix(w)
 
-    def directions(k: int, idx: np.ndarray) -> Sparse | None:
+    def directions(k: int, idx: np.ndarray, _delta: np.ndarray) -> Sparse | None:
         if k >= length:
             return None
         flat = order[idx, k]
