@@ -1055,28 +1055,16 @@ def _natural_direction_per_image(samples: np.ndarray, g: np.ndarray,
 
 
 def fortis_ngd_unbatched(job: Job, oracle: Oracle, p: Mapping[str, Any]) -> None:
-    """Fortis's ZO-NGD (the row's norm, registry defaults) with the natural-gradient direction
-    solved per image (:func:`_natural_direction_per_image`): no installable reference exists,
-    so its compute is compared with its own per-image version (same queries, same results)."""
+    """Fortis's ZO-NGD exactly as the Fortis row runs it (the registry, the row's norm and
+    defaults), with the natural-gradient direction solved per image
+    (:func:`_natural_direction_per_image`): no installable reference exists, so its compute
+    is compared with its own per-image version (same queries, same results)."""
     from fortis.services.perturbation.attacks import ngd as ngd_mod
-    from fortis.services.perturbation.attacks.base import margins_of
 
-    def scores(images: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        x = torch.from_numpy(np.asarray(images)).permute(0, 3, 1, 2).to(torch.float32) / 255.0
-        return oracle.forward(x, np.asarray(idx)).numpy()
-
-    criterion: Criterion = Misclassification()
-    if job.targets is not None:
-        criterion = TargetedMisclassification(target=int(job.targets[0]))
-    params = fortis_params(job)
     batched = ngd_mod.natural_direction
     ngd_mod.natural_direction = _natural_direction_per_image  # type: ignore[assignment]
     try:
-        ngd_mod.ngd_attack(margins_of(scores, job.y, criterion), job.x, job.y,
-                           epsilon=job.epsilon, max_queries=job.budget,
-                           rng=np.random.default_rng(job.seed), norm=job.row.norm,
-                           samples=params["samples"], gamma=params["gamma"],
-                           learning_rate=params["learning_rate"])
+        run_fortis(job, oracle)
     finally:
         ngd_mod.natural_direction = batched  # type: ignore[assignment]
 
