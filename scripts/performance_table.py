@@ -112,8 +112,10 @@ def goals_in(doc: Any) -> list[dict[str, Any]]:
             for key, value in node.items():
                 if key == "goals" and isinstance(value, list):
                     for g in value:
-                        if isinstance(g, dict) and {"name", "ratio", "met"} <= g.keys():
-                            found.append({**g, "name": f"{where}{g['name']}"})
+                        if isinstance(g, dict):
+                            one = _goal(g, where)
+                            if one is not None:
+                                found.append(one)
                 else:
                     walk(value, where)
         elif isinstance(node, list):
@@ -126,6 +128,21 @@ def goals_in(doc: Any) -> list[dict[str, Any]]:
 
     walk(doc, "")
     return found
+
+
+def _goal(g: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """One goal in either shape the benchmarks print: ``{name, ratio, target, met}``, or
+    bench/attacks.py's ``{row, model, budget, goal, ratio, factor, pass}``."""
+    name, met = g.get("name", g.get("goal")), g.get("met", g.get("pass"))
+    if name is None or met is None or "ratio" not in g:
+        return None
+    own = " ".join(str(g[k]) for k in ("row", "model", "budget") if k in g)
+    lower_is_better = "at_most" in str(name) or g.get("metric") in (
+        "compute_ms_per_image", "median_norm")
+    target = g.get("target", f"{'<=' if lower_is_better else '>='} {g['factor']:g}x"
+                   if "factor" in g else "")
+    return {"name": f"{where}{own + ': ' if own else ''}{name}", "ratio": g["ratio"],
+            "target": target, "met": bool(met)}
 
 
 def ratios_in(doc: Any) -> list[tuple[str, float]]:
@@ -204,8 +221,8 @@ def page(results: Path = RESULTS) -> str:
                      "|---|---|" + "---|" * len(stamps) + "---|"]
             per_run = [{g["name"]: g for g in goals_in(s["output"])} for s in saved]
             for g in latest_goals:
-                cells = [_fmt(r[g["name"]]["ratio"]) if g["name"] in r else "-"
-                         for r in per_run]
+                cells = [_fmt(r[g["name"]]["ratio"]) if g["name"] in r
+                         and r[g["name"]]["ratio"] is not None else "-" for r in per_run]
                 body.append(f"| {g['name']} | {g.get('target', '')} | " + " | ".join(cells)
                             + f" | {'yes' if g['met'] else '**no**'} |")
         else:

@@ -107,7 +107,8 @@ class DecisionOracle:
         self.n = images.shape[0]
         self.shape = images.shape[1:]
         self.d = int(np.prod(self.shape))
-        self.xf = images.astype(np.float64) / 255.0
+        self.x64 = images.astype(np.float64)   # levels, for distances
+        self.xf = self.x64 / 255.0
         self.norm = norm
         if norm == "l2":
             self.eps = check_l2_epsilon(epsilon)
@@ -138,10 +139,14 @@ class DecisionOracle:
                         dtype=bool)
 
     def remaining(self, idx: Iterable[int]) -> np.ndarray:
-        return np.array([self.qb.remaining(int(i)) for i in idx], dtype=np.int64)
+        i = np.fromiter(idx, dtype=np.int64) if not isinstance(idx, np.ndarray) else \
+            idx.astype(np.int64, copy=False)
+        return self.qb.limit - self.qb.used[i]
 
     def sent(self, idx: Iterable[int]) -> np.ndarray:
-        return np.array([self.qb.sent(int(i)) for i in idx], dtype=np.int64)
+        i = np.fromiter(idx, dtype=np.int64) if not isinstance(idx, np.ndarray) else \
+            idx.astype(np.int64, copy=False)
+        return self.qb.used[i] - self.qb.spent[i]
 
     def stop(self, idx: Iterable[int], reason: str) -> None:
         for i in idx:
@@ -152,11 +157,19 @@ class DecisionOracle:
         """Distances ([0, 1] scale) of uint8 rows to their images' originals, in the norm."""
         if not len(owner):
             return np.zeros(0)
-        diff = imgs.astype(np.float64) - self.x[owner].astype(np.float64)
+        diff = imgs.astype(np.float64) - self.x64[owner]
         flat = diff.reshape(len(owner), -1)
         if self.norm == "l2":
             return np.sqrt(np.einsum("ij,ij->i", flat, flat)) / 255.0
         return np.abs(flat).max(axis=1) / 255.0 if flat.shape[1] else np.zeros(len(owner))
+
+    def may_be_within(self, i: int) -> bool:
+        """False when image ``i``'s best distance is certainly outside the bound (the exact
+        :meth:`within` test differs from :meth:`distances` only by rounding, far below the
+        margin here): spares the exact measurement on every adversarial answer."""
+        if self.norm == "l2":
+            return bool(self.best_dist[i] <= self.eps * (1.0 + 1e-9) + 1e-12)
+        return bool(self.best_dist[i] * 255.0 <= self.levels + 1e-6)
 
     def within(self, i: int, img: np.ndarray) -> bool:
         """Whether a uint8 image is within the bound of image ``i``, measured exactly as
@@ -199,7 +212,10 @@ class DecisionOracle:
         and read False."""
         owner = np.asarray(owner, dtype=np.int64)
         m = len(owner)
-        imgs = np.clip(np.rint(np.asarray(points) * 255.0), 0, 255).astype(np.uint8)
+        lv = np.multiply(np.asarray(points), 255.0)   # np.clip(np.rint(...)), one temporary
+        np.rint(lv, out=lv)
+        np.clip(lv, 0, 255, out=lv)
+        imgs = lv.astype(np.uint8)
         dec = np.zeros(m, dtype=bool)
         if m == 0:
             return dec, imgs
@@ -235,7 +251,8 @@ class DecisionOracle:
                             self.best[i] = imgs[j]
                     for i in np.unique(owner[adv]):
                         i = int(i)
-                        if stop[i] is None and self.within(i, self.best[i]):
+                        if stop[i] is None and self.may_be_within(i) and \
+                                self.within(i, self.best[i]):
                             stop[i] = STOP_SUCCESS
         for j in range(m):
             dec[j] = self.memo[int(owner[j])].get(keys[j], False)

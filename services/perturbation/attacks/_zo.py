@@ -144,13 +144,35 @@ class ZoSearch:
 
     # -- the bound --------------------------------------------------------------------------
 
-    def feasible(self, cand: np.ndarray, owners: np.ndarray) -> np.ndarray:
+    def feasible(self, cand: np.ndarray, owners: np.ndarray, *,
+                 scratch: bool = False) -> np.ndarray:
         """uint8 images within the bound around ``x[owners]`` and within [0, 255], from float
-        candidates in level space (rows x H x W x C)."""
-        x = self.x[owners]
+        candidates in level space (rows x H x W x C). ``scratch``: ``cand`` (float) may be
+        overwritten (spares a copy of every probe on large images)."""
         if self.norm == "linf":
-            out = np.clip(np.rint(cand), x - self.e, x + self.e)
-            return np.clip(out, 0, 255).astype(np.uint8)
+            # np.clip's values without its temporaries (np.clip with array bounds is several
+            # times slower); the bounds x -+ e are integers, exact in float32
+            owners = np.asarray(owners, dtype=np.int64)
+            inplace = scratch and isinstance(cand, np.ndarray) and cand.dtype.kind == "f" \
+                and cand.flags.c_contiguous
+            out = np.rint(cand, out=cand) if inplace else np.rint(cand)
+            starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]]) if len(owners) \
+                else np.zeros(0, dtype=np.int64)
+            if len(owners) and len(starts) * 8 <= len(owners):  # long runs: broadcast the bounds
+                ends = np.r_[starts[1:], len(owners)]
+                for a, b in zip(starts, ends, strict=True):
+                    xi = self.x[owners[a]]
+                    np.maximum(out[a:b], xi - self.e, out=out[a:b])
+                    np.minimum(out[a:b], xi + self.e, out=out[a:b])
+            else:
+                bound = self.x.take(owners, axis=0)
+                np.subtract(bound, self.e, out=bound)
+                np.maximum(out, bound, out=out)
+                np.add(bound, 2 * self.e, out=bound)
+                np.minimum(out, bound, out=out)
+            np.clip(out, 0, 255, out=out)
+            return out.astype(np.uint8)
+        x = self.x[owners]
         delta = np.asarray(cand, dtype=np.float32) - x
         norms = l2_norms(delta)
         scale = np.where(norms > self.radius, self.radius / np.maximum(norms, 1e-12), 1.0)

@@ -96,23 +96,62 @@ class _Window:
         self.data[idx] = np.nan
 
 
+class _Buffers:
+    """Scratch arrays reused from step to step: on 224 x 224 images a fresh float64 array
+    per temporary costs more in page faults than the arithmetic on it."""
+
+    def __init__(self, d: int) -> None:
+        self.d = d
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def take(self, name: str, m: int) -> np.ndarray:
+        a = self._arrays.get(name)
+        if a is None or a.shape[0] < m:
+            a = self._arrays[name] = np.empty((max(m, 1), self.d))
+        return a[:m]
+
+
 def _proposals(x: np.ndarray, cur: np.ndarray, sph: np.ndarray, src: np.ndarray,
-               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """The spherical and full candidates of each row (the reference's ``draw_proposals``)."""
+               rng: np.random.Generator, buf: _Buffers,
+               out: tuple[str, str] = ("spherical", "cand")) -> tuple[np.ndarray, np.ndarray]:
+    """The spherical and full candidates of each row (the reference's ``draw_proposals``),
+    written into ``buf``'s arrays named ``out`` (rows m x D)."""
     m = x.shape[0]
-    u = (x - cur).reshape(m, -1)                         # towards the original
+    x2 = x.reshape(m, -1)
+    u = np.subtract(x2, cur.reshape(m, -1), out=buf.take("u", m))   # towards the original
     norms = np.sqrt(np.einsum("ij,ij->i", u, u))
-    ud = u / norms[:, None]
-    eta = rng.standard_normal(u.shape)
-    eta -= np.einsum("ij,ij->i", eta, ud)[:, None] * ud  # orthogonal to the source direction
+    ud = np.divide(u, norms[:, None], out=buf.take("ud", m))
+    eta = rng.standard_normal(out=buf.take("eta", m))
+    tmp = np.multiply(np.einsum("ij,ij->i", eta, ud)[:, None], ud, out=buf.take("tmp", m))
+    eta -= tmp                                           # orthogonal to the source direction
     eta *= (sph * norms / np.sqrt(np.einsum("ij,ij->i", eta, eta)))[:, None]
-    spherical = x.reshape(m, -1) + (eta - u) / np.sqrt(sph ** 2 + 1.0)[:, None]
-    spherical = np.clip(spherical, 0.0, 1.0)
-    new_src = x.reshape(m, -1) - spherical
+    eta -= u
+    eta /= np.sqrt(sph ** 2 + 1.0)[:, None]
+    spherical = _clip01(np.add(x2, eta, out=buf.take(out[0], m)))
+    new_src = np.subtract(x2, spherical, out=u)
     nn = np.sqrt(np.einsum("ij,ij->i", new_src, new_src))
     length = np.maximum(src * norms + nn - norms, 0.0) / np.maximum(nn, 1e-12)
-    cand = np.clip(spherical + length[:, None] * new_src, 0.0, 1.0)
-    return spherical.reshape(x.shape), cand.reshape(x.shape)
+    new_src *= length[:, None]
+    cand = _clip01(np.add(spherical, new_src, out=buf.take(out[1], m)))
+    return spherical, cand
+
+
+def _clip01(a: np.ndarray) -> np.ndarray:
+    """``np.clip(a, 0, 1)`` in place (the same values; the ufuncs skip ``np.clip``'s
+    dispatch and its temporary)."""
+    np.maximum(a, 0.0, out=a)
+    np.minimum(a, 1.0, out=a)
+    return a
+
+
+def _rounded_distances(cand: np.ndarray, x255: np.ndarray, buf: _Buffers) -> np.ndarray:
+    """``DecisionOracle.distances(np.rint(cand * 255), owner)`` (the same values) with
+    ``x255`` the owners' originals in float64 levels, computed in ``buf``'s scratch."""
+    m = cand.shape[0]
+    r = np.multiply(cand, 255.0, out=buf.take("levels", m))
+    np.rint(r, out=r)
+    r -= x255
+    return np.sqrt(np.einsum("ij,ij->i", r, r)) / 255.0
 
 
 def boundary_attack(query: DecisionQuery, images: np.ndarray, labels: np.ndarray, *,
@@ -148,6 +187,7 @@ def boundary_attack(query: DecisionQuery, images: np.ndarray, labels: np.ndarray
     stats_step = _Window(oracle.n, STEP_WINDOW)
     idle = np.zeros(oracle.n, dtype=np.int64)
     a = float(step_adaptation)
+    buf = _Buffers(oracle.d)
     step = 0
     while True:
         run = oracle.running()
@@ -155,8 +195,11 @@ def boundary_attack(query: DecisionQuery, images: np.ndarray, labels: np.ndarray
             break
         step += 1
         before = oracle.sent(run)
-        spherical, cand = _proposals(oracle.xf[run], cur[run], sph[run], src[run], rng)
-        closer = oracle.distances(np.rint(cand * 255.0), run) < cur_dist[run]
+        xr = oracle.xf[run].reshape(len(run), -1)
+        x255 = oracle.x64[run].reshape(len(run), -1)
+        cur_r = cur[run].reshape(len(run), -1)
+        spherical, cand = _proposals(xr, cur_r, sph[run], src[run], rng, buf)
+        closer = _rounded_distances(cand, x255, buf) < cur_dist[run]
         # a candidate the rounding made no closer could not be accepted: draw again (no
         # query), with a source step grown by the adaptation factor for this step only
         eff = src[run].copy()
@@ -166,9 +209,12 @@ def boundary_attack(query: DecisionQuery, images: np.ndarray, labels: np.ndarray
                 break
             eff[redo] = np.minimum(eff[redo] * a, MAX_SOURCE_STEP)
             rr = run[redo]
-            spherical[redo], cand[redo] = _proposals(oracle.xf[rr], cur[rr], sph[rr],
-                                                     eff[redo], rng)
-            closer[redo] = oracle.distances(np.rint(cand[redo] * 255.0), rr) < cur_dist[rr]
+            s2, c2 = _proposals(xr[redo], cur_r[redo], sph[rr], eff[redo], rng, buf,
+                                out=("spherical2", "cand2"))
+            spherical[redo], cand[redo] = s2, c2
+            closer[redo] = _rounded_distances(c2, x255[redo], buf) < cur_dist[rr]
+        spherical = spherical.reshape((len(run),) + oracle.shape)
+        cand = cand.reshape((len(run),) + oracle.shape)
         check = step % UPDATE_STATS_EVERY == 0
         if check:
             dec_s, _ = oracle.ask(spherical, run)

@@ -111,8 +111,15 @@ def _step(zs: ZoSearch, idx: np.ndarray, adv: np.ndarray, grad: np.ndarray, lr: 
     u = rng.standard_normal((k, pairs) + zs.shape, dtype=np.float32)
     valid = np.arange(pairs)[None, :] < npairs[:, None]   # k x pairs
     base = adv[idx][:, None]
-    plus = zs.feasible((base + sig * u)[valid], np.repeat(idx, npairs))
-    minus = zs.feasible((base - sig * u)[valid], np.repeat(idx, npairs))
+    every = bool(valid.all())       # every pair fits: the mask selects everything, in order
+    step = sig * u
+    probes = base + step
+    plus = zs.feasible(probes.reshape((-1,) + zs.shape) if every else probes[valid],
+                       np.repeat(idx, npairs), scratch=True)
+    probes = np.subtract(base, step, out=probes)
+    minus = zs.feasible(probes.reshape((-1,) + zs.shape) if every else probes[valid],
+                        np.repeat(idx, npairs), scratch=True)
+    del probes, step
     single = np.flatnonzero((npairs == 0) & (room >= 1))  # one query left: a lone probe
     lone = zs.feasible(base[single, 0] + sig * u[single, 0], idx[single])
     owners = np.concatenate([np.repeat(idx, npairs), np.repeat(idx, npairs), idx[single]])
@@ -123,8 +130,14 @@ def _step(zs: ZoSearch, idx: np.ndarray, adv: np.ndarray, grad: np.ndarray, lr: 
     m_plus = np.zeros((k, pairs))
     m_minus = np.zeros((k, pairs))
     m_plus[valid], m_minus[valid] = m[:nv], m[nv:2 * nv]
-    diff = np.zeros((k, pairs) + zs.shape, dtype=np.float32)
-    diff[valid] = (plus.astype(np.float32) - minus.astype(np.float32)) / 2.0
+    half = plus.astype(np.float32)
+    half -= minus
+    half /= 2.0
+    if every:
+        diff = half.reshape((k, pairs) + zs.shape)
+    else:
+        diff = np.zeros((k, pairs) + zs.shape, dtype=np.float32)
+        diff[valid] = half
     coef = (m_plus - m_minus) / (2.0 * np.maximum(npairs, 1)[:, None] * sig * sig)
     g = np.einsum("kp,kp...->k...", coef.astype(np.float32), diff)
     for j, i in enumerate(idx):

@@ -74,18 +74,28 @@ MAX_ITERATIONS = 1_000_000  # loop cap (Q_m ends it first: every iteration asks 
 def natural_direction(samples: np.ndarray, g: np.ndarray, gamma: np.ndarray) -> np.ndarray:
     """``F^{-1} g`` per image with ``F = G^T G / q + gamma I`` (Woodbury). ``samples``: k x q x
     D gradient samples (rows of zeros are ignored through their count ``q`` = nonzero rows),
-    ``g``: k x D, ``gamma``: k (> 0)."""
+    ``g``: k x D, ``gamma``: k (> 0).
+
+    All k images at once: one stacked ``k x q x q`` system. A zero row of ``G`` adds a
+    decoupled diagonal entry ``n gamma`` with right-hand side 0 to its image's system, so its
+    component of the solution is 0 and ``G^T`` of the solution is what the system of the
+    nonzero rows alone gives; the pivots partial pivoting picks are the same."""
     k, q, d = samples.shape
-    out = np.empty((k, d), dtype=np.float64)
-    for j in range(k):   # k small systems of size q (q x q), vectorised over D
-        gj = samples[j][np.any(samples[j] != 0, axis=1)].astype(np.float64)
-        v = g[j].astype(np.float64)
-        if not len(gj):
-            out[j] = v / gamma[j]
-            continue
-        n = len(gj)
-        small = n * gamma[j] * np.eye(n) + gj @ gj.T
-        out[j] = (v - gj.T @ np.linalg.solve(small, gj @ v)) / gamma[j]
+    gs = samples if samples.dtype == np.float64 else samples.astype(np.float64)
+    v = g if g.dtype == np.float64 else g.astype(np.float64)
+    gamma = np.asarray(gamma, dtype=np.float64)
+    nz = np.any(gs != 0, axis=2)                                    # k x q
+    n = nz.sum(axis=1)
+    out = v / gamma[:, None]
+    has = np.flatnonzero(n > 0)
+    if not len(has):
+        return out
+    gh = gs[has]
+    small = np.matmul(gh, np.swapaxes(gh, 1, 2))                   # k' x q x q
+    small[:, np.arange(q), np.arange(q)] += (n[has] * gamma[has])[:, None]
+    rhs = np.matmul(gh, v[has][:, :, None])                         # k' x q x 1
+    sol = np.linalg.solve(small, rhs)
+    out[has] = (v[has] - np.matmul(np.swapaxes(gh, 1, 2), sol)[:, :, 0]) / gamma[has][:, None]
     return out
 
 
@@ -134,7 +144,7 @@ def _iteration(zs: ZoSearch, idx: np.ndarray, adv: np.ndarray, f_base: np.ndarra
     samples = (d * der)[..., None] * unit.reshape(k, q, d)          # k x q x D
     cnt = np.maximum(valid.sum(axis=1), 1)
     g = samples.sum(axis=1) / cnt[:, None]
-    scale = (samples.astype(np.float64) ** 2).sum(axis=(1, 2)) / cnt / d
+    scale = (samples ** 2).sum(axis=(1, 2)) / cnt / d   # samples: float64 already
     gamma = np.maximum(gam * scale, 1e-12)
     live = np.array([not zs.done(int(i)) for i in idx], dtype=bool) & (np.abs(g).sum(axis=1) > 0)
     if not live.any():

@@ -42,6 +42,7 @@ Registry entry: :data:`SPEC`. Domain code: no gRPC.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from fortis.services.common.errors import InvalidArgument
@@ -64,9 +65,139 @@ from .score_run import ScoreRun, l2_levels, round_into_l2
 DEFAULTS = {"step_size": 0.2, "freq_ratio": 28 / 224, "stride_ratio": 7 / 224}
 BASES = ("dct", "pixel")
 
+@dataclass(frozen=True)
+class Sparse:
+    """One iteration's unit directions given by their support (what SimBA's own bases are):
+    ``flat`` (m,) the one coordinate of each direction (pixel basis, value 1); or ``chan``
+    (m,) the channel each direction lies in and ``plane`` (m x H x W) its values there (DCT
+    basis: a 2-D basis image in one channel, 0 in the others)."""
+
+    flat: np.ndarray | None = None
+    chan: np.ndarray | None = None
+    plane: np.ndarray | None = None
+
+
 #: ``directions(k, idx, delta) -> unit directions`` (float64, [0, 1] scale, one per image of
-#: ``idx``) for iteration ``k``, or None when the basis is exhausted.
-Directions = Callable[[int, np.ndarray, np.ndarray], np.ndarray | None]
+#: ``idx``: a dense ``m x H x W x C`` array or :class:`Sparse`) for iteration ``k``, given the
+#: images' accepted perturbations ``delta`` (levels, m x H x W x C), or None when the basis
+#: is exhausted.
+Directions = Callable[[int, np.ndarray, np.ndarray], "np.ndarray | Sparse | None"]
+
+#: A candidate whose squared L2 norm, computed incrementally, is below this fraction of the
+#: rounding limit's square is inside the ball whatever the summation order (incremental
+#: sums differ from numpy's pairwise ones by ~1e-13 relative): no scaling, exact fast path.
+INSIDE = 1.0 - 1e-9
+
+
+class _Accepted:
+    """Per image, what every candidate of the sparse fast path starts from: the accepted
+    perturbation ``delta`` (float levels, as the dense loop keeps it), its rounding ``r =
+    rint(delta)`` (int16), ``sum r^2`` (exact: integers), ``sum delta^2`` and the uint8 image
+    ``x + r``. A candidate differs from ``delta`` only on its direction's support, so its
+    rounding, its integer ``sum r^2`` and its image are ``delta``'s with that support
+    replaced, exactly what rounding the whole candidate gives when no scaling applies."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        n = x.shape[0]
+        self.d = int(np.prod(x.shape[1:]))
+        self.x = x.reshape(n, self.d)
+        self.xf = self.x.astype(np.float64)
+        self.delta = np.zeros((n, self.d), dtype=np.float64)
+        self.r = np.zeros((n, self.d), dtype=np.int16)
+        self.rsq = np.zeros(n, dtype=np.int64)
+        self.dsq = np.zeros(n, dtype=np.float64)
+        self.img = self.x.copy()
+
+    def set_rows(self, idx: np.ndarray, delta: np.ndarray) -> None:
+        """Accept dense perturbations (rows of ``idx``)."""
+        self.delta[idx] = delta
+        r = np.rint(delta)
+        self.r[idx] = r
+        self.rsq[idx] = np.einsum("ij,ij->i", r, r).astype(np.int64)
+        self.dsq[idx] = np.einsum("ij,ij->i", delta, delta)
+        self.img[idx] = (self.xf[idx] + r).astype(np.uint8)
+
+
+class _Support:
+    """Reading and writing the support of directions ``todo`` on rows ``idx`` of an
+    ``n x D`` array (``D`` = H x W x C, channels last): one coordinate per row (pixel basis),
+    or one channel's H x W values per row, read as a strided slice per channel."""
+
+    def __init__(self, q: Sparse, todo: np.ndarray, idx: np.ndarray, channels: int) -> None:
+        self.idx, self.c = idx, channels
+        self.flat = None if q.flat is None else q.flat[todo]
+        self.groups: list[tuple[np.ndarray, int]] = []
+        if q.chan is not None:
+            ch = q.chan[todo]
+            self.groups = [(np.flatnonzero(ch == c0), int(c0)) for c0 in np.unique(ch)]
+
+    def get(self, arr: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        sel = np.arange(len(self.idx)) if rows is None else rows
+        if self.flat is not None:
+            return arr[self.idx[sel], self.flat[sel]][:, None]
+        a3 = arr.reshape(arr.shape[0], -1, self.c)
+        out = np.empty((len(sel), a3.shape[1]), dtype=arr.dtype)
+        pos = np.full(len(self.idx), -1, dtype=np.int64)
+        pos[sel] = np.arange(len(sel))
+        for g, c0 in self.groups:
+            g = g[pos[g] >= 0]
+            out[pos[g]] = a3[self.idx[g], :, c0]
+        return out
+
+    def put(self, arr: np.ndarray, values: np.ndarray, rows: np.ndarray) -> None:
+        """``arr``'s support of rows ``rows`` (positions in ``idx``) set to ``values``
+        (len(rows) x s); ``arr`` is indexed by image (``idx[rows]``)."""
+        if self.flat is not None:
+            arr[self.idx[rows], self.flat[rows]] = values[:, 0]
+            return
+        a3 = arr.reshape(arr.shape[0], -1, self.c)
+        pos = np.full(len(self.idx), -1, dtype=np.int64)
+        pos[rows] = np.arange(len(rows))
+        for g, c0 in self.groups:
+            g = g[pos[g] >= 0]
+            a3[self.idx[g], :, c0] = values[pos[g]]
+
+    def put_local(self, arr: np.ndarray, values: np.ndarray, rows: np.ndarray) -> None:
+        """As :meth:`put` on an array whose row k is image ``idx[k]`` (a batch)."""
+        if self.flat is not None:
+            arr[rows, self.flat[rows]] = values[:, 0]
+            return
+        a3 = arr.reshape(arr.shape[0], -1, self.c)
+        pos = np.full(len(self.idx), -1, dtype=np.int64)
+        pos[rows] = np.arange(len(rows))
+        for g, c0 in self.groups:
+            g = g[pos[g] >= 0]
+            a3[g, :, c0] = values[pos[g]]
+
+
+def _sparse_trial(acc: _Accepted, sup: _Support, q: Sparse, todo: np.ndarray,
+                  sign: int, step_lv: float,
+                  eps_lv: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Candidates ``delta + sign * step * q`` for images ``sup.idx``: (uint8 images to send,
+    the float candidates' support values, a mask of the rows that left the fast path, whose
+    images must come from the dense computation)."""
+    idx = sup.idx
+    old = sup.get(acc.delta)                                      # m x s
+    if q.flat is not None:
+        cand = old + sign * step_lv * np.ones_like(old)
+    else:
+        assert q.plane is not None
+        cand = old + sign * step_lv * q.plane[todo].reshape(len(todo), -1)
+    xs = sup.get(acc.xf)
+    np.maximum(cand, -xs, out=cand)
+    np.minimum(cand, 255.0 - xs, out=cand)
+    approx = acc.dsq[idx] - np.sum(old * old, axis=1) + np.sum(cand * cand, axis=1)
+    limit = eps_lv * (1.0 - 1e-12)
+    fast = approx < INSIDE * limit * limit
+    r = np.rint(cand)
+    r_old = sup.get(acc.r).astype(np.int64)
+    rsq = acc.rsq[idx] - np.sum(r_old * r_old, axis=1) + \
+        np.sum(r * r, axis=1).astype(np.int64)
+    fast &= rsq <= limit * limit                                  # round_into_l2's excess <= 0
+    imgs = acc.img[idx]
+    f = np.flatnonzero(fast)
+    sup.put_local(imgs, (xs[f] + r[f]).astype(np.uint8), f)
+    return imgs, cand, ~fast
 
 
 def simba_search(run: ScoreRun, directions: Directions, *, step_size: float, epsilon: float,
@@ -75,12 +206,16 @@ def simba_search(run: ScoreRun, directions: Directions, *, step_size: float, eps
     image, try ``delta + sign * step * q`` for each sign in turn, keep the first that lowers
     the margin. ``delta`` (float, uint8 levels) starts at 0; candidates are rounded into the
     L2 ball of radius ``epsilon``. Ends when every image stopped or ``directions`` is
-    exhausted (those images stop with ``iterations``). Used by SimBA and SimBA-ODS."""
+    exhausted (those images stop with ``iterations``). Used by SimBA and SimBA-ODS.
+
+    Sparse directions (SimBA's bases) take a fast path that touches only each direction's
+    support while the candidate lies well inside the ball (no scaling, nothing to round back),
+    and gives the same images as the dense computation, which every other candidate takes."""
     x = run.images
-    xf = x.astype(np.float64)
+    shape = x.shape[1:]
     eps_lv = l2_levels(epsilon)
     step_lv = float(step_size) * 255.0
-    delta = np.zeros(x.shape, dtype=np.float64)
+    acc = _Accepted(x)
     current = run.best_margin.copy()       # margin of the accepted delta (clean at start)
     if eps_lv < 1.0:                       # no uint8 change fits in the ball
         run.finish(STOP_ITERATIONS)
@@ -90,7 +225,7 @@ def simba_search(run: ScoreRun, directions: Directions, *, step_size: float, eps
         active = run.running()
         if not len(active):
             return
-        q = directions(k, active, delta[active])
+        q = directions(k, active, acc.delta[active].reshape((len(active),) + shape))
         if q is None:
             run.finish(STOP_ITERATIONS, active)
             return
@@ -99,30 +234,80 @@ def simba_search(run: ScoreRun, directions: Directions, *, step_size: float, eps
             if not len(todo):
                 break
             idx = active[todo]
-            cand = delta[idx] + sign * step_lv * q[todo]
-            xi = xf[idx]
-            np.maximum(cand, -xi, out=cand)            # inside [0, 255] (np.clip with array
-            np.minimum(cand, 255.0 - xi, out=cand)     # bounds is several times slower)
-            norm = np.sqrt(np.sum(cand.reshape(len(idx), -1) ** 2, axis=1))
-            scale = np.where(norm > eps_lv, eps_lv / np.maximum(norm, 1e-300), 1.0)
-            cand *= scale.reshape(-1, *([1] * (x.ndim - 1)))
-            m = run.ask(idx, round_into_l2(x[idx], cand, eps_lv))
-            if m is None:
-                break
-            improved = m < current[idx]
-            delta[idx[improved]] = cand[improved]
-            current[idx[improved]] = m[improved]
+            if isinstance(q, Sparse):
+                sup = _Support(q, todo, idx, shape[2])
+                batch, support, dense_rows = _sparse_trial(acc, sup, q, todo, sign, step_lv,
+                                                           eps_lv)
+                slow = np.flatnonzero(dense_rows)
+                cand = None
+                if len(slow):
+                    cand = acc.delta[idx[slow]]
+                    _put_rows(sup, cand, support[slow], slow)
+                    cand = _scaled(cand, eps_lv)
+                    batch[slow] = round_into_l2(x[idx[slow]],
+                                                cand.reshape((len(slow),) + shape),
+                                                eps_lv).reshape(len(slow), -1)
+                m = run.ask(idx, batch.reshape((len(idx),) + shape))
+                if m is None:
+                    break
+                improved = m < current[idx]
+                current[idx[improved]] = m[improved]
+                ok = np.flatnonzero(improved & ~dense_rows)
+                if len(ok):
+                    new = support[ok]
+                    acc.dsq[idx[ok]] += np.sum(new * new, axis=1) - \
+                        np.sum(sup.get(acc.delta, ok) ** 2, axis=1)
+                    sup.put(acc.delta, new, ok)
+                    r = np.rint(new)
+                    r_old = sup.get(acc.r, ok).astype(np.int64)
+                    acc.rsq[idx[ok]] += np.sum(r * r, axis=1).astype(np.int64) - \
+                        np.sum(r_old * r_old, axis=1)
+                    sup.put(acc.r, r.astype(np.int16), ok)
+                    sup.put(acc.img, (sup.get(acc.xf, ok) + r).astype(np.uint8), ok)
+                if cand is not None:
+                    slow_ok = np.flatnonzero(improved[slow])
+                    acc.set_rows(idx[slow[slow_ok]], cand[slow_ok])
+            else:
+                cand = acc.delta[idx] + sign * step_lv * q[todo].reshape(len(idx), -1)
+                xi = acc.xf[idx]
+                np.maximum(cand, -xi, out=cand)        # inside [0, 255] (np.clip with array
+                np.minimum(cand, 255.0 - xi, out=cand)  # bounds is several times slower)
+                cand = _scaled(cand, eps_lv)
+                m = run.ask(idx, round_into_l2(x[idx], cand.reshape((len(idx),) + shape),
+                                               eps_lv))
+                if m is None:
+                    break
+                improved = m < current[idx]
+                current[idx[improved]] = m[improved]
+                acc.set_rows(idx[improved], cand[improved])
             left = np.array([run.stop[int(i)] is None for i in idx]) & ~improved
             left &= run.remaining(idx) > 0
             todo = todo[left]
         k += 1
 
 
+def _put_rows(sup: _Support, dense: np.ndarray, values: np.ndarray, rows: np.ndarray) -> None:
+    """Write the support values of ``rows`` (positions in ``sup.idx``) into ``dense``, whose
+    row k belongs to ``rows[k]``."""
+    tmp = np.empty((len(sup.idx),) + dense.shape[1:], dtype=dense.dtype)
+    tmp[rows] = dense
+    sup.put_local(tmp, values, rows)
+    dense[:] = tmp[rows]
+
+
+def _scaled(cand: np.ndarray, eps_lv: float) -> np.ndarray:
+    """Rows (m x D) scaled back onto the L2 ball of radius ``eps_lv`` where outside it."""
+    norm = np.sqrt(np.sum(cand ** 2, axis=1))
+    scale = np.where(norm > eps_lv, eps_lv / np.maximum(norm, 1e-300), 1.0)
+    cand *= scale[:, None]
+    return cand
+
+
 def _basis_directions(rng: np.random.Generator, n: int, shape: tuple[int, int, int],
                       basis: str, freq_ratio: float, stride_ratio: float,
                       length: int) -> Directions:
     """The SimBA / SimBA-DCT direction of iteration k for each image: a unit vector of its
-    own random order over the pixel or DCT basis."""
+    own random order over the pixel or DCT basis (:class:`Sparse`: its support only)."""
     h, w, c = shape
     d = h * w * c
     length = min(length, d)
@@ -133,19 +318,15 @@ def _basis_directions(rng: np.random.Generator, n: int, shape: tuple[int, int, i
         order = low_frequency_order(rng, n, shape, freq_ratio, stride_ratio, length)
     dh, dw = dct_matrix(h), dct_matrix(w)
 
-    def directions(k: int, idx: np.ndarray, _delta: np.ndarray) -> np.ndarray | None:
+    def directions(k: int, idx: np.ndarray, _delta: np.ndarray) -> Sparse | None:
         if k >= length:
             return None
         flat = order[idx, k]
         if basis == "pixel":
-            flat_q = np.zeros((len(idx), d), dtype=np.float64)
-            flat_q[np.arange(len(idx)), flat] = 1.0
-            return flat_q.reshape(len(idx), h, w, c)
-        q = np.zeros((len(idx), h, w, c), dtype=np.float64)
+            return Sparse(flat=flat)
         u, rest = np.divmod(flat, w * c)
         v, ch = np.divmod(rest, c)
-        q[np.arange(len(idx)), :, :, ch] = dh[u][:, :, None] * dw[v][:, None, :]
-        return q
+        return Sparse(chan=ch, plane=dh[u][:, :, None] * dw[v][:, None, :])
 
     return directions
 
