@@ -39,7 +39,6 @@ BENCHMARKS: dict[str, list[str]] = {
     "proxy_pg_redis": ["bench/proxy.py", "--n", "300", "--threads", "4",
                        "--database-url", "auto"],
     "evaluation": ["bench/evaluation.py"],
-    "evaluation_mobilenet": ["bench/evaluation.py", "--target", "mobilenet-v2"],
     "attack_stage": ["bench/attack_stage.py"],
     "attacks": ["bench/attacks.py"],
     "attacks_vs_art": ["bench/attacks_vs_art.py"],

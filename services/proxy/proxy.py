@@ -47,7 +47,7 @@ import structlog
 from fortis.common.v1 import common_pb2
 from fortis.infra.serving.workshare import WorkShare
 from fortis.services.common import errors
-from fortis.services.common.codec import image_sha256, summarize
+from fortis.services.common.codec import image_sha256, summarize, tensor_to_array
 from fortis.services.common.errors import code_for
 from fortis.services.common.limits import byte_batches
 from fortis.services.common.stopping import StopCheck, never
@@ -271,8 +271,14 @@ class TargetProxy:
         for i, img in enumerate(images):
             if not img.image_id:
                 raise errors.InvalidArgument(f"images[{i}].image_id", "image_id is required")
-            if img.WhichOneof("content") is None:
+            kind = img.WhichOneof("content")
+            if kind is None:
                 raise errors.InvalidArgument(f"images[{i}]", "image has no content")
+            if kind == "tensor":
+                # A tensor's shape, dtype and byte count are the contract's, whatever the
+                # target: one that contradicts itself is refused before it is charged,
+                # recorded or sent.
+                tensor_to_array(img.tensor, f"images[{i}].tensor")
 
     def predict(self, *, tenant: str, session_id: str, origin: str,
                 images: Sequence[common_pb2.Image],

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 from fortis.adapters.torch_target import ClassifierTarget
+from fortis.common.v1 import common_pb2
 from fortis.services.common import errors
 from fortis.services.common.codec import image_msg
 from fortis.services.proxy.ledger import Ledger, max_in_window
@@ -264,3 +265,39 @@ def test_a_call_waiting_for_the_rate_limit_holds_no_cpu_slot(tmp_path, fmnist_ta
         assert share.snapshot().get("bob", {}).get("running", 0) == 0
     finally:
         share.close()
+
+
+@pytest.mark.parametrize(("shape", "data", "field"), [
+    ((28, 28, 1), b"x" * 5, "images[1].tensor.data"),                  # bytes != shape
+    ((100000, 100000, 3), b"", "images[1].tensor.shape"),              # past the element bound
+    ((28, 0, 1), b"", "images[1].tensor.shape"),                       # a zero dimension
+    ((), b"", "images[1].tensor.shape"),                               # no dimension at all
+])
+def test_a_self_contradicting_tensor_is_refused_before_it_is_charged(
+        tmp_path, fmnist_target, fmnist_test_images, shape, data, field):
+    """A tensor whose shape, dtype and bytes disagree is not an image for any target: the
+    call is refused naming the field, nothing is sent, charged or recorded."""
+    images, _ = fmnist_test_images
+    calls = []
+
+    class Counting(ClassifierTarget):
+        def predict(self, imgs):
+            calls.append(len(imgs))
+            return super().predict(imgs)
+
+    proxy, ledger = _proxy(tmp_path, fmnist_target, backend=Counting(fmnist_target))
+    s = proxy.create_session(tenant="a", target="t", query_budget=5, per_image_budget=2)
+    bad = common_pb2.Image(image_id="bad")
+    bad.tensor.dtype = common_pb2.D_TYPE_UINT8
+    bad.tensor.shape.extend(shape)
+    bad.tensor.data = data
+    good = _imgs(images, ["good"])[0]
+    with pytest.raises(errors.InvalidArgument) as ei:
+        proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=[good, bad])
+    assert ei.value.violations[0].field == field
+    assert calls == []
+    assert proxy.queries_attempted("a", s.session_id) == 0
+    assert ledger.entries(s.session_id) == []
+    # the session is untouched: a well-formed call still has its whole budget
+    assert proxy.predict(tenant="a", session_id=s.session_id, origin="x",
+                         images=[good]).queries_left == 4
