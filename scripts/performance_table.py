@@ -135,6 +135,10 @@ def _goal(g: dict[str, Any], where: str) -> dict[str, Any] | None:
     name, met = g.get("name", g.get("goal")), g.get("met", g.get("pass"))
     if name is None or met is None or "ratio" not in g:
         return None
+    t, r = g.get("target"), g.get("ratio")
+    if isinstance(t, (int, float)) and isinstance(r, (int, float)) and t != r:
+        # a bare number: its direction is the one the benchmark's verdict agrees with
+        g = {**g, "target": f"{'>=' if (r > t) == bool(met) else '<='} {t:g}"}
     own = " ".join(str(g[k]) for k in ("row", "model", "budget") if k in g)
     lower_is_better = "at_most" in str(name) or g.get("metric") in (
         "compute_ms_per_image", "median_norm")
