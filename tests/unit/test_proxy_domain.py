@@ -71,6 +71,19 @@ def _proxy(tmp_path, fmnist_target, *, backend=None, rate=0.0, sleep=time.sleep)
     return proxy, ledger
 
 
+def _counting_proxy(tmp_path, fmnist_target):
+    """A proxy whose target records the size of every call it receives."""
+    calls: list[int] = []
+
+    class Counting(ClassifierTarget):
+        def predict(self, imgs):
+            calls.append(len(imgs))
+            return super().predict(imgs)
+
+    proxy, ledger = _proxy(tmp_path, fmnist_target, backend=Counting(fmnist_target))
+    return proxy, ledger, calls
+
+
 def _imgs(images, ids):
     return [image_msg(i, images[k]) for k, i in enumerate(ids)]
 
@@ -92,14 +105,7 @@ def test_queries_counted_per_image_and_recorded(tmp_path, fmnist_target, fmnist_
 
 def test_budget_refuses_whole_call_and_sends_nothing(tmp_path, fmnist_target, fmnist_test_images):
     images, _ = fmnist_test_images
-    calls = []
-
-    class Counting(ClassifierTarget):
-        def predict(self, imgs):
-            calls.append(len(imgs))
-            return super().predict(imgs)
-
-    proxy, ledger = _proxy(tmp_path, fmnist_target, backend=Counting(fmnist_target))
+    proxy, ledger, calls = _counting_proxy(tmp_path, fmnist_target)
     s = proxy.create_session(tenant="a", target="t", query_budget=5, per_image_budget=2)
     proxy.predict(tenant="a", session_id=s.session_id, origin="x", images=_imgs(images, ["a", "b", "c"]))
     with pytest.raises(errors.BudgetExhausted) as ei:
@@ -278,14 +284,7 @@ def test_a_self_contradicting_tensor_is_refused_before_it_is_charged(
     """A tensor whose shape, dtype and bytes disagree is not an image for any target: the
     call is refused naming the field, nothing is sent, charged or recorded."""
     images, _ = fmnist_test_images
-    calls = []
-
-    class Counting(ClassifierTarget):
-        def predict(self, imgs):
-            calls.append(len(imgs))
-            return super().predict(imgs)
-
-    proxy, ledger = _proxy(tmp_path, fmnist_target, backend=Counting(fmnist_target))
+    proxy, ledger, calls = _counting_proxy(tmp_path, fmnist_target)
     s = proxy.create_session(tenant="a", target="t", query_budget=5, per_image_budget=2)
     bad = common_pb2.Image(image_id="bad")
     bad.tensor.dtype = common_pb2.D_TYPE_UINT8

@@ -147,27 +147,27 @@ class _Support:
     def put(self, arr: np.ndarray, values: np.ndarray, rows: np.ndarray) -> None:
         """``arr``'s support of rows ``rows`` (positions in ``idx``) set to ``values``
         (len(rows) x s); ``arr`` is indexed by image (``idx[rows]``)."""
-        if self.flat is not None:
-            arr[self.idx[rows], self.flat[rows]] = values[:, 0]
-            return
-        a3 = arr.reshape(arr.shape[0], -1, self.c)
-        pos = np.full(len(self.idx), -1, dtype=np.int64)
-        pos[rows] = np.arange(len(rows))
-        for g, c0 in self.groups:
-            g = g[pos[g] >= 0]
-            a3[self.idx[g], :, c0] = values[pos[g]]
+        self._put(arr, values, rows, self.idx)
 
     def put_local(self, arr: np.ndarray, values: np.ndarray, rows: np.ndarray) -> None:
         """As :meth:`put` on an array whose row k is image ``idx[k]`` (a batch)."""
+        self._put(arr, values, rows, None)
+
+    def _put(self, arr: np.ndarray, values: np.ndarray, rows: np.ndarray,
+             image_of: np.ndarray | None) -> None:
+        """:meth:`put` with ``arr``'s row of support row r at ``image_of[r]`` (None: r)."""
+        def at(r: np.ndarray) -> np.ndarray:
+            return r if image_of is None else image_of[r]
+
         if self.flat is not None:
-            arr[rows, self.flat[rows]] = values[:, 0]
+            arr[at(rows), self.flat[rows]] = values[:, 0]
             return
         a3 = arr.reshape(arr.shape[0], -1, self.c)
         pos = np.full(len(self.idx), -1, dtype=np.int64)
         pos[rows] = np.arange(len(rows))
         for g, c0 in self.groups:
             g = g[pos[g] >= 0]
-            a3[g, :, c0] = values[pos[g]]
+            a3[at(g), :, c0] = values[pos[g]]
 
 
 def _sparse_trial(acc: _Accepted, sup: _Support, q: Sparse, todo: np.ndarray,
