@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sqlite3
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import best_images_per_s  # noqa: E402 - bench/_report.py
+from _report import best_images_per_s, command_line, machine  # noqa: E402 - bench/_report.py
 
 GOAL = 0.5
 
@@ -67,14 +66,6 @@ MODELS = {
                      {"linf": 0.004, "l2": 0.5}),
 }
 
-
-def machine() -> dict[str, Any]:
-    import os
-
-    import torch
-    return {"platform": platform.platform(), "machine": platform.machine(),
-            "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
 
 
 def plan_text(model: str, attack: str, images: int, batch: int, queries: int) -> str:
@@ -205,7 +196,7 @@ def main() -> None:
                       "met": med >= GOAL})
     print(json.dumps({
         "benchmark": "query-attack stage vs bare model",
-        "command": " ".join(["python", *sys.argv]),
+        "command": command_line(),
         "machine": machine(),
         "goals": goals,
         "rounds": {f"{a} on {m}": rs for (m, a), rs in runs.items()},

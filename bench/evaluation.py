@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -40,7 +38,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import best_images_per_s  # noqa: E402 - bench/_report.py
+from _report import best_images_per_s, command_line, machine  # noqa: E402 - bench/_report.py
 
 GOALS = {"fmnist-cnn": 0.85, "mobilenet-v2": 0.9}
 #: The stack's target as ``fortis serve`` serves it by default.
@@ -48,12 +46,6 @@ TARGETS = {"fmnist-cnn": "fmnist-cnn=builtin:fmnist-cnn",
            "mobilenet-v2": "mobilenet-v2=builtin:mobilenet-v2?output=top_k&top_k=5"}
 SEVERITIES = (1, 2, 3, 4, 5)
 
-
-def machine() -> dict[str, Any]:
-    import torch
-    return {"platform": platform.platform(), "machine": platform.machine(),
-            "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
 
 
 def bare_model(name: str, images: np.ndarray, batch: int, repeats: int) -> float:
@@ -190,7 +182,7 @@ def main() -> None:
                       "target": GOALS[t], "met": med >= GOALS[t]})
     print(json.dumps({
         "benchmark": "corruption stage vs bare model",
-        "command": " ".join(["python", *sys.argv]),
+        "command": command_line(),
         "machine": machine(),
         "goals": goals,
         "rounds": rounds,
