@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -50,6 +51,7 @@ __all__ = [
     "betting_cs",
     "betting_interval",
     "decide",
+    "decide_prefixes",
     "ratio_interval",
     "ratio_transform",
 ]
@@ -62,12 +64,12 @@ THETA = 0.5
 TRUNCATION = 0.5
 #: Largest population accepted: N m must stay exact in a double.
 MAX_POPULATION = 2**53
-#: Bisection stops when the bracket is this narrow.
+#: The search for the last interval's ends stops when a bracket is this narrow.
 _BISECT_TOL = 1e-9
+#: Candidates tested per bracket and round of that search.
+_SEARCH_POINTS = 32
 #: Slack on the logical bounds so rounding in sums of floats never excludes the true mean.
 _LOGICAL_SLACK = 1e-12
-#: Rows of the candidate-by-time matrix computed at once (bounds the memory to rows * n).
-_ROW_CHUNK = 64
 
 FloatArray = NDArray[np.float64]
 
@@ -148,48 +150,97 @@ def _bets(rows: FloatArray, alpha: float) -> FloatArray:
     return np.sqrt(2.0 * math.log(1.0 / (alpha * THETA)) / (var_before * t * np.log1p(t)))
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """What the capital process needs of the observations, whatever the candidate: the bets,
+    the sums before each draw and the candidates still possible at each draw."""
+
+    rows: FloatArray
+    bets: FloatArray
+    sums_before: FloatArray
+    m_low: FloatArray
+    m_high: FloatArray
+    remaining: FloatArray
+    population: int
+    alpha: float
+
+
+def _prepare(rows: FloatArray, population: int, alpha: float) -> _Prepared:
+    n = rows.shape[1]
+    sums = np.cumsum(rows, axis=1)
+    t = np.arange(n, dtype=np.float64)  # draws before this one
+    remaining = population - t  # values not yet drawn, this one included
+    slack = _LOGICAL_SLACK * max(1.0, float(population))
+    sums_before = sums - rows
+    # Candidates possible at draw t: mu_t(m) in [0, 1] before it, and after it the logical
+    # bounds S_t/N <= m <= 1 - (t + 1 - S_t)/N that hold whatever the unseen values are.
+    m_low = np.maximum(sums_before - slack, sums - slack) / population
+    m_high = np.minimum(
+        (sums_before + remaining + slack) / population,
+        1.0 - (t + 1.0 - sums - slack) / population,
+    )
+    return _Prepared(
+        rows, _bets(rows, alpha), sums_before, m_low, m_high, remaining, population, alpha
+    )
+
+
 def _first_exclusion(
-    rows: FloatArray, m: FloatArray, population: int, alpha: float
+    rows: FloatArray,
+    m: FloatArray,
+    population: int,
+    alpha: float,
+    prepared: _Prepared | None = None,
 ) -> NDArray[np.int64]:
     """For each candidate mean ``m[j]`` (observations ``rows[j]``, or the one row for all),
     the first index ``t`` (0-based) at which the candidate is excluded -- its capital reached
-    ``1/alpha`` or it contradicts the values seen -- or ``n`` when it survives them all."""
+    ``1/alpha`` or it contradicts the values seen -- or ``n`` when it survives them all.
+
+    Time runs in blocks of growing length, each over the candidates still alive only (their
+    capital carried over): most candidates fall early, so the work follows the shrinking
+    interval rather than the whole grid times the whole sequence."""
+    p = prepared if prepared is not None else _prepare(rows, population, alpha)
+    rows, lam_all, s_before, m_low, m_high, remaining = (
+        p.rows,
+        p.bets,
+        p.sums_before,
+        p.m_low,
+        p.m_high,
+        p.remaining,
+    )
     n = rows.shape[1]
-    t = np.arange(n, dtype=np.float64)  # draws before this one
-    log_barrier = math.log(1.0 / alpha)
-    out = np.empty(m.size, dtype=np.int64)
     shared = rows.shape[0] == 1
-    if shared:
-        lam_all = _bets(rows, alpha)
-        x_all = rows
-        s_all = np.cumsum(rows, axis=1)
-    for start in range(0, m.size, _ROW_CHUNK):
-        stop = min(start + _ROW_CHUNK, m.size)
-        mm = m[start:stop, None]
-        if shared:
-            x, lam, s = x_all, lam_all, s_all
-        else:
-            x = rows[start:stop]
-            lam = _bets(x, alpha)
-            s = np.cumsum(x, axis=1)
-        s_before = s - x
-        remaining = population - t  # values not yet drawn, this one included
-        mu = (population * mm - s_before) / remaining
-        slack = _LOGICAL_SLACK * max(1.0, float(population))
-        impossible = (mu * remaining < -slack) | ((mu - 1.0) * remaining > slack)
-        # Logical bounds after this draw: whatever the unseen values, S_t/N <= m <= 1-(t-S_t)/N.
-        impossible |= population * mm < s - slack
-        impossible |= population * (1.0 - mm) < (t + 1.0 - s) - slack
-        mu = np.clip(mu, 0.0, 1.0)
+    log_barrier = math.log(1.0 / alpha)
+    out = np.full(m.size, n, dtype=np.int64)
+    alive = np.arange(m.size)
+    carry_pos = np.full(m.size, math.log(THETA))
+    carry_neg = np.full(m.size, math.log(1.0 - THETA))
+    start, block = 0, 32
+    while start < n and alive.size:
+        stop = min(n, start + block)
+        cols = slice(start, stop)
+        r = 0 if shared else alive
+        mm = m[alive, None]
+        x = rows[r, cols] if shared else rows[alive, cols]
+        lam = lam_all[r, cols] if shared else lam_all[alive, cols]
+        sb = s_before[r, cols] if shared else s_before[alive, cols]
+        lo = m_low[r, cols] if shared else m_low[alive, cols]
+        hi = m_high[r, cols] if shared else m_high[alive, cols]
+        impossible = (mm < lo) | (mm > hi)
+        mu = np.clip((population * mm - sb) / remaining[cols], 0.0, 1.0)
         with np.errstate(divide="ignore"):
             lam_pos = np.minimum(lam, TRUNCATION / mu)
             lam_neg = np.minimum(lam, TRUNCATION / (1.0 - mu))
         diff = x - mu
-        log_pos = math.log(THETA) + np.cumsum(np.log1p(lam_pos * diff), axis=1)
-        log_neg = math.log(1.0 - THETA) + np.cumsum(np.log1p(-lam_neg * diff), axis=1)
+        log_pos = carry_pos[alive, None] + np.cumsum(np.log1p(lam_pos * diff), axis=1)
+        log_neg = carry_neg[alive, None] + np.cumsum(np.log1p(-lam_neg * diff), axis=1)
         bad = impossible | ~(np.maximum(log_pos, log_neg) < log_barrier)
         hit = bad.any(axis=1)
-        out[start:stop] = np.where(hit, bad.argmax(axis=1), n)
+        out[alive[hit]] = start + bad[hit].argmax(axis=1)
+        keep = ~hit
+        carry_pos[alive[keep]] = log_pos[keep, -1]
+        carry_neg[alive[keep]] = log_neg[keep, -1]
+        alive = alive[keep]
+        start, block = stop, min(2 * block, 1024)
     return out
 
 
@@ -198,12 +249,45 @@ def _survives(
 ) -> Callable[[FloatArray], NDArray[np.bool_]]:
     """A test of candidate means: True where the candidate is still in the running CS after
     every value of ``x``."""
-    row = x[None, :]
+    prepared = _prepare(x[None, :], population, alpha)
 
     def test(m: FloatArray) -> NDArray[np.bool_]:
-        return _first_exclusion(row, m, population, alpha) >= x.size
+        return _first_exclusion(prepared.rows, m, population, alpha, prepared) >= x.size
 
     return test
+
+
+def _search_sides(
+    inside: Callable[[FloatArray], NDArray[np.bool_]],
+    lower: tuple[float, float],
+    upper: tuple[float, float],
+    tol: float,
+) -> tuple[float, float]:
+    """Both ends of an interval of surviving candidates at once, from brackets (excluded,
+    included) below and (included, excluded) above: each round tests ``_SEARCH_POINTS``
+    evenly spaced candidates inside each bracket in one call and keeps the sub-bracket where
+    the test changes. Returns the excluded ends (the bounds stay conservative)."""
+    lo_out, lo_in = lower
+    hi_in, hi_out = upper
+    k = _SEARCH_POINTS
+    while lo_in - lo_out > tol or hi_out - hi_in > tol:
+        below = np.linspace(lo_out, lo_in, k + 2)[1:-1]
+        above = np.linspace(hi_in, hi_out, k + 2)[1:-1]
+        ok = inside(np.concatenate([below, above]))
+        ok_below, ok_above = ok[:k], ok[k:]
+        if lo_in - lo_out > tol:
+            if ok_below.any():
+                j = int(np.argmax(ok_below))
+                lo_in, lo_out = float(below[j]), float(below[j - 1]) if j > 0 else lo_out
+            else:
+                lo_out = float(below[-1])
+        if hi_out - hi_in > tol:
+            if ok_above.any():
+                j = int(k - 1 - np.argmax(ok_above[::-1]))
+                hi_in, hi_out = float(above[j]), float(above[j + 1]) if j < k - 1 else hi_out
+            else:
+                hi_out = float(above[0])
+    return lo_out, hi_out
 
 
 def _bisect(
@@ -248,9 +332,52 @@ def betting_cs(
     """
     alpha_ = _check_alpha(alpha)
     arr, size = _check_observations(x, population)
+    lower, upper, _ = _grid_sequence(arr, size, alpha_)
+    lower[-1], upper[-1] = _last_interval(arr, size, alpha_, float(lower[-1]), float(upper[-1]))
+    return _logical_when_crossed(arr, size, lower, upper)
+
+
+def _last_interval(
+    x: FloatArray, population: int, alpha: float, lower: float, upper: float
+) -> tuple[float, float]:
+    """The interval after every value of ``x`` from its grid bounds: refined by bisection, or
+    the logical bounds where the values seen contradict it."""
+    refined_lower, refined_upper = _refine_last(x, population, alpha, lower, upper)
+    lower, upper = max(lower, refined_lower), min(upper, refined_upper)
+    if lower > upper:
+        logical_lower, logical_upper = _logical_bounds(x, population)
+        return float(logical_lower[-1]), float(logical_upper[-1])
+    return lower, upper
+
+
+def _logical_bounds(x: FloatArray, population: int) -> tuple[FloatArray, FloatArray]:
+    """Bounds on the population mean after each draw that hold whatever the unseen values."""
+    s = np.cumsum(x)
+    return s / population, 1.0 - (np.arange(1, x.size + 1) - s) / population
+
+
+def _logical_when_crossed(
+    x: FloatArray, population: int, lower: FloatArray, upper: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Where the values seen contradict the betting bounds (the mean was excluded: probability
+    at most alpha), the logical bounds alone; a crossing persists once it happens, as both
+    kinds of bound are monotone."""
+    crossed = lower > upper
+    if np.any(crossed):
+        logical_lower, logical_upper = _logical_bounds(x, population)
+        lower = np.where(crossed, logical_lower, lower)
+        upper = np.where(crossed, logical_upper, upper)
+    return lower, upper
+
+
+def _grid_sequence(
+    arr: FloatArray, size: int, alpha: float
+) -> tuple[FloatArray, FloatArray, NDArray[np.bool_]]:
+    """The grid bounds after each draw (rounded outwards, intersected with the logical bounds)
+    and where the grid had no survivor left (the bounds there are carried forward)."""
     n = arr.size
     grid = np.linspace(0.0, 1.0, GRID_POINTS)
-    excluded_at = _first_exclusion(arr[None, :], grid, size, alpha_)
+    excluded_at = _first_exclusion(arr[None, :], grid, size, alpha)
 
     # The surviving candidates form an interval that only shrinks: the first survivor at time
     # t is the first grid index whose exclusion time (prefix maximum) is past t.
@@ -269,22 +396,8 @@ def betting_cs(
                 lower[i], upper[i] = last_lower, last_upper
             else:
                 last_lower, last_upper = lower[i], upper[i]
-
-    s = np.cumsum(arr)
-    logical_lower = s / size
-    logical_upper = 1.0 - (np.arange(1, n + 1) - s) / size
-    lower = np.maximum(lower, logical_lower)
-    upper = np.minimum(upper, logical_upper)
-
-    lo_last, hi_last = _refine_last(arr, size, alpha_, float(lower[-1]), float(upper[-1]))
-    lower[-1] = max(lower[-1], lo_last)
-    upper[-1] = min(upper[-1], hi_last)
-
-    crossed = lower > upper
-    if np.any(crossed):
-        lower = np.where(crossed, logical_lower, lower)
-        upper = np.where(crossed, logical_upper, upper)
-    return lower, upper
+    logical_lower, logical_upper = _logical_bounds(arr, size)
+    return np.maximum(lower, logical_lower), np.minimum(upper, logical_upper), empty
 
 
 def _refine_last(
@@ -300,15 +413,10 @@ def _refine_last(
         return lower, upper
     first = int(np.argmax(ok))
     last = int(ok.size - 1 - np.argmax(ok[::-1]))
-    new_lower = (
-        zoom[0] if first == 0 else _bisect(inside, zoom[first - 1], zoom[first], _BISECT_TOL)
-    )
-    new_upper = (
-        zoom[-1]
-        if last == ok.size - 1
-        else _bisect(inside, zoom[last + 1], zoom[last], _BISECT_TOL)
-    )
-    return float(new_lower), float(new_upper)
+    # an end that survives at the grid bound itself stays there (nothing outside to search)
+    below = (float(zoom[first - 1]), float(zoom[first])) if first > 0 else (lower, lower)
+    above = (float(zoom[last]), float(zoom[last + 1])) if last < ok.size - 1 else (upper, upper)
+    return _search_sides(inside, below, above, _BISECT_TOL)
 
 
 def betting_interval(x: ArrayLike, *, population: int, alpha: float = 0.05) -> tuple[float, float]:
@@ -327,6 +435,52 @@ def decide(x: ArrayLike, *, population: int, threshold: float, alpha: float = 0.
     if upper < threshold_:
         return -1
     return 0
+
+
+def decide_prefixes(
+    x: ArrayLike,
+    *,
+    population: int,
+    threshold: float,
+    sizes: ArrayLike,
+    alpha: float = 0.05,
+    stop_at_first: bool = False,
+) -> np.ndarray:
+    """``[decide(x[:n], ...) for n in sizes]`` from one pass over ``x``: a runner (or a
+    simulation) that looks after every batch needs the decision at each look, and the grid
+    part of the sequence is the same for every prefix (each bound uses only the values before
+    it). Only a look whose grid bound lies within one grid step of the threshold -- where the
+    refined last interval could decide differently -- or where the grid had no survivor left
+    is recomputed on its prefix. With ``stop_at_first`` the looks after the first decided one
+    are left 0 (a runner stops there; it saves the later recomputations)."""
+    threshold_ = _check_unit(threshold, "threshold")
+    alpha_ = _check_alpha(alpha)
+    arr, size = _check_observations(x, population)
+    try:
+        looks = np.asarray(sizes)
+    except (ValueError, TypeError):
+        raise ValueError("sizes must be a 1-D sequence of prefix lengths") from None
+    if looks.ndim != 1 or not np.issubdtype(looks.dtype, np.integer):
+        raise ValueError("sizes must be a 1-D sequence of integer prefix lengths")
+    if looks.size and (looks.min() < 1 or looks.max() > arr.size):
+        raise ValueError(f"sizes must lie in [1, len(x)] = [1, {arr.size}]")
+    lower, upper, empty = _grid_sequence(arr, size, alpha_)
+    step = 1.0 / (GRID_POINTS - 1)
+    out = np.zeros(looks.size, dtype=np.int64)
+    for k, n in enumerate(looks.tolist()):
+        lo, hi = float(lower[n - 1]), float(upper[n - 1])
+        near = abs(lo - threshold_) <= step or abs(hi - threshold_) <= step
+        if near or empty[n - 1] or lo > hi or n == arr.size:
+            # A threshold still in the CS of x[:n] leaves it undecided whatever the refined
+            # ends; otherwise, what betting_cs(x[:n]) ends with (its grid part is this one's
+            # first n bounds).
+            if _survives(arr[:n], size, alpha_)(np.array([threshold_]))[0]:
+                continue
+            lo, hi = _last_interval(arr[:n], size, alpha_, lo, hi)
+        out[k] = 1 if lo > threshold_ else -1 if hi < threshold_ else 0
+        if stop_at_first and out[k] != 0:
+            break
+    return out
 
 
 def ratio_transform(a: ArrayLike, b: ArrayLike, threshold: float) -> np.ndarray:

@@ -26,6 +26,7 @@ from fortis.services.common.confseq import (
     betting_cs,
     betting_interval,
     decide,
+    decide_prefixes,
     ratio_interval,
     ratio_transform,
 )
@@ -228,6 +229,34 @@ def test_decide_is_reached_early_when_the_mean_is_far_from_the_threshold():
         n for n in range(16, size + 1, 16) if decide(x[:n], population=size, threshold=0.99) == -1
     )
     assert first_up <= size // 4 and first_down <= size // 2
+
+
+@pytest.mark.parametrize("mean", [0.86, 0.9, 0.97])
+def test_decide_prefixes_is_decide_at_each_look(mean):
+    """One pass gives what a runner looking after every batch would get from decide() on each
+    prefix, including looks where the refined interval decides and the grid one does not."""
+    rng = np.random.default_rng(int(mean * 100))
+    size = 400
+    x = rng.permutation((np.arange(size) < round(mean * size)).astype(float))
+    sizes = np.arange(8, size + 1, 8)
+    for threshold in (0.85, mean - 0.02, float(x.mean())):
+        got = decide_prefixes(x, population=size, threshold=threshold, sizes=sizes)
+        want = [decide(x[:n], population=size, threshold=threshold) for n in sizes]
+        assert got.tolist() == want
+        first = decide_prefixes(
+            x, population=size, threshold=threshold, sizes=sizes, stop_at_first=True
+        )
+        decided = [k for k, d in enumerate(want) if d != 0]
+        expect = [0] * len(want)
+        if decided:
+            expect[decided[0]] = want[decided[0]]
+        assert first.tolist() == expect
+
+
+@pytest.mark.parametrize("sizes", [[0], [401], [[3]], [2.5], "10"])
+def test_decide_prefixes_refuses_bad_sizes(sizes):
+    with pytest.raises(ValueError, match="sizes"):
+        decide_prefixes(np.ones(400), population=400, threshold=0.5, sizes=sizes)
 
 
 # ------------------------------------------------------------------ ratio metrics
