@@ -259,6 +259,33 @@ def test_decide_prefixes_refuses_bad_sizes(sizes):
         decide_prefixes(np.ones(400), population=400, threshold=0.5, sizes=sizes)
 
 
+@pytest.mark.slow
+def test_a_wrong_decision_is_at_most_half_alpha_on_each_side():
+    """decide() at alpha errs in at most alpha / 2 of runs for a mean on either side close
+    to the threshold (checked with alpha = 0.2 so the bound bites: 10 %), stopping at the
+    first decided look; a rule that ignored the side split would show up to alpha."""
+    alpha, runs, size, threshold = 0.2, 150, 300, 0.5
+    looks = np.arange(10, size + 1, 10)
+    rng = np.random.default_rng(77)
+    for value in (0.49, 0.5, 0.52):
+        population = (np.arange(size) < round(value * size)).astype(float)
+        truth_pass = population.mean() >= threshold
+        wrong = 0
+        for _ in range(runs):
+            x = rng.permutation(population)
+            d = decide_prefixes(
+                x,
+                population=size,
+                threshold=threshold,
+                sizes=looks,
+                alpha=alpha,
+                stop_at_first=True,
+            )
+            first = d[d != 0]
+            wrong += bool(first.size) and (first[0] > 0) != truth_pass
+        assert wrong / runs <= alpha / 2, f"value {value}: {wrong / runs:.3f} > {alpha / 2}"
+
+
 # ------------------------------------------------------------------ ratio metrics
 
 
