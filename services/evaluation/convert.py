@@ -323,12 +323,14 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
             images_done=f.failure.images_done, images_planned=f.failure.images_planned)
     if r.canary is not None:    # CAN-1..4 per attack (canary_metrics.py): Compute's results
         _typed_part(parts.canary, r.canary, "canary")
+    if r.sequential is not None:    # sequential acceptance (sequential.py)
+        _typed_part(parts.sequential, r.sequential, "sequential")
     if r.benchmark:     # multi-target plans (CAN-5/7/8/10): Compute results
         _typed_part(parts.benchmark, r.benchmark, "benchmark")
     return parts
 
 
-def _typed_part(msg: rpb.CanaryMetrics | rpb.BenchmarkResults, data: Mapping[str, Any],
+def _typed_part(msg: rpb.CanaryMetrics | rpb.BenchmarkResults | rpb.SequentialResults, data: Mapping[str, Any],
                 path: str) -> None:
     """A results tree as its typed part; keys the contract does not describe (a newer scoring
     service's) are left out and named in the part's notes rather than failing the run."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from fortis.core.criteria import TARGETED_CRITERIA
 from fortis.core.task import Task
-from fortis.services.common.acceptance import Criterion
+from fortis.services.common.acceptance import Criterion, SequentialPolicy
 from fortis.services.common.surrogates import SurrogateDefinition
 
 __all__ = ["ANNOTATED_FORMATS", "DATASETS", "MAX_MEMBERS", "MAX_UPLOAD_SHARDS",
@@ -197,6 +197,8 @@ class Plan:
     #: CAN-10 fast mode: a finished multi-target evaluation of this tenant whose models this
     #: plan's target is ranked against, without re-running them (``baseline: {evaluation:}``).
     baseline: str = ""
+    #: ``acceptance.sequential``: stop settings once the criteria reading them are decided.
+    sequential: SequentialPolicy = SequentialPolicy()
     raw: Mapping[str, Any]
 
     @property

@@ -343,6 +343,8 @@ class ReportInput:
     failed: Sequence[Setting] = ()
     #: Multi-target plans (CAN-5/7/8/10): plain JSON data (``benchmark.py``).
     benchmark: Mapping[str, Any] | None = None
+    #: Sequential acceptance's record (``sequential.py``): plain JSON data.
+    sequential: Mapping[str, Any] | None = None
 
 
 class ReportPort(Protocol):

@@ -50,7 +50,7 @@ from fortis.common.v1 import common_pb2
 from fortis.report.v1 import report_pb2
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.report import prose
-from fortis.services.report.canary_parts import benchmark_part, canary_part
+from fortis.services.report.canary_parts import benchmark_part, canary_part, sequential_part
 from fortis.services.report.example_images import example_images
 from fortis.services.report.metrics_tree import metrics_tree
 from fortis.services.report.plan_doc import MAX_PLAN_BYTES, plan_document
@@ -337,7 +337,10 @@ def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
     if benchmark is not None:     # multi-target plans (CAN-5/7/8/10)
         report["benchmark"] = benchmark
     _canary(parts, report)      # CAN-1..4 when the plan asked; PER-4 / curves metrics_used
+    sequential = sequential_part(parts)
+    if sequential is not None:      # sequential acceptance: intervals at the stopping times
+        report["sequential"] = sequential
     # the plan's acceptance criteria judged on the metrics (services/report/verdict)
     report["verdict"] = verdict(criteria_of_plan(plan, path="parts.plan_text.acceptance"),
-                                metrics, report["failed_settings"])
+                                metrics, report["failed_settings"], sequential=sequential)
     return report
