@@ -276,8 +276,9 @@ class SequentialRun:
         by_key = {_key(s): s for s in settings}
         rows = []
         for k, planned in self.planned.items():
-            used = self.used.get(k, 0)
             s = by_key.get(k)
+            used = self.used.get(k, 0) if s is None else (
+                len(s.image_index) if s.image_index else self.n_images)
             row: dict[str, Any] = {"setting": _label(k), "status": self.status(k),
                                    "stopped_early": used < planned,
                                    "images_planned": planned, "images_used": used}

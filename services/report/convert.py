@@ -297,6 +297,29 @@ def _canary(parts: report_pb2.ReportParts, report: dict[str, Any]) -> None:
         canary="canary" in report)
 
 
+def _sequential_tests(tests: list[dict[str, Any]], sequential: Mapping[str, Any]) -> None:
+    """Each test's ``sequential`` entry: how many of its planned images it was sent (the
+    first ones of the seeded sequential order) per setting, or that it was skipped."""
+    rows = {str(r.get("setting")): r for r in sequential.get("settings") or ()
+            if isinstance(r, Mapping)}
+    for t in tests:
+        name = str(t.get("attack") or t.get("id") or "")
+        if t.get("kind") == "attack":
+            mine = {name: rows[name]} if name in rows else {}
+        else:
+            mine = {k: r for k, r in rows.items() if k.rsplit("@", 1)[0] == name}
+        if not mine:
+            continue
+        statuses = {str(r.get("status")) for r in mine.values()}
+        t["sequential"] = {
+            "status": "skipped: no acceptance criterion reads it" if statuses == {"skip"}
+            else "stopped once its criteria were decided" if any(
+                r.get("stopped_early") for r in mine.values())
+            else "every planned image",
+            "images_used": {k: r.get("images_used") for k, r in mine.items()},
+            "images_planned": {k: r.get("images_planned") for k, r in mine.items()}}
+
+
 def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
     """The IEEE 3129 4.6 report document (IEEE-P1, P3, P4; metrics IEEE-M1..M8) of ``parts``.
 
@@ -340,6 +363,7 @@ def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
     sequential = sequential_part(parts)
     if sequential is not None:      # sequential acceptance: intervals at the stopping times
         report["sequential"] = sequential
+        _sequential_tests(report["tests"], sequential)
     # the plan's acceptance criteria judged on the metrics (services/report/verdict)
     report["verdict"] = verdict(criteria_of_plan(plan, path="parts.plan_text.acceptance"),
                                 metrics, report["failed_settings"], sequential=sequential)

@@ -49,7 +49,7 @@ from fortis.services.report.page_results import (
     example_groups,
     rule_words,
 )
-from fortis.services.report.page_summary import key_figures, verdict_section
+from fortis.services.report.page_summary import key_figures, sequential_section, verdict_section
 from fortis.services.report.page_values import (
     as_list,
     as_map,
@@ -154,6 +154,7 @@ def render_html(report: Mapping[str, Any]) -> str:
     return _environment().get_template("report.html.j2").render(
         report=report, target=target, tester=tester, metrics=metrics, evaluation=evaluation,
         accuracy=accuracy, verdict=verdict_section(report.get("verdict")),
+        sequential=sequential_section(report.get("sequential")),
         failed=[f for f in as_list(report.get("failed_settings")) if isinstance(f, Mapping)],
         cards=key_figures(metrics, accuracy), worst=worst, strongest=strongest,
         scope=_scope(corruptions, attacks, degradation, ranking),
