@@ -678,7 +678,9 @@ ECHO_MESSAGES: Final = frozenset({
         "IrtItem", "IrtAcceptance", "IrtSampler", "IrtFit", "IrtFit.SubjectsEntry",
         "IrtFit.ItemsEntry", "IrtResults", "IrtResults.SubjectsEntry",
         "IrtResults.Layer1Entry", "DefenceEffect", "DefenceEffect.AcvEntry", "DefencePair",
-        "DefencePair.AttacksEntry", "BenchmarkResults")),
+        "DefencePair.AttacksEntry", "BenchmarkResults",
+        # sequential acceptance's record: the evaluation's stopping points, echoed
+        "SequentialResults", "SequentialCriterion", "SequentialSetting")),
 })
 ECHO_TEXT: Final = _text(MAX_TEXT_CHARS, note="printed in the report")
 ECHO_LIST: Final = _list(MAX_REPORT_ENTRIES, note="printed in the report")

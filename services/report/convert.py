@@ -303,7 +303,7 @@ def _sequential_tests(tests: list[dict[str, Any]], sequential: Mapping[str, Any]
     rows = {str(r.get("setting")): r for r in sequential.get("settings") or ()
             if isinstance(r, Mapping)}
     for t in tests:
-        name = str(t.get("attack") or t.get("id") or "")
+        name = str(t.get("id") or "")
         if t.get("kind") == "attack":
             mine = {name: rows[name]} if name in rows else {}
         else:

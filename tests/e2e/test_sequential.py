@@ -129,7 +129,7 @@ def test_decided_intervals_cover_the_whole_runs_value_and_are_time_uniform(runs)
         "average_robustness_corr"]["interval"]
     assert "sequential" in avg["text"] and avg["confidence"] == "conclusive"
     # the report's tests say how many images each setting was sent
-    tests = {t.get("id") or t.get("attack"): t for t in seq["tests"]}
+    tests = {t.get("id"): t for t in seq["tests"]}
     assert tests["gaussian_noise"]["sequential"]["status"].startswith("stopped")
 
 
@@ -171,5 +171,5 @@ def test_unreferenced_settings_are_skipped_when_the_plan_says_so(module_stack, t
     assert f"{eid}/corruptions" not in sessions or sessions[f"{eid}/corruptions"] == 0
     assert not any("/attack/square/" in s for s in sessions)
     assert rows["fgsm"]["stopped_early"] and rep["verdict"]["status"] == "pass"
-    tests = {t.get("attack") or t.get("id"): t for t in rep["tests"]}
+    tests = {t.get("id"): t for t in rep["tests"]}
     assert tests["square"]["sequential"]["status"].startswith("skipped")
