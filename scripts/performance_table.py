@@ -53,6 +53,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "query_plan": ["bench/query_plan.py"],
     "scale": ["bench/scale.py"],
     "scoring": ["bench/scoring.py"],
+    "sequential_plans": ["bench/sequential_plans.py"],
     "storage": ["bench/storage.py"],
     "transfer": ["bench/transfer.py"],
     "transfer_more": ["bench/transfer_more.py"],
