@@ -173,3 +173,22 @@ def test_unreferenced_settings_are_skipped_when_the_plan_says_so(module_stack, t
     assert rows["fgsm"]["stopped_early"] and rep["verdict"]["status"] == "pass"
     tests = {t.get("id"): t for t in rep["tests"]}
     assert tests["square"]["sequential"]["status"].startswith("skipped")
+
+
+def test_a_query_attack_stops_after_the_chunks_in_flight(module_stack, tmp_path):
+    """A query attack advances as many chunks as it keeps in flight (four); once its
+    success-rate criterion is decided no further chunk session is opened."""
+    plan = PLAN.replace("limit: 32}", "limit: 256}") % (
+        '  sequential: true\n  attacks.square.success_rate: "<= 0.99"\n')
+    with FortisClient(module_stack.address, api_key=API_KEY) as fc:
+        rep = _run(fc, plan, tmp_path)
+    rows = {r["setting"]: r for r in rep["sequential"]["settings"]}
+    sq = rows["square"]
+    assert sq["images_used"] == 4 * 32 and sq["stopped_early"] and sq["images_planned"] == 256
+    chunks = sorted(s for s in rep["ledger"]["sessions"] if "/attack/square/" in s)
+    assert [c.split("/")[-2] for c in chunks] == ["00000", "00001", "00002", "00003"]
+    assert sq["queries_used"] == sum(rep["ledger"]["sessions"][c] for c in chunks)
+    assert sq["queries_upper_bound"] == 256 * 30 and 0 < sq["queries_saved_estimate"] <= 128 * 30
+    assert rep["metrics"]["attacks"]["square"]["m"] == 128
+    (c,) = rep["sequential"]["criteria"]
+    assert c["outcome"] == "pass" and c["images"] == 128 and c["interval"][1] < 0.99
