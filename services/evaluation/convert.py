@@ -325,7 +325,24 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
         _typed_part(parts.canary, r.canary, "canary")
     if r.benchmark:     # multi-target plans (CAN-5/7/8/10): Compute results
         _typed_part(parts.benchmark, r.benchmark, "benchmark")
+    if r.estimate is not None:
+        _estimate_part(parts.estimate, r.estimate)
     return parts
+
+
+_ESTIMATE_KINDS = {"fixed": rpb.ESTIMATE_KIND_FIXED, "upper_bound": rpb.ESTIMATE_KIND_UPPER_BOUND}
+
+
+def _estimate_part(msg: rpb.EstimateReport, e: Mapping[str, Any]) -> None:
+    """The query estimate beside the ledger's counts (``estimate.report_section``)."""
+    msg.SetInParent()
+    msg.fixed, msg.upper_bound = int(e["fixed"]), int(e["upper_bound"])
+    if e.get("expected") is not None:
+        msg.expected = int(e["expected"])
+    msg.total_actual = int(e["total_actual"])
+    msg.per_setting.extend(rpb.EstimatedSetting(
+        stage=str(r["stage"]), setting=str(r["setting"]), kind=_ESTIMATE_KINDS[str(r["kind"])],
+        estimated=int(r["estimated"]), actual=int(r["actual"])) for r in e["per_setting"])
 
 
 def _typed_part(msg: rpb.CanaryMetrics | rpb.BenchmarkResults, data: Mapping[str, Any],

@@ -36,7 +36,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fortis.services.evaluation.benchmark import member_runs
 from fortis.services.evaluation.plan import Plan
 from fortis.services.evaluation.ports import Catalogue
 from fortis.services.evaluation.selection import SELECT_DEFAULTS
@@ -146,17 +145,16 @@ def _single(plan: Plan, n: int, catalogue: Catalogue, target: str) -> list[Setti
 
 
 def plan_settings(plan: Plan, n_images: int, catalogue: Catalogue, *,
-                  sources: Sequence[str] = ()) -> list[SettingEstimate]:
+                  members: Sequence[tuple[Plan, str]] = ()) -> list[SettingEstimate]:
     """Every setting's queries. A multi-target plan runs each model as its own single-target
-    plan (``benchmark.member_runs``; ``sources``: the surrogates its transfer attacks are
-    crafted on, the baseline's included in fast mode); each setting names its model."""
-    if not plan.is_benchmark:
+    plan (``members``: those plans, from ``benchmark.member_runs``, each with the prefix of
+    its ledger sessions; "" for the primary model's); each setting names its model."""
+    if not plan.is_benchmark or not members:
         return _single(plan, n_images, catalogue, plan.target.name)
     out: list[SettingEstimate] = []
-    for run in sorted(member_runs(plan, catalogue, "estimate", sources), key=lambda r: r.index):
-        prefix = "" if run.primary else f"{run.evaluation_id.split('.', 1)[1]}:"
+    for mp, prefix in members:
         out += [replace(s, ledger=prefix + s.ledger) for s in
-                _single(run.plan, n_images, catalogue, run.plan.target.name)]
+                _single(mp, n_images, catalogue, mp.target.name)]
     return out
 
 
@@ -236,7 +234,7 @@ def _price(settings: Sequence[SettingEstimate],
 
 
 def estimate_plan(plan: Plan, n_images: int, catalogue: Catalogue, *,
-                  sources: Sequence[str] = (),
+                  members: Sequence[tuple[Plan, str]] = (),
                   prior: Mapping[str, int] | None = None, prior_from: str = "",
                   target_rates: Mapping[str, float] | None = None, tenant_rate: float = 0.0,
                   call_rate: float = 0.0,
@@ -247,7 +245,8 @@ def estimate_plan(plan: Plan, n_images: int, catalogue: Catalogue, *,
     limit and their price. ``prior``: a finished run's counts per ledger key
     (:func:`ledger_groups`); ``prices``: per target name, (price per 1000 queries, where it
     was declared)."""
-    settings = _with_expected(plan_settings(plan, n_images, catalogue, sources=sources), prior)
+    settings = _with_expected(plan_settings(plan, n_images, catalogue, members=members),
+                              prior)
     expected: int | None = None
     if all(s.expected is not None for s in settings):
         expected = sum(int(s.expected or 0) for s in settings)
