@@ -29,7 +29,9 @@ def split_price(endpoint: str, field: str) -> tuple[str, float | None]:
     if not sep:
         return endpoint, None
     items = query.split("&")
-    prices = [unquote_plus(i.partition("=")[2]) for i in items if i.partition("=")[0] == PRICE_PARAM]
+    prices = [
+        unquote_plus(i.partition("=")[2]) for i in items if i.partition("=")[0] == PRICE_PARAM
+    ]
     if not prices:
         return endpoint, None
     kept = [i for i in items if i.partition("=")[0] != PRICE_PARAM]
@@ -41,6 +43,8 @@ def split_price(endpoint: str, field: str) -> tuple[str, float | None]:
     except ValueError:
         raise InvalidArgument(field, f"{PRICE_PARAM} must be a number, got {raw[:40]!r}") from None
     if not math.isfinite(value) or value < 0 or value > MAX_PRICE_PER_1000:
-        raise InvalidArgument(field, f"{PRICE_PARAM} must be a finite number in 0.."
-                              f"{MAX_PRICE_PER_1000:g}, got {raw[:40]!r}")
+        raise InvalidArgument(
+            field,
+            f"{PRICE_PARAM} must be a finite number in 0..{MAX_PRICE_PER_1000:g}, got {raw[:40]!r}",
+        )
     return base + ("?" + "&".join(kept) if kept else ""), value

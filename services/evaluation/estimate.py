@@ -40,8 +40,18 @@ from fortis.services.evaluation.plan import Plan
 from fortis.services.evaluation.ports import Catalogue
 from fortis.services.evaluation.selection import SELECT_DEFAULTS
 
-__all__ = ["FIXED", "UPPER_BOUND", "Duration", "Price", "QueryEstimate", "SettingEstimate",
-           "estimate_plan", "ledger_groups", "plan_settings", "report_section"]
+__all__ = [
+    "FIXED",
+    "UPPER_BOUND",
+    "Duration",
+    "Price",
+    "QueryEstimate",
+    "SettingEstimate",
+    "estimate_plan",
+    "ledger_groups",
+    "plan_settings",
+    "report_section",
+]
 
 FIXED = "fixed"
 UPPER_BOUND = "upper_bound"
@@ -53,16 +63,16 @@ class SettingEstimate:
     make; equal to ``fixed`` for a fixed setting) and ``expected`` (fixed, or a finished
     run's count; None when unknown)."""
 
-    stage: str              # clean | corruptions | degradation | transfer_attacks |
+    stage: str  # clean | corruptions | degradation | transfer_attacks |
     #                         budget_selection | query_attacks
-    setting: str            # "clean", "gaussian_noise@3", "fgsm", "fgsm.select", "square"
-    kind: str               # FIXED | UPPER_BOUND
+    setting: str  # "clean", "gaussian_noise@3", "fgsm", "fgsm.select", "square"
+    kind: str  # FIXED | UPPER_BOUND
     images: int
-    per_image: int          # queries per image at most
+    per_image: int  # queries per image at most
     fixed: int
     upper_bound: int
     expected: int | None = None
-    target: str = ""        # the model queried (multi-target plans run every model)
+    target: str = ""  # the model queried (multi-target plans run every model)
     #: the ledger sessions counting this setting's queries, relative to the evaluation id:
     #: "clean", "corruptions", "attack/fgsm", "attack/square/" (a prefix: one per chunk)
     ledger: str = ""
@@ -72,9 +82,9 @@ class SettingEstimate:
 class Duration:
     """The least time the queries take under one limit: queries / rate."""
 
-    limit: str              # "target <name>", "tenant images per second", "tenant calls per second"
+    limit: str  # "target <name>", "tenant images per second", "tenant calls per second"
     rate: float
-    unit: str               # "images/s" | "calls/s"
+    unit: str  # "images/s" | "calls/s"
     seconds_fixed: float
     seconds_upper_bound: float
 
@@ -84,7 +94,7 @@ class Price:
     """``per_1000`` is a currency-less number per 1000 answered queries, as declared."""
 
     per_1000: float
-    source: str             # "plan" (the target's endpoint) | "target" (the operator's)
+    source: str  # "plan" (the target's endpoint) | "target" (the operator's)
     fixed: float
     upper_bound: float
 
@@ -97,11 +107,11 @@ class QueryEstimate:
     fixed: int
     upper_bound: int
     expected: int | None
-    expected_from: str = ""     # the finished evaluation the expected counts come from
+    expected_from: str = ""  # the finished evaluation the expected counts come from
     durations: tuple[Duration, ...] = ()
     price: Price | None = None
     tenant_queries_today: int = 0
-    tenant_queries_per_day: int = 0     # 0 = no quota
+    tenant_queries_per_day: int = 0  # 0 = no quota
 
 
 def _covered(n_images: int, limit: int) -> int:
@@ -110,16 +120,52 @@ def _covered(n_images: int, limit: int) -> int:
 
 def _single(plan: Plan, n: int, catalogue: Catalogue, target: str) -> list[SettingEstimate]:
     """The settings of a single-target plan, in the order the stages run them."""
-    out = [SettingEstimate(stage="clean", setting="clean", kind=FIXED, images=n, per_image=1,
-                           fixed=n, upper_bound=n, expected=n, target=target, ledger="clean")]
-    out += [SettingEstimate(stage="corruptions", setting=f"{c.id}@{s}", kind=FIXED, images=n,
-                            per_image=1, fixed=n, upper_bound=n, expected=n, target=target,
-                            ledger="corruptions")
-            for c in plan.corruptions for s in c.severities]
-    out += [SettingEstimate(stage="degradation", setting=f"{d.id}@{lv}", kind=FIXED, images=n,
-                            per_image=1, fixed=n, upper_bound=n, expected=n, target=target,
-                            ledger="degradation")
-            for d in plan.degradation for lv in d.levels]
+    out = [
+        SettingEstimate(
+            stage="clean",
+            setting="clean",
+            kind=FIXED,
+            images=n,
+            per_image=1,
+            fixed=n,
+            upper_bound=n,
+            expected=n,
+            target=target,
+            ledger="clean",
+        )
+    ]
+    out += [
+        SettingEstimate(
+            stage="corruptions",
+            setting=f"{c.id}@{s}",
+            kind=FIXED,
+            images=n,
+            per_image=1,
+            fixed=n,
+            upper_bound=n,
+            expected=n,
+            target=target,
+            ledger="corruptions",
+        )
+        for c in plan.corruptions
+        for s in c.severities
+    ]
+    out += [
+        SettingEstimate(
+            stage="degradation",
+            setting=f"{d.id}@{lv}",
+            kind=FIXED,
+            images=n,
+            per_image=1,
+            fixed=n,
+            upper_bound=n,
+            expected=n,
+            target=target,
+            ledger="degradation",
+        )
+        for d in plan.degradation
+        for lv in d.levels
+    ]
     transfer = [a for a in plan.attacks if not catalogue.attacks[a.id].is_query_attack]
     query = [a for a in plan.attacks if catalogue.attacks[a.id].is_query_attack]
     for at in transfer:
@@ -128,24 +174,55 @@ def _single(plan: Plan, n: int, catalogue: Catalogue, target: str) -> list[Setti
             cfg = {**SELECT_DEFAULTS, **at.select_budget}
             m = min(int(cfg["images"]), k)
             tries = 2 + int(cfg["max_steps"])
-            out.append(SettingEstimate(
-                stage="budget_selection", setting=f"{at.name}.select", kind=UPPER_BOUND,
-                images=m, per_image=1 + tries, fixed=m, upper_bound=m * (1 + tries),
-                target=target, ledger=f"attack/{at.name}.select"))
-        out.append(SettingEstimate(stage="transfer_attacks", setting=at.name, kind=FIXED,
-                                   images=k, per_image=1, fixed=k, upper_bound=k, expected=k,
-                                   target=target, ledger=f"attack/{at.name}"))
+            out.append(
+                SettingEstimate(
+                    stage="budget_selection",
+                    setting=f"{at.name}.select",
+                    kind=UPPER_BOUND,
+                    images=m,
+                    per_image=1 + tries,
+                    fixed=m,
+                    upper_bound=m * (1 + tries),
+                    target=target,
+                    ledger=f"attack/{at.name}.select",
+                )
+            )
+        out.append(
+            SettingEstimate(
+                stage="transfer_attacks",
+                setting=at.name,
+                kind=FIXED,
+                images=k,
+                per_image=1,
+                fixed=k,
+                upper_bound=k,
+                expected=k,
+                target=target,
+                ledger=f"attack/{at.name}",
+            )
+        )
     for at in query:
         k = _covered(n, at.limit)
         q = int(at.params["max_queries"])
-        out.append(SettingEstimate(stage="query_attacks", setting=at.name, kind=UPPER_BOUND,
-                                   images=k, per_image=q, fixed=0, upper_bound=q * k,
-                                   target=target, ledger=f"attack/{at.name}/"))
+        out.append(
+            SettingEstimate(
+                stage="query_attacks",
+                setting=at.name,
+                kind=UPPER_BOUND,
+                images=k,
+                per_image=q,
+                fixed=0,
+                upper_bound=q * k,
+                target=target,
+                ledger=f"attack/{at.name}/",
+            )
+        )
     return out
 
 
-def plan_settings(plan: Plan, n_images: int, catalogue: Catalogue, *,
-                  members: Sequence[tuple[Plan, str]] = ()) -> list[SettingEstimate]:
+def plan_settings(
+    plan: Plan, n_images: int, catalogue: Catalogue, *, members: Sequence[tuple[Plan, str]] = ()
+) -> list[SettingEstimate]:
     """Every setting's queries. A multi-target plan runs each model as its own single-target
     plan (``members``: those plans, from ``benchmark.member_runs``, each with the prefix of
     its ledger sessions; "" for the primary model's); each setting names its model."""
@@ -153,8 +230,10 @@ def plan_settings(plan: Plan, n_images: int, catalogue: Catalogue, *,
         return _single(plan, n_images, catalogue, plan.target.name)
     out: list[SettingEstimate] = []
     for mp, prefix in members:
-        out += [replace(s, ledger=prefix + s.ledger) for s in
-                _single(mp, n_images, catalogue, mp.target.name)]
+        out += [
+            replace(s, ledger=prefix + s.ledger)
+            for s in _single(mp, n_images, catalogue, mp.target.name)
+        ]
     return out
 
 
@@ -168,15 +247,16 @@ def ledger_groups(sessions: Mapping[str, int], evaluation_id: str) -> dict[str, 
     for sid, count in sessions.items():
         if not sid.startswith(head):
             continue
-        rest = sid[len(head):]
+        rest = sid[len(head) :]
         parts = rest.split("/")
         key = f"attack/{parts[1]}/" if len(parts) == 4 and parts[0] == "attack" else rest
         out[key] = out.get(key, 0) + int(count)
     return out
 
 
-def _with_expected(settings: Sequence[SettingEstimate],
-                   prior: Mapping[str, int] | None) -> list[SettingEstimate]:
+def _with_expected(
+    settings: Sequence[SettingEstimate], prior: Mapping[str, int] | None
+) -> list[SettingEstimate]:
     """Fixed settings expect their fixed count; adaptive ones the finished run's count of
     their ledger sessions (None without one)."""
     out = []
@@ -189,9 +269,13 @@ def _with_expected(settings: Sequence[SettingEstimate],
     return out
 
 
-def _durations(settings: Sequence[SettingEstimate], batch_size: int,
-               target_rates: Mapping[str, float], tenant_rate: float,
-               call_rate: float) -> list[Duration]:
+def _durations(
+    settings: Sequence[SettingEstimate],
+    batch_size: int,
+    target_rates: Mapping[str, float],
+    tenant_rate: float,
+    call_rate: float,
+) -> list[Duration]:
     """Lower bounds on the run's time under each limit that holds: a target's images/s on
     its own queries (models of a multi-target plan run one after the other), the tenant's
     images/s on all, the tenant's calls/s on all with at most ``batch_size`` images a call."""
@@ -202,23 +286,42 @@ def _durations(settings: Sequence[SettingEstimate], batch_size: int,
         rate = float(target_rates.get(name, 0.0))
         if rate > 0:
             mine = [s for s in settings if s.target == name]
-            out.append(Duration(limit=f"target {name}", rate=rate, unit="images/s",
-                                seconds_fixed=sum(s.fixed for s in mine) / rate,
-                                seconds_upper_bound=sum(s.upper_bound for s in mine) / rate))
+            out.append(
+                Duration(
+                    limit=f"target {name}",
+                    rate=rate,
+                    unit="images/s",
+                    seconds_fixed=sum(s.fixed for s in mine) / rate,
+                    seconds_upper_bound=sum(s.upper_bound for s in mine) / rate,
+                )
+            )
     if tenant_rate > 0:
-        out.append(Duration(limit="tenant images per second", rate=tenant_rate,
-                            unit="images/s", seconds_fixed=fixed / tenant_rate,
-                            seconds_upper_bound=upper / tenant_rate))
+        out.append(
+            Duration(
+                limit="tenant images per second",
+                rate=tenant_rate,
+                unit="images/s",
+                seconds_fixed=fixed / tenant_rate,
+                seconds_upper_bound=upper / tenant_rate,
+            )
+        )
     if call_rate > 0:
         b = max(1, batch_size)
-        out.append(Duration(limit="tenant calls per second", rate=call_rate, unit="calls/s",
-                            seconds_fixed=math.ceil(fixed / b) / call_rate,
-                            seconds_upper_bound=math.ceil(upper / b) / call_rate))
+        out.append(
+            Duration(
+                limit="tenant calls per second",
+                rate=call_rate,
+                unit="calls/s",
+                seconds_fixed=math.ceil(fixed / b) / call_rate,
+                seconds_upper_bound=math.ceil(upper / b) / call_rate,
+            )
+        )
     return out
 
 
-def _price(settings: Sequence[SettingEstimate],
-           prices: Mapping[str, tuple[float, str]]) -> Price | None:
+def _price(
+    settings: Sequence[SettingEstimate], prices: Mapping[str, tuple[float, str]]
+) -> Price | None:
     """The price of the queries when every model queried declares one (a partial sum would
     read as the whole); None otherwise."""
     targets = list(dict.fromkeys(s.target for s in settings))
@@ -228,36 +331,52 @@ def _price(settings: Sequence[SettingEstimate],
     upper = sum(s.upper_bound / 1000.0 * prices[s.target][0] for s in settings)
     per = {prices[t] for t in targets}
     first = prices[targets[0]]
-    return Price(per_1000=first[0] if len(per) == 1 else math.nan,
-                 source=first[1] if len({p[1] for p in per}) == 1 else "mixed",
-                 fixed=fixed, upper_bound=upper)
+    return Price(
+        per_1000=first[0] if len(per) == 1 else math.nan,
+        source=first[1] if len({p[1] for p in per}) == 1 else "mixed",
+        fixed=fixed,
+        upper_bound=upper,
+    )
 
 
-def estimate_plan(plan: Plan, n_images: int, catalogue: Catalogue, *,
-                  members: Sequence[tuple[Plan, str]] = (),
-                  prior: Mapping[str, int] | None = None, prior_from: str = "",
-                  target_rates: Mapping[str, float] | None = None, tenant_rate: float = 0.0,
-                  call_rate: float = 0.0,
-                  prices: Mapping[str, tuple[float, str]] | None = None,
-                  tenant_queries_today: int = 0,
-                  tenant_queries_per_day: int = 0) -> QueryEstimate:
+def estimate_plan(
+    plan: Plan,
+    n_images: int,
+    catalogue: Catalogue,
+    *,
+    members: Sequence[tuple[Plan, str]] = (),
+    prior: Mapping[str, int] | None = None,
+    prior_from: str = "",
+    target_rates: Mapping[str, float] | None = None,
+    tenant_rate: float = 0.0,
+    call_rate: float = 0.0,
+    prices: Mapping[str, tuple[float, str]] | None = None,
+    tenant_queries_today: int = 0,
+    tenant_queries_per_day: int = 0,
+) -> QueryEstimate:
     """The plan's queries (per setting and in total), the least time they take under each
     limit and their price. ``prior``: a finished run's counts per ledger key
     (:func:`ledger_groups`); ``prices``: per target name, (price per 1000 queries, where it
     was declared)."""
-    settings = _with_expected(plan_settings(plan, n_images, catalogue, members=members),
-                              prior)
+    settings = _with_expected(plan_settings(plan, n_images, catalogue, members=members), prior)
     expected: int | None = None
     if all(s.expected is not None for s in settings):
         expected = sum(int(s.expected or 0) for s in settings)
     return QueryEstimate(
-        images=n_images, batch_size=plan.batch_size, settings=tuple(settings),
-        fixed=sum(s.fixed for s in settings), upper_bound=sum(s.upper_bound for s in settings),
-        expected=expected, expected_from=prior_from if prior is not None else "",
-        durations=tuple(_durations(settings, plan.batch_size, target_rates or {},
-                                   tenant_rate, call_rate)),
+        images=n_images,
+        batch_size=plan.batch_size,
+        settings=tuple(settings),
+        fixed=sum(s.fixed for s in settings),
+        upper_bound=sum(s.upper_bound for s in settings),
+        expected=expected,
+        expected_from=prior_from if prior is not None else "",
+        durations=tuple(
+            _durations(settings, plan.batch_size, target_rates or {}, tenant_rate, call_rate)
+        ),
         price=_price(settings, prices or {}),
-        tenant_queries_today=tenant_queries_today, tenant_queries_per_day=tenant_queries_per_day)
+        tenant_queries_today=tenant_queries_today,
+        tenant_queries_per_day=tenant_queries_per_day,
+    )
 
 
 def _group_rows(settings: Iterable[SettingEstimate]) -> list[tuple[str, str, str, int, str]]:
@@ -276,15 +395,27 @@ def _group_rows(settings: Iterable[SettingEstimate]) -> list[tuple[str, str, str
     return out
 
 
-def report_section(est: QueryEstimate, sessions: Mapping[str, int],
-                   evaluation_id: str) -> dict[str, Any]:
+def report_section(
+    est: QueryEstimate, sessions: Mapping[str, int], evaluation_id: str
+) -> dict[str, Any]:
     """report.json's ``estimate``: the estimate made before the run beside what the run's
     ledger counted (answered queries per session, as the report's ``ledger`` section).
     ``per_setting`` has one row per ledger session group; ``estimated`` is the fixed count
     or the upper bound (``kind``)."""
     actual = ledger_groups(sessions, evaluation_id)
-    return {"fixed": est.fixed, "upper_bound": est.upper_bound, "expected": est.expected,
-            "per_setting": [{"stage": stage, "setting": name, "kind": kind,
-                             "estimated": estimated, "actual": actual.get(key, 0)}
-                            for stage, name, kind, estimated, key in _group_rows(est.settings)],
-            "total_actual": sum(int(v) for v in sessions.values())}
+    return {
+        "fixed": est.fixed,
+        "upper_bound": est.upper_bound,
+        "expected": est.expected,
+        "per_setting": [
+            {
+                "stage": stage,
+                "setting": name,
+                "kind": kind,
+                "estimated": estimated,
+                "actual": actual.get(key, 0),
+            }
+            for stage, name, kind, estimated, key in _group_rows(est.settings)
+        ],
+        "total_actual": sum(int(v) for v in sessions.values()),
+    }

@@ -28,9 +28,21 @@ def estimate_section(estimate: Any) -> dict[str, Any] | None:
         kind = str(r.get("kind") or "")
         within = None
         if is_number(est) and is_number(act):
-            within = act == est if kind == "fixed" else act <= est
-        rows.append({"stage": str(r.get("stage") or "").replace("_", " "),
-                     "setting": r.get("setting"), "kind": _KINDS.get(kind, kind),
-                     "estimated": est, "actual": act, "within": within})
-    return {"rows": rows, "fixed": e.get("fixed"), "upper_bound": e.get("upper_bound"),
-            "expected": e.get("expected"), "total_actual": e.get("total_actual")}
+            within = float(act) == float(est) if kind == "fixed" else float(act) <= float(est)
+        rows.append(
+            {
+                "stage": str(r.get("stage") or "").replace("_", " "),
+                "setting": r.get("setting"),
+                "kind": _KINDS.get(kind, kind),
+                "estimated": est,
+                "actual": act,
+                "within": within,
+            }
+        )
+    return {
+        "rows": rows,
+        "fixed": e.get("fixed"),
+        "upper_bound": e.get("upper_bound"),
+        "expected": e.get("expected"),
+        "total_actual": e.get("total_actual"),
+    }

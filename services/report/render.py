@@ -33,7 +33,6 @@ from typing import Any, Final
 
 import jinja2
 from fortis.services.report.page_canary import benchmark_section, canary_section
-from fortis.services.report.page_estimate import estimate_section
 from fortis.services.report.page_details import (
     degradation_profiles,
     evaluation_rows,
@@ -43,6 +42,7 @@ from fortis.services.report.page_details import (
     service_parameter_rows,
     test_rows,
 )
+from fortis.services.report.page_estimate import estimate_section
 from fortis.services.report.page_results import (
     attack_figures,
     attack_rows,

@@ -56,11 +56,17 @@ UPPER = FIXED + Q_M * SQUARE_LIMIT
 def _stack(tmp_path: Path, **kw):  # type: ignore[no-untyped-def]
     from fortis.server.app.stack import StackSettings, TargetConfig, start_stack
 
-    return start_stack(StackSettings(
-        state_dir=tmp_path / "state", api_keys={API_KEY: "tenant-a", OTHER_KEY: "tenant-b"},
-        targets=[TargetConfig.parse("fmnist-cnn=builtin:fmnist-cnn"),
-                 TargetConfig.parse("fmnist-priced=builtin:fmnist-cnn?price_per_1000=4&rate=500")],
-        **kw))
+    return start_stack(
+        StackSettings(
+            state_dir=tmp_path / "state",
+            api_keys={API_KEY: "tenant-a", OTHER_KEY: "tenant-b"},
+            targets=[
+                TargetConfig.parse("fmnist-cnn=builtin:fmnist-cnn"),
+                TargetConfig.parse("fmnist-priced=builtin:fmnist-cnn?price_per_1000=4&rate=500"),
+            ],
+            **kw,
+        )
+    )
 
 
 @pytest.fixture()
@@ -72,15 +78,22 @@ def stack(tmp_path: Path, fmnist_target, fmnist_surrogate) -> Iterator:
 
 def _stubs(address: str):  # type: ignore[no-untyped-def]
     ch = grpc.insecure_channel(address)
-    return ch, evaluation_pb2_grpc.EvaluationServiceStub(ch), proxy_pb2_grpc.TargetProxyServiceStub(ch)
+    return (
+        ch,
+        evaluation_pb2_grpc.EvaluationServiceStub(ch),
+        proxy_pb2_grpc.TargetProxyServiceStub(ch),
+    )
 
 
 def _wait(stub, eid: str, timeout: float = 240) -> pb.Evaluation:  # type: ignore[no-untyped-def]
     deadline = time.time() + timeout
     while time.time() < deadline:
         ev = stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id=eid), metadata=MD).evaluation
-        if ev.state in (pb.EVALUATION_STATE_SUCCEEDED, pb.EVALUATION_STATE_FAILED,
-                        pb.EVALUATION_STATE_CANCELLED):
+        if ev.state in (
+            pb.EVALUATION_STATE_SUCCEEDED,
+            pb.EVALUATION_STATE_FAILED,
+            pb.EVALUATION_STATE_CANCELLED,
+        ):
             return ev
         time.sleep(0.3)
     raise AssertionError(f"{eid} did not finish")
@@ -92,7 +105,7 @@ def test_fixed_part_is_the_ledger_and_the_run_stays_under_the_upper_bound(stack)
     try:
         est = ev_stub.ValidatePlan(pb.ValidatePlanRequest(plan=PLAN), metadata=MD).estimate
         assert (est.images, est.fixed, est.upper_bound) == (M, FIXED, UPPER)
-        assert not est.HasField("expected")          # nothing ran yet: the attack is unknown
+        assert not est.HasField("expected")  # nothing ran yet: the attack is unknown
         kinds = {s.setting: s.kind for s in est.settings}
         assert kinds["square"] == pb.QUERY_COUNT_KIND_UPPER_BOUND
         assert kinds["fgsm"] == kinds["gaussian_noise@3"] == pb.QUERY_COUNT_KIND_FIXED
@@ -103,30 +116,43 @@ def test_fixed_part_is_the_ledger_and_the_run_stays_under_the_upper_bound(stack)
         assert est.price.fixed == pytest.approx(FIXED / 1000 * 2.5)
         assert est.price.upper_bound == pytest.approx(UPPER / 1000 * 2.5)
 
-        eid = ev_stub.CreateEvaluation(pb.CreateEvaluationRequest(plan=PLAN),
-                                       metadata=MD).evaluation.evaluation_id
+        eid = ev_stub.CreateEvaluation(
+            pb.CreateEvaluationRequest(plan=PLAN), metadata=MD
+        ).evaluation.evaluation_id
         assert _wait(ev_stub, eid).state == pb.EVALUATION_STATE_SUCCEEDED
-        report = json.loads(ev_stub.GetEvaluationReport(
-            pb.GetEvaluationReportRequest(evaluation_id=eid), metadata=MD).report_json)
+        report = json.loads(
+            ev_stub.GetEvaluationReport(
+                pb.GetEvaluationReportRequest(evaluation_id=eid), metadata=MD
+            ).report_json
+        )
         section = report["estimate"]
         assert (section["fixed"], section["upper_bound"]) == (FIXED, UPPER)
+
         # the proxy's own counts of each session, asked over its contract
         def ledger(session: str) -> int:
-            return px_stub.GetSessionStats(proxy_pb2.GetSessionStatsRequest(
-                session_id=f"{eid}/{session}"), metadata=MD).queries_ok
+            return px_stub.GetSessionStats(
+                proxy_pb2.GetSessionStatsRequest(session_id=f"{eid}/{session}"), metadata=MD
+            ).queries_ok
+
         rows = {r["setting"]: r for r in section["per_setting"]}
         assert rows["clean"]["actual"] == ledger("clean") == M
         assert rows["fgsm"]["actual"] == ledger("attack/fgsm") == FGSM_LIMIT
         corr = next(r for r in section["per_setting"] if r["stage"] == "corruptions")
-        assert corr["kind"] == "fixed" and corr["actual"] == ledger("corruptions") == corr["estimated"]
+        assert (
+            corr["kind"] == "fixed" and corr["actual"] == ledger("corruptions") == corr["estimated"]
+        )
         fixed_actual = sum(r["actual"] for r in section["per_setting"] if r["kind"] == "fixed")
         assert fixed_actual == FIXED
         sq = rows["square"]
         assert sq["kind"] == "upper_bound" and 0 < sq["actual"] <= Q_M * SQUARE_LIMIT
         assert section["total_actual"] == report["ledger"]["total_queries"]
         assert FIXED < section["total_actual"] <= UPPER
-        assert "Estimated vs actual queries" in ev_stub.GetEvaluationReport(
-            pb.GetEvaluationReportRequest(evaluation_id=eid), metadata=MD).report_html
+        assert (
+            "Estimated vs actual queries"
+            in ev_stub.GetEvaluationReport(
+                pb.GetEvaluationReportRequest(evaluation_id=eid), metadata=MD
+            ).report_html
+        )
 
         # the same plan again: what the finished run spent is what is expected
         again = ev_stub.ValidatePlan(pb.ValidatePlanRequest(plan=PLAN), metadata=MD).estimate
@@ -140,9 +166,10 @@ def test_fixed_part_is_the_ledger_and_the_run_stays_under_the_upper_bound(stack)
 
 def test_price_and_rate_of_the_operators_target_configuration(stack) -> None:
     ch, ev_stub, _ = _stubs(stack.address)
-    plan = PLAN.replace('name: fmnist-cnn, task: classification, endpoint: '
-                        '"builtin:fmnist-cnn?price_per_1000=2.5"',
-                        "name: fmnist-priced, task: classification")
+    plan = PLAN.replace(
+        'name: fmnist-cnn, task: classification, endpoint: "builtin:fmnist-cnn?price_per_1000=2.5"',
+        "name: fmnist-priced, task: classification",
+    )
     try:
         est = ev_stub.ValidatePlan(pb.ValidatePlanRequest(plan=plan), metadata=MD).estimate
         assert est.price.source == "target" and est.price.per_1000 == 4.0
@@ -152,9 +179,10 @@ def test_price_and_rate_of_the_operators_target_configuration(stack) -> None:
         assert rate.seconds_fixed == pytest.approx(FIXED / 500)
         assert rate.seconds_upper_bound == pytest.approx(UPPER / 500)
         # the plan's own price wins over the operator's
-        mine = plan.replace("name: fmnist-priced, task: classification",
-                            'name: fmnist-priced, task: classification, '
-                            'endpoint: "x:y?a=1&price_per_1000=0.5"')
+        mine = plan.replace(
+            "name: fmnist-priced, task: classification",
+            'name: fmnist-priced, task: classification, endpoint: "x:y?a=1&price_per_1000=0.5"',
+        )
         est = ev_stub.ValidatePlan(pb.ValidatePlanRequest(plan=mine), metadata=MD).estimate
         assert est.price.source == "plan" and est.price.per_1000 == 0.5
     finally:
@@ -187,8 +215,9 @@ def test_hostile_prices_in_the_operators_configuration() -> None:
     assert ok.price_per_1000 == 3.0 and ok.url == "kserve+http://127.0.0.1:1/v2/models/m?x=%2F"
 
 
-def test_over_quota_plan_is_refused_before_anything_is_sent(tmp_path: Path, fmnist_target,
-                                                            fmnist_surrogate) -> None:
+def test_over_quota_plan_is_refused_before_anything_is_sent(
+    tmp_path: Path, fmnist_target, fmnist_surrogate
+) -> None:
     from fortis.infra.serving.quotas import QuotaSettings
 
     quota = FIXED - 1
@@ -212,30 +241,37 @@ def test_over_quota_plan_is_refused_before_anything_is_sent(tmp_path: Path, fmni
             assert db.execute("SELECT COUNT(*) FROM queries").fetchone()[0] == 0
         # a plan whose fixed part fits is accepted (its adaptive bound may not: the proxy
         # refuses any query past the quota while it runs)
-        fits = PLAN.replace(f"limit: {M}}}", "limit: 8}").replace("max_queries: 30", "max_queries: 200")
+        fits = PLAN.replace(f"limit: {M}}}", "limit: 8}").replace(
+            "max_queries: 30", "max_queries: 200"
+        )
         ok = ev_stub.ValidatePlan(pb.ValidatePlanRequest(plan=fits), metadata=MD).estimate
         assert ok.fixed <= quota < ok.upper_bound
         ev = ev_stub.CreateEvaluation(pb.CreateEvaluationRequest(plan=fits), metadata=MD).evaluation
-        ev_stub.CancelEvaluation(pb.CancelEvaluationRequest(evaluation_id=ev.evaluation_id),
-                                 metadata=MD)
+        ev_stub.CancelEvaluation(
+            pb.CancelEvaluationRequest(evaluation_id=ev.evaluation_id), metadata=MD
+        )
     finally:
         ch.close()
         s.stop(0)
 
 
-def test_cli_estimate_and_dry_run_print_the_estimate_and_run_nothing(stack, capsys,
-                                                                     tmp_path: Path) -> None:
+def test_cli_estimate_and_dry_run_print_the_estimate_and_run_nothing(
+    stack, capsys, tmp_path: Path
+) -> None:
     from fortis.server.cli.main import main
 
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN)
-    assert main(["estimate", str(plan), "--json", "--address", stack.address,
-                 "--api-key", API_KEY]) == 0
+    assert (
+        main(["estimate", str(plan), "--json", "--address", stack.address, "--api-key", API_KEY])
+        == 0
+    )
     e = json.loads(capsys.readouterr().out)
     assert (e["fixed"], e["upper_bound"], e["images"]) == (FIXED, UPPER, M)
     assert e["price"]["source"] == "plan"
-    assert main(["run", str(plan), "--dry-run", "--address", stack.address,
-                 "--api-key", API_KEY]) == 0
+    assert (
+        main(["run", str(plan), "--dry-run", "--address", stack.address, "--api-key", API_KEY]) == 0
+    )
     out = capsys.readouterr().out
     assert f"{FIXED:,}" in out and f"{UPPER:,}" in out and "upper bound" in out
     ch, ev_stub, _ = _stubs(stack.address)
