@@ -27,8 +27,13 @@ def estimate_section(estimate: Any) -> dict[str, Any] | None:
         est, act = r.get("estimated"), r.get("actual")
         kind = str(r.get("kind") or "")
         within = None
-        if is_number(est) and is_number(act):
-            within = float(act) == float(est) if kind == "fixed" else float(act) <= float(est)
+        if (
+            is_number(est)
+            and is_number(act)
+            and isinstance(est, int | float)
+            and isinstance(act, int | float)
+        ):
+            within = act == est if kind == "fixed" else act <= est
         rows.append(
             {
                 "stage": str(r.get("stage") or "").replace("_", " "),
