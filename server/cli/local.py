@@ -88,12 +88,8 @@ def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace,
     ``--dry-run`` (``fortis run``) or for ``fortis estimate``: its estimate instead, nothing
     run."""
     if getattr(ns, "dry_run", False) or getattr(ns, "estimate_only", False):
-        def act(address: str, key: str, tls: Any = None) -> int:
-            from fortis.client import FortisClient
-            from fortis.server.cli.estimate import show_estimate
-
-            with FortisClient(address, api_key=key, **(tls or {})) as client:
-                return show_estimate(client, plan_text, bool(getattr(ns, "json", False)))
+        from fortis.server.cli.estimate import estimate_action
+        act = estimate_action(plan_text, bool(getattr(ns, "json", False)))
     else:
         def act(address: str, key: str, tls: Any = None) -> int:
             return remote.submit_and_follow(address, key, plan_text, out, ns, tls)
@@ -170,20 +166,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     text, root = _embedded_manifest_root(text)
     return _run_plan(text, Path(ns.out or "."), ns, data_root=root)
-
-
-def cmd_estimate(ns: argparse.Namespace) -> int:
-    """``fortis estimate PLAN``: the plan's queries, least duration and price; embedded by
-    default, or asked of ``--address``."""
-    ns.estimate_only = True
-    ns.id, ns.quiet = None, True
-    try:
-        text = Path(ns.plan).read_text()
-    except OSError as exc:
-        err(f"cannot read plan: {exc}")
-        return EXIT_BAD_INPUT
-    text, root = _embedded_manifest_root(text)
-    return _run_plan(text, Path("."), ns, data_root=root)
 
 
 def _embedded_manifest_root(text: str) -> tuple[str, Path | None]:

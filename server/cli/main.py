@@ -17,6 +17,7 @@ from fortis.server.cli import (
     catalogue,
     compare,
     db,
+    estimate,
     health,
     keys,
     local,
@@ -122,7 +123,7 @@ def _add_estimate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sp.add_argument("plan")
     sp.add_argument("--json", action="store_true", help="the estimate as JSON")
     _client_opts(sp)
-    sp.set_defaults(fn=local.cmd_estimate)
+    sp.set_defaults(fn=estimate.cmd_estimate)
 
 
 def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
