@@ -82,9 +82,9 @@ class SettingEstimate:
 class Duration:
     """The least time the queries take under one limit: queries / rate."""
 
-    limit: str  # "target <name>", "tenant images per second", "tenant calls per second"
+    limit: str  # "target <name>" | "tenant images per second"
     rate: float
-    unit: str  # "images/s" | "calls/s"
+    unit: str  # "images/s"
     seconds_fixed: float
     seconds_upper_bound: float
 
@@ -271,14 +271,14 @@ def _with_expected(
 
 def _durations(
     settings: Sequence[SettingEstimate],
-    batch_size: int,
     target_rates: Mapping[str, float],
     tenant_rate: float,
-    call_rate: float,
 ) -> list[Duration]:
-    """Lower bounds on the run's time under each limit that holds: a target's images/s on
-    its own queries (models of a multi-target plan run one after the other), the tenant's
-    images/s on all, the tenant's calls/s on all with at most ``batch_size`` images a call."""
+    """Lower bounds on the run's time under each limit the proxy paces the evaluation's
+    queries by: a target's images/s on its own queries (models of a multi-target plan run
+    one after the other) and the tenant's images/s on all (``--tenant-rate``). The tenant's
+    calls/s (``--max-call-rate-per-tenant``) paces the tenant's own calls to the server, not
+    the ones the evaluation service makes for it, so it bounds nothing here."""
     out = []
     fixed = sum(s.fixed for s in settings)
     upper = sum(s.upper_bound for s in settings)
@@ -303,17 +303,6 @@ def _durations(
                 unit="images/s",
                 seconds_fixed=fixed / tenant_rate,
                 seconds_upper_bound=upper / tenant_rate,
-            )
-        )
-    if call_rate > 0:
-        b = max(1, batch_size)
-        out.append(
-            Duration(
-                limit="tenant calls per second",
-                rate=call_rate,
-                unit="calls/s",
-                seconds_fixed=math.ceil(fixed / b) / call_rate,
-                seconds_upper_bound=math.ceil(upper / b) / call_rate,
             )
         )
     return out
@@ -349,7 +338,6 @@ def estimate_plan(
     prior_from: str = "",
     target_rates: Mapping[str, float] | None = None,
     tenant_rate: float = 0.0,
-    call_rate: float = 0.0,
     prices: Mapping[str, tuple[float, str]] | None = None,
     tenant_queries_today: int = 0,
     tenant_queries_per_day: int = 0,
@@ -370,9 +358,7 @@ def estimate_plan(
         upper_bound=sum(s.upper_bound for s in settings),
         expected=expected,
         expected_from=prior_from if prior is not None else "",
-        durations=tuple(
-            _durations(settings, plan.batch_size, target_rates or {}, tenant_rate, call_rate)
-        ),
+        durations=tuple(_durations(settings, target_rates or {}, tenant_rate)),
         price=_price(settings, prices or {}),
         tenant_queries_today=tenant_queries_today,
         tenant_queries_per_day=tenant_queries_per_day,

@@ -262,8 +262,8 @@ class EvaluationManager:
                  ) -> QueryEstimate:
         """The target queries a validated plan will make (``estimate.py``): over the images
         its dataset selection resolves to, with the expected counts of the tenant's latest
-        finished evaluation of the same plan, the least time under the target's, the
-        tenant's images/s and calls/s limits, and the price the plan (its endpoint's
+        finished evaluation of the same plan, the least time under the target's and the
+        tenant's images/s limits, and the price the plan (its endpoint's
         ``?price_per_1000=``) or else the operator's target configuration declares. The
         tenant's queries today and its daily quota come from the proxy, over its contract."""
         catalogue = self.catalogue(tenant)
@@ -293,8 +293,7 @@ class EvaluationManager:
         return estimate_plan(
             plan, n, catalogue, members=members, prior=prior, prior_from=prior_from,
             target_rates={k: v[0] for k, v in terms.items()},
-            tenant_rate=usage.images_per_second,
-            call_rate=float(self.quotas.call_rate_limit(tenant)), prices=prices,
+            tenant_rate=usage.images_per_second, prices=prices,
             tenant_queries_today=usage.queries_today,
             tenant_queries_per_day=usage.queries_per_day)
 
