@@ -136,13 +136,14 @@ def check_models(plan: Plan, perturbation: PerturbationPort) -> None:
 PRIOR_SCAN = 200
 
 
-def _normalised(plan_text: str, fmt: str) -> str:
-    """The plan's document as canonical JSON (comments, key order and layout aside); "" when
-    it does not parse."""
+def _normalised(plan_text: str, fmt: str) -> tuple[str, object]:
+    """The plan's document as canonical JSON (comments, key order and layout aside) and its
+    name; ("", None) when it does not parse."""
     try:
-        return json.dumps(parse_plan_text(plan_text, fmt), sort_keys=True, default=str)
+        doc = parse_plan_text(plan_text, fmt)
     except errors.FortisError:
-        return ""
+        return "", None
+    return json.dumps(doc, sort_keys=True, default=str), doc.get("name")
 
 
 def check_evaluation_id(evaluation_id: str) -> None:
@@ -303,12 +304,15 @@ class EvaluationManager:
         same text, or the same document once parsed: comments and layout aside), among its
         :data:`PRIOR_SCAN` newest evaluations; ("", None) when there is none."""
         store = self.store.for_tenant(tenant)
-        want = _normalised(plan_text, fmt)
+        want: tuple[str, object] | None = None
         for row in store.list(tenant, limit=PRIOR_SCAN):
             if row.state != "SUCCEEDED":
                 continue
-            if row.plan_text != plan_text and _normalised(row.plan_text, "") != want:
-                continue
+            if row.plan_text != plan_text:
+                # another text: parsed only when the names agree (the stored name is the plan's)
+                want = want or _normalised(plan_text, fmt)
+                if row.plan_name != want[1] or _normalised(row.plan_text, "")[0] != want[0]:
+                    continue
             try:
                 doc = json.loads(store.report(row.evaluation_id)[0])
                 sessions = doc["ledger"]["sessions"]

@@ -157,6 +157,13 @@ def test_fixed_part_is_the_ledger_and_the_run_stays_under_the_upper_bound(stack)
         # the same plan again: what the finished run spent is what is expected
         again = ev_stub.ValidatePlan(pb.ValidatePlanRequest(plan=PLAN), metadata=MD).estimate
         assert again.expected_from == eid and again.expected == section["total_actual"]
+        # the same plan in another layout, with a comment: the same document
+        relaid = "# the same plan\n" + PLAN.replace("seed: 7", "seed:   7  # fixed")
+        same = ev_stub.ValidatePlan(pb.ValidatePlanRequest(plan=relaid), metadata=MD).estimate
+        assert same.expected_from == eid
+        changed = PLAN.replace("seed: 7", "seed: 8")
+        other_seed = ev_stub.ValidatePlan(pb.ValidatePlanRequest(plan=changed), metadata=MD)
+        assert not other_seed.estimate.HasField("expected")
         # another tenant's runs are not this tenant's history
         other = ev_stub.ValidatePlan(pb.ValidatePlanRequest(plan=PLAN), metadata=OTHER_MD).estimate
         assert not other.HasField("expected") and other.expected_from == ""
