@@ -196,6 +196,32 @@ def test_price_and_rate_of_the_operators_target_configuration(stack) -> None:
         ch.close()
 
 
+def test_a_multi_target_plan_counts_every_model(stack) -> None:
+    """Each model runs every setting (its own queries); the price is left out while one
+    model declares none, rather than a partial sum."""
+    ch, ev_stub, _ = _stubs(stack.address)
+    plan = f"""
+name: estimate-multi
+seed: 7
+targets: [{{name: fmnist-cnn}}, {{name: fmnist-priced}}]
+dataset: {{source: fashion-mnist, split: test, limit: {M}}}
+corruptions: [{{id: brightness, severities: [1, 2]}}]
+attacks: [{{id: square, params: {{epsilon: 0.1, max_queries: {Q_M}}}, limit: {SQUARE_LIMIT}}}]
+"""
+    try:
+        est = ev_stub.ValidatePlan(pb.ValidatePlanRequest(plan=plan), metadata=MD).estimate
+        per_model = {
+            t: [s for s in est.settings if s.target == t] for t in ("fmnist-cnn", "fmnist-priced")
+        }
+        for settings in per_model.values():
+            assert sum(s.fixed for s in settings) == M * 3
+            assert sum(s.upper_bound for s in settings) == M * 3 + Q_M * SQUARE_LIMIT
+        assert est.fixed == 2 * M * 3 and not est.HasField("price")
+        assert [d.limit for d in est.durations] == ["target fmnist-priced"]
+    finally:
+        ch.close()
+
+
 @pytest.mark.parametrize("price", ["nan", "-1", "1e12", "inf", "abc", "", "1&price_per_1000=2"])
 def test_hostile_prices_are_refused_naming_the_field(stack, price: str) -> None:
     ch, ev_stub, _ = _stubs(stack.address)
