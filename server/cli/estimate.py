@@ -4,17 +4,14 @@ asked of a running Fortis or of one started embedded)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from fortis.client import FortisClient
-from fortis.server.cli.output import EXIT_BAD_INPUT, err
 
-__all__ = ["cmd_estimate", "estimate_action", "format_estimate", "show_estimate"]
+__all__ = ["estimate_action", "format_estimate", "show_estimate"]
 
 _KINDS = {"fixed": "fixed", "upper_bound": "upper bound"}
 
@@ -131,19 +128,3 @@ def estimate_action(plan_text: str, as_json: bool) -> Callable[..., int]:
             return show_estimate(client, plan_text, as_json)
 
     return act
-
-
-def cmd_estimate(ns: argparse.Namespace) -> int:
-    """``fortis estimate PLAN``: the plan's queries, least duration and price; embedded by
-    default (as ``fortis run``), or asked of ``--address``."""
-    from fortis.server.cli import local
-
-    ns.estimate_only = True
-    ns.id, ns.quiet = None, True
-    try:
-        text = Path(ns.plan).read_text()
-    except OSError as exc:
-        err(f"cannot read plan: {exc}")
-        return EXIT_BAD_INPUT
-    text, root = local._embedded_manifest_root(text)
-    return local._run_plan(text, Path("."), ns, data_root=root)

@@ -85,9 +85,9 @@ def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace,
               data_root: Path | None = None) -> int:
     """Run a plan: against ``--address`` through the client only, else on an embedded stack
     started here (after checking the plan locally, so a bad plan starts nothing). With
-    ``--dry-run`` (``fortis run``) or for ``fortis estimate``: its estimate instead, nothing
-    run."""
-    if getattr(ns, "dry_run", False) or getattr(ns, "estimate_only", False):
+    ``--dry-run`` (``fortis run --dry-run``, ``fortis estimate``): its estimate instead,
+    nothing run."""
+    if getattr(ns, "dry_run", False):
         from fortis.server.cli.estimate import estimate_action
         act = estimate_action(plan_text, bool(getattr(ns, "json", False)))
     else:

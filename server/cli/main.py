@@ -17,7 +17,6 @@ from fortis.server.cli import (
     catalogue,
     compare,
     db,
-    estimate,
     health,
     keys,
     local,
@@ -116,6 +115,13 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp.set_defaults(fn=local.cmd_run)
 
 
+def _cmd_estimate(ns: argparse.Namespace) -> int:
+    """``fortis estimate PLAN``: ``fortis run PLAN --dry-run`` (embedded by default, or
+    asked of ``--address``), quietly."""
+    ns.dry_run, ns.out, ns.id, ns.quiet = True, None, None, True
+    return local.cmd_run(ns)
+
+
 def _add_estimate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("estimate", help="the target queries a plan will make (fixed, upper "
                         "bound, expected), the least time they take and their price; nothing "
@@ -123,7 +129,7 @@ def _add_estimate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sp.add_argument("plan")
     sp.add_argument("--json", action="store_true", help="the estimate as JSON")
     _client_opts(sp)
-    sp.set_defaults(fn=estimate.cmd_estimate)
+    sp.set_defaults(fn=_cmd_estimate)
 
 
 def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
