@@ -99,7 +99,6 @@ def _wait(stub, eid: str, timeout: float = 240) -> pb.Evaluation:  # type: ignor
     raise AssertionError(f"{eid} did not finish")
 
 
-@pytest.mark.slow
 def test_fixed_part_is_the_ledger_and_the_run_stays_under_the_upper_bound(stack) -> None:
     ch, ev_stub, px_stub = _stubs(stack.address)
     try:
