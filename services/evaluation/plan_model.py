@@ -45,6 +45,9 @@ class TargetRef:
     task: Task = Task.CLASSIFICATION
     endpoint: str = ""
     credentials_ref: str = ""
+    #: The price per 1000 queries the plan declares (the endpoint's ``?price_per_1000=``,
+    #: taken off ``endpoint``); None: none declared.
+    price_per_1000: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +60,8 @@ class Member:
     name: str
     surrogate: str = ""
     defends: str = ""
+    #: The price per 1000 queries its endpoint declares (``?price_per_1000=``); None: none.
+    price_per_1000: float | None = None
 
 
 #: Uploaded WebDataset shards one plan may name (``dataset.store.upload``).

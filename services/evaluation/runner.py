@@ -27,6 +27,7 @@ from fortis.infra.serving import tracing
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from fortis.services.evaluation.answers import SegmentationAnswers
 from fortis.services.evaluation.canary_metrics import canary_metrics
+from fortis.services.evaluation.estimate import estimate_plan, report_section
 from fortis.services.evaluation.examples import build_examples
 from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.keys import SessionId
@@ -82,6 +83,10 @@ class DatasetPort:
 
     def truths(self, plan: Plan) -> dict[str, Any]:
         raise NotImplementedError
+
+    def count(self, plan: Plan) -> int:
+        """How many images the plan's selection resolves to (its query estimate's M)."""
+        return len(self.images(plan))
 
     def for_tenant(self, tenant: str) -> DatasetPort:
         """The port as ``tenant``'s plans see it (its own uploads). Default: self."""
@@ -218,6 +223,9 @@ class EvaluationRunner:
     #: Example images for the report; off for the models of a multi-target plan
     #: whose own report is not kept (``benchmark.py``).
     with_examples: bool = True
+    #: A finished run of the same plan's ledger counts (``estimate.ledger_groups``): the
+    #: report's expected queries; None: none known.
+    estimate_prior: Mapping[str, int] | None = None
 
     def run(self) -> Scored:
         return self.finish(self.evaluate())
@@ -271,7 +279,10 @@ class EvaluationRunner:
             evaluation_id=eid, started=run.started, finished=finished_at,
             images=len(run.images), resumed_count=current.resumed_count if current else 0,
             examples=list(run.examples), benchmark=benchmark, canary=run.canary,
-            failed=list(run.failed), sequential=run.sequential))
+            failed=list(run.failed), sequential=run.sequential,
+            estimate=report_section(estimate_plan(plan, len(run.images), self.catalogue,
+                                                  prior=self.estimate_prior),
+                                    run.ledger.sessions, eid)))
         scored = replace(run.scored, summary=replace(
             run.scored.summary, failed_settings=tuple(s.label for s in run.failed)))
         store.finish(eid, report_json=report_json, report_html=report_html,

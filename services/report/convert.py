@@ -320,6 +320,21 @@ def _sequential_tests(tests: list[dict[str, Any]], sequential: Mapping[str, Any]
             "images_planned": {k: r.get("images_planned") for k, r in mine.items()}}
 
 
+_ESTIMATE_KINDS = {report_pb2.ESTIMATE_KIND_FIXED: "fixed",
+                   report_pb2.ESTIMATE_KIND_UPPER_BOUND: "upper_bound"}
+
+
+def _estimate(e: report_pb2.EstimateReport) -> dict[str, Any]:
+    """``report["estimate"]``: the estimate made before the run and the ledger's counts."""
+    return {"fixed": e.fixed, "upper_bound": e.upper_bound,
+            "expected": e.expected if e.HasField("expected") else None,
+            "per_setting": [{"stage": r.stage, "setting": r.setting,
+                             "kind": _ESTIMATE_KINDS.get(r.kind, "unspecified"),
+                             "estimated": r.estimated, "actual": r.actual}
+                            for r in e.per_setting],
+            "total_actual": e.total_actual}
+
+
 def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
     """The IEEE 3129 4.6 report document (IEEE-P1, P3, P4; metrics IEEE-M1..M8) of ``parts``.
 
@@ -359,6 +374,8 @@ def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
     benchmark = benchmark_part(parts)
     if benchmark is not None:     # multi-target plans (CAN-5/7/8/10)
         report["benchmark"] = benchmark
+    if parts.HasField("estimate"):      # the query estimate beside the ledger's counts
+        report["estimate"] = _estimate(parts.estimate)
     _canary(parts, report)      # CAN-1..4 when the plan asked; PER-4 / curves metrics_used
     sequential = sequential_part(parts)
     if sequential is not None:      # sequential acceptance: intervals at the stopping times

@@ -42,6 +42,7 @@ from fortis.services.report.page_details import (
     service_parameter_rows,
     test_rows,
 )
+from fortis.services.report.page_estimate import estimate_section
 from fortis.services.report.page_results import (
     attack_figures,
     attack_rows,
@@ -167,6 +168,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         query_errors=query_errors, ranking=ranking, tests=test_rows(tests),
         service_parameters=service_parameter_rows(report, target), roles=role_rows(tester),
         evaluation_rows=evaluation_rows(evaluation), ledger=as_map(report.get("ledger")),
+        estimate=estimate_section(report.get("estimate")),
         present=present, nav=[(a, label) for a, label in _SECTIONS if present.get(a)],
         title=f"Fortis robustness report: {target.get('name') or 'target'}") + "\n"
 

@@ -37,6 +37,12 @@ class ExampleVerdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXAMPLE_VERDICT_UNSPECIFIED: _ClassVar[ExampleVerdict]
     EXAMPLE_VERDICT_CORRECT: _ClassVar[ExampleVerdict]
     EXAMPLE_VERDICT_INCORRECT: _ClassVar[ExampleVerdict]
+
+class EstimateKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ESTIMATE_KIND_UNSPECIFIED: _ClassVar[EstimateKind]
+    ESTIMATE_KIND_FIXED: _ClassVar[EstimateKind]
+    ESTIMATE_KIND_UPPER_BOUND: _ClassVar[EstimateKind]
 TEST_KIND_UNSPECIFIED: TestKind
 TEST_KIND_CORRUPTION: TestKind
 TEST_KIND_DEGRADATION: TestKind
@@ -51,6 +57,9 @@ EXAMPLE_KIND_DEGRADATION: ExampleKind
 EXAMPLE_VERDICT_UNSPECIFIED: ExampleVerdict
 EXAMPLE_VERDICT_CORRECT: ExampleVerdict
 EXAMPLE_VERDICT_INCORRECT: ExampleVerdict
+ESTIMATE_KIND_UNSPECIFIED: EstimateKind
+ESTIMATE_KIND_FIXED: EstimateKind
+ESTIMATE_KIND_UPPER_BOUND: EstimateKind
 
 class Party(_message.Message):
     __slots__ = ("name", "organisation")
@@ -285,7 +294,7 @@ class FailedSetting(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., level: _Optional[int] = ..., code: _Optional[_Union[_code_pb2.Code, str]] = ..., message: _Optional[str] = ..., images_done: _Optional[int] = ..., images_planned: _Optional[int] = ...) -> None: ...
 
 class ReportParts(_message.Message):
-    __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation", "examples", "failed_settings", "canary", "benchmark", "sequential")
+    __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation", "examples", "failed_settings", "canary", "benchmark", "sequential", "estimate")
     PLAN_TEXT_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +308,7 @@ class ReportParts(_message.Message):
     CANARY_FIELD_NUMBER: _ClassVar[int]
     BENCHMARK_FIELD_NUMBER: _ClassVar[int]
     SEQUENTIAL_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
     plan_text: str
     target: TargetReport
     roles: Roles
@@ -312,7 +322,8 @@ class ReportParts(_message.Message):
     canary: CanaryMetrics
     benchmark: BenchmarkResults
     sequential: SequentialResults
-    def __init__(self, plan_text: _Optional[str] = ..., target: _Optional[_Union[TargetReport, _Mapping]] = ..., roles: _Optional[_Union[Roles, _Mapping]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., metrics: _Optional[_Union[_scoring_pb2.ScoreEvaluationResponse, _Mapping]] = ..., tests: _Optional[_Iterable[_Union[TestDefinition, _Mapping]]] = ..., ledger: _Optional[_Union[LedgerSummary, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationInfo, _Mapping]] = ..., examples: _Optional[_Iterable[_Union[ExampleImage, _Mapping]]] = ..., failed_settings: _Optional[_Iterable[_Union[FailedSetting, _Mapping]]] = ..., canary: _Optional[_Union[CanaryMetrics, _Mapping]] = ..., benchmark: _Optional[_Union[BenchmarkResults, _Mapping]] = ..., sequential: _Optional[_Union[SequentialResults, _Mapping]] = ...) -> None: ...
+    estimate: EstimateReport
+    def __init__(self, plan_text: _Optional[str] = ..., target: _Optional[_Union[TargetReport, _Mapping]] = ..., roles: _Optional[_Union[Roles, _Mapping]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., metrics: _Optional[_Union[_scoring_pb2.ScoreEvaluationResponse, _Mapping]] = ..., tests: _Optional[_Iterable[_Union[TestDefinition, _Mapping]]] = ..., ledger: _Optional[_Union[LedgerSummary, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationInfo, _Mapping]] = ..., examples: _Optional[_Iterable[_Union[ExampleImage, _Mapping]]] = ..., failed_settings: _Optional[_Iterable[_Union[FailedSetting, _Mapping]]] = ..., canary: _Optional[_Union[CanaryMetrics, _Mapping]] = ..., benchmark: _Optional[_Union[BenchmarkResults, _Mapping]] = ..., sequential: _Optional[_Union[SequentialResults, _Mapping]] = ..., estimate: _Optional[_Union[EstimateReport, _Mapping]] = ...) -> None: ...
 
 class SequentialResults(_message.Message):
     __slots__ = ("alpha", "method", "order_seed", "unreferenced", "queries_saved_estimate", "criteria", "settings", "notes", "null_fields", "empty_fields")
@@ -389,6 +400,34 @@ class SequentialSetting(_message.Message):
     null_fields: _containers.RepeatedScalarFieldContainer[str]
     empty_fields: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, setting: _Optional[str] = ..., status: _Optional[str] = ..., stopped_early: _Optional[bool] = ..., images_planned: _Optional[int] = ..., images_used: _Optional[int] = ..., queries_used: _Optional[int] = ..., queries_planned: _Optional[int] = ..., queries_upper_bound: _Optional[int] = ..., queries_saved_estimate: _Optional[int] = ..., queries_saved_kind: _Optional[str] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EstimatedSetting(_message.Message):
+    __slots__ = ("stage", "setting", "kind", "estimated", "actual")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    SETTING_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    setting: str
+    kind: EstimateKind
+    estimated: int
+    actual: int
+    def __init__(self, stage: _Optional[str] = ..., setting: _Optional[str] = ..., kind: _Optional[_Union[EstimateKind, str]] = ..., estimated: _Optional[int] = ..., actual: _Optional[int] = ...) -> None: ...
+
+class EstimateReport(_message.Message):
+    __slots__ = ("fixed", "upper_bound", "expected", "per_setting", "total_actual")
+    FIXED_FIELD_NUMBER: _ClassVar[int]
+    UPPER_BOUND_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    PER_SETTING_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    fixed: int
+    upper_bound: int
+    expected: int
+    per_setting: _containers.RepeatedCompositeFieldContainer[EstimatedSetting]
+    total_actual: int
+    def __init__(self, fixed: _Optional[int] = ..., upper_bound: _Optional[int] = ..., expected: _Optional[int] = ..., per_setting: _Optional[_Iterable[_Union[EstimatedSetting, _Mapping]]] = ..., total_actual: _Optional[int] = ...) -> None: ...
 
 class MetricNode(_message.Message):
     __slots__ = ("value", "n", "status", "reason", "correct", "average", "classes", "misclassified", "layer", "zero_maps", "models", "per_model", "unit", "grade", "level", "grade_reason", "denominator", "change_tolerance", "wavelet", "levels", "measure", "chromatic", "baseline", "defended", "null_fields", "empty_fields")
