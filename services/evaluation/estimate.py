@@ -24,6 +24,10 @@ The counts follow the stages exactly (``stages/measure.py``, ``stages/attacks.py
 Retries of a call the target answered UNAVAILABLE are further attempts: the tenant's daily
 quota counts them, the answered counts here do not (a query attack's retries stay within Q_m).
 
+Under sequential acceptance (``sequential.py``) a setting a sequential criterion reads may
+stop after its first chunk: it is a bound (one chunk fixed), and a setting the plan skips
+counts nothing.
+
 The expected number comes from a finished evaluation of the same plan by the same tenant: its
 ledger counts per session (report.json ``ledger.sessions``) stand for the adaptive settings;
 fixed settings are exact.
@@ -227,13 +231,37 @@ def plan_settings(
     plan (``members``: those plans, from ``benchmark.member_runs``, each with the prefix of
     its ledger sessions; "" for the primary model's); each setting names its model."""
     if not plan.is_benchmark or not members:
-        return _single(plan, n_images, catalogue, plan.target.name)
+        return _sequential(plan, n_images, _single(plan, n_images, catalogue, plan.target.name))
     out: list[SettingEstimate] = []
     for mp, prefix in members:
         out += [
             replace(s, ledger=prefix + s.ledger)
             for s in _single(mp, n_images, catalogue, mp.target.name)
         ]
+    return out
+
+
+def _sequential(plan: Plan, n_images: int,
+                settings: list[SettingEstimate]) -> list[SettingEstimate]:
+    """Under sequential acceptance (``sequential.py``) a setting a sequential criterion reads
+    may stop after its first chunk: its count becomes a bound, its fixed part one chunk; a
+    setting the plan skips (``unreferenced: skip``) sends nothing."""
+    from fortis.services.evaluation.sequential import is_sequential, setting_statuses
+
+    if not is_sequential(plan):
+        return settings
+    status = setting_statuses(plan, n_images)
+    out = []
+    for s in settings:
+        st = status.get(s.setting, "full")
+        if st == "skip":
+            out.append(replace(s, kind=FIXED, fixed=0, upper_bound=0, expected=0))
+        elif st == "open":
+            first = min(plan.batch_size, s.images)
+            out.append(replace(s, kind=UPPER_BOUND, expected=None,
+                               fixed=first * s.per_image if s.fixed else 0))
+        else:
+            out.append(s)
     return out
 
 
@@ -260,11 +288,18 @@ def _with_expected(
     """Fixed settings expect their fixed count; adaptive ones the finished run's count of
     their ledger sessions (None without one)."""
     out = []
+    # settings sharing a session (sequential corruptions) share its count
+    sharing: dict[str, int] = {}
+    for s in settings:
+        if s.kind != FIXED:
+            sharing[s.ledger] = sharing.get(s.ledger, 0) + 1
     for s in settings:
         if s.kind == FIXED:
             out.append(replace(s, expected=s.fixed))
         else:
             got = None if prior is None else prior.get(s.ledger)
+            if got is not None and sharing.get(s.ledger, 1) > 1:
+                got = round(got / sharing[s.ledger])
             out.append(replace(s, expected=None if got is None else min(got, s.upper_bound)))
     return out
 

@@ -48,7 +48,8 @@ from fortis.services.evaluation.convert import setting_verdicts
 from fortis.services.evaluation.plan import Plan
 from fortis.services.evaluation.ports import ScoringPort, ScoringSetup, Setting
 
-__all__ = ["ALPHA", "SequentialRun", "SettingKey", "is_sequential", "sequential_order"]
+__all__ = ["ALPHA", "SequentialRun", "SettingKey", "is_sequential", "sequential_order",
+           "setting_statuses"]
 
 log = structlog.get_logger("fortis.evaluation.sequential")
 
@@ -62,6 +63,17 @@ SettingKey = tuple[Any, ...]
 def is_sequential(plan: Plan) -> bool:
     """Whether some acceptance criterion of ``plan`` is judged sequentially."""
     return any(c.sequential for c in plan.acceptance)
+
+
+def setting_statuses(plan: Plan, n_images: int) -> dict[str, str]:
+    """Each corruption and attack setting of ``plan`` (as reports name it, ``fog@3``,
+    ``square``) -> ``open`` (may stop early), ``full`` or ``skip``: what the query estimate
+    counts on before the run."""
+    run = SequentialRun(plan=plan, n_images=n_images, scoring=None,  # type: ignore[arg-type]
+                        setup=None)  # type: ignore[arg-type]
+    keys = [("corruption", ct.id, s) for ct in plan.corruptions for s in ct.severities]
+    keys += [("attack", at.name) for at in plan.attacks]
+    return {_label(k): run.status(k) for k in keys}
 
 
 def sequential_order(n: int, seed: int) -> np.ndarray:

@@ -173,3 +173,29 @@ def test_split_price_takes_only_the_price_off() -> None:
         with pytest.raises(InvalidArgument) as exc:
             split_price(f"x:y?price_per_1000={bad}", "target.endpoint")
         assert exc.value.violations[0].field == "target.endpoint"
+
+
+def test_sequential_acceptance_makes_the_settings_it_may_stop_bounds(catalogue) -> None:
+    """Under sequential acceptance a setting a sequential criterion reads may stop after
+    its first chunk: its count is a bound with one chunk fixed; settings no criterion reads
+    run whole (``unreferenced: run``) or count nothing (``skip``); a finished run's count of
+    a session the stopped settings share is split between them."""
+    text = SINGLE.replace("limit: 50}", "limit: 50}\nexecution: {batch_size: 16}") + (
+        'acceptance:\n  sequential: true\n  corruptions.fog.mean: ">= 0.5"\n'
+        '  attacks.square.success_rate: "<= 0.5"\n')
+    plan = load_plan(text, catalogue)
+    e = estimate_plan(plan, 50, catalogue)
+    by = {s.setting: s for s in e.settings}
+    assert (by["fog@1"].kind, by["fog@1"].fixed, by["fog@1"].upper_bound) == \
+        (UPPER_BOUND, 16, 50)
+    assert by["clean"].kind == FIXED and by["clean"].fixed == 50
+    assert by["fgsm"].kind == FIXED and by["fgsm"].fixed == 30            # read by none: whole
+    assert (by["square"].fixed, by["square"].upper_bound) == (0, 10 * 40)
+    skip = load_plan(text.replace("sequential: true", "sequential: {unreferenced: skip}"),
+                     catalogue)
+    s = {x.setting: x for x in estimate_plan(skip, 50, catalogue).settings}
+    assert s["fgsm"].fixed == s["fgsm"].upper_bound == s["hsja"].upper_bound == 0
+    assert s["black_lines@1"].fixed == 50                 # degradation always runs whole
+    prior = estimate_plan(plan, 50, catalogue, prior={"corruptions": 40, "attack/square/": 77})
+    p = {x.setting: x for x in prior.settings}
+    assert p["fog@1"].expected == p["fog@2"].expected == 20 and p["square"].expected == 77
