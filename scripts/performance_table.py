@@ -54,6 +54,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "scale": ["bench/scale.py"],
     "scoring": ["bench/scoring.py"],
     "sequential": ["bench/sequential.py"],
+    "sequential_plans": ["bench/sequential_plans.py"],
     "storage": ["bench/storage.py"],
     "transfer": ["bench/transfer.py"],
     "transfer_more": ["bench/transfer_more.py"],

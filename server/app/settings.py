@@ -20,6 +20,7 @@ from fortis.infra.serving.quotas import QuotaSettings
 from fortis.infra.serving.tls import TlsSettings
 from fortis.services.common import errors
 from fortis.services.common.limits import MAX_IMAGES_PER_REQUEST
+from fortis.services.common.prices import split_price
 
 SERVICES = ("proxy", "perturbation", "scoring", "report", "evaluation")
 
@@ -69,6 +70,9 @@ class TargetConfig:
     #: Most images the proxy sends the target in one call (``?max_batch=N``); a target that
     #: declares a smaller ``max_batch_size`` in its info gets that.
     max_batch: int = 64
+    #: Price per 1000 queries the operator declares (``?price_per_1000=X``), a
+    #: currency-less number plans' estimates show; None: none.
+    price_per_1000: float | None = None
     #: ``grpcs://``: TLS to the target: the CA that signs its
     #: certificate (empty: the system roots), an optional client certificate and key (mTLS),
     #: and the name to verify when the certificate does not name the address.
@@ -85,6 +89,8 @@ class TargetConfig:
         name, sep, rest = spec.partition("=")
         if not sep or not name or not rest:
             raise errors.InvalidArgument("target", f"'{spec}' is not NAME=builtin:MODEL or NAME=grpc://HOST:PORT")
+        # the price is the estimate's, never the back end's: taken off before the URL is used
+        rest, price = split_price(rest, f"target {name[:100]}")
         u = urlparse(rest)
         q = {k: v[-1] for k, v in parse_qs(u.query, keep_blank_values=True).items()}
         try:
@@ -99,7 +105,7 @@ class TargetConfig:
                                          f"{MAX_IMAGES_PER_REQUEST}, got {max_batch}")
         tenants = _parse_tenants(q["tenants"], spec) if "tenants" in q else frozenset()
         common: dict[str, Any] = {"images_per_second": rate, "tenants": tenants,
-                                  "max_batch": max_batch}
+                                  "max_batch": max_batch, "price_per_1000": price}
         if u.scheme == "builtin":
             return cls(name=name, builtin=u.path or u.netloc, output=q.get("output", "full_scores"),
                        top_k=top_k, **common)

@@ -347,7 +347,7 @@ def _target_entries(w: _Wiring, redis_store: Any) -> list[Any]:
                                        t.images_per_second, key=f"target:{t.name}",
                                        store=redis_store and redis_store.limiter),
                                    tenants=t.tenants, max_batch=t.max_batch,
-                                   builtin_model=t.builtin or ""))
+                                   builtin_model=t.builtin or "", price_per_1000=t.price_per_1000))
     return entries
 
 

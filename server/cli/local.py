@@ -84,10 +84,18 @@ def _needs_training(plan_text: str) -> bool:
 def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace,
               data_root: Path | None = None) -> int:
     """Run a plan: against ``--address`` through the client only, else on an embedded stack
-    started here (after checking the plan locally, so a bad plan starts nothing)."""
+    started here (after checking the plan locally, so a bad plan starts nothing). With
+    ``--dry-run`` (``fortis run --dry-run``, ``fortis estimate``): its estimate instead,
+    nothing run."""
+    if getattr(ns, "dry_run", False):
+        from fortis.server.cli.estimate import estimate_action
+        act = estimate_action(plan_text, bool(getattr(ns, "json", False)))
+    else:
+        def act(address: str, key: str, tls: Any = None) -> int:
+            return remote.submit_and_follow(address, key, plan_text, out, ns, tls)
     if ns.address:
-        return remote.guarded(lambda _: remote.submit_and_follow(
-            ns.address, remote.api_key_of(ns), plan_text, out, ns, remote.tls_of(ns)))(ns)
+        return remote.guarded(lambda _: act(ns.address, remote.api_key_of(ns),
+                                            remote.tls_of(ns)))(ns)
     from fortis.infra.serving.api_keys import new_api_key
     from fortis.server.app.stack import StackSettings, start_stack
     from fortis.services.common.errors import FortisError, InvalidArgument
@@ -116,8 +124,7 @@ def _run_plan(plan_text: str, out: Path, ns: argparse.Namespace,
         err(str(exc))
         return EXIT_FAILED
     try:
-        return remote.guarded(lambda _: remote.submit_and_follow(
-            stack.address, api_key, plan_text, out, ns))(ns)
+        return remote.guarded(lambda _: act(stack.address, api_key))(ns)
     finally:
         stack.stop()
 
@@ -149,13 +156,16 @@ def cmd_demo(ns: argparse.Namespace) -> int:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
+    if not ns.out and not ns.dry_run:
+        err("--out is required (except with --dry-run)")
+        return EXIT_BAD_INPUT
     try:
         text = Path(ns.plan).read_text()
     except OSError as exc:
         err(f"cannot read plan: {exc}")
         return EXIT_BAD_INPUT
     text, root = _embedded_manifest_root(text)
-    return _run_plan(text, Path(ns.out), ns, data_root=root)
+    return _run_plan(text, Path(ns.out or "."), ns, data_root=root)
 
 
 def _embedded_manifest_root(text: str) -> tuple[str, Path | None]:

@@ -102,12 +102,34 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sp = sub.add_parser("run", help="run a test plan and write its report")
     sp.add_argument("plan")
-    sp.add_argument("--out", required=True)
+    sp.add_argument("--out", help="folder for report.json and report.html (required unless "
+                    "--dry-run)")
     sp.add_argument("--id", help="evaluation id (idempotent: the same id returns the same evaluation)")
     sp.add_argument("--quiet", action="store_true")
+    sp.add_argument("--dry-run", action="store_true",
+                    help="print the plan's query estimate (as `fortis estimate`) and exit 0 "
+                    "without running it")
+    sp.add_argument("--json", action="store_true", help="with --dry-run: the estimate as JSON")
     _client_opts(sp)
     _pipeline_opts(sp)
     sp.set_defaults(fn=local.cmd_run)
+
+
+def _cmd_estimate(ns: argparse.Namespace) -> int:
+    """``fortis estimate PLAN``: ``fortis run PLAN --dry-run`` (embedded by default, or
+    asked of ``--address``), quietly."""
+    ns.dry_run, ns.out, ns.id, ns.quiet = True, None, None, True
+    return local.cmd_run(ns)
+
+
+def _add_estimate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sp = sub.add_parser("estimate", help="the target queries a plan will make (fixed, upper "
+                        "bound, expected), the least time they take and their price; nothing "
+                        "is sent")
+    sp.add_argument("plan")
+    sp.add_argument("--json", action="store_true", help="the estimate as JSON")
+    _client_opts(sp)
+    sp.set_defaults(fn=_cmd_estimate)
 
 
 def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -249,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_run(sub)
     _add_validate(sub)
+    _add_estimate(sub)
     serve_parser.add_parser(sub)
     worker.add_parser(sub)
     health.add_parser(sub)

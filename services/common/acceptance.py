@@ -9,12 +9,21 @@ A plan declares::
       corruptions.fog.mean: ">= 0.5"
       corruptions.gaussian_noise.3: ">= 0.7"
       attacks.square.success_rate: "<= 0.3"
+      sequential: true            # optional: stop each setting once its criteria are decided
 
 Each key is a metric path (:data:`GLOBAL_METRICS`, ``corruptions.<id>.<mean|severity>``,
 ``attacks.<name>.<metric>`` with :data:`ATTACK_METRICS`), each value ``"<op> <number>"`` with
 ``op`` one of ``>=``, ``<=``, ``>``, ``<`` and the number a finite rate or count (a rate may be
 written as a percentage, ``"90%"``). How a criterion is judged against a measured value and its
 95 % interval is the report service's business (``services/report/verdict.py``).
+
+``sequential`` (``true``, or ``{unreferenced: run | skip}``) makes every rate criterion
+sequential: the evaluation sends the images in a seeded random order and stops the settings a
+criterion reads as soon as an anytime-valid 95 % confidence sequence decides it (IEEE-M8 holds
+at the stopping time; ``services/evaluation/sequential.py``). A criterion may also be written
+``{rule: ">= 0.9", sequential: false}`` to opt out (or in) alone. ``unreferenced`` says what
+happens to the settings no criterion reads: ``run`` them on every image (the default) or
+``skip`` them.
 """
 
 from __future__ import annotations
@@ -22,13 +31,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from fortis.services.common.errors import FieldViolation
 
 __all__ = ["ATTACK_METRICS", "GLOBAL_METRICS", "MAX_CRITERIA", "OPERATORS", "Criterion",
-           "parse_acceptance", "parse_criterion"]
+           "SequentialPolicy", "parse_acceptance", "parse_criterion", "parse_sequential"]
 
 #: Metrics of the whole evaluation (report.json ``metrics.<name>``).
 GLOBAL_METRICS: Final = ("accuracy", "average_robustness_corr", "average_robustness_adv",
@@ -57,6 +66,8 @@ class Criterion:
     setting: str = ""
     measure: str = ""
     severity: int = 0
+    #: Judged by an anytime-valid confidence sequence, its settings stopped once decided.
+    sequential: bool = False
 
     @property
     def is_rate(self) -> bool:
@@ -115,10 +126,65 @@ def parse_criterion(metric: str, rule: Any) -> Criterion | str:
     return c
 
 
+@dataclass(frozen=True, kw_only=True)
+class SequentialPolicy:
+    """The plan's ``acceptance.sequential``: whether criteria are sequential by default, and
+    what becomes of the settings no criterion reads (``run`` on every image, or ``skip``)."""
+
+    enabled: bool = False
+    unreferenced: str = "run"
+
+
+#: The choices of ``acceptance.sequential.unreferenced``.
+UNREFERENCED: Final = ("run", "skip")
+
+
+def parse_sequential(raw: Any, path: str = "acceptance"
+                     ) -> tuple[SequentialPolicy, list[FieldViolation]]:
+    """``acceptance.sequential``: ``true`` / ``false`` or ``{unreferenced: run | skip}``."""
+    if not isinstance(raw, Mapping) or "sequential" not in raw:
+        return SequentialPolicy(), []
+    value, field = raw["sequential"], f"{path}.sequential"
+    if isinstance(value, bool):
+        return SequentialPolicy(enabled=value), []
+    if isinstance(value, Mapping):
+        extra = [str(k)[:40] for k in value if k != "unreferenced"]
+        if extra:
+            return SequentialPolicy(), [FieldViolation(f"{field}.{extra[0]}", "unknown key; "
+                                                       "the only key is unreferenced")]
+        how = value.get("unreferenced", "run")
+        if how not in UNREFERENCED:
+            return SequentialPolicy(), [FieldViolation(
+                f"{field}.unreferenced", f"must be one of {', '.join(UNREFERENCED)}")]
+        return SequentialPolicy(enabled=True, unreferenced=str(how)), []
+    return SequentialPolicy(), [FieldViolation(field, "must be true, false or "
+                                                      "{unreferenced: run | skip}")]
+
+
+def _rule_of(rule: Any, default: bool, field: str
+             ) -> tuple[Any, bool, FieldViolation | None]:
+    """A criterion's rule text and whether it is sequential: ``">= 0.9"`` (the section's
+    default) or ``{rule: ">= 0.9", sequential: bool}``."""
+    if not isinstance(rule, Mapping):
+        return rule, default, None
+    extra = [str(k)[:40] for k in rule if k not in ("rule", "sequential")]
+    if extra:
+        return None, False, FieldViolation(f"{field}.{extra[0]}", "unknown key; use rule and "
+                                                                  "sequential")
+    seq = rule.get("sequential", default)
+    if not isinstance(seq, bool):
+        return None, False, FieldViolation(f"{field}.sequential", "must be true or false")
+    if "rule" not in rule:
+        return None, False, FieldViolation(f"{field}.rule", "required, e.g. \">= 0.9\"")
+    return rule["rule"], seq, None
+
+
 def parse_acceptance(raw: Any, *, corruptions: Collection[str], attacks: Collection[str],
                      path: str = "acceptance") -> tuple[tuple[Criterion, ...], list[FieldViolation]]:
     """The plan's ``acceptance`` section: its criteria and every problem, each naming its
-    field (``acceptance.attacks.sq.success_rate: no attack named 'sq' in the plan``)."""
+    field (``acceptance.attacks.sq.success_rate: no attack named 'sq' in the plan``).
+    The ``sequential`` key is the section's policy (:func:`parse_sequential`), not a
+    criterion."""
     problems: list[FieldViolation] = []
     if raw is None:
         return (), problems
@@ -126,11 +192,18 @@ def parse_acceptance(raw: Any, *, corruptions: Collection[str], attacks: Collect
         return (), [FieldViolation(path, "must be a mapping of metric -> \">= number\"")]
     if len(raw) > MAX_CRITERIA:
         return (), [FieldViolation(path, f"{len(raw):,} criteria; at most {MAX_CRITERIA}")]
+    policy, problems = parse_sequential(raw, path)
     out: list[Criterion] = []
-    for key, rule in raw.items():
+    for key, given in raw.items():
+        if key == "sequential":
+            continue
         field = f"{path}.{str(key)[:120]}"
         if not isinstance(key, str) or not key:
             problems.append(FieldViolation(path, "every key must be a metric name"))
+            continue
+        rule, seq, bad = _rule_of(given, policy.enabled, field)
+        if bad is not None:
+            problems.append(bad)
             continue
         c = parse_criterion(key, rule)
         if isinstance(c, str):
@@ -144,5 +217,7 @@ def parse_acceptance(raw: Any, *, corruptions: Collection[str], attacks: Collect
             problems.append(FieldViolation(field, f"no attack named {c.setting[:60]!r} in the "
                                                   "plan (use the attack's name)"))
             continue
+        if seq and c.is_rate:   # a count (queries) has no confidence sequence: judged whole
+            c = replace(c, sequential=True)
         out.append(c)
     return tuple(out), problems

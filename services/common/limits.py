@@ -522,6 +522,8 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
         "message", note="CAN-1..4 results as the scoring service's Compute returned them"),
     "fortis.report.v1.ReportParts.benchmark": Limit(
         "message", note="multi-target results (CAN-5/7/8/10) as Compute returned them"),
+    "fortis.report.v1.ReportParts.estimate": Limit(
+        "message", note="the query estimate beside the ledger's counts, printed in the report"),
     "fortis.report.v1.ReportParts.examples": _list(
         MAX_REPORT_EXAMPLES, note="example images printed in the report"),
     "fortis.report.v1.ExampleImage.original_png": Limit(
@@ -678,7 +680,11 @@ ECHO_MESSAGES: Final = frozenset({
         "IrtItem", "IrtAcceptance", "IrtSampler", "IrtFit", "IrtFit.SubjectsEntry",
         "IrtFit.ItemsEntry", "IrtResults", "IrtResults.SubjectsEntry",
         "IrtResults.Layer1Entry", "DefenceEffect", "DefenceEffect.AcvEntry", "DefencePair",
-        "DefencePair.AttacksEntry", "BenchmarkResults")),
+        "DefencePair.AttacksEntry", "BenchmarkResults",
+        # sequential acceptance's record: the evaluation's stopping points, echoed
+        "SequentialResults", "SequentialCriterion", "SequentialSetting",
+        # the query estimate beside the ledger's counts
+        "EstimateReport", "EstimatedSetting")),
 })
 ECHO_TEXT: Final = _text(MAX_TEXT_CHARS, note="printed in the report")
 ECHO_LIST: Final = _list(MAX_REPORT_ENTRIES, note="printed in the report")

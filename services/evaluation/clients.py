@@ -45,6 +45,7 @@ from fortis.services.evaluation.ports import (
     ScoringSetup,
     Setting,
     TargetDescription,
+    TenantUsage,
 )
 from google.protobuf import json_format
 
@@ -101,6 +102,27 @@ class GrpcProxy:
             token = resp.next_page_token
             if not token:
                 return names
+
+    def target_terms(self) -> dict[str, tuple[float, float | None]]:
+        """Per target this tenant may query: (images per second, 0 = unlimited; price per
+        1000 queries the operator declared, or None)."""
+        out: dict[str, tuple[float, float | None]] = {}
+        token = ""
+        while True:
+            resp = _call(self.stub.ListTargets, proxy_pb2.ListTargetsRequest(
+                page_size=1000, page_token=token), self.md, 60)
+            for t in resp.targets:
+                out[t.name] = (float(t.images_per_second),
+                               float(t.price_per_1000) if t.HasField("price_per_1000") else None)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    def tenant_usage(self) -> TenantUsage:
+        r = _call(self.stub.GetTenantUsage, proxy_pb2.GetTenantUsageRequest(), self.md, 60)
+        return TenantUsage(queries_today=int(r.queries_today),
+                           queries_per_day=int(r.queries_per_day),
+                           images_per_second=float(r.images_per_second))
 
     def open_session(self, *, session_id: str, target: str, query_budget: int = 0,
                      per_image_budget: int = 0, description: str = "") -> None:

@@ -323,13 +323,32 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
             images_done=f.failure.images_done, images_planned=f.failure.images_planned)
     if r.canary is not None:    # CAN-1..4 per attack (canary_metrics.py): Compute's results
         _typed_part(parts.canary, r.canary, "canary")
+    if r.sequential is not None:    # sequential acceptance (sequential.py)
+        _typed_part(parts.sequential, r.sequential, "sequential")
     if r.benchmark:     # multi-target plans (CAN-5/7/8/10): Compute results
         _typed_part(parts.benchmark, r.benchmark, "benchmark")
+    if r.estimate is not None:
+        _estimate_part(parts.estimate, r.estimate)
     return parts
 
 
-def _typed_part(msg: rpb.CanaryMetrics | rpb.BenchmarkResults, data: Mapping[str, Any],
-                path: str) -> None:
+_ESTIMATE_KINDS = {"fixed": rpb.ESTIMATE_KIND_FIXED, "upper_bound": rpb.ESTIMATE_KIND_UPPER_BOUND}
+
+
+def _estimate_part(msg: rpb.EstimateReport, e: Mapping[str, Any]) -> None:
+    """The query estimate beside the ledger's counts (``estimate.report_section``)."""
+    msg.SetInParent()
+    msg.fixed, msg.upper_bound = int(e["fixed"]), int(e["upper_bound"])
+    if e.get("expected") is not None:
+        msg.expected = int(e["expected"])
+    msg.total_actual = int(e["total_actual"])
+    msg.per_setting.extend(rpb.EstimatedSetting(
+        stage=str(r["stage"]), setting=str(r["setting"]), kind=_ESTIMATE_KINDS[str(r["kind"])],
+        estimated=int(r["estimated"]), actual=int(r["actual"])) for r in e["per_setting"])
+
+
+def _typed_part(msg: rpb.CanaryMetrics | rpb.BenchmarkResults | rpb.SequentialResults,
+                data: Mapping[str, Any], path: str) -> None:
     """A results tree as its typed part; keys the contract does not describe (a newer scoring
     service's) are left out and named in the part's notes rather than failing the run."""
     msg.SetInParent()

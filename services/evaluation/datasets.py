@@ -362,6 +362,20 @@ class PlanDatasets(DatasetPort):
                                          "available on this server")
             self.blobs.path_of(self.tenant, sd.model, f"surrogates[{k}].model", kind="model")
 
+    def count(self, plan: Plan) -> int:
+        """How many images the plan's selection resolves to, decoding none where the source
+        allows (manifest lines, annotation items, stream samples); a built-in source is
+        read (its images are in memory already)."""
+        ds = plan.dataset
+        if ds.source in ("manifest", "uploads"):
+            lines, _, _ = _opened(plan, self.data_root, self._uploads)
+            return sum(1 for _ in lines)
+        if ds.source in ANNOTATED_FORMATS:
+            return len(annotated_items(plan, self.store(plan)))
+        if ds.source in STREAM_FORMATS:
+            return len(self._samples(plan, decode_image=False))
+        return len(self.images(plan))
+
     def images(self, plan: Plan) -> list[LabeledImage]:
         ds = plan.dataset
         lm = ds.label_map

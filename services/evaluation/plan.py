@@ -23,6 +23,7 @@ from typing import Any
 
 from fortis.core.criteria import CORRECTNESS_MODES, PROBABILITY_CRITERIA
 from fortis.core.task import TASKS
+from fortis.services.common.acceptance import parse_sequential
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.limits import MAX_BATCH_SIZE, MAX_SEED
 from fortis.services.common.surrogates import resolve_label_map
@@ -95,6 +96,11 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
     surrogates = parse_surrogates(v, doc)
     attack_names = _attack_names(v, attacks, members, catalogue)
     acceptance = parse_acceptance_section(v, doc, {c.id for c in corruptions}, attack_names)
+    sequential, problems = parse_sequential(doc.get("acceptance"))
+    v.problems.extend(problems)
+    if sequential.enabled and (len(members) > 1 or baseline):
+        v.bad("acceptance.sequential", "sequential acceptance stops one model's settings; a "
+              "multi-target plan ranks models on the same images: drop it")
     canary = _canary(v, doc)
     degradation = parse_degradation(v, doc, catalogue)
     batch = _batch_size(v, doc)
@@ -109,7 +115,8 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
                 correctness=correctness, corruptions=tuple(corruptions), attacks=tuple(attacks),
                 batch_size=batch, raw=dict(doc), degradation=tuple(degradation),
                 detection=det, segmentation=seg, surrogates=tuple(surrogates),
-                acceptance=acceptance, canary=canary, members=tuple(members), baseline=baseline)
+                acceptance=acceptance, canary=canary, members=tuple(members), baseline=baseline,
+                sequential=sequential)
 
 
 def _check_benchmark(v: Fields, doc: Mapping[str, Any], attacks: list[AttackTest],

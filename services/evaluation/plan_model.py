@@ -10,7 +10,7 @@ from typing import Any
 
 from fortis.core.criteria import TARGETED_CRITERIA
 from fortis.core.task import Task
-from fortis.services.common.acceptance import Criterion
+from fortis.services.common.acceptance import Criterion, SequentialPolicy
 from fortis.services.common.surrogates import SurrogateDefinition
 
 __all__ = ["ANNOTATED_FORMATS", "DATASETS", "MAX_MEMBERS", "MAX_UPLOAD_SHARDS",
@@ -45,6 +45,9 @@ class TargetRef:
     task: Task = Task.CLASSIFICATION
     endpoint: str = ""
     credentials_ref: str = ""
+    #: The price per 1000 queries the plan declares (the endpoint's ``?price_per_1000=``,
+    #: taken off ``endpoint``); None: none declared.
+    price_per_1000: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +60,8 @@ class Member:
     name: str
     surrogate: str = ""
     defends: str = ""
+    #: The price per 1000 queries its endpoint declares (``?price_per_1000=``); None: none.
+    price_per_1000: float | None = None
 
 
 #: Uploaded WebDataset shards one plan may name (``dataset.store.upload``).
@@ -197,6 +202,8 @@ class Plan:
     #: CAN-10 fast mode: a finished multi-target evaluation of this tenant whose models this
     #: plan's target is ranked against, without re-running them (``baseline: {evaluation:}``).
     baseline: str = ""
+    #: ``acceptance.sequential``: stop settings once the criteria reading them are decided.
+    sequential: SequentialPolicy = SequentialPolicy()
     raw: Mapping[str, Any]
 
     @property

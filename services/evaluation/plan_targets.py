@@ -23,6 +23,7 @@ from fortis.services.common.limits import (
     MAX_SURROGATES,
 )
 from fortis.services.common.paths import relative_path
+from fortis.services.common.prices import split_price
 from fortis.services.common.surrogates import (
     BUILTIN_SURROGATE_NAMES,
     BUILTIN_SURROGATE_TASKS,
@@ -86,17 +87,18 @@ def parse_members(v: Fields, doc: Mapping[str, Any]) -> tuple[TargetRef, list[Me
         p = f"targets[{i}]"
         t = v.mapping(item, p)
         v.unknown(t, p, {"name", "task", "endpoint", "credentials_ref", "surrogate", "defends"})
+        endpoint, price = _endpoint(v, t, p)
         ref = TargetRef(name=v.string(t, "name", p, required=True),
                         task=Task(v.string(t, "task", p, default=Task.CLASSIFICATION,
                                            choices=TASKS)),
-                        endpoint=v.string(t, "endpoint", p),
+                        endpoint=endpoint, price_per_1000=price,
                         credentials_ref=v.string(t, "credentials_ref", p))
         sur = t.get("surrogate")
         if sur is not None and not isinstance(sur, str):
             v.bad(f"{p}.surrogate", "must be the name of one surrogate model")
             sur = ""
         members.append(Member(name=ref.name, surrogate=sur or "",
-                              defends=v.string(t, "defends", p)))
+                              defends=v.string(t, "defends", p), price_per_1000=price))
         refs.append(ref)
     names = [m.name for m in members]
     for i, m in enumerate(members):
@@ -112,13 +114,25 @@ def parse_members(v: Fields, doc: Mapping[str, Any]) -> tuple[TargetRef, list[Me
     return refs[0], members
 
 
+def _endpoint(v: Fields, t: Mapping[str, Any], p: str) -> tuple[str, float | None]:
+    """A target's ``endpoint`` without its ``?price_per_1000=`` (the price the plan
+    declares for the target's queries, read by the estimate), and that price."""
+    endpoint = v.string(t, "endpoint", p)
+    try:
+        return split_price(endpoint, f"{p}.endpoint")
+    except InvalidArgument as exc:
+        v.problems.extend(exc.violations)
+        return endpoint.partition("?")[0], None
+
+
 def parse_target(v: Fields, doc: Mapping[str, Any]) -> TargetRef:
     t = v.mapping(doc.get("target"), "target")
     v.unknown(t, "target", {"name", "task", "endpoint", "credentials_ref"})
+    endpoint, price = _endpoint(v, t, "target")
     return TargetRef(name=v.string(t, "name", "target", required=True),
                      task=Task(v.string(t, "task", "target", default=Task.CLASSIFICATION,
                                         choices=TASKS)),
-                     endpoint=v.string(t, "endpoint", "target"),
+                     endpoint=endpoint, price_per_1000=price,
                      credentials_ref=v.string(t, "credentials_ref", "target"))
 
 

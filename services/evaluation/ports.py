@@ -114,10 +114,26 @@ class AttackOutcome:
 AttackReference = Any
 
 
+@dataclass(frozen=True, kw_only=True)
+class TenantUsage:
+    """The calling tenant's queries today (UTC, retries included), its daily quota (0 = none)
+    and its images/s across all targets (0 = unlimited), as the proxy keeps them."""
+
+    queries_today: int
+    queries_per_day: int
+    images_per_second: float
+
+
 class ProxyPort(Protocol):
     def target_info(self, target: str) -> TargetDescription: ...
 
     def target_names(self) -> list[str]: ...
+
+    def target_terms(self) -> dict[str, tuple[float, float | None]]:
+        """Per visible target: (images/s, 0 = unlimited; price per 1000 queries or None)."""
+        ...
+
+    def tenant_usage(self) -> TenantUsage: ...
 
     def open_session(self, *, session_id: str, target: str, query_budget: int = 0,
                      per_image_budget: int = 0, description: str = "") -> None: ...
@@ -343,6 +359,10 @@ class ReportInput:
     failed: Sequence[Setting] = ()
     #: Multi-target plans (CAN-5/7/8/10): plain JSON data (``benchmark.py``).
     benchmark: Mapping[str, Any] | None = None
+    #: Sequential acceptance's record (``sequential.py``): plain JSON data.
+    sequential: Mapping[str, Any] | None = None
+    #: The query estimate beside the ledger's counts (``estimate.report_section``).
+    estimate: Mapping[str, Any] | None = None
 
 
 class ReportPort(Protocol):

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from importlib import metadata
 from typing import Any
 
@@ -26,6 +27,7 @@ from fortis.infra.serving import tracing
 from fortis.services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from fortis.services.evaluation.answers import SegmentationAnswers
 from fortis.services.evaluation.canary_metrics import canary_metrics
+from fortis.services.evaluation.estimate import estimate_plan, report_section
 from fortis.services.evaluation.examples import build_examples
 from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.keys import SessionId
@@ -46,6 +48,7 @@ from fortis.services.evaluation.ports import (
     TargetDescription,
     TestDefinition,
 )
+from fortis.services.evaluation.sequential import SequentialRun, is_sequential, sequential_order
 from fortis.services.evaluation.stages import (
     Cancelled,
     CleanStage,
@@ -80,6 +83,10 @@ class DatasetPort:
 
     def truths(self, plan: Plan) -> dict[str, Any]:
         raise NotImplementedError
+
+    def count(self, plan: Plan) -> int:
+        """How many images the plan's selection resolves to (its query estimate's M)."""
+        return len(self.images(plan))
 
     def for_tenant(self, tenant: str) -> DatasetPort:
         """The port as ``tenant``'s plans see it (its own uploads). Default: self."""
@@ -190,6 +197,8 @@ class ModelRun:
     ledger: LedgerSummary
     examples: Sequence[Example]
     canary: Any
+    #: Sequential acceptance's record (``sequential.py``), None without it.
+    sequential: Mapping[str, Any] | None = None
 
 
 @dataclass(kw_only=True)
@@ -214,6 +223,9 @@ class EvaluationRunner:
     #: Example images for the report; off for the models of a multi-target plan
     #: whose own report is not kept (``benchmark.py``).
     with_examples: bool = True
+    #: A finished run of the same plan's ledger counts (``estimate.ledger_groups``): the
+    #: report's expected queries; None: none known.
+    estimate_prior: Mapping[str, int] | None = None
 
     def run(self) -> Scored:
         return self.finish(self.evaluate())
@@ -224,18 +236,28 @@ class EvaluationRunner:
         self.store.update_running(self.evaluation_id, state="RUNNING", stage="plan",
                                   started_at=started)
         images, target = self._inputs()
+        if is_sequential(self.plan):       # every prefix a sample without replacement
+            images = [images[i] for i in sequential_order(len(images), self.plan.seed)]
         stages = build_stages(self.plan, len(images), self.catalogue)
         keys = [k.format() for s in stages for k in s.keys()]
         if self.executor is not None:
             wait_for_workers(self.executor, self.store, self.evaluation_id, keys,
                              cancelled=self.cancelled)
         ctx = self._context(images, target, self._progress(stages, keys))
+        if is_sequential(self.plan):
+            setup = self._scoring_setup(target, images)
+            ctx.sequential = SequentialRun(
+                plan=self.plan, n_images=len(images), scoring=self.scoring, setup=setup,
+                prepare=partial(self._prepare, truth=setup.truth))
         settings: list[Setting] = []
         for stage in stages:
             ctx.check_cancelled()       # a stage boundary is an item boundary (CAN-9)
             ctx.progress.stage(stage.progress_stage)
             with tracing.stage_span(stage, self.evaluation_id):
-                settings += stage.run(ctx)
+                got = stage.run(ctx)
+            settings += got
+            if ctx.sequential is not None and isinstance(stage, CleanStage):
+                ctx.sequential.set_clean(got[0])
         # A cancel or a shutdown that came while the last items ran stops here: their
         # results are committed, scoring and the report are for the run that resumes it.
         ctx.check_cancelled()
@@ -257,7 +279,10 @@ class EvaluationRunner:
             evaluation_id=eid, started=run.started, finished=finished_at,
             images=len(run.images), resumed_count=current.resumed_count if current else 0,
             examples=list(run.examples), benchmark=benchmark, canary=run.canary,
-            failed=list(run.failed)))
+            failed=list(run.failed), sequential=run.sequential,
+            estimate=report_section(estimate_plan(plan, len(run.images), self.catalogue,
+                                                  prior=self.estimate_prior),
+                                    run.ledger.sessions, eid)))
         scored = replace(run.scored, summary=replace(
             run.scored.summary, failed_settings=tuple(s.label for s in run.failed)))
         store.finish(eid, report_json=report_json, report_html=report_html,
@@ -309,17 +334,24 @@ class EvaluationRunner:
         failed = [s for s in measured if s.failure is not None]
         settings = [s for s in measured if s.failure is None]
         setup = self._scoring_setup(target, images)
-        if plan.target.task == Task.SEGMENTATION:
-            settings = [_fit_masks(s, setup.truth) for s in settings]
+        settings = [self._prepare(s, setup.truth) for s in settings]
         scored = self.scoring.score(setup, settings)
         # example images: answers read from the settings, no target query
         examples = build_examples(ctx, settings, scored.metrics, truths=setup.truth) \
             if self.with_examples else []
         # CANARY per attack (CAN-1..4) through the scoring service's Compute, when asked
         canary = canary_metrics(ctx, settings, self.catalogue) if plan.canary else None
+        ledger = self._ledger(stages, ctx)
         return ModelRun(started=started, images=images, target=target, settings=settings,
                         failed=failed, scored=scored, tests=self._tests(stages, len(images)),
-                        ledger=self._ledger(stages, ctx), examples=examples, canary=canary)
+                        ledger=ledger, examples=examples, canary=canary,
+                        sequential=ctx.sequential.record(settings) if ctx.sequential else None)
+
+    def _prepare(self, setting: Setting, truth: Any) -> Setting:
+        """A setting as scoring takes it (segmentation answers on the truth's grid)."""
+        if self.plan.target.task != Task.SEGMENTATION or setting.answers is None:
+            return setting
+        return _fit_masks(setting, truth)
 
     def _tests(self, stages: Sequence[Stage], n_images: int) -> list[TestDefinition]:
         """The plan's tests as the report lists them: perturbations, degradation, attacks."""

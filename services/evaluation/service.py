@@ -10,6 +10,7 @@ restricted (``check_evaluation_id``) and artifacts are kept in the store under t
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -24,9 +25,17 @@ from fortis.infra.serving import tracing
 from fortis.infra.serving.quotas import QuotaSettings
 from fortis.infra.serving.status import status_for
 from fortis.services.common import errors
-from fortis.services.evaluation.benchmark import BenchmarkRunner, check_baseline
+from fortis.services.evaluation.benchmark import (
+    BenchmarkRunner,
+    baseline_of,
+    benchmark_sources,
+    check_baseline,
+    member_runs,
+)
+from fortis.services.evaluation.estimate import QueryEstimate, estimate_plan, ledger_groups
 from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.plan import Plan, check_against_target, load_plan
+from fortis.services.evaluation.plan_text import parse_plan_text
 from fortis.services.evaluation.ports import (
     Catalogue,
     PerturbationPort,
@@ -120,6 +129,21 @@ def check_models(plan: Plan, perturbation: PerturbationPort) -> None:
                                           field=f"degradation[{i}].surrogate") from None
         except errors.FortisError:
             pass        # the probe is no image for this surrogate: only its grant is asked
+
+
+#: A tenant's newest evaluations searched for a finished run of the same plan (the estimate's
+#: expected counts): bounded, so an estimate costs one page of the store whatever its size.
+PRIOR_SCAN = 200
+
+
+def _normalised(plan_text: str, fmt: str) -> tuple[str, object]:
+    """The plan's document as canonical JSON (comments, key order and layout aside) and its
+    name; ("", None) when it does not parse."""
+    try:
+        doc = parse_plan_text(plan_text, fmt)
+    except errors.FortisError:
+        return "", None
+    return json.dumps(doc, sort_keys=True, default=str), doc.get("name")
 
 
 def check_evaluation_id(evaluation_id: str) -> None:
@@ -235,17 +259,103 @@ class EvaluationManager:
             check_attacks(plan, perturbation, target.output_kind if target else "")
         return plan
 
+    def estimate(self, *, tenant: str, plan: Plan, plan_text: str, fmt: str = ""
+                 ) -> QueryEstimate:
+        """The target queries a validated plan will make (``estimate.py``): over the images
+        its dataset selection resolves to, with the expected counts of the tenant's latest
+        finished evaluation of the same plan, the least time under the target's and the
+        tenant's images/s limits, and the price the plan (its endpoint's
+        ``?price_per_1000=``) or else the operator's target configuration declares. The
+        tenant's queries today and its daily quota come from the proxy, over its contract."""
+        catalogue = self.catalogue(tenant)
+        datasets = self.datasets.for_tenant(tenant)
+        n = datasets.count(plan)
+        store = self.store.for_tenant(tenant)
+        members: list[tuple[Plan, str]] = []
+        if plan.is_benchmark:       # each model as the benchmark runs it, in index order
+            sources = benchmark_sources(plan, baseline_of(store, plan) if plan.baseline
+                                        else None)
+            runs = sorted(member_runs(plan, catalogue, "estimate", sources),
+                          key=lambda r: r.index)
+            members = [(r.plan, r.prefix.replace("/", ":")) for r in runs]
+        proxy = self.ports_for(tenant).proxy
+        terms = proxy.target_terms()
+        usage = proxy.tenant_usage()
+        prices: dict[str, tuple[float, str]] = {}
+        own = {m.name: m.price_per_1000 for m in plan.members} or \
+            {plan.target.name: plan.target.price_per_1000}
+        for name, price in own.items():
+            operator = terms.get(name, (0.0, None))[1]
+            if price is not None:
+                prices[name] = (price, "plan")
+            elif operator is not None:
+                prices[name] = (operator, "target")
+        prior_from, prior = self._prior_run(tenant, plan_text, fmt)
+        return estimate_plan(
+            plan, n, catalogue, members=members, prior=prior, prior_from=prior_from,
+            target_rates={k: v[0] for k, v in terms.items()},
+            tenant_rate=usage.images_per_second, prices=prices,
+            tenant_queries_today=usage.queries_today,
+            tenant_queries_per_day=usage.queries_per_day)
+
+    def _prior_run(self, tenant: str, plan_text: str, fmt: str
+                   ) -> tuple[str, dict[str, int] | None]:
+        """The ledger counts of the tenant's newest SUCCEEDED evaluation of this plan (the
+        same text, or the same document once parsed: comments and layout aside), among its
+        :data:`PRIOR_SCAN` newest evaluations; ("", None) when there is none."""
+        store = self.store.for_tenant(tenant)
+        want: tuple[str, object] | None = None
+        for row in store.list(tenant, limit=PRIOR_SCAN):
+            if row.state != "SUCCEEDED":
+                continue
+            if row.plan_text != plan_text:
+                # another text: parsed only when the names agree (the stored name is the plan's)
+                want = want or _normalised(plan_text, fmt)
+                if row.plan_name != want[1] or _normalised(row.plan_text, "")[0] != want[0]:
+                    continue
+            try:
+                doc = json.loads(store.report(row.evaluation_id)[0])
+                sessions = doc["ledger"]["sessions"]
+                counts = {str(k): int(v) for k, v in sessions.items()}
+            except (ValueError, TypeError, KeyError, errors.FortisError):
+                continue
+            return row.evaluation_id, ledger_groups(counts, row.evaluation_id)
+        return "", None
+
+    def check_daily_quota(self, tenant: str, est: QueryEstimate) -> None:
+        """QuotaExceeded (RESOURCE_EXHAUSTED, QuotaFailure on ``tenant:<name>``) when the
+        plan's fixed queries exceed what is left of the tenant's queries per day: refused
+        before anything is stored or sent. The fixed part, not the upper bound: a query
+        attack's bound is often far above what it spends, and the proxy still refuses any
+        query past the quota while the evaluation runs."""
+        quota, used = est.tenant_queries_per_day, est.tenant_queries_today
+        if not quota or est.fixed <= quota - used:
+            return
+        log.warning("evaluation_refused", reason="quota", quota="queries_per_day",
+                    tenant=tenant, planned=est.fixed, used=used, limit=quota)
+        raise errors.QuotaExceeded([errors.QuotaViolation(
+            f"tenant:{tenant[:100]}",
+            f"queries per day: planned {est.fixed} (fixed; at most {est.upper_bound} with "
+            f"the adaptive attacks), used today {used}, quota {quota}: {max(0, quota - used)} "
+            "left; the count starts again at 00:00 UTC")])
+
     def create(self, *, tenant: str, plan_text: str, fmt: str = "", evaluation_id: str = "") -> EvaluationRow:
         plan = self.validate(tenant=tenant, plan_text=plan_text, fmt=fmt)
         store = self.store.for_tenant(tenant)
         if evaluation_id:
             check_evaluation_id(evaluation_id)
         eid = evaluation_id or f"ev-{time.strftime('%Y%m%d')}-{uuid.uuid4().hex[:8]}"
+        known = store.get(evaluation_id) if evaluation_id else None
+        # the tenant's daily query quota, asked of the proxy before anything is stored
+        est = self.estimate(tenant=tenant, plan=plan, plan_text=plan_text, fmt=fmt) \
+            if known is None else None
         # Existing id, quota check, insert and queue as one step: an idempotent re-create
         # returns the evaluation whatever the quota; no two creates race past the quota.
         with self._lock:
             existing = store.get(evaluation_id) if evaluation_id else None
             if existing is None:
+                if est is not None:
+                    self.check_daily_quota(tenant, est)
                 self._check_queued_quota(tenant, target=plan.target.name)
                 store.insert(evaluation_id=eid, tenant=tenant, plan_text=plan_text,
                              plan_name=plan.name)
@@ -399,12 +509,15 @@ class EvaluationManager:
             target = plan.target.name
             log.info("evaluation_started", target=target, resumed=row.resumed_count > 0)
             runner = BenchmarkRunner if plan.is_benchmark else EvaluationRunner
+            # the report's expected queries: a finished run of the same plan, if any
+            prior = {} if plan.is_benchmark else \
+                {"estimate_prior": self._prior_run(row.tenant, row.plan_text, "")[1]}
             runner(evaluation_id=evaluation_id, plan=plan, plan_text=row.plan_text,
                    store=store, proxy=ports.proxy,
                    perturbation=ports.perturbation, scoring=ports.scoring,
                    report=ports.report, datasets=self.datasets.for_tenant(row.tenant),
                    catalogue=catalogue,
-                   cancelled=cancel.is_set, executor=self.executor).run()
+                   cancelled=cancel.is_set, executor=self.executor, **prior).run()
             final = store.get(evaluation_id)
             log.info("evaluation_finished", target=target,
                      state=final.state if final is not None else "UNKNOWN",

@@ -15,6 +15,7 @@ from fortis.evaluation.v1 import evaluation_pb2_grpc
 from fortis.infra.serving.call_context import current_tenant
 from fortis.services.common import errors
 from fortis.services.common.pagination import decode_token, encode_token, page_size, tenant_list
+from fortis.services.evaluation.estimate import FIXED, UPPER_BOUND, QueryEstimate
 from fortis.services.evaluation.service import EvaluationManager
 from fortis.services.evaluation.store import FINAL_STATES, EvaluationRow
 from google.protobuf import timestamp_pb2
@@ -72,6 +73,32 @@ def to_proto(row: EvaluationRow) -> pb.Evaluation:
     return ev
 
 
+_COUNT_KINDS = {FIXED: pb.QUERY_COUNT_KIND_FIXED, UPPER_BOUND: pb.QUERY_COUNT_KIND_UPPER_BOUND}
+
+
+def estimate_to_proto(est: QueryEstimate) -> pb.QueryEstimate:
+    msg = pb.QueryEstimate(
+        images=est.images, batch_size=est.batch_size, fixed=est.fixed,
+        upper_bound=est.upper_bound, expected_from=est.expected_from,
+        tenant_queries_today=est.tenant_queries_today,
+        tenant_queries_per_day=est.tenant_queries_per_day,
+        settings=[pb.SettingQueryEstimate(
+            stage=s.stage, setting=s.setting, kind=_COUNT_KINDS[s.kind], images=s.images,
+            per_image=s.per_image, fixed=s.fixed, upper_bound=s.upper_bound,
+            expected=s.expected, target=s.target) for s in est.settings],
+        durations=[pb.DurationEstimate(limit=d.limit, rate=d.rate, unit=d.unit,
+                                       seconds_fixed=d.seconds_fixed,
+                                       seconds_upper_bound=d.seconds_upper_bound)
+                   for d in est.durations])
+    if est.expected is not None:
+        msg.expected = est.expected
+    if est.price is not None:
+        msg.price.CopyFrom(pb.PriceEstimate(per_1000=est.price.per_1000, source=est.price.source,
+                                            fixed=est.price.fixed,
+                                            upper_bound=est.price.upper_bound))
+    return msg
+
+
 class EvaluationServicer(evaluation_pb2_grpc.EvaluationServiceServicer):
     def __init__(self, manager: EvaluationManager, *, watch_poll_s: float = 1.0,
                  heartbeat_s: float = HEARTBEAT_S) -> None:
@@ -80,11 +107,13 @@ class EvaluationServicer(evaluation_pb2_grpc.EvaluationServiceServicer):
         self.heartbeat_s = heartbeat_s
 
     def ValidatePlan(self, request: Any, context: Any) -> pb.ValidatePlanResponse:
-        plan = self.manager.validate(tenant=current_tenant.get(), plan_text=request.plan,
-                                     fmt=_FORMATS.get(request.format, ""))
+        tenant, fmt = current_tenant.get(), _FORMATS.get(request.format, "")
+        plan = self.manager.validate(tenant=tenant, plan_text=request.plan, fmt=fmt)
+        est = self.manager.estimate(tenant=tenant, plan=plan, plan_text=request.plan, fmt=fmt)
         return pb.ValidatePlanResponse(plan_name=plan.name, corruptions=len(plan.corruptions),
                                        attacks=len(plan.attacks),
-                                       degradation_operators=len(plan.degradation))
+                                       degradation_operators=len(plan.degradation),
+                                       estimate=estimate_to_proto(est))
 
     def CreateEvaluation(self, request: Any, context: Any) -> pb.CreateEvaluationResponse:
         row = self.manager.create(tenant=current_tenant.get(), plan_text=request.plan,

@@ -67,8 +67,17 @@ class TargetProxyServicer(proxy_pb2_grpc.TargetProxyServiceServicer):
         targets = self.proxy.visible_targets(tenant)
         page, token = page_of(targets, tenant_list("targets", tenant), size, request.page_token)
         return proxy_pb2.ListTargetsResponse(targets=[
-            proxy_pb2.TargetSummary(name=t.name, images_per_second=t.limiter.limit)
+            proxy_pb2.TargetSummary(name=t.name, images_per_second=t.limiter.limit,
+                                    price_per_1000=t.price_per_1000)
             for t in page], next_page_token=token)
+
+    def GetTenantUsage(self, request: Any, context: Any) -> proxy_pb2.GetTenantUsageResponse:
+        # the caller's own tenant only: no field names another
+        tenant = current_tenant.get()
+        today, per_day = self.proxy.daily_quotas.usage(tenant)
+        return proxy_pb2.GetTenantUsageResponse(
+            queries_today=today, queries_per_day=per_day,
+            images_per_second=self.proxy.tenant_limits.rate_of(tenant))
 
     def GetBuiltinTargets(self, request: Any, context: Any
                            ) -> proxy_pb2.GetBuiltinTargetsResponse:

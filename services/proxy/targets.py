@@ -140,6 +140,8 @@ class TargetEntry:
     declared_batch: int | None = None
     #: The task the target declares (a TaskType value), read once; None until then.
     task_type: int | None = None
+    #: Price per 1000 queries the operator declared (``?price_per_1000=``); None: none.
+    price_per_1000: float | None = None
 
     def allows(self, tenant: str) -> bool:
         return not self.tenants or tenant in self.tenants

@@ -12,7 +12,7 @@ from fortis.report.v1 import report_pb2
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.common.result_tree import NULL_FIELDS, message_tree
 
-__all__ = ["benchmark_part", "canary_part"]
+__all__ = ["benchmark_part", "canary_part", "sequential_part"]
 
 #: Values copied from one part at most: the page draws what a caller sends (heat maps,
 #: tables), and no evaluation's results come near this.
@@ -35,6 +35,14 @@ def benchmark_part(parts: report_pb2.ReportParts) -> dict[str, Any] | None:
     if not parts.HasField("benchmark"):
         return None
     return _part(parts.benchmark, "parts.benchmark")
+
+
+def sequential_part(parts: report_pb2.ReportParts) -> dict[str, Any] | None:
+    """Sequential acceptance's record (criteria at their stopping times, settings' images
+    used vs planned); None when no criterion was sequential."""
+    if not parts.HasField("sequential"):
+        return None
+    return _part(parts.sequential, "parts.sequential")
 
 
 def _part(msg: Any, path: str) -> dict[str, Any]:

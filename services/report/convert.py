@@ -50,7 +50,7 @@ from fortis.common.v1 import common_pb2
 from fortis.report.v1 import report_pb2
 from fortis.services.common.errors import InvalidArgument
 from fortis.services.report import prose
-from fortis.services.report.canary_parts import benchmark_part, canary_part
+from fortis.services.report.canary_parts import benchmark_part, canary_part, sequential_part
 from fortis.services.report.example_images import example_images
 from fortis.services.report.metrics_tree import metrics_tree
 from fortis.services.report.plan_doc import MAX_PLAN_BYTES, plan_document
@@ -297,6 +297,44 @@ def _canary(parts: report_pb2.ReportParts, report: dict[str, Any]) -> None:
         canary="canary" in report)
 
 
+def _sequential_tests(tests: list[dict[str, Any]], sequential: Mapping[str, Any]) -> None:
+    """Each test's ``sequential`` entry: how many of its planned images it was sent (the
+    first ones of the seeded sequential order) per setting, or that it was skipped."""
+    rows = {str(r.get("setting")): r for r in sequential.get("settings") or ()
+            if isinstance(r, Mapping)}
+    for t in tests:
+        name = str(t.get("id") or "")
+        if t.get("kind") == "attack":
+            mine = {name: rows[name]} if name in rows else {}
+        else:
+            mine = {k: r for k, r in rows.items() if k.rsplit("@", 1)[0] == name}
+        if not mine:
+            continue
+        statuses = {str(r.get("status")) for r in mine.values()}
+        t["sequential"] = {
+            "status": "skipped: no acceptance criterion reads it" if statuses == {"skip"}
+            else "stopped once its criteria were decided" if any(
+                r.get("stopped_early") for r in mine.values())
+            else "every planned image",
+            "images_used": {k: r.get("images_used") for k, r in mine.items()},
+            "images_planned": {k: r.get("images_planned") for k, r in mine.items()}}
+
+
+_ESTIMATE_KINDS = {report_pb2.ESTIMATE_KIND_FIXED: "fixed",
+                   report_pb2.ESTIMATE_KIND_UPPER_BOUND: "upper_bound"}
+
+
+def _estimate(e: report_pb2.EstimateReport) -> dict[str, Any]:
+    """``report["estimate"]``: the estimate made before the run and the ledger's counts."""
+    return {"fixed": e.fixed, "upper_bound": e.upper_bound,
+            "expected": e.expected if e.HasField("expected") else None,
+            "per_setting": [{"stage": r.stage, "setting": r.setting,
+                             "kind": _ESTIMATE_KINDS.get(r.kind, "unspecified"),
+                             "estimated": r.estimated, "actual": r.actual}
+                            for r in e.per_setting],
+            "total_actual": e.total_actual}
+
+
 def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
     """The IEEE 3129 4.6 report document (IEEE-P1, P3, P4; metrics IEEE-M1..M8) of ``parts``.
 
@@ -336,8 +374,14 @@ def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
     benchmark = benchmark_part(parts)
     if benchmark is not None:     # multi-target plans (CAN-5/7/8/10)
         report["benchmark"] = benchmark
+    if parts.HasField("estimate"):      # the query estimate beside the ledger's counts
+        report["estimate"] = _estimate(parts.estimate)
     _canary(parts, report)      # CAN-1..4 when the plan asked; PER-4 / curves metrics_used
+    sequential = sequential_part(parts)
+    if sequential is not None:      # sequential acceptance: intervals at the stopping times
+        report["sequential"] = sequential
+        _sequential_tests(report["tests"], sequential)
     # the plan's acceptance criteria judged on the metrics (services/report/verdict)
     report["verdict"] = verdict(criteria_of_plan(plan, path="parts.plan_text.acceptance"),
-                                metrics, report["failed_settings"])
+                                metrics, report["failed_settings"], sequential=sequential)
     return report

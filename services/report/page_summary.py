@@ -121,3 +121,44 @@ def key_figures(metrics: Mapping[str, Any], accuracy: Mapping[str, Any]) -> list
                            f"images right under all {num(wc_adv.get('n_settings'))} attacks",
                            "IEEE-M5"))
     return cards
+
+
+def sequential_section(seq: Any) -> dict[str, Any] | None:
+    """Sequential acceptance under the verdict: each criterion's stopping point and its
+    time-uniform interval, and the settings grouped by how many images they were sent."""
+    sq = as_map(seq)
+    if not sq:
+        return None
+    crit = []
+    for c in as_list(sq.get("criteria")):
+        c = as_map(c)
+        iv = c.get("interval")
+        crit.append({"metric": c.get("metric"), "rule": f"{c.get('op')} {c.get('threshold')}",
+                     "outcome": c.get("outcome"), "images": num(c.get("images")),
+                     "population": num(c.get("population")),
+                     "interval": f"[{sig(iv[0], 3)}, {sig(iv[1], 3)}]" if is_interval(iv)
+                     else "n/a"})
+    groups: dict[tuple[str, Any, Any], list[Mapping[str, Any]]] = {}
+    for r in as_list(sq.get("settings")):
+        r = as_map(r)
+        groups.setdefault((str(r.get("status")), r.get("images_used"),
+                           r.get("images_planned")), []).append(r)
+    words = {"open": "stopped once its criteria were decided", "full": "every image",
+             "skip": "skipped (no criterion reads it)"}
+    rows = []
+    for (status, used, planned), rs in groups.items():
+        names = [str(r.get("setting")) for r in rs]
+        rows.append({"settings": ", ".join(names[:6]) + (f" and {len(names) - 6} more"
+                                                         if len(names) > 6 else ""),
+                     "status": words.get(status, status),
+                     "images": f"{num(used)} / {num(planned)}",
+                     "queries": num(sum(int(r.get("queries_used") or 0) for r in rs)),
+                     "saved": num(sum(int(r.get("queries_saved_estimate") or 0) for r in rs))})
+    return {"saved": num(sq.get("queries_saved_estimate")), "criteria": crit, "rows": rows,
+            "explain": "The images were sent in a seeded random order and each setting stopped "
+                       "as soon as every acceptance criterion reading it was decided by an "
+                       "anytime-valid confidence sequence (" + str(sq.get("method") or "") +
+                       f"; alpha {sq.get('alpha')}): its interval covers with 95% at the "
+                       "stopping time (IEEE-M8), where a Wilson interval on the images seen "
+                       "would not. A query attack's queries not sent are estimated from the "
+                       "mean per image it was sent."}

@@ -42,6 +42,7 @@ from fortis.services.report.page_details import (
     service_parameter_rows,
     test_rows,
 )
+from fortis.services.report.page_estimate import estimate_section
 from fortis.services.report.page_results import (
     attack_figures,
     attack_rows,
@@ -49,7 +50,7 @@ from fortis.services.report.page_results import (
     example_groups,
     rule_words,
 )
-from fortis.services.report.page_summary import key_figures, verdict_section
+from fortis.services.report.page_summary import key_figures, sequential_section, verdict_section
 from fortis.services.report.page_values import (
     as_list,
     as_map,
@@ -154,6 +155,7 @@ def render_html(report: Mapping[str, Any]) -> str:
     return _environment().get_template("report.html.j2").render(
         report=report, target=target, tester=tester, metrics=metrics, evaluation=evaluation,
         accuracy=accuracy, verdict=verdict_section(report.get("verdict")),
+        sequential=sequential_section(report.get("sequential")),
         failed=[f for f in as_list(report.get("failed_settings")) if isinstance(f, Mapping)],
         cards=key_figures(metrics, accuracy), worst=worst, strongest=strongest,
         scope=_scope(corruptions, attacks, degradation, ranking),
@@ -166,6 +168,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         query_errors=query_errors, ranking=ranking, tests=test_rows(tests),
         service_parameters=service_parameter_rows(report, target), roles=role_rows(tester),
         evaluation_rows=evaluation_rows(evaluation), ledger=as_map(report.get("ledger")),
+        estimate=estimate_section(report.get("estimate")),
         present=present, nav=[(a, label) for a, label in _SECTIONS if present.get(a)],
         title=f"Fortis robustness report: {target.get('name') or 'target'}") + "\n"
 

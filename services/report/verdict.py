@@ -160,15 +160,55 @@ def _not_evaluated(c: Criterion, blocked: Sequence[Mapping[str, Any]]) -> dict[s
                     f"'{c.op} {c.threshold:g}' fails with --strict."}
 
 
+def _sequential_interval(c: Criterion, sequential: Mapping[str, Any] | None
+                         ) -> tuple[list[float] | None, Mapping[str, Any]] | None:
+    """A sequential criterion's time-uniform interval at its stopping time, and its record
+    (report.json ``sequential.criteria``); None when ``c`` was not judged sequentially."""
+    if not c.sequential or not isinstance(sequential, Mapping):
+        return None
+    for entry in sequential.get("criteria") or ():
+        if isinstance(entry, Mapping) and entry.get("metric") == c.metric:
+            return _interval(entry.get("interval")), entry
+    return None
+
+
+def _judge_sequential(c: Criterion, value: float | None, ci: list[float] | None,
+                      entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A sequential criterion: judged as any other, on its time-uniform interval (a
+    confidence sequence covers at the data-dependent stopping time, where a Wilson interval
+    would not); a conclusive interval decides by its side."""
+    out = _judge(c, value, ci)
+    out["interval"] = "time-uniform"
+    out["images"] = entry.get("images")
+    out["population"] = entry.get("population")
+    if value is None or ci is None:
+        return out
+    if out["confidence"] == "conclusive" or (c.holds(ci[0]) == c.holds(ci[1])):
+        ok = c.holds(ci[0])
+        out["outcome"], out["confidence"] = ("pass" if ok else "fail"), "conclusive"
+    seen = f"on {entry.get('images')} of {entry.get('population')} images (sequential)"
+    out["text"] = out["text"].replace("(95% CI", f"{seen} (time-uniform 95% CI", 1)
+    return out
+
+
 def verdict(criteria: Iterable[Criterion], metrics: Mapping[str, Any],
-            failed: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+            failed: Sequence[Mapping[str, Any]] = (), *,
+            sequential: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The verdict (module docstring) of ``criteria`` on a report's ``metrics`` tree: the point
     estimate decides, the 95 % Wilson interval (IEEE-M8) says whether it is conclusive;
-    criteria on ``failed`` settings (the report's ``failed_settings``) are not evaluated."""
+    criteria on ``failed`` settings (the report's ``failed_settings``) are not evaluated.
+    A sequential criterion (report.json ``sequential``) is judged on its time-uniform
+    interval at the stopping time instead of the Wilson interval."""
     judged = []
     for c in criteria:
         blocked = _blocked_by(c, failed)
-        judged.append(_not_evaluated(c, blocked) if blocked else _judge(c, *measured(c, metrics)))
+        seq = None if blocked else _sequential_interval(c, sequential)
+        if blocked:
+            judged.append(_not_evaluated(c, blocked))
+        elif seq is not None:
+            judged.append(_judge_sequential(c, measured(c, metrics)[0], *seq))
+        else:
+            judged.append(_judge(c, *measured(c, metrics)))
     if not judged:
         return {"status": "no_criteria", "passed": True, "strict_passed": True,
                 "not_evaluated": 0, "criteria": []}
@@ -227,4 +267,6 @@ def report_verdict(report: Mapping[str, Any], *, acceptance: Any = None,
     if not isinstance(metrics, Mapping):
         raise InvalidArgument("metrics", "the report has no metrics tree")
     failed = [f for f in report.get("failed_settings") or () if isinstance(f, Mapping)]
-    return verdict(criteria_of_plan(plan, acceptance=acceptance, path=path), metrics, failed)
+    sequential = report.get("sequential")
+    return verdict(criteria_of_plan(plan, acceptance=acceptance, path=path), metrics, failed,
+                   sequential=sequential if isinstance(sequential, Mapping) else None)

@@ -96,6 +96,7 @@ def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData],
     clean_setting = next(s for s in settings if s.kind == "clean")
     clean = judge(clean_setting)
     corruptions: dict[str, dict[int, np.ndarray]] = {}
+    corr_cover: dict[str, dict[int, np.ndarray]] = {}
     attacks: dict[str, list[AttackImageOutcome]] = {}
     budgets: dict[str, int | None] = {}
     coverage: dict[str, list[str]] = {}
@@ -105,7 +106,17 @@ def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData],
         if s.kind == "clean":
             correct = clean
         elif s.kind == "corruption":
-            correct = corruptions.setdefault(s.name, {})[s.level] = judge(s)
+            correct = judge(s)
+            idx = s.covered(m)
+            if s.image_index is not None and idx.size < m:
+                # sequential acceptance sent this setting its first images only: counted
+                # over those (M_j = their number), never as wrong on the others
+                full = np.zeros(m, dtype=bool)
+                full[idx] = correct
+                corruptions.setdefault(s.name, {})[s.level] = full
+                corr_cover.setdefault(s.name, {})[s.level] = idx
+            else:
+                corruptions.setdefault(s.name, {})[s.level] = correct
         elif s.kind in ATTACK_KINDS:
             idx = s.covered(m)
             coverage[s.name] = [ids[i] for i in idx.tolist()]
@@ -117,7 +128,8 @@ def score_evaluation(setup: EvaluationSetup, settings: Sequence[SettingData],
         verdicts.append({"kind": s.kind, "name": s.name, "level": s.level,
                          "correct": np.asarray(correct, dtype=bool)})
     tree = compute_ieee_metrics(clean=clean, corruptions=corruptions, attacks=attacks,
-                                attack_budgets=budgets, image_ids=ids, attack_coverage=coverage)
+                                attack_budgets=budgets, image_ids=ids, attack_coverage=coverage,
+                                corruption_coverage=corr_cover)
     for s in settings:
         if s.kind in ATTACK_KINDS:
             attacked = np.array([o.attacked for o in attacks[s.name]], dtype=bool)
@@ -173,8 +185,10 @@ def _check_settings(setup: EvaluationSetup, settings: Sequence[SettingData]) -> 
         seen[key] = s.field
         idx = s.image_index
         if idx is not None:
-            if s.kind not in ATTACK_KINDS and not np.array_equal(idx, np.arange(m)):
-                raise InvalidArgument(f"{s.field}.image_index", "only an attack may cover a "
+            if s.kind not in (*ATTACK_KINDS, "corruption") and \
+                    not np.array_equal(idx, np.arange(m)):
+                raise InvalidArgument(f"{s.field}.image_index", "only an attack or a "
+                                                                "corruption may cover a "
                                                                 "subset of the images")
             if idx.size == 0 or idx.min() < 0 or idx.max() >= m:
                 raise InvalidArgument(f"{s.field}.image_index", f"indices must lie in "

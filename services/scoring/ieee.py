@@ -233,6 +233,7 @@ def compute_ieee_metrics(
     attack_budgets: Mapping[str, int | None],
     image_ids: Sequence[str],
     attack_coverage: Mapping[str, Sequence[str]] | None = None,
+    corruption_coverage: Mapping[str, Mapping[int, np.ndarray]] | None = None,
 ) -> dict[str, Any]:
     """IEEE 3129 section 4.7 metrics (IEEE-M1..M7, with IEEE-M8 intervals) from per-image
     booleans, whatever the service type (see the module docstring for the exact tree).
@@ -255,6 +256,10 @@ def compute_ieee_metrics(
     the success rate and the query statistics of that attack are then taken over its subset
     (M_j = its size, IEEE-M3 with M := M_j), and WorstCase_Robustness_Adv (IEEE-M5) over the
     images every attack covered. Images outside the subset are never counted as robust.
+    ``corruption_coverage[name][severity]``, when given, is likewise the indices of the
+    images a corruption setting was sent (sequential acceptance stops a setting early):
+    its Robustness_Corr is over them, the worst case (IEEE-M4) over the images every
+    setting covered.
 
     Worst case (IEEE-M4): an image counts only if it is right under *every* corruption
     setting (every corruption at every severity); ``worstcase_robustness_corr_by_severity``
@@ -274,8 +279,10 @@ def compute_ieee_metrics(
 
     out: dict[str, Any] = {"m": m}
     out["accuracy"] = _rate(int(np.count_nonzero(clean_vec)), m)       # IEEE-M1
-    out.update(_corruption_robustness(corr_res, m))
-    out.update(_corruption_worst_case(corr_res, m))
+    cover = {name: {int(sev): np.asarray(idx, dtype=np.int64) for sev, idx in by.items()}
+             for name, by in (corruption_coverage or {}).items()}
+    out.update(_corruption_robustness(corr_res, m, cover))
+    out.update(_corruption_worst_case(corr_res, m, cover))
     out.update(_attack_robustness(att_res, covered, ids, clean_vec, attack_budgets, m))
     out["worstcase_robustness_adv"] = _attack_worst_case(att_res, ids, m)
     return out
@@ -380,8 +387,14 @@ def _refuse_violations(violations: list[FieldViolation]) -> None:
         raise InvalidArgument.from_violations(listed)
 
 
-def _corruption_robustness(corr_res: Mapping[str, Mapping[int, np.ndarray]], m: int
-                           ) -> dict[str, Any]:
+def _covered(cover: Mapping[str, Mapping[int, np.ndarray]], name: str, sev: int,
+             m: int) -> np.ndarray | None:
+    idx = cover.get(name, {}).get(sev)
+    return None if idx is None or idx.size >= m else idx
+
+
+def _corruption_robustness(corr_res: Mapping[str, Mapping[int, np.ndarray]], m: int,
+                           cover: Mapping[str, Mapping[int, np.ndarray]]) -> dict[str, Any]:
     """IEEE-M2 and M7: Robustness_Corr per setting and per corruption, their average over
     the corruptions, and that average at each severity."""
     corr_tree: dict[str, Any] = {}
@@ -391,7 +404,9 @@ def _corruption_robustness(corr_res: Mapping[str, Mapping[int, np.ndarray]], m: 
         node: dict[str, Any] = {}
         sev_values: list[float] = []
         for s in sorted(by_sev):
-            node[str(s)] = _rate(int(np.count_nonzero(by_sev[s])), m, "robustness")
+            idx = _covered(cover, name, s, m)
+            node[str(s)] = _rate(int(np.count_nonzero(by_sev[s])), m if idx is None
+                                 else int(idx.size), "robustness")
             sev_values.append(node[str(s)]["robustness"])
             by_severity_values.setdefault(s, []).append(node[str(s)]["robustness"])
         mean = statistics.fmean(sev_values)
@@ -411,24 +426,38 @@ def _corruption_robustness(corr_res: Mapping[str, Mapping[int, np.ndarray]], m: 
     return out
 
 
-def _corruption_worst_case(corr_res: Mapping[str, Mapping[int, np.ndarray]], m: int
-                           ) -> dict[str, Any]:
+def _corruption_worst_case(corr_res: Mapping[str, Mapping[int, np.ndarray]], m: int,
+                           cover: Mapping[str, Mapping[int, np.ndarray]]) -> dict[str, Any]:
     """IEEE-M4: prod_j Corr_Result(i, j) over a (settings x M) matrix, over every setting and
-    over the corruptions at each severity."""
+    over the corruptions at each severity; over the images every setting covered."""
     out: dict[str, Any] = {}
     settings = [(name, s) for name, by_sev in corr_res.items() for s in sorted(by_sev)]
+
+    def common(keys: Sequence[tuple[str, int]]) -> np.ndarray:
+        mask = np.ones(m, dtype=bool)
+        for n, s in keys:
+            idx = _covered(cover, n, s, m)
+            if idx is not None:
+                sub = np.zeros(m, dtype=bool)
+                sub[idx] = True
+                mask &= sub
+        return mask
+
     if settings:
+        mask = common(settings)
         every = np.logical_and.reduce(np.stack([corr_res[n][s] for n, s in settings]), axis=0)
-        out["worstcase_robustness_corr"] = {**_rate(int(np.count_nonzero(every)), m),
-                                            "n_settings": len(settings)}
+        out["worstcase_robustness_corr"] = {
+            **_rate(int(np.count_nonzero(every & mask)), int(mask.sum())),
+            "n_settings": len(settings)}
     else:
         out["worstcase_robustness_corr"] = {"value": None, "ci95": None, "m": m,
                                             "correct": None, "n_settings": 0}
     by_sev_worst: dict[str, Any] = {}
     for s in sorted({s for by_sev in corr_res.values() for s in by_sev}):
         at_s = [n for n, by_sev in corr_res.items() if s in by_sev]
+        mask = common([(n, s) for n in at_s])
         every = np.logical_and.reduce(np.stack([corr_res[n][s] for n in at_s]), axis=0)
-        by_sev_worst[str(s)] = {**_rate(int(np.count_nonzero(every)), m),
+        by_sev_worst[str(s)] = {**_rate(int(np.count_nonzero(every & mask)), int(mask.sum())),
                                 "n_settings": len(at_s)}
     out["worstcase_robustness_corr_by_severity"] = by_sev_worst
     return out
@@ -477,6 +506,7 @@ def compute_classification_metrics(
     attack_budgets: Mapping[str, int | None],
     image_ids: Sequence[str],
     attack_coverage: Mapping[str, Sequence[str]] | None = None,
+    corruption_coverage: Mapping[str, Mapping[int, np.ndarray]] | None = None,
 ) -> dict[str, Any]:
     """IEEE 3129 section 4.7 metrics for a classification service: the task-independent
     :func:`compute_ieee_metrics` under its original name (same arguments, same tree)."""

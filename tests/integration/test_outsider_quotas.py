@@ -203,14 +203,15 @@ def test_three_tenants_one_past_its_quotas(tmp_path: Path, target, fmnist_target
                 session_id=sessions[tenant]), metadata=MD[tenant], timeout=30)
             assert (st.tenant_queries_today, st.tenant_queries_per_day) == (used, PER_DAY)
 
-        # -- greedy's next evaluation fails with nothing sent; alpha's and beta's complete --
-        create("greedy", "g4", 4)
+        # -- greedy's next evaluation is refused before it starts (its 8 fixed queries do
+        # not fit what is left of the day); alpha's and beta's complete -------------------
+        exc = refused(lambda: create("greedy", "g4", 4))
+        (subject, description), = quota_violations(exc)
+        assert subject == "tenant:greedy" and "queries per day" in description, description
+        assert f"used today {PER_DAY}" in exc.details(), exc.details()
+        assert refused(lambda: _state(ev, "greedy", "g4")).code() == grpc.StatusCode.NOT_FOUND
         create("alpha", "a2", 2)
         create("beta", "b2", 2)
-        g4 = wait_final(ev, "g4", MD["greedy"])
-        assert g4.state == pb.EVALUATION_STATE_FAILED
-        assert g4.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], g4.error
-        assert "queries per day" in g4.error.message, g4.error.message
         for tenant, eid in (("alpha", "a2"), ("beta", "b2")):
             final = wait_final(ev, eid, MD[tenant])
             assert final.state == pb.EVALUATION_STATE_SUCCEEDED, (eid, final.error.message)

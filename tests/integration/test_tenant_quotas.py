@@ -371,19 +371,27 @@ def test_queries_per_day_refuse_the_crossing_call_count_retries_and_survive_a_re
 
 def test_an_evaluation_past_its_tenants_daily_queries_fails_with_nothing_sent(
         make_stack, target) -> None:
-    """The evaluation service's calls are the tenant's queries too: a clean pass that would
-    cross tenant-a's day fails the evaluation with RESOURCE_EXHAUSTED (the QuotaFailure kept
-    in ``error``), the target receives nothing of it, tenant-b's evaluation runs."""
+    """The evaluation service's calls are the tenant's queries too. CreateEvaluation refuses
+    a plan whose fixed queries exceed what is left of the day (tests/integration/
+    test_estimate.py); one accepted while the day had room still meets the proxy's quota when
+    an evaluation queued before it spends the rest first: its clean pass fails the evaluation
+    with RESOURCE_EXHAUSTED (the QuotaFailure kept in ``error``), the target receives nothing
+    of it, tenant-b's evaluation runs."""
     gated, _ = target
-    gated.gate.set()
-    stack = make_stack(QuotaSettings(tenants={"tenant-a": TenantQuota(queries_per_day=3)}))
+    planned = 4 + 4                       # the plan's clean pass and its one corruption
+    stack = make_stack(QuotaSettings(tenants={"tenant-a": TenantQuota(
+        queries_per_day=planned + 3)}))   # room for one evaluation, not for two
     with grpc.insecure_channel(stack.address) as ch:
         stub = evaluation_pb2_grpc.EvaluationServiceStub(ch)
+        _create(stub, "b1", OTHER_MD)     # holds the one worker at the closed gate
+        _until(lambda: gated.calls >= 1, "tenant-b's first call at the target")
+        _create(stub, "a0")               # both fit the day as it stands: accepted
         _create(stub, "a1")
-        _create(stub, "b1", OTHER_MD)
-        _wait_final(stack, [("tenant-a", "a1"), ("tenant-b", "b1")])
+        gated.gate.set()
+        _wait_final(stack, [("tenant-a", "a0"), ("tenant-a", "a1"), ("tenant-b", "b1")])
         ev = stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="a1"),
                                 metadata=MD).evaluation
+    assert _row(stack, "tenant-a", "a0").state == "SUCCEEDED"
     assert ev.state == pb.EVALUATION_STATE_FAILED
     assert ev.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
     subjects = []
@@ -399,8 +407,30 @@ def test_an_evaluation_past_its_tenants_daily_queries_fails_with_nothing_sent(
         rows = ledger.attempts_since(0.0)
     finally:
         ledger.close()
-    assert "tenant-a" not in rows                # nothing of a1 reached the target
-    assert gated.images == rows["tenant-b"] > 0  # what the target received: b1's rows
+    assert rows["tenant-a"] == planned           # a0's; nothing of a1 reached the target
+    assert gated.images == rows["tenant-a"] + rows["tenant-b"]
+
+
+def test_create_refuses_a_plan_past_what_is_left_of_the_day(make_stack, target) -> None:
+    """CreateEvaluation compares the plan's fixed queries with what is left of the tenant's
+    day before anything is stored or sent: RESOURCE_EXHAUSTED naming ``tenant:<name>`` with
+    the numbers; the other tenant is not concerned."""
+    gated, _ = target
+    gated.gate.set()
+    stack = make_stack(QuotaSettings(tenants={"tenant-a": TenantQuota(queries_per_day=3)}))
+    with grpc.insecure_channel(stack.address) as ch:
+        stub = evaluation_pb2_grpc.EvaluationServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as exc:
+            _create(stub, "a1")
+        assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        violations, _ = _quota_failure(exc.value)
+        assert [s for s, _ in violations] == ["tenant:tenant-a"]
+        assert "planned 8" in violations[0][1] and "quota 3" in violations[0][1]
+        _create(stub, "b1", OTHER_MD)
+        _wait_final(stack, [("tenant-b", "b1")])
+    assert stack.manager.store.for_tenant("tenant-a").get("a1") is None
+    assert gated.images == 8                     # b1's only
+
 
 # -- fortis serve flags -----------------------------------------------------------------------
 def _free_port() -> int:

@@ -492,6 +492,17 @@ def _get_session_stats(w: World) -> None:
                                                    metadata=MD_B), "sess-a-only", "zz-none-9")
 
 
+@case(f"{PX}/GetTenantUsage")
+def _get_tenant_usage(w: World) -> None:
+    """Names no tenant: each caller gets its own day's count and rate, never A's."""
+    b = w.px.GetTenantUsage(px_pb.GetTenantUsageRequest(), metadata=MD_B)
+    b_stats = w.px.GetSessionStats(px_pb.GetSessionStatsRequest(session_id="b-hammer"),
+                                   metadata=MD_B)
+    assert (b.queries_today, b.images_per_second) == (b_stats.tenant_queries_today, B_RATE)
+    a = w.px.GetTenantUsage(px_pb.GetTenantUsageRequest(), metadata=MD_A)
+    assert a.images_per_second == 0 and a.queries_today > 0
+
+
 @case(f"{PX}/GetBuiltinTargets")
 def _list_builtin_targets(w: World) -> None:
     """For the services' own key only: a tenant learns nothing of which model a target runs."""

@@ -627,3 +627,49 @@ def test_malformed_open_parts_render_without_failing() -> None:
     assert 0 < len(heat) <= 12
     p = _Page(page)
     assert all(h[1:] in p.ids for h in p.hrefs())
+
+
+# --------------------------------------------------------------------------------------------
+# sequential acceptance
+# --------------------------------------------------------------------------------------------
+
+
+def test_sequential_acceptance_section_through_the_parts() -> None:
+    """The evaluation's sequential record goes through the typed part into report.json
+    (``sequential``), each test's images used vs planned, and a section under the verdict."""
+    from fortis.services.common.result_tree import fill_message
+    from fortis.services.report.convert import build_report
+
+    parts = make_parts()
+    record = {"alpha": 0.05, "method": "betting <cs>", "order_seed": 7, "unreferenced": "run",
+              "queries_saved_estimate": 1234,
+              "criteria": [{"metric": "accuracy", "op": ">=", "threshold": 0.5,
+                            "outcome": "pass", "images": 64, "population": 200,
+                            "estimate": None, "interval": [0.55, 0.9]}],
+              "settings": [{"setting": TRANSFER, "status": "open", "stopped_early": True,
+                            "images_planned": 200, "images_used": 64, "queries_used": 64,
+                            "queries_planned": 200, "queries_saved_estimate": 136,
+                            "queries_saved_kind": "exact: one query per image"},
+                           {"setting": "<script>@1", "status": "skip", "stopped_early": True,
+                            "images_planned": 200, "images_used": 0, "queries_used": 0,
+                            "queries_saved_estimate": 200, "queries_saved_kind": "x"}]}
+    fill_message(parts.sequential, record, "sequential")
+    report = build_report(parts)
+    seq = report["sequential"]
+    assert seq["queries_saved_estimate"] == 1234 and seq["criteria"][0]["estimate"] is None
+    tests = {t.get("id"): t for t in report["tests"]}
+    assert tests[TRANSFER]["sequential"]["images_used"] == {TRANSFER: 64}
+    page = render_html(report)
+    sec = page[page.index('id="sequential"'):]
+    assert "1,234 target queries not sent" in sec or "1234 target queries not sent" in sec
+    assert "64 of 200" in sec and "<script>" not in sec and "betting &lt;cs&gt;" in sec
+
+
+def test_a_hostile_sequential_record_renders_without_failing() -> None:
+    """Whatever a caller puts in the record (wrong types, odd intervals, huge numbers), the
+    page is written, values it cannot read shown as n/a."""
+    for bad in ({"criteria": [{"metric": 5, "interval": [1, 2, 3]}], "settings": "x"},
+                {"criteria": "x", "settings": [{"images_used": "many", "setting": None}]},
+                {"queries_saved_estimate": 10**30, "criteria": [None, 1], "settings": [[]]}):
+        page = render_html(_report(sequential=bad))
+        assert 'id="sequential"' in page

@@ -483,3 +483,45 @@ class TestResultArrays:
                                    attack_budgets={}, image_ids=ids)
         assert out["worstcase_robustness_corr"]["correct"] == int(mat.all(axis=0).sum())
         assert out["corruptions"]["c3"]["2"]["correct"] == int(mat[16].sum())
+
+
+class TestCorruptionsOnTheirFirstImages:
+    """Sequential acceptance stops a corruption setting once the criteria reading it are
+    decided: its Robustness_Corr is then over the images it was sent (M_j), never counting
+    the others as wrong, and the worst case (IEEE-M4) over the images every setting saw."""
+
+    def _arrays(self) -> dict:
+        return {n: {s: np.array([v[i] for i in IDS]) for s, v in sev.items()}
+                for n, sev in CORR.items()}
+
+    def test_a_setting_counted_over_its_first_images(self) -> None:
+        corr = self._arrays()
+        corr["gaussian_noise"][2] = np.array([T, F, F, F])   # sent a and b only
+        clean = np.array([CLEAN[i] for i in IDS])
+        out = compute_ieee_metrics(clean=clean, corruptions=corr, attacks={},
+                                   attack_budgets={}, image_ids=IDS,
+                                   corruption_coverage={"gaussian_noise": {2: np.array([0, 1])}})
+        g2 = out["corruptions"]["gaussian_noise"]["2"]
+        assert g2["m"] == 2 and g2["correct"] == 1 and g2["robustness"] == 0.5
+        lo, hi = g2["ci95"]
+        assert lo < 0.5 < hi
+        assert out["corruptions"]["gaussian_noise"]["1"]["m"] == 4
+        # a is right under every setting, b not under gaussian_noise@2: 1 of the 2 seen by all
+        wc = out["worstcase_robustness_corr"]
+        assert wc["m"] == 2 and wc["value"] == 0.5
+        assert out["worstcase_robustness_corr_by_severity"]["1"]["m"] == 4
+        assert out["worstcase_robustness_corr_by_severity"]["2"]["m"] == 2
+        # without the coverage the same arrays would count c and d as wrong
+        whole = compute_ieee_metrics(clean=clean, corruptions=corr, attacks={},
+                                     attack_budgets={}, image_ids=IDS)
+        assert whole["corruptions"]["gaussian_noise"]["2"]["robustness"] == 0.25
+
+    def test_full_coverage_is_the_whole_tree(self) -> None:
+        corr = self._arrays()
+        clean = np.array([CLEAN[i] for i in IDS])
+        every = {n: {s: np.arange(4) for s in sev} for n, sev in corr.items()}
+        assert compute_ieee_metrics(clean=clean, corruptions=corr, attacks={},
+                                    attack_budgets={}, image_ids=IDS,
+                                    corruption_coverage=every) == \
+            compute_ieee_metrics(clean=clean, corruptions=corr, attacks={},
+                                 attack_budgets={}, image_ids=IDS)

@@ -244,3 +244,46 @@ def test_criteria_of_plan_knows_plan_names():
                            "attacks.sq.fast.success_rate": "<= 0.5",
                            "attacks.fgsm.robustness_adv": ">= 0.1"}}
     assert [c.setting for c in criteria_of_plan(plan)] == ["contrast", "sq.fast", "fgsm"]
+
+
+def _seq(metric: str, interval: list[float], images: int = 64) -> dict:
+    return {"criteria": [{"metric": metric, "op": ">=", "threshold": 0.5, "outcome": "pass",
+                          "images": images, "population": 200, "estimate": 0.6,
+                          "interval": interval}]}
+
+
+def test_a_sequential_criterion_is_judged_on_its_time_uniform_interval():
+    """A sequential criterion stops where its confidence sequence cleared the threshold;
+    the Wilson interval of the images seen would not cover at that data-chosen time, so the
+    verdict shows and judges the time-uniform one."""
+    crit, _ = parse_acceptance({"sequential": True, "average_robustness_corr": ">= 0.5",
+                                "accuracy": ">= 0.9"}, corruptions=(), attacks=())
+    v = verdict(crit, metrics(), sequential=_seq("average_robustness_corr", [0.52, 0.7]))
+    avg = v["criteria"][0]
+    assert avg["ci95"] == [0.52, 0.7] and avg["interval"] == "time-uniform"
+    assert avg["confidence"] == "conclusive" and avg["outcome"] == "pass"
+    assert "64 of 200 images (sequential)" in avg["text"]
+    # accuracy has no entry in the record: judged as before, on its Wilson interval
+    assert v["criteria"][1]["ci95"] == wilson(188, 200) and "interval" not in v["criteria"][1]
+    # a straddling interval: the point estimate decides, inconclusive
+    v = verdict(crit, metrics(), sequential=_seq("average_robustness_corr", [0.45, 0.7]))
+    assert v["criteria"][0]["outcome"] == "pass"
+    assert v["criteria"][0]["confidence"] == "inconclusive" and not v["strict_passed"]
+    # a conclusive interval decides by its side even where the estimate sits outside it
+    v = verdict(crit, {**metrics(), "average_robustness_corr": {"value": 0.49, "ci95": None}},
+                sequential=_seq("average_robustness_corr", [0.51, 0.7]))
+    assert v["criteria"][0]["outcome"] == "pass"
+
+
+def test_fortis_gate_rechecks_a_sequential_report_with_its_intervals():
+    crit = {"sequential": True, "average_robustness_corr": ">= 0.5"}
+    report = {"plan": {"acceptance": crit}, "metrics": metrics(),
+              "sequential": _seq("average_robustness_corr", [0.3, 0.45])}
+    v = report_verdict(report)
+    (c,) = v["criteria"]
+    assert c["ci95"] == [0.3, 0.45] and c["outcome"] == "fail" and v["status"] == "fail"
+    # a hostile record (not a mapping, bad intervals) falls back to the plain rule
+    for bad in ("x", {"criteria": "x"}, {"criteria": [{"metric": "average_robustness_corr",
+                                                        "interval": [float("nan"), 1]}]}):
+        v = report_verdict({**report, "sequential": bad})
+        assert v["criteria"][0]["outcome"] == "pass"       # 0.62 >= 0.5, no interval

@@ -42,6 +42,7 @@ from fortis.services.evaluation.stages.base import (
     RunContext,
     chunks,
     guarded,
+    in_rounds,
     is_failed,
     setting_failure,
 )
@@ -239,28 +240,38 @@ class TransferAttackStage(_AttackStage):
             session = SessionId.transfer(ctx.evaluation_id, at.name).format()
             ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
                                    description=f"transfer attack {at.name}")
-            parts, linf, l2 = [], [], []
             # One chunk at a time in this process (as before); workers share them.
             keys = [WorkItemKey(StageName.ATTACKS, at.name, chunk=c) for c in range(len(ranges))]
-            results = ctx.items([
-                (key, b - a, guarded(key.format(), partial(
+            jobs = [(key, b - a, guarded(key.format(), partial(
                     self._item, ctx, session, list(ctx.images[a:b]), at, c)))
-                for c, (key, (a, b)) in enumerate(zip(keys, ranges, strict=True))], parallel=1)
-            failure = setting_failure(results, [b - a for a, b in ranges])
+                    for c, (key, (a, b)) in enumerate(zip(keys, ranges, strict=True))]
+            sizes = [b - a for a, b in ranges]
+            results = _attack_results(ctx, ("attack", at.name), n, jobs, partial(
+                self._setting, ctx, at, sizes), parallel=1)
+            if results is None:
+                continue                      # skipped: no criterion reads it
+            failure = setting_failure(results, sizes[:len(results)])
             if failure is not None:
                 settings.append(Setting(kind="transfer_attack", name=at.name, failure=failure))
                 continue
-            for res in results:
-                parts.append(res["answers"])
-                linf += [float(x) for x in res["linf"]]
-                l2 += [float(x) for x in res["l2"]]
-            answers = concat(parts) if parts else ClassAnswers.from_rows([], [], [])
-            excluded, why = left_out(self.plan, at, ctx.images[:n])
-            settings.append(Setting(kind="transfer_attack", name=at.name,
-                                    image_index=tuple(range(n)), answers=answers,
-                                    linf=tuple(linf), l2=tuple(l2), excluded=excluded,
-                                    excluded_reason=why))
+            settings.append(self._setting(ctx, at, sizes, ("attack", at.name), results))
         return settings
+
+    def _setting(self, ctx: RunContext, at: AttackTest, sizes: Sequence[int],
+                 _key: Any, results: Sequence[Mapping[str, Any]]) -> Setting:
+        """The attack's setting from its chunks' results (its first chunks, under
+        sequential acceptance)."""
+        n = sum(sizes[:len(results)])
+        parts, linf, l2 = [], [], []
+        for res in results:
+            parts.append(res["answers"])
+            linf += [float(x) for x in res["linf"]]
+            l2 += [float(x) for x in res["l2"]]
+        answers = concat(parts) if parts else ClassAnswers.from_rows([], [], [])
+        excluded, why = left_out(self.plan, at, ctx.images[:n])
+        return Setting(kind="transfer_attack", name=at.name, image_index=tuple(range(n)),
+                       answers=answers, linf=tuple(linf), l2=tuple(l2), excluded=excluded,
+                       excluded_reason=why)
 
     def _item(self, ctx: RunContext, session: str, rows: list[Any], at: AttackTest, c: int,
               _attempt: int) -> tuple[dict[str, Any], int]:
@@ -319,10 +330,6 @@ class QueryAttackStage(_AttackStage):
         for at in self._attacks():
             budget = int(at.params["max_queries"])
             n = _n(self.plan, at, self.n_images)
-            success: list[bool] = []
-            queries: list[int] = []
-            linf: list[float] = []
-            l2: list[float] = []
             ranges = chunks(n, self.plan.batch_size)
             keys = [WorkItemKey(StageName.ATTACKS, at.name, chunk=c) for c in range(len(ranges))]
             # Chunks in flight at once (the context's ``parallel``): an attack's queries are
@@ -331,29 +338,44 @@ class QueryAttackStage(_AttackStage):
             # computes meanwhile and the two chunks' ledger writes share a commit. Each chunk
             # has its own session, seeds and images, so its results do not depend on what
             # runs beside it (its CAN-3 wall time does: it is the time it took beside it).
-            results = ctx.items([
-                (key, b - a, guarded(key.format(), partial(
+            jobs = [(key, b - a, guarded(key.format(), partial(
                     self._item, ctx, list(ctx.images[a:b]), at, c, budget)))
-                for c, (key, (a, b)) in enumerate(zip(keys, ranges, strict=True))])
-            failure = setting_failure(results, [b - a for a, b in ranges])
+                    for c, (key, (a, b)) in enumerate(zip(keys, ranges, strict=True))]
+            sizes = [b - a for a, b in ranges]
+            results = _attack_results(ctx, ("attack", at.name), n, jobs, partial(
+                self._setting, ctx, at, sizes, budget), per_round=ctx.parallel)
+            if results is None:
+                continue                      # skipped: no criterion reads it
+            failure = setting_failure(results, sizes[:len(results)])
             if failure is not None:
                 settings.append(Setting(kind="query_attack", name=at.name, failure=failure,
                                         query_budget=budget))
                 continue
-            for res in results:
-                success += [bool(x) for x in res["success"]]
-                queries += [int(x) for x in res["ledger_queries"]]
-                linf += [float(x) for x in res["linf"]]
-                l2 += [float(x) for x in res["l2"]]
-                if "signal" in res:
-                    self.observed[at.name] = (str(res["signal"]), str(res["criterion"]))
-            excluded, why = left_out(self.plan, at, ctx.images[:n])
-            settings.append(Setting(kind="query_attack", name=at.name,
-                                    image_index=tuple(range(n)), success=tuple(success),
-                                    queries=tuple(queries), query_budget=budget,
-                                    linf=tuple(linf), l2=tuple(l2), excluded=excluded,
-                                    excluded_reason=why))
+            settings.append(self._setting(ctx, at, sizes, budget, ("attack", at.name),
+                                          results))
         return settings
+
+    def _setting(self, ctx: RunContext, at: AttackTest, sizes: Sequence[int], budget: int,
+                 _key: Any, results: Sequence[Mapping[str, Any]]) -> Setting:
+        """The attack's setting from its chunks' results (its first chunks, under
+        sequential acceptance)."""
+        n = sum(sizes[:len(results)])
+        success: list[bool] = []
+        queries: list[int] = []
+        linf: list[float] = []
+        l2: list[float] = []
+        for res in results:
+            success += [bool(x) for x in res["success"]]
+            queries += [int(x) for x in res["ledger_queries"]]
+            linf += [float(x) for x in res["linf"]]
+            l2 += [float(x) for x in res["l2"]]
+            if "signal" in res:
+                self.observed[at.name] = (str(res["signal"]), str(res["criterion"]))
+        excluded, why = left_out(self.plan, at, ctx.images[:n])
+        return Setting(kind="query_attack", name=at.name, image_index=tuple(range(n)),
+                       success=tuple(success), queries=tuple(queries), query_budget=budget,
+                       linf=tuple(linf), l2=tuple(l2), excluded=excluded,
+                       excluded_reason=why)
 
     def _item(self, ctx: RunContext, rows: list[Any], at: AttackTest, c: int, budget: int,
               attempt: int) -> tuple[dict[str, Any], int]:
@@ -392,6 +414,21 @@ class QueryAttackStage(_AttackStage):
                  "criterion": next((o.criterion for o in outs if o.criterion), ""),
                  # CAN-3 CTC: the attack's wall time for the chunk, queries included
                  "seconds": time.perf_counter() - t0}, total)
+
+
+def _attack_results(ctx: RunContext, key: tuple[Any, ...], n: int, jobs: Sequence[Any],
+                    prefix: Any, *, per_round: int = 1, parallel: int | None = None
+                    ) -> list[dict[str, Any]] | None:
+    """An attack's chunk results: every chunk, or under sequential acceptance the chunks
+    sent until the criteria reading the attack were decided (``sequential.py``); None when
+    sequential acceptance skips it (no criterion reads it)."""
+    seq = ctx.sequential
+    if seq is None or not seq.active:
+        return ctx.items(jobs, parallel)
+    seq.plan_setting(key, n)
+    if seq.status(key) == "skip":
+        return None
+    return in_rounds(ctx, [(key, jobs)], prefix, per_round=per_round, parallel=parallel)[key]
 
 
 def _not_attacked(row: Any) -> AttackOutcome:

@@ -39,9 +39,11 @@ from fortis.services.evaluation.ports import (
 
 if TYPE_CHECKING:
     from fortis.services.evaluation.claims import ItemClaims
+    from fortis.services.evaluation.sequential import SequentialRun
 
 __all__ = ["Cancelled", "LabeledImage", "Progress", "RunContext", "Stage", "chunks",
-           "failed_result", "guarded", "is_failed", "safe_artifact_part", "setting_failure"]
+           "failed_result", "guarded", "in_rounds", "is_failed", "safe_artifact_part",
+           "setting_failure"]
 
 log = structlog.get_logger("fortis.evaluation.stages")
 
@@ -196,6 +198,9 @@ class RunContext:
     #: Detection / segmentation ground truth per image id (the dataset port's ``truths``):
     #: the references of the query attacks' IEEE-C4 / C5 criteria. Empty: classification.
     truths: Mapping[str, Any] = field(default_factory=dict)
+    #: Sequential acceptance (``sequential.py``): which settings are still sent images.
+    #: None: every setting runs on every image.
+    sequential: SequentialRun | None = None
     _commit: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -384,3 +389,38 @@ class Stage(Protocol):
     def tests(self) -> list[TestDefinition]:
         """Its tests, as the report lists them."""
         ...
+
+
+Job = tuple[WorkItemKey, int, Work]
+
+
+def in_rounds(ctx: RunContext, plans: Sequence[tuple[tuple[Any, ...], Sequence[Job]]],
+              prefix: Callable[[tuple[Any, ...], list[dict[str, Any]]], Any], *,
+              per_round: int = 1, parallel: int | None = None) -> dict[tuple[Any, ...],
+                                                                      list[dict[str, Any]]]:
+    """Sequential acceptance (``sequential.py``): run each setting's chunk jobs in rounds of
+    ``per_round`` chunks, every setting still open side by side, and after each round let
+    ``ctx.sequential`` judge the open criteria on every setting's prefix (``prefix(key,
+    results)`` -> the Setting so far); a setting stops once the criteria reading it are
+    decided, or at its first failed chunk. Returns each setting's results, in chunk order."""
+    seq = ctx.sequential
+    assert seq is not None
+    done: dict[tuple[Any, ...], list[dict[str, Any]]] = {k: [] for k, _ in plans}
+    r = 0
+    while True:
+        batch: list[Job] = []
+        owners: list[tuple[Any, ...]] = []
+        for k, jobs in plans:
+            if any(is_failed(x) for x in done[k]) or not seq.is_open(k):
+                continue
+            part = list(jobs[r * per_round:(r + 1) * per_round])
+            batch += part
+            owners += [k] * len(part)
+        if not batch:
+            return done
+        for k, res in zip(owners, ctx.items(batch, parallel), strict=True):
+            done[k].append(res)
+        seq.update([prefix(k, done[k]) for k, _ in plans
+                    if seq.status(k) == "open" and done[k]
+                    and not any(is_failed(x) for x in done[k])])
+        r += 1

@@ -20,6 +20,7 @@ from fortis.services.evaluation.stages.base import (
     RunContext,
     chunks,
     guarded,
+    in_rounds,
     setting_failure,
 )
 
@@ -94,10 +95,12 @@ class CorruptionStage:
         session = SessionId.corruptions(ctx.evaluation_id).format()
         ctx.proxy.open_session(session_id=session, target=self.plan.target.name,
                                description="corrupted images")
+        order = [(ct, sev) for ct in self.plan.corruptions for sev in ct.severities]
+        if ctx.sequential is not None and ctx.sequential.active:
+            return self._run_sequential(ctx, session, order)
         # Every setting's chunks in one call: items are independent, so the workers of a
         # fan-out share the whole stage, not one setting at a time (a setting of
         # one chunk would otherwise go to whichever worker reached it first, every time).
-        order = [(ct, sev) for ct in self.plan.corruptions for sev in ct.severities]
         keys = [(WorkItemKey(StageName.CORRUPTIONS, ct.id, sev, c), ct, sev, a, b)
                 for ct, sev in order for c, (a, b) in enumerate(ctx.chunk_ranges)]
         results = ctx.items([
@@ -113,6 +116,42 @@ class CorruptionStage:
             failure = setting_failure(mine, sizes)
             out.append(Setting(kind="corruption", name=ct.id, level=sev, failure=failure,
                                answers=None if failure else concat([r["answers"] for r in mine])))
+        return out
+
+    def _run_sequential(self, ctx: RunContext, session: str,
+                        order: list[tuple[Any, int]]) -> list[Setting]:
+        """Sequential acceptance: the settings side by side, one chunk of each per round,
+        each stopped once the criteria reading it are decided (``sequential.py``)."""
+        seq = ctx.sequential
+        assert seq is not None
+        sizes = [b - a for a, b in ctx.chunk_ranges]
+        plans, params = [], {}
+        for ct, sev in order:
+            k = ("corruption", ct.id, sev)
+            seq.plan_setting(k, self.n_images)
+            if seq.status(k) == "skip":
+                continue
+            params[k] = dict(ct.params)
+            plans.append((k, [
+                (key, b - a, guarded(key.format(), partial(
+                    self._item, ctx, session, [(i, im) for i, im, _ in ctx.images[a:b]],
+                    ct.id, sev, params[k])))
+                for c, (a, b) in enumerate(ctx.chunk_ranges)
+                for key in [WorkItemKey(StageName.CORRUPTIONS, ct.id, sev, c)]]))
+
+        def prefix(k: tuple[Any, ...], results: list[dict[str, Any]]) -> Setting:
+            n = sum(sizes[:len(results)])
+            return Setting(kind="corruption", name=k[1], level=k[2],
+                           image_index=tuple(range(n)) if n < self.n_images else (),
+                           answers=concat([r["answers"] for r in results]))
+
+        done = in_rounds(ctx, plans, prefix)
+        out = []
+        for k, _ in plans:
+            results = done[k]
+            failure = setting_failure(results, sizes[:len(results)])
+            out.append(Setting(kind="corruption", name=k[1], level=k[2], failure=failure)
+                       if failure else prefix(k, results))
         return out
 
     def _item(self, ctx: RunContext, session: str, part: list[tuple[str, Any]], cid: str,

@@ -155,6 +155,40 @@ class FortisClient:
         return {"plan_name": resp.plan_name, "corruptions": resp.corruptions,
                 "attacks": resp.attacks, "degradation_operators": resp.degradation_operators}
 
+    def estimate(self, plan_text: str) -> dict[str, Any]:
+        """The target queries a plan will make (ValidatePlan's estimate), as plain data:
+        ``images``, ``batch_size``, ``fixed``, ``upper_bound``, ``expected`` (None when
+        unknown), ``expected_from``, ``settings`` (per setting: ``stage``, ``setting``,
+        ``kind`` "fixed" or "upper_bound", ``images``, ``per_image``, ``fixed``,
+        ``upper_bound``, ``expected``, ``target``), ``durations`` (per rate limit: ``limit``,
+        ``rate``, ``unit``, ``seconds_fixed``, ``seconds_upper_bound``), ``price`` (None, or
+        ``per_1000``, ``source``, ``fixed``, ``upper_bound``), ``tenant_queries_today`` and
+        ``tenant_queries_per_day`` (0 = no quota). An invalid plan raises
+        :class:`InvalidArgument` naming every bad field."""
+        resp = self._call(self._evaluations.ValidatePlan, ev_pb.ValidatePlanRequest(plan=plan_text))
+        e = resp.estimate
+        kinds = {ev_pb.QUERY_COUNT_KIND_FIXED: "fixed",
+                 ev_pb.QUERY_COUNT_KIND_UPPER_BOUND: "upper_bound"}
+        return {
+            "plan_name": resp.plan_name, "images": e.images, "batch_size": e.batch_size,
+            "fixed": e.fixed, "upper_bound": e.upper_bound,
+            "expected": e.expected if e.HasField("expected") else None,
+            "expected_from": e.expected_from,
+            "settings": [{"stage": s.stage, "setting": s.setting,
+                          "kind": kinds.get(s.kind, "unspecified"), "images": s.images,
+                          "per_image": s.per_image, "fixed": s.fixed,
+                          "upper_bound": s.upper_bound,
+                          "expected": s.expected if s.HasField("expected") else None,
+                          "target": s.target} for s in e.settings],
+            "durations": [{"limit": d.limit, "rate": d.rate, "unit": d.unit,
+                           "seconds_fixed": d.seconds_fixed,
+                           "seconds_upper_bound": d.seconds_upper_bound} for d in e.durations],
+            "price": {"per_1000": e.price.per_1000, "source": e.price.source,
+                      "fixed": e.price.fixed, "upper_bound": e.price.upper_bound}
+            if e.HasField("price") else None,
+            "tenant_queries_today": e.tenant_queries_today,
+            "tenant_queries_per_day": e.tenant_queries_per_day}
+
     def submit(self, plan_text: str, evaluation_id: str = "") -> Evaluation:
         """Validate and start a plan (YAML or JSON). Submitting the same ``evaluation_id``
         again returns the existing evaluation (idempotent)."""

@@ -39,6 +39,12 @@ class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STAGE_SCORING: _ClassVar[Stage]
     STAGE_REPORT: _ClassVar[Stage]
     STAGE_DONE: _ClassVar[Stage]
+
+class QueryCountKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    QUERY_COUNT_KIND_UNSPECIFIED: _ClassVar[QueryCountKind]
+    QUERY_COUNT_KIND_FIXED: _ClassVar[QueryCountKind]
+    QUERY_COUNT_KIND_UPPER_BOUND: _ClassVar[QueryCountKind]
 EVALUATION_STATE_UNSPECIFIED: EvaluationState
 EVALUATION_STATE_PENDING: EvaluationState
 EVALUATION_STATE_RUNNING: EvaluationState
@@ -58,6 +64,9 @@ STAGE_QUERY_ATTACKS: Stage
 STAGE_SCORING: Stage
 STAGE_REPORT: Stage
 STAGE_DONE: Stage
+QUERY_COUNT_KIND_UNSPECIFIED: QueryCountKind
+QUERY_COUNT_KIND_FIXED: QueryCountKind
+QUERY_COUNT_KIND_UPPER_BOUND: QueryCountKind
 
 class Progress(_message.Message):
     __slots__ = ("stage", "items_done", "items_total", "queries", "message", "images_done", "images_total")
@@ -196,16 +205,92 @@ class ValidatePlanRequest(_message.Message):
     def __init__(self, plan: _Optional[str] = ..., format: _Optional[_Union[PlanFormat, str]] = ...) -> None: ...
 
 class ValidatePlanResponse(_message.Message):
-    __slots__ = ("plan_name", "corruptions", "attacks", "degradation_operators")
+    __slots__ = ("plan_name", "corruptions", "attacks", "degradation_operators", "estimate")
     PLAN_NAME_FIELD_NUMBER: _ClassVar[int]
     CORRUPTIONS_FIELD_NUMBER: _ClassVar[int]
     ATTACKS_FIELD_NUMBER: _ClassVar[int]
     DEGRADATION_OPERATORS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
     plan_name: str
     corruptions: int
     attacks: int
     degradation_operators: int
-    def __init__(self, plan_name: _Optional[str] = ..., corruptions: _Optional[int] = ..., attacks: _Optional[int] = ..., degradation_operators: _Optional[int] = ...) -> None: ...
+    estimate: QueryEstimate
+    def __init__(self, plan_name: _Optional[str] = ..., corruptions: _Optional[int] = ..., attacks: _Optional[int] = ..., degradation_operators: _Optional[int] = ..., estimate: _Optional[_Union[QueryEstimate, _Mapping]] = ...) -> None: ...
+
+class SettingQueryEstimate(_message.Message):
+    __slots__ = ("stage", "setting", "kind", "images", "per_image", "fixed", "upper_bound", "expected", "target")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    SETTING_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    PER_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    FIXED_FIELD_NUMBER: _ClassVar[int]
+    UPPER_BOUND_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    setting: str
+    kind: QueryCountKind
+    images: int
+    per_image: int
+    fixed: int
+    upper_bound: int
+    expected: int
+    target: str
+    def __init__(self, stage: _Optional[str] = ..., setting: _Optional[str] = ..., kind: _Optional[_Union[QueryCountKind, str]] = ..., images: _Optional[int] = ..., per_image: _Optional[int] = ..., fixed: _Optional[int] = ..., upper_bound: _Optional[int] = ..., expected: _Optional[int] = ..., target: _Optional[str] = ...) -> None: ...
+
+class DurationEstimate(_message.Message):
+    __slots__ = ("limit", "rate", "unit", "seconds_fixed", "seconds_upper_bound")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIXED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_UPPER_BOUND_FIELD_NUMBER: _ClassVar[int]
+    limit: str
+    rate: float
+    unit: str
+    seconds_fixed: float
+    seconds_upper_bound: float
+    def __init__(self, limit: _Optional[str] = ..., rate: _Optional[float] = ..., unit: _Optional[str] = ..., seconds_fixed: _Optional[float] = ..., seconds_upper_bound: _Optional[float] = ...) -> None: ...
+
+class PriceEstimate(_message.Message):
+    __slots__ = ("per_1000", "source", "fixed", "upper_bound")
+    PER_1000_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FIXED_FIELD_NUMBER: _ClassVar[int]
+    UPPER_BOUND_FIELD_NUMBER: _ClassVar[int]
+    per_1000: float
+    source: str
+    fixed: float
+    upper_bound: float
+    def __init__(self, per_1000: _Optional[float] = ..., source: _Optional[str] = ..., fixed: _Optional[float] = ..., upper_bound: _Optional[float] = ...) -> None: ...
+
+class QueryEstimate(_message.Message):
+    __slots__ = ("images", "batch_size", "settings", "fixed", "upper_bound", "expected", "expected_from", "durations", "price", "tenant_queries_today", "tenant_queries_per_day")
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    FIXED_FIELD_NUMBER: _ClassVar[int]
+    UPPER_BOUND_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FROM_FIELD_NUMBER: _ClassVar[int]
+    DURATIONS_FIELD_NUMBER: _ClassVar[int]
+    PRICE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_QUERIES_TODAY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_QUERIES_PER_DAY_FIELD_NUMBER: _ClassVar[int]
+    images: int
+    batch_size: int
+    settings: _containers.RepeatedCompositeFieldContainer[SettingQueryEstimate]
+    fixed: int
+    upper_bound: int
+    expected: int
+    expected_from: str
+    durations: _containers.RepeatedCompositeFieldContainer[DurationEstimate]
+    price: PriceEstimate
+    tenant_queries_today: int
+    tenant_queries_per_day: int
+    def __init__(self, images: _Optional[int] = ..., batch_size: _Optional[int] = ..., settings: _Optional[_Iterable[_Union[SettingQueryEstimate, _Mapping]]] = ..., fixed: _Optional[int] = ..., upper_bound: _Optional[int] = ..., expected: _Optional[int] = ..., expected_from: _Optional[str] = ..., durations: _Optional[_Iterable[_Union[DurationEstimate, _Mapping]]] = ..., price: _Optional[_Union[PriceEstimate, _Mapping]] = ..., tenant_queries_today: _Optional[int] = ..., tenant_queries_per_day: _Optional[int] = ...) -> None: ...
 
 class GetEvaluationReportRequest(_message.Message):
     __slots__ = ("evaluation_id",)

@@ -14,6 +14,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GetTenantUsageRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetTenantUsageResponse(_message.Message):
+    __slots__ = ("queries_today", "queries_per_day", "images_per_second")
+    QUERIES_TODAY_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_PER_DAY_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    queries_today: int
+    queries_per_day: int
+    images_per_second: float
+    def __init__(self, queries_today: _Optional[int] = ..., queries_per_day: _Optional[int] = ..., images_per_second: _Optional[float] = ...) -> None: ...
+
 class GetBuiltinTargetsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -33,12 +47,14 @@ class BuiltinModelTargets(_message.Message):
     def __init__(self, model: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TargetSummary(_message.Message):
-    __slots__ = ("name", "images_per_second")
+    __slots__ = ("name", "images_per_second", "price_per_1000")
     NAME_FIELD_NUMBER: _ClassVar[int]
     IMAGES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_1000_FIELD_NUMBER: _ClassVar[int]
     name: str
     images_per_second: float
-    def __init__(self, name: _Optional[str] = ..., images_per_second: _Optional[float] = ...) -> None: ...
+    price_per_1000: float
+    def __init__(self, name: _Optional[str] = ..., images_per_second: _Optional[float] = ..., price_per_1000: _Optional[float] = ...) -> None: ...
 
 class ListTargetsRequest(_message.Message):
     __slots__ = ("page_size", "page_token")

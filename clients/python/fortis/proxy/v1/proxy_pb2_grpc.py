@@ -85,6 +85,11 @@ class TargetProxyServiceStub:
                 request_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsRequest.SerializeToString,
                 response_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsResponse.FromString,
                 _registered_method=True)
+        self.GetTenantUsage = channel.unary_unary(
+                '/fortis.proxy.v1.TargetProxyService/GetTenantUsage',
+                request_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetTenantUsageRequest.SerializeToString,
+                response_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetTenantUsageResponse.FromString,
+                _registered_method=True)
 
 
 class TargetProxyServiceServicer:
@@ -164,6 +169,14 @@ class TargetProxyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTenantUsage(self, request, context):
+        """The calling tenant's queries today, its daily quota and its rate limit (no session
+        needed): what a plan's estimate is checked against before anything is sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetProxyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +224,11 @@ def add_TargetProxyServiceServicer_to_server(servicer, server):
                     servicer.GetBuiltinTargets,
                     request_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsRequest.FromString,
                     response_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsResponse.SerializeToString,
+            ),
+            'GetTenantUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTenantUsage,
+                    request_deserializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetTenantUsageRequest.FromString,
+                    response_serializer=fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetTenantUsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -462,6 +480,33 @@ class TargetProxyService:
             '/fortis.proxy.v1.TargetProxyService/GetBuiltinTargets',
             fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsRequest.SerializeToString,
             fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetBuiltinTargetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTenantUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fortis.proxy.v1.TargetProxyService/GetTenantUsage',
+            fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetTenantUsageRequest.SerializeToString,
+            fortis_dot_proxy_dot_v1_dot_proxy__pb2.GetTenantUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

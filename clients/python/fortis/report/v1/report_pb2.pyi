@@ -37,6 +37,12 @@ class ExampleVerdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXAMPLE_VERDICT_UNSPECIFIED: _ClassVar[ExampleVerdict]
     EXAMPLE_VERDICT_CORRECT: _ClassVar[ExampleVerdict]
     EXAMPLE_VERDICT_INCORRECT: _ClassVar[ExampleVerdict]
+
+class EstimateKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ESTIMATE_KIND_UNSPECIFIED: _ClassVar[EstimateKind]
+    ESTIMATE_KIND_FIXED: _ClassVar[EstimateKind]
+    ESTIMATE_KIND_UPPER_BOUND: _ClassVar[EstimateKind]
 TEST_KIND_UNSPECIFIED: TestKind
 TEST_KIND_CORRUPTION: TestKind
 TEST_KIND_DEGRADATION: TestKind
@@ -51,6 +57,9 @@ EXAMPLE_KIND_DEGRADATION: ExampleKind
 EXAMPLE_VERDICT_UNSPECIFIED: ExampleVerdict
 EXAMPLE_VERDICT_CORRECT: ExampleVerdict
 EXAMPLE_VERDICT_INCORRECT: ExampleVerdict
+ESTIMATE_KIND_UNSPECIFIED: EstimateKind
+ESTIMATE_KIND_FIXED: EstimateKind
+ESTIMATE_KIND_UPPER_BOUND: EstimateKind
 
 class Party(_message.Message):
     __slots__ = ("name", "organisation")
@@ -285,7 +294,7 @@ class FailedSetting(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., level: _Optional[int] = ..., code: _Optional[_Union[_code_pb2.Code, str]] = ..., message: _Optional[str] = ..., images_done: _Optional[int] = ..., images_planned: _Optional[int] = ...) -> None: ...
 
 class ReportParts(_message.Message):
-    __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation", "examples", "failed_settings", "canary", "benchmark")
+    __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation", "examples", "failed_settings", "canary", "benchmark", "sequential", "estimate")
     PLAN_TEXT_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
@@ -298,6 +307,8 @@ class ReportParts(_message.Message):
     FAILED_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     CANARY_FIELD_NUMBER: _ClassVar[int]
     BENCHMARK_FIELD_NUMBER: _ClassVar[int]
+    SEQUENTIAL_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
     plan_text: str
     target: TargetReport
     roles: Roles
@@ -310,7 +321,113 @@ class ReportParts(_message.Message):
     failed_settings: _containers.RepeatedCompositeFieldContainer[FailedSetting]
     canary: CanaryMetrics
     benchmark: BenchmarkResults
-    def __init__(self, plan_text: _Optional[str] = ..., target: _Optional[_Union[TargetReport, _Mapping]] = ..., roles: _Optional[_Union[Roles, _Mapping]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., metrics: _Optional[_Union[_scoring_pb2.ScoreEvaluationResponse, _Mapping]] = ..., tests: _Optional[_Iterable[_Union[TestDefinition, _Mapping]]] = ..., ledger: _Optional[_Union[LedgerSummary, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationInfo, _Mapping]] = ..., examples: _Optional[_Iterable[_Union[ExampleImage, _Mapping]]] = ..., failed_settings: _Optional[_Iterable[_Union[FailedSetting, _Mapping]]] = ..., canary: _Optional[_Union[CanaryMetrics, _Mapping]] = ..., benchmark: _Optional[_Union[BenchmarkResults, _Mapping]] = ...) -> None: ...
+    sequential: SequentialResults
+    estimate: EstimateReport
+    def __init__(self, plan_text: _Optional[str] = ..., target: _Optional[_Union[TargetReport, _Mapping]] = ..., roles: _Optional[_Union[Roles, _Mapping]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., metrics: _Optional[_Union[_scoring_pb2.ScoreEvaluationResponse, _Mapping]] = ..., tests: _Optional[_Iterable[_Union[TestDefinition, _Mapping]]] = ..., ledger: _Optional[_Union[LedgerSummary, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationInfo, _Mapping]] = ..., examples: _Optional[_Iterable[_Union[ExampleImage, _Mapping]]] = ..., failed_settings: _Optional[_Iterable[_Union[FailedSetting, _Mapping]]] = ..., canary: _Optional[_Union[CanaryMetrics, _Mapping]] = ..., benchmark: _Optional[_Union[BenchmarkResults, _Mapping]] = ..., sequential: _Optional[_Union[SequentialResults, _Mapping]] = ..., estimate: _Optional[_Union[EstimateReport, _Mapping]] = ...) -> None: ...
+
+class SequentialResults(_message.Message):
+    __slots__ = ("alpha", "method", "order_seed", "unreferenced", "queries_saved_estimate", "criteria", "settings", "notes", "null_fields", "empty_fields")
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    ORDER_SEED_FIELD_NUMBER: _ClassVar[int]
+    UNREFERENCED_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_SAVED_ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    CRITERIA_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    alpha: float
+    method: str
+    order_seed: int
+    unreferenced: str
+    queries_saved_estimate: int
+    criteria: _containers.RepeatedCompositeFieldContainer[SequentialCriterion]
+    settings: _containers.RepeatedCompositeFieldContainer[SequentialSetting]
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, alpha: _Optional[float] = ..., method: _Optional[str] = ..., order_seed: _Optional[int] = ..., unreferenced: _Optional[str] = ..., queries_saved_estimate: _Optional[int] = ..., criteria: _Optional[_Iterable[_Union[SequentialCriterion, _Mapping]]] = ..., settings: _Optional[_Iterable[_Union[SequentialSetting, _Mapping]]] = ..., notes: _Optional[_Iterable[str]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SequentialCriterion(_message.Message):
+    __slots__ = ("metric", "op", "threshold", "outcome", "images", "population", "estimate", "interval", "null_fields", "empty_fields")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    POPULATION_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    op: str
+    threshold: float
+    outcome: str
+    images: int
+    population: int
+    estimate: float
+    interval: _containers.RepeatedScalarFieldContainer[float]
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, metric: _Optional[str] = ..., op: _Optional[str] = ..., threshold: _Optional[float] = ..., outcome: _Optional[str] = ..., images: _Optional[int] = ..., population: _Optional[int] = ..., estimate: _Optional[float] = ..., interval: _Optional[_Iterable[float]] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SequentialSetting(_message.Message):
+    __slots__ = ("setting", "status", "stopped_early", "images_planned", "images_used", "queries_used", "queries_planned", "queries_upper_bound", "queries_saved_estimate", "queries_saved_kind", "null_fields", "empty_fields")
+    SETTING_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_EARLY_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_PLANNED_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_USED_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_USED_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_PLANNED_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_UPPER_BOUND_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_SAVED_ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_SAVED_KIND_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    setting: str
+    status: str
+    stopped_early: bool
+    images_planned: int
+    images_used: int
+    queries_used: int
+    queries_planned: int
+    queries_upper_bound: int
+    queries_saved_estimate: int
+    queries_saved_kind: str
+    null_fields: _containers.RepeatedScalarFieldContainer[str]
+    empty_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, setting: _Optional[str] = ..., status: _Optional[str] = ..., stopped_early: _Optional[bool] = ..., images_planned: _Optional[int] = ..., images_used: _Optional[int] = ..., queries_used: _Optional[int] = ..., queries_planned: _Optional[int] = ..., queries_upper_bound: _Optional[int] = ..., queries_saved_estimate: _Optional[int] = ..., queries_saved_kind: _Optional[str] = ..., null_fields: _Optional[_Iterable[str]] = ..., empty_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EstimatedSetting(_message.Message):
+    __slots__ = ("stage", "setting", "kind", "estimated", "actual")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    SETTING_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    setting: str
+    kind: EstimateKind
+    estimated: int
+    actual: int
+    def __init__(self, stage: _Optional[str] = ..., setting: _Optional[str] = ..., kind: _Optional[_Union[EstimateKind, str]] = ..., estimated: _Optional[int] = ..., actual: _Optional[int] = ...) -> None: ...
+
+class EstimateReport(_message.Message):
+    __slots__ = ("fixed", "upper_bound", "expected", "per_setting", "total_actual")
+    FIXED_FIELD_NUMBER: _ClassVar[int]
+    UPPER_BOUND_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    PER_SETTING_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    fixed: int
+    upper_bound: int
+    expected: int
+    per_setting: _containers.RepeatedCompositeFieldContainer[EstimatedSetting]
+    total_actual: int
+    def __init__(self, fixed: _Optional[int] = ..., upper_bound: _Optional[int] = ..., expected: _Optional[int] = ..., per_setting: _Optional[_Iterable[_Union[EstimatedSetting, _Mapping]]] = ..., total_actual: _Optional[int] = ...) -> None: ...
 
 class MetricNode(_message.Message):
     __slots__ = ("value", "n", "status", "reason", "correct", "average", "classes", "misclassified", "layer", "zero_maps", "models", "per_model", "unit", "grade", "level", "grade_reason", "denominator", "change_tolerance", "wavelet", "levels", "measure", "chromatic", "baseline", "defended", "null_fields", "empty_fields")
