@@ -193,11 +193,11 @@ def test_an_order_that_is_not_random_never_contradicts_what_was_seen():
     assert lower[-1] == pytest.approx(0.8) and upper[-1] == pytest.approx(0.8)
 
 
-def test_ten_thousand_draws_take_well_under_a_second():
+def test_ten_thousand_draws_take_under_half_a_second():
     x = np.random.default_rng(0).random(10_000) < 0.9
     t0 = time.perf_counter()
     betting_cs(x.astype(float), population=10_000)
-    assert time.perf_counter() - t0 < 2.0  # 0.3 s measured on the 2-core machine
+    assert time.perf_counter() - t0 < 0.5  # 0.015-0.04 s measured on the shared 2-core machine
 
 
 # ------------------------------------------------------------------ decide
