@@ -194,10 +194,14 @@ def test_an_order_that_is_not_random_never_contradicts_what_was_seen():
 
 
 def test_ten_thousand_draws_take_under_half_a_second():
-    x = np.random.default_rng(0).random(10_000) < 0.9
-    t0 = time.perf_counter()
-    betting_cs(x.astype(float), population=10_000)
-    assert time.perf_counter() - t0 < 0.5  # 0.015-0.04 s measured on the shared 2-core machine
+    x = (np.random.default_rng(0).random(10_000) < 0.9).astype(float)
+    betting_cs(x[:100], population=10_000)  # warm-up
+    best = math.inf
+    for _ in range(3):  # the best of three: the machine is shared
+        t0 = time.perf_counter()
+        betting_cs(x, population=10_000)
+        best = min(best, time.perf_counter() - t0)
+    assert best < 0.5  # 0.015-0.04 s measured on the shared 2-core machine
 
 
 # ------------------------------------------------------------------ decide
