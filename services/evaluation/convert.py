@@ -325,6 +325,11 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
         _typed_part(parts.canary, r.canary, "canary")
     if r.benchmark:     # multi-target plans (CAN-5/7/8/10): Compute results
         _typed_part(parts.benchmark, r.benchmark, "benchmark")
+    if r.outcomes is not None:      # per-image outcomes for paired comparisons
+        parts.outcomes.image_ids.extend(r.outcomes.image_ids)
+        parts.outcomes.settings.extend(
+            rpb.SettingOutcomes(kind=k, name=n, level=lv, outcomes=o)
+            for k, n, lv, o in r.outcomes.settings)
     return parts
 
 

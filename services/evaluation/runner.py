@@ -29,6 +29,7 @@ from fortis.services.evaluation.canary_metrics import canary_metrics
 from fortis.services.evaluation.examples import build_examples
 from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.keys import SessionId
+from fortis.services.evaluation.outcomes import per_image_outcomes
 from fortis.services.evaluation.plan import Plan, check_against_target, check_surrogate_labels
 from fortis.services.evaluation.ports import (
     Catalogue,
@@ -257,7 +258,9 @@ class EvaluationRunner:
             evaluation_id=eid, started=run.started, finished=finished_at,
             images=len(run.images), resumed_count=current.resumed_count if current else 0,
             examples=list(run.examples), benchmark=benchmark, canary=run.canary,
-            failed=list(run.failed)))
+            failed=list(run.failed),
+            outcomes=per_image_outcomes([i for i, _, _ in run.images], run.settings,
+                                        run.scored.metrics)))
         scored = replace(run.scored, summary=replace(
             run.scored.summary, failed_settings=tuple(s.label for s in run.failed)))
         store.finish(eid, report_json=report_json, report_html=report_html,

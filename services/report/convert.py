@@ -53,6 +53,7 @@ from fortis.services.report import prose
 from fortis.services.report.canary_parts import benchmark_part, canary_part
 from fortis.services.report.example_images import example_images
 from fortis.services.report.metrics_tree import metrics_tree
+from fortis.services.report.outcomes_part import outcomes_part
 from fortis.services.report.plan_doc import MAX_PLAN_BYTES, plan_document
 from fortis.services.report.values import enum_text, message_dict, optional
 from fortis.services.report.verdict import criteria_of_plan, verdict
@@ -337,6 +338,9 @@ def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
     if benchmark is not None:     # multi-target plans (CAN-5/7/8/10)
         report["benchmark"] = benchmark
     _canary(parts, report)      # CAN-1..4 when the plan asked; PER-4 / curves metrics_used
+    outcomes = outcomes_part(parts)
+    if outcomes is not None:    # per-image outcomes: paired comparisons (fortis compare)
+        report["outcomes"] = outcomes
     # the plan's acceptance criteria judged on the metrics (services/report/verdict)
     report["verdict"] = verdict(criteria_of_plan(plan, path="parts.plan_text.acceptance"),
                                 metrics, report["failed_settings"])
