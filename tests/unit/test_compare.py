@@ -70,8 +70,10 @@ def report(target: str = "model-a", *, acc: int = 90, fog1: int = 70, sq_succ: i
 
 def test_rows_tests_and_order():
     a, b = report(), report("model-b", acc=80, fog1=71, sq_succ=40)
-    result = compare_reports(a, b)
-    assert result["warnings"] == []            # only the target differs
+    result = compare_reports(a, b, family="none")   # each metric at alpha: the z-test itself
+    # only the target differs; no per-image outcomes, so no paired test
+    assert result["warnings"] == ["no paired test: A and B carry no per-image outcomes; the "
+                                  "unpaired z-test is used"]
     rows = {r["metric"]: r for r in result["rows"]}
     acc = rows["accuracy"]
     assert acc["test"] == "two-proportion z-test"
@@ -100,13 +102,16 @@ def test_ci_overlap_when_no_counts():
     a, b = report(), report("model-b", acc=60)
     for r in (a, b):
         del r["metrics"]["accuracy"]["correct"]
-    rows = {r["metric"]: r for r in compare_reports(a, b)["rows"]}
+    rows = {r["metric"]: r for r in compare_reports(a, b, family="none")["rows"]}
     assert rows["accuracy"]["test"] == "CI overlap"
     assert rows["accuracy"]["significant"]           # [0.85, 0.95] vs [0.55, 0.65]
     b2 = report("model-b", acc=88)
     del b2["metrics"]["accuracy"]["correct"]
-    rows = {r["metric"]: r for r in compare_reports(a, b2)["rows"]}
+    rows = {r["metric"]: r for r in compare_reports(a, b2, family="none")["rows"]}
     assert rows["accuracy"]["test"] == "CI overlap" and not rows["accuracy"]["significant"]
+    # an interval rule has no p-value to adjust: outside a Holm family, never flagged
+    rows = {r["metric"]: r for r in compare_reports(a, b)["rows"]}
+    assert not rows["accuracy"]["in_family"] and not rows["accuracy"]["significant"]
 
 
 def test_warnings_when_plans_or_images_differ():
@@ -129,14 +134,19 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     pa, pb = tmp_path / "a.json", tmp_path / "b.json"
     pa.write_text(json.dumps(report()))
     pb.write_text(json.dumps(report("model-b", acc=80)))
-    assert main(["compare", str(pa), str(pb)]) == 0
+    assert main(["compare", str(pa), str(pb), "--family", "none"]) == 0
     table = capsys.readouterr().out
     assert "accuracy" in table and "two-proportion z-test" in table and "SIGNIFICANT" in table
-    assert main(["compare", str(pa), str(pb), "--fail-on-regression"]) == EXIT_REGRESSION
+    assert main(["compare", str(pa), str(pb), "--fail-on-regression",
+                 "--family", "none"]) == EXIT_REGRESSION
+    capsys.readouterr()
+    # Holm over the family: p = 0.048 on accuracy among the 4 tested metrics does not hold
+    assert main(["compare", str(pa), str(pb), "--fail-on-regression"]) == 0
     capsys.readouterr()
     assert main(["compare", str(pb), str(pa), "--fail-on-regression"]) == 0   # B better
     capsys.readouterr()
-    assert main(["compare", str(pa), str(pb), "--json", "--alpha", "0.01"]) == 0
+    assert main(["compare", str(pa), str(pb), "--json", "--alpha", "0.01",
+                 "--family", "none"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["alpha"] == 0.01 and doc["rows"][0]["metric"] == "accuracy"
     assert not doc["rows"][0]["significant"]          # p = 0.048 > 0.01
