@@ -220,7 +220,8 @@ def _pairing(oa: Outcomes | None, ob: Outcomes | None
     """A's and B's outcomes over the same images in A's order, or (None, None, why not)."""
     if oa is None or ob is None:
         which = "A and B" if oa is None and ob is None else "A" if oa is None else "B"
-        return None, None, f"{which} carry no per-image outcomes"
+        verb = "carry" if oa is None and ob is None else "carries"
+        return None, None, f"{which} {verb} no per-image outcomes"
     if oa.image_ids == ob.image_ids:
         return oa, ob, ""
     if set(oa.image_ids) != set(ob.image_ids):

@@ -171,7 +171,7 @@ def _rate_of(s: str) -> dict:
 def outcome_report(target: str, ids: list[str], clean: str, fog1: str, sq: str) -> dict:
     """A report whose metrics are exactly what its outcomes count."""
     worst = _rate_of(fog1)
-    attacked = [i for i, (c, a) in enumerate(zip(clean, sq)) if c == "1" and a != "-"]
+    attacked = [i for i, (c, a) in enumerate(zip(clean, sq, strict=True)) if c == "1" and a != "-"]
     succ = sum(sq[i] == "0" for i in attacked)
     return {
         "plan": {"name": "p", "seed": 1, "target": {"name": target},
@@ -200,7 +200,7 @@ def _strings(seed: int, n: int, flips: float) -> tuple[str, str, str, str, str, 
     a = [rng.random() < 0.8 for _ in range(n)]
     b = [x if rng.random() > flips else not x for x in a]
     fa = [x and rng.random() < 0.8 for x in a]
-    fb = [x and y and rng.random() < 0.85 for x, y in zip(fa, b)]   # B is worse under fog
+    fb = [x and y and rng.random() < 0.85 for x, y in zip(fa, b, strict=True)]   # B is worse under fog
     sa = [x and rng.random() < 0.6 if i < n // 2 else None for i, x in enumerate(a)]
     sb = [x and rng.random() < 0.6 if i < n // 2 else None for i, x in enumerate(b)]
 
@@ -219,8 +219,8 @@ def test_paired_mcnemar_recomputed_and_holm():
     rows = {r["metric"]: r for r in result["rows"]}
     for metric, xa, xb in (("accuracy", ca, cb), ("corruptions.fog.1", fa, fb)):
         row = rows[metric]
-        bb = sum(x == "1" and y == "0" for x, y in zip(xa, xb))
-        cc = sum(x == "0" and y == "1" for x, y in zip(xa, xb))
+        bb = sum(x == "1" and y == "0" for x, y in zip(xa, xb, strict=True))
+        cc = sum(x == "0" and y == "1" for x, y in zip(xa, xb, strict=True))
         assert row["test"] == "McNemar exact (paired)"
         assert row["paired"] == {"images": 400, "a_not_b": bb, "b_not_a": cc}
         ref = contingency.mcnemar([[0, bb], [cc, 0]], exact=True).pvalue
@@ -273,7 +273,7 @@ def test_paired_by_id_in_another_order_and_fallbacks():
     bare = copy.deepcopy(b)
     del bare["outcomes"]
     res = compare_reports(a, bare)
-    assert "B carry no per-image outcomes" in res["warnings"][0]
+    assert "B carries no per-image outcomes" in res["warnings"][0]
 
 
 def test_gate_family_metrics_and_acceptance(tmp_path, capsys):
