@@ -12,6 +12,13 @@ from typing import Any, Final
 
 from fortis.report.v1 import report_pb2
 from fortis.services.common.errors import FieldViolation, InvalidArgument
+from fortis.services.common.limits import (
+    MAX_EVALUATION_IMAGES,
+    MAX_ID_CHARS,
+    MAX_NAME_CHARS,
+    MAX_SCORING_LEVEL,
+    MAX_SETTINGS,
+)
 
 __all__ = ["KINDS", "OUTCOME_CHARS", "outcomes_part"]
 
@@ -35,6 +42,12 @@ def outcomes_part(parts: report_pb2.ReportParts) -> dict[str, Any] | None:
     ids = list(o.image_ids)
     n = len(ids)
     bad: list[FieldViolation] = []
+    if n > MAX_EVALUATION_IMAGES or len(o.settings) > MAX_SETTINGS:
+        raise InvalidArgument("parts.outcomes", f"at most {MAX_EVALUATION_IMAGES} images and "
+                              f"{MAX_SETTINGS} settings ({n} and {len(o.settings)} given)")
+    if any(len(i) > MAX_ID_CHARS for i in ids):
+        bad.append(FieldViolation("parts.outcomes.image_ids",
+                                  f"an image id is longer than {MAX_ID_CHARS} characters"))
     if len(set(ids)) != n:
         bad.append(FieldViolation("parts.outcomes.image_ids", "image ids must be unique"))
     seen: set[tuple[str, str, int]] = set()
@@ -43,6 +56,10 @@ def outcomes_part(parts: report_pb2.ReportParts) -> dict[str, Any] | None:
         path = f"parts.outcomes.settings[{j}]"
         if s.kind not in KINDS:
             bad.append(FieldViolation(f"{path}.kind", f"must be one of {', '.join(sorted(KINDS))}"))
+        if len(s.name) > MAX_NAME_CHARS:
+            bad.append(FieldViolation(f"{path}.name", f"at most {MAX_NAME_CHARS} characters"))
+        if not 0 <= s.level <= MAX_SCORING_LEVEL:
+            bad.append(FieldViolation(f"{path}.level", f"must be in [0, {MAX_SCORING_LEVEL}]"))
         if (s.kind, s.name, s.level) in seen:
             bad.append(FieldViolation(path, f"setting {s.kind}/{s.name}/{s.level} given twice"))
         seen.add((s.kind, s.name, s.level))

@@ -76,6 +76,11 @@ def test_report_writes_checked_outcomes():
     (["a"], [("../x", "", 0, "1")], "parts.outcomes.settings[0].kind", "must be one of"),
     (["a"], [("clean", "", 0, "1"), ("clean", "", 0, "0")], "parts.outcomes.settings[1]",
      "given twice"),
+    (["a"], [("corruption", "fog", -1, "1")], "parts.outcomes.settings[0].level",
+     "must be in [0, 1000]"),
+    (["a"], [("corruption", "f" * 129, 1, "1")], "parts.outcomes.settings[0].name",
+     "at most 128 characters"),
+    (["x" * 257], [("clean", "", 0, "1")], "parts.outcomes.image_ids", "longer than 256"),
 ])
 def test_report_refuses_malformed_outcomes(ids, rows, field, text):
     with pytest.raises(InvalidArgument) as exc:
