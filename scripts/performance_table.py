@@ -44,6 +44,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "attacks_vs_art": ["bench/attacks_vs_art.py"],
     "answer_copy": ["bench/answer_copy.py"],
     "codec": ["bench/codec.py"],
+    "compare": ["bench/compare.py"],
     "corruptions": ["bench/corruptions.py"],
     "defended": ["bench/defended.py", "--n", "200"],
     "fuzz": ["bench/fuzz.py"],

@@ -553,6 +553,20 @@ FIELD_LIMITS: Final[dict[str, Limit]] = {
         "bytes", length=MAX_EVALUATION_IMAGES // 8,
         note="one bit per image; not read by the report service (the evaluation service "
              "sends none)"),
+    # report: the per-image outcomes (checked by services/report/outcomes_part.py)
+    "fortis.report.v1.ReportParts.outcomes": _MSG,
+    "fortis.report.v1.PerImageOutcomes.image_ids": Limit(
+        "text", length=MAX_ID_CHARS, entries=MAX_EVALUATION_IMAGES, note="unique"),
+    "fortis.report.v1.PerImageOutcomes.settings": _list(
+        MAX_SETTINGS, note="each (kind, name, level) once"),
+    "fortis.report.v1.SettingOutcomes.kind": Limit(
+        "text", length=MAX_NAME_CHARS,
+        note="clean, corruption, transfer_attack, query_attack or degradation"),
+    "fortis.report.v1.SettingOutcomes.name": Limit("text", length=MAX_NAME_CHARS),
+    "fortis.report.v1.SettingOutcomes.level": _int(0, MAX_SCORING_LEVEL),
+    "fortis.report.v1.SettingOutcomes.outcomes": Limit(
+        "text", length=MAX_EVALUATION_IMAGES,
+        note="exactly one of '1', '0', '-' per image of image_ids"),
     # scoring: ScoreEvaluation
     _SC + "ScoreEvaluationRequest.setup": _MSG,
     _SC + "ScoreEvaluationRequest.setting": _MSG,

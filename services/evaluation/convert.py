@@ -329,6 +329,11 @@ def report_parts(r: ReportInput) -> rpb.ReportParts:
         _typed_part(parts.benchmark, r.benchmark, "benchmark")
     if r.estimate is not None:
         _estimate_part(parts.estimate, r.estimate)
+    if r.outcomes is not None:      # per-image outcomes for paired comparisons
+        parts.outcomes.image_ids.extend(r.outcomes.image_ids)
+        parts.outcomes.settings.extend(
+            rpb.SettingOutcomes(kind=k, name=n, level=lv, outcomes=o)
+            for k, n, lv, o in r.outcomes.settings)
     return parts
 
 

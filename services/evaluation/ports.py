@@ -198,6 +198,16 @@ class ScoringSetup:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PerImageOutcomes:
+    """Every scored setting's outcome on each image of the evaluation: ``settings`` holds
+    (kind, name, level, one character per image of ``image_ids``: '1' right / robust, '0'
+    not, '-' not covered)."""
+
+    image_ids: tuple[str, ...]
+    settings: tuple[tuple[str, str, int, str], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class SettingFailure:
     """Why a setting could not be run to its end: the ``google.rpc.Code`` and message of the
     error (as a caller may see it: internals never), and how far it got."""
@@ -363,6 +373,9 @@ class ReportInput:
     sequential: Mapping[str, Any] | None = None
     #: The query estimate beside the ledger's counts (``estimate.report_section``).
     estimate: Mapping[str, Any] | None = None
+    #: Per-image outcomes of the scored settings (``outcomes.py``), for paired comparisons
+    #: of two evaluations; None when the scoring answer carries no verdicts.
+    outcomes: PerImageOutcomes | None = None
 
 
 class ReportPort(Protocol):

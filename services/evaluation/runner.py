@@ -31,6 +31,7 @@ from fortis.services.evaluation.estimate import estimate_plan, report_section
 from fortis.services.evaluation.examples import build_examples
 from fortis.services.evaluation.executors import Executor
 from fortis.services.evaluation.keys import SessionId
+from fortis.services.evaluation.outcomes import per_image_outcomes
 from fortis.services.evaluation.plan import Plan, check_against_target, check_surrogate_labels
 from fortis.services.evaluation.ports import (
     Catalogue,
@@ -282,7 +283,9 @@ class EvaluationRunner:
             failed=list(run.failed), sequential=run.sequential,
             estimate=report_section(estimate_plan(plan, len(run.images), self.catalogue,
                                                   prior=self.estimate_prior),
-                                    run.ledger.sessions, eid)))
+                                    run.ledger.sessions, eid),
+            outcomes=per_image_outcomes([i for i, _, _ in run.images], run.settings,
+                                        run.scored.metrics)))
         scored = replace(run.scored, summary=replace(
             run.scored.summary, failed_settings=tuple(s.label for s in run.failed)))
         store.finish(eid, report_json=report_json, report_html=report_html,

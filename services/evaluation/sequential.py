@@ -71,7 +71,8 @@ def setting_statuses(plan: Plan, n_images: int) -> dict[str, str]:
     counts on before the run."""
     run = SequentialRun(plan=plan, n_images=n_images, scoring=None,  # type: ignore[arg-type]
                         setup=None)  # type: ignore[arg-type]
-    keys = [("corruption", ct.id, s) for ct in plan.corruptions for s in ct.severities]
+    keys: list[SettingKey] = [("corruption", ct.id, s) for ct in plan.corruptions
+                              for s in ct.severities]
     keys += [("attack", at.name) for at in plan.attacks]
     return {_label(k): run.status(k) for k in keys}
 

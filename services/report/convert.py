@@ -53,6 +53,7 @@ from fortis.services.report import prose
 from fortis.services.report.canary_parts import benchmark_part, canary_part, sequential_part
 from fortis.services.report.example_images import example_images
 from fortis.services.report.metrics_tree import metrics_tree
+from fortis.services.report.outcomes_part import outcomes_part
 from fortis.services.report.plan_doc import MAX_PLAN_BYTES, plan_document
 from fortis.services.report.values import enum_text, message_dict, optional
 from fortis.services.report.verdict import criteria_of_plan, verdict
@@ -381,6 +382,9 @@ def build_report(parts: report_pb2.ReportParts) -> dict[str, Any]:
     if sequential is not None:      # sequential acceptance: intervals at the stopping times
         report["sequential"] = sequential
         _sequential_tests(report["tests"], sequential)
+    outcomes = outcomes_part(parts)
+    if outcomes is not None:    # per-image outcomes: paired comparisons (fortis compare)
+        report["outcomes"] = outcomes
     # the plan's acceptance criteria judged on the metrics (services/report/verdict)
     report["verdict"] = verdict(criteria_of_plan(plan, path="parts.plan_text.acceptance"),
                                 metrics, report["failed_settings"], sequential=sequential)

@@ -8,7 +8,9 @@ at two severities, FGSM from the surrogate):
   ``fortis report ID`` of the finished evaluation; ``fortis gate`` offline, ``--strict``
   failing an inconclusive criterion (threshold taken inside the measured 95 % CI, IEEE-M8);
 - ``fortis compare`` of the CNN against a second model (the surrogate served as target B) on
-  the same plan: the pooled two-proportion z-test recomputed from the reports' counts;
+  the same plan: the paired McNemar test on the reports' per-image outcomes (the discordant
+  images recounted), and the pooled two-proportion z-test recomputed from the counts when one
+  report has no outcomes;
 - ``fortis mlflow-export`` of an existing report to a SQLite store, read back;
 - ``--pdf`` wired to fortis.server.cli.pdf.export_pdf.
 """
@@ -188,14 +190,34 @@ def test_compare_two_models(runs):
              rb["attacks"]["fgsm"]["success_rate_n"], ra["attacks"]["fgsm"]["successes"],
              rb["attacks"]["fgsm"]["successes"])):
         row = rows[metric]
-        z, p = two_proportion_z(xa, na, xb, nb)
-        assert row["test"] == "two-proportion z-test"
-        assert row["p_value"] == pytest.approx(p) and row["z"] == pytest.approx(z)
-        assert row["significant"] == (p < 0.05)
+        # both reports carry per-image outcomes over the same images: the paired test
+        assert row["test"] == "McNemar exact (paired)"
+        assert row["in_family"] and row["significant"] == (row["p_adjusted"] < 0.05)
         assert row["difference"] == pytest.approx(xb / nb - xa / na)
+    oa, ob = (runs.report(n)["outcomes"] for n in ("a", "b"))
+    assert oa["image_ids"] == ob["image_ids"]
+    clean_a, clean_b = (next(s["outcomes"] for s in o["settings"] if s["kind"] == "clean")
+                        for o in (oa, ob))
+    b_only = sum(x == "0" and y == "1" for x, y in zip(clean_a, clean_b, strict=True))
+    a_only = sum(x == "1" and y == "0" for x, y in zip(clean_a, clean_b, strict=True))
+    assert rows["accuracy"]["paired"] == {"images": len(clean_a), "a_not_b": a_only,
+                                          "b_not_a": b_only}
     assert rows["corruptions.gaussian_noise.mean"]["test"] == "no test"
+    # without the outcomes: the pooled z-test on the counts, saying why
+    bare = runs.root / "b-bare.json"
+    doc_b = runs.report("b")
+    del doc_b["outcomes"]
+    bare.write_text(json.dumps(doc_b))
+    code, out, _ = cli("compare", str(a), str(bare), "--json", "--family", "none")
+    rows = {r["metric"]: r for r in json.loads(out)["rows"]}
+    xa, na = ra["accuracy"]["correct"], ra["accuracy"]["m"]
+    xb, nb = rb["accuracy"]["correct"], rb["accuracy"]["m"]
+    z, p = two_proportion_z(xa, na, xb, nb)
+    assert rows["accuracy"]["test"] == "two-proportion z-test"
+    assert rows["accuracy"]["p_value"] == pytest.approx(p) and rows["accuracy"]["z"] == pytest.approx(z)
+    assert rows["accuracy"]["unpaired_because"] == "B carries no per-image outcomes"
     code, table, _ = cli("compare", str(a), str(b))
-    assert code == 0 and "two-proportion z-test" in table
+    assert code == 0 and "McNemar exact (paired)" in table
     code, _, _ = cli("compare", str(a), str(b), "--fail-on-regression")
     assert code == (EXIT_REGRESSION if doc["regressions"] else 0)
 

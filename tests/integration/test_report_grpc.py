@@ -74,6 +74,10 @@ def test_bad_parts_deep_in_the_tree_and_the_service_keeps_serving(
         (lambda p: setattr(p, "plan_text", "[1, 2]"), "parts.plan_text"),
         (lambda p: p.metrics.ieee.accuracy.ClearField("ci95_low"),
          "parts.metrics.ieee.accuracy.ci95_low"),
+        # per-image outcomes of the wrong length: refused, never written half-true
+        (lambda p: (p.outcomes.image_ids.extend(["a", "b"]),
+                    p.outcomes.settings.add(kind="clean", outcomes="1")),
+         "parts.outcomes.settings[0].outcomes"),
     ]:
         parts = make_parts()
         mutate(parts)

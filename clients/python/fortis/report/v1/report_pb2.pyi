@@ -294,7 +294,7 @@ class FailedSetting(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., level: _Optional[int] = ..., code: _Optional[_Union[_code_pb2.Code, str]] = ..., message: _Optional[str] = ..., images_done: _Optional[int] = ..., images_planned: _Optional[int] = ...) -> None: ...
 
 class ReportParts(_message.Message):
-    __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation", "examples", "failed_settings", "canary", "benchmark", "sequential", "estimate")
+    __slots__ = ("plan_text", "target", "roles", "environment", "metrics", "tests", "ledger", "evaluation", "examples", "failed_settings", "canary", "benchmark", "sequential", "estimate", "outcomes")
     PLAN_TEXT_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +309,7 @@ class ReportParts(_message.Message):
     BENCHMARK_FIELD_NUMBER: _ClassVar[int]
     SEQUENTIAL_FIELD_NUMBER: _ClassVar[int]
     ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     plan_text: str
     target: TargetReport
     roles: Roles
@@ -323,7 +324,28 @@ class ReportParts(_message.Message):
     benchmark: BenchmarkResults
     sequential: SequentialResults
     estimate: EstimateReport
-    def __init__(self, plan_text: _Optional[str] = ..., target: _Optional[_Union[TargetReport, _Mapping]] = ..., roles: _Optional[_Union[Roles, _Mapping]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., metrics: _Optional[_Union[_scoring_pb2.ScoreEvaluationResponse, _Mapping]] = ..., tests: _Optional[_Iterable[_Union[TestDefinition, _Mapping]]] = ..., ledger: _Optional[_Union[LedgerSummary, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationInfo, _Mapping]] = ..., examples: _Optional[_Iterable[_Union[ExampleImage, _Mapping]]] = ..., failed_settings: _Optional[_Iterable[_Union[FailedSetting, _Mapping]]] = ..., canary: _Optional[_Union[CanaryMetrics, _Mapping]] = ..., benchmark: _Optional[_Union[BenchmarkResults, _Mapping]] = ..., sequential: _Optional[_Union[SequentialResults, _Mapping]] = ..., estimate: _Optional[_Union[EstimateReport, _Mapping]] = ...) -> None: ...
+    outcomes: PerImageOutcomes
+    def __init__(self, plan_text: _Optional[str] = ..., target: _Optional[_Union[TargetReport, _Mapping]] = ..., roles: _Optional[_Union[Roles, _Mapping]] = ..., environment: _Optional[_Union[Environment, _Mapping]] = ..., metrics: _Optional[_Union[_scoring_pb2.ScoreEvaluationResponse, _Mapping]] = ..., tests: _Optional[_Iterable[_Union[TestDefinition, _Mapping]]] = ..., ledger: _Optional[_Union[LedgerSummary, _Mapping]] = ..., evaluation: _Optional[_Union[EvaluationInfo, _Mapping]] = ..., examples: _Optional[_Iterable[_Union[ExampleImage, _Mapping]]] = ..., failed_settings: _Optional[_Iterable[_Union[FailedSetting, _Mapping]]] = ..., canary: _Optional[_Union[CanaryMetrics, _Mapping]] = ..., benchmark: _Optional[_Union[BenchmarkResults, _Mapping]] = ..., sequential: _Optional[_Union[SequentialResults, _Mapping]] = ..., estimate: _Optional[_Union[EstimateReport, _Mapping]] = ..., outcomes: _Optional[_Union[PerImageOutcomes, _Mapping]] = ...) -> None: ...
+
+class PerImageOutcomes(_message.Message):
+    __slots__ = ("image_ids", "settings")
+    IMAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    image_ids: _containers.RepeatedScalarFieldContainer[str]
+    settings: _containers.RepeatedCompositeFieldContainer[SettingOutcomes]
+    def __init__(self, image_ids: _Optional[_Iterable[str]] = ..., settings: _Optional[_Iterable[_Union[SettingOutcomes, _Mapping]]] = ...) -> None: ...
+
+class SettingOutcomes(_message.Message):
+    __slots__ = ("kind", "name", "level", "outcomes")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    level: int
+    outcomes: str
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., level: _Optional[int] = ..., outcomes: _Optional[str] = ...) -> None: ...
 
 class SequentialResults(_message.Message):
     __slots__ = ("alpha", "method", "order_seed", "unreferenced", "queries_saved_estimate", "criteria", "settings", "notes", "null_fields", "empty_fields")
