@@ -388,7 +388,10 @@ def test_bad_settings_name_the_field() -> None:
     _bad(case, "setting[2].name", at=2, name="fog", level=1)
     _bad(case, "setting[1].kind", at=1, kind="clean")
     _bad(case, "setting[1].errors", at=1, errors=("x",))
-    _bad(case, "setting[1].image_index", at=1, image_index=np.arange(3))
+    # a corruption may cover its first images (sequential acceptance), with answers for
+    # exactly those; a degradation level may not cover a subset
+    _bad(case, "setting[1].errors", at=1, image_index=np.arange(3))
+    _bad(case, "setting[7].image_index", at=7, image_index=np.arange(3))
     _bad(case, "setting[5].sizes.linf", at=5, linf=np.full(m // 2, np.nan))
     _bad(case, "setting[6].query_attack", at=6, query=None)
     _bad(case, "setting[7].fraction_of_pixels_changed", at=7, fraction_changed=float("nan"))
