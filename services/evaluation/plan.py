@@ -96,8 +96,7 @@ def validate_plan(doc: Mapping[str, Any], catalogue: Catalogue) -> Plan:
     surrogates = parse_surrogates(v, doc)
     attack_names = _attack_names(v, attacks, members, catalogue)
     acceptance = parse_acceptance_section(v, doc, {c.id for c in corruptions}, attack_names)
-    sequential, problems = parse_sequential(doc.get("acceptance"))
-    v.problems.extend(problems)
+    sequential, _ = parse_sequential(doc.get("acceptance"))   # its problems: acceptance's
     if sequential.enabled and (len(members) > 1 or baseline):
         v.bad("acceptance.sequential", "sequential acceptance stops one model's settings; a "
               "multi-target plan ranks models on the same images: drop it")

@@ -88,3 +88,20 @@ acceptance: {sequential: true, accuracy: ">= 0.5"}
     with pytest.raises(InvalidArgument) as exc:
         load_plan(text, catalogue)
     assert "acceptance.sequential" in [v.field for v in exc.value.violations]
+
+
+def test_a_bad_sequential_key_is_named_once_by_plan_validation(catalogue):
+    from fortis.services.common.errors import InvalidArgument
+    from fortis.services.evaluation.plan import load_plan
+
+    text = """
+name: p
+seed: 1
+target: {name: fmnist-cnn, task: classification}
+dataset: {source: fashion-mnist, split: test, limit: 8}
+corruptions: [{id: fog}]
+acceptance: {sequential: "yes", accuracy: ">= 0.5"}
+"""
+    with pytest.raises(InvalidArgument) as exc:
+        load_plan(text, catalogue)
+    assert [v.field for v in exc.value.violations] == ["acceptance.sequential"]
