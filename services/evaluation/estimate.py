@@ -122,54 +122,20 @@ def _covered(n_images: int, limit: int) -> int:
     return min(n_images, limit) if limit else n_images
 
 
+def _one_per_image(stage: str, setting: str, n: int, target: str,
+                   ledger: str) -> SettingEstimate:
+    """A setting that sends each of its ``n`` images once: ``n`` queries, fixed."""
+    return SettingEstimate(stage=stage, setting=setting, kind=FIXED, images=n, per_image=1,
+                           fixed=n, upper_bound=n, expected=n, target=target, ledger=ledger)
+
+
 def _single(plan: Plan, n: int, catalogue: Catalogue, target: str) -> list[SettingEstimate]:
     """The settings of a single-target plan, in the order the stages run them."""
-    out = [
-        SettingEstimate(
-            stage="clean",
-            setting="clean",
-            kind=FIXED,
-            images=n,
-            per_image=1,
-            fixed=n,
-            upper_bound=n,
-            expected=n,
-            target=target,
-            ledger="clean",
-        )
-    ]
-    out += [
-        SettingEstimate(
-            stage="corruptions",
-            setting=f"{c.id}@{s}",
-            kind=FIXED,
-            images=n,
-            per_image=1,
-            fixed=n,
-            upper_bound=n,
-            expected=n,
-            target=target,
-            ledger="corruptions",
-        )
-        for c in plan.corruptions
-        for s in c.severities
-    ]
-    out += [
-        SettingEstimate(
-            stage="degradation",
-            setting=f"{d.id}@{lv}",
-            kind=FIXED,
-            images=n,
-            per_image=1,
-            fixed=n,
-            upper_bound=n,
-            expected=n,
-            target=target,
-            ledger="degradation",
-        )
-        for d in plan.degradation
-        for lv in d.levels
-    ]
+    out = [_one_per_image("clean", "clean", n, target, "clean")]
+    out += [_one_per_image("corruptions", f"{c.id}@{s}", n, target, "corruptions")
+            for c in plan.corruptions for s in c.severities]
+    out += [_one_per_image("degradation", f"{d.id}@{lv}", n, target, "degradation")
+            for d in plan.degradation for lv in d.levels]
     transfer = [a for a in plan.attacks if not catalogue.attacks[a.id].is_query_attack]
     query = [a for a in plan.attacks if catalogue.attacks[a.id].is_query_attack]
     for at in transfer:
@@ -191,20 +157,7 @@ def _single(plan: Plan, n: int, catalogue: Catalogue, target: str) -> list[Setti
                     ledger=f"attack/{at.name}.select",
                 )
             )
-        out.append(
-            SettingEstimate(
-                stage="transfer_attacks",
-                setting=at.name,
-                kind=FIXED,
-                images=k,
-                per_image=1,
-                fixed=k,
-                upper_bound=k,
-                expected=k,
-                target=target,
-                ledger=f"attack/{at.name}",
-            )
-        )
+        out.append(_one_per_image("transfer_attacks", at.name, k, target, f"attack/{at.name}"))
     for at in query:
         k = _covered(n, at.limit)
         q = int(at.params["max_queries"])

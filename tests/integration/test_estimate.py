@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from fortis.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from google.rpc import error_details_pb2
 
 from tests.conftest import API_KEY, MD, OTHER_KEY, OTHER_MD
+from tests.integration._outsider_support import wait_final
 
 M, FGSM_LIMIT, SQUARE_LIMIT, Q_M = 60, 40, 20, 30
 SEVERITIES = {"gaussian_noise": [1, 3], "brightness": [2]}
@@ -85,18 +85,6 @@ def _stubs(address: str):  # type: ignore[no-untyped-def]
     )
 
 
-def _wait(stub, eid: str, timeout: float = 240) -> pb.Evaluation:  # type: ignore[no-untyped-def]
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        ev = stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id=eid), metadata=MD).evaluation
-        if ev.state in (
-            pb.EVALUATION_STATE_SUCCEEDED,
-            pb.EVALUATION_STATE_FAILED,
-            pb.EVALUATION_STATE_CANCELLED,
-        ):
-            return ev
-        time.sleep(0.3)
-    raise AssertionError(f"{eid} did not finish")
 
 
 def test_fixed_part_is_the_ledger_and_the_run_stays_under_the_upper_bound(stack) -> None:
@@ -118,7 +106,7 @@ def test_fixed_part_is_the_ledger_and_the_run_stays_under_the_upper_bound(stack)
         eid = ev_stub.CreateEvaluation(
             pb.CreateEvaluationRequest(plan=PLAN), metadata=MD
         ).evaluation.evaluation_id
-        assert _wait(ev_stub, eid).state == pb.EVALUATION_STATE_SUCCEEDED
+        assert wait_final(ev_stub, eid, MD).state == pb.EVALUATION_STATE_SUCCEEDED
         report = json.loads(
             ev_stub.GetEvaluationReport(
                 pb.GetEvaluationReportRequest(evaluation_id=eid), metadata=MD

@@ -10,13 +10,6 @@ from fortis.services.common.acceptance import parse_acceptance, parse_sequential
 NAMES = {"corruptions": {"fog"}, "attacks": {"square"}}
 
 
-@pytest.fixture(scope="module")
-def catalogue():
-    from fortis.server.app.stack import local_catalogue
-
-    return local_catalogue()
-
-
 def parse(raw):
     return parse_acceptance(raw, **NAMES)
 

@@ -22,14 +22,6 @@ from fortis.services.evaluation.estimate import (
 from fortis.services.evaluation.plan import load_plan
 from fortis.services.evaluation.selection import select_epsilon
 
-
-@pytest.fixture(scope="module")
-def catalogue():
-    from fortis.server.app.stack import local_catalogue
-
-    return local_catalogue()
-
-
 HEAD = """
 name: p
 seed: 1
