@@ -356,6 +356,16 @@ def acceptance_metrics(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _stopped_early(report: Mapping[str, Any]) -> list[str]:
+    """The settings a sequential run stopped early (report.json ``sequential``)."""
+    seq = report.get("sequential")
+    rows = seq.get("settings") if isinstance(seq, Mapping) else None
+    if not isinstance(rows, list):
+        return []
+    return [str(r.get("setting"))[:60] for r in rows
+            if isinstance(r, Mapping) and r.get("stopped_early") is True][:1000]
+
+
 def compare_reports(a: Mapping[str, Any], b: Mapping[str, Any], *, alpha: float = 0.05,
                     family: str = "holm", metrics: Sequence[str] | None = None
                     ) -> dict[str, Any]:
@@ -379,6 +389,14 @@ def compare_reports(a: Mapping[str, Any], b: Mapping[str, Any], *, alpha: float 
                         f"B {json.dumps(db)[:200]}")
     elif _node(a, "evaluation").get("images") != _node(b, "evaluation").get("images"):
         warnings.append("the evaluations scored different numbers of images")
+    for side, rep in (("A", a), ("B", b)):
+        stopped = _stopped_early(rep)
+        if stopped:
+            warnings.append(
+                f"{side} is a sequential run: {len(stopped)} setting(s) were sent only their "
+                f"first images ({', '.join(stopped[:4])}{' ...' if len(stopped) > 4 else ''}); "
+                "their values are over those images, the paired tests over the images both "
+                "reports covered")
     pa_out, pb_out, no_pairs = _pairing(oa, ob)
     if no_pairs:
         warnings.append(f"no paired test: {no_pairs}; the unpaired z-test is used")

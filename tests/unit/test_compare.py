@@ -134,6 +134,20 @@ def test_warnings_when_plans_or_images_differ():
         compare_reports(a, b, alpha=1.5)
 
 
+def test_a_sequential_run_is_named_in_the_warnings():
+    """A sequential run's stopped settings are over their first images only: said, so a
+    reader does not take the two values for the same images'."""
+    a, b = report(), report("model-b")
+    b["sequential"] = {"settings": [{"setting": "fog@1", "stopped_early": True},
+                                    {"setting": "square", "stopped_early": False}]}
+    warnings = compare_reports(a, b)["warnings"]
+    assert any(w.startswith("B is a sequential run: 1 setting(s)") and "fog@1" in w
+               and "square" not in w for w in warnings), warnings
+    for hostile in ("x", {"settings": "x"}, {"settings": [None, {"stopped_early": "yes"}]}):
+        b["sequential"] = hostile
+        assert not any("sequential" in w for w in compare_reports(a, b)["warnings"])
+
+
 def test_cli_exit_codes_and_json(tmp_path, capsys):
     pa, pb = tmp_path / "a.json", tmp_path / "b.json"
     pa.write_text(json.dumps(report()))
