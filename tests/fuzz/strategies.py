@@ -1016,6 +1016,9 @@ RPCS: dict[str, RpcCase] = dict([
     # internal-key only: a tenant's call, whatever it sends, is PERMISSION_DENIED
     _case(_PX, "GetBuiltinTargets", "uu", st.just(px.GetBuiltinTargetsRequest()),
           px.GetBuiltinTargetsResponse),
+    # the caller's own usage today: an empty request, the tenant from the credentials alone
+    _case(_PX, "GetTenantUsage", "uu", st.just(px.GetTenantUsageRequest()),
+          px.GetTenantUsageResponse),
     _case(_PX, "CreateSession", "uu", st.builds(
         px.CreateSessionRequest, target=ids(FUZZ_TARGET), session_id=ids("fuzz-s2", ""),
         query_budget=int64s, per_image_budget=int64s, description=texts("")),
