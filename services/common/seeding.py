@@ -7,9 +7,12 @@ whatever the batching or order of work, so a resumed evaluation redoes an item e
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _entropy(seed: int, keys: tuple[object, ...]) -> list[int]:
@@ -22,6 +25,10 @@ def rng_for(seed: int, *keys: object) -> np.random.Generator:
 
 
 def torch_generator_for(seed: int, *keys: object) -> torch.Generator:
+    # torch is imported here, not with the module: services without models (the evaluation
+    # service's image order) derive numpy generators without loading torch
+    import torch
+
     g = torch.Generator()
     e = _entropy(seed, keys)
     g.manual_seed((e[0] << 32 | e[1]) & ((1 << 63) - 1))

@@ -35,7 +35,6 @@ that no criterion reads runs on every image, or is skipped when the plan says
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -44,6 +43,7 @@ import numpy as np
 import structlog
 from fortis.services.common import confseq
 from fortis.services.common.acceptance import Criterion
+from fortis.services.common.seeding import rng_for
 from fortis.services.evaluation.convert import setting_verdicts
 from fortis.services.evaluation.plan import Plan
 from fortis.services.evaluation.ports import ScoringPort, ScoringSetup, Setting
@@ -80,9 +80,7 @@ def setting_statuses(plan: Plan, n_images: int) -> dict[str, str]:
 def sequential_order(n: int, seed: int) -> np.ndarray:
     """The seeded random order the images are sent in (a permutation of 0..n-1), derived
     from the plan's seed alone: a rerun or a resumed run sends the same prefixes."""
-    h = hashlib.sha256(repr((int(seed), "sequential-order")).encode()).digest()
-    entropy = [int.from_bytes(h[i:i + 4], "little") for i in range(0, 16, 4)]
-    return np.random.default_rng(np.random.SeedSequence(entropy)).permutation(n)
+    return rng_for(seed, "sequential-order").permutation(n)
 
 
 def _key(s: Setting) -> SettingKey:
