@@ -69,12 +69,11 @@ def setting_statuses(plan: Plan, n_images: int) -> dict[str, str]:
     """Each corruption and attack setting of ``plan`` (as reports name it, ``fog@3``,
     ``square``) -> ``open`` (may stop early), ``full`` or ``skip``: what the query estimate
     counts on before the run."""
-    run = SequentialRun(plan=plan, n_images=n_images, scoring=None,  # type: ignore[arg-type]
-                        setup=None)  # type: ignore[arg-type]
+    stopping = Stopping.of(plan, n_images)
     keys: list[SettingKey] = [("corruption", ct.id, s) for ct in plan.corruptions
                               for s in ct.severities]
     keys += [("attack", at.name) for at in plan.attacks]
-    return {_label(k): run.status(k) for k in keys}
+    return {_label(k): stopping.status(k) for k in keys}
 
 
 def sequential_order(n: int, seed: int) -> np.ndarray:
@@ -103,6 +102,60 @@ class _Decision:
     estimate: float | None = None
 
 
+def _reads(plan: Plan, c: Criterion) -> frozenset[SettingKey]:
+    """The settings criterion ``c`` reads."""
+    if c.scope == "corruption":
+        return frozenset(("corruption", c.setting, s) for ct in plan.corruptions
+                         if ct.id == c.setting for s in ct.severities
+                         if c.measure == "mean" or s == c.severity)
+    if c.scope == "attack":
+        return frozenset({("attack", c.setting)})
+    if c.metric == "accuracy":
+        return frozenset({("clean",)})
+    if c.metric.endswith("_corr"):
+        return frozenset(("corruption", ct.id, s) for ct in plan.corruptions
+                         for s in ct.severities)
+    return frozenset(("attack", a.name) for a in plan.attacks)       # over every attack
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """Which settings of a plan may stop early: the sequential criteria (each with the
+    settings it reads and its population) and the settings read by a criterion judged whole.
+    Averages and worst cases over attacks are judged whole (module docstring); counts are
+    never sequential (``acceptance.parse_acceptance``)."""
+
+    plan: Plan
+    criteria: tuple[tuple[Criterion, frozenset[SettingKey], int], ...]
+    full: frozenset[SettingKey]
+
+    @classmethod
+    def of(cls, plan: Plan, n_images: int) -> Stopping:
+        criteria: list[tuple[Criterion, frozenset[SettingKey], int]] = []
+        full: set[SettingKey] = set()
+        for c in plan.acceptance:
+            reads = _reads(plan, c)
+            if c.sequential and not c.metric.endswith("_adv"):
+                at = next((a for a in plan.attacks if a.name == c.setting), None) \
+                    if c.scope == "attack" else None
+                pop = min(n_images, at.limit) if at is not None and at.limit else n_images
+                criteria.append((c, reads, pop))
+            else:       # judged whole: every setting it reads runs on every image
+                full |= reads
+        return cls(plan=plan, criteria=tuple(criteria), full=frozenset(full))
+
+    def status(self, key: SettingKey) -> str:
+        """``open`` (stopped once its criteria are decided), ``full`` (every image) or
+        ``skip`` (no criterion reads it and the plan skips such settings)."""
+        if key == ("clean",) or key in self.full:
+            return "full"
+        if any(key in reads for _, reads, _ in self.criteria):
+            return "open"
+        if key[0] == "degradation" or self.plan.sequential.unreferenced != "skip":
+            return "full"
+        return "skip"
+
+
 @dataclass
 class SequentialRun:
     """The stopping state of one evaluation: which settings are still sent images.
@@ -121,47 +174,13 @@ class SequentialRun:
     prepare: Callable[[Setting], Setting] = lambda s: s
     clean: Setting | None = None
     decisions: list[_Decision] = field(default_factory=list)
-    #: setting -> (images planned, images sent) and its status
-    used: dict[SettingKey, int] = field(default_factory=dict)
+    #: setting -> images it was planned for
     planned: dict[SettingKey, int] = field(default_factory=dict)
-    _full: set[SettingKey] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        plan = self.plan
-        corr = frozenset(("corruption", ct.id, s) for ct in plan.corruptions
-                         for s in ct.severities)
-        for c in plan.acceptance:
-            reads = self._reads(c, corr)
-            if c.sequential and reads is not None:
-                pop = self.n_images
-                if c.scope == "attack":
-                    at = next(a for a in plan.attacks if a.name == c.setting)
-                    pop = min(self.n_images, at.limit) if at.limit else self.n_images
-                self.decisions.append(_Decision(criterion=c, reads=reads, population=pop))
-            else:   # read whole: every setting it reads runs on every image
-                self._full |= set(reads if reads is not None else self._all_reads(c, corr))
-
-    def _all_reads(self, c: Criterion, corr: frozenset[SettingKey]) -> frozenset[SettingKey]:
-        if c.metric.endswith("_adv"):
-            return frozenset(("attack", a.name) for a in self.plan.attacks)
-        got = self._reads(c, corr)
-        return got if got is not None else frozenset()
-
-    def _reads(self, c: Criterion, corr: frozenset[SettingKey]) -> frozenset[SettingKey] | None:
-        """The settings ``c`` reads, or None when it cannot be judged sequentially."""
-        if c.scope == "corruption":
-            if c.measure == "mean":
-                return frozenset(k for k in corr if k[1] == c.setting)
-            return frozenset({("corruption", c.setting, c.severity)})
-        if c.scope == "attack":
-            if c.measure not in ("success_rate", "robustness_adv"):
-                return None if c.sequential else frozenset({("attack", c.setting)})
-            return frozenset({("attack", c.setting)})
-        if c.metric == "accuracy":
-            return frozenset({("clean",)})
-        if c.metric.endswith("_corr"):
-            return corr
-        return None            # averages / worst cases over attacks: see the module docstring
+        self.stopping = Stopping.of(self.plan, self.n_images)
+        self.decisions = [_Decision(criterion=c, reads=reads, population=pop)
+                          for c, reads, pop in self.stopping.criteria]
 
     # -- what the stages ask -----------------------------------------------------------------
     @property
@@ -169,16 +188,8 @@ class SequentialRun:
         return bool(self.decisions)
 
     def status(self, key: SettingKey) -> str:
-        """``open`` (stopped once its criteria are decided), ``full`` (every image) or
-        ``skip`` (no criterion reads it and the plan skips such settings)."""
-        if key == ("clean",) or key in self._full:
-            return "full"
-        readers = [d for d in self.decisions if key in d.reads]
-        if readers:
-            return "open"
-        if key[0] == "degradation" or self.plan.sequential.unreferenced != "skip":
-            return "full"
-        return "skip"
+        """See :meth:`Stopping.status`."""
+        return self.stopping.status(key)
 
     def is_open(self, key: SettingKey) -> bool:
         """Whether ``key`` is still to be sent more images."""
@@ -189,7 +200,6 @@ class SequentialRun:
 
     def plan_setting(self, key: SettingKey, images: int) -> None:
         self.planned[key] = images
-        self.used.setdefault(key, 0)
 
     def set_clean(self, clean: Setting) -> None:
         """The clean pass ran (on every image): criteria on it alone are judged now."""
@@ -201,8 +211,6 @@ class SequentialRun:
         """Judge the open criteria on ``settings`` (every setting of the stage sent images so
         far, each over its prefix: ``image_index`` 0..n-1 in the sequential order)."""
         by_key = {_key(s): s for s in settings}
-        for k, s in by_key.items():
-            self.used[k] = len(s.image_index) if s.image_index else self.n_images
         if self.clean is not None:
             by_key[("clean",)] = self.clean
         todo = [d for d in self.decisions if d.decided is None and d.reads <= by_key.keys()]
@@ -230,8 +238,7 @@ class SequentialRun:
         cols = []
         for k in sorted(d.reads, key=str):
             s = by_key[k]
-            v = verdicts.get((s.kind, s.name, int(s.level) if s.kind != "query_attack" and
-                              s.kind != "transfer_attack" else 0))
+            v = verdicts.get((s.kind, s.name, int(s.level)))
             if v is None:
                 return None
             cols.append((k, s, v))
@@ -287,9 +294,9 @@ class SequentialRun:
         by_key = {_key(s): s for s in settings}
         rows = []
         for k, planned in self.planned.items():
-            s = by_key.get(k)
-            used = self.used.get(k, 0) if s is None else (
-                len(s.image_index) if s.image_index else self.n_images)
+            s = by_key.get(k)           # none: skipped, or failed (failed_settings
+            # gives how far a failed one got)
+            used = 0 if s is None else len(s.image_index) if s.image_index else self.n_images
             row: dict[str, Any] = {"setting": _label(k), "status": self.status(k),
                                    "stopped_early": used < planned,
                                    "images_planned": planned, "images_used": used}
