@@ -43,6 +43,7 @@ from typing import Any
 from fortis.services.evaluation.plan import Plan
 from fortis.services.evaluation.ports import Catalogue
 from fortis.services.evaluation.selection import SELECT_DEFAULTS
+from fortis.services.evaluation.sequential import is_sequential, setting_statuses
 
 __all__ = [
     "FIXED",
@@ -199,8 +200,6 @@ def _sequential(plan: Plan, n_images: int,
     """Under sequential acceptance (``sequential.py``) a setting a sequential criterion reads
     may stop after its first chunk: its count becomes a bound, its fixed part one chunk; a
     setting the plan skips (``unreferenced: skip``) sends nothing."""
-    from fortis.services.evaluation.sequential import is_sequential, setting_statuses
-
     if not is_sequential(plan):
         return settings
     status = setting_statuses(plan, n_images)

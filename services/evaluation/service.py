@@ -259,8 +259,8 @@ class EvaluationManager:
             check_attacks(plan, perturbation, target.output_kind if target else "")
         return plan
 
-    def estimate(self, *, tenant: str, plan: Plan, plan_text: str, fmt: str = ""
-                 ) -> QueryEstimate:
+    def estimate(self, *, tenant: str, plan: Plan, plan_text: str, fmt: str = "",
+                 expected: bool = True) -> QueryEstimate:
         """The target queries a validated plan will make (``estimate.py``): over the images
         its dataset selection resolves to, with the expected counts of the tenant's latest
         finished evaluation of the same plan, the least time under the target's and the
@@ -290,7 +290,9 @@ class EvaluationManager:
                 prices[name] = (price, "plan")
             elif operator is not None:
                 prices[name] = (operator, "target")
-        prior_from, prior = self._prior_run(tenant, plan_text, fmt)
+        # the expected counts read the tenant's stored evaluations; the quota check at
+        # creation needs the fixed part only
+        prior_from, prior = self._prior_run(tenant, plan_text, fmt) if expected else ("", None)
         return estimate_plan(
             plan, n, catalogue, members=members, prior=prior, prior_from=prior_from,
             target_rates={k: v[0] for k, v in terms.items()},
@@ -347,7 +349,8 @@ class EvaluationManager:
         eid = evaluation_id or f"ev-{time.strftime('%Y%m%d')}-{uuid.uuid4().hex[:8]}"
         known = store.get(evaluation_id) if evaluation_id else None
         # the tenant's daily query quota, asked of the proxy before anything is stored
-        est = self.estimate(tenant=tenant, plan=plan, plan_text=plan_text, fmt=fmt) \
+        est = self.estimate(tenant=tenant, plan=plan, plan_text=plan_text, fmt=fmt,
+                            expected=False) \
             if known is None else None
         # Existing id, quota check, insert and queue as one step: an idempotent re-create
         # returns the evaluation whatever the quota; no two creates race past the quota.
