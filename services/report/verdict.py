@@ -97,7 +97,9 @@ def _num(c: Criterion, v: float) -> str:
     return f"{v:.3f}" if c.is_rate else f"{v:.1f}"
 
 
-def _judge(c: Criterion, value: float | None, ci: list[float] | None) -> dict[str, Any]:
+def _judge(c: Criterion, value: float | None, ci: list[float] | None, *,
+           interval_words: str = "95% CI", seen: str = "",
+           by_interval: bool = False) -> dict[str, Any]:
     entry: dict[str, Any] = {"metric": c.metric, "op": c.op, "threshold": c.threshold,
                              "value": value, "ci95": ci}
     rule = f"{c.op} {c.threshold:g}"
@@ -107,15 +109,17 @@ def _judge(c: Criterion, value: float | None, ci: list[float] | None) -> dict[st
                           f"images scored, or the setting did not run), so '{rule}' fails.")
         return entry
     ok = c.holds(value)
+    if by_interval and ci is not None and c.holds(ci[0]) == c.holds(ci[1]):
+        ok = c.holds(ci[0])     # an interval wholly on one side decides (sequential)
     entry["outcome"] = "pass" if ok else "fail"
-    shown = f"{c.metric} = {_num(c, value)}"
+    shown = f"{c.metric} = {_num(c, value)}{seen}"
     if ci is None:
         entry["confidence"] = "no_ci"
         entry["text"] = (f"{shown} {'meets' if ok else 'fails'} {rule}; it has no confidence "
                          "interval (an average or a count), so the point estimate alone "
                          "decides.")
         return entry
-    shown += f" (95% CI {_num(c, ci[0])}-{_num(c, ci[1])})"
+    shown += f" ({interval_words} {_num(c, ci[0])}-{_num(c, ci[1])})"
     side = "above" if c.op in (">=", ">") else "below"
     if c.holds(ci[0]) == ok and c.holds(ci[1]) == ok:
         entry["confidence"] = "conclusive"
@@ -177,17 +181,11 @@ def _judge_sequential(c: Criterion, value: float | None, ci: list[float] | None,
     """A sequential criterion: judged as any other, on its time-uniform interval (a
     confidence sequence covers at the data-dependent stopping time, where a Wilson interval
     would not); a conclusive interval decides by its side."""
-    out = _judge(c, value, ci)
-    out["interval"] = "time-uniform"
-    out["images"] = entry.get("images")
-    out["population"] = entry.get("population")
-    if value is None or ci is None:
-        return out
-    if out["confidence"] == "conclusive" or (c.holds(ci[0]) == c.holds(ci[1])):
-        ok = c.holds(ci[0])
-        out["outcome"], out["confidence"] = ("pass" if ok else "fail"), "conclusive"
-    seen = f"on {entry.get('images')} of {entry.get('population')} images (sequential)"
-    out["text"] = out["text"].replace("(95% CI", f"{seen} (time-uniform 95% CI", 1)
+    seen = f" on {entry.get('images')} of {entry.get('population')} images (sequential)"
+    out = _judge(c, value, ci, interval_words="time-uniform 95% CI", seen=seen,
+                 by_interval=True)
+    out.update(interval="time-uniform", images=entry.get("images"),
+               population=entry.get("population"))
     return out
 
 
